@@ -1,0 +1,3 @@
+//! One module per subcommand: its arguments and how it runs.
+
+pub mod schema;

@@ -1,0 +1,70 @@
+//! `zerobench`: the front door. Plans, renders, submits and tracks ZeRO sweeps (the launcher crate)
+//! and turns their log folders into tables (the ingest crate). It never links libtorch, MPI or CUDA.
+//!
+//! Exit codes: 0 success; 1 the command ran but the result is incomplete (for example a log
+//! line that could not be read, or a run that failed); 2 the command could not do its job.
+
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "zerobench", version, about = "What each ZeRO configuration really costs.")]
+struct Cli {
+    /// More diagnostics on stderr (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the JSON Schema of the worker's log records.
+    Schema(cmd::schema::Args),
+}
+
+/// What a command reports back to `main`.
+pub enum Outcome {
+    /// Everything asked for was done.
+    Complete,
+    /// The command finished, but part of the result is missing (exit code 1).
+    Incomplete,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.verbose);
+    let result = match cli.command {
+        Command::Schema(a) => cmd::schema::run(a),
+    };
+    match result {
+        Ok(Outcome::Complete) => ExitCode::SUCCESS,
+        Ok(Outcome::Incomplete) => ExitCode::from(1),
+        Err(e) => {
+            if is_broken_pipe(&e) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("zerobench: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+}
+
+/// `zerobench ... | head` closes our stdout early; that is not an error.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}

@@ -1,0 +1,1 @@
+//! Log folders to tables: per-stage latency and memory, scaling, communication.

@@ -1,0 +1,1 @@
+//! Experiment specs to run folders, sbatch scripts and hostfiles; submission and tracking.

@@ -1,0 +1,434 @@
+//! One run's configuration.
+//!
+//! [`RunConfig`] is the single description of a run: the worker builds it from its flags, the
+//! launcher builds it from a spec and renders it back into worker flags with
+//! [`RunConfig::to_worker_args`], and the worker's `start` record carries it so ingest can group runs.
+//! [`RunConfig::validate`] holds every rule about impossible combinations, so the worker and the
+//! launcher reject the same things with the same message, naming the flag.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::models::ModelPreset;
+
+/// A configuration that cannot run, with the flag (or spec key) it is about.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid --{field}: {reason}")]
+pub struct ConfigError {
+    /// The worker flag without dashes, e.g. `offload`; the launcher maps it to its spec key.
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        Self { field, reason: reason.into() }
+    }
+}
+
+/// Generates `FromStr`, `Display` and a list of accepted spellings for a field-less enum whose
+/// text form is fixed (the same strings in flags, YAML, JSON logs and table headers).
+macro_rules! text_enum {
+    ($ty:ident, $what:literal, { $($variant:ident => $text:literal),+ $(,)? }) => {
+        impl $ty {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+            /// The text form used in flags, specs, logs and tables.
+            pub fn as_str(self) -> &'static str {
+                match self { $($ty::$variant => $text),+ }
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(self.as_str()) }
+        }
+        impl FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($text => Ok($ty::$variant),)+
+                    _ => Err(format!(
+                        "unknown {} '{}' (expected one of: {})",
+                        $what, s, [$($text),+].join(", ")
+                    )),
+                }
+            }
+        }
+    };
+}
+pub(crate) use text_enum;
+
+/// ZeRO stage. Serialized as the integer 0..=3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(try_from = "u8", into = "u8")]
+pub enum ZeroStage {
+    /// Replicated data parallelism: gradients all-reduced.
+    Z0,
+    /// Optimizer states (fp32 master weights, Adam moments) partitioned.
+    Z1,
+    /// Also gradients partitioned as they are produced.
+    Z2,
+    /// Also parameters partitioned, gathered per block around its use.
+    Z3,
+}
+
+impl ZeroStage {
+    pub const ALL: [ZeroStage; 4] = [ZeroStage::Z0, ZeroStage::Z1, ZeroStage::Z2, ZeroStage::Z3];
+    pub fn index(self) -> u8 {
+        self as u8
+    }
+}
+
+impl TryFrom<u8> for ZeroStage {
+    type Error = String;
+    fn try_from(v: u8) -> Result<Self, String> {
+        match v {
+            0 => Ok(Self::Z0),
+            1 => Ok(Self::Z1),
+            2 => Ok(Self::Z2),
+            3 => Ok(Self::Z3),
+            _ => Err(format!("ZeRO stage must be 0, 1, 2 or 3, not {v}")),
+        }
+    }
+}
+
+impl From<ZeroStage> for u8 {
+    fn from(s: ZeroStage) -> u8 {
+        s.index()
+    }
+}
+
+impl fmt::Display for ZeroStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.index())
+    }
+}
+
+impl FromStr for ZeroStage {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let v: u8 = s.trim().parse().map_err(|_| format!("ZeRO stage must be 0, 1, 2 or 3, not '{s}'"))?;
+        Self::try_from(v)
+    }
+}
+
+/// What lives in host memory instead of on the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum Offload {
+    #[default]
+    #[serde(rename = "none")]
+    None,
+    /// fp32 master weights and Adam moments on the host (stages 1-3).
+    #[serde(rename = "optimizer")]
+    Optimizer,
+    /// Also the parameters (stage 3 only).
+    #[serde(rename = "optimizer+params")]
+    OptimizerParams,
+}
+text_enum!(Offload, "offload", { None => "none", Optimizer => "optimizer", OptimizerParams => "optimizer+params" });
+
+/// Numeric precision of parameters, gradients and compute.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// bf16 parameters, gradients and compute; fp32 master weights and Adam moments.
+    #[default]
+    Bf16,
+    /// fp16 like bf16, plus dynamic loss scaling (overflowing steps are skipped and logged).
+    Fp16,
+    /// fp32 everywhere; the parameters are the master weights.
+    Fp32,
+}
+text_enum!(Precision, "precision", { Bf16 => "bf16", Fp16 => "fp16", Fp32 => "fp32" });
+
+impl Precision {
+    /// Bytes of one parameter (and one gradient) element on the device.
+    pub fn param_bytes(self) -> u64 {
+        match self {
+            Precision::Bf16 | Precision::Fp16 => 2,
+            Precision::Fp32 => 4,
+        }
+    }
+    /// Bytes of optimizer state per parameter: fp32 master copy (mixed precision only) + Adam m + v.
+    pub fn optimizer_bytes(self) -> u64 {
+        match self {
+            Precision::Bf16 | Precision::Fp16 => 12,
+            Precision::Fp32 => 8,
+        }
+    }
+    /// Whether the fp32 master weights are a separate copy of the parameters.
+    pub fn has_master_copy(self) -> bool {
+        !matches!(self, Precision::Fp32)
+    }
+}
+
+/// Where the worker computes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceRequest {
+    /// CUDA when a GPU is visible, otherwise CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+text_enum!(DeviceRequest, "device", { Auto => "auto", Cpu => "cpu", Cuda => "cuda" });
+
+/// AdamW hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OptimConfig {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        Self { lr: 3e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 }
+    }
+}
+
+/// Knobs of the ZeRO engine that trade memory for overlap.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Gradient bucket size in MiB: consecutive blocks are reduced together until a bucket holds
+    /// at least this much (a bucket never splits a block).
+    pub bucket_mb: f64,
+    /// Stage 3: how many blocks' parameters are gathered ahead of the one computing.
+    pub prefetch: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self { bucket_mb: 32.0, prefetch: 1 }
+    }
+}
+
+/// Everything that defines one run of the worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    pub model: ModelPreset,
+    pub stage: ZeroStage,
+    #[serde(default)]
+    pub offload: Offload,
+    #[serde(default)]
+    pub precision: Precision,
+    /// Sequences per rank per micro-step.
+    pub micro_batch: u32,
+    /// Tokens per sequence (decoder) or input tokens (encoder-decoder).
+    pub seq_len: u32,
+    /// Micro-steps per optimizer step.
+    #[serde(default = "one")]
+    pub grad_accum: u32,
+    /// Optimizer steps, warmup included.
+    pub steps: u32,
+    /// The first `warmup` steps are flagged as warmup in the log and left out of the summary.
+    #[serde(default)]
+    pub warmup: u32,
+    #[serde(default)]
+    pub seed: u64,
+    /// Train on this text file (byte-level tokens) instead of seeded synthetic tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<PathBuf>,
+    #[serde(default)]
+    pub device: DeviceRequest,
+    #[serde(default)]
+    pub optim: OptimConfig,
+    #[serde(default)]
+    pub engine: EngineConfig,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl RunConfig {
+    /// A configuration with defaults for everything but the model and stage.
+    pub fn new(model: ModelPreset, stage: ZeroStage) -> Self {
+        Self {
+            model,
+            stage,
+            offload: Offload::None,
+            precision: Precision::Bf16,
+            micro_batch: 1,
+            seq_len: model.spec().default_seq_len(),
+            grad_accum: 1,
+            steps: 10,
+            warmup: 2,
+            seed: 0,
+            data: None,
+            device: DeviceRequest::Auto,
+            optim: OptimConfig::default(),
+            engine: EngineConfig::default(),
+        }
+    }
+
+    /// Checks every rule that does not depend on the machine. `world_size` is the number of ranks
+    /// when known (the launcher knows it before the run, the worker after start-up).
+    pub fn validate(&self, world_size: Option<u32>) -> Result<(), ConfigError> {
+        if self.micro_batch == 0 {
+            return Err(ConfigError::new("micro-batch", "must be at least 1"));
+        }
+        if self.seq_len == 0 {
+            return Err(ConfigError::new("seq-len", "must be at least 1"));
+        }
+        let max_seq = self.model.spec().max_seq_len();
+        if let Some(max) = max_seq {
+            if self.seq_len > max {
+                return Err(ConfigError::new(
+                    "seq-len",
+                    format!("{} exceeds the {} positions of model {}", self.seq_len, max, self.model),
+                ));
+            }
+        }
+        if self.grad_accum == 0 {
+            return Err(ConfigError::new("grad-accum", "must be at least 1"));
+        }
+        if self.steps == 0 {
+            return Err(ConfigError::new("steps", "must be at least 1"));
+        }
+        if self.warmup >= self.steps {
+            return Err(ConfigError::new(
+                "warmup",
+                format!("{} warmup steps leave none of the {} steps to measure", self.warmup, self.steps),
+            ));
+        }
+        match (self.offload, self.stage) {
+            (Offload::None, _) => {}
+            (Offload::Optimizer, ZeroStage::Z0) => {
+                return Err(ConfigError::new("offload", "optimizer offload needs ZeRO stage 1, 2 or 3"))
+            }
+            (Offload::OptimizerParams, s) if s != ZeroStage::Z3 => {
+                return Err(ConfigError::new("offload", "optimizer+params offload needs ZeRO stage 3"))
+            }
+            _ => {}
+        }
+        if self.offload != Offload::None {
+            // Parsed and validated above so specs can name it; the engine does not implement it yet.
+            return Err(ConfigError::new("offload", format!("'{}' is not implemented yet", self.offload)));
+        }
+        if !(self.optim.lr.is_finite() && self.optim.lr > 0.0) {
+            return Err(ConfigError::new("lr", "must be a positive number"));
+        }
+        if !(self.engine.bucket_mb.is_finite() && self.engine.bucket_mb > 0.0) {
+            return Err(ConfigError::new("bucket-mb", "must be a positive number"));
+        }
+        if let Some(n) = world_size {
+            if n == 0 {
+                return Err(ConfigError::new("world-size", "must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sequences per optimizer step over all ranks.
+    pub fn global_batch(&self, world_size: u32) -> u64 {
+        u64::from(self.micro_batch) * u64::from(self.grad_accum) * u64::from(world_size)
+    }
+
+    /// Tokens per optimizer step over all ranks.
+    pub fn tokens_per_step(&self, world_size: u32) -> u64 {
+        self.global_batch(world_size) * u64::from(self.seq_len)
+    }
+
+    /// The worker flags that reproduce this configuration (without `--log-dir` and `--run-id`,
+    /// which belong to where a run is put, not to what it is).
+    pub fn to_worker_args(&self) -> Vec<String> {
+        let mut a: Vec<String> = Vec::new();
+        let mut push = |k: &str, v: String| {
+            a.push(format!("--{k}"));
+            a.push(v);
+        };
+        push("model", self.model.to_string());
+        push("stage", self.stage.to_string());
+        push("offload", self.offload.to_string());
+        push("precision", self.precision.to_string());
+        push("micro-batch", self.micro_batch.to_string());
+        push("seq-len", self.seq_len.to_string());
+        push("grad-accum", self.grad_accum.to_string());
+        push("steps", self.steps.to_string());
+        push("warmup", self.warmup.to_string());
+        push("seed", self.seed.to_string());
+        if let Some(d) = &self.data {
+            push("data", d.display().to_string());
+        }
+        push("device", self.device.to_string());
+        push("lr", self.optim.lr.to_string());
+        push("beta1", self.optim.beta1.to_string());
+        push("beta2", self.optim.beta2.to_string());
+        push("eps", self.optim.eps.to_string());
+        push("weight-decay", self.optim.weight_decay.to_string());
+        push("bucket-mb", self.engine.bucket_mb.to_string());
+        push("prefetch", self.engine.prefetch.to_string());
+        a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_forms_round_trip() {
+        for o in Offload::ALL {
+            assert_eq!(o.as_str().parse::<Offload>().unwrap(), *o);
+            assert_eq!(serde_json::to_string(o).unwrap(), format!("\"{}\"", o.as_str()));
+        }
+        for p in Precision::ALL {
+            assert_eq!(p.as_str().parse::<Precision>().unwrap(), *p);
+            assert_eq!(serde_json::to_string(p).unwrap(), format!("\"{}\"", p.as_str()));
+        }
+        for s in ZeroStage::ALL {
+            assert_eq!(s.to_string().parse::<ZeroStage>().unwrap(), s);
+            assert_eq!(serde_json::to_string(&s).unwrap(), s.to_string());
+        }
+        assert!("4".parse::<ZeroStage>().is_err());
+        assert!(serde_json::from_str::<ZeroStage>("7").is_err());
+        assert!("fp8".parse::<Precision>().unwrap_err().contains("bf16, fp16, fp32"));
+    }
+
+    #[test]
+    fn offload_rules_name_the_flag() {
+        let mut c = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z0);
+        c.offload = Offload::Optimizer;
+        assert_eq!(c.validate(None).unwrap_err().field, "offload");
+        c.stage = ZeroStage::Z2;
+        c.offload = Offload::OptimizerParams;
+        assert!(c.validate(None).unwrap_err().reason.contains("stage 3"));
+    }
+
+    #[test]
+    fn warmup_must_leave_measured_steps() {
+        let mut c = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z1);
+        c.steps = 2;
+        c.warmup = 2;
+        assert_eq!(c.validate(None).unwrap_err().field, "warmup");
+        c.warmup = 1;
+        c.validate(Some(2)).unwrap();
+    }
+
+    #[test]
+    fn seq_len_is_bounded_by_positions() {
+        let mut c = RunConfig::new(ModelPreset::Gpt2, ZeroStage::Z0);
+        c.seq_len = 2048;
+        assert_eq!(c.validate(None).unwrap_err().field, "seq-len");
+    }
+
+    #[test]
+    fn json_round_trip_and_unknown_keys_rejected() {
+        let c = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z3);
+        let s = serde_json::to_string(&c).unwrap();
+        let back: RunConfig = serde_json::from_str(&s).unwrap();
+        assert_eq!(back, c);
+        let bad = s.replacen("\"steps\"", "\"stepz\"", 1);
+        assert!(serde_json::from_str::<RunConfig>(&bad).is_err());
+    }
+}

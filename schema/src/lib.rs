@@ -1,0 +1,17 @@
+//! The contract between zerobench's parts.
+//!
+//! * [`config`]: one run's configuration (what the worker's flags say and what the launcher renders).
+//! * [`models`]: model presets with their exact dimensions and closed-form parameter counts.
+//! * [`memory`]: the ZeRO model-state formulas per stage, precision and offload setting.
+//! * [`log`]: the JSON-lines records a worker writes and ingest reads, versioned by [`log::SCHEMA_VERSION`].
+//!
+//! This crate depends on serde only: the launcher and ingest link it without linking libtorch, MPI or CUDA.
+
+pub mod config;
+pub mod log;
+pub mod memory;
+pub mod models;
+
+pub use config::{ConfigError, DeviceRequest, Offload, Precision, RunConfig, ZeroStage};
+pub use log::{Record, SCHEMA_VERSION};
+pub use models::{ModelPreset, ModelSpec};

@@ -1,0 +1,471 @@
+//! The worker's JSON-lines log: one file `rank<N>.jsonl` per rank, one record per line, each
+//! written and flushed as it happens.
+//!
+//! Every line is a JSON object whose first key is `event` (the record kind) and whose second is
+//! `v`, the schema version. Units are in the field names (`_ms`, `_bytes`, `_w`, `_j`); times are
+//! Unix seconds in `ts`. A rank writes `start`, then `setup` once the model and engine exist, one
+//! `step` per optimizer step, and finally `end` — or an `error` (and then `end` with a failed
+//! status where it still can).
+//!
+//! Versioning: fields may be added within a version (readers ignore fields they do not know);
+//! renaming, removing or changing the meaning of a field bumps [`SCHEMA_VERSION`]. `docs/log-schema.md`
+//! describes every field; `docs/log-schema.json` is the JSON Schema generated from these types
+//! (`zerobench schema`).
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::config::RunConfig;
+use crate::memory::ModelStateBytes;
+
+/// The version every record carries in `v`.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One line of a rank log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Record {
+    Start(Start),
+    Setup(Setup),
+    Step(Step),
+    End(End),
+    Error(ErrorRecord),
+}
+
+impl Record {
+    /// The value of the `event` key.
+    pub fn event(&self) -> &'static str {
+        match self {
+            Record::Start(_) => "start",
+            Record::Setup(_) => "setup",
+            Record::Step(_) => "step",
+            Record::End(_) => "end",
+            Record::Error(_) => "error",
+        }
+    }
+
+    /// The schema version the record claims.
+    pub fn version(&self) -> u32 {
+        match self {
+            Record::Start(r) => r.v,
+            Record::Setup(r) => r.v,
+            Record::Step(r) => r.v,
+            Record::End(r) => r.v,
+            Record::Error(r) => r.v,
+        }
+    }
+
+    /// The rank that wrote it.
+    pub fn rank(&self) -> u32 {
+        match self {
+            Record::Start(r) => r.rank,
+            Record::Setup(r) => r.rank,
+            Record::Step(r) => r.rank,
+            Record::End(r) => r.rank,
+            Record::Error(r) => r.rank,
+        }
+    }
+}
+
+/// Written first, as soon as the rank knows who it is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Start {
+    pub v: u32,
+    pub ts: f64,
+    pub run_id: String,
+    pub rank: u32,
+    pub world_size: u32,
+    pub local_rank: u32,
+    /// Ranks on this node.
+    pub local_size: u32,
+    /// Index of this node among the run's nodes, and how many nodes there are.
+    pub node_rank: u32,
+    pub nodes: u32,
+    /// Where rank, world size and local rank came from (e.g. `mpi`, `env:RANK`).
+    pub rank_source: String,
+    pub host: String,
+    pub pid: u32,
+    pub config: RunConfig,
+    pub model: ModelInfo,
+    pub device: DeviceInfo,
+    /// `mpi` (CPU tensors), `nccl` (GPU tensors) or `none` (one rank).
+    pub comm_backend: String,
+    pub versions: Versions,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ModelInfo {
+    pub family: String,
+    pub params: u64,
+    pub units: u32,
+    pub largest_unit_params: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DeviceInfo {
+    /// `cpu` or `cuda`.
+    pub kind: String,
+    /// Device name (GPU model, or the CPU model).
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_memory_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_visible_devices: Option<String>,
+    /// Intra-op threads libtorch uses on this rank.
+    pub threads: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct Versions {
+    pub zerobench: String,
+    pub libtorch: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mpi: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_driver: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_driver: Option<String>,
+}
+
+/// The Slurm context of a rank, when it runs inside a job.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct SlurmInfo {
+    pub job_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodelist: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_job_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_task_id: Option<String>,
+}
+
+/// Written once the model and the ZeRO engine are set up, before the first forward.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Setup {
+    pub v: u32,
+    pub ts: f64,
+    pub rank: u32,
+    /// Model states this rank holds, measured from the engine's own buffers.
+    pub model_state: ModelStateBytes,
+    /// What the ZeRO formulas give for `padded_params` (see `memory.rs`).
+    pub model_state_expected: ModelStateBytes,
+    /// Ψ after padding every unit to a multiple of world size × alignment.
+    pub padded_params: u64,
+    /// Persistent engine buffers beyond model states (gradient buckets, gather slots), by name.
+    pub buffers_bytes: BTreeMap<String, u64>,
+    /// Host memory held for offloaded states (0 without offload).
+    pub host_state_bytes: u64,
+    pub memory: MemorySample,
+    pub setup_ms: f64,
+}
+
+/// One optimizer step on one rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Step {
+    pub v: u32,
+    pub ts: f64,
+    pub rank: u32,
+    /// 0-based optimizer step.
+    pub step: u32,
+    /// Among the first `config.warmup` steps, which summaries leave out.
+    pub warmup: bool,
+    /// Mean loss over the global batch of this step (all ranks, all micro-steps).
+    pub loss: f64,
+    /// fp16: the step was skipped because a gradient overflowed.
+    pub skipped: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
+    /// Tokens and sequences in the global batch of this step.
+    pub tokens: u64,
+    pub samples: u64,
+    /// Wall time of the whole step on this rank, from its start to the loss being known.
+    pub step_ms: f64,
+    pub forward_ms: f64,
+    pub backward_ms: f64,
+    pub optimizer_ms: f64,
+    /// Sum of the durations of this step's collectives.
+    pub comm_ms: f64,
+    /// Time computation waited for communication (on CPU, where collectives block, all of it).
+    pub exposed_comm_ms: f64,
+    /// Per collective kind (`all_reduce`, `reduce_scatter`, `all_gather`, `broadcast`).
+    pub comm: BTreeMap<String, CommStats>,
+    pub memory: MemorySample,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_w: Option<f64>,
+    /// Energy the GPU used since the run started (NVML's counter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub energy_j: Option<f64>,
+    /// NVML GPU utilisation (percent of time a kernel ran) sampled at the end of the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_util_pct: Option<u32>,
+}
+
+/// One collective kind within a step. `bytes` is the size of the full array in nccl-tests'
+/// convention (all-reduce: the buffer; reduce-scatter: input; all-gather: output), so
+/// bus bandwidth = bytes / time × factor(kind, world size).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CommStats {
+    pub calls: u64,
+    pub bytes: u64,
+    pub ms: f64,
+    /// The largest single call of the step.
+    pub max_bytes: u64,
+    /// Bus bandwidth over the step's calls of this kind, in GB/s (1e9 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bus_gbps: Option<f64>,
+}
+
+/// Memory of one rank at one moment; allocator figures are the CUDA caching allocator's (absent on
+/// CPU), peaks are since the previous sample.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MemorySample {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_allocated_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_reserved_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_retries: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ooms: Option<u64>,
+    /// Device memory used as NVML sees it (context, NCCL and allocator slack included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvml_used_bytes: Option<u64>,
+    /// Resident set size of the process.
+    pub rss_bytes: u64,
+}
+
+/// How a rank's run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Ok,
+    /// Out of device (or host) memory.
+    Oom,
+    Failed,
+}
+
+/// Written last.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct End {
+    pub v: u32,
+    pub ts: f64,
+    pub rank: u32,
+    pub status: RunStatus,
+    pub steps_completed: u32,
+    /// The process exit code that follows.
+    pub exit_code: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<Summary>,
+}
+
+/// Over the measured (non-warmup) steps of this rank.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Summary {
+    pub steps: u32,
+    pub step_ms_median: f64,
+    /// Global tokens per second (all ranks).
+    pub tokens_per_s: f64,
+    pub final_loss: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_allocated_bytes: Option<u64>,
+}
+
+/// What kind of failure an `error` record reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    Oom,
+    Comm,
+    Config,
+    Io,
+    Internal,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ErrorRecord {
+    pub v: u32,
+    pub ts: f64,
+    pub rank: u32,
+    pub class: ErrorClass,
+    pub message: String,
+    /// The step it happened in, if training had begun.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
+    /// OOM: the allocation that failed, in bytes, when the allocator said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_bytes: Option<u64>,
+    /// OOM: memory at that moment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemorySample>,
+}
+
+/// Why a line is not a valid record.
+#[derive(Debug, thiserror::Error)]
+pub enum LineError {
+    #[error("not JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("schema version {found} is not supported (this build reads version {SCHEMA_VERSION})")]
+    Version { found: u32 },
+    #[error("field {path} is not part of schema version {SCHEMA_VERSION}")]
+    UnknownField { path: String },
+}
+
+/// Parses one line leniently: unknown fields are ignored (they may come from a newer writer of the
+/// same version), an unknown version is an error.
+pub fn parse_line(line: &[u8]) -> Result<Record, LineError> {
+    let rec: Record = serde_json::from_slice(line)?;
+    if rec.version() != SCHEMA_VERSION {
+        return Err(LineError::Version { found: rec.version() });
+    }
+    Ok(rec)
+}
+
+/// Parses one line strictly: like [`parse_line`], and every field of the line must be one this
+/// schema defines. This is how tests check that the worker writes exactly the documented schema.
+pub fn validate_line(line: &[u8]) -> Result<Record, LineError> {
+    let raw: serde_json::Value = serde_json::from_slice(line)?;
+    if let Some(v) = raw.get("v").and_then(serde_json::Value::as_u64) {
+        if v != u64::from(SCHEMA_VERSION) {
+            return Err(LineError::Version { found: u32::try_from(v).unwrap_or(u32::MAX) });
+        }
+    }
+    let rec = parse_line(line)?;
+    let back = serde_json::to_value(&rec)?;
+    if let Some(path) = first_unknown(&raw, &back, String::new()) {
+        return Err(LineError::UnknownField { path });
+    }
+    Ok(rec)
+}
+
+/// The first key present in `raw` but absent from the re-serialised `known`.
+fn first_unknown(raw: &serde_json::Value, known: &serde_json::Value, at: String) -> Option<String> {
+    match (raw, known) {
+        (serde_json::Value::Object(r), serde_json::Value::Object(k)) => r.iter().find_map(|(key, rv)| {
+            let path = if at.is_empty() { key.clone() } else { format!("{at}.{key}") };
+            match k.get(key) {
+                None if rv.is_null() => None,
+                None => Some(path),
+                Some(kv) => first_unknown(rv, kv, path),
+            }
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{RunConfig, ZeroStage};
+    use crate::models::ModelPreset;
+
+    fn step() -> Step {
+        Step {
+            v: SCHEMA_VERSION,
+            ts: 1.5,
+            rank: 1,
+            step: 3,
+            warmup: false,
+            loss: 2.5,
+            skipped: false,
+            loss_scale: None,
+            tokens: 4096,
+            samples: 4,
+            step_ms: 10.0,
+            forward_ms: 3.0,
+            backward_ms: 5.0,
+            optimizer_ms: 1.0,
+            comm_ms: 2.0,
+            exposed_comm_ms: 2.0,
+            comm: BTreeMap::from([(
+                "all_reduce".to_string(),
+                CommStats { calls: 2, bytes: 100, ms: 2.0, max_bytes: 60, bus_gbps: Some(0.1) },
+            )]),
+            memory: MemorySample { rss_bytes: 1 << 20, ..Default::default() },
+            power_w: None,
+            energy_j: None,
+            gpu_util_pct: None,
+        }
+    }
+
+    #[test]
+    fn event_key_comes_first_then_version() {
+        let line = serde_json::to_string(&Record::Step(step())).unwrap();
+        assert!(line.starts_with(r#"{"event":"step","v":1,"#), "{line}");
+        let back = validate_line(line.as_bytes()).unwrap();
+        assert_eq!(back, Record::Step(step()));
+    }
+
+    #[test]
+    fn unknown_fields_pass_lenient_and_fail_strict() {
+        let line = serde_json::to_string(&Record::Step(step())).unwrap();
+        let extra = line.replacen(r#""loss":2.5"#, r#""loss":2.5,"lozz":1"#, 1);
+        parse_line(extra.as_bytes()).unwrap();
+        let err = validate_line(extra.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("lozz"), "{err}");
+        let nested = line.replacen(r#""calls":2"#, r#""calls":2,"x":0"#, 1);
+        assert!(validate_line(nested.as_bytes()).unwrap_err().to_string().contains("comm.all_reduce.x"));
+    }
+
+    #[test]
+    fn other_versions_are_refused() {
+        let line = serde_json::to_string(&Record::Step(step())).unwrap().replacen(r#""v":1"#, r#""v":2"#, 1);
+        assert!(matches!(parse_line(line.as_bytes()), Err(LineError::Version { found: 2 })));
+        assert!(matches!(validate_line(line.as_bytes()), Err(LineError::Version { found: 2 })));
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for bad in [&b""[..], b"{", b"\xff\xfe", b"[]", br#"{"event":"nope","v":1}"#, br#"{"event":"end"}"#] {
+            assert!(parse_line(bad).is_err());
+        }
+    }
+
+    #[test]
+    fn start_carries_the_config() {
+        let start = Start {
+            v: SCHEMA_VERSION,
+            ts: 0.0,
+            run_id: "r".into(),
+            rank: 0,
+            world_size: 2,
+            local_rank: 0,
+            local_size: 2,
+            node_rank: 0,
+            nodes: 1,
+            rank_source: "mpi".into(),
+            host: "h".into(),
+            pid: 1,
+            config: RunConfig::new(ModelPreset::Tiny, ZeroStage::Z2),
+            model: ModelInfo { family: "gpt2".into(), params: 1, units: 1, largest_unit_params: 1 },
+            device: DeviceInfo {
+                kind: "cpu".into(),
+                name: "x".into(),
+                index: None,
+                total_memory_bytes: None,
+                cuda_visible_devices: None,
+                threads: 1,
+            },
+            comm_backend: "mpi".into(),
+            versions: Versions::default(),
+            slurm: None,
+        };
+        let line = serde_json::to_string(&Record::Start(start.clone())).unwrap();
+        assert_eq!(validate_line(line.as_bytes()).unwrap(), Record::Start(start));
+    }
+}

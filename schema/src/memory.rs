@@ -1,0 +1,117 @@
+//! ZeRO model-state memory per rank (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
+//! Training Trillion Parameter Models", SC'20, section 5), generalised over precision.
+//!
+//! With Ψ parameters, N ranks, p bytes per parameter and per gradient element on the device and
+//! k bytes of optimizer state per parameter (mixed precision: fp32 master + Adam m + v = 12;
+//! fp32: m + v = 8, the parameters being the master weights):
+//!
+//! | stage | parameters | gradients | optimizer | mixed precision total |
+//! |---|---|---|---|---|
+//! | 0 | pΨ | pΨ | kΨ | 16Ψ |
+//! | 1 | pΨ | pΨ | kΨ/N | 4Ψ + 12Ψ/N |
+//! | 2 | pΨ | pΨ/N | kΨ/N | 2Ψ + 14Ψ/N |
+//! | 3 | pΨ/N | pΨ/N | kΨ/N | 16Ψ/N |
+//!
+//! zerobench's engine pads every unit so that it splits into N equal shards of a multiple of
+//! [`SHARD_ALIGN_ELEMS`] elements; [`padded_params`] gives the Ψ the formulas hold for exactly.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Precision, ZeroStage};
+use crate::models::ModelSpec;
+
+/// Every shard of a unit is a multiple of this many elements, so each shard starts on a 256-byte
+/// boundary whatever the element size (NCCL and vectorised kernels want aligned buffers).
+pub const SHARD_ALIGN_ELEMS: u64 = 128;
+
+/// Model-state bytes held by one rank, split by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ModelStateBytes {
+    pub params_bytes: u64,
+    pub grads_bytes: u64,
+    pub optimizer_bytes: u64,
+}
+
+impl ModelStateBytes {
+    pub fn total(&self) -> u64 {
+        self.params_bytes + self.grads_bytes + self.optimizer_bytes
+    }
+}
+
+/// Elements of one unit after padding for `world` ranks.
+pub fn padded_unit(params: u64, world: u64) -> u64 {
+    let chunk = world.max(1) * SHARD_ALIGN_ELEMS;
+    params.div_ceil(chunk) * chunk
+}
+
+/// Ψ after padding every unit of `spec` for `world` ranks.
+pub fn padded_params(spec: &ModelSpec, world: u64) -> u64 {
+    spec.units().iter().map(|u| padded_unit(u.params, world)).sum()
+}
+
+/// The per-rank model-state bytes the ZeRO formulas give for `psi` parameters on `world` ranks.
+/// `psi` must be divisible by `world` for the result to be exact (use [`padded_params`]).
+pub fn model_state_bytes(stage: ZeroStage, precision: Precision, psi: u64, world: u64) -> ModelStateBytes {
+    let n = world.max(1);
+    let (p, k) = (precision.param_bytes(), precision.optimizer_bytes());
+    let full = |b: u64| b * psi;
+    let part = |b: u64| b * psi / n;
+    match stage {
+        ZeroStage::Z0 => ModelStateBytes { params_bytes: full(p), grads_bytes: full(p), optimizer_bytes: full(k) },
+        ZeroStage::Z1 => ModelStateBytes { params_bytes: full(p), grads_bytes: full(p), optimizer_bytes: part(k) },
+        ZeroStage::Z2 => ModelStateBytes { params_bytes: full(p), grads_bytes: part(p), optimizer_bytes: part(k) },
+        ZeroStage::Z3 => ModelStateBytes { params_bytes: part(p), grads_bytes: part(p), optimizer_bytes: part(k) },
+    }
+}
+
+/// Model-state bytes per rank for a model, with zerobench's padding.
+pub fn model_state_for(spec: &ModelSpec, stage: ZeroStage, precision: Precision, world: u64) -> ModelStateBytes {
+    model_state_bytes(stage, precision, padded_params(spec, world), world)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::ModelPreset;
+    use proptest::prelude::*;
+
+    #[test]
+    fn paper_example_7_5b_on_64_ranks() {
+        // ZeRO paper figure 1: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
+        let psi = 7_500_000_000u64;
+        let gb = |s| model_state_bytes(s, Precision::Bf16, psi, 64).total() as f64 / 1e9;
+        assert!((gb(ZeroStage::Z0) - 120.0).abs() < 0.05);
+        assert!((gb(ZeroStage::Z1) - 31.4).abs() < 0.05);
+        assert!((gb(ZeroStage::Z2) - 16.6).abs() < 0.05);
+        assert!((gb(ZeroStage::Z3) - 1.9).abs() < 0.05);
+    }
+
+    #[test]
+    fn padding_is_bounded() {
+        let spec = ModelPreset::Gpt2Xl.spec();
+        for n in [1u64, 2, 3, 4, 8, 64] {
+            let padded = padded_params(&spec, n);
+            let units = spec.units().len() as u64;
+            assert!(padded >= spec.param_count());
+            assert!(padded - spec.param_count() < units * n * SHARD_ALIGN_ELEMS);
+            assert_eq!(padded % n, 0);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn mixed_precision_totals_match_the_paper(psi in 1u64..1_000_000_000, n in 1u64..512) {
+            let psi = psi * n; // divisible, as after padding
+            let t = |s| model_state_bytes(s, Precision::Bf16, psi, n).total();
+            prop_assert_eq!(t(ZeroStage::Z0), 16 * psi);
+            prop_assert_eq!(t(ZeroStage::Z1), 4 * psi + 12 * psi / n);
+            prop_assert_eq!(t(ZeroStage::Z2), 2 * psi + 14 * psi / n);
+            prop_assert_eq!(t(ZeroStage::Z3), 16 * psi / n);
+            // Every stage needs no more than the one before it.
+            prop_assert!(t(ZeroStage::Z1) <= t(ZeroStage::Z0));
+            prop_assert!(t(ZeroStage::Z2) <= t(ZeroStage::Z1));
+            prop_assert!(t(ZeroStage::Z3) <= t(ZeroStage::Z2));
+        }
+    }
+}
