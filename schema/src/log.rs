@@ -167,6 +167,8 @@ pub struct Setup {
     pub buffers_bytes: BTreeMap<String, u64>,
     /// Host memory held for offloaded states (0 without offload).
     pub host_state_bytes: u64,
+    /// The AdamW implementation: `rust-cpu`, `cuda-fused` or `torch-ops`.
+    pub optimizer: String,
     pub memory: MemorySample,
     pub setup_ms: f64,
 }

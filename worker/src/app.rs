@@ -13,9 +13,16 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::Device;
 use zerobench_schema::log::{DeviceInfo, End, ErrorRecord, ModelInfo, RunStatus, Setup, Start, Versions};
 use zerobench_schema::memory::model_state_bytes;
-use zerobench_schema::{Record, RunConfig, SCHEMA_VERSION};
+use zerobench_schema::{DeviceRequest, Record, RunConfig, SCHEMA_VERSION};
+
+use std::sync::Arc;
 
 use crate::comm::mpi::MpiCollectives;
+use crate::comm::nccl::NcclCollectives;
+use crate::comm::Collectives;
+use crate::metrics::clock::PhaseTimer;
+use crate::metrics::gpu_monitor::GpuMonitor;
+use crate::runtime::cuda::Gpu;
 use crate::{cli, data, model, runtime, zero};
 use crate::failure::Failure;
 use crate::logfile::RankLog;
@@ -117,7 +124,21 @@ fn run_logged(
     progress: &mut Progress,
 ) -> Result<(), Failure> {
     let t_setup = Instant::now();
-    let device = runtime::device::select(cfg.device, ident.local_rank).map_err(|e| Failure::Config(e.to_string()))?;
+    let visible = (cfg.device != DeviceRequest::Cpu).then(|| runtime::cuda::bind_local_gpu(ident.local_rank));
+    let device = runtime::device::select(cfg.device).map_err(|e| Failure::Config(e.to_string()))?;
+    let gpu = match device {
+        Device::Cuda(i) => Some(Gpu::new(i).map_err(|e| Failure::Internal(format!("CUDA context: {e}")))?),
+        _ => None,
+    };
+    let comm: Box<dyn Collectives> = match &gpu {
+        Some(g) => Box::new(NcclCollectives::new(world, Arc::clone(g))?),
+        None => Box::new(MpiCollectives::new(world)),
+    };
+    let monitor = gpu.as_ref().and_then(|g| g.uuid()).and_then(|u| GpuMonitor::open(&u));
+    let (device_name, total_memory_bytes) = match &gpu {
+        Some(g) => g.describe(),
+        None => (runtime::device::cpu_name(), None),
+    };
     let threads = args.threads.unwrap_or_else(|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
         (cores / ident.local_size.max(1)).max(1)
@@ -132,6 +153,7 @@ fn run_logged(
         Device::Cuda(i) => Some(i),
         _ => None,
     };
+    let on_gpu = cuda_index.is_some();
     let start = Start {
         v: SCHEMA_VERSION,
         ts: now_ts(),
@@ -153,24 +175,23 @@ fn run_logged(
             largest_unit_params: spec.largest_unit_params(),
         },
         device: DeviceInfo {
-            kind: if cuda_index.is_some() { "cuda".into() } else { "cpu".into() },
-            name: match cuda_index {
-                Some(_) => "cuda".into(),
-                None => runtime::device::cpu_name(),
-            },
+            kind: if on_gpu { "cuda".into() } else { "cpu".into() },
+            name: device_name,
             index: cuda_index.map(|i| i as u32),
-            total_memory_bytes: None,
-            cuda_visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+            total_memory_bytes,
+            cuda_visible_devices: if on_gpu { visible } else { None },
             threads,
         },
-        comm_backend: if ident.world_size > 1 { "mpi".into() } else { "none".into() },
+        comm_backend: comm.backend().into(),
         versions: Versions {
             zerobench: env!("CARGO_PKG_VERSION").into(),
             libtorch: runtime::shim::torch_version(),
             mpi: mpi::environment::library_version()
                 .ok()
                 .map(|v| v.lines().next().unwrap_or("").trim_matches(|c: char| c == '\0' || c.is_whitespace()).to_string()),
-            ..Versions::default()
+            nccl: if on_gpu { NcclCollectives::version() } else { None },
+            cuda_driver: gpu.as_ref().and_then(|g| g.driver_version()),
+            gpu_driver: if on_gpu { GpuMonitor::driver_version() } else { None },
         },
         slurm: identity::slurm_info(),
     };
@@ -189,8 +210,7 @@ fn run_logged(
         device,
     );
 
-    let comm = Box::new(MpiCollectives::new(world));
-    let mut engine = zero::Engine::new(model.as_ref(), cfg, comm, device)?;
+    let mut engine = zero::Engine::new(model.as_ref(), cfg, comm, device, gpu.clone())?;
     let probe = MemoryProbe::new(cuda_index);
     let padded = engine.padded_params();
     let setup = Setup {
@@ -202,6 +222,7 @@ fn run_logged(
         padded_params: padded,
         buffers_bytes: engine.buffer_bytes(),
         host_state_bytes: 0,
+        optimizer: engine.optimizer_implementation().into(),
         memory: probe.sample(),
         setup_ms: t_setup.elapsed().as_secs_f64() * 1e3,
     };
@@ -214,6 +235,8 @@ fn run_logged(
         data: &data,
         log,
         probe: &probe,
+        monitor: monitor.as_ref(),
+        timer: PhaseTimer::new(gpu.clone()),
         rank: ident.rank,
     };
     trainer.run(progress)

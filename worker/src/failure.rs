@@ -92,6 +92,12 @@ impl From<TchError> for Failure {
     }
 }
 
+impl From<crate::metrics::clock::ClockError> for Failure {
+    fn from(e: crate::metrics::clock::ClockError) -> Self {
+        Failure::Internal(e.to_string())
+    }
+}
+
 impl From<CommError> for Failure {
     fn from(e: CommError) -> Self {
         Failure::Comm(e.to_string())

@@ -11,6 +11,7 @@ use crate::data::Data;
 use crate::failure::Failure;
 use crate::logfile::RankLog;
 use crate::metrics::clock::{PhaseTimer, StepPhase};
+use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::metrics::memory::MemoryProbe;
 use crate::model::{Batch, Model};
 use crate::runtime::shim;
@@ -33,6 +34,8 @@ pub struct Trainer<'a> {
     pub data: &'a Data,
     pub log: &'a mut RankLog,
     pub probe: &'a MemoryProbe,
+    pub monitor: Option<&'a GpuMonitor>,
+    pub timer: PhaseTimer,
     pub rank: u32,
 }
 
@@ -43,26 +46,36 @@ impl Trainer<'_> {
         let world = self.engine.world() as u32;
         let tokens = self.cfg.tokens_per_step(world);
         let samples = self.cfg.global_batch(world);
-        let mut timer = PhaseTimer::default();
         let mut measured: Vec<f64> = Vec::new();
         let mut last_loss = f64::NAN;
+        let mut peak_allocated: Option<u64> = None;
 
         for step in 0..self.cfg.steps {
             let t0 = Instant::now();
-            for micro in 0..self.cfg.grad_accum as usize {
+            // All of the step's data goes to the device now, while the device is idle after the
+            // last step's synchronisation, so no copy stalls the host in the middle of the step.
+            let batches = (0..self.cfg.grad_accum as usize)
+                .map(|micro| self.data.batch(u64::from(step), micro))
+                .collect::<Result<Vec<_>, _>>()?;
+            for (micro, batch) in batches.iter().enumerate() {
                 self.engine.begin_micro(micro);
-                let batch = self.data.batch(u64::from(step), micro)?;
-                let loss = self.micro_step(&schedule, &batch, &mut timer)?;
-                timer.start(StepPhase::Backward);
+                let loss = self.micro_step(&schedule, batch)?;
+                self.timer.start(StepPhase::Backward)?;
                 self.engine.end_micro(&loss)?;
-                timer.stop();
+                self.timer.stop()?;
             }
-            timer.start(StepPhase::Optimizer);
+            self.timer.start(StepPhase::Optimizer)?;
             let outcome = self.engine.step()?;
-            timer.stop();
+            self.timer.stop()?;
             let step_ms = t0.elapsed().as_secs_f64() * 1e3;
 
-            let (forward_ms, backward_ms, optimizer_ms) = timer.take();
+            let (forward_ms, backward_ms, optimizer_ms) = self.timer.take()?;
+            let gpu = self.monitor.map(GpuMonitor::read).unwrap_or_default();
+            let mut memory = self.probe.sample();
+            memory.nvml_used_bytes = gpu.used_bytes;
+            if let Some(p) = memory.peak_allocated_bytes {
+                peak_allocated = Some(peak_allocated.map_or(p, |q: u64| q.max(p)));
+            }
             let comm = self.engine.take_comm_stats()?;
             let warmup = step < self.cfg.warmup;
             if !warmup {
@@ -87,10 +100,10 @@ impl Trainer<'_> {
                 comm_ms: comm.total_ms(),
                 exposed_comm_ms: comm.exposed_ms,
                 comm: comm.to_record(world as usize),
-                memory: self.probe.sample(),
-                power_w: None,
-                energy_j: None,
-                gpu_util_pct: None,
+                memory,
+                power_w: gpu.power_w,
+                energy_j: gpu.energy_j,
+                gpu_util_pct: gpu.util_pct,
             };
             self.log.write(&Record::Step(rec)).map_err(|e| Failure::Io(e.to_string()))?;
             progress.steps_completed = step + 1;
@@ -98,19 +111,19 @@ impl Trainer<'_> {
                 return Err(Failure::Internal(format!("loss became {} at step {step}", outcome.loss)));
             }
         }
-        progress.summary = summarize(&measured, tokens, last_loss);
+        progress.summary = summarize(&measured, tokens, last_loss, peak_allocated);
         Ok(())
     }
 
     /// Forward through every segment, then backward in reverse, with the engine's hooks around
     /// each. Returns the micro-batch's mean loss (detached).
-    fn micro_step(&mut self, schedule: &Schedule, batch: &Batch, timer: &mut PhaseTimer) -> Result<Tensor, Failure> {
+    fn micro_step(&mut self, schedule: &Schedule, batch: &Batch) -> Result<Tensor, Failure> {
         let n = self.model.segments().len();
         // inputs[s]: the leaves segment s started from; outputs[s]: what it produced.
         let mut inputs: Vec<Vec<Tensor>> = Vec::with_capacity(n);
         let mut outputs: Vec<Vec<Tensor>> = Vec::with_capacity(n);
 
-        timer.start(StepPhase::Forward);
+        self.timer.start(StepPhase::Forward)?;
         for s in 0..n {
             self.engine.before(s)?;
             let leaves: Vec<Tensor> = match outputs.last() {
@@ -123,9 +136,9 @@ impl Trainer<'_> {
             inputs.push(leaves);
             outputs.push(out);
         }
-        timer.stop();
+        self.timer.stop()?;
 
-        timer.start(StepPhase::Backward);
+        self.timer.start(StepPhase::Backward)?;
         let loss = outputs[n - 1][0].detach();
         for s in (0..n).rev() {
             let i = schedule.backward_index(s);
@@ -153,12 +166,12 @@ impl Trainer<'_> {
                 inputs[s + 1].clear();
             }
         }
-        timer.stop();
+        self.timer.stop()?;
         Ok(loss)
     }
 }
 
-fn summarize(step_ms: &[f64], tokens_per_step: u64, final_loss: f64) -> Option<Summary> {
+fn summarize(step_ms: &[f64], tokens_per_step: u64, final_loss: f64, peak_allocated_bytes: Option<u64>) -> Option<Summary> {
     if step_ms.is_empty() {
         return None;
     }
@@ -172,6 +185,6 @@ fn summarize(step_ms: &[f64], tokens_per_step: u64, final_loss: f64) -> Option<S
         step_ms_median: median,
         tokens_per_s: tokens_per_step as f64 * step_ms.len() as f64 / total_s,
         final_loss,
-        peak_allocated_bytes: None,
+        peak_allocated_bytes,
     })
 }

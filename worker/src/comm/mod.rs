@@ -12,6 +12,7 @@
 //! the buffer; reduce-scatter: the input; all-gather: the output; broadcast: the buffer).
 
 pub mod mpi;
+pub mod nccl;
 pub mod stats;
 
 use tch::{Kind, Tensor};

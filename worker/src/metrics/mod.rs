@@ -1,4 +1,5 @@
-//! What a step costs: phase timings and memory.
+//! What a step costs: phase timings, memory, and the GPU's own readings.
 
 pub mod clock;
+pub mod gpu_monitor;
 pub mod memory;

@@ -81,10 +81,11 @@ pub fn build(spec: &ModelSpec, kind: Kind) -> Result<Box<dyn Model>, String> {
     }
 }
 
-/// Fills a unit's parameters with their initial values, deterministically from `seed` and the
-/// unit's index, whatever the number of ranks: every rank computes the same values, and a run on
-/// one rank starts from the same model as a run on many.
-pub fn init_unit(unit: &UnitDef, index: usize, seed: u64) -> Tensor {
+/// Fills a unit's parameters with their initial values (fp32, flat, on `device`), deterministically
+/// from `seed` and the unit's index, whatever the number of ranks: every rank computes the same
+/// values, and a run on one rank starts from the same model as a run on many. (The CPU and CUDA
+/// generators differ, so the values depend on the device type.)
+pub fn init_unit(unit: &UnitDef, index: usize, seed: u64, device: tch::Device) -> Tensor {
     let _guard = tch::no_grad_guard();
     let unit_seed = seed.wrapping_mul(1_000_003).wrapping_add(index as u64);
     tch::manual_seed(i64::from_ne_bytes(unit_seed.to_ne_bytes()) & i64::MAX);
@@ -93,7 +94,7 @@ pub fn init_unit(unit: &UnitDef, index: usize, seed: u64) -> Tensor {
         .iter()
         .map(|p| {
             let n = i64::try_from(p.numel()).expect("small");
-            let opts = (Kind::Float, tch::Device::Cpu);
+            let opts = (Kind::Float, device);
             match p.init {
                 Init::Normal(std) => Tensor::randn([n], opts) * std,
                 Init::Zeros => Tensor::zeros([n], opts),
@@ -128,9 +129,9 @@ mod tests {
     #[test]
     fn init_is_deterministic_per_unit() {
         let model = build(&ModelPreset::Tiny.spec(), Kind::Float).unwrap();
-        let a = init_unit(&model.units()[1], 1, 7);
-        let b = init_unit(&model.units()[1], 1, 7);
-        let c = init_unit(&model.units()[1], 1, 8);
+        let a = init_unit(&model.units()[1], 1, 7, tch::Device::Cpu);
+        let b = init_unit(&model.units()[1], 1, 7, tch::Device::Cpu);
+        let c = init_unit(&model.units()[1], 1, 8, tch::Device::Cpu);
         assert!(a.equal(&b));
         assert!(!a.equal(&c));
     }

@@ -29,8 +29,9 @@ pub enum DeviceError {
     NoCuda,
 }
 
-/// The device this rank computes on: one GPU per local rank when CUDA is used.
-pub fn select(request: DeviceRequest, local_rank: u32) -> Result<Device, DeviceError> {
+/// The device this rank computes on. Each rank sees only its own GPU (see
+/// `cuda::bind_local_gpu`), so a GPU is always ordinal 0.
+pub fn select(request: DeviceRequest) -> Result<Device, DeviceError> {
     let want_cuda = match request {
         DeviceRequest::Cpu => false,
         DeviceRequest::Cuda => {
@@ -44,8 +45,7 @@ pub fn select(request: DeviceRequest, local_rank: u32) -> Result<Device, DeviceE
     if !want_cuda {
         return Ok(Device::Cpu);
     }
-    let count = tch::Cuda::device_count().max(1) as u32;
-    Ok(Device::Cuda((local_rank % count) as usize))
+    Ok(Device::Cuda(0))
 }
 
 /// A human-readable name of the CPU, for the `start` record.

@@ -1,6 +1,7 @@
-//! The process around the training: who this rank is, which device it computes on, and the native
-//! helpers (C++ shim over libtorch, MPI constants).
+//! The process around the training: who this rank is, which device it computes on, the CUDA
+//! streams and events, and the native helpers (C++ shim over libtorch, MPI constants).
 
+pub mod cuda;
 pub mod device;
 pub mod identity;
 pub mod shim;

@@ -12,11 +12,18 @@
 //! DeepSpeed does with a single parameter group).
 //!
 //! On CPU the update is one pass over the shard in Rust, parallel over chunks, that also writes the
-//! compute-precision copy of the parameters. On CUDA it is composed of libtorch operations.
+//! compute-precision copy of the parameters. On CUDA it is one fused kernel
+//! ([`super::adamw_cuda`]), or, where NVRTC is missing, the same arithmetic composed of libtorch
+//! operations.
+
+use std::sync::Arc;
 
 use rayon::prelude::*;
 use tch::{Device, Kind, TchError, Tensor};
 use zerobench_schema::config::OptimConfig;
+
+use super::adamw_cuda::FusedAdamW;
+use crate::runtime::cuda::Gpu;
 
 /// The tensors of one shard. `master`, `exp_avg` and `exp_avg_sq` are fp32; `grad` is in the
 /// compute precision; `param_out` receives the updated parameters in the compute precision, or is
@@ -29,27 +36,48 @@ pub struct Shard<'a> {
     pub param_out: Option<&'a Tensor>,
 }
 
-#[derive(Debug, Clone, Copy)]
 pub struct AdamW {
     pub cfg: OptimConfig,
+    fused: Option<FusedAdamW>,
 }
 
 /// The per-step scalars of the update.
 #[derive(Debug, Clone, Copy)]
-struct Coeffs {
-    decay: f32,
-    one_minus_b1: f32,
-    b2: f32,
-    one_minus_b2: f32,
-    step_size: f32,
-    inv_bc2_sqrt: f32,
-    eps: f32,
-    grad_scale: f32,
+pub struct Coeffs {
+    pub decay: f32,
+    pub one_minus_b1: f32,
+    pub b2: f32,
+    pub one_minus_b2: f32,
+    pub step_size: f32,
+    pub inv_bc2_sqrt: f32,
+    pub eps: f32,
+    pub grad_scale: f32,
 }
 
 const CHUNK: usize = 1 << 15;
 
 impl AdamW {
+    /// The optimizer for shards on CPU, or on `gpu` when given (fused kernel if NVRTC works).
+    pub fn new(cfg: OptimConfig, gpu: Option<Arc<Gpu>>) -> Self {
+        let fused = gpu.and_then(|g| match FusedAdamW::new(g) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                tracing::warn!("{e}; AdamW falls back to libtorch operations");
+                None
+            }
+        });
+        Self { cfg, fused }
+    }
+
+    /// Which implementation runs the update, for the `setup` record.
+    pub fn implementation(&self, device: Device) -> &'static str {
+        match (device, &self.fused) {
+            (Device::Cpu, _) => "rust-cpu",
+            (_, Some(_)) => "cuda-fused",
+            (_, None) => "torch-ops",
+        }
+    }
+
     fn coeffs(&self, t: u64, grad_scale: f64) -> Coeffs {
         let c = &self.cfg;
         let t = i32::try_from(t).unwrap_or(i32::MAX);
@@ -75,7 +103,12 @@ impl AdamW {
                 step_cpu(&k, s);
                 Ok(())
             }
-            _ => step_tensor_ops(&k, s),
+            _ => match &self.fused {
+                Some(f) => f
+                    .step(&k, s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.param_out)
+                    .map_err(|e| TchError::Torch(e.to_string())),
+                None => step_tensor_ops(&k, s),
+            },
         }
     }
 }
@@ -213,7 +246,7 @@ mod tests {
     /// against a hand computation for one element.
     #[test]
     fn cpu_loop_matches_tensor_ops_and_the_formula() {
-        let opt = AdamW { cfg: OptimConfig { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 } };
+        let opt = AdamW::new(OptimConfig { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 }, None);
         tch::manual_seed(1);
         let n = 100_003;
         let master = Tensor::randn([n], (Kind::Float, Device::Cpu));

@@ -4,6 +4,7 @@
 //! [`Engine::step`] once per optimizer step.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use tch::{Device, Kind, TchError, Tensor};
 use zerobench_schema::config::{Precision, RunConfig, ZeroStage};
@@ -15,6 +16,7 @@ use super::loss_scale::LossScaler;
 use super::schedule::{Phase, Schedule};
 use crate::comm::{CommError, Collectives, Pending, StepComm};
 use crate::model::{init_unit, Model};
+use crate::runtime::cuda::Gpu;
 use crate::runtime::shim::{self, ShimError};
 
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +124,13 @@ pub struct Engine {
 impl Engine {
     /// Builds every buffer and initialises the model. Nothing is communicated: every rank computes
     /// the same initial values and keeps what it owns.
-    pub fn new(model: &dyn Model, cfg: &RunConfig, comm: Box<dyn Collectives>, device: Device) -> Result<Self, EngineError> {
+    pub fn new(
+        model: &dyn Model,
+        cfg: &RunConfig,
+        comm: Box<dyn Collectives>,
+        device: Device,
+        gpu: Option<Arc<Gpu>>,
+    ) -> Result<Self, EngineError> {
         let _guard = tch::no_grad_guard();
         let (world, rank) = (comm.world(), comm.rank());
         let stage = cfg.stage;
@@ -139,15 +147,17 @@ impl Engine {
             let shard_start = i64::try_from(layout.shard_range(owners, owner).start).expect("fits");
             let numel = i64::try_from(layout.numel).expect("fits");
 
-            let full = Tensor::f_zeros([padded], (Kind::Float, Device::Cpu))?;
-            let _ = full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, i, cfg.seed))?;
+            let full = Tensor::f_zeros([padded], f32_on)?;
+            let _ = full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, i, cfg.seed, device))?;
             let shard_f32 = full.f_narrow(0, shard_start, shard_len)?;
 
             let (base, param_shard) = if stage == ZeroStage::Z3 {
-                let shard = shard_f32.f_to_kind(kind)?.f_to_device(device)?;
+                // A copy, not a view: a view would keep the whole unit's buffer alive.
+                let shard = Tensor::f_empty([shard_len], (kind, device))?;
+                let _ = shard.shallow_clone().f_copy_(&shard_f32)?;
                 (Tensor::f_zeros([padded], (kind, device))?, Some(shard))
             } else {
-                (full.f_to_kind(kind)?.f_to_device(device)?, None)
+                (full.f_to_kind(kind)?, None)
             };
             let params = layout
                 .params
@@ -158,7 +168,7 @@ impl Engine {
                 })
                 .collect::<Result<Vec<_>, TchError>>()?;
             let (master, master_is_param) = match (&param_shard, mixed) {
-                (_, true) => (shard_f32.f_to_device(device)?.f_contiguous()?.f_detach_copy()?, false),
+                (_, true) => (shard_f32.f_detach_copy()?, false),
                 (Some(s), false) => (s.shallow_clone(), true),
                 (None, false) => (base.f_narrow(0, shard_start, shard_len)?, true),
             };
@@ -239,7 +249,7 @@ impl Engine {
             owner,
             units,
             schedule,
-            optim: AdamW { cfg: cfg.optim },
+            optim: AdamW::new(cfg.optim, gpu),
             scaler: (cfg.precision == Precision::Fp16).then(|| LossScaler::new(cfg.engine.loss_scale_power)),
             updates: 0,
             bucket_elems,
@@ -274,6 +284,11 @@ impl Engine {
 
     pub fn comm_backend(&self) -> &'static str {
         self.comm.backend()
+    }
+
+    /// Which AdamW implementation updates the shards.
+    pub fn optimizer_implementation(&self) -> &'static str {
+        self.optim.implementation(self.device)
     }
 
     /// The parameters of a unit, in the order the model declared them.

@@ -15,6 +15,7 @@
 //! [`SHARD_ALIGN_ELEMS`]: zerobench_schema::memory::SHARD_ALIGN_ELEMS
 
 pub mod adamw;
+pub mod adamw_cuda;
 pub mod engine;
 pub mod layout;
 pub mod loss_scale;

@@ -1,0 +1,273 @@
+//! Collectives on GPU tensors over NCCL (cudarc's dynamically loaded bindings), bootstrapped by
+//! broadcasting NCCL's unique id over MPI.
+//!
+//! Each collective is ordered after the work already issued on the compute stream (an event
+//! recorded there, waited on by the communication stream), runs on the communication stream
+//! between two timing events, and hands back a [`Pending`] whose end event the compute stream
+//! waits on before it reads the result. The time the compute stream spent in those waits is the
+//! exposed communication: events recorded just before and just after each wait bracket it.
+//!
+//! The engine passes only persistent buffers (gradient buckets, gather slots, parameter and
+//! gradient shards), so libtorch's caching allocator can never hand their memory to another
+//! kernel while NCCL still uses it.
+
+use std::ffi::c_int;
+use std::mem::MaybeUninit;
+use std::sync::Arc;
+
+use cudarc::nccl::{result as nccl, sys as ncclsys};
+use mpi::topology::{Communicator, SimpleCommunicator};
+use tch::{Device, Kind, Tensor};
+
+use super::{flat, CollectiveKind, CommError, Collectives, Elem, Pending, StepComm};
+use crate::runtime::cuda::{Event, Gpu};
+
+/// One collective in flight or waiting to be accounted.
+struct Op {
+    kind: CollectiveKind,
+    bytes: u64,
+    start: Event,
+    end: Event,
+    /// The engine still has to wait on it (its `Pending` is out).
+    waited: bool,
+}
+
+pub struct NcclCollectives {
+    comm: ncclsys::ncclComm_t,
+    gpu: Arc<Gpu>,
+    mpi: SimpleCommunicator,
+    rank: usize,
+    world: usize,
+    /// Indexed by `Pending` ids; `None` once accounted and released.
+    ops: Vec<Option<Op>>,
+    /// (before, after) event pairs around each compute-stream wait.
+    waits: Vec<(Event, Event)>,
+    control: Tensor,
+}
+
+fn nccl_err(op: &'static str, e: impl std::fmt::Debug) -> CommError {
+    CommError::Failed { op, message: format!("{e:?}") }
+}
+
+fn cuda_err(op: &'static str, e: cudarc::driver::DriverError) -> CommError {
+    CommError::Failed { op, message: format!("CUDA: {e}") }
+}
+
+impl NcclCollectives {
+    /// Creates the NCCL communicator of all ranks of `mpi` on this rank's GPU.
+    pub fn new(mpi: SimpleCommunicator, gpu: Arc<Gpu>) -> Result<Self, CommError> {
+        let rank = usize::try_from(mpi.rank()).expect("rank");
+        let world = usize::try_from(mpi.size()).expect("size");
+        let mut id_bytes = [0u8; 128];
+        if rank == 0 {
+            let id = nccl::get_uniqueid().map_err(|e| nccl_err("ncclGetUniqueId", e))?;
+            for (b, c) in id_bytes.iter_mut().zip(id.internal.iter()) {
+                *b = *c as u8;
+            }
+        }
+        mpi::collective::Root::broadcast_into(&mpi.process_at_rank(0), &mut id_bytes[..]);
+        let mut id = ncclsys::ncclUniqueId { internal: [0; 128] };
+        for (c, b) in id.internal.iter_mut().zip(id_bytes.iter()) {
+            *c = *b as std::ffi::c_char;
+        }
+        gpu.ctx.bind_to_thread().map_err(|e| cuda_err("bind", e))?;
+        let mut comm = MaybeUninit::uninit();
+        // SAFETY: every rank passes the same id and its own rank; the current device is this
+        // rank's GPU (the only one it sees).
+        unsafe { nccl::comm_init_rank(comm.as_mut_ptr(), world as c_int, id, rank as c_int) }
+            .map_err(|e| nccl_err("ncclCommInitRank", e))?;
+        // SAFETY: initialised by the successful call above.
+        let comm = unsafe { comm.assume_init() };
+        let control = Tensor::zeros([2], (Kind::Float, Device::Cuda(0)));
+        Ok(Self { comm, gpu, mpi, rank, world, ops: Vec::new(), waits: Vec::new(), control })
+    }
+
+    /// NCCL's version, e.g. `2.28.9`.
+    pub fn version() -> Option<String> {
+        let v = nccl::get_nccl_version().ok()?;
+        Some(format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100))
+    }
+
+    fn dtype(e: Elem) -> ncclsys::ncclDataType_t {
+        match e {
+            Elem::F32 => ncclsys::ncclDataType_t::ncclFloat32,
+            Elem::Bf16 => ncclsys::ncclDataType_t::ncclBfloat16,
+            Elem::F16 => ncclsys::ncclDataType_t::ncclFloat16,
+        }
+    }
+
+    /// Orders a collective after the compute stream's work, runs `launch` on the communication
+    /// stream between timing events, and returns its `Pending`.
+    fn issue(
+        &mut self,
+        kind: CollectiveKind,
+        bytes: usize,
+        launch: impl FnOnce(ncclsys::cudaStream_t) -> Result<(), CommError>,
+    ) -> Result<Pending, CommError> {
+        let op = kind.name();
+        let g = &self.gpu;
+        let ready = g.mark(&g.compute).map_err(|e| cuda_err(op, e))?;
+        g.wait(&g.comm, ready).map_err(|e| cuda_err(op, e))?;
+        let start = g.mark(&g.comm).map_err(|e| cuda_err(op, e))?;
+        launch(g.comm.cu_stream() as ncclsys::cudaStream_t)?;
+        let end = g.mark(&g.comm).map_err(|e| cuda_err(op, e))?;
+        // `ready` has been consumed by the wait: the stream holds its own reference to the
+        // recorded work, so the event may be reused.
+        g.recycle(ready);
+        self.ops.push(Some(Op { kind, bytes: bytes as u64, start, end, waited: false }));
+        Ok(Pending(Some(self.ops.len() - 1)))
+    }
+
+    fn ptr(t: &Tensor) -> *mut std::ffi::c_void {
+        t.data_ptr()
+    }
+}
+
+impl Collectives for NcclCollectives {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce(&mut self, buf: &Tensor) -> Result<Pending, CommError> {
+        const OP: &str = "all_reduce";
+        let (e, n) = flat(buf, OP)?;
+        let (p, comm) = (Self::ptr(buf), self.comm);
+        self.issue(CollectiveKind::AllReduce, n * e.size(), |s| {
+            // SAFETY: a contiguous device tensor of `n` elements of type `e`, kept alive by the
+            // engine until the collective is waited on.
+            unsafe { nccl::all_reduce(p, p, n, Self::dtype(e), ncclsys::ncclRedOp_t::ncclSum, comm, s) }
+                .map(|_| ())
+                .map_err(|err| nccl_err(OP, err))
+        })
+    }
+
+    fn reduce_scatter(&mut self, input: &Tensor, output: &Tensor) -> Result<Pending, CommError> {
+        const OP: &str = "reduce_scatter";
+        let (e, n) = flat(input, OP)?;
+        let (eo, m) = flat(output, OP)?;
+        if e != eo || m * self.world != n {
+            return Err(CommError::BadTensor { op: OP, reason: format!("input {n} and output {m} elements on {} ranks", self.world) });
+        }
+        let (i, o, comm) = (Self::ptr(input), Self::ptr(output), self.comm);
+        self.issue(CollectiveKind::ReduceScatter, n * e.size(), |s| {
+            // SAFETY: contiguous device tensors of the checked sizes; NCCL allows the output to be
+            // the rank's slice of the input.
+            unsafe { nccl::reduce_scatter(i, o, m, Self::dtype(e), ncclsys::ncclRedOp_t::ncclSum, comm, s) }
+                .map(|_| ())
+                .map_err(|err| nccl_err(OP, err))
+        })
+    }
+
+    fn all_gather(&mut self, input: &Tensor, output: &Tensor) -> Result<Pending, CommError> {
+        const OP: &str = "all_gather";
+        let (e, n) = flat(input, OP)?;
+        let (eo, m) = flat(output, OP)?;
+        if e != eo || n * self.world != m {
+            return Err(CommError::BadTensor { op: OP, reason: format!("input {n} and output {m} elements on {} ranks", self.world) });
+        }
+        let (i, o, comm) = (Self::ptr(input), Self::ptr(output), self.comm);
+        self.issue(CollectiveKind::AllGather, m * e.size(), |s| {
+            // SAFETY: as for reduce-scatter; the input may be the rank's slice of the output.
+            unsafe { nccl::all_gather(i, o, n, Self::dtype(e), comm, s) }.map(|_| ()).map_err(|err| nccl_err(OP, err))
+        })
+    }
+
+    fn broadcast(&mut self, buf: &Tensor, root: usize) -> Result<Pending, CommError> {
+        const OP: &str = "broadcast";
+        let (e, n) = flat(buf, OP)?;
+        let (p, comm) = (Self::ptr(buf), self.comm);
+        self.issue(CollectiveKind::Broadcast, n * e.size(), |s| {
+            // SAFETY: a contiguous device tensor of `n` elements.
+            unsafe { nccl::broadcast(p, p, n, Self::dtype(e), root as c_int, comm, s) }.map(|_| ()).map_err(|err| nccl_err(OP, err))
+        })
+    }
+
+    fn wait(&mut self, pending: Pending) -> Result<(), CommError> {
+        let Some(id) = pending.0 else { return Ok(()) };
+        let Some(op) = self.ops.get_mut(id).and_then(Option::as_mut) else { return Ok(()) };
+        op.waited = true;
+        let end = op.end;
+        let g = &self.gpu;
+        let before = g.mark(&g.compute).map_err(|e| cuda_err("wait", e))?;
+        g.wait(&g.compute, end).map_err(|e| cuda_err("wait", e))?;
+        let after = g.mark(&g.compute).map_err(|e| cuda_err("wait", e))?;
+        self.waits.push((before, after));
+        Ok(())
+    }
+
+    fn barrier(&mut self) -> Result<(), CommError> {
+        self.gpu.comm.synchronize().map_err(|e| cuda_err("barrier", e))?;
+        mpi::collective::CommunicatorCollectives::barrier(&self.mpi);
+        Ok(())
+    }
+
+    fn reduce_control(&mut self, buf: &Tensor) -> Result<(), CommError> {
+        const OP: &str = "reduce_control";
+        let n = buf.numel();
+        if buf.kind() != Kind::Float || n > 2 {
+            return Err(CommError::BadTensor { op: OP, reason: "at most two fp32 control values".into() });
+        }
+        let dev = self.control.narrow(0, 0, n as i64);
+        dev.shallow_clone().copy_(buf);
+        let g = &self.gpu;
+        let ready = g.mark(&g.compute).map_err(|e| cuda_err(OP, e))?;
+        g.wait(&g.comm, ready).map_err(|e| cuda_err(OP, e))?;
+        let p = Self::ptr(&dev);
+        // SAFETY: the persistent 2-element control buffer.
+        unsafe {
+            nccl::all_reduce(p, p, n, ncclsys::ncclDataType_t::ncclFloat32, ncclsys::ncclRedOp_t::ncclSum, self.comm, g.comm.cu_stream() as _)
+        }
+        .map_err(|e| nccl_err(OP, e))?;
+        let done = g.mark(&g.comm).map_err(|e| cuda_err(OP, e))?;
+        g.wait(&g.compute, done).map_err(|e| cuda_err(OP, e))?;
+        g.recycle(ready);
+        buf.shallow_clone().copy_(&dev);
+        g.recycle(done);
+        Ok(())
+    }
+
+    fn take_stats(&mut self) -> Result<StepComm, CommError> {
+        let mut stats = StepComm::default();
+        let g = Arc::clone(&self.gpu);
+        for slot in &mut self.ops {
+            // Collectives still running (the post-step parameter all-gathers overlap the next
+            // forward) are accounted in the step in which they have completed.
+            let Some(op) = slot.as_ref() else { continue };
+            if !op.waited || !g.is_done(op.end) {
+                continue;
+            }
+            let op = slot.take().expect("checked");
+            let ms = g.elapsed_ms(op.start, op.end).map_err(|e| cuda_err("timing", e))?;
+            stats.record(op.kind, op.bytes, ms);
+            g.recycle(op.start);
+            g.recycle(op.end);
+        }
+        while matches!(self.ops.last(), Some(None)) {
+            self.ops.pop();
+        }
+        if self.ops.iter().all(Option::is_none) {
+            self.ops.clear();
+        }
+        for (a, b) in self.waits.drain(..) {
+            stats.exposed_ms += g.elapsed_ms(a, b).map_err(|e| cuda_err("timing", e))?;
+            g.recycle(a);
+            g.recycle(b);
+        }
+        Ok(stats)
+    }
+
+    fn backend(&self) -> &'static str {
+        "nccl"
+    }
+}
+
+impl Drop for NcclCollectives {
+    fn drop(&mut self) {
+        // SAFETY: the communicator is ours; abort does not wait for peers that may be gone.
+        let _ = unsafe { nccl::comm_abort(self.comm) };
+    }
+}

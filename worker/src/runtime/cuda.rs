@@ -1,0 +1,138 @@
+//! The CUDA side of a rank: libtorch's compute stream, a stream for communication, and events.
+//!
+//! libtorch runs every kernel on the device's legacy default stream. cudarc's `CudaContext`
+//! retains the same primary context, so events recorded through the driver API on the null stream
+//! order against libtorch's work. Communication runs on a non-blocking stream of its own; the two
+//! are ordered with events only where data flows between them.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
+
+/// A CUDA event from the pool. Timing is enabled so every event can serve as a timestamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event(sys::CUevent);
+
+// SAFETY: CUDA events are plain handles usable from any thread bound to their context.
+unsafe impl Send for Event {}
+
+/// The GPU this rank computes on.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    /// libtorch's stream: the legacy default stream.
+    pub compute: Arc<CudaStream>,
+    /// Where collectives run.
+    pub comm: Arc<CudaStream>,
+    free_events: Mutex<Vec<Event>>,
+}
+
+impl Gpu {
+    /// Attaches to the primary context of CUDA device `ordinal` (as libtorch numbers it).
+    pub fn new(ordinal: usize) -> Result<Arc<Self>, DriverError> {
+        let ctx = CudaContext::new(ordinal)?;
+        // cudarc's per-slice event tracking is for its own allocations, which we do not use.
+        // SAFETY: no cudarc slices exist yet.
+        unsafe { ctx.disable_event_tracking() };
+        let compute = ctx.default_stream();
+        let comm = ctx.new_stream()?;
+        Ok(Arc::new(Self { ctx, compute, comm, free_events: Mutex::new(Vec::new()) }))
+    }
+
+    /// An event, reused from the pool when one is free.
+    pub fn event(&self) -> Result<Event, DriverError> {
+        if let Some(e) = self.free_events.lock().expect("event pool").pop() {
+            return Ok(e);
+        }
+        self.ctx.bind_to_thread()?;
+        Ok(Event(result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)?))
+    }
+
+    /// Returns an event to the pool once nothing will read it again.
+    pub fn recycle(&self, e: Event) {
+        self.free_events.lock().expect("event pool").push(e);
+    }
+
+    /// Records `e` on `stream`.
+    pub fn record(&self, e: Event, stream: &CudaStream) -> Result<(), DriverError> {
+        // SAFETY: a live event of this context and a live stream of it.
+        unsafe { result::event::record(e.0, stream.cu_stream()) }
+    }
+
+    /// Makes `stream` wait for the work recorded in `e`.
+    pub fn wait(&self, stream: &CudaStream, e: Event) -> Result<(), DriverError> {
+        // SAFETY: as above.
+        unsafe { result::stream::wait_event(stream.cu_stream(), e.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+    }
+
+    /// A fresh event recorded now on `stream`.
+    pub fn mark(&self, stream: &CudaStream) -> Result<Event, DriverError> {
+        let e = self.event()?;
+        self.record(e, stream)?;
+        Ok(e)
+    }
+
+    /// Milliseconds from `a` to `b`, waiting for both to complete.
+    pub fn elapsed_ms(&self, a: Event, b: Event) -> Result<f64, DriverError> {
+        // SAFETY: live events of this context.
+        unsafe {
+            result::event::synchronize(b.0)?;
+            Ok(f64::from(result::event::elapsed(a.0, b.0)?))
+        }
+    }
+
+    /// Whether the work recorded in `e` has finished.
+    pub fn is_done(&self, e: Event) -> bool {
+        // SAFETY: a live event.
+        unsafe { result::event::query(e.0) }.is_ok()
+    }
+
+    /// Device name and total memory, for the `start` record.
+    pub fn describe(&self) -> (String, Option<u64>) {
+        let name = self.ctx.name().unwrap_or_else(|_| "cuda".into());
+        let total = result::mem_get_info().ok().map(|(_, t)| t as u64);
+        (name, total)
+    }
+
+    /// The device's UUID as NVML prints it (`GPU-xxxxxxxx-xxxx-...`).
+    pub fn uuid(&self) -> Option<String> {
+        let u = self.ctx.uuid().ok()?;
+        let b: Vec<u8> = u.bytes.iter().map(|&c| c as u8).collect();
+        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        Some(format!("GPU-{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32]))
+    }
+
+    /// The CUDA driver's version, e.g. `13.0`.
+    pub fn driver_version(&self) -> Option<String> {
+        let mut v = 0;
+        // SAFETY: out-pointer to an int.
+        unsafe { sys::cuDriverGetVersion(&mut v) }.result().ok()?;
+        Some(format!("{}.{}", v / 1000, (v % 1000) / 10))
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        for e in self.free_events.get_mut().expect("event pool").drain(..) {
+            // SAFETY: pooled events are not in use.
+            let _ = unsafe { result::event::destroy(e.0) };
+        }
+    }
+}
+
+/// Restricts this process to one GPU, chosen by local rank, before CUDA starts: each rank then
+/// sees exactly one device (ordinal 0), and libtorch, cudarc and NCCL cannot disagree on which.
+/// With `CUDA_VISIBLE_DEVICES` already set (Slurm, a launcher), the local rank picks from that
+/// list; otherwise it is the physical index. Returns the value set.
+pub fn bind_local_gpu(local_rank: u32) -> String {
+    let chosen = match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(list) if !list.trim().is_empty() => {
+            let ids: Vec<&str> = list.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+            ids[local_rank as usize % ids.len()].to_string()
+        }
+        _ => local_rank.to_string(),
+    };
+    // Set before libtorch_cuda or cudarc initialise CUDA, which read it once at cuInit.
+    std::env::set_var("CUDA_VISIBLE_DEVICES", &chosen);
+    chosen
+}
