@@ -30,6 +30,7 @@ pub enum Record {
     Start(Start),
     Setup(Setup),
     Step(Step),
+    Profile(Profile),
     End(End),
     Error(ErrorRecord),
 }
@@ -41,6 +42,7 @@ impl Record {
             Record::Start(_) => "start",
             Record::Setup(_) => "setup",
             Record::Step(_) => "step",
+            Record::Profile(_) => "profile",
             Record::End(_) => "end",
             Record::Error(_) => "error",
         }
@@ -52,6 +54,7 @@ impl Record {
             Record::Start(r) => r.v,
             Record::Setup(r) => r.v,
             Record::Step(r) => r.v,
+            Record::Profile(r) => r.v,
             Record::End(r) => r.v,
             Record::Error(r) => r.v,
         }
@@ -63,6 +66,7 @@ impl Record {
             Record::Start(r) => r.rank,
             Record::Setup(r) => r.rank,
             Record::Step(r) => r.rank,
+            Record::Profile(r) => r.rank,
             Record::End(r) => r.rank,
             Record::Error(r) => r.rank,
         }
@@ -250,6 +254,35 @@ pub struct MemorySample {
     pub nvml_used_bytes: Option<u64>,
     /// Resident set size of the process.
     pub rss_bytes: u64,
+}
+
+/// `--profile-step N`: where the time of step N went, per kind of module (what DeepSpeed's FLOPs
+/// profiler prints per module), written after that step's `step` record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Profile {
+    pub v: u32,
+    pub ts: f64,
+    pub rank: u32,
+    pub step: u32,
+    pub modules: Vec<ModuleProfile>,
+}
+
+/// One kind of module (e.g. every transformer block) over one step on one rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ModuleProfile {
+    /// `embed`, `block`, `head`, ...
+    pub kind: String,
+    /// Modules of this kind.
+    pub count: u32,
+    /// Parameters the modules read (the tied LM head reads the embedding's).
+    pub params: u64,
+    /// Forward FLOPs over the step (micro-steps included); backward is about twice.
+    pub forward_flops: f64,
+    pub forward_ms: f64,
+    pub backward_ms: f64,
+    /// Achieved TFLOP/s in forward and in backward (taken as 2× forward FLOPs).
+    pub forward_tflops: f64,
+    pub backward_tflops: f64,
 }
 
 /// How a rank's run ended.

@@ -28,7 +28,8 @@ use crate::failure::Failure;
 use crate::logfile::RankLog;
 use crate::metrics::memory::MemoryProbe;
 use crate::runtime::identity::{self, Identity};
-use crate::train::{now_ts, Progress, Trainer};
+use crate::metrics::timeline::{write_chrome_trace, Timeline};
+use crate::train::{now_ts, Observe, Progress, Trainer};
 
 /// Runs one rank; the error's [`Failure::exit_code`] is the process's exit code.
 pub fn run(args: &cli::Args) -> Result<(), Failure> {
@@ -38,14 +39,23 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     // Refuse what the worker cannot build before any rank starts communicating.
     model::build(&model_spec, tch::Kind::Float).map_err(|e| Failure::Config(format!("invalid --model: {e}")))?;
 
+    // One GPU per local rank, chosen before MPI (which may initialise CUDA) and before libtorch.
+    let gpu_hint = identity::local_rank_hint();
+    let visible = (cfg.device != DeviceRequest::Cpu).then(|| runtime::cuda::bind_local_gpu(gpu_hint.unwrap_or(0)));
     let universe = mpi::initialize().ok_or_else(|| Failure::Internal("MPI was already initialised".into()))?;
     let world = universe.world();
     let ident = identity::resolve(&world).map_err(|e| Failure::Config(e.to_string()))?;
+    if visible.is_some() && gpu_hint.unwrap_or(0) != ident.local_rank {
+        return Err(Failure::Config(format!(
+            "the launcher's local rank ({:?}) differs from MPI's ({}): cannot pick this rank's GPU",
+            gpu_hint, ident.local_rank
+        )));
+    }
     let run_id = shared_run_id(&world, args.run_id.as_deref(), &cfg);
     let mut log = RankLog::create(&args.log_dir, ident.rank, args.overwrite).map_err(|e| Failure::Io(e.to_string()))?;
 
-    let mut progress = Progress { steps_completed: 0, summary: None };
-    let result = catch_unwind(AssertUnwindSafe(|| run_logged(args, &cfg, &ident, &run_id, world, &mut log, &mut progress)))
+    let mut progress = Progress { steps_completed: 0, summary: None, trace: Vec::new() };
+    let result = catch_unwind(AssertUnwindSafe(|| run_logged(args, &cfg, &ident, &run_id, world, visible, &mut log, &mut progress)))
         .unwrap_or_else(|panic| {
             let msg = panic
                 .downcast_ref::<String>()
@@ -76,6 +86,12 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
         };
         // Best effort: the failure itself may be the log's.
         let _ = log.write(&Record::Error(err));
+    }
+    if args.trace && !progress.trace.is_empty() {
+        let path = args.log_dir.join(format!("trace-rank{}.json", ident.rank));
+        if let Err(e) = write_chrome_trace(&path, ident.rank, &progress.trace) {
+            eprintln!("zerobench-worker: cannot write {}: {e}", path.display());
+        }
     }
     let end = End {
         v: SCHEMA_VERSION,
@@ -120,11 +136,11 @@ fn run_logged(
     ident: &Identity,
     run_id: &str,
     world: SimpleCommunicator,
+    visible: Option<String>,
     log: &mut RankLog,
     progress: &mut Progress,
 ) -> Result<(), Failure> {
     let t_setup = Instant::now();
-    let visible = (cfg.device != DeviceRequest::Cpu).then(|| runtime::cuda::bind_local_gpu(ident.local_rank));
     let device = runtime::device::select(cfg.device).map_err(|e| Failure::Config(e.to_string()))?;
     let gpu = match device {
         Device::Cuda(i) => Some(Gpu::new(i).map_err(|e| Failure::Internal(format!("CUDA context: {e}")))?),
@@ -228,6 +244,7 @@ fn run_logged(
     };
     log.write(&Record::Setup(setup)).map_err(|e| Failure::Io(e.to_string()))?;
 
+    let timeline = Timeline::new(gpu.clone()).map_err(|e| Failure::Internal(e.to_string()))?;
     let mut trainer = Trainer {
         cfg,
         model: model.as_ref(),
@@ -237,6 +254,7 @@ fn run_logged(
         probe: &probe,
         monitor: monitor.as_ref(),
         timer: PhaseTimer::new(gpu.clone()),
+        observe: Observe { timeline, trace: args.trace, profile_step: args.profile_step },
         rank: ident.rank,
     };
     trainer.run(progress)

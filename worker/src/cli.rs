@@ -58,6 +58,12 @@ pub struct Args {
     /// libtorch intra-op threads [default: this host's cores divided among its ranks].
     #[arg(long)]
     pub threads: Option<u32>,
+    /// Write a Chrome/Perfetto trace of the first measured steps to <log-dir>/trace-rank<N>.json.
+    #[arg(long)]
+    pub trace: bool,
+    /// Log a per-module breakdown (parameters, FLOPs, forward and backward time) of this step.
+    #[arg(long)]
+    pub profile_step: Option<u32>,
     #[arg(long, default_value_t = OptimConfig::default().lr)]
     pub lr: f64,
     #[arg(long, default_value_t = OptimConfig::default().beta1)]

@@ -1,10 +1,10 @@
 //! The training loop: micro-steps of segment-by-segment forward and backward around the engine's
-//! hooks, one optimizer step, one `step` record.
+//! hooks, one optimizer step, one `step` record (and, when asked, a trace and a profile).
 
 use std::time::Instant;
 
 use tch::Tensor;
-use zerobench_schema::log::{Record, Step, Summary};
+use zerobench_schema::log::{ModuleProfile, Profile, Record, Step, Summary};
 use zerobench_schema::{RunConfig, SCHEMA_VERSION};
 
 use crate::data::Data;
@@ -13,9 +13,13 @@ use crate::logfile::RankLog;
 use crate::metrics::clock::{PhaseTimer, StepPhase};
 use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::metrics::memory::MemoryProbe;
+use crate::metrics::timeline::{Resolved, SharedTimeline, SpanInfo, Track};
 use crate::model::{Batch, Model};
 use crate::runtime::shim;
 use crate::zero::{Engine, Schedule};
+
+/// Steps a `--trace` records (the first ones after warmup), to bound its size.
+pub const TRACE_STEPS: u32 = 20;
 
 pub fn now_ts() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
@@ -25,6 +29,15 @@ pub fn now_ts() -> f64 {
 pub struct Progress {
     pub steps_completed: u32,
     pub summary: Option<Summary>,
+    /// Spans of the traced steps, for `--trace`.
+    pub trace: Vec<Resolved>,
+}
+
+/// What the trainer observes beyond the `step` records.
+pub struct Observe {
+    pub timeline: SharedTimeline,
+    pub trace: bool,
+    pub profile_step: Option<u32>,
 }
 
 pub struct Trainer<'a> {
@@ -36,6 +49,7 @@ pub struct Trainer<'a> {
     pub probe: &'a MemoryProbe,
     pub monitor: Option<&'a GpuMonitor>,
     pub timer: PhaseTimer,
+    pub observe: Observe,
     pub rank: u32,
 }
 
@@ -49,14 +63,22 @@ impl Trainer<'_> {
         let mut measured: Vec<f64> = Vec::new();
         let mut last_loss = f64::NAN;
         let mut peak_allocated: Option<u64> = None;
+        self.engine.set_timeline(self.observe.timeline.clone());
 
         for step in 0..self.cfg.steps {
+            let traced = self.observe.trace && step >= self.cfg.warmup && step < self.cfg.warmup + TRACE_STEPS;
+            let record = traced || self.observe.profile_step == Some(step);
+            self.timeline().record_step(record.then_some(step));
             let t0 = Instant::now();
+
             // All of the step's data goes to the device now, while the device is idle after the
             // last step's synchronisation, so no copy stalls the host in the middle of the step.
+            let copy_start = self.mark()?;
             let batches = (0..self.cfg.grad_accum as usize)
                 .map(|micro| self.data.batch(u64::from(step), micro))
                 .collect::<Result<Vec<_>, _>>()?;
+            self.span(Track::Copy, "batch to device", copy_start, SpanInfo::default())?;
+
             for (micro, batch) in batches.iter().enumerate() {
                 self.engine.begin_micro(micro);
                 let loss = self.micro_step(&schedule, batch)?;
@@ -65,18 +87,20 @@ impl Trainer<'_> {
                 self.timer.stop()?;
             }
             self.timer.start(StepPhase::Optimizer)?;
+            let opt_start = self.mark()?;
             let outcome = self.engine.step()?;
+            self.span(Track::Optimizer, "optimizer step", opt_start, SpanInfo::default())?;
             self.timer.stop()?;
             let step_ms = t0.elapsed().as_secs_f64() * 1e3;
 
             let (forward_ms, backward_ms, optimizer_ms) = self.timer.take()?;
+            let comm = self.engine.take_comm_stats()?;
             let gpu = self.monitor.map(GpuMonitor::read).unwrap_or_default();
             let mut memory = self.probe.sample();
             memory.nvml_used_bytes = gpu.used_bytes;
             if let Some(p) = memory.peak_allocated_bytes {
                 peak_allocated = Some(peak_allocated.map_or(p, |q: u64| q.max(p)));
             }
-            let comm = self.engine.take_comm_stats()?;
             let warmup = step < self.cfg.warmup;
             if !warmup {
                 measured.push(step_ms);
@@ -106,12 +130,37 @@ impl Trainer<'_> {
                 gpu_util_pct: gpu.util_pct,
             };
             self.log.write(&Record::Step(rec)).map_err(|e| Failure::Io(e.to_string()))?;
+
+            let spans = self.timeline().resolve().map_err(|e| Failure::Internal(e.to_string()))?;
+            if self.observe.profile_step == Some(step) {
+                let profile = self.profile(step, &spans);
+                self.log.write(&Record::Profile(profile)).map_err(|e| Failure::Io(e.to_string()))?;
+            }
+            if traced {
+                progress.trace.extend(spans);
+            }
             progress.steps_completed = step + 1;
             if !outcome.loss.is_finite() && !outcome.skipped {
                 return Err(Failure::Internal(format!("loss became {} at step {step}", outcome.loss)));
             }
         }
         progress.summary = summarize(&measured, tokens, last_loss, peak_allocated);
+        Ok(())
+    }
+
+    fn timeline(&self) -> std::sync::MutexGuard<'_, crate::metrics::timeline::Timeline> {
+        self.observe.timeline.lock().expect("timeline")
+    }
+
+    fn mark(&self) -> Result<Option<crate::metrics::timeline::Mark>, Failure> {
+        self.timeline().mark().map_err(|e| Failure::Internal(e.to_string()))
+    }
+
+    /// Closes a span opened with [`Self::mark`] (a no-op when not recording).
+    fn span(&self, track: Track, name: &str, start: Option<crate::metrics::timeline::Mark>, info: SpanInfo) -> Result<(), Failure> {
+        if let (Some(start), Some(end)) = (start, self.mark()?) {
+            self.timeline().span(track, name, start, end, info);
+        }
         Ok(())
     }
 
@@ -126,12 +175,15 @@ impl Trainer<'_> {
         self.timer.start(StepPhase::Forward)?;
         for s in 0..n {
             self.engine.before(s)?;
+            let start = self.mark()?;
             let leaves: Vec<Tensor> = match outputs.last() {
                 None => Vec::new(),
                 Some(prev) => prev.iter().map(|t| t.detach().set_requires_grad(true)).collect(),
             };
             let unit = self.model.segments()[s].unit;
             let out = self.model.forward(s, self.engine.params(unit), &leaves, batch)?;
+            let name = format!("fwd {}", self.model.segments()[s].name);
+            self.span(Track::Compute, &name, start, SpanInfo { segment: Some((s, false)), bytes: None })?;
             self.engine.after(s)?;
             inputs.push(leaves);
             outputs.push(out);
@@ -143,6 +195,7 @@ impl Trainer<'_> {
         for s in (0..n).rev() {
             let i = schedule.backward_index(s);
             self.engine.before(i)?;
+            let start = self.mark()?;
             if s == n - 1 {
                 let scaled = outputs[s][0].f_mul_scalar(self.engine.loss_multiplier())?;
                 scaled.f_backward()?;
@@ -159,6 +212,8 @@ impl Trainer<'_> {
                 let grad_refs: Vec<&Tensor> = grads.iter().collect();
                 shim::backward(&outs, &grad_refs).map_err(|e| Failure::from_torch_message(&e.0))?;
             }
+            let name = format!("bwd {}", self.model.segments()[s].name);
+            self.span(Track::Compute, &name, start, SpanInfo { segment: Some((s, true)), bytes: None })?;
             self.engine.after(i)?;
             // This segment's activations and the next one's input gradients are spent.
             outputs[s].clear();
@@ -168,6 +223,48 @@ impl Trainer<'_> {
         }
         self.timer.stop()?;
         Ok(loss)
+    }
+
+    /// Per-kind module times of a profiled step, from its compute spans.
+    fn profile(&self, step: u32, spans: &[Resolved]) -> Profile {
+        let segments = self.model.segments();
+        let seq = u64::from(self.cfg.seq_len);
+        let tokens = u64::from(self.cfg.micro_batch) * seq * u64::from(self.cfg.grad_accum);
+        let mut modules: Vec<ModuleProfile> = Vec::new();
+        for (s, seg) in segments.iter().enumerate() {
+            let kind = seg.name.split('.').next().unwrap_or(&seg.name).to_string();
+            let ms = |backward: bool| -> f64 {
+                spans.iter().filter(|r| r.info.segment == Some((s, backward))).map(|r| r.dur_us / 1e3).sum()
+            };
+            let params: u64 = self.engine.params(seg.unit).iter().map(|p| p.numel() as u64).sum();
+            let flops = self.model.forward_flops(s, tokens, seq);
+            let (fwd, bwd) = (ms(false), ms(true));
+            match modules.iter_mut().find(|m| m.kind == kind) {
+                Some(m) => {
+                    m.count += 1;
+                    m.params += params;
+                    m.forward_flops += flops;
+                    m.forward_ms += fwd;
+                    m.backward_ms += bwd;
+                }
+                None => modules.push(ModuleProfile {
+                    kind,
+                    count: 1,
+                    params,
+                    forward_flops: flops,
+                    forward_ms: fwd,
+                    backward_ms: bwd,
+                    forward_tflops: 0.0,
+                    backward_tflops: 0.0,
+                }),
+            }
+        }
+        for m in &mut modules {
+            let tflops = |f: f64, ms: f64| if ms > 0.0 { f / (ms * 1e-3) / 1e12 } else { 0.0 };
+            m.forward_tflops = tflops(m.forward_flops, m.forward_ms);
+            m.backward_tflops = tflops(2.0 * m.forward_flops, m.backward_ms);
+        }
+        Profile { v: SCHEMA_VERSION, ts: now_ts(), rank: self.rank, step, modules }
     }
 }
 

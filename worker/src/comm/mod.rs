@@ -17,6 +17,8 @@ pub mod stats;
 
 use tch::{Kind, Tensor};
 
+use crate::metrics::timeline::SharedTimeline;
+
 pub use stats::{CollectiveKind, StepComm};
 
 /// A collective that has been issued and may still be running.
@@ -63,6 +65,8 @@ pub trait Collectives {
     fn take_stats(&mut self) -> Result<StepComm, CommError>;
     /// `mpi`, `nccl` or `none`.
     fn backend(&self) -> &'static str;
+    /// Draws every collective issued while the timeline records a step on its own track.
+    fn set_timeline(&mut self, timeline: SharedTimeline);
 }
 
 /// Element types a collective can carry.

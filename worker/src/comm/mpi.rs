@@ -13,6 +13,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::Tensor;
 
 use super::{flat, is_rank_slice, CollectiveKind, CommError, Collectives, Elem, Pending, StepComm};
+use crate::metrics::timeline::{Mark, SharedTimeline, SpanInfo, Track};
 use crate::runtime::shim;
 
 pub struct MpiCollectives {
@@ -22,6 +23,7 @@ pub struct MpiCollectives {
     sum_bf16: ffi::MPI_Op,
     sum_f16: ffi::MPI_Op,
     stats: StepComm,
+    timeline: Option<SharedTimeline>,
 }
 
 unsafe extern "C" fn sum_bf16(inv: *mut c_void, inout: *mut c_void, len: *mut c_int, _dt: *mut ffi::MPI_Datatype) {
@@ -61,7 +63,7 @@ impl MpiCollectives {
     pub fn new(comm: SimpleCommunicator) -> Self {
         let rank = usize::try_from(comm.rank()).expect("rank");
         let world = usize::try_from(comm.size()).expect("size");
-        Self { comm, rank, world, sum_bf16: create_op(sum_bf16), sum_f16: create_op(sum_f16), stats: StepComm::default() }
+        Self { comm, rank, world, sum_bf16: create_op(sum_bf16), sum_f16: create_op(sum_f16), stats: StepComm::default(), timeline: None }
     }
 
     fn dtype_op(&self, e: Elem) -> (ffi::MPI_Datatype, ffi::MPI_Op) {
@@ -82,7 +84,12 @@ impl MpiCollectives {
     fn timed(&mut self, kind: CollectiveKind, bytes: usize, f: impl FnOnce() -> c_int) -> Result<Pending, CommError> {
         let t0 = Instant::now();
         let rc = f();
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t1 = Instant::now();
+        let ms = t1.duration_since(t0).as_secs_f64() * 1e3;
+        if let Some(t) = &self.timeline {
+            let info = SpanInfo { segment: None, bytes: Some(bytes as u64) };
+            t.lock().expect("timeline").span(Track::Comm(kind.name()), kind.name(), Mark::Host(t0), Mark::Host(t1), info);
+        }
         if rc != 0 {
             return Err(CommError::Failed { op: kind.name(), message: format!("MPI error code {rc}") });
         }
@@ -213,5 +220,9 @@ impl Collectives for MpiCollectives {
         } else {
             "none"
         }
+    }
+
+    fn set_timeline(&mut self, timeline: SharedTimeline) {
+        self.timeline = Some(timeline);
     }
 }

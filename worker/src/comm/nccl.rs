@@ -20,6 +20,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::{Device, Kind, Tensor};
 
 use super::{flat, CollectiveKind, CommError, Collectives, Elem, Pending, StepComm};
+use crate::metrics::timeline::{Mark, SharedTimeline, SpanInfo, Track};
 use crate::runtime::cuda::{Event, Gpu};
 
 /// One collective in flight or waiting to be accounted.
@@ -30,6 +31,8 @@ struct Op {
     end: Event,
     /// The engine still has to wait on it (its `Pending` is out).
     waited: bool,
+    /// The step a timeline was recording when it was issued.
+    traced: Option<u32>,
 }
 
 pub struct NcclCollectives {
@@ -43,6 +46,7 @@ pub struct NcclCollectives {
     /// (before, after) event pairs around each compute-stream wait.
     waits: Vec<(Event, Event)>,
     control: Tensor,
+    timeline: Option<SharedTimeline>,
 }
 
 fn nccl_err(op: &'static str, e: impl std::fmt::Debug) -> CommError {
@@ -79,7 +83,7 @@ impl NcclCollectives {
         // SAFETY: initialised by the successful call above.
         let comm = unsafe { comm.assume_init() };
         let control = Tensor::zeros([2], (Kind::Float, Device::Cuda(0)));
-        Ok(Self { comm, gpu, mpi, rank, world, ops: Vec::new(), waits: Vec::new(), control })
+        Ok(Self { comm, gpu, mpi, rank, world, ops: Vec::new(), waits: Vec::new(), control, timeline: None })
     }
 
     /// NCCL's version, e.g. `2.28.9`.
@@ -114,7 +118,8 @@ impl NcclCollectives {
         // `ready` has been consumed by the wait: the stream holds its own reference to the
         // recorded work, so the event may be reused.
         g.recycle(ready);
-        self.ops.push(Some(Op { kind, bytes: bytes as u64, start, end, waited: false }));
+        let traced = self.timeline.as_ref().and_then(|t| t.lock().expect("timeline").recording_step());
+        self.ops.push(Some(Op { kind, bytes: bytes as u64, start, end, waited: false, traced }));
         Ok(Pending(Some(self.ops.len() - 1)))
     }
 
@@ -243,8 +248,18 @@ impl Collectives for NcclCollectives {
             let op = slot.take().expect("checked");
             let ms = g.elapsed_ms(op.start, op.end).map_err(|e| cuda_err("timing", e))?;
             stats.record(op.kind, op.bytes, ms);
-            g.recycle(op.start);
-            g.recycle(op.end);
+            match (op.traced, &self.timeline) {
+                (Some(step), Some(t)) => {
+                    // The timeline reads and recycles the events.
+                    let info = SpanInfo { segment: None, bytes: Some(op.bytes) };
+                    let name = op.kind.name();
+                    t.lock().expect("timeline").span_in(step, Track::Comm(name), name, Mark::Device(op.start), Mark::Device(op.end), info);
+                }
+                _ => {
+                    g.recycle(op.start);
+                    g.recycle(op.end);
+                }
+            }
         }
         while matches!(self.ops.last(), Some(None)) {
             self.ops.pop();
@@ -262,6 +277,10 @@ impl Collectives for NcclCollectives {
 
     fn backend(&self) -> &'static str {
         "nccl"
+    }
+
+    fn set_timeline(&mut self, timeline: SharedTimeline) {
+        self.timeline = Some(timeline);
     }
 }
 

@@ -3,3 +3,4 @@
 pub mod clock;
 pub mod gpu_monitor;
 pub mod memory;
+pub mod timeline;

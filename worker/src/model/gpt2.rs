@@ -93,7 +93,9 @@ impl Gpt2 {
         let c = i64::try_from(self.dims.d_model).expect("small");
         let v = i64::try_from(self.dims.vocab).expect("small");
         let h = x.f_layer_norm([c], Some(&p[2]), Some(&p[3]), LN_EPS, true)?;
-        let logits = h.f_linear::<Tensor>(&p[0], None)?;
+        // The loss in fp32, as PyTorch's autocast computes cross-entropy: bf16 or fp16 logits
+        // are upcast first, so the loss and its gradient keep their precision.
+        let logits = h.f_linear::<Tensor>(&p[0], None)?.f_to_kind(Kind::Float)?;
         let loss = logits.f_view([-1, v])?.f_cross_entropy_loss::<Tensor>(
             &batch.target.f_view([-1])?,
             None,
@@ -112,6 +114,19 @@ impl Model for Gpt2 {
 
     fn segments(&self) -> &[Segment] {
         &self.segments
+    }
+
+    fn forward_flops(&self, s: usize, tokens: u64, seq_len: u64) -> f64 {
+        let (c, v) = (self.dims.d_model as f64, self.dims.vocab as f64);
+        let per_token = if s == 0 {
+            0.0 // lookups
+        } else if s == self.segments.len() - 1 {
+            2.0 * v * c // tied LM head
+        } else {
+            // qkv, attention output, MLP in and out: 12·d² weights; scores and weighted values: 4·T·d.
+            2.0 * 12.0 * c * c + 4.0 * seq_len as f64 * c
+        };
+        per_token * tokens as f64
     }
 
     fn forward(&self, s: usize, params: &[Tensor], inputs: &[Tensor], batch: &Batch) -> Result<Vec<Tensor>, TchError> {

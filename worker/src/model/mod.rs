@@ -71,6 +71,9 @@ pub trait Model {
     /// Runs segment `s`. `params` are the parameters of its unit in declaration order, `inputs` the
     /// outputs of segment `s - 1` (none for the first). The last segment returns the mean loss.
     fn forward(&self, s: usize, params: &[Tensor], inputs: &[Tensor], batch: &Batch) -> Result<Vec<Tensor>, TchError>;
+    /// Forward FLOPs of segment `s` for `tokens` tokens of sequences of `seq_len` (matrix products
+    /// counted as 2·m·n·k, attention in full as PaLM counts it; backward is about twice this).
+    fn forward_flops(&self, s: usize, tokens: u64, seq_len: u64) -> f64;
 }
 
 /// Builds the model of a preset. `kind` is the compute precision.

@@ -112,6 +112,18 @@ fn env_u32(name: &'static str) -> Result<Option<u32>, IdentityError> {
     }
 }
 
+/// The local rank as launchers announce it in the environment, readable before MPI starts: the
+/// GPU must be chosen before anything initialises CUDA, and an MPI library may do that in
+/// `MPI_Init`. First hit wins: `OMPI_COMM_WORLD_LOCAL_RANK`, `MPI_LOCALRANKID` (MPICH),
+/// `SLURM_LOCALID` (inside an srun step only), `LOCAL_RANK`.
+pub fn local_rank_hint() -> Option<u32> {
+    let get = |k: &str| env::var(k).ok().and_then(|v| v.trim().parse().ok());
+    get("OMPI_COMM_WORLD_LOCAL_RANK")
+        .or_else(|| get("MPI_LOCALRANKID"))
+        .or_else(|| env::var_os("SLURM_STEP_ID").and_then(|_| get("SLURM_LOCALID")))
+        .or_else(|| get("LOCAL_RANK"))
+}
+
 /// The Slurm job this rank runs in, if any.
 pub fn slurm_info() -> Option<SlurmInfo> {
     let job_id = env::var("SLURM_JOB_ID").ok()?;

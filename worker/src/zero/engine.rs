@@ -339,6 +339,11 @@ impl Engine {
         self.units.iter().map(|u| u.layout.padded as u64).sum()
     }
 
+    /// Draws the engine's collectives on `timeline` while it records.
+    pub fn set_timeline(&mut self, timeline: crate::metrics::timeline::SharedTimeline) {
+        self.comm.set_timeline(timeline);
+    }
+
     pub fn take_comm_stats(&mut self) -> Result<StepComm, EngineError> {
         Ok(self.comm.take_stats()?)
     }

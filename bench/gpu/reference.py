@@ -1,0 +1,142 @@
+"""The PyTorch reference zerobench is compared with: a nanoGPT-style GPT-2 (same shapes as
+zerobench's presets: vocabulary 50257, 1024 positions, pre-LN blocks with biases, tanh GELU, causal
+scaled-dot-product attention, tied LM head) trained eagerly in bf16 with fused AdamW, on one GPU
+(`--mode eager`), with DDP (`--mode ddp`) or with FSDP2's `fully_shard` per block (`--mode fsdp2`).
+
+eager and ddp keep fp32 parameters and run the model under bf16 autocast (nanoGPT's recipe);
+fsdp2 shards fp32 parameters and computes in bf16 (MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)). Data are seeded random tokens. Prints one JSON line on rank 0.
+
+    python3 reference.py --mode eager --model gpt2 --micro-batch 16
+    torchrun --standalone --nproc_per_node=2 reference.py --mode ddp --model gpt2 --micro-batch 16
+"""
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+PRESETS = {"gpt2": (12, 768, 12), "gpt2-medium": (24, 1024, 16), "gpt2-large": (36, 1280, 20), "gpt2-xl": (48, 1600, 25)}
+VOCAB, POSITIONS = 50257, 1024
+
+
+class Block(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, d, heads):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(VOCAB, d), nn.Embedding(POSITIONS, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx, targets):
+        t = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["eager", "ddp", "fsdp2"], required=True)
+    ap.add_argument("--model", choices=list(PRESETS), default="gpt2")
+    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
+    a = ap.parse_args()
+
+    distributed = a.mode != "eager"
+    if distributed:
+        dist.init_process_group("nccl")
+        rank, world, local = dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"])
+    else:
+        rank, world, local = 0, 1, 0
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    torch.manual_seed(0)
+    model = GPT(*PRESETS[a.model]).to(dev)
+    params = sum(p.numel() for p in model.parameters())
+    autocast = True
+    if a.mode == "ddp":
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[local])
+    elif a.mode == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for blk in model.blocks:
+            fully_shard(blk, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        autocast = False
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    gen = torch.Generator(device=dev).manual_seed(1234 + rank)
+
+    def step():
+        data = torch.randint(0, VOCAB, (a.micro_batch, a.seq_len + 1), device=dev, generator=gen)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(data[:, :-1], data[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    times = []
+    for i in range(a.steps):
+        if i == a.warmup:
+            torch.cuda.reset_peak_memory_stats(dev)
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        loss = step()
+        loss.item()
+        torch.cuda.synchronize(dev)
+        if i >= a.warmup:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    med = times[len(times) // 2]
+    tokens = a.micro_batch * a.seq_len
+    if rank == 0:
+        print(json.dumps({
+            "impl": f"pytorch-{a.mode}", "model": a.model, "micro_batch": a.micro_batch, "seq_len": a.seq_len,
+            "gpus": world, "params": params, "steps": len(times), "step_ms_median": med * 1e3,
+            "tokens_per_s_per_gpu": tokens / med, "final_loss": float(loss),
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated(dev),
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved(dev),
+            "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            "gpu": torch.cuda.get_device_name(dev),
+        }), flush=True)
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The GPU benchmark of issue 3, run on a GPU host from the repository root with the binaries built
+# here (see docs/benchmarks.md):
+#
+#   bench/gpu/run.sh PHASE... [--bin DIR] [--out DIR]
+#
+# Phases:
+#   smoke        1 and 2 GPUs, every stage, a few steps of gpt2: everything starts and logs
+#   correctness  2 GPUs, stages 0-3, gpt2 on the shipped text: loss curves to compare
+#   gpt2         zerobench stages 0-3 on 1 and 2 GPUs, gpt2, micro-batch 16, sequence 1024
+#   gpt2-xl      the same for gpt2-xl, micro-batch 4
+#   reference    the PyTorch reference (eager, DDP, FSDP2) on the same shapes
+#   collectives  bus bandwidth of zerobench's NCCL collectives and torch.distributed's
+#   profile      traced and profiled runs (gpt2 stage 0 on 1 GPU, gpt2-xl stage 3 on 2 GPUs)
+#
+# Every worker log and JSON line lands in OUT (default $OUT, else bench-out/); `results.tar.gz`
+# packs them for the trip back.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+BIN=target/release
+OUTDIR=${OUT:-bench-out}
+phases=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) BIN=$2; shift 2 ;;
+    --out) OUTDIR=$2; shift 2 ;;
+    *) phases+=("$1"); shift ;;
+  esac
+done
+. bench/gpu/host-env.sh
+W=$BIN/zerobench-worker
+GPUS=$(nvidia-smi -L | wc -l)
+# Raw runs stay outside OUT (which brings back few files); each phase packs them into OUT.
+RUNS=${RUNS:-/tmp/zerobench-bench/runs}
+mkdir -p "$RUNS" "$OUTDIR"
+log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" | tee -a "$OUTDIR/bench.log" >&2; }
+
+{
+  echo "date: $(date -u +%FT%TZ)"; echo "host: $(hostname)"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", ".".join(map(str, torch.cuda.nccl.version())))'
+  nproc; mpirun --version | head -1
+} > "$OUTDIR/host.txt" 2>&1
+cat "$OUTDIR/host.txt" >&2
+
+# worker NAME NP ARGS...: one zerobench run; failures are logged, not fatal to the sweep.
+worker() {
+  local name=$1 np=$2; shift 2
+  local t0=$SECONDS
+  mpirun -np "$np" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS \
+    --bind-to none "$W" --device cuda --log-dir "$RUNS/$name" --run-id "$name" "$@" > "$RUNS/$name.out" 2>&1
+  local rc=$?
+  log "$name: rc=$rc in $((SECONDS - t0)) s: $(tail -n 1 "$RUNS/$name.out")"
+}
+
+# reference NAME NP ARGS...: one PyTorch reference run.
+reference() {
+  local name=$1 np=$2; shift 2
+  local t0=$SECONDS
+  if [ "$np" = 1 ] && [ "$1" = "--mode" ] && [ "$2" = eager ]; then
+    python3 bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
+  else
+    torchrun --standalone --nproc_per_node="$np" bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
+  fi
+  log "$name: rc=$? in $((SECONDS - t0)) s: $(cat "$RUNS/$name.json")"
+}
+
+sweep() {  # sweep MODEL MICRO_BATCH
+  for g in 1 2; do
+    [ "$g" -le "$GPUS" ] || continue
+    for s in 0 1 2 3; do
+      worker "$1_z${s}_mb$2_${g}gpu" "$g" --model "$1" --stage "$s" --micro-batch "$2" --seq-len 1024 --steps 15 --warmup 3
+    done
+  done
+}
+
+for phase in "${phases[@]}"; do
+  log "phase $phase"
+  case "$phase" in
+    smoke)
+      worker smoke_tiny_1gpu 1 --model tiny --stage 0 --steps 4 --warmup 1 --seq-len 128 --micro-batch 4
+      for s in 0 1 2 3; do worker "smoke_gpt2_z${s}_2gpu" 2 --model gpt2 --stage "$s" --micro-batch 4 --steps 4 --warmup 1; done
+      for r in "$RUNS"/smoke_*/rank0.jsonl; do log "$r: $(grep -c '"event":"step"' "$r") steps; $(grep -o '"event":"error".*' "$r" | head -c 400)"; done
+      grep -h '"event":"setup"' "$RUNS"/smoke_gpt2_z*_2gpu/rank0.jsonl | head -c 3000 >&2; echo >&2
+      grep -h '"event":"step"' "$RUNS"/smoke_gpt2_z3_2gpu/rank0.jsonl | tail -n 1 >&2 ;;
+    correctness)
+      for s in 0 1 2 3; do
+        worker "correct_gpt2_z${s}_2gpu" 2 --model gpt2 --stage "$s" --micro-batch 8 --seq-len 256 --steps 40 --warmup 2 \
+          --lr 3e-4 --data tests/data/declaration-of-independence.txt
+      done ;;
+    gpt2) sweep gpt2 16 ;;
+    profile)
+      worker profile_gpt2_z0_mb16_1gpu 1 --model gpt2 --stage 0 --micro-batch 16 --steps 8 --warmup 3 --trace --profile-step 5
+      worker profile_gpt2-xl_z3_mb4_2gpu 2 --model gpt2-xl --stage 3 --micro-batch 4 --steps 8 --warmup 3 --trace --profile-step 5
+      grep -h '"event":"profile"' "$RUNS"/profile_*/rank0.jsonl >&2 ;;
+    gpt2-xl) sweep gpt2-xl 4 ;;
+    reference)
+      for m in "gpt2 16" "gpt2-xl 4"; do
+        set -- $m
+        reference "ref_$1_eager_1gpu" 1 --mode eager --model "$1" --micro-batch "$2"
+        for g in 1 2; do
+          [ "$g" -le "$GPUS" ] || continue
+          reference "ref_$1_ddp_${g}gpu" "$g" --mode ddp --model "$1" --micro-batch "$2"
+          reference "ref_$1_fsdp2_${g}gpu" "$g" --mode fsdp2 --model "$1" --micro-batch "$2"
+        done
+      done ;;
+    collectives)
+      # 16 MiB to 1 GiB, plus the largest collective zerobench issues for gpt2-xl on 2 GPUs:
+      # the embedding unit (wte + wpe + ln_f) in bf16, padded for 2 ranks.
+      sizes="16777216 67108864 268435456 1073741824 164105728"
+      np=$(( GPUS < 2 ? GPUS : 2 ))
+      mpirun -np "$np" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE --bind-to none "$BIN/examples/nccl_bw" $sizes > "$RUNS/collectives_zerobench.jsonl" 2> "$RUNS/collectives_zerobench.err"
+      log "nccl_bw rc=$?"
+      torchrun --standalone --nproc_per_node="$np" bench/gpu/collectives.py $sizes > "$RUNS/collectives_torch.jsonl" 2> "$RUNS/collectives_torch.err"
+      log "collectives.py rc=$?"
+      cat "$RUNS"/collectives_*.jsonl >&2 ;;
+    *) log "unknown phase $phase"; exit 2 ;;
+  esac
+  cp "$OUTDIR/host.txt" "$OUTDIR/bench.log" "$RUNS/.."
+  tar -C "$RUNS/.." -czf "$OUTDIR/results.tar.gz" runs host.txt bench.log
+  log "packed $(du -h "$OUTDIR/results.tar.gz" | cut -f1) after $phase"
+done

@@ -1,0 +1,66 @@
+//! Bus bandwidth of zerobench's NCCL collectives, measured like `bench/gpu/collectives.py`
+//! measures torch.distributed's: bf16 buffers, 5 warm-up calls, then 20 back-to-back calls timed on
+//! the host around a device synchronisation. One JSON line per (collective, size) on rank 0.
+//!
+//! `mpirun -np 2 target/release/examples/nccl_bw BYTES...`
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use mpi::topology::Communicator;
+use tch::{Kind, Tensor};
+use zerobench_worker::comm::nccl::NcclCollectives;
+use zerobench_worker::comm::{CollectiveKind, Collectives};
+use zerobench_worker::runtime::{cuda, device, identity};
+
+const WARMUP: usize = 5;
+const ITERS: usize = 20;
+
+fn main() {
+    // Before MPI starts, as the worker does: MPI may initialise CUDA.
+    cuda::bind_local_gpu(identity::local_rank_hint().unwrap_or(0));
+    let universe = mpi::initialize().expect("MPI");
+    let world = universe.world();
+    let (rank, n) = (world.rank() as usize, world.size() as usize);
+    let dev = device::select(zerobench_schema::DeviceRequest::Cuda).expect("a GPU");
+    let gpu = cuda::Gpu::new(0).expect("CUDA context");
+    let mut c = NcclCollectives::new(world, Arc::clone(&gpu)).expect("NCCL");
+    let sizes: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("sizes in bytes")).collect();
+    for &bytes in &sizes {
+        let elems = (bytes / 2).div_ceil(n) * n;
+        let full = Tensor::ones([elems as i64], (Kind::BFloat16, dev));
+        let shard = full.narrow(0, (rank * elems / n) as i64, (elems / n) as i64);
+        for kind in [CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather] {
+            let run = |c: &mut NcclCollectives| {
+                let p = match kind {
+                    CollectiveKind::AllReduce => c.all_reduce(&full),
+                    CollectiveKind::ReduceScatter => c.reduce_scatter(&full, &shard),
+                    _ => c.all_gather(&shard, &full),
+                }
+                .expect("collective");
+                c.wait(p).expect("wait");
+            };
+            for _ in 0..WARMUP {
+                run(&mut c);
+            }
+            gpu.compute.synchronize().expect("sync");
+            c.barrier().expect("barrier");
+            let t0 = Instant::now();
+            for _ in 0..ITERS {
+                run(&mut c);
+            }
+            gpu.compute.synchronize().expect("sync");
+            let us = t0.elapsed().as_secs_f64() * 1e6 / ITERS as f64;
+            let _ = c.take_stats();
+            let size = (elems * 2) as f64;
+            let busbw = size / (us * 1e-6) * kind.bus_factor(n) / 1e9;
+            if rank == 0 {
+                println!(
+                    "{{\"impl\":\"zerobench\",\"op\":\"{}\",\"bytes\":{},\"ranks\":{n},\"us\":{us:.1},\"busbw_gbps\":{busbw:.2}}}",
+                    kind.name(),
+                    elems * 2
+                );
+            }
+        }
+    }
+}
