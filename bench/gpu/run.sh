@@ -12,6 +12,8 @@
 #   reference    the PyTorch reference (eager, DDP, FSDP2) on the same shapes
 #   collectives  bus bandwidth of zerobench's NCCL collectives and torch.distributed's
 #   profile      traced and profiled runs (gpt2 stage 0 on 1 GPU, gpt2-xl stage 3 on 2 GPUs)
+#   ctas         2-GPU sweeps with NCCL capped at 8 and 16 thread blocks per collective
+#   eager        the one-GPU eager PyTorch reference only (the target's denominator)
 #
 # Every worker log and JSON line lands in OUT (default $OUT, else bench-out/); `results.tar.gz`
 # packs them for the trip back.
@@ -64,11 +66,14 @@ reference() {
   log "$name: rc=$? in $((SECONDS - t0)) s: $(cat "$RUNS/$name.json")"
 }
 
-sweep() {  # sweep MODEL MICRO_BATCH
-  for g in 1 2; do
+sweep() {  # sweep MODEL MICRO_BATCH [GPU COUNTS [SUFFIX EXTRA-ARGS...]]
+  local model=$1 mb=$2 counts=${3:-"1 2"} suffix=${4:-}
+  shift $(( $# < 4 ? $# : 4 ))
+  for g in $counts; do
     [ "$g" -le "$GPUS" ] || continue
     for s in 0 1 2 3; do
-      worker "$1_z${s}_mb$2_${g}gpu" "$g" --model "$1" --stage "$s" --micro-batch "$2" --seq-len 1024 --steps 15 --warmup 3
+      worker "${model}_z${s}_mb${mb}_${g}gpu${suffix}" "$g" --model "$model" --stage "$s" --micro-batch "$mb" \
+        --seq-len 1024 --steps 15 --warmup 3 "$@"
     done
   done
 }
@@ -93,6 +98,12 @@ for phase in "${phases[@]}"; do
       worker profile_gpt2-xl_z3_mb4_2gpu 2 --model gpt2-xl --stage 3 --micro-batch 4 --steps 8 --warmup 3 --trace --profile-step 5
       grep -h '"event":"profile"' "$RUNS"/profile_*/rank0.jsonl >&2 ;;
     gpt2-xl) sweep gpt2-xl 4 ;;
+    ctas)
+      # NCCL thread blocks per collective: fewer leave more SMs to the overlapped computation.
+      for c in 8 16; do sweep gpt2 16 2 "_ctas$c" --comm-ctas "$c"; sweep gpt2-xl 4 2 "_ctas$c" --comm-ctas "$c"; done ;;
+    eager)
+      reference ref_gpt2_eager_1gpu 1 --mode eager --model gpt2 --micro-batch 16
+      reference ref_gpt2-xl_eager_1gpu 1 --mode eager --model gpt2-xl --micro-batch 4 ;;
     reference)
       for m in "gpt2 16" "gpt2-xl 4"; do
         set -- $m

@@ -206,6 +206,10 @@ pub struct EngineConfig {
     /// fp16: the loss scale starts at 2^this (DeepSpeed's `initial_scale_power`).
     #[serde(default = "default_loss_scale_power")]
     pub loss_scale_power: u32,
+    /// GPUs: the most thread blocks (CTAs) one NCCL collective may occupy (NCCL's `maxCTAs`).
+    /// Fewer leave more SMs to the computation collectives overlap with; `None` is NCCL's choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_ctas: Option<u32>,
 }
 
 fn default_loss_scale_power() -> u32 {
@@ -214,7 +218,7 @@ fn default_loss_scale_power() -> u32 {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { bucket_mb: 32.0, prefetch: 1, loss_scale_power: default_loss_scale_power() }
+        Self { bucket_mb: 32.0, prefetch: 1, loss_scale_power: default_loss_scale_power(), comm_ctas: None }
     }
 }
 
@@ -328,6 +332,9 @@ impl RunConfig {
         if !(self.engine.bucket_mb.is_finite() && self.engine.bucket_mb > 0.0) {
             return Err(ConfigError::new("bucket-mb", "must be a positive number"));
         }
+        if self.engine.comm_ctas == Some(0) {
+            return Err(ConfigError::new("comm-ctas", "must be at least 1"));
+        }
         if self.engine.loss_scale_power > 60 {
             return Err(ConfigError::new("loss-scale-power", "must be at most 60"));
         }
@@ -379,6 +386,9 @@ impl RunConfig {
         push("bucket-mb", self.engine.bucket_mb.to_string());
         push("prefetch", self.engine.prefetch.to_string());
         push("loss-scale-power", self.engine.loss_scale_power.to_string());
+        if let Some(c) = self.engine.comm_ctas {
+            push("comm-ctas", c.to_string());
+        }
         a
     }
 }

@@ -24,7 +24,7 @@ fn main() {
     let (rank, n) = (world.rank() as usize, world.size() as usize);
     let dev = device::select(zerobench_schema::DeviceRequest::Cuda).expect("a GPU");
     let gpu = cuda::Gpu::new(0).expect("CUDA context");
-    let mut c = NcclCollectives::new(world, Arc::clone(&gpu)).expect("NCCL");
+    let mut c = NcclCollectives::new(world, Arc::clone(&gpu), None).expect("NCCL");
     let sizes: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("sizes in bytes")).collect();
     for &bytes in &sizes {
         let elems = (bytes / 2).div_ceil(n) * n;

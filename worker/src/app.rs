@@ -147,7 +147,7 @@ fn run_logged(
         _ => None,
     };
     let comm: Box<dyn Collectives> = match &gpu {
-        Some(g) => Box::new(NcclCollectives::new(world, Arc::clone(g))?),
+        Some(g) => Box::new(NcclCollectives::new(world, Arc::clone(g), cfg.engine.comm_ctas)?),
         None => Box::new(MpiCollectives::new(world)),
     };
     let monitor = gpu.as_ref().and_then(|g| g.uuid()).and_then(|u| GpuMonitor::open(&u));

@@ -83,6 +83,9 @@ pub struct Args {
     /// fp16: the loss scale starts at 2^this.
     #[arg(long, default_value_t = EngineConfig::default().loss_scale_power)]
     pub loss_scale_power: u32,
+    /// GPUs: most thread blocks one NCCL collective may use [default: NCCL's choice].
+    #[arg(long)]
+    pub comm_ctas: Option<u32>,
 }
 
 fn parse<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> {
@@ -111,7 +114,12 @@ impl Args {
                 eps: self.eps,
                 weight_decay: self.weight_decay,
             },
-            engine: EngineConfig { bucket_mb: self.bucket_mb, prefetch: self.prefetch, loss_scale_power: self.loss_scale_power },
+            engine: EngineConfig {
+                bucket_mb: self.bucket_mb,
+                prefetch: self.prefetch,
+                loss_scale_power: self.loss_scale_power,
+                comm_ctas: self.comm_ctas,
+            },
         }
     }
 }
@@ -129,6 +137,7 @@ mod tests {
         cfg.data = Some("/data/with space.txt".into());
         cfg.optim.lr = 1.5e-4;
         cfg.engine.bucket_mb = 12.5;
+        cfg.engine.comm_ctas = Some(8);
         let mut argv = vec!["zerobench-worker".to_string()];
         argv.extend(cfg.to_worker_args());
         argv.extend(["--log-dir".into(), "/tmp/x".into()]);

@@ -49,6 +49,31 @@ pub struct NcclCollectives {
     timeline: Option<SharedTimeline>,
 }
 
+/// `NCCL_CONFIG_INITIALIZER` of nccl.h: every field "undefined" (NCCL's defaults), tagged with
+/// the struct's size, magic number and the version of the headers the bindings come from.
+fn default_config() -> ncclsys::ncclConfig_t {
+    const UNDEF: c_int = c_int::MIN;
+    ncclsys::ncclConfig_t {
+        size: std::mem::size_of::<ncclsys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        version: 22803, // NCCL_VERSION(2, 28, 3), the headers cudarc's bindings were made from
+        blocking: UNDEF,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+    }
+}
+
 fn nccl_err(op: &'static str, e: impl std::fmt::Debug) -> CommError {
     CommError::Failed { op, message: format!("{e:?}") }
 }
@@ -58,8 +83,9 @@ fn cuda_err(op: &'static str, e: cudarc::driver::DriverError) -> CommError {
 }
 
 impl NcclCollectives {
-    /// Creates the NCCL communicator of all ranks of `mpi` on this rank's GPU.
-    pub fn new(mpi: SimpleCommunicator, gpu: Arc<Gpu>) -> Result<Self, CommError> {
+    /// Creates the NCCL communicator of all ranks of `mpi` on this rank's GPU; `max_ctas` caps the
+    /// thread blocks of each collective.
+    pub fn new(mpi: SimpleCommunicator, gpu: Arc<Gpu>, max_ctas: Option<u32>) -> Result<Self, CommError> {
         let rank = usize::try_from(mpi.rank()).expect("rank");
         let world = usize::try_from(mpi.size()).expect("size");
         let mut id_bytes = [0u8; 128];
@@ -77,9 +103,17 @@ impl NcclCollectives {
         gpu.ctx.bind_to_thread().map_err(|e| cuda_err("bind", e))?;
         let mut comm = MaybeUninit::uninit();
         // SAFETY: every rank passes the same id and its own rank; the current device is this
-        // rank's GPU (the only one it sees).
-        unsafe { nccl::comm_init_rank(comm.as_mut_ptr(), world as c_int, id, rank as c_int) }
-            .map_err(|e| nccl_err("ncclCommInitRank", e))?;
+        // rank's GPU (the only one it sees); `config` is initialised as NCCL_CONFIG_INITIALIZER.
+        match max_ctas {
+            None => unsafe { nccl::comm_init_rank(comm.as_mut_ptr(), world as c_int, id, rank as c_int) }
+                .map_err(|e| nccl_err("ncclCommInitRank", e))?,
+            Some(c) => {
+                let mut config = default_config();
+                config.maxCTAs = c_int::try_from(c).unwrap_or(c_int::MAX);
+                unsafe { nccl::comm_init_rank_config(comm.as_mut_ptr(), world as c_int, id, rank as c_int, &mut config) }
+                    .map_err(|e| nccl_err("ncclCommInitRankConfig", e))?
+            }
+        };
         // SAFETY: initialised by the successful call above.
         let comm = unsafe { comm.assume_init() };
         let control = Tensor::zeros([2], (Kind::Float, Device::Cuda(0)));

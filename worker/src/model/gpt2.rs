@@ -21,6 +21,8 @@ pub struct Gpt2 {
 /// Hugging Face's `initializer_range`.
 const STD: f64 = 0.02;
 const LN_EPS: f64 = 1e-5;
+/// Rows of the LM-head product are padded to a multiple of this (see `head`).
+const HEAD_ALIGN: i64 = 64;
 
 impl Gpt2 {
     pub fn new(dims: Gpt2Dims, _kind: Kind) -> Self {
@@ -93,10 +95,16 @@ impl Gpt2 {
         let c = i64::try_from(self.dims.d_model).expect("small");
         let v = i64::try_from(self.dims.vocab).expect("small");
         let h = x.f_layer_norm([c], Some(&p[2]), Some(&p[3]), LN_EPS, true)?;
+        // GPT-2's vocabulary (50257) is not a multiple of 64, which makes the three LM-head matrix
+        // products several times slower than aligned ones. The tied weight is padded with zero
+        // rows inside the product and the extra logits are sliced off before the loss: the same
+        // parameters and the same arithmetic, on aligned shapes.
+        let v_aligned = (v + HEAD_ALIGN - 1) / HEAD_ALIGN * HEAD_ALIGN;
+        let w = if v_aligned > v { p[0].f_constant_pad_nd([0, 0, 0, v_aligned - v])? } else { p[0].shallow_clone() };
         // The loss in fp32, as PyTorch's autocast computes cross-entropy: bf16 or fp16 logits
         // are upcast first, so the loss and its gradient keep their precision.
-        let logits = h.f_linear::<Tensor>(&p[0], None)?.f_to_kind(Kind::Float)?;
-        let loss = logits.f_view([-1, v])?.f_cross_entropy_loss::<Tensor>(
+        let logits = h.f_linear::<Tensor>(&w, None)?.f_narrow(-1, 0, v)?.f_to_kind(Kind::Float)?;
+        let loss = logits.f_reshape([-1, v])?.f_cross_entropy_loss::<Tensor>(
             &batch.target.f_view([-1])?,
             None,
             Reduction::Mean,

@@ -91,7 +91,19 @@ pub fn build(spec: &ModelSpec, kind: Kind) -> Result<Box<dyn Model>, String> {
 pub fn init_unit(unit: &UnitDef, index: usize, seed: u64, device: tch::Device) -> Tensor {
     let _guard = tch::no_grad_guard();
     let unit_seed = seed.wrapping_mul(1_000_003).wrapping_add(index as u64);
-    tch::manual_seed(i64::from_ne_bytes(unit_seed.to_ne_bytes()) & i64::MAX);
+    with_seed(unit_seed, || init_params(unit, device))
+}
+
+/// libtorch's generators are global: seeding and drawing happen under one lock, so threads (tests)
+/// that draw random numbers cannot interleave with each other.
+pub fn with_seed<T>(seed: u64, f: impl FnOnce() -> T) -> T {
+    static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _lock = RNG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()) & i64::MAX);
+    f()
+}
+
+fn init_params(unit: &UnitDef, device: tch::Device) -> Tensor {
     let parts: Vec<Tensor> = unit
         .params
         .iter()

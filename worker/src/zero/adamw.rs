@@ -247,10 +247,10 @@ mod tests {
     #[test]
     fn cpu_loop_matches_tensor_ops_and_the_formula() {
         let opt = AdamW::new(OptimConfig { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 }, None);
-        tch::manual_seed(1);
         let n = 100_003;
-        let master = Tensor::randn([n], (Kind::Float, Device::Cpu));
-        let grad = Tensor::randn([n], (Kind::Float, Device::Cpu));
+        let (master, grad) = crate::model::with_seed(1, || {
+            (Tensor::randn([n], (Kind::Float, Device::Cpu)), Tensor::randn([n], (Kind::Float, Device::Cpu)))
+        });
         let (m, v) = (Tensor::zeros([n], (Kind::Float, Device::Cpu)), Tensor::zeros([n], (Kind::Float, Device::Cpu)));
         let (master2, m2, v2) = (master.copy(), m.copy(), v.copy());
         let out = Tensor::zeros([n], (Kind::BFloat16, Device::Cpu));
