@@ -101,12 +101,15 @@ pub struct Start {
     pub slurm: Option<SlurmInfo>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ModelInfo {
     pub family: String,
     pub params: u64,
     pub units: u32,
     pub largest_unit_params: u64,
+    /// Training FLOPs per token at the run's sequence length (`ModelSpec::train_flops_per_token`),
+    /// for TFLOP/s and MFU.
+    pub train_flops_per_token: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -487,7 +490,7 @@ mod tests {
             host: "h".into(),
             pid: 1,
             config: RunConfig::new(ModelPreset::Tiny, ZeroStage::Z2),
-            model: ModelInfo { family: "gpt2".into(), params: 1, units: 1, largest_unit_params: 1 },
+            model: ModelInfo { family: "gpt2".into(), params: 1, units: 1, largest_unit_params: 1, train_flops_per_token: 6.0 },
             device: DeviceInfo {
                 kind: "cpu".into(),
                 name: "x".into(),

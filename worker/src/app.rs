@@ -189,6 +189,7 @@ fn run_logged(
             params: spec.param_count(),
             units: u32::try_from(spec.units().len()).unwrap_or(u32::MAX),
             largest_unit_params: spec.largest_unit_params(),
+            train_flops_per_token: spec.train_flops_per_token(cfg.seq_len),
         },
         device: DeviceInfo {
             kind: if on_gpu { "cuda".into() } else { "cpu".into() },
