@@ -507,3 +507,16 @@ mod tests {
         assert_eq!(validate_line(line.as_bytes()).unwrap(), Record::Start(start));
     }
 }
+
+#[cfg(test)]
+mod schema_doc_tests {
+    /// `docs/log-schema.json` is what `zerobench schema` prints; regenerate it with
+    /// `cargo run -p zerobench -- schema > docs/log-schema.json` when the records change.
+    #[test]
+    fn committed_json_schema_is_current() {
+        let generated = serde_json::to_string_pretty(&schemars::schema_for!(super::Record)).unwrap();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/log-schema.json");
+        let committed = std::fs::read_to_string(path).unwrap();
+        assert_eq!(committed.trim_end(), generated, "docs/log-schema.json is stale: run `cargo run -p zerobench -- schema > docs/log-schema.json`");
+    }
+}
