@@ -329,10 +329,14 @@ pub struct Summary {
 #[serde(rename_all = "snake_case")]
 pub enum ErrorClass {
     Oom,
+    /// A collective failed or stalled (a peer rank died or hung).
     Comm,
     Config,
     Io,
     Internal,
+    /// Stopped by a signal: cancelled, out of time, or stopped by the launcher after another rank
+    /// failed.
+    Terminated,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -3,4 +3,5 @@
 //! first and exports the environment they need.
 
 mod support;
+mod reliability;
 mod worker;

@@ -7,7 +7,7 @@
 //! an `end` record with the exit code that follows (see [`failure`]).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::Device;
@@ -23,6 +23,7 @@ use crate::comm::Collectives;
 use crate::metrics::clock::PhaseTimer;
 use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::runtime::cuda::Gpu;
+use crate::runtime::guard::Guard;
 use crate::{cli, data, model, runtime, zero};
 use crate::failure::Failure;
 use crate::logfile::RankLog;
@@ -52,10 +53,12 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
         )));
     }
     let run_id = shared_run_id(&world, args.run_id.as_deref(), &cfg);
-    let mut log = RankLog::create(&args.log_dir, ident.rank, args.overwrite).map_err(|e| Failure::Io(e.to_string()))?;
+    let log = RankLog::create(&args.log_dir, ident.rank, args.overwrite).map_err(|e| Failure::Io(e.to_string()))?;
+    let stall = (args.stall_timeout_s > 0).then(|| Duration::from_secs(args.stall_timeout_s));
+    let guard = Guard::start(log.clone(), ident.rank, stall).map_err(|e| Failure::Internal(format!("cannot start the guard threads: {e}")))?;
 
-    let mut progress = Progress { steps_completed: 0, summary: None, trace: Vec::new() };
-    let result = catch_unwind(AssertUnwindSafe(|| run_logged(args, &cfg, &ident, &run_id, world, visible, &mut log, &mut progress)))
+    let mut progress = Progress { steps_completed: 0, summary: None, trace: Vec::new(), cuda_device: None };
+    let result = catch_unwind(AssertUnwindSafe(|| run_logged(args, &cfg, &ident, &run_id, world, visible, &log, &guard, &mut progress)))
         .unwrap_or_else(|panic| {
             let msg = panic
                 .downcast_ref::<String>()
@@ -64,6 +67,12 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
                 .unwrap_or_else(|| "panic".into());
             Err(Failure::from_torch_message(&msg))
         });
+    if !guard.claim_end() {
+        // The guard is stopping this rank (a signal or a stall) and writes the last records.
+        loop {
+            std::thread::park();
+        }
+    }
     let (status, exit_code) = match &result {
         Ok(()) => (RunStatus::Ok, 0),
         Err(f @ Failure::Oom { .. }) => (RunStatus::Oom, f.exit_code()),
@@ -82,7 +91,7 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
             message: f.to_string(),
             step: Some(progress.steps_completed),
             requested_bytes,
-            memory: Some(MemoryProbe::new(None).sample()),
+            memory: Some(MemoryProbe::new(progress.cuda_device).sample()),
         };
         // Best effort: the failure itself may be the log's.
         let _ = log.write(&Record::Error(err));
@@ -137,7 +146,8 @@ fn run_logged(
     run_id: &str,
     world: SimpleCommunicator,
     visible: Option<String>,
-    log: &mut RankLog,
+    log: &RankLog,
+    guard: &Guard,
     progress: &mut Progress,
 ) -> Result<(), Failure> {
     let t_setup = Instant::now();
@@ -169,6 +179,8 @@ fn run_logged(
         Device::Cuda(i) => Some(i),
         _ => None,
     };
+    progress.cuda_device = cuda_index;
+    guard.set_cuda_device(cuda_index);
     let on_gpu = cuda_index.is_some();
     let start = Start {
         v: SCHEMA_VERSION,
@@ -252,6 +264,7 @@ fn run_logged(
         engine: &mut engine,
         data: &data,
         log,
+        guard,
         probe: &probe,
         monitor: monitor.as_ref(),
         timer: PhaseTimer::new(gpu.clone()),

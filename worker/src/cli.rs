@@ -64,6 +64,10 @@ pub struct Args {
     /// Log a per-module breakdown (parameters, FLOPs, forward and backward time) of this step.
     #[arg(long)]
     pub profile_step: Option<u32>,
+    /// Stop the rank (exit code 4) when no step completes for this long, or ten times the longest
+    /// step if that is more (300 s before the first step); 0 disables.
+    #[arg(long, default_value_t = 30)]
+    pub stall_timeout_s: u64,
     #[arg(long, default_value_t = OptimConfig::default().lr)]
     pub lr: f64,
     #[arg(long, default_value_t = OptimConfig::default().beta1)]

@@ -1,17 +1,23 @@
 //! The rank's JSON-lines log: `<log-dir>/rank<N>.jsonl`, one record per line, each written with a
 //! single `write` and flushed to the kernel as it happens, so a killed rank leaves every record it
 //! got to write.
+//!
+//! The log is shared with the guard's threads (see `runtime::guard`), which write the last
+//! records of a rank that is being stopped; a lock keeps lines whole.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
 
 use zerobench_schema::Record;
 
+/// A handle on the log; clones write to the same file.
+#[derive(Clone)]
 pub struct RankLog {
-    file: File,
-    path: PathBuf,
-    line: Vec<u8>,
+    file: Arc<Mutex<File>>,
+    path: Arc<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +28,12 @@ pub enum LogError {
     Exists { path: PathBuf },
     #[error("cannot write the log {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
+}
+
+fn line(rec: &Record) -> Vec<u8> {
+    let mut l = serde_json::to_vec(rec).expect("records serialise");
+    l.push(b'\n');
+    l
 }
 
 impl RankLog {
@@ -40,17 +52,50 @@ impl RankLog {
             io::ErrorKind::AlreadyExists => LogError::Exists { path: path.clone() },
             _ => LogError::Write { path: path.clone(), source },
         })?;
-        Ok(Self { file, path, line: Vec::with_capacity(4096) })
+        Ok(Self { file: Arc::new(Mutex::new(file)), path: Arc::new(path) })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Appends one record as one line.
-    pub fn write(&mut self, rec: &Record) -> Result<(), LogError> {
-        self.line.clear();
-        serde_json::to_writer(&mut self.line, rec).expect("records serialise");
-        self.line.push(b'\n');
-        self.file
-            .write_all(&self.line)
-            .and_then(|()| self.file.flush())
-            .map_err(|source| LogError::Write { path: self.path.clone(), source })
+    pub fn write(&self, rec: &Record) -> Result<(), LogError> {
+        let l = line(rec);
+        let mut f = self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Self::put(&mut f, &l).map_err(|source| LogError::Write { path: self.path.to_path_buf(), source })
+    }
+
+    /// Writes the last records of a rank that is being stopped from another thread: waits at
+    /// most `patience` for a write in progress to finish, so the process can still exit when the
+    /// main thread is stuck holding the lock.
+    pub fn write_last(&self, recs: &[Record], patience: Duration) {
+        let deadline = Instant::now() + patience;
+        let bytes: Vec<u8> = recs.iter().flat_map(line).collect();
+        loop {
+            match self.file.try_lock() {
+                Ok(mut f) => {
+                    let _ = Self::put(&mut f, &bytes);
+                    return;
+                }
+                Err(TryLockError::Poisoned(p)) => {
+                    let _ = Self::put(&mut p.into_inner(), &bytes);
+                    return;
+                }
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                Err(TryLockError::WouldBlock) => {
+                    // Another handle in append mode: the line lands after whatever is there.
+                    if let Ok(mut f) = OpenOptions::new().append(true).open(self.path.as_path()) {
+                        let _ = f.write_all(&bytes);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn put(f: &mut MutexGuard<'_, File>, bytes: &[u8]) -> io::Result<()> {
+        f.write_all(bytes)?;
+        f.flush()
     }
 }

@@ -7,6 +7,9 @@ use zerobench_worker::{app, cli};
 
 fn main() -> ExitCode {
     let args = cli::Args::parse();
+    // Panics are caught and logged as failures (app::run); the default hook's backtrace could
+    // itself fail or hang when the panic is an allocation failure, so print the message only.
+    std::panic::set_hook(Box::new(|info| eprintln!("zerobench-worker: {info}")));
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
     let code = match app::run(&args) {

@@ -15,6 +15,7 @@ use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::metrics::memory::MemoryProbe;
 use crate::metrics::timeline::{Resolved, SharedTimeline, SpanInfo, Track};
 use crate::model::{Batch, Model};
+use crate::runtime::guard::Guard;
 use crate::runtime::shim;
 use crate::zero::{Engine, Schedule};
 
@@ -31,6 +32,8 @@ pub struct Progress {
     pub summary: Option<Summary>,
     /// Spans of the traced steps, for `--trace`.
     pub trace: Vec<Resolved>,
+    /// The GPU, once chosen, for the memory sample of an error record.
+    pub cuda_device: Option<usize>,
 }
 
 /// What the trainer observes beyond the `step` records.
@@ -45,7 +48,8 @@ pub struct Trainer<'a> {
     pub model: &'a dyn Model,
     pub engine: &'a mut Engine,
     pub data: &'a Data,
-    pub log: &'a mut RankLog,
+    pub log: &'a RankLog,
+    pub guard: &'a Guard,
     pub probe: &'a MemoryProbe,
     pub monitor: Option<&'a GpuMonitor>,
     pub timer: PhaseTimer,
@@ -130,6 +134,7 @@ impl Trainer<'_> {
                 gpu_util_pct: gpu.util_pct,
             };
             self.log.write(&Record::Step(rec)).map_err(|e| Failure::Io(e.to_string()))?;
+            self.guard.progress(step_ms);
 
             let spans = self.timeline().resolve().map_err(|e| Failure::Internal(e.to_string()))?;
             if self.observe.profile_step == Some(step) {

@@ -116,6 +116,7 @@ impl NcclCollectives {
         };
         // SAFETY: initialised by the successful call above.
         let comm = unsafe { comm.assume_init() };
+        crate::runtime::guard::watch_nccl(comm as usize);
         let control = Tensor::zeros([2], (Kind::Float, Device::Cuda(0)));
         Ok(Self { comm, gpu, mpi, rank, world, ops: Vec::new(), waits: Vec::new(), control, timeline: None })
     }
@@ -320,6 +321,7 @@ impl Collectives for NcclCollectives {
 
 impl Drop for NcclCollectives {
     fn drop(&mut self) {
+        crate::runtime::guard::unwatch_nccl();
         // SAFETY: the communicator is ours; abort does not wait for peers that may be gone.
         let _ = unsafe { nccl::comm_abort(self.comm) };
     }

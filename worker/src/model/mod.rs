@@ -88,7 +88,7 @@ pub fn build(spec: &ModelSpec, kind: Kind) -> Result<Box<dyn Model>, String> {
 /// from `seed` and the unit's index, whatever the number of ranks: every rank computes the same
 /// values, and a run on one rank starts from the same model as a run on many. (The CPU and CUDA
 /// generators differ, so the values depend on the device type.)
-pub fn init_unit(unit: &UnitDef, index: usize, seed: u64, device: tch::Device) -> Tensor {
+pub fn init_unit(unit: &UnitDef, index: usize, seed: u64, device: tch::Device) -> Result<Tensor, TchError> {
     let _guard = tch::no_grad_guard();
     let unit_seed = seed.wrapping_mul(1_000_003).wrapping_add(index as u64);
     with_seed(unit_seed, || init_params(unit, device))
@@ -103,21 +103,21 @@ pub fn with_seed<T>(seed: u64, f: impl FnOnce() -> T) -> T {
     f()
 }
 
-fn init_params(unit: &UnitDef, device: tch::Device) -> Tensor {
-    let parts: Vec<Tensor> = unit
+fn init_params(unit: &UnitDef, device: tch::Device) -> Result<Tensor, TchError> {
+    let parts = unit
         .params
         .iter()
         .map(|p| {
             let n = i64::try_from(p.numel()).expect("small");
             let opts = (Kind::Float, device);
             match p.init {
-                Init::Normal(std) => Tensor::randn([n], opts) * std,
-                Init::Zeros => Tensor::zeros([n], opts),
-                Init::Ones => Tensor::ones([n], opts),
+                Init::Normal(std) => Tensor::f_randn([n], opts)?.f_mul_scalar(std),
+                Init::Zeros => Tensor::f_zeros([n], opts),
+                Init::Ones => Tensor::f_ones([n], opts),
             }
         })
-        .collect();
-    Tensor::cat(&parts, 0)
+        .collect::<Result<Vec<_>, _>>()?;
+    Tensor::f_cat(&parts, 0)
 }
 
 #[cfg(test)]
@@ -144,9 +144,9 @@ mod tests {
     #[test]
     fn init_is_deterministic_per_unit() {
         let model = build(&ModelPreset::Tiny.spec(), Kind::Float).unwrap();
-        let a = init_unit(&model.units()[1], 1, 7, tch::Device::Cpu);
-        let b = init_unit(&model.units()[1], 1, 7, tch::Device::Cpu);
-        let c = init_unit(&model.units()[1], 1, 8, tch::Device::Cpu);
+        let a = init_unit(&model.units()[1], 1, 7, tch::Device::Cpu).unwrap();
+        let b = init_unit(&model.units()[1], 1, 7, tch::Device::Cpu).unwrap();
+        let c = init_unit(&model.units()[1], 1, 8, tch::Device::Cpu).unwrap();
         assert!(a.equal(&b));
         assert!(!a.equal(&c));
     }

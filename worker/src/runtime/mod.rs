@@ -3,5 +3,6 @@
 
 pub mod cuda;
 pub mod device;
+pub mod guard;
 pub mod identity;
 pub mod shim;

@@ -148,7 +148,7 @@ impl Engine {
             let numel = i64::try_from(layout.numel).expect("fits");
 
             let full = Tensor::f_zeros([padded], f32_on)?;
-            let _ = full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, i, cfg.seed, device))?;
+            let _ = full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, i, cfg.seed, device)?)?;
             let shard_f32 = full.f_narrow(0, shard_start, shard_len)?;
 
             let (base, param_shard) = if stage == ZeroStage::Z3 {

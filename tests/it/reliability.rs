@@ -1,0 +1,173 @@
+//! Faults on CPU over MPI, with real processes: a rank killed outright, a rank frozen, a rank
+//! told to stop, a configuration that does not fit. Nothing may hang: every wait has a deadline,
+//! and every rank's log stays valid up to where it stopped.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use zerobench_schema::log::{ErrorClass, Record, RunStatus};
+
+use crate::support::{mpirun, records, worker};
+
+/// A long tiny-model run on `n` ranks into `dir`, in the background.
+fn start_long_run(n: usize, dir: &Path, extra: &[&str]) -> Child {
+    mpirun(n)
+        .arg(worker())
+        .args(["--model", "tiny", "--stage", "2", "--steps", "1000000", "--seq-len", "32", "--threads", "1", "--log-dir"])
+        .arg(dir)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mpirun starts")
+}
+
+/// Waits until rank `r`'s log shows `steps` steps; returns its pid.
+fn wait_for_steps(dir: &Path, r: usize, steps: usize, deadline: Duration) -> u32 {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(dir.join(format!("rank{r}.jsonl"))) {
+            let done = text.lines().filter(|l| l.starts_with(r#"{"event":"step""#)).count();
+            if done >= steps {
+                let start: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+                return start["pid"].as_u64().unwrap() as u32;
+            }
+        }
+        assert!(t0.elapsed() < deadline, "rank {r} did not reach {steps} steps in {deadline:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits for the launcher to exit; kills everything and fails the test past the deadline.
+fn wait_exit(child: &mut Child, deadline: Duration, dir: &Path) -> (std::process::ExitStatus, Duration) {
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return (status, t0.elapsed());
+        }
+        if t0.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = Command::new("pkill").args(["-9", "-f"]).arg(dir).status();
+            panic!("ranks still running {deadline:?} after the fault");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+fn last_two(recs: &[Record]) -> (&Record, &Record) {
+    (&recs[recs.len() - 2], &recs[recs.len() - 1])
+}
+
+#[test]
+fn a_killed_rank_stops_the_others_with_a_logged_cause() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut run = start_long_run(3, dir, &[]);
+    let pid = wait_for_steps(dir, 1, 5, Duration::from_secs(60));
+    wait_for_steps(dir, 0, 5, Duration::from_secs(60));
+    wait_for_steps(dir, 2, 5, Duration::from_secs(60));
+    signal(pid, "-KILL");
+    let (status, took) = wait_exit(&mut run, Duration::from_secs(60), dir);
+    assert!(!status.success());
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    // The killed rank's log is intact up to its last step, without an end.
+    let dead = records(&dir.join("rank1.jsonl"));
+    assert!(dead.iter().filter(|r| matches!(r, Record::Step(_))).count() >= 5);
+    assert!(!dead.iter().any(|r| matches!(r, Record::End(_))));
+    // Every other rank says why it stopped, then ends.
+    for r in [0, 2] {
+        let recs = records(&dir.join(format!("rank{r}.jsonl")));
+        match last_two(&recs) {
+            (Record::Error(e), Record::End(end)) => {
+                assert!(matches!(e.class, ErrorClass::Terminated | ErrorClass::Comm), "{e:?}");
+                assert_eq!(end.status, RunStatus::Failed);
+                assert_ne!(end.exit_code, 0);
+            }
+            other => panic!("rank {r} ended with {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_frozen_rank_is_noticed_by_the_stall_watchdog() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut run = start_long_run(2, dir, &["--stall-timeout-s", "3"]);
+    let pid = wait_for_steps(dir, 1, 5, Duration::from_secs(60));
+    wait_for_steps(dir, 0, 5, Duration::from_secs(60));
+    signal(pid, "-STOP");
+    let (status, took) = wait_exit(&mut run, Duration::from_secs(60), dir);
+    let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+    assert!(!status.success());
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    let recs = records(&dir.join("rank0.jsonl"));
+    match last_two(&recs) {
+        (Record::Error(e), Record::End(end)) => {
+            assert_eq!(e.class, ErrorClass::Comm, "{e:?}");
+            assert!(e.message.contains("no progress"), "{}", e.message);
+            assert_eq!(end.exit_code, 4);
+        }
+        other => panic!("rank 0 ended with {other:?}"),
+    }
+    // The frozen rank's log is valid up to where it stopped.
+    records(&dir.join("rank1.jsonl"));
+}
+
+#[test]
+fn sigterm_leaves_an_error_and_an_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut one = Command::new(worker())
+        .args(["--model", "tiny", "--stage", "0", "--steps", "1000000", "--seq-len", "32", "--threads", "1", "--log-dir"])
+        .arg(dir)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = wait_for_steps(dir, 0, 3, Duration::from_secs(60));
+    signal(pid, "-TERM");
+    let (status, _) = wait_exit(&mut one, Duration::from_secs(30), dir);
+    assert_eq!(status.code(), Some(128 + 15));
+    let recs = records(&dir.join("rank0.jsonl"));
+    match last_two(&recs) {
+        (Record::Error(e), Record::End(end)) => {
+            assert_eq!(e.class, ErrorClass::Terminated);
+            assert!(e.message.contains("SIGTERM"));
+            assert_eq!(end.exit_code, 143);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_configuration_that_does_not_fit_is_an_oom_result() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // 2.5 GB of address space cannot hold gpt2's 2 GB of fp32 model states and libtorch.
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -v 2500000; exec {} --model gpt2 --stage 0 --precision fp32 --steps 2 --warmup 1 --seq-len 64 --threads 1 --log-dir {}",
+            worker().display(),
+            dir.display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let recs = records(&dir.join("rank0.jsonl"));
+    match last_two(&recs) {
+        (Record::Error(e), Record::End(end)) => {
+            assert_eq!(e.class, ErrorClass::Oom);
+            assert!(e.requested_bytes.unwrap_or(0) > 0, "{e:?}");
+            assert!(e.memory.is_some());
+            assert_eq!(end.status, RunStatus::Oom);
+            assert_eq!(end.exit_code, 3);
+        }
+        other => panic!("{other:?}"),
+    }
+}

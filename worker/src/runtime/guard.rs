@@ -1,0 +1,232 @@
+//! Stopping a rank cleanly when something outside it goes wrong: a peer rank dies or hangs, NCCL
+//! reports an error, or the job is cancelled. Whatever stops the rank writes its last two records
+//! (`error`, then `end`) and exits with the documented code, so no rank trains on past the point
+//! where its results mean anything and none hangs until the job's time limit.
+//!
+//! * **Signals.** SIGTERM, SIGINT and SIGHUP (what `mpirun` sends the surviving ranks when one
+//!   dies, and what Slurm sends on `scancel` and at the time limit) are handled on a thread of
+//!   their own: `error` of class `terminated`, `end`, exit code 128 + the signal.
+//! * **Stalls.** A watchdog thread stops the rank when no step has completed for too long: 300 s
+//!   before the first step (start-up, NCCL set-up, the first step's autotuning), afterwards the
+//!   larger of `--stall-timeout-s` (default 30 s) and ten times the longest step so far. A dead or
+//!   frozen peer leaves the others blocked in a collective; this is how they notice. Class `comm`,
+//!   exit code 4.
+//! * **NCCL errors.** The watchdog also polls `ncclCommGetAsyncError` every half second.
+//!
+//! The main thread claims the end of the run before writing its own last records, so exactly one
+//! of them writes `end`.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use zerobench_schema::log::{End, ErrorClass, ErrorRecord, RunStatus};
+use zerobench_schema::{Record, SCHEMA_VERSION};
+
+use crate::logfile::RankLog;
+use crate::metrics::memory::MemoryProbe;
+
+/// Allowance before the first step completes.
+const FIRST_STEP: Duration = Duration::from_secs(300);
+const RUNNING: u8 = 0;
+const MAIN_ENDING: u8 = 1;
+const GUARD_STOPPING: u8 = 2;
+
+/// How often the watchdog looks.
+const POLL: Duration = Duration::from_millis(500);
+
+/// The NCCL communicator the watchdog polls (0: none). Registered by the NCCL backend and removed
+/// before it is destroyed, under this lock, so the watchdog never polls a freed communicator.
+static WATCHED_COMM: Mutex<usize> = Mutex::new(0);
+
+pub fn watch_nccl(comm: usize) {
+    *WATCHED_COMM.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = comm;
+}
+
+pub fn unwatch_nccl() {
+    watch_nccl(0);
+}
+
+struct Inner {
+    log: RankLog,
+    rank: u32,
+    started: Instant,
+    /// Milliseconds since `started` at the last completed step.
+    last_progress_ms: AtomicU64,
+    longest_step_ms: AtomicU64,
+    steps: AtomicU32,
+    stall_timeout: Option<Duration>,
+    /// RUNNING, MAIN_ENDING (the main thread writes the last records) or GUARD_STOPPING.
+    state: AtomicU8,
+    cuda_device: Mutex<Option<usize>>,
+}
+
+/// Keeps the rank's signal thread and watchdog running; dropping it stops neither (they end with
+/// the process), but after [`Guard::claim_end`] they write nothing.
+#[derive(Clone)]
+pub struct Guard(Arc<Inner>);
+
+impl Guard {
+    /// Starts the signal thread and the watchdog. `stall_timeout` `None` disables the stall check.
+    pub fn start(log: RankLog, rank: u32, stall_timeout: Option<Duration>) -> std::io::Result<Guard> {
+        let inner = Arc::new(Inner {
+            log,
+            rank,
+            started: Instant::now(),
+            last_progress_ms: AtomicU64::new(0),
+            longest_step_ms: AtomicU64::new(0),
+            steps: AtomicU32::new(0),
+            stall_timeout,
+            state: AtomicU8::new(RUNNING),
+            cuda_device: Mutex::new(None),
+        });
+        let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+        let on_signal = Arc::clone(&inner);
+        thread::Builder::new().name("zb-signals".into()).spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                let name = match sig {
+                    SIGTERM => "SIGTERM",
+                    SIGINT => "SIGINT",
+                    _ => "SIGHUP",
+                };
+                if on_signal.state.load(Ordering::SeqCst) == MAIN_ENDING {
+                    // The run is over and its records written or being written; the process is
+                    // told to go, perhaps while stuck saying goodbye to a dead peer.
+                    // SAFETY: _exit only ends the process.
+                    unsafe { libc::_exit(128 + sig) }
+                }
+                stop(
+                    &on_signal,
+                    ErrorClass::Terminated,
+                    format!(
+                        "terminated by {name}: the job was cancelled or reached its time limit, or the launcher stopped \
+                         the ranks after another rank failed"
+                    ),
+                    128 + sig,
+                );
+            }
+        })?;
+        let watched = Arc::clone(&inner);
+        thread::Builder::new().name("zb-watchdog".into()).spawn(move || watchdog(&watched))?;
+        Ok(Guard(inner))
+    }
+
+    /// A step completed after `step_ms`.
+    pub fn progress(&self, step_ms: f64) {
+        let i = &self.0;
+        i.last_progress_ms.store(i.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        i.longest_step_ms.fetch_max(step_ms.ceil() as u64, Ordering::Relaxed);
+        i.steps.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The GPU whose allocator statistics an error record should carry.
+    pub fn set_cuda_device(&self, dev: Option<usize>) {
+        *self.0.cuda_device.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = dev;
+    }
+
+    /// The main thread is about to write the run's last records: returns `false` if the guard is
+    /// already stopping the rank (then the main thread writes nothing and waits to be exited).
+    pub fn claim_end(&self) -> bool {
+        self.0.state.compare_exchange(RUNNING, MAIN_ENDING, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    }
+}
+
+/// The stall limit after `steps` steps whose longest took `longest_ms`.
+fn stall_limit(base: Duration, steps: u32, longest_ms: u64) -> Duration {
+    if steps == 0 {
+        FIRST_STEP.max(base)
+    } else {
+        base.max(Duration::from_millis(longest_ms.saturating_mul(10)))
+    }
+}
+
+fn watchdog(i: &Inner) {
+    loop {
+        thread::sleep(POLL);
+        if i.state.load(Ordering::SeqCst) != RUNNING {
+            return;
+        }
+        if let Some(msg) = nccl_async_error() {
+            stop(i, ErrorClass::Comm, msg, 4);
+        }
+        if let Some(base) = i.stall_timeout {
+            let since = i.started.elapsed().saturating_sub(Duration::from_millis(i.last_progress_ms.load(Ordering::Relaxed)));
+            let steps = i.steps.load(Ordering::Relaxed);
+            let limit = stall_limit(base, steps, i.longest_step_ms.load(Ordering::Relaxed));
+            if since > limit {
+                stop(
+                    i,
+                    ErrorClass::Comm,
+                    format!(
+                        "no progress for {} s (limit {} s) after {steps} step(s): a peer rank has probably died or hung",
+                        since.as_secs(),
+                        limit.as_secs()
+                    ),
+                    4,
+                );
+            }
+        }
+    }
+}
+
+/// The error NCCL has recorded on the watched communicator, if any.
+fn nccl_async_error() -> Option<String> {
+    use cudarc::nccl::sys;
+    let comm = WATCHED_COMM.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if *comm == 0 {
+        return None;
+    }
+    let mut state = sys::ncclResult_t::ncclSuccess;
+    // SAFETY: the communicator is registered only while alive (see `unwatch_nccl`), and the lock is
+    // held during the call.
+    let rc = unsafe { sys::ncclCommGetAsyncError(*comm as sys::ncclComm_t, &mut state) };
+    match (rc, state) {
+        (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => None,
+        (sys::ncclResult_t::ncclSuccess, e) => Some(format!("NCCL reported an asynchronous error: {e:?}")),
+        (e, _) => Some(format!("ncclCommGetAsyncError failed: {e:?}")),
+    }
+}
+
+/// Writes `error` and `end` and exits the process, once.
+fn stop(i: &Inner, class: ErrorClass, message: String, exit_code: i32) {
+    if i.state.compare_exchange(RUNNING, GUARD_STOPPING, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        return;
+    }
+    let steps = i.steps.load(Ordering::Relaxed);
+    let ts = crate::train::now_ts();
+    let device = *i.cuda_device.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let error = ErrorRecord {
+        v: SCHEMA_VERSION,
+        ts,
+        rank: i.rank,
+        class,
+        message: message.clone(),
+        step: Some(steps),
+        requested_bytes: None,
+        memory: Some(MemoryProbe::new(device).sample()),
+    };
+    let status = RunStatus::Failed;
+    let end = End { v: SCHEMA_VERSION, ts, rank: i.rank, status, steps_completed: steps, exit_code, summary: None };
+    i.log.write_last(&[Record::Error(error), Record::End(end)], Duration::from_secs(2));
+    eprintln!("zerobench-worker: rank {}: {message}", i.rank);
+    // No unwinding and no destructors: other threads may be blocked inside MPI or CUDA.
+    // SAFETY: _exit only ends the process.
+    unsafe { libc::_exit(exit_code) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stall_limit_grows_with_the_longest_step() {
+        let base = Duration::from_secs(30);
+        assert_eq!(stall_limit(base, 0, 0), FIRST_STEP);
+        assert_eq!(stall_limit(base, 5, 100), base);
+        assert_eq!(stall_limit(base, 5, 10_000), Duration::from_secs(100));
+        assert_eq!(stall_limit(Duration::from_secs(600), 0, 0), Duration::from_secs(600));
+    }
+}
