@@ -19,6 +19,7 @@ pub mod acc;
 pub mod aggregate;
 pub mod collective;
 pub mod discover;
+pub mod fastpath;
 pub mod foreign;
 pub mod lines;
 pub mod peak;

@@ -18,6 +18,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 use zerobench_schema::log::{parse_line, Record, SCHEMA_VERSION};
 
+use crate::fastpath;
 use crate::acc::{EndInfo, ErrorClassKey, ErrorInfo, RankAcc, StepSlot, StepSlots};
 use crate::lines::{for_each_line, Line, BLOCK, MAX_LINE};
 use crate::plan::RunPlan;
@@ -217,8 +218,11 @@ impl LineCtx<'_> {
 
     fn record(&mut self, bytes: &[u8]) -> Result<(), ProblemKind> {
         if bytes.starts_with(STEP_PREFIX) {
-            let s: StepLine<'_> =
-                serde_json::from_slice(bytes).map_err(|e| ProblemKind::BadLine { message: e.to_string() })?;
+            let s = match fastpath::parse_step(bytes) {
+                Some(s) => s,
+                None => serde_json::from_slice::<StepLine<'_>>(bytes)
+                    .map_err(|e| ProblemKind::BadLine { message: e.to_string() })?,
+            };
             return self.step(&s);
         }
         if bytes.starts_with(b"{\"event\":\"start\",\"v\":1,") {

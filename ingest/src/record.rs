@@ -115,7 +115,7 @@ pub struct CommLines<'a> {
 }
 
 impl<'a> CommLines<'a> {
-    fn push(&mut self, name: Cow<'a, str>, c: CommLine) {
+    pub(crate) fn push(&mut self, name: Cow<'a, str>, c: CommLine) {
         match Collective::from_name(&name) {
             Some(k) => self.known[k.index()] = Some(c),
             None => self.other.push((name, c)),
