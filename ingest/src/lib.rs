@@ -113,11 +113,11 @@ pub fn ingest(roots: &[PathBuf], opts: &Options, progress: &dyn Progress) -> Ing
     let settings = Settings { warmup: opts.warmup, peaks: opts.peaks.clone() };
     let mut runs: Vec<RunReport> =
         plans.iter().zip(&accs).map(|(p, a)| aggregate::finish(p, a, &settings).round()).collect();
-    let (foreign_runs, foreign_problems, foreign_files) = foreign::read_dirs(&found.foreign_dirs, &settings);
+    let (foreign_runs, foreign_problems, foreign_stats) = foreign::read_dirs(&found.foreign_dirs, &settings);
     progress.advance(foreign_bytes);
     runs.extend(foreign_runs.into_iter().map(RunReport::round));
     problems.extend(foreign_problems);
-    stats.files += foreign_files;
+    stats.add(&foreign_stats);
     runs.sort_by(|a, b| run_order(&a.row).cmp(&run_order(&b.row)));
     problems.sort();
     problems.dedup();

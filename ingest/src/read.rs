@@ -58,6 +58,15 @@ pub struct ReadStats {
     pub bad_lines: u64,
 }
 
+impl ReadStats {
+    pub fn add(&mut self, o: &ReadStats) {
+        self.files += o.files;
+        self.bytes += o.bytes;
+        self.lines += o.lines;
+        self.bad_lines += o.bad_lines;
+    }
+}
+
 struct Chunk {
     run: usize,
     file: usize,

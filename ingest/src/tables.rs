@@ -112,6 +112,8 @@ pub enum Cell {
         #[serde(skip_serializing_if = "Option::is_none")]
         memory: Option<MemoryKind>,
     },
+    /// Runs finished `ok` but none measured this figure (a foreign log without it).
+    NotMeasured,
     /// No run was `ok` and one ran out of memory.
     Oom,
     /// No run was `ok` or `oom`: the most telling other status.
@@ -127,6 +129,7 @@ impl Cell {
                 Some(MemoryKind::Nvml) => format!("{value:.2} nvml"),
                 Some(MemoryKind::Rss) => format!("{value:.2} rss"),
             },
+            Cell::NotMeasured => "n/a".into(),
             Cell::Oom => "OOM".into(),
             Cell::Other { run_status } => run_status.to_string(),
         }
@@ -243,11 +246,14 @@ fn cell(metric: PivotMetric, runs: &[&RunRow]) -> Cell {
         let vals: Vec<f64> = values.iter().filter(|(_, k)| *k == kind).map(|(v, _)| *v).collect();
         return Cell::Value { value: median(&vals).unwrap_or(0.0), runs: vals.len() as u32, memory: kind };
     }
+    if !ok.is_empty() {
+        return Cell::NotMeasured;
+    }
     if runs.iter().any(|r| r.status == Status::Oom) {
         return Cell::Oom;
     }
     // Prefer the status that explains most: failed, then timeout, cancelled, incomplete.
-    let order = [Status::Failed, Status::Timeout, Status::Cancelled, Status::Incomplete, Status::Ok];
+    let order = [Status::Failed, Status::Timeout, Status::Cancelled, Status::Incomplete];
     let run_status = order.into_iter().find(|s| runs.iter().any(|r| r.status == *s)).unwrap_or(Status::Incomplete);
     Cell::Other { run_status }
 }

@@ -7,7 +7,7 @@
 //!
 //! From the lines to the row (docs/ingest.md has the details):
 //! * step time: DeepSpeed's wall-clock breakdown lines, forward + backward + optimizer per line,
-//!   after dropping the warmup lines; else the FLOPs profiler's iter latency; else 1 / the
+//!   after dropping the first `warmup` lines when more than that many are there; else the FLOPs profiler's iter latency; else 1 / the
 //!   Trainer's steps per second;
 //! * samples/s: DeepSpeed's last `RunningAvgSamplesPerSec`, else the median of the Trainer's
 //!   `train_samples_per_second`, else the profiler's samples/second; tokens/s = samples/s ×
@@ -34,6 +34,7 @@ use crate::aggregate::Settings;
 use crate::discover::ForeignDir;
 use crate::lines::{for_each_line, Line, BLOCK, MAX_LINE};
 use crate::problem::{Problem, ProblemKind};
+use crate::read::ReadStats;
 use crate::run::{RunReport, RunRow, Source, Status};
 use crate::side::run_json;
 use crate::stats::{fsum, median, quantile_sorted};
@@ -77,33 +78,33 @@ impl ForeignLogs {
 }
 
 /// Reads every foreign folder; returns its runs, problems and the number of files read.
-pub fn read_dirs(dirs: &[ForeignDir], settings: &Settings) -> (Vec<RunReport>, Vec<Problem>, u64) {
-    let results: Vec<(Option<RunReport>, Vec<Problem>, u64)> = dirs.par_iter().map(|d| read_dir(d, settings)).collect();
+pub fn read_dirs(dirs: &[ForeignDir], settings: &Settings) -> (Vec<RunReport>, Vec<Problem>, ReadStats) {
+    let results: Vec<(Option<RunReport>, Vec<Problem>, ReadStats)> = dirs.par_iter().map(|d| read_dir(d, settings)).collect();
     let mut runs = Vec::new();
     let mut problems = Vec::new();
-    let mut files = 0;
-    for (r, p, n) in results {
+    let mut stats = ReadStats::default();
+    for (r, p, s) in results {
         runs.extend(r);
         problems.extend(p);
-        files += n;
+        stats.add(&s);
     }
-    (runs, problems, files)
+    (runs, problems, stats)
 }
 
-fn read_dir(dir: &ForeignDir, settings: &Settings) -> (Option<RunReport>, Vec<Problem>, u64) {
+fn read_dir(dir: &ForeignDir, settings: &Settings) -> (Option<RunReport>, Vec<Problem>, ReadStats) {
     let mut problems = Vec::new();
     let mut logs = ForeignLogs::default();
-    let mut files = 0;
+    let mut stats = ReadStats::default();
     for path in &dir.files {
         match scan(path, &mut logs) {
-            Ok(()) => files += 1,
+            Ok((lines, bytes)) => stats.add(&ReadStats { files: 1, bytes, lines, bad_lines: 0 }),
             Err(e) => problems.push(Problem::file(path, ProblemKind::Io { message: e.to_string() })),
         }
     }
     logs.deepspeed.finish();
     if !logs.recognised() {
         tracing::debug!(dir = %dir.dir.display(), "no recognised log lines; not a run");
-        return (None, problems, files);
+        return (None, problems, stats);
     }
     let json = run_json(&dir.dir, &mut problems).map(|v| identity::from_run_json(&v)).unwrap_or_default();
     let from_logs = Hints {
@@ -112,19 +113,21 @@ fn read_dir(dir: &ForeignDir, settings: &Settings) -> (Option<RunReport>, Vec<Pr
         ..Hints::default()
     };
     let hints = json.or(from_logs).or(identity::from_path(&dir.dir));
-    (Some(to_report(&dir.dir, &hints, &logs, settings)), problems, files)
+    (Some(to_report(&dir.dir, &hints, &logs, settings)), problems, stats)
 }
 
-/// Scans one file into `logs`. Over-long lines (progress bars redrawn with `\r`) are skipped.
-pub fn scan(path: &Path, logs: &mut ForeignLogs) -> std::io::Result<()> {
+/// Scans one file into `logs`; returns its lines and bytes. Over-long lines (progress bars
+/// redrawn with `\r`) are skipped.
+pub fn scan(path: &Path, logs: &mut ForeignLogs) -> std::io::Result<(u64, u64)> {
     let file = File::open(path)?;
-    for_each_line(file, 0, u64::MAX, MAX_LINE, BLOCK, |_, line| {
+    let bytes = file.metadata()?.len();
+    let lines = for_each_line(file, 0, u64::MAX, MAX_LINE, BLOCK, |_, line| {
         if let Line::Full(b) | Line::Unterminated(b) = line {
             logs.line(&String::from_utf8_lossy(b));
         }
         ControlFlow::Continue(())
     })?;
-    Ok(())
+    Ok((lines, bytes))
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -204,9 +207,12 @@ pub fn to_report(dir: &Path, hints: &Hints, logs: &ForeignLogs, settings: &Setti
 
 fn steps(row: &mut RunRow, logs: &ForeignLogs, warmup: u32) {
     let ds = &logs.deepspeed;
-    let measured: Vec<&deepspeed::Breakdown> = ds.steps.iter().skip(warmup as usize).collect();
+    // DeepSpeed prints the breakdown every `steps_per_print` steps, so a log may hold only a few
+    // lines, all past warmup: the first `warmup` lines are dropped only if some are left.
+    let drop = if ds.steps.len() > warmup as usize { warmup as usize } else { 0 };
+    let measured: Vec<&deepspeed::Breakdown> = ds.steps.iter().skip(drop).collect();
     if !measured.is_empty() {
-        row.warmup_steps = ds.steps.len().min(warmup as usize) as u32;
+        row.warmup_steps = drop as u32;
         row.steps_measured = measured.len() as u32;
         let step = |b: &deepspeed::Breakdown| b.forward + b.backward + b.optimizer;
         let mut t: Vec<f64> = measured.iter().map(|b| step(b)).collect();
