@@ -98,16 +98,17 @@ pub struct KindAcc {
 }
 
 impl KindAcc {
+    // Saturating: hostile counts must not wrap (or panic) the sums.
     fn add(&mut self, calls: u64, bytes: u64, ms: f64) {
-        self.calls += calls;
-        self.bytes += u128::from(bytes);
-        self.ns += ms_to_ns(ms);
+        self.calls = self.calls.saturating_add(calls);
+        self.bytes = self.bytes.saturating_add(u128::from(bytes));
+        self.ns = self.ns.saturating_add(ms_to_ns(ms));
         self.steps += 1;
     }
     pub fn merge(&mut self, o: &KindAcc) {
-        self.calls += o.calls;
-        self.bytes += o.bytes;
-        self.ns += o.ns;
+        self.calls = self.calls.saturating_add(o.calls);
+        self.bytes = self.bytes.saturating_add(o.bytes);
+        self.ns = self.ns.saturating_add(o.ns);
         self.steps += o.steps;
     }
 }
@@ -221,30 +222,23 @@ const MAX_MESSAGE: usize = 300;
 /// Everything kept about one rank: a fixed amount, whatever the length of its log.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RankAcc {
-    pub step_records: u64,
-    pub max_step: Option<u32>,
-    /// Measured (post-warmup) step records and the sum of their times.
+    /// Measured (post-warmup) step records.
     pub measured: u64,
-    pub measured_ns: u64,
     pub skipped: u64,
     /// (step, loss) of the highest step.
     pub last_loss: Option<(u32, f64)>,
     /// (step, cumulative energy in J) at the lowest and highest measured step that has it.
     pub energy_first: Option<(u32, f64)>,
     pub energy_last: Option<(u32, f64)>,
-    /// Measured steps without an energy figure.
-    pub energy_missing: u64,
     pub comm: CommAcc,
     pub mem: MemPeaks,
     pub end: Option<EndInfo>,
+    /// The first errors, in (step, class, message) order; more are dropped.
     pub errors: Vec<ErrorInfo>,
-    pub errors_total: u64,
 }
 
 impl RankAcc {
     pub fn add_step(&mut self, s: &StepLine<'_>, warmup: u32) {
-        self.step_records += 1;
-        self.max_step = Some(self.max_step.map_or(s.step, |m| m.max(s.step)));
         if s.skipped {
             self.skipped += 1;
         }
@@ -256,18 +250,14 @@ impl RankAcc {
             return;
         }
         self.measured += 1;
-        self.measured_ns += ms_to_ns(s.step_ms);
-        match s.energy_j {
-            Some(e) => {
-                let at = (s.step, e);
-                if self.energy_first.is_none_or(|f| key(at) < key(f)) {
-                    self.energy_first = Some(at);
-                }
-                if self.energy_last.is_none_or(|l| key(at) > key(l)) {
-                    self.energy_last = Some(at);
-                }
+        if let Some(e) = s.energy_j {
+            let at = (s.step, e);
+            if self.energy_first.is_none_or(|f| key(at) < key(f)) {
+                self.energy_first = Some(at);
             }
-            None => self.energy_missing += 1,
+            if self.energy_last.is_none_or(|l| key(at) > key(l)) {
+                self.energy_last = Some(at);
+            }
         }
         for (i, c) in s.comm.known.iter().enumerate() {
             if let Some(c) = c {
@@ -289,7 +279,6 @@ impl RankAcc {
         if e.message.chars().count() > MAX_MESSAGE {
             e.message = e.message.chars().take(MAX_MESSAGE).collect::<String>() + "…";
         }
-        self.errors_total += 1;
         self.errors.push(e);
         self.trim_errors();
     }
@@ -301,13 +290,7 @@ impl RankAcc {
     }
 
     pub fn merge(&mut self, o: &RankAcc) {
-        self.step_records += o.step_records;
-        self.max_step = match (self.max_step, o.max_step) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
         self.measured += o.measured;
-        self.measured_ns += o.measured_ns;
         self.skipped += o.skipped;
         if let Some((st, l)) = o.last_loss {
             if self.last_loss.is_none_or(|(s0, l0)| (st, l.to_bits()) > (s0, l0.to_bits())) {
@@ -324,13 +307,11 @@ impl RankAcc {
                 self.energy_last = Some(l);
             }
         }
-        self.energy_missing += o.energy_missing;
         self.comm.merge(&o.comm);
         self.mem.merge(&o.mem);
         if let Some(e) = o.end {
             self.add_end(e);
         }
-        self.errors_total += o.errors_total;
         self.errors.extend(o.errors.iter().cloned());
         self.trim_errors();
     }

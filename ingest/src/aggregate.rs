@@ -125,8 +125,9 @@ fn throughput(row: &mut RunRow, measured: &[&StepSlot], start: &Start, settings:
         return;
     }
     let world = f64::from(start.world_size.max(1));
-    let tokens: u64 = measured.iter().map(|s| s.tokens).sum();
-    let samples: u64 = measured.iter().map(|s| s.samples).sum();
+    // Wide sums: token counts come from the logs and must not overflow.
+    let tokens: u128 = measured.iter().map(|s| u128::from(s.tokens)).sum();
+    let samples: u128 = measured.iter().map(|s| u128::from(s.samples)).sum();
     let tps = tokens as f64 / secs;
     let sps = samples as f64 / secs;
     row.tokens_per_s = Some(tps);
@@ -168,7 +169,7 @@ fn energy(row: &mut RunRow, acc: &RunAcc) {
             return;
         }
         let Some(window) = acc.slots.slots.get(s0 as usize + 1..=s1 as usize) else { return };
-        let tokens: u64 = window.iter().filter(|s| s.ranks > 0).map(|s| s.tokens).sum();
+        let tokens: u128 = window.iter().filter(|s| s.ranks > 0).map(|s| u128::from(s.tokens)).sum();
         let secs = fsum(window.iter().filter(|s| s.ranks > 0).map(|s| s.step_ms)) / 1e3;
         if tokens == 0 || secs <= 0.0 {
             return;

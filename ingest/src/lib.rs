@@ -79,7 +79,8 @@ impl Progress for NoProgress {
 /// Everything read from the folders.
 #[derive(Debug, Clone)]
 pub struct Ingested {
-    /// Every run, sorted by model, stage, offload, micro-batch, GPUs and run id.
+    /// Every run, sorted by model, stage, offload, micro-batch, GPUs and run id, with its figures
+    /// at full precision ([`tables::Tables`] rounds them for output).
     pub runs: Vec<RunReport>,
     /// Everything that could not be read, sorted by file and line.
     pub problems: Vec<Problem>,
@@ -111,15 +112,18 @@ pub fn ingest(roots: &[PathBuf], opts: &Options, progress: &dyn Progress) -> Ing
     let (accs, read_problems, mut stats) = read::read_runs(&plans, read_opts, &|b| progress.advance(b));
     problems.extend(read_problems);
     let settings = Settings { warmup: opts.warmup, peaks: opts.peaks.clone() };
-    let mut runs: Vec<RunReport> =
-        plans.iter().zip(&accs).map(|(p, a)| aggregate::finish(p, a, &settings).round()).collect();
+    let mut runs: Vec<RunReport> = plans.iter().zip(&accs).map(|(p, a)| aggregate::finish(p, a, &settings)).collect();
     let (foreign_runs, foreign_problems, foreign_stats) = foreign::read_dirs(&found.foreign_dirs, &settings);
     progress.advance(foreign_bytes);
-    runs.extend(foreign_runs.into_iter().map(RunReport::round));
+    runs.extend(foreign_runs);
     problems.extend(foreign_problems);
     stats.add(&foreign_stats);
     runs.sort_by(|a, b| run_order(&a.row).cmp(&run_order(&b.row)));
-    problems.sort();
+    // By file and line, a file's "more problems" note after its listed lines.
+    problems.sort_by(|a, b| {
+        let key = |p: &Problem| (p.path.clone(), matches!(p.kind, ProblemKind::More { .. }), p.line, p.kind.clone());
+        key(a).cmp(&key(b))
+    });
     problems.dedup();
     Ingested { runs, problems, stats }
 }

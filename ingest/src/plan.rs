@@ -50,13 +50,14 @@ pub fn plan(dirs: &[RunDir], problems: &mut Vec<Problem>) -> Vec<RunPlan> {
         .enumerate()
         .flat_map_iter(|(d, dir)| dir.rank_files.iter().enumerate().map(move |(f, rf)| (d, f, read_start(&rf.path))))
         .collect();
-    let mut by_dir: Vec<Vec<(&RankFile, Option<Start>)>> = dirs.iter().map(|_| Vec::new()).collect();
+    let mut by_dir: Vec<Vec<(&RankFile, StartRead)>> = dirs.iter().map(|_| Vec::new()).collect();
     for (d, f, res) in starts {
         let start = match res {
-            Ok(s) => s,
+            Ok(Some(s)) => StartRead::Found(s),
+            Ok(None) => StartRead::Absent,
             Err(p) => {
                 problems.push(p);
-                None
+                StartRead::Reported
             }
         };
         by_dir[d].push((&dirs[d].rank_files[f], start));
@@ -68,11 +69,20 @@ pub fn plan(dirs: &[RunDir], problems: &mut Vec<Problem>) -> Vec<RunPlan> {
     plans
 }
 
-fn plan_dir(dir: &Path, files: Vec<(&RankFile, Option<Start>)>, problems: &mut Vec<Problem>) -> Vec<RunPlan> {
+/// What phase one found at the top of a rank log.
+enum StartRead {
+    Found(Start),
+    /// No start record.
+    Absent,
+    /// A start record that could not be read, already reported.
+    Reported,
+}
+
+fn plan_dir(dir: &Path, files: Vec<(&RankFile, StartRead)>, problems: &mut Vec<Problem>) -> Vec<RunPlan> {
     // Runs of this folder by run id, each with the start of its lowest rank.
     let mut runs: BTreeMap<String, Start> = BTreeMap::new();
     for (_, s) in &files {
-        if let Some(s) = s {
+        if let StartRead::Found(s) = s {
             let e = runs.entry(s.run_id.clone()).or_insert_with(|| s.clone());
             if s.rank < e.rank {
                 *e = s.clone();
@@ -81,17 +91,22 @@ fn plan_dir(dir: &Path, files: Vec<(&RankFile, Option<Start>)>, problems: &mut V
     }
     let only_run = if runs.len() == 1 { runs.keys().next().cloned() } else { None };
     let mut members: BTreeMap<String, BTreeMap<u32, PlannedFile>> = BTreeMap::new();
-    for (rf, start) in files {
-        let (run_id, rank) = match (&start, &only_run) {
-            (Some(s), _) => (s.run_id.clone(), s.rank),
-            (None, Some(only)) => (only.clone(), rf.name_rank),
-            (None, None) => {
+    for (rf, read) in files {
+        let no_start = |problems: &mut Vec<Problem>| {
+            if matches!(read, StartRead::Absent) {
                 problems.push(Problem::file(&rf.path, ProblemKind::NoStart));
+            }
+        };
+        let (run_id, rank) = match (&read, &only_run) {
+            (StartRead::Found(s), _) => (s.run_id.clone(), s.rank),
+            (_, Some(only)) => (only.clone(), rf.name_rank),
+            (_, None) => {
+                no_start(problems);
                 continue;
             }
         };
         let Some(reference) = runs.get(&run_id) else { continue };
-        if let Some(s) = &start {
+        if let StartRead::Found(s) = &read {
             if let Some(what) = disagreement(reference, s) {
                 problems.push(Problem::file(
                     &rf.path,
@@ -100,7 +115,7 @@ fn plan_dir(dir: &Path, files: Vec<(&RankFile, Option<Start>)>, problems: &mut V
                 continue;
             }
         } else {
-            problems.push(Problem::file(&rf.path, ProblemKind::NoStart));
+            no_start(problems);
         }
         if rank >= reference.world_size {
             let what = format!("rank {rank} is not below world size {}", reference.world_size);

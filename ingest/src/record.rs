@@ -45,7 +45,8 @@ pub struct StepLine<'a> {
 }
 
 impl StepLine<'_> {
-    /// Times must be finite and not negative; JSON already excludes NaN and infinities.
+    /// Times must be finite, not negative and below [`MAX_MS`]; JSON already excludes NaN and
+    /// infinities.
     pub fn check(&self) -> Result<(), String> {
         let times = [
             ("step_ms", self.step_ms),
@@ -56,17 +57,27 @@ impl StepLine<'_> {
             ("exposed_comm_ms", self.exposed_comm_ms),
         ];
         for (name, v) in times {
-            if v < 0.0 {
-                return Err(format!("{name} is negative ({v})"));
-            }
+            plausible(name, v)?;
         }
         for (kind, c) in self.comm.iter() {
-            if c.ms < 0.0 {
-                return Err(format!("comm.{kind}.ms is negative ({})", c.ms));
-            }
+            plausible(&format!("comm.{kind}.ms"), c.ms)?;
         }
         Ok(())
     }
+}
+
+/// The longest duration accepted, in ms (a million seconds, over 11 days): anything longer in a
+/// step record is a corrupt value, and would swamp every sum it entered.
+pub const MAX_MS: f64 = 1e9;
+
+fn plausible(name: &str, v: f64) -> Result<(), String> {
+    if v < 0.0 {
+        return Err(format!("{name} is negative ({v})"));
+    }
+    if v > MAX_MS {
+        return Err(format!("{name} of {v} ms is implausible (over {MAX_MS} ms)"));
+    }
+    Ok(())
 }
 
 impl<'a> From<&'a Step> for StepLine<'a> {

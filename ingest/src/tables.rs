@@ -269,13 +269,16 @@ pub struct Tables {
 }
 
 impl Tables {
+    /// The tables of `runs`, with every figure rounded to [`crate::stats::SIGNIFICANT`] digits.
     pub fn build(runs: &[RunReport]) -> Tables {
+        // Figures are computed at full precision and rounded for output only.
+        let rounded: Vec<RunReport> = runs.iter().cloned().map(RunReport::round).collect();
         Tables {
-            latency: Pivot::build("latency", PivotMetric::StepMsMedian, runs),
-            mem: Pivot::build("mem", PivotMetric::PeakMemoryGib, runs),
+            latency: Pivot::build("latency", PivotMetric::StepMsMedian, &rounded),
+            mem: Pivot::build("mem", PivotMetric::PeakMemoryGib, &rounded),
             scaling: scaling(runs),
-            comm: runs.iter().flat_map(|r| r.collectives.iter().cloned()).collect(),
-            runs: runs.iter().map(|r| r.row.clone()).collect(),
+            comm: rounded.iter().flat_map(|r| r.collectives.iter().cloned()).collect(),
+            runs: rounded.into_iter().map(|r| r.row).collect(),
         }
     }
 
