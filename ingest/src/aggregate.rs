@@ -59,14 +59,8 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     row.device_memory_bytes = start.device.total_memory_bytes;
 
     let present = acc.ranks.len() as u32;
-    let used: Vec<(u32, &StepSlot)> = acc
-        .slots
-        .slots
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.ranks > 0)
-        .map(|(i, s)| (i as u32, s))
-        .collect();
+    let used: Vec<(u32, &StepSlot)> =
+        acc.slots.slots.iter().enumerate().filter(|(_, s)| s.ranks > 0).map(|(i, s)| (i as u32, s)).collect();
     row.warmup_steps = used.iter().filter(|(i, _)| *i < settings.warmup).count() as u32;
     let measured: Vec<&StepSlot> =
         used.iter().filter(|(i, s)| *i >= settings.warmup && s.ranks >= present).map(|(_, s)| *s).collect();
@@ -76,9 +70,11 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     throughput(&mut row, &measured, start, settings);
     memory(&mut row, acc);
     energy(&mut row, acc);
-    let last = acc.ranks.iter().filter_map(|(r, a)| a.last_loss.map(|(s, l)| (s, std::cmp::Reverse(*r), l))).max_by(
-        |a, b| (a.0, a.1).cmp(&(b.0, b.1)),
-    );
+    let last = acc
+        .ranks
+        .iter()
+        .filter_map(|(r, a)| a.last_loss.map(|(s, l)| (s, std::cmp::Reverse(*r), l)))
+        .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
     row.final_loss = last.map(|(_, _, l)| l);
     row.skipped_steps = acc.ranks.values().map(|a| a.skipped).max().unwrap_or(0);
     if world > 1 && !measured.is_empty() {

@@ -137,7 +137,9 @@ mod tests {
         assert_eq!(rank_from_name("rank0.jsonl"), Some(0));
         assert_eq!(rank_from_name("rank-0012.jsonl"), Some(12));
         assert_eq!(rank_from_name("rank_7.jsonl"), Some(7));
-        for bad in ["rank.jsonl", "rankx.jsonl", "rank1.json", "xrank1.jsonl", "rank1.jsonl.gz", "rank99999999999.jsonl"] {
+        for bad in
+            ["rank.jsonl", "rankx.jsonl", "rank1.json", "xrank1.jsonl", "rank1.jsonl.gz", "rank99999999999.jsonl"]
+        {
             assert_eq!(rank_from_name(bad), None, "{bad}");
         }
     }

@@ -100,8 +100,8 @@ impl Number<'_> {
     /// both are exact doubles and one IEEE multiplication or division rounds correctly.
     fn exact(&self) -> Option<f64> {
         const POW10: [f64; 23] = [
-            1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19,
-            1e20, 1e21, 1e22,
+            1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18,
+            1e19, 1e20, 1e21, 1e22,
         ];
         if self.digits > 19 || self.mantissa >= 1 << 53 {
             return None;

@@ -182,7 +182,8 @@ mod tests {
         for cut in 0..=data.len() as u64 {
             let a = collect(data, 0, cut, 100);
             let b = collect(data, cut, u64::MAX, 100);
-            let joined: Vec<String> = a.iter().chain(b.iter()).map(|s| s.split_once(':').unwrap().1.to_string()).collect();
+            let joined: Vec<String> =
+                a.iter().chain(b.iter()).map(|s| s.split_once(':').unwrap().1.to_string()).collect();
             assert_eq!(joined, ["one", "two", "three", "", "five", "partial:six"], "cut at {cut}");
         }
     }

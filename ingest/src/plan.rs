@@ -15,10 +15,10 @@ use zerobench_schema::log::{parse_line, Record, Start};
 
 use crate::discover::{RankFile, RunDir};
 use crate::lines::{for_each_line, Line, MAX_LINE};
-use std::ops::ControlFlow;
 use crate::problem::{Problem, ProblemKind};
 use crate::read::classify_bad_line;
 use crate::side::{job_state, JobState};
+use std::ops::ControlFlow;
 
 /// Where the start record is looked for: it is the first line the worker writes.
 const START_WINDOW: u64 = 1 << 20;
@@ -53,7 +53,7 @@ pub fn plan(dirs: &[RunDir], problems: &mut Vec<Problem>) -> Vec<RunPlan> {
     let mut by_dir: Vec<Vec<(&RankFile, StartRead)>> = dirs.iter().map(|_| Vec::new()).collect();
     for (d, f, res) in starts {
         let start = match res {
-            Ok(Some(s)) => StartRead::Found(s),
+            Ok(Some(s)) => StartRead::Found(Box::new(s)),
             Ok(None) => StartRead::Absent,
             Err(p) => {
                 problems.push(p);
@@ -71,7 +71,7 @@ pub fn plan(dirs: &[RunDir], problems: &mut Vec<Problem>) -> Vec<RunPlan> {
 
 /// What phase one found at the top of a rank log.
 enum StartRead {
-    Found(Start),
+    Found(Box<Start>),
     /// No start record.
     Absent,
     /// A start record that could not be read, already reported.
@@ -83,9 +83,9 @@ fn plan_dir(dir: &Path, files: Vec<(&RankFile, StartRead)>, problems: &mut Vec<P
     let mut runs: BTreeMap<String, Start> = BTreeMap::new();
     for (_, s) in &files {
         if let StartRead::Found(s) = s {
-            let e = runs.entry(s.run_id.clone()).or_insert_with(|| s.clone());
+            let e = runs.entry(s.run_id.clone()).or_insert_with(|| (**s).clone());
             if s.rank < e.rank {
-                *e = s.clone();
+                *e = (**s).clone();
             }
         }
     }
@@ -108,10 +108,8 @@ fn plan_dir(dir: &Path, files: Vec<(&RankFile, StartRead)>, problems: &mut Vec<P
         let Some(reference) = runs.get(&run_id) else { continue };
         if let StartRead::Found(s) = &read {
             if let Some(what) = disagreement(reference, s) {
-                problems.push(Problem::file(
-                    &rf.path,
-                    ProblemKind::Inconsistent { reference_rank: reference.rank, what },
-                ));
+                problems
+                    .push(Problem::file(&rf.path, ProblemKind::Inconsistent { reference_rank: reference.rank, what }));
                 continue;
             }
         } else {

@@ -18,8 +18,8 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 use zerobench_schema::log::{parse_line, Record, SCHEMA_VERSION};
 
-use crate::fastpath;
 use crate::acc::{EndInfo, ErrorClassKey, ErrorInfo, RankAcc, StepSlot, StepSlots};
+use crate::fastpath;
 use crate::lines::{for_each_line, Line, BLOCK, MAX_LINE};
 use crate::plan::RunPlan;
 use crate::problem::{Problem, ProblemKind};
@@ -74,6 +74,15 @@ struct Chunk {
     end: u64,
 }
 
+/// What a range leaves once merged: its line count, its problems (with lines counted from the
+/// range's start) and an I/O error.
+struct RangeReport {
+    lines: u64,
+    problems: Vec<(u64, ProblemKind)>,
+    problems_total: u64,
+    io_error: Option<String>,
+}
+
 #[derive(Default)]
 struct ChunkOut {
     rank: RankAcc,
@@ -106,8 +115,7 @@ pub fn read_runs(
         }
     }
     let runs: Vec<Mutex<RunAcc>> = plans.iter().map(|_| Mutex::new(RunAcc::default())).collect();
-    // Per range: its line count, problems (with range-relative lines) and I/O error.
-    let outs: Vec<(u64, Vec<(u64, ProblemKind)>, u64, Option<String>)> = chunks
+    let outs: Vec<RangeReport> = chunks
         .par_iter()
         .map(|c| {
             let plan = &plans[c.run];
@@ -125,7 +133,12 @@ pub fn read_runs(
             }
             let bytes = c.end.min(file.len).saturating_sub(c.start);
             progress(bytes);
-            (out.lines, out.problems, out.problems_total, out.io_error)
+            RangeReport {
+                lines: out.lines,
+                problems: out.problems,
+                problems_total: out.problems_total,
+                io_error: out.io_error,
+            }
         })
         .collect();
 
@@ -140,16 +153,16 @@ pub fn read_runs(
         let mut listed: Vec<Problem> = Vec::new();
         let mut total = 0u64;
         while i < chunks.len() && chunks[i].run == run && chunks[i].file == file {
-            let (lines, kinds, n, io) = &outs[i];
-            for (line, kind) in kinds {
+            let out = &outs[i];
+            for (line, kind) in &out.problems {
                 listed.push(Problem::at_line(path, offset + line, kind.clone()));
             }
-            total += n;
-            if let Some(message) = io {
+            total += out.problems_total;
+            if let Some(message) = &out.io_error {
                 listed.push(Problem::file(path, ProblemKind::Io { message: message.clone() }));
                 total += 1;
             }
-            offset += lines;
+            offset += out.lines;
             i += 1;
         }
         stats.files += 1;

@@ -6,6 +6,7 @@
 //! accumulation:
 //! * speedup S(N) = X(N) / X(N₀), ideal = N / N₀, efficiency E(N) = S(N) / ideal
 //!   = (X(N)/N) / (X(N₀)/N₀), which equals T_step(N₀)/T_step(N) since work per GPU is constant.
+//!
 //! With N₀ = 1 these are the usual speedup and efficiency against one GPU; the baseline is
 //! printed in every row. Runs that are not `ok` are left out; repeated runs of one configuration
 //! and GPU count are combined by their median throughput. Nodes are part of the row, so the same
@@ -48,7 +49,13 @@ pub struct ScalingRow {
 impl ScalingRow {
     fn round(&mut self) {
         use crate::stats::{round_opt, round_sig, SIGNIFICANT};
-        for x in [&mut self.samples_per_s, &mut self.samples_per_s_per_gpu, &mut self.speedup, &mut self.ideal_speedup, &mut self.efficiency] {
+        for x in [
+            &mut self.samples_per_s,
+            &mut self.samples_per_s_per_gpu,
+            &mut self.speedup,
+            &mut self.ideal_speedup,
+            &mut self.efficiency,
+        ] {
             *x = round_sig(*x, SIGNIFICANT);
         }
         round_opt(&mut self.tokens_per_s);
@@ -57,10 +64,22 @@ impl ScalingRow {
 }
 
 type GroupKey = (String, Source, Option<ZeroStage>, Offload, Option<Precision>, Option<u32>, Option<u32>, Option<u32>);
+/// Runs of one group by (GPUs, nodes).
+type Groups<'a> = BTreeMap<GroupKey, BTreeMap<(u32, Option<u32>), Vec<&'a RunReport>>>;
+
+/// The runs of one group at one (GPUs, nodes), combined.
+struct Point {
+    gpus: u32,
+    nodes: Option<u32>,
+    runs: u32,
+    samples_per_s: f64,
+    tokens_per_s: Option<f64>,
+    comm_frac: Option<f64>,
+}
 
 /// The scaling table of a set of runs.
 pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
-    let mut groups: BTreeMap<GroupKey, BTreeMap<(u32, Option<u32>), Vec<&RunReport>>> = BTreeMap::new();
+    let mut groups = Groups::new();
     for r in runs {
         let row = &r.row;
         let (Some(gpus), Some(_)) = (row.gpus, row.samples_per_s) else { continue };
@@ -81,18 +100,21 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
     }
     let mut out = Vec::new();
     for ((model, source, stage, offload, precision, seq_len, micro_batch, grad_accum), points) in groups {
-        let combined: Vec<(u32, Option<u32>, u32, f64, Option<f64>, Option<f64>)> = points
+        let combined: Vec<Point> = points
             .into_iter()
-            .map(|((gpus, nodes), rs)| {
-                let sps = median(&rs.iter().filter_map(|r| r.row.samples_per_s).collect::<Vec<_>>()).unwrap_or(0.0);
-                let tps = median(&rs.iter().filter_map(|r| r.row.tokens_per_s).collect::<Vec<_>>());
-                let comm = median(&rs.iter().filter_map(|r| r.row.comm_frac).collect::<Vec<_>>());
-                (gpus, nodes, rs.len() as u32, sps, tps, comm)
+            .map(|((gpus, nodes), rs)| Point {
+                gpus,
+                nodes,
+                runs: rs.len() as u32,
+                samples_per_s: median(&rs.iter().filter_map(|r| r.row.samples_per_s).collect::<Vec<_>>())
+                    .unwrap_or(0.0),
+                tokens_per_s: median(&rs.iter().filter_map(|r| r.row.tokens_per_s).collect::<Vec<_>>()),
+                comm_frac: median(&rs.iter().filter_map(|r| r.row.comm_frac).collect::<Vec<_>>()),
             })
             .collect();
         // The baseline is the smallest GPU count, on the fewest nodes (the map is sorted so).
-        let Some(&(base_gpus, _, _, base_sps, _, _)) = combined.first() else { continue };
-        for (gpus, nodes, n, sps, tps, comm) in combined {
+        let Some((base_gpus, base_sps)) = combined.first().map(|p| (p.gpus, p.samples_per_s)) else { continue };
+        for Point { gpus, nodes, runs: n, samples_per_s: sps, tokens_per_s: tps, comm_frac: comm } in combined {
             let speedup = if base_sps > 0.0 { sps / base_sps } else { 0.0 };
             let ideal = f64::from(gpus) / f64::from(base_gpus);
             out.push(ScalingRow {

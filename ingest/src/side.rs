@@ -125,7 +125,9 @@ fn state_in_slurm_out(text: &str) -> Option<JobState> {
         if line.contains("oom_kill event") || line.contains("OUT_OF_MEMORY") {
             return Some(JobState::OutOfMemory);
         }
-        if let Some(rest) = line.split_once("*** JOB ").map(|(_, r)| r).or_else(|| line.split_once("*** STEP ").map(|(_, r)| r)) {
+        if let Some(rest) =
+            line.split_once("*** JOB ").map(|(_, r)| r).or_else(|| line.split_once("*** STEP ").map(|(_, r)| r))
+        {
             if rest.contains("DUE TO TIME LIMIT") {
                 state = Some(JobState::Timeout);
             } else if rest.contains("CANCELLED") && state.is_none() {
@@ -157,14 +159,12 @@ pub fn run_json(log_dir: &Path, problems: &mut Vec<Problem>) -> Option<serde_jso
         if !path.is_file() {
             continue;
         }
-        match read_small(&path)
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).map_err(|e| format!("run.json is not JSON: {e}")))
-        {
+        match read_small(&path).and_then(|t| {
+            serde_json::from_str::<serde_json::Value>(&t).map_err(|e| format!("run.json is not JSON: {e}"))
+        }) {
             Ok(v) if v.is_object() => return Some(v),
-            Ok(_) => problems.push(Problem::file(
-                &path,
-                ProblemKind::SideFile { message: "run.json is not a JSON object".into() },
-            )),
+            Ok(_) => problems
+                .push(Problem::file(&path, ProblemKind::SideFile { message: "run.json is not a JSON object".into() })),
             Err(message) => problems.push(Problem::file(&path, ProblemKind::SideFile { message })),
         }
     }

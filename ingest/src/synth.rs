@@ -78,7 +78,15 @@ impl SynthRun {
             out.push(Record::Step(s));
         }
         let end = |status: RunStatus, exit_code: i32| {
-            Record::End(End { v: SCHEMA_VERSION, ts: 0.0, rank, status, steps_completed: last, exit_code, summary: None })
+            Record::End(End {
+                v: SCHEMA_VERSION,
+                ts: 0.0,
+                rank,
+                status,
+                steps_completed: last,
+                exit_code,
+                summary: None,
+            })
         };
         match &self.fate {
             Fate::Ok => out.push(end(RunStatus::Ok, 0)),
@@ -198,7 +206,8 @@ impl SynthRun {
         let spec = self.config.model.spec();
         let world = u64::from(self.world_size);
         let state = model_state_for(&spec, self.config.stage, self.config.precision, world).total();
-        let act = u64::from(self.config.micro_batch) * u64::from(self.config.seq_len) * spec.d_model() * spec.layers() * 34;
+        let act =
+            u64::from(self.config.micro_batch) * u64::from(self.config.seq_len) * spec.d_model() * spec.layers() * 34;
         (state, act)
     }
 
@@ -255,7 +264,13 @@ impl SynthRun {
                 let ms = bytes as f64 / 150e9 * factor * 1e3 * (1.0 + 0.1 * rng.unit());
                 comm.insert(
                     name.to_string(),
-                    CommStats { calls: units * times, bytes, ms, max_bytes: bytes / units, bus_gbps: Some(bytes as f64 / ms / 1e6 * factor) },
+                    CommStats {
+                        calls: units * times,
+                        bytes,
+                        ms,
+                        max_bytes: bytes / units,
+                        bus_gbps: Some(bytes as f64 / ms / 1e6 * factor),
+                    },
                 );
             }
         }

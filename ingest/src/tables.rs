@@ -166,7 +166,13 @@ impl Pivot {
         for r in runs {
             let row = &r.row;
             let (Some(stage), Some(mbs)) = (row.stage, row.micro_batch) else { continue };
-            let key = BlockKey { stage, offload: row.offload, gpus: row.gpus, precision: row.precision, seq_len: row.seq_len };
+            let key = BlockKey {
+                stage,
+                offload: row.offload,
+                gpus: row.gpus,
+                precision: row.precision,
+                seq_len: row.seq_len,
+            };
             let label = match row.source {
                 Source::Zerobench => row.model.clone(),
                 Source::Foreign => format!("{} ({})", row.model, row.formats),

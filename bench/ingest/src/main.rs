@@ -34,7 +34,8 @@ fn main() -> anyhow::Result<()> {
                 cfg.micro_batch = 8;
                 cfg.warmup = 2;
                 let id = format!("{model}-z{stage}-mbs8-g{n}");
-                let mut run = SynthRun::new(&id, cfg, n, 40.0 * (mi as f64 + 1.0) * (1.0 + 0.08 * f64::from(stage.index())));
+                let mut run =
+                    SynthRun::new(&id, cfg, n, 40.0 * (mi as f64 + 1.0) * (1.0 + 0.08 * f64::from(stage.index())));
                 run.nodes = n.div_ceil(8);
                 run.seed = (mi * 100 + gi) as u64;
                 // A few runs end badly, as in a real sweep.

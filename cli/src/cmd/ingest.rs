@@ -83,7 +83,10 @@ impl Progress for Bar {
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
     if let Some(n) = args.threads {
-        rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global().context("cannot start the reading threads")?;
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build_global()
+            .context("cannot start the reading threads")?;
     }
     let mut peaks = PeakTable::default();
     for p in &args.peak_tflops {
@@ -94,9 +97,11 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
 
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
     bar.set_style(
-        ProgressStyle::with_template("{spinner} reading logs [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .context("progress bar template")?
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{spinner} reading logs [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .context("progress bar template")?
+        .progress_chars("=> "),
     );
     let progress = Bar { mode: args.progress, bar };
     let t0 = Instant::now();
@@ -153,10 +158,15 @@ fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: 
     }
     let scaling = tables.text_tables().into_iter().find(|t| t.name == "scaling");
     if let Some(t) = scaling.filter(|t| !t.rows.is_empty()) {
-        let keep = ["model", "stage", "offload", "micro_batch", "gpus", "nodes", "samples_per_s", "speedup", "efficiency"];
+        let keep =
+            ["model", "stage", "offload", "micro_batch", "gpus", "nodes", "samples_per_s", "speedup", "efficiency"];
         let idx: Vec<usize> = keep.iter().filter_map(|k| t.header.iter().position(|h| h == k)).collect();
         let pick = |r: &Vec<String>| idx.iter().map(|i| r[*i].clone()).collect::<Vec<_>>();
-        let small = zerobench_ingest::tables::Table { name: "scaling", header: pick(&t.header), rows: t.rows.iter().map(pick).collect() };
+        let small = zerobench_ingest::tables::Table {
+            name: "scaling",
+            header: pick(&t.header),
+            rows: t.rows.iter().map(pick).collect(),
+        };
         writeln!(out, "\nScaling (weak: micro-batch per GPU fixed; baseline = fewest GPUs)")?;
         terminal::write_table(out, &small)?;
     }

@@ -21,7 +21,8 @@ static MEMORY: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"\bMA ([0-9.]+) GB\s+Max_MA ([0-9.]+) GB\s+CA ([0-9.]+) GB\s+Max_CA ([0-9.]+) GB").expect("valid regex")
 });
 static KEY_VALUE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"\b(RunningAvgSamplesPerSec|CurrSamplesPerSec|MemAllocated|MaxMemAllocated)=([0-9.eE+-]+)").expect("valid regex")
+    Regex::new(r"\b(RunningAvgSamplesPerSec|CurrSamplesPerSec|MemAllocated|MaxMemAllocated)=([0-9.eE+-]+)")
+        .expect("valid regex")
 });
 static ERROR_LINE: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^\s*([A-Za-z_][A-Za-z0-9_.]*(?:Error|Exception)): (.*)$").expect("valid regex"));
@@ -82,7 +83,8 @@ impl DeepSpeed {
             }
         }
         if let Some(rest) = line.split_once("Profile Summary at step").map(|(_, r)| r) {
-            self.in_profile = Some(Profile { step: rest.trim().trim_end_matches(':').parse().ok(), ..Profile::default() });
+            self.in_profile =
+                Some(Profile { step: rest.trim().trim_end_matches(':').parse().ok(), ..Profile::default() });
             self.lines += 1;
             return true;
         }
@@ -116,7 +118,10 @@ impl DeepSpeed {
             self.lines += 1;
             return true;
         }
-        if line.contains("CUDA out of memory") || line.contains("OutOfMemoryError") || line.contains("CUDA error: out of memory") {
+        if line.contains("CUDA out of memory")
+            || line.contains("OutOfMemoryError")
+            || line.contains("CUDA error: out of memory")
+        {
             if self.oom.is_none() {
                 self.oom = Some(line.trim().chars().take(300).collect());
             }

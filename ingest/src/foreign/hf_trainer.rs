@@ -9,7 +9,8 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-static DICT: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\{'(?:train_runtime|eval_loss|loss)':[^}]*\}").expect("valid regex"));
+static DICT: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\{'(?:train_runtime|eval_loss|loss)':[^}]*\}").expect("valid regex"));
 static PAIR: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"'(\w+)': ([-+0-9.eE]+|nan|inf)").expect("valid regex"));
 
 /// One `train_runtime` dict.

@@ -58,7 +58,9 @@ pub fn from_run_json(v: &serde_json::Value) -> Hints {
     Hints {
         run_id: text(&["run_id", "name"]),
         model: text(&["model"]),
-        stage: num(&["stage", "zero_stage"]).and_then(|s| u8::try_from(s).ok()).and_then(|s| ZeroStage::try_from(s).ok()),
+        stage: num(&["stage", "zero_stage"])
+            .and_then(|s| u8::try_from(s).ok())
+            .and_then(|s| ZeroStage::try_from(s).ok()),
         offload: text(&["offload"]).and_then(|s| s.parse().ok()),
         precision: text(&["precision"]).and_then(|s| s.parse().ok()),
         micro_batch: num(&["micro_batch", "train_micro_batch_size_per_gpu"]),
@@ -69,25 +71,27 @@ pub fn from_run_json(v: &serde_json::Value) -> Hints {
     }
 }
 
-static STAGE: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?:^|[^a-z])(?:z|zero|stage|zero_stage)[_-]?([0-3])(?:$|[^0-9])").expect("valid regex"));
-static MBS: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?:^|[^a-z])(?:tmbspg|mbs|bs|micro_batch|microbatch)[_-]?([0-9]+)").expect("valid regex"));
+static STAGE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?:^|[^a-z])(?:z|zero|stage|zero_stage)[_-]?([0-3])(?:$|[^0-9])").expect("valid regex")
+});
+static MBS: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?:^|[^a-z])(?:tmbspg|mbs|bs|micro_batch|microbatch)[_-]?([0-9]+)").expect("valid regex")
+});
 static GAS: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?:^|[^a-z])gas[_-]?([0-9]+)").expect("valid regex"));
-static GPUS: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"(?:^|[^a-z0-9])(?:([0-9]+)[_-]?gpus?|gpus?[_-]?([0-9]+))(?:$|[^0-9])").expect("valid regex"));
+static GPUS: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?:^|[^a-z0-9])(?:([0-9]+)[_-]?gpus?|gpus?[_-]?([0-9]+))(?:$|[^0-9])").expect("valid regex")
+});
 
 /// Hints from the names of the folders on a path.
 pub fn from_path(path: &Path) -> Hints {
     let mut h = Hints::default();
     // The nearest folder speaks first.
-    let comps: Vec<String> = path
-        .components()
-        .rev()
-        .map(|c| c.as_os_str().to_string_lossy().to_ascii_lowercase())
-        .collect();
+    let comps: Vec<String> =
+        path.components().rev().map(|c| c.as_os_str().to_string_lossy().to_ascii_lowercase()).collect();
     for c in &comps {
-        let cap = |re: &Regex| re.captures(c).and_then(|m| m.iter().skip(1).flatten().next().and_then(|g| g.as_str().parse::<u32>().ok()));
+        let cap = |re: &Regex| {
+            re.captures(c).and_then(|m| m.iter().skip(1).flatten().next().and_then(|g| g.as_str().parse::<u32>().ok()))
+        };
         if h.stage.is_none() {
             h.stage = cap(&STAGE).and_then(|s| u8::try_from(s).ok()).and_then(|s| ZeroStage::try_from(s).ok());
         }
@@ -145,9 +149,13 @@ mod tests {
 
     #[test]
     fn run_json_flat_and_nested() {
-        let v = serde_json::json!({"model": "t5-small", "stage": 1, "micro_batch": 32, "world_size": 3, "seq_len": 512});
+        let v =
+            serde_json::json!({"model": "t5-small", "stage": 1, "micro_batch": 32, "world_size": 3, "seq_len": 512});
         let h = from_run_json(&v);
-        assert_eq!((h.stage, h.micro_batch, h.world_size, h.seq_len), (Some(ZeroStage::Z1), Some(32), Some(3), Some(512)));
+        assert_eq!(
+            (h.stage, h.micro_batch, h.world_size, h.seq_len),
+            (Some(ZeroStage::Z1), Some(32), Some(3), Some(512))
+        );
         let v = serde_json::json!({"run_id": "r1", "world_size": 2, "config": {"model": "gpt2", "stage": 3, "offload": "optimizer"}});
         let h = from_run_json(&v);
         assert_eq!(h.model.as_deref(), Some("gpt2"));

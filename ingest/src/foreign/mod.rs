@@ -79,7 +79,8 @@ impl ForeignLogs {
 
 /// Reads every foreign folder; returns its runs, problems and the number of files read.
 pub fn read_dirs(dirs: &[ForeignDir], settings: &Settings) -> (Vec<RunReport>, Vec<Problem>, ReadStats) {
-    let results: Vec<(Option<RunReport>, Vec<Problem>, ReadStats)> = dirs.par_iter().map(|d| read_dir(d, settings)).collect();
+    let results: Vec<(Option<RunReport>, Vec<Problem>, ReadStats)> =
+        dirs.par_iter().map(|d| read_dir(d, settings)).collect();
     let mut runs = Vec::new();
     let mut problems = Vec::new();
     let mut stats = ReadStats::default();
@@ -144,10 +145,9 @@ pub fn to_report(dir: &Path, hints: &Hints, logs: &ForeignLogs, settings: &Setti
     } else {
         Status::Ok
     };
-    let run_id = hints
-        .run_id
-        .clone()
-        .unwrap_or_else(|| dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned()));
+    let run_id = hints.run_id.clone().unwrap_or_else(|| {
+        dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+    });
     let mut row = RunRow::new(
         run_id,
         Source::Foreign,
@@ -193,7 +193,8 @@ pub fn to_report(dir: &Path, hints: &Hints, logs: &ForeignLogs, settings: &Setti
     row.mfu = row.tflops_per_s_per_gpu.zip(row.peak_tflops_per_gpu).map(|(a, p)| a / p);
     row.peak_allocated_bytes = ds.allocated_gib.map(|g| (g * GIB) as u64);
     row.peak_reserved_bytes = ds.reserved_gib.map(|g| (g * GIB) as u64);
-    row.peak_nvml_used_bytes = smi.gpus.values().filter_map(|g| g.max_used_mib).reduce(f64::max).map(|m| (m * MIB) as u64);
+    row.peak_nvml_used_bytes =
+        smi.gpus.values().filter_map(|g| g.max_used_mib).reduce(f64::max).map(|m| (m * MIB) as u64);
     row.device_memory_bytes = smi.gpus.values().filter_map(|g| g.total_mib).reduce(f64::max).map(|m| (m * MIB) as u64);
     let powers: Vec<f64> = smi.gpus.values().filter_map(|g| g.mean_power_w()).collect();
     if !powers.is_empty() {

@@ -56,7 +56,8 @@ fn one<T: Serialize>(out: &Path, name: &str, rows: &T) -> Result<PathBuf, Report
 
 fn save<T: Serialize>(out: &Path, name: &str, v: &T) -> Result<PathBuf, ReportError> {
     let path = out.join(format!("{name}.json"));
-    let mut text = serde_json::to_string_pretty(v).map_err(|source| ReportError::Json { path: path.clone(), source })?;
+    let mut text =
+        serde_json::to_string_pretty(v).map_err(|source| ReportError::Json { path: path.clone(), source })?;
     text.push('\n');
     std::fs::write(&path, text).map_err(|e| ReportError::io(&path, e))?;
     Ok(path)

@@ -60,7 +60,12 @@ impl ReportError {
 
 /// Writes every table in every format asked for into `out`, which is created if needed.
 /// Returns the files written.
-pub fn write_all(ingested: &Ingested, tables: &Tables, out: &Path, formats: &[Format]) -> Result<Vec<PathBuf>, ReportError> {
+pub fn write_all(
+    ingested: &Ingested,
+    tables: &Tables,
+    out: &Path,
+    formats: &[Format],
+) -> Result<Vec<PathBuf>, ReportError> {
     std::fs::create_dir_all(out).map_err(|e| ReportError::io(out, e))?;
     let mut written = Vec::new();
     let text = tables.text_tables();

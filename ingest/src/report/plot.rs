@@ -29,7 +29,8 @@ pub fn write(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
 
 /// A file-name-safe form of a model label.
 fn slug(s: &str) -> String {
-    let s: String = s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
+    let s: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
     s.trim_matches('_').to_string()
 }
 
@@ -38,6 +39,8 @@ fn err(path: &Path) -> impl Fn(String) -> ReportError + '_ {
 }
 
 type Series = Vec<(String, Vec<(f64, f64)>)>;
+/// Lines of points by model, then by series name.
+type ByModel<'a> = BTreeMap<&'a str, BTreeMap<String, Vec<(f64, f64)>>>;
 
 fn line_chart(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Series) -> Result<(), String> {
     let xs = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
@@ -61,9 +64,7 @@ fn line_chart(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Ser
             .map_err(|e| e.to_string())?
             .label(name.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        chart
-            .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
-            .map_err(|e| e.to_string())?;
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(|e| e.to_string())?;
     }
     chart
         .configure_series_labels()
@@ -84,7 +85,7 @@ fn config_label(stage: Option<zerobench_schema::ZeroStage>, offload: zerobench_s
 }
 
 fn throughput(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
-    let mut by_model: BTreeMap<&str, BTreeMap<String, Vec<(f64, f64)>>> = BTreeMap::new();
+    let mut by_model = ByModel::new();
     for r in &tables.scaling {
         let mut name = config_label(r.stage, r.offload);
         if let Some(m) = r.micro_batch {
@@ -96,21 +97,29 @@ fn throughput(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> 
     for (model, series) in by_model {
         let path = out.join(format!("throughput-{}.svg", slug(model)));
         let series: Series = series.into_iter().collect();
-        line_chart(&path, &format!("{model}: throughput against GPUs"), "GPUs", "samples/s", &series).map_err(err(&path))?;
+        line_chart(&path, &format!("{model}: throughput against GPUs"), "GPUs", "samples/s", &series)
+            .map_err(err(&path))?;
         written.push(path);
     }
     Ok(written)
 }
 
 fn memory(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
-    let mut by_model: BTreeMap<&str, BTreeMap<String, Vec<(f64, f64)>>> = BTreeMap::new();
+    let mut by_model = ByModel::new();
     for r in tables.runs.iter().filter(|r| r.status == Status::Ok) {
-        let (Some(m), Some(bytes)) = (r.micro_batch, r.peak_allocated_bytes.or(r.peak_nvml_used_bytes).or(r.peak_rss_bytes))
+        let (Some(m), Some(bytes)) =
+            (r.micro_batch, r.peak_allocated_bytes.or(r.peak_nvml_used_bytes).or(r.peak_rss_bytes))
         else {
             continue;
         };
-        let name = format!("{} gpus={}", config_label(r.stage, r.offload), r.gpus.map_or("?".into(), |g| g.to_string()));
-        by_model.entry(&r.model).or_default().entry(name).or_default().push((f64::from(m), bytes as f64 / (1u64 << 30) as f64));
+        let name =
+            format!("{} gpus={}", config_label(r.stage, r.offload), r.gpus.map_or("?".into(), |g| g.to_string()));
+        by_model
+            .entry(&r.model)
+            .or_default()
+            .entry(name)
+            .or_default()
+            .push((f64::from(m), bytes as f64 / (1u64 << 30) as f64));
     }
     let mut written = Vec::new();
     for (model, series) in by_model {
@@ -122,7 +131,8 @@ fn memory(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
                 (n, p)
             })
             .collect();
-        line_chart(&path, &format!("{model}: peak memory per GPU"), "micro-batch size", "GiB", &series).map_err(err(&path))?;
+        line_chart(&path, &format!("{model}: peak memory per GPU"), "micro-batch size", "GiB", &series)
+            .map_err(err(&path))?;
         written.push(path);
     }
     Ok(written)
@@ -191,7 +201,8 @@ fn draw_breakdown(path: &Path, bars: &[(String, [f64; 5])]) -> Result<(), String
         let color = Palette99::pick(k).to_rgba();
         let rects = bars.iter().enumerate().map(move |(i, (_, p))| {
             let x0: f64 = p[..k].iter().sum();
-            let mut r = Rectangle::new([(x0, SegmentValue::Exact(i)), (x0 + p[k], SegmentValue::Exact(i + 1))], color.filled());
+            let mut r =
+                Rectangle::new([(x0, SegmentValue::Exact(i)), (x0 + p[k], SegmentValue::Exact(i + 1))], color.filled());
             r.set_margin(4, 4, 0, 0);
             r
         });

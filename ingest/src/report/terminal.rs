@@ -8,7 +8,21 @@ use crate::tables::Table;
 
 /// The summary table of the runs.
 pub fn summary_table(runs: &[RunRow]) -> Table {
-    let header = ["run", "model", "zero", "offload", "mbs", "gpus", "status", "step ms p50", "p90", "tok/s/gpu", "MFU", "peak GiB", "exposed comm"];
+    let header = [
+        "run",
+        "model",
+        "zero",
+        "offload",
+        "mbs",
+        "gpus",
+        "status",
+        "step ms p50",
+        "p90",
+        "tok/s/gpu",
+        "MFU",
+        "peak GiB",
+        "exposed comm",
+    ];
     let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map(f).unwrap_or_else(|| "-".into());
     let rows = runs
         .iter()

@@ -28,7 +28,13 @@ fn corrupt_binary_and_version_lines_are_reported_with_their_line() {
     insert_lines(
         &dir.join("rank1.jsonl"),
         4,
-        &[b"{\"event\":\"step\",\"v\":1,\"rank\":1,", b"\x00\xff\xfe\x80garbage", br#"{"event":"end","v":7,"rank":1}"#, br#"{"event":"setup","rank":1}"#, br#"[1,2,3]"#],
+        &[
+            b"{\"event\":\"step\",\"v\":1,\"rank\":1,",
+            b"\x00\xff\xfe\x80garbage",
+            br#"{"event":"end","v":7,"rank":1}"#,
+            br#"{"event":"setup","rank":1}"#,
+            br#"[1,2,3]"#,
+        ],
     );
     let got = read(tmp.path());
     let k = kinds(&got.problems);
@@ -122,7 +128,11 @@ fn unreadable_files_and_dangling_links_are_reported() {
     let got = read(tmp.path());
     assert_eq!(got.runs.len(), 1);
     assert_eq!(got.runs[0].row.status, Status::Ok);
-    assert!(got.problems.iter().any(|p| p.path.ends_with("bad/rank0.jsonl") && matches!(p.kind, ProblemKind::Io { .. })), "{:#?}", got.problems);
+    assert!(
+        got.problems.iter().any(|p| p.path.ends_with("bad/rank0.jsonl") && matches!(p.kind, ProblemKind::Io { .. })),
+        "{:#?}",
+        got.problems
+    );
 
     // A file without read permission (only meaningful when not running as root).
     let locked = tmp.path().join("locked");
@@ -171,8 +181,16 @@ fn records_that_contradict_their_file_or_run() {
     let k = kinds(&got.problems);
     assert!(k.contains(&(Some(5), ProblemKind::WrongRank { expected: 1, found: 0 })), "{k:?}");
     assert!(k.contains(&(Some(6), ProblemKind::StepOutOfRange { step: 99, steps: 6 })), "{k:?}");
-    assert!(k.iter().any(|(l, p)| *l == Some(7) && matches!(p, ProblemKind::BadLine { message } if message.contains("negative"))), "{k:?}");
-    assert!(k.iter().any(|(_, p)| matches!(p, ProblemKind::Inconsistent { what, .. } if what.contains("world size 4"))), "{k:?}");
+    assert!(
+        k.iter().any(
+            |(l, p)| *l == Some(7) && matches!(p, ProblemKind::BadLine { message } if message.contains("negative"))
+        ),
+        "{k:?}"
+    );
+    assert!(
+        k.iter().any(|(_, p)| matches!(p, ProblemKind::Inconsistent { what, .. } if what.contains("world size 4"))),
+        "{k:?}"
+    );
     assert_eq!(got.runs[0].row.status, Status::Ok);
 }
 
@@ -214,13 +232,20 @@ fn oom_failed_cancelled_timeout_and_missing_ranks() {
     let done = run("done-then-timeout", ModelPreset::Gpt2, ZeroStage::Z1, 8, 2, 50.0);
     done.write(&tmp.path().join("done/logs")).unwrap();
     fs::write(tmp.path().join("done/job.json"), r#"{"state": "TIMEOUT"}"#).unwrap();
-    run("missing", ModelPreset::Gpt2, ZeroStage::Z1, 8, 4, 50.0).write_ranks(&tmp.path().join("missing"), [0, 2]).unwrap();
+    run("missing", ModelPreset::Gpt2, ZeroStage::Z1, 8, 4, 50.0)
+        .write_ranks(&tmp.path().join("missing"), [0, 2])
+        .unwrap();
 
     let got = read(tmp.path());
-    let status = |id: &str| got.runs.iter().find(|r| r.row.run_id == id).map(|r| (r.row.status, r.row.status_detail.clone())).unwrap();
+    let status = |id: &str| {
+        got.runs.iter().find(|r| r.row.run_id == id).map(|r| (r.row.status, r.row.status_detail.clone())).unwrap()
+    };
     let (s, why) = status("oom");
     assert_eq!(s, Status::Oom);
-    assert_eq!(why.as_deref(), Some("rank 1 at step 2: oom: CUDA out of memory. Tried to allocate 2.00 GiB (requested 2147483648 bytes)"));
+    assert_eq!(
+        why.as_deref(),
+        Some("rank 1 at step 2: oom: CUDA out of memory. Tried to allocate 2.00 GiB (requested 2147483648 bytes)")
+    );
     assert_eq!(status("failed").0, Status::Failed);
     assert_eq!(status("cancelled").0, Status::Cancelled);
     assert_eq!(status("timeout").0, Status::Timeout);
@@ -228,7 +253,10 @@ fn oom_failed_cancelled_timeout_and_missing_ranks() {
     assert_eq!(status("done-then-timeout").0, Status::Ok);
     let (s, why) = status("missing");
     assert_eq!((s, why.as_deref()), (Status::Incomplete, Some("no log for ranks 1,3")));
-    assert!(got.problems.iter().any(|p| p.kind == ProblemKind::MissingRanks { count: 2, world_size: 4, ranks: "1,3".into() }));
+    assert!(got
+        .problems
+        .iter()
+        .any(|p| p.kind == ProblemKind::MissingRanks { count: 2, world_size: 4, ranks: "1,3".into() }));
     // The OOM run's memory includes the allocator state at the failure.
     let oom_row = &got.runs.iter().find(|r| r.row.run_id == "oom").unwrap().row;
     assert_eq!(oom_row.peak_allocated_bytes, Some(79 << 30));

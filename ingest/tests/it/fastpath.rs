@@ -14,53 +14,69 @@ fn real() -> impl Strategy<Value = f64> {
 }
 
 fn comm() -> impl Strategy<Value = BTreeMap<String, CommStats>> {
-    let kind = prop_oneof![Just("all_reduce"), Just("reduce_scatter"), Just("all_gather"), Just("broadcast"), Just("p2p")];
+    let kind =
+        prop_oneof![Just("all_reduce"), Just("reduce_scatter"), Just("all_gather"), Just("broadcast"), Just("p2p")];
     let stats = (any::<u32>(), 0u64..10_000_000_000_000_000_000, real(), any::<u64>(), proptest::option::of(real()))
-        .prop_map(|(calls, bytes, ms, max_bytes, bus_gbps)| CommStats { calls: u64::from(calls), bytes, ms, max_bytes, bus_gbps });
+        .prop_map(|(calls, bytes, ms, max_bytes, bus_gbps)| CommStats {
+            calls: u64::from(calls),
+            bytes,
+            ms,
+            max_bytes,
+            bus_gbps,
+        });
     proptest::collection::btree_map(kind.prop_map(String::from), stats, 0..4)
 }
 
 fn memory() -> impl Strategy<Value = MemorySample> {
     let o = || proptest::option::of(0u64..(1 << 50));
-    (o(), o(), o(), o(), o(), o(), o(), 0u64..(1 << 40)).prop_map(|(a, pa, r, pr, retries, ooms, nvml, rss)| MemorySample {
-        allocated_bytes: a,
-        peak_allocated_bytes: pa,
-        reserved_bytes: r,
-        peak_reserved_bytes: pr,
-        alloc_retries: retries,
-        ooms,
-        nvml_used_bytes: nvml,
-        rss_bytes: rss,
+    (o(), o(), o(), o(), o(), o(), o(), 0u64..(1 << 40)).prop_map(|(a, pa, r, pr, retries, ooms, nvml, rss)| {
+        MemorySample {
+            allocated_bytes: a,
+            peak_allocated_bytes: pa,
+            reserved_bytes: r,
+            peak_reserved_bytes: pr,
+            alloc_retries: retries,
+            ooms,
+            nvml_used_bytes: nvml,
+            rss_bytes: rss,
+        }
     })
 }
 
 fn step() -> impl Strategy<Value = Step> {
     let ids = (any::<u32>(), any::<u32>(), any::<bool>(), any::<bool>(), 0u64..(1 << 40), 0u64..(1 << 30));
     let times = (real(), real(), real(), real(), real(), real(), real(), real());
-    let opts = (proptest::option::of(real()), proptest::option::of(real()), proptest::option::of(real()), proptest::option::of(0u32..101));
-    (ids, times, opts, comm(), memory()).prop_map(|((rank, step, warmup, skipped, tokens, samples), t, o, comm, memory)| Step {
-        v: SCHEMA_VERSION,
-        ts: t.7,
-        rank,
-        step,
-        warmup,
-        loss: t.6,
-        skipped,
-        loss_scale: o.0,
-        tokens,
-        samples,
-        step_ms: t.0,
-        forward_ms: t.1,
-        backward_ms: t.2,
-        optimizer_ms: t.3,
-        comm_ms: t.4,
-        exposed_comm_ms: t.5,
-        comm,
-        memory,
-        power_w: o.1,
-        energy_j: o.2,
-        gpu_util_pct: o.3,
-    })
+    let opts = (
+        proptest::option::of(real()),
+        proptest::option::of(real()),
+        proptest::option::of(real()),
+        proptest::option::of(0u32..101),
+    );
+    (ids, times, opts, comm(), memory()).prop_map(
+        |((rank, step, warmup, skipped, tokens, samples), t, o, comm, memory)| Step {
+            v: SCHEMA_VERSION,
+            ts: t.7,
+            rank,
+            step,
+            warmup,
+            loss: t.6,
+            skipped,
+            loss_scale: o.0,
+            tokens,
+            samples,
+            step_ms: t.0,
+            forward_ms: t.1,
+            backward_ms: t.2,
+            optimizer_ms: t.3,
+            comm_ms: t.4,
+            exposed_comm_ms: t.5,
+            comm,
+            memory,
+            power_w: o.1,
+            energy_j: o.2,
+            gpu_util_pct: o.3,
+        },
+    )
 }
 
 fn same_f64(a: f64, b: f64) -> bool {
@@ -69,7 +85,10 @@ fn same_f64(a: f64, b: f64) -> bool {
 }
 
 fn assert_same(fast: &StepLine<'_>, slow: &StepLine<'_>) {
-    assert_eq!((fast.rank, fast.step, fast.skipped, fast.tokens, fast.samples), (slow.rank, slow.step, slow.skipped, slow.tokens, slow.samples));
+    assert_eq!(
+        (fast.rank, fast.step, fast.skipped, fast.tokens, fast.samples),
+        (slow.rank, slow.step, slow.skipped, slow.tokens, slow.samples)
+    );
     for (a, b) in [
         (fast.loss, slow.loss),
         (fast.step_ms, slow.step_ms),
@@ -145,7 +164,8 @@ proptest! {
 fn a_fuzzed_log_never_panics() {
     let n: usize = std::env::var("ZEROBENCH_FUZZ_LINES").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
     let tmp = tempfile::tempdir().unwrap();
-    let r = crate::common::run("fuzz", zerobench_schema::ModelPreset::Gpt2, zerobench_schema::ZeroStage::Z3, 4, 1, 50.0);
+    let r =
+        crate::common::run("fuzz", zerobench_schema::ModelPreset::Gpt2, zerobench_schema::ZeroStage::Z3, 4, 1, 50.0);
     let records: Vec<Vec<u8>> = r.records(0).iter().map(|x| serde_json::to_vec(x).unwrap()).collect();
     let mut out = records[0].clone();
     out.push(b'\n');
@@ -167,7 +187,11 @@ fn a_fuzzed_log_never_panics() {
         out.push(b'\n');
     }
     std::fs::write(tmp.path().join("rank0.jsonl"), out).unwrap();
-    let got = zerobench_ingest::ingest(&[tmp.path().to_path_buf()], &Options { chunk_bytes: 1 << 16, ..Options::default() }, &NoProgress);
+    let got = zerobench_ingest::ingest(
+        &[tmp.path().to_path_buf()],
+        &Options { chunk_bytes: 1 << 16, ..Options::default() },
+        &NoProgress,
+    );
     assert_eq!(got.stats.lines, n as u64 + 1);
     assert!(got.stats.bad_lines > 0 && got.stats.bad_lines <= n as u64);
     assert_eq!(got.runs.len(), 1);

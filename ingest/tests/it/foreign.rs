@@ -30,9 +30,15 @@ fn deepspeed_memory_and_breakdown_lines() {
     assert_eq!(rows.len(), 14);
     assert!(rows.iter().all(|r| r.source == Source::Foreign));
     let r = row(&rows, "004-mlp-zero2-offload-bf16");
-    assert_eq!((r.formats.as_str(), r.model.as_str(), r.stage, r.offload, r.precision), ("deepspeed", "mlp", Some(ZeroStage::Z2), Offload::Optimizer, Some(Precision::Bf16)));
+    assert_eq!(
+        (r.formats.as_str(), r.model.as_str(), r.stage, r.offload, r.precision),
+        ("deepspeed", "mlp", Some(ZeroStage::Z2), Offload::Optimizer, Some(Precision::Bf16))
+    );
     // `time (ms) | fwd_microstep: 5.54 | bwd_microstep: 22.35 | ... | bwd_allreduce_microstep: 15.16 | step_microstep: 0.06`
-    assert_eq!((r.step_ms_median, r.forward_ms_median, r.backward_ms_median, r.optimizer_ms_median), (Some(27.95), Some(5.54), Some(22.35), Some(0.06)));
+    assert_eq!(
+        (r.step_ms_median, r.forward_ms_median, r.backward_ms_median, r.optimizer_ms_median),
+        (Some(27.95), Some(5.54), Some(22.35), Some(0.06))
+    );
     assert_eq!(r.comm_ms_median, Some(15.16));
     // `MA 0.29 GB Max_MA 2.67 GB CA 2.93 GB Max_CA 3 GB` is the largest.
     assert_eq!((r.peak_allocated_bytes, r.peak_reserved_bytes), (gib(2.67), gib(3.0)));
@@ -46,7 +52,10 @@ fn deepspeed_memory_and_breakdown_lines() {
 
     let r = row(&rows, "004-mlp-zero3-zeropp-bf16");
     assert_eq!(r.status, Status::Failed);
-    assert_eq!(r.status_detail.as_deref(), Some("RuntimeError: self and mat2 must have the same dtype, but got BFloat16 and Half"));
+    assert_eq!(
+        r.status_detail.as_deref(),
+        Some("RuntimeError: self and mat2 must have the same dtype, but got BFloat16 and Half")
+    );
 }
 
 #[test]
@@ -71,9 +80,15 @@ fn flops_profiler_and_trainer_dicts() {
     let rows = rows();
     let r = row(&rows, "001-ds-zero1-t5small-3gpus");
     assert_eq!(r.formats, "deepspeed+hf-trainer");
-    assert_eq!((r.model.as_str(), r.stage, r.gpus, r.micro_batch), ("t5-small", Some(ZeroStage::Z1), Some(3), Some(32)));
+    assert_eq!(
+        (r.model.as_str(), r.stage, r.gpus, r.micro_batch),
+        ("t5-small", Some(ZeroStage::Z1), Some(3), Some(32))
+    );
     // Profiler: iter latency 487.61 ms = fwd 60 + bwd 287.7 + step 139.91; FLOPS per GPU 2.35 TFLOPS.
-    assert_eq!((r.step_ms_median, r.forward_ms_median, r.backward_ms_median, r.optimizer_ms_median), (Some(487.61), Some(60.0), Some(287.7), Some(139.91)));
+    assert_eq!(
+        (r.step_ms_median, r.forward_ms_median, r.backward_ms_median, r.optimizer_ms_median),
+        (Some(487.61), Some(60.0), Some(287.7), Some(139.91))
+    );
     assert_eq!(r.tflops_per_s_per_gpu, Some(2.35));
     assert_eq!(r.tflops_per_s, Some(7.05));
     // Trainer: the median of the three workers' train_samples_per_second.
@@ -82,7 +97,10 @@ fn flops_profiler_and_trainer_dicts() {
     let r = row(&rows, "001-t5-small-no-ds");
     assert_eq!((r.formats.as_str(), r.samples_per_s, r.step_ms_median), ("hf-trainer", Some(227.686), Some(140.469)));
     let r = row(&rows, "001-ds-zero3-offload-t5large-3gpus");
-    assert_eq!((r.gpus, r.samples_per_s, r.samples_per_s_per_gpu, r.step_ms_median), (Some(3), Some(15.308), Some(5.10267), Some(6250.0)));
+    assert_eq!(
+        (r.gpus, r.samples_per_s, r.samples_per_s_per_gpu, r.step_ms_median),
+        (Some(3), Some(15.308), Some(5.10267), Some(6250.0))
+    );
 }
 
 #[test]

@@ -31,7 +31,8 @@ fn every_table_of_the_fixture_set() {
         for ext in ["csv", "md", "json"] {
             assert!(out.join(format!("{name}.{ext}")).is_file(), "{name}.{ext}");
         }
-        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join(format!("{name}.json"))).unwrap()).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join(format!("{name}.json"))).unwrap()).unwrap();
         assert_eq!(json["schema_version"], 1);
     }
     let latency_csv = std::fs::read_to_string(out.join("latency.csv")).unwrap();
