@@ -39,7 +39,8 @@ pub struct Args {
     /// Threads to read with (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
-    /// Progress bar on stderr: auto (on a terminal, for inputs of 64 MiB or more), always, never.
+    /// Progress bar on stderr, drawn only when stderr is a terminal: auto (for inputs of 64 MiB
+    /// or more), always (any size), never.
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     progress: ProgressMode,
     /// Print nothing on stdout (the files are still written).
