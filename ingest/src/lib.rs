@@ -109,10 +109,10 @@ pub fn ingest(roots: &[PathBuf], opts: &Options, progress: &dyn Progress) -> Ing
     let log_bytes: u64 = plans.iter().flat_map(|p| &p.files).map(|f| f.len).sum();
     progress.start(log_bytes + foreign_bytes);
     let read_opts = read::ReadOptions { warmup: opts.warmup, chunk_bytes: opts.chunk_bytes };
-    let (accs, read_problems, mut stats) = read::read_runs(&plans, read_opts, &|b| progress.advance(b));
-    problems.extend(read_problems);
     let settings = Settings { warmup: opts.warmup, peaks: opts.peaks.clone() };
-    let mut runs: Vec<RunReport> = plans.iter().zip(&accs).map(|(p, a)| aggregate::finish(p, a, &settings)).collect();
+    let (mut runs, read_problems, mut stats) =
+        read::read_runs(&plans, read_opts, &|b| progress.advance(b), &|p, a| aggregate::finish(p, &a, &settings));
+    problems.extend(read_problems);
     let (foreign_runs, foreign_problems, foreign_stats) = foreign::read_dirs(&found.foreign_dirs, &settings);
     progress.advance(foreign_bytes);
     runs.extend(foreign_runs);

@@ -3,8 +3,10 @@
 //! Work is cut into byte ranges of at most `chunk_bytes` (see [`crate::lines`] for how ranges
 //! own lines), so one large log keeps every core busy as well as many small ones. Each range is
 //! folded into its own small accumulator, which is merged into the run's under a lock once the
-//! range is done; memory therefore holds one accumulator per run (its per-step slots) plus one per
-//! range in flight, whatever the size of the input.
+//! range is done. When a run's last range is merged, the run is finished there and then (turned
+//! into its report) and its accumulator dropped. Ranges are listed run by run and rayon works
+//! through the list roughly in order, so only a few runs are open at a time: memory holds their
+//! per-step slots plus one accumulator per range in flight, whatever the size of the input.
 //!
 //! Line numbers in problems are counted per range while reading and made absolute at the end,
 //! from the number of lines each earlier range of the same file had.
@@ -13,6 +15,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::ops::ControlFlow;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use rayon::prelude::*;
@@ -93,12 +96,14 @@ struct ChunkOut {
     io_error: Option<String>,
 }
 
-/// Reads every run's logs; `progress` is called with the bytes of each range when it is done.
-pub fn read_runs(
+/// Reads every run's logs and turns each into `R` with `finish` as soon as all of it is read;
+/// `progress` is called with the bytes of each range when it is done.
+pub fn read_runs<R: Send>(
     plans: &[RunPlan],
     opts: ReadOptions,
     progress: &(dyn Fn(u64) + Sync),
-) -> (Vec<RunAcc>, Vec<Problem>, ReadStats) {
+    finish: &(dyn Fn(&RunPlan, RunAcc) -> R + Sync),
+) -> (Vec<R>, Vec<Problem>, ReadStats) {
     let chunk_bytes = opts.chunk_bytes.max(1);
     let mut chunks = Vec::new();
     for (r, plan) in plans.iter().enumerate() {
@@ -115,6 +120,14 @@ pub fn read_runs(
         }
     }
     let runs: Vec<Mutex<RunAcc>> = plans.iter().map(|_| Mutex::new(RunAcc::default())).collect();
+    let mut remaining: Vec<AtomicUsize> = plans.iter().map(|_| AtomicUsize::new(0)).collect();
+    for c in &chunks {
+        *remaining[c.run].get_mut() += 1;
+    }
+    let finished: Vec<Mutex<Option<R>>> = plans.iter().map(|_| Mutex::new(None)).collect();
+    // A poisoned lock means another range panicked; its run is lost either way.
+    let take = |run: usize| std::mem::take(&mut *runs[run].lock().unwrap_or_else(|p| p.into_inner()));
+    let done = |run: usize, r: R| *finished[run].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
     let outs: Vec<RangeReport> = chunks
         .par_iter()
         .map(|c| {
@@ -123,13 +136,16 @@ pub fn read_runs(
             let max_steps = plan.start.config.steps.min(MAX_STEPS);
             let out = read_chunk(&file.path, file.rank, c.start, c.end, opts.warmup, max_steps);
             {
-                // A poisoned lock means another range panicked; its run is lost either way.
                 let mut run = runs[c.run].lock().unwrap_or_else(|p| p.into_inner());
                 run.ranks.entry(file.rank).or_default().merge(&out.rank);
                 for (step, slot) in &out.slots {
                     run.slots.merge_at(*step, slot);
                 }
                 run.lines += out.lines;
+            }
+            // The last range of a run finishes it; every other range merged before counting down.
+            if remaining[c.run].fetch_sub(1, Ordering::AcqRel) == 1 {
+                done(c.run, finish(plan, take(c.run)));
             }
             let bytes = c.end.min(file.len).saturating_sub(c.start);
             progress(bytes);
@@ -177,8 +193,13 @@ pub fn read_runs(
             problems.push(Problem::file(path, ProblemKind::More { count: more }));
         }
     }
-    let runs = runs.into_iter().map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner())).collect();
-    (runs, problems, stats)
+    // Runs without any log to read (every rank log refused) are finished with what is known.
+    let reports = finished
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| m.into_inner().unwrap_or_else(|p| p.into_inner()).unwrap_or_else(|| finish(&plans[i], take(i))))
+        .collect();
+    (reports, problems, stats)
 }
 
 fn read_chunk(path: &Path, rank: u32, start: u64, end: u64, warmup: u32, max_steps: u32) -> ChunkOut {
