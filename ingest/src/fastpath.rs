@@ -13,6 +13,30 @@ use std::borrow::Cow;
 
 use crate::record::{CommLine, CommLines, MemLine, StepLine, STEP_PREFIX};
 
+/// The keys of a step record after `event` and `v`, in the order the worker writes them.
+const WRITER_ORDER: [&[u8]; 20] = [
+    b"ts",
+    b"rank",
+    b"step",
+    b"warmup",
+    b"loss",
+    b"skipped",
+    b"loss_scale",
+    b"tokens",
+    b"samples",
+    b"step_ms",
+    b"forward_ms",
+    b"backward_ms",
+    b"optimizer_ms",
+    b"comm_ms",
+    b"exposed_comm_ms",
+    b"comm",
+    b"memory",
+    b"power_w",
+    b"energy_j",
+    b"gpu_util_pct",
+];
+
 /// Parses a line that starts with [`STEP_PREFIX`]; `None` means "ask serde".
 pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
     let mut c = Cur { b: line, i: line.strip_prefix(STEP_PREFIX).map(|_| STEP_PREFIX.len())? };
@@ -34,8 +58,17 @@ pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
         memory: MemLine::default(),
         energy_j: None,
     };
+    let mut expected = 0usize;
     loop {
         let key = c.key()?;
+        // The writer's key order, tried first: one comparison instead of a search.
+        let key = match WRITER_ORDER.get(expected) {
+            Some(k) if *k == key => {
+                expected += 1;
+                *k
+            }
+            _ => key,
+        };
         let bit = match key {
             b"ts" => c.skip_number().map(|_| 0)?,
             b"rank" => c.u32().map(|v| s.rank = v).map(|_| 1)?,
@@ -96,24 +129,61 @@ impl Number<'_> {
         }
     }
 
-    /// Clinger's fast path: when the digits fit in 53 bits and the power of ten is at most 22,
-    /// both are exact doubles and one IEEE multiplication or division rounds correctly.
+    /// The correctly rounded double of `mantissa · 10^exp10`, for up to 19 digits and a power of
+    /// ten within ±22 (every number the worker writes); `None` otherwise.
     fn exact(&self) -> Option<f64> {
-        const POW10: [f64; 23] = [
-            1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18,
-            1e19, 1e20, 1e21, 1e22,
-        ];
-        if self.digits > 19 || self.mantissa >= 1 << 53 {
+        if self.digits > 19 {
             return None;
         }
-        let m = self.mantissa as f64;
-        let v = match self.exp10 {
-            0..=22 => m * POW10[self.exp10 as usize],
-            -22..=-1 => m / POW10[(-self.exp10) as usize],
-            _ => return None,
-        };
+        let v = decimal_to_f64(self.mantissa, self.exp10)?;
         Some(if self.negative { -v } else { v })
     }
+}
+
+/// `m · 10^e`, correctly rounded (to nearest, ties to even), for `|e| <= 22`.
+///
+/// Clinger's fast path when `m` fits in 53 bits (both factors are exact doubles and one IEEE
+/// operation rounds correctly). Otherwise with integers: `m · 10^e` in 128 bits for `e >= 0`
+/// (Rust's u128 → f64 conversion rounds correctly); for `e < 0`, `m` is shifted to the top of 128
+/// bits and divided by `10^-e` (< 2^74), which leaves a quotient of at least 54 bits: 53 for the
+/// mantissa, one to round with, and the rest and the remainder as the sticky bit.
+pub fn decimal_to_f64(m: u64, e: i32) -> Option<f64> {
+    const POW10: [f64; 23] = [
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19,
+        1e20, 1e21, 1e22,
+    ];
+    if !(-22..=22).contains(&e) {
+        return None;
+    }
+    if m == 0 {
+        return Some(0.0);
+    }
+    if m < 1 << 53 {
+        return Some(if e >= 0 { m as f64 * POW10[e as usize] } else { m as f64 / POW10[(-e) as usize] });
+    }
+    let p = 10u128.pow(e.unsigned_abs());
+    if e >= 0 {
+        return u128::from(m).checked_mul(p).map(|x| x as f64);
+    }
+    let lz = m.leading_zeros();
+    let n = u128::from(m) << (lz + 64);
+    let (q, r) = (n / p, n % p);
+    let bits = 128 - q.leading_zeros();
+    let shift = bits - 53;
+    let mut mant = (q >> shift) as u64;
+    let round = (q >> (shift - 1)) & 1 == 1;
+    let sticky = r != 0 || q & ((1u128 << (shift - 1)) - 1) != 0;
+    let mut exp = shift as i32 - (lz as i32 + 64);
+    if round && (sticky || mant & 1 == 1) {
+        mant += 1;
+        if mant == 1 << 53 {
+            mant >>= 1;
+            exp += 1;
+        }
+    }
+    // mant is in [2^52, 2^53): the double is mant · 2^exp, a normal number for every |e| <= 22.
+    let biased = u64::try_from(exp + 52 + 1023).ok()?;
+    Some(f64::from_bits((biased << 52) | (mant & ((1 << 52) - 1))))
 }
 
 struct Cur<'a> {
@@ -222,8 +292,36 @@ impl<'a> Cur<'a> {
         }
     }
 
+    /// A JSON number that is not used: checked against the grammar, not converted.
     fn skip_number(&mut self) -> Option<()> {
-        self.number().map(|_| ())
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        match self.next()? {
+            b'0' => {}
+            b'1'..=b'9' => self.skip_digits(),
+            _ => return None,
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            self.next().filter(u8::is_ascii_digit)?;
+            self.skip_digits();
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.i += 1;
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.i += 1;
+            }
+            self.next().filter(u8::is_ascii_digit)?;
+            self.skip_digits();
+        }
+        Some(())
+    }
+
+    fn skip_digits(&mut self) {
+        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+            self.i += 1;
+        }
     }
 
     fn f64(&mut self) -> Option<f64> {
@@ -323,5 +421,61 @@ impl<'a> Cur<'a> {
             (seen & (1 << bit) == 0).then(|| seen |= 1 << bit)
         })?;
         Some(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bit for bit against the standard library's correctly rounded parser.
+    #[test]
+    fn decimal_conversion_is_correctly_rounded() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let cases: u32 = if cfg!(debug_assertions) { 200_000 } else { 5_000_000 };
+        for i in 0..cases {
+            let digits = 1 + next() % 19;
+            let m = next() % 10u64.pow(digits as u32);
+            let e = (next() % 45) as i32 - 22;
+            // Some ties and near-ties: halfway cases stress the rounding.
+            let m = if i % 7 == 0 { (m | 1).wrapping_mul(5) % 10u64.pow(19) } else { m };
+            let want: f64 = format!("{m}e{e}").parse().unwrap();
+            let got = decimal_to_f64(m, e);
+            if let Some(got) = got {
+                assert_eq!(got.to_bits(), want.to_bits(), "{m}e{e}");
+            } else {
+                assert!(e > 0 && u128::from(m).checked_mul(10u128.pow(e as u32)).is_none(), "{m}e{e}");
+            }
+        }
+        assert_eq!(decimal_to_f64(9_007_199_254_740_993, 0), Some(9_007_199_254_740_992.0));
+        assert_eq!(decimal_to_f64(12_345_678_901_234_567, -17), Some(0.123_456_789_012_345_67));
+        assert_eq!(decimal_to_f64(1, 23), None);
+    }
+
+    #[test]
+    fn writer_lines_take_the_fast_path() {
+        let line = br#"{"event":"step","v":1,"ts":1767225602.0992,"rank":1,"step":2,"warmup":false,"loss":8.333333333333334,"skipped":false,"tokens":32768,"samples":32,"step_ms":49.34823223709721,"forward_ms":14.804469671129162,"backward_ms":27.141527730403467,"optimizer_ms":4.934823223709721,"comm_ms":3.988447398401309,"exposed_comm_ms":1.1965342195203927,"comm":{"all_gather":{"calls":26,"bytes":497759232,"ms":2.6984155526211087,"max_bytes":38289171,"bus_gbps":138.3476402058889}},"memory":{"allocated_bytes":497772544,"peak_allocated_bytes":3064686592,"rss_bytes":2147491840},"power_w":642.0883637669963,"energy_j":140.61258826421272,"gpu_util_pct":95}"#;
+        let s = parse_step(line).expect("fast path");
+        assert_eq!((s.rank, s.step, s.tokens, s.samples), (1, 2, 32768, 32));
+        assert_eq!(s.step_ms, 49.34823223709721);
+        assert_eq!(s.exposed_comm_ms, 1.1965342195203927);
+        assert_eq!(s.energy_j, Some(140.61258826421272));
+        assert_eq!(s.memory.peak_allocated_bytes, Some(3064686592));
+        let (kind, c) = s.comm.iter().next().unwrap();
+        assert_eq!((kind, c.calls, c.bytes, c.ms), ("all_gather", 26, 497759232, 2.6984155526211087));
+        // Refused, for serde to judge: a space, an unknown key, a duplicate key, a leading zero.
+        for bad in [&b"{\"event\":\"step\",\"v\":1, \"rank\":1}"[..], b"{\"event\":\"step\",\"v\":1,\"x\":1}"] {
+            assert!(parse_step(bad).is_none());
+        }
+        let dup = String::from_utf8_lossy(line).replacen("\"rank\":1,", "\"rank\":1,\"rank\":1,", 1);
+        assert!(parse_step(dup.as_bytes()).is_none());
+        let zero = String::from_utf8_lossy(line).replacen("\"tokens\":32768", "\"tokens\":032768", 1);
+        assert!(parse_step(zero.as_bytes()).is_none());
     }
 }

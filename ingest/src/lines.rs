@@ -41,27 +41,25 @@ where
     F: FnMut(u64, Line<'_>) -> ControlFlow<()>,
 {
     let block = block.max(1);
+    let mut win = Window::new(block.min(max_line) + block);
     let mut pos = start;
-    let mut buf: Vec<u8> = Vec::with_capacity(block.min(max_line) + block);
     if start > 0 {
         // The byte before `start` tells whether `start` begins a line; if not, the line running
         // through `start` belongs to the previous range.
         src.seek(SeekFrom::Start(start - 1))?;
         pos = start - 1;
-        let mut skipped_to_newline = false;
-        while !skipped_to_newline {
-            buf.clear();
-            let n = read_block(&mut src, &mut buf, block)?;
-            if n == 0 {
+        loop {
+            win.clear();
+            if win.fill(&mut src, block)? == 0 {
                 return Ok(0);
             }
-            match memchr::memchr(b'\n', &buf) {
+            match memchr::memchr(b'\n', win.data()) {
                 Some(i) => {
                     pos += i as u64 + 1;
-                    buf.drain(..=i);
-                    skipped_to_newline = true;
+                    win.consume(i + 1);
+                    break;
                 }
-                None => pos += n as u64,
+                None => pos += win.data().len() as u64,
             }
         }
     } else {
@@ -69,17 +67,18 @@ where
     }
 
     let mut lines = 0u64;
-    // `buf` holds bytes from file offset `pos` on; `skipping` is set while inside an over-long
-    // line, with the number of its bytes seen so far.
+    // The window holds bytes from file offset `pos` on; `skipping` is set while inside an
+    // over-long line, with the number of its bytes seen so far.
     let mut skipping: Option<u64> = None;
     loop {
-        // Hand out every complete line in the buffer.
+        // Hand out every complete line in the window.
+        let data = win.data();
         let mut at = 0usize;
-        while let Some(i) = memchr::memchr(b'\n', &buf[at..]) {
+        while let Some(i) = memchr::memchr(b'\n', &data[at..]) {
             if pos >= end && skipping.is_none() {
                 return Ok(lines);
             }
-            let line = &buf[at..at + i];
+            let line = &data[at..at + i];
             lines += 1;
             let flow = match skipping.take() {
                 Some(seen) => f(lines, Line::TooLong(seen + i as u64)),
@@ -96,48 +95,80 @@ where
             return Ok(lines);
         }
         // Keep the incomplete tail, unless it is already too long to keep.
-        let tail = (buf.len() - at) as u64;
+        let tail = (data.len() - at) as u64;
         if let Some(seen) = skipping.as_mut() {
             *seen += tail;
             pos += tail;
-            buf.clear();
+            win.clear();
         } else if tail > max_line as u64 {
             skipping = Some(tail);
             pos += tail;
-            buf.clear();
+            win.clear();
         } else {
-            buf.drain(..at);
+            win.consume(at);
         }
-        if read_block(&mut src, &mut buf, block)? == 0 {
+        if win.fill(&mut src, block)? == 0 {
             // End of file: what is left is a last line without a newline.
             if let Some(seen) = skipping {
                 lines += 1;
                 let _ = f(lines, Line::TooLong(seen));
-            } else if !buf.is_empty() {
+            } else if !win.data().is_empty() {
                 lines += 1;
-                let _ = f(lines, Line::Unterminated(strip_cr(&buf)));
+                let _ = f(lines, Line::Unterminated(strip_cr(win.data())));
             }
             return Ok(lines);
         }
     }
 }
 
-/// Appends up to `n` bytes, retrying on interruption; returns how many came.
-fn read_block<R: Read>(src: &mut R, buf: &mut Vec<u8>, n: usize) -> io::Result<usize> {
-    let old = buf.len();
-    buf.resize(old + n, 0);
-    let got = loop {
-        match src.read(&mut buf[old..]) {
-            Ok(k) => break k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                buf.truncate(old);
-                return Err(e);
+/// A read buffer allocated and zeroed once, holding the bytes `buf[lo..hi]`: reads go straight
+/// into its spare room, so no block is zeroed or copied more than once.
+struct Window {
+    buf: Vec<u8>,
+    lo: usize,
+    hi: usize,
+}
+
+impl Window {
+    fn new(capacity: usize) -> Self {
+        Window { buf: vec![0; capacity], lo: 0, hi: 0 }
+    }
+
+    fn data(&self) -> &[u8] {
+        &self.buf[self.lo..self.hi]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.lo += n;
+    }
+
+    fn clear(&mut self) {
+        self.lo = 0;
+        self.hi = 0;
+    }
+
+    /// Moves what is held to the front and reads up to `block` more bytes after it, retrying on
+    /// interruption; returns how many came.
+    fn fill<R: Read>(&mut self, src: &mut R, block: usize) -> io::Result<usize> {
+        if self.lo > 0 {
+            self.buf.copy_within(self.lo..self.hi, 0);
+            self.hi -= self.lo;
+            self.lo = 0;
+        }
+        if self.buf.len() < self.hi + block {
+            self.buf.resize(self.hi + block, 0);
+        }
+        loop {
+            match src.read(&mut self.buf[self.hi..self.hi + block]) {
+                Ok(n) => {
+                    self.hi += n;
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
             }
         }
-    };
-    buf.truncate(old + got);
-    Ok(got)
+    }
 }
 
 fn strip_cr(line: &[u8]) -> &[u8] {
