@@ -9,7 +9,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 size_mb="${SIZE_MB:-1100}"
-reps="${REPS:-3}"
+reps="${REPS:-5}"
 threads="${THREADS:-2}"
 data="${ZEROBENCH_BENCH_DATA:-$root/.cache/bench-ingest/${size_mb}mb}"
 venv="${ZEROBENCH_BENCH_VENV:-$root/.cache/venv-bench-ingest}"

@@ -204,8 +204,8 @@ pub fn read_runs<R: Send>(
 
 fn read_chunk(path: &Path, rank: u32, (start, end): (u64, u64), warmup: u32, max_steps: u32) -> ChunkOut {
     let mut out = ChunkOut::default();
-    // About one step record per 600 bytes: sized once instead of grown by copying.
-    out.slots.reserve(usize::try_from(end.saturating_sub(start) / 600).unwrap_or(0));
+    // Step records are 500-1000 bytes: sized once instead of grown by copying.
+    out.slots.reserve(usize::try_from(end.saturating_sub(start) / 450).unwrap_or(0));
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) => {
