@@ -35,13 +35,32 @@ pub enum Line<'a> {
 /// Calls `f` with every line whose first byte lies in `[start, end)`, with its 1-based number
 /// counted from the first line of the range, until `f` breaks. Reads `block` bytes at a time.
 /// Returns the number of lines seen.
-pub fn for_each_line<R, F>(mut src: R, start: u64, end: u64, max_line: usize, block: usize, mut f: F) -> io::Result<u64>
+pub fn for_each_line<R, F>(src: R, start: u64, end: u64, max_line: usize, block: usize, f: F) -> io::Result<u64>
+where
+    R: Read + Seek,
+    F: FnMut(u64, Line<'_>) -> ControlFlow<()>,
+{
+    let mut win = Window::new(block.max(1).min(max_line) + block.max(1));
+    for_each_line_in(&mut win, src, start, end, max_line, block, f)
+}
+
+/// [`for_each_line`] with a window the caller keeps, so that a thread reading many ranges
+/// allocates (and zeroes) its buffer once.
+pub fn for_each_line_in<R, F>(
+    win: &mut Window,
+    mut src: R,
+    start: u64,
+    end: u64,
+    max_line: usize,
+    block: usize,
+    mut f: F,
+) -> io::Result<u64>
 where
     R: Read + Seek,
     F: FnMut(u64, Line<'_>) -> ControlFlow<()>,
 {
     let block = block.max(1);
-    let mut win = Window::new(block.min(max_line) + block);
+    win.clear();
     let mut pos = start;
     if start > 0 {
         // The byte before `start` tells whether `start` begins a line; if not, the line running
@@ -123,14 +142,15 @@ where
 
 /// A read buffer allocated and zeroed once, holding the bytes `buf[lo..hi]`: reads go straight
 /// into its spare room, so no block is zeroed or copied more than once.
-struct Window {
+#[derive(Debug, Default)]
+pub struct Window {
     buf: Vec<u8>,
     lo: usize,
     hi: usize,
 }
 
 impl Window {
-    fn new(capacity: usize) -> Self {
+    pub fn new(capacity: usize) -> Self {
         Window { buf: vec![0; capacity], lo: 0, hi: 0 }
     }
 

@@ -11,6 +11,7 @@
 //! Line numbers in problems are counted per range while reading and made absolute at the end,
 //! from the number of lines each earlier range of the same file had.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::ops::ControlFlow;
@@ -23,7 +24,7 @@ use zerobench_schema::log::{parse_line, Record, SCHEMA_VERSION};
 
 use crate::acc::{EndInfo, ErrorClassKey, ErrorInfo, RankAcc, StepSlot, StepSlots};
 use crate::fastpath;
-use crate::lines::{for_each_line, Line, BLOCK, MAX_LINE};
+use crate::lines::{for_each_line_in, Line, Window, BLOCK, MAX_LINE};
 use crate::plan::RunPlan;
 use crate::problem::{Problem, ProblemKind};
 use crate::record::{Envelope, MemLine, StepLine, STEP_PREFIX};
@@ -213,10 +214,16 @@ fn read_chunk(path: &Path, rank: u32, (start, end): (u64, u64), warmup: u32, max
             return out;
         }
     };
+    thread_local! {
+        // One read buffer per worker thread, reused by every range it reads.
+        static WINDOW: RefCell<Window> = RefCell::new(Window::new(2 * BLOCK));
+    }
     let mut ctx = LineCtx { rank, warmup, max_steps, out: &mut out };
-    let res = for_each_line(file, start, end, MAX_LINE, BLOCK, |n, line| {
-        ctx.line(n, line);
-        ControlFlow::Continue(())
+    let res = WINDOW.with_borrow_mut(|win| {
+        for_each_line_in(win, file, start, end, MAX_LINE, BLOCK, |n, line| {
+            ctx.line(n, line);
+            ControlFlow::Continue(())
+        })
     });
     match res {
         Ok(lines) => out.lines = lines,

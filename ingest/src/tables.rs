@@ -26,26 +26,22 @@ pub struct Table {
     pub rows: Vec<Vec<String>>,
 }
 
-/// A table of serde rows, with the field names as header. `sample` gives the header when there
-/// are no rows.
+/// A table of serde rows, with the field names as header (`sample` gives it when there are no
+/// rows). The rows go through the CSV serialiser, so every sink shows the cells CSV has.
 pub fn table_from_rows<T: Serialize>(name: &'static str, rows: &[T], sample: &T) -> Table {
-    let to_cells = |row: &T| -> Vec<Vec<String>> {
-        let mut w = csv::WriterBuilder::new().has_headers(true).from_writer(Vec::new());
-        // Serialising plain rows into memory cannot fail; an empty table is the fallback.
-        if w.serialize(row).is_err() {
-            return Vec::new();
-        }
-        let bytes = w.into_inner().unwrap_or_default();
-        csv::ReaderBuilder::new()
-            .has_headers(false)
-            .from_reader(bytes.as_slice())
-            .records()
-            .filter_map(Result::ok)
-            .map(|r| r.iter().map(str::to_string).collect())
-            .collect()
-    };
-    let header = to_cells(sample).into_iter().next().unwrap_or_default();
-    let rows = rows.iter().filter_map(|r| to_cells(r).into_iter().nth(1)).collect();
+    let mut w = csv::WriterBuilder::new().has_headers(true).from_writer(Vec::new());
+    // Serialising plain rows into memory cannot fail; an empty table is the fallback.
+    let ok = std::iter::once(sample).chain(rows).all(|r| w.serialize(r).is_ok());
+    let bytes = if ok { w.into_inner().unwrap_or_default() } else { Vec::new() };
+    let mut records = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(bytes.as_slice())
+        .into_records()
+        .filter_map(Result::ok)
+        .map(|r| r.iter().map(str::to_string).collect::<Vec<String>>());
+    let header = records.next().unwrap_or_default();
+    // The sample's own row follows the header.
+    let rows = records.skip(1).collect();
     Table { name, header, rows }
 }
 
