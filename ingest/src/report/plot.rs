@@ -1,8 +1,9 @@
 //! SVG plots (plotters, SVG backend, no system fonts needed):
 //! * `throughput-<model>.svg`: samples/s against GPUs, one line per ZeRO stage and offload setting
 //!   (from the scaling table);
-//! * `memory-<model>.svg`: peak memory per GPU against micro-batch size, one line per stage,
-//!   offload and GPU count (from the runs that finished `ok`);
+//! * `memory-<model>-mbs<N>.svg`: peak memory per GPU against GPUs, one line per ZeRO stage and
+//!   offload setting, for one model and micro-batch size (from the runs that finished `ok`): how
+//!   much each stage saves as GPUs are added;
 //! * `step-breakdown.svg`: per run, the median forward, backward, optimizer and exposed
 //!   communication times and the rest of the median step, stacked.
 
@@ -46,7 +47,8 @@ fn line_chart(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Ser
     let xs = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
     let ys = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.1));
     let x_max = xs.fold(1.0f64, f64::max);
-    let y_max = ys.fold(0.0f64, f64::max).max(1e-9) * 1.1;
+    // Headroom above the data for the legend, one row per series.
+    let y_max = ys.fold(0.0f64, f64::max).max(1e-9) * (1.1 + 0.07 * series.len() as f64);
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
@@ -105,25 +107,20 @@ fn throughput(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> 
 }
 
 fn memory(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
-    let mut by_model = ByModel::new();
+    // By model and micro-batch, then by stage and offload: GiB against GPUs.
+    let mut charts: BTreeMap<(&str, u32), BTreeMap<String, Vec<(f64, f64)>>> = BTreeMap::new();
     for r in tables.runs.iter().filter(|r| r.status == Status::Ok) {
-        let (Some(m), Some(bytes)) =
-            (r.micro_batch, r.peak_allocated_bytes.or(r.peak_nvml_used_bytes).or(r.peak_rss_bytes))
+        let (Some(m), Some(g), Some(bytes)) =
+            (r.micro_batch, r.gpus, r.peak_allocated_bytes.or(r.peak_nvml_used_bytes).or(r.peak_rss_bytes))
         else {
             continue;
         };
-        let name =
-            format!("{} gpus={}", config_label(r.stage, r.offload), r.gpus.map_or("?".into(), |g| g.to_string()));
-        by_model
-            .entry(&r.model)
-            .or_default()
-            .entry(name)
-            .or_default()
-            .push((f64::from(m), bytes as f64 / (1u64 << 30) as f64));
+        let point = (f64::from(g), bytes as f64 / (1u64 << 30) as f64);
+        charts.entry((&r.model, m)).or_default().entry(config_label(r.stage, r.offload)).or_default().push(point);
     }
     let mut written = Vec::new();
-    for (model, series) in by_model {
-        let path = out.join(format!("memory-{}.svg", slug(model)));
+    for ((model, mbs), series) in charts {
+        let path = out.join(format!("memory-{}-mbs{mbs}.svg", slug(model)));
         let series: Series = series
             .into_iter()
             .map(|(n, mut p)| {
@@ -131,8 +128,8 @@ fn memory(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
                 (n, p)
             })
             .collect();
-        line_chart(&path, &format!("{model}: peak memory per GPU"), "micro-batch size", "GiB", &series)
-            .map_err(err(&path))?;
+        let title = format!("{model}, micro-batch {mbs}: peak memory per GPU");
+        line_chart(&path, &title, "GPUs", "GiB", &series).map_err(err(&path))?;
         written.push(path);
     }
     Ok(written)
@@ -162,17 +159,21 @@ fn breakdown(runs: &[RunRow], out: &Path) -> Result<Option<PathBuf>, ReportError
             );
             Some((label, [parts[0], parts[1], parts[2], parts[3], rest]))
         })
-        .take(MAX_BARS)
         .collect();
     if bars.is_empty() {
         return Ok(None);
     }
+    let title = if bars.len() > MAX_BARS {
+        format!("Median step time, by phase (the first {MAX_BARS} of {} runs)", bars.len())
+    } else {
+        "Median step time, by phase".to_string()
+    };
     let path = out.join("step-breakdown.svg");
-    draw_breakdown(&path, &bars).map_err(err(&path))?;
+    draw_breakdown(&path, &title, &bars[..bars.len().min(MAX_BARS)]).map_err(err(&path))?;
     Ok(Some(path))
 }
 
-fn draw_breakdown(path: &Path, bars: &[(String, [f64; 5])]) -> Result<(), String> {
+fn draw_breakdown(path: &Path, title: &str, bars: &[(String, [f64; 5])]) -> Result<(), String> {
     const PARTS: [&str; 5] = ["forward", "backward", "optimizer", "exposed comm", "other"];
     let x_max = bars.iter().map(|(_, p)| p.iter().sum::<f64>()).fold(1e-9, f64::max) * 1.15;
     let height = (120 + 28 * bars.len() as u32).max(300);
@@ -180,7 +181,7 @@ fn draw_breakdown(path: &Path, bars: &[(String, [f64; 5])]) -> Result<(), String
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let labels: Vec<String> = bars.iter().map(|(l, _)| l.clone()).collect();
     let mut chart = ChartBuilder::on(&root)
-        .caption("Median step time, by phase", ("sans-serif", 20))
+        .caption(title, ("sans-serif", 20))
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(330)
@@ -214,7 +215,8 @@ fn draw_breakdown(path: &Path, bars: &[(String, [f64; 5])]) -> Result<(), String
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        // The bottom bars are the first runs in order, usually the smallest configurations.
+        .position(SeriesLabelPosition::LowerRight)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()

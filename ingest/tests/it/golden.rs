@@ -40,7 +40,7 @@ fn every_table_of_the_fixture_set() {
     let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["complete"], false);
     assert_eq!(summary["problems"].as_array().unwrap().len(), ingested.problems.len());
-    for svg in ["step-breakdown.svg", "throughput-gpt2-medium.svg", "memory-gpt2.svg"] {
+    for svg in ["step-breakdown.svg", "throughput-gpt2-medium.svg", "memory-gpt2-mbs4.svg"] {
         let text = std::fs::read_to_string(out.join(svg)).unwrap();
         assert!(text.starts_with("<svg") && text.contains("</svg>"), "{svg}");
         assert!(written.contains(&out.join(svg)));
