@@ -40,8 +40,8 @@ fn err(path: &Path) -> impl Fn(String) -> ReportError + '_ {
 }
 
 type Series = Vec<(String, Vec<(f64, f64)>)>;
-/// Lines of points by model, then by series name.
-type ByModel<'a> = BTreeMap<&'a str, BTreeMap<String, Vec<(f64, f64)>>>;
+/// Lines of points by chart, then by series name.
+type Charts<K> = BTreeMap<K, BTreeMap<String, Vec<(f64, f64)>>>;
 
 fn line_chart(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Series) -> Result<(), String> {
     let xs = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
@@ -87,7 +87,7 @@ fn config_label(stage: Option<zerobench_schema::ZeroStage>, offload: zerobench_s
 }
 
 fn throughput(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
-    let mut by_model = ByModel::new();
+    let mut by_model: Charts<&str> = Charts::new();
     for r in &tables.scaling {
         let mut name = config_label(r.stage, r.offload);
         if let Some(m) = r.micro_batch {
@@ -108,7 +108,7 @@ fn throughput(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> 
 
 fn memory(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
     // By model and micro-batch, then by stage and offload: GiB against GPUs.
-    let mut charts: BTreeMap<(&str, u32), BTreeMap<String, Vec<(f64, f64)>>> = BTreeMap::new();
+    let mut charts: Charts<(&str, u32)> = Charts::new();
     for r in tables.runs.iter().filter(|r| r.status == Status::Ok) {
         let (Some(m), Some(g), Some(bytes)) =
             (r.micro_batch, r.gpus, r.peak_allocated_bytes.or(r.peak_nvml_used_bytes).or(r.peak_rss_bytes))
