@@ -8,8 +8,11 @@
 //! Job state, in order of preference:
 //! * `job.json`: a JSON object whose `state`, `job_state` or `slurm_state` is a Slurm state
 //!   (`COMPLETED`, `CANCELLED`, `CANCELLED by 1000`, `TIMEOUT`, `OUT_OF_MEMORY`, `NODE_FAIL`,
-//!   `FAILED`, `PREEMPTED`), a list of them, or `{"current": [...]}` as `sacct --json` writes it.
-//! * `slurm-*.out`: the lines slurmstepd writes when it ends a job,
+//!   `FAILED`, `PREEMPTED`), a list of them, or `{"current": [...]}` as `sacct --json` writes it;
+//! * `local.json`, which `zerobench local` writes: `timed_out`, else a `signal` (killed:
+//!   cancelled), else the `exit_code`;
+//! * the job's output, any `*.out` (the launcher's `<run-id>-<job-id>.out`, Slurm's default
+//!   `slurm-<job-id>.out`): the lines slurmstepd writes when it ends a job,
 //!   `*** JOB 42 ON node1 CANCELLED AT 2026-01-01T00:00:00 ***` (optionally `DUE TO TIME LIMIT`
 //!   or `DUE TO PREEMPTION`), and `Detected 1 oom_kill event`.
 
@@ -78,17 +81,31 @@ pub fn job_state(log_dir: &Path, problems: &mut Vec<Problem>) -> Option<JobState
         }
     }
     for dir in &dirs {
+        let path = dir.join("local.json");
+        if !path.is_file() {
+            continue;
+        }
+        match read_small(&path).and_then(|text| {
+            serde_json::from_str::<serde_json::Value>(&text).map_err(|e| format!("local.json is not JSON: {e}"))
+        }) {
+            Ok(v) => {
+                if let Some(s) = state_in_local_json(&v) {
+                    return Some(s);
+                }
+            }
+            Err(message) => problems.push(Problem::file(&path, ProblemKind::SideFile { message })),
+        }
+    }
+    for dir in &dirs {
         let Ok(entries) = std::fs::read_dir(dir) else { continue };
         let mut outs: Vec<PathBuf> = entries
             .filter_map(Result::ok)
             .map(|e| e.path())
-            .filter(|p| {
-                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("slurm-") && n.ends_with(".out"))
-            })
+            .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "out"))
             .collect();
         outs.sort();
         for path in outs {
-            match read_small(&path) {
+            match read_tail(&path, OUT_TAIL) {
                 Ok(text) => {
                     if let Some(s) = state_in_slurm_out(&text) {
                         return Some(s);
@@ -118,6 +135,21 @@ fn state_in_json(v: &serde_json::Value) -> Option<JobState> {
     None
 }
 
+/// The state in `zerobench local`'s record.
+fn state_in_local_json(v: &serde_json::Value) -> Option<JobState> {
+    if v.get("timed_out").and_then(serde_json::Value::as_bool) == Some(true) {
+        return Some(JobState::Timeout);
+    }
+    if v.get("signal").is_some_and(|s| !s.is_null()) {
+        return Some(JobState::Cancelled);
+    }
+    match v.get("exit_code").and_then(serde_json::Value::as_i64) {
+        Some(0) => Some(JobState::Completed),
+        Some(_) => Some(JobState::Failed),
+        None => None,
+    }
+}
+
 /// The state slurmstepd wrote into a job's output.
 fn state_in_slurm_out(text: &str) -> Option<JobState> {
     let mut state = None;
@@ -142,6 +174,21 @@ fn state_in_slurm_out(text: &str) -> Option<JobState> {
 
 /// Side files are small; anything over this is not read.
 const MAX_SIDE_FILE: u64 = 16 << 20;
+
+/// How much of the end of a job's output is read: slurmstepd writes its verdict last, and the
+/// output of a chatty job may be large.
+const OUT_TAIL: u64 = 1 << 20;
+
+/// The last `n` bytes of a file, as text.
+fn read_tail(path: &Path, n: u64) -> Result<String, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let len = f.metadata().map_err(|e| e.to_string())?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(n))).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    f.take(n).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
 
 fn read_small(path: &Path) -> Result<String, String> {
     let len = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
@@ -184,6 +231,18 @@ mod tests {
         let v = serde_json::json!({"state": {"current": ["OUT_OF_MEMORY"]}});
         assert_eq!(state_in_json(&v), Some(JobState::OutOfMemory));
         assert_eq!(state_in_json(&serde_json::json!({"job_state": ["NODE_FAIL"]})), Some(JobState::Failed));
+    }
+
+    #[test]
+    fn local_records() {
+        let s = |v: serde_json::Value| state_in_local_json(&v);
+        assert_eq!(
+            s(serde_json::json!({"timed_out": true, "seconds": 60.0, "finished_at": 1})),
+            Some(JobState::Timeout)
+        );
+        assert_eq!(s(serde_json::json!({"signal": 9, "timed_out": false})), Some(JobState::Cancelled));
+        assert_eq!(s(serde_json::json!({"exit_code": 3, "timed_out": false})), Some(JobState::Failed));
+        assert_eq!(s(serde_json::json!({"exit_code": 0, "timed_out": false})), Some(JobState::Completed));
     }
 
     #[test]

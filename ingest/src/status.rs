@@ -1,12 +1,12 @@
 //! The status rules: from what every rank wrote and what the scheduler recorded, one status.
 //!
+//! The ranks' own records come first; the scheduler only explains a run they did not finish.
 //! In order, the first that applies:
-//! 1. `oom` if any rank wrote an `error` of class `oom` or ended with status `oom`, or the
-//!    scheduler killed the job for its host memory;
-//! 2. `failed` if any rank wrote another `error` or ended `failed`, or the scheduler says the
-//!    job or a node failed;
+//! 1. `oom` if any rank wrote an `error` of class `oom` or ended with status `oom`;
+//! 2. `failed` if any rank wrote another `error` or ended `failed`;
 //! 3. `ok` if every rank of the world size has a log and ended `ok`;
-//! 4. `cancelled` or `timeout` if the scheduler says so;
+//! 4. the scheduler's word, if it has one: `oom` (killed for its host memory), `failed` (the job
+//!    or a node failed), `cancelled`, `timeout`;
 //! 5. `incomplete` otherwise: some rank has no `end` record (killed, or still running) or some
 //!    rank's log is missing.
 
@@ -38,17 +38,11 @@ pub fn decide(ranks: &BTreeMap<u32, RankAcc>, world_size: u32, job: Option<JobSt
     if let Some(r) = ended(RunStatus::Oom) {
         return (Status::Oom, Some(format!("rank {r} ended with status oom")));
     }
-    if job == Some(JobState::OutOfMemory) {
-        return (Status::Oom, Some("the scheduler killed the job for its memory".into()));
-    }
     if let Some(why) = first_error(false) {
         return (Status::Failed, Some(why));
     }
     if let Some(r) = ended(RunStatus::Failed) {
         return (Status::Failed, Some(format!("rank {r} ended with status failed")));
-    }
-    if job == Some(JobState::Failed) {
-        return (Status::Failed, Some("the scheduler says the job failed".into()));
     }
     let missing: Vec<u32> = (0..world_size).filter(|r| !ranks.contains_key(r)).collect();
     let unended: Vec<u32> = ranks.iter().filter(|(_, a)| a.end.is_none()).map(|(r, _)| *r).collect();
@@ -65,8 +59,10 @@ pub fn decide(ranks: &BTreeMap<u32, RankAcc>, world_size: u32, job: Option<JobSt
         ),
     };
     match job {
+        Some(JobState::OutOfMemory) => (Status::Oom, Some(format!("the job was killed for its memory; {why}"))),
+        Some(JobState::Failed) => (Status::Failed, Some(format!("the job failed; {why}"))),
         Some(JobState::Cancelled) => (Status::Cancelled, Some(format!("job cancelled; {why}"))),
         Some(JobState::Timeout) => (Status::Timeout, Some(format!("job hit its time limit; {why}"))),
-        _ => (Status::Incomplete, Some(why)),
+        Some(JobState::Completed) | None => (Status::Incomplete, Some(why)),
     }
 }

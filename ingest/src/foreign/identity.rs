@@ -4,7 +4,7 @@
 //!    `config` object, or a hand-written one with top-level keys `model`, `stage` (or
 //!    `zero_stage`), `offload`, `precision`, `micro_batch` (or `train_micro_batch_size_per_gpu`),
 //!    `grad_accum` (or `gradient_accumulation_steps`), `seq_len`, `world_size` (or `gpus`),
-//!    `nodes`, `run_id` (or `name`);
+//!    `nodes`, `run_id` (or `id`, `name`);
 //! 2. the logs themselves (the FLOPs profiler prints world size and batch size per GPU);
 //! 3. the folder names: `z1`/`zero1`/`stage1`, `mbs8`/`bs8`/`tmbspg8` (DeepSpeed autotuner),
 //!    `gas2`, `offload`, `bf16`/`fp16`/`fp32`, `8gpus`/`gpus8`, and a model preset name
@@ -56,7 +56,7 @@ pub fn from_run_json(v: &serde_json::Value) -> Hints {
     let num = |keys: &[&str]| get(keys).and_then(serde_json::Value::as_u64).and_then(|n| u32::try_from(n).ok());
     let text = |keys: &[&str]| get(keys).and_then(serde_json::Value::as_str).map(str::to_string);
     Hints {
-        run_id: text(&["run_id", "name"]),
+        run_id: text(&["run_id", "id", "name"]),
         model: text(&["model"]),
         stage: num(&["stage", "zero_stage"])
             .and_then(|s| u8::try_from(s).ok())

@@ -126,7 +126,7 @@ pub fn golden_set(root: &Path) {
     let dir = faults.join("gpt2-medium-z0-mbs8-g2-timeout");
     timeout.write(&dir.join("logs")).unwrap();
     fs::write(
-        dir.join("slurm-4243.out"),
+        dir.join("gpt2-medium-z0-mbs8-g2-timeout-4243.out"),
         "step 5\nslurmstepd: error: *** JOB 4243 ON node0 CANCELLED AT 2026-11-20T10:00:00 DUE TO TIME LIMIT ***\n",
     )
     .unwrap();

@@ -228,6 +228,27 @@ fn oom_failed_cancelled_timeout_and_missing_ranks() {
         r.write(&tmp.path().join(id).join("logs")).unwrap();
         fs::write(tmp.path().join(id).join("job.json"), format!(r#"{{"state": {{"current": ["{state}"]}}}}"#)).unwrap();
     }
+    // `zerobench local`'s record: killed by a signal.
+    let mut r = run("local-killed", ModelPreset::Gpt2, ZeroStage::Z1, 8, 2, 50.0);
+    r.fate = Fate::Killed { after: 2 };
+    r.write(&tmp.path().join("local-killed/logs")).unwrap();
+    fs::write(
+        tmp.path().join("local-killed/local.json"),
+        r#"{"signal": 15, "timed_out": false, "seconds": 3.5, "finished_at": 1}"#,
+    )
+    .unwrap();
+    // Slurm's default output name, and the job's own word for a run whose ranks all ended.
+    let mut r = run("slurm-out", ModelPreset::Gpt2, ZeroStage::Z1, 8, 2, 50.0);
+    r.fate = Fate::Killed { after: 2 };
+    r.write(&tmp.path().join("slurm-out/logs")).unwrap();
+    fs::write(
+        tmp.path().join("slurm-out/slurm-77.out"),
+        "slurmstepd: error: *** JOB 77 ON n1 CANCELLED AT 2026-01-01T00:00:00 ***\n",
+    )
+    .unwrap();
+    let done = run("done-but-failed-epilogue", ModelPreset::Gpt2, ZeroStage::Z1, 8, 2, 50.0);
+    done.write(&tmp.path().join("epilogue/logs")).unwrap();
+    fs::write(tmp.path().join("epilogue/job.json"), r#"{"state": "FAILED"}"#).unwrap();
     // A Slurm state does not override ranks that all finished.
     let done = run("done-then-timeout", ModelPreset::Gpt2, ZeroStage::Z1, 8, 2, 50.0);
     done.write(&tmp.path().join("done/logs")).unwrap();
@@ -251,6 +272,9 @@ fn oom_failed_cancelled_timeout_and_missing_ranks() {
     assert_eq!(status("timeout").0, Status::Timeout);
     assert_eq!(status("host-oom").0, Status::Oom);
     assert_eq!(status("done-then-timeout").0, Status::Ok);
+    assert_eq!(status("done-but-failed-epilogue").0, Status::Ok);
+    assert_eq!(status("local-killed").0, Status::Cancelled);
+    assert_eq!(status("slurm-out").0, Status::Cancelled);
     let (s, why) = status("missing");
     assert_eq!((s, why.as_deref()), (Status::Incomplete, Some("no log for ranks 1,3")));
     assert!(got
