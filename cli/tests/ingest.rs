@@ -45,7 +45,15 @@ fn a_bad_line_exits_1_and_is_named_on_stderr() {
     t.push_str("{broken\n");
     std::fs::write(&rank1, t).unwrap();
     let out = tmp.path().join("out");
-    let o = zerobench(&["ingest", tmp.path().to_str().unwrap(), "--out", out.to_str().unwrap(), "--quiet", "--format", "csv"]);
+    let o = zerobench(&[
+        "ingest",
+        tmp.path().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+        "--format",
+        "csv",
+    ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(o.stdout.is_empty());
     let stderr = text(&o.stderr);

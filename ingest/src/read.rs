@@ -50,7 +50,6 @@ pub struct ReadOptions {
 pub struct RunAcc {
     pub slots: StepSlots,
     pub ranks: BTreeMap<u32, RankAcc>,
-    pub lines: u64,
 }
 
 /// Counts over all logs read.
@@ -142,7 +141,6 @@ pub fn read_runs<R: Send>(
                 for (step, slot) in &out.slots {
                     run.slots.merge_at(*step, slot);
                 }
-                run.lines += out.lines;
             }
             // The last range of a run finishes it; every other range merged before counting down.
             if remaining[c.run].fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -326,7 +324,7 @@ impl LineCtx<'_> {
 /// Why a line that did not parse as a record did not: an unknown version, a missing version,
 /// or something else, with serde's message.
 pub fn classify_bad_line(bytes: &[u8]) -> ProblemKind {
-    match serde_json::from_slice::<Envelope<'_>>(bytes) {
+    match serde_json::from_slice::<Envelope>(bytes) {
         Err(e) => ProblemKind::BadLine { message: e.to_string() },
         Ok(env) => match env.v {
             None => ProblemKind::NoVersion,

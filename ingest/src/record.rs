@@ -213,11 +213,9 @@ impl From<&MemorySample> for MemLine {
     }
 }
 
-/// The envelope of any record: enough to tell an unknown version from a broken line.
+/// The version of any record: enough to tell an unknown version from a broken line.
 #[derive(Debug, Deserialize)]
-pub struct Envelope<'a> {
-    #[serde(borrow, default)]
-    pub event: Option<Cow<'a, str>>,
+pub struct Envelope {
     #[serde(default)]
     pub v: Option<u64>,
 }
