@@ -32,13 +32,18 @@ impl Collective {
     ];
 
     pub fn from_name(name: &str) -> Option<Self> {
+        Self::from_bytes(name.as_bytes())
+    }
+
+    /// [`Self::from_name`] on the raw bytes of a key.
+    pub fn from_bytes(name: &[u8]) -> Option<Self> {
         Some(match name {
-            "all_reduce" => Collective::AllReduce,
-            "reduce_scatter" => Collective::ReduceScatter,
-            "all_gather" => Collective::AllGather,
-            "broadcast" => Collective::Broadcast,
-            "reduce" => Collective::Reduce,
-            "all_to_all" => Collective::AllToAll,
+            b"all_reduce" => Collective::AllReduce,
+            b"reduce_scatter" => Collective::ReduceScatter,
+            b"all_gather" => Collective::AllGather,
+            b"broadcast" => Collective::Broadcast,
+            b"reduce" => Collective::Reduce,
+            b"all_to_all" => Collective::AllToAll,
             _ => return None,
         })
     }

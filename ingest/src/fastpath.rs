@@ -11,6 +11,7 @@
 
 use std::borrow::Cow;
 
+use crate::collective::Collective;
 use crate::record::{CommLine, CommLines, MemLine, StepLine, STEP_PREFIX};
 
 /// The keys of a step record after `event` and `v`, in the order the worker writes them.
@@ -222,7 +223,9 @@ impl<'a> Cur<'a> {
     fn key_is(&mut self, name: &[u8]) -> bool {
         let n = name.len();
         let Some(token) = self.b.get(self.i..self.i + n + 3) else { return false };
-        if token[0] == b'"' && &token[1..=n] == name && token[n + 1] == b'"' && token[n + 2] == b':' {
+        // Keys are short: comparing in line beats a call to memcmp.
+        let same = token[1..=n].iter().zip(name).all(|(a, b)| a == b);
+        if token[0] == b'"' && same && token[n + 1] == b'"' && token[n + 2] == b':' {
             self.i += n + 3;
             true
         } else {
@@ -432,7 +435,6 @@ impl<'a> Cur<'a> {
     fn comm(&mut self) -> Option<CommLines<'a>> {
         let mut out = CommLines::default();
         self.object(&[], |c, kind| {
-            let name = std::str::from_utf8(kind).ok()?;
             let mut line = CommLine::default();
             let mut seen = 0u8;
             c.object(&[b"calls", b"bytes", b"ms", b"max_bytes", b"bus_gbps"], |c, k| {
@@ -446,7 +448,10 @@ impl<'a> Cur<'a> {
                 };
                 (seen & (1 << bit) == 0).then(|| seen |= 1 << bit)
             })?;
-            out.push(Cow::Borrowed(name), line);
+            match Collective::from_bytes(kind) {
+                Some(k) => out.known[k.index()] = Some(line),
+                None => out.push(Cow::Borrowed(std::str::from_utf8(kind).ok()?), line),
+            }
             Some(())
         })?;
         Some(out)

@@ -57,10 +57,11 @@ impl StepLine<'_> {
             ("exposed_comm_ms", self.exposed_comm_ms),
         ];
         for (name, v) in times {
-            plausible(name, v)?;
+            plausible(v).map_err(|why| format!("{name} {why}"))?;
         }
         for (kind, c) in self.comm.iter() {
-            plausible(&format!("comm.{kind}.ms"), c.ms)?;
+            // The name is only formatted for the message.
+            plausible(c.ms).map_err(|why| format!("comm.{kind}.ms {why}"))?;
         }
         Ok(())
     }
@@ -70,12 +71,13 @@ impl StepLine<'_> {
 /// step record is a corrupt value, and would swamp every sum it entered.
 pub const MAX_MS: f64 = 1e9;
 
-fn plausible(name: &str, v: f64) -> Result<(), String> {
+/// Why a duration is refused, if it is.
+fn plausible(v: f64) -> Result<(), String> {
     if v < 0.0 {
-        return Err(format!("{name} is negative ({v})"));
+        return Err(format!("is negative ({v})"));
     }
     if v > MAX_MS {
-        return Err(format!("{name} of {v} ms is implausible (over {MAX_MS} ms)"));
+        return Err(format!("of {v} ms is implausible (over {MAX_MS} ms)"));
     }
     Ok(())
 }
