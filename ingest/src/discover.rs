@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::problem::{Problem, ProblemKind};
+use crate::side::side_dirs;
 
 /// A folder holding `rank<N>.jsonl` files.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,11 +107,12 @@ pub fn discover(roots: &[PathBuf]) -> Discovered {
         files.sort_by(|a, b| a.name_rank.cmp(&b.name_rank).then_with(|| a.path.cmp(&b.path)));
         out.run_dirs.push(RunDir { dir, rank_files: files });
     }
-    // Text logs next to worker logs belong to that run (Slurm output, console captures) and are
-    // read as side files there, not as a separate foreign run.
-    let run_dir_set: BTreeSet<&PathBuf> = out.run_dirs.iter().map(|r| &r.dir).collect();
+    // Text logs next to worker logs, or in the run folder above a `logs/` folder, belong to that
+    // run (its job output, console captures: they may quote errors that look like DeepSpeed's)
+    // and are read as side files there, never as a separate foreign run.
+    let side: BTreeSet<PathBuf> = out.run_dirs.iter().flat_map(|r| side_dirs(&r.dir)).collect();
     for (dir, files) in foreign {
-        if !run_dir_set.contains(&dir) {
+        if !side.contains(&dir) {
             out.foreign_dirs.push(ForeignDir { dir, files });
         }
     }

@@ -285,3 +285,21 @@ fn oom_failed_cancelled_timeout_and_missing_ranks() {
     let oom_row = &got.runs.iter().find(|r| r.row.run_id == "oom").unwrap().row;
     assert_eq!(oom_row.peak_allocated_bytes, Some(79 << 30));
 }
+
+#[test]
+fn a_run_folders_job_output_is_not_a_foreign_run() {
+    // The launcher's layout: <run>/logs/rank*.jsonl and <run>/<run>-<job>.out with the ranks'
+    // console output, which may well quote the errors DeepSpeed logs also print.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut r = run("r", ModelPreset::Gpt2, ZeroStage::Z0, 64, 2, 50.0);
+    r.fate = Fate::Oom { rank: 0, step: 3 };
+    r.write(&tmp.path().join("r/logs")).unwrap();
+    fs::write(
+        tmp.path().join("r/r-4242.out"),
+        "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\ntorch.OutOfMemoryError: CUDA out of memory\n",
+    )
+    .unwrap();
+    let got = read(tmp.path());
+    assert_eq!(got.runs.len(), 1, "{:#?}", got.runs.iter().map(|r| &r.row.run_id).collect::<Vec<_>>());
+    assert_eq!(got.runs[0].row.status, Status::Oom);
+}
