@@ -23,32 +23,6 @@ pub struct TrainResult {
     pub epoch: Option<f64>,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dicts_with_host_prefixes_and_nan() {
-        let mut h = HfTrainer::default();
-        assert!(h.line(
-            "10.0.0.1: {'train_runtime': 10.5, 'train_samples_per_second': 3.2, 'train_loss': nan, 'epoch': 1.0}"
-        ));
-        assert!(h.line("{'eval_loss': 0.05, 'epoch': 3.0}"));
-        assert!(!h.line("{'something': 1}"));
-        assert_eq!(
-            h.results,
-            [TrainResult {
-                runtime_s: Some(10.5),
-                samples_per_s: Some(3.2),
-                steps_per_s: None,
-                loss: None,
-                epoch: Some(1.0)
-            }]
-        );
-        assert_eq!(h.lines, 2);
-    }
-}
-
 /// What the Trainer lines of one run say.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HfTrainer {
@@ -80,5 +54,31 @@ impl HfTrainer {
         }
         self.results.push(r);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dicts_with_host_prefixes_and_nan() {
+        let mut h = HfTrainer::default();
+        assert!(h.line(
+            "10.0.0.1: {'train_runtime': 10.5, 'train_samples_per_second': 3.2, 'train_loss': nan, 'epoch': 1.0}"
+        ));
+        assert!(h.line("{'eval_loss': 0.05, 'epoch': 3.0}"));
+        assert!(!h.line("{'something': 1}"));
+        assert_eq!(
+            h.results,
+            [TrainResult {
+                runtime_s: Some(10.5),
+                samples_per_s: Some(3.2),
+                steps_per_s: None,
+                loss: None,
+                epoch: Some(1.0)
+            }]
+        );
+        assert_eq!(h.lines, 2);
     }
 }
