@@ -22,6 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Read log folders and write the latency, memory, scaling, comm and runs tables and plots.
+    Ingest(cmd::ingest::Args),
     /// Print the JSON Schema of the worker's log records.
     Schema(cmd::schema::Args),
 }
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.verbose);
     let result = match cli.command {
+        Command::Ingest(a) => cmd::ingest::run(a),
         Command::Schema(a) => cmd::schema::run(a),
     };
     match result {

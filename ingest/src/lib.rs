@@ -1,1 +1,135 @@
-//! Log folders to tables: per-stage latency and memory, scaling, communication.
+//! Log folders to tables: per-stage latency and memory, scaling efficiency, communication share
+//! and plots, from zerobench's worker logs and, beside them, DeepSpeed, Hugging Face Trainer and
+//! nvidia-smi logs.
+//!
+//! The pipeline, one module per step:
+//! 1. [`discover`]: walk the folders, group `rank<N>.jsonl` files by folder, find foreign logs;
+//! 2. [`plan`]: read each rank's `start` record, group ranks into runs and check they agree;
+//! 3. [`read`]: parse every log in parallel byte ranges, folding records into per-run
+//!    accumulators ([`acc`]) as they stream by;
+//! 4. [`aggregate`] and [`status`]: turn each run's sums into its row; [`foreign`] does the same
+//!    for foreign logs;
+//! 5. [`tables`] and [`scaling`]: the latency, memory, scaling, comm and runs tables;
+//!    [`report`] writes them as CSV, Markdown, JSON, SVG plots and a terminal summary.
+//!
+//! Nothing stops on bad input: every problem is kept as a [`Problem`] with its file and line and
+//! the rest is read. `docs/ingest.md` defines every column.
+
+pub mod acc;
+pub mod aggregate;
+pub mod collective;
+pub mod discover;
+pub mod fastpath;
+pub mod foreign;
+pub mod lines;
+pub mod peak;
+pub mod plan;
+pub mod problem;
+pub mod read;
+pub mod record;
+pub mod report;
+pub mod run;
+pub mod scaling;
+pub mod side;
+pub mod stats;
+pub mod status;
+pub mod synth;
+pub mod tables;
+
+use std::path::PathBuf;
+
+pub use aggregate::Settings;
+pub use peak::PeakTable;
+pub use problem::{Problem, ProblemKind};
+pub use read::ReadStats;
+pub use run::{CollectiveRow, RunReport, RunRow, Source, Status};
+
+/// How to read.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Steps with an index below this are warmup and left out of every figure.
+    pub warmup: u32,
+    pub peaks: PeakTable,
+    /// Largest byte range of a log parsed as one piece of parallel work.
+    pub chunk_bytes: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { warmup: 2, peaks: PeakTable::default(), chunk_bytes: 32 << 20 }
+    }
+}
+
+/// Told how far reading has got (the front end draws a progress bar from it).
+pub trait Progress: Sync {
+    /// Called once, before reading, with the bytes to read.
+    fn start(&self, total_bytes: u64);
+    /// Called as byte ranges are done.
+    fn advance(&self, bytes: u64);
+}
+
+/// No progress reporting.
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn start(&self, _: u64) {}
+    fn advance(&self, _: u64) {}
+}
+
+/// Everything read from the folders.
+#[derive(Debug, Clone)]
+pub struct Ingested {
+    /// Every run, sorted by model, stage, offload, micro-batch, GPUs and run id, with its figures
+    /// at full precision ([`tables::Tables`] rounds them for output).
+    pub runs: Vec<RunReport>,
+    /// Everything that could not be read, sorted by file and line.
+    pub problems: Vec<Problem>,
+    pub stats: ReadStats,
+}
+
+impl Ingested {
+    /// Whether everything was read.
+    pub fn complete(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Reads every log under `roots`.
+pub fn ingest(roots: &[PathBuf], opts: &Options, progress: &dyn Progress) -> Ingested {
+    let found = discover::discover(roots);
+    let mut problems = found.problems;
+    let plans = plan::plan(&found.run_dirs, &mut problems);
+    let foreign_bytes: u64 = found
+        .foreign_dirs
+        .iter()
+        .flat_map(|d| &d.files)
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    let log_bytes: u64 = plans.iter().flat_map(|p| &p.files).map(|f| f.len).sum();
+    progress.start(log_bytes + foreign_bytes);
+    let read_opts = read::ReadOptions { warmup: opts.warmup, chunk_bytes: opts.chunk_bytes };
+    let settings = Settings { warmup: opts.warmup, peaks: opts.peaks.clone() };
+    let (mut runs, read_problems, mut stats) =
+        read::read_runs(&plans, read_opts, &|b| progress.advance(b), &|p, a| aggregate::finish(p, &a, &settings));
+    problems.extend(read_problems);
+    let (foreign_runs, foreign_problems, foreign_stats) = foreign::read_dirs(&found.foreign_dirs, &settings);
+    progress.advance(foreign_bytes);
+    runs.extend(foreign_runs);
+    problems.extend(foreign_problems);
+    stats.add(&foreign_stats);
+    runs.sort_by(|a, b| run_order(&a.row).cmp(&run_order(&b.row)));
+    // By file and line, a file's "more problems" note after its listed lines.
+    problems.sort_by(|a, b| {
+        let key = |p: &Problem| (p.path.clone(), matches!(p.kind, ProblemKind::More { .. }), p.line, p.kind.clone());
+        key(a).cmp(&key(b))
+    });
+    problems.dedup();
+    Ingested { runs, problems, stats }
+}
+
+type RunKey<'a> = (&'a str, Option<u8>, &'a str, Option<u32>, Option<u32>, &'a str, &'a str);
+
+fn run_order(r: &RunRow) -> RunKey<'_> {
+    (&r.model, r.stage.map(|s| s.index()), r.offload.as_str(), r.micro_batch, r.gpus, &r.run_id, &r.dir)
+}

@@ -1,3 +1,4 @@
 //! One module per subcommand: its arguments and how it runs.
 
+pub mod ingest;
 pub mod schema;

@@ -1,0 +1,175 @@
+//! `zerobench ingest DIR... --out OUT`: log folders to tables.
+//!
+//! Reads every worker log (and DeepSpeed, Hugging Face Trainer and nvidia-smi log) under the
+//! folders, writes the tables in the formats asked for into OUT, prints a summary on stdout and
+//! every problem on stderr. Exit code 0 when everything was read, 1 when something could not be
+//! (the tables hold the rest), 2 when the tables could not be written.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use zerobench_ingest::report::{self, terminal, Format};
+use zerobench_ingest::tables::Tables;
+use zerobench_ingest::{Options, PeakTable, Progress, Status};
+
+use crate::Outcome;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Folders to read, searched recursively (symbolic links are followed).
+    #[arg(required = true)]
+    dirs: Vec<PathBuf>,
+    /// Folder to write the tables and plots into (created if needed).
+    #[arg(long, short)]
+    out: PathBuf,
+    /// Steps with an index below this are warmup and left out of every figure.
+    #[arg(long, default_value_t = 2)]
+    warmup: u32,
+    /// Formats to write, comma-separated: csv, md, json, svg.
+    #[arg(long, value_delimiter = ',', default_value = "csv,md,json,svg")]
+    format: Vec<Format>,
+    /// Peak TFLOP/s per GPU for MFU: one number for every run, or NAME=TFLOPS pairs matched
+    /// against the GPU name (e.g. "H100=989,RTX 4090=165"); may be repeated. Default: the
+    /// built-in table of data-sheet peaks (docs/ingest.md).
+    #[arg(long, value_name = "TFLOPS|NAME=TFLOPS,...")]
+    peak_tflops: Vec<String>,
+    /// Threads to read with (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Progress bar on stderr, drawn only when stderr is a terminal: auto (for inputs of 64 MiB
+    /// or more), always (any size), never.
+    #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
+    progress: ProgressMode,
+    /// Print nothing on stdout (the files are still written).
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ProgressMode {
+    Auto,
+    Always,
+    Never,
+}
+
+/// Inputs smaller than this are read too fast for a progress bar to help.
+const LARGE_INPUT: u64 = 64 << 20;
+
+/// An indicatif bar, shown or not depending on the mode, the terminal and the input size.
+struct Bar {
+    mode: ProgressMode,
+    bar: ProgressBar,
+}
+
+impl Progress for Bar {
+    fn start(&self, total: u64) {
+        let show = match self.mode {
+            ProgressMode::Always => true,
+            ProgressMode::Never => false,
+            ProgressMode::Auto => std::io::stderr().is_terminal() && total >= LARGE_INPUT,
+        };
+        if show {
+            self.bar.set_length(total);
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+            self.bar.enable_steady_tick(Duration::from_millis(200));
+        }
+    }
+    fn advance(&self, bytes: u64) {
+        self.bar.inc(bytes);
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    if let Some(n) = args.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build_global()
+            .context("cannot start the reading threads")?;
+    }
+    let mut peaks = PeakTable::default();
+    for p in &args.peak_tflops {
+        peaks.add(p).context("--peak-tflops")?;
+    }
+    let formats: Vec<Format> = if args.format.is_empty() { Format::ALL.to_vec() } else { args.format.clone() };
+    let opts = Options { warmup: args.warmup, peaks, ..Options::default() };
+
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} reading logs [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .context("progress bar template")?
+        .progress_chars("=> "),
+    );
+    let progress = Bar { mode: args.progress, bar };
+    let t0 = Instant::now();
+    let ingested = zerobench_ingest::ingest(&args.dirs, &opts, &progress);
+    progress.bar.finish_and_clear();
+    let read_s = t0.elapsed().as_secs_f64();
+
+    for p in &ingested.problems {
+        tracing::warn!("{p}");
+    }
+    let tables = Tables::build(&ingested.runs);
+    let written = report::write_all(&ingested, &tables, &args.out, &formats)
+        .with_context(|| format!("writing the tables into {}", args.out.display()))?;
+
+    if !args.quiet {
+        let mut out = std::io::stdout().lock();
+        print_tables(&mut out, &ingested.runs.iter().map(|r| r.row.clone()).collect::<Vec<_>>(), &tables)?;
+        out.flush()?;
+    }
+    let s = &ingested.stats;
+    let count = |st: Status| ingested.runs.iter().filter(|r| r.row.status == st).count();
+    eprintln!(
+        "zerobench: read {} files, {} lines, {:.1} MB in {:.2} s ({:.0} MB/s); {} runs ({} ok, {} oom, {} failed, {} incomplete, {} cancelled, {} timeout); {} problems; wrote {} files to {}",
+        s.files,
+        s.lines,
+        s.bytes as f64 / 1e6,
+        read_s,
+        s.bytes as f64 / 1e6 / read_s.max(1e-9),
+        ingested.runs.len(),
+        count(Status::Ok),
+        count(Status::Oom),
+        count(Status::Failed),
+        count(Status::Incomplete),
+        count(Status::Cancelled),
+        count(Status::Timeout),
+        ingested.problems.len(),
+        written.len(),
+        args.out.display()
+    );
+    Ok(if ingested.complete() { Outcome::Complete } else { Outcome::Incomplete })
+}
+
+fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: &Tables) -> anyhow::Result<()> {
+    terminal::write_table(out, &terminal::summary_table(runs))?;
+    for (title, t) in [
+        ("Median step time (ms)", tables.latency.to_table()),
+        ("Peak memory per GPU (GiB; allocated unless marked nvml or rss)", tables.mem.to_table()),
+    ] {
+        if t.header.is_empty() {
+            continue;
+        }
+        writeln!(out, "\n{title}")?;
+        terminal::write_table(out, &t)?;
+    }
+    let scaling = tables.text_tables().into_iter().find(|t| t.name == "scaling");
+    if let Some(t) = scaling.filter(|t| !t.rows.is_empty()) {
+        let keep =
+            ["model", "stage", "offload", "micro_batch", "gpus", "nodes", "samples_per_s", "speedup", "efficiency"];
+        let idx: Vec<usize> = keep.iter().filter_map(|k| t.header.iter().position(|h| h == k)).collect();
+        let pick = |r: &Vec<String>| idx.iter().map(|i| r[*i].clone()).collect::<Vec<_>>();
+        let small = zerobench_ingest::tables::Table {
+            name: "scaling",
+            header: pick(&t.header),
+            rows: t.rows.iter().map(pick).collect(),
+        };
+        writeln!(out, "\nScaling (weak: micro-batch per GPU fixed; baseline = fewest GPUs)")?;
+        terminal::write_table(out, &small)?;
+    }
+    Ok(())
+}

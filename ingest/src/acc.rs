@@ -1,0 +1,340 @@
+//! Accumulators that fold records as they are read, so memory grows with the number of steps of
+//! a run, not with the number of ranks or lines.
+//!
+//! Every merge here is associative and commutative, and exact: maxima, integer sums, and choices
+//! by a total order (the lowest step, the highest step, the lowest rank on ties). Durations are
+//! summed as integer nanoseconds for that reason; floating-point sums, whose result depends on
+//! their order, are only formed at the end, in step or rank order. So the result is the same
+//! whatever order files and byte ranges are read in, and however the files are cut.
+
+use std::collections::BTreeMap;
+
+use zerobench_schema::log::{ErrorClass, RunStatus};
+
+use crate::collective::Collective;
+use crate::record::{MemLine, StepLine};
+
+/// A duration in whole nanoseconds, from milliseconds.
+pub fn ms_to_ns(ms: f64) -> u64 {
+    // Saturates at both ends; inputs are checked finite and non-negative before.
+    (ms * 1e6).round() as u64
+}
+
+/// One step over all ranks: maxima of the times (the step is barrier-bound, so the slowest rank
+/// sets its pace), the largest token and sample counts (every rank reports the global batch) and
+/// which rank was slowest.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepSlot {
+    /// Ranks that reported this step.
+    pub ranks: u32,
+    pub step_ms: f64,
+    pub slowest_rank: u32,
+    pub forward_ms: f64,
+    pub backward_ms: f64,
+    pub optimizer_ms: f64,
+    pub comm_ms: f64,
+    pub exposed_comm_ms: f64,
+    pub tokens: u64,
+    pub samples: u64,
+}
+
+impl Default for StepSlot {
+    fn default() -> Self {
+        StepSlot {
+            ranks: 0,
+            step_ms: f64::NEG_INFINITY,
+            slowest_rank: u32::MAX,
+            forward_ms: f64::NEG_INFINITY,
+            backward_ms: f64::NEG_INFINITY,
+            optimizer_ms: f64::NEG_INFINITY,
+            comm_ms: f64::NEG_INFINITY,
+            exposed_comm_ms: f64::NEG_INFINITY,
+            tokens: 0,
+            samples: 0,
+        }
+    }
+}
+
+impl StepSlot {
+    pub fn from_line(s: &StepLine<'_>) -> Self {
+        StepSlot {
+            ranks: 1,
+            step_ms: s.step_ms,
+            slowest_rank: s.rank,
+            forward_ms: s.forward_ms,
+            backward_ms: s.backward_ms,
+            optimizer_ms: s.optimizer_ms,
+            comm_ms: s.comm_ms,
+            exposed_comm_ms: s.exposed_comm_ms,
+            tokens: s.tokens,
+            samples: s.samples,
+        }
+    }
+
+    pub fn merge(&mut self, o: &StepSlot) {
+        if o.step_ms > self.step_ms || (o.step_ms == self.step_ms && o.slowest_rank < self.slowest_rank) {
+            self.step_ms = o.step_ms;
+            self.slowest_rank = o.slowest_rank;
+        }
+        self.ranks += o.ranks;
+        self.forward_ms = self.forward_ms.max(o.forward_ms);
+        self.backward_ms = self.backward_ms.max(o.backward_ms);
+        self.optimizer_ms = self.optimizer_ms.max(o.optimizer_ms);
+        self.comm_ms = self.comm_ms.max(o.comm_ms);
+        self.exposed_comm_ms = self.exposed_comm_ms.max(o.exposed_comm_ms);
+        self.tokens = self.tokens.max(o.tokens);
+        self.samples = self.samples.max(o.samples);
+    }
+}
+
+/// One collective kind summed over a rank's measured steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KindAcc {
+    pub calls: u64,
+    pub bytes: u128,
+    pub ns: u64,
+    /// Measured steps in which the kind appeared.
+    pub steps: u64,
+}
+
+impl KindAcc {
+    // Saturating: hostile counts must not wrap (or panic) the sums.
+    fn add(&mut self, calls: u64, bytes: u64, ms: f64) {
+        self.calls = self.calls.saturating_add(calls);
+        self.bytes = self.bytes.saturating_add(u128::from(bytes));
+        self.ns = self.ns.saturating_add(ms_to_ns(ms));
+        self.steps += 1;
+    }
+    pub fn merge(&mut self, o: &KindAcc) {
+        self.calls = self.calls.saturating_add(o.calls);
+        self.bytes = self.bytes.saturating_add(o.bytes);
+        self.ns = self.ns.saturating_add(o.ns);
+        self.steps += o.steps;
+    }
+}
+
+/// Collectives of one rank: the known kinds in fixed slots, others by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommAcc {
+    pub known: [KindAcc; Collective::ALL.len()],
+    pub other: BTreeMap<String, KindAcc>,
+}
+
+impl CommAcc {
+    pub fn merge(&mut self, o: &CommAcc) {
+        for (a, b) in self.known.iter_mut().zip(o.known.iter()) {
+            a.merge(b);
+        }
+        for (k, v) in &o.other {
+            self.other.entry(k.clone()).or_default().merge(v);
+        }
+    }
+}
+
+/// Peaks of one rank's memory figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemPeaks {
+    pub allocated: Option<u64>,
+    pub reserved: Option<u64>,
+    pub nvml: Option<u64>,
+    pub rss: Option<u64>,
+}
+
+fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+impl MemPeaks {
+    pub fn add(&mut self, m: &MemLine) {
+        self.allocated = max_opt(self.allocated, max_opt(m.peak_allocated_bytes, m.allocated_bytes));
+        self.reserved = max_opt(self.reserved, max_opt(m.peak_reserved_bytes, m.reserved_bytes));
+        self.nvml = max_opt(self.nvml, m.nvml_used_bytes);
+        self.rss = max_opt(self.rss, m.rss_bytes);
+    }
+    pub fn merge(&mut self, o: &MemPeaks) {
+        self.allocated = max_opt(self.allocated, o.allocated);
+        self.reserved = max_opt(self.reserved, o.reserved);
+        self.nvml = max_opt(self.nvml, o.nvml);
+        self.rss = max_opt(self.rss, o.rss);
+    }
+}
+
+/// A rank's `end` record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndInfo {
+    pub status: RunStatus,
+    pub steps_completed: u32,
+    pub exit_code: i32,
+}
+
+impl EndInfo {
+    /// A total order used to pick one end record when a file has several: the worst status wins.
+    fn rank_key(&self) -> (u8, u32, i32) {
+        let s = match self.status {
+            RunStatus::Ok => 0,
+            RunStatus::Failed => 1,
+            RunStatus::Oom => 2,
+        };
+        (s, self.steps_completed, self.exit_code)
+    }
+}
+
+/// A rank's `error` record, shortened.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ErrorInfo {
+    pub step: Option<u32>,
+    pub class: ErrorClassKey,
+    pub message: String,
+    pub requested_bytes: Option<u64>,
+}
+
+/// [`ErrorClass`] with an order, so errors can be sorted deterministically.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ErrorClassKey(pub u8);
+
+impl ErrorClassKey {
+    pub fn from_class(c: ErrorClass) -> Self {
+        ErrorClassKey(match c {
+            ErrorClass::Oom => 0,
+            ErrorClass::Comm => 1,
+            ErrorClass::Config => 2,
+            ErrorClass::Io => 3,
+            ErrorClass::Internal => 4,
+        })
+    }
+    pub fn is_oom(self) -> bool {
+        self.0 == 0
+    }
+    pub fn as_str(self) -> &'static str {
+        ["oom", "comm", "config", "io", "internal"].get(usize::from(self.0)).copied().unwrap_or("internal")
+    }
+}
+
+/// Errors kept per rank; more are counted only (a log flooded with errors must not fill memory).
+const MAX_ERRORS: usize = 8;
+/// Characters of an error message kept.
+const MAX_MESSAGE: usize = 300;
+
+/// Everything kept about one rank: a fixed amount, whatever the length of its log.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankAcc {
+    /// Measured (post-warmup) step records.
+    pub measured: u64,
+    pub skipped: u64,
+    /// (step, loss) of the highest step.
+    pub last_loss: Option<(u32, f64)>,
+    /// (step, cumulative energy in J) at the lowest and highest measured step that has it.
+    pub energy_first: Option<(u32, f64)>,
+    pub energy_last: Option<(u32, f64)>,
+    pub comm: CommAcc,
+    pub mem: MemPeaks,
+    pub end: Option<EndInfo>,
+    /// The first errors, in (step, class, message) order; more are dropped.
+    pub errors: Vec<ErrorInfo>,
+}
+
+impl RankAcc {
+    pub fn add_step(&mut self, s: &StepLine<'_>, warmup: u32) {
+        if s.skipped {
+            self.skipped += 1;
+        }
+        if self.last_loss.is_none_or(|(st, l)| (s.step, s.loss.to_bits()) > (st, l.to_bits())) {
+            self.last_loss = Some((s.step, s.loss));
+        }
+        self.mem.add(&s.memory);
+        if s.step < warmup {
+            return;
+        }
+        self.measured += 1;
+        if let Some(e) = s.energy_j {
+            let at = (s.step, e);
+            if self.energy_first.is_none_or(|f| key(at) < key(f)) {
+                self.energy_first = Some(at);
+            }
+            if self.energy_last.is_none_or(|l| key(at) > key(l)) {
+                self.energy_last = Some(at);
+            }
+        }
+        for (i, c) in s.comm.known.iter().enumerate() {
+            if let Some(c) = c {
+                self.comm.known[i].add(c.calls, c.bytes, c.ms);
+            }
+        }
+        for (name, c) in &s.comm.other {
+            self.comm.other.entry(name.to_string()).or_default().add(c.calls, c.bytes, c.ms);
+        }
+    }
+
+    pub fn add_end(&mut self, e: EndInfo) {
+        if self.end.is_none_or(|old| e.rank_key() > old.rank_key()) {
+            self.end = Some(e);
+        }
+    }
+
+    pub fn add_error(&mut self, mut e: ErrorInfo) {
+        if e.message.chars().count() > MAX_MESSAGE {
+            e.message = e.message.chars().take(MAX_MESSAGE).collect::<String>() + "…";
+        }
+        self.errors.push(e);
+        self.trim_errors();
+    }
+
+    fn trim_errors(&mut self) {
+        self.errors.sort();
+        self.errors.dedup();
+        self.errors.truncate(MAX_ERRORS);
+    }
+
+    pub fn merge(&mut self, o: &RankAcc) {
+        self.measured += o.measured;
+        self.skipped += o.skipped;
+        if let Some((st, l)) = o.last_loss {
+            if self.last_loss.is_none_or(|(s0, l0)| (st, l.to_bits()) > (s0, l0.to_bits())) {
+                self.last_loss = o.last_loss;
+            }
+        }
+        if let Some(f) = o.energy_first {
+            if self.energy_first.is_none_or(|g| key(f) < key(g)) {
+                self.energy_first = Some(f);
+            }
+        }
+        if let Some(l) = o.energy_last {
+            if self.energy_last.is_none_or(|g| key(l) > key(g)) {
+                self.energy_last = Some(l);
+            }
+        }
+        self.comm.merge(&o.comm);
+        self.mem.merge(&o.mem);
+        if let Some(e) = o.end {
+            self.add_end(e);
+        }
+        self.errors.extend(o.errors.iter().cloned());
+        self.trim_errors();
+    }
+}
+
+/// A total order on (step, value) pairs, so ties between equal steps are broken the same way
+/// whatever the reading order.
+fn key((step, v): (u32, f64)) -> (u32, u64) {
+    (step, v.to_bits())
+}
+
+/// Per-step slots of one run, dense from step 0.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepSlots {
+    pub slots: Vec<StepSlot>,
+}
+
+impl StepSlots {
+    pub fn merge_at(&mut self, step: u32, slot: &StepSlot) {
+        let i = step as usize;
+        if self.slots.len() <= i {
+            self.slots.resize(i + 1, StepSlot::default());
+        }
+        self.slots[i].merge(slot);
+    }
+}

@@ -1,0 +1,233 @@
+//! From what was read about a run to its row: step-time statistics, throughput, FLOPs and MFU,
+//! memory peaks, communication shares, bus bandwidth, energy, stragglers and status.
+//!
+//! Definitions (docs/ingest.md has them with examples):
+//! * A step's time is the maximum over ranks (a step ends when its slowest rank does); so are its
+//!   forward, backward, optimizer, communication and exposed-communication times.
+//! * Measured steps are those with index ≥ warmup that every rank read reported; steps only some
+//!   ranks reported (a run cut short) are counted as partial and left out.
+//! * Median, p10 and p90 are over measured steps (linear interpolation).
+//! * Throughput is total tokens (samples) of measured steps over their total time; per GPU is that
+//!   over the world size. TFLOP/s = tokens/s × the model's training FLOPs per token.
+//! * Communication share = Σ communication time / Σ step time over measured steps; likewise for
+//!   exposed communication (time computation waited for it).
+
+use zerobench_schema::log::Start;
+
+use crate::acc::{KindAcc, StepSlot};
+use crate::collective::Collective;
+use crate::peak::PeakTable;
+use crate::plan::{compress_ranks, RunPlan};
+use crate::read::RunAcc;
+use crate::run::{CollectiveRow, RunReport, RunRow, Source, Status};
+use crate::stats::{fsum, median, quantile_sorted};
+use crate::status::decide;
+
+/// What turns sums into the reported figures.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    pub warmup: u32,
+    pub peaks: PeakTable,
+}
+
+/// The report of one zerobench run.
+pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
+    let start = &plan.start;
+    let cfg = &start.config;
+    let world = start.world_size;
+    let (status, detail) = decide(&acc.ranks, world, plan.job_state);
+    let mut row = RunRow::new(
+        start.run_id.clone(),
+        Source::Zerobench,
+        plan.dir.display().to_string(),
+        cfg.model.as_str().to_string(),
+        status,
+    );
+    row.formats = "zerobench".into();
+    row.stage = Some(cfg.stage);
+    row.offload = cfg.offload;
+    row.precision = Some(cfg.precision);
+    row.micro_batch = Some(cfg.micro_batch);
+    row.grad_accum = Some(cfg.grad_accum);
+    row.seq_len = Some(cfg.seq_len);
+    row.gpus = Some(world);
+    row.nodes = Some(start.nodes);
+    row.gpu = Some(start.device.name.clone());
+    row.status_detail = detail;
+    row.ranks_read = acc.ranks.len() as u32;
+    row.ranks_missing = compress_ranks(&plan.missing_ranks);
+    row.device_memory_bytes = start.device.total_memory_bytes;
+
+    let present = acc.ranks.len() as u32;
+    let used: Vec<(u32, &StepSlot)> =
+        acc.slots.slots.iter().enumerate().filter(|(_, s)| s.ranks > 0).map(|(i, s)| (i as u32, s)).collect();
+    row.warmup_steps = used.iter().filter(|(i, _)| *i < settings.warmup).count() as u32;
+    let measured: Vec<&StepSlot> =
+        used.iter().filter(|(i, s)| *i >= settings.warmup && s.ranks >= present).map(|(_, s)| *s).collect();
+    row.partial_steps = used.iter().filter(|(i, s)| *i >= settings.warmup && s.ranks < present).count() as u32;
+    row.steps_measured = measured.len() as u32;
+    step_figures(&mut row, &measured);
+    throughput(&mut row, &measured, start, settings);
+    memory(&mut row, acc);
+    energy(&mut row, acc);
+    let last = acc
+        .ranks
+        .iter()
+        .filter_map(|(r, a)| a.last_loss.map(|(s, l)| (s, std::cmp::Reverse(*r), l)))
+        .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    row.final_loss = last.map(|(_, _, l)| l);
+    row.skipped_steps = acc.ranks.values().map(|a| a.skipped).max().unwrap_or(0);
+    if world > 1 && !measured.is_empty() {
+        let mut counts = std::collections::BTreeMap::<u32, u32>::new();
+        for s in &measured {
+            *counts.entry(s.slowest_rank).or_default() += 1;
+        }
+        // Most often slowest; the lowest rank on ties.
+        if let Some((rank, n)) = counts.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))) {
+            row.straggler_rank = Some(*rank);
+            row.straggler_frac = Some(f64::from(*n) / measured.len() as f64);
+        }
+    }
+    let collectives = collectives(&row, acc, world);
+    RunReport { row, collectives }
+}
+
+fn step_figures(row: &mut RunRow, measured: &[&StepSlot]) {
+    if measured.is_empty() {
+        return;
+    }
+    let mut t: Vec<f64> = measured.iter().map(|s| s.step_ms).collect();
+    t.sort_by(f64::total_cmp);
+    row.step_ms_median = quantile_sorted(&t, 0.5);
+    row.step_ms_p10 = quantile_sorted(&t, 0.1);
+    row.step_ms_p90 = quantile_sorted(&t, 0.9);
+    let total = fsum(measured.iter().map(|s| s.step_ms));
+    row.step_ms_mean = Some(total / measured.len() as f64);
+    let med = |f: fn(&StepSlot) -> f64| median(&measured.iter().map(|s| f(s)).collect::<Vec<_>>());
+    row.forward_ms_median = med(|s| s.forward_ms);
+    row.backward_ms_median = med(|s| s.backward_ms);
+    row.optimizer_ms_median = med(|s| s.optimizer_ms);
+    row.comm_ms_median = med(|s| s.comm_ms);
+    row.exposed_comm_ms_median = med(|s| s.exposed_comm_ms);
+    if total > 0.0 {
+        row.comm_frac = Some(fsum(measured.iter().map(|s| s.comm_ms)) / total);
+        row.exposed_comm_frac = Some(fsum(measured.iter().map(|s| s.exposed_comm_ms)) / total);
+    }
+}
+
+fn throughput(row: &mut RunRow, measured: &[&StepSlot], start: &Start, settings: &Settings) {
+    let secs = fsum(measured.iter().map(|s| s.step_ms)) / 1e3;
+    if measured.is_empty() || secs <= 0.0 {
+        return;
+    }
+    let world = f64::from(start.world_size.max(1));
+    // Wide sums: token counts come from the logs and must not overflow.
+    let tokens: u128 = measured.iter().map(|s| u128::from(s.tokens)).sum();
+    let samples: u128 = measured.iter().map(|s| u128::from(s.samples)).sum();
+    let tps = tokens as f64 / secs;
+    let sps = samples as f64 / secs;
+    row.tokens_per_s = Some(tps);
+    row.tokens_per_s_per_gpu = Some(tps / world);
+    row.samples_per_s = Some(sps);
+    row.samples_per_s_per_gpu = Some(sps / world);
+    let cfg = &start.config;
+    let fpt = cfg.model.spec().train_flops_per_token(cfg.seq_len);
+    row.flops_per_token = Some(fpt);
+    let tflops = tps * fpt / 1e12;
+    row.tflops_per_s = Some(tflops);
+    row.tflops_per_s_per_gpu = Some(tflops / world);
+    // Only GPUs are in the table; a plain `--peak-tflops N` applies to any device.
+    let gpu = (start.device.kind == "cuda").then_some(start.device.name.as_str());
+    row.peak_tflops_per_gpu = settings.peaks.lookup(gpu, Some(cfg.precision));
+    row.mfu = row.peak_tflops_per_gpu.map(|p| tflops / world / p);
+}
+
+fn memory(row: &mut RunRow, acc: &RunAcc) {
+    let max = |f: fn(&crate::acc::MemPeaks) -> Option<u64>| acc.ranks.values().filter_map(|a| f(&a.mem)).max();
+    row.peak_allocated_bytes = max(|m| m.allocated);
+    row.peak_reserved_bytes = max(|m| m.reserved);
+    row.peak_nvml_used_bytes = max(|m| m.nvml);
+    row.peak_rss_bytes = max(|m| m.rss);
+}
+
+/// Energy per token: each rank's energy counter difference between its first and last measured
+/// step, over the global tokens of the steps in between (first excluded, last included), summed
+/// over ranks. Only when every rank has the counter.
+fn energy(row: &mut RunRow, acc: &RunAcc) {
+    if acc.ranks.is_empty() {
+        return;
+    }
+    let mut per_token = 0.0;
+    let mut power = 0.0;
+    for a in acc.ranks.values() {
+        let (Some((s0, e0)), Some((s1, e1))) = (a.energy_first, a.energy_last) else { return };
+        if s1 <= s0 || e1 < e0 {
+            return;
+        }
+        let Some(window) = acc.slots.slots.get(s0 as usize + 1..=s1 as usize) else { return };
+        let tokens: u128 = window.iter().filter(|s| s.ranks > 0).map(|s| u128::from(s.tokens)).sum();
+        let secs = fsum(window.iter().filter(|s| s.ranks > 0).map(|s| s.step_ms)) / 1e3;
+        if tokens == 0 || secs <= 0.0 {
+            return;
+        }
+        per_token += (e1 - e0) / tokens as f64;
+        power += (e1 - e0) / secs;
+    }
+    row.energy_j_per_token = Some(per_token);
+    row.avg_power_w_per_gpu = Some(power / acc.ranks.len() as f64);
+}
+
+fn collectives(row: &RunRow, acc: &RunAcc, world: u32) -> Vec<CollectiveRow> {
+    let rank_steps: u64 = acc.ranks.values().map(|a| a.measured).sum();
+    if rank_steps == 0 {
+        return Vec::new();
+    }
+    let mut kinds: Vec<(String, Option<Collective>, KindAcc)> = Vec::new();
+    for k in Collective::ALL {
+        let mut sum = KindAcc::default();
+        for a in acc.ranks.values() {
+            sum.merge(&a.comm.known[k.index()]);
+        }
+        if sum.steps > 0 {
+            kinds.push((k.as_str().to_string(), Some(k), sum));
+        }
+    }
+    let mut others = std::collections::BTreeMap::<String, KindAcc>::new();
+    for a in acc.ranks.values() {
+        for (name, k) in &a.comm.other {
+            others.entry(name.clone()).or_default().merge(k);
+        }
+    }
+    kinds.extend(others.into_iter().map(|(n, k)| (n, None, k)));
+    let n = rank_steps as f64;
+    kinds
+        .into_iter()
+        .map(|(name, kind, k)| {
+            let algbw = (k.ns > 0).then(|| k.bytes as f64 / k.ns as f64);
+            let factor = kind.map(|c| c.busbw_factor(world));
+            let ms = k.ns as f64 / 1e6 / n;
+            CollectiveRow {
+                run_id: row.run_id.clone(),
+                model: row.model.clone(),
+                stage: row.stage,
+                offload: row.offload,
+                micro_batch: row.micro_batch,
+                gpus: row.gpus,
+                nodes: row.nodes,
+                kind: name,
+                calls_per_step: k.calls as f64 / n,
+                bytes_per_step: k.bytes as f64 / n,
+                ms_per_step: ms,
+                step_frac: row.step_ms_mean.filter(|m| *m > 0.0).map(|m| ms / m),
+                algbw_gbps: algbw,
+                busbw_factor: factor,
+                busbw_gbps: algbw.zip(factor).map(|(a, f)| a * f),
+            }
+        })
+        .collect()
+}
+
+/// Whether a status keeps a run out of the throughput figures of the scaling table.
+pub fn usable_for_scaling(s: Status) -> bool {
+    s == Status::Ok
+}

@@ -1,0 +1,148 @@
+//! Finding the logs: walks the input folders, groups worker rank logs by the folder that holds
+//! them, and picks out folders of foreign logs (DeepSpeed, Hugging Face Trainer, nvidia-smi).
+//!
+//! This module only lists files; it opens none of them. Symbolic links are followed so that a
+//! linked run folder is read, and a link that leads back into one of its own ancestors is
+//! reported and not followed. Unreadable folders are reported and skipped.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use crate::problem::{Problem, ProblemKind};
+use crate::side::side_dirs;
+
+/// A folder holding `rank<N>.jsonl` files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunDir {
+    pub dir: PathBuf,
+    pub rank_files: Vec<RankFile>,
+}
+
+/// One worker log file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankFile {
+    pub path: PathBuf,
+    /// The rank in the file name (`rank3.jsonl` → 3).
+    pub name_rank: u32,
+    pub len: u64,
+}
+
+/// A folder without worker logs but with text logs that may be foreign formats.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignDir {
+    pub dir: PathBuf,
+    pub files: Vec<PathBuf>,
+}
+
+/// What the walk found.
+#[derive(Debug, Default)]
+pub struct Discovered {
+    pub run_dirs: Vec<RunDir>,
+    pub foreign_dirs: Vec<ForeignDir>,
+    pub problems: Vec<Problem>,
+}
+
+/// Extensions of files that may hold foreign logs (console captures, Slurm output, CSV).
+const FOREIGN_EXTENSIONS: &[&str] = &["log", "txt", "out", "err", "csv"];
+
+/// The rank in a worker log's file name: `rank<N>.jsonl`, also `rank-0003.jsonl`, `rank_3.jsonl`.
+pub fn rank_from_name(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("rank")?.strip_suffix(".jsonl")?;
+    let digits = digits.strip_prefix(['-', '_']).unwrap_or(digits);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Walks every root and groups what it finds. The same file reached twice (overlapping roots,
+/// or a link to a folder also listed directly) is read once.
+pub fn discover(roots: &[PathBuf]) -> Discovered {
+    let mut out = Discovered::default();
+    let mut ranks: BTreeMap<PathBuf, Vec<RankFile>> = BTreeMap::new();
+    let mut foreign: BTreeMap<PathBuf, Vec<PathBuf>> = BTreeMap::new();
+    let mut seen: BTreeSet<PathBuf> = BTreeSet::new();
+
+    for root in roots {
+        if let Err(e) = std::fs::metadata(root) {
+            out.problems.push(Problem::file(root, ProblemKind::Io { message: e.to_string() }));
+            continue;
+        }
+        let walk = walkdir::WalkDir::new(root).follow_links(true).sort_by_file_name();
+        for entry in walk {
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => {
+                    let path = e.path().map(Path::to_path_buf).unwrap_or_else(|| root.clone());
+                    let kind = if e.loop_ancestor().is_some() {
+                        ProblemKind::SymlinkLoop { message: e.to_string() }
+                    } else {
+                        ProblemKind::Io { message: io_message(&e) }
+                    };
+                    out.problems.push(Problem::file(path, kind));
+                    continue;
+                }
+            };
+            if !entry.file_type().is_file() {
+                continue;
+            }
+            let path = entry.path().to_path_buf();
+            // Canonical paths make the same file reached two ways one file.
+            let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+            if !seen.insert(key) {
+                continue;
+            }
+            let Some(dir) = path.parent().map(Path::to_path_buf) else { continue };
+            let name = entry.file_name().to_string_lossy();
+            if let Some(rank) = rank_from_name(&name) {
+                let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
+                ranks.entry(dir).or_default().push(RankFile { path, name_rank: rank, len });
+            } else if has_foreign_extension(&name) {
+                foreign.entry(dir).or_default().push(path);
+            }
+        }
+    }
+
+    for (dir, mut files) in ranks {
+        files.sort_by(|a, b| a.name_rank.cmp(&b.name_rank).then_with(|| a.path.cmp(&b.path)));
+        out.run_dirs.push(RunDir { dir, rank_files: files });
+    }
+    // Text logs next to worker logs, or in the run folder above a `logs/` folder, belong to that
+    // run (its job output, console captures: they may quote errors that look like DeepSpeed's)
+    // and are read as side files there, never as a separate foreign run.
+    let side: BTreeSet<PathBuf> = out.run_dirs.iter().flat_map(|r| side_dirs(&r.dir)).collect();
+    for (dir, files) in foreign {
+        if !side.contains(&dir) {
+            out.foreign_dirs.push(ForeignDir { dir, files });
+        }
+    }
+    out
+}
+
+fn has_foreign_extension(name: &str) -> bool {
+    name.rsplit_once('.').is_some_and(|(_, ext)| FOREIGN_EXTENSIONS.iter().any(|e| ext.eq_ignore_ascii_case(e)))
+}
+
+fn io_message(e: &walkdir::Error) -> String {
+    match e.io_error() {
+        Some(io) => io.to_string(),
+        None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_names() {
+        assert_eq!(rank_from_name("rank0.jsonl"), Some(0));
+        assert_eq!(rank_from_name("rank-0012.jsonl"), Some(12));
+        assert_eq!(rank_from_name("rank_7.jsonl"), Some(7));
+        for bad in
+            ["rank.jsonl", "rankx.jsonl", "rank1.json", "xrank1.jsonl", "rank1.jsonl.gz", "rank99999999999.jsonl"]
+        {
+            assert_eq!(rank_from_name(bad), None, "{bad}");
+        }
+    }
+}

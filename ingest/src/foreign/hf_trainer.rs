@@ -1,0 +1,84 @@
+//! Hugging Face Trainer result dicts, printed at the end of `trainer.train()`:
+//! `{'train_runtime': 742.5369, 'train_samples_per_second': 227.686, 'train_steps_per_second':
+//! 7.119, 'train_loss': 0.1686, 'epoch': 3.0}`, possibly behind a host prefix added by the
+//! launcher (`10.254.21.77: {...}`). Each such line is one process's report; the samples per
+//! second are global (all processes). Evaluation and logging dicts (`{'eval_loss': ...}`,
+//! `{'loss': ...}`) are recognised and not used.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+static DICT: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\{'(?:train_runtime|eval_loss|loss)':[^}]*\}").expect("valid regex"));
+static PAIR: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"'(\w+)': ([-+0-9.eE]+|nan|inf)").expect("valid regex"));
+
+/// One `train_runtime` dict.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TrainResult {
+    pub runtime_s: Option<f64>,
+    pub samples_per_s: Option<f64>,
+    pub steps_per_s: Option<f64>,
+    pub loss: Option<f64>,
+    pub epoch: Option<f64>,
+}
+
+/// What the Trainer lines of one run say.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HfTrainer {
+    pub lines: u64,
+    pub results: Vec<TrainResult>,
+}
+
+impl HfTrainer {
+    /// Reads one line; returns whether it held a Trainer dict.
+    pub fn line(&mut self, line: &str) -> bool {
+        let Some(m) = DICT.find(line) else { return false };
+        self.lines += 1;
+        let dict = m.as_str();
+        if !dict.starts_with("{'train_runtime'") {
+            return true;
+        }
+        let mut r = TrainResult::default();
+        for c in PAIR.captures_iter(dict) {
+            // `nan` and `inf` (a diverged loss) are recognised and left out.
+            let Some(v) = c[2].parse::<f64>().ok().filter(|v| v.is_finite()) else { continue };
+            match &c[1] {
+                "train_runtime" => r.runtime_s = Some(v),
+                "train_samples_per_second" => r.samples_per_s = Some(v),
+                "train_steps_per_second" => r.steps_per_s = Some(v),
+                "train_loss" => r.loss = Some(v),
+                "epoch" => r.epoch = Some(v),
+                _ => {}
+            }
+        }
+        self.results.push(r);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dicts_with_host_prefixes_and_nan() {
+        let mut h = HfTrainer::default();
+        assert!(h.line(
+            "10.0.0.1: {'train_runtime': 10.5, 'train_samples_per_second': 3.2, 'train_loss': nan, 'epoch': 1.0}"
+        ));
+        assert!(h.line("{'eval_loss': 0.05, 'epoch': 3.0}"));
+        assert!(!h.line("{'something': 1}"));
+        assert_eq!(
+            h.results,
+            [TrainResult {
+                runtime_s: Some(10.5),
+                samples_per_s: Some(3.2),
+                steps_per_s: None,
+                loss: None,
+                epoch: Some(1.0)
+            }]
+        );
+        assert_eq!(h.lines, 2);
+    }
+}

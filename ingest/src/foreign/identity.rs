@@ -1,0 +1,165 @@
+//! What a foreign run was: model, ZeRO stage, offload, precision, micro-batch, GPUs. Foreign logs
+//! rarely say, so it comes from, in order of precedence:
+//! 1. a `run.json` beside the logs (or in the parent of a `logs/` folder): the launcher's, with a
+//!    `config` object, or a hand-written one with top-level keys `model`, `stage` (or
+//!    `zero_stage`), `offload`, `precision`, `micro_batch` (or `train_micro_batch_size_per_gpu`),
+//!    `grad_accum` (or `gradient_accumulation_steps`), `seq_len`, `world_size` (or `gpus`),
+//!    `nodes`, `run_id` (or `id`, `name`);
+//! 2. the logs themselves (the FLOPs profiler prints world size and batch size per GPU);
+//! 3. the folder names: `z1`/`zero1`/`stage1`, `mbs8`/`bs8`/`tmbspg8` (DeepSpeed autotuner),
+//!    `gas2`, `offload`, `bf16`/`fp16`/`fp32`, `8gpus`/`gpus8`, and a model preset name
+//!    (`t5-large`, `gpt2-xl`, also without the dash).
+
+use std::path::Path;
+use std::sync::LazyLock;
+
+use regex::Regex;
+use zerobench_schema::{ModelPreset, Offload, Precision, ZeroStage};
+
+/// What is known about a foreign run's configuration.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Hints {
+    pub run_id: Option<String>,
+    pub model: Option<String>,
+    pub stage: Option<ZeroStage>,
+    pub offload: Option<Offload>,
+    pub precision: Option<Precision>,
+    pub micro_batch: Option<u32>,
+    pub grad_accum: Option<u32>,
+    pub seq_len: Option<u32>,
+    pub world_size: Option<u32>,
+    pub nodes: Option<u32>,
+}
+
+impl Hints {
+    /// Fills what `self` lacks from `other`.
+    pub fn or(self, other: Hints) -> Hints {
+        Hints {
+            run_id: self.run_id.or(other.run_id),
+            model: self.model.or(other.model),
+            stage: self.stage.or(other.stage),
+            offload: self.offload.or(other.offload),
+            precision: self.precision.or(other.precision),
+            micro_batch: self.micro_batch.or(other.micro_batch),
+            grad_accum: self.grad_accum.or(other.grad_accum),
+            seq_len: self.seq_len.or(other.seq_len),
+            world_size: self.world_size.or(other.world_size),
+            nodes: self.nodes.or(other.nodes),
+        }
+    }
+}
+
+/// Hints from a `run.json` value.
+pub fn from_run_json(v: &serde_json::Value) -> Hints {
+    let cfg = v.get("config").filter(|c| c.is_object()).unwrap_or(v);
+    let get = |keys: &[&str]| keys.iter().find_map(|k| cfg.get(*k).or_else(|| v.get(*k)));
+    let num = |keys: &[&str]| get(keys).and_then(serde_json::Value::as_u64).and_then(|n| u32::try_from(n).ok());
+    let text = |keys: &[&str]| get(keys).and_then(serde_json::Value::as_str).map(str::to_string);
+    Hints {
+        run_id: text(&["run_id", "id", "name"]),
+        model: text(&["model"]),
+        stage: num(&["stage", "zero_stage"])
+            .and_then(|s| u8::try_from(s).ok())
+            .and_then(|s| ZeroStage::try_from(s).ok()),
+        offload: text(&["offload"]).and_then(|s| s.parse().ok()),
+        precision: text(&["precision"]).and_then(|s| s.parse().ok()),
+        micro_batch: num(&["micro_batch", "train_micro_batch_size_per_gpu"]),
+        grad_accum: num(&["grad_accum", "gradient_accumulation_steps"]),
+        seq_len: num(&["seq_len"]),
+        world_size: num(&["world_size", "gpus"]),
+        nodes: num(&["nodes"]),
+    }
+}
+
+static STAGE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?:^|[^a-z])(?:z|zero|stage|zero_stage)[_-]?([0-3])(?:$|[^0-9])").expect("valid regex")
+});
+static MBS: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?:^|[^a-z])(?:tmbspg|mbs|bs|micro_batch|microbatch)[_-]?([0-9]+)").expect("valid regex")
+});
+static GAS: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?:^|[^a-z])gas[_-]?([0-9]+)").expect("valid regex"));
+static GPUS: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?:^|[^a-z0-9])(?:([0-9]+)[_-]?gpus?|gpus?[_-]?([0-9]+))(?:$|[^0-9])").expect("valid regex")
+});
+
+/// Hints from the names of the folders on a path.
+pub fn from_path(path: &Path) -> Hints {
+    let mut h = Hints::default();
+    // The nearest folder speaks first.
+    let comps: Vec<String> =
+        path.components().rev().map(|c| c.as_os_str().to_string_lossy().to_ascii_lowercase()).collect();
+    for c in &comps {
+        let cap = |re: &Regex| {
+            re.captures(c).and_then(|m| m.iter().skip(1).flatten().next().and_then(|g| g.as_str().parse::<u32>().ok()))
+        };
+        if h.stage.is_none() {
+            h.stage = cap(&STAGE).and_then(|s| u8::try_from(s).ok()).and_then(|s| ZeroStage::try_from(s).ok());
+        }
+        h.micro_batch = h.micro_batch.or_else(|| cap(&MBS));
+        h.grad_accum = h.grad_accum.or_else(|| cap(&GAS));
+        h.world_size = h.world_size.or_else(|| cap(&GPUS));
+        if h.offload.is_none() && c.contains("offload") {
+            h.offload = Some(Offload::Optimizer);
+        }
+        if h.precision.is_none() {
+            h.precision = ["bf16", "fp16", "fp32"].iter().find(|p| c.contains(*p)).and_then(|p| p.parse().ok());
+        }
+        if h.model.is_none() {
+            h.model = model_in(c);
+        }
+    }
+    h
+}
+
+/// The longest model preset name in a folder name, dashes optional.
+fn model_in(component: &str) -> Option<String> {
+    let squashed: String = component.chars().filter(|c| *c != '-' && *c != '_').collect();
+    ModelPreset::ALL
+        .iter()
+        .map(|p| p.as_str())
+        .filter(|name| {
+            let n: String = name.chars().filter(|c| *c != '-').collect();
+            component.contains(name) || squashed.contains(&n)
+        })
+        .max_by_key(|name| name.len())
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_of_folders() {
+        let h = from_path(Path::new("/x/autotuning/z1_tmbspg3_gas2/t5-large"));
+        assert_eq!(h.stage, Some(ZeroStage::Z1));
+        assert_eq!(h.micro_batch, Some(3));
+        assert_eq!(h.grad_accum, Some(2));
+        assert_eq!(h.model.as_deref(), Some("t5-large"));
+        let h = from_path(Path::new("runs/ds-zero3-offload-t5large-bs32-3gpus-bf16"));
+        assert_eq!(h.stage, Some(ZeroStage::Z3));
+        assert_eq!(h.offload, Some(Offload::Optimizer));
+        assert_eq!(h.micro_batch, Some(32));
+        assert_eq!(h.world_size, Some(3));
+        assert_eq!(h.precision, Some(Precision::Bf16));
+        assert_eq!(h.model.as_deref(), Some("t5-large"));
+        assert_eq!(from_path(Path::new("gpt2-xl-run")).model.as_deref(), Some("gpt2-xl"));
+        assert_eq!(from_path(Path::new("plain")), Hints::default());
+    }
+
+    #[test]
+    fn run_json_flat_and_nested() {
+        let v =
+            serde_json::json!({"model": "t5-small", "stage": 1, "micro_batch": 32, "world_size": 3, "seq_len": 512});
+        let h = from_run_json(&v);
+        assert_eq!(
+            (h.stage, h.micro_batch, h.world_size, h.seq_len),
+            (Some(ZeroStage::Z1), Some(32), Some(3), Some(512))
+        );
+        let v = serde_json::json!({"run_id": "r1", "world_size": 2, "config": {"model": "gpt2", "stage": 3, "offload": "optimizer"}});
+        let h = from_run_json(&v);
+        assert_eq!(h.model.as_deref(), Some("gpt2"));
+        assert_eq!(h.offload, Some(Offload::Optimizer));
+        assert_eq!(h.world_size, Some(2));
+    }
+}

@@ -1,0 +1,89 @@
+//! Problems: what could not be read, where, and why.
+//!
+//! A problem never stops ingest: the line, file or run it concerns is left out (or counted as
+//! incomplete) and everything else goes on. Every problem is kept with its file and, where it
+//! concerns one line, the 1-based line number, so a user can open the file at that line.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+/// One thing that could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Problem {
+    pub path: PathBuf,
+    /// 1-based line number, when the problem is about one line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
+    pub kind: ProblemKind,
+}
+
+impl Problem {
+    pub fn file(path: impl Into<PathBuf>, kind: ProblemKind) -> Self {
+        Self { path: path.into(), line: None, kind }
+    }
+    pub fn at_line(path: impl Into<PathBuf>, line: u64, kind: ProblemKind) -> Self {
+        Self { path: path.into(), line: Some(line), kind }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "{}:{}: {}", self.path.display(), l, self.kind),
+            None => write!(f, "{}: {}", self.path.display(), self.kind),
+        }
+    }
+}
+
+/// Why something could not be read. The text of each variant is what the user sees.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ProblemKind {
+    /// Opening, reading or listing failed (permissions, vanished file, I/O error).
+    #[error("cannot read: {message}")]
+    Io { message: String },
+    /// The folder walk found a symbolic link that leads back to one of its own ancestors.
+    #[error("symbolic link loop, not followed: {message}")]
+    SymlinkLoop { message: String },
+    /// The line is not a JSON object of a record this build knows.
+    #[error("not a valid record: {message}")]
+    BadLine { message: String },
+    /// The record claims a schema version this build does not read.
+    #[error("schema version {found} is not supported (this build reads version {supported})")]
+    Version { found: u64, supported: u32 },
+    /// The record has no `v` field at all.
+    #[error("record has no schema version (`v`)")]
+    NoVersion,
+    /// The line is longer than the limit; it is skipped without being held in memory.
+    #[error("line of {bytes} bytes or more exceeds the {limit}-byte limit; skipped")]
+    LineTooLong { bytes: u64, limit: u64 },
+    /// The file ends in the middle of a line that is not valid on its own (a killed writer).
+    #[error("truncated last line (no newline): {message}")]
+    Truncated { message: String },
+    /// No `start` record in the first part of a rank file, so the file cannot be attributed.
+    #[error("no start record found; the file's rank and run are unknown")]
+    NoStart,
+    /// A record's rank differs from the rank of the file it is in.
+    #[error("record of rank {found} in the log of rank {expected}; skipped")]
+    WrongRank { expected: u32, found: u32 },
+    /// Two files claim the same rank of one run; the second is skipped.
+    #[error("rank {rank} already read from {other}; skipped")]
+    DuplicateRank { rank: u32, other: String },
+    /// A rank's start record disagrees with the run's (different world size or configuration).
+    #[error("start record disagrees with rank {reference_rank}: {what}; skipped")]
+    Inconsistent { reference_rank: u32, what: String },
+    /// A step number beyond the run's configured number of steps.
+    #[error("step {step} is beyond the {steps} steps the run was configured for; skipped")]
+    StepOutOfRange { step: u32, steps: u32 },
+    /// Rank files that the run's world size says should exist are absent.
+    #[error("{count} of {world_size} rank logs missing (ranks {ranks})")]
+    MissingRanks { count: u32, world_size: u32, ranks: String },
+    /// A file's own `run.json`, `job.json` or similar side file is unreadable.
+    #[error("side file ignored: {message}")]
+    SideFile { message: String },
+    /// More problems in this file than are listed; they are counted, not kept.
+    #[error("{count} more problems in this file not listed")]
+    More { count: u64 },
+}

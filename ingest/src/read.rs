@@ -1,0 +1,341 @@
+//! Phase two: reading the rank logs in parallel and folding every record into its run.
+//!
+//! Work is cut into byte ranges of at most `chunk_bytes` (see [`crate::lines`] for how ranges
+//! own lines), so one large log keeps every core busy as well as many small ones. Each range is
+//! folded into its own small accumulator, which is merged into the run's under a lock once the
+//! range is done. When a run's last range is merged, the run is finished there and then (turned
+//! into its report) and its accumulator dropped. Ranges are listed run by run and rayon works
+//! through the list roughly in order, so only a few runs are open at a time: memory holds their
+//! per-step slots plus one accumulator per range in flight, whatever the size of the input.
+//!
+//! Line numbers in problems are counted per range while reading and made absolute at the end,
+//! from the number of lines each earlier range of the same file had.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use rayon::prelude::*;
+use zerobench_schema::log::{parse_line, Record, SCHEMA_VERSION};
+
+use crate::acc::{EndInfo, ErrorClassKey, ErrorInfo, RankAcc, StepSlot, StepSlots};
+use crate::fastpath;
+use crate::lines::{for_each_line_in, Line, Window, BLOCK, MAX_LINE};
+use crate::plan::RunPlan;
+use crate::problem::{Problem, ProblemKind};
+use crate::record::{Envelope, MemLine, StepLine, STEP_PREFIX};
+
+/// Problems listed per file; the rest are counted.
+pub const MAX_PROBLEMS_PER_FILE: usize = 20;
+
+/// Steps beyond this are refused whatever the configuration says, so a hostile step number
+/// cannot make the per-step table of a run large.
+pub const MAX_STEPS: u32 = 1 << 22;
+
+/// What phase two needs to know.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadOptions {
+    /// Steps with a lower index are warmup: not measured.
+    pub warmup: u32,
+    /// Largest byte range read as one piece of work.
+    pub chunk_bytes: u64,
+}
+
+/// Everything read about one run.
+#[derive(Debug, Default)]
+pub struct RunAcc {
+    pub slots: StepSlots,
+    pub ranks: BTreeMap<u32, RankAcc>,
+}
+
+/// Counts over all logs read.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ReadStats {
+    pub files: u64,
+    pub bytes: u64,
+    pub lines: u64,
+    pub bad_lines: u64,
+}
+
+impl ReadStats {
+    pub fn add(&mut self, o: &ReadStats) {
+        self.files += o.files;
+        self.bytes += o.bytes;
+        self.lines += o.lines;
+        self.bad_lines += o.bad_lines;
+    }
+}
+
+struct Chunk {
+    run: usize,
+    file: usize,
+    start: u64,
+    end: u64,
+}
+
+/// What a range leaves once merged: its line count, its problems (with lines counted from the
+/// range's start) and an I/O error.
+struct RangeReport {
+    lines: u64,
+    problems: Vec<(u64, ProblemKind)>,
+    problems_total: u64,
+    io_error: Option<String>,
+}
+
+#[derive(Default)]
+struct ChunkOut {
+    rank: RankAcc,
+    slots: Vec<(u32, StepSlot)>,
+    problems: Vec<(u64, ProblemKind)>,
+    problems_total: u64,
+    lines: u64,
+    io_error: Option<String>,
+}
+
+/// Reads every run's logs and turns each into `R` with `finish` as soon as all of it is read;
+/// `progress` is called with the bytes of each range when it is done.
+pub fn read_runs<R: Send>(
+    plans: &[RunPlan],
+    opts: ReadOptions,
+    progress: &(dyn Fn(u64) + Sync),
+    finish: &(dyn Fn(&RunPlan, RunAcc) -> R + Sync),
+) -> (Vec<R>, Vec<Problem>, ReadStats) {
+    let chunk_bytes = opts.chunk_bytes.max(1);
+    let mut chunks = Vec::new();
+    for (r, plan) in plans.iter().enumerate() {
+        for (f, file) in plan.files.iter().enumerate() {
+            let mut start = 0;
+            loop {
+                let end = if file.len.saturating_sub(start) > chunk_bytes { start + chunk_bytes } else { u64::MAX };
+                chunks.push(Chunk { run: r, file: f, start, end });
+                if end == u64::MAX {
+                    break;
+                }
+                start = end;
+            }
+        }
+    }
+    let runs: Vec<Mutex<RunAcc>> = plans.iter().map(|_| Mutex::new(RunAcc::default())).collect();
+    let mut remaining: Vec<AtomicUsize> = plans.iter().map(|_| AtomicUsize::new(0)).collect();
+    for c in &chunks {
+        *remaining[c.run].get_mut() += 1;
+    }
+    let finished: Vec<Mutex<Option<R>>> = plans.iter().map(|_| Mutex::new(None)).collect();
+    // A poisoned lock means another range panicked; its run is lost either way.
+    let take = |run: usize| std::mem::take(&mut *runs[run].lock().unwrap_or_else(|p| p.into_inner()));
+    let done = |run: usize, r: R| *finished[run].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+    let outs: Vec<RangeReport> = chunks
+        .par_iter()
+        .map(|c| {
+            let plan = &plans[c.run];
+            let file = &plan.files[c.file];
+            let max_steps = plan.start.config.steps.min(MAX_STEPS);
+            let out = read_chunk(&file.path, file.rank, (c.start, c.end.min(file.len)), opts.warmup, max_steps);
+            {
+                let mut run = runs[c.run].lock().unwrap_or_else(|p| p.into_inner());
+                run.ranks.entry(file.rank).or_default().merge(&out.rank);
+                for (step, slot) in &out.slots {
+                    run.slots.merge_at(*step, slot);
+                }
+            }
+            // The last range of a run finishes it; every other range merged before counting down.
+            if remaining[c.run].fetch_sub(1, Ordering::AcqRel) == 1 {
+                done(c.run, finish(plan, take(c.run)));
+            }
+            let bytes = c.end.min(file.len).saturating_sub(c.start);
+            progress(bytes);
+            RangeReport {
+                lines: out.lines,
+                problems: out.problems,
+                problems_total: out.problems_total,
+                io_error: out.io_error,
+            }
+        })
+        .collect();
+
+    let mut stats = ReadStats::default();
+    let mut problems = Vec::new();
+    // Make line numbers absolute, file by file; ranges of a file are consecutive in `chunks`.
+    let mut i = 0;
+    while i < chunks.len() {
+        let (run, file) = (chunks[i].run, chunks[i].file);
+        let path = &plans[run].files[file].path;
+        let mut offset = 0u64;
+        let mut listed: Vec<Problem> = Vec::new();
+        let mut total = 0u64;
+        while i < chunks.len() && chunks[i].run == run && chunks[i].file == file {
+            let out = &outs[i];
+            for (line, kind) in &out.problems {
+                listed.push(Problem::at_line(path, offset + line, kind.clone()));
+            }
+            total += out.problems_total;
+            if let Some(message) = &out.io_error {
+                listed.push(Problem::file(path, ProblemKind::Io { message: message.clone() }));
+                total += 1;
+            }
+            offset += out.lines;
+            i += 1;
+        }
+        stats.files += 1;
+        stats.lines += offset;
+        stats.bytes += plans[run].files[file].len;
+        stats.bad_lines += total;
+        listed.sort();
+        listed.truncate(MAX_PROBLEMS_PER_FILE);
+        let more = total.saturating_sub(listed.len() as u64);
+        problems.extend(listed);
+        if more > 0 {
+            problems.push(Problem::file(path, ProblemKind::More { count: more }));
+        }
+    }
+    // Runs without any log to read (every rank log refused) are finished with what is known.
+    let reports = finished
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| m.into_inner().unwrap_or_else(|p| p.into_inner()).unwrap_or_else(|| finish(&plans[i], take(i))))
+        .collect();
+    (reports, problems, stats)
+}
+
+fn read_chunk(path: &Path, rank: u32, (start, end): (u64, u64), warmup: u32, max_steps: u32) -> ChunkOut {
+    let mut out = ChunkOut::default();
+    // Step records are 500-1000 bytes: sized once instead of grown by copying.
+    out.slots.reserve(usize::try_from(end.saturating_sub(start) / 450).unwrap_or(0));
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) => {
+            out.io_error = Some(e.to_string());
+            return out;
+        }
+    };
+    thread_local! {
+        // One read buffer per worker thread, reused by every range it reads.
+        static WINDOW: RefCell<Window> = RefCell::new(Window::new(2 * BLOCK));
+    }
+    let mut ctx = LineCtx { rank, warmup, max_steps, out: &mut out };
+    let res = WINDOW.with_borrow_mut(|win| {
+        for_each_line_in(win, file, start, end, MAX_LINE, BLOCK, |n, line| {
+            ctx.line(n, line);
+            ControlFlow::Continue(())
+        })
+    });
+    match res {
+        Ok(lines) => out.lines = lines,
+        Err(e) => out.io_error = Some(e.to_string()),
+    }
+    out
+}
+
+struct LineCtx<'o> {
+    rank: u32,
+    warmup: u32,
+    max_steps: u32,
+    out: &'o mut ChunkOut,
+}
+
+impl LineCtx<'_> {
+    fn problem(&mut self, line: u64, kind: ProblemKind) {
+        self.out.problems_total += 1;
+        if self.out.problems.len() < MAX_PROBLEMS_PER_FILE {
+            self.out.problems.push((line, kind));
+        }
+    }
+
+    fn line(&mut self, n: u64, line: Line<'_>) {
+        let (bytes, unterminated) = match line {
+            Line::Full(b) => (b, false),
+            Line::Unterminated(b) => (b, true),
+            Line::TooLong(len) => {
+                self.problem(n, ProblemKind::LineTooLong { bytes: len, limit: MAX_LINE as u64 });
+                return;
+            }
+        };
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return;
+        }
+        if let Err(kind) = self.record(bytes) {
+            let kind = match kind {
+                ProblemKind::BadLine { message } if unterminated => ProblemKind::Truncated { message },
+                k => k,
+            };
+            self.problem(n, kind);
+        }
+    }
+
+    fn record(&mut self, bytes: &[u8]) -> Result<(), ProblemKind> {
+        if bytes.starts_with(STEP_PREFIX) {
+            let s = match fastpath::parse_step(bytes) {
+                Some(s) => s,
+                None => serde_json::from_slice::<StepLine<'_>>(bytes)
+                    .map_err(|e| ProblemKind::BadLine { message: e.to_string() })?,
+            };
+            return self.step(&s);
+        }
+        if bytes.starts_with(b"{\"event\":\"start\",\"v\":1,") {
+            // Read in phase one.
+            return Ok(());
+        }
+        let rec = parse_line(bytes).map_err(|_| classify_bad_line(bytes))?;
+        if rec.rank() != self.rank {
+            return Err(ProblemKind::WrongRank { expected: self.rank, found: rec.rank() });
+        }
+        match rec {
+            Record::Start(_) => {}
+            Record::Setup(s) => self.out.rank.mem.add(&MemLine::from(&s.memory)),
+            Record::Step(s) => self.step(&StepLine::from(&s))?,
+            Record::End(e) => self.out.rank.add_end(EndInfo {
+                status: e.status,
+                steps_completed: e.steps_completed,
+                exit_code: e.exit_code,
+            }),
+            Record::Error(e) => {
+                if let Some(m) = &e.memory {
+                    self.out.rank.mem.add(&MemLine::from(m));
+                }
+                self.out.rank.add_error(ErrorInfo {
+                    step: e.step,
+                    class: ErrorClassKey::from_class(e.class),
+                    message: e.message,
+                    requested_bytes: e.requested_bytes,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, s: &StepLine<'_>) -> Result<(), ProblemKind> {
+        if s.rank != self.rank {
+            return Err(ProblemKind::WrongRank { expected: self.rank, found: s.rank });
+        }
+        if s.step >= self.max_steps {
+            return Err(ProblemKind::StepOutOfRange { step: s.step, steps: self.max_steps });
+        }
+        s.check().map_err(|message| ProblemKind::BadLine { message })?;
+        self.out.rank.add_step(s, self.warmup);
+        self.out.slots.push((s.step, StepSlot::from_line(s)));
+        Ok(())
+    }
+}
+
+/// Why a line that did not parse as a record did not: an unknown version, a missing version,
+/// or something else, with serde's message.
+pub fn classify_bad_line(bytes: &[u8]) -> ProblemKind {
+    match serde_json::from_slice::<Envelope>(bytes) {
+        Err(e) => ProblemKind::BadLine { message: e.to_string() },
+        Ok(env) => match env.v {
+            None => ProblemKind::NoVersion,
+            Some(v) if v != u64::from(SCHEMA_VERSION) => ProblemKind::Version { found: v, supported: SCHEMA_VERSION },
+            Some(_) => {
+                let message = match parse_line(bytes) {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "unexpected record".into(),
+                };
+                ProblemKind::BadLine { message }
+            }
+        },
+    }
+}

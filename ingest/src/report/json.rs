@@ -1,0 +1,64 @@
+//! JSON: one file per table with the typed values (numbers as numbers, empty cells as null),
+//! plus `summary.json` with what was read and every problem.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::ReportError;
+use crate::problem::Problem;
+use crate::read::ReadStats;
+use crate::tables::Tables;
+use crate::Ingested;
+
+/// The version of ingest's JSON output; bumped when a field is renamed, removed or changes
+/// meaning.
+pub const OUTPUT_SCHEMA_VERSION: u32 = 1;
+
+#[derive(Serialize)]
+struct Envelope<'a, T: Serialize> {
+    schema_version: u32,
+    table: &'a str,
+    rows: &'a T,
+}
+
+#[derive(Serialize)]
+struct Summary<'a> {
+    schema_version: u32,
+    complete: bool,
+    runs: usize,
+    read: &'a ReadStats,
+    problems: &'a [Problem],
+}
+
+pub fn write(ingested: &Ingested, tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
+    let mut written = vec![
+        one(out, "latency", &tables.latency)?,
+        one(out, "mem", &tables.mem)?,
+        one(out, "scaling", &tables.scaling)?,
+        one(out, "comm", &tables.comm)?,
+        one(out, "runs", &tables.runs)?,
+    ];
+    let summary = Summary {
+        schema_version: OUTPUT_SCHEMA_VERSION,
+        complete: ingested.complete(),
+        runs: ingested.runs.len(),
+        read: &ingested.stats,
+        problems: &ingested.problems,
+    };
+    written.push(save(out, "summary", &summary)?);
+    Ok(written)
+}
+
+fn one<T: Serialize>(out: &Path, name: &str, rows: &T) -> Result<PathBuf, ReportError> {
+    save(out, name, &Envelope { schema_version: OUTPUT_SCHEMA_VERSION, table: name, rows })
+}
+
+fn save<T: Serialize>(out: &Path, name: &str, v: &T) -> Result<PathBuf, ReportError> {
+    let path = out.join(format!("{name}.json"));
+    let mut text =
+        serde_json::to_string_pretty(v).map_err(|source| ReportError::Json { path: path.clone(), source })?;
+    text.push('\n');
+    std::fs::write(&path, text).map_err(|e| ReportError::io(&path, e))?;
+    Ok(path)
+}

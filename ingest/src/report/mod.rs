@@ -1,0 +1,81 @@
+//! Writing the tables: CSV, Markdown and JSON files, SVG plots, and the terminal summary.
+
+pub mod csv;
+pub mod json;
+pub mod markdown;
+pub mod plot;
+pub mod terminal;
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use crate::tables::Tables;
+use crate::Ingested;
+
+/// A file format for the tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Format {
+    Csv,
+    Markdown,
+    Json,
+    /// SVG plots.
+    Svg,
+}
+
+impl Format {
+    pub const ALL: [Format; 4] = [Format::Csv, Format::Markdown, Format::Json, Format::Svg];
+}
+
+impl FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "csv" => Ok(Format::Csv),
+            "md" | "markdown" => Ok(Format::Markdown),
+            "json" => Ok(Format::Json),
+            "svg" | "plots" => Ok(Format::Svg),
+            other => Err(format!("unknown format '{other}' (expected csv, md, json or svg)")),
+        }
+    }
+}
+
+/// Why output could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("cannot write {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("cannot write {path}: {source}")]
+    Csv { path: PathBuf, source: ::csv::Error },
+    #[error("cannot write {path}: {source}")]
+    Json { path: PathBuf, source: serde_json::Error },
+    #[error("cannot draw {path}: {message}")]
+    Plot { path: PathBuf, message: String },
+}
+
+impl ReportError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+        ReportError::Io { path: path.to_path_buf(), source }
+    }
+}
+
+/// Writes every table in every format asked for into `out`, which is created if needed.
+/// Returns the files written.
+pub fn write_all(
+    ingested: &Ingested,
+    tables: &Tables,
+    out: &Path,
+    formats: &[Format],
+) -> Result<Vec<PathBuf>, ReportError> {
+    std::fs::create_dir_all(out).map_err(|e| ReportError::io(out, e))?;
+    let mut written = Vec::new();
+    let text = tables.text_tables();
+    for f in formats {
+        match f {
+            Format::Csv => written.extend(csv::write(&text, out)?),
+            Format::Markdown => written.extend(markdown::write(&text, out)?),
+            Format::Json => written.extend(json::write(ingested, tables, out)?),
+            Format::Svg => written.extend(plot::write(tables, out)?),
+        }
+    }
+    Ok(written)
+}

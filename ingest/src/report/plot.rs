@@ -1,0 +1,225 @@
+//! SVG plots (plotters, SVG backend, no system fonts needed):
+//! * `throughput-<model>.svg`: samples/s against GPUs, one line per ZeRO stage and offload setting
+//!   (from the scaling table);
+//! * `memory-<model>-mbs<N>.svg`: peak memory per GPU against GPUs, one line per ZeRO stage and
+//!   offload setting, for one model and micro-batch size (from the runs that finished `ok`): how
+//!   much each stage saves as GPUs are added;
+//! * `step-breakdown.svg`: per run, the median forward, backward, optimizer and exposed
+//!   communication times and the rest of the median step, stacked.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+
+use super::ReportError;
+use crate::run::{RunRow, Status};
+use crate::tables::Tables;
+
+const SIZE: (u32, u32) = (900, 540);
+
+pub fn write(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
+    let mut written = Vec::new();
+    written.extend(throughput(tables, out)?);
+    written.extend(memory(tables, out)?);
+    if let Some(p) = breakdown(&tables.runs, out)? {
+        written.push(p);
+    }
+    Ok(written)
+}
+
+/// A file-name-safe form of a model label.
+fn slug(s: &str) -> String {
+    let s: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
+    s.trim_matches('_').to_string()
+}
+
+fn err(path: &Path) -> impl Fn(String) -> ReportError + '_ {
+    move |message| ReportError::Plot { path: path.to_path_buf(), message }
+}
+
+type Series = Vec<(String, Vec<(f64, f64)>)>;
+/// Lines of points by chart, then by series name.
+type Charts<K> = BTreeMap<K, BTreeMap<String, Vec<(f64, f64)>>>;
+
+fn line_chart(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Series) -> Result<(), String> {
+    let xs = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
+    let ys = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.1));
+    let x_max = xs.fold(1.0f64, f64::max);
+    // Headroom above the data for the legend, one row per series.
+    let y_max = ys.fold(0.0f64, f64::max).max(1e-9) * (1.1 + 0.07 * series.len() as f64);
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..x_max * 1.05, 0.0..y_max)
+        .map_err(|e| e.to_string())?;
+    chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw().map_err(|e| e.to_string())?;
+    for (i, (name, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(|e| e.to_string())?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
+
+fn config_label(stage: Option<zerobench_schema::ZeroStage>, offload: zerobench_schema::Offload) -> String {
+    let mut s = stage.map_or("zero?".to_string(), |s| format!("zero{s}"));
+    if offload != zerobench_schema::Offload::None {
+        s.push_str(&format!("+{offload}"));
+    }
+    s
+}
+
+fn throughput(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
+    let mut by_model: Charts<&str> = Charts::new();
+    for r in &tables.scaling {
+        let mut name = config_label(r.stage, r.offload);
+        if let Some(m) = r.micro_batch {
+            name.push_str(&format!(" mbs={m}"));
+        }
+        by_model.entry(&r.model).or_default().entry(name).or_default().push((f64::from(r.gpus), r.samples_per_s));
+    }
+    let mut written = Vec::new();
+    for (model, series) in by_model {
+        let path = out.join(format!("throughput-{}.svg", slug(model)));
+        let series: Series = series.into_iter().collect();
+        line_chart(&path, &format!("{model}: throughput against GPUs"), "GPUs", "samples/s", &series)
+            .map_err(err(&path))?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+fn memory(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
+    // By model and micro-batch, then by stage and offload: GiB against GPUs.
+    let mut charts: Charts<(&str, u32)> = Charts::new();
+    for r in tables.runs.iter().filter(|r| r.status == Status::Ok) {
+        let (Some(m), Some(g), Some(bytes)) =
+            (r.micro_batch, r.gpus, r.peak_allocated_bytes.or(r.peak_nvml_used_bytes).or(r.peak_rss_bytes))
+        else {
+            continue;
+        };
+        let point = (f64::from(g), bytes as f64 / (1u64 << 30) as f64);
+        charts.entry((&r.model, m)).or_default().entry(config_label(r.stage, r.offload)).or_default().push(point);
+    }
+    let mut written = Vec::new();
+    for ((model, mbs), series) in charts {
+        let path = out.join(format!("memory-{}-mbs{mbs}.svg", slug(model)));
+        let series: Series = series
+            .into_iter()
+            .map(|(n, mut p)| {
+                p.sort_by(|a, b| a.0.total_cmp(&b.0));
+                (n, p)
+            })
+            .collect();
+        let title = format!("{model}, micro-batch {mbs}: peak memory per GPU");
+        line_chart(&path, &title, "GPUs", "GiB", &series).map_err(err(&path))?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// Runs drawn in the breakdown at most, so that the bars stay readable.
+const MAX_BARS: usize = 40;
+
+fn breakdown(runs: &[RunRow], out: &Path) -> Result<Option<PathBuf>, ReportError> {
+    let bars: Vec<(String, [f64; 5])> = runs
+        .iter()
+        .filter_map(|r| {
+            let step = r.step_ms_median?;
+            let parts = [
+                r.forward_ms_median.unwrap_or(0.0),
+                r.backward_ms_median.unwrap_or(0.0),
+                r.optimizer_ms_median.unwrap_or(0.0),
+                r.exposed_comm_ms_median.unwrap_or(0.0),
+            ];
+            let rest = (step - parts.iter().sum::<f64>()).max(0.0);
+            let label = format!(
+                "{} {} mbs={} gpus={}",
+                r.model,
+                config_label(r.stage, r.offload),
+                r.micro_batch.map_or("?".into(), |m| m.to_string()),
+                r.gpus.map_or("?".into(), |g| g.to_string())
+            );
+            Some((label, [parts[0], parts[1], parts[2], parts[3], rest]))
+        })
+        .collect();
+    if bars.is_empty() {
+        return Ok(None);
+    }
+    let title = if bars.len() > MAX_BARS {
+        format!("Median step time, by phase (the first {MAX_BARS} of {} runs)", bars.len())
+    } else {
+        "Median step time, by phase".to_string()
+    };
+    let path = out.join("step-breakdown.svg");
+    draw_breakdown(&path, &title, &bars[..bars.len().min(MAX_BARS)]).map_err(err(&path))?;
+    Ok(Some(path))
+}
+
+fn draw_breakdown(path: &Path, title: &str, bars: &[(String, [f64; 5])]) -> Result<(), String> {
+    const PARTS: [&str; 5] = ["forward", "backward", "optimizer", "exposed comm", "other"];
+    let x_max = bars.iter().map(|(_, p)| p.iter().sum::<f64>()).fold(1e-9, f64::max) * 1.15;
+    let height = (120 + 28 * bars.len() as u32).max(300);
+    let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let labels: Vec<String> = bars.iter().map(|(l, _)| l.clone()).collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(330)
+        .build_cartesian_2d(0.0..x_max, (0..bars.len()).into_segmented())
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_labels(bars.len())
+        .y_label_formatter(&|y| match y {
+            SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
+            _ => String::new(),
+        })
+        .x_desc("ms")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (k, part) in PARTS.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
+        let rects = bars.iter().enumerate().map(move |(i, (_, p))| {
+            let x0: f64 = p[..k].iter().sum();
+            let mut r =
+                Rectangle::new([(x0, SegmentValue::Exact(i)), (x0 + p[k], SegmentValue::Exact(i + 1))], color.filled());
+            r.set_margin(4, 4, 0, 0);
+            r
+        });
+        chart
+            .draw_series(rects)
+            .map_err(|e| e.to_string())?
+            .label(*part)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        // The bottom bars are the first runs in order, usually the smallest configurations.
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}

@@ -1,0 +1,75 @@
+//! The summary printed on the terminal: one line per run with the figures people compare first,
+//! as an aligned text table.
+
+use std::io::{self, Write};
+
+use crate::run::RunRow;
+use crate::tables::Table;
+
+/// The summary table of the runs.
+pub fn summary_table(runs: &[RunRow]) -> Table {
+    let header = [
+        "run",
+        "model",
+        "zero",
+        "offload",
+        "mbs",
+        "gpus",
+        "status",
+        "step ms p50",
+        "p90",
+        "tok/s/gpu",
+        "MFU",
+        "peak GiB",
+        "exposed comm",
+    ];
+    let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map(f).unwrap_or_else(|| "-".into());
+    let rows = runs
+        .iter()
+        .map(|r| {
+            let peak = r.peak_allocated_bytes.or(r.peak_nvml_used_bytes).or(r.peak_rss_bytes);
+            vec![
+                r.run_id.clone(),
+                r.model.clone(),
+                r.stage.map_or("-".into(), |s| s.to_string()),
+                r.offload.to_string(),
+                r.micro_batch.map_or("-".into(), |m| m.to_string()),
+                r.gpus.map_or("-".into(), |g| g.to_string()),
+                r.status.to_string(),
+                opt(r.step_ms_median, &|v| format!("{v:.2}")),
+                opt(r.step_ms_p90, &|v| format!("{v:.2}")),
+                opt(r.tokens_per_s_per_gpu, &|v| format!("{v:.0}")),
+                opt(r.mfu, &|v| format!("{:.1}%", v * 100.0)),
+                opt(peak.map(|b| b as f64 / (1u64 << 30) as f64), &|v| format!("{v:.2}")),
+                opt(r.exposed_comm_frac, &|v| format!("{:.1}%", v * 100.0)),
+            ]
+        })
+        .collect();
+    Table { name: "summary", header: header.iter().map(|s| s.to_string()).collect(), rows }
+}
+
+/// Writes a table with its columns aligned (numbers to the right).
+pub fn write_table(w: &mut dyn Write, t: &Table) -> io::Result<()> {
+    let n = t.header.len();
+    let mut width: Vec<usize> = t.header.iter().map(|h| h.chars().count()).collect();
+    for r in &t.rows {
+        for (i, c) in r.iter().enumerate().take(n) {
+            width[i] = width[i].max(c.chars().count());
+        }
+    }
+    let numeric = |c: &str| !c.is_empty() && c.trim_end_matches('%').parse::<f64>().is_ok();
+    let line = |w: &mut dyn Write, cells: &[String]| -> io::Result<()> {
+        let mut parts = Vec::with_capacity(n);
+        for (i, c) in cells.iter().enumerate().take(n) {
+            let pad = width[i].saturating_sub(c.chars().count());
+            parts.push(if numeric(c) { format!("{}{c}", " ".repeat(pad)) } else { format!("{c}{}", " ".repeat(pad)) });
+        }
+        writeln!(w, "{}", parts.join("  ").trim_end())
+    };
+    line(w, &t.header)?;
+    writeln!(w, "{}", width.iter().map(|k| "-".repeat(*k)).collect::<Vec<_>>().join("  "))?;
+    for r in &t.rows {
+        line(w, r)?;
+    }
+    Ok(())
+}

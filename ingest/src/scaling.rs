@@ -1,0 +1,150 @@
+//! Scaling: throughput against the number of GPUs, for each model and ZeRO configuration.
+//!
+//! zerobench fixes the micro-batch per GPU, so the global batch grows with the GPUs: this is weak
+//! scaling. With X(N) the throughput (samples/s) on N GPUs and N₀ the smallest GPU count measured
+//! for the same model, stage, offload, precision, sequence length, micro-batch and gradient
+//! accumulation:
+//! * speedup S(N) = X(N) / X(N₀), ideal = N / N₀, efficiency E(N) = S(N) / ideal
+//!   = (X(N)/N) / (X(N₀)/N₀), which equals T_step(N₀)/T_step(N) since work per GPU is constant.
+//!
+//! With N₀ = 1 these are the usual speedup and efficiency against one GPU; the baseline is
+//! printed in every row. Runs that are not `ok` are left out; repeated runs of one configuration
+//! and GPU count are combined by their median throughput. Nodes are part of the row, so the same
+//! GPU count on one node and on two shows as two rows (intra- against inter-node).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use zerobench_schema::{Offload, Precision, ZeroStage};
+
+use crate::aggregate::usable_for_scaling;
+use crate::run::{RunReport, Source};
+use crate::stats::median;
+
+/// One row of the scaling table.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ScalingRow {
+    pub model: String,
+    pub source: String,
+    pub stage: Option<ZeroStage>,
+    pub offload: Offload,
+    pub precision: Option<Precision>,
+    pub seq_len: Option<u32>,
+    pub micro_batch: Option<u32>,
+    pub grad_accum: Option<u32>,
+    pub gpus: u32,
+    pub nodes: Option<u32>,
+    /// Runs combined into this row.
+    pub runs: u32,
+    pub samples_per_s: f64,
+    pub tokens_per_s: Option<f64>,
+    pub samples_per_s_per_gpu: f64,
+    pub baseline_gpus: u32,
+    pub speedup: f64,
+    pub ideal_speedup: f64,
+    pub efficiency: f64,
+    pub comm_frac: Option<f64>,
+}
+
+impl ScalingRow {
+    fn round(&mut self) {
+        use crate::stats::{round_opt, round_sig, SIGNIFICANT};
+        for x in [
+            &mut self.samples_per_s,
+            &mut self.samples_per_s_per_gpu,
+            &mut self.speedup,
+            &mut self.ideal_speedup,
+            &mut self.efficiency,
+        ] {
+            *x = round_sig(*x, SIGNIFICANT);
+        }
+        round_opt(&mut self.tokens_per_s);
+        round_opt(&mut self.comm_frac);
+    }
+}
+
+type GroupKey = (String, Source, Option<ZeroStage>, Offload, Option<Precision>, Option<u32>, Option<u32>, Option<u32>);
+/// Runs of one group by (GPUs, nodes).
+type Groups<'a> = BTreeMap<GroupKey, BTreeMap<(u32, Option<u32>), Vec<&'a RunReport>>>;
+
+/// The runs of one group at one (GPUs, nodes), combined.
+struct Point {
+    gpus: u32,
+    nodes: Option<u32>,
+    runs: u32,
+    samples_per_s: f64,
+    tokens_per_s: Option<f64>,
+    comm_frac: Option<f64>,
+}
+
+/// The scaling table of a set of runs.
+pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
+    let mut groups = Groups::new();
+    for r in runs {
+        let row = &r.row;
+        let (Some(gpus), Some(_)) = (row.gpus, row.samples_per_s) else { continue };
+        if !usable_for_scaling(row.status) || gpus == 0 {
+            continue;
+        }
+        let key = (
+            row.model.clone(),
+            row.source,
+            row.stage,
+            row.offload,
+            row.precision,
+            row.seq_len,
+            row.micro_batch,
+            row.grad_accum,
+        );
+        groups.entry(key).or_default().entry((gpus, row.nodes)).or_default().push(r);
+    }
+    let mut out = Vec::new();
+    for ((model, source, stage, offload, precision, seq_len, micro_batch, grad_accum), points) in groups {
+        let combined: Vec<Point> = points
+            .into_iter()
+            .map(|((gpus, nodes), rs)| Point {
+                gpus,
+                nodes,
+                runs: rs.len() as u32,
+                samples_per_s: median(&rs.iter().filter_map(|r| r.row.samples_per_s).collect::<Vec<_>>())
+                    .unwrap_or(0.0),
+                tokens_per_s: median(&rs.iter().filter_map(|r| r.row.tokens_per_s).collect::<Vec<_>>()),
+                comm_frac: median(&rs.iter().filter_map(|r| r.row.comm_frac).collect::<Vec<_>>()),
+            })
+            .collect();
+        // The baseline is the smallest GPU count, on the fewest nodes (the map is sorted so).
+        let Some((base_gpus, base_sps)) = combined.first().map(|p| (p.gpus, p.samples_per_s)) else { continue };
+        for Point { gpus, nodes, runs: n, samples_per_s: sps, tokens_per_s: tps, comm_frac: comm } in combined {
+            let speedup = if base_sps > 0.0 { sps / base_sps } else { 0.0 };
+            let ideal = f64::from(gpus) / f64::from(base_gpus);
+            out.push(ScalingRow {
+                model: model.clone(),
+                source: match source {
+                    Source::Zerobench => "zerobench".into(),
+                    Source::Foreign => "foreign".into(),
+                },
+                stage,
+                offload,
+                precision,
+                seq_len,
+                micro_batch,
+                grad_accum,
+                gpus,
+                nodes,
+                runs: n,
+                samples_per_s: sps,
+                tokens_per_s: tps,
+                samples_per_s_per_gpu: sps / f64::from(gpus),
+                baseline_gpus: base_gpus,
+                speedup,
+                ideal_speedup: ideal,
+                efficiency: speedup / ideal,
+                comm_frac: comm,
+            });
+            if let Some(last) = out.last_mut() {
+                last.round();
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,298 @@
+//! The tables ingest writes, built from the runs:
+//! * `latency` and `mem`: the seed studies' layout, one block per ZeRO stage and offload setting
+//!   (and GPU count, precision and sequence length, so that unlike runs never share a cell), rows
+//!   = model, columns = micro-batch size; a configuration that ran out of memory shows `OOM`;
+//! * `scaling`: see [`crate::scaling`];
+//! * `comm`: one row per run and collective kind;
+//! * `runs`: one row per run, every field.
+//!
+//! Every table also exists as a [`Table`] of text cells, which the CSV, Markdown and terminal
+//! sinks write.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+use zerobench_schema::{Offload, Precision, ZeroStage};
+
+use crate::run::{CollectiveRow, RunReport, RunRow, Source, Status};
+use crate::scaling::{scaling, ScalingRow};
+use crate::stats::median;
+
+/// A rectangular table of text cells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    pub name: &'static str,
+    pub header: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
+/// A table of serde rows, with the field names as header (`sample` gives it when there are no
+/// rows). The rows go through the CSV serialiser, so every sink shows the cells CSV has.
+pub fn table_from_rows<T: Serialize>(name: &'static str, rows: &[T], sample: &T) -> Table {
+    let mut w = csv::WriterBuilder::new().has_headers(true).from_writer(Vec::new());
+    // Serialising plain rows into memory cannot fail; an empty table is the fallback.
+    let ok = std::iter::once(sample).chain(rows).all(|r| w.serialize(r).is_ok());
+    let bytes = if ok { w.into_inner().unwrap_or_default() } else { Vec::new() };
+    let mut records = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(bytes.as_slice())
+        .into_records()
+        .filter_map(Result::ok)
+        .map(|r| r.iter().map(str::to_string).collect::<Vec<String>>());
+    let header = records.next().unwrap_or_default();
+    // The sample's own row follows the header.
+    let rows = records.skip(1).collect();
+    Table { name, header, rows }
+}
+
+/// What a pivot shows in its cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PivotMetric {
+    /// Median step time, ms.
+    StepMsMedian,
+    /// Peak memory per GPU, GiB: allocated, else NVML used, else process RSS.
+    PeakMemoryGib,
+}
+
+/// The block a run's cell lives in.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct BlockKey {
+    pub stage: ZeroStage,
+    pub offload: Offload,
+    pub gpus: Option<u32>,
+    pub precision: Option<Precision>,
+    pub seq_len: Option<u32>,
+}
+
+impl BlockKey {
+    /// The block's title, in the first column of its header row.
+    pub fn label(&self) -> String {
+        let mut s = format!("zero{}", self.stage);
+        if self.offload != Offload::None {
+            s.push_str(&format!("+offload={}", self.offload));
+        }
+        match self.gpus {
+            Some(g) => s.push_str(&format!(" gpus={g}")),
+            None => s.push_str(" gpus=?"),
+        }
+        if let Some(p) = self.precision {
+            s.push_str(&format!(" {p}"));
+        }
+        if let Some(t) = self.seq_len {
+            s.push_str(&format!(" seq={t}"));
+        }
+        s
+    }
+}
+
+/// Where a memory figure came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryKind {
+    Allocated,
+    Nvml,
+    Rss,
+}
+
+/// One cell of a pivot.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Cell {
+    /// No run of this configuration.
+    Empty,
+    /// The median over the `ok` runs of this configuration.
+    Value {
+        value: f64,
+        runs: u32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        memory: Option<MemoryKind>,
+    },
+    /// Runs finished `ok` but none measured this figure (a foreign log without it).
+    NotMeasured,
+    /// No run was `ok` and one ran out of memory.
+    Oom,
+    /// No run was `ok` or `oom`: the most telling other status.
+    Other { run_status: Status },
+}
+
+impl Cell {
+    pub fn text(&self) -> String {
+        match self {
+            Cell::Empty => String::new(),
+            Cell::Value { value, memory, .. } => match memory {
+                None | Some(MemoryKind::Allocated) => format!("{value:.2}"),
+                Some(MemoryKind::Nvml) => format!("{value:.2} nvml"),
+                Some(MemoryKind::Rss) => format!("{value:.2} rss"),
+            },
+            Cell::NotMeasured => "n/a".into(),
+            Cell::Oom => "OOM".into(),
+            Cell::Other { run_status } => run_status.to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PivotRow {
+    pub model: String,
+    pub cells: Vec<Cell>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PivotBlock {
+    #[serde(flatten)]
+    pub key: BlockKey,
+    pub label: String,
+    /// Micro-batch sizes, one per cell.
+    pub micro_batches: Vec<u32>,
+    pub rows: Vec<PivotRow>,
+}
+
+/// A latency or memory table in the seed studies' layout.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Pivot {
+    pub name: &'static str,
+    pub metric: PivotMetric,
+    pub blocks: Vec<PivotBlock>,
+}
+
+impl Pivot {
+    fn build(name: &'static str, metric: PivotMetric, runs: &[RunReport]) -> Pivot {
+        let mut cells: BTreeMap<BlockKey, BTreeMap<String, BTreeMap<u32, Vec<&RunRow>>>> = BTreeMap::new();
+        for r in runs {
+            let row = &r.row;
+            let (Some(stage), Some(mbs)) = (row.stage, row.micro_batch) else { continue };
+            let key = BlockKey {
+                stage,
+                offload: row.offload,
+                gpus: row.gpus,
+                precision: row.precision,
+                seq_len: row.seq_len,
+            };
+            let label = match row.source {
+                Source::Zerobench => row.model.clone(),
+                Source::Foreign => format!("{} ({})", row.model, row.formats),
+            };
+            cells.entry(key).or_default().entry(label).or_default().entry(mbs).or_default().push(row);
+        }
+        // Every block has the same columns, so the stacked blocks stay one rectangular table.
+        let columns: Vec<u32> = cells
+            .values()
+            .flat_map(|models| models.values().flat_map(|m| m.keys().copied()))
+            .collect::<BTreeSet<u32>>()
+            .into_iter()
+            .collect();
+        let blocks = cells
+            .into_iter()
+            .map(|(key, models)| PivotBlock {
+                label: key.label(),
+                key,
+                micro_batches: columns.clone(),
+                rows: models
+                    .into_iter()
+                    .map(|(model, by_mbs)| PivotRow {
+                        model,
+                        cells: columns.iter().map(|m| cell(metric, by_mbs.get(m).map_or(&[][..], |v| v))).collect(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        Pivot { name, metric, blocks }
+    }
+
+    /// The pivot as stacked blocks, each headed by its label and the micro-batch sizes.
+    pub fn to_table(&self) -> Table {
+        let mut rows: Vec<Vec<String>> = Vec::new();
+        for b in &self.blocks {
+            let mut head = vec![b.label.clone()];
+            head.extend(b.micro_batches.iter().map(u32::to_string));
+            rows.push(head);
+            for r in &b.rows {
+                let mut line = vec![r.model.clone()];
+                line.extend(r.cells.iter().map(Cell::text));
+                rows.push(line);
+            }
+        }
+        let header = if rows.is_empty() { Vec::new() } else { rows.remove(0) };
+        Table { name: self.name, header, rows }
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn memory_of(row: &RunRow) -> Option<(f64, MemoryKind)> {
+    if let Some(b) = row.peak_allocated_bytes {
+        return Some((b as f64 / GIB, MemoryKind::Allocated));
+    }
+    if let Some(b) = row.peak_nvml_used_bytes {
+        return Some((b as f64 / GIB, MemoryKind::Nvml));
+    }
+    row.peak_rss_bytes.map(|b| (b as f64 / GIB, MemoryKind::Rss))
+}
+
+fn cell(metric: PivotMetric, runs: &[&RunRow]) -> Cell {
+    if runs.is_empty() {
+        return Cell::Empty;
+    }
+    let ok: Vec<&&RunRow> = runs.iter().filter(|r| r.status == Status::Ok).collect();
+    let values: Vec<(f64, Option<MemoryKind>)> = ok
+        .iter()
+        .filter_map(|r| match metric {
+            PivotMetric::StepMsMedian => r.step_ms_median.map(|v| (v, None)),
+            PivotMetric::PeakMemoryGib => memory_of(r).map(|(v, k)| (v, Some(k))),
+        })
+        .collect();
+    if !values.is_empty() {
+        // Mixed memory sources in one cell: show the most direct one present.
+        let kind = values.iter().filter_map(|(_, k)| *k).min();
+        let vals: Vec<f64> = values.iter().filter(|(_, k)| *k == kind).map(|(v, _)| *v).collect();
+        return Cell::Value { value: median(&vals).unwrap_or(0.0), runs: vals.len() as u32, memory: kind };
+    }
+    if !ok.is_empty() {
+        return Cell::NotMeasured;
+    }
+    if runs.iter().any(|r| r.status == Status::Oom) {
+        return Cell::Oom;
+    }
+    // Prefer the status that explains most: failed, then timeout, cancelled, incomplete.
+    let order = [Status::Failed, Status::Timeout, Status::Cancelled, Status::Incomplete];
+    let run_status = order.into_iter().find(|s| runs.iter().any(|r| r.status == *s)).unwrap_or(Status::Incomplete);
+    Cell::Other { run_status }
+}
+
+/// Every table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Tables {
+    pub latency: Pivot,
+    pub mem: Pivot,
+    pub scaling: Vec<ScalingRow>,
+    pub comm: Vec<CollectiveRow>,
+    pub runs: Vec<RunRow>,
+}
+
+impl Tables {
+    /// The tables of `runs`, with every figure rounded to [`crate::stats::SIGNIFICANT`] digits.
+    pub fn build(runs: &[RunReport]) -> Tables {
+        // Figures are computed at full precision and rounded for output only.
+        let rounded: Vec<RunReport> = runs.iter().cloned().map(RunReport::round).collect();
+        Tables {
+            latency: Pivot::build("latency", PivotMetric::StepMsMedian, &rounded),
+            mem: Pivot::build("mem", PivotMetric::PeakMemoryGib, &rounded),
+            scaling: scaling(runs),
+            comm: rounded.iter().flat_map(|r| r.collectives.iter().cloned()).collect(),
+            runs: rounded.into_iter().map(|r| r.row).collect(),
+        }
+    }
+
+    /// Every table as text cells, in the order they are written.
+    pub fn text_tables(&self) -> Vec<Table> {
+        let sample_run = RunRow::new(String::new(), Source::Zerobench, String::new(), String::new(), Status::Ok);
+        vec![
+            self.latency.to_table(),
+            self.mem.to_table(),
+            table_from_rows("scaling", &self.scaling, &ScalingRow::default()),
+            table_from_rows("comm", &self.comm, &CollectiveRow::default()),
+            table_from_rows("runs", &self.runs, &sample_run),
+        ]
+    }
+}

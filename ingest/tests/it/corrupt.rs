@@ -1,0 +1,305 @@
+//! Bad input: every problem is reported with its file, line and reason, and never stops the
+//! rest from being read.
+
+use std::fs;
+use std::path::Path;
+
+use zerobench_ingest::synth::Fate;
+use zerobench_ingest::{Options, Problem, ProblemKind, Status};
+use zerobench_schema::{ModelPreset, ZeroStage};
+
+use crate::common::{insert_lines, read, read_with, run};
+
+fn one_run(root: &Path, id: &str) -> std::path::PathBuf {
+    let dir = root.join(id);
+    run(id, ModelPreset::Gpt2, ZeroStage::Z1, 4, 2, 50.0).write(&dir).unwrap();
+    dir
+}
+
+fn kinds(problems: &[Problem]) -> Vec<(Option<u64>, ProblemKind)> {
+    problems.iter().map(|p| (p.line, p.kind.clone())).collect()
+}
+
+#[test]
+fn corrupt_binary_and_version_lines_are_reported_with_their_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    // rank1.jsonl: start, setup, step 0, step 1, then the bad lines (lines 5..=9).
+    insert_lines(
+        &dir.join("rank1.jsonl"),
+        4,
+        &[
+            b"{\"event\":\"step\",\"v\":1,\"rank\":1,",
+            b"\x00\xff\xfe\x80garbage",
+            br#"{"event":"end","v":7,"rank":1}"#,
+            br#"{"event":"setup","rank":1}"#,
+            br#"[1,2,3]"#,
+        ],
+    );
+    let got = read(tmp.path());
+    let k = kinds(&got.problems);
+    assert_eq!(k.len(), 5, "{:#?}", got.problems);
+    assert!(matches!(&k[0], (Some(5), ProblemKind::BadLine { message }) if message.contains("EOF")), "{k:?}");
+    assert!(matches!(&k[1], (Some(6), ProblemKind::BadLine { .. })), "{k:?}");
+    assert_eq!(k[2], (Some(7), ProblemKind::Version { found: 7, supported: 1 }));
+    assert_eq!(k[3], (Some(8), ProblemKind::NoVersion));
+    assert!(matches!(&k[4], (Some(9), ProblemKind::BadLine { .. })), "{k:?}");
+    assert!(got.problems.iter().all(|p| p.path.ends_with("rank1.jsonl")));
+    // The rest of the file and the run were read.
+    let row = &got.runs[0].row;
+    assert_eq!((row.status, row.steps_measured, row.ranks_read), (Status::Ok, 4, 2));
+    assert_eq!(got.stats.bad_lines, 5);
+}
+
+#[test]
+fn truncated_last_line_is_reported_and_the_run_is_incomplete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut r = run("killed", ModelPreset::Gpt2, ZeroStage::Z2, 4, 2, 50.0);
+    r.fate = Fate::Killed { after: 4 };
+    r.write(tmp.path()).unwrap();
+    let got = read(tmp.path());
+    assert_eq!(got.problems.len(), 2);
+    for p in &got.problems {
+        // start, setup, 4 steps, then the partial line 7.
+        assert_eq!(p.line, Some(7));
+        assert!(matches!(&p.kind, ProblemKind::Truncated { .. }), "{p}");
+    }
+    let row = &got.runs[0].row;
+    assert_eq!(row.status, Status::Incomplete);
+    assert_eq!(row.status_detail.as_deref(), Some("no end record from ranks 0-1"));
+    assert_eq!(row.steps_measured, 2);
+}
+
+#[test]
+fn oversized_line_is_skipped_without_being_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    let big = vec![b'x'; (1 << 20) + 10];
+    insert_lines(&dir.join("rank0.jsonl"), 3, &[&big]);
+    // And a file that is one huge line without a newline.
+    fs::write(dir.join("rank1.jsonl"), vec![b'{'; 3 << 20]).unwrap();
+    let got = read(tmp.path());
+    let k = kinds(&got.problems);
+    assert!(k.contains(&(Some(4), ProblemKind::LineTooLong { bytes: (1 << 20) + 10, limit: 1 << 20 })), "{k:?}");
+    assert!(k.contains(&(Some(1), ProblemKind::LineTooLong { bytes: 3 << 20, limit: 1 << 20 })), "{k:?}");
+    // rank 1 has no start record (its only line is the huge one): it joins the folder's only run.
+    assert!(k.contains(&(None, ProblemKind::NoStart)), "{k:?}");
+    assert_eq!(got.runs[0].row.status, Status::Incomplete);
+}
+
+#[test]
+fn unknown_schema_version_everywhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    for rank in 0..2 {
+        let p = dir.join(format!("rank{rank}.jsonl"));
+        let text = fs::read_to_string(&p).unwrap().replace("\"v\":1,", "\"v\":2,");
+        fs::write(&p, text).unwrap();
+    }
+    let got = read(tmp.path());
+    assert!(got.runs.is_empty());
+    assert_eq!(got.problems.len(), 2);
+    for p in &got.problems {
+        assert_eq!((p.line, &p.kind), (Some(1), &ProblemKind::Version { found: 2, supported: 1 }));
+    }
+}
+
+#[test]
+fn empty_folders_and_empty_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::create_dir_all(tmp.path().join("a/b/c")).unwrap();
+    let got = read(tmp.path());
+    assert!(got.runs.is_empty() && got.problems.is_empty() && got.complete());
+    fs::write(tmp.path().join("a/rank0.jsonl"), b"").unwrap();
+    let got = read(tmp.path());
+    assert!(got.runs.is_empty());
+    assert_eq!(kinds(&got.problems), [(None, ProblemKind::NoStart)]);
+    let missing = read(&tmp.path().join("nope"));
+    assert!(matches!(&missing.problems[0].kind, ProblemKind::Io { .. }));
+}
+
+#[test]
+fn unreadable_files_and_dangling_links_are_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    one_run(tmp.path(), "good");
+    let bad = tmp.path().join("bad");
+    fs::create_dir_all(&bad).unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("does-not-exist"), bad.join("rank0.jsonl")).unwrap();
+    let got = read(tmp.path());
+    assert_eq!(got.runs.len(), 1);
+    assert_eq!(got.runs[0].row.status, Status::Ok);
+    assert!(
+        got.problems.iter().any(|p| p.path.ends_with("bad/rank0.jsonl") && matches!(p.kind, ProblemKind::Io { .. })),
+        "{:#?}",
+        got.problems
+    );
+
+    // A file without read permission (only meaningful when not running as root).
+    let locked = tmp.path().join("locked");
+    let dir = one_run(&locked, "r");
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(dir.join("rank1.jsonl"), fs::Permissions::from_mode(0o000)).unwrap();
+    if fs::read(dir.join("rank1.jsonl")).is_err() {
+        let got = read(&locked);
+        assert!(got.problems.iter().any(|p| matches!(p.kind, ProblemKind::Io { .. })));
+        assert_eq!(got.runs[0].row.ranks_read, 1);
+    }
+}
+
+#[test]
+fn symlink_loops_are_reported_and_not_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    one_run(tmp.path(), "r");
+    std::os::unix::fs::symlink(tmp.path(), tmp.path().join("r/loop")).unwrap();
+    let got = read(tmp.path());
+    assert_eq!(got.runs.len(), 1);
+    assert_eq!(got.runs[0].row.ranks_read, 2);
+    assert_eq!(got.problems.len(), 1, "{:#?}", got.problems);
+    assert!(matches!(got.problems[0].kind, ProblemKind::SymlinkLoop { .. }));
+}
+
+#[test]
+fn records_that_contradict_their_file_or_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    let step = fs::read_to_string(dir.join("rank1.jsonl")).unwrap().lines().nth(3).unwrap().to_string();
+    insert_lines(
+        &dir.join("rank1.jsonl"),
+        4,
+        &[
+            step.replacen("\"rank\":1,", "\"rank\":0,", 1).as_bytes(),
+            step.replacen("\"step\":1,", "\"step\":99,", 1).as_bytes(),
+            step.replacen("\"step_ms\":", "\"step_ms\":-", 1).as_bytes(),
+        ],
+    );
+    // Another run's rank log in the same folder, claiming rank 1 of a 4-rank world.
+    let mut other = run("r", ModelPreset::Gpt2, ZeroStage::Z1, 4, 4, 50.0);
+    other.seed = 9;
+    other.write_ranks(&tmp.path().join("r/sub"), [1]).unwrap();
+    fs::rename(tmp.path().join("r/sub/rank1.jsonl"), dir.join("rank-01.jsonl")).unwrap();
+    let got = read(tmp.path());
+    let k = kinds(&got.problems);
+    assert!(k.contains(&(Some(5), ProblemKind::WrongRank { expected: 1, found: 0 })), "{k:?}");
+    assert!(k.contains(&(Some(6), ProblemKind::StepOutOfRange { step: 99, steps: 6 })), "{k:?}");
+    assert!(
+        k.iter().any(
+            |(l, p)| *l == Some(7) && matches!(p, ProblemKind::BadLine { message } if message.contains("negative"))
+        ),
+        "{k:?}"
+    );
+    assert!(
+        k.iter().any(|(_, p)| matches!(p, ProblemKind::Inconsistent { what, .. } if what.contains("world size 4"))),
+        "{k:?}"
+    );
+    assert_eq!(got.runs[0].row.status, Status::Ok);
+}
+
+#[test]
+fn duplicate_ranks_and_problem_flood_are_bounded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    fs::copy(dir.join("rank1.jsonl"), dir.join("rank_1.jsonl")).unwrap();
+    let junk: Vec<Vec<u8>> = (0..500).map(|i| format!("junk {i}").into_bytes()).collect();
+    let junk: Vec<&[u8]> = junk.iter().map(Vec::as_slice).collect();
+    insert_lines(&dir.join("rank0.jsonl"), 2, &junk);
+    // Small ranges, so the flood is split over many pieces of work.
+    let got = read_with(tmp.path(), &Options { chunk_bytes: 1000, ..Options::default() });
+    assert!(got.problems.iter().any(|p| matches!(&p.kind, ProblemKind::DuplicateRank { rank: 1, .. })));
+    let listed: Vec<&Problem> = got.problems.iter().filter(|p| p.path.ends_with("rank0.jsonl")).collect();
+    assert_eq!(listed.len(), 21);
+    assert_eq!(listed[0].line, Some(3));
+    assert_eq!(listed[19].line, Some(22));
+    assert_eq!(listed[20].kind, ProblemKind::More { count: 480 });
+    assert_eq!(got.stats.bad_lines, 500);
+}
+
+#[test]
+fn oom_failed_cancelled_timeout_and_missing_ranks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut oom = run("oom", ModelPreset::Gpt2, ZeroStage::Z0, 32, 2, 50.0);
+    oom.fate = Fate::Oom { rank: 1, step: 2 };
+    oom.write(&tmp.path().join("oom")).unwrap();
+    let mut failed = run("failed", ModelPreset::Gpt2, ZeroStage::Z0, 8, 2, 50.0);
+    failed.fate = Fate::Failed { rank: 0, step: 4 };
+    failed.write(&tmp.path().join("failed")).unwrap();
+    for (id, state) in [("cancelled", "CANCELLED"), ("timeout", "TIMEOUT"), ("host-oom", "OUT_OF_MEMORY")] {
+        let mut r = run(id, ModelPreset::Gpt2, ZeroStage::Z1, 8, 2, 50.0);
+        r.fate = Fate::Killed { after: 3 };
+        r.write(&tmp.path().join(id).join("logs")).unwrap();
+        fs::write(tmp.path().join(id).join("job.json"), format!(r#"{{"state": {{"current": ["{state}"]}}}}"#)).unwrap();
+    }
+    // `zerobench local`'s record: killed by a signal.
+    let mut r = run("local-killed", ModelPreset::Gpt2, ZeroStage::Z1, 8, 2, 50.0);
+    r.fate = Fate::Killed { after: 2 };
+    r.write(&tmp.path().join("local-killed/logs")).unwrap();
+    fs::write(
+        tmp.path().join("local-killed/local.json"),
+        r#"{"signal": 15, "timed_out": false, "seconds": 3.5, "finished_at": 1}"#,
+    )
+    .unwrap();
+    // Slurm's default output name, and the job's own word for a run whose ranks all ended.
+    let mut r = run("slurm-out", ModelPreset::Gpt2, ZeroStage::Z1, 8, 2, 50.0);
+    r.fate = Fate::Killed { after: 2 };
+    r.write(&tmp.path().join("slurm-out/logs")).unwrap();
+    fs::write(
+        tmp.path().join("slurm-out/slurm-77.out"),
+        "slurmstepd: error: *** JOB 77 ON n1 CANCELLED AT 2026-01-01T00:00:00 ***\n",
+    )
+    .unwrap();
+    let done = run("done-but-failed-epilogue", ModelPreset::Gpt2, ZeroStage::Z1, 8, 2, 50.0);
+    done.write(&tmp.path().join("epilogue/logs")).unwrap();
+    fs::write(tmp.path().join("epilogue/job.json"), r#"{"state": "FAILED"}"#).unwrap();
+    // A Slurm state does not override ranks that all finished.
+    let done = run("done-then-timeout", ModelPreset::Gpt2, ZeroStage::Z1, 8, 2, 50.0);
+    done.write(&tmp.path().join("done/logs")).unwrap();
+    fs::write(tmp.path().join("done/job.json"), r#"{"state": "TIMEOUT"}"#).unwrap();
+    run("missing", ModelPreset::Gpt2, ZeroStage::Z1, 8, 4, 50.0)
+        .write_ranks(&tmp.path().join("missing"), [0, 2])
+        .unwrap();
+
+    let got = read(tmp.path());
+    let status = |id: &str| {
+        got.runs.iter().find(|r| r.row.run_id == id).map(|r| (r.row.status, r.row.status_detail.clone())).unwrap()
+    };
+    let (s, why) = status("oom");
+    assert_eq!(s, Status::Oom);
+    assert_eq!(
+        why.as_deref(),
+        Some("rank 1 at step 2: oom: CUDA out of memory. Tried to allocate 2.00 GiB (requested 2147483648 bytes)")
+    );
+    assert_eq!(status("failed").0, Status::Failed);
+    assert_eq!(status("cancelled").0, Status::Cancelled);
+    assert_eq!(status("timeout").0, Status::Timeout);
+    assert_eq!(status("host-oom").0, Status::Oom);
+    assert_eq!(status("done-then-timeout").0, Status::Ok);
+    assert_eq!(status("done-but-failed-epilogue").0, Status::Ok);
+    assert_eq!(status("local-killed").0, Status::Cancelled);
+    assert_eq!(status("slurm-out").0, Status::Cancelled);
+    let (s, why) = status("missing");
+    assert_eq!((s, why.as_deref()), (Status::Incomplete, Some("no log for ranks 1,3")));
+    assert!(got
+        .problems
+        .iter()
+        .any(|p| p.kind == ProblemKind::MissingRanks { count: 2, world_size: 4, ranks: "1,3".into() }));
+    // The OOM run's memory includes the allocator state at the failure.
+    let oom_row = &got.runs.iter().find(|r| r.row.run_id == "oom").unwrap().row;
+    assert_eq!(oom_row.peak_allocated_bytes, Some(79 << 30));
+}
+
+#[test]
+fn a_run_folders_job_output_is_not_a_foreign_run() {
+    // The launcher's layout: <run>/logs/rank*.jsonl and <run>/<run>-<job>.out with the ranks'
+    // console output, which may well quote the errors DeepSpeed logs also print.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut r = run("r", ModelPreset::Gpt2, ZeroStage::Z0, 64, 2, 50.0);
+    r.fate = Fate::Oom { rank: 0, step: 3 };
+    r.write(&tmp.path().join("r/logs")).unwrap();
+    fs::write(
+        tmp.path().join("r/r-4242.out"),
+        "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\ntorch.OutOfMemoryError: CUDA out of memory\n",
+    )
+    .unwrap();
+    let got = read(tmp.path());
+    assert_eq!(got.runs.len(), 1, "{:#?}", got.runs.iter().map(|r| &r.row.run_id).collect::<Vec<_>>());
+    assert_eq!(got.runs[0].row.status, Status::Oom);
+}

@@ -1,0 +1,125 @@
+//! The foreign formats, on the excerpts of the seed studies (`tests/fixtures/foreign/`): each is
+//! recognised and its numbers reported.
+
+use zerobench_ingest::tables::Tables;
+use zerobench_ingest::{RunRow, Source, Status};
+use zerobench_schema::{Offload, Precision, ZeroStage};
+
+use crate::common::{foreign_fixtures, read};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn rows() -> Vec<RunRow> {
+    let got = read(&foreign_fixtures());
+    assert!(got.problems.is_empty(), "{:#?}", got.problems);
+    // The rows as the tables report them (rounded to 6 significant digits).
+    Tables::build(&got.runs).runs
+}
+
+fn row<'a>(rows: &'a [RunRow], id: &str) -> &'a RunRow {
+    rows.iter().find(|r| r.run_id == id).unwrap_or_else(|| panic!("no run {id}"))
+}
+
+fn gib(v: f64) -> Option<u64> {
+    Some((v * GIB) as u64)
+}
+
+#[test]
+fn deepspeed_memory_and_breakdown_lines() {
+    let rows = rows();
+    assert_eq!(rows.len(), 14);
+    assert!(rows.iter().all(|r| r.source == Source::Foreign));
+    let r = row(&rows, "004-mlp-zero2-offload-bf16");
+    assert_eq!(
+        (r.formats.as_str(), r.model.as_str(), r.stage, r.offload, r.precision),
+        ("deepspeed", "mlp", Some(ZeroStage::Z2), Offload::Optimizer, Some(Precision::Bf16))
+    );
+    // `time (ms) | fwd_microstep: 5.54 | bwd_microstep: 22.35 | ... | bwd_allreduce_microstep: 15.16 | step_microstep: 0.06`
+    assert_eq!(
+        (r.step_ms_median, r.forward_ms_median, r.backward_ms_median, r.optimizer_ms_median),
+        (Some(27.95), Some(5.54), Some(22.35), Some(0.06))
+    );
+    assert_eq!(r.comm_ms_median, Some(15.16));
+    // `MA 0.29 GB Max_MA 2.67 GB CA 2.93 GB Max_CA 3 GB` is the largest.
+    assert_eq!((r.peak_allocated_bytes, r.peak_reserved_bytes), (gib(2.67), gib(3.0)));
+
+    let r = row(&rows, "004-mistral-7b-zero2-offload-sdpa-bf16");
+    assert_eq!((r.step_ms_median, r.comm_ms_median), (Some(8869.19), Some(462.79)));
+    assert_eq!((r.peak_allocated_bytes, r.peak_reserved_bytes), (gib(43.29), gib(45.27)));
+    let r = row(&rows, "004-mistral-7b-zero3-offload-fp16");
+    assert_eq!((r.stage, r.precision, r.step_ms_median), (Some(ZeroStage::Z3), Some(Precision::Fp16), Some(4517.77)));
+    assert_eq!(r.peak_allocated_bytes, gib(62.2));
+
+    let r = row(&rows, "004-mlp-zero3-zeropp-bf16");
+    assert_eq!(r.status, Status::Failed);
+    assert_eq!(
+        r.status_detail.as_deref(),
+        Some("RuntimeError: self and mat2 must have the same dtype, but got BFloat16 and Half")
+    );
+}
+
+#[test]
+fn deepspeed_throughput_timer_lines() {
+    let rows = rows();
+    for (id, sps, max_alloc) in [
+        ("003-cifar-zero0", 502.168, 0.23),
+        ("003-cifar-zero1", 357.693, 0.16),
+        ("003-cifar-zero2", 242.052, 1.96),
+        ("003-cifar-zero3", 140.713, 2.01),
+        ("003-cifar-zero3-offload", 53.9005, 0.31),
+    ] {
+        let r = row(&rows, id);
+        assert_eq!(r.samples_per_s, Some(sps), "{id}");
+        assert_eq!(r.peak_allocated_bytes, gib(max_alloc), "{id}");
+    }
+    assert_eq!(row(&rows, "003-cifar-zero3-offload").offload, Offload::Optimizer);
+}
+
+#[test]
+fn flops_profiler_and_trainer_dicts() {
+    let rows = rows();
+    let r = row(&rows, "001-ds-zero1-t5small-3gpus");
+    assert_eq!(r.formats, "deepspeed+hf-trainer");
+    assert_eq!(
+        (r.model.as_str(), r.stage, r.gpus, r.micro_batch),
+        ("t5-small", Some(ZeroStage::Z1), Some(3), Some(32))
+    );
+    // Profiler: iter latency 487.61 ms = fwd 60 + bwd 287.7 + step 139.91; FLOPS per GPU 2.35 TFLOPS.
+    assert_eq!(
+        (r.step_ms_median, r.forward_ms_median, r.backward_ms_median, r.optimizer_ms_median),
+        (Some(487.61), Some(60.0), Some(287.7), Some(139.91))
+    );
+    assert_eq!(r.tflops_per_s_per_gpu, Some(2.35));
+    assert_eq!(r.tflops_per_s, Some(7.05));
+    // Trainer: the median of the three workers' train_samples_per_second.
+    assert_eq!((r.samples_per_s, r.ranks_read, r.final_loss), (Some(183.358), 3, Some(0.232401)));
+
+    let r = row(&rows, "001-t5-small-no-ds");
+    assert_eq!((r.formats.as_str(), r.samples_per_s, r.step_ms_median), ("hf-trainer", Some(227.686), Some(140.469)));
+    let r = row(&rows, "001-ds-zero3-offload-t5large-3gpus");
+    assert_eq!(
+        (r.gpus, r.samples_per_s, r.samples_per_s_per_gpu, r.step_ms_median),
+        (Some(3), Some(15.308), Some(5.10267), Some(6250.0))
+    );
+}
+
+#[test]
+fn nvidia_smi_csv_and_out_of_memory() {
+    let rows = rows();
+    let r = row(&rows, "constructed-nvidia-smi-gpt2-zero2-mbs8-2gpus");
+    assert_eq!(r.formats, "deepspeed+nvidia-smi");
+    assert_eq!(r.gpu.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+    assert_eq!(r.peak_nvml_used_bytes, Some(22528 << 20));
+    assert_eq!(r.device_memory_bytes, Some(81559 << 20));
+    // Time-weighted mean power: GPU 0 620 W over 1 s ([N/A] skipped), GPU 1 (640 + 2·660)/3 s.
+    assert_eq!(r.avg_power_w_per_gpu, Some(636.667));
+    // run.json gives seq 1024: 120.5 samples/s × 1024 tokens; energy = 1273.33 W / tokens/s.
+    assert_eq!(r.tokens_per_s, Some(123392.0));
+    assert_eq!(r.energy_j_per_token, Some(0.0103194));
+    assert_eq!(r.peak_tflops_per_gpu, Some(989.0));
+    assert!(r.mfu.is_some_and(|m| m > 0.0 && m < 1.0));
+
+    let r = row(&rows, "constructed-gpt2-zero0-mbs32-1gpus-oom");
+    assert_eq!((r.status, r.stage, r.micro_batch, r.gpus), (Status::Oom, Some(ZeroStage::Z0), Some(32), Some(1)));
+    assert!(r.status_detail.as_deref().is_some_and(|d| d.contains("CUDA out of memory")));
+}

@@ -1,0 +1,54 @@
+//! Golden tests: every table, in every text format, of the fixed log set in `common::golden_set`,
+//! compared with the reviewed snapshots in `snapshots/`. A change in any figure, column or cell
+//! fails here; review it with `cargo insta review` (or INSTA_UPDATE=always) when intended.
+
+use zerobench_ingest::report::{self, markdown, terminal, Format};
+use zerobench_ingest::tables::Tables;
+
+use crate::common::{golden_set, read, redact};
+
+#[test]
+fn every_table_of_the_fixture_set() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("logs");
+    golden_set(&root);
+    let ingested = read(&root);
+    let tables = Tables::build(&ingested.runs);
+
+    for t in tables.text_tables() {
+        insta::assert_snapshot!(format!("{}.md", t.name), redact(&markdown::render(&t), &root));
+    }
+    let problems: Vec<String> = ingested.problems.iter().map(|p| redact(&p.to_string(), &root)).collect();
+    insta::assert_snapshot!("problems", problems.join("\n"));
+    let mut summary = Vec::new();
+    terminal::write_table(&mut summary, &terminal::summary_table(&tables.runs)).unwrap();
+    insta::assert_snapshot!("terminal", redact(&String::from_utf8(summary).unwrap(), &root));
+
+    // The files: every format is written, CSV and Markdown carry the same cells, JSON parses.
+    let out = tmp.path().join("out");
+    let written = report::write_all(&ingested, &tables, &out, &Format::ALL).unwrap();
+    for name in ["latency", "mem", "scaling", "comm", "runs"] {
+        for ext in ["csv", "md", "json"] {
+            assert!(out.join(format!("{name}.{ext}")).is_file(), "{name}.{ext}");
+        }
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join(format!("{name}.json"))).unwrap()).unwrap();
+        assert_eq!(json["schema_version"], 1);
+    }
+    let latency_csv = std::fs::read_to_string(out.join("latency.csv")).unwrap();
+    insta::assert_snapshot!("latency.csv", latency_csv);
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["complete"], false);
+    assert_eq!(summary["problems"].as_array().unwrap().len(), ingested.problems.len());
+    for svg in ["step-breakdown.svg", "throughput-gpt2-medium.svg", "memory-gpt2-mbs4.svg"] {
+        let text = std::fs::read_to_string(out.join(svg)).unwrap();
+        assert!(text.starts_with("<svg") && text.contains("</svg>"), "{svg}");
+        assert!(written.contains(&out.join(svg)));
+    }
+    let mem_json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("mem.json")).unwrap()).unwrap();
+    insta::assert_json_snapshot!("mem.json", redact_json(mem_json, &root));
+}
+
+fn redact_json(v: serde_json::Value, root: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&redact(&v.to_string(), root)).unwrap()
+}
