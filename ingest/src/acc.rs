@@ -204,13 +204,14 @@ impl ErrorClassKey {
             ErrorClass::Config => 2,
             ErrorClass::Io => 3,
             ErrorClass::Internal => 4,
+            ErrorClass::Terminated => 5,
         })
     }
     pub fn is_oom(self) -> bool {
         self.0 == 0
     }
     pub fn as_str(self) -> &'static str {
-        ["oom", "comm", "config", "io", "internal"].get(usize::from(self.0)).copied().unwrap_or("internal")
+        ["oom", "comm", "config", "io", "internal", "terminated"].get(usize::from(self.0)).copied().unwrap_or("internal")
     }
 }
 
@@ -224,6 +225,10 @@ const MAX_MESSAGE: usize = 300;
 pub struct RankAcc {
     /// Measured (post-warmup) step records.
     pub measured: u64,
+    /// The rank's own step times over its measured steps, in whole nanoseconds so that sums do not
+    /// depend on the order lines are read in. Steps end with a synchronisation of all ranks, so a
+    /// rank's sum is the wall time of its measured steps.
+    pub measured_ns: u128,
     pub skipped: u64,
     /// (step, loss) of the highest step.
     pub last_loss: Option<(u32, f64)>,
@@ -250,6 +255,7 @@ impl RankAcc {
             return;
         }
         self.measured += 1;
+        self.measured_ns += (s.step_ms * 1e6).round() as u128;
         if let Some(e) = s.energy_j {
             let at = (s.step, e);
             if self.energy_first.is_none_or(|f| key(at) < key(f)) {
@@ -291,6 +297,7 @@ impl RankAcc {
 
     pub fn merge(&mut self, o: &RankAcc) {
         self.measured += o.measured;
+        self.measured_ns += o.measured_ns;
         self.skipped += o.skipped;
         if let Some((st, l)) = o.last_loss {
             if self.last_loss.is_none_or(|(s0, l0)| (st, l.to_bits()) > (s0, l0.to_bits())) {

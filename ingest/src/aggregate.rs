@@ -26,7 +26,7 @@ use crate::status::decide;
 /// What turns sums into the reported figures.
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
-    pub warmup: u32,
+    pub warmup: Option<u32>,
     pub peaks: PeakTable,
 }
 
@@ -44,6 +44,7 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
         status,
     );
     row.formats = "zerobench".into();
+    row.variant = cfg.variant();
     row.stage = Some(cfg.stage);
     row.offload = cfg.offload;
     row.precision = Some(cfg.precision);
@@ -58,16 +59,17 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     row.ranks_missing = compress_ranks(&plan.missing_ranks);
     row.device_memory_bytes = start.device.total_memory_bytes;
 
+    let warmup = settings.warmup.unwrap_or(start.config.warmup);
     let present = acc.ranks.len() as u32;
     let used: Vec<(u32, &StepSlot)> =
         acc.slots.slots.iter().enumerate().filter(|(_, s)| s.ranks > 0).map(|(i, s)| (i as u32, s)).collect();
-    row.warmup_steps = used.iter().filter(|(i, _)| *i < settings.warmup).count() as u32;
+    row.warmup_steps = used.iter().filter(|(i, _)| *i < warmup).count() as u32;
     let measured: Vec<&StepSlot> =
-        used.iter().filter(|(i, s)| *i >= settings.warmup && s.ranks >= present).map(|(_, s)| *s).collect();
-    row.partial_steps = used.iter().filter(|(i, s)| *i >= settings.warmup && s.ranks < present).count() as u32;
+        used.iter().filter(|(i, s)| *i >= warmup && s.ranks >= present).map(|(_, s)| *s).collect();
+    row.partial_steps = used.iter().filter(|(i, s)| *i >= warmup && s.ranks < present).count() as u32;
     row.steps_measured = measured.len() as u32;
     step_figures(&mut row, &measured);
-    throughput(&mut row, &measured, start, settings);
+    throughput(&mut row, &measured, acc, start, settings);
     memory(&mut row, acc);
     energy(&mut row, acc);
     let last = acc
@@ -115,8 +117,12 @@ fn step_figures(row: &mut RunRow, measured: &[&StepSlot]) {
     }
 }
 
-fn throughput(row: &mut RunRow, measured: &[&StepSlot], start: &Start, settings: &Settings) {
-    let secs = fsum(measured.iter().map(|s| s.step_ms)) / 1e3;
+fn throughput(row: &mut RunRow, measured: &[&StepSlot], acc: &RunAcc, start: &Start, settings: &Settings) {
+    // Wall time: the longest sum of one rank's own step times (steps end with a synchronisation,
+    // so each rank's sum is the elapsed time). Adding up the slowest rank of every step instead
+    // would count every rank's hiccups and overstate the time.
+    let wall_ns = acc.ranks.values().map(|r| r.measured_ns).max().unwrap_or(0);
+    let secs = if wall_ns > 0 { wall_ns as f64 / 1e9 } else { fsum(measured.iter().map(|s| s.step_ms)) / 1e3 };
     if measured.is_empty() || secs <= 0.0 {
         return;
     }

@@ -48,7 +48,7 @@ pub use run::{CollectiveRow, RunReport, RunRow, Source, Status};
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Steps with an index below this are warmup and left out of every figure.
-    pub warmup: u32,
+    pub warmup: Option<u32>,
     pub peaks: PeakTable,
     /// Largest byte range of a log parsed as one piece of parallel work.
     pub chunk_bytes: u64,
@@ -56,7 +56,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { warmup: 2, peaks: PeakTable::default(), chunk_bytes: 32 << 20 }
+        Options { warmup: None, peaks: PeakTable::default(), chunk_bytes: 32 << 20 }
     }
 }
 

@@ -60,6 +60,9 @@ pub struct RunRow {
     pub formats: String,
     pub dir: String,
     pub model: String,
+    /// Optimizer and engine settings that differ from the defaults (`RunConfig::variant`); runs of
+    /// different variants are different rows in every table.
+    pub variant: String,
     pub stage: Option<ZeroStage>,
     pub offload: Offload,
     pub precision: Option<Precision>,
@@ -120,6 +123,7 @@ impl RunRow {
             formats: String::new(),
             dir,
             model,
+            variant: String::new(),
             stage: None,
             offload: Offload::None,
             precision: None,

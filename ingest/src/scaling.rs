@@ -25,6 +25,8 @@ use crate::stats::median;
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ScalingRow {
     pub model: String,
+    /// Non-default optimizer and engine settings (`RunConfig::variant`).
+    pub variant: String,
     pub source: String,
     pub stage: Option<ZeroStage>,
     pub offload: Offload,
@@ -63,7 +65,7 @@ impl ScalingRow {
     }
 }
 
-type GroupKey = (String, Source, Option<ZeroStage>, Offload, Option<Precision>, Option<u32>, Option<u32>, Option<u32>);
+type GroupKey = (String, String, Source, Option<ZeroStage>, Offload, Option<Precision>, Option<u32>, Option<u32>, Option<u32>);
 /// Runs of one group by (GPUs, nodes).
 type Groups<'a> = BTreeMap<GroupKey, BTreeMap<(u32, Option<u32>), Vec<&'a RunReport>>>;
 
@@ -88,6 +90,7 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
         }
         let key = (
             row.model.clone(),
+            row.variant.clone(),
             row.source,
             row.stage,
             row.offload,
@@ -99,7 +102,7 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
         groups.entry(key).or_default().entry((gpus, row.nodes)).or_default().push(r);
     }
     let mut out = Vec::new();
-    for ((model, source, stage, offload, precision, seq_len, micro_batch, grad_accum), points) in groups {
+    for ((model, variant, source, stage, offload, precision, seq_len, micro_batch, grad_accum), points) in groups {
         let combined: Vec<Point> = points
             .into_iter()
             .map(|((gpus, nodes), rs)| Point {
@@ -119,6 +122,7 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
             let ideal = f64::from(gpus) / f64::from(base_gpus);
             out.push(ScalingRow {
                 model: model.clone(),
+                variant: variant.clone(),
                 source: match source {
                     Source::Zerobench => "zerobench".into(),
                     Source::Foreign => "foreign".into(),

@@ -187,6 +187,7 @@ impl SynthRun {
                 params: spec.param_count(),
                 units: spec.units().len() as u32,
                 largest_unit_params: spec.largest_unit_params(),
+                train_flops_per_token: Some(spec.train_flops_per_token(self.config.seq_len)),
             },
             device: DeviceInfo {
                 kind: "cuda".into(),
@@ -225,6 +226,7 @@ impl SynthRun {
             padded_params: padded_params(&spec, world),
             buffers_bytes: BTreeMap::from([("grad_bucket".to_string(), 32u64 << 20)]),
             host_state_bytes: 0,
+            optimizer: Some("cuda-fused".into()),
             memory: MemorySample {
                 allocated_bytes: Some(state),
                 peak_allocated_bytes: Some(state),

@@ -169,10 +169,13 @@ impl Pivot {
                 precision: row.precision,
                 seq_len: row.seq_len,
             };
-            let label = match row.source {
+            let mut label = match row.source {
                 Source::Zerobench => row.model.clone(),
                 Source::Foreign => format!("{} ({})", row.model, row.formats),
             };
+            if !row.variant.is_empty() {
+                label.push_str(&format!(" [{}]", row.variant));
+            }
             cells.entry(key).or_default().entry(label).or_default().entry(mbs).or_default().push(row);
         }
         // Every block has the same columns, so the stacked blocks stay one rectangular table.

@@ -346,6 +346,30 @@ impl RunConfig {
         Ok(())
     }
 
+    /// The settings that differ from their defaults outside the grid dimensions (model, stage,
+    /// offload, precision, batch, sequence, accumulation): optimizer and engine knobs, as
+    /// `name=value` joined by `,`; empty for a default run. Tables keep runs of different variants
+    /// apart.
+    pub fn variant(&self) -> String {
+        let (o, e) = (OptimConfig::default(), EngineConfig::default());
+        let mut parts = Vec::new();
+        let mut diff = |name: &str, value: String, default: String| {
+            if value != default {
+                parts.push(format!("{name}={value}"));
+            }
+        };
+        diff("lr", self.optim.lr.to_string(), o.lr.to_string());
+        diff("beta1", self.optim.beta1.to_string(), o.beta1.to_string());
+        diff("beta2", self.optim.beta2.to_string(), o.beta2.to_string());
+        diff("eps", self.optim.eps.to_string(), o.eps.to_string());
+        diff("weight_decay", self.optim.weight_decay.to_string(), o.weight_decay.to_string());
+        diff("bucket_mb", self.engine.bucket_mb.to_string(), e.bucket_mb.to_string());
+        diff("prefetch", self.engine.prefetch.to_string(), e.prefetch.to_string());
+        diff("loss_scale_power", self.engine.loss_scale_power.to_string(), e.loss_scale_power.to_string());
+        diff("comm_ctas", format!("{:?}", self.engine.comm_ctas), format!("{:?}", e.comm_ctas));
+        parts.join(",").replace("Some(", "").replace(')', "")
+    }
+
     /// Sequences per optimizer step over all ranks.
     pub fn global_batch(&self, world_size: u32) -> u64 {
         u64::from(self.micro_batch) * u64::from(self.grad_accum) * u64::from(world_size)
@@ -424,6 +448,16 @@ mod tests {
         c.stage = ZeroStage::Z2;
         c.offload = Offload::OptimizerParams;
         assert!(c.validate(None).unwrap_err().reason.contains("stage 3"));
+    }
+
+    #[test]
+    fn variant_names_only_what_differs() {
+        let mut c = RunConfig::new(ModelPreset::Gpt2, ZeroStage::Z2);
+        c.micro_batch = 8;
+        assert_eq!(c.variant(), "");
+        c.engine.comm_ctas = Some(8);
+        c.optim.lr = 1e-3;
+        assert_eq!(c.variant(), "lr=0.001,comm_ctas=8");
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! `step` per optimizer step, and finally `end` — or an `error` (and then `end` with a failed
 //! status where it still can).
 //!
-//! Versioning: fields may be added within a version (readers ignore fields they do not know);
+//! Versioning: fields may be added within a version (readers ignore fields they do not know, and
+//! an added field is optional, so logs written before it stay valid);
 //! renaming, removing or changing the meaning of a field bumps [`SCHEMA_VERSION`]. `docs/log-schema.md`
 //! describes every field; `docs/log-schema.json` is the JSON Schema generated from these types
 //! (`zerobench schema`).
@@ -108,8 +109,9 @@ pub struct ModelInfo {
     pub units: u32,
     pub largest_unit_params: u64,
     /// Training FLOPs per token at the run's sequence length (`ModelSpec::train_flops_per_token`),
-    /// for TFLOP/s and MFU.
-    pub train_flops_per_token: f64,
+    /// for TFLOP/s and MFU. (Added within version 1, so absent from its earliest logs.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_flops_per_token: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -174,8 +176,10 @@ pub struct Setup {
     pub buffers_bytes: BTreeMap<String, u64>,
     /// Host memory held for offloaded states (0 without offload).
     pub host_state_bytes: u64,
-    /// The AdamW implementation: `rust-cpu`, `cuda-fused` or `torch-ops`.
-    pub optimizer: String,
+    /// The AdamW implementation: `rust-cpu`, `cuda-fused` or `torch-ops`. (Added within version
+    /// 1, so absent from its earliest logs.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<String>,
     pub memory: MemorySample,
     pub setup_ms: f64,
 }
@@ -494,7 +498,7 @@ mod tests {
             host: "h".into(),
             pid: 1,
             config: RunConfig::new(ModelPreset::Tiny, ZeroStage::Z2),
-            model: ModelInfo { family: "gpt2".into(), params: 1, units: 1, largest_unit_params: 1, train_flops_per_token: 6.0 },
+            model: ModelInfo { family: "gpt2".into(), params: 1, units: 1, largest_unit_params: 1, train_flops_per_token: Some(6.0) },
             device: DeviceInfo {
                 kind: "cpu".into(),
                 name: "x".into(),

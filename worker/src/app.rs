@@ -201,7 +201,7 @@ fn run_logged(
             params: spec.param_count(),
             units: u32::try_from(spec.units().len()).unwrap_or(u32::MAX),
             largest_unit_params: spec.largest_unit_params(),
-            train_flops_per_token: spec.train_flops_per_token(cfg.seq_len),
+            train_flops_per_token: Some(spec.train_flops_per_token(cfg.seq_len)),
         },
         device: DeviceInfo {
             kind: if on_gpu { "cuda".into() } else { "cpu".into() },
@@ -251,7 +251,7 @@ fn run_logged(
         padded_params: padded,
         buffers_bytes: engine.buffer_bytes(),
         host_state_bytes: 0,
-        optimizer: engine.optimizer_implementation().into(),
+        optimizer: Some(engine.optimizer_implementation().into()),
         memory: probe.sample(),
         setup_ms: t_setup.elapsed().as_secs_f64() * 1e3,
     };

@@ -25,9 +25,10 @@ pub struct Args {
     /// Folder to write the tables and plots into (created if needed).
     #[arg(long, short)]
     out: PathBuf,
-    /// Steps with an index below this are warmup and left out of every figure.
-    #[arg(long, default_value_t = 2)]
-    warmup: u32,
+    /// Steps with an index below this are warmup and left out of every figure [default: each
+    /// zerobench run's own `--warmup`, as its records flag them; 2 for foreign logs].
+    #[arg(long)]
+    warmup: Option<u32>,
     /// Formats to write, comma-separated: csv, md, json, svg.
     #[arg(long, value_delimiter = ',', default_value = "csv,md,json,svg")]
     format: Vec<Format>,
@@ -160,7 +161,7 @@ fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: 
     let scaling = tables.text_tables().into_iter().find(|t| t.name == "scaling");
     if let Some(t) = scaling.filter(|t| !t.rows.is_empty()) {
         let keep =
-            ["model", "stage", "offload", "micro_batch", "gpus", "nodes", "samples_per_s", "speedup", "efficiency"];
+            ["model", "variant", "stage", "offload", "micro_batch", "gpus", "nodes", "samples_per_s", "speedup", "efficiency"];
         let idx: Vec<usize> = keep.iter().filter_map(|k| t.header.iter().position(|h| h == k)).collect();
         let pick = |r: &Vec<String>| idx.iter().map(|i| r[*i].clone()).collect::<Vec<_>>();
         let small = zerobench_ingest::tables::Table {

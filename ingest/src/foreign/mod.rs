@@ -166,7 +166,7 @@ pub fn to_report(dir: &Path, hints: &Hints, logs: &ForeignLogs, settings: &Setti
     row.gpus = hints.world_size;
     row.nodes = hints.nodes;
     row.ranks_read = hf.results.len() as u32;
-    steps(&mut row, logs, settings.warmup);
+    steps(&mut row, logs, settings.warmup.unwrap_or(FOREIGN_WARMUP));
     let world = row.gpus.map(f64::from);
 
     let samples = ds
@@ -205,6 +205,10 @@ pub fn to_report(dir: &Path, hints: &Hints, logs: &ForeignLogs, settings: &Setti
     row.final_loss = hf.results.iter().find_map(|r| r.loss);
     RunReport { row, collectives: Vec::new() }
 }
+
+/// Leading steps of a foreign log left out when `--warmup` is not given: the seed studies drop the
+/// first two iterations.
+const FOREIGN_WARMUP: u32 = 2;
 
 fn steps(row: &mut RunRow, logs: &ForeignLogs, warmup: u32) {
     let ds = &logs.deepspeed;

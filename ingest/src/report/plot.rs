@@ -93,6 +93,9 @@ fn throughput(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> 
         if let Some(m) = r.micro_batch {
             name.push_str(&format!(" mbs={m}"));
         }
+        if !r.variant.is_empty() {
+            name.push_str(&format!(" {}", r.variant));
+        }
         by_model.entry(&r.model).or_default().entry(name).or_default().push((f64::from(r.gpus), r.samples_per_s));
     }
     let mut written = Vec::new();

@@ -30,7 +30,7 @@ pub fn summary_table(runs: &[RunRow]) -> Table {
             let peak = r.peak_allocated_bytes.or(r.peak_nvml_used_bytes).or(r.peak_rss_bytes);
             vec![
                 r.run_id.clone(),
-                r.model.clone(),
+                if r.variant.is_empty() { r.model.clone() } else { format!("{} [{}]", r.model, r.variant) },
                 r.stage.map_or("-".into(), |s| s.to_string()),
                 r.offload.to_string(),
                 r.micro_batch.map_or("-".into(), |m| m.to_string()),
