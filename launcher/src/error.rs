@@ -1,0 +1,45 @@
+//! The launcher's error type: every failure names what it was about (a file and line, a key, a
+//! command) so the front door can print it as is.
+
+use std::path::{Path, PathBuf};
+
+use crate::hostfile::HostfileError;
+use crate::hostlist::HostlistError;
+use crate::quote::DirectiveError;
+use crate::select::SelectError;
+use crate::spec::SpecError;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    Hostfile(#[from] HostfileError),
+    #[error(transparent)]
+    Hostlist(#[from] HostlistError),
+    #[error(transparent)]
+    Select(#[from] SelectError),
+    #[error(transparent)]
+    Directive(#[from] DirectiveError),
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{}:{line}:{column}: {message}", path.display())]
+    Json { path: PathBuf, line: usize, column: usize, message: String },
+    /// A program could not be started or did not answer in time.
+    #[error("{command}: {message}")]
+    Command { command: String, message: String },
+    /// A Slurm command ran and refused.
+    #[error("{command} exited with {code}: {stderr}")]
+    Slurm { command: String, code: i32, stderr: String },
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl Error {
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        Error::Io { path: path.to_path_buf(), source }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
