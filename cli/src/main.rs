@@ -5,6 +5,7 @@
 //! line that could not be read, or a run that failed); 2 the command could not do its job.
 
 mod cmd;
+mod table;
 
 use std::process::ExitCode;
 
@@ -22,6 +23,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The runs a spec expands to, with GPUs and ZeRO model-state memory per GPU.
+    Plan(cmd::plan::Args),
+    /// Render a spec into run folders: job.sbatch, hostfiles, run.json.
+    Render(cmd::render::Args),
+    /// Submit rendered runs (or a spec) to Slurm with sbatch.
+    Submit(cmd::submit::Args),
+    /// The state of every run of a rendered sweep.
+    Status(cmd::status::Args),
+    /// Run a spec's sweep on this host with mpirun, no Slurm.
+    Local(cmd::local::Args),
+    /// Expand or compress Slurm hostlist expressions.
+    Hostlist(cmd::hostlist::Args),
+    /// Check hostfiles and show where each rank runs.
+    Hostfile(cmd::hostfile::Args),
     /// Print the JSON Schema of the worker's log records.
     Schema(cmd::schema::Args),
 }
@@ -38,6 +53,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.verbose);
     let result = match cli.command {
+        Command::Plan(a) => cmd::plan::run(a),
+        Command::Render(a) => cmd::render::run(a),
+        Command::Submit(a) => cmd::submit::run(a),
+        Command::Status(a) => cmd::status::run(a),
+        Command::Local(a) => cmd::local::run(a),
+        Command::Hostlist(a) => cmd::hostlist::run(a),
+        Command::Hostfile(a) => cmd::hostfile::run(a),
         Command::Schema(a) => cmd::schema::run(a),
     };
     match result {

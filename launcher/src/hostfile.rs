@@ -24,6 +24,15 @@ use serde::{Deserialize, Serialize};
 /// The most slots a host may declare; far above any node, low enough to catch typos.
 pub const MAX_SLOTS: u32 = 4096;
 
+/// `:line:column`, or nothing for errors about a whole file (line 0).
+pub(crate) fn at(line: usize, column: usize) -> String {
+    if line == 0 {
+        String::new()
+    } else {
+        format!(":{line}:{column}")
+    }
+}
+
 /// Which launcher's syntax a hostfile is in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -89,7 +98,7 @@ pub struct Hostfile {
 
 /// A hostfile that cannot be used, with where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}:{line}:{column}: {kind}", file.display())]
+#[error("{}{}: {kind}", file.display(), at(*line, *column))]
 pub struct HostfileError {
     pub file: PathBuf,
     /// 1-based; 0 for errors about the whole file.

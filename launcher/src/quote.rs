@@ -35,7 +35,8 @@ pub fn sh(s: &str) -> Cow<'_, str> {
 /// Like [`sh`], but options (`--model`) stay bare; only used for words the renderer itself writes
 /// or that start with `-` by design.
 pub fn sh_arg(s: &str) -> Cow<'_, str> {
-    if s.len() > 1 && s.starts_with('-') && s.bytes().all(plain) {
+    // A word starting with '-' cannot be read as an assignment, so `--mpi=pmix` may stay bare.
+    if s.len() > 1 && s.starts_with('-') && s.bytes().all(|b| plain(b) || b == b'=') {
         return Cow::Borrowed(s);
     }
     sh(s)
@@ -44,10 +45,11 @@ pub fn sh_arg(s: &str) -> Cow<'_, str> {
 /// A value that cannot be put on an `#SBATCH` line: sbatch reads one line per directive, and for
 /// bash the line is a comment only up to its end.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{what} {value:?} contains a line break or NUL, which cannot be written into an #SBATCH line")]
+#[error("{what} {value:?} cannot be written into an #SBATCH line: {why}")]
 pub struct DirectiveError {
     pub what: &'static str,
     pub value: String,
+    pub why: &'static str,
 }
 
 /// A value for an `#SBATCH --opt=VALUE` line. sbatch splits directives like a shell: whitespace
@@ -56,7 +58,7 @@ pub struct DirectiveError {
 /// and `"` escaped.
 pub fn sbatch_value<'a>(what: &'static str, s: &'a str) -> Result<Cow<'a, str>, DirectiveError> {
     if s.contains(['\n', '\r', '\0']) {
-        return Err(DirectiveError { what, value: s.to_string() });
+        return Err(DirectiveError { what, value: s.to_string(), why: "it holds a line break or NUL" });
     }
     if !s.is_empty() && s.bytes().all(plain) {
         return Ok(Cow::Borrowed(s));
@@ -78,7 +80,7 @@ pub fn sbatch_value<'a>(what: &'static str, s: &'a str) -> Result<Cow<'a, str>, 
 /// for the whole pattern, so paths with one are refused.
 pub fn slurm_pattern_literal<'a>(what: &'static str, s: &'a str) -> Result<Cow<'a, str>, DirectiveError> {
     if s.contains('\\') {
-        return Err(DirectiveError { what, value: s.to_string() });
+        return Err(DirectiveError { what, value: s.to_string(), why: "a backslash turns Slurm's %j/%x replacement off" });
     }
     Ok(if s.contains('%') { Cow::Owned(s.replace('%', "%%")) } else { Cow::Borrowed(s) })
 }
@@ -105,6 +107,8 @@ mod tests {
         assert_eq!(sh("A=B"), "'A=B'");
         assert_eq!(sh("-rf"), "'-rf'");
         assert_eq!(sh_arg("--model"), "--model");
+        assert_eq!(sh_arg("--mpi=pmix"), "--mpi=pmix");
+        assert_eq!(sh_arg("--x=$(id)"), "'--x=$(id)'");
         assert_eq!(sbatch_value("x", "gpu").unwrap(), "gpu");
         assert_eq!(sbatch_value("x", "/a b/\"c\"#d\\").unwrap(), r##""/a b/\"c\"#d\\""##);
         assert!(sbatch_value("x", "a\nb").is_err());

@@ -161,7 +161,7 @@ pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, Di
         Method::Mpirun => (mpirun(&mut s, spec, run, &worker, hostfile.as_ref().map(|h| h.0)), None),
         Method::Local => (local(&mut s, cluster, run, &worker), None),
         Method::Pdsh => {
-            let res = run.hosts.as_ref().ok_or_else(|| DirectiveError { what: "pdsh hosts", value: String::new() })?;
+            let res = run.hosts.as_ref().ok_or_else(|| DirectiveError { what: "pdsh hosts", value: String::new(), why: "the pdsh method needs a hostfile" })?;
             let (words, node) = pdsh(&mut s, spec, run, res, &dir, &worker);
             (words, Some(node))
         }
@@ -359,12 +359,17 @@ fn pdsh(s: &mut String, spec: &crate::spec::Spec, run: &Run, res: &Resources, di
         PdshRcmd::Ssh => "ssh",
         PdshRcmd::Exec => "exec",
     };
-    // pdsh hands the command to a remote shell and replaces %n with the host's index in -w, the
-    // node rank. The script path is quoted for that shell and '%' in it doubled for pdsh.
-    let remote = format!("bash {} %n", sh(&format!("{dir}/node.sh")).replace('%', "%%"));
+    // pdsh replaces %n with the host's index in -w, the node rank, and %% with %. With ssh it
+    // joins its arguments into one command line for the remote shell, so the path is quoted for
+    // that shell too; exec runs the arguments as they are.
+    let node_sh = format!("{dir}/node.sh").replace('%', "%%");
+    let node_sh = match spec.launch.pdsh_rcmd {
+        PdshRcmd::Ssh => sh(&node_sh).into_owned(),
+        PdshRcmd::Exec => node_sh,
+    };
     s.push_str("# DeepSpeed style: pdsh starts node.sh once per host with its node rank (%n); node.sh\n");
     s.push_str("# starts that host's ranks. -S returns the largest remote exit code (pdsh returns 0 without it).\n");
-    let w: Vec<Word> = ["pdsh", "-S", "-R", rcmd, "-f", "1024", "-w", &wlist, &remote].into_iter().map(Word::lit).collect();
+    let w: Vec<Word> = ["pdsh", "-S", "-R", rcmd, "-f", "1024", "-w", &wlist, "bash", &node_sh, "%n"].into_iter().map(Word::lit).collect();
 
     let mut n = String::with_capacity(2048);
     n.push_str("#!/bin/bash\n");

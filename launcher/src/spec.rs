@@ -23,7 +23,7 @@ use crate::values::{ByteSize, EnvName, SlurmName, Text, TimeLimit};
 
 /// A spec that cannot be used, with where and which key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}:{line}:{column}: {key}{sep}{message}", file.display(), sep = if key.is_empty() { "" } else { ": " })]
+#[error("{}{}: {key}{sep}{message}", file.display(), crate::hostfile::at(*line, *column), sep = if key.is_empty() { "" } else { ": " })]
 pub struct SpecError {
     pub file: PathBuf,
     /// 1-based; 0 when the problem is the whole file (it cannot be read).
@@ -365,8 +365,15 @@ impl Spec {
             return Err(self.error_at(&format!("cluster.env.{k}"), "contains a NUL byte, which no environment variable can hold"));
         }
         if let Some(expr) = &c.nodelist {
-            if let Err(e) = hostlist::expand(expr) {
-                return Err(self.error_at("cluster.nodelist", e.to_string()));
+            if expr.chars().any(char::is_control) {
+                return Err(self.error_at("cluster.nodelist", "contains a line break or control character"));
+            }
+            let hosts = hostlist::expand(expr).map_err(|e| self.error_at("cluster.nodelist", e.to_string()))?;
+            if let Some(h) = hosts.iter().find(|h| !crate::hostfile::valid_host(h)) {
+                return Err(self.error_at("cluster.nodelist", format!("'{}' is not a host name", h.escape_debug())));
+            }
+            if hosts.is_empty() {
+                return Err(self.error_at("cluster.nodelist", "names no hosts"));
             }
             if c.hostfile.is_some() {
                 return Err(self.error_at("cluster.nodelist", "give either a nodelist or a hostfile, not both"));
@@ -588,6 +595,6 @@ mod tests {
         let e = err("cluster:\n  cpus_per_node: 4\n  cpus_per_task: 3\nsweep:\n  models: tiny\n  ranks_per_node: 2\n");
         assert!(e.contains("= 6 CPUs"), "{e}");
         let e = err("cluster:\n  hostfile: /nonexistent/hf\nsweep:\n  models: tiny\n");
-        assert!(e.contains("cluster.hostfile: /nonexistent/hf:0:0: cannot read"), "{e}");
+        assert!(e.contains("cluster.hostfile: /nonexistent/hf: cannot read"), "{e}");
     }
 }
