@@ -95,7 +95,9 @@ write_conf() {
     echo "AuthType=auth/munge"
     echo "CredType=cred/munge"
     echo "MpiDefault=none"
-    echo "ProctrackType=proctrack/linuxproc"
+    # Process groups, not linuxproc: with linuxproc a cancelled step's task outlived its step
+    # here and the node drained with "Kill task failed".
+    echo "ProctrackType=proctrack/pgid"
     echo "TaskPlugin=task/none"
     echo "SelectType=select/cons_tres"
     echo "SelectTypeParameters=CR_Core"

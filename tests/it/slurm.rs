@@ -94,11 +94,19 @@ fn submit_runs_ranks_on_one_and_two_nodes() {
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
     let rows = wait_final(&conf, &out, Duration::from_secs(90));
     assert!(rows.iter().all(|r| r["state"] == "done"), "{rows:#?}");
-    let env = |run: &str, rank: u32| std::fs::read_to_string(out.join(run).join(format!("logs/rank{rank}.env"))).unwrap();
-    assert_eq!(env("tiny_z0_offnone_mb1_1x2", 1), "rank=1 procid=1 nodeid=0 localid=1 node=node01 ntasks=2 cpus=2\n");
-    let two: Vec<String> = (0..4).map(|r| env("tiny_z0_offnone_mb1_2x2", r)).collect();
-    assert_eq!(two[2], "rank=2 procid=2 nodeid=1 localid=0 node=node02 ntasks=4 cpus=2\n", "{two:?}");
-    assert_eq!(two[3], "rank=3 procid=3 nodeid=1 localid=1 node=node02 ntasks=4 cpus=2\n", "{two:?}");
+    // "rank=.. procid=.. nodeid=.. localid=.. node=NAME ..." split into the placement and the node name.
+    let env = |run: &str, rank: u32| -> (String, String) {
+        let text = std::fs::read_to_string(out.join(run).join(format!("logs/rank{rank}.env"))).unwrap();
+        let node = text.split_whitespace().find_map(|kv| kv.strip_prefix("node=")).unwrap_or_default().to_string();
+        (text.replace(&format!(" node={node}"), ""), node)
+    };
+    let one: Vec<_> = (0..2).map(|r| env("tiny_z0_offnone_mb1_1x2", r)).collect();
+    assert_eq!(one[1].0, "rank=1 procid=1 nodeid=0 localid=1 ntasks=2 cpus=2\n");
+    assert_eq!(one[0].1, one[1].1, "one node: {one:?}");
+    let two: Vec<_> = (0..4).map(|r| env("tiny_z0_offnone_mb1_2x2", r)).collect();
+    assert_eq!(two[2].0, "rank=2 procid=2 nodeid=1 localid=0 ntasks=4 cpus=2\n", "{two:?}");
+    assert_eq!(two[3].0, "rank=3 procid=3 nodeid=1 localid=1 ntasks=4 cpus=2\n", "{two:?}");
+    assert!(two[0].1 == two[1].1 && two[2].1 == two[3].1 && two[1].1 != two[2].1, "two nodes: {two:?}");
     let rec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_2x2/slurm.json")).unwrap()).unwrap();
     assert!(rec["job_id"].as_str().unwrap().bytes().all(|b| b.is_ascii_digit()), "{rec}");
     let first: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_1x2/slurm.json")).unwrap()).unwrap();
