@@ -212,11 +212,18 @@ pub struct EngineConfig {
     pub bucket_mb: f64,
     /// Stage 3: how many blocks' parameters are gathered ahead of the one computing.
     pub prefetch: u32,
+    /// fp16: the loss scale starts at 2^this (DeepSpeed's `initial_scale_power`).
+    #[serde(default = "default_loss_scale_power")]
+    pub loss_scale_power: u32,
+}
+
+fn default_loss_scale_power() -> u32 {
+    16
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { bucket_mb: 32.0, prefetch: 1 }
+        Self { bucket_mb: 32.0, prefetch: 1, loss_scale_power: default_loss_scale_power() }
     }
 }
 
@@ -330,6 +337,9 @@ impl RunConfig {
         if !(self.engine.bucket_mb.is_finite() && self.engine.bucket_mb > 0.0) {
             return Err(ConfigError::new("bucket-mb", "must be a positive number"));
         }
+        if self.engine.loss_scale_power > 60 {
+            return Err(ConfigError::new("loss-scale-power", "must be at most 60"));
+        }
         if let Some(n) = world_size {
             if n == 0 {
                 return Err(ConfigError::new("world-size", "must be at least 1"));
@@ -377,6 +387,7 @@ impl RunConfig {
         push("weight-decay", self.optim.weight_decay.to_string());
         push("bucket-mb", self.engine.bucket_mb.to_string());
         push("prefetch", self.engine.prefetch.to_string());
+        push("loss-scale-power", self.engine.loss_scale_power.to_string());
         a
     }
 }

@@ -3,10 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The workspace root.
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
-}
+pub use crate::support::root;
 
 /// A file under the workspace root.
 pub fn repo(rel: &str) -> PathBuf {

@@ -1,1 +1,20 @@
-fn main() {}
+//! `zerobench-worker`: one rank of a zerobench run. See `docs/worker.md`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use zerobench_worker::{app, cli};
+
+fn main() -> ExitCode {
+    let args = cli::Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    let code = match app::run(&args) {
+        Ok(()) => 0,
+        Err(f) => {
+            eprintln!("zerobench-worker: {f}");
+            f.exit_code()
+        }
+    };
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}

@@ -1,0 +1,241 @@
+//! The worker on CPU over MPI: every ZeRO stage trains the same model as stage 0 on one rank,
+//! holds exactly the model states the ZeRO formulas give, learns from real text, logs valid
+//! records, and rejects bad input cleanly.
+
+use std::path::Path;
+use std::process::Command;
+
+use zerobench_schema::log::{ErrorClass, Record, RunStatus};
+use zerobench_schema::memory::{model_state_bytes, padded_params};
+use zerobench_schema::{ModelPreset, Precision, ZeroStage};
+
+use crate::support::{assert_ok, losses, mpirun, records, root, run, worker};
+
+fn text() -> String {
+    root().join("tests/data/declaration-of-independence.txt").display().to_string()
+}
+
+/// Runs `n` ranks of the worker with `args` into `dir`, and returns each rank's records.
+fn train(n: usize, dir: &Path, args: &[&str]) -> Vec<Vec<Record>> {
+    let out = run(mpirun(n).arg(worker()).args(args).arg("--log-dir").arg(dir));
+    assert_ok(&out, &format!("{n} ranks {args:?}"));
+    (0..n).map(|r| records(&dir.join(format!("rank{r}.jsonl")))).collect()
+}
+
+/// Tiny GPT-2 on the shipped text in fp32: the loss falls fast enough to show learning, and the
+/// learning rate is below the regime where Adam amplifies last-bit rounding differences.
+const COMMON: &[&str] = &["--model", "tiny", "--seq-len", "64", "--precision", "fp32", "--lr", "1e-3", "--steps", "20", "--threads", "1"];
+
+fn max_rel_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| ((x - y) / y).abs()).fold(0.0, f64::max)
+}
+
+#[test]
+fn every_stage_follows_stage_0_on_one_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = text();
+    let with = |extra: &[&str]| -> Vec<String> {
+        COMMON.iter().chain(extra).map(|s| s.to_string()).chain(["--data".into(), data.clone()]).collect()
+    };
+    // The reference: one rank, the whole global batch of 6 sequences at once.
+    let reference = {
+        let args = with(&["--stage", "0", "--micro-batch", "6"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        losses(&train(1, &tmp.path().join("ref"), &args)[0])
+    };
+    assert_eq!(reference.len(), 20);
+    let first = reference[0];
+    let last = reference[reference.len() - 3..].iter().sum::<f64>() / 3.0;
+    assert!(first - last > 1.0, "training on text lowers the loss: {first} -> {last}");
+
+    // (ranks, micro-batch, grad-accum): the same 6 sequences per step, split differently.
+    for (n, mb, ga) in [(1, 6, 1), (2, 3, 1), (3, 2, 1), (2, 1, 3)] {
+        for stage in ["0", "1", "2", "3"] {
+            if n == 1 && stage == "0" {
+                continue;
+            }
+            let (mb_s, ga_s) = (mb.to_string(), ga.to_string());
+            let args = with(&["--stage", stage, "--micro-batch", &mb_s, "--grad-accum", &ga_s]);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let dir = tmp.path().join(format!("z{stage}_n{n}_ga{ga}"));
+            let ranks = train(n, &dir, &args);
+            // Every rank logs the same global loss.
+            for r in &ranks {
+                assert_eq!(losses(r), losses(&ranks[0]));
+            }
+            let diff = max_rel_diff(&losses(&ranks[0]), &reference);
+            assert!(diff <= 1e-5, "stage {stage} on {n} ranks (micro-batch {mb}, accumulation {ga}): relative loss difference {diff:e}");
+        }
+    }
+}
+
+#[test]
+fn model_states_equal_the_zero_formulas() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = ModelPreset::Tiny.spec();
+    for precision in [Precision::Bf16, Precision::Fp32] {
+        for n in [1usize, 2, 3] {
+            for stage in ZeroStage::ALL {
+                let dir = tmp.path().join(format!("{precision}_{n}_{stage}"));
+                let (st, pr) = (stage.to_string(), precision.to_string());
+                let ranks = train(n, &dir, &["--model", "tiny", "--seq-len", "16", "--steps", "2", "--warmup", "1", "--stage", &st, "--precision", &pr, "--threads", "1"]);
+                let psi = padded_params(&spec, n as u64);
+                let want = model_state_bytes(stage, precision, psi, n as u64);
+                // The closed forms of the ZeRO paper, written out for mixed precision.
+                if precision == Precision::Bf16 {
+                    let (p, n64) = (psi, n as u64);
+                    let total = match stage {
+                        ZeroStage::Z0 => 16 * p,
+                        ZeroStage::Z1 => 4 * p + 12 * p / n64,
+                        ZeroStage::Z2 => 2 * p + 14 * p / n64,
+                        ZeroStage::Z3 => 16 * p / n64,
+                    };
+                    assert_eq!(want.total(), total);
+                }
+                for recs in &ranks {
+                    let setup = recs.iter().find_map(|r| if let Record::Setup(s) = r { Some(s) } else { None }).expect("setup record");
+                    assert_eq!(setup.padded_params, psi);
+                    assert_eq!(setup.model_state, want, "{precision} stage {stage} on {n} ranks");
+                    assert_eq!(setup.model_state_expected, want);
+                }
+            }
+        }
+    }
+    // Padding is bounded by world × alignment per unit.
+    assert!(padded_params(&spec, 3) - spec.param_count() < spec.units().len() as u64 * 3 * 128);
+}
+
+#[test]
+fn logs_follow_the_schema_from_start_to_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ranks = train(2, tmp.path(), &["--model", "tiny", "--stage", "3", "--steps", "5", "--seq-len", "32", "--micro-batch", "2", "--run-id", "schema-check"]);
+    for (r, recs) in ranks.iter().enumerate() {
+        let kinds: Vec<&str> = recs.iter().map(Record::event).collect();
+        assert_eq!(kinds, ["start", "setup", "step", "step", "step", "step", "step", "end"], "rank {r}");
+        match (&recs[0], recs.last().unwrap()) {
+            (Record::Start(s), Record::End(e)) => {
+                assert_eq!(s.run_id, "schema-check");
+                assert_eq!((s.rank, s.world_size, s.local_rank, s.local_size), (r as u32, 2, r as u32, 2));
+                assert_eq!(s.rank_source, "mpi");
+                assert_eq!(s.comm_backend, "mpi");
+                assert_eq!(e.status, RunStatus::Ok);
+                assert_eq!(e.steps_completed, 5);
+                assert!(e.summary.is_some());
+            }
+            other => panic!("{other:?}"),
+        }
+        for rec in recs {
+            if let Record::Step(s) = rec {
+                assert_eq!(s.warmup, s.step < 2);
+                assert_eq!(s.tokens, 2 * 2 * 32);
+                assert!(s.step_ms > 0.0 && s.comm_ms >= 0.0 && s.comm_ms <= s.step_ms * 1.01);
+                // Stage 3 moves parameters with all-gathers and gradients with reduce-scatters.
+                assert!(s.comm["all_gather"].calls > 0 && s.comm["reduce_scatter"].calls > 0, "{:?}", s.comm);
+                assert!(s.memory.rss_bytes > 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn fp16_overflowing_steps_are_skipped_and_logged() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A loss scale of 2^40 overflows fp16 gradients; the scaler halves it until they fit.
+    let ranks = train(2, tmp.path(), &["--model", "tiny", "--stage", "2", "--precision", "fp16", "--loss-scale-power", "40", "--steps", "30", "--seq-len", "32", "--threads", "1"]);
+    let steps: Vec<_> = ranks[0].iter().filter_map(|r| if let Record::Step(s) = r { Some(s.clone()) } else { None }).collect();
+    assert!(steps[0].skipped, "first step overflows");
+    assert_eq!(steps[0].loss_scale, Some(2f64.powi(40)));
+    assert_eq!(steps[1].loss_scale, Some(2f64.powi(39)));
+    let applied = steps.iter().position(|s| !s.skipped).expect("the scale comes down until a step applies");
+    assert!(steps[applied..].iter().all(|s| !s.skipped));
+    assert!(steps.iter().all(|s| s.loss.is_finite()));
+}
+
+#[test]
+fn mpi_collectives_hold_closed_forms_on_1_to_4_ranks() {
+    let bin = crate::support::release_bin("examples/collectives");
+    for n in 1..=4 {
+        let out = run(mpirun(n).arg(&bin));
+        assert_ok(&out, &format!("collectives on {n} ranks"));
+        assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("collectives ok on {n} rank(s)")));
+    }
+}
+
+/// Runs the worker alone and returns (exit code, stderr).
+fn worker_alone(args: &[&str]) -> (i32, String) {
+    let out = run(Command::new(worker()).args(args));
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn bad_flags_fail_before_any_work_and_name_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("logs");
+    let d = d.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--model", "gpt5", "--stage", "0"], "--model"),
+        (&["--model", "tiny", "--stage", "4"], "--stage"),
+        (&["--model", "tiny", "--stage", "0", "--precision", "fp8"], "--precision"),
+        (&["--model", "tiny", "--stage", "0", "--offload", "optimizer"], "--offload"),
+        (&["--model", "tiny", "--stage", "2", "--offload", "optimizer+params"], "--offload"),
+        (&["--model", "tiny", "--stage", "1", "--offload", "optimizer"], "not implemented"),
+        (&["--model", "tiny", "--stage", "1", "--steps", "2", "--warmup", "2"], "--warmup"),
+        (&["--model", "tiny", "--stage", "1", "--micro-batch", "0"], "--micro-batch"),
+        (&["--model", "tiny", "--stage", "1", "--seq-len", "100000"], "--seq-len"),
+        (&["--model", "tiny", "--stage", "1", "--steps=-3"], "--steps"),
+        (&["--model", "t5-small", "--stage", "1"], "--model"),
+    ];
+    for (args, needle) in cases {
+        let mut all = args.to_vec();
+        all.extend(["--log-dir", d]);
+        let (code, err) = worker_alone(&all);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: message should name {needle}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!Path::new(d).join("rank0.jsonl").exists(), "{args:?} wrote a log");
+    }
+}
+
+#[test]
+fn unusable_log_folders_stop_the_rank_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A file where the folder should be.
+    let file = tmp.path().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let (code, err) = worker_alone(&["--model", "tiny", "--stage", "0", "--log-dir", file.to_str().unwrap()]);
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("not-a-dir"), "{err}");
+    // An earlier run's log is never overwritten silently.
+    let dir = tmp.path().join("run");
+    let args = ["--model", "tiny", "--stage", "0", "--steps", "3", "--seq-len", "16", "--log-dir", dir.to_str().unwrap()];
+    assert_eq!(worker_alone(&args).0, 0);
+    let before = std::fs::read(dir.join("rank0.jsonl")).unwrap();
+    let (code, err) = worker_alone(&args);
+    assert_eq!(code, 5);
+    assert!(err.contains("--overwrite"), "{err}");
+    assert_eq!(std::fs::read(dir.join("rank0.jsonl")).unwrap(), before);
+}
+
+#[test]
+fn a_failure_during_training_is_logged_with_its_class() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A data file too short for the sequence length is an io failure found after start-up.
+    let short = tmp.path().join("short.txt");
+    std::fs::write(&short, b"too short").unwrap();
+    let dir = tmp.path().join("logs");
+    let (code, err) = worker_alone(&["--model", "tiny", "--stage", "0", "--seq-len", "64", "--data", short.to_str().unwrap(), "--log-dir", dir.to_str().unwrap()]);
+    assert_eq!(code, 5, "{err}");
+    let recs = records(&dir.join("rank0.jsonl"));
+    let kinds: Vec<&str> = recs.iter().map(Record::event).collect();
+    assert_eq!(kinds, ["start", "error", "end"]);
+    match (&recs[1], &recs[2]) {
+        (Record::Error(e), Record::End(end)) => {
+            assert_eq!(e.class, ErrorClass::Io);
+            assert!(e.message.contains("short.txt"));
+            assert_eq!(end.status, RunStatus::Failed);
+            assert_eq!(end.exit_code, 5);
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,0 +1,220 @@
+//! One rank's run from flags to exit code.
+//!
+//! Order of work: flags are checked before anything else; then MPI starts, the rank learns who it
+//! is and opens its log (a log folder that cannot be written stops the rank here, before any
+//! training); then the model and the ZeRO engine are built, and the steps run. Every record is
+//! flushed as it is written. A failure after the log is open is logged as an `error` record and
+//! an `end` record with the exit code that follows (see [`failure`]).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+use mpi::topology::{Communicator, SimpleCommunicator};
+use tch::Device;
+use zerobench_schema::log::{DeviceInfo, End, ErrorRecord, ModelInfo, RunStatus, Setup, Start, Versions};
+use zerobench_schema::memory::model_state_bytes;
+use zerobench_schema::{Record, RunConfig, SCHEMA_VERSION};
+
+use crate::comm::mpi::MpiCollectives;
+use crate::{cli, data, model, runtime, zero};
+use crate::failure::Failure;
+use crate::logfile::RankLog;
+use crate::metrics::memory::MemoryProbe;
+use crate::runtime::identity::{self, Identity};
+use crate::train::{now_ts, Progress, Trainer};
+
+/// Runs one rank; the error's [`Failure::exit_code`] is the process's exit code.
+pub fn run(args: &cli::Args) -> Result<(), Failure> {
+    let cfg = args.config();
+    cfg.validate(None).map_err(|e| Failure::Config(e.to_string()))?;
+    let model_spec = cfg.model.spec();
+    // Refuse what the worker cannot build before any rank starts communicating.
+    model::build(&model_spec, tch::Kind::Float).map_err(|e| Failure::Config(format!("invalid --model: {e}")))?;
+
+    let universe = mpi::initialize().ok_or_else(|| Failure::Internal("MPI was already initialised".into()))?;
+    let world = universe.world();
+    let ident = identity::resolve(&world).map_err(|e| Failure::Config(e.to_string()))?;
+    let run_id = shared_run_id(&world, args.run_id.as_deref(), &cfg);
+    let mut log = RankLog::create(&args.log_dir, ident.rank, args.overwrite).map_err(|e| Failure::Io(e.to_string()))?;
+
+    let mut progress = Progress { steps_completed: 0, summary: None };
+    let result = catch_unwind(AssertUnwindSafe(|| run_logged(args, &cfg, &ident, &run_id, world, &mut log, &mut progress)))
+        .unwrap_or_else(|panic| {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_string()))
+                .unwrap_or_else(|| "panic".into());
+            Err(Failure::from_torch_message(&msg))
+        });
+    let (status, exit_code) = match &result {
+        Ok(()) => (RunStatus::Ok, 0),
+        Err(f @ Failure::Oom { .. }) => (RunStatus::Oom, f.exit_code()),
+        Err(f) => (RunStatus::Failed, f.exit_code()),
+    };
+    if let Err(f) = &result {
+        let requested_bytes = match f {
+            Failure::Oom { requested_bytes, .. } => *requested_bytes,
+            _ => None,
+        };
+        let err = ErrorRecord {
+            v: SCHEMA_VERSION,
+            ts: now_ts(),
+            rank: ident.rank,
+            class: f.class(),
+            message: f.to_string(),
+            step: Some(progress.steps_completed),
+            requested_bytes,
+            memory: Some(MemoryProbe::new(None).sample()),
+        };
+        // Best effort: the failure itself may be the log's.
+        let _ = log.write(&Record::Error(err));
+    }
+    let end = End {
+        v: SCHEMA_VERSION,
+        ts: now_ts(),
+        rank: ident.rank,
+        status,
+        steps_completed: progress.steps_completed,
+        exit_code,
+        summary: progress.summary,
+    };
+    let _ = log.write(&Record::End(end));
+    if ident.rank == 0 {
+        if let Some(s) = progress.summary {
+            eprintln!(
+                "zerobench-worker: {} stage {} on {} rank(s): {:.1} ms/step, {:.0} tokens/s, final loss {:.4}",
+                cfg.model, cfg.stage, ident.world_size, s.step_ms_median, s.tokens_per_s, s.final_loss
+            );
+        }
+    }
+    result
+}
+
+/// The run id: given, or made on rank 0 and broadcast so every rank logs the same.
+fn shared_run_id(world: &SimpleCommunicator, given: Option<&str>, cfg: &RunConfig) -> String {
+    if let Some(id) = given {
+        return id.to_string();
+    }
+    let mut buf = [0u8; 128];
+    if world.rank() == 0 {
+        let id = format!("{}_z{}_{}_{}", cfg.model, cfg.stage, now_ts() as u64, std::process::id());
+        let n = id.len().min(buf.len());
+        buf[..n].copy_from_slice(&id.as_bytes()[..n]);
+    }
+    mpi::collective::Root::broadcast_into(&world.process_at_rank(0), &mut buf[..]);
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+fn run_logged(
+    args: &cli::Args,
+    cfg: &RunConfig,
+    ident: &Identity,
+    run_id: &str,
+    world: SimpleCommunicator,
+    log: &mut RankLog,
+    progress: &mut Progress,
+) -> Result<(), Failure> {
+    let t_setup = Instant::now();
+    let device = runtime::device::select(cfg.device, ident.local_rank).map_err(|e| Failure::Config(e.to_string()))?;
+    let threads = args.threads.unwrap_or_else(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        (cores / ident.local_size.max(1)).max(1)
+    });
+    tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
+    let _ = rayon::ThreadPoolBuilder::new().num_threads(threads as usize).build_global();
+
+    let spec = cfg.model.spec();
+    let kind = zero::engine::compute_kind(cfg.precision);
+    let model = model::build(&spec, kind).map_err(Failure::Config)?;
+    let cuda_index = match device {
+        Device::Cuda(i) => Some(i),
+        _ => None,
+    };
+    let start = Start {
+        v: SCHEMA_VERSION,
+        ts: now_ts(),
+        run_id: run_id.to_string(),
+        rank: ident.rank,
+        world_size: ident.world_size,
+        local_rank: ident.local_rank,
+        local_size: ident.local_size,
+        node_rank: ident.node_rank,
+        nodes: ident.nodes,
+        rank_source: ident.source.to_string(),
+        host: identity::hostname(),
+        pid: std::process::id(),
+        config: cfg.clone(),
+        model: ModelInfo {
+            family: spec.family().to_string(),
+            params: spec.param_count(),
+            units: u32::try_from(spec.units().len()).unwrap_or(u32::MAX),
+            largest_unit_params: spec.largest_unit_params(),
+        },
+        device: DeviceInfo {
+            kind: if cuda_index.is_some() { "cuda".into() } else { "cpu".into() },
+            name: match cuda_index {
+                Some(_) => "cuda".into(),
+                None => runtime::device::cpu_name(),
+            },
+            index: cuda_index.map(|i| i as u32),
+            total_memory_bytes: None,
+            cuda_visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+            threads,
+        },
+        comm_backend: if ident.world_size > 1 { "mpi".into() } else { "none".into() },
+        versions: Versions {
+            zerobench: env!("CARGO_PKG_VERSION").into(),
+            libtorch: runtime::shim::torch_version(),
+            mpi: mpi::environment::library_version()
+                .ok()
+                .map(|v| v.lines().next().unwrap_or("").trim_matches(|c: char| c == '\0' || c.is_whitespace()).to_string()),
+            ..Versions::default()
+        },
+        slurm: identity::slurm_info(),
+    };
+    log.write(&Record::Start(start)).map_err(|e| Failure::Io(e.to_string()))?;
+
+    let source = data::Source::open(cfg.data.as_deref(), spec.vocab(), cfg.seq_len as usize)
+        .map_err(|e| Failure::Io(e.to_string()))?;
+    let data = data::Data::new(
+        source,
+        cfg.seed,
+        cfg.seq_len as usize,
+        cfg.micro_batch as usize,
+        ident.world_size as usize,
+        cfg.grad_accum as usize,
+        ident.rank as usize,
+        device,
+    );
+
+    let comm = Box::new(MpiCollectives::new(world));
+    let mut engine = zero::Engine::new(model.as_ref(), cfg, comm, device)?;
+    let probe = MemoryProbe::new(cuda_index);
+    let padded = engine.padded_params();
+    let setup = Setup {
+        v: SCHEMA_VERSION,
+        ts: now_ts(),
+        rank: ident.rank,
+        model_state: engine.model_state_bytes(),
+        model_state_expected: model_state_bytes(cfg.stage, cfg.precision, padded, u64::from(ident.world_size)),
+        padded_params: padded,
+        buffers_bytes: engine.buffer_bytes(),
+        host_state_bytes: 0,
+        memory: probe.sample(),
+        setup_ms: t_setup.elapsed().as_secs_f64() * 1e3,
+    };
+    log.write(&Record::Setup(setup)).map_err(|e| Failure::Io(e.to_string()))?;
+
+    let mut trainer = Trainer {
+        cfg,
+        model: model.as_ref(),
+        engine: &mut engine,
+        data: &data,
+        log,
+        probe: &probe,
+        rank: ident.rank,
+    };
+    trainer.run(progress)
+}

@@ -1,0 +1,140 @@
+//! The worker's flags. They map one to one onto [`RunConfig`] (see `RunConfig::to_worker_args`),
+//! plus where the run is put (`--log-dir`, `--run-id`) and how the process runs (`--threads`).
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use zerobench_schema::config::{EngineConfig, OptimConfig};
+use zerobench_schema::{DeviceRequest, ModelPreset, Offload, Precision, RunConfig, ZeroStage};
+
+/// One rank of a zerobench run: trains a model with a ZeRO stage and logs what it costs.
+#[derive(Debug, Parser)]
+#[command(name = "zerobench-worker", version)]
+pub struct Args {
+    /// Model preset.
+    #[arg(long, value_parser = parse::<ModelPreset>)]
+    pub model: ModelPreset,
+    /// ZeRO stage: 0, 1, 2 or 3.
+    #[arg(long, value_parser = parse::<ZeroStage>)]
+    pub stage: ZeroStage,
+    /// What to keep in host memory: none, optimizer, optimizer+params.
+    #[arg(long, default_value = "none", value_parser = parse::<Offload>)]
+    pub offload: Offload,
+    /// bf16, fp16 (dynamic loss scaling) or fp32.
+    #[arg(long, default_value = "bf16", value_parser = parse::<Precision>)]
+    pub precision: Precision,
+    /// Sequences per rank per micro-step.
+    #[arg(long, default_value_t = 1)]
+    pub micro_batch: u32,
+    /// Tokens per sequence [default: the preset's, 1024 for GPT-2].
+    #[arg(long)]
+    pub seq_len: Option<u32>,
+    /// Micro-steps per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: u32,
+    /// Optimizer steps, warmup included.
+    #[arg(long, default_value_t = 10)]
+    pub steps: u32,
+    /// Leading steps flagged as warmup (left out of summaries).
+    #[arg(long, default_value_t = 2)]
+    pub warmup: u32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Train on this text file (byte-level tokens) instead of seeded synthetic tokens.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// auto (CUDA when a GPU is visible), cpu or cuda.
+    #[arg(long, default_value = "auto", value_parser = parse::<DeviceRequest>)]
+    pub device: DeviceRequest,
+    /// Folder for rank<N>.jsonl.
+    #[arg(long)]
+    pub log_dir: PathBuf,
+    /// Identifies the run in every log [default: generated on rank 0 and shared].
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Replace logs an earlier run left in --log-dir.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// libtorch intra-op threads [default: this host's cores divided among its ranks].
+    #[arg(long)]
+    pub threads: Option<u32>,
+    #[arg(long, default_value_t = OptimConfig::default().lr)]
+    pub lr: f64,
+    #[arg(long, default_value_t = OptimConfig::default().beta1)]
+    pub beta1: f64,
+    #[arg(long, default_value_t = OptimConfig::default().beta2)]
+    pub beta2: f64,
+    #[arg(long, default_value_t = OptimConfig::default().eps)]
+    pub eps: f64,
+    #[arg(long, default_value_t = OptimConfig::default().weight_decay)]
+    pub weight_decay: f64,
+    /// Gradient bucket size in MiB (consecutive blocks are reduced together up to this size).
+    #[arg(long, default_value_t = EngineConfig::default().bucket_mb)]
+    pub bucket_mb: f64,
+    /// Stage 3: blocks gathered ahead of the one computing.
+    #[arg(long, default_value_t = EngineConfig::default().prefetch)]
+    pub prefetch: u32,
+    /// fp16: the loss scale starts at 2^this.
+    #[arg(long, default_value_t = EngineConfig::default().loss_scale_power)]
+    pub loss_scale_power: u32,
+}
+
+fn parse<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> {
+    s.parse()
+}
+
+impl Args {
+    pub fn config(&self) -> RunConfig {
+        RunConfig {
+            model: self.model,
+            stage: self.stage,
+            offload: self.offload,
+            precision: self.precision,
+            micro_batch: self.micro_batch,
+            seq_len: self.seq_len.unwrap_or_else(|| self.model.spec().default_seq_len()),
+            grad_accum: self.grad_accum,
+            steps: self.steps,
+            warmup: self.warmup,
+            seed: self.seed,
+            data: self.data.clone(),
+            device: self.device,
+            optim: OptimConfig {
+                lr: self.lr,
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: self.weight_decay,
+            },
+            engine: EngineConfig { bucket_mb: self.bucket_mb, prefetch: self.prefetch, loss_scale_power: self.loss_scale_power },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the launcher renders is what the worker parses back.
+    #[test]
+    fn launcher_args_round_trip() {
+        let mut cfg = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z3);
+        cfg.micro_batch = 4;
+        cfg.precision = Precision::Fp16;
+        cfg.data = Some("/data/with space.txt".into());
+        cfg.optim.lr = 1.5e-4;
+        cfg.engine.bucket_mb = 12.5;
+        let mut argv = vec!["zerobench-worker".to_string()];
+        argv.extend(cfg.to_worker_args());
+        argv.extend(["--log-dir".into(), "/tmp/x".into()]);
+        let args = Args::try_parse_from(argv).unwrap();
+        assert_eq!(args.config(), cfg);
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let err = Args::try_parse_from(["w", "--model", "gpt5", "--stage", "1", "--log-dir", "d"]).unwrap_err();
+        assert!(err.to_string().contains("--model"), "{err}");
+        let err = Args::try_parse_from(["w", "--model", "tiny", "--stage", "4", "--log-dir", "d"]).unwrap_err();
+        assert!(err.to_string().contains("--stage"), "{err}");
+    }
+}

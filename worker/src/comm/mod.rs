@@ -1,0 +1,107 @@
+//! Collectives over the ranks of a run, on flat contiguous tensors, always summing.
+//!
+//! [`Collectives`] is what the ZeRO engine calls. A call *issues* the operation after all work
+//! already issued on the compute stream and returns a [`Pending`]; the engine calls
+//! [`Collectives::wait`] before computation reads the result. On CPU over MPI a call completes
+//! before it returns, so waiting is free and all communication is exposed. On GPUs over NCCL the
+//! operation runs on its own stream and `wait` makes the compute stream wait for it, so the time
+//! computation actually waited is what `exposed_ms` counts.
+//!
+//! Every call's bytes and duration are recorded per kind and handed over per step by
+//! [`Collectives::take_stats`]. Bytes follow nccl-tests: the size of the whole array (all-reduce:
+//! the buffer; reduce-scatter: the input; all-gather: the output; broadcast: the buffer).
+
+pub mod mpi;
+pub mod stats;
+
+use tch::{Kind, Tensor};
+
+pub use stats::{CollectiveKind, StepComm};
+
+/// A collective that has been issued and may still be running.
+#[must_use = "wait for a collective before reading its result"]
+#[derive(Debug)]
+pub struct Pending(pub(crate) Option<usize>);
+
+impl Pending {
+    /// A collective that completed before its call returned.
+    pub fn done() -> Self {
+        Pending(None)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommError {
+    #[error("{op}: unsupported tensor ({reason})")]
+    BadTensor { op: &'static str, reason: String },
+    #[error("{op} failed: {message}")]
+    Failed { op: &'static str, message: String },
+}
+
+/// The collectives the ZeRO engine needs.
+pub trait Collectives {
+    fn rank(&self) -> usize;
+    fn world(&self) -> usize;
+    /// `buf` := sum over ranks of `buf`.
+    fn all_reduce(&mut self, buf: &Tensor) -> Result<Pending, CommError>;
+    /// `output` := this rank's 1/world slice of the sum over ranks of `input`.
+    /// `output` may be that very slice of `input` (in place).
+    fn reduce_scatter(&mut self, input: &Tensor, output: &Tensor) -> Result<Pending, CommError>;
+    /// `output` := the concatenation over ranks of `input`; `input` may be this rank's slice of
+    /// `output` (in place).
+    fn all_gather(&mut self, input: &Tensor, output: &Tensor) -> Result<Pending, CommError>;
+    /// `buf` := `buf` of rank `root`.
+    fn broadcast(&mut self, buf: &Tensor, root: usize) -> Result<Pending, CommError>;
+    /// Makes computation wait for a pending collective.
+    fn wait(&mut self, pending: Pending) -> Result<(), CommError>;
+    fn barrier(&mut self) -> Result<(), CommError>;
+    /// Sums a few fp32 control values (the step's loss, an overflow flag) over ranks and waits for
+    /// the result. Not counted in the step's communication: it is bookkeeping of a few bytes.
+    fn reduce_control(&mut self, buf: &Tensor) -> Result<(), CommError>;
+    /// What this step's collectives cost; resets the counters.
+    fn take_stats(&mut self) -> Result<StepComm, CommError>;
+    /// `mpi`, `nccl` or `none`.
+    fn backend(&self) -> &'static str;
+}
+
+/// Element types a collective can carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl Elem {
+    pub fn of(t: &Tensor, op: &'static str) -> Result<Elem, CommError> {
+        match t.kind() {
+            Kind::Float => Ok(Elem::F32),
+            Kind::BFloat16 => Ok(Elem::Bf16),
+            Kind::Half => Ok(Elem::F16),
+            k => Err(CommError::BadTensor { op, reason: format!("element type {k:?}") }),
+        }
+    }
+    pub fn size(self) -> usize {
+        match self {
+            Elem::F32 => 4,
+            Elem::Bf16 | Elem::F16 => 2,
+        }
+    }
+}
+
+/// Checks that `t` is contiguous and returns its element type and length.
+pub(crate) fn flat(t: &Tensor, op: &'static str) -> Result<(Elem, usize), CommError> {
+    if !t.is_contiguous() {
+        return Err(CommError::BadTensor { op, reason: "not contiguous".into() });
+    }
+    let e = Elem::of(t, op)?;
+    Ok((e, t.numel()))
+}
+
+/// Whether `a` is exactly the `rank`-th of `world` equal slices of `whole`.
+pub(crate) fn is_rank_slice(a: &Tensor, whole: &Tensor, rank: usize, world: usize) -> bool {
+    let n = a.numel();
+    n * world == whole.numel()
+        && a.kind() == whole.kind()
+        && a.data_ptr() as usize == whole.data_ptr() as usize + rank * n * Elem::of(a, "").map_or(0, Elem::size)
+}

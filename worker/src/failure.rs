@@ -1,0 +1,130 @@
+//! Why a run stopped early, as the `error` record's class and the process exit code.
+//!
+//! | exit code | class | meaning |
+//! |---|---|---|
+//! | 0 | — | the run completed |
+//! | 1 | internal | a bug or an unexpected library error |
+//! | 2 | config | invalid flags or combination, rejected before any work (clap uses 2 for usage errors too) |
+//! | 3 | oom | out of device or host memory: the configuration does not fit |
+//! | 4 | comm | a collective failed (a peer died, the network broke) |
+//! | 5 | io | the log or data could not be read or written |
+
+use tch::TchError;
+use zerobench_schema::log::ErrorClass;
+
+use crate::comm::CommError;
+use crate::zero::EngineError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Io(String),
+    #[error("out of memory: {message}")]
+    Oom { message: String, requested_bytes: Option<u64> },
+    #[error("communication failed: {0}")]
+    Comm(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Failure {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Failure::Config(_) => ErrorClass::Config,
+            Failure::Io(_) => ErrorClass::Io,
+            Failure::Oom { .. } => ErrorClass::Oom,
+            Failure::Comm(_) => ErrorClass::Comm,
+            Failure::Internal(_) => ErrorClass::Internal,
+        }
+    }
+
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Failure::Internal(_) => 1,
+            Failure::Config(_) => 2,
+            Failure::Oom { .. } => 3,
+            Failure::Comm(_) => 4,
+            Failure::Io(_) => 5,
+        }
+    }
+
+    /// Classifies a libtorch error: allocation failures are OOM, the rest internal.
+    pub fn from_torch_message(msg: &str) -> Failure {
+        let lower = msg.to_ascii_lowercase();
+        if lower.contains("out of memory") || lower.contains("can't allocate memory") || lower.contains("not enough memory") {
+            Failure::Oom { message: first_line(msg), requested_bytes: requested_bytes(msg) }
+        } else {
+            Failure::Internal(first_line(msg))
+        }
+    }
+}
+
+fn first_line(msg: &str) -> String {
+    msg.lines().next().unwrap_or("").to_string()
+}
+
+/// The size in PyTorch's "Tried to allocate 2.00 GiB" or the CPU allocator's
+/// "DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes".
+fn requested_bytes(msg: &str) -> Option<u64> {
+    if let Some(rest) = msg.split("Tried to allocate ").nth(1) {
+        let mut it = rest.split_whitespace();
+        let value: f64 = it.next()?.parse().ok()?;
+        let unit = it.next()?.trim_end_matches(['.', ',', ';']);
+        let mult = match unit {
+            "B" | "bytes" => 1.0,
+            "KiB" => 1024.0,
+            "MiB" => 1024.0 * 1024.0,
+            "GiB" => 1024.0 * 1024.0 * 1024.0,
+            "TiB" => 1024.0f64.powi(4),
+            _ => return None,
+        };
+        return Some((value * mult) as u64);
+    }
+    let rest = msg.split("you tried to allocate ").nth(1)?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+impl From<TchError> for Failure {
+    fn from(e: TchError) -> Self {
+        Failure::from_torch_message(&e.to_string())
+    }
+}
+
+impl From<CommError> for Failure {
+    fn from(e: CommError) -> Self {
+        Failure::Comm(e.to_string())
+    }
+}
+
+impl From<EngineError> for Failure {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Torch(t) => t.into(),
+            EngineError::Comm(c) => c.into(),
+            EngineError::Shim(s) => Failure::from_torch_message(&s.0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oom_messages_are_recognised_with_their_size() {
+        let cuda = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB";
+        match Failure::from_torch_message(cuda) {
+            Failure::Oom { requested_bytes, .. } => assert_eq!(requested_bytes, Some(2 << 30)),
+            f => panic!("{f:?}"),
+        }
+        let cpu = "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 123456 bytes. Error code 12";
+        match Failure::from_torch_message(cpu) {
+            Failure::Oom { requested_bytes, .. } => assert_eq!(requested_bytes, Some(123_456)),
+            f => panic!("{f:?}"),
+        }
+        assert!(matches!(Failure::from_torch_message("shape mismatch"), Failure::Internal(_)));
+        assert_eq!(Failure::Oom { message: String::new(), requested_bytes: None }.exit_code(), 3);
+    }
+}

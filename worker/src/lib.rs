@@ -1,0 +1,28 @@
+//! The rank program of zerobench: trains a model with ZeRO stage 0-3 on libtorch and logs what
+//! every step costs. The binary `zerobench-worker` is [`app::run`] behind [`cli::Args`].
+//!
+//! | module | job |
+//! |---|---|
+//! | [`app`] | one rank's run from flags to exit code |
+//! | [`cli`] | the flags, mapped onto `RunConfig` |
+//! | [`runtime`] | rank identity, device choice, native helpers |
+//! | [`comm`] | collectives: the interface the engine uses, and its MPI implementation |
+//! | [`model`] | models as units and segments (GPT-2 family) |
+//! | [`zero`] | the ZeRO engine: flat buffers, stages 0-3, AdamW, loss scaling |
+//! | [`data`] | synthetic and text data, split by global sample index |
+//! | [`train`] | the step loop |
+//! | [`metrics`] | phase timings and memory |
+//! | [`logfile`] | the rank's JSON-lines log |
+//! | [`failure`] | failure classes and exit codes |
+
+pub mod app;
+pub mod cli;
+pub mod comm;
+pub mod data;
+pub mod failure;
+pub mod logfile;
+pub mod metrics;
+pub mod model;
+pub mod runtime;
+pub mod train;
+pub mod zero;

@@ -1,0 +1,126 @@
+//! GPT-2 (Radford et al. 2019) as in Hugging Face's `GPT2LMHeadModel`: learned positions, pre-LN
+//! blocks, causal scaled-dot-product attention, tanh-approximated GELU, LM head tied to the token
+//! embedding. Linear weights are stored `[out, in]` (HF's Conv1D stores the transpose; the
+//! parameter count is the same).
+//!
+//! Units: `embed` (token and position embeddings, final layer norm) and one per block.
+//! Segments: `embed` (unit 0), `block.i` (unit i + 1), `head` (unit 0 again: final layer norm,
+//! tied LM head, cross-entropy).
+
+use tch::{Kind, Reduction, TchError, Tensor};
+use zerobench_schema::models::Gpt2Dims;
+
+use super::{Batch, Init, Model, ParamDef, Segment, UnitDef};
+
+pub struct Gpt2 {
+    dims: Gpt2Dims,
+    units: Vec<UnitDef>,
+    segments: Vec<Segment>,
+}
+
+/// Hugging Face's `initializer_range`.
+const STD: f64 = 0.02;
+const LN_EPS: f64 = 1e-5;
+
+impl Gpt2 {
+    pub fn new(dims: Gpt2Dims, _kind: Kind) -> Self {
+        let c = i64::try_from(dims.d_model).expect("small");
+        let v = i64::try_from(dims.vocab).expect("small");
+        let p = i64::try_from(dims.n_positions).expect("small");
+        // GPT-2 scales the residual projections by 1/sqrt(2·layers) at init.
+        let proj_std = STD / (2.0 * dims.n_layer as f64).sqrt();
+        let mut units = vec![UnitDef {
+            name: "embed".into(),
+            params: vec![
+                ParamDef::new("wte", &[v, c], Init::Normal(STD)),
+                ParamDef::new("wpe", &[p, c], Init::Normal(0.01)),
+                ParamDef::new("ln_f.weight", &[c], Init::Ones),
+                ParamDef::new("ln_f.bias", &[c], Init::Zeros),
+            ],
+        }];
+        for i in 0..dims.n_layer {
+            units.push(UnitDef {
+                name: format!("block.{i}"),
+                params: vec![
+                    ParamDef::new("ln_1.weight", &[c], Init::Ones),
+                    ParamDef::new("ln_1.bias", &[c], Init::Zeros),
+                    ParamDef::new("attn.c_attn.weight", &[3 * c, c], Init::Normal(STD)),
+                    ParamDef::new("attn.c_attn.bias", &[3 * c], Init::Zeros),
+                    ParamDef::new("attn.c_proj.weight", &[c, c], Init::Normal(proj_std)),
+                    ParamDef::new("attn.c_proj.bias", &[c], Init::Zeros),
+                    ParamDef::new("ln_2.weight", &[c], Init::Ones),
+                    ParamDef::new("ln_2.bias", &[c], Init::Zeros),
+                    ParamDef::new("mlp.c_fc.weight", &[4 * c, c], Init::Normal(STD)),
+                    ParamDef::new("mlp.c_fc.bias", &[4 * c], Init::Zeros),
+                    ParamDef::new("mlp.c_proj.weight", &[c, 4 * c], Init::Normal(proj_std)),
+                    ParamDef::new("mlp.c_proj.bias", &[c], Init::Zeros),
+                ],
+            });
+        }
+        let mut segments = vec![Segment { name: "embed".into(), unit: 0 }];
+        segments.extend((0..dims.n_layer).map(|i| Segment { name: format!("block.{i}"), unit: 1 + i as usize }));
+        segments.push(Segment { name: "head".into(), unit: 0 });
+        Self { dims, units, segments }
+    }
+
+    fn embed(&self, p: &[Tensor], batch: &Batch) -> Result<Vec<Tensor>, TchError> {
+        let (wte, wpe) = (&p[0], &p[1]);
+        let t = batch.input.size()[1];
+        let pos = Tensor::f_arange(t, (Kind::Int64, batch.input.device()))?;
+        let tok = Tensor::f_embedding(wte, &batch.input, -1, false, false)?;
+        let pos = Tensor::f_embedding(wpe, &pos, -1, false, false)?;
+        Ok(vec![tok.f_add(&pos)?])
+    }
+
+    fn block(&self, p: &[Tensor], x: &Tensor) -> Result<Vec<Tensor>, TchError> {
+        let c = i64::try_from(self.dims.d_model).expect("small");
+        let nh = i64::try_from(self.dims.n_head).expect("small");
+        let (b, t) = (x.size()[0], x.size()[1]);
+        let h = x.f_layer_norm([c], Some(&p[0]), Some(&p[1]), LN_EPS, true)?;
+        let qkv = h.f_linear(&p[2], Some(&p[3]))?;
+        let parts = qkv.f_split(c, 2)?;
+        let heads = |t_: &Tensor| t_.f_view([b, t, nh, c / nh])?.f_transpose(1, 2);
+        let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
+        let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)?;
+        let y = y.f_transpose(1, 2)?.f_contiguous()?.f_view([b, t, c])?;
+        let x = x.f_add(&y.f_linear(&p[4], Some(&p[5]))?)?;
+        let h = x.f_layer_norm([c], Some(&p[6]), Some(&p[7]), LN_EPS, true)?;
+        let h = h.f_linear(&p[8], Some(&p[9]))?.f_gelu("tanh")?.f_linear(&p[10], Some(&p[11]))?;
+        Ok(vec![x.f_add(&h)?])
+    }
+
+    fn head(&self, p: &[Tensor], x: &Tensor, batch: &Batch) -> Result<Vec<Tensor>, TchError> {
+        let c = i64::try_from(self.dims.d_model).expect("small");
+        let v = i64::try_from(self.dims.vocab).expect("small");
+        let h = x.f_layer_norm([c], Some(&p[2]), Some(&p[3]), LN_EPS, true)?;
+        let logits = h.f_linear::<Tensor>(&p[0], None)?;
+        let loss = logits.f_view([-1, v])?.f_cross_entropy_loss::<Tensor>(
+            &batch.target.f_view([-1])?,
+            None,
+            Reduction::Mean,
+            -100,
+            0.0,
+        )?;
+        Ok(vec![loss])
+    }
+}
+
+impl Model for Gpt2 {
+    fn units(&self) -> &[UnitDef] {
+        &self.units
+    }
+
+    fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    fn forward(&self, s: usize, params: &[Tensor], inputs: &[Tensor], batch: &Batch) -> Result<Vec<Tensor>, TchError> {
+        if s == 0 {
+            self.embed(params, batch)
+        } else if s == self.segments.len() - 1 {
+            self.head(params, &inputs[0], batch)
+        } else {
+            self.block(params, &inputs[0])
+        }
+    }
+}

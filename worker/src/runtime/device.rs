@@ -1,0 +1,57 @@
+//! Choosing the compute device.
+//!
+//! The binary links libtorch_cpu only (the linker drops libtorch_cuda.so, which nothing references
+//! by name), so CUDA looks absent until libtorch_cuda.so is loaded. When a GPU may be used, it is
+//! loaded at start and kept loaded for the life of the process; the same binary still runs on hosts
+//! without CUDA.
+
+use std::sync::OnceLock;
+
+use tch::Device;
+use zerobench_schema::config::DeviceRequest;
+
+static LIBTORCH_CUDA: OnceLock<Option<libloading::Library>> = OnceLock::new();
+
+/// Loads libtorch_cuda.so once; returns whether CUDA is usable afterwards.
+fn cuda_available() -> bool {
+    let lib = LIBTORCH_CUDA.get_or_init(|| {
+        // SAFETY: loading libtorch's own CUDA library runs its static initialisers, which register
+        // the CUDA backend with the already-loaded libtorch_cpu/libc10; this is what libtorch does
+        // itself when linked normally.
+        unsafe { libloading::Library::new("libtorch_cuda.so") }.ok()
+    });
+    lib.is_some() && tch::Cuda::is_available()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("--device cuda was requested but no CUDA device is usable (libtorch_cuda.so not loadable or no GPU)")]
+    NoCuda,
+}
+
+/// The device this rank computes on: one GPU per local rank when CUDA is used.
+pub fn select(request: DeviceRequest, local_rank: u32) -> Result<Device, DeviceError> {
+    let want_cuda = match request {
+        DeviceRequest::Cpu => false,
+        DeviceRequest::Cuda => {
+            if !cuda_available() {
+                return Err(DeviceError::NoCuda);
+            }
+            true
+        }
+        DeviceRequest::Auto => cuda_available(),
+    };
+    if !want_cuda {
+        return Ok(Device::Cpu);
+    }
+    let count = tch::Cuda::device_count().max(1) as u32;
+    Ok(Device::Cuda((local_rank % count) as usize))
+}
+
+/// A human-readable name of the CPU, for the `start` record.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|v| v.trim().to_string()))
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}

@@ -1,0 +1,650 @@
+//! The engine: owns every model-state buffer, issues the collectives at the right moments, and
+//! applies the optimizer. The trainer calls [`Engine::before`] and [`Engine::after`] around each
+//! position of the [`Schedule`], [`Engine::end_micro`] after each micro-step's backward, and
+//! [`Engine::step`] once per optimizer step.
+
+use std::collections::BTreeMap;
+
+use tch::{Device, Kind, TchError, Tensor};
+use zerobench_schema::config::{Precision, RunConfig, ZeroStage};
+use zerobench_schema::memory::ModelStateBytes;
+
+use super::adamw::{AdamW, Shard};
+use super::layout::UnitLayout;
+use super::loss_scale::LossScaler;
+use super::schedule::{Phase, Schedule};
+use crate::comm::{CommError, Collectives, Pending, StepComm};
+use crate::model::{init_unit, Model};
+use crate::runtime::shim::{self, ShimError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Torch(#[from] TchError),
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    #[error("libtorch shim: {0}")]
+    Shim(#[from] ShimError),
+}
+
+/// The compute dtype of a precision.
+pub fn compute_kind(p: Precision) -> Kind {
+    match p {
+        Precision::Bf16 => Kind::BFloat16,
+        Precision::Fp16 => Kind::Half,
+        Precision::Fp32 => Kind::Float,
+    }
+}
+
+/// One unit's buffers on this rank.
+struct Unit {
+    layout: UnitLayout,
+    /// Flat buffer of the full unit in the compute dtype; the parameters are views of it. In
+    /// stage 3 its storage points into a gather slot while the unit is gathered, at nothing
+    /// otherwise.
+    base: Tensor,
+    /// The parameters: leaf views of `base`, shaped as the model declares them.
+    params: Vec<Tensor>,
+    /// Stage 3: this rank's shard of the parameters.
+    param_shard: Option<Tensor>,
+    /// Stages 0 and 1: the full gradient buffer, accumulated over micro-steps.
+    grad_full: Option<Tensor>,
+    /// This rank's reduced gradients (stage 0: all of `grad_full`; stage 1: a view of its slice).
+    grad_shard: Tensor,
+    /// fp32 master weights of the shard (a view of the parameters themselves in fp32 training).
+    master: Tensor,
+    master_is_param: bool,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    /// Stage 3: the gather slot holding the unit, and the gather still in flight.
+    slot: Option<usize>,
+    gathering: Option<Pending>,
+    /// Stages 1 and 2: the all-gather of updated parameters still in flight.
+    refreshing: Option<Pending>,
+}
+
+/// Stage 2/3 staging for gradient reduce-scatter: two buffers used in turn, so one fills while the
+/// other's collectives run.
+struct Staging {
+    buffers: [Tensor; 2],
+    current: usize,
+    /// Next free element in the current buffer.
+    fill: usize,
+    /// Collectives reading each buffer, and (unit, offset) regions whose reduced slice must still be
+    /// added to the unit's gradient shard once they complete.
+    in_flight: [Vec<Pending>; 2],
+    to_accumulate: [Vec<(usize, usize)>; 2],
+    /// Units staged in the current buffer and not yet reduced, with their offsets.
+    staged: Vec<(usize, usize)>,
+}
+
+/// What a step did.
+#[derive(Debug, Clone, Copy)]
+pub struct StepOutcome {
+    /// Mean loss over the global batch.
+    pub loss: f64,
+    /// fp16: gradients overflowed and the update was skipped.
+    pub skipped: bool,
+    pub loss_scale: Option<f64>,
+}
+
+pub struct Engine {
+    stage: ZeroStage,
+    kind: Kind,
+    device: Device,
+    comm: Box<dyn Collectives>,
+    world: usize,
+    rank: usize,
+    /// Ranks sharing the optimizer state of a unit (1 in stage 0) and this rank's index among them.
+    owners: usize,
+    owner: usize,
+    units: Vec<Unit>,
+    schedule: Schedule,
+    optim: AdamW,
+    scaler: Option<LossScaler>,
+    updates: u64,
+    bucket_elems: usize,
+    prefetch: usize,
+    micro: usize,
+    n_micro: usize,
+    /// Stages 0/1: units whose gradients wait in `grad_full` for the bucket to fill.
+    bucket: Vec<usize>,
+    bucket_fill: usize,
+    /// Stages 0/1: reductions in flight this step.
+    reductions: Vec<Pending>,
+    staging: Option<Staging>,
+    /// Stage 3: persistent gather slots and which unit holds each.
+    slots: Vec<Tensor>,
+    slot_owner: Vec<Option<usize>>,
+    loss_acc: Option<Tensor>,
+}
+
+impl Engine {
+    /// Builds every buffer and initialises the model. Nothing is communicated: every rank computes
+    /// the same initial values and keeps what it owns.
+    pub fn new(model: &dyn Model, cfg: &RunConfig, comm: Box<dyn Collectives>, device: Device) -> Result<Self, EngineError> {
+        let _guard = tch::no_grad_guard();
+        let (world, rank) = (comm.world(), comm.rank());
+        let stage = cfg.stage;
+        let kind = compute_kind(cfg.precision);
+        let (owners, owner) = if stage == ZeroStage::Z0 { (1, 0) } else { (world, rank) };
+        let mixed = cfg.precision.has_master_copy();
+        let f32_on = (Kind::Float, device);
+
+        let mut units = Vec::with_capacity(model.units().len());
+        for (i, def) in model.units().iter().enumerate() {
+            let layout = UnitLayout::new(def, world);
+            let padded = i64::try_from(layout.padded).expect("fits");
+            let shard_len = i64::try_from(layout.shard_len(owners)).expect("fits");
+            let shard_start = i64::try_from(layout.shard_range(owners, owner).start).expect("fits");
+            let numel = i64::try_from(layout.numel).expect("fits");
+
+            let full = Tensor::f_zeros([padded], (Kind::Float, Device::Cpu))?;
+            let _ = full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, i, cfg.seed))?;
+            let shard_f32 = full.f_narrow(0, shard_start, shard_len)?;
+
+            let (base, param_shard) = if stage == ZeroStage::Z3 {
+                let shard = shard_f32.f_to_kind(kind)?.f_to_device(device)?;
+                (Tensor::f_zeros([padded], (kind, device))?, Some(shard))
+            } else {
+                (full.f_to_kind(kind)?.f_to_device(device)?, None)
+            };
+            let params = layout
+                .params
+                .iter()
+                .map(|s| {
+                    let (off, n) = (i64::try_from(s.offset).expect("fits"), i64::try_from(s.numel).expect("fits"));
+                    Ok(base.f_narrow(0, off, n)?.f_view(s.shape.as_slice())?.set_requires_grad(true))
+                })
+                .collect::<Result<Vec<_>, TchError>>()?;
+            let (master, master_is_param) = match (&param_shard, mixed) {
+                (_, true) => (shard_f32.f_to_device(device)?.f_contiguous()?.f_detach_copy()?, false),
+                (Some(s), false) => (s.shallow_clone(), true),
+                (None, false) => (base.f_narrow(0, shard_start, shard_len)?, true),
+            };
+            let (grad_full, grad_shard) = match stage {
+                ZeroStage::Z0 => {
+                    let g = Tensor::f_zeros([padded], (kind, device))?;
+                    (Some(g.shallow_clone()), g)
+                }
+                ZeroStage::Z1 => {
+                    let g = Tensor::f_zeros([padded], (kind, device))?;
+                    let s = g.f_narrow(0, shard_start, shard_len)?;
+                    (Some(g), s)
+                }
+                ZeroStage::Z2 | ZeroStage::Z3 => (None, Tensor::f_zeros([shard_len], (kind, device))?),
+            };
+            if stage == ZeroStage::Z3 {
+                // The parameters exist as views; their memory appears only while gathered.
+                shim::storage_release(&base)?;
+            }
+            units.push(Unit {
+                layout,
+                base,
+                params,
+                param_shard,
+                grad_full,
+                grad_shard,
+                master,
+                master_is_param,
+                exp_avg: Tensor::f_zeros([shard_len], f32_on)?,
+                exp_avg_sq: Tensor::f_zeros([shard_len], f32_on)?,
+                slot: None,
+                gathering: None,
+                refreshing: None,
+            });
+        }
+
+        let segment_units: Vec<usize> = model.segments().iter().map(|s| s.unit).collect();
+        let schedule = Schedule::new(&segment_units, units.len());
+        let largest = units.iter().map(|u| u.layout.padded).max().unwrap_or(0);
+        let elem = kind.elt_size_in_bytes();
+        let bucket_elems = ((cfg.engine.bucket_mb * 1024.0 * 1024.0) as usize / elem).max(1);
+        let prefetch = cfg.engine.prefetch as usize;
+
+        let staging = match stage {
+            ZeroStage::Z2 | ZeroStage::Z3 => {
+                // A bucket closes once it holds at least `bucket_elems`, so it never exceeds that
+                // plus one unit.
+                let cap = i64::try_from(bucket_elems.min(total_padded(&units)) + largest).expect("fits");
+                Some(Staging {
+                    buffers: [Tensor::f_zeros([cap], (kind, device))?, Tensor::f_zeros([cap], (kind, device))?],
+                    current: 0,
+                    fill: 0,
+                    in_flight: [Vec::new(), Vec::new()],
+                    to_accumulate: [Vec::new(), Vec::new()],
+                    staged: Vec::new(),
+                })
+            }
+            _ => None,
+        };
+        let (slots, slot_owner) = if stage == ZeroStage::Z3 {
+            let n = prefetch + 1;
+            let slots = (0..n)
+                .map(|_| Tensor::f_zeros([i64::try_from(largest).expect("fits")], (kind, device)))
+                .collect::<Result<Vec<_>, _>>()?;
+            (slots, vec![None; n])
+        } else {
+            (Vec::new(), Vec::new())
+        };
+
+        Ok(Self {
+            stage,
+            kind,
+            device,
+            comm,
+            world,
+            rank,
+            owners,
+            owner,
+            units,
+            schedule,
+            optim: AdamW { cfg: cfg.optim },
+            scaler: (cfg.precision == Precision::Fp16).then(|| LossScaler::new(cfg.engine.loss_scale_power)),
+            updates: 0,
+            bucket_elems,
+            prefetch,
+            micro: 0,
+            n_micro: cfg.grad_accum as usize,
+            bucket: Vec::new(),
+            bucket_fill: 0,
+            reductions: Vec::new(),
+            staging,
+            slots,
+            slot_owner,
+            loss_acc: None,
+        })
+    }
+
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn comm_backend(&self) -> &'static str {
+        self.comm.backend()
+    }
+
+    /// The parameters of a unit, in the order the model declared them.
+    pub fn params(&self, unit: usize) -> &[Tensor] {
+        &self.units[unit].params
+    }
+
+    /// What backward must multiply the micro-step's mean loss by: the loss scale (fp16) divided by
+    /// the number of micro-batches summed into one update (micro-steps × ranks).
+    pub fn loss_multiplier(&self) -> f64 {
+        let scale = self.scaler.as_ref().map_or(1.0, LossScaler::scale);
+        scale / (self.n_micro * self.world) as f64
+    }
+
+    /// Model-state bytes this rank holds, counted from the buffers themselves.
+    pub fn model_state_bytes(&self) -> ModelStateBytes {
+        let bytes = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
+        let mut m = ModelStateBytes::default();
+        for u in &self.units {
+            m.params_bytes += match &u.param_shard {
+                Some(s) => bytes(s),
+                None => bytes(&u.base),
+            };
+            m.grads_bytes += match &u.grad_full {
+                Some(g) => bytes(g),
+                None => bytes(&u.grad_shard),
+            };
+            m.optimizer_bytes += bytes(&u.exp_avg) + bytes(&u.exp_avg_sq) + if u.master_is_param { 0 } else { bytes(&u.master) };
+        }
+        m
+    }
+
+    /// Persistent buffers beyond the model states, by name.
+    pub fn buffer_bytes(&self) -> BTreeMap<String, u64> {
+        let bytes = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
+        let mut b = BTreeMap::new();
+        if let Some(s) = &self.staging {
+            b.insert("grad_buckets".into(), s.buffers.iter().map(bytes).sum());
+        }
+        if !self.slots.is_empty() {
+            b.insert("gather_slots".into(), self.slots.iter().map(bytes).sum());
+        }
+        b
+    }
+
+    /// Ψ after padding.
+    pub fn padded_params(&self) -> u64 {
+        self.units.iter().map(|u| u.layout.padded as u64).sum()
+    }
+
+    pub fn take_comm_stats(&mut self) -> Result<StepComm, EngineError> {
+        Ok(self.comm.take_stats()?)
+    }
+
+    /// Starts micro-step `micro` of the current optimizer step.
+    pub fn begin_micro(&mut self, micro: usize) {
+        self.micro = micro;
+    }
+
+    fn last_micro(&self) -> bool {
+        self.micro + 1 == self.n_micro
+    }
+
+    /// Before the segment at schedule position `i` runs: its unit's parameters must be in place.
+    pub fn before(&mut self, i: usize) -> Result<(), EngineError> {
+        let u = self.schedule.positions[i].unit;
+        if let Some(p) = self.units[u].refreshing.take() {
+            self.comm.wait(p)?;
+        }
+        if self.stage == ZeroStage::Z3 {
+            if self.units[u].slot.is_none() {
+                self.gather(u, Some(u))?;
+            }
+            if let Some(p) = self.units[u].gathering.take() {
+                self.comm.wait(p)?;
+            }
+            for v in self.schedule.upcoming_units(i, self.prefetch) {
+                if self.units[v].slot.is_none() && self.slot_owner.iter().any(Option::is_none) {
+                    self.gather(v, Some(u))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After the segment at position `i` ran: harvest gradients that are complete, release what is
+    /// not needed soon.
+    pub fn after(&mut self, i: usize) -> Result<(), EngineError> {
+        let pos = self.schedule.positions[i];
+        if pos.phase == Phase::Backward && self.schedule.final_backward[pos.unit] == i {
+            self.harvest(pos.unit)?;
+        }
+        if self.stage == ZeroStage::Z3 {
+            let keep = self.schedule.upcoming_units(i, self.prefetch + 1);
+            for v in 0..self.units.len() {
+                if self.units[v].slot.is_some() && !keep.contains(&v) {
+                    self.release(v)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gathers unit `u` into a free slot (evicting a unit other than `protect` if none is free).
+    fn gather(&mut self, u: usize, protect: Option<usize>) -> Result<(), EngineError> {
+        let slot = match self.slot_owner.iter().position(Option::is_none) {
+            Some(s) => s,
+            None => {
+                let s = self
+                    .slot_owner
+                    .iter()
+                    .position(|o| o.is_some() && *o != protect)
+                    .expect("more than one gather slot");
+                let victim = self.slot_owner[s].expect("occupied");
+                self.release(victim)?;
+                s
+            }
+        };
+        let unit = &mut self.units[u];
+        let n = i64::try_from(unit.layout.padded).expect("fits");
+        let dst = self.slots[slot].f_narrow(0, 0, n)?;
+        let shard = unit.param_shard.as_ref().expect("stage 3 has shards");
+        let pending = self.comm.all_gather(shard, &dst)?;
+        // SAFETY: the slot tensor lives as long as the engine and holds `padded` elements.
+        unsafe { shim::storage_set(&unit.base, dst.data_ptr(), unit.layout.padded * self.kind.elt_size_in_bytes())? };
+        unit.slot = Some(slot);
+        unit.gathering = Some(pending);
+        self.slot_owner[slot] = Some(u);
+        Ok(())
+    }
+
+    fn release(&mut self, u: usize) -> Result<(), EngineError> {
+        let unit = &mut self.units[u];
+        if let Some(p) = unit.gathering.take() {
+            self.comm.wait(p)?;
+        }
+        shim::storage_release(&unit.base)?;
+        if let Some(s) = unit.slot.take() {
+            self.slot_owner[s] = None;
+        }
+        Ok(())
+    }
+
+    /// Moves a unit's finished gradients out of the parameters' `.grad` into the engine's buffers
+    /// and, when a bucket is full, starts reducing it.
+    fn harvest(&mut self, u: usize) -> Result<(), EngineError> {
+        let _guard = tch::no_grad_guard();
+        let grads = self.units[u]
+            .params
+            .iter()
+            .map(|p| {
+                let g = p.grad();
+                if g.defined() {
+                    g.f_reshape([-1])
+                } else {
+                    Tensor::f_zeros([p.numel() as i64], (self.kind, self.device))
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let layout = &self.units[u].layout;
+        let (numel, padded) = (layout.numel, layout.padded);
+        match self.stage {
+            ZeroStage::Z0 | ZeroStage::Z1 => {
+                let full = self.units[u].grad_full.as_ref().expect("stage 0/1");
+                write_flat(full, 0, numel, padded, &grads, self.micro > 0)?;
+                if self.last_micro() {
+                    self.bucket.push(u);
+                    self.bucket_fill += padded;
+                    if self.bucket_fill >= self.bucket_elems {
+                        self.flush_full_grads()?;
+                    }
+                }
+            }
+            ZeroStage::Z2 | ZeroStage::Z3 => {
+                let offset = self.stage_slot(padded)?;
+                let st = self.staging.as_mut().expect("stage 2/3");
+                write_flat(&st.buffers[st.current], offset, numel, padded, &grads, false)?;
+                st.staged.push((u, offset));
+                st.fill = offset + padded;
+                if st.fill >= self.bucket_elems {
+                    self.flush_staging()?;
+                }
+            }
+        }
+        for p in &self.units[u].params {
+            shim::clear_grad(p)?;
+        }
+        Ok(())
+    }
+
+    /// Stages 0/1: reduce the gradients waiting in the bucket.
+    fn flush_full_grads(&mut self) -> Result<(), EngineError> {
+        for u in std::mem::take(&mut self.bucket) {
+            let unit = &self.units[u];
+            let full = unit.grad_full.as_ref().expect("stage 0/1");
+            let p = match self.stage {
+                ZeroStage::Z0 => self.comm.all_reduce(full)?,
+                _ => self.comm.reduce_scatter(full, &unit.grad_shard)?,
+            };
+            self.reductions.push(p);
+        }
+        self.bucket_fill = 0;
+        Ok(())
+    }
+
+    /// Stages 2/3: an offset in the current staging buffer with room for `padded` elements,
+    /// switching buffers (and waiting for the other's collectives) when it is full.
+    fn stage_slot(&mut self, padded: usize) -> Result<usize, EngineError> {
+        let cap = self.staging.as_ref().expect("stage 2/3").buffers[0].numel();
+        let st = self.staging.as_ref().expect("stage 2/3");
+        if st.fill + padded > cap {
+            self.flush_staging()?;
+        }
+        Ok(self.staging.as_ref().expect("stage 2/3").fill)
+    }
+
+    /// Stages 2/3: reduce-scatter every unit staged in the current buffer, then make the other
+    /// buffer current (after its own collectives completed and were accumulated).
+    fn flush_staging(&mut self) -> Result<(), EngineError> {
+        let accumulate = self.micro > 0;
+        let st = self.staging.as_mut().expect("stage 2/3");
+        let cur = st.current;
+        for (u, offset) in std::mem::take(&mut st.staged) {
+            let unit = &self.units[u];
+            let padded = i64::try_from(unit.layout.padded).expect("fits");
+            let region = st.buffers[cur].f_narrow(0, i64::try_from(offset).expect("fits"), padded)?;
+            let p = if accumulate {
+                // Reduce in place; the rank's slice is added to the shard once it is done.
+                let slice = region.f_narrow(0, i64::try_from(self.rank).expect("fits") * (padded / self.world as i64), padded / self.world as i64)?;
+                let p = self.comm.reduce_scatter(&region, &slice)?;
+                st.to_accumulate[cur].push((u, offset));
+                p
+            } else {
+                self.comm.reduce_scatter(&region, &unit.grad_shard)?
+            };
+            st.in_flight[cur].push(p);
+        }
+        let next = 1 - cur;
+        st.current = next;
+        st.fill = 0;
+        self.drain_staging(next)
+    }
+
+    /// Waits for the collectives reading staging buffer `b` and adds their results to the shards.
+    fn drain_staging(&mut self, b: usize) -> Result<(), EngineError> {
+        let _guard = tch::no_grad_guard();
+        let st = self.staging.as_mut().expect("stage 2/3");
+        for p in std::mem::take(&mut st.in_flight[b]) {
+            self.comm.wait(p)?;
+        }
+        for (u, offset) in std::mem::take(&mut st.to_accumulate[b]) {
+            let unit = &self.units[u];
+            let n = i64::try_from(unit.layout.padded / self.world).expect("fits");
+            let start = i64::try_from(offset).expect("fits") + i64::try_from(self.rank).expect("fits") * n;
+            let reduced = st.buffers[b].f_narrow(0, start, n)?;
+            let _ = unit.grad_shard.shallow_clone().f_add_(&reduced)?;
+        }
+        Ok(())
+    }
+
+    /// After a micro-step's backward: every reduction of this micro-step issued and complete.
+    pub fn end_micro(&mut self, loss: &Tensor) -> Result<(), EngineError> {
+        let _guard = tch::no_grad_guard();
+        let loss = loss.f_detach()?.f_to_kind(Kind::Float)?;
+        self.loss_acc = Some(match self.loss_acc.take() {
+            Some(acc) => acc.f_add(&loss)?,
+            None => loss,
+        });
+        match self.stage {
+            ZeroStage::Z0 | ZeroStage::Z1 => {
+                if !self.bucket.is_empty() {
+                    self.flush_full_grads()?;
+                }
+                for p in std::mem::take(&mut self.reductions) {
+                    self.comm.wait(p)?;
+                }
+            }
+            ZeroStage::Z2 | ZeroStage::Z3 => {
+                if !self.staging.as_ref().expect("stage 2/3").staged.is_empty() {
+                    self.flush_staging()?;
+                }
+                self.drain_staging(0)?;
+                self.drain_staging(1)?;
+                self.staging.as_mut().expect("stage 2/3").current = 0;
+            }
+        }
+        if self.stage == ZeroStage::Z3 {
+            for u in 0..self.units.len() {
+                if self.units[u].slot.is_some() {
+                    self.release(u)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The optimizer step: agree on the loss (and, in fp16, on whether any gradient overflowed),
+    /// update every shard, and bring the full parameters up to date where a stage keeps them.
+    pub fn step(&mut self) -> Result<StepOutcome, EngineError> {
+        let _guard = tch::no_grad_guard();
+        let loss_local = self.loss_acc.take().expect("a micro-step ran").f_div_scalar(self.n_micro as f64)?;
+        let overflow_local = match self.scaler {
+            Some(_) => {
+                let mut sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
+                for u in &self.units {
+                    sum = sum.f_add(&u.grad_shard.f_sum(Kind::Float)?)?;
+                }
+                sum.f_isfinite()?.f_logical_not()?.f_to_kind(Kind::Float)?
+            }
+            None => Tensor::f_zeros([], (Kind::Float, self.device))?,
+        };
+        // The one point per step where the host waits for the device: the loss is needed anyway.
+        let control = Tensor::f_stack(&[loss_local, overflow_local], 0)?.f_to_device(Device::Cpu)?;
+        self.comm.reduce_control(&control)?;
+        let v = Vec::<f32>::try_from(&control)?;
+        let loss = f64::from(v[0]) / self.world as f64;
+        let overflow = v[1] > 0.0;
+
+        let scale = self.scaler.as_ref().map(LossScaler::scale);
+        let apply = match self.scaler.as_mut() {
+            Some(s) => s.update(overflow),
+            None => true,
+        };
+        if apply {
+            self.updates += 1;
+            let grad_scale = scale.map_or(1.0, |s| 1.0 / s);
+            for u in &self.units {
+                let param_out = if u.master_is_param {
+                    None
+                } else if let Some(s) = &u.param_shard {
+                    Some(s.shallow_clone())
+                } else {
+                    let r = u.layout.shard_range(self.owners, self.owner);
+                    Some(u.base.f_narrow(0, r.start as i64, r.len() as i64)?)
+                };
+                let shard = Shard {
+                    master: &u.master,
+                    exp_avg: &u.exp_avg,
+                    exp_avg_sq: &u.exp_avg_sq,
+                    grad: &u.grad_shard,
+                    param_out: param_out.as_ref(),
+                };
+                self.optim.step(self.updates, grad_scale, &shard)?;
+            }
+            if matches!(self.stage, ZeroStage::Z1 | ZeroStage::Z2) && self.world > 1 {
+                for u in &mut self.units {
+                    let r = u.layout.shard_range(self.owners, self.owner);
+                    let mine = u.base.f_narrow(0, r.start as i64, r.len() as i64)?;
+                    u.refreshing = Some(self.comm.all_gather(&mine, &u.base)?);
+                }
+            }
+        }
+        Ok(StepOutcome { loss, skipped: !apply, loss_scale: scale })
+    }
+}
+
+fn total_padded(units: &[Unit]) -> usize {
+    units.iter().map(|u| u.layout.padded).sum()
+}
+
+/// Writes the concatenated gradients into `buf[offset .. offset + numel]` (or adds them), and
+/// zeroes the unit's padding up to `offset + padded`.
+fn write_flat(buf: &Tensor, offset: usize, numel: usize, padded: usize, grads: &[Tensor], add: bool) -> Result<(), TchError> {
+    let dst = buf.f_narrow(0, offset as i64, numel as i64)?;
+    if add {
+        let _ = dst.shallow_clone().f_add_(&Tensor::f_cat(grads, 0)?)?;
+    } else {
+        let _ = Tensor::f_cat_out(&dst, grads, 0)?;
+    }
+    if padded > numel {
+        let _ = buf.f_narrow(0, (offset + numel) as i64, (padded - numel) as i64)?.f_zero_()?;
+    }
+    Ok(())
+}

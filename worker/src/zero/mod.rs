@@ -1,0 +1,24 @@
+//! The ZeRO engine, written in the project: flat padded buffers per unit, stages 0-3, AdamW on
+//! flat shards, fp16 loss scaling.
+//!
+//! | stage | parameters (compute dtype) | gradients | fp32 master, Adam m, v |
+//! |---|---|---|---|
+//! | 0 | full, every rank | full, all-reduced | full, every rank |
+//! | 1 | full, all-gathered after the step | full buffer, reduce-scattered once per step | own shard |
+//! | 2 | full, all-gathered after the step | own shard; reduce-scattered from a bucket per micro-step as backward produces them | own shard |
+//! | 3 | own shard; gathered per use into persistent slots, released after | own shard, as stage 2 | own shard |
+//!
+//! Every unit is padded to a multiple of world size × [`SHARD_ALIGN_ELEMS`] elements and every
+//! rank owns the same contiguous slice of every unit, so the per-rank model states equal the ZeRO
+//! formulas for the padded parameter count exactly (`zerobench_schema::memory`).
+//!
+//! [`SHARD_ALIGN_ELEMS`]: zerobench_schema::memory::SHARD_ALIGN_ELEMS
+
+pub mod adamw;
+pub mod engine;
+pub mod layout;
+pub mod loss_scale;
+pub mod schedule;
+
+pub use engine::{Engine, EngineError, StepOutcome};
+pub use schedule::{Phase, Position, Schedule};

@@ -1,0 +1,83 @@
+//! The order in which one micro-step uses the units: every segment forward, then every segment
+//! backward in reverse. The last segment's forward is directly followed by its backward.
+
+/// Forward or backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Forward,
+    Backward,
+}
+
+/// One segment running in one phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub segment: usize,
+    pub unit: usize,
+    pub phase: Phase,
+}
+
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    pub positions: Vec<Position>,
+    /// For each unit, the index of the last position that uses it in backward: after it, the
+    /// unit's gradients for this micro-step are complete.
+    pub final_backward: Vec<usize>,
+}
+
+impl Schedule {
+    /// `segment_units[s]` is the unit segment `s` uses.
+    pub fn new(segment_units: &[usize], n_units: usize) -> Self {
+        let s = segment_units.len();
+        let mut positions: Vec<Position> = segment_units
+            .iter()
+            .enumerate()
+            .map(|(segment, &unit)| Position { segment, unit, phase: Phase::Forward })
+            .collect();
+        positions.extend(
+            segment_units.iter().enumerate().rev().map(|(segment, &unit)| Position { segment, unit, phase: Phase::Backward }),
+        );
+        let mut final_backward = vec![usize::MAX; n_units];
+        for (i, p) in positions.iter().enumerate().skip(s) {
+            final_backward[p.unit] = i;
+        }
+        assert!(final_backward.iter().all(|&i| i != usize::MAX), "every unit is used by some segment");
+        Self { positions, final_backward }
+    }
+
+    /// Index of segment `s`'s backward position.
+    pub fn backward_index(&self, segment: usize) -> usize {
+        self.positions.len() - 1 - segment
+    }
+
+    /// The first `n` distinct units used strictly after position `i` within this micro-step.
+    pub fn upcoming_units(&self, i: usize, n: usize) -> Vec<usize> {
+        let mut out = Vec::with_capacity(n);
+        for p in &self.positions[(i + 1).min(self.positions.len())..] {
+            if out.len() == n {
+                break;
+            }
+            if !out.contains(&p.unit) {
+                out.push(p.unit);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpt2_like_schedule() {
+        // embed(u0), block0(u1), block1(u2), head(u0)
+        let s = Schedule::new(&[0, 1, 2, 0], 3);
+        let units: Vec<usize> = s.positions.iter().map(|p| p.unit).collect();
+        assert_eq!(units, vec![0, 1, 2, 0, 0, 2, 1, 0]);
+        // u0's gradients are complete only after the embedding's backward, the very last.
+        assert_eq!(s.final_backward, vec![7, 6, 5]);
+        assert_eq!(s.backward_index(3), 4);
+        assert_eq!(s.upcoming_units(2, 2), vec![0, 2]);
+        assert_eq!(s.upcoming_units(7, 2), Vec::<usize>::new());
+    }
+}
