@@ -1,25 +1,15 @@
-//! The launcher's error type: every failure names what it was about (a file and line, a key, a
-//! command) so the front door can print it as is.
+//! The error of the launcher's steps that touch files and programs (render, submit, status,
+//! local). Parsing has its own errors, each naming where: [`crate::spec::SpecError`],
+//! [`crate::hostfile::HostfileError`], [`crate::hostlist::HostlistError`],
+//! [`crate::select::SelectError`].
 
 use std::path::{Path, PathBuf};
 
-use crate::hostfile::HostfileError;
-use crate::hostlist::HostlistError;
 use crate::quote::DirectiveError;
-use crate::select::SelectError;
-use crate::spec::SpecError;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    #[error(transparent)]
-    Spec(#[from] SpecError),
-    #[error(transparent)]
-    Hostfile(#[from] HostfileError),
-    #[error(transparent)]
-    Hostlist(#[from] HostlistError),
-    #[error(transparent)]
-    Select(#[from] SelectError),
     #[error(transparent)]
     Directive(#[from] DirectiveError),
     #[error("{}: {source}", path.display())]

@@ -205,10 +205,11 @@ pub fn valid_host(host: &str) -> bool {
 /// Parses one line: `Ok(None)` for blank and comment lines; errors carry a 1-based column.
 fn parse_line(raw: &str, format: HostfileFormat) -> Result<Option<HostEntry>, (usize, HostfileErrorKind)> {
     // A '#' starts a comment at the start of the line or after whitespace.
-    let content = match raw.char_indices().find(|&(i, c)| c == '#' && (i == 0 || raw[..i].ends_with(char::is_whitespace))) {
-        Some((i, _)) => &raw[..i],
-        None => raw,
-    };
+    let content =
+        match raw.char_indices().find(|&(i, c)| c == '#' && (i == 0 || raw[..i].ends_with(char::is_whitespace))) {
+            Some((i, _)) => &raw[..i],
+            None => raw,
+        };
     let mut tokens = tokens(content);
     let Some((host_col, host_tok)) = tokens.next() else { return Ok(None) };
     let entry = if format == HostfileFormat::Mpich {
@@ -216,7 +217,9 @@ fn parse_line(raw: &str, format: HostfileFormat) -> Result<Option<HostEntry>, (u
             return Err((host_col, HostfileErrorKind::SlotsSyntax(host_tok.to_string())));
         }
         let (host, slots) = match host_tok.split_once(':') {
-            Some((h, n)) => (h, parse_count(n).map_err(|_| (host_col + h.len() + 1, HostfileErrorKind::BadSlots(n.into())))?),
+            Some((h, n)) => {
+                (h, parse_count(n).map_err(|_| (host_col + h.len() + 1, HostfileErrorKind::BadSlots(n.into())))?)
+            }
             None => (host_tok, 1),
         };
         if let Some((c, t)) = tokens.next() {
@@ -270,13 +273,14 @@ fn parse_line(raw: &str, format: HostfileFormat) -> Result<Option<HostEntry>, (u
 fn tokens(s: &str) -> impl Iterator<Item = (usize, &str)> {
     // ASCII separators only: every separator is one byte, so the offsets below stay on char
     // boundaries; other Unicode spaces end up inside a token and fail the host-name check.
-    s.split([' ', '\t', '\r']).scan(0usize, |pos, tok| {
-        let start = *pos;
-        *pos += tok.len() + 1;
-        Some((start, tok))
-    })
-    .filter(|(_, t)| !t.is_empty())
-    .map(move |(start, t)| (s[..start].chars().count() + 1, t))
+    s.split([' ', '\t', '\r'])
+        .scan(0usize, |pos, tok| {
+            let start = *pos;
+            *pos += tok.len() + 1;
+            Some((start, tok))
+        })
+        .filter(|(_, t)| !t.is_empty())
+        .map(move |(start, t)| (s[..start].chars().count() + 1, t))
 }
 
 /// A slot count: digits only (no sign, no suffix), 1..=MAX_SLOTS.
@@ -303,8 +307,15 @@ mod tests {
 
     #[test]
     fn accepts_the_documented_forms() {
-        let ds = parse("# c\n\n   worker-0 slots=2\nworker-1\tslots=4 # gpus\n10.0.0.3 slots=1\n", HostfileFormat::Deepspeed).unwrap();
-        assert_eq!(ds.hosts.iter().map(|h| (h.host.as_str(), h.slots)).collect::<Vec<_>>(), [("worker-0", 2), ("worker-1", 4), ("10.0.0.3", 1)]);
+        let ds = parse(
+            "# c\n\n   worker-0 slots=2\nworker-1\tslots=4 # gpus\n10.0.0.3 slots=1\n",
+            HostfileFormat::Deepspeed,
+        )
+        .unwrap();
+        assert_eq!(
+            ds.hosts.iter().map(|h| (h.host.as_str(), h.slots)).collect::<Vec<_>>(),
+            [("worker-0", 2), ("worker-1", 4), ("10.0.0.3", 1)]
+        );
         let om = parse("a slots=2 max_slots=8\nb slots=1\n", HostfileFormat::Openmpi).unwrap();
         assert_eq!(om.hosts[0].max_slots, Some(8));
         let mp = parse("a:2\nb\n", HostfileFormat::Mpich).unwrap();
@@ -339,13 +350,17 @@ mod tests {
     }
 
     fn hostfile() -> impl Strategy<Value = Hostfile> {
-        proptest::collection::btree_map("[a-z][a-z0-9-]{0,6}(\\.[a-z]{1,3})?", (1u32..=64, proptest::option::of(0u32..8)), 1..12)
-            .prop_map(|m| Hostfile {
-                hosts: m
-                    .into_iter()
-                    .map(|(host, (slots, extra))| HostEntry { host, slots, max_slots: extra.map(|e| slots + e) })
-                    .collect(),
-            })
+        proptest::collection::btree_map(
+            "[a-z][a-z0-9-]{0,6}(\\.[a-z]{1,3})?",
+            (1u32..=64, proptest::option::of(0u32..8)),
+            1..12,
+        )
+        .prop_map(|m| Hostfile {
+            hosts: m
+                .into_iter()
+                .map(|(host, (slots, extra))| HostEntry { host, slots, max_slots: extra.map(|e| slots + e) })
+                .collect(),
+        })
     }
 
     proptest! {

@@ -381,11 +381,10 @@ mod tests {
 
     fn host() -> impl Strategy<Value = String> {
         // Prefixes that end in a non-digit, then optional numbers with optional zero padding.
-        ("[a-z][a-z0-9.-]{0,4}[a-z-]?", proptest::option::of((0u64..40, 0usize..4)))
-            .prop_map(|(p, n)| match n {
-                Some((v, pad)) => format!("{p}{v:0w$}", w = pad),
-                None => p,
-            })
+        ("[a-z][a-z0-9.-]{0,4}[a-z-]?", proptest::option::of((0u64..40, 0usize..4))).prop_map(|(p, n)| match n {
+            Some((v, pad)) => format!("{p}{v:0w$}", w = pad),
+            None => p,
+        })
     }
 
     proptest! {

@@ -85,7 +85,8 @@ pub fn run_local(dirs: &[PathBuf], opts: &LocalOptions) -> Result<Vec<LocalResul
         bar.set_message(rec.id.clone());
         let record = run_one(dir, opts.timeout)?;
         let p = dir.join(LOCAL_RECORD);
-        std::fs::write(&p, serde_json::to_string_pretty(&record).unwrap_or_default() + "\n").map_err(|e| Error::io(&p, e))?;
+        std::fs::write(&p, serde_json::to_string_pretty(&record).unwrap_or_default() + "\n")
+            .map_err(|e| Error::io(&p, e))?;
         if record.state() == State::Done {
             tracing::info!(run = %rec.id, "{}", record.describe());
         } else {
@@ -167,7 +168,8 @@ mod tests {
 
     #[test]
     fn states_from_records() {
-        let r = |exit_code, signal, timed_out| LocalRecord { exit_code, signal, timed_out, seconds: 1.0, finished_at: 0 };
+        let r =
+            |exit_code, signal, timed_out| LocalRecord { exit_code, signal, timed_out, seconds: 1.0, finished_at: 0 };
         assert_eq!(r(Some(0), None, false).state(), State::Done);
         assert_eq!(r(Some(1), None, false).state(), State::Failed);
         assert_eq!(r(None, Some(9), false).state(), State::Failed);
@@ -180,7 +182,8 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let marker = d.path().join("survived");
         // A script whose child ignores nothing but would write the marker after 3 s.
-        std::fs::write(d.path().join("job.sbatch"), format!("(sleep 3; touch '{}') &\nsleep 30\n", marker.display())).unwrap();
+        std::fs::write(d.path().join("job.sbatch"), format!("(sleep 3; touch '{}') &\nsleep 30\n", marker.display()))
+            .unwrap();
         let t = Instant::now();
         let rec = run_one(d.path(), Some(Duration::from_millis(300))).unwrap();
         assert!(rec.timed_out && rec.state() == State::Timeout, "{rec:?}");

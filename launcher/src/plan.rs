@@ -26,8 +26,14 @@ use crate::spec::{Spec, SpecError, SweepBlock, MAX_RUNS};
 pub enum Fit {
     /// No GPU memory declared, or a CPU run.
     Unknown,
-    Fits { need_bytes: u64, have_bytes: u64 },
-    TooBig { need_bytes: u64, have_bytes: u64 },
+    Fits {
+        need_bytes: u64,
+        have_bytes: u64,
+    },
+    TooBig {
+        need_bytes: u64,
+        have_bytes: u64,
+    },
 }
 
 /// One run of the sweep.
@@ -113,7 +119,9 @@ fn expand_block(spec: &Spec, b: usize, block: &SweepBlock, runs: &mut Vec<Run>) 
         .iter()
         .fold(1usize, |acc, &n| acc.saturating_mul(n));
     if count.saturating_add(runs.len()) > MAX_RUNS {
-        return Err(spec.error_at(&spec.sweep_key(b, "models"), format!("the sweep expands to more than {MAX_RUNS} runs")));
+        return Err(
+            spec.error_at(&spec.sweep_key(b, "models"), format!("the sweep expands to more than {MAX_RUNS} runs"))
+        );
     }
     for &model in &models {
         for &stage in &stages {
@@ -157,6 +165,7 @@ fn apply_worker(spec: &Spec, c: &mut RunConfig) {
         seq_len => seq_len, grad_accum => grad_accum, steps => steps, warmup => warmup, seed => seed,
         device => device, lr => optim.lr, beta1 => optim.beta1, beta2 => optim.beta2, eps => optim.eps,
         weight_decay => optim.weight_decay, bucket_mb => engine.bucket_mb, prefetch => engine.prefetch,
+        loss_scale_power => engine.loss_scale_power,
     );
     if let Some(d) = &w.data {
         c.data = Some(d.clone());
@@ -219,6 +228,14 @@ fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node
             crate::values::human_bytes(have_bytes)
         ));
     }
+    if spec.launch.method == crate::spec::Method::Pdsh && world > 1 {
+        // pdsh starts independent processes that learn their rank from the environment, as
+        // DeepSpeed's launcher does; zerobench-worker needs an MPI world to communicate.
+        warnings.push(format!(
+            "launch.method: pdsh gives the {world} ranks RANK/WORLD_SIZE/MASTER_ADDR only; zerobench-worker \
+             needs mpirun or srun --mpi=pmix for more than one rank and will refuse to start"
+        ));
+    }
     let hosts = spec.resources.as_ref().map(|res| Resources {
         hosts: res.hosts[..nodes as usize]
             .iter()
@@ -271,7 +288,10 @@ mod tests {
                 "gpt2-xl_z3_offopt_mb4_2x4_fp32",
             ]
         );
-        assert!(p.runs.iter().all(|r| r.id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')));
+        assert!(p
+            .runs
+            .iter()
+            .all(|r| r.id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')));
     }
 
     #[test]
@@ -297,7 +317,9 @@ mod tests {
         let e = plan("sweep:\n  models: tiny\n  stages: 2\n  offload: optimizer+params\n").unwrap_err().to_string();
         assert!(e.contains("needs ZeRO stage 3"), "{e}");
         // Rules after the offload check still apply to offloaded runs.
-        let e = plan("worker: {lr: -1}\nsweep:\n  models: tiny\n  stages: 1\n  offload: optimizer\n").unwrap_err().to_string();
+        let e = plan("worker: {lr: -1}\nsweep:\n  models: tiny\n  stages: 1\n  offload: optimizer\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("s.yaml:1:10: worker.lr:"), "{e}");
     }
 
@@ -305,14 +327,18 @@ mod tests {
     fn worker_rules_are_placed_at_their_keys() {
         let e = plan("worker:\n  steps: 5\n  warmup: 5\nsweep:\n  models: tiny\n").unwrap_err().to_string();
         assert!(e.starts_with("s.yaml:3:3: worker.warmup: run tiny_z0_offnone_mb1_1x1"), "{e}");
-        let e = plan("sweep:\n  - models: tiny\n    stages: 1\n  - models: [gpt2, tiny]\n    stages: 1\n").unwrap_err().to_string();
+        let e = plan("sweep:\n  - models: tiny\n    stages: 1\n  - models: [gpt2, tiny]\n    stages: 1\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("sweep[1]: run tiny_z1_offnone_mb1_1x1 is also produced by sweep block 0"), "{e}");
         let e = plan("worker: {seq_len: 4096}\nsweep:\n  models: gpt2\n").unwrap_err().to_string();
         assert!(e.contains("worker.seq_len"), "{e}");
         let list = (1..=50).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
-        let e = plan(&format!("sweep:\n  models: tiny\n  micro_batches: [{list}]\n  nodes: [{list}]\n  ranks_per_node: [{list}]\n"))
-            .unwrap_err()
-            .to_string();
+        let e = plan(&format!(
+            "sweep:\n  models: tiny\n  micro_batches: [{list}]\n  nodes: [{list}]\n  ranks_per_node: [{list}]\n"
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("more than 100000 runs"), "{e}");
     }
 }

@@ -80,7 +80,11 @@ pub fn sbatch_value<'a>(what: &'static str, s: &'a str) -> Result<Cow<'a, str>, 
 /// for the whole pattern, so paths with one are refused.
 pub fn slurm_pattern_literal<'a>(what: &'static str, s: &'a str) -> Result<Cow<'a, str>, DirectiveError> {
     if s.contains('\\') {
-        return Err(DirectiveError { what, value: s.to_string(), why: "a backslash turns Slurm's %j/%x replacement off" });
+        return Err(DirectiveError {
+            what,
+            value: s.to_string(),
+            why: "a backslash turns Slurm's %j/%x replacement off",
+        });
     }
     Ok(if s.contains('%') { Cow::Owned(s.replace('%', "%%")) } else { Cow::Borrowed(s) })
 }
@@ -118,7 +122,8 @@ mod tests {
 
     #[test]
     fn hostile_words_come_back_verbatim_from_bash() {
-        let hostile = ["$(touch /tmp/zb-pwned)", "`id`", "a;b", "x\ny", "'", "\"$HOME\"", "*", "~", "${IFS}", "!!", "\\"];
+        let hostile =
+            ["$(touch /tmp/zb-pwned)", "`id`", "a;b", "x\ny", "'", "\"$HOME\"", "*", "~", "${IFS}", "!!", "\\"];
         let words: Vec<String> = hostile.iter().map(|s| sh(s).into_owned()).collect();
         let want: Vec<u8> = hostile.iter().flat_map(|s| s.bytes().chain([0])).collect();
         assert_eq!(bash_echo(&words), want);

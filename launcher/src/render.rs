@@ -125,7 +125,11 @@ pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, Di
             _ => return None,
         };
         let hf = Hostfile {
-            hosts: res.hosts.iter().map(|h| HostEntry { host: h.host.clone(), slots: h.slots.len() as u32, max_slots: None }).collect(),
+            hosts: res
+                .hosts
+                .iter()
+                .map(|h| HostEntry { host: h.host.clone(), slots: h.slots.len() as u32, max_slots: None })
+                .collect(),
         };
         Some((format, hf.render(format)))
     });
@@ -161,7 +165,11 @@ pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, Di
         Method::Mpirun => (mpirun(&mut s, spec, run, &worker, hostfile.as_ref().map(|h| h.0)), None),
         Method::Local => (local(&mut s, cluster, run, &worker), None),
         Method::Pdsh => {
-            let res = run.hosts.as_ref().ok_or_else(|| DirectiveError { what: "pdsh hosts", value: String::new(), why: "the pdsh method needs a hostfile" })?;
+            let res = run.hosts.as_ref().ok_or_else(|| DirectiveError {
+                what: "pdsh hosts",
+                value: String::new(),
+                why: "the pdsh method needs a hostfile",
+            })?;
             let (words, node) = pdsh(&mut s, spec, run, res, &dir, &worker);
             (words, Some(node))
         }
@@ -296,7 +304,13 @@ fn srun(spec: &crate::spec::Spec, run: &Run, worker: &[Word]) -> Vec<Word> {
 /// `mpirun` refuses root unless told; the script decides when it runs.
 const ROOT_GUARD: &str = "mpirun_root=()\nif [ \"$(id -u)\" = 0 ]; then mpirun_root=(--allow-run-as-root); fi\n";
 
-fn mpirun(s: &mut String, spec: &crate::spec::Spec, run: &Run, worker: &[Word], hostfile: Option<HostfileFormat>) -> Vec<Word> {
+fn mpirun(
+    s: &mut String,
+    spec: &crate::spec::Spec,
+    run: &Run,
+    worker: &[Word],
+    hostfile: Option<HostfileFormat>,
+) -> Vec<Word> {
     let env_names: Vec<&str> = spec.cluster.env.keys().map(|k| k.as_str()).collect();
     let world = run.world_size().to_string();
     let mut w: Vec<Word>;
@@ -317,8 +331,18 @@ fn mpirun(s: &mut String, spec: &crate::spec::Spec, run: &Run, worker: &[Word], 
         }
         MpiImpl::Mpich => {
             s.push_str("# MPICH/Hydra: -ppn ranks per host");
-            s.push_str(if hostfile.is_some() { ", hosts from the hostfile.\n" } else { ", hosts from the Slurm allocation.\n" });
-            w = vec![Word::lit("mpiexec"), Word::lit("-n"), Word::lit(world), Word::lit("-ppn"), Word::lit(run.ranks_per_node.to_string())];
+            s.push_str(if hostfile.is_some() {
+                ", hosts from the hostfile.\n"
+            } else {
+                ", hosts from the Slurm allocation.\n"
+            });
+            w = vec![
+                Word::lit("mpiexec"),
+                Word::lit("-n"),
+                Word::lit(world),
+                Word::lit("-ppn"),
+                Word::lit(run.ranks_per_node.to_string()),
+            ];
             if let Some(f) = hostfile {
                 w.extend([Word::lit("-f"), Word::InRunDir(f.file_name().into())]);
             }
@@ -334,7 +358,13 @@ fn mpirun(s: &mut String, spec: &crate::spec::Spec, run: &Run, worker: &[Word], 
 fn local(s: &mut String, c: &Cluster, run: &Run, worker: &[Word]) -> Vec<Word> {
     s.push_str("# All ranks on this host; --oversubscribe lets them outnumber the cores.\n");
     s.push_str(ROOT_GUARD);
-    let mut w = vec![Word::lit("mpirun"), Word::RootGuard, Word::lit("--oversubscribe"), Word::lit("-np"), Word::lit(run.world_size().to_string())];
+    let mut w = vec![
+        Word::lit("mpirun"),
+        Word::RootGuard,
+        Word::lit("--oversubscribe"),
+        Word::lit("-np"),
+        Word::lit(run.world_size().to_string()),
+    ];
     for k in c.env.keys() {
         w.extend([Word::lit("-x"), Word::lit(k.as_str())]);
     }
@@ -351,7 +381,14 @@ fn master_port(spec: &crate::spec::Spec, run: &Run) -> u16 {
     })
 }
 
-fn pdsh(s: &mut String, spec: &crate::spec::Spec, run: &Run, res: &Resources, dir: &str, worker: &[Word]) -> (Vec<Word>, String) {
+fn pdsh(
+    s: &mut String,
+    spec: &crate::spec::Spec,
+    run: &Run,
+    res: &Resources,
+    dir: &str,
+    worker: &[Word],
+) -> (Vec<Word>, String) {
     let hosts: Vec<&str> = res.hosts.iter().map(|h| h.host.as_str()).collect();
     // Host names were checked when the hostfile was read, so they always compress.
     let wlist = hostlist::compress(&hosts).unwrap_or_else(|_| hosts.join(","));
@@ -369,11 +406,15 @@ fn pdsh(s: &mut String, spec: &crate::spec::Spec, run: &Run, res: &Resources, di
     };
     s.push_str("# DeepSpeed style: pdsh starts node.sh once per host with its node rank (%n); node.sh\n");
     s.push_str("# starts that host's ranks. -S returns the largest remote exit code (pdsh returns 0 without it).\n");
-    let w: Vec<Word> = ["pdsh", "-S", "-R", rcmd, "-f", "1024", "-w", &wlist, "bash", &node_sh, "%n"].into_iter().map(Word::lit).collect();
+    let w: Vec<Word> = ["pdsh", "-S", "-R", rcmd, "-f", "1024", "-w", &wlist, "bash", &node_sh, "%n"]
+        .into_iter()
+        .map(Word::lit)
+        .collect();
 
     let mut n = String::with_capacity(2048);
     n.push_str("#!/bin/bash\n");
-    let _ = writeln!(n, "# One node of zerobench run {}: pdsh starts this on every host with the node rank as $1.", run.id);
+    let _ =
+        writeln!(n, "# One node of zerobench run {}: pdsh starts this on every host with the node rank as $1.", run.id);
     n.push_str("# The remote shell starts with nothing of the submitting shell: cd and environment come from here.\n");
     n.push_str("set -euo pipefail\n\n");
     n.push_str("node_rank=$1\n");
@@ -395,7 +436,8 @@ fn pdsh(s: &mut String, spec: &crate::spec::Spec, run: &Run, res: &Resources, di
         let slots: Vec<String> = h.slots.iter().map(u32::to_string).collect();
         let _ = writeln!(n, "  {i}) slots=({}) ;;  # {}", slots.join(" "), h.host);
     }
-    let _ = writeln!(n, "  *) echo \"node.sh: node rank '$node_rank' is not one of 0..{}\" >&2; exit 2 ;;", run.nodes - 1);
+    let _ =
+        writeln!(n, "  *) echo \"node.sh: node rank '$node_rank' is not one of 0..{}\" >&2; exit 2 ;;", run.nodes - 1);
     n.push_str("esac\n");
     if run.gpus_per_node > 0 {
         n.push_str("# As DeepSpeed's launch.py: every rank of the node sees the node's slots; LOCAL_RANK picks one.\n");
@@ -410,8 +452,13 @@ fn pdsh(s: &mut String, spec: &crate::spec::Spec, run: &Run, res: &Resources, di
         n.push_str(if line.ends_with('\\') { "\n" } else { " &\n" });
     }
     n.push_str("  pids+=($!)\ndone\n");
-    n.push_str("# The first rank to fail takes the others down, so none waits forever on a collective.\n");
-    n.push_str("rc=0\nfor _ in \"${pids[@]}\"; do\n  wait -n || { rc=$?; kill \"${pids[@]}\" 2>/dev/null || true; }\ndone\nexit \"$rc\"\n");
+    n.push_str("# The first rank to fail takes the others down, so none waits forever on a collective;\n");
+    n.push_str("# its exit code is the node's.\n");
+    n.push_str("rc=0\nfor _ in \"${pids[@]}\"; do\n");
+    n.push_str(
+        "  wait -n || { code=$?; if [ \"$rc\" = 0 ]; then rc=$code; kill \"${pids[@]}\" 2>/dev/null || true; fi; }\n",
+    );
+    n.push_str("done\nexit \"$rc\"\n");
     (w, n)
 }
 
@@ -451,7 +498,12 @@ pub fn write_run(dir: &Path, files: &RunFiles) -> Result<(), Error> {
 pub fn read_record(dir: &Path) -> Result<RunRecord, Error> {
     let p = dir.join("run.json");
     let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::Json { path: p, line: e.line(), column: e.column(), message: e.to_string() })
+    serde_json::from_str(&text).map_err(|e| Error::Json {
+        path: p,
+        line: e.line(),
+        column: e.column(),
+        message: e.to_string(),
+    })
 }
 
 /// The run folders under `out` (those with a `run.json`), sorted by id.

@@ -110,7 +110,13 @@ impl Resources {
         let mut out = Vec::with_capacity(self.total_slots());
         for (node_rank, h) in self.hosts.iter().enumerate() {
             for (local_rank, &slot) in h.slots.iter().enumerate() {
-                out.push(RankPlacement { rank: out.len() as u32, host: h.host.clone(), node_rank: node_rank as u32, local_rank: local_rank as u32, slot });
+                out.push(RankPlacement {
+                    rank: out.len() as u32,
+                    host: h.host.clone(),
+                    node_rank: node_rank as u32,
+                    local_rank: local_rank as u32,
+                    slot,
+                });
             }
         }
         out
@@ -145,7 +151,8 @@ fn parse_spec(spec: &str, all: &Resources) -> Result<Vec<BTreeSet<u32>>, SelectE
         if host.is_empty() {
             return Err(SelectError::EmptySpec(spec.to_string()));
         }
-        let i = all.hosts.iter().position(|h| h.host == host).ok_or_else(|| SelectError::UnknownHost(host.to_string()))?;
+        let i =
+            all.hosts.iter().position(|h| h.host == host).ok_or_else(|| SelectError::UnknownHost(host.to_string()))?;
         let have = &all.hosts[i].slots;
         match slots {
             None => picked[i].extend(have.iter().copied()),
@@ -197,24 +204,39 @@ mod tests {
     /// The table of DeepSpeed bugs in the reference, with the expected (fixed) results.
     #[test]
     fn fixes_deepspeeds_include_bugs() {
-        assert_eq!(sel(Filter::Include("worker-0:0,2@worker-1")).unwrap(), hs(&[("worker-0", &[0, 2]), ("worker-1", &[0, 1, 2, 3])]));
+        assert_eq!(
+            sel(Filter::Include("worker-0:0,2@worker-1")).unwrap(),
+            hs(&[("worker-0", &[0, 2]), ("worker-1", &[0, 1, 2, 3])])
+        );
         assert_eq!(sel(Filter::Include("worker-1")).unwrap(), hs(&[("worker-1", &[0, 1, 2, 3])]));
         assert_eq!(sel(Filter::Include("worker-0@worker-1")).unwrap().len(), 2);
-        assert_eq!(sel(Filter::Include("worker-0:0,1@worker-1:0")).unwrap(), hs(&[("worker-0", &[0, 1]), ("worker-1", &[0])]));
+        assert_eq!(
+            sel(Filter::Include("worker-0:0,1@worker-1:0")).unwrap(),
+            hs(&[("worker-0", &[0, 1]), ("worker-1", &[0])])
+        );
         assert_eq!(
             sel(Filter::Include("worker-0:7")).unwrap_err(),
             SelectError::NoSuchSlot { host: "worker-0".into(), slot: 7, last: 3 }
         );
-        assert_eq!(sel(Filter::Exclude("worker-0:0@worker-1:0,1")).unwrap(), hs(&[("worker-0", &[1, 2, 3]), ("worker-1", &[2, 3])]));
+        assert_eq!(
+            sel(Filter::Exclude("worker-0:0@worker-1:0,1")).unwrap(),
+            hs(&[("worker-0", &[1, 2, 3]), ("worker-1", &[2, 3])])
+        );
         assert_eq!(sel(Filter::Exclude("worker-1")).unwrap(), hs(&[("worker-0", &[0, 1, 2, 3])]));
     }
 
     #[test]
     fn order_merging_and_errors() {
         // Hostfile order wins over spec order; repeated hosts merge.
-        assert_eq!(sel(Filter::Include("worker-1:3@worker-0:1@worker-1:0")).unwrap(), hs(&[("worker-0", &[1]), ("worker-1", &[0, 3])]));
+        assert_eq!(
+            sel(Filter::Include("worker-1:3@worker-0:1@worker-1:0")).unwrap(),
+            hs(&[("worker-0", &[1]), ("worker-1", &[0, 3])])
+        );
         assert_eq!(sel(Filter::Include("worker-9")).unwrap_err(), SelectError::UnknownHost("worker-9".into()));
-        assert_eq!(sel(Filter::Include("worker-0:x")).unwrap_err(), SelectError::BadSlot { host: "worker-0".into(), slot: "x".into() });
+        assert_eq!(
+            sel(Filter::Include("worker-0:x")).unwrap_err(),
+            SelectError::BadSlot { host: "worker-0".into(), slot: "x".into() }
+        );
         assert!(matches!(sel(Filter::Include("worker-0@@worker-1")), Err(SelectError::EmptySpec(_))));
         assert!(matches!(sel(Filter::Include("worker-0:")), Err(SelectError::EmptySpec(_))));
         assert!(matches!(sel(Filter::Include("worker-0:1,")), Err(SelectError::EmptySpec(_))));

@@ -63,7 +63,10 @@ pub fn run(cmd: &mut Command, timeout: Duration) -> Result<Output, Error> {
             Ok(None) if Instant::now() >= deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(Error::Command { command: what, message: format!("no answer within {} s; killed", timeout.as_secs()) });
+                return Err(Error::Command {
+                    command: what,
+                    message: format!("no answer within {} s; killed", timeout.as_secs()),
+                });
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => return Err(Error::Command { command: what, message: e.to_string() }),
@@ -90,7 +93,8 @@ mod tests {
 
     #[test]
     fn captures_output_and_codes() {
-        let out = run(Command::new("sh").args(["-c", "echo hi; echo err >&2; exit 3"]), Duration::from_secs(10)).unwrap();
+        let out =
+            run(Command::new("sh").args(["-c", "echo hi; echo err >&2; exit 3"]), Duration::from_secs(10)).unwrap();
         assert_eq!((out.code, out.stdout.as_str(), out.stderr.as_str()), (3, "hi\n", "err\n"));
         let e = run_ok(Command::new("sh").args(["-c", "exit 1"]), Duration::from_secs(10)).unwrap_err();
         assert!(matches!(e, Error::Slurm { code: 1, .. }));
@@ -102,6 +106,9 @@ mod tests {
         let e = run(Command::new("sleep").arg("30"), Duration::from_millis(300)).unwrap_err();
         assert!(e.to_string().contains("no answer within"), "{e}");
         assert!(t.elapsed() < Duration::from_secs(5));
-        assert!(run(&mut Command::new("/nonexistent/zb"), Duration::from_secs(1)).unwrap_err().to_string().contains("cannot start"));
+        assert!(run(&mut Command::new("/nonexistent/zb"), Duration::from_secs(1))
+            .unwrap_err()
+            .to_string()
+            .contains("cannot start"));
     }
 }

@@ -184,6 +184,8 @@ pub struct Worker {
     pub weight_decay: Option<f64>,
     pub bucket_mb: Option<f64>,
     pub prefetch: Option<u32>,
+    /// fp16: the loss scale starts at 2^this.
+    pub loss_scale_power: Option<u32>,
 }
 
 /// One block of the sweep matrix: the runs are the cartesian product of its axes.
@@ -362,7 +364,8 @@ impl Spec {
             return Err(self.error_at("cluster.cpus_per_node", "must be at least 1"));
         }
         if let Some((k, _)) = c.env.iter().find(|(_, v)| v.contains('\0')) {
-            return Err(self.error_at(&format!("cluster.env.{k}"), "contains a NUL byte, which no environment variable can hold"));
+            return Err(self
+                .error_at(&format!("cluster.env.{k}"), "contains a NUL byte, which no environment variable can hold"));
         }
         if let Some(expr) = &c.nodelist {
             if expr.chars().any(char::is_control) {
@@ -382,28 +385,39 @@ impl Spec {
         for key in ["include", "exclude"] {
             let set = if key == "include" { c.include.is_some() } else { c.exclude.is_some() };
             if set && c.hostfile.is_none() {
-                return Err(self.error_at(&format!("cluster.{key}"), "filters a hostfile, but cluster.hostfile is not set"));
+                return Err(
+                    self.error_at(&format!("cluster.{key}"), "filters a hostfile, but cluster.hostfile is not set")
+                );
             }
         }
         if let Some(hf_path) = &c.hostfile {
             let filter = Filter::from_flags(c.include.as_deref(), c.exclude.as_deref())
                 .map_err(|e| self.error_at("cluster.exclude", e.to_string()))?;
-            let hf = Hostfile::read(hf_path, c.hostfile_format).map_err(|e| self.error_at("cluster.hostfile", e.to_string()))?;
+            let hf = Hostfile::read(hf_path, c.hostfile_format)
+                .map_err(|e| self.error_at("cluster.hostfile", e.to_string()))?;
             let key = if c.include.is_some() { "cluster.include" } else { "cluster.exclude" };
             let res = Resources::select(&hf, filter).map_err(|e| self.error_at(key, e.to_string()))?;
             self.resources = Some(res);
         }
         match self.launch.method {
             Method::Pdsh if self.cluster.hostfile.is_none() => {
-                return Err(self.error_at("launch.method", "pdsh starts ranks over ssh on the hosts of a hostfile: set cluster.hostfile"));
+                return Err(self.error_at(
+                    "launch.method",
+                    "pdsh starts ranks over ssh on the hosts of a hostfile: set cluster.hostfile",
+                ));
             }
             Method::Local if self.cluster.hostfile.is_some() => {
-                return Err(self.error_at("cluster.hostfile", "the local method runs on this host only; remove the hostfile"));
+                return Err(
+                    self.error_at("cluster.hostfile", "the local method runs on this host only; remove the hostfile")
+                );
             }
             _ => {}
         }
         if self.launch.worker.as_str().starts_with('-') {
-            return Err(self.error_at("launch.worker", "a program path cannot start with '-' (the launcher would read it as an option)"));
+            return Err(self.error_at(
+                "launch.worker",
+                "a program path cannot start with '-' (the launcher would read it as an option)",
+            ));
         }
         if self.launch.method != Method::Pdsh && self.launch.master_port.is_some() {
             return Err(self.error_at("launch.master_port", "only the pdsh method uses a rendezvous port"));
@@ -415,7 +429,11 @@ impl Spec {
     }
 
     fn check_block(&self, b: usize, block: &SweepBlock) -> Result<(), SpecError> {
-        fn axis<T: PartialEq + fmt::Display>(spec: &Spec, key: String, v: Option<&OneOrMany<T>>) -> Result<(), SpecError> {
+        fn axis<T: PartialEq + fmt::Display>(
+            spec: &Spec,
+            key: String,
+            v: Option<&OneOrMany<T>>,
+        ) -> Result<(), SpecError> {
             let Some(v) = v else { return Ok(()) };
             if v.0.is_empty() {
                 return Err(spec.error_at(&key, "lists no values (leave the key out for its default)"));
@@ -435,7 +453,9 @@ impl Spec {
         axis(self, key("micro_batches"), block.micro_batches.as_ref())?;
         axis(self, key("nodes"), block.nodes.as_ref())?;
         axis(self, key("gpus_per_node"), block.gpus_per_node.as_ref())?;
-        for (name, v) in [("micro_batches", &block.micro_batches), ("nodes", &block.nodes), ("gpus_per_node", &block.gpus_per_node)] {
+        for (name, v) in
+            [("micro_batches", &block.micro_batches), ("nodes", &block.nodes), ("gpus_per_node", &block.gpus_per_node)]
+        {
             if let Some(i) = v.as_ref().and_then(|v| v.0.iter().position(|&x| x == 0)) {
                 return Err(self.error_at(&format!("{}[{i}]", key(name)), "must be at least 1"));
             }
@@ -444,14 +464,20 @@ impl Spec {
         for (i, &r) in self.ranks_axis(block).iter().enumerate() {
             let at = format!("{}[{i}]", key("gpus_per_node"));
             if gpus > 0 && r > gpus {
-                return Err(self.error_at(&at, format!("{r} ranks per node, but cluster.gpus_per_node is {gpus} (one rank per GPU)")));
+                return Err(self.error_at(
+                    &at,
+                    format!("{r} ranks per node, but cluster.gpus_per_node is {gpus} (one rank per GPU)"),
+                ));
             }
             if let Some(cpus) = self.cluster.cpus_per_node {
                 let need = u64::from(r) * u64::from(self.cluster.cpus_per_task);
                 if need > u64::from(cpus) {
                     return Err(self.error_at(
                         &at,
-                        format!("{r} ranks × cluster.cpus_per_task {} = {need} CPUs, but cluster.cpus_per_node is {cpus}", self.cluster.cpus_per_task),
+                        format!(
+                            "{r} ranks × cluster.cpus_per_task {} = {need} CPUs, but cluster.cpus_per_node is {cpus}",
+                            self.cluster.cpus_per_task
+                        ),
                     ));
                 }
             }
@@ -463,13 +489,20 @@ impl Spec {
             }
             if let Some(res) = &self.resources {
                 if n as usize > res.hosts.len() {
-                    return Err(self.error_at(&at, format!("{n} nodes, but the hostfile (after include/exclude) has {}", res.hosts.len())));
+                    return Err(self.error_at(
+                        &at,
+                        format!("{n} nodes, but the hostfile (after include/exclude) has {}", res.hosts.len()),
+                    ));
                 }
                 for &r in &self.ranks_axis(block) {
                     if let Some(h) = res.hosts[..n as usize].iter().find(|h| h.slots.len() < r as usize) {
                         return Err(self.error_at(
                             &at,
-                            format!("{n} nodes × {r} ranks, but host '{}' has only {} usable slots", h.host, h.slots.len()),
+                            format!(
+                                "{n} nodes × {r} ranks, but host '{}' has only {} usable slots",
+                                h.host,
+                                h.slots.len()
+                            ),
                         ));
                     }
                 }

@@ -68,7 +68,9 @@ impl State {
     pub fn from_slurm(s: &str) -> State {
         // sacct prints "CANCELLED by 0"; keep the first word.
         match s.split_whitespace().next().unwrap_or_default().trim_end_matches('+') {
-            "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESV_DEL_HOLD" | "SUSPENDED" => State::Pending,
+            "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESV_DEL_HOLD" | "SUSPENDED" => {
+                State::Pending
+            }
             "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" | "RESIZING" => State::Running,
             "COMPLETED" => State::Done,
             "FAILED" | "NODE_FAIL" | "BOOT_FAIL" | "OUT_OF_MEMORY" | "DEADLINE" | "SPECIAL_EXIT" => State::Failed,
@@ -101,21 +103,30 @@ pub struct RunState {
 /// The states of run folders. Slurm commands that fail or are missing are skipped with a
 /// diagnostic; the run folders still answer.
 pub fn status(dirs: &[PathBuf]) -> Result<Vec<RunState>, Error> {
+    let records: Vec<RunRecord> = dirs.iter().map(|d| read_record(d)).collect::<Result<_, _>>()?;
     let mut rows = Vec::with_capacity(dirs.len());
     let mut jobs: Vec<(usize, String)> = Vec::new();
-    for dir in dirs {
-        let rec = read_record(dir)?;
+    for (dir, rec) in dirs.iter().zip(&records) {
         let slurm = read_json::<SlurmRecord>(&dir.join(SLURM_RECORD));
         let job_id = slurm.as_ref().map(|s| s.job_id.clone());
         if let Some(j) = &job_id {
             jobs.push((rows.len(), j.clone()));
         }
-        rows.push(RunState { id: rec.id.clone(), dir: dir.clone(), state: State::Unsubmitted, job_id, source: "none", detail: String::new() });
+        rows.push(RunState {
+            id: rec.id.clone(),
+            dir: dir.clone(),
+            state: State::Unsubmitted,
+            job_id,
+            source: "none",
+            detail: String::new(),
+        });
     }
     if !jobs.is_empty() {
         let ids: Vec<&str> = jobs.iter().map(|(_, j)| j.as_str()).collect();
         let mut known = squeue(&ids);
-        let missing = |known: &HashMap<String, State>| ids.iter().filter(|j| !known.contains_key(**j)).map(|j| j.to_string()).collect::<Vec<_>>();
+        let missing = |known: &HashMap<String, State>| {
+            ids.iter().filter(|j| !known.contains_key(**j)).map(|j| j.to_string()).collect::<Vec<_>>()
+        };
         let from_sacct = sacct(&missing(&known));
         let sacct_ids: Vec<String> = from_sacct.keys().cloned().collect();
         known.extend(from_sacct);
@@ -137,9 +148,8 @@ pub fn status(dirs: &[PathBuf]) -> Result<Vec<RunState>, Error> {
             }
         }
     }
-    for row in &mut rows {
-        let rec = read_record(&row.dir)?;
-        from_run_folder(row, &rec);
+    for (row, rec) in rows.iter_mut().zip(&records) {
+        from_run_folder(row, rec);
     }
     Ok(rows)
 }
@@ -212,7 +222,8 @@ fn sacct(ids: &[String]) -> HashMap<String, State> {
     if ids.is_empty() {
         return known;
     }
-    let Some(out) = query(Command::new("sacct").args(["-n", "-P", "-X", "-o", "JobID,State", "-j", &ids.join(",")])) else {
+    let Some(out) = query(Command::new("sacct").args(["-n", "-P", "-X", "-o", "JobID,State", "-j", &ids.join(",")]))
+    else {
         return known;
     };
     for line in out.lines() {
@@ -258,7 +269,8 @@ fn from_run_folder(row: &mut RunState, rec: &RunRecord) {
             if let Some(local) = read_json::<LocalRecord>(&row.dir.join(LOCAL_RECORD)) {
                 row.state = local.state();
                 row.source = "local";
-                if row.detail.is_empty() {
+                // The logs say more about a run that went well, the record about one that did not.
+                if row.detail.is_empty() && row.state != State::Done {
                     row.detail = local.describe();
                 }
             }
@@ -279,6 +291,8 @@ struct Logs {
     failure: Option<String>,
     ranks_seen: usize,
     last_step: Option<u32>,
+    /// Rank 0's `end` summary, for finished runs.
+    summary: Option<String>,
 }
 
 impl Logs {
@@ -290,6 +304,9 @@ impl Logs {
     }
 
     fn progress(&self, world: u32) -> String {
+        if let (Some(s), true) = (&self.summary, self.ends.len() == world as usize) {
+            return s.clone();
+        }
         match (self.ranks_seen, self.last_step) {
             (0, _) => String::new(),
             (n, Some(s)) => format!("{n}/{world} rank logs, {} ended, step {s}", self.ends.len()),
@@ -304,7 +321,9 @@ fn read_logs(dir: &Path) -> Logs {
     let mut files: Vec<PathBuf> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("rank") && n.ends_with(".jsonl")))
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("rank") && n.ends_with(".jsonl"))
+        })
         .collect();
     files.sort();
     for f in files {
@@ -317,15 +336,24 @@ fn read_logs(dir: &Path) -> Logs {
                 Record::Step(s) => logs.last_step = logs.last_step.max(Some(s.step)),
                 Record::End(e) => {
                     logs.ends.insert(e.rank, e.status);
+                    if let (0, Some(s)) = (e.rank, e.summary) {
+                        logs.summary = Some(format!(
+                            "median step {:.1} ms, {:.0} tokens/s, final loss {:.4}",
+                            s.step_ms_median, s.tokens_per_s, s.final_loss
+                        ));
+                    }
                     if e.status != RunStatus::Ok && logs.failure.is_none() {
-                        logs.failure = Some(format!("rank {}: ended {:?} (exit {})", e.rank, e.status, e.exit_code).to_lowercase());
+                        logs.failure = Some(
+                            format!("rank {}: ended {:?} (exit {})", e.rank, e.status, e.exit_code).to_lowercase(),
+                        );
                     }
                 }
-                Record::Error(e) => {
-                    if logs.failure.is_none() {
-                        let class = serde_json::to_value(e.class).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
-                        logs.failure = Some(format!("rank {}: {class}: {}", e.rank, e.message));
-                    }
+                Record::Error(e) if logs.failure.is_none() => {
+                    let class = serde_json::to_value(e.class)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default();
+                    logs.failure = Some(format!("rank {}: {class}: {}", e.rank, e.message));
                 }
                 _ => {}
             }
@@ -385,8 +413,16 @@ mod tests {
     #[test]
     fn output_files_tell_timeouts_and_cancellations() {
         let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join("r-12.out"), "x\nslurmstepd: error: *** JOB 12 ON vm CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***\n").unwrap();
-        std::fs::write(d.path().join("r-13.out"), "slurmstepd: error: *** JOB 13 ON vm CANCELLED AT 2026-01-01T00:00:00 ***\n").unwrap();
+        std::fs::write(
+            d.path().join("r-12.out"),
+            "x\nslurmstepd: error: *** JOB 12 ON vm CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.path().join("r-13.out"),
+            "slurmstepd: error: *** JOB 13 ON vm CANCELLED AT 2026-01-01T00:00:00 ***\n",
+        )
+        .unwrap();
         std::fs::write(d.path().join("a-14_1.out"), "fine\n").unwrap();
         assert_eq!(output_verdict(d.path(), "12"), Some(State::Timeout));
         assert_eq!(output_verdict(d.path(), "13"), Some(State::Cancelled));

@@ -73,7 +73,9 @@ pub fn check_dependency(dep: &str) -> Result<(), Error> {
         let mut it = part.split(':');
         let ty = it.next().unwrap_or_default();
         if !TYPES.contains(&ty) {
-            return Err(bad(&format!("'{ty}' is not a dependency type (after, afterany, afterok, afternotok, aftercorr, singleton)")));
+            return Err(bad(&format!(
+                "'{ty}' is not a dependency type (after, afterany, afterok, afternotok, aftercorr, singleton)"
+            )));
         }
         let ids: Vec<&str> = it.collect();
         if ids.is_empty() {
@@ -113,7 +115,10 @@ fn sbatch(script: &Path, deps: &[String], opts: &SubmitOptions) -> Result<String
     // --parsable prints "jobid" or "jobid;cluster".
     let id = out.stdout.trim().split(';').next().unwrap_or_default().to_string();
     if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(Error::Command { command: slurm::describe(&cmd), message: format!("unexpected answer {:?}", out.stdout) });
+        return Err(Error::Command {
+            command: slurm::describe(&cmd),
+            message: format!("unexpected answer {:?}", out.stdout),
+        });
     }
     Ok(id)
 }
@@ -137,7 +142,8 @@ pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec
     if let Some(d) = &opts.dependency {
         check_dependency(d)?;
     }
-    let records: Vec<(PathBuf, RunRecord)> = dirs.iter().map(|d| read_record(d).map(|r| (d.clone(), r))).collect::<Result<_, _>>()?;
+    let records: Vec<(PathBuf, RunRecord)> =
+        dirs.iter().map(|d| read_record(d).map(|r| (d.clone(), r))).collect::<Result<_, _>>()?;
     if opts.array {
         return submit_arrays(root, &records, opts);
     }
@@ -172,7 +178,10 @@ pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec
 fn resource_key(rec: &RunRecord) -> Result<String, Error> {
     let mut s = String::new();
     directives(&mut s, Shape::of_record(rec), "x", "x")?;
-    Ok(s.lines().filter(|l| !l.starts_with("#SBATCH --job-name") && !l.starts_with("#SBATCH --output")).collect::<Vec<_>>().join("\n"))
+    Ok(s.lines()
+        .filter(|l| !l.starts_with("#SBATCH --job-name") && !l.starts_with("#SBATCH --output"))
+        .collect::<Vec<_>>()
+        .join("\n"))
 }
 
 /// The script of one job array: task `i` runs the `i`-th run folder's `job.sbatch` with bash (its
@@ -183,7 +192,11 @@ pub fn array_script(root: &Path, name: &str, group: &[&(PathBuf, RunRecord)]) ->
     let output = format!("{}/{name}-%A_%a.out", slurm_pattern_literal("the output folder", &root.to_string_lossy())?);
     directives(&mut s, Shape::of_record(first), name, &output)?;
     let _ = writeln!(s, "#SBATCH --array=0-{}", group.len() - 1);
-    let _ = writeln!(s, "#\n# zerobench job array: {} runs asking for the same resources; task i runs runs[i].", group.len());
+    let _ = writeln!(
+        s,
+        "#\n# zerobench job array: {} runs asking for the same resources; task i runs runs[i].",
+        group.len()
+    );
     s.push_str("set -euo pipefail\n\nruns=(\n");
     for (dir, rec) in group {
         let _ = writeln!(s, "  {}  # {}", sh(&dir.to_string_lossy()), rec.id);

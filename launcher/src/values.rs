@@ -81,12 +81,7 @@ impl TimeLimit {
 impl FromStr for TimeLimit {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || {
-            format!(
-                "'{}' is not a Slurm time (minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S)",
-                s.escape_debug()
-            )
-        };
+        let bad = || format!("'{}' is not a Slurm time (minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S)", s.escape_debug());
         let num = |t: &str| -> Result<u64, String> {
             if t.is_empty() || t.len() > 7 || !t.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(bad());
@@ -206,10 +201,12 @@ impl FromStr for ByteSize {
             "M" | "MiB" => 1024f64.powi(2),
             "G" | "GiB" => 1024f64.powi(3),
             "T" | "TiB" => 1024f64.powi(4),
-            u => return Err(format!("unknown size unit '{}' (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)", u.escape_debug())),
+            u => {
+                return Err(format!("unknown size unit '{}' (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)", u.escape_debug()))
+            }
         };
         let bytes = value * mult;
-        if !(bytes.is_finite() && bytes >= 1.0 && bytes < 1e18) {
+        if !(1.0..1e18).contains(&bytes) {
             return Err(format!("'{}' is not a size between 1 byte and 1 EB", s.escape_debug()));
         }
         Ok(ByteSize(bytes.round() as u64))
@@ -224,7 +221,8 @@ impl fmt::Display for ByteSize {
 
 /// Bytes in GiB/MiB/KiB with two decimals, for tables.
 pub fn human_bytes(b: u64) -> String {
-    const UNITS: [(&str, f64); 4] = [("TiB", 1099511627776.0), ("GiB", 1073741824.0), ("MiB", 1048576.0), ("KiB", 1024.0)];
+    const UNITS: [(&str, f64); 4] =
+        [("TiB", 1099511627776.0), ("GiB", 1073741824.0), ("MiB", 1048576.0), ("KiB", 1024.0)];
     let x = b as f64;
     for (name, size) in UNITS {
         if x >= size {

@@ -20,7 +20,10 @@ fn fails(args: &[&str]) -> String {
 
 #[test]
 fn hostlist_expand_and_compress() {
-    assert_eq!(ok(&["hostlist", "expand", "node[01-03,07],gpu-a[1-2]"]), "node01\nnode02\nnode03\nnode07\ngpu-a1\ngpu-a2\n");
+    assert_eq!(
+        ok(&["hostlist", "expand", "node[01-03,07],gpu-a[1-2]"]),
+        "node01\nnode02\nnode03\nnode07\ngpu-a1\ngpu-a2\n"
+    );
     assert_eq!(ok(&["hostlist", "compress", "n01,n02,n03", "n05", "gpu-a1,gpu-a2"]), "n[01-03,05],gpu-a[1-2]\n");
     let e = fails(&["hostlist", "expand", "n[1-3"]);
     assert!(e.contains("invalid hostlist 'n[1-3' at offset 1: '[' is never closed"), "{e}");
@@ -62,11 +65,15 @@ fn bad_hostfiles_are_refused_with_their_line() {
 
 #[test]
 fn plan_table() {
-    insta::assert_snapshot!("plan-gpu-cluster", ok(&["plan", repo("slurm/examples/gpu-cluster.yaml").to_str().unwrap()]));
+    insta::assert_snapshot!(
+        "plan-gpu-cluster",
+        ok(&["plan", repo("slurm/examples/gpu-cluster.yaml").to_str().unwrap()])
+    );
     let t5 = ok(&["plan", repo("slurm/examples/t5-grid.yaml").to_str().unwrap()]);
     assert!(t5.contains("168 runs, method srun"), "{t5}");
     assert!(t5.contains("t5-11b_z0_offnone_mb1_1x4") && t5.contains("NO"), "{t5}");
-    let json: serde_json::Value = serde_json::from_str(&ok(&["plan", "--json", repo("slurm/examples/demo.yaml").to_str().unwrap()])).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["plan", "--json", repo("slurm/examples/demo.yaml").to_str().unwrap()])).unwrap();
     assert_eq!(json.as_array().map(Vec::len), Some(4));
 }
 
@@ -139,7 +146,10 @@ fn local_runs_continue_after_a_failure() {
     assert!(lines[3].starts_with("tiny_z2_offnone_mb1_1x2  done"), "{table}");
     assert!(table.contains("3 runs, 1 failed"), "{table}");
     let argv = std::fs::read_to_string(out.join("tiny_z2_offnone_mb1_1x2/logs/argv.1")).unwrap();
-    assert!(argv.starts_with("--model\ntiny\n--stage\n2\n") && argv.ends_with("--run-id\ntiny_z2_offnone_mb1_1x2\n"), "{argv}");
+    assert!(
+        argv.starts_with("--model\ntiny\n--stage\n2\n") && argv.ends_with("--run-id\ntiny_z2_offnone_mb1_1x2\n"),
+        "{argv}"
+    );
     let st = zerobench(&["status", out.to_str().unwrap()]);
     assert_eq!(st.status.code(), Some(1));
     let st = stdout(&st);

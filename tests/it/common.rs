@@ -16,7 +16,11 @@ pub fn zerobench_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
     let bin = profile_dir.join("zerobench");
-    assert!(bin.is_file(), "{} is missing: run `cargo test --workspace` or `cargo build -p zerobench` first", bin.display());
+    assert!(
+        bin.is_file(),
+        "{} is missing: run `cargo test --workspace` or `cargo build -p zerobench` first",
+        bin.display()
+    );
     bin
 }
 
@@ -48,4 +52,3 @@ pub fn slurm_conf() -> Option<PathBuf> {
         }
     }
 }
-

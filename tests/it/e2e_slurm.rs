@@ -15,11 +15,17 @@ use crate::common::{repo, slurm_conf};
 use crate::slurm::{wait_final, zb};
 
 fn worker() -> Option<PathBuf> {
-    let w = std::env::var_os("ZEROBENCH_WORKER").map(PathBuf::from).unwrap_or_else(|| repo("target/release/zerobench-worker"));
+    let w = std::env::var_os("ZEROBENCH_WORKER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo("target/release/zerobench-worker"));
     if w.is_file() {
         return Some(w);
     }
-    assert!(std::env::var_os("ZEROBENCH_REQUIRE_WORKER").is_none(), "ZEROBENCH_REQUIRE_WORKER is set but {} is missing", w.display());
+    assert!(
+        std::env::var_os("ZEROBENCH_REQUIRE_WORKER").is_none(),
+        "ZEROBENCH_REQUIRE_WORKER is set but {} is missing",
+        w.display()
+    );
     eprintln!("SKIPPED: no worker at {} (make build)", w.display());
     None
 }
@@ -57,9 +63,13 @@ fn sweep_on(nodes: u32, ranks_per_node: u32) {
             let records: Vec<Record> = text
                 .lines()
                 .enumerate()
-                .map(|(i, l)| validate_line(l.as_bytes()).unwrap_or_else(|e| panic!("{}:{}: {e}", log.display(), i + 1)))
+                .map(|(i, l)| {
+                    validate_line(l.as_bytes()).unwrap_or_else(|e| panic!("{}:{}: {e}", log.display(), i + 1))
+                })
                 .collect();
-            let Some(Record::Start(start)) = records.first() else { panic!("{}: first record is not start", log.display()) };
+            let Some(Record::Start(start)) = records.first() else {
+                panic!("{}: first record is not start", log.display())
+            };
             assert_eq!(start.rank, rank);
             assert_eq!(start.world_size, nodes * ranks_per_node);
             assert_eq!(start.nodes, nodes, "{}", log.display());

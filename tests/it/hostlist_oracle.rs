@@ -17,7 +17,11 @@ fn stub_conf(dir: &Path) -> PathBuf {
 
 /// scontrol's expansion, or None when it calls the expression invalid.
 fn scontrol(conf: &Path, expr: &str) -> Option<Vec<String>> {
-    let o = Command::new("scontrol").args(["show", "hostnames", expr]).env("SLURM_CONF", conf).output().expect("scontrol runs");
+    let o = Command::new("scontrol")
+        .args(["show", "hostnames", expr])
+        .env("SLURM_CONF", conf)
+        .output()
+        .expect("scontrol runs");
     let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
     if out.contains("Invalid hostlist") || out.contains("error:") || !o.status.success() {
         return None;
@@ -33,10 +37,19 @@ fn have_scontrol() -> bool {
 /// end), ranges with zero-padded bounds.
 fn expression() -> impl Strategy<Value = String> {
     let range = (0u32..120, 0u32..6, 0usize..4).prop_map(|(lo, len, w)| {
-        if len == 0 { format!("{lo:0w$}") } else { format!("{lo:0w$}-{:0w$}", lo + len) }
+        if len == 0 {
+            format!("{lo:0w$}")
+        } else {
+            format!("{lo:0w$}-{:0w$}", lo + len)
+        }
     });
     let bracket = proptest::collection::vec(range, 1..4).prop_map(|r| format!("[{}]", r.join(",")));
-    let item = ("[a-z]{1,4}[a-z-]?", proptest::option::of(("[a-z0-9]{0,2}-?", bracket.clone())), proptest::option::of(bracket), proptest::option::of(0u32..30))
+    let item = (
+        "[a-z]{1,4}[a-z-]?",
+        proptest::option::of(("[a-z0-9]{0,2}-?", bracket.clone())),
+        proptest::option::of(bracket),
+        proptest::option::of(0u32..30),
+    )
         .prop_map(|(p, mid, last, plain)| match (mid, last, plain) {
             (Some((sep, m)), Some(l), _) => format!("{p}{m}{sep}x{l}"),
             (_, Some(l), _) => format!("{p}{l}"),
@@ -76,7 +89,18 @@ fn rejections_match_scontrol_or_are_stricter() {
     let dir = tempfile::tempdir().unwrap();
     let conf = stub_conf(dir.path());
     // Both refuse these.
-    for e in ["n[01-03]x", "n[0-2]-ib", "a[1-2]b[3-4]c", "n[[1-2]]", "n[3-1]", "n-[a-c]", "n[1-3:2]", "n[]", "n[1,]", "n[0-99999999999]"] {
+    for e in [
+        "n[01-03]x",
+        "n[0-2]-ib",
+        "a[1-2]b[3-4]c",
+        "n[[1-2]]",
+        "n[3-1]",
+        "n-[a-c]",
+        "n[1-3:2]",
+        "n[]",
+        "n[1,]",
+        "n[0-99999999999]",
+    ] {
         assert!(expand(e).is_err(), "we accept {e}");
         assert_eq!(scontrol(&conf, e), None, "scontrol accepts {e}");
     }

@@ -95,7 +95,8 @@ fn hostile_values_are_rendered_inert_for_every_method() {
     let env: Vec<String> = HOSTILE.iter().enumerate().map(|(i, h)| format!("    HOSTILE_{i}: {}", yaml(h))).collect();
     for (method, extra) in [("srun", ""), ("mpirun", ""), ("local", ""), ("pdsh", "  pdsh_rcmd: exec\n")] {
         let nodes = if method == "local" { 1 } else { 2 };
-        let hostfile = if method == "pdsh" { format!("  hostfile: {}\n", yaml(hf.to_str().unwrap())) } else { String::new() };
+        let hostfile =
+            if method == "pdsh" { format!("  hostfile: {}\n", yaml(hf.to_str().unwrap())) } else { String::new() };
         let text = format!(
             "cluster:\n  modules: [{}]\n  env:\n{}\n{hostfile}launch:\n  method: {method}\n{extra}worker:\n  data: {}\nsweep:\n  models: tiny\n  stages: 1\n  nodes: {nodes}\n  ranks_per_node: 2\n",
             modules.join(", "),
@@ -120,7 +121,12 @@ fn hostile_values_are_rendered_inert_for_every_method() {
             .env("STUB_DIR", &calls)
             .output()
             .unwrap();
-        assert!(o.status.success(), "{method}: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "{method}: {}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
 
         // Nothing ran: no marker anywhere we can see.
         for d in [&cwd, base.path(), run, &out] {
@@ -138,7 +144,8 @@ fn hostile_values_are_rendered_inert_for_every_method() {
         }
         // The launcher got exactly the argv that run.json records (the root guard aside).
         let launcher = rec.launch_argv[0].clone();
-        let mut launched = argv_files(&calls, &launcher).pop().unwrap_or_else(|| panic!("{method}: {launcher} not called"));
+        let mut launched =
+            argv_files(&calls, &launcher).pop().unwrap_or_else(|| panic!("{method}: {launcher} not called"));
         launched.retain(|a| a != "--allow-run-as-root");
         assert_eq!(launched, rec.launch_argv[1..], "{method}");
         // The worker got its argv verbatim (the hostile data path included), and the env values.
@@ -147,10 +154,17 @@ fn hostile_values_are_rendered_inert_for_every_method() {
         for w in &worker_calls {
             assert_eq!(w[..], rec.worker_argv[1..], "{method}");
         }
-        let env_file = std::fs::read_dir(&calls).unwrap().map(|e| e.unwrap().path()).find(|p| p.to_string_lossy().contains("worker-env.")).unwrap();
+        let env_file = std::fs::read_dir(&calls)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.to_string_lossy().contains("worker-env."))
+            .unwrap();
         let env_text = std::fs::read_to_string(env_file).unwrap();
         for (i, h) in HOSTILE.iter().enumerate().filter(|(_, h)| !h.contains('\n')) {
-            assert!(env_text.contains(&format!("HOSTILE_{i}={h}\n")), "{method}: HOSTILE_{i} not exported verbatim:\n{env_text}");
+            assert!(
+                env_text.contains(&format!("HOSTILE_{i}={h}\n")),
+                "{method}: HOSTILE_{i} not exported verbatim:\n{env_text}"
+            );
         }
     }
 }
@@ -179,7 +193,10 @@ fn strict_fields_refuse_hostile_values() {
         }
         let bad_host = dir.path().join("bad-hosts");
         std::fs::write(&bad_host, format!("{} slots=1\n", h.replace('\n', " "))).unwrap();
-        let text = format!("cluster:\n  hostfile: {}\nlaunch:\n  method: pdsh\nsweep:\n  models: tiny\n", yaml(bad_host.to_str().unwrap()));
+        let text = format!(
+            "cluster:\n  hostfile: {}\nlaunch:\n  method: pdsh\nsweep:\n  models: tiny\n",
+            yaml(bad_host.to_str().unwrap())
+        );
         assert!(Spec::parse(&text, Path::new("s.yaml")).is_err(), "accepted host {h:?}");
     }
 }

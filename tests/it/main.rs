@@ -9,6 +9,7 @@
 //! * `cli`: the `zerobench` commands as a user runs them: tables, errors, exit codes.
 //! * `injection`: hostile strings in every user-controlled field, rendered and run under bash.
 //! * `hostlist_oracle`: the hostlist parser against `scontrol show hostnames`.
+//! * `pdsh`: the pdsh method with the real pdsh (`-R exec`) and node.sh.
 //! * `slurm`: against the local Slurm (`slurm/local-cluster.sh`, started by `scripts/test.sh`):
 //!   `sbatch --test-only` of every example, submission, arrays, cancellation, status.
 //! * `e2e_slurm`: the real worker under `srun --mpi=pmix` on one and two fake nodes.
@@ -18,6 +19,7 @@ mod common;
 mod e2e_slurm;
 mod hostlist_oracle;
 mod injection;
+mod pdsh;
 mod render;
 mod slurm;
 mod support;

@@ -10,7 +10,8 @@ use zerobench_launcher::{Plan, Spec};
 use crate::common::{repo, root};
 
 fn render_example(name: &str) -> (tempfile::TempDir, Plan) {
-    let plan = Plan::build(Spec::load(&repo(&format!("slurm/examples/{name}.yaml"))).expect("example loads")).expect("example plans");
+    let plan = Plan::build(Spec::load(&repo(&format!("slurm/examples/{name}.yaml"))).expect("example loads"))
+        .expect("example plans");
     let out = tempfile::tempdir().expect("tempdir");
     render(&plan, out.path()).expect("renders");
     (out, plan)
@@ -77,8 +78,10 @@ fn t5_grid_offload_is_flagged_not_refused() {
     let (out, plan) = render_example("t5-grid");
     assert_eq!(plan.runs.len(), 3 * 8 * (4 + 2 + 1));
     snap(out.path(), "t5-3b_z3_offparams_mb16_1x4", "job.sbatch");
-    let rec: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.path().join("t5-3b_z3_offparams_mb16_1x4/run.json")).unwrap()).unwrap();
+    let rec: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("t5-3b_z3_offparams_mb16_1x4/run.json")).unwrap(),
+    )
+    .unwrap();
     let f = filters(out.path());
     let f: Vec<(&str, &str)> = f.iter().map(|(a, b)| (a.as_str(), *b)).collect();
     let keep = serde_json::json!({

@@ -12,7 +12,12 @@ use std::time::{Duration, Instant};
 use crate::common::{repo, slurm_conf, stderr, stdout, zerobench_bin};
 
 pub fn zb(conf: &Path, args: &[&str]) -> Output {
-    std::process::Command::new(zerobench_bin()).args(args).env("SLURM_CONF", conf).env_remove("RUST_LOG").output().unwrap()
+    std::process::Command::new(zerobench_bin())
+        .args(args)
+        .env("SLURM_CONF", conf)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
 }
 
 /// Polls `zerobench status --json` until every run is final; panics after `limit`.
@@ -20,8 +25,12 @@ pub fn wait_final(conf: &Path, dir: &Path, limit: Duration) -> Vec<serde_json::V
     let start = Instant::now();
     loop {
         let o = zb(conf, &["status", "--json", dir.to_str().unwrap()]);
-        let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), stderr(&o)));
-        if rows.iter().all(|r| ["done", "failed", "cancelled", "timeout"].contains(&r["state"].as_str().unwrap_or_default())) {
+        let rows: Vec<serde_json::Value> =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), stderr(&o)));
+        if rows
+            .iter()
+            .all(|r| ["done", "failed", "cancelled", "timeout"].contains(&r["state"].as_str().unwrap_or_default()))
+        {
             return rows;
         }
         assert!(start.elapsed() < limit, "runs not final after {limit:?}: {rows:#?}");
@@ -52,7 +61,11 @@ exit 0
 #[test]
 fn every_example_passes_sbatch_test_only() {
     let Some(conf) = slurm_conf() else { return };
-    let mut names: Vec<_> = std::fs::read_dir(repo("slurm/examples")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "yaml")).collect();
+    let mut names: Vec<_> = std::fs::read_dir(repo("slurm/examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
     names.sort();
     assert!(names.len() >= 5);
     for spec in names {
@@ -71,7 +84,8 @@ fn sbatch_refusals_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("s.yaml");
     std::fs::write(&spec, "cluster: {partition: nosuchpartition}\nsweep: {models: tiny, stages: 0}\n").unwrap();
-    let o = zb(&conf, &["submit", spec.to_str().unwrap(), "--out", dir.path().join("r").to_str().unwrap(), "--test-only"]);
+    let o =
+        zb(&conf, &["submit", spec.to_str().unwrap(), "--out", dir.path().join("r").to_str().unwrap(), "--test-only"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("invalid partition"), "{}", stderr(&o));
 }
@@ -107,9 +121,13 @@ fn submit_runs_ranks_on_one_and_two_nodes() {
     assert_eq!(two[2].0, "rank=2 procid=2 nodeid=1 localid=0 ntasks=4 cpus=2\n", "{two:?}");
     assert_eq!(two[3].0, "rank=3 procid=3 nodeid=1 localid=1 ntasks=4 cpus=2\n", "{two:?}");
     assert!(two[0].1 == two[1].1 && two[2].1 == two[3].1 && two[1].1 != two[2].1, "two nodes: {two:?}");
-    let rec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_2x2/slurm.json")).unwrap()).unwrap();
+    let rec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_2x2/slurm.json")).unwrap())
+            .unwrap();
     assert!(rec["job_id"].as_str().unwrap().bytes().all(|b| b.is_ascii_digit()), "{rec}");
-    let first: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_1x2/slurm.json")).unwrap()).unwrap();
+    let first: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_1x2/slurm.json")).unwrap())
+            .unwrap();
     assert_eq!(rec["dependency"], format!("afterany:{}", first["job_id"].as_str().unwrap()), "--chain");
 }
 
@@ -123,7 +141,10 @@ fn arrays_failures_and_cancellation() {
     let spec = dir.path().join("s.yaml");
     std::fs::write(
         &spec,
-        format!("cluster:\n  time: '3'\nlaunch:\n  worker: {:?}\nsweep:\n  models: tiny\n  stages: [0, 1, 2]\n", worker.to_str().unwrap()),
+        format!(
+            "cluster:\n  time: '3'\nlaunch:\n  worker: {:?}\nsweep:\n  models: tiny\n  stages: [0, 1, 2]\n",
+            worker.to_str().unwrap()
+        ),
     )
     .unwrap();
     let out = dir.path().join("runs");
@@ -132,7 +153,8 @@ fn arrays_failures_and_cancellation() {
     let o = zb(&conf, &["submit", out.to_str().unwrap(), "--array"]);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
     let job = |run: &str| -> String {
-        let rec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join(run).join("slurm.json")).unwrap()).unwrap();
+        let rec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join(run).join("slurm.json")).unwrap()).unwrap();
         rec["job_id"].as_str().unwrap().to_string()
     };
     let sleeper = job("tiny_z2_offnone_mb1_1x1");
@@ -148,7 +170,11 @@ fn arrays_failures_and_cancellation() {
     let rows = wait_final(&conf, &out, Duration::from_secs(90));
     let states: Vec<&str> = rows.iter().map(|r| r["state"].as_str().unwrap()).collect();
     assert_eq!(states, ["done", "failed", "cancelled"], "{rows:#?}");
-    assert!(out.join("tiny_z0_offnone_mb1_1x1").read_dir().unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with("zerobench-array-0-")));
+    assert!(out.join("tiny_z0_offnone_mb1_1x1").read_dir().unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with("zerobench-array-0-")));
     let o = zb(&conf, &["status", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "status exits 1 when a run failed");
     assert!(stdout(&o).contains("3 runs: 1 done, 1 failed, 1 cancelled"), "{}", stdout(&o));

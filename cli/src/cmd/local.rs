@@ -28,10 +28,17 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let mut spec = Spec::load(&a.spec)?;
     if spec.launch.method != Method::Local {
-        tracing::warn!("{}: launch.method is {}; zerobench local runs it with mpirun on this host", a.spec.display(), spec.launch.method);
+        tracing::warn!(
+            "{}: launch.method is {}; zerobench local runs it with mpirun on this host",
+            a.spec.display(),
+            spec.launch.method
+        );
         spec.set_method(Method::Local)?;
     }
-    let timeout = a.timeout.map(Duration::from_secs).or_else(|| spec.cluster.time.as_ref().and_then(|t| t.seconds()).map(Duration::from_secs));
+    let timeout = a
+        .timeout
+        .map(Duration::from_secs)
+        .or_else(|| spec.cluster.time.as_ref().and_then(|t| t.seconds()).map(Duration::from_secs));
     let plan = Plan::build(spec)?;
     let dirs = render::render(&plan, &a.out)?;
     let results = run_local(&dirs, &LocalOptions { timeout, progress: std::io::stderr().is_terminal() })?;

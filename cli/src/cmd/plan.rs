@@ -59,7 +59,10 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         plan.spec.launch.method,
         gpus,
         too_big,
-        plan.spec.cluster.gpu_memory.map_or_else(|| "(no cluster.gpu_memory given)".to_string(), |m| format!("{} per GPU", human_bytes(m.0))),
+        plan.spec
+            .cluster
+            .gpu_memory
+            .map_or_else(|| "(no cluster.gpu_memory given)".to_string(), |m| format!("{} per GPU", human_bytes(m.0))),
     )?;
     writeln!(out, "state/rank: ZeRO model states (parameters, gradients, optimizer) per rank; activations and buffers come on top.")?;
     Ok(Outcome::Complete)

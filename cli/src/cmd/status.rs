@@ -28,7 +28,13 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     } else {
         let mut t = Table::new(["run", "state", "job", "source", "detail"]);
         for r in &rows {
-            t.row([r.id.clone(), r.state.to_string(), r.job_id.clone().unwrap_or_else(|| "-".into()), r.source.to_string(), r.detail.clone()]);
+            t.row([
+                r.id.clone(),
+                r.state.to_string(),
+                r.job_id.clone().unwrap_or_else(|| "-".into()),
+                r.source.to_string(),
+                r.detail.clone(),
+            ]);
         }
         t.write(&mut out)?;
         let mut counts: BTreeMap<State, usize> = BTreeMap::new();
@@ -39,6 +45,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         writeln!(out, "{} runs: {}", rows.len(), summary.join(", "))?;
     }
     // Exit 1 when a run did not end well, so scripts can wait on `zerobench status`.
-    let bad = rows.iter().any(|r| matches!(r.state, State::Failed | State::Cancelled | State::Timeout | State::Unknown));
+    let bad =
+        rows.iter().any(|r| matches!(r.state, State::Failed | State::Cancelled | State::Timeout | State::Unknown));
     Ok(if bad { Outcome::Incomplete } else { Outcome::Complete })
 }

@@ -46,7 +46,9 @@ pub fn run_dirs(target: &Path) -> anyhow::Result<Vec<PathBuf>> {
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let (root, dirs) = if a.target.is_file() {
-        let Some(out) = &a.out else { bail!("{} is a spec: say where to render it with --out DIR", a.target.display()) };
+        let Some(out) = &a.out else {
+            bail!("{} is a spec: say where to render it with --out DIR", a.target.display())
+        };
         let plan = Plan::build(Spec::load(&a.target)?)?;
         render::render(&plan, out)?;
         (std::fs::canonicalize(out)?, render::run_dirs(out)?)
@@ -55,7 +57,13 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         let dirs = run_dirs(&root)?;
         (if dirs.len() == 1 && dirs[0] == root { root.parent().unwrap_or(&root).to_path_buf() } else { root }, dirs)
     };
-    let opts = SubmitOptions { array: a.array, dependency: a.dependency, chain: a.chain, test_only: a.test_only, ..Default::default() };
+    let opts = SubmitOptions {
+        array: a.array,
+        dependency: a.dependency,
+        chain: a.chain,
+        test_only: a.test_only,
+        ..Default::default()
+    };
     let done = submit(&root, &dirs, &opts)?;
     let mut t = Table::new(["run", if a.test_only { "sbatch --test-only" } else { "job" }]);
     for s in &done {
