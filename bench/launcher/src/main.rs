@@ -92,26 +92,48 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .sum::<usize>()
     });
+    // Writing 10,000 folders is file-system work; on a shared disk it varies with everyone else's
+    // I/O. tmpfs shows the renderer's own cost of writing; the disk figure is what a user sees here.
     let mut k = 0;
-    let (disk_s, _) = best(|| {
+    let mut to = |base: &Path| {
         k += 1;
-        render(&plan, &work.path().join(format!("disk{k}"))).expect("renders to disk")
+        let dir = base.join(format!("render{k}"));
+        render(&plan, &dir).expect("renders to disk");
+        dir
+    };
+    let (disk_s, _) = best(|| to(work.path()));
+    let shm = Path::new("/dev/shm");
+    let tmpfs = if shm.is_dir() { Some(tempfile::tempdir_in(shm)?) } else { None };
+    let tmpfs_s = tmpfs.as_ref().map(|t| {
+        (0..REPEATS)
+            .map(|_| {
+                let start = Instant::now();
+                let d = to(t.path());
+                let s = start.elapsed().as_secs_f64();
+                // Untimed: keep the RAM-backed copies from piling up between repeats.
+                std::fs::remove_dir_all(&d).expect("cleans up");
+                s
+            })
+            .fold(f64::INFINITY, f64::min)
     });
     let total_s = plan_s + disk_s;
     let result = serde_json::json!({
         "benchmark": "launcher-render",
-        "what": "zerobench render of a 10,000-run spec: load+plan, render in memory, render to disk (job.sbatch + run.json per run)",
+        "what": "zerobench render of a 10,000-run spec: load+plan, render in memory, write the 10,000 folders (job.sbatch + run.json each) to the temp dir's disk and to tmpfs",
         "runs": runs,
         "seconds": {
             "load_and_plan": plan_s,
             "render_in_memory": memory_s,
             "render_to_disk": disk_s,
+            "render_to_tmpfs": tmpfs_s,
             "total_load_plan_render_to_disk": total_s,
+            "total_load_plan_render_to_tmpfs": tmpfs_s.map(|t| plan_s + t),
         },
         "runs_per_second_to_disk": runs as f64 / disk_s,
         "bytes_rendered": bytes,
         "target_seconds": 1.0,
-        "meets_target": total_s < 1.0,
+        "meets_target_on_disk": total_s < 1.0,
+        "meets_target_on_tmpfs": tmpfs_s.map(|t| plan_s + t < 1.0),
         "repeats_best_of": REPEATS,
         "host": {
             "hostname": std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim(),
