@@ -18,7 +18,7 @@ use crate::hostlist;
 use crate::plan::{Fit, Plan, Run};
 use crate::quote::{sbatch_value, sh, sh_arg, slurm_pattern_literal, DirectiveError};
 use crate::select::Resources;
-use crate::spec::{Cluster, Launch, Method, MpiImpl, PdshRcmd};
+use crate::spec::{Allocation, Cluster, Launch, Method, MpiImpl, PdshRcmd};
 
 /// `run.json`'s format version.
 pub const RUN_RECORD_VERSION: u32 = 1;
@@ -161,7 +161,7 @@ pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, Di
 
     let worker = worker_words(&worker_argv, run);
     let (words, node_script) = match launch.method {
-        Method::Srun => (srun(spec, run, &worker), None),
+        Method::Srun => (srun(&mut s, spec, run, &worker), None),
         Method::Mpirun => (mpirun(&mut s, spec, run, &worker, hostfile.as_ref().map(|h| h.0)), None),
         Method::Local => (local(&mut s, cluster, run, &worker), None),
         Method::Pdsh => {
@@ -288,15 +288,27 @@ fn command(s: &mut String, words: &[Word]) {
     let _ = writeln!(s, "{line}");
 }
 
-fn srun(spec: &crate::spec::Spec, run: &Run, worker: &[Word]) -> Vec<Word> {
-    let mut w = vec![
-        Word::lit("srun"),
+fn srun(s: &mut String, spec: &crate::spec::Spec, run: &Run, worker: &[Word]) -> Vec<Word> {
+    let mut w = vec![Word::lit("srun")];
+    match spec.cluster.allocation {
+        None => {}
+        Some(Allocation::Job(id)) => {
+            let _ =
+                writeln!(s, "# A step of the existing allocation {id}: run this script with bash (zerobench local).");
+            w.push(Word::lit(format!("--jobid={id}")));
+        }
+        Some(Allocation::Current) => {
+            s.push_str("# A step of the allocation this shell is in (salloc): run this script with bash there.\n");
+            s.push_str(": \"${SLURM_JOB_ID:?not inside a Slurm allocation: run this in salloc, or name the job in cluster.allocation}\"\n");
+        }
+    }
+    w.extend([
         Word::lit(format!("--mpi={}", spec.launch.mpi.as_str())),
         Word::lit(format!("--nodes={}", run.nodes)),
         Word::lit(format!("--ntasks-per-node={}", run.ranks_per_node)),
         Word::lit(format!("--cpus-per-task={}", spec.cluster.cpus_per_task)),
         Word::lit("--kill-on-bad-exit=1"),
-    ];
+    ]);
     w.extend(worker.iter().cloned());
     w
 }

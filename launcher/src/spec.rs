@@ -112,6 +112,43 @@ pub struct Cluster {
     pub exclude: Option<String>,
     /// Restrict Slurm to these nodes (`#SBATCH --nodelist`), as a hostlist expression.
     pub nodelist: Option<String>,
+    /// Run as job steps of an existing allocation (from `salloc` or a held job) instead of
+    /// submitting a job per run; `zerobench local` runs the scripts.
+    pub allocation: Option<Allocation>,
+}
+
+/// An existing Slurm allocation to run in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Allocation {
+    /// A job id: `srun --jobid=N` from anywhere the Slurm commands work.
+    Job(u64),
+    /// The allocation of the shell the scripts run in (`$SLURM_JOB_ID`, as inside `salloc`).
+    #[serde(serialize_with = "current")]
+    Current,
+}
+
+fn current<S: serde::Serializer>(s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("current")
+}
+
+impl<'de> Deserialize<'de> for Allocation {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(Allocation::Job(n)),
+            Raw::S(s) if s == "current" => Ok(Allocation::Current),
+            Raw::S(s) => s
+                .parse()
+                .map(Allocation::Job)
+                .map_err(|_| de::Error::custom(format!("'{}' is not a job id or 'current'", s.escape_debug()))),
+        }
+    }
 }
 
 impl Default for Cluster {
@@ -132,6 +169,7 @@ impl Default for Cluster {
             include: None,
             exclude: None,
             nodelist: None,
+            allocation: None,
         }
     }
 }
@@ -413,6 +451,18 @@ impl Spec {
             }
             _ => {}
         }
+        if self.cluster.allocation.is_some() {
+            if self.launch.method != Method::Srun {
+                return Err(self.error_at(
+                    "cluster.allocation",
+                    format!("runs in an allocation are srun job steps, but launch.method is {}", self.launch.method),
+                ));
+            }
+            if self.cluster.hostfile.is_some() || self.cluster.nodelist.is_some() {
+                return Err(self
+                    .error_at("cluster.allocation", "the allocation decides the hosts: remove hostfile and nodelist"));
+            }
+        }
         if self.launch.worker.as_str().starts_with('-') {
             return Err(self.error_at(
                 "launch.worker",
@@ -627,6 +677,18 @@ mod tests {
         assert!(e.contains("cluster.nodelist: invalid hostlist"), "{e}");
         let e = err("cluster:\n  cpus_per_node: 4\n  cpus_per_task: 3\nsweep:\n  models: tiny\n  ranks_per_node: 2\n");
         assert!(e.contains("= 6 CPUs"), "{e}");
+        let e = err("cluster:\n  allocation: 12\nlaunch:\n  method: mpirun\nsweep:\n  models: tiny\n");
+        assert!(e.starts_with("s.yaml:2:3: cluster.allocation: runs in an allocation are srun job steps"), "{e}");
+        let e = err("cluster:\n  allocation: yesterday\nsweep:\n  models: tiny\n");
+        assert!(e.contains("cluster.allocation") && e.contains("'yesterday' is not a job id or 'current'"), "{e}");
+        assert_eq!(
+            parse("cluster: {allocation: current}\nsweep: {models: tiny}\n").unwrap().cluster.allocation,
+            Some(Allocation::Current)
+        );
+        assert_eq!(
+            parse("cluster: {allocation: '42'}\nsweep: {models: tiny}\n").unwrap().cluster.allocation,
+            Some(Allocation::Job(42))
+        );
         let e = err("cluster:\n  hostfile: /nonexistent/hf\nsweep:\n  models: tiny\n");
         assert!(e.contains("cluster.hostfile: /nonexistent/hf: cannot read"), "{e}");
     }

@@ -144,6 +144,13 @@ pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec
     }
     let records: Vec<(PathBuf, RunRecord)> =
         dirs.iter().map(|d| read_record(d).map(|r| (d.clone(), r))).collect::<Result<_, _>>()?;
+    if let Some((_, r)) = records.iter().find(|(_, r)| r.cluster.allocation.is_some()) {
+        return Err(Error::Usage(format!(
+            "run {} is a step of an existing allocation (cluster.allocation), not a job to submit: run the sweep with zerobench local",
+            r.id
+        )));
+    }
+
     if opts.array {
         return submit_arrays(root, &records, opts);
     }

@@ -47,7 +47,7 @@ fn write_stub_worker(dir: &Path) -> std::path::PathBuf {
 for a in "$@"; do
   [ "${prev:-}" = --stage ] && stage=$a; [ "${prev:-}" = --log-dir ] && logs=$a; prev=$a
 done
-echo "rank=$PMIX_RANK procid=$SLURM_PROCID nodeid=$SLURM_NODEID localid=$SLURM_LOCALID node=$SLURMD_NODENAME ntasks=$SLURM_NTASKS cpus=$SLURM_CPUS_PER_TASK" > "$logs/rank$PMIX_RANK.env"
+echo "rank=$PMIX_RANK procid=$SLURM_PROCID nodeid=$SLURM_NODEID localid=$SLURM_LOCALID node=$SLURMD_NODENAME ntasks=$SLURM_NTASKS cpus=$SLURM_CPUS_PER_TASK job=$SLURM_JOB_ID" > "$logs/rank$PMIX_RANK.env"
 [ "$stage" = 1 ] && exit 3
 [ "$stage" = 2 ] && sleep 120
 exit 0
@@ -115,11 +115,11 @@ fn submit_runs_ranks_on_one_and_two_nodes() {
         (text.replace(&format!(" node={node}"), ""), node)
     };
     let one: Vec<_> = (0..2).map(|r| env("tiny_z0_offnone_mb1_1x2", r)).collect();
-    assert_eq!(one[1].0, "rank=1 procid=1 nodeid=0 localid=1 ntasks=2 cpus=2\n");
+    assert!(one[1].0.starts_with("rank=1 procid=1 nodeid=0 localid=1 ntasks=2 cpus=2 job="), "{one:?}");
     assert_eq!(one[0].1, one[1].1, "one node: {one:?}");
     let two: Vec<_> = (0..4).map(|r| env("tiny_z0_offnone_mb1_2x2", r)).collect();
-    assert_eq!(two[2].0, "rank=2 procid=2 nodeid=1 localid=0 ntasks=4 cpus=2\n", "{two:?}");
-    assert_eq!(two[3].0, "rank=3 procid=3 nodeid=1 localid=1 ntasks=4 cpus=2\n", "{two:?}");
+    assert!(two[2].0.starts_with("rank=2 procid=2 nodeid=1 localid=0 ntasks=4 cpus=2 job="), "{two:?}");
+    assert!(two[3].0.starts_with("rank=3 procid=3 nodeid=1 localid=1 ntasks=4 cpus=2 job="), "{two:?}");
     assert!(two[0].1 == two[1].1 && two[2].1 == two[3].1 && two[1].1 != two[2].1, "two nodes: {two:?}");
     let rec: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_2x2/slurm.json")).unwrap())
@@ -178,4 +178,56 @@ fn arrays_failures_and_cancellation() {
     let o = zb(&conf, &["status", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "status exits 1 when a run failed");
     assert!(stdout(&o).contains("3 runs: 1 done, 1 failed, 1 cancelled"), "{}", stdout(&o));
+}
+
+/// `cluster.allocation`: the runs are job steps of an allocation held elsewhere (here a job that
+/// sleeps), driven one after another by `zerobench local`; `submit` refuses such runs.
+#[test]
+fn runs_as_steps_of_an_existing_allocation() {
+    let Some(conf) = slurm_conf() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let worker = write_stub_worker(dir.path());
+    let hold = std::process::Command::new("sbatch")
+        .args(["--parsable", "-N2", "--ntasks-per-node=2", "-t", "3", "-o", "/dev/null", "--wrap", "sleep 170"])
+        .env("SLURM_CONF", &conf)
+        .output()
+        .unwrap();
+    assert!(hold.status.success(), "{}", String::from_utf8_lossy(&hold.stderr));
+    let job = String::from_utf8_lossy(&hold.stdout).trim().to_string();
+    let cancel = || std::process::Command::new("scancel").arg(&job).env("SLURM_CONF", &conf).output();
+    let start = Instant::now();
+    loop {
+        let q = std::process::Command::new("squeue")
+            .args(["-h", "-o", "%T", "-j", &job])
+            .env("SLURM_CONF", &conf)
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&q.stdout).trim() == "RUNNING" {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = cancel();
+            panic!("the holding job {job} never started");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let spec = dir.path().join("s.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "cluster:\n  allocation: {job}\n  time: '1'\nlaunch:\n  worker: {:?}\nsweep:\n  models: tiny\n  stages: 0\n  nodes: [1, 2]\n  ranks_per_node: 2\n",
+            worker.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("runs");
+    let o = zb(&conf, &["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let refused = zb(&conf, &["submit", out.to_str().unwrap()]);
+    let _ = cancel();
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("2 runs, 0 failed"), "{}", stdout(&o));
+    let env = std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_2x2/logs/rank3.env")).unwrap();
+    assert!(env.starts_with("rank=3 procid=3 nodeid=1 localid=1") && env.ends_with(&format!(" job={job}\n")), "{env}");
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(stderr(&refused).contains("is a step of an existing allocation"), "{}", stderr(&refused));
 }

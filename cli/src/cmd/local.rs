@@ -1,5 +1,7 @@
 //! `zerobench local SPEC --out DIR`: render the sweep with the local method and run it on this
 //! host, one run after the other, with a progress bar; a failed run does not stop the sweep.
+//! A spec with `cluster.allocation` keeps its srun method: each run is a job step of that
+//! allocation, driven from here.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -15,7 +17,7 @@ use crate::Outcome;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The experiment spec; its runs must each fit on one node.
+    /// The experiment spec; its runs must each fit on one node, unless it names an allocation.
     spec: PathBuf,
     /// Where the run folders go.
     #[arg(long, short)]
@@ -27,7 +29,10 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let mut spec = Spec::load(&a.spec)?;
-    if spec.launch.method != Method::Local {
+    if spec.cluster.allocation.is_some() {
+        // The scripts start their ranks as srun steps of the allocation; this host only drives them.
+        tracing::info!("{}: running the runs as steps of the existing allocation", a.spec.display());
+    } else if spec.launch.method != Method::Local {
         tracing::warn!(
             "{}: launch.method is {}; zerobench local runs it with mpirun on this host",
             a.spec.display(),
