@@ -231,3 +231,36 @@ fn runs_as_steps_of_an_existing_allocation() {
     assert_eq!(refused.status.code(), Some(2));
     assert!(stderr(&refused).contains("is a step of an existing allocation"), "{}", stderr(&refused));
 }
+
+/// A run that outlives its time limit ends as `timeout`, from Slurm while it remembers the job,
+/// and from the job's output file after it forgets (no accounting database here). Slurm checks
+/// limits every 30 s, so this takes 60 to 100 s; it runs beside the other tests.
+#[test]
+fn a_run_past_its_time_limit_is_a_timeout() {
+    let Some(conf) = slurm_conf() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let worker = write_stub_worker(dir.path());
+    let spec = dir.path().join("s.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "cluster:\n  time: '1'\nlaunch:\n  worker: {:?}\nsweep:\n  models: tiny\n  stages: 2\n",
+            worker.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("runs");
+    let o = zb(&conf, &["submit", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let rows = wait_final(&conf, &out, Duration::from_secs(150));
+    assert_eq!(rows[0]["state"], "timeout", "{rows:#?}");
+    // What status falls back to once the controller has forgotten the job.
+    let run = out.join("tiny_z2_offnone_mb1_1x1");
+    let output: String = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "out"))
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    assert!(output.contains("DUE TO TIME LIMIT"), "{output}");
+}
