@@ -28,4 +28,6 @@ else
   echo "scripts/test.sh: not root, so no local Slurm: the Slurm tests will be skipped" >&2
 fi
 
+# The end-to-end tests run the release binaries; `cargo test` alone does not rebuild them.
+cargo build --release --locked --workspace --bins
 cargo test --release --locked --workspace "$@"
