@@ -16,7 +16,8 @@ if [ "$(id -u)" = 0 ]; then
   for port in 6817 7017 7217 7417 7617; do
     if free "$port" && free $((port + 1)) && free $((port + 2)); then export ZB_SLURM_PORT=$port; break; fi
   done
-  trap 'slurm/local-cluster.sh down || true' EXIT
+  # Stop the cluster whatever happens; keep its logs only when something failed.
+  trap 'rc=$?; slurm/local-cluster.sh down || true; if [ "$rc" = 0 ]; then rm -rf "$ZB_SLURM_DIR"; else echo "local Slurm logs: $ZB_SLURM_DIR/log" >&2; fi' EXIT
   slurm/local-cluster.sh up
   export ZEROBENCH_SLURM_CONF=$ZB_SLURM_DIR/etc/slurm.conf
   # From here a missing cluster or worker fails the tests instead of skipping them.
