@@ -5,6 +5,7 @@
 //! line that could not be read, or a run that failed); 2 the command could not do its job.
 
 mod cmd;
+mod table;
 
 use std::process::ExitCode;
 
@@ -22,6 +23,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The runs a spec expands to, with GPUs and ZeRO model-state memory per GPU.
+    Plan(cmd::plan::Args),
+    /// Render a spec into run folders: job.sbatch, hostfiles, run.json.
+    Render(cmd::render::Args),
+    /// Submit rendered runs (or a spec) to Slurm with sbatch.
+    Submit(cmd::submit::Args),
+    /// The state of every run of a rendered sweep.
+    Status(cmd::status::Args),
+    /// Run a spec's sweep on this host with mpirun, no Slurm.
+    Local(cmd::local::Args),
+    /// Expand or compress Slurm hostlist expressions.
+    Hostlist(cmd::hostlist::Args),
+    /// Check hostfiles and show where each rank runs.
+    Hostfile(cmd::hostfile::Args),
     /// Read log folders and write the latency, memory, scaling, comm and runs tables and plots.
     Ingest(cmd::ingest::Args),
     /// Print the JSON Schema of the worker's log records.
@@ -40,6 +55,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.verbose);
     let result = match cli.command {
+        Command::Plan(a) => cmd::plan::run(a),
+        Command::Render(a) => cmd::render::run(a),
+        Command::Submit(a) => cmd::submit::run(a),
+        Command::Status(a) => cmd::status::run(a),
+        Command::Local(a) => cmd::local::run(a),
+        Command::Hostlist(a) => cmd::hostlist::run(a),
+        Command::Hostfile(a) => cmd::hostfile::run(a),
         Command::Ingest(a) => cmd::ingest::run(a),
         Command::Schema(a) => cmd::schema::run(a),
     };
@@ -64,7 +86,14 @@ fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    // Colours only for a terminal: a redirected stderr gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .with_target(false)
+        .init();
 }
 
 /// `zerobench ... | head` closes our stdout early; that is not an error.

@@ -1,7 +1,27 @@
-//! End-to-end tests: real processes, real MPI, real libtorch (and, in the launcher's modules, a
-//! real local Slurm). They run the release binaries `make build` produced; `make test` builds them
-//! first and exports the environment they need.
+//! End-to-end tests: real processes, real MPI, real libtorch and a real local Slurm, in one test
+//! binary (one link step), one module per area. They run the release binaries `make build`
+//! produced; `make test` builds them first, starts the local Slurm and exports the environment.
+//!
+//! * `support`: where the release binaries are, how to start ranks, how to read their logs.
+//! * `worker`: the worker under `mpirun`: losses across stages, memory formulas, bad flags.
+//! * `common`: the launcher modules' helpers: the `zerobench` binary, the local Slurm.
+//! * `render`: insta snapshots of the scripts and hostfiles rendered from `slurm/examples/`.
+//! * `cli`: the `zerobench` commands as a user runs them: tables, errors, exit codes.
+//! * `injection`: hostile strings in every user-controlled field, rendered and run under bash.
+//! * `hostlist_oracle`: the hostlist parser against `scontrol show hostnames`.
+//! * `pdsh`: the pdsh method with the real pdsh (`-R exec`) and node.sh.
+//! * `slurm`: against the local Slurm (`slurm/local-cluster.sh`, started by `scripts/test.sh`):
+//!   `sbatch --test-only` of every example, submission, arrays, cancellation, status.
+//! * `e2e_slurm`: the real worker under `srun --mpi=pmix` on one and two fake nodes.
 
+mod cli;
+mod common;
+mod e2e_slurm;
+mod hostlist_oracle;
+mod injection;
+mod pdsh;
+mod render;
+mod slurm;
 mod support;
 mod reliability;
 mod worker;

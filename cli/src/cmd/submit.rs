@@ -1,0 +1,80 @@
+//! `zerobench submit DIR|SPEC`: sbatch every run folder (rendering a spec first), one job per
+//! run or job arrays, and record the job ids in the run folders.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::bail;
+use zerobench_launcher::submit::{submit, SubmitOptions};
+use zerobench_launcher::{render, Plan, Spec};
+
+use crate::table::Table;
+use crate::Outcome;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A folder of rendered runs (or one run folder), or a spec to render first.
+    target: PathBuf,
+    /// Where to render when TARGET is a spec.
+    #[arg(long, short)]
+    out: Option<PathBuf>,
+    /// Submit job arrays (one per group of runs asking for the same resources).
+    #[arg(long)]
+    array: bool,
+    /// Every job waits on this (sbatch --dependency syntax, e.g. afterok:1234).
+    #[arg(long)]
+    dependency: Option<String>,
+    /// Each job waits for the previous one to end (afterany), so runs go one at a time.
+    #[arg(long)]
+    chain: bool,
+    /// Ask Slurm whether the jobs would be accepted and when they would start; submit nothing.
+    #[arg(long)]
+    test_only: bool,
+}
+
+/// The run folders a target names: a run folder, or every run folder under a folder.
+pub fn run_dirs(target: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    if target.join("run.json").is_file() {
+        return Ok(vec![target.to_path_buf()]);
+    }
+    let dirs = render::run_dirs(target)?;
+    if dirs.is_empty() {
+        bail!("{}: no run folders (folders with a run.json); render a spec first", target.display());
+    }
+    Ok(dirs)
+}
+
+pub fn run(a: Args) -> anyhow::Result<Outcome> {
+    let (root, dirs) = if a.target.is_file() {
+        let Some(out) = &a.out else {
+            bail!("{} is a spec: say where to render it with --out DIR", a.target.display())
+        };
+        let plan = Plan::build(Spec::load(&a.target)?)?;
+        render::render(&plan, out)?;
+        (std::fs::canonicalize(out)?, render::run_dirs(out)?)
+    } else {
+        let root = std::fs::canonicalize(&a.target)?;
+        let dirs = run_dirs(&root)?;
+        (if dirs.len() == 1 && dirs[0] == root { root.parent().unwrap_or(&root).to_path_buf() } else { root }, dirs)
+    };
+    let opts = SubmitOptions {
+        array: a.array,
+        dependency: a.dependency,
+        chain: a.chain,
+        test_only: a.test_only,
+        ..Default::default()
+    };
+    let done = submit(&root, &dirs, &opts)?;
+    let mut t = Table::new(["run", if a.test_only { "sbatch --test-only" } else { "job" }]);
+    for s in &done {
+        t.row([s.id.clone(), s.job.clone()]);
+    }
+    let mut out = std::io::stdout().lock();
+    t.write(&mut out)?;
+    if a.test_only {
+        writeln!(out, "{} runs accepted by sbatch --test-only; nothing submitted", done.len())?;
+    } else {
+        writeln!(out, "{} runs submitted; job ids are in each run folder's slurm.json", done.len())?;
+    }
+    Ok(Outcome::Complete)
+}

@@ -1,0 +1,35 @@
+//! The error of the launcher's steps that touch files and programs (render, submit, status,
+//! local). Parsing has its own errors, each naming where: [`crate::spec::SpecError`],
+//! [`crate::hostfile::HostfileError`], [`crate::hostlist::HostlistError`],
+//! [`crate::select::SelectError`].
+
+use std::path::{Path, PathBuf};
+
+use crate::quote::DirectiveError;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Directive(#[from] DirectiveError),
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{}:{line}:{column}: {message}", path.display())]
+    Json { path: PathBuf, line: usize, column: usize, message: String },
+    /// A program could not be started or did not answer in time.
+    #[error("{command}: {message}")]
+    Command { command: String, message: String },
+    /// A Slurm command ran and refused.
+    #[error("{command} exited with {code}: {stderr}")]
+    Slurm { command: String, code: i32, stderr: String },
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl Error {
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        Error::Io { path: path.to_path_buf(), source }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,344 @@
+//! The sweep matrix expanded into runs: each with a stable id, its worker configuration, the
+//! ranks it needs and the ZeRO model-state memory per GPU.
+//!
+//! Run id grammar (stable: the same spec gives the same ids, and adding values to an axis never
+//! renames existing runs):
+//!
+//! ```text
+//! id        = model "_z" stage "_" offload "_mb" micro_batch "_" nodes "x" ranks_per_node [ "_" precision ]
+//! offload   = "offnone" | "offopt" | "offparams"      (none, optimizer, optimizer+params)
+//! precision = "fp16" | "fp32"                         (bf16, the default, is left out)
+//! ```
+//!
+//! e.g. `gpt2-xl_z3_offopt_mb4_2x4`. Ids contain only `[a-z0-9_-]`, so they are safe as folder
+//! names, Slurm job names and shell words.
+
+use serde::{Deserialize, Serialize};
+use zerobench_schema::memory::{model_state_for, ModelStateBytes};
+use zerobench_schema::{ConfigError, Offload, Precision, RunConfig};
+
+use crate::select::{HostSlots, Resources};
+use crate::spec::{Spec, SpecError, SweepBlock, MAX_RUNS};
+
+/// Whether a run's model states fit the declared GPU memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "fit", rename_all = "snake_case")]
+pub enum Fit {
+    /// No GPU memory declared, or a CPU run.
+    Unknown,
+    Fits {
+        need_bytes: u64,
+        have_bytes: u64,
+    },
+    TooBig {
+        need_bytes: u64,
+        have_bytes: u64,
+    },
+}
+
+/// One run of the sweep.
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    pub id: String,
+    /// Index of the sweep block it came from.
+    pub block: usize,
+    pub config: RunConfig,
+    pub nodes: u32,
+    pub ranks_per_node: u32,
+    /// GPUs requested per node (0 on CPU nodes).
+    pub gpus_per_node: u32,
+    pub model_params: u64,
+    /// Model states per rank, as the ZeRO formulas give them (with zerobench's padding).
+    pub model_state: ModelStateBytes,
+    /// What of it stays on the GPU, and what offload moves to host memory.
+    pub device_state_bytes: u64,
+    pub host_state_bytes: u64,
+    pub fit: Fit,
+    /// Things to know that do not stop the run from being rendered.
+    pub warnings: Vec<String>,
+    /// The hosts and slots it runs on, when the cluster names a hostfile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Resources>,
+}
+
+impl Run {
+    pub fn world_size(&self) -> u32 {
+        self.nodes * self.ranks_per_node
+    }
+    pub fn gpus(&self) -> u32 {
+        self.nodes * self.gpus_per_node
+    }
+}
+
+/// A spec with its runs.
+#[derive(Debug)]
+pub struct Plan {
+    pub spec: Spec,
+    pub runs: Vec<Run>,
+}
+
+/// The id of a run (see the module docs for the grammar).
+pub fn run_id(c: &RunConfig, nodes: u32, ranks_per_node: u32) -> String {
+    let off = match c.offload {
+        Offload::None => "offnone",
+        Offload::Optimizer => "offopt",
+        Offload::OptimizerParams => "offparams",
+    };
+    let mut id = format!("{}_z{}_{}_mb{}_{}x{}", c.model, c.stage, off, c.micro_batch, nodes, ranks_per_node);
+    if c.precision != Precision::Bf16 {
+        id.push('_');
+        id.push_str(c.precision.as_str());
+    }
+    id
+}
+
+impl Plan {
+    /// Expands every sweep block, validating each run as the worker would.
+    pub fn build(spec: Spec) -> Result<Plan, SpecError> {
+        let mut runs: Vec<Run> = Vec::new();
+        for (b, block) in spec.sweep.iter().enumerate() {
+            expand_block(&spec, b, block, &mut runs)?;
+        }
+        Ok(Plan { spec, runs })
+    }
+}
+
+fn axis_or<T: Copy>(v: &Option<crate::spec::OneOrMany<T>>, default: &[T]) -> Vec<T> {
+    v.as_ref().map_or_else(|| default.to_vec(), |v| v.0.clone())
+}
+
+fn expand_block(spec: &Spec, b: usize, block: &SweepBlock, runs: &mut Vec<Run>) -> Result<(), SpecError> {
+    let models = block.models.0.clone();
+    let stages = axis_or(&block.stages, &zerobench_schema::ZeroStage::ALL);
+    let offloads = axis_or(&block.offload, &[Offload::None]);
+    let precisions = axis_or(&block.precision, &[Precision::Bf16]);
+    let micro = axis_or(&block.micro_batches, &[1]);
+    let nodes = spec.nodes_axis(block);
+    let ranks = spec.ranks_axis(block);
+    let count = [models.len(), stages.len(), offloads.len(), precisions.len(), micro.len(), nodes.len(), ranks.len()]
+        .iter()
+        .fold(1usize, |acc, &n| acc.saturating_mul(n));
+    if count.saturating_add(runs.len()) > MAX_RUNS {
+        return Err(
+            spec.error_at(&spec.sweep_key(b, "models"), format!("the sweep expands to more than {MAX_RUNS} runs"))
+        );
+    }
+    for &model in &models {
+        for &stage in &stages {
+            for &offload in &offloads {
+                for &precision in &precisions {
+                    for &mb in &micro {
+                        for &n in &nodes {
+                            for &r in &ranks {
+                                let mut c = RunConfig::new(model, stage);
+                                c.offload = offload;
+                                c.precision = precision;
+                                c.micro_batch = mb;
+                                apply_worker(spec, &mut c);
+                                let run = make_run(spec, b, c, n, r)?;
+                                if let Some(prev) = runs.iter().find(|p| p.id == run.id) {
+                                    return Err(spec.error_at(
+                                        &format!("sweep[{b}]"),
+                                        format!("run {} is also produced by sweep block {}", run.id, prev.block),
+                                    ));
+                                }
+                                runs.push(run);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The spec's fixed worker settings over `RunConfig`'s defaults.
+fn apply_worker(spec: &Spec, c: &mut RunConfig) {
+    let w = &spec.worker;
+    macro_rules! set {
+        ($($field:ident => $($target:ident).+),* $(,)?) => {
+            $(if let Some(v) = w.$field.clone() { c.$($target).+ = v; })*
+        };
+    }
+    set!(
+        seq_len => seq_len, grad_accum => grad_accum, steps => steps, warmup => warmup, seed => seed,
+        device => device, lr => optim.lr, beta1 => optim.beta1, beta2 => optim.beta2, eps => optim.eps,
+        weight_decay => optim.weight_decay, bucket_mb => engine.bucket_mb, prefetch => engine.prefetch,
+        loss_scale_power => engine.loss_scale_power,
+    );
+    if let Some(d) = &w.data {
+        c.data = Some(d.clone());
+    }
+}
+
+/// The spec key a worker flag comes from, for placing `RunConfig::validate`'s errors.
+fn key_of_flag(spec: &Spec, b: usize, e: &ConfigError) -> String {
+    match e.field {
+        "micro-batch" => spec.sweep_key(b, "micro_batches"),
+        "offload" => spec.sweep_key(b, "offload"),
+        "stage" => spec.sweep_key(b, "stages"),
+        "precision" => spec.sweep_key(b, "precision"),
+        "world-size" => spec.sweep_key(b, "nodes"),
+        "seq-len" if spec.worker.seq_len.is_none() => spec.sweep_key(b, "models"),
+        flag => format!("worker.{}", flag.replace('-', "_")),
+    }
+}
+
+fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node: u32) -> Result<Run, SpecError> {
+    let id = run_id(&config, nodes, ranks_per_node);
+    let world = nodes * ranks_per_node;
+    let mut warnings = Vec::new();
+    let fail = |e: &ConfigError| spec.error_at(&key_of_flag(spec, b, e), format!("run {id}: {e}"));
+    match config.validate(Some(world)) {
+        Ok(()) => {}
+        Err(e) if e.is_not_implemented() => {
+            // The offload rules that make a combination impossible come before this one in
+            // `validate`, so they passed; check the rules after it with offload left out.
+            warnings.push(format!("{}: {}", key_of_flag(spec, b, &e), e.reason));
+            let mut rest = config.clone();
+            rest.offload = Offload::None;
+            rest.validate(Some(world)).map_err(|e| fail(&e))?;
+        }
+        Err(e) => return Err(fail(&e)),
+    }
+    let model = config.model.spec();
+    let model_state = model_state_for(&model, config.stage, config.precision, u64::from(world));
+    let host_state_bytes = match config.offload {
+        Offload::None => 0,
+        Offload::Optimizer => model_state.optimizer_bytes,
+        Offload::OptimizerParams => model_state.optimizer_bytes + model_state.params_bytes,
+    };
+    let device_state_bytes = model_state.total() - host_state_bytes;
+    let gpus_per_node = if spec.cluster.gpus_per_node > 0 { ranks_per_node } else { 0 };
+    let fit = match (spec.cluster.gpu_memory, gpus_per_node) {
+        (Some(have), g) if g > 0 => {
+            if device_state_bytes <= have.0 {
+                Fit::Fits { need_bytes: device_state_bytes, have_bytes: have.0 }
+            } else {
+                Fit::TooBig { need_bytes: device_state_bytes, have_bytes: have.0 }
+            }
+        }
+        _ => Fit::Unknown,
+    };
+    if let Fit::TooBig { need_bytes, have_bytes } = fit {
+        warnings.push(format!(
+            "model states need {} per GPU, more than cluster.gpu_memory {}",
+            crate::values::human_bytes(need_bytes),
+            crate::values::human_bytes(have_bytes)
+        ));
+    }
+    if spec.launch.method == crate::spec::Method::Pdsh && world > 1 {
+        // pdsh starts independent processes that learn their rank from the environment, as
+        // DeepSpeed's launcher does; zerobench-worker needs an MPI world to communicate.
+        warnings.push(format!(
+            "launch.method: pdsh gives the {world} ranks RANK/WORLD_SIZE/MASTER_ADDR only; zerobench-worker \
+             needs mpirun or srun --mpi=pmix for more than one rank and will refuse to start"
+        ));
+    }
+    let hosts = spec.resources.as_ref().map(|res| Resources {
+        hosts: res.hosts[..nodes as usize]
+            .iter()
+            .map(|h| HostSlots { host: h.host.clone(), slots: h.slots[..ranks_per_node as usize].to_vec() })
+            .collect(),
+    });
+    Ok(Run {
+        id,
+        block: b,
+        model_params: model.param_count(),
+        config,
+        nodes,
+        ranks_per_node,
+        gpus_per_node,
+        model_state,
+        device_state_bytes,
+        host_state_bytes,
+        fit,
+        warnings,
+        hosts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn plan(text: &str) -> Result<Plan, SpecError> {
+        Plan::build(Spec::parse(text, Path::new("s.yaml"))?)
+    }
+
+    #[test]
+    fn ids_follow_the_grammar() {
+        let p = plan(
+            "cluster: {gpus_per_node: 4, gpu_memory: 80GB}\nsweep:\n  models: gpt2-xl\n  stages: 3\n  offload: [none, optimizer]\n  micro_batches: 4\n  nodes: [1, 2]\n  precision: [bf16, fp32]\n",
+        )
+        .unwrap();
+        let ids: Vec<&str> = p.runs.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "gpt2-xl_z3_offnone_mb4_1x4",
+                "gpt2-xl_z3_offnone_mb4_2x4",
+                "gpt2-xl_z3_offnone_mb4_1x4_fp32",
+                "gpt2-xl_z3_offnone_mb4_2x4_fp32",
+                "gpt2-xl_z3_offopt_mb4_1x4",
+                "gpt2-xl_z3_offopt_mb4_2x4",
+                "gpt2-xl_z3_offopt_mb4_1x4_fp32",
+                "gpt2-xl_z3_offopt_mb4_2x4_fp32",
+            ]
+        );
+        assert!(p
+            .runs
+            .iter()
+            .all(|r| r.id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')));
+    }
+
+    #[test]
+    fn memory_matches_the_formulas_and_flags_what_does_not_fit() {
+        let p = plan("cluster: {gpus_per_node: 4, gpu_memory: 16GiB}\nsweep:\n  models: gpt2-xl\n").unwrap();
+        let psi = zerobench_schema::memory::padded_params(&zerobench_schema::ModelPreset::Gpt2Xl.spec(), 4);
+        let totals: Vec<u64> = p.runs.iter().map(|r| r.model_state.total()).collect();
+        assert_eq!(totals, [16 * psi, 4 * psi + 12 * psi / 4, 2 * psi + 14 * psi / 4, 16 * psi / 4]);
+        // 16Ψ ≈ 25 GB does not fit 16 GiB; stage 3's 4Ψ ≈ 6 GB does.
+        assert!(matches!(p.runs[0].fit, Fit::TooBig { .. }));
+        assert!(p.runs[0].warnings[0].contains("more than cluster.gpu_memory"));
+        assert!(matches!(p.runs[3].fit, Fit::Fits { .. }));
+        assert_eq!(p.runs[0].gpus(), 4);
+    }
+
+    #[test]
+    fn unimplemented_offload_is_a_warning_impossible_offload_an_error() {
+        let p = plan("sweep:\n  models: tiny\n  stages: [1, 3]\n  offload: optimizer\n").unwrap();
+        assert!(p.runs[0].warnings[0].contains("not implemented yet"), "{:?}", p.runs[0].warnings);
+        assert_eq!(p.runs[0].host_state_bytes, p.runs[0].model_state.optimizer_bytes);
+        let e = plan("sweep:\n  models: tiny\n  stages: [0, 1]\n  offload: optimizer\n").unwrap_err().to_string();
+        assert!(e.starts_with("s.yaml:4:3: sweep.offload: run tiny_z0_offopt_mb1_1x1: invalid --offload: optimizer offload needs ZeRO stage"), "{e}");
+        let e = plan("sweep:\n  models: tiny\n  stages: 2\n  offload: optimizer+params\n").unwrap_err().to_string();
+        assert!(e.contains("needs ZeRO stage 3"), "{e}");
+        // Rules after the offload check still apply to offloaded runs.
+        let e = plan("worker: {lr: -1}\nsweep:\n  models: tiny\n  stages: 1\n  offload: optimizer\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("s.yaml:1:10: worker.lr:"), "{e}");
+    }
+
+    #[test]
+    fn worker_rules_are_placed_at_their_keys() {
+        let e = plan("worker:\n  steps: 5\n  warmup: 5\nsweep:\n  models: tiny\n").unwrap_err().to_string();
+        assert!(e.starts_with("s.yaml:3:3: worker.warmup: run tiny_z0_offnone_mb1_1x1"), "{e}");
+        let e = plan("sweep:\n  - models: tiny\n    stages: 1\n  - models: [gpt2, tiny]\n    stages: 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sweep[1]: run tiny_z1_offnone_mb1_1x1 is also produced by sweep block 0"), "{e}");
+        let e = plan("worker: {seq_len: 4096}\nsweep:\n  models: gpt2\n").unwrap_err().to_string();
+        assert!(e.contains("worker.seq_len"), "{e}");
+        let list = (1..=50).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+        let e = plan(&format!(
+            "sweep:\n  models: tiny\n  micro_batches: [{list}]\n  nodes: [{list}]\n  ranks_per_node: [{list}]\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("more than 100000 runs"), "{e}");
+    }
+}

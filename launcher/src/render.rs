@@ -1,0 +1,533 @@
+//! A plan to run folders: `job.sbatch`, the hostfile the method reads, pdsh's per-node script,
+//! and `run.json` with the resolved configuration.
+//!
+//! Scripts are built with plain string writes, top to bottom in the order they read, so the
+//! template is the code. Every user value passes through [`crate::quote`]; ids, numbers and the
+//! renderer's own flags are safe by construction.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use zerobench_schema::memory::ModelStateBytes;
+use zerobench_schema::RunConfig;
+
+use crate::error::Error;
+use crate::hostfile::{HostEntry, Hostfile, HostfileFormat};
+use crate::hostlist;
+use crate::plan::{Fit, Plan, Run};
+use crate::quote::{sbatch_value, sh, sh_arg, slurm_pattern_literal, DirectiveError};
+use crate::select::Resources;
+use crate::spec::{Allocation, Cluster, Launch, Method, MpiImpl, PdshRcmd};
+
+/// `run.json`'s format version.
+pub const RUN_RECORD_VERSION: u32 = 1;
+
+/// The resolved configuration of one run, as written to `run.json`. `submit`, `status` and
+/// ingest read it back, so it names everything needed to understand the run without the spec.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub format: u32,
+    pub id: String,
+    /// The spec it was rendered from.
+    pub spec: PathBuf,
+    pub zerobench_version: String,
+    pub method: Method,
+    pub config: RunConfig,
+    pub nodes: u32,
+    pub ranks_per_node: u32,
+    pub world_size: u32,
+    pub gpus_per_node: u32,
+    pub model_params: u64,
+    pub model_state: ModelStateBytes,
+    pub device_state_bytes: u64,
+    pub host_state_bytes: u64,
+    pub fit: Fit,
+    pub warnings: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Resources>,
+    pub cluster: Cluster,
+    pub launch: Launch,
+    /// What one rank runs.
+    pub worker_argv: Vec<String>,
+    /// What starts the ranks (as `job.sbatch` runs it).
+    pub launch_argv: Vec<String>,
+    /// The folder the ranks write their logs to.
+    pub log_dir: PathBuf,
+}
+
+/// The files of one run folder, before they are written.
+#[derive(Debug, Clone)]
+pub struct RunFiles {
+    pub script: String,
+    /// pdsh's per-node launcher, `node.sh`.
+    pub node_script: Option<String>,
+    pub hostfile: Option<(HostfileFormat, String)>,
+    pub record: RunRecord,
+}
+
+impl RunFiles {
+    pub fn run_json(&self) -> String {
+        // RunRecord holds only strings, numbers and maps with string keys: it always serializes.
+        serde_json::to_string_pretty(&self.record).unwrap_or_default() + "\n"
+    }
+}
+
+/// What the ranks' log folder is called inside a run folder.
+pub const LOG_DIR: &str = "logs";
+
+/// One word of a rendered command: a literal (quoted for bash), a path in the run folder
+/// (written from `$run_dir`), or the root guard's expansion. Keeping them apart gives both the
+/// shell text and the real argv (`run.json`'s `launch_argv`) from one list.
+#[derive(Debug, Clone)]
+enum Word {
+    Lit(String),
+    InRunDir(String),
+    RootGuard,
+}
+
+impl Word {
+    fn lit(s: impl Into<String>) -> Self {
+        Word::Lit(s.into())
+    }
+    fn shell(&self) -> String {
+        match self {
+            Word::Lit(s) => sh_arg(s).into_owned(),
+            // `rel` is one of the renderer's own file names.
+            Word::InRunDir(rel) => format!("\"$run_dir/{rel}\""),
+            Word::RootGuard => "\"${mpirun_root[@]}\"".into(),
+        }
+    }
+    fn argv(&self, dir: &str) -> Option<String> {
+        match self {
+            Word::Lit(s) => Some(s.clone()),
+            Word::InRunDir(rel) => Some(format!("{dir}/{rel}")),
+            Word::RootGuard => None,
+        }
+    }
+}
+
+/// Renders one run for the folder `run_dir` (absolute; nothing is written).
+pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, DirectiveError> {
+    let spec = &plan.spec;
+    let (cluster, launch) = (&spec.cluster, &spec.launch);
+    let dir = run_dir.to_string_lossy();
+    let log_dir = run_dir.join(LOG_DIR);
+    let mut worker_argv = vec![launch.worker.as_str().to_string()];
+    worker_argv.extend(run.config.to_worker_args());
+    worker_argv.extend(["--log-dir".into(), log_dir.to_string_lossy().into_owned(), "--run-id".into(), run.id.clone()]);
+
+    let hostfile = run.hosts.as_ref().and_then(|res| {
+        let format = match (launch.method, launch.mpi_impl) {
+            (Method::Pdsh, _) => HostfileFormat::Deepspeed,
+            (Method::Mpirun, MpiImpl::Openmpi) => HostfileFormat::Openmpi,
+            (Method::Mpirun, MpiImpl::Mpich) => HostfileFormat::Mpich,
+            _ => return None,
+        };
+        let hf = Hostfile {
+            hosts: res
+                .hosts
+                .iter()
+                .map(|h| HostEntry { host: h.host.clone(), slots: h.slots.len() as u32, max_slots: None })
+                .collect(),
+        };
+        Some((format, hf.render(format)))
+    });
+
+    let mut s = String::with_capacity(2048);
+    s.push_str("#!/bin/bash\n");
+    let output = format!("{}/%x-%j.out", slurm_pattern_literal("the run folder", &dir)?);
+    directives(&mut s, Shape::of_run(run, cluster), &run.id, &output)?;
+    let _ = writeln!(
+        s,
+        "#\n# zerobench run {}: {} ZeRO-{}, offload {}, {}, micro-batch {}, {} node(s) x {} rank(s), method {}.\n\
+         # Rendered by zerobench {}; run.json beside this file holds the resolved configuration.",
+        run.id,
+        run.config.model,
+        run.config.stage,
+        run.config.offload,
+        run.config.precision,
+        run.config.micro_batch,
+        run.nodes,
+        run.ranks_per_node,
+        launch.method,
+        env!("CARGO_PKG_VERSION"),
+    );
+    s.push_str("set -euo pipefail\n\n");
+    let _ = writeln!(s, "run_dir={}", sh(&dir));
+    let _ = writeln!(s, "mkdir -p \"$run_dir/{LOG_DIR}\"");
+    environment(&mut s, cluster);
+    s.push('\n');
+
+    let worker = worker_words(&worker_argv, run);
+    let (words, node_script) = match launch.method {
+        Method::Srun => (srun(&mut s, spec, run, &worker), None),
+        Method::Mpirun => (mpirun(&mut s, spec, run, &worker, hostfile.as_ref().map(|h| h.0)), None),
+        Method::Local => (local(&mut s, cluster, run, &worker), None),
+        Method::Pdsh => {
+            let res = run.hosts.as_ref().ok_or_else(|| DirectiveError {
+                what: "pdsh hosts",
+                value: String::new(),
+                why: "the pdsh method needs a hostfile",
+            })?;
+            let (words, node) = pdsh(&mut s, spec, run, res, &dir, &worker);
+            (words, Some(node))
+        }
+    };
+    if launch.method == Method::Srun {
+        s.push_str("# srun does not inherit --cpus-per-task from sbatch in Slurm 22.05: pass it again.\n");
+    }
+    command(&mut s, &words);
+    let launch_argv = words.iter().filter_map(|w| w.argv(&dir)).collect();
+    let record = RunRecord {
+        format: RUN_RECORD_VERSION,
+        id: run.id.clone(),
+        spec: spec.path.clone(),
+        zerobench_version: env!("CARGO_PKG_VERSION").to_string(),
+        method: launch.method,
+        config: run.config.clone(),
+        nodes: run.nodes,
+        ranks_per_node: run.ranks_per_node,
+        world_size: run.world_size(),
+        gpus_per_node: run.gpus_per_node,
+        model_params: run.model_params,
+        model_state: run.model_state,
+        device_state_bytes: run.device_state_bytes,
+        host_state_bytes: run.host_state_bytes,
+        fit: run.fit,
+        warnings: run.warnings.clone(),
+        hosts: run.hosts.clone(),
+        cluster: cluster.clone(),
+        launch: launch.clone(),
+        worker_argv,
+        launch_argv,
+        log_dir,
+    };
+    Ok(RunFiles { script: s, node_script, hostfile, record })
+}
+
+/// What a job asks Slurm for, from a planned run or a run folder's record.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape<'a> {
+    pub nodes: u32,
+    pub ranks_per_node: u32,
+    pub gpus_per_node: u32,
+    pub cluster: &'a Cluster,
+}
+
+impl<'a> Shape<'a> {
+    pub fn of_run(run: &Run, cluster: &'a Cluster) -> Self {
+        Shape { nodes: run.nodes, ranks_per_node: run.ranks_per_node, gpus_per_node: run.gpus_per_node, cluster }
+    }
+    pub fn of_record(r: &'a RunRecord) -> Self {
+        Shape { nodes: r.nodes, ranks_per_node: r.ranks_per_node, gpus_per_node: r.gpus_per_node, cluster: &r.cluster }
+    }
+}
+
+/// The `#SBATCH` block. sbatch stops reading directives at the first command, so this comes
+/// first and is all directives. `output` is a Slurm filename pattern whose literal parts went
+/// through [`slurm_pattern_literal`].
+pub fn directives(s: &mut String, shape: Shape<'_>, job_name: &str, output: &str) -> Result<(), DirectiveError> {
+    let c = shape.cluster;
+    let mut d = |k: &str, v: &str| {
+        let _ = writeln!(s, "#SBATCH --{k}={v}");
+    };
+    d("job-name", &sbatch_value("job name", job_name)?);
+    d("nodes", &shape.nodes.to_string());
+    d("ntasks-per-node", &shape.ranks_per_node.to_string());
+    d("cpus-per-task", &c.cpus_per_task.to_string());
+    if shape.gpus_per_node > 0 {
+        d("gpus-per-node", &shape.gpus_per_node.to_string());
+    }
+    if let Some(t) = &c.time {
+        d("time", t.as_str());
+    }
+    for (k, v) in [("partition", &c.partition), ("account", &c.account), ("qos", &c.qos)] {
+        if let Some(v) = v {
+            d(k, v.as_str());
+        }
+    }
+    if let Some(nl) = &c.nodelist {
+        d("nodelist", &sbatch_value("cluster.nodelist", nl)?);
+    }
+    d("output", &sbatch_value("the output path", output)?);
+    Ok(())
+}
+
+/// Module loads and exports, from the spec, in order.
+fn environment(s: &mut String, c: &Cluster) {
+    for m in &c.modules {
+        let _ = writeln!(s, "module load {}", sh(m.as_str()));
+    }
+    for (k, v) in &c.env {
+        let _ = writeln!(s, "export {}={}", k.as_str(), sh(v));
+    }
+}
+
+/// The worker's argv as words, with the log folder taken from `$run_dir`.
+fn worker_words(argv: &[String], run: &Run) -> Vec<Word> {
+    let n = argv.len();
+    let mut w: Vec<Word> = argv[..n - 4].iter().map(Word::lit).collect();
+    w.extend([Word::lit("--log-dir"), Word::InRunDir(LOG_DIR.into()), Word::lit("--run-id"), Word::lit(&run.id)]);
+    w
+}
+
+/// Writes a command with its options wrapped onto continuation lines, for reading.
+fn command(s: &mut String, words: &[Word]) {
+    let mut line = String::new();
+    for (i, w) in words.iter().enumerate() {
+        let w = w.shell();
+        if i > 0 && w.starts_with("--") && line.len() > 60 {
+            let _ = writeln!(s, "{line} \\");
+            line = String::from("  ");
+        } else if i > 0 {
+            line.push(' ');
+        }
+        line.push_str(&w);
+    }
+    let _ = writeln!(s, "{line}");
+}
+
+fn srun(s: &mut String, spec: &crate::spec::Spec, run: &Run, worker: &[Word]) -> Vec<Word> {
+    let mut w = vec![Word::lit("srun")];
+    match spec.cluster.allocation {
+        None => {}
+        Some(Allocation::Job(id)) => {
+            let _ =
+                writeln!(s, "# A step of the existing allocation {id}: run this script with bash (zerobench local).");
+            w.push(Word::lit(format!("--jobid={id}")));
+        }
+        Some(Allocation::Current) => {
+            s.push_str("# A step of the allocation this shell is in (salloc): run this script with bash there.\n");
+            s.push_str(": \"${SLURM_JOB_ID:?not inside a Slurm allocation: run this in salloc, or name the job in cluster.allocation}\"\n");
+        }
+    }
+    w.extend([
+        Word::lit(format!("--mpi={}", spec.launch.mpi.as_str())),
+        Word::lit(format!("--nodes={}", run.nodes)),
+        Word::lit(format!("--ntasks-per-node={}", run.ranks_per_node)),
+        Word::lit(format!("--cpus-per-task={}", spec.cluster.cpus_per_task)),
+        Word::lit("--kill-on-bad-exit=1"),
+    ]);
+    w.extend(worker.iter().cloned());
+    w
+}
+
+/// `mpirun` refuses root unless told; the script decides when it runs.
+const ROOT_GUARD: &str = "mpirun_root=()\nif [ \"$(id -u)\" = 0 ]; then mpirun_root=(--allow-run-as-root); fi\n";
+
+fn mpirun(
+    s: &mut String,
+    spec: &crate::spec::Spec,
+    run: &Run,
+    worker: &[Word],
+    hostfile: Option<HostfileFormat>,
+) -> Vec<Word> {
+    let env_names: Vec<&str> = spec.cluster.env.keys().map(|k| k.as_str()).collect();
+    let world = run.world_size().to_string();
+    let mut w: Vec<Word>;
+    match spec.launch.mpi_impl {
+        MpiImpl::Openmpi => {
+            s.push_str("# Open MPI takes hosts and slots from the Slurm allocation");
+            s.push_str(if hostfile.is_some() { " or, here, from the hostfile.\n" } else { ".\n" });
+            s.push_str(ROOT_GUARD);
+            w = vec![Word::lit("mpirun"), Word::RootGuard, Word::lit("-np"), Word::lit(world)];
+            w.extend([Word::lit("--map-by"), Word::lit(format!("ppr:{}:node", run.ranks_per_node))]);
+            if let Some(f) = hostfile {
+                w.extend([Word::lit("--hostfile"), Word::InRunDir(f.file_name().into())]);
+            }
+            // Open MPI forwards only OMPI_* to remote ranks: name the spec's variables.
+            for k in env_names {
+                w.extend([Word::lit("-x"), Word::lit(k)]);
+            }
+        }
+        MpiImpl::Mpich => {
+            s.push_str("# MPICH/Hydra: -ppn ranks per host");
+            s.push_str(if hostfile.is_some() {
+                ", hosts from the hostfile.\n"
+            } else {
+                ", hosts from the Slurm allocation.\n"
+            });
+            w = vec![
+                Word::lit("mpiexec"),
+                Word::lit("-n"),
+                Word::lit(world),
+                Word::lit("-ppn"),
+                Word::lit(run.ranks_per_node.to_string()),
+            ];
+            if let Some(f) = hostfile {
+                w.extend([Word::lit("-f"), Word::InRunDir(f.file_name().into())]);
+            }
+            if !env_names.is_empty() {
+                w.extend([Word::lit("-genvlist"), Word::lit(env_names.join(","))]);
+            }
+        }
+    }
+    w.extend(worker.iter().cloned());
+    w
+}
+
+fn local(s: &mut String, c: &Cluster, run: &Run, worker: &[Word]) -> Vec<Word> {
+    s.push_str("# All ranks on this host; --oversubscribe lets them outnumber the cores.\n");
+    s.push_str(ROOT_GUARD);
+    let mut w = vec![
+        Word::lit("mpirun"),
+        Word::RootGuard,
+        Word::lit("--oversubscribe"),
+        Word::lit("-np"),
+        Word::lit(run.world_size().to_string()),
+    ];
+    for k in c.env.keys() {
+        w.extend([Word::lit("-x"), Word::lit(k.as_str())]);
+    }
+    w.extend(worker.iter().cloned());
+    w
+}
+
+/// The rendezvous port of a pdsh run: the spec's, or one derived from the run id so that runs
+/// sharing hosts do not collide (29500 is torch's default; the range above it is free by custom).
+fn master_port(spec: &crate::spec::Spec, run: &Run) -> u16 {
+    spec.launch.master_port.unwrap_or_else(|| {
+        let h = run.id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        29500 + (h % 1000) as u16
+    })
+}
+
+fn pdsh(
+    s: &mut String,
+    spec: &crate::spec::Spec,
+    run: &Run,
+    res: &Resources,
+    dir: &str,
+    worker: &[Word],
+) -> (Vec<Word>, String) {
+    let hosts: Vec<&str> = res.hosts.iter().map(|h| h.host.as_str()).collect();
+    // Host names were checked when the hostfile was read, so they always compress.
+    let wlist = hostlist::compress(&hosts).unwrap_or_else(|_| hosts.join(","));
+    let rcmd = match spec.launch.pdsh_rcmd {
+        PdshRcmd::Ssh => "ssh",
+        PdshRcmd::Exec => "exec",
+    };
+    // pdsh replaces %n with the host's index in -w, the node rank, and %% with %. With ssh it
+    // joins its arguments into one command line for the remote shell, so the path is quoted for
+    // that shell too; exec runs the arguments as they are.
+    let node_sh = format!("{dir}/node.sh").replace('%', "%%");
+    let node_sh = match spec.launch.pdsh_rcmd {
+        PdshRcmd::Ssh => sh(&node_sh).into_owned(),
+        PdshRcmd::Exec => node_sh,
+    };
+    s.push_str("# DeepSpeed style: pdsh starts node.sh once per host with its node rank (%n); node.sh\n");
+    s.push_str("# starts that host's ranks. -S returns the largest remote exit code (pdsh returns 0 without it).\n");
+    let w: Vec<Word> = ["pdsh", "-S", "-R", rcmd, "-f", "1024", "-w", &wlist, "bash", &node_sh, "%n"]
+        .into_iter()
+        .map(Word::lit)
+        .collect();
+
+    let mut n = String::with_capacity(2048);
+    n.push_str("#!/bin/bash\n");
+    let _ =
+        writeln!(n, "# One node of zerobench run {}: pdsh starts this on every host with the node rank as $1.", run.id);
+    n.push_str("# The remote shell starts with nothing of the submitting shell: cd and environment come from here.\n");
+    n.push_str("set -euo pipefail\n\n");
+    n.push_str("node_rank=$1\n");
+    let _ = writeln!(n, "run_dir={}", sh(dir));
+    n.push_str("cd \"$run_dir\"\n");
+    let _ = writeln!(n, "mkdir -p \"$run_dir/{LOG_DIR}\"");
+    environment(&mut n, &spec.cluster);
+    let _ = writeln!(
+        n,
+        "export MASTER_ADDR={} MASTER_PORT={} WORLD_SIZE={} LOCAL_SIZE={} NODE_RANK=\"$node_rank\" CROSS_RANK=\"$node_rank\" CROSS_SIZE={}",
+        sh(hosts[0]),
+        master_port(spec, run),
+        run.world_size(),
+        run.ranks_per_node,
+        run.nodes
+    );
+    n.push_str("case \"$node_rank\" in\n");
+    for (i, h) in res.hosts.iter().enumerate() {
+        let slots: Vec<String> = h.slots.iter().map(u32::to_string).collect();
+        let _ = writeln!(n, "  {i}) slots=({}) ;;  # {}", slots.join(" "), h.host);
+    }
+    let _ =
+        writeln!(n, "  *) echo \"node.sh: node rank '$node_rank' is not one of 0..{}\" >&2; exit 2 ;;", run.nodes - 1);
+    n.push_str("esac\n");
+    if run.gpus_per_node > 0 {
+        n.push_str("# As DeepSpeed's launch.py: every rank of the node sees the node's slots; LOCAL_RANK picks one.\n");
+        n.push_str("CUDA_VISIBLE_DEVICES=$(IFS=,; echo \"${slots[*]}\")\nexport CUDA_VISIBLE_DEVICES\n");
+    }
+    n.push_str("\npids=()\nfor local_rank in \"${!slots[@]}\"; do\n");
+    let _ = writeln!(n, "  RANK=$((node_rank * {} + local_rank)) LOCAL_RANK=$local_rank \\", run.ranks_per_node);
+    let mut wline = String::new();
+    command(&mut wline, worker);
+    for line in wline.lines() {
+        let _ = write!(n, "    {line}");
+        n.push_str(if line.ends_with('\\') { "\n" } else { " &\n" });
+    }
+    n.push_str("  pids+=($!)\ndone\n");
+    n.push_str("# The first rank to fail takes the others down, so none waits forever on a collective;\n");
+    n.push_str("# its exit code is the node's.\n");
+    n.push_str("rc=0\nfor _ in \"${pids[@]}\"; do\n");
+    n.push_str(
+        "  wait -n || { code=$?; if [ \"$rc\" = 0 ]; then rc=$code; kill \"${pids[@]}\" 2>/dev/null || true; fi; }\n",
+    );
+    n.push_str("done\nexit \"$rc\"\n");
+    (w, n)
+}
+
+/// Renders every run of a plan into `out/<run id>/` and returns the run folders.
+pub fn render(plan: &Plan, out: &Path) -> Result<Vec<PathBuf>, Error> {
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let out = std::fs::canonicalize(out).map_err(|e| Error::io(out, e))?;
+    let mut dirs = Vec::with_capacity(plan.runs.len());
+    for run in &plan.runs {
+        let dir = out.join(&run.id);
+        let files = render_run(plan, run, &dir)?;
+        write_run(&dir, &files)?;
+        dirs.push(dir);
+    }
+    Ok(dirs)
+}
+
+/// Writes one run folder. An existing folder is refreshed in place: submission records and logs
+/// from earlier runs stay.
+pub fn write_run(dir: &Path, files: &RunFiles) -> Result<(), Error> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(|e| Error::io(&p, e))
+    };
+    write("job.sbatch", &files.script)?;
+    if let Some(node) = &files.node_script {
+        write("node.sh", node)?;
+    }
+    if let Some((format, text)) = &files.hostfile {
+        write(format.file_name(), text)?;
+    }
+    write("run.json", &files.run_json())
+}
+
+/// Reads a run folder's `run.json`.
+pub fn read_record(dir: &Path) -> Result<RunRecord, Error> {
+    let p = dir.join("run.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::Json {
+        path: p,
+        line: e.line(),
+        column: e.column(),
+        message: e.to_string(),
+    })
+}
+
+/// The run folders under `out` (those with a `run.json`), sorted by id.
+pub fn run_dirs(out: &Path) -> Result<Vec<PathBuf>, Error> {
+    let mut dirs = Vec::new();
+    for entry in std::fs::read_dir(out).map_err(|e| Error::io(out, e))? {
+        let entry = entry.map_err(|e| Error::io(out, e))?;
+        let p = entry.path();
+        if p.join("run.json").is_file() {
+            dirs.push(p);
+        }
+    }
+    dirs.sort();
+    Ok(dirs)
+}

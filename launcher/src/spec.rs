@@ -1,0 +1,695 @@
+//! The experiment spec: a YAML file with a `cluster`, a `launch` method, fixed `worker` settings
+//! and a `sweep` matrix. `docs/launcher.md` documents every key.
+//!
+//! Loading checks everything that can be checked without running: unknown keys, wrong types and
+//! impossible values are errors naming the file, line, column and key. Values check themselves
+//! while serde_yaml parses ([`crate::values`]), so serde_yaml places those errors; rules across
+//! keys are checked afterwards and placed with [`KeyIndex`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use zerobench_schema::{DeviceRequest, ModelPreset, Offload, Precision, ZeroStage};
+
+use crate::hostfile::{Hostfile, HostfileFormat};
+use crate::hostlist;
+use crate::locate::{KeyIndex, Pos};
+use crate::select::{Filter, Resources};
+use crate::values::{ByteSize, EnvName, SlurmName, Text, TimeLimit};
+
+/// A spec that cannot be used, with where and which key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}: {key}{sep}{message}", file.display(), crate::hostfile::at(*line, *column), sep = if key.is_empty() { "" } else { ": " })]
+pub struct SpecError {
+    pub file: PathBuf,
+    /// 1-based; 0 when the problem is the whole file (it cannot be read).
+    pub line: usize,
+    pub column: usize,
+    /// The key path, e.g. `sweep[1].offload`; empty when serde_yaml's message already names it.
+    pub key: String,
+    pub message: String,
+}
+
+/// How the ranks of a run are started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    /// `srun --mpi=pmix` inside the sbatch job: Slurm starts every rank.
+    #[default]
+    Srun,
+    /// `mpirun` inside the sbatch job (or over the hostfile).
+    Mpirun,
+    /// DeepSpeed's way: `pdsh -S -R ssh` starts one launcher per host, which starts its ranks.
+    Pdsh,
+    /// `mpirun --oversubscribe` on this host, no Slurm (`zerobench local`).
+    Local,
+}
+
+impl Method {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Srun => "srun",
+            Method::Mpirun => "mpirun",
+            Method::Pdsh => "pdsh",
+            Method::Local => "local",
+        }
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which MPI's `mpirun` the `mpirun` method drives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MpiImpl {
+    #[default]
+    Openmpi,
+    Mpich,
+}
+
+/// pdsh's remote command module. `ssh` is DeepSpeed's; `exec` runs the per-host command on this
+/// host, which is how a single machine stands in for several.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PdshRcmd {
+    #[default]
+    Ssh,
+    Exec,
+}
+
+/// Where the runs go and what they may use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Cluster {
+    pub partition: Option<SlurmName>,
+    pub account: Option<SlurmName>,
+    pub qos: Option<SlurmName>,
+    /// Time limit of each run's job (and of each run under `zerobench local`).
+    pub time: Option<TimeLimit>,
+    /// GPUs per node; 0 for CPU-only nodes.
+    pub gpus_per_node: u32,
+    pub cpus_per_task: u32,
+    pub cpus_per_node: Option<u32>,
+    /// Memory of one GPU; runs whose model states do not fit are flagged.
+    pub gpu_memory: Option<ByteSize>,
+    /// `module load` lines, in order.
+    pub modules: Vec<Text>,
+    /// Exported before the ranks start and forwarded to them.
+    pub env: BTreeMap<EnvName, String>,
+    /// Hosts to run on instead of what Slurm allocates (pdsh needs one; mpirun may use one).
+    pub hostfile: Option<PathBuf>,
+    pub hostfile_format: HostfileFormat,
+    /// DeepSpeed-style filters on the hostfile (`worker-0:0,2@worker-1`).
+    pub include: Option<String>,
+    pub exclude: Option<String>,
+    /// Restrict Slurm to these nodes (`#SBATCH --nodelist`), as a hostlist expression.
+    pub nodelist: Option<String>,
+    /// Run as job steps of an existing allocation (from `salloc` or a held job) instead of
+    /// submitting a job per run; `zerobench local` runs the scripts.
+    pub allocation: Option<Allocation>,
+}
+
+/// An existing Slurm allocation to run in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Allocation {
+    /// A job id: `srun --jobid=N` from anywhere the Slurm commands work.
+    Job(u64),
+    /// The allocation of the shell the scripts run in (`$SLURM_JOB_ID`, as inside `salloc`).
+    #[serde(serialize_with = "current")]
+    Current,
+}
+
+fn current<S: serde::Serializer>(s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("current")
+}
+
+impl<'de> Deserialize<'de> for Allocation {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(Allocation::Job(n)),
+            Raw::S(s) if s == "current" => Ok(Allocation::Current),
+            Raw::S(s) => s
+                .parse()
+                .map(Allocation::Job)
+                .map_err(|_| de::Error::custom(format!("'{}' is not a job id or 'current'", s.escape_debug()))),
+        }
+    }
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Cluster {
+            partition: None,
+            account: None,
+            qos: None,
+            time: None,
+            gpus_per_node: 0,
+            cpus_per_task: 1,
+            cpus_per_node: None,
+            gpu_memory: None,
+            modules: Vec::new(),
+            env: BTreeMap::new(),
+            hostfile: None,
+            hostfile_format: HostfileFormat::default(),
+            include: None,
+            exclude: None,
+            nodelist: None,
+            allocation: None,
+        }
+    }
+}
+
+/// How ranks are started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Launch {
+    pub method: Method,
+    /// `srun --mpi=` value.
+    pub mpi: SlurmName,
+    /// Which `mpirun` the `mpirun` method writes for.
+    pub mpi_impl: MpiImpl,
+    pub pdsh_rcmd: PdshRcmd,
+    /// Rendezvous port for the pdsh method (`MASTER_PORT`); derived from the run id when absent.
+    pub master_port: Option<u16>,
+    /// The worker program, a path or a name on `PATH` where the ranks run.
+    pub worker: Text,
+}
+
+impl Default for Launch {
+    fn default() -> Self {
+        Launch {
+            method: Method::default(),
+            mpi: SlurmName::from_str_static("pmix"),
+            mpi_impl: MpiImpl::default(),
+            pdsh_rcmd: PdshRcmd::default(),
+            master_port: None,
+            worker: Text::from_str_static("zerobench-worker"),
+        }
+    }
+}
+
+/// Worker settings shared by every run; absent ones take `RunConfig`'s defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Worker {
+    pub seq_len: Option<u32>,
+    pub grad_accum: Option<u32>,
+    pub steps: Option<u32>,
+    pub warmup: Option<u32>,
+    pub seed: Option<u64>,
+    /// Text to train on (relative to the spec's folder).
+    pub data: Option<PathBuf>,
+    pub device: Option<DeviceRequest>,
+    pub lr: Option<f64>,
+    pub beta1: Option<f64>,
+    pub beta2: Option<f64>,
+    pub eps: Option<f64>,
+    pub weight_decay: Option<f64>,
+    pub bucket_mb: Option<f64>,
+    pub prefetch: Option<u32>,
+    /// fp16: the loss scale starts at 2^this.
+    pub loss_scale_power: Option<u32>,
+}
+
+/// One block of the sweep matrix: the runs are the cartesian product of its axes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepBlock {
+    pub models: OneOrMany<ModelPreset>,
+    #[serde(default)]
+    pub stages: Option<OneOrMany<ZeroStage>>,
+    #[serde(default)]
+    pub offload: Option<OneOrMany<Offload>>,
+    #[serde(default)]
+    pub precision: Option<OneOrMany<Precision>>,
+    #[serde(default)]
+    pub micro_batches: Option<OneOrMany<u32>>,
+    #[serde(default)]
+    pub nodes: Option<OneOrMany<u32>>,
+    /// Ranks per node: one per GPU on GPU nodes (`ranks_per_node` is the same key).
+    #[serde(default, alias = "ranks_per_node")]
+    pub gpus_per_node: Option<OneOrMany<u32>>,
+}
+
+/// A YAML value or a list of them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct OneOrMany<T>(pub Vec<T>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for OneOrMany<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = OneOrMany<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a value or a list of values")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                Vec::<T>::deserialize(de::value::SeqAccessDeserializer::new(seq)).map(OneOrMany)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(|v| OneOrMany(vec![v]))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                T::deserialize(de::value::StrDeserializer::<E>::new(v)).map(|v| OneOrMany(vec![v]))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                T::deserialize(de::value::U64Deserializer::<E>::new(v)).map(|v| OneOrMany(vec![v]))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                T::deserialize(de::value::I64Deserializer::<E>::new(v)).map(|v| OneOrMany(vec![v]))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                T::deserialize(de::value::BoolDeserializer::<E>::new(v)).map(|v| OneOrMany(vec![v]))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                T::deserialize(de::value::F64Deserializer::<E>::new(v)).map(|v| OneOrMany(vec![v]))
+            }
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+/// The file as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpecFile {
+    #[serde(default)]
+    cluster: Cluster,
+    #[serde(default)]
+    launch: Launch,
+    #[serde(default)]
+    worker: Worker,
+    sweep: OneOrMany<SweepBlock>,
+}
+
+/// A loaded, checked spec.
+#[derive(Debug)]
+pub struct Spec {
+    /// The file it came from.
+    pub path: PathBuf,
+    pub cluster: Cluster,
+    pub launch: Launch,
+    pub worker: Worker,
+    pub sweep: Vec<SweepBlock>,
+    /// The hostfile's hosts after `include`/`exclude`, when the cluster names a hostfile.
+    pub resources: Option<Resources>,
+    /// Whether `sweep:` was written as a list (key paths then read `sweep[i].…`).
+    sweep_is_list: bool,
+    index: KeyIndex,
+}
+
+/// The most runs one spec may expand to; more is almost certainly a typo in an axis.
+pub const MAX_RUNS: usize = 100_000;
+
+impl Spec {
+    /// Reads, parses and checks a spec file.
+    pub fn load(path: &Path) -> Result<Spec, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SpecError {
+            file: path.to_path_buf(),
+            line: 0,
+            column: 0,
+            key: String::new(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and checks spec text; `path` names it in errors and anchors relative paths.
+    pub fn parse(text: &str, path: &Path) -> Result<Spec, SpecError> {
+        let index = KeyIndex::build(text);
+        let file: SpecFile = serde_yaml::from_str(text).map_err(|e| yaml_error(path, &index, &e))?;
+        let mut spec = Spec {
+            path: path.to_path_buf(),
+            cluster: file.cluster,
+            launch: file.launch,
+            worker: file.worker,
+            sweep: file.sweep.0,
+            resources: None,
+            sweep_is_list: index.contains("sweep[0]"),
+            index,
+        };
+        spec.anchor_paths();
+        spec.check()?;
+        Ok(spec)
+    }
+
+    /// An error at a key path (placed at the key, or its nearest spelled-out ancestor).
+    pub fn error_at(&self, key: &str, message: impl Into<String>) -> SpecError {
+        let pos = self.index.find(key);
+        SpecError {
+            file: self.path.clone(),
+            line: pos.map_or(1, |p| p.line),
+            column: pos.map_or(1, |p| p.column),
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// The key path of an axis of sweep block `block`.
+    pub fn sweep_key(&self, block: usize, axis: &str) -> String {
+        if self.sweep_is_list {
+            format!("sweep[{block}].{axis}")
+        } else {
+            format!("sweep.{axis}")
+        }
+    }
+
+    /// Switches the launch method (`zerobench local` runs any spec with `local`) and checks the
+    /// spec again under the new method's rules.
+    pub fn set_method(&mut self, method: Method) -> Result<(), SpecError> {
+        self.launch.method = method;
+        self.check()
+    }
+
+    /// Relative paths in the spec are relative to the spec's folder.
+    fn anchor_paths(&mut self) {
+        let base = self.path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let anchor = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        if let Some(p) = self.cluster.hostfile.as_mut() {
+            anchor(p);
+        }
+        if let Some(p) = self.worker.data.as_mut() {
+            anchor(p);
+        }
+    }
+
+    fn check(&mut self) -> Result<(), SpecError> {
+        let c = &self.cluster;
+        if c.cpus_per_task == 0 {
+            return Err(self.error_at("cluster.cpus_per_task", "must be at least 1"));
+        }
+        if c.cpus_per_node == Some(0) {
+            return Err(self.error_at("cluster.cpus_per_node", "must be at least 1"));
+        }
+        if let Some((k, _)) = c.env.iter().find(|(_, v)| v.contains('\0')) {
+            return Err(self
+                .error_at(&format!("cluster.env.{k}"), "contains a NUL byte, which no environment variable can hold"));
+        }
+        if let Some(expr) = &c.nodelist {
+            if expr.chars().any(char::is_control) {
+                return Err(self.error_at("cluster.nodelist", "contains a line break or control character"));
+            }
+            let hosts = hostlist::expand(expr).map_err(|e| self.error_at("cluster.nodelist", e.to_string()))?;
+            if let Some(h) = hosts.iter().find(|h| !crate::hostfile::valid_host(h)) {
+                return Err(self.error_at("cluster.nodelist", format!("'{}' is not a host name", h.escape_debug())));
+            }
+            if hosts.is_empty() {
+                return Err(self.error_at("cluster.nodelist", "names no hosts"));
+            }
+            if c.hostfile.is_some() {
+                return Err(self.error_at("cluster.nodelist", "give either a nodelist or a hostfile, not both"));
+            }
+        }
+        for key in ["include", "exclude"] {
+            let set = if key == "include" { c.include.is_some() } else { c.exclude.is_some() };
+            if set && c.hostfile.is_none() {
+                return Err(
+                    self.error_at(&format!("cluster.{key}"), "filters a hostfile, but cluster.hostfile is not set")
+                );
+            }
+        }
+        if let Some(hf_path) = &c.hostfile {
+            let filter = Filter::from_flags(c.include.as_deref(), c.exclude.as_deref())
+                .map_err(|e| self.error_at("cluster.exclude", e.to_string()))?;
+            let hf = Hostfile::read(hf_path, c.hostfile_format)
+                .map_err(|e| self.error_at("cluster.hostfile", e.to_string()))?;
+            let key = if c.include.is_some() { "cluster.include" } else { "cluster.exclude" };
+            let res = Resources::select(&hf, filter).map_err(|e| self.error_at(key, e.to_string()))?;
+            self.resources = Some(res);
+        }
+        match self.launch.method {
+            Method::Pdsh if self.cluster.hostfile.is_none() => {
+                return Err(self.error_at(
+                    "launch.method",
+                    "pdsh starts ranks over ssh on the hosts of a hostfile: set cluster.hostfile",
+                ));
+            }
+            Method::Local if self.cluster.hostfile.is_some() => {
+                return Err(
+                    self.error_at("cluster.hostfile", "the local method runs on this host only; remove the hostfile")
+                );
+            }
+            _ => {}
+        }
+        if self.cluster.allocation.is_some() {
+            if self.launch.method != Method::Srun {
+                return Err(self.error_at(
+                    "cluster.allocation",
+                    format!("runs in an allocation are srun job steps, but launch.method is {}", self.launch.method),
+                ));
+            }
+            if self.cluster.hostfile.is_some() || self.cluster.nodelist.is_some() {
+                return Err(self
+                    .error_at("cluster.allocation", "the allocation decides the hosts: remove hostfile and nodelist"));
+            }
+        }
+        if self.launch.worker.as_str().starts_with('-') {
+            return Err(self.error_at(
+                "launch.worker",
+                "a program path cannot start with '-' (the launcher would read it as an option)",
+            ));
+        }
+        if self.launch.method != Method::Pdsh && self.launch.master_port.is_some() {
+            return Err(self.error_at("launch.master_port", "only the pdsh method uses a rendezvous port"));
+        }
+        for (b, block) in self.sweep.iter().enumerate() {
+            self.check_block(b, block)?;
+        }
+        Ok(())
+    }
+
+    fn check_block(&self, b: usize, block: &SweepBlock) -> Result<(), SpecError> {
+        fn axis<T: PartialEq + fmt::Display>(
+            spec: &Spec,
+            key: String,
+            v: Option<&OneOrMany<T>>,
+        ) -> Result<(), SpecError> {
+            let Some(v) = v else { return Ok(()) };
+            if v.0.is_empty() {
+                return Err(spec.error_at(&key, "lists no values (leave the key out for its default)"));
+            }
+            for (i, x) in v.0.iter().enumerate() {
+                if v.0[..i].contains(x) {
+                    return Err(spec.error_at(&format!("{key}[{i}]"), format!("{x} is listed twice")));
+                }
+            }
+            Ok(())
+        }
+        let key = |a: &str| self.sweep_key(b, a);
+        axis(self, key("models"), Some(&block.models))?;
+        axis(self, key("stages"), block.stages.as_ref())?;
+        axis(self, key("offload"), block.offload.as_ref())?;
+        axis(self, key("precision"), block.precision.as_ref())?;
+        axis(self, key("micro_batches"), block.micro_batches.as_ref())?;
+        axis(self, key("nodes"), block.nodes.as_ref())?;
+        axis(self, key("gpus_per_node"), block.gpus_per_node.as_ref())?;
+        for (name, v) in
+            [("micro_batches", &block.micro_batches), ("nodes", &block.nodes), ("gpus_per_node", &block.gpus_per_node)]
+        {
+            if let Some(i) = v.as_ref().and_then(|v| v.0.iter().position(|&x| x == 0)) {
+                return Err(self.error_at(&format!("{}[{i}]", key(name)), "must be at least 1"));
+            }
+        }
+        let gpus = self.cluster.gpus_per_node;
+        for (i, &r) in self.ranks_axis(block).iter().enumerate() {
+            let at = format!("{}[{i}]", key("gpus_per_node"));
+            if gpus > 0 && r > gpus {
+                return Err(self.error_at(
+                    &at,
+                    format!("{r} ranks per node, but cluster.gpus_per_node is {gpus} (one rank per GPU)"),
+                ));
+            }
+            if let Some(cpus) = self.cluster.cpus_per_node {
+                let need = u64::from(r) * u64::from(self.cluster.cpus_per_task);
+                if need > u64::from(cpus) {
+                    return Err(self.error_at(
+                        &at,
+                        format!(
+                            "{r} ranks × cluster.cpus_per_task {} = {need} CPUs, but cluster.cpus_per_node is {cpus}",
+                            self.cluster.cpus_per_task
+                        ),
+                    ));
+                }
+            }
+        }
+        for (i, &n) in self.nodes_axis(block).iter().enumerate() {
+            let at = format!("{}[{i}]", key("nodes"));
+            if self.launch.method == Method::Local && n > 1 {
+                return Err(self.error_at(&at, format!("{n} nodes, but the local method runs on this host only")));
+            }
+            if let Some(res) = &self.resources {
+                if n as usize > res.hosts.len() {
+                    return Err(self.error_at(
+                        &at,
+                        format!("{n} nodes, but the hostfile (after include/exclude) has {}", res.hosts.len()),
+                    ));
+                }
+                for &r in &self.ranks_axis(block) {
+                    if let Some(h) = res.hosts[..n as usize].iter().find(|h| h.slots.len() < r as usize) {
+                        return Err(self.error_at(
+                            &at,
+                            format!(
+                                "{n} nodes × {r} ranks, but host '{}' has only {} usable slots",
+                                h.host,
+                                h.slots.len()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The ranks-per-node axis of a block with its default: every GPU of a node, or one rank on
+    /// CPU nodes.
+    pub fn ranks_axis(&self, block: &SweepBlock) -> Vec<u32> {
+        block.gpus_per_node.as_ref().map_or_else(|| vec![self.cluster.gpus_per_node.max(1)], |v| v.0.clone())
+    }
+
+    /// The nodes axis of a block with its default, one node.
+    pub fn nodes_axis(&self, block: &SweepBlock) -> Vec<u32> {
+        block.nodes.as_ref().map_or_else(|| vec![1], |v| v.0.clone())
+    }
+}
+
+impl SlurmName {
+    /// For defaults known to be valid.
+    fn from_str_static(s: &'static str) -> Self {
+        s.parse().unwrap_or_else(|e| unreachable!("built-in name {s}: {e}"))
+    }
+}
+
+impl Text {
+    fn from_str_static(s: &'static str) -> Self {
+        s.parse().unwrap_or_else(|e| unreachable!("built-in text {s}: {e}"))
+    }
+}
+
+/// serde_yaml's error, placed. serde_yaml names the enclosing key path in its message, but for
+/// a value that fails its own check that is the parent; the index names the exact key at the
+/// position instead.
+fn yaml_error(path: &Path, index: &KeyIndex, e: &serde_yaml::Error) -> SpecError {
+    let mut message = e.to_string();
+    let Some(loc) = e.location() else {
+        return SpecError { file: path.to_path_buf(), line: 1, column: 1, key: String::new(), message };
+    };
+    // serde_yaml appends " at line L column C"; the position goes in front instead.
+    if let Some(i) = message.rfind(" at line ") {
+        message.truncate(i);
+    }
+    let pos = Pos { line: loc.line(), column: loc.column() };
+    let mut key = String::new();
+    if let Some(k) = index.key_at(pos) {
+        // Drop serde_yaml's "path: " prefix when it is the exact key or one of its ancestors.
+        if let Some((prefix, rest)) = message.split_once(": ") {
+            if !prefix.contains(' ') && k.starts_with(prefix) {
+                message = rest.to_string();
+            }
+        }
+        key = k.to_string();
+    }
+    SpecError { file: path.to_path_buf(), line: pos.line, column: pos.column, key, message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Spec, SpecError> {
+        Spec::parse(text, Path::new("s.yaml"))
+    }
+
+    fn err(text: &str) -> String {
+        parse(text).expect_err(text).to_string()
+    }
+
+    #[test]
+    fn minimal_spec_and_defaults() {
+        let s = parse("sweep:\n  models: tiny\n").unwrap();
+        assert_eq!(s.launch.method, Method::Srun);
+        assert_eq!(s.launch.mpi.as_str(), "pmix");
+        assert_eq!(s.sweep[0].models.0, vec![ModelPreset::Tiny]);
+        assert_eq!(s.ranks_axis(&s.sweep[0]), vec![1]);
+        assert_eq!(s.sweep_key(0, "stages"), "sweep.stages");
+        let l = parse("sweep:\n  - models: [tiny]\n  - models: gpt2\n    stages: 3\n").unwrap();
+        assert_eq!(l.sweep.len(), 2);
+        assert_eq!(l.sweep_key(1, "stages"), "sweep[1].stages");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_key_and_line() {
+        let e = err("cluster:\n  partition: gpu\n  nodez: 2\nsweep:\n  models: tiny\n");
+        assert!(e.starts_with("s.yaml:3:3: cluster.nodez: unknown field `nodez`, expected one of"), "{e}");
+        let e = err("sweep:\n  models: tiny\n  stages: [0, 4]\n");
+        assert!(e.starts_with("s.yaml:3:"), "{e}");
+        assert!(e.contains("sweep.stages") && e.contains("0, 1, 2 or 3"), "{e}");
+        let e = err("cluster:\n  partition: \"gpu; rm -rf /\"\nsweep:\n  models: tiny\n");
+        assert!(e.starts_with("s.yaml:2:") && e.contains("cluster.partition") && e.contains("Slurm names"), "{e}");
+        let e = err("cluster:\n  time: 1h\nsweep:\n  models: tiny\n");
+        assert!(e.starts_with("s.yaml:2:") && e.contains("cluster.time"), "{e}");
+        let e = err("cluster:\n  env:\n    BAD-NAME: x\nsweep:\n  models: tiny\n");
+        assert!(e.starts_with("s.yaml:3:") && e.contains("environment variable name"), "{e}");
+        let e = err("sweep:\n  models: gpt3\n");
+        assert!(e.starts_with("s.yaml:2:") && e.contains("gpt2-xl"), "{e}");
+        let e = err("cluster: {}\n");
+        assert!(e.contains("missing field `sweep`"), "{e}");
+        let e = err("sweep: [");
+        assert!(e.starts_with("s.yaml:1:") || e.starts_with("s.yaml:2:"), "{e}");
+        assert!(err("").contains("s.yaml:1:1"));
+    }
+
+    #[test]
+    fn rules_across_keys_are_placed() {
+        let e = err("cluster:\n  gpus_per_node: 4\nsweep:\n  models: gpt2\n  gpus_per_node: [2, 8]\n");
+        assert!(e.starts_with("s.yaml:5:") && e.contains("sweep.gpus_per_node[1]: 8 ranks per node"), "{e}");
+        let e = err("sweep:\n  models: tiny\n  micro_batches: [1, 0]\n");
+        assert!(e.contains("sweep.micro_batches[1]: must be at least 1"), "{e}");
+        let e = err("sweep:\n  - models: tiny\n  - models: tiny\n    stages: [1, 1]\n");
+        assert!(e.starts_with("s.yaml:4:") && e.contains("sweep[1].stages[1]: 1 is listed twice"), "{e}");
+        let e = err("launch:\n  method: pdsh\nsweep:\n  models: tiny\n");
+        assert!(e.starts_with("s.yaml:2:3: launch.method: pdsh"), "{e}");
+        let e = err("launch:\n  method: local\nsweep:\n  models: tiny\n  nodes: [1, 2]\n");
+        assert!(e.contains("sweep.nodes[1]: 2 nodes, but the local method"), "{e}");
+        let e = err("cluster:\n  include: a\nsweep:\n  models: tiny\n");
+        assert!(e.starts_with("s.yaml:2:3: cluster.include"), "{e}");
+        let e = err("cluster:\n  nodelist: n[1-3\nsweep:\n  models: tiny\n");
+        assert!(e.contains("cluster.nodelist: invalid hostlist"), "{e}");
+        let e = err("cluster:\n  cpus_per_node: 4\n  cpus_per_task: 3\nsweep:\n  models: tiny\n  ranks_per_node: 2\n");
+        assert!(e.contains("= 6 CPUs"), "{e}");
+        let e = err("cluster:\n  allocation: 12\nlaunch:\n  method: mpirun\nsweep:\n  models: tiny\n");
+        assert!(e.starts_with("s.yaml:2:3: cluster.allocation: runs in an allocation are srun job steps"), "{e}");
+        let e = err("cluster:\n  allocation: yesterday\nsweep:\n  models: tiny\n");
+        assert!(e.contains("cluster.allocation") && e.contains("'yesterday' is not a job id or 'current'"), "{e}");
+        assert_eq!(
+            parse("cluster: {allocation: current}\nsweep: {models: tiny}\n").unwrap().cluster.allocation,
+            Some(Allocation::Current)
+        );
+        assert_eq!(
+            parse("cluster: {allocation: '42'}\nsweep: {models: tiny}\n").unwrap().cluster.allocation,
+            Some(Allocation::Job(42))
+        );
+        let e = err("cluster:\n  hostfile: /nonexistent/hf\nsweep:\n  models: tiny\n");
+        assert!(e.contains("cluster.hostfile: /nonexistent/hf: cannot read"), "{e}");
+    }
+}

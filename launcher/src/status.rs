@@ -1,0 +1,432 @@
+//! The state of each run of a rendered sweep: pending, running, done, failed, cancelled or
+//! timeout, from whichever source knows.
+//!
+//! Slurm forgets a finished job after `MinJobAge` (300 s by default) unless an accounting
+//! database keeps it, and many small clusters (and the local test cluster) have none, where
+//! `sacct` fails outright. So the sources are tried in order, each for the runs the previous
+//! ones could not place:
+//!
+//! 1. `squeue`: pending and running jobs;
+//! 2. `sacct`: finished jobs, where accounting is enabled;
+//! 3. `scontrol show job`: finished jobs still in the controller's memory;
+//! 4. the run folder: the job's output file (Slurm writes "CANCELLED" and "DUE TO TIME LIMIT"
+//!    there), the ranks' `end`/`error` log records, and `local.json` from `zerobench local`.
+//!
+//! Log records add detail (which rank failed, and why) whatever source gave the state.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde::Serialize;
+use zerobench_schema::log::{parse_line, Record, RunStatus};
+
+use crate::error::Error;
+use crate::local::{LocalRecord, LOCAL_RECORD};
+use crate::render::{read_record, RunRecord, LOG_DIR};
+use crate::slurm;
+use crate::submit::{SlurmRecord, SLURM_RECORD};
+
+/// Where a run stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Rendered, never submitted or run.
+    Unsubmitted,
+    Pending,
+    Running,
+    Done,
+    Failed,
+    Cancelled,
+    Timeout,
+    /// Submitted, but no source knows what became of it.
+    Unknown,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Unsubmitted => "unsubmitted",
+            State::Pending => "pending",
+            State::Running => "running",
+            State::Done => "done",
+            State::Failed => "failed",
+            State::Cancelled => "cancelled",
+            State::Timeout => "timeout",
+            State::Unknown => "unknown",
+        }
+    }
+
+    /// A state a run does not leave.
+    pub fn is_final(self) -> bool {
+        matches!(self, State::Done | State::Failed | State::Cancelled | State::Timeout)
+    }
+
+    /// Slurm's job state names (squeue `%T`, sacct `State`, scontrol `JobState`).
+    pub fn from_slurm(s: &str) -> State {
+        // sacct prints "CANCELLED by 0"; keep the first word.
+        match s.split_whitespace().next().unwrap_or_default().trim_end_matches('+') {
+            "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESV_DEL_HOLD" | "SUSPENDED" => {
+                State::Pending
+            }
+            "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" | "RESIZING" => State::Running,
+            "COMPLETED" => State::Done,
+            "FAILED" | "NODE_FAIL" | "BOOT_FAIL" | "OUT_OF_MEMORY" | "DEADLINE" | "SPECIAL_EXIT" => State::Failed,
+            "CANCELLED" | "PREEMPTED" | "REVOKED" => State::Cancelled,
+            "TIMEOUT" => State::Timeout,
+            _ => State::Unknown,
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One row of `zerobench status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunState {
+    pub id: String,
+    pub dir: PathBuf,
+    pub state: State,
+    pub job_id: Option<String>,
+    /// `squeue`, `sacct`, `scontrol`, `output`, `logs`, `local` or `none`.
+    pub source: &'static str,
+    /// Why it failed, or how far it got.
+    pub detail: String,
+}
+
+/// The states of run folders. Slurm commands that fail or are missing are skipped with a
+/// diagnostic; the run folders still answer.
+pub fn status(dirs: &[PathBuf]) -> Result<Vec<RunState>, Error> {
+    let records: Vec<RunRecord> = dirs.iter().map(|d| read_record(d)).collect::<Result<_, _>>()?;
+    let mut rows = Vec::with_capacity(dirs.len());
+    let mut jobs: Vec<(usize, String)> = Vec::new();
+    for (dir, rec) in dirs.iter().zip(&records) {
+        let slurm = read_json::<SlurmRecord>(&dir.join(SLURM_RECORD));
+        let job_id = slurm.as_ref().map(|s| s.job_id.clone());
+        if let Some(j) = &job_id {
+            jobs.push((rows.len(), j.clone()));
+        }
+        rows.push(RunState {
+            id: rec.id.clone(),
+            dir: dir.clone(),
+            state: State::Unsubmitted,
+            job_id,
+            source: "none",
+            detail: String::new(),
+        });
+    }
+    if !jobs.is_empty() {
+        let ids: Vec<&str> = jobs.iter().map(|(_, j)| j.as_str()).collect();
+        let mut known = squeue(&ids);
+        let missing = |known: &HashMap<String, State>| {
+            ids.iter().filter(|j| !known.contains_key(**j)).map(|j| j.to_string()).collect::<Vec<_>>()
+        };
+        let from_sacct = sacct(&missing(&known));
+        let sacct_ids: Vec<String> = from_sacct.keys().cloned().collect();
+        known.extend(from_sacct);
+        let from_scontrol = scontrol(&missing(&known));
+        let scontrol_ids: Vec<String> = from_scontrol.keys().cloned().collect();
+        known.extend(from_scontrol);
+        for (row, job) in &jobs {
+            if let Some(&st) = known.get(job) {
+                rows[*row].state = st;
+                rows[*row].source = if sacct_ids.contains(job) {
+                    "sacct"
+                } else if scontrol_ids.contains(job) {
+                    "scontrol"
+                } else {
+                    "squeue"
+                };
+            } else {
+                rows[*row].state = State::Unknown;
+            }
+        }
+    }
+    for (row, rec) in rows.iter_mut().zip(&records) {
+        from_run_folder(row, rec);
+    }
+    Ok(rows)
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(p: &Path) -> Option<T> {
+    let text = std::fs::read_to_string(p).ok()?;
+    match serde_json::from_str(&text) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!("{}: {e}; ignored", p.display());
+            None
+        }
+    }
+}
+
+const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs a query; a failure is a diagnostic, not an error (the next source may know).
+fn query(cmd: &mut Command) -> Option<String> {
+    match slurm::run(cmd, QUERY_TIMEOUT) {
+        Ok(out) if out.ok() => Some(out.stdout),
+        Ok(out) => {
+            tracing::info!("{} exited with {}: {}", slurm::describe(cmd), out.code, out.stderr.trim());
+            None
+        }
+        Err(e) => {
+            tracing::info!("{e}");
+            None
+        }
+    }
+}
+
+/// `squeue` knows pending and running jobs. Array tasks that have not started yet are listed
+/// together as `123_[0-3%2]`.
+fn squeue(ids: &[&str]) -> HashMap<String, State> {
+    let mut known = HashMap::new();
+    // Ask for every job the controller lists rather than `-j`, which fails as a whole when any
+    // id is no longer known.
+    let Some(out) = query(Command::new("squeue").args(["-h", "-o", "%i|%T"])) else { return known };
+    for line in out.lines() {
+        let Some((id, st)) = line.split_once('|') else { continue };
+        for id in expand_array_id(id.trim()) {
+            if ids.contains(&id.as_str()) {
+                known.insert(id, State::from_slurm(st));
+            }
+        }
+    }
+    known
+}
+
+/// `123_[0-3,7%2]` to `123_0 … 123_3, 123_7`; other ids as they are.
+fn expand_array_id(id: &str) -> Vec<String> {
+    let Some((job, rest)) = id.split_once("_[") else { return vec![id.to_string()] };
+    let body = rest.trim_end_matches(']');
+    let body = body.split('%').next().unwrap_or_default();
+    let mut out = Vec::new();
+    for part in body.split(',') {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        if let (Ok(lo), Ok(hi)) = (lo.parse::<u32>(), hi.parse::<u32>()) {
+            // Bounded: an array is at most MaxArraySize (default 1001) tasks.
+            out.extend((lo..=hi.min(lo.saturating_add(100_000))).map(|t| format!("{job}_{t}")));
+        }
+    }
+    out
+}
+
+/// `sacct` knows finished jobs when accounting is on; without it, it fails and says so.
+fn sacct(ids: &[String]) -> HashMap<String, State> {
+    let mut known = HashMap::new();
+    if ids.is_empty() {
+        return known;
+    }
+    let Some(out) = query(Command::new("sacct").args(["-n", "-P", "-X", "-o", "JobID,State", "-j", &ids.join(",")]))
+    else {
+        return known;
+    };
+    for line in out.lines() {
+        if let Some((id, st)) = line.split_once('|') {
+            if ids.iter().any(|i| i == id) {
+                known.insert(id.to_string(), State::from_slurm(st));
+            }
+        }
+    }
+    known
+}
+
+/// `scontrol show job` knows jobs the controller still holds (`MinJobAge` after they end).
+fn scontrol(ids: &[String]) -> HashMap<String, State> {
+    let mut known = HashMap::new();
+    for id in ids {
+        let Some(out) = query(Command::new("scontrol").args(["-o", "show", "job", id])) else { continue };
+        // One line per job; an array id gives its one task.
+        if let Some(st) = out.split_whitespace().find_map(|kv| kv.strip_prefix("JobState=")) {
+            known.insert(id.clone(), State::from_slurm(st));
+        }
+    }
+    known
+}
+
+/// Fills in what the run folder says: final states Slurm no longer remembers, and details.
+fn from_run_folder(row: &mut RunState, rec: &RunRecord) {
+    let logs = read_logs(&row.dir.join(LOG_DIR));
+    if let Some(detail) = logs.failure.clone() {
+        row.detail = detail;
+    }
+    match row.state {
+        State::Unknown => {
+            if let Some(st) = row.job_id.as_deref().and_then(|j| output_verdict(&row.dir, j)) {
+                row.state = st;
+                row.source = "output";
+            } else if let Some(st) = logs.verdict(rec.world_size) {
+                row.state = st;
+                row.source = "logs";
+            }
+        }
+        State::Unsubmitted => {
+            if let Some(local) = read_json::<LocalRecord>(&row.dir.join(LOCAL_RECORD)) {
+                row.state = local.state();
+                row.source = "local";
+                // The logs say more about a run that went well, the record about one that did not.
+                if row.detail.is_empty() && row.state != State::Done {
+                    row.detail = local.describe();
+                }
+            }
+        }
+        _ => {}
+    }
+    if row.detail.is_empty() {
+        row.detail = logs.progress(rec.world_size);
+    }
+}
+
+/// What the ranks' logs say.
+#[derive(Debug, Default)]
+struct Logs {
+    /// Rank → its `end` status.
+    ends: BTreeMap<u32, RunStatus>,
+    /// The first failure: `rank N: class: message`.
+    failure: Option<String>,
+    ranks_seen: usize,
+    last_step: Option<u32>,
+    /// Rank 0's `end` summary, for finished runs.
+    summary: Option<String>,
+}
+
+impl Logs {
+    fn verdict(&self, world: u32) -> Option<State> {
+        if self.failure.is_some() || self.ends.values().any(|s| *s != RunStatus::Ok) {
+            return Some(State::Failed);
+        }
+        (self.ends.len() == world as usize).then_some(State::Done)
+    }
+
+    fn progress(&self, world: u32) -> String {
+        if let (Some(s), true) = (&self.summary, self.ends.len() == world as usize) {
+            return s.clone();
+        }
+        match (self.ranks_seen, self.last_step) {
+            (0, _) => String::new(),
+            (n, Some(s)) => format!("{n}/{world} rank logs, {} ended, step {s}", self.ends.len()),
+            (n, None) => format!("{n}/{world} rank logs, {} ended", self.ends.len()),
+        }
+    }
+}
+
+fn read_logs(dir: &Path) -> Logs {
+    let mut logs = Logs::default();
+    let Ok(entries) = std::fs::read_dir(dir) else { return logs };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("rank") && n.ends_with(".jsonl"))
+        })
+        .collect();
+    files.sort();
+    for f in files {
+        let Ok(text) = std::fs::read(&f) else { continue };
+        logs.ranks_seen += 1;
+        for line in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            // A line being written, or from elsewhere, is skipped: status only needs the records.
+            let Ok(rec) = parse_line(line) else { continue };
+            match rec {
+                Record::Step(s) => logs.last_step = logs.last_step.max(Some(s.step)),
+                Record::End(e) => {
+                    logs.ends.insert(e.rank, e.status);
+                    if let (0, Some(s)) = (e.rank, e.summary) {
+                        logs.summary = Some(format!(
+                            "median step {:.1} ms, {:.0} tokens/s, final loss {:.4}",
+                            s.step_ms_median, s.tokens_per_s, s.final_loss
+                        ));
+                    }
+                    if e.status != RunStatus::Ok && logs.failure.is_none() {
+                        logs.failure = Some(
+                            format!("rank {}: ended {:?} (exit {})", e.rank, e.status, e.exit_code).to_lowercase(),
+                        );
+                    }
+                }
+                Record::Error(e) if logs.failure.is_none() => {
+                    let class = serde_json::to_value(e.class)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default();
+                    logs.failure = Some(format!("rank {}: {class}: {}", e.rank, e.message));
+                }
+                _ => {}
+            }
+        }
+    }
+    logs
+}
+
+/// Slurm writes `*** JOB 12 ON n1 CANCELLED AT … DUE TO TIME LIMIT ***` (or without the reason)
+/// into the job's output file.
+fn output_verdict(dir: &Path, job_id: &str) -> Option<State> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    let (array_job, task) = job_id.split_once('_').map_or((job_id, None), |(j, t)| (j, Some(t)));
+    let suffix = match task {
+        Some(t) => format!("-{array_job}_{t}.out"),
+        None => format!("-{job_id}.out"),
+    };
+    for e in entries.filter_map(Result::ok) {
+        let name = e.file_name();
+        if !name.to_string_lossy().ends_with(&suffix) {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).ok()?;
+        if text.contains("DUE TO TIME LIMIT") {
+            return Some(State::Timeout);
+        }
+        if text.contains("CANCELLED AT") {
+            return Some(State::Cancelled);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_states_map_to_ours() {
+        assert_eq!(State::from_slurm("PENDING"), State::Pending);
+        assert_eq!(State::from_slurm("COMPLETING"), State::Running);
+        assert_eq!(State::from_slurm("COMPLETED"), State::Done);
+        assert_eq!(State::from_slurm("OUT_OF_MEMORY"), State::Failed);
+        assert_eq!(State::from_slurm("CANCELLED by 0"), State::Cancelled);
+        assert_eq!(State::from_slurm("CANCELLED+"), State::Cancelled);
+        assert_eq!(State::from_slurm("TIMEOUT"), State::Timeout);
+        assert_eq!(State::from_slurm("WHATEVER"), State::Unknown);
+    }
+
+    #[test]
+    fn array_ids_expand() {
+        assert_eq!(expand_array_id("12_[0-2,5%2]"), ["12_0", "12_1", "12_2", "12_5"]);
+        assert_eq!(expand_array_id("12_3"), ["12_3"]);
+        assert_eq!(expand_array_id("12"), ["12"]);
+    }
+
+    #[test]
+    fn output_files_tell_timeouts_and_cancellations() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("r-12.out"),
+            "x\nslurmstepd: error: *** JOB 12 ON vm CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.path().join("r-13.out"),
+            "slurmstepd: error: *** JOB 13 ON vm CANCELLED AT 2026-01-01T00:00:00 ***\n",
+        )
+        .unwrap();
+        std::fs::write(d.path().join("a-14_1.out"), "fine\n").unwrap();
+        assert_eq!(output_verdict(d.path(), "12"), Some(State::Timeout));
+        assert_eq!(output_verdict(d.path(), "13"), Some(State::Cancelled));
+        assert_eq!(output_verdict(d.path(), "14_1"), None);
+        assert_eq!(output_verdict(d.path(), "99"), None);
+    }
+}

@@ -1,0 +1,169 @@
+//! The `zerobench` commands as a user runs them: what they print, the errors they give for bad
+//! input (file, line, column and key), and their exit codes (0 ok, 1 incomplete, 2 error).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use crate::common::{repo, stderr, stdout, zerobench};
+
+fn ok(args: &[&str]) -> String {
+    let o = zerobench(args);
+    assert_eq!(o.status.code(), Some(0), "{args:?}\nstdout: {}\nstderr: {}", stdout(&o), stderr(&o));
+    stdout(&o)
+}
+
+fn fails(args: &[&str]) -> String {
+    let o = zerobench(args);
+    assert_eq!(o.status.code(), Some(2), "{args:?} should fail\nstdout: {}\nstderr: {}", stdout(&o), stderr(&o));
+    stderr(&o)
+}
+
+#[test]
+fn hostlist_expand_and_compress() {
+    assert_eq!(
+        ok(&["hostlist", "expand", "node[01-03,07],gpu-a[1-2]"]),
+        "node01\nnode02\nnode03\nnode07\ngpu-a1\ngpu-a2\n"
+    );
+    assert_eq!(ok(&["hostlist", "compress", "n01,n02,n03", "n05", "gpu-a1,gpu-a2"]), "n[01-03,05],gpu-a[1-2]\n");
+    let e = fails(&["hostlist", "expand", "n[1-3"]);
+    assert!(e.contains("invalid hostlist 'n[1-3' at offset 1: '[' is never closed"), "{e}");
+    let e = fails(&["hostlist", "expand", "n[1-2]-ib"]);
+    assert!(e.contains("a bracket must end the host name"), "{e}");
+}
+
+#[test]
+fn hostfile_check_prints_the_rank_table() {
+    let hf = repo("hostfiles/deepspeed.txt");
+    let hf = hf.to_str().unwrap();
+    insta::assert_snapshot!("hostfile-include", ok(&["hostfile", "check", hf, "--include", "worker-0:0,2@worker-1"]));
+    let t = ok(&["hostfile", "check", hf, "--exclude", "worker-1:0,1"]);
+    assert!(t.ends_with("6 ranks on 2 hosts (deepspeed format)\n"), "{t}");
+    let e = fails(&["hostfile", "check", hf, "--include", "worker-0:7"]);
+    assert!(e.contains("host 'worker-0' has slots 0-3; there is no slot 7"), "{e}");
+    let e = fails(&["hostfile", "check", hf, "--include", "worker-0", "--exclude", "worker-1"]);
+    assert!(e.contains("cannot be used with"), "{e}");
+    for (f, fmt, ranks) in [("openmpi.txt", "openmpi", 8), ("mpich.txt", "mpich", 9)] {
+        let t = ok(&["hostfile", "check", repo(&format!("hostfiles/{f}")).to_str().unwrap(), "--format", fmt]);
+        assert!(t.contains(&format!("{ranks} ranks on")), "{t}");
+    }
+}
+
+/// Every bad hostfile under hostfiles/bad/ is refused, naming the file and line.
+#[test]
+fn bad_hostfiles_are_refused_with_their_line() {
+    let mut report = String::new();
+    let mut names: Vec<_> = std::fs::read_dir(repo("hostfiles/bad")).unwrap().map(|e| e.unwrap().path()).collect();
+    names.sort();
+    for p in names {
+        let e = fails(&["hostfile", "check", p.to_str().unwrap()]);
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        report.push_str(&e.replace(&repo("hostfiles/bad/").to_string_lossy().into_owned(), ""));
+        assert!(e.contains(&format!("{name}:")), "{e}");
+    }
+    insta::assert_snapshot!("bad-hostfiles", report);
+}
+
+#[test]
+fn plan_table() {
+    insta::assert_snapshot!(
+        "plan-gpu-cluster",
+        ok(&["plan", repo("slurm/examples/gpu-cluster.yaml").to_str().unwrap()])
+    );
+    let t5 = ok(&["plan", repo("slurm/examples/t5-grid.yaml").to_str().unwrap()]);
+    assert!(t5.contains("168 runs, method srun"), "{t5}");
+    assert!(t5.contains("t5-11b_z0_offnone_mb1_1x4") && t5.contains("NO"), "{t5}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["plan", "--json", repo("slurm/examples/demo.yaml").to_str().unwrap()])).unwrap();
+    assert_eq!(json.as_array().map(Vec::len), Some(4));
+}
+
+/// Bad specs: every error names the file, line, column and key, and nothing panics.
+#[test]
+fn bad_specs_name_file_line_and_key() {
+    let cases: &[(&str, &str)] = &[
+        ("unknown key", "cluster:\n  partition: debug\n  nodez: 2\nsweep:\n  models: tiny\n"),
+        ("unknown top-level key", "clusters: {}\nsweep:\n  models: tiny\n"),
+        ("bad stage", "sweep:\n  models: tiny\n  stages: [0, 5]\n"),
+        ("bad model", "sweep:\n  models: [tiny, gpt5]\n"),
+        ("hostile partition", "cluster:\n  partition: 'debug; touch x'\nsweep:\n  models: tiny\n"),
+        ("bad time", "cluster:\n  time: 2h\nsweep:\n  models: tiny\n"),
+        ("zero nodes", "sweep:\n  models: tiny\n  nodes: [1, 0]\n"),
+        ("too many ranks", "cluster:\n  gpus_per_node: 4\nsweep:\n  models: gpt2\n  gpus_per_node: 8\n"),
+        ("offload on stage 0", "sweep:\n  models: tiny\n  stages: 0\n  offload: optimizer\n"),
+        ("warmup", "worker:\n  steps: 3\n  warmup: 3\nsweep:\n  models: tiny\n"),
+        ("pdsh without hostfile", "launch:\n  method: pdsh\nsweep:\n  models: tiny\n"),
+        ("bad include", "cluster:\n  hostfile: ../../../hostfiles/deepspeed.txt\n  include: worker-7\nlaunch:\n  method: pdsh\nsweep:\n  models: tiny\n"),
+        ("bad hostfile", "cluster:\n  hostfile: ../../../hostfiles/bad/slots-zero.txt\nlaunch:\n  method: pdsh\nsweep:\n  models: tiny\n"),
+        ("not yaml", "sweep: [models: {\n"),
+        ("empty file", ""),
+        ("wrong type", "sweep:\n  models: tiny\n  micro_batches: many\n"),
+    ];
+    // Specs are written next to the examples so that relative hostfile paths resolve the same way.
+    let dir = tempfile::Builder::new().prefix(".bad-spec-").tempdir_in(repo("slurm/examples")).unwrap();
+    let mut report = String::new();
+    for (name, text) in cases {
+        let p = dir.path().join("spec.yaml");
+        std::fs::write(&p, text).unwrap();
+        let e = fails(&["plan", p.to_str().unwrap()]);
+        let e = e.replace(&dir.path().to_string_lossy().into_owned(), "[DIR]");
+        assert!(e.starts_with("zerobench: error: [DIR]/spec.yaml:"), "{name}: {e}");
+        report.push_str(&format!("{name}: {e}"));
+    }
+    insta::assert_snapshot!("bad-specs", report);
+}
+
+/// `zerobench local` with a stand-in worker: runs go one after the other under mpirun, a failed
+/// run is reported and the sweep goes on, the exit code is 1, and `status` agrees.
+#[test]
+fn local_runs_continue_after_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = dir.path().join("fake worker");
+    // Fails for stage 1; otherwise writes its argv where the logs go.
+    std::fs::write(
+        &worker,
+        "#!/bin/bash\nfor a in \"$@\"; do [ \"$prev\" = --stage ] && stage=$a; [ \"$prev\" = --log-dir ] && logs=$a; prev=$a; done\n\
+         [ \"$stage\" = 1 ] && { echo 'stage 1 refuses' >&2; exit 3; }\nprintf '%s\\n' \"$@\" > \"$logs/argv.$OMPI_COMM_WORLD_RANK\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&worker, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let spec = dir.path().join("local.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "cluster:\n  time: '1'\nlaunch:\n  method: srun\n  worker: {:?}\nworker: {{device: cpu, steps: 2, warmup: 0}}\nsweep:\n  models: tiny\n  stages: [0, 1, 2]\n  ranks_per_node: 2\n",
+            worker.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("runs");
+    let o = zerobench(&["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let table = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{table}\n{}", stderr(&o));
+    assert!(stderr(&o).contains("launch.method is srun"), "{}", stderr(&o));
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[1].starts_with("tiny_z0_offnone_mb1_1x2  done"), "{table}");
+    assert!(lines[2].starts_with("tiny_z1_offnone_mb1_1x2  failed") && lines[2].contains("exit 3"), "{table}");
+    assert!(lines[3].starts_with("tiny_z2_offnone_mb1_1x2  done"), "{table}");
+    assert!(table.contains("3 runs, 1 failed"), "{table}");
+    let argv = std::fs::read_to_string(out.join("tiny_z2_offnone_mb1_1x2/logs/argv.1")).unwrap();
+    assert!(
+        argv.starts_with("--model\ntiny\n--stage\n2\n") && argv.ends_with("--run-id\ntiny_z2_offnone_mb1_1x2\n"),
+        "{argv}"
+    );
+    let st = zerobench(&["status", out.to_str().unwrap()]);
+    assert_eq!(st.status.code(), Some(1));
+    let st = stdout(&st);
+    assert!(st.contains("tiny_z1_offnone_mb1_1x2  failed  -    local"), "{st}");
+    assert!(st.contains("3 runs: 2 done, 1 failed"), "{st}");
+}
+
+#[test]
+fn submit_needs_out_for_a_spec_and_status_needs_runs() {
+    let e = fails(&["submit", repo("slurm/examples/demo.yaml").to_str().unwrap()]);
+    assert!(e.contains("say where to render it with --out"), "{e}");
+    let empty = tempfile::tempdir().unwrap();
+    let e = fails(&["status", empty.path().to_str().unwrap()]);
+    assert!(e.contains("no run folders"), "{e}");
+    let e = fails(&["status", Path::new("/nonexistent/zb").to_str().unwrap()]);
+    assert!(e.contains("/nonexistent/zb"), "{e}");
+}

@@ -1,0 +1,266 @@
+//! Against the real local Slurm (`slurm/local-cluster.sh`, 2 fake nodes with 4 fake GPUs each,
+//! partitions `debug` and `gpu`, no accounting database): every example is accepted by
+//! `sbatch --test-only`, and submission, job arrays, chaining and status work on real jobs whose
+//! ranks are started by `srun --mpi=pmix`. The ranks here are a stand-in that records what Slurm
+//! gave it; `e2e_slurm` runs the real worker.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use crate::common::{repo, slurm_conf, stderr, stdout, zerobench_bin};
+
+pub fn zb(conf: &Path, args: &[&str]) -> Output {
+    std::process::Command::new(zerobench_bin())
+        .args(args)
+        .env("SLURM_CONF", conf)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+/// Polls `zerobench status --json` until every run is final; panics after `limit`.
+pub fn wait_final(conf: &Path, dir: &Path, limit: Duration) -> Vec<serde_json::Value> {
+    let start = Instant::now();
+    loop {
+        let o = zb(conf, &["status", "--json", dir.to_str().unwrap()]);
+        let rows: Vec<serde_json::Value> =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), stderr(&o)));
+        if rows
+            .iter()
+            .all(|r| ["done", "failed", "cancelled", "timeout"].contains(&r["state"].as_str().unwrap_or_default()))
+        {
+            return rows;
+        }
+        assert!(start.elapsed() < limit, "runs not final after {limit:?}: {rows:#?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn write_stub_worker(dir: &Path) -> std::path::PathBuf {
+    let p = dir.join("stand-in worker");
+    std::fs::write(
+        &p,
+        r#"#!/bin/bash
+# Records where Slurm put this rank; fails for stage 1; sleeps for stage 2 (to be cancelled).
+for a in "$@"; do
+  [ "${prev:-}" = --stage ] && stage=$a; [ "${prev:-}" = --log-dir ] && logs=$a; prev=$a
+done
+echo "rank=$PMIX_RANK procid=$SLURM_PROCID nodeid=$SLURM_NODEID localid=$SLURM_LOCALID node=$SLURMD_NODENAME ntasks=$SLURM_NTASKS cpus=$SLURM_CPUS_PER_TASK job=$SLURM_JOB_ID" > "$logs/rank$PMIX_RANK.env"
+[ "$stage" = 1 ] && exit 3
+[ "$stage" = 2 ] && sleep 120
+exit 0
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+#[test]
+fn every_example_passes_sbatch_test_only() {
+    let Some(conf) = slurm_conf() else { return };
+    let mut names: Vec<_> = std::fs::read_dir(repo("slurm/examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 5);
+    for spec in names {
+        let out = tempfile::tempdir().unwrap();
+        let o = zb(&conf, &["submit", spec.to_str().unwrap(), "--out", out.path().to_str().unwrap(), "--test-only"]);
+        assert!(o.status.success(), "{}: {}{}", spec.display(), stdout(&o), stderr(&o));
+        assert!(stdout(&o).contains("accepted by sbatch --test-only"), "{}", stdout(&o));
+        let o = zb(&conf, &["submit", out.path().to_str().unwrap(), "--array", "--test-only"]);
+        assert!(o.status.success(), "{} as arrays: {}{}", spec.display(), stdout(&o), stderr(&o));
+    }
+}
+
+#[test]
+fn sbatch_refusals_are_errors() {
+    let Some(conf) = slurm_conf() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("s.yaml");
+    std::fs::write(&spec, "cluster: {partition: nosuchpartition}\nsweep: {models: tiny, stages: 0}\n").unwrap();
+    let o =
+        zb(&conf, &["submit", spec.to_str().unwrap(), "--out", dir.path().join("r").to_str().unwrap(), "--test-only"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("invalid partition"), "{}", stderr(&o));
+}
+
+/// Two runs on one and on two fake nodes: srun --mpi=pmix starts 2 ranks per node with the
+/// CPUs per task of the spec, and the job ids and final states are found.
+#[test]
+fn submit_runs_ranks_on_one_and_two_nodes() {
+    let Some(conf) = slurm_conf() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let worker = write_stub_worker(dir.path());
+    let spec = dir.path().join("s.yaml");
+    std::fs::write(
+        &spec,
+        format!("cluster:\n  time: '2'\n  cpus_per_task: 2\nlaunch:\n  worker: {:?}\nsweep:\n  models: tiny\n  stages: 0\n  nodes: [1, 2]\n  ranks_per_node: 2\n", worker.to_str().unwrap()),
+    )
+    .unwrap();
+    let out = dir.path().join("runs");
+    let o = zb(&conf, &["submit", spec.to_str().unwrap(), "--out", out.to_str().unwrap(), "--chain"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let rows = wait_final(&conf, &out, Duration::from_secs(90));
+    assert!(rows.iter().all(|r| r["state"] == "done"), "{rows:#?}");
+    // "rank=.. procid=.. nodeid=.. localid=.. node=NAME ..." split into the placement and the node name.
+    let env = |run: &str, rank: u32| -> (String, String) {
+        let text = std::fs::read_to_string(out.join(run).join(format!("logs/rank{rank}.env"))).unwrap();
+        let node = text.split_whitespace().find_map(|kv| kv.strip_prefix("node=")).unwrap_or_default().to_string();
+        (text.replace(&format!(" node={node}"), ""), node)
+    };
+    let one: Vec<_> = (0..2).map(|r| env("tiny_z0_offnone_mb1_1x2", r)).collect();
+    assert!(one[1].0.starts_with("rank=1 procid=1 nodeid=0 localid=1 ntasks=2 cpus=2 job="), "{one:?}");
+    assert_eq!(one[0].1, one[1].1, "one node: {one:?}");
+    let two: Vec<_> = (0..4).map(|r| env("tiny_z0_offnone_mb1_2x2", r)).collect();
+    assert!(two[2].0.starts_with("rank=2 procid=2 nodeid=1 localid=0 ntasks=4 cpus=2 job="), "{two:?}");
+    assert!(two[3].0.starts_with("rank=3 procid=3 nodeid=1 localid=1 ntasks=4 cpus=2 job="), "{two:?}");
+    assert!(two[0].1 == two[1].1 && two[2].1 == two[3].1 && two[1].1 != two[2].1, "two nodes: {two:?}");
+    let rec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_2x2/slurm.json")).unwrap())
+            .unwrap();
+    assert!(rec["job_id"].as_str().unwrap().bytes().all(|b| b.is_ascii_digit()), "{rec}");
+    let first: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_1x2/slurm.json")).unwrap())
+            .unwrap();
+    assert_eq!(rec["dependency"], format!("afterany:{}", first["job_id"].as_str().unwrap()), "--chain");
+}
+
+/// A job array of three runs: one succeeds, one fails, one is cancelled while running; status
+/// tells them apart without an accounting database.
+#[test]
+fn arrays_failures_and_cancellation() {
+    let Some(conf) = slurm_conf() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let worker = write_stub_worker(dir.path());
+    let spec = dir.path().join("s.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "cluster:\n  time: '3'\nlaunch:\n  worker: {:?}\nsweep:\n  models: tiny\n  stages: [0, 1, 2]\n",
+            worker.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("runs");
+    let o = zb(&conf, &["render", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = zb(&conf, &["submit", out.to_str().unwrap(), "--array"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let job = |run: &str| -> String {
+        let rec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join(run).join("slurm.json")).unwrap()).unwrap();
+        rec["job_id"].as_str().unwrap().to_string()
+    };
+    let sleeper = job("tiny_z2_offnone_mb1_1x1");
+    assert!(sleeper.ends_with("_2"), "{sleeper}");
+    // Cancel the sleeping run once it has started.
+    let start = Instant::now();
+    while !out.join("tiny_z2_offnone_mb1_1x1/logs/rank0.env").exists() {
+        assert!(start.elapsed() < Duration::from_secs(60), "the array task never started");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let c = std::process::Command::new("scancel").arg(&sleeper).env("SLURM_CONF", &conf).output().unwrap();
+    assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
+    let rows = wait_final(&conf, &out, Duration::from_secs(90));
+    let states: Vec<&str> = rows.iter().map(|r| r["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["done", "failed", "cancelled"], "{rows:#?}");
+    assert!(out.join("tiny_z0_offnone_mb1_1x1").read_dir().unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with("zerobench-array-0-")));
+    let o = zb(&conf, &["status", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "status exits 1 when a run failed");
+    assert!(stdout(&o).contains("3 runs: 1 done, 1 failed, 1 cancelled"), "{}", stdout(&o));
+}
+
+/// `cluster.allocation`: the runs are job steps of an allocation held elsewhere (here a job that
+/// sleeps), driven one after another by `zerobench local`; `submit` refuses such runs.
+#[test]
+fn runs_as_steps_of_an_existing_allocation() {
+    let Some(conf) = slurm_conf() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let worker = write_stub_worker(dir.path());
+    let hold = std::process::Command::new("sbatch")
+        .args(["--parsable", "-N2", "--ntasks-per-node=2", "-t", "3", "-o", "/dev/null", "--wrap", "sleep 170"])
+        .env("SLURM_CONF", &conf)
+        .output()
+        .unwrap();
+    assert!(hold.status.success(), "{}", String::from_utf8_lossy(&hold.stderr));
+    let job = String::from_utf8_lossy(&hold.stdout).trim().to_string();
+    let cancel = || std::process::Command::new("scancel").arg(&job).env("SLURM_CONF", &conf).output();
+    let start = Instant::now();
+    loop {
+        let q = std::process::Command::new("squeue")
+            .args(["-h", "-o", "%T", "-j", &job])
+            .env("SLURM_CONF", &conf)
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&q.stdout).trim() == "RUNNING" {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = cancel();
+            panic!("the holding job {job} never started");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let spec = dir.path().join("s.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "cluster:\n  allocation: {job}\n  time: '1'\nlaunch:\n  worker: {:?}\nsweep:\n  models: tiny\n  stages: 0\n  nodes: [1, 2]\n  ranks_per_node: 2\n",
+            worker.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("runs");
+    let o = zb(&conf, &["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let refused = zb(&conf, &["submit", out.to_str().unwrap()]);
+    let _ = cancel();
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("2 runs, 0 failed"), "{}", stdout(&o));
+    let env = std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_2x2/logs/rank3.env")).unwrap();
+    assert!(env.starts_with("rank=3 procid=3 nodeid=1 localid=1") && env.ends_with(&format!(" job={job}\n")), "{env}");
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(stderr(&refused).contains("is a step of an existing allocation"), "{}", stderr(&refused));
+}
+
+/// A run that outlives its time limit ends as `timeout`, from Slurm while it remembers the job,
+/// and from the job's output file after it forgets (no accounting database here). Slurm checks
+/// limits every 30 s, so this takes 60 to 100 s; it runs beside the other tests.
+#[test]
+fn a_run_past_its_time_limit_is_a_timeout() {
+    let Some(conf) = slurm_conf() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let worker = write_stub_worker(dir.path());
+    let spec = dir.path().join("s.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "cluster:\n  time: '1'\nlaunch:\n  worker: {:?}\nsweep:\n  models: tiny\n  stages: 2\n",
+            worker.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("runs");
+    let o = zb(&conf, &["submit", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let rows = wait_final(&conf, &out, Duration::from_secs(150));
+    assert_eq!(rows[0]["state"], "timeout", "{rows:#?}");
+    // What status falls back to once the controller has forgotten the job.
+    let run = out.join("tiny_z2_offnone_mb1_1x1");
+    let output: String = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "out"))
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    assert!(output.contains("DUE TO TIME LIMIT"), "{output}");
+}
