@@ -226,6 +226,7 @@ impl SynthRun {
             padded_params: padded_params(&spec, world),
             buffers_bytes: BTreeMap::from([("grad_bucket".to_string(), 32u64 << 20)]),
             host_state_bytes: 0,
+            host_state_expected_bytes: None,
             optimizer: Some("cuda-fused".into()),
             memory: MemorySample {
                 allocated_bytes: Some(state),

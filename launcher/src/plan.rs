@@ -14,13 +14,13 @@
 //! names, Slurm job names and shell words.
 
 use serde::{Deserialize, Serialize};
-use zerobench_schema::memory::{model_state_for, ModelStateBytes};
+use zerobench_schema::memory::{engine_buffer_bytes, model_state_split, padded_params, ModelStateBytes};
 use zerobench_schema::{ConfigError, Offload, Precision, RunConfig};
 
 use crate::select::{HostSlots, Resources};
 use crate::spec::{Spec, SpecError, SweepBlock, MAX_RUNS};
 
-/// Whether a run's model states fit the declared GPU memory.
+/// Whether a run's model states and the engine's buffers fit the declared GPU memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "fit", rename_all = "snake_case")]
 pub enum Fit {
@@ -48,10 +48,14 @@ pub struct Run {
     /// GPUs requested per node (0 on CPU nodes).
     pub gpus_per_node: u32,
     pub model_params: u64,
-    /// Model states per rank, as the ZeRO formulas give them (with zerobench's padding).
+    /// Model states per rank on the device, as the ZeRO formulas give them (with zerobench's
+    /// padding and the offload setting; `zerobench_schema::memory::model_state_split`).
     pub model_state: ModelStateBytes,
-    /// What of it stays on the GPU, and what offload moves to host memory.
+    /// Their total on the GPU, and what offload keeps in host memory.
     pub device_state_bytes: u64,
+    /// The engine's persistent GPU buffers (gradient buckets, gather slots;
+    /// `zerobench_schema::memory::engine_buffer_bytes`).
+    pub buffer_bytes: u64,
     pub host_state_bytes: u64,
     pub fit: Fit,
     /// Things to know that do not stop the run from being rendered.
@@ -190,40 +194,34 @@ fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node
     let world = nodes * ranks_per_node;
     let mut warnings = Vec::new();
     let fail = |e: &ConfigError| spec.error_at(&key_of_flag(spec, b, e), format!("run {id}: {e}"));
-    match config.validate(Some(world)) {
-        Ok(()) => {}
-        Err(e) if e.is_not_implemented() => {
-            // The offload rules that make a combination impossible come before this one in
-            // `validate`, so they passed; check the rules after it with offload left out.
-            warnings.push(format!("{}: {}", key_of_flag(spec, b, &e), e.reason));
-            let mut rest = config.clone();
-            rest.offload = Offload::None;
-            rest.validate(Some(world)).map_err(|e| fail(&e))?;
-        }
-        Err(e) => return Err(fail(&e)),
-    }
+    config.validate(Some(world)).map_err(|e| fail(&e))?;
     let model = config.model.spec();
-    let model_state = model_state_for(&model, config.stage, config.precision, u64::from(world));
-    let host_state_bytes = match config.offload {
-        Offload::None => 0,
-        Offload::Optimizer => model_state.optimizer_bytes,
-        Offload::OptimizerParams => model_state.optimizer_bytes + model_state.params_bytes,
-    };
-    let device_state_bytes = model_state.total() - host_state_bytes;
+    let split = model_state_split(
+        config.stage,
+        config.precision,
+        config.offload,
+        config.grad_accum,
+        padded_params(&model, u64::from(world)),
+        u64::from(world),
+    );
+    let host_state_bytes = split.host_bytes;
+    let device_state_bytes = split.device.total();
+    let buffer_bytes = engine_buffer_bytes(&model, config.stage, config.precision, &config.engine, u64::from(world));
+    let need = device_state_bytes + buffer_bytes;
     let gpus_per_node = if spec.cluster.gpus_per_node > 0 { ranks_per_node } else { 0 };
     let fit = match (spec.cluster.gpu_memory, gpus_per_node) {
         (Some(have), g) if g > 0 => {
-            if device_state_bytes <= have.0 {
-                Fit::Fits { need_bytes: device_state_bytes, have_bytes: have.0 }
+            if need <= have.0 {
+                Fit::Fits { need_bytes: need, have_bytes: have.0 }
             } else {
-                Fit::TooBig { need_bytes: device_state_bytes, have_bytes: have.0 }
+                Fit::TooBig { need_bytes: need, have_bytes: have.0 }
             }
         }
         _ => Fit::Unknown,
     };
     if let Fit::TooBig { need_bytes, have_bytes } = fit {
         warnings.push(format!(
-            "model states need {} per GPU, more than cluster.gpu_memory {}",
+            "model states and engine buffers need {} per GPU, more than cluster.gpu_memory {}",
             crate::values::human_bytes(need_bytes),
             crate::values::human_bytes(have_bytes)
         ));
@@ -250,8 +248,9 @@ fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node
         nodes,
         ranks_per_node,
         gpus_per_node,
-        model_state,
+        model_state: split.device,
         device_state_bytes,
+        buffer_bytes,
         host_state_bytes,
         fit,
         warnings,
@@ -308,10 +307,15 @@ mod tests {
     }
 
     #[test]
-    fn unimplemented_offload_is_a_warning_impossible_offload_an_error() {
+    fn offload_moves_states_to_the_host_impossible_offload_is_an_error() {
         let p = plan("sweep:\n  models: tiny\n  stages: [1, 3]\n  offload: optimizer\n").unwrap();
-        assert!(p.runs[0].warnings[0].contains("not implemented yet"), "{:?}", p.runs[0].warnings);
-        assert_eq!(p.runs[0].host_state_bytes, p.runs[0].model_state.optimizer_bytes);
+        assert!(p.runs[0].warnings.is_empty(), "{:?}", p.runs[0].warnings);
+        let psi = zerobench_schema::memory::padded_params(&zerobench_schema::ModelPreset::Tiny.spec(), 1);
+        // Stage 1 with optimizer offload: bf16 parameters and gradients on the device; fp32
+        // master, Adam moments, the gradient shard and the bf16 copy on the host.
+        assert_eq!(p.runs[0].device_state_bytes, 4 * psi);
+        assert_eq!(p.runs[0].host_state_bytes, 16 * psi);
+        assert_eq!(p.runs[1].device_state_bytes, 2 * psi);
         let e = plan("sweep:\n  models: tiny\n  stages: [0, 1]\n  offload: optimizer\n").unwrap_err().to_string();
         assert!(e.starts_with("s.yaml:4:3: sweep.offload: run tiny_z0_offopt_mb1_1x1: invalid --offload: optimizer offload needs ZeRO stage"), "{e}");
         let e = plan("sweep:\n  models: tiny\n  stages: 2\n  offload: optimizer+params\n").unwrap_err().to_string();

@@ -28,16 +28,7 @@ impl ConfigError {
     pub fn new(field: &'static str, reason: impl Into<String>) -> Self {
         Self { field, reason: reason.into() }
     }
-
-    /// Whether the configuration is valid by design but asks for something the worker does not
-    /// implement yet (the launcher plans such runs with a warning instead of refusing the spec).
-    pub fn is_not_implemented(&self) -> bool {
-        self.reason.ends_with(NOT_IMPLEMENTED)
-    }
 }
-
-/// How the reasons of [`ConfigError::is_not_implemented`] errors end.
-pub const NOT_IMPLEMENTED: &str = "is not implemented yet";
 
 /// Generates `FromStr`, `Display` and a list of accepted spellings for a field-less enum whose
 /// text form is fixed (the same strings in flags, YAML, JSON logs and table headers).
@@ -330,10 +321,6 @@ impl RunConfig {
                 return Err(ConfigError::new("offload", "optimizer+params offload needs ZeRO stage 3"))
             }
             _ => {}
-        }
-        if self.offload != Offload::None {
-            // Parsed and validated above so specs can name it; the engine does not implement it yet.
-            return Err(ConfigError::new("offload", format!("'{}' {NOT_IMPLEMENTED}", self.offload)));
         }
         if !(self.optim.lr.is_finite() && self.optim.lr > 0.0) {
             return Err(ConfigError::new("lr", "must be a positive number"));

@@ -174,8 +174,11 @@ pub struct Setup {
     pub padded_params: u64,
     /// Persistent engine buffers beyond model states (gradient buckets, gather slots), by name.
     pub buffers_bytes: BTreeMap<String, u64>,
-    /// Host memory held for offloaded states (0 without offload).
+    /// Host memory held for offloaded states (0 without offload), from the buffers themselves.
     pub host_state_bytes: u64,
+    /// What `memory::model_state_split` gives for the host. (Added within version 1.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_state_expected_bytes: Option<u64>,
     /// The AdamW implementation: `rust-cpu`, `cuda-fused` or `torch-ops`. (Added within version
     /// 1, so absent from its earliest logs.)
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -14,11 +14,19 @@
 //!
 //! zerobench's engine pads every unit so that it splits into N equal shards of a multiple of
 //! [`SHARD_ALIGN_ELEMS`] elements; [`padded_params`] gives the Ψ the formulas hold for exactly.
+//!
+//! **Offload** ([`model_state_split`]) moves the optimizer (and in stage 3 the parameters) to the
+//! host. On the device: stage 1 keeps pΨ parameters and its pΨ gradient buffer, stage 2 pΨ
+//! parameters (gradients are reduce-scattered into a bucket and copied out), stage 3 pΨ/N
+//! parameters, and with `optimizer+params` nothing but buffers. In pinned host memory, per rank:
+//! fp32 master weights, Adam m and v (12Ψ/N), the gradient shard as it arrives (pΨ/N), an fp32
+//! accumulator when stages 2-3 accumulate gradients over micro-steps (4Ψ/N), and, in mixed precision,
+//! the compute-precision parameter shard the CPU writes and the device copies back (pΨ/N).
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Precision, ZeroStage};
+use crate::config::{EngineConfig, Offload, Precision, ZeroStage};
 use crate::models::ModelSpec;
 
 /// Every shard of a unit is a multiple of this many elements, so each shard starts on a 256-byte
@@ -65,6 +73,53 @@ pub fn model_state_bytes(stage: ZeroStage, precision: Precision, psi: u64, world
     }
 }
 
+/// Model states of one rank split between the device and the host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct StateSplit {
+    pub device: ModelStateBytes,
+    pub host_bytes: u64,
+}
+
+/// Where the model states of one rank live for a stage, precision and offload setting (see the
+/// module documentation). Without offload it is [`model_state_bytes`] on the device and nothing on
+/// the host.
+pub fn model_state_split(stage: ZeroStage, precision: Precision, offload: Offload, grad_accum: u32, psi: u64, world: u64) -> StateSplit {
+    if offload == Offload::None {
+        return StateSplit { device: model_state_bytes(stage, precision, psi, world), host_bytes: 0 };
+    }
+    let n = world.max(1);
+    let p = precision.param_bytes();
+    let part = |b: u64| b * psi / n;
+    let device = match (stage, offload) {
+        (ZeroStage::Z3, Offload::OptimizerParams) => ModelStateBytes::default(),
+        (ZeroStage::Z3, _) => ModelStateBytes { params_bytes: part(p), ..Default::default() },
+        (ZeroStage::Z1, _) => ModelStateBytes { params_bytes: p * psi, grads_bytes: p * psi, optimizer_bytes: 0 },
+        _ => ModelStateBytes { params_bytes: p * psi, ..Default::default() },
+    };
+    // Stage 1 accumulates in its device gradient buffer and copies once per step.
+    let accumulator = if grad_accum > 1 && stage != ZeroStage::Z1 { part(4) } else { 0 };
+    let param_copy = if precision.has_master_copy() { part(p) } else { 0 };
+    StateSplit { device, host_bytes: part(12) + part(p) + accumulator + param_copy }
+}
+
+/// The engine's persistent device buffers beyond model states, per rank: stages 2 and 3 reduce
+/// gradients through two staging buckets, each of `min(bucket, Ψ) + the largest unit` elements
+/// (a bucket closes once it holds at least `bucket_mb`); stage 3 gathers parameters into
+/// `prefetch + 1` slots of the largest unit. Elements are in the compute precision; all sizes are
+/// padded as in [`padded_unit`]. (Activations come on top and depend on batch and sequence.)
+pub fn engine_buffer_bytes(spec: &ModelSpec, stage: ZeroStage, precision: Precision, engine: &EngineConfig, world: u64) -> u64 {
+    let p = precision.param_bytes();
+    let largest = spec.units().iter().map(|u| padded_unit(u.params, world)).max().unwrap_or(0);
+    let bucket = ((engine.bucket_mb * 1024.0 * 1024.0) as u64 / p).max(1);
+    let staging = 2 * (bucket.min(padded_params(spec, world)) + largest) * p;
+    let slots = u64::from(engine.prefetch + 1) * largest * p;
+    match stage {
+        ZeroStage::Z0 | ZeroStage::Z1 => 0,
+        ZeroStage::Z2 => staging,
+        ZeroStage::Z3 => staging + slots,
+    }
+}
+
 /// Model-state bytes per rank for a model, with zerobench's padding.
 pub fn model_state_for(spec: &ModelSpec, stage: ZeroStage, precision: Precision, world: u64) -> ModelStateBytes {
     model_state_bytes(stage, precision, padded_params(spec, world), world)
@@ -97,6 +152,21 @@ mod tests {
             assert!(padded - spec.param_count() < units * n * SHARD_ALIGN_ELEMS);
             assert_eq!(padded % n, 0);
         }
+    }
+
+    #[test]
+    fn offload_moves_the_optimizer_to_the_host() {
+        let (psi, n) = (1_000_000u64 * 8, 8u64);
+        let split = |s, o, ga| model_state_split(s, Precision::Bf16, o, ga, psi, n);
+        // Stage 2 with optimizer offload: bf16 parameters on the GPU (DeepSpeed's estimate: 2Ψ).
+        assert_eq!(split(ZeroStage::Z2, Offload::Optimizer, 1).device.total(), 2 * psi);
+        // Stage 3: the parameter shard on the GPU; with parameter offload, nothing.
+        assert_eq!(split(ZeroStage::Z3, Offload::Optimizer, 1).device.total(), 2 * psi / n);
+        assert_eq!(split(ZeroStage::Z3, Offload::OptimizerParams, 1).device.total(), 0);
+        // Host: 12 (master, m, v) + 2 (gradient shard) + 2 (bf16 parameter copy), +4 accumulating.
+        assert_eq!(split(ZeroStage::Z2, Offload::Optimizer, 1).host_bytes, 16 * psi / n);
+        assert_eq!(split(ZeroStage::Z2, Offload::Optimizer, 4).host_bytes, 20 * psi / n);
+        assert_eq!(split(ZeroStage::Z1, Offload::None, 1), StateSplit { device: model_state_bytes(ZeroStage::Z1, Precision::Bf16, psi, n), host_bytes: 0 });
     }
 
     proptest! {

@@ -23,5 +23,6 @@ mod pdsh;
 mod render;
 mod slurm;
 mod support;
+mod offload;
 mod reliability;
 mod worker;

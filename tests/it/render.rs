@@ -74,7 +74,7 @@ fn mpirun_in_allocation() {
 }
 
 #[test]
-fn t5_grid_offload_is_flagged_not_refused() {
+fn t5_grid_offload_renders_with_its_memory_split() {
     let (out, plan) = render_example("t5-grid");
     assert_eq!(plan.runs.len(), 3 * 8 * (4 + 2 + 1));
     snap(out.path(), "t5-3b_z3_offparams_mb16_1x4", "job.sbatch");

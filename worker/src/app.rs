@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::Device;
 use zerobench_schema::log::{DeviceInfo, End, ErrorRecord, ModelInfo, RunStatus, Setup, Start, Versions};
-use zerobench_schema::memory::model_state_bytes;
+use zerobench_schema::memory::model_state_split;
 use zerobench_schema::{DeviceRequest, Record, RunConfig, SCHEMA_VERSION};
 
 use std::sync::Arc;
@@ -242,15 +242,17 @@ fn run_logged(
     let mut engine = zero::Engine::new(model.as_ref(), cfg, comm, device, gpu.clone())?;
     let probe = MemoryProbe::new(cuda_index);
     let padded = engine.padded_params();
+    let expected = model_state_split(cfg.stage, cfg.precision, cfg.offload, cfg.grad_accum, padded, u64::from(ident.world_size));
     let setup = Setup {
         v: SCHEMA_VERSION,
         ts: now_ts(),
         rank: ident.rank,
         model_state: engine.model_state_bytes(),
-        model_state_expected: model_state_bytes(cfg.stage, cfg.precision, padded, u64::from(ident.world_size)),
+        model_state_expected: expected.device,
         padded_params: padded,
         buffers_bytes: engine.buffer_bytes(),
-        host_state_bytes: 0,
+        host_state_bytes: engine.host_state_bytes(),
+        host_state_expected_bytes: Some(expected.host_bytes),
         optimizer: Some(engine.optimizer_implementation().into()),
         memory: probe.sample(),
         setup_ms: t_setup.elapsed().as_secs_f64() * 1e3,

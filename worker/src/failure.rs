@@ -110,6 +110,7 @@ impl From<EngineError> for Failure {
             EngineError::Torch(t) => t.into(),
             EngineError::Comm(c) => c.into(),
             EngineError::Shim(s) => Failure::from_torch_message(&s.0),
+            EngineError::Offload(msg) => Failure::from_torch_message(&msg),
         }
     }
 }

@@ -27,7 +27,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         writeln!(out, "{}", serde_json::to_string_pretty(&plan.runs)?)?;
         return Ok(Outcome::Complete);
     }
-    let mut t = Table::new(["run", "ranks", "gpus", "params", "state/rank", "on gpu", "offloaded", "fit", "notes"]);
+    let mut t = Table::new(["run", "ranks", "gpus", "params", "gpu states", "gpu buffers", "host states", "fit", "notes"]);
     let mut too_big = 0;
     for r in &plan.runs {
         let fit = match r.fit {
@@ -43,8 +43,8 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             r.world_size().to_string(),
             r.gpus().to_string(),
             format!("{:.1}M", r.model_params as f64 / 1e6),
-            human_bytes(r.model_state.total()),
-            if r.gpus_per_node > 0 { human_bytes(r.device_state_bytes) } else { "-".into() },
+            human_bytes(r.device_state_bytes),
+            human_bytes(r.buffer_bytes),
             if r.host_state_bytes > 0 { human_bytes(r.host_state_bytes) } else { "-".into() },
             fit,
             r.warnings.join("; "),

@@ -10,6 +10,10 @@
 //! Every call's bytes and duration are recorded per kind and handed over per step by
 //! [`Collectives::take_stats`]. Bytes follow nccl-tests: the size of the whole array (all-reduce:
 //! the buffer; reduce-scatter: the input; all-gather: the output; broadcast: the buffer).
+//!
+//! Offload's copies between device and host memory go through the same interface, on the same
+//! stream, so a copy of a reduced gradient is ordered after its reduce-scatter and a copy of updated
+//! parameters before their all-gather, without extra synchronisation.
 
 pub mod mpi;
 pub mod nccl;
@@ -20,6 +24,29 @@ use tch::{Kind, Tensor};
 use crate::metrics::timeline::SharedTimeline;
 
 pub use stats::{CollectiveKind, StepComm};
+
+/// A device-to-host copy that host code (the CPU optimizer) waits for, from any thread.
+#[must_use = "wait for the copy before reading the host buffer"]
+pub enum HostCopy {
+    /// Completed before the call returned.
+    Done,
+    /// Completed when the event has been reached; the waiter recycles the event.
+    Event(std::sync::Arc<crate::runtime::cuda::Gpu>, crate::runtime::cuda::Event),
+}
+
+impl HostCopy {
+    /// Blocks the calling thread until the copy has landed.
+    pub fn wait(self) -> Result<(), CommError> {
+        match self {
+            HostCopy::Done => Ok(()),
+            HostCopy::Event(g, e) => {
+                let r = g.synchronize_event(e).map_err(|err| CommError::Failed { op: "d2h", message: err.to_string() });
+                g.recycle(e);
+                r
+            }
+        }
+    }
+}
 
 /// A collective that has been issued and may still be running.
 #[must_use = "wait for a collective before reading its result"]
@@ -58,6 +85,13 @@ pub trait Collectives {
     /// Makes computation wait for a pending collective.
     fn wait(&mut self, pending: Pending) -> Result<(), CommError>;
     fn barrier(&mut self) -> Result<(), CommError>;
+    /// Copies the device tensor `src` into the (pinned) host tensor `dst`, after the
+    /// communication already issued; `Pending` orders computation after it (before `src` is
+    /// overwritten), `HostCopy` lets host code wait for `dst`.
+    fn copy_to_host(&mut self, src: &Tensor, dst: &Tensor) -> Result<(Pending, HostCopy), CommError>;
+    /// Copies the (pinned) host tensor `src` into the device tensor `dst`, ordered like a
+    /// collective (after the computation issued so far, before the communication issued next).
+    fn copy_to_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError>;
     /// Sums a few fp32 control values (the step's loss, an overflow flag) over ranks and waits for
     /// the result. Not counted in the step's communication: it is bookkeeping of a few bytes.
     fn reduce_control(&mut self, buf: &Tensor) -> Result<(), CommError>;

@@ -12,7 +12,7 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::Tensor;
 
-use super::{flat, is_rank_slice, CollectiveKind, CommError, Collectives, Elem, Pending, StepComm};
+use super::{flat, is_rank_slice, CollectiveKind, CommError, Collectives, Elem, HostCopy, Pending, StepComm};
 use crate::metrics::timeline::{Mark, SharedTimeline, SpanInfo, Track};
 use crate::runtime::shim;
 
@@ -97,6 +97,23 @@ impl MpiCollectives {
         // Blocking collectives: computation waits for all of it.
         self.stats.exposed_ms += ms;
         Ok(Pending::done())
+    }
+}
+
+impl MpiCollectives {
+    /// On a CPU rank "device" and "host" memory are the same: a plain copy, timed like the rest.
+    fn host_copy(&mut self, kind: CollectiveKind, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
+        let (e, n) = flat(src, kind.name())?;
+        let (eo, m) = flat(dst, kind.name())?;
+        if e != eo || n != m {
+            return Err(CommError::BadTensor { op: kind.name(), reason: format!("{n} elements into {m}") });
+        }
+        let (s, d) = (src.data_ptr(), dst.data_ptr());
+        // SAFETY: contiguous CPU tensors of the same size and type; distinct buffers.
+        self.timed(kind, n * e.size(), || {
+            unsafe { std::ptr::copy_nonoverlapping(s.cast::<u8>(), d.cast::<u8>(), n * e.size()) };
+            0
+        })
     }
 }
 
@@ -192,6 +209,15 @@ impl Collectives for MpiCollectives {
     fn barrier(&mut self) -> Result<(), CommError> {
         mpi::collective::CommunicatorCollectives::barrier(&self.comm);
         Ok(())
+    }
+
+    fn copy_to_host(&mut self, src: &Tensor, dst: &Tensor) -> Result<(Pending, HostCopy), CommError> {
+        let p = self.host_copy(CollectiveKind::DeviceToHost, src, dst)?;
+        Ok((p, HostCopy::Done))
+    }
+
+    fn copy_to_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
+        self.host_copy(CollectiveKind::HostToDevice, src, dst)
     }
 
     fn reduce_control(&mut self, buf: &Tensor) -> Result<(), CommError> {

@@ -19,7 +19,7 @@ use cudarc::nccl::{result as nccl, sys as ncclsys};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::{Device, Kind, Tensor};
 
-use super::{flat, CollectiveKind, CommError, Collectives, Elem, Pending, StepComm};
+use super::{flat, CollectiveKind, CommError, Collectives, Elem, HostCopy, Pending, StepComm};
 use crate::metrics::timeline::{Mark, SharedTimeline, SpanInfo, Track};
 use crate::runtime::cuda::{Event, Gpu};
 
@@ -29,8 +29,6 @@ struct Op {
     bytes: u64,
     start: Event,
     end: Event,
-    /// The engine still has to wait on it (its `Pending` is out).
-    waited: bool,
     /// The step a timeline was recording when it was issued.
     traced: Option<u32>,
 }
@@ -41,8 +39,9 @@ pub struct NcclCollectives {
     mpi: SimpleCommunicator,
     rank: usize,
     world: usize,
-    /// Indexed by `Pending` ids; `None` once accounted and released.
-    ops: Vec<Option<Op>>,
+    /// By `Pending` id (never reused): issued and not yet accounted.
+    ops: std::collections::BTreeMap<usize, Op>,
+    next_op: usize,
     /// (before, after) event pairs around each compute-stream wait.
     waits: Vec<(Event, Event)>,
     control: Tensor,
@@ -118,7 +117,18 @@ impl NcclCollectives {
         let comm = unsafe { comm.assume_init() };
         crate::runtime::guard::watch_nccl(comm as usize);
         let control = Tensor::zeros([2], (Kind::Float, Device::Cuda(0)));
-        Ok(Self { comm, gpu, mpi, rank, world, ops: Vec::new(), waits: Vec::new(), control, timeline: None })
+        Ok(Self {
+            comm,
+            gpu,
+            mpi,
+            rank,
+            world,
+            ops: Default::default(),
+            next_op: 0,
+            waits: Vec::new(),
+            control,
+            timeline: None,
+        })
     }
 
     /// NCCL's version, e.g. `2.28.9`.
@@ -154,8 +164,10 @@ impl NcclCollectives {
         // recorded work, so the event may be reused.
         g.recycle(ready);
         let traced = self.timeline.as_ref().and_then(|t| t.lock().expect("timeline").recording_step());
-        self.ops.push(Some(Op { kind, bytes: bytes as u64, start, end, waited: false, traced }));
-        Ok(Pending(Some(self.ops.len() - 1)))
+        let id = self.next_op;
+        self.next_op += 1;
+        self.ops.insert(id, Op { kind, bytes: bytes as u64, start, end, traced });
+        Ok(Pending(Some(id)))
     }
 
     fn ptr(t: &Tensor) -> *mut std::ffi::c_void {
@@ -228,8 +240,8 @@ impl Collectives for NcclCollectives {
 
     fn wait(&mut self, pending: Pending) -> Result<(), CommError> {
         let Some(id) = pending.0 else { return Ok(()) };
-        let Some(op) = self.ops.get_mut(id).and_then(Option::as_mut) else { return Ok(()) };
-        op.waited = true;
+        // Accounted already: it has completed, nothing to wait for.
+        let Some(op) = self.ops.get(&id) else { return Ok(()) };
         let end = op.end;
         let g = &self.gpu;
         let before = g.mark(&g.compute).map_err(|e| cuda_err("wait", e))?;
@@ -243,6 +255,43 @@ impl Collectives for NcclCollectives {
         self.gpu.comm.synchronize().map_err(|e| cuda_err("barrier", e))?;
         mpi::collective::CommunicatorCollectives::barrier(&self.mpi);
         Ok(())
+    }
+
+    fn copy_to_host(&mut self, src: &Tensor, dst: &Tensor) -> Result<(Pending, HostCopy), CommError> {
+        const OP: &str = "d2h";
+        let (e, n) = flat(src, OP)?;
+        let (eo, m) = flat(dst, OP)?;
+        if e != eo || n != m || dst.device() != Device::Cpu {
+            return Err(CommError::BadTensor { op: OP, reason: format!("{n} device elements into {m} host elements") });
+        }
+        let (s, d, bytes) = (Self::ptr(src) as u64, Self::ptr(dst), n * e.size());
+        let p = self.issue(CollectiveKind::DeviceToHost, bytes, |stream| {
+            // SAFETY: a contiguous device tensor and a pinned host tensor of `bytes`, both kept alive
+            // by the engine until the copy is waited on.
+            unsafe { cudarc::driver::sys::cuMemcpyDtoHAsync_v2(d, s, bytes, stream as _) }
+                .result()
+                .map_err(|err| CommError::Failed { op: OP, message: err.to_string() })
+        })?;
+        let g = &self.gpu;
+        let landed = g.mark(&g.comm).map_err(|err| cuda_err(OP, err))?;
+        Ok((p, HostCopy::Event(Arc::clone(g), landed)))
+    }
+
+    fn copy_to_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
+        const OP: &str = "h2d";
+        let (e, n) = flat(src, OP)?;
+        let (eo, m) = flat(dst, OP)?;
+        if e != eo || n != m || src.device() != Device::Cpu {
+            return Err(CommError::BadTensor { op: OP, reason: format!("{n} host elements into {m} device elements") });
+        }
+        let (s, d, bytes) = (Self::ptr(src), Self::ptr(dst) as u64, n * e.size());
+        self.issue(CollectiveKind::HostToDevice, bytes, |stream| {
+            // SAFETY: a pinned host tensor and a contiguous device tensor of `bytes`, alive until
+            // the copy is waited on.
+            unsafe { cudarc::driver::sys::cuMemcpyHtoDAsync_v2(d, s, bytes, stream as _) }
+                .result()
+                .map_err(|err| CommError::Failed { op: OP, message: err.to_string() })
+        })
     }
 
     fn reduce_control(&mut self, buf: &Tensor) -> Result<(), CommError> {
@@ -273,14 +322,11 @@ impl Collectives for NcclCollectives {
     fn take_stats(&mut self) -> Result<StepComm, CommError> {
         let mut stats = StepComm::default();
         let g = Arc::clone(&self.gpu);
-        for slot in &mut self.ops {
-            // Collectives still running (the post-step parameter all-gathers overlap the next
-            // forward) are accounted in the step in which they have completed.
-            let Some(op) = slot.as_ref() else { continue };
-            if !op.waited || !g.is_done(op.end) {
-                continue;
-            }
-            let op = slot.take().expect("checked");
+        // Collectives still running (the post-step parameter all-gathers overlap the next forward)
+        // are accounted in the step in which they have completed.
+        let done: Vec<usize> = self.ops.iter().filter(|(_, op)| g.is_done(op.end)).map(|(id, _)| *id).collect();
+        for id in done {
+            let op = self.ops.remove(&id).expect("listed");
             let ms = g.elapsed_ms(op.start, op.end).map_err(|e| cuda_err("timing", e))?;
             stats.record(op.kind, op.bytes, ms);
             match (op.traced, &self.timeline) {
@@ -295,12 +341,6 @@ impl Collectives for NcclCollectives {
                     g.recycle(op.end);
                 }
             }
-        }
-        while matches!(self.ops.last(), Some(None)) {
-            self.ops.pop();
-        }
-        if self.ops.iter().all(Option::is_none) {
-            self.ops.clear();
         }
         for (a, b) in self.waits.drain(..) {
             stats.exposed_ms += g.elapsed_ms(a, b).map_err(|e| cuda_err("timing", e))?;

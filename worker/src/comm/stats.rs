@@ -10,6 +10,10 @@ pub enum CollectiveKind {
     ReduceScatter,
     AllGather,
     Broadcast,
+    /// Offload: a gradient shard copied to host memory.
+    DeviceToHost,
+    /// Offload: updated parameters copied back to the device.
+    HostToDevice,
 }
 
 impl CollectiveKind {
@@ -19,6 +23,8 @@ impl CollectiveKind {
             CollectiveKind::ReduceScatter => "reduce_scatter",
             CollectiveKind::AllGather => "all_gather",
             CollectiveKind::Broadcast => "broadcast",
+            CollectiveKind::DeviceToHost => "d2h",
+            CollectiveKind::HostToDevice => "h2d",
         }
     }
 
@@ -29,7 +35,7 @@ impl CollectiveKind {
         match self {
             CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
             CollectiveKind::ReduceScatter | CollectiveKind::AllGather => (n - 1.0) / n,
-            CollectiveKind::Broadcast => 1.0,
+            CollectiveKind::Broadcast | CollectiveKind::DeviceToHost | CollectiveKind::HostToDevice => 1.0,
         }
     }
 }
@@ -61,7 +67,8 @@ impl StepComm {
             .iter()
             .map(|(k, s)| {
                 let mut s = *s;
-                s.bus_gbps = (s.ms > 0.0 && world > 1)
+                let copy = matches!(k, CollectiveKind::DeviceToHost | CollectiveKind::HostToDevice);
+                s.bus_gbps = (s.ms > 0.0 && (world > 1 || copy))
                     .then(|| s.bytes as f64 * k.bus_factor(world) / (s.ms * 1e-3) / 1e9);
                 (k.name().to_string(), s)
             })

@@ -31,6 +31,8 @@ impl Track {
             Track::Comm("all_reduce") => 10,
             Track::Comm("reduce_scatter") => 11,
             Track::Comm("all_gather") => 12,
+            Track::Comm("d2h") => 14,
+            Track::Comm("h2d") => 15,
             Track::Comm(_) => 13,
         }
     }

@@ -80,6 +80,13 @@ impl Gpu {
         }
     }
 
+    /// Blocks the calling thread (any thread) until the work recorded in `e` has finished.
+    pub fn synchronize_event(&self, e: Event) -> Result<(), DriverError> {
+        self.ctx.bind_to_thread()?;
+        // SAFETY: a live event of this context.
+        unsafe { result::event::synchronize(e.0) }
+    }
+
     /// Whether the work recorded in `e` has finished.
     pub fn is_done(&self, e: Event) -> bool {
         // SAFETY: a live event.

@@ -79,7 +79,11 @@ impl AdamW {
     }
 
     fn coeffs(&self, t: u64, grad_scale: f64) -> Coeffs {
-        let c = &self.cfg;
+        Self::coeffs_for(&self.cfg, t, grad_scale)
+    }
+
+    /// The scalars of update number `t` (1-based) with gradients scaled by `grad_scale`.
+    pub fn coeffs_for(c: &OptimConfig, t: u64, grad_scale: f64) -> Coeffs {
         let t = i32::try_from(t).unwrap_or(i32::MAX);
         let bc1 = 1.0 - c.beta1.powi(t);
         let bc2 = 1.0 - c.beta2.powi(t);
@@ -149,11 +153,18 @@ impl Float16Or32 for f32 {
 }
 
 impl Float16Or32 for half::bf16 {
+    #[inline(always)]
     fn to_f32(self) -> f32 {
-        half::bf16::to_f32(self)
+        f32::from_bits(u32::from(self.to_bits()) << 16)
     }
+    /// Round to nearest even, NaN kept NaN: written without branches so the loop vectorises
+    /// (`half`'s conversion branches).
+    #[inline(always)]
     fn from_f32(v: f32) -> Self {
-        half::bf16::from_f32(v)
+        let u = v.to_bits();
+        let rounded = (u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16) as u16;
+        let nan = (u & 0x7fff_ffff) > 0x7f80_0000;
+        half::bf16::from_bits(if nan { 0x7fc0 } else { rounded })
     }
 }
 
@@ -166,7 +177,8 @@ impl Float16Or32 for half::f16 {
     }
 }
 
-fn step_cpu(k: &Coeffs, s: &Shard<'_>) {
+/// The update on CPU tensors, on the rayon pool.
+pub fn step_cpu(k: &Coeffs, s: &Shard<'_>) {
     let n = s.master.numel();
     assert!(s.master.is_contiguous() && s.master.kind() == Kind::Float && s.master.device() == Device::Cpu);
     for t in [s.exp_avg, s.exp_avg_sq] {
@@ -202,20 +214,71 @@ fn update_slices<G: Float16Or32, O: Float16Or32>(k: &Coeffs, s: &Shard<'_>) {
         (slice_mut::<f32>(s.master), slice_mut::<f32>(s.exp_avg), slice_mut::<f32>(s.exp_avg_sq), &*slice_mut::<G>(s.grad))
     };
     let chunks = p.par_chunks_mut(CHUNK).zip(m.par_chunks_mut(CHUNK)).zip(v.par_chunks_mut(CHUNK)).zip(g.par_chunks(CHUNK));
+    let wide = wide_simd();
     match s.param_out {
         // SAFETY: as above.
-        Some(o) => chunks.zip(unsafe { slice_mut::<O>(o) }.par_chunks_mut(CHUNK)).for_each(|((((p, m), v), g), o)| {
-            for i in 0..p.len() {
+        Some(o) => chunks
+            .zip(unsafe { slice_mut::<O>(o) }.par_chunks_mut(CHUNK))
+            .for_each(|((((p, m), v), g), o)| run_chunk(wide, k, p, m, v, g, Some(o))),
+        None => chunks.for_each(|(((p, m), v), g)| run_chunk::<G, O>(wide, k, p, m, v, g, None)),
+    }
+}
+
+/// Whether this CPU has AVX2 and FMA (8-wide f32 arithmetic): the chunks are then run by a copy of
+/// the loop compiled for them. The default x86-64 target stops at SSE2.
+fn wide_simd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[inline(always)]
+fn chunk_body<G: Float16Or32, O: Float16Or32>(k: &Coeffs, p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[G], o: Option<&mut [O]>) {
+    let n = p.len();
+    let (m, v, g) = (&mut m[..n], &mut v[..n], &g[..n]);
+    match o {
+        Some(o) => {
+            let o = &mut o[..n];
+            for i in 0..n {
                 update(k, &mut p[i], &mut m[i], &mut v[i], g[i].to_f32());
                 o[i] = O::from_f32(p[i]);
             }
-        }),
-        None => chunks.for_each(|(((p, m), v), g)| {
-            for i in 0..p.len() {
+        }
+        None => {
+            for i in 0..n {
                 update(k, &mut p[i], &mut m[i], &mut v[i], g[i].to_f32());
             }
-        }),
+        }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn chunk_avx2<G: Float16Or32, O: Float16Or32>(k: &Coeffs, p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[G], o: Option<&mut [O]>) {
+    chunk_body(k, p, m, v, g, o);
+}
+
+fn run_chunk<G: Float16Or32, O: Float16Or32>(
+    wide: bool,
+    k: &Coeffs,
+    p: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[G],
+    o: Option<&mut [O]>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if wide {
+        // SAFETY: `wide` is true only when the CPU has AVX2 and FMA.
+        return unsafe { chunk_avx2(k, p, m, v, g, o) };
+    }
+    let _ = wide;
+    chunk_body(k, p, m, v, g, o);
 }
 
 /// The same update as libtorch operations, for devices the Rust loop cannot touch.

@@ -7,14 +7,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tch::{Device, Kind, TchError, Tensor};
-use zerobench_schema::config::{Precision, RunConfig, ZeroStage};
+use zerobench_schema::config::{Offload, OptimConfig, Precision, RunConfig, ZeroStage};
 use zerobench_schema::memory::ModelStateBytes;
 
 use super::adamw::{AdamW, Shard};
 use super::layout::UnitLayout;
 use super::loss_scale::LossScaler;
+use super::offload::{HostState, HostUpdates, Update};
 use super::schedule::{Phase, Schedule};
-use crate::comm::{CommError, Collectives, Pending, StepComm};
+use crate::comm::{CommError, Collectives, HostCopy, Pending, StepComm};
 use crate::model::{init_unit, Model};
 use crate::runtime::cuda::Gpu;
 use crate::runtime::shim::{self, ShimError};
@@ -27,6 +28,8 @@ pub enum EngineError {
     Comm(#[from] CommError),
     #[error("libtorch shim: {0}")]
     Shim(#[from] ShimError),
+    #[error("{0}")]
+    Offload(String),
 }
 
 /// The compute dtype of a precision.
@@ -51,18 +54,37 @@ struct Unit {
     param_shard: Option<Tensor>,
     /// Stages 0 and 1: the full gradient buffer, accumulated over micro-steps.
     grad_full: Option<Tensor>,
-    /// This rank's reduced gradients (stage 0: all of `grad_full`; stage 1: a view of its slice).
-    grad_shard: Tensor,
-    /// fp32 master weights of the shard (a view of the parameters themselves in fp32 training).
-    master: Tensor,
-    master_is_param: bool,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
+    /// This rank's reduced gradients on the device (stage 0: all of `grad_full`; stage 1: a view
+    /// of its slice). Offloaded stages 2 and 3 keep none: the shard goes straight to the host.
+    grad_shard: Option<Tensor>,
+    /// Where the optimizer state lives.
+    optim: OptimState,
     /// Stage 3: the gather slot holding the unit, and the gather still in flight.
     slot: Option<usize>,
     gathering: Option<Pending>,
     /// Stages 1 and 2: the all-gather of updated parameters still in flight.
     refreshing: Option<Pending>,
+}
+
+/// A unit's optimizer state: on the device, or in host memory (offload).
+enum OptimState {
+    Device {
+        /// fp32 master weights of the shard (a view of the parameters themselves in fp32 training).
+        master: Tensor,
+        master_is_param: bool,
+        exp_avg: Tensor,
+        exp_avg_sq: Tensor,
+    },
+    Host(HostState),
+}
+
+impl OptimState {
+    fn host(&self) -> &HostState {
+        match self {
+            OptimState::Host(h) => h,
+            OptimState::Device { .. } => unreachable!("offloaded units keep their optimizer on the host"),
+        }
+    }
 }
 
 /// Stage 2/3 staging for gradient reduce-scatter: two buffers used in turn, so one fills while the
@@ -119,6 +141,13 @@ pub struct Engine {
     slots: Vec<Tensor>,
     slot_owner: Vec<Option<usize>>,
     loss_acc: Option<Tensor>,
+    offload: Offload,
+    optim_cfg: OptimConfig,
+    /// Offload: gradient shards copied to the host this micro-step, not yet handed to an update.
+    landed: Vec<(usize, HostCopy)>,
+    /// Offload: updates start as gradients land (not in fp16, which must see every gradient first).
+    pipelined: bool,
+    host_updates: HostUpdates,
 }
 
 impl Engine {
@@ -151,11 +180,17 @@ impl Engine {
             let _ = full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, i, cfg.seed, device)?)?;
             let shard_f32 = full.f_narrow(0, shard_start, shard_len)?;
 
+            let offloaded = cfg.offload != Offload::None;
             let (base, param_shard) = if stage == ZeroStage::Z3 {
-                // A copy, not a view: a view would keep the whole unit's buffer alive.
-                let shard = Tensor::f_empty([shard_len], (kind, device))?;
-                let _ = shard.shallow_clone().f_copy_(&shard_f32)?;
-                (Tensor::f_zeros([padded], (kind, device))?, Some(shard))
+                let shard = if cfg.offload == Offload::OptimizerParams {
+                    None // on the host (`HostState::param_source`)
+                } else {
+                    // A copy, not a view: a view would keep the whole unit's buffer alive.
+                    let shard = Tensor::f_empty([shard_len], (kind, device))?;
+                    let _ = shard.shallow_clone().f_copy_(&shard_f32)?;
+                    Some(shard)
+                };
+                (Tensor::f_zeros([padded], (kind, device))?, shard)
             } else {
                 (full.f_to_kind(kind)?, None)
             };
@@ -167,22 +202,34 @@ impl Engine {
                     Ok(base.f_narrow(0, off, n)?.f_view(s.shape.as_slice())?.set_requires_grad(true))
                 })
                 .collect::<Result<Vec<_>, TchError>>()?;
-            let (master, master_is_param) = match (&param_shard, mixed) {
-                (_, true) => (shard_f32.f_detach_copy()?, false),
-                (Some(s), false) => (s.shallow_clone(), true),
-                (None, false) => (base.f_narrow(0, shard_start, shard_len)?, true),
+            let optim = if offloaded {
+                let accumulate = cfg.grad_accum > 1 && stage != ZeroStage::Z1;
+                OptimState::Host(HostState::new(&shard_f32, kind, mixed, accumulate, device != Device::Cpu)?)
+            } else {
+                let (master, master_is_param) = match (&param_shard, mixed) {
+                    (_, true) => (shard_f32.f_detach_copy()?, false),
+                    (Some(s), false) => (s.shallow_clone(), true),
+                    (None, false) => (base.f_narrow(0, shard_start, shard_len)?, true),
+                };
+                OptimState::Device {
+                    master,
+                    master_is_param,
+                    exp_avg: Tensor::f_zeros([shard_len], f32_on)?,
+                    exp_avg_sq: Tensor::f_zeros([shard_len], f32_on)?,
+                }
             };
             let (grad_full, grad_shard) = match stage {
                 ZeroStage::Z0 => {
                     let g = Tensor::f_zeros([padded], (kind, device))?;
-                    (Some(g.shallow_clone()), g)
+                    (Some(g.shallow_clone()), Some(g))
                 }
                 ZeroStage::Z1 => {
                     let g = Tensor::f_zeros([padded], (kind, device))?;
                     let s = g.f_narrow(0, shard_start, shard_len)?;
-                    (Some(g), s)
+                    (Some(g), Some(s))
                 }
-                ZeroStage::Z2 | ZeroStage::Z3 => (None, Tensor::f_zeros([shard_len], (kind, device))?),
+                ZeroStage::Z2 | ZeroStage::Z3 if offloaded => (None, None),
+                ZeroStage::Z2 | ZeroStage::Z3 => (None, Some(Tensor::f_zeros([shard_len], (kind, device))?)),
             };
             if stage == ZeroStage::Z3 {
                 // The parameters exist as views; their memory appears only while gathered.
@@ -195,10 +242,7 @@ impl Engine {
                 param_shard,
                 grad_full,
                 grad_shard,
-                master,
-                master_is_param,
-                exp_avg: Tensor::f_zeros([shard_len], f32_on)?,
-                exp_avg_sq: Tensor::f_zeros([shard_len], f32_on)?,
+                optim,
                 slot: None,
                 gathering: None,
                 refreshing: None,
@@ -263,6 +307,11 @@ impl Engine {
             slots,
             slot_owner,
             loss_acc: None,
+            offload: cfg.offload,
+            optim_cfg: cfg.optim,
+            landed: Vec::new(),
+            pipelined: cfg.precision != Precision::Fp16,
+            host_updates: HostUpdates::new(),
         })
     }
 
@@ -308,17 +357,32 @@ impl Engine {
         let bytes = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
         let mut m = ModelStateBytes::default();
         for u in &self.units {
-            m.params_bytes += match &u.param_shard {
-                Some(s) => bytes(s),
-                None => bytes(&u.base),
+            m.params_bytes += match (&u.param_shard, self.stage) {
+                (Some(s), _) => bytes(s),
+                // Stage 3's base only ever points into gather slots (buffers, not states).
+                (None, ZeroStage::Z3) => 0,
+                (None, _) => bytes(&u.base),
             };
-            m.grads_bytes += match &u.grad_full {
-                Some(g) => bytes(g),
-                None => bytes(&u.grad_shard),
+            m.grads_bytes += match (&u.grad_full, &u.grad_shard) {
+                (Some(g), _) | (None, Some(g)) => bytes(g),
+                (None, None) => 0,
             };
-            m.optimizer_bytes += bytes(&u.exp_avg) + bytes(&u.exp_avg_sq) + if u.master_is_param { 0 } else { bytes(&u.master) };
+            if let OptimState::Device { master, master_is_param, exp_avg, exp_avg_sq } = &u.optim {
+                m.optimizer_bytes += bytes(exp_avg) + bytes(exp_avg_sq) + if *master_is_param { 0 } else { bytes(master) };
+            }
         }
         m
+    }
+
+    /// Offloaded model states in host memory, counted from the buffers themselves.
+    pub fn host_state_bytes(&self) -> u64 {
+        self.units
+            .iter()
+            .map(|u| match &u.optim {
+                OptimState::Host(h) => h.bytes(),
+                OptimState::Device { .. } => 0,
+            })
+            .sum()
     }
 
     /// Persistent buffers beyond the model states, by name.
@@ -415,8 +479,17 @@ impl Engine {
         let unit = &mut self.units[u];
         let n = i64::try_from(unit.layout.padded).expect("fits");
         let dst = self.slots[slot].f_narrow(0, 0, n)?;
-        let shard = unit.param_shard.as_ref().expect("stage 3 has shards");
-        let pending = self.comm.all_gather(shard, &dst)?;
+        let pending = match &unit.param_shard {
+            Some(shard) => self.comm.all_gather(shard, &dst)?,
+            None => {
+                // Parameter offload: the shard comes from the host into this rank's slice of the
+                // slot, and is all-gathered in place (both on the communication stream, in order).
+                let len = n / self.world as i64;
+                let mine = dst.f_narrow(0, self.rank as i64 * len, len)?;
+                let _copied = self.comm.copy_to_device(unit.optim.host().param_source(), &mine)?;
+                self.comm.all_gather(&mine, &dst)?
+            }
+        };
         // SAFETY: the slot tensor lives as long as the engine and holds `padded` elements.
         unsafe { shim::storage_set(&unit.base, dst.data_ptr(), unit.layout.padded * self.kind.elt_size_in_bytes())? };
         unit.slot = Some(slot);
@@ -489,11 +562,17 @@ impl Engine {
         for u in std::mem::take(&mut self.bucket) {
             let unit = &self.units[u];
             let full = unit.grad_full.as_ref().expect("stage 0/1");
+            let shard = unit.grad_shard.as_ref().expect("stage 0/1 keep a gradient shard");
             let p = match self.stage {
                 ZeroStage::Z0 => self.comm.all_reduce(full)?,
-                _ => self.comm.reduce_scatter(full, &unit.grad_shard)?,
+                _ => self.comm.reduce_scatter(full, shard)?,
             };
             self.reductions.push(p);
+            if self.offload != Offload::None {
+                let (p, copy) = self.comm.copy_to_host(shard, &unit.optim.host().grad)?;
+                self.reductions.push(p);
+                self.landed_grads(u, copy);
+            }
         }
         self.bucket_fill = 0;
         Ok(())
@@ -514,23 +593,40 @@ impl Engine {
     /// buffer current (after its own collectives completed and were accumulated).
     fn flush_staging(&mut self) -> Result<(), EngineError> {
         let accumulate = self.micro > 0;
-        let st = self.staging.as_mut().expect("stage 2/3");
-        let cur = st.current;
-        for (u, offset) in std::mem::take(&mut st.staged) {
+        let offload = self.offload != Offload::None;
+        let cur = self.staging.as_ref().expect("stage 2/3").current;
+        let staged = std::mem::take(&mut self.staging.as_mut().expect("stage 2/3").staged);
+        for (u, offset) in staged {
+            let st = self.staging.as_mut().expect("stage 2/3");
             let unit = &self.units[u];
             let padded = i64::try_from(unit.layout.padded).expect("fits");
             let region = st.buffers[cur].f_narrow(0, i64::try_from(offset).expect("fits"), padded)?;
-            let p = if accumulate {
-                // Reduce in place; the rank's slice is added to the shard once it is done.
-                let slice = region.f_narrow(0, i64::try_from(self.rank).expect("fits") * (padded / self.world as i64), padded / self.world as i64)?;
-                let p = self.comm.reduce_scatter(&region, &slice)?;
-                st.to_accumulate[cur].push((u, offset));
-                p
-            } else {
-                self.comm.reduce_scatter(&region, &unit.grad_shard)?
-            };
-            st.in_flight[cur].push(p);
+            let len = padded / self.world as i64;
+            let slice = region.f_narrow(0, self.rank as i64 * len, len)?;
+            match (&unit.grad_shard, offload) {
+                (_, true) => {
+                    // Offload: reduce in place and copy the rank's slice straight to the host; the
+                    // bucket is reused only after the copy has left it.
+                    let p = self.comm.reduce_scatter(&region, &slice)?;
+                    st.in_flight[cur].push(p);
+                    let (p, copy) = self.comm.copy_to_host(&slice, &unit.optim.host().grad)?;
+                    st.in_flight[cur].push(p);
+                    self.landed_grads(u, copy);
+                }
+                (Some(_), false) if accumulate => {
+                    // Reduce in place; the rank's slice is added to the shard once it is done.
+                    let p = self.comm.reduce_scatter(&region, &slice)?;
+                    st.in_flight[cur].push(p);
+                    st.to_accumulate[cur].push((u, offset));
+                }
+                (Some(shard), false) => {
+                    let p = self.comm.reduce_scatter(&region, shard)?;
+                    st.in_flight[cur].push(p);
+                }
+                (None, false) => unreachable!("only offloaded units keep no gradient shard"),
+            }
         }
+        let st = self.staging.as_mut().expect("stage 2/3");
         let next = 1 - cur;
         st.current = next;
         st.fill = 0;
@@ -549,7 +645,31 @@ impl Engine {
             let n = i64::try_from(unit.layout.padded / self.world).expect("fits");
             let start = i64::try_from(offset).expect("fits") + i64::try_from(self.rank).expect("fits") * n;
             let reduced = st.buffers[b].f_narrow(0, start, n)?;
-            let _ = unit.grad_shard.shallow_clone().f_add_(&reduced)?;
+            let shard = unit.grad_shard.as_ref().expect("accumulated on the device");
+            let _ = shard.shallow_clone().f_add_(&reduced)?;
+        }
+        Ok(())
+    }
+
+    /// Offload: a unit's gradient shard is on its way to the host. At the last micro-step its
+    /// update starts as soon as it lands (pipelined); otherwise it waits for the end of the
+    /// micro-step (accumulation) or of backward (fp16's overflow check).
+    fn landed_grads(&mut self, u: usize, copy: HostCopy) {
+        if self.last_micro() && self.pipelined {
+            let accumulate = self.units[u].optim.host().grad_acc.as_ref().map(|_| self.micro == 0);
+            let update = Update { unit: u, landed: copy, accumulate, optim: self.optim_cfg, t: self.updates + 1, grad_scale: 1.0 };
+            self.host_updates.spawn(self.units[u].optim.host(), update);
+        } else {
+            self.landed.push((u, copy));
+        }
+    }
+
+    /// Offload: waits for the gradient copies still listed and adds them to the accumulators.
+    fn settle_landed(&mut self) -> Result<(), EngineError> {
+        let _guard = tch::no_grad_guard();
+        for (u, copy) in std::mem::take(&mut self.landed) {
+            copy.wait()?;
+            self.units[u].optim.host().accumulate(self.micro == 0)?;
         }
         Ok(())
     }
@@ -587,6 +707,9 @@ impl Engine {
                 }
             }
         }
+        if self.offload != Offload::None && !self.last_micro() {
+            self.settle_landed()?;
+        }
         Ok(())
     }
 
@@ -594,19 +717,29 @@ impl Engine {
     /// update every shard, and bring the full parameters up to date where a stage keeps them.
     pub fn step(&mut self) -> Result<StepOutcome, EngineError> {
         let _guard = tch::no_grad_guard();
+        let offload = self.offload != Offload::None;
         let loss_local = self.loss_acc.take().expect("a micro-step ran").f_div_scalar(self.n_micro as f64)?;
+        if offload {
+            // fp16: every gradient shard on the host before the overflow check.
+            self.settle_landed()?;
+        }
         let overflow_local = match self.scaler {
             Some(_) => {
-                let mut sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
+                let mut sum = Tensor::f_zeros([], (Kind::Float, Device::Cpu))?;
                 for u in &self.units {
-                    sum = sum.f_add(&u.grad_shard.f_sum(Kind::Float)?)?;
+                    let g = match (&u.optim, &u.grad_shard) {
+                        (OptimState::Host(h), _) => h.update_grad().f_sum(Kind::Float)?,
+                        (OptimState::Device { .. }, Some(g)) => g.f_sum(Kind::Float)?.f_to_device(Device::Cpu)?,
+                        (OptimState::Device { .. }, None) => unreachable!("device optimizers read a device shard"),
+                    };
+                    sum = sum.f_add(&g)?;
                 }
                 sum.f_isfinite()?.f_logical_not()?.f_to_kind(Kind::Float)?
             }
-            None => Tensor::f_zeros([], (Kind::Float, self.device))?,
+            None => Tensor::f_zeros([], (Kind::Float, Device::Cpu))?,
         };
         // The one point per step where the host waits for the device: the loss is needed anyway.
-        let control = Tensor::f_stack(&[loss_local, overflow_local], 0)?.f_to_device(Device::Cpu)?;
+        let control = Tensor::f_stack(&[loss_local.f_to_device(Device::Cpu)?, overflow_local], 0)?;
         self.comm.reduce_control(&control)?;
         let v = Vec::<f32>::try_from(&control)?;
         let loss = f64::from(v[0]) / self.world as f64;
@@ -620,33 +753,83 @@ impl Engine {
         if apply {
             self.updates += 1;
             let grad_scale = scale.map_or(1.0, |s| 1.0 / s);
-            for u in &self.units {
-                let param_out = if u.master_is_param {
-                    None
-                } else if let Some(s) = &u.param_shard {
-                    Some(s.shallow_clone())
-                } else {
-                    let r = u.layout.shard_range(self.owners, self.owner);
-                    Some(u.base.f_narrow(0, r.start as i64, r.len() as i64)?)
-                };
-                let shard = Shard {
-                    master: &u.master,
-                    exp_avg: &u.exp_avg,
-                    exp_avg_sq: &u.exp_avg_sq,
-                    grad: &u.grad_shard,
-                    param_out: param_out.as_ref(),
-                };
-                self.optim.step(self.updates, grad_scale, &shard)?;
-            }
-            if matches!(self.stage, ZeroStage::Z1 | ZeroStage::Z2) && self.world > 1 {
-                for u in &mut self.units {
-                    let r = u.layout.shard_range(self.owners, self.owner);
-                    let mine = u.base.f_narrow(0, r.start as i64, r.len() as i64)?;
-                    u.refreshing = Some(self.comm.all_gather(&mine, &u.base)?);
-                }
+            if offload {
+                self.step_on_host(grad_scale)?;
+            } else {
+                self.step_on_device(grad_scale)?;
             }
         }
         Ok(StepOutcome { loss, skipped: !apply, loss_scale: scale })
+    }
+
+    fn step_on_device(&mut self, grad_scale: f64) -> Result<(), EngineError> {
+        for u in &self.units {
+            let OptimState::Device { master, master_is_param, exp_avg, exp_avg_sq } = &u.optim else {
+                unreachable!("no offload")
+            };
+            let param_out = if *master_is_param {
+                None
+            } else if let Some(s) = &u.param_shard {
+                Some(s.shallow_clone())
+            } else {
+                let r = u.layout.shard_range(self.owners, self.owner);
+                Some(u.base.f_narrow(0, r.start as i64, r.len() as i64)?)
+            };
+            let grad = u.grad_shard.as_ref().expect("device optimizers read a device shard");
+            let shard = Shard { master, exp_avg, exp_avg_sq, grad, param_out: param_out.as_ref() };
+            self.optim.step(self.updates, grad_scale, &shard)?;
+        }
+        if matches!(self.stage, ZeroStage::Z1 | ZeroStage::Z2) && self.world > 1 {
+            for u in &mut self.units {
+                let r = u.layout.shard_range(self.owners, self.owner);
+                let mine = u.base.f_narrow(0, r.start as i64, r.len() as i64)?;
+                u.refreshing = Some(self.comm.all_gather(&mine, &u.base)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Offload: the host updates (already running when pipelined), and each unit's parameters
+    /// copied back to the device as soon as its update is done.
+    fn step_on_host(&mut self, grad_scale: f64) -> Result<(), EngineError> {
+        if !self.pipelined {
+            for u in 0..self.units.len() {
+                let update = Update {
+                    unit: u,
+                    landed: HostCopy::Done,
+                    accumulate: None,
+                    optim: self.optim_cfg,
+                    t: self.updates,
+                    grad_scale,
+                };
+                self.host_updates.spawn(self.units[u].optim.host(), update);
+            }
+        }
+        while let Some(done) = self.host_updates.next_done() {
+            let u = done.map_err(EngineError::Offload)?;
+            self.refresh_from_host(u)?;
+        }
+        Ok(())
+    }
+
+    /// Copies a unit's updated parameters from the host to where the device keeps them (and, in
+    /// stages 1 and 2, all-gathers them); with parameter offload they are copied at each use.
+    fn refresh_from_host(&mut self, u: usize) -> Result<(), EngineError> {
+        let unit = &mut self.units[u];
+        let src = unit.optim.host().param_source();
+        match (self.stage, &unit.param_shard) {
+            (ZeroStage::Z1 | ZeroStage::Z2, _) => {
+                let r = unit.layout.shard_range(self.owners, self.owner);
+                let mine = unit.base.f_narrow(0, r.start as i64, r.len() as i64)?;
+                let copied = self.comm.copy_to_device(src, &mine)?;
+                // The all-gather runs after the copy on the same stream.
+                unit.refreshing = Some(if self.world > 1 { self.comm.all_gather(&mine, &unit.base)? } else { copied });
+            }
+            (ZeroStage::Z3, Some(shard)) => unit.refreshing = Some(self.comm.copy_to_device(src, shard)?),
+            (ZeroStage::Z3, None) => {}
+            (ZeroStage::Z0, _) => unreachable!("offload needs stage 1, 2 or 3"),
+        }
+        Ok(())
     }
 }
 

@@ -8,6 +8,9 @@
 //! | 2 | full, all-gathered after the step | own shard; reduce-scattered from a bucket per micro-step as backward produces them | own shard |
 //! | 3 | own shard; gathered per use into persistent slots, released after | own shard, as stage 2 | own shard |
 //!
+//! With offload ([`offload`]) the optimizer state (and in stage 3 optionally the parameter shard)
+//! lives in pinned host memory and the CPU updates it.
+//!
 //! Every unit is padded to a multiple of world size × [`SHARD_ALIGN_ELEMS`] elements and every
 //! rank owns the same contiguous slice of every unit, so the per-rank model states equal the ZeRO
 //! formulas for the padded parameter count exactly (`zerobench_schema::memory`).
@@ -19,6 +22,7 @@ pub mod adamw_cuda;
 pub mod engine;
 pub mod layout;
 pub mod loss_scale;
+pub mod offload;
 pub mod schedule;
 
 pub use engine::{Engine, EngineError, StepOutcome};

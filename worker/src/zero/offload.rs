@@ -1,0 +1,182 @@
+//! ZeRO-Offload (Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", ATC'21):
+//! the optimizer of a rank's shards lives in (pinned) host memory and runs on the CPU.
+//!
+//! Per unit, after its gradients are reduce-scattered, the rank's gradient shard is copied to the
+//! host on the communication stream; the CPU then updates the fp32 master weights and Adam
+//! moments (the Rust AdamW, over all cores) as soon as that copy has landed — while the GPU goes on
+//! with the backward of earlier units — and writes the compute-precision parameters, which the
+//! device copies back (and, in stages 1 and 2, all-gathers) before they are used again. With
+//! `optimizer+params` (stage 3) the parameters stay on the host too and are copied to the device
+//! per use, ahead of it, just before their all-gather.
+//!
+//! fp16 needs every gradient before any update (an overflow anywhere skips the step), so there the
+//! updates start only after backward.
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+
+use tch::{Device, Kind, TchError, Tensor};
+use zerobench_schema::config::OptimConfig;
+
+use super::adamw::{step_cpu, AdamW, Shard};
+use crate::comm::HostCopy;
+
+/// One unit's shard in host memory.
+pub struct HostState {
+    /// fp32 master weights.
+    pub master: Tensor,
+    pub exp_avg: Tensor,
+    pub exp_avg_sq: Tensor,
+    /// The reduced gradient shard as it lands from the device (compute precision).
+    pub grad: Tensor,
+    /// Stages 2 and 3 accumulating over micro-steps: the fp32 sum of the landed shards.
+    pub grad_acc: Option<Tensor>,
+    /// Mixed precision: the compute-precision parameters the CPU writes and the device copies
+    /// back. (In fp32 the master weights are copied back directly.)
+    pub param: Option<Tensor>,
+}
+
+/// Allocates host memory, pinned when a GPU will copy to and from it (pinned copies run
+/// asynchronously at full PCIe speed; pageable ones are staged and synchronous).
+fn host_zeros(n: i64, kind: Kind, pin: bool) -> Result<Tensor, TchError> {
+    let t = Tensor::f_zeros([n], (kind, Device::Cpu))?;
+    if pin {
+        t.f_pin_memory(Device::Cuda(0))
+    } else {
+        Ok(t)
+    }
+}
+
+impl HostState {
+    /// The host state of a shard whose initial fp32 values are `shard_f32` (on any device).
+    pub fn new(shard_f32: &Tensor, kind: Kind, mixed: bool, accumulate: bool, pin: bool) -> Result<Self, TchError> {
+        let n = i64::try_from(shard_f32.numel()).expect("fits");
+        let master = host_zeros(n, Kind::Float, pin)?;
+        let _ = master.shallow_clone().f_copy_(shard_f32)?;
+        let param = if mixed {
+            let p = host_zeros(n, kind, pin)?;
+            let _ = p.shallow_clone().f_copy_(&master)?;
+            Some(p)
+        } else {
+            None
+        };
+        Ok(Self {
+            master,
+            exp_avg: host_zeros(n, Kind::Float, pin)?,
+            exp_avg_sq: host_zeros(n, Kind::Float, pin)?,
+            grad: host_zeros(n, kind, pin)?,
+            grad_acc: if accumulate { Some(host_zeros(n, Kind::Float, pin)?) } else { None },
+            param,
+        })
+    }
+
+    /// The tensor the device copies updated parameters from.
+    pub fn param_source(&self) -> &Tensor {
+        self.param.as_ref().unwrap_or(&self.master)
+    }
+
+    /// The gradient the update reads: the accumulated sum, or the landed shard.
+    pub fn update_grad(&self) -> &Tensor {
+        self.grad_acc.as_ref().unwrap_or(&self.grad)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        let b = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
+        b(&self.master)
+            + b(&self.exp_avg)
+            + b(&self.exp_avg_sq)
+            + b(&self.grad)
+            + self.grad_acc.as_ref().map_or(0, b)
+            + self.param.as_ref().map_or(0, b)
+    }
+
+    /// Adds the landed shard into the accumulator (or starts it, at the first micro-step).
+    pub fn accumulate(&self, first: bool) -> Result<(), TchError> {
+        if let Some(acc) = &self.grad_acc {
+            let g = self.grad.f_to_kind(Kind::Float)?;
+            if first {
+                acc.shallow_clone().f_copy_(&g)?;
+            } else {
+                let _ = acc.shallow_clone().f_add_(&g)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Shallow handles for a background update.
+    fn handles(&self) -> HostState {
+        HostState {
+            master: self.master.shallow_clone(),
+            exp_avg: self.exp_avg.shallow_clone(),
+            exp_avg_sq: self.exp_avg_sq.shallow_clone(),
+            grad: self.grad.shallow_clone(),
+            grad_acc: self.grad_acc.as_ref().map(Tensor::shallow_clone),
+            param: self.param.as_ref().map(Tensor::shallow_clone),
+        }
+    }
+}
+
+/// What one background update needs.
+pub struct Update {
+    pub unit: usize,
+    /// The gradient copy to wait for (`HostCopy::Done` once it has been waited for already).
+    pub landed: HostCopy,
+    /// Whether the landed shard must first be added to the accumulator (the last micro-step).
+    pub accumulate: Option<bool>,
+    pub optim: OptimConfig,
+    /// AdamW's step number (1-based) and the gradient's scale (1 / loss scale in fp16).
+    pub t: u64,
+    pub grad_scale: f64,
+}
+
+/// AdamW updates of host shards, run on the CPU thread pool as their gradients land.
+pub struct HostUpdates {
+    tx: Sender<(usize, Result<(), String>)>,
+    rx: Receiver<(usize, Result<(), String>)>,
+    outstanding: usize,
+}
+
+impl HostUpdates {
+    pub fn new() -> Self {
+        let (tx, rx) = channel();
+        Self { tx, rx, outstanding: 0 }
+    }
+
+    /// Starts an update of `state` in the background.
+    pub fn spawn(&mut self, state: &HostState, u: Update) {
+        let h = state.handles();
+        let tx = self.tx.clone();
+        self.outstanding += 1;
+        rayon::spawn(move || {
+            let run = || -> Result<(), String> {
+                u.landed.wait().map_err(|e| e.to_string())?;
+                if let Some(first) = u.accumulate {
+                    h.accumulate(first).map_err(|e| e.to_string())?;
+                }
+                let shard = Shard {
+                    master: &h.master,
+                    exp_avg: &h.exp_avg,
+                    exp_avg_sq: &h.exp_avg_sq,
+                    grad: h.update_grad(),
+                    param_out: h.param.as_ref(),
+                };
+                step_cpu(&AdamW::coeffs_for(&u.optim, u.t, u.grad_scale), &shard);
+                Ok(())
+            };
+            // The receiver lives as long as the engine, which waits for every update it spawned.
+            let _ = tx.send((u.unit, run()));
+        });
+    }
+
+    /// Waits for the next update to finish and returns its unit; `None` when none is running.
+    pub fn next_done(&mut self) -> Option<Result<usize, String>> {
+        if self.outstanding == 0 {
+            return None;
+        }
+        self.outstanding -= 1;
+        Some(match self.rx.recv() {
+            Ok((unit, Ok(()))) => Ok(unit),
+            Ok((unit, Err(e))) => Err(format!("host update of unit {unit}: {e}")),
+            Err(_) => Err("the host update threads are gone".into()),
+        })
+    }
+}
