@@ -14,6 +14,10 @@
 #   profile      traced and profiled runs (gpt2 stage 0 on 1 GPU, gpt2-xl stage 3 on 2 GPUs)
 #   ctas         2-GPU sweeps with NCCL capped at 8 and 16 thread blocks per collective
 #   eager        the one-GPU eager PyTorch reference only (the target's denominator)
+#   offload      gpt2-xl stages 2 and 3 on 1 and 2 GPUs with and without CPU offload, plus the CPU
+#                AdamW benchmark and pinned copy bandwidth of this host (issue 7)
+#   faults       a rank killed, a rank frozen, a configuration that does not fit (issue 6)
+#   fits         the largest preset each stage and offload setting fits on one GPU (sequence 512)
 #
 # Every worker log and JSON line lands in OUT (default $OUT, else bench-out/); `results.tar.gz`
 # packs them for the trip back.
@@ -101,6 +105,50 @@ for phase in "${phases[@]}"; do
     ctas)
       # NCCL thread blocks per collective: fewer leave more SMs to the overlapped computation.
       for c in 8 16; do sweep gpt2 16 2 "_ctas$c" --comm-ctas "$c"; sweep gpt2-xl 4 2 "_ctas$c" --comm-ctas "$c"; done ;;
+    offload)
+      for g in 1 2; do
+        [ "$g" -le "$GPUS" ] || continue
+        for s in 2 3; do
+          for off in none optimizer; do
+            worker "offload_gpt2-xl_z${s}_${off}_${g}gpu" "$g" --model gpt2-xl --stage "$s" --offload "$off" --micro-batch 4 --steps 8 --warmup 3
+          done
+        done
+        worker "offload_gpt2-xl_z3_optimizer+params_${g}gpu" "$g" --model gpt2-xl --stage 3 --offload optimizer+params --micro-batch 4 --steps 8 --warmup 3
+      done
+      "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
+      mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies.jsonl" 2>&1
+      log "copies: $(grep -h '2[dh]' "$RUNS/copies.jsonl" | tr '\n' ' ')" ;;
+    faults)
+      # A rank killed outright: mpirun stops the others, which log why (SIGTERM) and end.
+      fault_run() {  # fault_run NAME SIGNAL EXTRA...
+        local name=$1 sig=$2; shift 2
+        mpirun -np 2 -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE --bind-to none "$W" --device cuda --model gpt2 --stage 2 \
+          --micro-batch 4 --steps 100000 --log-dir "$RUNS/$name" --run-id "$name" "$@" > "$RUNS/$name.out" 2>&1 &
+        local mp=$!
+        for _ in $(seq 1 300); do [ "$(grep -c '"event":"step"' "$RUNS/$name/rank1.jsonl" 2>/dev/null)" -ge 5 ] && break; sleep 0.1; done
+        local pid; pid=$(grep -o '"pid":[0-9]*' "$RUNS/$name/rank1.jsonl" | head -1 | cut -d: -f2)
+        local t0; t0=$(date +%s%N)
+        kill "-$sig" "$pid"
+        for _ in $(seq 1 900); do kill -0 "$mp" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$mp" "$pid" 2>/dev/null
+        wait "$mp"; local rc=$?
+        log "$name: kill -$sig rank 1 after $(grep -c '"event":"step"' "$RUNS/$name/rank1.jsonl") steps; mpirun rc=$rc after $(( ($(date +%s%N) - t0) / 1000000 )) ms; rank 0: $(tail -n 2 "$RUNS/$name/rank0.jsonl" | cut -c1-220 | tr '\n' ' ')"
+      }
+      fault_run fault_killed KILL
+      fault_run fault_frozen STOP --stall-timeout-s 10
+      worker fault_oom 1 --model gpt2-xl --stage 0 --micro-batch 256 --steps 3 --warmup 1
+      log "fault_oom: $(tail -n 2 "$RUNS/fault_oom/rank0.jsonl" | cut -c1-400 | tr '\n' ' ')" ;;
+    fits)
+      # For each stage and offload setting, the largest preset that trains (2 steps, micro-batch 1,
+      # sequence 512) on one GPU, largest first; stops at the first that fits.
+      for cfg in "0 none" "1 none" "2 none" "3 none" "2 optimizer" "3 optimizer" "3 optimizer+params"; do
+        set -- $cfg
+        for m in t5-11b mistral-7b t5-3b gpt2-xl t5-large; do
+          [ $(( SECONDS )) -lt "${FITS_DEADLINE:-99999}" ] || { log "fits: out of time at z$1 $2 $m"; break 2; }
+          worker "fits_${m}_z$1_$2" 1 --model "$m" --stage "$1" --offload "$2" --micro-batch 1 --seq-len 512 --steps 2 --warmup 1 --stall-timeout-s 120
+          grep -q '"status":"ok"' "$RUNS/fits_${m}_z$1_$2/rank0.jsonl" 2>/dev/null && break
+        done
+      done ;;
     eager)
       reference ref_gpt2_eager_1gpu 1 --mode eager --model gpt2 --micro-batch 16
       reference ref_gpt2-xl_eager_1gpu 1 --mode eager --model gpt2-xl --micro-batch 4 ;;

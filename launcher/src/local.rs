@@ -90,7 +90,8 @@ pub fn run_local(dirs: &[PathBuf], opts: &LocalOptions) -> Result<Vec<LocalResul
         if record.state() == State::Done {
             tracing::info!(run = %rec.id, "{}", record.describe());
         } else {
-            tracing::warn!(run = %rec.id, "{}; output in {}", record.describe(), dir.join(LOCAL_OUTPUT).display());
+            let why = crate::status::log_failure(dir).map(|f| format!("; {f}")).unwrap_or_default();
+            tracing::warn!(run = %rec.id, "{}{why}; output in {}", record.describe(), dir.join(LOCAL_OUTPUT).display());
         }
         bar.inc(1);
         results.push(LocalResult { id: rec.id, dir: dir.clone(), record });

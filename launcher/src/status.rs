@@ -282,11 +282,19 @@ fn from_run_folder(row: &mut RunState, rec: &RunRecord) {
     }
 }
 
+/// What the logs of a run folder say went wrong, if anything: the rank that stopped without an
+/// `end`, or the first `error` (`rank N: class: message`).
+pub fn log_failure(run_dir: &Path) -> Option<String> {
+    read_logs(&run_dir.join(LOG_DIR)).failure
+}
+
 /// What the ranks' logs say.
 #[derive(Debug, Default)]
 struct Logs {
     /// Rank → its `end` status.
     ends: BTreeMap<u32, RunStatus>,
+    /// Rank → its last step, for every rank that wrote `start`.
+    started: BTreeMap<u32, Option<u32>>,
     /// The first failure: `rank N: class: message`.
     failure: Option<String>,
     ranks_seen: usize,
@@ -333,7 +341,14 @@ fn read_logs(dir: &Path) -> Logs {
             // A line being written, or from elsewhere, is skipped: status only needs the records.
             let Ok(rec) = parse_line(line) else { continue };
             match rec {
-                Record::Step(s) => logs.last_step = logs.last_step.max(Some(s.step)),
+                Record::Start(s) => {
+                    logs.started.entry(s.rank).or_insert(None);
+                }
+                Record::Step(s) => {
+                    logs.last_step = logs.last_step.max(Some(s.step));
+                    let last = logs.started.entry(s.rank).or_insert(None);
+                    *last = (*last).max(Some(s.step));
+                }
                 Record::End(e) => {
                     logs.ends.insert(e.rank, e.status);
                     if let (0, Some(s)) = (e.rank, e.summary) {
@@ -358,6 +373,21 @@ fn read_logs(dir: &Path) -> Logs {
                 _ => {}
             }
         }
+    }
+    // A rank that stopped without an `end` while others ended is the one that died (killed,
+    // crashed or lost with its node): the others' errors only say they were stopped.
+    let dead: Vec<String> = logs
+        .started
+        .iter()
+        .filter(|(r, _)| !logs.ends.contains_key(r))
+        .map(|(r, step)| match step {
+            Some(s) => format!("rank {r} (after step {s})"),
+            None => format!("rank {r} (before its first step)"),
+        })
+        .collect();
+    if !dead.is_empty() && !logs.ends.is_empty() {
+        let then = logs.failure.take().map(|f| format!("; then {f}")).unwrap_or_default();
+        logs.failure = Some(format!("{} stopped without an end record{then}", dead.join(", ")));
     }
     logs
 }

@@ -171,3 +171,64 @@ fn a_configuration_that_does_not_fit_is_an_oom_result() {
         other => panic!("{other:?}"),
     }
 }
+
+/// The sweep tools on top: `zerobench local` runs a sweep, a rank is killed in the middle;
+/// `local` and `status` name the rank that died, the logs up to the kill are intact, and ingest
+/// marks the run failed.
+#[test]
+fn the_launcher_and_ingest_report_a_killed_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = tmp.path().join("kill.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "cluster:\n  partition: debug\n  env:\n    OMP_NUM_THREADS: \"1\"\nlaunch:\n  method: local\n  worker: {}\n\
+             worker:\n  device: cpu\n  steps: 1000000\n  seq_len: 32\n\
+             sweep:\n  models: tiny\n  stages: 2\n  micro_batches: 2\n  ranks_per_node: 3\n",
+            worker().display()
+        ),
+    )
+    .unwrap();
+    let out = tmp.path().join("runs");
+    let mut local = Command::new(crate::common::zerobench_bin())
+        .args(["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The one run's log folder.
+    let t0 = Instant::now();
+    let logs = loop {
+        let found = std::fs::read_dir(&out)
+            .ok()
+            .and_then(|d| d.filter_map(Result::ok).map(|e| e.path().join("logs")).find(|p| p.join("rank1.jsonl").exists()));
+        if let Some(l) = found {
+            break l;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the run did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let pid = wait_for_steps(&logs, 1, 5, Duration::from_secs(60));
+    signal(pid, "-KILL");
+    let (status, took) = wait_exit(&mut local, Duration::from_secs(60), &out);
+    assert_eq!(status.code(), Some(1), "local reports a failed run");
+    assert!(took < Duration::from_secs(60));
+    let mut said = String::new();
+    use std::io::Read;
+    local.stdout.take().unwrap().read_to_string(&mut said).unwrap();
+    local.stderr.take().unwrap().read_to_string(&mut said).unwrap();
+    // `local` says which rank died.
+    assert!(said.contains("rank 1 ("), "{said}");
+    // `status`: the run failed because rank 1 stopped without an end record.
+    let st = crate::common::zerobench(&["status", out.to_str().unwrap()]);
+    let text = crate::common::stdout(&st) + &crate::common::stderr(&st);
+    assert!(text.contains("failed"), "{text}");
+    assert!(text.contains("rank 1 (after step"), "{text}");
+    // Ingest: a failed run, with the killed rank's log read up to its last line.
+    let tables = tmp.path().join("tables");
+    let ing = crate::common::zerobench(&["ingest", out.to_str().unwrap(), "--out", tables.to_str().unwrap(), "--format", "json"]);
+    let runs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(tables.join("runs.json")).unwrap()).unwrap();
+    let row = &runs["rows"][0];
+    assert_eq!(row["status"], "failed", "{row}\n{}", crate::common::stderr(&ing));
+    assert_eq!(row["ranks_read"], 3);
+}

@@ -1,6 +1,7 @@
 //! Bus bandwidth of zerobench's NCCL collectives, measured like `bench/gpu/collectives.py`
 //! measures torch.distributed's: bf16 buffers, 5 warm-up calls, then 20 back-to-back calls timed on
-//! the host around a device synchronisation. One JSON line per (collective, size) on rank 0.
+//! the host around a device synchronisation. One JSON line per (collective, size) on rank 0; then
+//! the pinned host-device copy bandwidth (the engine's offload copies) of the largest size.
 //!
 //! `mpirun -np 2 target/release/examples/nccl_bw BYTES...`
 
@@ -59,6 +60,44 @@ fn main() {
                     "{{\"impl\":\"zerobench\",\"op\":\"{}\",\"bytes\":{},\"ranks\":{n},\"us\":{us:.1},\"busbw_gbps\":{busbw:.2}}}",
                     kind.name(),
                     elems * 2
+                );
+            }
+        }
+    }
+    // Offload's copies: a pinned host buffer to and from the device.
+    if let Some(&bytes) = sizes.iter().max() {
+        let elems = (bytes / 2) as i64;
+        let dev_buf = Tensor::ones([elems], (Kind::BFloat16, dev));
+        let host = Tensor::zeros([elems], (Kind::BFloat16, tch::Device::Cpu)).pin_memory(dev);
+        for kind in [CollectiveKind::DeviceToHost, CollectiveKind::HostToDevice] {
+            let run = |c: &mut NcclCollectives| {
+                let p = match kind {
+                    CollectiveKind::DeviceToHost => {
+                        let (p, landed) = c.copy_to_host(&dev_buf, &host).expect("copy");
+                        landed.wait().expect("landed");
+                        p
+                    }
+                    _ => c.copy_to_device(&host, &dev_buf).expect("copy"),
+                };
+                c.wait(p).expect("wait");
+            };
+            for _ in 0..WARMUP {
+                run(&mut c);
+            }
+            gpu.compute.synchronize().expect("sync");
+            let t0 = Instant::now();
+            for _ in 0..ITERS {
+                run(&mut c);
+            }
+            gpu.compute.synchronize().expect("sync");
+            let us = t0.elapsed().as_secs_f64() * 1e6 / ITERS as f64;
+            let _ = c.take_stats();
+            if rank == 0 {
+                println!(
+                    "{{\"impl\":\"zerobench\",\"op\":\"{}\",\"bytes\":{},\"us\":{us:.1},\"gbps\":{:.2}}}",
+                    kind.name(),
+                    elems * 2,
+                    (elems * 2) as f64 / (us * 1e-6) / 1e9
                 );
             }
         }

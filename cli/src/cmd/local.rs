@@ -54,7 +54,13 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         if st != State::Done {
             failed += 1;
         }
-        t.row([r.id.clone(), st.to_string(), format!("{:.1}", r.record.seconds), r.record.describe()]);
+        let mut detail = r.record.describe();
+        if st != State::Done {
+            if let Some(why) = zerobench_launcher::status::log_failure(&r.dir) {
+                detail.push_str(&format!("; {why}"));
+            }
+        }
+        t.row([r.id.clone(), st.to_string(), format!("{:.1}", r.record.seconds), detail]);
     }
     let mut out = std::io::stdout().lock();
     t.write(&mut out)?;
