@@ -206,6 +206,11 @@ pub struct EngineConfig {
     /// fp16: the loss scale starts at 2^this (DeepSpeed's `initial_scale_power`).
     #[serde(default = "default_loss_scale_power")]
     pub loss_scale_power: u32,
+    /// Stage 3, ZeRO++'s hierarchical partitioning (hpZ): a secondary copy of the parameters
+    /// partitioned within groups of this many consecutive ranks (a node), filled from the forward
+    /// all-gather, so the backward all-gathers stay inside the group. Must divide the world size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hpz: Option<u32>,
     /// GPUs: the most thread blocks (CTAs) one NCCL collective may occupy (NCCL's `maxCTAs`).
     /// Fewer leave more SMs to the computation collectives overlap with; `None` is NCCL's choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -218,7 +223,7 @@ fn default_loss_scale_power() -> u32 {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { bucket_mb: 32.0, prefetch: 1, loss_scale_power: default_loss_scale_power(), comm_ctas: None }
+        Self { bucket_mb: 32.0, prefetch: 1, loss_scale_power: default_loss_scale_power(), hpz: None, comm_ctas: None }
     }
 }
 
@@ -328,6 +333,19 @@ impl RunConfig {
         if !(self.engine.bucket_mb.is_finite() && self.engine.bucket_mb > 0.0) {
             return Err(ConfigError::new("bucket-mb", "must be a positive number"));
         }
+        if let Some(g) = self.engine.hpz {
+            if self.stage != ZeroStage::Z3 {
+                return Err(ConfigError::new("hpz", "hierarchical partitioning is a stage 3 option"));
+            }
+            if g == 0 {
+                return Err(ConfigError::new("hpz", "the group size must be at least 1"));
+            }
+            if let Some(n) = world_size {
+                if n % g != 0 {
+                    return Err(ConfigError::new("hpz", format!("a group of {g} ranks does not divide the {n} ranks")));
+                }
+            }
+        }
         if self.engine.comm_ctas == Some(0) {
             return Err(ConfigError::new("comm-ctas", "must be at least 1"));
         }
@@ -362,6 +380,7 @@ impl RunConfig {
         diff("bucket_mb", self.engine.bucket_mb.to_string(), e.bucket_mb.to_string());
         diff("prefetch", self.engine.prefetch.to_string(), e.prefetch.to_string());
         diff("loss_scale_power", self.engine.loss_scale_power.to_string(), e.loss_scale_power.to_string());
+        diff("hpz", format!("{:?}", self.engine.hpz), format!("{:?}", e.hpz));
         diff("comm_ctas", format!("{:?}", self.engine.comm_ctas), format!("{:?}", e.comm_ctas));
         parts.join(",").replace("Some(", "").replace(')', "")
     }
@@ -406,6 +425,9 @@ impl RunConfig {
         push("bucket-mb", self.engine.bucket_mb.to_string());
         push("prefetch", self.engine.prefetch.to_string());
         push("loss-scale-power", self.engine.loss_scale_power.to_string());
+        if let Some(g) = self.engine.hpz {
+            push("hpz", g.to_string());
+        }
         if let Some(c) = self.engine.comm_ctas {
             push("comm-ctas", c.to_string());
         }

@@ -106,17 +106,19 @@ pub fn model_state_split(stage: ZeroStage, precision: Precision, offload: Offloa
 /// gradients through two staging buckets, each of `min(bucket, Ψ) + the largest unit` elements
 /// (a bucket closes once it holds at least `bucket_mb`); stage 3 gathers parameters into
 /// `prefetch + 1` slots of the largest unit. Elements are in the compute precision; all sizes are
-/// padded as in [`padded_unit`]. (Activations come on top and depend on batch and sequence.)
+/// padded as in [`padded_unit`]; with hpZ, stage 3 also keeps the secondary partition, pΨ/group.
+/// (Activations come on top and depend on batch and sequence.)
 pub fn engine_buffer_bytes(spec: &ModelSpec, stage: ZeroStage, precision: Precision, engine: &EngineConfig, world: u64) -> u64 {
     let p = precision.param_bytes();
     let largest = spec.units().iter().map(|u| padded_unit(u.params, world)).max().unwrap_or(0);
     let bucket = ((engine.bucket_mb * 1024.0 * 1024.0) as u64 / p).max(1);
     let staging = 2 * (bucket.min(padded_params(spec, world)) + largest) * p;
     let slots = u64::from(engine.prefetch + 1) * largest * p;
+    let secondary = engine.hpz.map_or(0, |g| padded_params(spec, world) / u64::from(g.max(1)) * p);
     match stage {
         ZeroStage::Z0 | ZeroStage::Z1 => 0,
         ZeroStage::Z2 => staging,
-        ZeroStage::Z3 => staging + slots,
+        ZeroStage::Z3 => staging + slots + secondary,
     }
 }
 

@@ -243,3 +243,33 @@ fn a_failure_during_training_is_logged_with_its_class() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn hpz_keeps_backward_gathers_in_the_group_and_trains_the_same_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = text();
+    let common = |extra: &[&str]| -> Vec<String> {
+        COMMON.iter().chain(extra).map(|s| s.to_string()).chain(["--data".into(), data.clone()]).collect()
+    };
+    let reference = {
+        let a = common(&["--stage", "0", "--micro-batch", "4"]);
+        losses(&train(1, &tmp.path().join("ref"), &a.iter().map(String::as_str).collect::<Vec<_>>())[0])
+    };
+    let a = common(&["--stage", "3", "--hpz", "2", "--micro-batch", "1"]);
+    let ranks = train(4, &tmp.path().join("hpz"), &a.iter().map(String::as_str).collect::<Vec<_>>());
+    let diff = max_rel_diff(&losses(&ranks[0]), &reference);
+    assert!(diff <= 1e-5, "hpZ on 4 ranks in groups of 2: relative loss difference {diff:e}");
+    let spec = ModelPreset::Tiny.spec();
+    for recs in &ranks {
+        let setup = recs.iter().find_map(|r| if let Record::Setup(s) = r { Some(s) } else { None }).unwrap();
+        // The secondary partition: this rank's half of every unit, within its group of 2.
+        assert_eq!(setup.buffers_bytes["hpz_secondary"], padded_params(&spec, 4) / 2 * 4);
+        let step = recs.iter().rev().find_map(|r| if let Record::Step(s) = r { Some(s) } else { None }).unwrap();
+        // Forward gathers go over all ranks, backward ones over the group.
+        assert!(step.comm["all_gather"].calls > 0 && step.comm["all_gather_group"].calls > 0, "{:?}", step.comm);
+    }
+    // A group size that does not divide the ranks is refused before any work.
+    let bad = run(mpirun(3).arg(worker()).args(["--model", "tiny", "--stage", "3", "--hpz", "2", "--log-dir"]).arg(tmp.path().join("bad")));
+    assert_eq!(bad.status.code(), Some(2), "{}", String::from_utf8_lossy(&bad.stderr));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--hpz"));
+}

@@ -52,6 +52,8 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
             gpu_hint, ident.local_rank
         )));
     }
+    // The rules that depend on the number of ranks (hpZ's group size).
+    cfg.validate(Some(ident.world_size)).map_err(|e| Failure::Config(e.to_string()))?;
     let run_id = shared_run_id(&world, args.run_id.as_deref(), &cfg);
     let log = RankLog::create(&args.log_dir, ident.rank, args.overwrite).map_err(|e| Failure::Io(e.to_string()))?;
     let stall = (args.stall_timeout_s > 0).then(|| Duration::from_secs(args.stall_timeout_s));
@@ -156,9 +158,20 @@ fn run_logged(
         Device::Cuda(i) => Some(Gpu::new(i).map_err(|e| Failure::Internal(format!("CUDA context: {e}")))?),
         _ => None,
     };
+    // hpZ: the ranks of this rank's group (consecutive ranks, a node) get a communicator of
+    // their own. Splitting is collective: every rank takes part.
+    let group_mpi = cfg.engine.hpz.map(|g| {
+        let color = mpi::topology::Color::with_value((ident.rank / g) as i32);
+        world.split_by_color(color).expect("every rank has a color")
+    });
     let comm: Box<dyn Collectives> = match &gpu {
         Some(g) => Box::new(NcclCollectives::new(world, Arc::clone(g), cfg.engine.comm_ctas)?),
         None => Box::new(MpiCollectives::new(world)),
+    };
+    let group: Option<Box<dyn Collectives>> = match (group_mpi, &gpu) {
+        (None, _) => None,
+        (Some(c), Some(g)) => Some(Box::new(NcclCollectives::new(c, Arc::clone(g), cfg.engine.comm_ctas)?)),
+        (Some(c), None) => Some(Box::new(MpiCollectives::new(c))),
     };
     let monitor = gpu.as_ref().and_then(|g| g.uuid()).and_then(|u| GpuMonitor::open(&u));
     let (device_name, total_memory_bytes) = match &gpu {
@@ -239,7 +252,7 @@ fn run_logged(
         device,
     );
 
-    let mut engine = zero::Engine::new(model.as_ref(), cfg, comm, device, gpu.clone())?;
+    let mut engine = zero::Engine::new(model.as_ref(), cfg, comm, group, device, gpu.clone())?;
     let probe = MemoryProbe::new(cuda_index);
     let padded = engine.padded_params();
     let expected = model_state_split(cfg.stage, cfg.precision, cfg.offload, cfg.grad_accum, padded, u64::from(ident.world_size));

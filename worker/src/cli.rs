@@ -87,6 +87,10 @@ pub struct Args {
     /// fp16: the loss scale starts at 2^this.
     #[arg(long, default_value_t = EngineConfig::default().loss_scale_power)]
     pub loss_scale_power: u32,
+    /// Stage 3: ZeRO++ hpZ, a secondary parameter partition within groups of this many ranks, so
+    /// backward all-gathers stay inside the group.
+    #[arg(long)]
+    pub hpz: Option<u32>,
     /// GPUs: most thread blocks one NCCL collective may use [default: NCCL's choice].
     #[arg(long)]
     pub comm_ctas: Option<u32>,
@@ -122,6 +126,7 @@ impl Args {
                 bucket_mb: self.bucket_mb,
                 prefetch: self.prefetch,
                 loss_scale_power: self.loss_scale_power,
+                hpz: self.hpz,
                 comm_ctas: self.comm_ctas,
             },
         }

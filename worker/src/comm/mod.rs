@@ -92,6 +92,9 @@ pub trait Collectives {
     /// Copies the (pinned) host tensor `src` into the device tensor `dst`, ordered like a
     /// collective (after the computation issued so far, before the communication issued next).
     fn copy_to_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError>;
+    /// Copies one device tensor into another on the communication stream, after the
+    /// communication already issued (hpZ keeps a slice of a just-gathered unit this way).
+    fn copy_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError>;
     /// Sums a few fp32 control values (the step's loss, an overflow flag) over ranks and waits for
     /// the result. Not counted in the step's communication: it is bookkeeping of a few bytes.
     fn reduce_control(&mut self, buf: &Tensor) -> Result<(), CommError>;

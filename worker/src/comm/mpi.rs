@@ -220,6 +220,10 @@ impl Collectives for MpiCollectives {
         self.host_copy(CollectiveKind::HostToDevice, src, dst)
     }
 
+    fn copy_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
+        self.host_copy(CollectiveKind::DeviceToDevice, src, dst)
+    }
+
     fn reduce_control(&mut self, buf: &Tensor) -> Result<(), CommError> {
         const OP: &str = "reduce_control";
         let (e, n) = flat(buf, OP)?;

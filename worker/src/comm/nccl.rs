@@ -294,6 +294,22 @@ impl Collectives for NcclCollectives {
         })
     }
 
+    fn copy_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
+        const OP: &str = "d2d";
+        let (e, n) = flat(src, OP)?;
+        let (eo, m) = flat(dst, OP)?;
+        if e != eo || n != m {
+            return Err(CommError::BadTensor { op: OP, reason: format!("{n} elements into {m}") });
+        }
+        let (s, d, bytes) = (Self::ptr(src) as u64, Self::ptr(dst) as u64, n * e.size());
+        self.issue(CollectiveKind::DeviceToDevice, bytes, |stream| {
+            // SAFETY: contiguous device tensors of `bytes`, alive until the copy is waited on.
+            unsafe { cudarc::driver::sys::cuMemcpyDtoDAsync_v2(d, s, bytes, stream as _) }
+                .result()
+                .map_err(|err| CommError::Failed { op: OP, message: err.to_string() })
+        })
+    }
+
     fn reduce_control(&mut self, buf: &Tensor) -> Result<(), CommError> {
         const OP: &str = "reduce_control";
         let n = buf.numel();

@@ -14,6 +14,8 @@ pub enum CollectiveKind {
     DeviceToHost,
     /// Offload: updated parameters copied back to the device.
     HostToDevice,
+    /// hpZ: a gathered unit's group slice kept as the secondary partition.
+    DeviceToDevice,
 }
 
 impl CollectiveKind {
@@ -25,6 +27,7 @@ impl CollectiveKind {
             CollectiveKind::Broadcast => "broadcast",
             CollectiveKind::DeviceToHost => "d2h",
             CollectiveKind::HostToDevice => "h2d",
+            CollectiveKind::DeviceToDevice => "d2d",
         }
     }
 
@@ -35,7 +38,10 @@ impl CollectiveKind {
         match self {
             CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
             CollectiveKind::ReduceScatter | CollectiveKind::AllGather => (n - 1.0) / n,
-            CollectiveKind::Broadcast | CollectiveKind::DeviceToHost | CollectiveKind::HostToDevice => 1.0,
+            CollectiveKind::Broadcast
+            | CollectiveKind::DeviceToHost
+            | CollectiveKind::HostToDevice
+            | CollectiveKind::DeviceToDevice => 1.0,
         }
     }
 }
@@ -46,6 +52,8 @@ pub struct StepComm {
     pub by_kind: BTreeMap<CollectiveKind, CommStats>,
     /// Time computation waited for communication.
     pub exposed_ms: f64,
+    /// Collectives of a sub-communicator (hpZ's group), already finalised, by record name.
+    pub other: BTreeMap<String, CommStats>,
 }
 
 impl StepComm {
@@ -58,21 +66,31 @@ impl StepComm {
     }
 
     pub fn total_ms(&self) -> f64 {
-        self.by_kind.values().map(|s| s.ms).sum()
+        self.by_kind.values().chain(self.other.values()).map(|s| s.ms).sum()
+    }
+
+    /// Adds the collectives of a sub-communicator of `world` ranks, each kind recorded as
+    /// `<kind>_<suffix>` (its bus bandwidth computed over that communicator's size).
+    pub fn merge_group(&mut self, group: StepComm, world: usize, suffix: &str) {
+        self.exposed_ms += group.exposed_ms;
+        for (name, s) in group.to_record(world) {
+            self.other.insert(format!("{name}_{suffix}"), s);
+        }
     }
 
     /// The per-kind map of the `step` record, with bus bandwidth filled in.
     pub fn to_record(&self, world: usize) -> BTreeMap<String, CommStats> {
-        self.by_kind
+        let mut out: BTreeMap<String, CommStats> = self.other.clone();
+        out.extend(self.by_kind
             .iter()
             .map(|(k, s)| {
                 let mut s = *s;
-                let copy = matches!(k, CollectiveKind::DeviceToHost | CollectiveKind::HostToDevice);
+                let copy = matches!(k, CollectiveKind::DeviceToHost | CollectiveKind::HostToDevice | CollectiveKind::DeviceToDevice);
                 s.bus_gbps = (s.ms > 0.0 && (world > 1 || copy))
                     .then(|| s.bytes as f64 * k.bus_factor(world) / (s.ms * 1e-3) / 1e9);
                 (k.name().to_string(), s)
-            })
-            .collect()
+            }));
+        out
     }
 }
 

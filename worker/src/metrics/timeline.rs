@@ -33,6 +33,7 @@ impl Track {
             Track::Comm("all_gather") => 12,
             Track::Comm("d2h") => 14,
             Track::Comm("h2d") => 15,
+            Track::Comm("d2d") => 16,
             Track::Comm(_) => 13,
         }
     }

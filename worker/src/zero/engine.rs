@@ -59,11 +59,23 @@ struct Unit {
     grad_shard: Option<Tensor>,
     /// Where the optimizer state lives.
     optim: OptimState,
-    /// Stage 3: the gather slot holding the unit, and the gather still in flight.
+    /// Stage 3: the gather slot holding the unit, and the gather still in flight (and whether it
+    /// went through the hpZ group's communicator).
     slot: Option<usize>,
-    gathering: Option<Pending>,
+    gathering: Option<(Pending, Via)>,
+    /// hpZ: this rank's slice of the unit within its group, and whether it holds this step's
+    /// parameters yet (the first gather of a step fills it).
+    secondary: Option<Tensor>,
+    secondary_fresh: bool,
     /// Stages 1 and 2: the all-gather of updated parameters still in flight.
     refreshing: Option<Pending>,
+}
+
+/// Which communicator a collective went through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    World,
+    Group,
 }
 
 /// A unit's optimizer state: on the device, or in host memory (offload).
@@ -148,15 +160,19 @@ pub struct Engine {
     /// Offload: updates start as gradients land (not in fp16, which must see every gradient first).
     pipelined: bool,
     host_updates: HostUpdates,
+    /// hpZ: the communicator of this rank's group.
+    group: Option<Box<dyn Collectives>>,
 }
 
 impl Engine {
     /// Builds every buffer and initialises the model. Nothing is communicated: every rank computes
     /// the same initial values and keeps what it owns.
+    /// `group` is the communicator of this rank's hpZ group (`cfg.engine.hpz`), when used.
     pub fn new(
         model: &dyn Model,
         cfg: &RunConfig,
         comm: Box<dyn Collectives>,
+        group: Option<Box<dyn Collectives>>,
         device: Device,
         gpu: Option<Arc<Gpu>>,
     ) -> Result<Self, EngineError> {
@@ -235,6 +251,10 @@ impl Engine {
                 // The parameters exist as views; their memory appears only while gathered.
                 shim::storage_release(&base)?;
             }
+            let secondary = match (&group, stage) {
+                (Some(g), ZeroStage::Z3) => Some(Tensor::f_zeros([padded / g.world() as i64], (kind, device))?),
+                _ => None,
+            };
             units.push(Unit {
                 layout,
                 base,
@@ -245,6 +265,8 @@ impl Engine {
                 optim,
                 slot: None,
                 gathering: None,
+                secondary,
+                secondary_fresh: false,
                 refreshing: None,
             });
         }
@@ -312,6 +334,7 @@ impl Engine {
             landed: Vec::new(),
             pipelined: cfg.precision != Precision::Fp16,
             host_updates: HostUpdates::new(),
+            group,
         })
     }
 
@@ -395,6 +418,10 @@ impl Engine {
         if !self.slots.is_empty() {
             b.insert("gather_slots".into(), self.slots.iter().map(bytes).sum());
         }
+        let secondary: u64 = self.units.iter().filter_map(|u| u.secondary.as_ref()).map(bytes).sum();
+        if secondary > 0 {
+            b.insert("hpz_secondary".into(), secondary);
+        }
         b
     }
 
@@ -409,7 +436,12 @@ impl Engine {
     }
 
     pub fn take_comm_stats(&mut self) -> Result<StepComm, EngineError> {
-        Ok(self.comm.take_stats()?)
+        let mut stats = self.comm.take_stats()?;
+        if let Some(g) = self.group.as_mut() {
+            let n = g.world();
+            stats.merge_group(g.take_stats()?, n, "group");
+        }
+        Ok(stats)
     }
 
     /// Starts micro-step `micro` of the current optimizer step.
@@ -431,8 +463,8 @@ impl Engine {
             if self.units[u].slot.is_none() {
                 self.gather(u, Some(u))?;
             }
-            if let Some(p) = self.units[u].gathering.take() {
-                self.comm.wait(p)?;
+            if let Some(g) = self.units[u].gathering.take() {
+                self.wait_gather(g)?;
             }
             for v in self.schedule.upcoming_units(i, self.prefetch) {
                 if self.units[v].slot.is_none() && self.slot_owner.iter().any(Option::is_none) {
@@ -476,6 +508,27 @@ impl Engine {
                 s
             }
         };
+        let unit = &self.units[u];
+        let n = i64::try_from(unit.layout.padded).expect("fits");
+        let dst = self.slots[slot].f_narrow(0, 0, n)?;
+        let has_secondary = unit.secondary.is_some();
+        let pending = match (&unit.secondary, unit.secondary_fresh, &mut self.group) {
+            // hpZ, after the step's first gather: from the secondary partition, inside the group.
+            (Some(sec), true, Some(group)) => (group.all_gather(sec, &dst)?, Via::Group),
+            _ => (self.gather_world(u, slot, has_secondary)?, Via::World),
+        };
+        let unit = &mut self.units[u];
+        // SAFETY: the slot tensor lives as long as the engine and holds `padded` elements.
+        unsafe { shim::storage_set(&unit.base, dst.data_ptr(), unit.layout.padded * self.kind.elt_size_in_bytes())? };
+        unit.slot = Some(slot);
+        unit.gathering = Some(pending);
+        self.slot_owner[slot] = Some(u);
+        Ok(())
+    }
+
+    /// Gathers unit `u` into `slot` from every rank's primary shard (from the host with parameter
+    /// offload); with hpZ, keeps this rank's group slice of it as the secondary partition.
+    fn gather_world(&mut self, u: usize, slot: usize, keep_secondary: bool) -> Result<Pending, EngineError> {
         let unit = &mut self.units[u];
         let n = i64::try_from(unit.layout.padded).expect("fits");
         let dst = self.slots[slot].f_narrow(0, 0, n)?;
@@ -490,19 +543,32 @@ impl Engine {
                 self.comm.all_gather(&mine, &dst)?
             }
         };
-        // SAFETY: the slot tensor lives as long as the engine and holds `padded` elements.
-        unsafe { shim::storage_set(&unit.base, dst.data_ptr(), unit.layout.padded * self.kind.elt_size_in_bytes())? };
-        unit.slot = Some(slot);
-        unit.gathering = Some(pending);
-        self.slot_owner[slot] = Some(u);
+        if !keep_secondary {
+            return Ok(pending);
+        }
+        // The copy runs after the all-gather on the same stream; waiting for it covers both.
+        let group = self.group.as_ref().expect("hpZ has a group");
+        let len = n / group.world() as i64;
+        let mine = dst.f_narrow(0, group.rank() as i64 * len, len)?;
+        let sec = unit.secondary.as_ref().expect("hpZ keeps a secondary partition");
+        let copied = self.comm.copy_device(&mine, sec)?;
+        unit.secondary_fresh = true;
+        Ok(copied)
+    }
+
+    fn wait_gather(&mut self, (p, via): (Pending, Via)) -> Result<(), EngineError> {
+        match via {
+            Via::World => self.comm.wait(p)?,
+            Via::Group => self.group.as_mut().expect("hpZ has a group").wait(p)?,
+        }
         Ok(())
     }
 
     fn release(&mut self, u: usize) -> Result<(), EngineError> {
-        let unit = &mut self.units[u];
-        if let Some(p) = unit.gathering.take() {
-            self.comm.wait(p)?;
+        if let Some(g) = self.units[u].gathering.take() {
+            self.wait_gather(g)?;
         }
+        let unit = &mut self.units[u];
         shim::storage_release(&unit.base)?;
         if let Some(s) = unit.slot.take() {
             self.slot_owner[s] = None;
@@ -750,6 +816,10 @@ impl Engine {
             Some(s) => s.update(overflow),
             None => true,
         };
+        // The parameters change (or, skipped, the next step gathers them anew anyway).
+        for u in &mut self.units {
+            u.secondary_fresh = false;
+        }
         if apply {
             self.updates += 1;
             let grad_scale = scale.map_or(1.0, |s| 1.0 / s);
