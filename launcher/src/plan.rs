@@ -174,6 +174,12 @@ fn apply_worker(spec: &Spec, c: &mut RunConfig) {
     if let Some(d) = &w.data {
         c.data = Some(d.clone());
     }
+    if w.hpz.is_some() {
+        c.engine.hpz = w.hpz;
+    }
+    if w.comm_ctas.is_some() {
+        c.engine.comm_ctas = w.comm_ctas;
+    }
 }
 
 /// The spec key a worker flag comes from, for placing `RunConfig::validate`'s errors.

@@ -224,6 +224,10 @@ pub struct Worker {
     pub prefetch: Option<u32>,
     /// fp16: the loss scale starts at 2^this.
     pub loss_scale_power: Option<u32>,
+    /// Stage 3: ZeRO++ hpZ group size (ranks per secondary partition, usually a node's GPUs).
+    pub hpz: Option<u32>,
+    /// GPUs: the most thread blocks one NCCL collective may use.
+    pub comm_ctas: Option<u32>,
 }
 
 /// One block of the sweep matrix: the runs are the cartesian product of its axes.
