@@ -14,8 +14,8 @@
 #   profile      traced and profiled runs (gpt2 stage 0 on 1 GPU, gpt2-xl stage 3 on 2 GPUs)
 #   ctas         2-GPU sweeps with NCCL capped at 8 and 16 thread blocks per collective
 #   eager        the one-GPU eager PyTorch reference only (the target's denominator)
-#   offload      gpt2-xl stages 2 and 3 on 1 and 2 GPUs with and without CPU offload, plus the CPU
-#                AdamW benchmark and pinned copy bandwidth of this host (issue 7)
+#   offload      gpt2-xl stages 2 and 3 on 1 and 2 GPUs with and without CPU offload, hpZ on 2 GPUs,
+#                plus the CPU AdamW benchmark and pinned copy bandwidth of this host (issue 7)
 #   faults       a rank killed, a rank frozen, a configuration that does not fit (issue 6)
 #   fits         the largest preset each stage and offload setting fits on one GPU (sequence 512)
 #
@@ -114,6 +114,12 @@ for phase in "${phases[@]}"; do
           done
         done
         worker "offload_gpt2-xl_z3_optimizer+params_${g}gpu" "$g" --model gpt2-xl --stage 3 --offload optimizer+params --micro-batch 4 --steps 8 --warmup 3
+      done
+      # hpZ beside plain stage 3 (bf16): groups of 2 (the whole host here) and of 1 (every rank
+      # keeps the full secondary copy: backward gathers become local copies).
+      for h in 2 1; do
+        [ "$GPUS" -ge 2 ] || continue
+        worker "hpz_gpt2-xl_z3_hpz${h}_2gpu" 2 --model gpt2-xl --stage 3 --hpz "$h" --micro-batch 4 --steps 8 --warmup 3
       done
       "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
       mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies.jsonl" 2>&1
