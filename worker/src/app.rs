@@ -13,7 +13,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::Device;
 use zerobench_schema::log::{DeviceInfo, End, ErrorRecord, ModelInfo, RunStatus, Setup, Start, Versions};
 use zerobench_schema::memory::model_state_split;
-use zerobench_schema::{DeviceRequest, Record, RunConfig, SCHEMA_VERSION};
+use zerobench_schema::{DeviceRequest, Offload, Record, RunConfig, SCHEMA_VERSION};
 
 use std::sync::Arc;
 
@@ -183,7 +183,10 @@ fn run_logged(
         (cores / ident.local_size.max(1)).max(1)
     });
     tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
-    let _ = rayon::ThreadPoolBuilder::new().num_threads(threads as usize).build_global();
+    // With GPU offload the CPU optimizer runs on the rayon pool while this thread keeps launching
+    // the GPU's work; one of the rank's cores stays free for it, or the GPU waits for launches.
+    let pool = if gpu.is_some() && cfg.offload != Offload::None { threads.saturating_sub(1).max(1) } else { threads };
+    let _ = rayon::ThreadPoolBuilder::new().num_threads(pool as usize).build_global();
 
     let spec = cfg.model.spec();
     let kind = zero::engine::compute_kind(cfg.precision);
