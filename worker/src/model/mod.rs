@@ -8,6 +8,12 @@
 //! gradients can thus be reduced as soon as the last segment that uses it has run backward.
 
 pub mod gpt2;
+pub mod llama;
+pub mod mlp;
+pub mod ops;
+pub mod relpos;
+pub mod rope;
+pub mod t5;
 
 use tch::{Kind, TchError, Tensor};
 use zerobench_schema::models::ModelSpec;
@@ -58,10 +64,31 @@ pub struct Segment {
 
 /// The data of one micro-batch, on the compute device.
 pub struct Batch {
-    /// Token ids, `[batch, seq]` (int64).
+    /// Token ids `[batch, seq]` (int64), or the MLP's input vectors `[batch, seq, width]` (fp32).
     pub input: Tensor,
-    /// Next-token targets, `[batch, seq]` (int64).
+    /// What the loss compares with: next-token ids `[batch, seq]` (GPT-2, Llama), target ids
+    /// `[batch, target_len]` (T5; int64), or the MLP's target vectors `[batch, seq, width]` (fp32).
     pub target: Tensor,
+    /// T5: the decoder's input, the targets shifted right behind start token 0 (HF T5's
+    /// `decoder_start_token_id`), `[batch, target_len]` (int64).
+    pub decoder_input: Option<Tensor>,
+}
+
+/// The data a FLOP count is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Sequences (MLP: samples).
+    pub sequences: u64,
+    /// Tokens per sequence: T5's input tokens; the MLP's vectors per sample.
+    pub seq_len: u64,
+    /// T5's target tokens per sequence (the other families ignore it).
+    pub target_len: u64,
+}
+
+impl Shape {
+    pub fn tokens(&self) -> f64 {
+        (self.sequences * self.seq_len) as f64
+    }
 }
 
 /// A model the ZeRO engine can train.
@@ -71,17 +98,22 @@ pub trait Model {
     /// Runs segment `s`. `params` are the parameters of its unit in declaration order, `inputs` the
     /// outputs of segment `s - 1` (none for the first). The last segment returns the mean loss.
     fn forward(&self, s: usize, params: &[Tensor], inputs: &[Tensor], batch: &Batch) -> Result<Vec<Tensor>, TchError>;
-    /// Forward FLOPs of segment `s` for `tokens` tokens of sequences of `seq_len` (matrix products
-    /// counted as 2·m·n·k, attention in full as PaLM counts it; backward is about twice this).
-    fn forward_flops(&self, s: usize, tokens: u64, seq_len: u64) -> f64;
+    /// Forward FLOPs of segment `s` for a batch of `shape` (matrix products counted as 2·m·n·k,
+    /// attention in full as PaLM counts it; backward is about twice this). Three times their sum
+    /// over the segments is `ModelSpec::train_flops_per_input_token` per token, less the small
+    /// terms that count parameters outside matrix products (biases, norms).
+    fn forward_flops(&self, s: usize, shape: &Shape) -> f64;
 }
 
-/// Builds the model of a preset. `kind` is the compute precision.
-pub fn build(spec: &ModelSpec, kind: Kind) -> Result<Box<dyn Model>, String> {
-    match spec {
-        ModelSpec::Gpt2(d) => Ok(Box::new(gpt2::Gpt2::new(*d, kind))),
-        other => Err(format!("the {} family is not implemented in the worker yet", other.family())),
-    }
+/// Builds the model of a preset. Building declares shapes only: nothing is allocated. Fails for
+/// dimensions no model can have (none of the presets).
+pub fn build(spec: &ModelSpec) -> Result<Box<dyn Model>, String> {
+    Ok(match spec {
+        ModelSpec::Gpt2(d) => Box::new(gpt2::Gpt2::new(*d)),
+        ModelSpec::T5(d) => Box::new(t5::T5::new(*d)),
+        ModelSpec::Llama(d) => Box::new(llama::Llama::new(*d)?),
+        ModelSpec::Mlp(d) => Box::new(mlp::Mlp::new(*d)),
+    })
 }
 
 /// Fills a unit's parameters with their initial values (fp32, flat, on `device`), deterministically
@@ -126,24 +158,48 @@ mod tests {
     use zerobench_schema::ModelPreset;
 
     /// The worker's models have exactly the parameters the schema's closed forms give, unit by
-    /// unit, so memory predictions and logs agree with what trains.
+    /// unit, so memory predictions and logs agree with what trains; every unit is used by a
+    /// segment, and the first segment reads the batch.
     #[test]
     fn units_match_the_schema() {
-        for preset in [ModelPreset::Tiny, ModelPreset::Gpt2, ModelPreset::Gpt2Medium, ModelPreset::Gpt2Large, ModelPreset::Gpt2Xl] {
+        for &preset in ModelPreset::ALL {
             let spec = preset.spec();
-            let model = build(&spec, Kind::Float).unwrap();
+            let model = build(&spec).unwrap();
             let want = spec.units();
             assert_eq!(model.units().len(), want.len(), "{preset}");
             for (u, w) in model.units().iter().zip(&want) {
                 assert_eq!(u.name, w.name, "{preset}");
                 assert_eq!(u.numel() as u64, w.params, "{preset} {}", u.name);
             }
+            for (i, _) in model.units().iter().enumerate() {
+                assert!(model.segments().iter().any(|s| s.unit == i), "{preset}: unit {i} is used");
+            }
+        }
+    }
+
+    /// The per-segment counts behind `--profile-step` add up to the schema's count per token
+    /// (which also counts the parameters outside matrix products: biases, norms, T5's
+    /// position-bias tables).
+    #[test]
+    fn segment_flops_add_up_to_the_schema() {
+        for &preset in ModelPreset::ALL {
+            let spec = preset.spec();
+            let model = build(&spec).unwrap();
+            let seq_len = spec.default_seq_len();
+            for target_len in [seq_len, (seq_len / 4).max(1)] {
+                let shape = Shape { sequences: 3, seq_len: u64::from(seq_len), target_len: u64::from(target_len) };
+                let forward: f64 = (0..model.segments().len()).map(|s| model.forward_flops(s, &shape)).sum();
+                let per_token = 3.0 * forward / shape.tokens();
+                let want = spec.train_flops_per_input_token(seq_len, target_len);
+                let rel = (per_token - want).abs() / want;
+                assert!(rel < 0.01, "{preset} at {seq_len}/{target_len}: {per_token} vs {want}");
+            }
         }
     }
 
     #[test]
     fn init_is_deterministic_per_unit() {
-        let model = build(&ModelPreset::Tiny.spec(), Kind::Float).unwrap();
+        let model = build(&ModelPreset::Tiny.spec()).unwrap();
         let a = init_unit(&model.units()[1], 1, 7, tch::Device::Cpu).unwrap();
         let b = init_unit(&model.units()[1], 1, 7, tch::Device::Cpu).unwrap();
         let c = init_unit(&model.units()[1], 1, 8, tch::Device::Cpu).unwrap();
