@@ -6,6 +6,14 @@
 //! inputs are fresh leaves, and backward of a segment yields its parameters' gradients and the
 //! gradients of its inputs, which become the upstream gradients of the segment before it. A unit's
 //! gradients can thus be reduced as soon as the last segment that uses it has run backward.
+//!
+//! A segment may hand several float tensors to the next (integer data, such as masks, is rebuilt
+//! from the batch instead); one handed on unchanged collects the gradients of every segment that
+//! reads it. A unit may serve several segments (tied embeddings).
+//!
+//! * `gpt2`, `t5`, `llama`, `mlp`: the families of `ModelSpec`.
+//! * `ops`: RMS norm, attention heads, the LM head and its loss; `relpos`: T5's position buckets;
+//!   `rope`: rotary embeddings.
 
 pub mod gpt2;
 pub mod llama;
@@ -86,6 +94,7 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// Input tokens, as a factor of FLOP counts.
     pub fn tokens(&self) -> f64 {
         (self.sequences * self.seq_len) as f64
     }
@@ -96,7 +105,8 @@ pub trait Model {
     fn units(&self) -> &[UnitDef];
     fn segments(&self) -> &[Segment];
     /// Runs segment `s`. `params` are the parameters of its unit in declaration order, `inputs` the
-    /// outputs of segment `s - 1` (none for the first). The last segment returns the mean loss.
+    /// outputs of segment `s - 1` (none for the first), as fresh leaves in the same order. The last
+    /// segment returns the mean loss.
     fn forward(&self, s: usize, params: &[Tensor], inputs: &[Tensor], batch: &Batch) -> Result<Vec<Tensor>, TchError>;
     /// Forward FLOPs of segment `s` for a batch of `shape` (matrix products counted as 2·m·n·k,
     /// attention in full as PaLM counts it; backward is about twice this). Three times their sum
@@ -193,6 +203,87 @@ mod tests {
                 let want = spec.train_flops_per_input_token(seq_len, target_len);
                 let rel = (per_token - want).abs() / want;
                 assert!(rel < 0.01, "{preset} at {seq_len}/{target_len}: {per_token} vs {want}");
+            }
+        }
+    }
+
+    /// Every unit's parameters as fp64 leaves, initialised as the engine does.
+    fn leaves(model: &dyn Model) -> Vec<Vec<Tensor>> {
+        model
+            .units()
+            .iter()
+            .enumerate()
+            .map(|(i, u)| {
+                let flat = init_unit(u, i, 5, tch::Device::Cpu).unwrap().to_kind(Kind::Double);
+                let mut offset = 0;
+                u.params
+                    .iter()
+                    .map(|p| {
+                        let n = p.numel() as i64;
+                        let t = flat.narrow(0, offset, n).view(p.shape.as_slice()).detach().set_requires_grad(true);
+                        offset += n;
+                        t
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn take_grads(params: &[Vec<Tensor>]) -> Vec<Tensor> {
+        params
+            .iter()
+            .flatten()
+            .map(|p| {
+                let g = p.grad().copy();
+                crate::runtime::shim::clear_grad(p).unwrap();
+                g
+            })
+            .collect()
+    }
+
+    /// The trainer's protocol (each segment from fresh leaves, backward segment by segment from
+    /// the next one's input gradients) gives every parameter the gradient of one autograd pass over
+    /// the whole model: nothing a segment hands on (T5's pass-through encoder output and position
+    /// biases included) loses its gradient.
+    #[test]
+    fn segmented_backward_equals_whole_backward() {
+        let batches = |preset: ModelPreset| -> crate::model::Batch {
+            let cfg = zerobench_schema::RunConfig { seq_len: 12, target_len: None, ..zerobench_schema::RunConfig::new(preset, zerobench_schema::ZeroStage::Z0) };
+            let task = crate::data::Task::of(&cfg);
+            let source = crate::data::Source::open(None, preset.spec().vocab(), &task).unwrap();
+            crate::data::Data::new(source, task, 1, 2, 1, 1, 0, tch::Device::Cpu).batch(0, 0).unwrap()
+        };
+        for preset in [ModelPreset::Tiny, ModelPreset::TinyT5, ModelPreset::TinyLlama, ModelPreset::Mlp] {
+            let model = build(&preset.spec()).unwrap();
+            let params = leaves(model.as_ref());
+            let batch = batches(preset);
+            let n = model.segments().len();
+            let unit = |s: usize| &params[model.segments()[s].unit];
+
+            let mut state: Vec<Tensor> = Vec::new();
+            for s in 0..n {
+                state = model.forward(s, unit(s), &state, &batch).unwrap();
+            }
+            state[0].backward();
+            let whole = take_grads(&params);
+
+            let (mut inputs, mut outputs): (Vec<Vec<Tensor>>, Vec<Vec<Tensor>>) = (Vec::new(), Vec::new());
+            for s in 0..n {
+                let leaves: Vec<Tensor> = outputs.last().map_or(Vec::new(), |o: &Vec<Tensor>| o.iter().map(|t| t.detach().set_requires_grad(true)).collect());
+                outputs.push(model.forward(s, unit(s), &leaves, &batch).unwrap());
+                inputs.push(leaves);
+            }
+            outputs[n - 1][0].backward();
+            for s in (0..n - 1).rev() {
+                let grads: Vec<Tensor> = inputs[s + 1].iter().map(Tensor::grad).collect();
+                let outs: Vec<&Tensor> = outputs[s].iter().collect();
+                crate::runtime::shim::backward(&outs, &grads.iter().collect::<Vec<_>>()).unwrap();
+            }
+            let segmented = take_grads(&params);
+
+            for (i, (a, b)) in whole.iter().zip(&segmented).enumerate() {
+                assert!(a.abs().max().double_value(&[]) > 0.0, "{preset}: parameter {i} gets a gradient");
+                assert!(a.allclose(b, 1e-9, 1e-12, false), "{preset}: parameter {i}");
             }
         }
     }
