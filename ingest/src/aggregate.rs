@@ -137,7 +137,7 @@ fn throughput(row: &mut RunRow, measured: &[&StepSlot], acc: &RunAcc, start: &St
     row.samples_per_s = Some(sps);
     row.samples_per_s_per_gpu = Some(sps / world);
     let cfg = &start.config;
-    let fpt = cfg.model.spec().train_flops_per_token(cfg.seq_len);
+    let fpt = cfg.train_flops_per_token();
     row.flops_per_token = Some(fpt);
     let tflops = tps * fpt / 1e12;
     row.tflops_per_s = Some(tflops);

@@ -239,8 +239,12 @@ pub struct RunConfig {
     pub precision: Precision,
     /// Sequences per rank per micro-step.
     pub micro_batch: u32,
-    /// Tokens per sequence (decoder) or input tokens (encoder-decoder).
+    /// Tokens per sequence (decoder) or input tokens (encoder-decoder); vectors per sample (MLP).
     pub seq_len: u32,
+    /// Encoder-decoder models: target (decoder) tokens per sequence; absent means
+    /// [`default_target_len`] of `seq_len`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_len: Option<u32>,
     /// Micro-steps per optimizer step.
     #[serde(default = "one")]
     pub grad_accum: u32,
@@ -266,6 +270,14 @@ fn one() -> u32 {
     1
 }
 
+/// The target length of an encoder-decoder run that names none: a quarter of the input, at least
+/// one token. T5's span-corruption pre-training (15% of tokens masked in spans of mean length 3)
+/// turns 512 input tokens into targets of about 114, so inputs about four times their targets are
+/// the shape these models train on.
+pub fn default_target_len(seq_len: u32) -> u32 {
+    (seq_len / 4).max(1)
+}
+
 impl RunConfig {
     /// A configuration with defaults for everything but the model and stage.
     pub fn new(model: ModelPreset, stage: ZeroStage) -> Self {
@@ -276,6 +288,7 @@ impl RunConfig {
             precision: Precision::Bf16,
             micro_batch: 1,
             seq_len: model.spec().default_seq_len(),
+            target_len: None,
             grad_accum: 1,
             steps: 10,
             warmup: 2,
@@ -304,6 +317,20 @@ impl RunConfig {
                     format!("{} exceeds the {} positions of model {}", self.seq_len, max, self.model),
                 ));
             }
+        }
+        if let Some(t) = self.target_len {
+            if !self.model.spec().is_encoder_decoder() {
+                return Err(ConfigError::new(
+                    "target-len",
+                    format!("model {} is not an encoder-decoder; only T5 models have a target length", self.model),
+                ));
+            }
+            if t == 0 {
+                return Err(ConfigError::new("target-len", "must be at least 1"));
+            }
+        }
+        if self.data.is_some() && self.model.spec().vocab() == 0 {
+            return Err(ConfigError::new("data", format!("model {} takes vectors, not text", self.model)));
         }
         if self.grad_accum == 0 {
             return Err(ConfigError::new("grad-accum", "must be at least 1"));
@@ -372,6 +399,9 @@ impl RunConfig {
                 parts.push(format!("{name}={value}"));
             }
         };
+        // The target length changes what a step computes as much as the sequence length does.
+        let target_default = RunConfig { target_len: None, ..self.clone() }.target_len_or_default();
+        diff("target_len", self.target_len_or_default().to_string(), target_default.to_string());
         diff("lr", self.optim.lr.to_string(), o.lr.to_string());
         diff("beta1", self.optim.beta1.to_string(), o.beta1.to_string());
         diff("beta2", self.optim.beta2.to_string(), o.beta2.to_string());
@@ -383,6 +413,21 @@ impl RunConfig {
         diff("hpz", format!("{:?}", self.engine.hpz), format!("{:?}", e.hpz));
         diff("comm_ctas", format!("{:?}", self.engine.comm_ctas), format!("{:?}", e.comm_ctas));
         parts.join(",").replace("Some(", "").replace(')', "")
+    }
+
+    /// The decoder's tokens per sequence of an encoder-decoder model ([`default_target_len`] unless
+    /// given); the other families have none and get `seq_len`, which their FLOP counts ignore.
+    pub fn target_len_or_default(&self) -> u32 {
+        match self.target_len {
+            Some(t) => t,
+            None if self.model.spec().is_encoder_decoder() => default_target_len(self.seq_len),
+            None => self.seq_len,
+        }
+    }
+
+    /// Training FLOPs per token of this run's model at its sequence (and target) length.
+    pub fn train_flops_per_token(&self) -> f64 {
+        self.model.spec().train_flops_per_input_token(self.seq_len, self.target_len_or_default())
     }
 
     /// Sequences per optimizer step over all ranks.
@@ -409,6 +454,9 @@ impl RunConfig {
         push("precision", self.precision.to_string());
         push("micro-batch", self.micro_batch.to_string());
         push("seq-len", self.seq_len.to_string());
+        if let Some(t) = self.target_len {
+            push("target-len", t.to_string());
+        }
         push("grad-accum", self.grad_accum.to_string());
         push("steps", self.steps.to_string());
         push("warmup", self.warmup.to_string());
@@ -496,11 +544,40 @@ mod tests {
     }
 
     #[test]
+    fn target_len_belongs_to_encoder_decoders() {
+        let mut c = RunConfig::new(ModelPreset::T5Small, ZeroStage::Z2);
+        assert_eq!(c.target_len_or_default(), 128);
+        c.seq_len = 3;
+        assert_eq!(c.target_len_or_default(), 1);
+        c.target_len = Some(0);
+        assert_eq!(c.validate(None).unwrap_err().field, "target-len");
+        c.target_len = Some(700);
+        c.validate(None).unwrap();
+        assert_eq!(c.target_len_or_default(), 700);
+        assert_eq!(c.variant(), "target_len=700");
+        let mut g = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z0);
+        g.target_len = Some(8);
+        assert!(g.validate(None).unwrap_err().reason.contains("encoder-decoder"));
+    }
+
+    #[test]
+    fn the_mlp_reads_no_text() {
+        let mut c = RunConfig::new(ModelPreset::Mlp, ZeroStage::Z1);
+        c.validate(None).unwrap();
+        c.data = Some("text.txt".into());
+        assert_eq!(c.validate(None).unwrap_err().field, "data");
+    }
+
+    #[test]
     fn json_round_trip_and_unknown_keys_rejected() {
         let c = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z3);
         let s = serde_json::to_string(&c).unwrap();
+        assert!(!s.contains("target_len"), "an absent target length is left out: {s}");
         let back: RunConfig = serde_json::from_str(&s).unwrap();
         assert_eq!(back, c);
+        let mut t5 = RunConfig::new(ModelPreset::T5Base, ZeroStage::Z3);
+        t5.target_len = Some(64);
+        assert_eq!(serde_json::from_str::<RunConfig>(&serde_json::to_string(&t5).unwrap()).unwrap(), t5);
         let bad = s.replacen("\"steps\"", "\"stepz\"", 1);
         assert!(serde_json::from_str::<RunConfig>(&bad).is_err());
     }

@@ -269,6 +269,11 @@ impl ModelSpec {
         }
     }
 
+    /// Whether the model reads an input sequence and writes a target sequence of its own length (T5).
+    pub fn is_encoder_decoder(&self) -> bool {
+        matches!(self, ModelSpec::T5(_))
+    }
+
     /// The longest sequence the model can take, where positions are learned.
     pub fn max_seq_len(&self) -> Option<u32> {
         match *self {
@@ -292,9 +297,20 @@ impl ModelSpec {
     /// parameters that take part in matrix products (all parameters but learned position
     /// embeddings and, where the LM head is untied, the input embedding lookup) and the second
     /// term is attention's score and value products at sequence length T. For T5, T is the input
-    /// length and the count is per input token of an encoder-decoder pass with equal target length;
-    /// for the MLP, a "token" is one sample and there is no attention term.
+    /// length and the count is per input token of an encoder-decoder pass with equal target length
+    /// (see [`Self::train_flops_per_input_token`]); for the MLP, a "token" is one input vector and
+    /// there is no attention term.
     pub fn train_flops_per_token(&self, seq_len: u32) -> f64 {
+        self.train_flops_per_input_token(seq_len, seq_len)
+    }
+
+    /// [`Self::train_flops_per_token`] where T5's decoder reads `target_len` tokens for the
+    /// `seq_len` input tokens of its encoder, per input token: the encoder's parameters act on
+    /// every input token, the decoder's on every target token (but its cross-attention keys and
+    /// values, which project the encoder's output, on every input token), the tied LM head on every
+    /// target token; attention is the encoder's over T·T, the decoder's over T'·T' and T'·T
+    /// (cross). The other families have no target length and ignore it.
+    pub fn train_flops_per_input_token(&self, seq_len: u32, target_len: u32) -> f64 {
         let t = f64::from(seq_len);
         let n = self.param_count() as f64;
         match *self {
@@ -303,8 +319,17 @@ impl ModelSpec {
                 6.0 * n + 12.0 * (d.n_layer * d.d_model) as f64 * t
             }
             ModelSpec::T5(d) => {
-                // Decoder layers attend twice (self and cross).
-                6.0 * n + 12.0 * (d.n_layer * d.n_head * d.d_kv) as f64 * t * 3.0
+                let (c, inner, l) = ((d.d_model) as f64, (d.n_head * d.d_kv) as f64, d.n_layer as f64);
+                let units = self.units();
+                let sum = |prefix: &str| -> f64 {
+                    units.iter().filter(|u| u.name.starts_with(prefix)).map(|u| u.params as f64).sum()
+                };
+                // Per input token: r target tokens.
+                let (t2, r) = (f64::from(target_len), f64::from(target_len) / t);
+                let cross_kv = 2.0 * l * c * inner;
+                let encoder = sum("encoder.") + c;
+                let decoder = sum("decoder.") - cross_kv + c + (d.vocab * d.d_model) as f64;
+                6.0 * (encoder + cross_kv + decoder * r) + 12.0 * l * inner * (t + t2 * r + t2)
             }
             ModelSpec::Llama(d) => {
                 let n = n - (d.vocab * d.d_model) as f64;
@@ -369,6 +394,19 @@ mod tests {
         assert_eq!(u[0].name, "embed");
         assert_eq!(u[1].params, 7_087_872);
         assert_eq!(ModelPreset::Gpt2.spec().largest_unit_params(), u[0].params);
+    }
+
+    /// With the target as long as the input, T5's count is `6·N` plus three attentions (encoder
+    /// self, decoder self, cross) per layer pair; a shorter target shrinks the decoder's share.
+    #[test]
+    fn t5_flops_per_input_token() {
+        let spec = ModelPreset::T5Small.spec();
+        let equal = spec.train_flops_per_input_token(512, 512);
+        assert_eq!(equal, spec.train_flops_per_token(512));
+        let want = 6.0 * 60_506_624.0 + 12.0 * 6.0 * 512.0 * 512.0 * 3.0;
+        assert!((equal - want).abs() / want < 1e-12, "{equal} vs {want}");
+        let short = spec.train_flops_per_input_token(512, 128);
+        assert!(short < equal && short > 0.4 * equal, "{short} vs {equal}");
     }
 
     #[test]

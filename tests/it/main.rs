@@ -4,6 +4,7 @@
 //!
 //! * `support`: where the release binaries are, how to start ranks, how to read their logs.
 //! * `worker`: the worker under `mpirun`: losses across stages, memory formulas, bad flags.
+//! * `models`: T5, Llama and the MLP under `mpirun`: losses across stages, learning, bf16, profiles.
 //! * `common`: the launcher modules' helpers: the `zerobench` binary, the local Slurm.
 //! * `render`: insta snapshots of the scripts and hostfiles rendered from `slurm/examples/`.
 //! * `cli`: the `zerobench` commands as a user runs them: tables, errors, exit codes.
@@ -19,6 +20,7 @@ mod common;
 mod e2e_slurm;
 mod hostlist_oracle;
 mod injection;
+mod models;
 mod pdsh;
 mod render;
 mod slurm;

@@ -56,6 +56,24 @@ pub fn records(path: &Path) -> Vec<Record> {
         .collect()
 }
 
+/// The shipped public-domain text the tests train on.
+pub fn text() -> String {
+    root().join("tests/data/declaration-of-independence.txt").display().to_string()
+}
+
+/// Runs `n` ranks of the worker with `args` into `dir`, and returns each rank's records.
+pub fn train(n: usize, dir: &Path, args: &[&str]) -> Vec<Vec<Record>> {
+    let out = run(mpirun(n).arg(worker()).args(args).arg("--log-dir").arg(dir));
+    assert_ok(&out, &format!("{n} ranks {args:?}"));
+    (0..n).map(|r| records(&dir.join(format!("rank{r}.jsonl")))).collect()
+}
+
+/// The largest relative difference between two equally long series.
+pub fn max_rel_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| ((x - y) / y).abs()).fold(0.0, f64::max)
+}
+
 /// The losses of the `step` records, in order.
 pub fn losses(recs: &[Record]) -> Vec<f64> {
     recs.iter()

@@ -9,27 +9,11 @@ use zerobench_schema::log::{ErrorClass, Record, RunStatus};
 use zerobench_schema::memory::{model_state_bytes, padded_params};
 use zerobench_schema::{ModelPreset, Precision, ZeroStage};
 
-use crate::support::{assert_ok, losses, mpirun, records, root, run, worker};
-
-fn text() -> String {
-    root().join("tests/data/declaration-of-independence.txt").display().to_string()
-}
-
-/// Runs `n` ranks of the worker with `args` into `dir`, and returns each rank's records.
-fn train(n: usize, dir: &Path, args: &[&str]) -> Vec<Vec<Record>> {
-    let out = run(mpirun(n).arg(worker()).args(args).arg("--log-dir").arg(dir));
-    assert_ok(&out, &format!("{n} ranks {args:?}"));
-    (0..n).map(|r| records(&dir.join(format!("rank{r}.jsonl")))).collect()
-}
+use crate::support::{assert_ok, losses, max_rel_diff, mpirun, records, run, text, train, worker};
 
 /// Tiny GPT-2 on the shipped text in fp32: the loss falls fast enough to show learning, and the
 /// learning rate is below the regime where Adam amplifies last-bit rounding differences.
 const COMMON: &[&str] = &["--model", "tiny", "--seq-len", "64", "--precision", "fp32", "--lr", "1e-3", "--steps", "20", "--threads", "1"];
-
-fn max_rel_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| ((x - y) / y).abs()).fold(0.0, f64::max)
-}
 
 #[test]
 fn every_stage_follows_stage_0_on_one_rank() {
@@ -188,7 +172,9 @@ fn bad_flags_fail_before_any_work_and_name_the_flag() {
         (&["--model", "tiny", "--stage", "1", "--micro-batch", "0"], "--micro-batch"),
         (&["--model", "tiny", "--stage", "1", "--seq-len", "100000"], "--seq-len"),
         (&["--model", "tiny", "--stage", "1", "--steps=-3"], "--steps"),
-        (&["--model", "t5-small", "--stage", "1"], "--model"),
+        (&["--model", "tiny", "--stage", "1", "--target-len", "8"], "--target-len"),
+        (&["--model", "tiny-t5", "--stage", "1", "--target-len", "0"], "--target-len"),
+        (&["--model", "mlp", "--stage", "1", "--data", "text.txt"], "--data"),
     ];
     for (args, needle) in cases {
         let mut all = args.to_vec();

@@ -38,7 +38,7 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     cfg.validate(None).map_err(|e| Failure::Config(e.to_string()))?;
     let model_spec = cfg.model.spec();
     // Refuse what the worker cannot build before any rank starts communicating.
-    model::build(&model_spec, tch::Kind::Float).map_err(|e| Failure::Config(format!("invalid --model: {e}")))?;
+    model::build(&model_spec).map_err(|e| Failure::Config(format!("invalid --model: {e}")))?;
 
     // One GPU per local rank, chosen before MPI (which may initialise CUDA) and before libtorch.
     let gpu_hint = identity::local_rank_hint();
@@ -189,8 +189,7 @@ fn run_logged(
     let _ = rayon::ThreadPoolBuilder::new().num_threads(pool as usize).build_global();
 
     let spec = cfg.model.spec();
-    let kind = zero::engine::compute_kind(cfg.precision);
-    let model = model::build(&spec, kind).map_err(Failure::Config)?;
+    let model = model::build(&spec).map_err(Failure::Config)?;
     let cuda_index = match device {
         Device::Cuda(i) => Some(i),
         _ => None,
@@ -217,7 +216,7 @@ fn run_logged(
             params: spec.param_count(),
             units: u32::try_from(spec.units().len()).unwrap_or(u32::MAX),
             largest_unit_params: spec.largest_unit_params(),
-            train_flops_per_token: Some(spec.train_flops_per_token(cfg.seq_len)),
+            train_flops_per_token: Some(cfg.train_flops_per_token()),
         },
         device: DeviceInfo {
             kind: if on_gpu { "cuda".into() } else { "cpu".into() },
@@ -242,12 +241,12 @@ fn run_logged(
     };
     log.write(&Record::Start(start)).map_err(|e| Failure::Io(e.to_string()))?;
 
-    let source = data::Source::open(cfg.data.as_deref(), spec.vocab(), cfg.seq_len as usize)
-        .map_err(|e| Failure::Io(e.to_string()))?;
+    let task = data::Task::of(cfg);
+    let source = data::Source::open(cfg.data.as_deref(), spec.vocab(), &task).map_err(|e| Failure::Io(e.to_string()))?;
     let data = data::Data::new(
         source,
+        task,
         cfg.seed,
-        cfg.seq_len as usize,
         cfg.micro_batch as usize,
         ident.world_size as usize,
         cfg.grad_accum as usize,

@@ -26,9 +26,13 @@ pub struct Args {
     /// Sequences per rank per micro-step.
     #[arg(long, default_value_t = 1)]
     pub micro_batch: u32,
-    /// Tokens per sequence [default: the preset's, 1024 for GPT-2].
+    /// Tokens per sequence; T5: input tokens; MLP: vectors per sample [default: the preset's,
+    /// 1024 for GPT-2, 512 for T5].
     #[arg(long)]
     pub seq_len: Option<u32>,
+    /// T5: target (decoder) tokens per sequence [default: a quarter of --seq-len, at least 1].
+    #[arg(long)]
+    pub target_len: Option<u32>,
     /// Micro-steps per optimizer step.
     #[arg(long, default_value_t = 1)]
     pub grad_accum: u32,
@@ -109,6 +113,7 @@ impl Args {
             precision: self.precision,
             micro_batch: self.micro_batch,
             seq_len: self.seq_len.unwrap_or_else(|| self.model.spec().default_seq_len()),
+            target_len: self.target_len,
             grad_accum: self.grad_accum,
             steps: self.steps,
             warmup: self.warmup,
@@ -152,6 +157,13 @@ mod tests {
         argv.extend(["--log-dir".into(), "/tmp/x".into()]);
         let args = Args::try_parse_from(argv).unwrap();
         assert_eq!(args.config(), cfg);
+
+        let mut t5 = RunConfig::new(ModelPreset::T5Large, ZeroStage::Z2);
+        t5.target_len = Some(96);
+        let mut argv = vec!["zerobench-worker".to_string()];
+        argv.extend(t5.to_worker_args());
+        argv.extend(["--log-dir".into(), "/tmp/x".into()]);
+        assert_eq!(Args::try_parse_from(argv).unwrap().config(), t5);
     }
 
     #[test]

@@ -1,16 +1,61 @@
-//! Training data: seeded synthetic tokens, or byte-level tokens of a text file.
+//! Training data: seeded synthetic samples, or byte-level tokens of a text file.
 //!
 //! Samples are numbered globally: optimizer step `s` uses samples `s·G .. (s+1)·G` with
 //! `G = world · grad_accum · micro_batch`, and rank `r` at micro-step `a` takes the `micro_batch`
 //! samples starting at `s·G + (a·world + r)·micro_batch`. A sample depends only on its number and
 //! the seed, so any split of the same global batch over ranks and micro-steps sees the same data:
 //! one rank with `world × micro_batch` sequences trains on exactly what `world` ranks do.
+//!
+//! What a sample holds depends on the model's [`Task`]:
+//!
+//! | task | synthetic | `--data FILE` |
+//! |---|---|---|
+//! | next token (GPT-2, Llama) | seeded uniform tokens | `seq_len + 1` consecutive bytes |
+//! | sequence to sequence (T5) | seeded uniform input tokens; the target copies them (cyclically when longer) | `seq_len` bytes, then the `target_len` bytes that follow as the target |
+//! | regression (MLP) | seeded uniform vectors `x` (mean 0, variance 1); the target is `y_k = abs(x_(k+1 mod d))` | refused (the MLP reads no text) |
+//!
+//! The synthetic targets are learnable functions of the inputs, so the loss can fall: T5 learns to
+//! copy; the MLP's blocks can represent a permutation of the features followed by `abs` (GELU units
+//! approximate `relu(z) + relu(-z)`).
 
 use std::path::{Path, PathBuf};
 
 use tch::{Device, Kind, Tensor};
+use zerobench_schema::{ModelSpec, RunConfig};
 
 use crate::model::Batch;
+
+/// What one sample holds, by model family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Task {
+    /// Next-token prediction over `seq_len` tokens (GPT-2, Llama).
+    NextToken { seq_len: usize },
+    /// `seq_len` input tokens and `target_len` target tokens, which the decoder also reads shifted
+    /// right behind start token 0 (T5).
+    Seq2Seq { seq_len: usize, target_len: usize },
+    /// `seq_len` vectors of `width` numbers, each with a target vector (the MLP).
+    Regression { seq_len: usize, width: usize },
+}
+
+impl Task {
+    pub fn of(cfg: &RunConfig) -> Task {
+        let seq_len = cfg.seq_len as usize;
+        match cfg.model.spec() {
+            ModelSpec::Gpt2(_) | ModelSpec::Llama(_) => Task::NextToken { seq_len },
+            ModelSpec::T5(_) => Task::Seq2Seq { seq_len, target_len: cfg.target_len_or_default() as usize },
+            ModelSpec::Mlp(d) => Task::Regression { seq_len, width: d.d_model as usize },
+        }
+    }
+
+    /// Tokens one sample holds (inputs and targets).
+    fn tokens(&self) -> usize {
+        match *self {
+            Task::NextToken { seq_len } => seq_len + 1,
+            Task::Seq2Seq { seq_len, target_len } => seq_len + target_len,
+            Task::Regression { .. } => 0,
+        }
+    }
+}
 
 pub enum Source {
     Synthetic { vocab: u64 },
@@ -21,7 +66,7 @@ pub enum Source {
 pub enum DataError {
     #[error("cannot read --data {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
-    #[error("--data {path} has {len} bytes; sequences of {need} tokens need more")]
+    #[error("--data {path} has {len} bytes; samples of {need} tokens need more")]
     TooShort { path: PathBuf, len: usize, need: usize },
     #[error("--data needs a vocabulary of at least 256 tokens (model has {0})")]
     SmallVocab(u64),
@@ -29,8 +74,8 @@ pub enum DataError {
 
 pub struct Data {
     source: Source,
+    task: Task,
     seed: u64,
-    seq_len: usize,
     micro_batch: usize,
     world: usize,
     grad_accum: usize,
@@ -47,15 +92,22 @@ fn mix(mut x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A number uniform in [-sqrt(3), sqrt(3)) (mean 0, variance 1) from a hash.
+fn uniform(h: u64) -> f32 {
+    let unit = (h >> 11) as f64 / (1u64 << 53) as f64;
+    ((2.0 * unit - 1.0) * 3f64.sqrt()) as f32
+}
+
 impl Source {
-    pub fn open(data: Option<&Path>, vocab: u64, seq_len: usize) -> Result<Source, DataError> {
+    pub fn open(data: Option<&Path>, vocab: u64, task: &Task) -> Result<Source, DataError> {
         let Some(path) = data else { return Ok(Source::Synthetic { vocab }) };
         if vocab < 256 {
             return Err(DataError::SmallVocab(vocab));
         }
         let bytes = std::fs::read(path).map_err(|source| DataError::Read { path: path.into(), source })?;
-        if bytes.len() <= seq_len + 1 {
-            return Err(DataError::TooShort { path: path.into(), len: bytes.len(), need: seq_len + 1 });
+        let need = task.tokens();
+        if bytes.len() <= need {
+            return Err(DataError::TooShort { path: path.into(), len: bytes.len(), need });
         }
         Ok(Source::Text { bytes })
     }
@@ -65,29 +117,47 @@ impl Data {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         source: Source,
+        task: Task,
         seed: u64,
-        seq_len: usize,
         micro_batch: usize,
         world: usize,
         grad_accum: usize,
         rank: usize,
         device: Device,
     ) -> Self {
-        Self { source, seed, seq_len, micro_batch, world, grad_accum, rank, device }
+        Self { source, task, seed, micro_batch, world, grad_accum, rank, device }
     }
 
-    /// Tokens `0..=seq_len` of global sample `index`.
-    fn sample(&self, index: u64, out: &mut Vec<i64>) {
-        let key = mix(self.seed ^ mix(index));
+    /// The tokens of the sample with hash `key` ([`Task::tokens`] of them): inputs, then targets.
+    fn tokens(&self, key: u64, out: &mut Vec<i64>) {
+        let n = self.task.tokens();
         match &self.source {
             Source::Synthetic { vocab } => {
-                out.extend((0..=self.seq_len as u64).map(|j| (mix(key ^ j) % vocab) as i64));
+                let inputs = match self.task {
+                    Task::Seq2Seq { seq_len, .. } => seq_len,
+                    _ => n,
+                };
+                let start = out.len();
+                out.extend((0..inputs as u64).map(|j| (mix(key ^ j) % vocab) as i64));
+                // T5's synthetic targets copy the input.
+                for j in 0..n - inputs {
+                    out.push(out[start + j % inputs]);
+                }
             }
             Source::Text { bytes, .. } => {
-                let span = (bytes.len() - self.seq_len - 1) as u64;
+                let span = (bytes.len() - n) as u64;
                 let start = (key % span) as usize;
-                out.extend(bytes[start..=start + self.seq_len].iter().map(|&b| i64::from(b)));
+                out.extend(bytes[start..start + n].iter().map(|&b| i64::from(b)));
             }
+        }
+    }
+
+    /// The input and target vectors of the sample with hash `key`, for the MLP.
+    fn vectors(&self, key: u64, seq_len: usize, width: usize, input: &mut Vec<f32>, target: &mut Vec<f32>) {
+        for t in 0..seq_len {
+            let row: Vec<f32> = (0..width).map(|k| uniform(mix(key ^ mix((t * width + k) as u64)))).collect();
+            target.extend((0..width).map(|k| row[(k + 1) % width].abs()));
+            input.extend(row);
         }
     }
 
@@ -95,15 +165,45 @@ impl Data {
     pub fn batch(&self, step: u64, micro: usize) -> Result<Batch, tch::TchError> {
         let global = (self.world * self.grad_accum * self.micro_batch) as u64;
         let first = step * global + ((micro * self.world + self.rank) * self.micro_batch) as u64;
-        let mut tokens = Vec::with_capacity(self.micro_batch * (self.seq_len + 1));
-        for i in 0..self.micro_batch as u64 {
-            self.sample(first + i, &mut tokens);
+        let keys: Vec<u64> = (0..self.micro_batch as u64).map(|i| mix(self.seed ^ mix(first + i))).collect();
+        let b = self.micro_batch as i64;
+        let on_device = |t: Tensor| t.f_contiguous()?.f_to_device(self.device);
+        match self.task {
+            Task::NextToken { seq_len } => {
+                let (all, t) = (self.token_matrix(&keys)?, seq_len as i64);
+                Ok(Batch { input: on_device(all.f_narrow(1, 0, t)?)?, target: on_device(all.f_narrow(1, 1, t)?)?, decoder_input: None })
+            }
+            Task::Seq2Seq { seq_len, target_len } => {
+                let (all, t, t2) = (self.token_matrix(&keys)?, seq_len as i64, target_len as i64);
+                let target = all.f_narrow(1, t, t2)?;
+                let start = Tensor::f_zeros([b, 1], (Kind::Int64, Device::Cpu))?;
+                let decoder_input = Tensor::f_cat(&[&start, &target.f_narrow(1, 0, t2 - 1)?], 1)?;
+                Ok(Batch {
+                    input: on_device(all.f_narrow(1, 0, t)?)?,
+                    target: on_device(target)?,
+                    decoder_input: Some(on_device(decoder_input)?),
+                })
+            }
+            Task::Regression { seq_len, width } => {
+                let (mut input, mut target) = (Vec::new(), Vec::new());
+                for &key in &keys {
+                    self.vectors(key, seq_len, width, &mut input, &mut target);
+                }
+                let shape = [b, seq_len as i64, width as i64];
+                let input = on_device(Tensor::from_slice(&input).f_view(shape)?)?;
+                let target = on_device(Tensor::from_slice(&target).f_view(shape)?)?;
+                Ok(Batch { input, target, decoder_input: None })
+            }
         }
-        let (b, t) = (self.micro_batch as i64, self.seq_len as i64);
-        let all = Tensor::from_slice(&tokens).f_view([b, t + 1])?;
-        let input = all.f_narrow(1, 0, t)?.f_contiguous()?.f_to_device(self.device)?;
-        let target = all.f_narrow(1, 1, t)?.f_contiguous()?.f_to_device(self.device)?;
-        Ok(Batch { input: input.f_to_kind(Kind::Int64)?, target: target.f_to_kind(Kind::Int64)? })
+    }
+
+    /// The tokens of the samples with hash `keys`, `[keys, Task::tokens]` (int64, on the host).
+    fn token_matrix(&self, keys: &[u64]) -> Result<Tensor, tch::TchError> {
+        let mut tokens = Vec::with_capacity(keys.len() * self.task.tokens());
+        for &key in keys {
+            self.tokens(key, &mut tokens);
+        }
+        Tensor::from_slice(&tokens).f_view([keys.len() as i64, self.task.tokens() as i64])
     }
 }
 
@@ -112,7 +212,7 @@ mod tests {
     use super::*;
 
     fn data(world: usize, rank: usize, mb: usize, ga: usize) -> Data {
-        Data::new(Source::Synthetic { vocab: 50 }, 3, 8, mb, world, ga, rank, Device::Cpu)
+        Data::new(Source::Synthetic { vocab: 50 }, Task::NextToken { seq_len: 8 }, 3, mb, world, ga, rank, Device::Cpu)
     }
 
     #[test]
@@ -131,5 +231,46 @@ mod tests {
         let b = data(1, 0, 2, 1).batch(0, 0).unwrap();
         assert!(b.input.narrow(1, 1, 7).equal(&b.target.narrow(1, 0, 7)));
         assert!(!data(1, 0, 2, 1).batch(1, 0).unwrap().input.equal(&b.input));
+    }
+
+    #[test]
+    fn t5_targets_copy_the_input_and_the_decoder_reads_them_shifted() {
+        let task = Task::Seq2Seq { seq_len: 5, target_len: 7 };
+        let b = Data::new(Source::Synthetic { vocab: 50 }, task, 3, 2, 1, 1, 0, Device::Cpu).batch(0, 0).unwrap();
+        assert_eq!(b.input.size(), [2, 5]);
+        assert_eq!(b.target.size(), [2, 7]);
+        assert!(b.target.narrow(1, 0, 5).equal(&b.input));
+        assert!(b.target.narrow(1, 5, 2).equal(&b.input.narrow(1, 0, 2)));
+        let dec = b.decoder_input.unwrap();
+        assert!(dec.narrow(1, 0, 1).equal(&Tensor::zeros([2, 1], (Kind::Int64, Device::Cpu))));
+        assert!(dec.narrow(1, 1, 6).equal(&b.target.narrow(1, 0, 6)));
+    }
+
+    #[test]
+    fn t5_text_targets_are_the_following_bytes() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        let task = Task::Seq2Seq { seq_len: 4, target_len: 3 };
+        let b = Data::new(Source::Text { bytes }, task, 1, 3, 1, 1, 0, Device::Cpu).batch(2, 0).unwrap();
+        let (input, target) = (Vec::<i64>::try_from(b.input.view([-1])).unwrap(), Vec::<i64>::try_from(b.target.view([-1])).unwrap());
+        for s in 0..3 {
+            let first = input[s * 4];
+            assert_eq!(&input[s * 4..s * 4 + 4], &[first, first + 1, first + 2, first + 3]);
+            assert_eq!(&target[s * 3..s * 3 + 3], &[first + 4, first + 5, first + 6]);
+        }
+    }
+
+    #[test]
+    fn mlp_vectors_have_unit_variance_and_a_learnable_target() {
+        let task = Task::Regression { seq_len: 3, width: 64 };
+        let split = |world, rank, mb| Data::new(Source::Synthetic { vocab: 0 }, task, 9, mb, world, 1, rank, Device::Cpu);
+        let b = split(1, 0, 4).batch(1, 0).unwrap();
+        assert_eq!(b.input.size(), [4, 3, 64]);
+        assert_eq!(b.input.kind(), Kind::Float);
+        let var = b.input.square().mean(Kind::Double).double_value(&[]);
+        assert!((var - 1.0).abs() < 0.15, "variance {var}");
+        assert!(b.target.equal(&b.input.roll([-1], [2]).abs()));
+        // Any split of the global batch sees the same vectors.
+        let halves = [split(2, 0, 2).batch(1, 0).unwrap().input, split(2, 1, 2).batch(1, 0).unwrap().input];
+        assert!(b.input.equal(&Tensor::cat(&halves, 0)));
     }
 }

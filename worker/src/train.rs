@@ -14,7 +14,7 @@ use crate::metrics::clock::{PhaseTimer, StepPhase};
 use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::metrics::memory::MemoryProbe;
 use crate::metrics::timeline::{Resolved, SharedTimeline, SpanInfo, Track};
-use crate::model::{Batch, Model};
+use crate::model::{Batch, Model, Shape};
 use crate::runtime::guard::Guard;
 use crate::runtime::shim;
 use crate::zero::{Engine, Schedule};
@@ -233,8 +233,11 @@ impl Trainer<'_> {
     /// Per-kind module times of a profiled step, from its compute spans.
     fn profile(&self, step: u32, spans: &[Resolved]) -> Profile {
         let segments = self.model.segments();
-        let seq = u64::from(self.cfg.seq_len);
-        let tokens = u64::from(self.cfg.micro_batch) * seq * u64::from(self.cfg.grad_accum);
+        let shape = Shape {
+            sequences: u64::from(self.cfg.micro_batch) * u64::from(self.cfg.grad_accum),
+            seq_len: u64::from(self.cfg.seq_len),
+            target_len: u64::from(self.cfg.target_len_or_default()),
+        };
         let mut modules: Vec<ModuleProfile> = Vec::new();
         for (s, seg) in segments.iter().enumerate() {
             let kind = seg.name.split('.').next().unwrap_or(&seg.name).to_string();
@@ -242,7 +245,7 @@ impl Trainer<'_> {
                 spans.iter().filter(|r| r.info.segment == Some((s, backward))).map(|r| r.dur_us / 1e3).sum()
             };
             let params: u64 = self.engine.params(seg.unit).iter().map(|p| p.numel() as u64).sum();
-            let flops = self.model.forward_flops(s, tokens, seq);
+            let flops = self.model.forward_flops(s, &shape);
             let (fwd, bwd) = (ms(false), ms(true));
             match modules.iter_mut().find(|m| m.kind == kind) {
                 Some(m) => {

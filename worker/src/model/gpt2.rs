@@ -7,10 +7,11 @@
 //! Segments: `embed` (unit 0), `block.i` (unit i + 1), `head` (unit 0 again: final layer norm,
 //! tied LM head, cross-entropy).
 
-use tch::{Kind, Reduction, TchError, Tensor};
+use tch::{Kind, TchError, Tensor};
 use zerobench_schema::models::Gpt2Dims;
 
-use super::{Batch, Init, Model, ParamDef, Segment, UnitDef};
+use super::ops::lm_loss;
+use super::{Batch, Init, Model, ParamDef, Segment, Shape, UnitDef};
 
 pub struct Gpt2 {
     dims: Gpt2Dims,
@@ -21,11 +22,9 @@ pub struct Gpt2 {
 /// Hugging Face's `initializer_range`.
 const STD: f64 = 0.02;
 const LN_EPS: f64 = 1e-5;
-/// Rows of the LM-head product are padded to a multiple of this (see `head`).
-const HEAD_ALIGN: i64 = 64;
 
 impl Gpt2 {
-    pub fn new(dims: Gpt2Dims, _kind: Kind) -> Self {
+    pub fn new(dims: Gpt2Dims) -> Self {
         let c = i64::try_from(dims.d_model).expect("small");
         let v = i64::try_from(dims.vocab).expect("small");
         let p = i64::try_from(dims.n_positions).expect("small");
@@ -93,25 +92,8 @@ impl Gpt2 {
 
     fn head(&self, p: &[Tensor], x: &Tensor, batch: &Batch) -> Result<Vec<Tensor>, TchError> {
         let c = i64::try_from(self.dims.d_model).expect("small");
-        let v = i64::try_from(self.dims.vocab).expect("small");
         let h = x.f_layer_norm([c], Some(&p[2]), Some(&p[3]), LN_EPS, true)?;
-        // GPT-2's vocabulary (50257) is not a multiple of 64, which makes the three LM-head matrix
-        // products several times slower than aligned ones. The tied weight is padded with zero
-        // rows inside the product and the extra logits are sliced off before the loss: the same
-        // parameters and the same arithmetic, on aligned shapes.
-        let v_aligned = (v + HEAD_ALIGN - 1) / HEAD_ALIGN * HEAD_ALIGN;
-        let w = if v_aligned > v { p[0].f_constant_pad_nd([0, 0, 0, v_aligned - v])? } else { p[0].shallow_clone() };
-        // The loss in fp32, as PyTorch's autocast computes cross-entropy: bf16 or fp16 logits
-        // are upcast first, so the loss and its gradient keep their precision.
-        let logits = h.f_linear::<Tensor>(&w, None)?.f_narrow(-1, 0, v)?.f_to_kind(Kind::Float)?;
-        let loss = logits.f_reshape([-1, v])?.f_cross_entropy_loss::<Tensor>(
-            &batch.target.f_view([-1])?,
-            None,
-            Reduction::Mean,
-            -100,
-            0.0,
-        )?;
-        Ok(vec![loss])
+        Ok(vec![lm_loss(&h, &p[0], &batch.target)?])
     }
 }
 
@@ -124,7 +106,7 @@ impl Model for Gpt2 {
         &self.segments
     }
 
-    fn forward_flops(&self, s: usize, tokens: u64, seq_len: u64) -> f64 {
+    fn forward_flops(&self, s: usize, shape: &Shape) -> f64 {
         let (c, v) = (self.dims.d_model as f64, self.dims.vocab as f64);
         let per_token = if s == 0 {
             0.0 // lookups
@@ -132,9 +114,9 @@ impl Model for Gpt2 {
             2.0 * v * c // tied LM head
         } else {
             // qkv, attention output, MLP in and out: 12·d² weights; scores and weighted values: 4·T·d.
-            2.0 * 12.0 * c * c + 4.0 * seq_len as f64 * c
+            2.0 * 12.0 * c * c + 4.0 * shape.seq_len as f64 * c
         };
-        per_token * tokens as f64
+        per_token * shape.tokens()
     }
 
     fn forward(&self, s: usize, params: &[Tensor], inputs: &[Tensor], batch: &Batch) -> Result<Vec<Tensor>, TchError> {

@@ -6,8 +6,22 @@
 //! inputs are fresh leaves, and backward of a segment yields its parameters' gradients and the
 //! gradients of its inputs, which become the upstream gradients of the segment before it. A unit's
 //! gradients can thus be reduced as soon as the last segment that uses it has run backward.
+//!
+//! A segment may hand several float tensors to the next (integer data, such as masks, is rebuilt
+//! from the batch instead); one handed on unchanged collects the gradients of every segment that
+//! reads it. A unit may serve several segments (tied embeddings).
+//!
+//! * `gpt2`, `t5`, `llama`, `mlp`: the families of `ModelSpec`.
+//! * `ops`: RMS norm, attention heads, the LM head and its loss; `relpos`: T5's position buckets;
+//!   `rope`: rotary embeddings.
 
 pub mod gpt2;
+pub mod llama;
+pub mod mlp;
+pub mod ops;
+pub mod relpos;
+pub mod rope;
+pub mod t5;
 
 use tch::{Kind, TchError, Tensor};
 use zerobench_schema::models::ModelSpec;
@@ -58,10 +72,32 @@ pub struct Segment {
 
 /// The data of one micro-batch, on the compute device.
 pub struct Batch {
-    /// Token ids, `[batch, seq]` (int64).
+    /// Token ids `[batch, seq]` (int64), or the MLP's input vectors `[batch, seq, width]` (fp32).
     pub input: Tensor,
-    /// Next-token targets, `[batch, seq]` (int64).
+    /// What the loss compares with: next-token ids `[batch, seq]` (GPT-2, Llama), target ids
+    /// `[batch, target_len]` (T5; int64), or the MLP's target vectors `[batch, seq, width]` (fp32).
     pub target: Tensor,
+    /// T5: the decoder's input, the targets shifted right behind start token 0 (HF T5's
+    /// `decoder_start_token_id`), `[batch, target_len]` (int64).
+    pub decoder_input: Option<Tensor>,
+}
+
+/// The data a FLOP count is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Sequences (MLP: samples).
+    pub sequences: u64,
+    /// Tokens per sequence: T5's input tokens; the MLP's vectors per sample.
+    pub seq_len: u64,
+    /// T5's target tokens per sequence (the other families ignore it).
+    pub target_len: u64,
+}
+
+impl Shape {
+    /// Input tokens, as a factor of FLOP counts.
+    pub fn tokens(&self) -> f64 {
+        (self.sequences * self.seq_len) as f64
+    }
 }
 
 /// A model the ZeRO engine can train.
@@ -69,19 +105,25 @@ pub trait Model {
     fn units(&self) -> &[UnitDef];
     fn segments(&self) -> &[Segment];
     /// Runs segment `s`. `params` are the parameters of its unit in declaration order, `inputs` the
-    /// outputs of segment `s - 1` (none for the first). The last segment returns the mean loss.
+    /// outputs of segment `s - 1` (none for the first), as fresh leaves in the same order. The last
+    /// segment returns the mean loss.
     fn forward(&self, s: usize, params: &[Tensor], inputs: &[Tensor], batch: &Batch) -> Result<Vec<Tensor>, TchError>;
-    /// Forward FLOPs of segment `s` for `tokens` tokens of sequences of `seq_len` (matrix products
-    /// counted as 2·m·n·k, attention in full as PaLM counts it; backward is about twice this).
-    fn forward_flops(&self, s: usize, tokens: u64, seq_len: u64) -> f64;
+    /// Forward FLOPs of segment `s` for a batch of `shape` (matrix products counted as 2·m·n·k,
+    /// attention in full as PaLM counts it; backward is about twice this). Three times their sum
+    /// over the segments is `ModelSpec::train_flops_per_input_token` per token, less the small
+    /// terms that count parameters outside matrix products (biases, norms).
+    fn forward_flops(&self, s: usize, shape: &Shape) -> f64;
 }
 
-/// Builds the model of a preset. `kind` is the compute precision.
-pub fn build(spec: &ModelSpec, kind: Kind) -> Result<Box<dyn Model>, String> {
-    match spec {
-        ModelSpec::Gpt2(d) => Ok(Box::new(gpt2::Gpt2::new(*d, kind))),
-        other => Err(format!("the {} family is not implemented in the worker yet", other.family())),
-    }
+/// Builds the model of a preset. Building declares shapes only: nothing is allocated. Fails for
+/// dimensions no model can have (none of the presets).
+pub fn build(spec: &ModelSpec) -> Result<Box<dyn Model>, String> {
+    Ok(match spec {
+        ModelSpec::Gpt2(d) => Box::new(gpt2::Gpt2::new(*d)),
+        ModelSpec::T5(d) => Box::new(t5::T5::new(*d)),
+        ModelSpec::Llama(d) => Box::new(llama::Llama::new(*d)?),
+        ModelSpec::Mlp(d) => Box::new(mlp::Mlp::new(*d)),
+    })
 }
 
 /// Fills a unit's parameters with their initial values (fp32, flat, on `device`), deterministically
@@ -126,24 +168,129 @@ mod tests {
     use zerobench_schema::ModelPreset;
 
     /// The worker's models have exactly the parameters the schema's closed forms give, unit by
-    /// unit, so memory predictions and logs agree with what trains.
+    /// unit, so memory predictions and logs agree with what trains; every unit is used by a
+    /// segment, and the first segment reads the batch.
     #[test]
     fn units_match_the_schema() {
-        for preset in [ModelPreset::Tiny, ModelPreset::Gpt2, ModelPreset::Gpt2Medium, ModelPreset::Gpt2Large, ModelPreset::Gpt2Xl] {
+        for &preset in ModelPreset::ALL {
             let spec = preset.spec();
-            let model = build(&spec, Kind::Float).unwrap();
+            let model = build(&spec).unwrap();
             let want = spec.units();
             assert_eq!(model.units().len(), want.len(), "{preset}");
             for (u, w) in model.units().iter().zip(&want) {
                 assert_eq!(u.name, w.name, "{preset}");
                 assert_eq!(u.numel() as u64, w.params, "{preset} {}", u.name);
             }
+            for (i, _) in model.units().iter().enumerate() {
+                assert!(model.segments().iter().any(|s| s.unit == i), "{preset}: unit {i} is used");
+            }
+        }
+    }
+
+    /// The per-segment counts behind `--profile-step` add up to the schema's count per token
+    /// (which also counts the parameters outside matrix products: biases, norms, T5's
+    /// position-bias tables).
+    #[test]
+    fn segment_flops_add_up_to_the_schema() {
+        for &preset in ModelPreset::ALL {
+            let spec = preset.spec();
+            let model = build(&spec).unwrap();
+            let seq_len = spec.default_seq_len();
+            for target_len in [seq_len, (seq_len / 4).max(1)] {
+                let shape = Shape { sequences: 3, seq_len: u64::from(seq_len), target_len: u64::from(target_len) };
+                let forward: f64 = (0..model.segments().len()).map(|s| model.forward_flops(s, &shape)).sum();
+                let per_token = 3.0 * forward / shape.tokens();
+                let want = spec.train_flops_per_input_token(seq_len, target_len);
+                let rel = (per_token - want).abs() / want;
+                assert!(rel < 0.01, "{preset} at {seq_len}/{target_len}: {per_token} vs {want}");
+            }
+        }
+    }
+
+    /// Every unit's parameters as fp64 leaves, initialised as the engine does.
+    fn leaves(model: &dyn Model) -> Vec<Vec<Tensor>> {
+        model
+            .units()
+            .iter()
+            .enumerate()
+            .map(|(i, u)| {
+                let flat = init_unit(u, i, 5, tch::Device::Cpu).unwrap().to_kind(Kind::Double);
+                let mut offset = 0;
+                u.params
+                    .iter()
+                    .map(|p| {
+                        let n = p.numel() as i64;
+                        let t = flat.narrow(0, offset, n).view(p.shape.as_slice()).detach().set_requires_grad(true);
+                        offset += n;
+                        t
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn take_grads(params: &[Vec<Tensor>]) -> Vec<Tensor> {
+        params
+            .iter()
+            .flatten()
+            .map(|p| {
+                let g = p.grad().copy();
+                crate::runtime::shim::clear_grad(p).unwrap();
+                g
+            })
+            .collect()
+    }
+
+    /// The trainer's protocol (each segment from fresh leaves, backward segment by segment from
+    /// the next one's input gradients) gives every parameter the gradient of one autograd pass over
+    /// the whole model: nothing a segment hands on (T5's pass-through encoder output and position
+    /// biases included) loses its gradient.
+    #[test]
+    fn segmented_backward_equals_whole_backward() {
+        let batches = |preset: ModelPreset| -> crate::model::Batch {
+            let cfg = zerobench_schema::RunConfig { seq_len: 12, target_len: None, ..zerobench_schema::RunConfig::new(preset, zerobench_schema::ZeroStage::Z0) };
+            let task = crate::data::Task::of(&cfg);
+            let source = crate::data::Source::open(None, preset.spec().vocab(), &task).unwrap();
+            crate::data::Data::new(source, task, 1, 2, 1, 1, 0, tch::Device::Cpu).batch(0, 0).unwrap()
+        };
+        for preset in [ModelPreset::Tiny, ModelPreset::TinyT5, ModelPreset::TinyLlama, ModelPreset::Mlp] {
+            let model = build(&preset.spec()).unwrap();
+            let params = leaves(model.as_ref());
+            let batch = batches(preset);
+            let n = model.segments().len();
+            let unit = |s: usize| &params[model.segments()[s].unit];
+
+            let mut state: Vec<Tensor> = Vec::new();
+            for s in 0..n {
+                state = model.forward(s, unit(s), &state, &batch).unwrap();
+            }
+            state[0].backward();
+            let whole = take_grads(&params);
+
+            let (mut inputs, mut outputs): (Vec<Vec<Tensor>>, Vec<Vec<Tensor>>) = (Vec::new(), Vec::new());
+            for s in 0..n {
+                let leaves: Vec<Tensor> = outputs.last().map_or(Vec::new(), |o: &Vec<Tensor>| o.iter().map(|t| t.detach().set_requires_grad(true)).collect());
+                outputs.push(model.forward(s, unit(s), &leaves, &batch).unwrap());
+                inputs.push(leaves);
+            }
+            outputs[n - 1][0].backward();
+            for s in (0..n - 1).rev() {
+                let grads: Vec<Tensor> = inputs[s + 1].iter().map(Tensor::grad).collect();
+                let outs: Vec<&Tensor> = outputs[s].iter().collect();
+                crate::runtime::shim::backward(&outs, &grads.iter().collect::<Vec<_>>()).unwrap();
+            }
+            let segmented = take_grads(&params);
+
+            for (i, (a, b)) in whole.iter().zip(&segmented).enumerate() {
+                assert!(a.abs().max().double_value(&[]) > 0.0, "{preset}: parameter {i} gets a gradient");
+                assert!(a.allclose(b, 1e-9, 1e-12, false), "{preset}: parameter {i}");
+            }
         }
     }
 
     #[test]
     fn init_is_deterministic_per_unit() {
-        let model = build(&ModelPreset::Tiny.spec(), Kind::Float).unwrap();
+        let model = build(&ModelPreset::Tiny.spec()).unwrap();
         let a = init_unit(&model.units()[1], 1, 7, tch::Device::Cpu).unwrap();
         let b = init_unit(&model.units()[1], 1, 7, tch::Device::Cpu).unwrap();
         let c = init_unit(&model.units()[1], 1, 8, tch::Device::Cpu).unwrap();
