@@ -17,6 +17,7 @@
 #   offload      gpt2-xl stages 2 and 3 on 1 and 2 GPUs with and without CPU offload, hpZ on 2 GPUs,
 #                plus the CPU AdamW benchmark and pinned copy bandwidth of this host (issue 7)
 #   faults       a rank killed, a rank frozen, a configuration that does not fit (issue 6)
+#   offload1     the one-GPU offload runs alone
 #   fits         the largest preset each stage and offload setting fits on one GPU (sequence 512)
 #
 # Every worker log and JSON line lands in OUT (default $OUT, else bench-out/); `results.tar.gz`
@@ -131,7 +132,7 @@ for phase in "${phases[@]}"; do
         mpirun -np 2 -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE --bind-to none "$W" --device cuda --model gpt2 --stage 2 \
           --micro-batch 4 --steps 100000 --log-dir "$RUNS/$name" --run-id "$name" "$@" > "$RUNS/$name.out" 2>&1 &
         local mp=$!
-        for _ in $(seq 1 300); do [ "$(grep -c '"event":"step"' "$RUNS/$name/rank1.jsonl" 2>/dev/null)" -ge 5 ] && break; sleep 0.1; done
+        for _ in $(seq 1 300); do [ "$(grep -c '"event":"step"' "$RUNS/$name/rank1.jsonl" 2>/dev/null || echo 0)" -ge 5 ] && break; sleep 0.1; done
         local pid; pid=$(grep -o '"pid":[0-9]*' "$RUNS/$name/rank1.jsonl" | head -1 | cut -d: -f2)
         local t0; t0=$(date +%s%N)
         kill "-$sig" "$pid"
@@ -144,14 +145,25 @@ for phase in "${phases[@]}"; do
       fault_run fault_frozen STOP --stall-timeout-s 10
       worker fault_oom 1 --model gpt2-xl --stage 0 --micro-batch 256 --steps 3 --warmup 1
       log "fault_oom: $(tail -n 2 "$RUNS/fault_oom/rank0.jsonl" | cut -c1-400 | tr '\n' ' ')" ;;
+    offload1)
+      # The one-GPU offload cases again (after giving the launching thread a core of its own).
+      for s in 2 3; do
+        worker "offload1_gpt2-xl_z${s}_optimizer_1gpu" 1 --model gpt2-xl --stage "$s" --offload optimizer --micro-batch 4 --steps 8 --warmup 3
+      done ;;
     fits)
-      # For each stage and offload setting, the largest preset that trains (2 steps, micro-batch 1,
-      # sequence 512) on one GPU, largest first; stops at the first that fits.
-      for cfg in "0 none" "1 none" "2 none" "3 none" "2 optimizer" "3 optimizer" "3 optimizer+params"; do
+      # The largest preset that trains (2 steps, micro-batch 1, sequence 512) on one GPU, per
+      # stage and offload setting, largest first; stops at the first that fits. Stages 0-3 hold
+      # the same states on one GPU, so 0 and 3 stand for them. Each probe is packed at once.
+      start=$SECONDS
+      for cfg in "0 none" "3 none" "2 optimizer" "3 optimizer+params"; do
         set -- $cfg
-        for m in t5-11b mistral-7b t5-3b gpt2-xl t5-large; do
-          [ $(( SECONDS )) -lt "${FITS_DEADLINE:-99999}" ] || { log "fits: out of time at z$1 $2 $m"; break 2; }
-          worker "fits_${m}_z$1_$2" 1 --model "$m" --stage "$1" --offload "$2" --micro-batch 1 --seq-len 512 --steps 2 --warmup 1 --stall-timeout-s 120
+        for m in t5-11b mistral-7b t5-3b; do
+          [ $(( SECONDS - start )) -lt "${FITS_SECONDS:-200}" ] || { log "fits: out of time before z$1 $2 $m"; break 2; }
+          timeout 90 mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$W" --device cuda --model "$m" --stage "$1" --offload "$2" \
+            --micro-batch 1 --seq-len 512 --steps 2 --warmup 1 --log-dir "$RUNS/fits_${m}_z$1_$2" --run-id "fits_${m}_z$1_$2" \
+            > "$RUNS/fits_${m}_z$1_$2.out" 2>&1
+          log "fits z$1 $2 $m: rc=$? $(tail -n 1 "$RUNS/fits_${m}_z$1_$2/rank0.jsonl" 2>/dev/null | cut -c1-160)"
+          cp "$OUTDIR/bench.log" "$RUNS/.."; tar -C "$RUNS/.." -czf "$OUTDIR/results.tar.gz" runs host.txt bench.log
           grep -q '"status":"ok"' "$RUNS/fits_${m}_z$1_$2/rank0.jsonl" 2>/dev/null && break
         done
       done ;;
