@@ -149,7 +149,10 @@ for phase in "${phases[@]}"; do
       # The one-GPU offload cases again (after giving the launching thread a core of its own).
       for s in 2 3; do
         worker "offload1_gpt2-xl_z${s}_optimizer_1gpu" 1 --model gpt2-xl --stage "$s" --offload optimizer --micro-batch 4 --steps 8 --warmup 3
-      done ;;
+      done
+      "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw_1gpu.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw_1gpu.json")"
+      mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies_1gpu.jsonl" 2>&1
+      log "copies: $(grep -h '2[dh]' "$RUNS/copies_1gpu.jsonl" | tr '\n' ' ')" ;;
     fits)
       # The largest preset that trains (2 steps, micro-batch 1, sequence 512) on one GPU, per
       # stage and offload setting, largest first; stops at the first that fits. Stages 0-3 hold
