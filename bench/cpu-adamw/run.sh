@@ -5,7 +5,11 @@
 #   bench/cpu-adamw/run.sh [PARAMS] [THREADS]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-BIN=${BIN:-target/release/examples/cpu_adamw}
+if [ -z "${BIN:-}" ]; then
+  eval "$(make -s env)"
+  cargo build --release -q -p zerobench-worker --example cpu_adamw
+  BIN=target/release/examples/cpu_adamw
+fi
 host=$(hostname -s)
 out=${OUT:-bench/results/cpu-adamw-$host.json}
 result=$("$BIN" "${1:-100000000}" ${2:-})

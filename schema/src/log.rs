@@ -179,8 +179,9 @@ pub struct Setup {
     /// What `memory::model_state_split` gives for the host. (Added within version 1.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_state_expected_bytes: Option<u64>,
-    /// The AdamW implementation: `rust-cpu`, `cuda-fused` or `torch-ops`. (Added within version
-    /// 1, so absent from its earliest logs.)
+    /// The AdamW implementation: `rust-cpu-avx2` or `rust-cpu` (on the host, which is also where
+    /// every offload run updates), `cuda-fused` or `torch-ops`. (Added within version 1, so absent
+    /// from its earliest logs.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer: Option<String>,
     pub memory: MemorySample,

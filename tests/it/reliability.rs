@@ -172,6 +172,37 @@ fn a_configuration_that_does_not_fit_is_an_oom_result() {
     }
 }
 
+/// Offloaded states larger than the host are refused before any is allocated: t5-11b with its
+/// optimizer offloaded keeps 16 bytes per parameter (181 GB) in host memory, more than a CI host
+/// has. (Without the check the rank pinned memory for minutes until the kernel killed it.)
+#[test]
+fn offloaded_states_larger_than_the_host_are_an_oom_result_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let t0 = Instant::now();
+    let out = Command::new(worker())
+        .args(["--model", "t5-11b", "--stage", "2", "--offload", "optimizer", "--steps", "2", "--warmup", "1"])
+        .args(["--seq-len", "64", "--threads", "1", "--log-dir"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("host memory") && stderr.contains("GiB is available"), "{stderr}");
+    assert!(t0.elapsed() < Duration::from_secs(30), "refused only after {:?}", t0.elapsed());
+    let recs = records(&dir.join("rank0.jsonl"));
+    match last_two(&recs) {
+        (Record::Error(e), Record::End(end)) => {
+            assert_eq!(e.class, ErrorClass::Oom);
+            // 16 B per (padded) parameter offloaded, 2 B for the bf16 parameters on the CPU device.
+            assert!(e.requested_bytes.unwrap_or(0) >= 18 * 11_307_321_344, "{e:?}");
+            assert_eq!(end.status, RunStatus::Oom);
+            assert_eq!(end.exit_code, 3);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// The sweep tools on top: `zerobench local` runs a sweep, a rank is killed in the middle;
 /// `local` and `status` name the rank that died, the logs up to the kill are intact, and ingest
 /// marks the run failed.

@@ -254,6 +254,9 @@ fn run_logged(
         device,
     );
 
+    // Before any state is allocated: host-resident states that cannot fit are a result (oom).
+    let per_rank = runtime::host_memory::host_state_need(cfg, u64::from(ident.world_size), !on_gpu);
+    runtime::host_memory::check(per_rank, ident.local_size, runtime::host_memory::available_bytes())?;
     let mut engine = zero::Engine::new(model.as_ref(), cfg, comm, group, device, gpu.clone())?;
     let probe = MemoryProbe::new(cuda_index);
     let padded = engine.padded_params();

@@ -4,5 +4,6 @@
 pub mod cuda;
 pub mod device;
 pub mod guard;
+pub mod host_memory;
 pub mod identity;
 pub mod shim;

@@ -72,6 +72,7 @@ impl AdamW {
     /// Which implementation runs the update, for the `setup` record.
     pub fn implementation(&self, device: Device) -> &'static str {
         match (device, &self.fused) {
+            (Device::Cpu, _) if wide_simd() => "rust-cpu-avx2",
             (Device::Cpu, _) => "rust-cpu",
             (_, Some(_)) => "cuda-fused",
             (_, None) => "torch-ops",

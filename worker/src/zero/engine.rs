@@ -360,7 +360,9 @@ impl Engine {
 
     /// Which AdamW implementation updates the shards.
     pub fn optimizer_implementation(&self) -> &'static str {
-        self.optim.implementation(self.device)
+        // With offload the update runs on the host whatever the device.
+        let device = if self.offload == Offload::None { self.device } else { Device::Cpu };
+        self.optim.implementation(device)
     }
 
     /// The parameters of a unit, in the order the model declared them.
@@ -875,7 +877,9 @@ impl Engine {
                 self.host_updates.spawn(self.units[u].optim.host(), update);
             }
         }
-        while let Some(done) = self.host_updates.next_done() {
+        // In spawn order (the gradients' order, the same on every rank), because refreshing
+        // issues collectives; see `HostUpdates`.
+        while let Some(done) = self.host_updates.next_in_spawn_order() {
             let u = done.map_err(EngineError::Offload)?;
             self.refresh_from_host(u)?;
         }

@@ -12,6 +12,7 @@
 //! fp16 needs every gradient before any update (an overflow anywhere skips the step), so there the
 //! updates start only after backward.
 
+use std::collections::{HashSet, VecDeque};
 use std::sync::mpsc::{channel, Receiver, Sender};
 
 use tch::{Device, Kind, TchError, Tensor};
@@ -129,23 +130,32 @@ pub struct Update {
 }
 
 /// AdamW updates of host shards, run on the CPU thread pool as their gradients land.
+///
+/// Finished updates are handed back in the order they were spawned, not in the order they
+/// finish: the engine issues a collective per finished unit (the all-gather of stages 1 and 2),
+/// and collectives must be issued in the same order on every rank. The spawn order follows the
+/// gradients, which every rank produces in the same order; the finishing order depends on each
+/// host's threads.
 pub struct HostUpdates {
     tx: Sender<(usize, Result<(), String>)>,
     rx: Receiver<(usize, Result<(), String>)>,
-    outstanding: usize,
+    /// Units spawned and not yet handed back, in spawn order.
+    spawned: VecDeque<usize>,
+    /// Units whose update finished before those spawned earlier.
+    finished: HashSet<usize>,
 }
 
 impl HostUpdates {
     pub fn new() -> Self {
         let (tx, rx) = channel();
-        Self { tx, rx, outstanding: 0 }
+        Self { tx, rx, spawned: VecDeque::new(), finished: HashSet::new() }
     }
 
     /// Starts an update of `state` in the background.
     pub fn spawn(&mut self, state: &HostState, u: Update) {
         let h = state.handles();
         let tx = self.tx.clone();
-        self.outstanding += 1;
+        self.spawned.push_back(u.unit);
         rayon::spawn(move || {
             let run = || -> Result<(), String> {
                 u.landed.wait().map_err(|e| e.to_string())?;
@@ -167,16 +177,52 @@ impl HostUpdates {
         });
     }
 
-    /// Waits for the next update to finish and returns its unit; `None` when none is running.
-    pub fn next_done(&mut self) -> Option<Result<usize, String>> {
-        if self.outstanding == 0 {
-            return None;
+    /// Waits for the earliest-spawned update not yet handed back and returns its unit; `None`
+    /// when every spawned update has been handed back.
+    pub fn next_in_spawn_order(&mut self) -> Option<Result<usize, String>> {
+        let want = self.spawned.pop_front()?;
+        while !self.finished.remove(&want) {
+            match self.rx.recv() {
+                Ok((unit, Ok(()))) => {
+                    self.finished.insert(unit);
+                }
+                // Updates still running hold their own handles to the host memory.
+                Ok((unit, Err(e))) => return Some(Err(format!("host update of unit {unit}: {e}"))),
+                Err(_) => return Some(Err("the host update threads are gone".into())),
+            }
         }
-        self.outstanding -= 1;
-        Some(match self.rx.recv() {
-            Ok((unit, Ok(()))) => Ok(unit),
-            Ok((unit, Err(e))) => Err(format!("host update of unit {unit}: {e}")),
-            Err(_) => Err("the host update threads are gone".into()),
-        })
+        Some(Ok(want))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(n: i64) -> HostState {
+        HostState::new(&Tensor::ones([n], (Kind::Float, Device::Cpu)), Kind::Float, false, false, false).expect("host state")
+    }
+
+    fn update(unit: usize) -> Update {
+        Update { unit, landed: HostCopy::Done, accumulate: None, optim: OptimConfig::default(), t: 1, grad_scale: 1.0 }
+    }
+
+    /// Unit 0's update is thousands of times larger than the others, so it finishes last; the
+    /// units must still come back in spawn order (a rank refreshing in finishing order issued its
+    /// all-gathers in another order than its peers: stage 2 with offload diverged on 2 GPUs).
+    #[test]
+    fn finished_updates_come_back_in_spawn_order() {
+        let states: Vec<HostState> = (0..8).map(|u| state(if u == 0 { 1 << 24 } else { 1 << 10 })).collect();
+        let mut updates = HostUpdates::new();
+        for (u, s) in states.iter().enumerate() {
+            updates.spawn(s, update(u));
+        }
+        let order: Vec<usize> = std::iter::from_fn(|| updates.next_in_spawn_order()).map(|r| r.expect("update ran")).collect();
+        assert_eq!(order, (0..8).collect::<Vec<_>>());
+        // Every update ran: AdamW moved each master weight away from 1.
+        for s in &states {
+            assert!(s.master.max().double_value(&[]) < 1.0);
+        }
+        assert!(updates.next_in_spawn_order().is_none());
     }
 }
