@@ -174,6 +174,9 @@ fn apply_worker(spec: &Spec, c: &mut RunConfig) {
     if let Some(d) = &w.data {
         c.data = Some(d.clone());
     }
+    if c.model.spec().is_encoder_decoder() {
+        c.target_len = w.target_len;
+    }
     if w.hpz.is_some() {
         c.engine.hpz = w.hpz;
     }
@@ -268,6 +271,7 @@ fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node
 mod tests {
     use super::*;
     use std::path::Path;
+    use zerobench_schema::models::ModelPreset;
 
     fn plan(text: &str) -> Result<Plan, SpecError> {
         Plan::build(Spec::parse(text, Path::new("s.yaml"))?)
@@ -331,6 +335,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("s.yaml:1:10: worker.lr:"), "{e}");
+    }
+
+    #[test]
+    fn target_len_reaches_t5_runs_only() {
+        let p = plan("worker: {seq_len: 64, target_len: 16}\nsweep:\n  models: [tiny-t5, tiny]\n").unwrap();
+        let by_model = |m: ModelPreset| p.runs.iter().find(|r| r.config.model == m).expect("run");
+        assert_eq!(by_model(ModelPreset::TinyT5).config.target_len, Some(16));
+        assert!(by_model(ModelPreset::TinyT5).config.to_worker_args().join(" ").contains("--target-len 16"));
+        assert_eq!(by_model(ModelPreset::Tiny).config.target_len, None);
+        let e = plan("worker: {target_len: 0}\nsweep:\n  models: tiny-t5\n").unwrap_err().to_string();
+        assert!(e.contains("worker.target_len"), "{e}");
     }
 
     #[test]

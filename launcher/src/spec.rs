@@ -208,6 +208,9 @@ impl Default for Launch {
 #[serde(deny_unknown_fields, default)]
 pub struct Worker {
     pub seq_len: Option<u32>,
+    /// Target (decoder) tokens per sequence; applies to the encoder-decoder (T5) runs only, since
+    /// the other models have no targets, so one spec can sweep T5 beside GPT-2.
+    pub target_len: Option<u32>,
     pub grad_accum: Option<u32>,
     pub steps: Option<u32>,
     pub warmup: Option<u32>,

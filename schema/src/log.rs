@@ -25,6 +25,9 @@ use crate::memory::ModelStateBytes;
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// One line of a rank log.
+// `Start` is much larger than the other records; there is one per run, so boxing it would buy
+// nothing but noise at every construction and match.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Record {

@@ -58,6 +58,15 @@ exit 0
     p
 }
 
+/// Writes the stand-in worker and a spec `s.yaml` running it (`cluster` and `sweep` are the
+/// YAML bodies of those sections, indented by two); returns the spec's path.
+fn stub_spec(dir: &Path, cluster: &str, sweep: &str) -> std::path::PathBuf {
+    let worker = write_stub_worker(dir);
+    let spec = dir.join("s.yaml");
+    std::fs::write(&spec, format!("cluster:\n{cluster}launch:\n  worker: {:?}\nsweep:\n{sweep}", worker.to_str().unwrap())).unwrap();
+    spec
+}
+
 #[test]
 fn every_example_passes_sbatch_test_only() {
     let Some(conf) = slurm_conf() else { return };
@@ -96,13 +105,7 @@ fn sbatch_refusals_are_errors() {
 fn submit_runs_ranks_on_one_and_two_nodes() {
     let Some(conf) = slurm_conf() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let worker = write_stub_worker(dir.path());
-    let spec = dir.path().join("s.yaml");
-    std::fs::write(
-        &spec,
-        format!("cluster:\n  time: '2'\n  cpus_per_task: 2\nlaunch:\n  worker: {:?}\nsweep:\n  models: tiny\n  stages: 0\n  nodes: [1, 2]\n  ranks_per_node: 2\n", worker.to_str().unwrap()),
-    )
-    .unwrap();
+    let spec = stub_spec(dir.path(), "  time: '2'\n  cpus_per_task: 2\n", "  models: tiny\n  stages: 0\n  nodes: [1, 2]\n  ranks_per_node: 2\n");
     let out = dir.path().join("runs");
     let o = zb(&conf, &["submit", spec.to_str().unwrap(), "--out", out.to_str().unwrap(), "--chain"]);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
@@ -137,16 +140,7 @@ fn submit_runs_ranks_on_one_and_two_nodes() {
 fn arrays_failures_and_cancellation() {
     let Some(conf) = slurm_conf() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let worker = write_stub_worker(dir.path());
-    let spec = dir.path().join("s.yaml");
-    std::fs::write(
-        &spec,
-        format!(
-            "cluster:\n  time: '3'\nlaunch:\n  worker: {:?}\nsweep:\n  models: tiny\n  stages: [0, 1, 2]\n",
-            worker.to_str().unwrap()
-        ),
-    )
-    .unwrap();
+    let spec = stub_spec(dir.path(), "  time: '3'\n", "  models: tiny\n  stages: [0, 1, 2]\n");
     let out = dir.path().join("runs");
     let o = zb(&conf, &["render", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -186,7 +180,6 @@ fn arrays_failures_and_cancellation() {
 fn runs_as_steps_of_an_existing_allocation() {
     let Some(conf) = slurm_conf() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let worker = write_stub_worker(dir.path());
     let hold = std::process::Command::new("sbatch")
         .args(["--parsable", "-N2", "--ntasks-per-node=2", "-t", "3", "-o", "/dev/null", "--wrap", "sleep 170"])
         .env("SLURM_CONF", &conf)
@@ -211,15 +204,8 @@ fn runs_as_steps_of_an_existing_allocation() {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let spec = dir.path().join("s.yaml");
-    std::fs::write(
-        &spec,
-        format!(
-            "cluster:\n  allocation: {job}\n  time: '1'\nlaunch:\n  worker: {:?}\nsweep:\n  models: tiny\n  stages: 0\n  nodes: [1, 2]\n  ranks_per_node: 2\n",
-            worker.to_str().unwrap()
-        ),
-    )
-    .unwrap();
+    let cluster = format!("  allocation: {job}\n  time: '1'\n");
+    let spec = stub_spec(dir.path(), &cluster, "  models: tiny\n  stages: 0\n  nodes: [1, 2]\n  ranks_per_node: 2\n");
     let out = dir.path().join("runs");
     let o = zb(&conf, &["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
     let refused = zb(&conf, &["submit", out.to_str().unwrap()]);
@@ -239,16 +225,7 @@ fn runs_as_steps_of_an_existing_allocation() {
 fn a_run_past_its_time_limit_is_a_timeout() {
     let Some(conf) = slurm_conf() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let worker = write_stub_worker(dir.path());
-    let spec = dir.path().join("s.yaml");
-    std::fs::write(
-        &spec,
-        format!(
-            "cluster:\n  time: '1'\nlaunch:\n  worker: {:?}\nsweep:\n  models: tiny\n  stages: 2\n",
-            worker.to_str().unwrap()
-        ),
-    )
-    .unwrap();
+    let spec = stub_spec(dir.path(), "  time: '1'\n", "  models: tiny\n  stages: 2\n");
     let out = dir.path().join("runs");
     let o = zb(&conf, &["submit", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));

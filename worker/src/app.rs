@@ -141,6 +141,9 @@ fn shared_run_id(world: &SimpleCommunicator, given: Option<&str>, cfg: &RunConfi
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+// Called once, from `run`; the arguments are the rank's context as `run` assembled it, and a
+// struct holding them would exist only for this call.
+#[allow(clippy::too_many_arguments)]
 fn run_logged(
     args: &cli::Args,
     cfg: &RunConfig,

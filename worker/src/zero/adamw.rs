@@ -133,7 +133,10 @@ fn update(k: &Coeffs, p: &mut f32, m: &mut f32, v: &mut f32, g: f32) {
 /// # Safety
 /// The tensor must be contiguous, of element type `T`, on the CPU, and not aliased elsewhere
 /// during the borrow.
-unsafe fn slice_mut<'a, T>(t: &'a Tensor) -> &'a mut [T] {
+// A `&Tensor` is a handle; the elements live in libtorch's storage, which Rust's borrows do not
+// cover, so handing out a mutable slice from a shared handle is the point of this helper.
+#[allow(clippy::mut_from_ref)]
+unsafe fn slice_mut<T>(t: &Tensor) -> &mut [T] {
     // SAFETY: forwarded contract.
     unsafe { std::slice::from_raw_parts_mut(t.data_ptr().cast::<T>(), t.numel()) }
 }
@@ -297,7 +300,7 @@ fn step_tensor_ops(k: &Coeffs, s: &Shard<'_>) -> Result<(), TchError> {
     let denom = v.f_sqrt()?.f_mul_scalar(f64::from(k.inv_bc2_sqrt))?.f_add_scalar(f64::from(k.eps))?;
     let _ = p.f_sub_(&m.f_div(&denom)?.f_mul_scalar(f64::from(k.step_size))?)?;
     if let Some(out) = s.param_out {
-        let _ = out.shallow_clone().f_copy_(&p)?;
+        out.shallow_clone().f_copy_(&p)?;
     }
     Ok(())
 }

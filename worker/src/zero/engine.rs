@@ -193,7 +193,7 @@ impl Engine {
             let numel = i64::try_from(layout.numel).expect("fits");
 
             let full = Tensor::f_zeros([padded], f32_on)?;
-            let _ = full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, i, cfg.seed, device)?)?;
+            full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, i, cfg.seed, device)?)?;
             let shard_f32 = full.f_narrow(0, shard_start, shard_len)?;
 
             let offloaded = cfg.offload != Offload::None;
@@ -203,7 +203,7 @@ impl Engine {
                 } else {
                     // A copy, not a view: a view would keep the whole unit's buffer alive.
                     let shard = Tensor::f_empty([shard_len], (kind, device))?;
-                    let _ = shard.shallow_clone().f_copy_(&shard_f32)?;
+                    shard.shallow_clone().f_copy_(&shard_f32)?;
                     Some(shard)
                 };
                 (Tensor::f_zeros([padded], (kind, device))?, shard)

@@ -52,10 +52,10 @@ impl HostState {
     pub fn new(shard_f32: &Tensor, kind: Kind, mixed: bool, accumulate: bool, pin: bool) -> Result<Self, TchError> {
         let n = i64::try_from(shard_f32.numel()).expect("fits");
         let master = host_zeros(n, Kind::Float, pin)?;
-        let _ = master.shallow_clone().f_copy_(shard_f32)?;
+        master.shallow_clone().f_copy_(shard_f32)?;
         let param = if mixed {
             let p = host_zeros(n, kind, pin)?;
-            let _ = p.shallow_clone().f_copy_(&master)?;
+            p.shallow_clone().f_copy_(&master)?;
             Some(p)
         } else {
             None
@@ -143,6 +143,12 @@ pub struct HostUpdates {
     spawned: VecDeque<usize>,
     /// Units whose update finished before those spawned earlier.
     finished: HashSet<usize>,
+}
+
+impl Default for HostUpdates {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl HostUpdates {
