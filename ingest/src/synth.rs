@@ -16,6 +16,7 @@ use zerobench_schema::log::{
     Start, Step, Versions, SCHEMA_VERSION,
 };
 use zerobench_schema::memory::{model_state_for, padded_params};
+use zerobench_schema::splitmix::SplitMix64;
 use zerobench_schema::{RunConfig, ZeroStage};
 
 /// How a synthetic run ends.
@@ -244,7 +245,7 @@ impl SynthRun {
 
     fn step(&self, rank: u32, step: u32, energy: &mut f64) -> Step {
         let cfg = &self.config;
-        let mut rng = SplitMix(self.seed ^ (u64::from(rank) << 32) ^ u64::from(step).wrapping_mul(0x9E37_79B9));
+        let mut rng = SplitMix64(self.seed ^ (u64::from(rank) << 32) ^ u64::from(step).wrapping_mul(0x9E37_79B9));
         let warm = if step < cfg.warmup { 1.8 } else { 1.0 };
         let step_ms = self.step_ms * warm * (1.0 + self.jitter * (2.0 * rng.unit() - 1.0));
         let n = self.world_size;
@@ -316,19 +317,3 @@ impl SynthRun {
     }
 }
 
-/// SplitMix64: a tiny seeded generator, enough for jitter.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}

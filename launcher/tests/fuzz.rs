@@ -9,20 +9,17 @@ use std::path::Path;
 use zerobench_launcher::hostfile::{HostfileFormat, Hostfile};
 use zerobench_launcher::hostlist;
 use zerobench_launcher::spec::Spec;
+use zerobench_schema::splitmix::SplitMix64;
 
 /// A small deterministic generator (SplitMix64), so a failure names a reproducible case number.
-struct Rng(u64);
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.below(n)
     }
     fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
         xs[self.below(xs.len())]
@@ -56,7 +53,7 @@ fn hostlist_expand_and_compress_never_panic() {
         "node", "n", "gpu-a", "rack", "[", "]", "-", ",", "0", "1", "01", "007", "9", "10", "99999999", "[1-3]", "[01-04,07]",
         "[3-1]", "[[", "]]", ".ex.com", " ", "x", "[0-1048577]", "[1-2][3-4]", "_", "\u{e9}",
     ];
-    let mut rng = Rng(1);
+    let mut rng = Rng(SplitMix64(1));
     for i in 0..cases() {
         let expr = build(&mut rng, &frags, 8);
         if let Ok(hosts) = hostlist::expand(&expr) {
@@ -72,7 +69,7 @@ fn hostfile_parsers_never_panic() {
         "worker-0", "worker-1", "localhost", "10.0.0.1", " slots=", "slots=", "4", "0", "4x", "-1", "99999999999999999999",
         " max_slots=8", ":", ":2", "\n", "\r\n", "# comment\n", "\t", " ", "=", "\u{0}",
     ];
-    let mut rng = Rng(2);
+    let mut rng = Rng(SplitMix64(2));
     for i in 0..cases() {
         let text = build(&mut rng, &frags, 24);
         for format in [HostfileFormat::Deepspeed, HostfileFormat::Openmpi, HostfileFormat::Mpich] {
@@ -93,7 +90,7 @@ fn spec_loader_never_panics() {
         "  nodes: [1, 2]\n", "worker:\n", "  steps: 20\n", "  lr: -1\n", "launch:\n", "  method: srun\n", "  method: pdsh\n",
         "  env: {A: \"$(x)\"}\n", "- ", ": ", "{", "}", "[", "]", "&a ", "*a ", "!!binary ", "\t", "'", "\"", "~\n", "1e999\n",
     ];
-    let mut rng = Rng(3);
+    let mut rng = Rng(SplitMix64(3));
     for i in 0..cases() {
         let text = if rng.below(4) == 0 {
             // A valid spec with a few bytes mutated.

@@ -3,6 +3,7 @@
 //! * [`config`]: one run's configuration (what the worker's flags say and what the launcher renders).
 //! * [`models`]: model presets with their exact dimensions and closed-form parameter counts.
 //! * [`memory`]: the ZeRO model-state formulas per stage, precision and offload setting.
+//! * [`splitmix`]: the seeded generator every part draws synthetic numbers from.
 //! * [`log`]: the JSON-lines records a worker writes and ingest reads, versioned by [`log::SCHEMA_VERSION`].
 //!
 //! This crate depends on serde only: the launcher and ingest link it without linking libtorch, MPI or CUDA.
@@ -11,6 +12,7 @@ pub mod config;
 pub mod log;
 pub mod memory;
 pub mod models;
+pub mod splitmix;
 
 pub use config::{ConfigError, DeviceRequest, Offload, Precision, RunConfig, ZeroStage};
 pub use log::{Record, SCHEMA_VERSION};

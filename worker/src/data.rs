@@ -21,6 +21,7 @@
 use std::path::{Path, PathBuf};
 
 use tch::{Device, Kind, Tensor};
+use zerobench_schema::splitmix::{self, mix};
 use zerobench_schema::{ModelSpec, RunConfig};
 
 use crate::model::Batch;
@@ -83,19 +84,9 @@ pub struct Data {
     device: Device,
 }
 
-/// SplitMix64: a fast, well-mixed hash of (seed, index) pairs.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// A number uniform in [-sqrt(3), sqrt(3)) (mean 0, variance 1) from a hash.
 fn uniform(h: u64) -> f32 {
-    let unit = (h >> 11) as f64 / (1u64 << 53) as f64;
-    ((2.0 * unit - 1.0) * 3f64.sqrt()) as f32
+    ((2.0 * splitmix::unit(h) - 1.0) * 3f64.sqrt()) as f32
 }
 
 impl Source {

@@ -169,13 +169,8 @@ fn a_fuzzed_log_never_panics() {
     let records: Vec<Vec<u8>> = r.records(0).iter().map(|x| serde_json::to_vec(x).unwrap()).collect();
     let mut out = records[0].clone();
     out.push(b'\n');
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = zerobench_schema::splitmix::SplitMix64(0x2545_F491_4F6C_DD1D);
+    let mut next = || rng.next_u64();
     for _ in 0..n {
         let mut line = records[(next() as usize) % records.len()].clone();
         for _ in 0..=(next() % 4) {
