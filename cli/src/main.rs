@@ -5,7 +5,6 @@
 //! line that could not be read, or a run that failed); 2 the command could not do its job.
 
 mod cmd;
-mod table;
 
 use std::process::ExitCode;
 

@@ -26,6 +26,17 @@ pub struct Table {
     pub rows: Vec<Vec<String>>,
 }
 
+impl Table {
+    /// An empty table with these column names (filled with [`Table::row`]).
+    pub fn new<S: Into<String>>(name: &'static str, header: impl IntoIterator<Item = S>) -> Self {
+        Table { name, header: header.into_iter().map(Into::into).collect(), rows: Vec::new() }
+    }
+
+    pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
+        self.rows.push(cells.into_iter().map(Into::into).collect());
+    }
+}
+
 /// A table of serde rows, with the field names as header (`sample` gives it when there are no
 /// rows). The rows go through the CSV serialiser, so every sink shows the cells CSV has.
 pub fn table_from_rows<T: Serialize>(name: &'static str, rows: &[T], sample: &T) -> Table {

@@ -141,9 +141,10 @@ fn local_runs_continue_after_a_failure() {
     assert_eq!(o.status.code(), Some(1), "{table}\n{}", stderr(&o));
     assert!(stderr(&o).contains("launch.method is srun"), "{}", stderr(&o));
     let lines: Vec<&str> = table.lines().collect();
-    assert!(lines[1].starts_with("tiny_z0_offnone_mb1_1x2  done"), "{table}");
-    assert!(lines[2].starts_with("tiny_z1_offnone_mb1_1x2  failed") && lines[2].contains("exit 3"), "{table}");
-    assert!(lines[3].starts_with("tiny_z2_offnone_mb1_1x2  done"), "{table}");
+    // Header, rule, then one row per run.
+    assert!(lines[2].starts_with("tiny_z0_offnone_mb1_1x2  done"), "{table}");
+    assert!(lines[3].starts_with("tiny_z1_offnone_mb1_1x2  failed") && lines[3].contains("exit 3"), "{table}");
+    assert!(lines[4].starts_with("tiny_z2_offnone_mb1_1x2  done"), "{table}");
     assert!(table.contains("3 runs, 1 failed"), "{table}");
     let argv = std::fs::read_to_string(out.join("tiny_z2_offnone_mb1_1x2/logs/argv.1")).unwrap();
     assert!(

@@ -87,6 +87,22 @@ fn every_example_passes_sbatch_test_only() {
     }
 }
 
+/// `submit SPEC --out DIR` submits that spec's runs only, not run folders an earlier render
+/// left in DIR.
+#[test]
+fn submitting_a_spec_leaves_older_run_folders_alone() {
+    let Some(conf) = slurm_conf() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("runs");
+    let o = zb(&conf, &["render", repo("slurm/examples/demo.yaml").to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let spec = dir.path().join("one.yaml");
+    std::fs::write(&spec, "sweep: {models: tiny, stages: 1, micro_batches: 2}\n").unwrap();
+    let o = zb(&conf, &["submit", spec.to_str().unwrap(), "--out", out.to_str().unwrap(), "--test-only"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("1 runs accepted by sbatch --test-only"), "{}", stdout(&o));
+}
+
 #[test]
 fn sbatch_refusals_are_errors() {
     let Some(conf) = slurm_conf() else { return };

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use zerobench_launcher::hostfile::{Hostfile, HostfileFormat};
 use zerobench_launcher::select::{Filter, Resources};
 
-use crate::table::Table;
+use zerobench_ingest::report::terminal::write_table;
+use zerobench_ingest::tables::Table;
 use crate::Outcome;
 
 #[derive(clap::Args)]
@@ -41,12 +42,12 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let hf = Hostfile::read(&c.file, c.format)?;
     let filter = Filter::from_flags(c.include.as_deref(), c.exclude.as_deref())?;
     let res = Resources::select(&hf, filter)?;
-    let mut t = Table::new(["rank", "host", "node_rank", "local_rank", "slot"]);
+    let mut t = Table::new("hostfile", ["rank", "host", "node_rank", "local_rank", "slot"]);
     for r in res.ranks() {
         t.row([r.rank.to_string(), r.host, r.node_rank.to_string(), r.local_rank.to_string(), r.slot.to_string()]);
     }
     let mut out = std::io::stdout().lock();
-    t.write(&mut out)?;
+    write_table(&mut out, &t)?;
     writeln!(out, "{} ranks on {} hosts ({} format)", res.total_slots(), res.hosts.len(), c.format)?;
     Ok(Outcome::Complete)
 }

@@ -12,7 +12,8 @@ use zerobench_launcher::spec::Method;
 use zerobench_launcher::status::State;
 use zerobench_launcher::{render, Plan, Spec};
 
-use crate::table::Table;
+use zerobench_ingest::report::terminal::write_table;
+use zerobench_ingest::tables::Table;
 use crate::Outcome;
 
 #[derive(clap::Args)]
@@ -47,7 +48,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let plan = Plan::build(spec)?;
     let dirs = render::render(&plan, &a.out)?;
     let results = run_local(&dirs, &LocalOptions { timeout, progress: std::io::stderr().is_terminal() })?;
-    let mut t = Table::new(["run", "state", "seconds", "detail"]);
+    let mut t = Table::new("local", ["run", "state", "seconds", "detail"]);
     let mut failed = 0;
     for r in &results {
         let st = r.record.state();
@@ -63,7 +64,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         t.row([r.id.clone(), st.to_string(), format!("{:.1}", r.record.seconds), detail]);
     }
     let mut out = std::io::stdout().lock();
-    t.write(&mut out)?;
+    write_table(&mut out, &t)?;
     writeln!(out, "{} runs, {} failed; logs in each run folder's logs/, output in local.out", results.len(), failed)?;
     Ok(if failed > 0 { Outcome::Incomplete } else { Outcome::Complete })
 }

@@ -8,7 +8,8 @@ use zerobench_launcher::plan::Fit;
 use zerobench_launcher::values::human_bytes;
 use zerobench_launcher::{Plan, Spec};
 
-use crate::table::Table;
+use zerobench_ingest::report::terminal::write_table;
+use zerobench_ingest::tables::Table;
 use crate::Outcome;
 
 #[derive(clap::Args)]
@@ -27,7 +28,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         writeln!(out, "{}", serde_json::to_string_pretty(&plan.runs)?)?;
         return Ok(Outcome::Complete);
     }
-    let mut t = Table::new(["run", "ranks", "gpus", "params", "gpu states", "gpu buffers", "host states", "fit", "notes"]);
+    let mut t = Table::new("plan", ["run", "ranks", "gpus", "params", "gpu states", "gpu buffers", "host states", "fit", "notes"]);
     let mut too_big = 0;
     for r in &plan.runs {
         let fit = match r.fit {
@@ -50,7 +51,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             r.warnings.join("; "),
         ]);
     }
-    t.write(&mut out)?;
+    write_table(&mut out, &t)?;
     let gpus: u64 = plan.runs.iter().map(|r| u64::from(r.gpus())).sum();
     writeln!(
         out,

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use zerobench_launcher::{render, Plan, Spec};
 
-use crate::table::Table;
+use zerobench_ingest::report::terminal::write_table;
+use zerobench_ingest::tables::Table;
 use crate::Outcome;
 
 #[derive(clap::Args)]
@@ -21,12 +22,12 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let plan = Plan::build(Spec::load(&a.spec)?)?;
     let dirs = render::render(&plan, &a.out)?;
-    let mut t = Table::new(["run", "method", "ranks", "folder"]);
+    let mut t = Table::new("render", ["run", "method", "ranks", "folder"]);
     for (r, d) in plan.runs.iter().zip(&dirs) {
         t.row([r.id.clone(), plan.spec.launch.method.to_string(), r.world_size().to_string(), d.display().to_string()]);
     }
     let mut out = std::io::stdout().lock();
-    t.write(&mut out)?;
+    write_table(&mut out, &t)?;
     writeln!(out, "{} runs rendered", dirs.len())?;
     Ok(Outcome::Complete)
 }

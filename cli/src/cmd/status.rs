@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use zerobench_launcher::status::{status, State};
 
-use crate::table::Table;
+use zerobench_ingest::report::terminal::write_table;
+use zerobench_ingest::tables::Table;
 use crate::Outcome;
 
 #[derive(clap::Args)]
@@ -26,7 +27,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     if a.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
     } else {
-        let mut t = Table::new(["run", "state", "job", "source", "detail"]);
+        let mut t = Table::new("status", ["run", "state", "job", "source", "detail"]);
         for r in &rows {
             t.row([
                 r.id.clone(),
@@ -36,7 +37,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
                 r.detail.clone(),
             ]);
         }
-        t.write(&mut out)?;
+        write_table(&mut out, &t)?;
         let mut counts: BTreeMap<State, usize> = BTreeMap::new();
         for r in &rows {
             *counts.entry(r.state).or_default() += 1;

@@ -8,7 +8,8 @@ use anyhow::bail;
 use zerobench_launcher::submit::{submit, SubmitOptions};
 use zerobench_launcher::{render, Plan, Spec};
 
-use crate::table::Table;
+use zerobench_ingest::report::terminal::write_table;
+use zerobench_ingest::tables::Table;
 use crate::Outcome;
 
 #[derive(clap::Args)]
@@ -50,8 +51,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             bail!("{} is a spec: say where to render it with --out DIR", a.target.display())
         };
         let plan = Plan::build(Spec::load(&a.target)?)?;
-        render::render(&plan, out)?;
-        (std::fs::canonicalize(out)?, render::run_dirs(out)?)
+        // Only this spec's runs: older run folders in `out` are not submitted again.
+        let dirs = render::render(&plan, out)?;
+        (std::fs::canonicalize(out)?, dirs)
     } else {
         let root = std::fs::canonicalize(&a.target)?;
         let dirs = run_dirs(&root)?;
@@ -65,12 +67,12 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         ..Default::default()
     };
     let done = submit(&root, &dirs, &opts)?;
-    let mut t = Table::new(["run", if a.test_only { "sbatch --test-only" } else { "job" }]);
+    let mut t = Table::new("submit", ["run", if a.test_only { "sbatch --test-only" } else { "job" }]);
     for s in &done {
         t.row([s.id.clone(), s.job.clone()]);
     }
     let mut out = std::io::stdout().lock();
-    t.write(&mut out)?;
+    write_table(&mut out, &t)?;
     if a.test_only {
         writeln!(out, "{} runs accepted by sbatch --test-only; nothing submitted", done.len())?;
     } else {
