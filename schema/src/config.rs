@@ -400,8 +400,7 @@ impl RunConfig {
             }
         };
         // The target length changes what a step computes as much as the sequence length does.
-        let target_default = RunConfig { target_len: None, ..self.clone() }.target_len_or_default();
-        diff("target_len", self.target_len_or_default().to_string(), target_default.to_string());
+        diff("target_len", self.target_len_or_default().to_string(), self.unset_target_len().to_string());
         diff("lr", self.optim.lr.to_string(), o.lr.to_string());
         diff("beta1", self.optim.beta1.to_string(), o.beta1.to_string());
         diff("beta2", self.optim.beta2.to_string(), o.beta2.to_string());
@@ -410,18 +409,24 @@ impl RunConfig {
         diff("bucket_mb", self.engine.bucket_mb.to_string(), e.bucket_mb.to_string());
         diff("prefetch", self.engine.prefetch.to_string(), e.prefetch.to_string());
         diff("loss_scale_power", self.engine.loss_scale_power.to_string(), e.loss_scale_power.to_string());
-        diff("hpz", format!("{:?}", self.engine.hpz), format!("{:?}", e.hpz));
-        diff("comm_ctas", format!("{:?}", self.engine.comm_ctas), format!("{:?}", e.comm_ctas));
-        parts.join(",").replace("Some(", "").replace(')', "")
+        let opt = |v: Option<u32>| v.map_or_else(|| "None".to_string(), |v| v.to_string());
+        diff("hpz", opt(self.engine.hpz), opt(e.hpz));
+        diff("comm_ctas", opt(self.engine.comm_ctas), opt(e.comm_ctas));
+        parts.join(",")
     }
 
     /// The decoder's tokens per sequence of an encoder-decoder model ([`default_target_len`] unless
     /// given); the other families have none and get `seq_len`, which their FLOP counts ignore.
     pub fn target_len_or_default(&self) -> u32 {
-        match self.target_len {
-            Some(t) => t,
-            None if self.model.spec().is_encoder_decoder() => default_target_len(self.seq_len),
-            None => self.seq_len,
+        self.target_len.unwrap_or_else(|| self.unset_target_len())
+    }
+
+    /// What [`Self::target_len_or_default`] gives when no target length is set.
+    fn unset_target_len(&self) -> u32 {
+        if self.model.spec().is_encoder_decoder() {
+            default_target_len(self.seq_len)
+        } else {
+            self.seq_len
         }
     }
 

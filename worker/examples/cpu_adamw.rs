@@ -65,18 +65,16 @@ fn main() {
         step_cpu(&AdamW::coeffs_for(&OptimConfig::default(), t, 1.0), &shard);
     });
     let adam_gbps = 28.0 * n as f64 / adam_s / 1e9;
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
-        .unwrap_or_default();
+    // What the worker reports in its `setup` record for the same update.
+    let implementation = AdamW::new(OptimConfig::default(), None).implementation(Device::Cpu);
     println!(
         "{}",
         serde_json::json!({
             "benchmark": "cpu-adamw",
-            "cpu": cpu,
+            "cpu": zerobench_worker::runtime::device::cpu_name(),
             "threads": threads,
             "params": n,
-            "avx2_fma": std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"),
+            "avx2_fma": implementation == "rust-cpu-avx2",
             "triad_stream_gbps": (triad_stream_gbps * 100.0).round() / 100.0,
             "triad_gbps_with_write_allocate": (triad_gbps * 100.0).round() / 100.0,
             "adamw_ms": (adam_s * 1e5).round() / 100.0,

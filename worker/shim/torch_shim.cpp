@@ -78,10 +78,6 @@ int zb_storage_release(at::Tensor* t) {
   });
 }
 
-int zb_storage_nbytes(at::Tensor* t, size_t* out) {
-  return guarded([&] { *out = t->storage().nbytes(); });
-}
-
 struct zb_cuda_stats {
   int64_t allocated;
   int64_t peak_allocated;
@@ -107,10 +103,6 @@ int zb_cuda_stats(int device, zb_cuda_stats* out) {
 
 int zb_cuda_reset_peak(int device) {
   return guarded([&] { c10::getDeviceAllocator(c10::kCUDA)->resetPeakStats(static_cast<c10::DeviceIndex>(device)); });
-}
-
-int zb_cuda_empty_cache() {
-  return guarded([&] { c10::getDeviceAllocator(c10::kCUDA)->emptyCache(); });
 }
 
 }  // extern "C"

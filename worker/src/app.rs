@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::Device;
 use zerobench_schema::log::{DeviceInfo, End, ErrorRecord, ModelInfo, RunStatus, Setup, Start, Versions};
-use zerobench_schema::memory::model_state_split;
+use zerobench_schema::memory::{model_state_split, padded_params};
 use zerobench_schema::{DeviceRequest, Offload, Record, RunConfig, SCHEMA_VERSION};
 
 use std::sync::Arc;
@@ -24,6 +24,7 @@ use crate::metrics::clock::PhaseTimer;
 use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::runtime::cuda::Gpu;
 use crate::runtime::guard::Guard;
+use crate::model::Model;
 use crate::{cli, data, model, runtime, zero};
 use crate::failure::Failure;
 use crate::logfile::RankLog;
@@ -36,9 +37,8 @@ use crate::train::{now_ts, Observe, Progress, Trainer};
 pub fn run(args: &cli::Args) -> Result<(), Failure> {
     let cfg = args.config();
     cfg.validate(None).map_err(|e| Failure::Config(e.to_string()))?;
-    let model_spec = cfg.model.spec();
     // Refuse what the worker cannot build before any rank starts communicating.
-    model::build(&model_spec).map_err(|e| Failure::Config(format!("invalid --model: {e}")))?;
+    let model = model::build(&cfg.model.spec()).map_err(|e| Failure::Config(format!("invalid --model: {e}")))?;
 
     // One GPU per local rank, chosen before MPI (which may initialise CUDA) and before libtorch.
     let gpu_hint = identity::local_rank_hint();
@@ -60,7 +60,8 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     let guard = Guard::start(log.clone(), ident.rank, stall).map_err(|e| Failure::Internal(format!("cannot start the guard threads: {e}")))?;
 
     let mut progress = Progress { steps_completed: 0, summary: None, trace: Vec::new(), cuda_device: None };
-    let result = catch_unwind(AssertUnwindSafe(|| run_logged(args, &cfg, &ident, &run_id, world, visible, &log, &guard, &mut progress)))
+    let rank = Rank { args, cfg: &cfg, ident: &ident, run_id: &run_id, log: &log, guard: &guard, model: model.as_ref() };
+    let result = catch_unwind(AssertUnwindSafe(|| run_logged(rank, world, visible, &mut progress)))
         .unwrap_or_else(|panic| {
             let msg = panic
                 .downcast_ref::<String>()
@@ -141,20 +142,21 @@ fn shared_run_id(world: &SimpleCommunicator, given: Option<&str>, cfg: &RunConfi
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-// Called once, from `run`; the arguments are the rank's context as `run` assembled it, and a
-// struct holding them would exist only for this call.
-#[allow(clippy::too_many_arguments)]
-fn run_logged(
-    args: &cli::Args,
-    cfg: &RunConfig,
-    ident: &Identity,
-    run_id: &str,
-    world: SimpleCommunicator,
-    visible: Option<String>,
-    log: &RankLog,
-    guard: &Guard,
-    progress: &mut Progress,
-) -> Result<(), Failure> {
+/// What `run` settled before the log opened: the rank's flags, configuration, identity, log,
+/// guard threads and model.
+#[derive(Clone, Copy)]
+struct Rank<'a> {
+    args: &'a cli::Args,
+    cfg: &'a RunConfig,
+    ident: &'a Identity,
+    run_id: &'a str,
+    log: &'a RankLog,
+    guard: &'a Guard,
+    model: &'a dyn Model,
+}
+
+fn run_logged(rank: Rank<'_>, world: SimpleCommunicator, visible: Option<String>, progress: &mut Progress) -> Result<(), Failure> {
+    let Rank { args, cfg, ident, run_id, log, guard, model } = rank;
     let t_setup = Instant::now();
     let device = runtime::device::select(cfg.device).map_err(|e| Failure::Config(e.to_string()))?;
     let gpu = match device {
@@ -192,7 +194,6 @@ fn run_logged(
     let _ = rayon::ThreadPoolBuilder::new().num_threads(pool as usize).build_global();
 
     let spec = cfg.model.spec();
-    let model = model::build(&spec).map_err(Failure::Config)?;
     let cuda_index = match device {
         Device::Cuda(i) => Some(i),
         _ => None,
@@ -257,13 +258,14 @@ fn run_logged(
         device,
     );
 
+    let world_size = u64::from(ident.world_size);
+    let expected = model_state_split(cfg.stage, cfg.precision, cfg.offload, cfg.grad_accum, padded_params(&spec, world_size), world_size);
     // Before any state is allocated: host-resident states that cannot fit are a result (oom).
-    let per_rank = runtime::host_memory::host_state_need(cfg, u64::from(ident.world_size), !on_gpu);
+    let per_rank = runtime::host_memory::host_resident(&expected, !on_gpu);
     runtime::host_memory::check(per_rank, ident.local_size, runtime::host_memory::available_bytes())?;
-    let mut engine = zero::Engine::new(model.as_ref(), cfg, comm, group, device, gpu.clone())?;
+    let mut engine = zero::Engine::new(model, cfg, comm, group, device, gpu.clone())?;
     let probe = MemoryProbe::new(cuda_index);
     let padded = engine.padded_params();
-    let expected = model_state_split(cfg.stage, cfg.precision, cfg.offload, cfg.grad_accum, padded, u64::from(ident.world_size));
     let setup = Setup {
         v: SCHEMA_VERSION,
         ts: now_ts(),
@@ -283,7 +285,7 @@ fn run_logged(
     let timeline = Timeline::new(gpu.clone()).map_err(|e| Failure::Internal(e.to_string()))?;
     let mut trainer = Trainer {
         cfg,
-        model: model.as_ref(),
+        model,
         engine: &mut engine,
         data: &data,
         log,

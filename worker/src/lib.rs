@@ -6,9 +6,9 @@
 //! | [`app`] | one rank's run from flags to exit code |
 //! | [`cli`] | the flags, mapped onto `RunConfig` |
 //! | [`runtime`] | rank identity, device choice, native helpers |
-//! | [`comm`] | collectives: the interface the engine uses, and its MPI implementation |
-//! | [`model`] | models as units and segments (GPT-2 family) |
-//! | [`zero`] | the ZeRO engine: flat buffers, stages 0-3, AdamW, loss scaling |
+//! | [`comm`] | collectives: the interface the engine uses, over MPI (CPU) and NCCL (GPU) |
+//! | [`model`] | models as units and segments: GPT-2, T5, Llama/Mistral, MLP |
+//! | [`zero`] | the ZeRO engine: flat buffers, stages 0-3, offload, hpZ, AdamW, loss scaling |
 //! | [`data`] | synthetic and text data, split by global sample index |
 //! | [`train`] | the step loop |
 //! | [`metrics`] | phase timings and memory |

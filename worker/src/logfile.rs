@@ -55,10 +55,6 @@ impl RankLog {
         Ok(Self { file: Arc::new(Mutex::new(file)), path: Arc::new(path) })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Appends one record as one line.
     pub fn write(&self, rec: &Record) -> Result<(), LogError> {
         let l = line(rec);

@@ -81,7 +81,7 @@ impl Trainer<'_> {
             let batches = (0..self.cfg.grad_accum as usize)
                 .map(|micro| self.data.batch(u64::from(step), micro))
                 .collect::<Result<Vec<_>, _>>()?;
-            self.span(Track::Copy, "batch to device", copy_start, SpanInfo::default())?;
+            self.span(Track::Copy, || "batch to device", copy_start, SpanInfo::default())?;
 
             for (micro, batch) in batches.iter().enumerate() {
                 self.engine.begin_micro(micro);
@@ -93,7 +93,7 @@ impl Trainer<'_> {
             self.timer.start(StepPhase::Optimizer)?;
             let opt_start = self.mark()?;
             let outcome = self.engine.step()?;
-            self.span(Track::Optimizer, "optimizer step", opt_start, SpanInfo::default())?;
+            self.span(Track::Optimizer, || "optimizer step", opt_start, SpanInfo::default())?;
             self.timer.stop()?;
             let step_ms = t0.elapsed().as_secs_f64() * 1e3;
 
@@ -161,10 +161,17 @@ impl Trainer<'_> {
         self.timeline().mark().map_err(|e| Failure::Internal(e.to_string()))
     }
 
-    /// Closes a span opened with [`Self::mark`] (a no-op when not recording).
-    fn span(&self, track: Track, name: &str, start: Option<crate::metrics::timeline::Mark>, info: SpanInfo) -> Result<(), Failure> {
+    /// Closes a span opened with [`Self::mark`] (a no-op when not recording, so `name` is only
+    /// built for recorded steps).
+    fn span<S: AsRef<str>>(
+        &self,
+        track: Track,
+        name: impl FnOnce() -> S,
+        start: Option<crate::metrics::timeline::Mark>,
+        info: SpanInfo,
+    ) -> Result<(), Failure> {
         if let (Some(start), Some(end)) = (start, self.mark()?) {
-            self.timeline().span(track, name, start, end, info);
+            self.timeline().span(track, name().as_ref(), start, end, info);
         }
         Ok(())
     }
@@ -187,8 +194,8 @@ impl Trainer<'_> {
             };
             let unit = self.model.segments()[s].unit;
             let out = self.model.forward(s, self.engine.params(unit), &leaves, batch)?;
-            let name = format!("fwd {}", self.model.segments()[s].name);
-            self.span(Track::Compute, &name, start, SpanInfo { segment: Some((s, false)), bytes: None })?;
+            let name = || format!("fwd {}", self.model.segments()[s].name);
+            self.span(Track::Compute, name, start, SpanInfo { segment: Some((s, false)), bytes: None })?;
             self.engine.after(s)?;
             inputs.push(leaves);
             outputs.push(out);
@@ -217,8 +224,8 @@ impl Trainer<'_> {
                 let grad_refs: Vec<&Tensor> = grads.iter().collect();
                 shim::backward(&outs, &grad_refs).map_err(|e| Failure::from_torch_message(&e.0))?;
             }
-            let name = format!("bwd {}", self.model.segments()[s].name);
-            self.span(Track::Compute, &name, start, SpanInfo { segment: Some((s, true)), bytes: None })?;
+            let name = || format!("bwd {}", self.model.segments()[s].name);
+            self.span(Track::Compute, name, start, SpanInfo { segment: Some((s, true)), bytes: None })?;
             self.engine.after(i)?;
             // This segment's activations and the next one's input gradients are spent.
             outputs[s].clear();

@@ -95,8 +95,10 @@ pub trait Collectives {
     /// Copies one device tensor into another on the communication stream, after the
     /// communication already issued (hpZ keeps a slice of a just-gathered unit this way).
     fn copy_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError>;
-    /// Sums a few fp32 control values (the step's loss, an overflow flag) over ranks and waits for
-    /// the result. Not counted in the step's communication: it is bookkeeping of a few bytes.
+    /// Sums a few fp32 control values (the step's loss, an overflow flag) over ranks, in place:
+    /// on the CPU (MPI) or on the CPU or this rank's GPU (NCCL; a GPU result is ordered before
+    /// later work on the compute stream). Not counted in the step's communication: it is
+    /// bookkeeping of a few bytes.
     fn reduce_control(&mut self, buf: &Tensor) -> Result<(), CommError>;
     /// What this step's collectives cost; resets the counters.
     fn take_stats(&mut self) -> Result<StepComm, CommError>;

@@ -377,7 +377,7 @@ impl Collectives for NcclCollectives {
 
 impl Drop for NcclCollectives {
     fn drop(&mut self) {
-        crate::runtime::guard::unwatch_nccl();
+        crate::runtime::guard::unwatch_nccl(self.comm as usize);
         // SAFETY: the communicator is ours; abort does not wait for peers that may be gone.
         let _ = unsafe { nccl::comm_abort(self.comm) };
     }

@@ -15,9 +15,22 @@ pub enum StepPhase {
     Optimizer,
 }
 
-enum Mark {
+/// A point in time: the host clock, or an event on the GPU's compute stream. The phase timer and
+/// the timeline both take their marks here.
+#[derive(Debug, Clone, Copy)]
+pub enum Mark {
     Host(Instant),
     Device(Event),
+}
+
+impl Mark {
+    /// Now, on the clock that measures work on `gpu` (the host's when there is none).
+    pub fn now(gpu: Option<&Gpu>) -> Result<Mark, String> {
+        match gpu {
+            None => Ok(Mark::Host(Instant::now())),
+            Some(g) => g.mark(&g.compute).map(Mark::Device).map_err(|e| e.to_string()),
+        }
+    }
 }
 
 /// Accumulates the time spent in each phase during one step.
@@ -47,10 +60,7 @@ impl PhaseTimer {
     }
 
     fn mark(&self) -> Result<Mark, ClockError> {
-        match &self.gpu {
-            None => Ok(Mark::Host(Instant::now())),
-            Some(g) => g.mark(&g.compute).map(Mark::Device).map_err(|e| ClockError(e.to_string())),
-        }
+        Mark::now(self.gpu.as_deref()).map_err(ClockError)
     }
 
     pub fn start(&mut self, phase: StepPhase) -> Result<(), ClockError> {

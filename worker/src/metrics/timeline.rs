@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+pub use crate::metrics::clock::Mark;
 use crate::runtime::cuda::{Event, Gpu};
 
 /// Where a span is drawn: one track per kind of work.
@@ -45,13 +46,6 @@ impl Track {
             Track::Comm(k) => format!("comm {k}"),
         }
     }
-}
-
-/// A point in time on the host or on the device.
-#[derive(Debug, Clone, Copy)]
-pub enum Mark {
-    Host(Instant),
-    Device(Event),
 }
 
 /// What a span measured, beyond its name.
@@ -111,19 +105,12 @@ impl Timeline {
         self.recording = step;
     }
 
-    pub fn is_recording(&self) -> bool {
-        self.recording.is_some()
-    }
-
     /// A mark on the compute stream (or the host clock), if recording.
     pub fn mark(&self) -> Result<Option<Mark>, TimelineError> {
         if self.recording.is_none() {
             return Ok(None);
         }
-        match &self.gpu {
-            Some(g) => g.mark(&g.compute).map(|e| Some(Mark::Device(e))).map_err(|e| TimelineError(e.to_string())),
-            None => Ok(Some(Mark::Host(Instant::now()))),
-        }
+        Mark::now(self.gpu.as_deref()).map(Some).map_err(TimelineError)
     }
 
     /// Adds a span between two marks (taken while recording).

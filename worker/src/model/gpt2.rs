@@ -10,7 +10,7 @@
 use tch::{Kind, TchError, Tensor};
 use zerobench_schema::models::Gpt2Dims;
 
-use super::ops::lm_loss;
+use super::ops::{dim, lm_loss, merge_heads, split_heads};
 use super::{Batch, Init, Model, ParamDef, Segment, Shape, UnitDef};
 
 pub struct Gpt2 {
@@ -25,9 +25,7 @@ const LN_EPS: f64 = 1e-5;
 
 impl Gpt2 {
     pub fn new(dims: Gpt2Dims) -> Self {
-        let c = i64::try_from(dims.d_model).expect("small");
-        let v = i64::try_from(dims.vocab).expect("small");
-        let p = i64::try_from(dims.n_positions).expect("small");
+        let (c, v, p) = (dim(dims.d_model), dim(dims.vocab), dim(dims.n_positions));
         // GPT-2 scales the residual projections by 1/sqrt(2·layers) at init.
         let proj_std = STD / (2.0 * dims.n_layer as f64).sqrt();
         let mut units = vec![UnitDef {
@@ -74,25 +72,20 @@ impl Gpt2 {
     }
 
     fn block(&self, p: &[Tensor], x: &Tensor) -> Result<Vec<Tensor>, TchError> {
-        let c = i64::try_from(self.dims.d_model).expect("small");
-        let nh = i64::try_from(self.dims.n_head).expect("small");
-        let (b, t) = (x.size()[0], x.size()[1]);
+        let (c, nh) = (dim(self.dims.d_model), dim(self.dims.n_head));
         let h = x.f_layer_norm([c], Some(&p[0]), Some(&p[1]), LN_EPS, true)?;
         let qkv = h.f_linear(&p[2], Some(&p[3]))?;
         let parts = qkv.f_split(c, 2)?;
-        let heads = |t_: &Tensor| t_.f_view([b, t, nh, c / nh])?.f_transpose(1, 2);
-        let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
+        let (q, k, v) = (split_heads(&parts[0], nh)?, split_heads(&parts[1], nh)?, split_heads(&parts[2], nh)?);
         let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)?;
-        let y = y.f_transpose(1, 2)?.f_contiguous()?.f_view([b, t, c])?;
-        let x = x.f_add(&y.f_linear(&p[4], Some(&p[5]))?)?;
+        let x = x.f_add(&merge_heads(&y)?.f_linear(&p[4], Some(&p[5]))?)?;
         let h = x.f_layer_norm([c], Some(&p[6]), Some(&p[7]), LN_EPS, true)?;
         let h = h.f_linear(&p[8], Some(&p[9]))?.f_gelu("tanh")?.f_linear(&p[10], Some(&p[11]))?;
         Ok(vec![x.f_add(&h)?])
     }
 
     fn head(&self, p: &[Tensor], x: &Tensor, batch: &Batch) -> Result<Vec<Tensor>, TchError> {
-        let c = i64::try_from(self.dims.d_model).expect("small");
-        let h = x.f_layer_norm([c], Some(&p[2]), Some(&p[3]), LN_EPS, true)?;
+        let h = x.f_layer_norm([dim(self.dims.d_model)], Some(&p[2]), Some(&p[3]), LN_EPS, true)?;
         Ok(vec![lm_loss(&h, &p[0], &batch.target)?])
     }
 }

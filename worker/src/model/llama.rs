@@ -13,7 +13,9 @@
 //! Units: `embed` (token embedding), `layer.i`, `head` (final norm, LM head). Segments: `embed`,
 //! `layer.i`, `head`, each on its own unit.
 
-use tch::{TchError, Tensor};
+use std::sync::Mutex;
+
+use tch::{Device, Kind, TchError, Tensor};
 use zerobench_schema::models::LlamaDims;
 
 use super::ops::{dim, lm_loss, merge_heads, rms_norm, split_heads};
@@ -40,6 +42,15 @@ pub struct Llama {
     head_dim: i64,
     units: Vec<UnitDef>,
     segments: Vec<Segment>,
+    /// The rotary tables of the last (sequence length, dtype, device) seen: the same for every
+    /// layer and step, so built once rather than in each layer's forward.
+    rope: Mutex<Option<RopeTables>>,
+}
+
+struct RopeTables {
+    key: (i64, Kind, Device),
+    cos: Tensor,
+    sin: Tensor,
 }
 
 impl Llama {
@@ -75,14 +86,25 @@ impl Llama {
             params: vec![ParamDef::new("norm", &[c], Init::Ones), ParamDef::new("lm_head", &[v, c], Init::Normal(STD))],
         });
         let segments = units.iter().enumerate().map(|(i, u)| Segment { name: u.name.clone(), unit: i }).collect();
-        Ok(Self { dims, head_dim, units, segments })
+        Ok(Self { dims, head_dim, units, segments, rope: Mutex::new(None) })
+    }
+
+    /// The rotary tables for `x`'s sequence length, dtype and device (cached).
+    fn rope_tables(&self, x: &Tensor) -> Result<(Tensor, Tensor), TchError> {
+        let key = (x.size()[1], x.kind(), x.device());
+        let mut cache = self.rope.lock().expect("rope cache");
+        if cache.as_ref().is_none_or(|c| c.key != key) {
+            let (cos, sin) = rope::tables(key.0, self.head_dim, ROPE_THETA, key.1, key.2)?;
+            *cache = Some(RopeTables { key, cos, sin });
+        }
+        let c = cache.as_ref().expect("just filled");
+        Ok((c.cos.shallow_clone(), c.sin.shallow_clone()))
     }
 
     fn layer(&self, p: &[Tensor], x: &Tensor) -> Result<Vec<Tensor>, TchError> {
         let (n_head, n_kv) = (dim(self.dims.n_head), dim(self.dims.n_kv_head));
-        let t = x.size()[1];
         let h = rms_norm(x, &p[IN_NORM], EPS)?;
-        let (cos, sin) = rope::tables(t, self.head_dim, ROPE_THETA, x.kind(), x.device())?;
+        let (cos, sin) = self.rope_tables(x)?;
         let q = rope::apply(&split_heads(&h.f_linear::<Tensor>(&p[Q], None)?, n_head)?, &cos, &sin)?;
         let k = rope::apply(&split_heads(&h.f_linear::<Tensor>(&p[K], None)?, n_kv)?, &cos, &sin)?;
         let v = split_heads(&h.f_linear::<Tensor>(&p[V], None)?, n_kv)?;
@@ -133,7 +155,6 @@ impl Model for Llama {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tch::{Device, Kind};
 
     /// SDPA's grouped-query path equals attention with each key/value head repeated for its group.
     #[test]

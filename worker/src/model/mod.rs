@@ -196,7 +196,7 @@ mod tests {
             let spec = preset.spec();
             let model = build(&spec).unwrap();
             let seq_len = spec.default_seq_len();
-            for target_len in [seq_len, (seq_len / 4).max(1)] {
+            for target_len in [seq_len, zerobench_schema::config::default_target_len(seq_len)] {
                 let shape = Shape { sequences: 3, seq_len: u64::from(seq_len), target_len: u64::from(target_len) };
                 let forward: f64 = (0..model.segments().len()).map(|s| model.forward_flops(s, &shape)).sum();
                 let per_token = 3.0 * forward / shape.tokens();

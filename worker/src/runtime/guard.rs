@@ -38,16 +38,21 @@ const GUARD_STOPPING: u8 = 2;
 /// How often the watchdog looks.
 const POLL: Duration = Duration::from_millis(500);
 
-/// The NCCL communicator the watchdog polls (0: none). Registered by the NCCL backend and removed
-/// before it is destroyed, under this lock, so the watchdog never polls a freed communicator.
-static WATCHED_COMM: Mutex<usize> = Mutex::new(0);
+/// The NCCL communicators the watchdog polls: the world's and, with hpZ, the group's. Each is
+/// registered by the NCCL backend and removed before it is destroyed, under this lock, so the
+/// watchdog never polls a freed communicator.
+static WATCHED_COMMS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
-pub fn watch_nccl(comm: usize) {
-    *WATCHED_COMM.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = comm;
+fn watched() -> std::sync::MutexGuard<'static, Vec<usize>> {
+    WATCHED_COMMS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-pub fn unwatch_nccl() {
-    watch_nccl(0);
+pub fn watch_nccl(comm: usize) {
+    watched().push(comm);
+}
+
+pub fn unwatch_nccl(comm: usize) {
+    watched().retain(|&c| c != comm);
 }
 
 struct Inner {
@@ -172,22 +177,21 @@ fn watchdog(i: &Inner) {
     }
 }
 
-/// The error NCCL has recorded on the watched communicator, if any.
+/// The first error NCCL has recorded on a watched communicator, if any.
 fn nccl_async_error() -> Option<String> {
     use cudarc::nccl::sys;
-    let comm = WATCHED_COMM.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if *comm == 0 {
-        return None;
-    }
-    let mut state = sys::ncclResult_t::ncclSuccess;
-    // SAFETY: the communicator is registered only while alive (see `unwatch_nccl`), and the lock is
-    // held during the call.
-    let rc = unsafe { sys::ncclCommGetAsyncError(*comm as sys::ncclComm_t, &mut state) };
-    match (rc, state) {
-        (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => None,
-        (sys::ncclResult_t::ncclSuccess, e) => Some(format!("NCCL reported an asynchronous error: {e:?}")),
-        (e, _) => Some(format!("ncclCommGetAsyncError failed: {e:?}")),
-    }
+    let comms = watched();
+    comms.iter().find_map(|&comm| {
+        let mut state = sys::ncclResult_t::ncclSuccess;
+        // SAFETY: a communicator is registered only while alive (see `unwatch_nccl`), and the
+        // lock is held during the call.
+        let rc = unsafe { sys::ncclCommGetAsyncError(comm as sys::ncclComm_t, &mut state) };
+        match (rc, state) {
+            (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => None,
+            (sys::ncclResult_t::ncclSuccess, e) => Some(format!("NCCL reported an asynchronous error: {e:?}")),
+            (e, _) => Some(format!("ncclCommGetAsyncError failed: {e:?}")),
+        }
+    })
 }
 
 /// Writes `error` and `end` and exits the process, once.
@@ -228,5 +232,18 @@ mod tests {
         assert_eq!(stall_limit(base, 5, 100), base);
         assert_eq!(stall_limit(base, 5, 10_000), Duration::from_secs(100));
         assert_eq!(stall_limit(Duration::from_secs(600), 0, 0), Duration::from_secs(600));
+    }
+
+    /// With hpZ a rank has two communicators: registering the group's must not stop the world's
+    /// from being polled, and destroying one must leave the other watched.
+    #[test]
+    fn every_registered_communicator_stays_watched_until_its_own_removal() {
+        watch_nccl(0x1000);
+        watch_nccl(0x2000);
+        assert!(watched().contains(&0x1000) && watched().contains(&0x2000));
+        unwatch_nccl(0x1000);
+        assert!(!watched().contains(&0x1000) && watched().contains(&0x2000));
+        unwatch_nccl(0x2000);
+        assert!(!watched().contains(&0x2000));
     }
 }

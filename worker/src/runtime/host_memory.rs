@@ -7,8 +7,7 @@
 
 use std::path::Path;
 
-use zerobench_schema::config::RunConfig;
-use zerobench_schema::memory::{model_state_split, padded_params};
+use zerobench_schema::memory::StateSplit;
 
 use crate::failure::Failure;
 
@@ -47,9 +46,7 @@ fn cgroup_headroom(dir: &Path) -> Option<u64> {
 
 /// The model states one rank keeps in host memory: the offloaded part, plus everything when the
 /// device is the CPU.
-pub fn host_state_need(cfg: &RunConfig, world: u64, on_cpu: bool) -> u64 {
-    let psi = padded_params(&cfg.model.spec(), world);
-    let split = model_state_split(cfg.stage, cfg.precision, cfg.offload, cfg.grad_accum, psi, world);
+pub fn host_resident(split: &StateSplit, on_cpu: bool) -> u64 {
     split.host_bytes + if on_cpu { split.device.total() } else { 0 }
 }
 
@@ -99,12 +96,16 @@ mod tests {
 
     #[test]
     fn t5_11b_offload_needs_16_bytes_per_parameter_and_is_refused_on_a_small_host() {
-        use clap::Parser;
-        let argv = ["w", "--model", "t5-11b", "--stage", "2", "--offload", "optimizer", "--precision", "bf16", "--log-dir", "d"];
-        let cfg = crate::cli::Args::try_parse_from(argv).expect("flags").config();
-        let need = host_state_need(&cfg, 1, false);
+        use zerobench_schema::config::{Offload, Precision, ZeroStage};
+        use zerobench_schema::memory::{model_state_split, padded_params};
+        use zerobench_schema::ModelPreset;
+        let psi = padded_params(&ModelPreset::T5_11b.spec(), 1);
+        let split = model_state_split(ZeroStage::Z2, Precision::Bf16, Offload::Optimizer, 1, psi, 1);
+        let need = host_resident(&split, false);
         // fp32 master, moments (12 B) + bf16 gradient and parameter copies (4 B).
-        assert_eq!(need, 16 * padded_params(&cfg.model.spec(), 1));
+        assert_eq!(need, 16 * psi);
+        // On a CPU run the device's share (the bf16 parameters) is in host memory too.
+        assert_eq!(host_resident(&split, true), 18 * psi);
         let err = check(need, 1, Some(128 << 30)).expect_err("does not fit");
         assert_eq!(err.exit_code(), 3);
         assert!(err.to_string().contains("168.5 GiB"), "{err}");

@@ -27,7 +27,6 @@ extern "C" {
     fn zb_storage_release(t: CTensor) -> c_int;
     fn zb_cuda_stats(device: c_int, out: *mut CudaStats) -> c_int;
     fn zb_cuda_reset_peak(device: c_int) -> c_int;
-    fn zb_cuda_empty_cache() -> c_int;
     fn zb_mpi_in_place() -> *mut c_void;
 }
 
@@ -97,11 +96,6 @@ pub fn cuda_reset_peak(device: usize) -> Result<(), ShimError> {
     let dev = c_int::try_from(device).expect("small device index");
     // SAFETY: plain call.
     check(unsafe { zb_cuda_reset_peak(dev) })
-}
-
-pub fn cuda_empty_cache() -> Result<(), ShimError> {
-    // SAFETY: plain call.
-    check(unsafe { zb_cuda_empty_cache() })
 }
 
 /// MPI_IN_PLACE of the MPI this binary links.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tch::{Device, Kind, TchError, Tensor};
-use zerobench_schema::config::{Offload, OptimConfig, Precision, RunConfig, ZeroStage};
+use zerobench_schema::config::{Offload, Precision, RunConfig, ZeroStage};
 use zerobench_schema::memory::ModelStateBytes;
 
 use super::adamw::{AdamW, Shard};
@@ -154,7 +154,6 @@ pub struct Engine {
     slot_owner: Vec<Option<usize>>,
     loss_acc: Option<Tensor>,
     offload: Offload,
-    optim_cfg: OptimConfig,
     /// Offload: gradient shards copied to the host this micro-step, not yet handed to an update.
     landed: Vec<(usize, HostCopy)>,
     /// Offload: updates start as gradients land (not in fp16, which must see every gradient first).
@@ -330,7 +329,6 @@ impl Engine {
             slot_owner,
             loss_acc: None,
             offload: cfg.offload,
-            optim_cfg: cfg.optim,
             landed: Vec::new(),
             pipelined: cfg.precision != Precision::Fp16,
             host_updates: HostUpdates::new(),
@@ -342,20 +340,8 @@ impl Engine {
         &self.schedule
     }
 
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
     pub fn world(&self) -> usize {
         self.world
-    }
-
-    pub fn rank(&self) -> usize {
-        self.rank
-    }
-
-    pub fn comm_backend(&self) -> &'static str {
-        self.comm.backend()
     }
 
     /// Which AdamW implementation updates the shards.
@@ -485,9 +471,10 @@ impl Engine {
             self.harvest(pos.unit)?;
         }
         if self.stage == ZeroStage::Z3 {
+            // Only the gathered units (one per slot) can be released.
             let keep = self.schedule.upcoming_units(i, self.prefetch + 1);
-            for v in 0..self.units.len() {
-                if self.units[v].slot.is_some() && !keep.contains(&v) {
+            for s in 0..self.slot_owner.len() {
+                if let Some(v) = self.slot_owner[s].filter(|v| !keep.contains(v)) {
                     self.release(v)?;
                 }
             }
@@ -724,8 +711,9 @@ impl Engine {
     /// micro-step (accumulation) or of backward (fp16's overflow check).
     fn landed_grads(&mut self, u: usize, copy: HostCopy) {
         if self.last_micro() && self.pipelined {
-            let accumulate = self.units[u].optim.host().grad_acc.as_ref().map(|_| self.micro == 0);
-            let update = Update { unit: u, landed: copy, accumulate, optim: self.optim_cfg, t: self.updates + 1, grad_scale: 1.0 };
+            // With accumulation this is not the first micro-step, so the shard adds to the sum.
+            let accumulate = self.units[u].optim.host().grad_acc.is_some();
+            let update = Update { unit: u, landed: copy, accumulate, optim: self.optim.cfg, t: self.updates + 1, grad_scale: 1.0 };
             self.host_updates.spawn(self.units[u].optim.host(), update);
         } else {
             self.landed.push((u, copy));
@@ -769,8 +757,8 @@ impl Engine {
             }
         }
         if self.stage == ZeroStage::Z3 {
-            for u in 0..self.units.len() {
-                if self.units[u].slot.is_some() {
+            for s in 0..self.slot_owner.len() {
+                if let Some(u) = self.slot_owner[s] {
                     self.release(u)?;
                 }
             }
@@ -791,25 +779,16 @@ impl Engine {
             // fp16: every gradient shard on the host before the overflow check.
             self.settle_landed()?;
         }
+        // [loss, overflow] is built where the loss is (the GPU, or the CPU), summed over ranks
+        // there, and copied to the host once: the one point per step where the host waits for
+        // the device.
         let overflow_local = match self.scaler {
-            Some(_) => {
-                let mut sum = Tensor::f_zeros([], (Kind::Float, Device::Cpu))?;
-                for u in &self.units {
-                    let g = match (&u.optim, &u.grad_shard) {
-                        (OptimState::Host(h), _) => h.update_grad().f_sum(Kind::Float)?,
-                        (OptimState::Device { .. }, Some(g)) => g.f_sum(Kind::Float)?.f_to_device(Device::Cpu)?,
-                        (OptimState::Device { .. }, None) => unreachable!("device optimizers read a device shard"),
-                    };
-                    sum = sum.f_add(&g)?;
-                }
-                sum.f_isfinite()?.f_logical_not()?.f_to_kind(Kind::Float)?
-            }
-            None => Tensor::f_zeros([], (Kind::Float, Device::Cpu))?,
+            Some(_) => self.overflow_flag(loss_local.device())?,
+            None => Tensor::f_zeros([], (Kind::Float, loss_local.device()))?,
         };
-        // The one point per step where the host waits for the device: the loss is needed anyway.
-        let control = Tensor::f_stack(&[loss_local.f_to_device(Device::Cpu)?, overflow_local], 0)?;
+        let control = Tensor::f_stack(&[loss_local, overflow_local], 0)?;
         self.comm.reduce_control(&control)?;
-        let v = Vec::<f32>::try_from(&control)?;
+        let v = Vec::<f32>::try_from(&control.f_to_device(Device::Cpu)?)?;
         let loss = f64::from(v[0]) / self.world as f64;
         let overflow = v[1] > 0.0;
 
@@ -832,6 +811,31 @@ impl Engine {
             }
         }
         Ok(StepOutcome { loss, skipped: !apply, loss_scale: scale })
+    }
+
+    /// fp16: 1.0 on `device` if any gradient shard of this rank holds an inf or NaN, else 0.0.
+    /// The shards are summed where they live (a non-finite element makes the sum non-finite), so
+    /// the device ones cost no host round trip each.
+    fn overflow_flag(&self, device: Device) -> Result<Tensor, EngineError> {
+        let mut on_device: Option<Tensor> = None;
+        let mut on_host: Option<Tensor> = None;
+        for u in &self.units {
+            let (acc, g) = match (&u.optim, &u.grad_shard) {
+                (OptimState::Host(h), _) => (&mut on_host, h.update_grad()),
+                (OptimState::Device { .. }, Some(g)) => (&mut on_device, g),
+                (OptimState::Device { .. }, None) => unreachable!("device optimizers read a device shard"),
+            };
+            let s = g.f_sum(Kind::Float)?;
+            *acc = Some(match acc.take() {
+                Some(a) => a.f_add(&s)?,
+                None => s,
+            });
+        }
+        let mut sum = Tensor::f_zeros([], (Kind::Float, device))?;
+        for part in [on_device, on_host].into_iter().flatten() {
+            sum = sum.f_add(&part.f_to_device(device)?)?;
+        }
+        Ok(sum.f_isfinite()?.f_logical_not()?.f_to_kind(Kind::Float)?)
     }
 
     fn step_on_device(&mut self, grad_scale: f64) -> Result<(), EngineError> {
@@ -869,8 +873,8 @@ impl Engine {
                 let update = Update {
                     unit: u,
                     landed: HostCopy::Done,
-                    accumulate: None,
-                    optim: self.optim_cfg,
+                    accumulate: false,
+                    optim: self.optim.cfg,
                     t: self.updates,
                     grad_scale,
                 };

@@ -93,11 +93,11 @@ impl HostState {
     /// Adds the landed shard into the accumulator (or starts it, at the first micro-step).
     pub fn accumulate(&self, first: bool) -> Result<(), TchError> {
         if let Some(acc) = &self.grad_acc {
-            let g = self.grad.f_to_kind(Kind::Float)?;
+            // Both convert the landed dtype in place, with no fp32 temporary of the shard.
             if first {
-                acc.shallow_clone().f_copy_(&g)?;
+                acc.shallow_clone().f_copy_(&self.grad)?;
             } else {
-                let _ = acc.shallow_clone().f_add_(&g)?;
+                let _ = acc.shallow_clone().f_add_(&self.grad)?;
             }
         }
         Ok(())
@@ -121,8 +121,9 @@ pub struct Update {
     pub unit: usize,
     /// The gradient copy to wait for (`HostCopy::Done` once it has been waited for already).
     pub landed: HostCopy,
-    /// Whether the landed shard must first be added to the accumulator (the last micro-step).
-    pub accumulate: Option<bool>,
+    /// Whether the landed shard must first be added to the accumulator (the last micro-step of
+    /// an accumulating step; the earlier ones were added as they landed).
+    pub accumulate: bool,
     pub optim: OptimConfig,
     /// AdamW's step number (1-based) and the gradient's scale (1 / loss scale in fp16).
     pub t: u64,
@@ -165,8 +166,8 @@ impl HostUpdates {
         rayon::spawn(move || {
             let run = || -> Result<(), String> {
                 u.landed.wait().map_err(|e| e.to_string())?;
-                if let Some(first) = u.accumulate {
-                    h.accumulate(first).map_err(|e| e.to_string())?;
+                if u.accumulate {
+                    h.accumulate(false).map_err(|e| e.to_string())?;
                 }
                 let shard = Shard {
                     master: &h.master,
@@ -210,7 +211,7 @@ mod tests {
     }
 
     fn update(unit: usize) -> Update {
-        Update { unit, landed: HostCopy::Done, accumulate: None, optim: OptimConfig::default(), t: 1, grad_scale: 1.0 }
+        Update { unit, landed: HostCopy::Done, accumulate: false, optim: OptimConfig::default(), t: 1, grad_scale: 1.0 }
     }
 
     /// Unit 0's update is thousands of times larger than the others, so it finishes last; the
