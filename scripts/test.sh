@@ -12,9 +12,8 @@ if [ "$(id -u)" = 0 ]; then
   ZB_SLURM_DIR=$(mktemp -d /tmp/zerobench-slurm.XXXXXX)
   export ZB_SLURM_DIR
   # The first of a few port ranges that nothing listens on (another cluster may be up here).
-  free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
   for port in 6817 7017 7217 7417 7617; do
-    if free "$port" && free $((port + 1)) && free $((port + 2)); then export ZB_SLURM_PORT=$port; break; fi
+    if ZB_SLURM_PORT=$port slurm/local-cluster.sh ports-free; then export ZB_SLURM_PORT=$port; break; fi
   done
   # Stop the cluster whatever happens; keep its logs only when something failed.
   trap 'rc=$?; slurm/local-cluster.sh down || true; if [ "$rc" = 0 ]; then rm -rf "$ZB_SLURM_DIR"; else echo "local Slurm logs: $ZB_SLURM_DIR/log" >&2; fi' EXIT

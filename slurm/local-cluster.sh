@@ -8,6 +8,7 @@
 #   slurm/local-cluster.sh status   which of its daemons run, and sinfo
 #   slurm/local-cluster.sh env      the export line that points Slurm's commands at this cluster:
 #                                   eval "$(slurm/local-cluster.sh env)"
+#   slurm/local-cluster.sh ports-free   exit 0 if the ports `up` would use are free, else 1
 #
 # Settings (environment):
 #   ZB_SLURM_DIR         config, state, logs, pid files      (default /tmp/zerobench-slurm)
@@ -143,15 +144,23 @@ write_conf() {
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# Prints the first of slurmctld's and the slurmds' ports that something on 127.0.0.1 listens on;
+# fails when all are free.
+taken_port() {
+  local p
+  for ((p = PORT; p <= PORT + NODES; p++)); do
+    port_free "$p" || { echo "$p"; return 0; }
+  done
+  return 1
+}
+
 cmd_up() {
   [ "$(id -u)" = 0 ] || die "run as root (slurmd must be root)"
   check_settings
   mkdir -p "$RUN"
   alive "$RUN/slurmctld.pid" && die "already up (slurmctld pid $(cat "$RUN/slurmctld.pid")); run '$0 down' first"
   local p
-  for ((p = PORT; p <= PORT + NODES; p++)); do
-    port_free "$p" || die "port $p on 127.0.0.1 is taken; choose another ZB_SLURM_PORT"
-  done
+  if p=$(taken_port); then die "port $p on 127.0.0.1 is taken; choose another ZB_SLURM_PORT"; fi
   start_munge
   write_conf
   export SLURM_CONF=$CONF
@@ -216,5 +225,6 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   env) echo "export SLURM_CONF=$CONF" ;;
-  *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+  ports-free) check_settings; ! taken_port >/dev/null ;;
+  *) echo "usage: $0 up|down|status|env|ports-free" >&2; exit 2 ;;
 esac

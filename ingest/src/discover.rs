@@ -8,6 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use zerobench_schema::log::rank_from_name;
+
 use crate::problem::{Problem, ProblemKind};
 use crate::side::side_dirs;
 
@@ -44,16 +46,6 @@ pub struct Discovered {
 
 /// Extensions of files that may hold foreign logs (console captures, Slurm output, CSV).
 const FOREIGN_EXTENSIONS: &[&str] = &["log", "txt", "out", "err", "csv"];
-
-/// The rank in a worker log's file name: `rank<N>.jsonl`, also `rank-0003.jsonl`, `rank_3.jsonl`.
-pub fn rank_from_name(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix("rank")?.strip_suffix(".jsonl")?;
-    let digits = digits.strip_prefix(['-', '_']).unwrap_or(digits);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
-}
 
 /// Walks every root and groups what it finds. The same file reached twice (overlapping roots,
 /// or a link to a folder also listed directly) is read once.
@@ -127,22 +119,5 @@ fn io_message(e: &walkdir::Error) -> String {
     match e.io_error() {
         Some(io) => io.to_string(),
         None => e.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rank_names() {
-        assert_eq!(rank_from_name("rank0.jsonl"), Some(0));
-        assert_eq!(rank_from_name("rank-0012.jsonl"), Some(12));
-        assert_eq!(rank_from_name("rank_7.jsonl"), Some(7));
-        for bad in
-            ["rank.jsonl", "rankx.jsonl", "rank1.json", "xrank1.jsonl", "rank1.jsonl.gz", "rank99999999999.jsonl"]
-        {
-            assert_eq!(rank_from_name(bad), None, "{bad}");
-        }
     }
 }

@@ -16,6 +16,9 @@ pub enum Error {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{}:{line}:{column}: {message}", path.display())]
     Json { path: PathBuf, line: usize, column: usize, message: String },
+    /// A `run.json` written by a zerobench with another record format.
+    #[error("{}: format {found}, but this zerobench reads format {expected}: render the spec again", path.display())]
+    RecordFormat { path: PathBuf, found: u32, expected: u32 },
     /// A program could not be started or did not answer in time.
     #[error("{command}: {message}")]
     Command { command: String, message: String },

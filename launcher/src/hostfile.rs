@@ -186,11 +186,6 @@ impl Hostfile {
         }
         s
     }
-
-    /// Total slots.
-    pub fn total_slots(&self) -> u64 {
-        self.hosts.iter().map(|h| u64::from(h.slots)).sum()
-    }
 }
 
 /// A host name as the launchers take it: a name, an ssh alias or an IP address. Characters that
@@ -320,7 +315,6 @@ mod tests {
         assert_eq!(om.hosts[0].max_slots, Some(8));
         let mp = parse("a:2\nb\n", HostfileFormat::Mpich).unwrap();
         assert_eq!(mp.hosts.iter().map(|h| h.slots).collect::<Vec<_>>(), [2, 1]);
-        assert_eq!(mp.total_slots(), 3);
     }
 
     #[test]

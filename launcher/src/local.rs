@@ -8,14 +8,15 @@ use std::fs::File;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::render::read_record;
+use crate::slurm::wait_until;
 use crate::status::State;
+use crate::submit::unix_now;
 
 /// The file in a run folder that records its latest local run.
 pub const LOCAL_RECORD: &str = "local.json";
@@ -69,32 +70,36 @@ pub struct LocalResult {
     pub id: String,
     pub dir: PathBuf,
     pub record: LocalRecord,
+    /// For a run that did not end well, what its rank logs say went wrong, if they say.
+    pub failure: Option<String>,
 }
 
-/// Runs each run folder's `job.sbatch` with bash, in order.
-pub fn run_local(dirs: &[PathBuf], opts: &LocalOptions) -> Result<Vec<LocalResult>, Error> {
-    let bar = if opts.progress { ProgressBar::new(dirs.len() as u64) } else { ProgressBar::hidden() };
+/// Runs each run folder's `job.sbatch` with bash, in order. `runs` pairs each run id with its
+/// folder.
+pub fn run_local(runs: &[(String, PathBuf)], opts: &LocalOptions) -> Result<Vec<LocalResult>, Error> {
+    let bar = if opts.progress { ProgressBar::new(runs.len() as u64) } else { ProgressBar::hidden() };
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
-    let mut results = Vec::with_capacity(dirs.len());
-    for dir in dirs {
-        let rec = read_record(dir)?;
-        bar.set_message(rec.id.clone());
+    let mut results = Vec::with_capacity(runs.len());
+    for (id, dir) in runs {
+        bar.set_message(id.clone());
         let record = run_one(dir, opts.timeout)?;
         let p = dir.join(LOCAL_RECORD);
         std::fs::write(&p, serde_json::to_string_pretty(&record).unwrap_or_default() + "\n")
             .map_err(|e| Error::io(&p, e))?;
+        let mut failure = None;
         if record.state() == State::Done {
-            tracing::info!(run = %rec.id, "{}", record.describe());
+            tracing::info!(run = %id, "{}", record.describe());
         } else {
-            let why = crate::status::log_failure(dir).map(|f| format!("; {f}")).unwrap_or_default();
-            tracing::warn!(run = %rec.id, "{}{why}; output in {}", record.describe(), dir.join(LOCAL_OUTPUT).display());
+            failure = crate::status::log_failure(dir);
+            let why = failure.as_ref().map(|f| format!("; {f}")).unwrap_or_default();
+            tracing::warn!(run = %id, "{}{why}; output in {}", record.describe(), dir.join(LOCAL_OUTPUT).display());
         }
         bar.inc(1);
-        results.push(LocalResult { id: rec.id, dir: dir.clone(), record });
+        results.push(LocalResult { id: id.clone(), dir: dir.clone(), record, failure });
     }
     bar.finish_and_clear();
     Ok(results)
@@ -122,37 +127,30 @@ fn run_one(dir: &Path, timeout: Option<Duration>) -> Result<LocalRecord, Error> 
         signal: status.signal(),
         timed_out,
         seconds: started.elapsed().as_secs_f64(),
-        finished_at: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        finished_at: unix_now(),
     })
 }
 
-/// Waits for the child; past the deadline its group gets SIGTERM, then SIGKILL 10 s later.
+/// How often a running child is checked on.
+const POLL: Duration = Duration::from_millis(50);
+/// How long a run stopped at its time limit has between SIGTERM and SIGKILL.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// Waits for the child; past the deadline its group gets SIGTERM, then SIGKILL [`GRACE`] later.
 fn wait(child: &mut Child, timeout: Option<Duration>) -> std::io::Result<(ExitStatus, bool)> {
-    let deadline = timeout.map(|t| Instant::now() + t);
-    loop {
-        if let Some(st) = child.try_wait()? {
-            return Ok((st, false));
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    if let Some(st) = wait_until(child, timeout.map(|t| Instant::now() + t), POLL)? {
+        return Ok((st, false));
     }
     let pgid = child.id() as libc::pid_t;
     signal_group(pgid, libc::SIGTERM);
-    let grace = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(st) = child.try_wait()? {
-            // Ranks that ignored SIGTERM may outlive the script.
-            signal_group(pgid, libc::SIGKILL);
-            return Ok((st, true));
-        }
-        if Instant::now() >= grace {
-            signal_group(pgid, libc::SIGKILL);
-            return Ok((child.wait()?, true));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let ended = wait_until(child, Some(Instant::now() + GRACE), POLL)?;
+    // Ranks that ignored SIGTERM may outlive the script, and past the grace time so may the script.
+    signal_group(pgid, libc::SIGKILL);
+    let st = match ended {
+        Some(st) => st,
+        None => child.wait()?,
+    };
+    Ok((st, true))
 }
 
 fn signal_group(pgid: libc::pid_t, sig: libc::c_int) {

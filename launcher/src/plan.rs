@@ -13,12 +13,14 @@
 //! e.g. `gpt2-xl_z3_offopt_mb4_2x4`. Ids contain only `[a-z0-9_-]`, so they are safe as folder
 //! names, Slurm job names and shell words.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 use zerobench_schema::memory::{engine_buffer_bytes, model_state_split, padded_params, ModelStateBytes};
 use zerobench_schema::{ConfigError, Offload, Precision, RunConfig};
 
 use crate::select::{HostSlots, Resources};
-use crate::spec::{Spec, SpecError, SweepBlock, MAX_RUNS};
+use crate::spec::{axis_or, Spec, SpecError, SweepBlock, MAX_RUNS};
 
 /// Whether a run's model states and the engine's buffers fit the declared GPU memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,7 +39,7 @@ pub enum Fit {
 }
 
 /// One run of the sweep.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Run {
     pub id: String,
     /// Index of the sweep block it came from.
@@ -61,7 +63,7 @@ pub struct Run {
     /// Things to know that do not stop the run from being rendered.
     pub warnings: Vec<String>,
     /// The hosts and slots it runs on, when the cluster names a hostfile.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosts: Option<Resources>,
 }
 
@@ -100,23 +102,27 @@ impl Plan {
     /// Expands every sweep block, validating each run as the worker would.
     pub fn build(spec: Spec) -> Result<Plan, SpecError> {
         let mut runs: Vec<Run> = Vec::new();
+        // Run id → the block that produced it, to refuse a run that two blocks produce.
+        let mut blocks: HashMap<String, usize> = HashMap::new();
         for (b, block) in spec.sweep.iter().enumerate() {
-            expand_block(&spec, b, block, &mut runs)?;
+            expand_block(&spec, b, block, &mut runs, &mut blocks)?;
         }
         Ok(Plan { spec, runs })
     }
 }
 
-fn axis_or<T: Copy>(v: &Option<crate::spec::OneOrMany<T>>, default: &[T]) -> Vec<T> {
-    v.as_ref().map_or_else(|| default.to_vec(), |v| v.0.clone())
-}
-
-fn expand_block(spec: &Spec, b: usize, block: &SweepBlock, runs: &mut Vec<Run>) -> Result<(), SpecError> {
+fn expand_block(
+    spec: &Spec,
+    b: usize,
+    block: &SweepBlock,
+    runs: &mut Vec<Run>,
+    blocks: &mut HashMap<String, usize>,
+) -> Result<(), SpecError> {
     let models = block.models.0.clone();
-    let stages = axis_or(&block.stages, &zerobench_schema::ZeroStage::ALL);
-    let offloads = axis_or(&block.offload, &[Offload::None]);
-    let precisions = axis_or(&block.precision, &[Precision::Bf16]);
-    let micro = axis_or(&block.micro_batches, &[1]);
+    let stages = axis_or(block.stages.as_ref(), &zerobench_schema::ZeroStage::ALL);
+    let offloads = axis_or(block.offload.as_ref(), &[Offload::None]);
+    let precisions = axis_or(block.precision.as_ref(), &[Precision::Bf16]);
+    let micro = axis_or(block.micro_batches.as_ref(), &[1]);
     let nodes = spec.nodes_axis(block);
     let ranks = spec.ranks_axis(block);
     let count = [models.len(), stages.len(), offloads.len(), precisions.len(), micro.len(), nodes.len(), ranks.len()]
@@ -140,10 +146,10 @@ fn expand_block(spec: &Spec, b: usize, block: &SweepBlock, runs: &mut Vec<Run>) 
                                 c.micro_batch = mb;
                                 apply_worker(spec, &mut c);
                                 let run = make_run(spec, b, c, n, r)?;
-                                if let Some(prev) = runs.iter().find(|p| p.id == run.id) {
+                                if let Some(prev) = blocks.insert(run.id.clone(), b) {
                                     return Err(spec.error_at(
                                         &format!("sweep[{b}]"),
-                                        format!("run {} is also produced by sweep block {}", run.id, prev.block),
+                                        format!("run {} is also produced by sweep block {prev}", run.id),
                                     ));
                                 }
                                 runs.push(run);

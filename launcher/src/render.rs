@@ -9,44 +9,32 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use zerobench_schema::memory::ModelStateBytes;
-use zerobench_schema::RunConfig;
 
 use crate::error::Error;
 use crate::hostfile::{HostEntry, Hostfile, HostfileFormat};
 use crate::hostlist;
-use crate::plan::{Fit, Plan, Run};
+use crate::plan::{Plan, Run};
 use crate::quote::{sbatch_value, sh, sh_arg, slurm_pattern_literal, DirectiveError};
 use crate::select::Resources;
 use crate::spec::{Allocation, Cluster, Launch, Method, MpiImpl, PdshRcmd};
 
-/// `run.json`'s format version.
-pub const RUN_RECORD_VERSION: u32 = 1;
+/// `run.json`'s format version. 2 added `block`, the sweep block a run came from.
+pub const RUN_RECORD_VERSION: u32 = 2;
 
 /// The resolved configuration of one run, as written to `run.json`. `submit`, `status` and
 /// ingest read it back, so it names everything needed to understand the run without the spec.
+/// The planned run's fields sit at the top level of the JSON, beside the rendering's own.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunRecord {
     pub format: u32,
-    pub id: String,
+    #[serde(flatten)]
+    pub run: Run,
+    /// `run.world_size()`, written out for readers without the launcher (ingest, scripts).
+    pub world_size: u32,
     /// The spec it was rendered from.
     pub spec: PathBuf,
     pub zerobench_version: String,
     pub method: Method,
-    pub config: RunConfig,
-    pub nodes: u32,
-    pub ranks_per_node: u32,
-    pub world_size: u32,
-    pub gpus_per_node: u32,
-    pub model_params: u64,
-    pub model_state: ModelStateBytes,
-    pub device_state_bytes: u64,
-    pub buffer_bytes: u64,
-    pub host_state_bytes: u64,
-    pub fit: Fit,
-    pub warnings: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hosts: Option<Resources>,
     pub cluster: Cluster,
     pub launch: Launch,
     /// What one rank runs.
@@ -108,15 +96,20 @@ impl Word {
     }
 }
 
+/// The real argv of `words` for the run folder `dir` (the root guard expands to nothing here).
+fn argv(words: &[Word], dir: &str) -> Vec<String> {
+    words.iter().filter_map(|w| w.argv(dir)).collect()
+}
+
 /// Renders one run for the folder `run_dir` (absolute; nothing is written).
 pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, DirectiveError> {
     let spec = &plan.spec;
     let (cluster, launch) = (&spec.cluster, &spec.launch);
     let dir = run_dir.to_string_lossy();
-    let log_dir = run_dir.join(LOG_DIR);
-    let mut worker_argv = vec![launch.worker.as_str().to_string()];
-    worker_argv.extend(run.config.to_worker_args());
-    worker_argv.extend(["--log-dir".into(), log_dir.to_string_lossy().into_owned(), "--run-id".into(), run.id.clone()]);
+    // The log folder is written from `$run_dir` in the scripts and spelled out in `run.json`.
+    let mut worker = vec![Word::lit(launch.worker.as_str())];
+    worker.extend(run.config.to_worker_args().into_iter().map(Word::Lit));
+    worker.extend([Word::lit("--log-dir"), Word::InRunDir(LOG_DIR.into()), Word::lit("--run-id"), Word::lit(&run.id)]);
 
     let hostfile = run.hosts.as_ref().and_then(|res| {
         let format = match (launch.method, launch.mpi_impl) {
@@ -138,7 +131,7 @@ pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, Di
     let mut s = String::with_capacity(2048);
     s.push_str("#!/bin/bash\n");
     let output = format!("{}/%x-%j.out", slurm_pattern_literal("the run folder", &dir)?);
-    directives(&mut s, Shape::of_run(run, cluster), &run.id, &output)?;
+    directives(&mut s, run, cluster, &run.id, &output)?;
     let _ = writeln!(
         s,
         "#\n# zerobench run {}: {} ZeRO-{}, offload {}, {}, micro-batch {}, {} node(s) x {} rank(s), method {}.\n\
@@ -160,12 +153,15 @@ pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, Di
     environment(&mut s, cluster);
     s.push('\n');
 
-    let worker = worker_words(&worker_argv, run);
-    let (words, node_script) = match launch.method {
-        Method::Srun => (srun(&mut s, spec, run, &worker), None),
-        Method::Mpirun => (mpirun(&mut s, spec, run, &worker, hostfile.as_ref().map(|h| h.0)), None),
-        Method::Local => (local(&mut s, cluster, run, &worker), None),
-        Method::Pdsh => {
+    let hostfile_format = hostfile.as_ref().map(|h| h.0);
+    let (words, node_script) = match (launch.method, launch.mpi_impl) {
+        (Method::Srun, _) => (srun(&mut s, spec, run, &worker), None),
+        (Method::Mpirun, MpiImpl::Openmpi) => {
+            (openmpi(&mut s, cluster, run, &worker, Placement::PerNode(hostfile_format)), None)
+        }
+        (Method::Mpirun, MpiImpl::Mpich) => (mpich(&mut s, cluster, run, &worker, hostfile_format), None),
+        (Method::Local, _) => (openmpi(&mut s, cluster, run, &worker, Placement::ThisHost), None),
+        (Method::Pdsh, _) => {
             let res = run.hosts.as_ref().ok_or_else(|| DirectiveError {
                 what: "pdsh hosts",
                 value: String::new(),
@@ -175,71 +171,36 @@ pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, Di
             (words, Some(node))
         }
     };
-    if launch.method == Method::Srun {
-        s.push_str("# srun does not inherit --cpus-per-task from sbatch in Slurm 22.05: pass it again.\n");
-    }
     command(&mut s, &words);
-    let launch_argv = words.iter().filter_map(|w| w.argv(&dir)).collect();
     let record = RunRecord {
         format: RUN_RECORD_VERSION,
-        id: run.id.clone(),
+        run: run.clone(),
+        world_size: run.world_size(),
         spec: spec.path.clone(),
         zerobench_version: env!("CARGO_PKG_VERSION").to_string(),
         method: launch.method,
-        config: run.config.clone(),
-        nodes: run.nodes,
-        ranks_per_node: run.ranks_per_node,
-        world_size: run.world_size(),
-        gpus_per_node: run.gpus_per_node,
-        model_params: run.model_params,
-        model_state: run.model_state,
-        device_state_bytes: run.device_state_bytes,
-        buffer_bytes: run.buffer_bytes,
-        host_state_bytes: run.host_state_bytes,
-        fit: run.fit,
-        warnings: run.warnings.clone(),
-        hosts: run.hosts.clone(),
         cluster: cluster.clone(),
         launch: launch.clone(),
-        worker_argv,
-        launch_argv,
-        log_dir,
+        worker_argv: argv(&worker, &dir),
+        launch_argv: argv(&words, &dir),
+        log_dir: run_dir.join(LOG_DIR),
     };
     Ok(RunFiles { script: s, node_script, hostfile, record })
-}
-
-/// What a job asks Slurm for, from a planned run or a run folder's record.
-#[derive(Debug, Clone, Copy)]
-pub struct Shape<'a> {
-    pub nodes: u32,
-    pub ranks_per_node: u32,
-    pub gpus_per_node: u32,
-    pub cluster: &'a Cluster,
-}
-
-impl<'a> Shape<'a> {
-    pub fn of_run(run: &Run, cluster: &'a Cluster) -> Self {
-        Shape { nodes: run.nodes, ranks_per_node: run.ranks_per_node, gpus_per_node: run.gpus_per_node, cluster }
-    }
-    pub fn of_record(r: &'a RunRecord) -> Self {
-        Shape { nodes: r.nodes, ranks_per_node: r.ranks_per_node, gpus_per_node: r.gpus_per_node, cluster: &r.cluster }
-    }
 }
 
 /// The `#SBATCH` block. sbatch stops reading directives at the first command, so this comes
 /// first and is all directives. `output` is a Slurm filename pattern whose literal parts went
 /// through [`slurm_pattern_literal`].
-pub fn directives(s: &mut String, shape: Shape<'_>, job_name: &str, output: &str) -> Result<(), DirectiveError> {
-    let c = shape.cluster;
+pub fn directives(s: &mut String, run: &Run, c: &Cluster, job_name: &str, output: &str) -> Result<(), DirectiveError> {
     let mut d = |k: &str, v: &str| {
         let _ = writeln!(s, "#SBATCH --{k}={v}");
     };
     d("job-name", &sbatch_value("job name", job_name)?);
-    d("nodes", &shape.nodes.to_string());
-    d("ntasks-per-node", &shape.ranks_per_node.to_string());
+    d("nodes", &run.nodes.to_string());
+    d("ntasks-per-node", &run.ranks_per_node.to_string());
     d("cpus-per-task", &c.cpus_per_task.to_string());
-    if shape.gpus_per_node > 0 {
-        d("gpus-per-node", &shape.gpus_per_node.to_string());
+    if run.gpus_per_node > 0 {
+        d("gpus-per-node", &run.gpus_per_node.to_string());
     }
     if let Some(t) = &c.time {
         d("time", t.as_str());
@@ -264,14 +225,6 @@ fn environment(s: &mut String, c: &Cluster) {
     for (k, v) in &c.env {
         let _ = writeln!(s, "export {}={}", k.as_str(), sh(v));
     }
-}
-
-/// The worker's argv as words, with the log folder taken from `$run_dir`.
-fn worker_words(argv: &[String], run: &Run) -> Vec<Word> {
-    let n = argv.len();
-    let mut w: Vec<Word> = argv[..n - 4].iter().map(Word::lit).collect();
-    w.extend([Word::lit("--log-dir"), Word::InRunDir(LOG_DIR.into()), Word::lit("--run-id"), Word::lit(&run.id)]);
-    w
 }
 
 /// Writes a command with its options wrapped onto continuation lines, for reading.
@@ -304,6 +257,7 @@ fn srun(s: &mut String, spec: &crate::spec::Spec, run: &Run, worker: &[Word]) ->
             s.push_str(": \"${SLURM_JOB_ID:?not inside a Slurm allocation: run this in salloc, or name the job in cluster.allocation}\"\n");
         }
     }
+    s.push_str("# srun does not inherit --cpus-per-task from sbatch in Slurm 22.05: pass it again.\n");
     w.extend([
         Word::lit(format!("--mpi={}", spec.launch.mpi.as_str())),
         Word::lit(format!("--nodes={}", run.nodes)),
@@ -318,67 +272,55 @@ fn srun(s: &mut String, spec: &crate::spec::Spec, run: &Run, worker: &[Word]) ->
 /// `mpirun` refuses root unless told; the script decides when it runs.
 const ROOT_GUARD: &str = "mpirun_root=()\nif [ \"$(id -u)\" = 0 ]; then mpirun_root=(--allow-run-as-root); fi\n";
 
-fn mpirun(
-    s: &mut String,
-    spec: &crate::spec::Spec,
-    run: &Run,
-    worker: &[Word],
-    hostfile: Option<HostfileFormat>,
-) -> Vec<Word> {
-    let env_names: Vec<&str> = spec.cluster.env.keys().map(|k| k.as_str()).collect();
-    let world = run.world_size().to_string();
-    let mut w: Vec<Word>;
-    match spec.launch.mpi_impl {
-        MpiImpl::Openmpi => {
-            s.push_str("# Open MPI takes hosts and slots from the Slurm allocation");
-            s.push_str(if hostfile.is_some() { " or, here, from the hostfile.\n" } else { ".\n" });
-            s.push_str(ROOT_GUARD);
-            w = vec![Word::lit("mpirun"), Word::RootGuard, Word::lit("-np"), Word::lit(world)];
-            w.extend([Word::lit("--map-by"), Word::lit(format!("ppr:{}:node", run.ranks_per_node))]);
-            if let Some(f) = hostfile {
-                w.extend([Word::lit("--hostfile"), Word::InRunDir(f.file_name().into())]);
-            }
-            // Open MPI forwards only OMPI_* to remote ranks: name the spec's variables.
-            for k in env_names {
-                w.extend([Word::lit("-x"), Word::lit(k)]);
-            }
-        }
-        MpiImpl::Mpich => {
-            s.push_str("# MPICH/Hydra: -ppn ranks per host");
-            s.push_str(if hostfile.is_some() {
-                ", hosts from the hostfile.\n"
-            } else {
-                ", hosts from the Slurm allocation.\n"
-            });
-            w = vec![
-                Word::lit("mpiexec"),
-                Word::lit("-n"),
-                Word::lit(world),
-                Word::lit("-ppn"),
-                Word::lit(run.ranks_per_node.to_string()),
-            ];
-            if let Some(f) = hostfile {
-                w.extend([Word::lit("-f"), Word::InRunDir(f.file_name().into())]);
-            }
-            if !env_names.is_empty() {
-                w.extend([Word::lit("-genvlist"), Word::lit(env_names.join(","))]);
-            }
-        }
+fn mpich(s: &mut String, c: &Cluster, run: &Run, worker: &[Word], hostfile: Option<HostfileFormat>) -> Vec<Word> {
+    s.push_str("# MPICH/Hydra: -ppn ranks per host");
+    s.push_str(if hostfile.is_some() { ", hosts from the hostfile.\n" } else { ", hosts from the Slurm allocation.\n" });
+    let mut w = vec![
+        Word::lit("mpiexec"),
+        Word::lit("-n"),
+        Word::lit(run.world_size().to_string()),
+        Word::lit("-ppn"),
+        Word::lit(run.ranks_per_node.to_string()),
+    ];
+    if let Some(f) = hostfile {
+        w.extend([Word::lit("-f"), Word::InRunDir(f.file_name().into())]);
+    }
+    let env_names: Vec<&str> = c.env.keys().map(|k| k.as_str()).collect();
+    if !env_names.is_empty() {
+        w.extend([Word::lit("-genvlist"), Word::lit(env_names.join(","))]);
     }
     w.extend(worker.iter().cloned());
     w
 }
 
-fn local(s: &mut String, c: &Cluster, run: &Run, worker: &[Word]) -> Vec<Word> {
-    s.push_str("# All ranks on this host; --oversubscribe lets them outnumber the cores.\n");
+/// Where Open MPI's `mpirun` puts the ranks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Placement {
+    /// `ranks_per_node` on each node of the Slurm allocation, or of the hostfile when given.
+    PerNode(Option<HostfileFormat>),
+    /// All on this host (the local method), even more ranks than it has cores.
+    ThisHost,
+}
+
+fn openmpi(s: &mut String, c: &Cluster, run: &Run, worker: &[Word], placement: Placement) -> Vec<Word> {
+    s.push_str(match placement {
+        Placement::PerNode(None) => "# Open MPI takes hosts and slots from the Slurm allocation.\n",
+        Placement::PerNode(Some(_)) => "# Open MPI takes hosts and slots from the Slurm allocation or, here, from the hostfile.\n",
+        Placement::ThisHost => "# All ranks on this host; --oversubscribe lets them outnumber the cores.\n",
+    });
     s.push_str(ROOT_GUARD);
-    let mut w = vec![
-        Word::lit("mpirun"),
-        Word::RootGuard,
-        Word::lit("--oversubscribe"),
-        Word::lit("-np"),
-        Word::lit(run.world_size().to_string()),
-    ];
+    let mut w = vec![Word::lit("mpirun"), Word::RootGuard];
+    if placement == Placement::ThisHost {
+        w.push(Word::lit("--oversubscribe"));
+    }
+    w.extend([Word::lit("-np"), Word::lit(run.world_size().to_string())]);
+    if let Placement::PerNode(hostfile) = placement {
+        w.extend([Word::lit("--map-by"), Word::lit(format!("ppr:{}:node", run.ranks_per_node))]);
+        if let Some(f) = hostfile {
+            w.extend([Word::lit("--hostfile"), Word::InRunDir(f.file_name().into())]);
+        }
+    }
+    // Open MPI forwards only OMPI_* to remote ranks: name the spec's variables.
     for k in c.env.keys() {
         w.extend([Word::lit("-x"), Word::lit(k.as_str())]);
     }
@@ -508,16 +450,23 @@ pub fn write_run(dir: &Path, files: &RunFiles) -> Result<(), Error> {
     write("run.json", &files.run_json())
 }
 
-/// Reads a run folder's `run.json`.
+/// Reads a run folder's `run.json`; one of another format is refused with both versions named.
 pub fn read_record(dir: &Path) -> Result<RunRecord, Error> {
+    /// The version alone, read first: a record of another format would otherwise fail on the
+    /// first field that differs, with a message that does not say why.
+    #[derive(Deserialize)]
+    struct Format {
+        format: u32,
+    }
     let p = dir.join("run.json");
     let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::Json {
-        path: p,
-        line: e.line(),
-        column: e.column(),
-        message: e.to_string(),
-    })
+    let json_error =
+        |e: serde_json::Error| Error::Json { path: p.clone(), line: e.line(), column: e.column(), message: e.to_string() };
+    let Format { format } = serde_json::from_str(&text).map_err(json_error)?;
+    if format != RUN_RECORD_VERSION {
+        return Err(Error::RecordFormat { path: p.clone(), found: format, expected: RUN_RECORD_VERSION });
+    }
+    serde_json::from_str(&text).map_err(json_error)
 }
 
 /// The run folders under `out` (those with a `run.json`), sorted by id.
@@ -532,4 +481,61 @@ pub fn run_dirs(out: &Path) -> Result<Vec<PathBuf>, Error> {
     }
     dirs.sort();
     Ok(dirs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Spec;
+
+    fn rendered(out: &Path) -> (Plan, PathBuf) {
+        let spec = Spec::parse(
+            "cluster: {gpus_per_node: 2, gpu_memory: 16GiB}\nsweep:\n  models: tiny\n  stages: 3\n  offload: optimizer+params\n",
+            Path::new("s.yaml"),
+        )
+        .unwrap();
+        let plan = Plan::build(spec).unwrap();
+        let dir = render(&plan, out).unwrap().remove(0);
+        (plan, dir)
+    }
+
+    #[test]
+    fn run_json_reads_back_as_written() {
+        let out = tempfile::tempdir().unwrap();
+        let (plan, dir) = rendered(out.path());
+        let rec = read_record(&dir).unwrap();
+        let run = &plan.runs[0];
+        // The planned run comes back whole, and its fields sit at the top level of the JSON.
+        assert_eq!(serde_json::to_value(&rec.run).unwrap(), serde_json::to_value(run).unwrap());
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).unwrap()).unwrap();
+        assert_eq!(json["id"], run.id.as_str());
+        assert_eq!(json["host_state_bytes"], run.host_state_bytes);
+        assert_eq!(json["world_size"], 2);
+        assert!(json.get("run").is_none(), "{json}");
+        // The worker's argv is the tail of the launch command, its log folder spelled out.
+        let log_dir = dir.join(LOG_DIR).to_string_lossy().into_owned();
+        assert!(rec.launch_argv.ends_with(&rec.worker_argv), "{:?}", rec.launch_argv);
+        assert!(rec.worker_argv.windows(2).any(|w| w == ["--log-dir", log_dir.as_str()]), "{:?}", rec.worker_argv);
+        assert_eq!(rec.log_dir, dir.join(LOG_DIR));
+    }
+
+    #[test]
+    fn a_record_of_another_format_is_refused_with_both_versions() {
+        let out = tempfile::tempdir().unwrap();
+        let (_, dir) = rendered(out.path());
+        let p = dir.join("run.json");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let old = text.replacen(&format!("\"format\": {RUN_RECORD_VERSION},"), "\"format\": 1,", 1);
+        assert_ne!(old, text);
+        std::fs::write(&p, old).unwrap();
+        let e = read_record(&dir).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{}: format 1, but this zerobench reads format {RUN_RECORD_VERSION}: render the spec again",
+                p.display()
+            )
+        );
+    }
 }

@@ -2,7 +2,7 @@
 //! that does not answer turns into an error instead of a hang.
 
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
@@ -56,25 +56,39 @@ pub fn run(cmd: &mut Command, timeout: Duration) -> Result<Output, Error> {
         }
         s
     });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break st,
-            Ok(None) if Instant::now() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(Error::Command {
-                    command: what,
-                    message: format!("no answer within {} s; killed", timeout.as_secs()),
-                });
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(Error::Command { command: what, message: e.to_string() }),
+    let status = match wait_until(&mut child, Some(Instant::now() + timeout), Duration::from_millis(20)) {
+        Ok(Some(st)) => st,
+        Ok(None) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Error::Command {
+                command: what,
+                message: format!("no answer within {} s; killed", timeout.as_secs()),
+            });
         }
+        Err(e) => return Err(Error::Command { command: what, message: e.to_string() }),
     };
     let stdout = out_t.join().unwrap_or_default();
     let stderr = err_t.join().unwrap_or_default();
     Ok(Output { code: status.code().unwrap_or(-1), stdout, stderr })
+}
+
+/// Checks on `child` every `every` until it exits, giving its status, or `deadline` passes, giving
+/// `None`; without a deadline it waits as long as the child runs.
+pub(crate) fn wait_until(
+    child: &mut Child,
+    deadline: Option<Instant>,
+    every: Duration,
+) -> std::io::Result<Option<ExitStatus>> {
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok(Some(st));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(None);
+        }
+        std::thread::sleep(every);
+    }
 }
 
 /// Runs `cmd` and insists on exit code 0.

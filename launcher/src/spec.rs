@@ -19,7 +19,7 @@ use crate::hostfile::{Hostfile, HostfileFormat};
 use crate::hostlist;
 use crate::locate::{KeyIndex, Pos};
 use crate::select::{Filter, Resources};
-use crate::values::{ByteSize, EnvName, SlurmName, Text, TimeLimit};
+use crate::values::{builtin, ByteSize, EnvName, SlurmName, Text, TimeLimit};
 
 /// A spec that cannot be used, with where and which key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -194,11 +194,11 @@ impl Default for Launch {
     fn default() -> Self {
         Launch {
             method: Method::default(),
-            mpi: SlurmName::from_str_static("pmix"),
+            mpi: builtin("pmix"),
             mpi_impl: MpiImpl::default(),
             pdsh_rcmd: PdshRcmd::default(),
             master_port: None,
-            worker: Text::from_str_static("zerobench-worker"),
+            worker: builtin("zerobench-worker"),
         }
     }
 }
@@ -510,6 +510,9 @@ impl Spec {
         axis(self, key("micro_batches"), block.micro_batches.as_ref())?;
         axis(self, key("nodes"), block.nodes.as_ref())?;
         axis(self, key("gpus_per_node"), block.gpus_per_node.as_ref())?;
+        // RunConfig::validate refuses these too, but only when the plan is built, and at the axis
+        // key (a zero gpus_per_node at `nodes`, through the world size); here the error points at
+        // the value itself.
         for (name, v) in
             [("micro_batches", &block.micro_batches), ("nodes", &block.nodes), ("gpus_per_node", &block.gpus_per_node)]
         {
@@ -571,26 +574,18 @@ impl Spec {
     /// The ranks-per-node axis of a block with its default: every GPU of a node, or one rank on
     /// CPU nodes.
     pub fn ranks_axis(&self, block: &SweepBlock) -> Vec<u32> {
-        block.gpus_per_node.as_ref().map_or_else(|| vec![self.cluster.gpus_per_node.max(1)], |v| v.0.clone())
+        axis_or(block.gpus_per_node.as_ref(), &[self.cluster.gpus_per_node.max(1)])
     }
 
     /// The nodes axis of a block with its default, one node.
     pub fn nodes_axis(&self, block: &SweepBlock) -> Vec<u32> {
-        block.nodes.as_ref().map_or_else(|| vec![1], |v| v.0.clone())
+        axis_or(block.nodes.as_ref(), &[1])
     }
 }
 
-impl SlurmName {
-    /// For defaults known to be valid.
-    fn from_str_static(s: &'static str) -> Self {
-        s.parse().unwrap_or_else(|e| unreachable!("built-in name {s}: {e}"))
-    }
-}
-
-impl Text {
-    fn from_str_static(s: &'static str) -> Self {
-        s.parse().unwrap_or_else(|e| unreachable!("built-in text {s}: {e}"))
-    }
+/// A sweep axis's values, or `default` when the block leaves the key out.
+pub fn axis_or<T: Clone>(axis: Option<&OneOrMany<T>>, default: &[T]) -> Vec<T> {
+    axis.map_or_else(|| default.to_vec(), |v| v.0.clone())
 }
 
 /// serde_yaml's error, placed. serde_yaml names the enclosing key path in its message, but for

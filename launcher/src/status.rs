@@ -21,7 +21,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde::Serialize;
-use zerobench_schema::log::{parse_line, Record, RunStatus};
+use zerobench_schema::log::{parse_line, rank_from_name, Record, RunStatus};
 
 use crate::error::Error;
 use crate::local::{LocalRecord, LOCAL_RECORD};
@@ -57,11 +57,6 @@ impl State {
             State::Timeout => "timeout",
             State::Unknown => "unknown",
         }
-    }
-
-    /// A state a run does not leave.
-    pub fn is_final(self) -> bool {
-        matches!(self, State::Done | State::Failed | State::Cancelled | State::Timeout)
     }
 
     /// Slurm's job state names (squeue `%T`, sacct `State`, scontrol `JobState`).
@@ -113,7 +108,7 @@ pub fn status(dirs: &[PathBuf]) -> Result<Vec<RunState>, Error> {
             jobs.push((rows.len(), j.clone()));
         }
         rows.push(RunState {
-            id: rec.id.clone(),
+            id: rec.run.id.clone(),
             dir: dir.clone(),
             state: State::Unsubmitted,
             job_id,
@@ -123,29 +118,20 @@ pub fn status(dirs: &[PathBuf]) -> Result<Vec<RunState>, Error> {
     }
     if !jobs.is_empty() {
         let ids: Vec<&str> = jobs.iter().map(|(_, j)| j.as_str()).collect();
-        let mut known = squeue(&ids);
-        let missing = |known: &HashMap<String, State>| {
+        // Job id → its state and the source that knew it.
+        let tag = |from: HashMap<String, State>, source: &'static str| {
+            from.into_iter().map(move |(job, st)| (job, (st, source)))
+        };
+        let missing = |known: &HashMap<String, (State, &'static str)>| {
             ids.iter().filter(|j| !known.contains_key(**j)).map(|j| j.to_string()).collect::<Vec<_>>()
         };
-        let from_sacct = sacct(&missing(&known));
-        let sacct_ids: Vec<String> = from_sacct.keys().cloned().collect();
-        known.extend(from_sacct);
-        let from_scontrol = scontrol(&missing(&known));
-        let scontrol_ids: Vec<String> = from_scontrol.keys().cloned().collect();
-        known.extend(from_scontrol);
+        let mut known: HashMap<String, (State, &'static str)> = tag(squeue(&ids), "squeue").collect();
+        known.extend(tag(sacct(&missing(&known)), "sacct"));
+        known.extend(tag(scontrol(&missing(&known)), "scontrol"));
         for (row, job) in &jobs {
-            if let Some(&st) = known.get(job) {
-                rows[*row].state = st;
-                rows[*row].source = if sacct_ids.contains(job) {
-                    "sacct"
-                } else if scontrol_ids.contains(job) {
-                    "scontrol"
-                } else {
-                    "squeue"
-                };
-            } else {
-                rows[*row].state = State::Unknown;
-            }
+            let (state, source) = known.get(job).copied().unwrap_or((State::Unknown, "none"));
+            rows[*row].state = state;
+            rows[*row].source = source;
         }
     }
     for (row, rec) in rows.iter_mut().zip(&records) {
@@ -329,9 +315,7 @@ fn read_logs(dir: &Path) -> Logs {
     let mut files: Vec<PathBuf> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("rank") && n.ends_with(".jsonl"))
-        })
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).and_then(rank_from_name).is_some())
         .collect();
     files.sort();
     for f in files {
@@ -358,17 +342,11 @@ fn read_logs(dir: &Path) -> Logs {
                         ));
                     }
                     if e.status != RunStatus::Ok && logs.failure.is_none() {
-                        logs.failure = Some(
-                            format!("rank {}: ended {:?} (exit {})", e.rank, e.status, e.exit_code).to_lowercase(),
-                        );
+                        logs.failure = Some(format!("rank {}: ended {} (exit {})", e.rank, e.status, e.exit_code));
                     }
                 }
                 Record::Error(e) if logs.failure.is_none() => {
-                    let class = serde_json::to_value(e.class)
-                        .ok()
-                        .and_then(|v| v.as_str().map(String::from))
-                        .unwrap_or_default();
-                    logs.failure = Some(format!("rank {}: {class}: {}", e.rank, e.message));
+                    logs.failure = Some(format!("rank {}: {}: {}", e.rank, e.class, e.message));
                 }
                 _ => {}
             }
@@ -396,11 +374,8 @@ fn read_logs(dir: &Path) -> Logs {
 /// into the job's output file.
 fn output_verdict(dir: &Path, job_id: &str) -> Option<State> {
     let entries = std::fs::read_dir(dir).ok()?;
-    let (array_job, task) = job_id.split_once('_').map_or((job_id, None), |(j, t)| (j, Some(t)));
-    let suffix = match task {
-        Some(t) => format!("-{array_job}_{t}.out"),
-        None => format!("-{job_id}.out"),
-    };
+    // `%x-%j.out` for a job, and the array script's `<name>-%A_%a.out`, which is the task's id.
+    let suffix = format!("-{job_id}.out");
     for e in entries.filter_map(Result::ok) {
         let name = e.file_name();
         if !name.to_string_lossy().ends_with(&suffix) {
@@ -438,6 +413,24 @@ mod tests {
         assert_eq!(expand_array_id("12_[0-2,5%2]"), ["12_0", "12_1", "12_2", "12_5"]);
         assert_eq!(expand_array_id("12_3"), ["12_3"]);
         assert_eq!(expand_array_id("12"), ["12"]);
+    }
+
+    #[test]
+    fn only_rank_logs_count_as_ranks() {
+        let d = tempfile::tempdir().unwrap();
+        let end = |rank: u32| {
+            format!(
+                "{{\"event\":\"end\",\"v\":1,\"ts\":1.0,\"rank\":{rank},\"status\":\"oom\",\"steps_completed\":0,\"exit_code\":3}}\n"
+            )
+        };
+        std::fs::write(d.path().join("rank0.jsonl"), end(0)).unwrap();
+        // Not rank logs, though they look like them at either end.
+        std::fs::write(d.path().join("rankx.jsonl"), end(1)).unwrap();
+        std::fs::write(d.path().join("rank.jsonl"), end(2)).unwrap();
+        let logs = read_logs(d.path());
+        assert_eq!(logs.ranks_seen, 1);
+        assert_eq!(logs.ends.keys().copied().collect::<Vec<_>>(), [0]);
+        assert_eq!(logs.failure.as_deref(), Some("rank 0: ended oom (exit 3)"));
     }
 
     #[test]

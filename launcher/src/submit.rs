@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::quote::{sh, slurm_pattern_literal};
-use crate::render::{directives, read_record, RunRecord, Shape};
+use crate::render::{directives, read_record, RunRecord};
 use crate::slurm;
 
 /// The file in a run folder that records its latest submission.
@@ -91,7 +91,8 @@ pub fn check_dependency(dep: &str) -> Result<(), Error> {
     Ok(())
 }
 
-fn now() -> u64 {
+/// Unix seconds, for the run records.
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
@@ -147,7 +148,7 @@ pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec
     if let Some((_, r)) = records.iter().find(|(_, r)| r.cluster.allocation.is_some()) {
         return Err(Error::Usage(format!(
             "run {} is a step of an existing allocation (cluster.allocation), not a job to submit: run the sweep with zerobench local",
-            r.id
+            r.run.id
         )));
     }
 
@@ -160,7 +161,7 @@ pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec
         let script = dir.join("job.sbatch");
         let deps = dependencies(opts, previous.as_deref());
         let job = sbatch(&script, &deps, opts)?;
-        tracing::info!(run = %rec.id, job = %job, "submitted");
+        tracing::info!(run = %rec.run.id, job = %job, "submitted");
         if !opts.test_only {
             write_record(
                 dir,
@@ -169,13 +170,13 @@ pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec
                     array_job_id: None,
                     array_task_id: None,
                     dependency: (!deps.is_empty()).then(|| deps.join(",")),
-                    submitted_at: now(),
+                    submitted_at: unix_now(),
                     script,
                 },
             )?;
             previous = Some(job.clone());
         }
-        out.push(Submitted { id: rec.id.clone(), dir: dir.clone(), job });
+        out.push(Submitted { id: rec.run.id.clone(), dir: dir.clone(), job });
     }
     Ok(out)
 }
@@ -184,7 +185,7 @@ pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec
 /// equal can share a job array.
 fn resource_key(rec: &RunRecord) -> Result<String, Error> {
     let mut s = String::new();
-    directives(&mut s, Shape::of_record(rec), "x", "x")?;
+    directives(&mut s, &rec.run, &rec.cluster, "x", "x")?;
     Ok(s.lines()
         .filter(|l| !l.starts_with("#SBATCH --job-name") && !l.starts_with("#SBATCH --output"))
         .collect::<Vec<_>>()
@@ -197,7 +198,7 @@ pub fn array_script(root: &Path, name: &str, group: &[&(PathBuf, RunRecord)]) ->
     let first = &group[0].1;
     let mut s = String::from("#!/bin/bash\n");
     let output = format!("{}/{name}-%A_%a.out", slurm_pattern_literal("the output folder", &root.to_string_lossy())?);
-    directives(&mut s, Shape::of_record(first), name, &output)?;
+    directives(&mut s, &first.run, &first.cluster, name, &output)?;
     let _ = writeln!(s, "#SBATCH --array=0-{}", group.len() - 1);
     let _ = writeln!(
         s,
@@ -206,7 +207,7 @@ pub fn array_script(root: &Path, name: &str, group: &[&(PathBuf, RunRecord)]) ->
     );
     s.push_str("set -euo pipefail\n\nruns=(\n");
     for (dir, rec) in group {
-        let _ = writeln!(s, "  {}  # {}", sh(&dir.to_string_lossy()), rec.id);
+        let _ = writeln!(s, "  {}  # {}", sh(&dir.to_string_lossy()), rec.run.id);
     }
     s.push_str(")\nrun_dir=${runs[$SLURM_ARRAY_TASK_ID]}\n");
     s.push_str("exec bash \"$run_dir/job.sbatch\" >\"$run_dir/${SLURM_JOB_NAME}-${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}.out\" 2>&1\n");
@@ -236,13 +237,13 @@ fn submit_arrays(root: &Path, records: &[(PathBuf, RunRecord)], opts: &SubmitOpt
                         array_job_id: Some(job.clone()),
                         array_task_id: Some(task as u32),
                         dependency: (!deps.is_empty()).then(|| deps.join(",")),
-                        submitted_at: now(),
+                        submitted_at: unix_now(),
                         script: script.clone(),
                     },
                 )?;
             }
             let shown = if opts.test_only { job.clone() } else { format!("{job}_{task}") };
-            out.push(Submitted { id: rec.id.clone(), dir: dir.clone(), job: shown });
+            out.push(Submitted { id: rec.run.id.clone(), dir: dir.clone(), job: shown });
         }
         if !opts.test_only {
             previous = Some(job);

@@ -30,6 +30,11 @@ macro_rules! string_value {
     };
 }
 
+/// A value of the program's own, such as a default, that is known to pass its check.
+pub(crate) fn builtin<T: FromStr<Err = String>>(s: &'static str) -> T {
+    s.parse().unwrap_or_else(|e| unreachable!("built-in value {s}: {e}"))
+}
+
 /// A Slurm partition, account or QOS name: letters, digits, `_`, `-`, `.`. Slurm itself allows
 /// little more, and this keeps `#SBATCH` lines free of anything sbatch or bash would interpret.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

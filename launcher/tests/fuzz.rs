@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use zerobench_launcher::hostfile::{HostfileFormat, Hostfile};
+use zerobench_launcher::hostfile::{HostfileErrorKind, HostfileFormat, Hostfile};
 use zerobench_launcher::hostlist;
 use zerobench_launcher::spec::Spec;
 use zerobench_schema::splitmix::SplitMix64;
@@ -75,7 +75,15 @@ fn hostfile_parsers_never_panic() {
         for format in [HostfileFormat::Deepspeed, HostfileFormat::Openmpi, HostfileFormat::Mpich] {
             let r = Hostfile::parse(&text, format, Path::new("fuzz.txt"));
             if let Err(e) = r {
-                assert!(!e.to_string().is_empty(), "case {i}");
+                // Only an error about the whole file (it has no hosts) has no position.
+                let at = if e.line == 0 {
+                    assert!(matches!(e.kind, HostfileErrorKind::Empty), "case {i}: no position: {e}");
+                    "fuzz.txt: ".to_string()
+                } else {
+                    assert!(e.column >= 1 && e.line <= text.lines().count().max(1), "case {i}: position: {e}");
+                    format!("fuzz.txt:{}:{}: ", e.line, e.column)
+                };
+                assert!(e.to_string().starts_with(&at), "case {i}: an error names the file and position: {e}");
             }
         }
     }
@@ -104,7 +112,11 @@ fn spec_loader_never_panics() {
             build(&mut rng, &frags, 14)
         };
         if let Err(e) = Spec::parse(&text, Path::new("fuzz.yaml")) {
-            assert!(e.to_string().starts_with("fuzz.yaml"), "case {i}: an error names the file: {e}");
+            let at = format!("fuzz.yaml:{}:{}: ", e.line, e.column);
+            assert!(
+                e.line >= 1 && e.column >= 1 && e.to_string().starts_with(&at),
+                "case {i}: an error starts with file:line:column: {e}"
+            );
         }
     }
 }

@@ -14,15 +14,28 @@
 //! (`zerobench schema`).
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::RunConfig;
+use crate::config::{text_enum, RunConfig};
 use crate::memory::ModelStateBytes;
 
 /// The version every record carries in `v`.
 pub const SCHEMA_VERSION: u32 = 1;
+
+/// The rank in a rank log's file name: `rank<N>.jsonl`, also `rank-0003.jsonl`, `rank_3.jsonl`;
+/// `None` for any other name.
+pub fn rank_from_name(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("rank")?.strip_suffix(".jsonl")?;
+    let digits = digits.strip_prefix(['-', '_']).unwrap_or(digits);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
 
 /// One line of a rank log.
 // `Start` is much larger than the other records; there is one per run, so boxing it would buy
@@ -308,6 +321,7 @@ pub enum RunStatus {
     Oom,
     Failed,
 }
+text_enum!(RunStatus, "run status", { Ok => "ok", Oom => "oom", Failed => "failed" });
 
 /// Written last.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -349,6 +363,9 @@ pub enum ErrorClass {
     /// failed.
     Terminated,
 }
+text_enum!(ErrorClass, "error class", {
+    Oom => "oom", Comm => "comm", Config => "config", Io => "io", Internal => "internal", Terminated => "terminated",
+});
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ErrorRecord {
@@ -453,6 +470,28 @@ mod tests {
             power_w: None,
             energy_j: None,
             gpu_util_pct: None,
+        }
+    }
+
+    #[test]
+    fn rank_names() {
+        assert_eq!(rank_from_name("rank0.jsonl"), Some(0));
+        assert_eq!(rank_from_name("rank-0012.jsonl"), Some(12));
+        assert_eq!(rank_from_name("rank_7.jsonl"), Some(7));
+        for bad in
+            ["rank.jsonl", "rankx.jsonl", "rank1.json", "xrank1.jsonl", "rank1.jsonl.gz", "rank99999999999.jsonl"]
+        {
+            assert_eq!(rank_from_name(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn text_forms_are_the_json_names() {
+        for s in RunStatus::ALL {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str(), "{s:?}");
+        }
+        for c in ErrorClass::ALL {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str(), "{c:?}");
         }
     }
 

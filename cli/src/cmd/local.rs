@@ -47,7 +47,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         .or_else(|| spec.cluster.time.as_ref().and_then(|t| t.seconds()).map(Duration::from_secs));
     let plan = Plan::build(spec)?;
     let dirs = render::render(&plan, &a.out)?;
-    let results = run_local(&dirs, &LocalOptions { timeout, progress: std::io::stderr().is_terminal() })?;
+    // render gives the folders in the plan's order.
+    let runs: Vec<(String, PathBuf)> = plan.runs.iter().map(|r| r.id.clone()).zip(dirs).collect();
+    let results = run_local(&runs, &LocalOptions { timeout, progress: std::io::stderr().is_terminal() })?;
     let mut t = Table::new("local", ["run", "state", "seconds", "detail"]);
     let mut failed = 0;
     for r in &results {
@@ -56,10 +58,8 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             failed += 1;
         }
         let mut detail = r.record.describe();
-        if st != State::Done {
-            if let Some(why) = zerobench_launcher::status::log_failure(&r.dir) {
-                detail.push_str(&format!("; {why}"));
-            }
+        if let Some(why) = &r.failure {
+            detail.push_str(&format!("; {why}"));
         }
         t.row([r.id.clone(), st.to_string(), format!("{:.1}", r.record.seconds), detail]);
     }

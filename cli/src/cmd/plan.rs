@@ -12,6 +12,11 @@ use zerobench_ingest::report::terminal::write_table;
 use zerobench_ingest::tables::Table;
 use crate::Outcome;
 
+/// What `fit` weighs, under the table.
+const FOOTER: &str = "fit: gpu states (ZeRO model states per GPU, after offload) + gpu buffers (gradient buckets, gather \
+                      slots)\nagainst cluster.gpu_memory; activations and the CUDA context come on top, so yes is \
+                      necessary, not sufficient.";
+
 #[derive(clap::Args)]
 pub struct Args {
     /// The experiment spec (YAML; see docs/launcher.md).
@@ -65,6 +70,6 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             .gpu_memory
             .map_or_else(|| "(no cluster.gpu_memory given)".to_string(), |m| format!("{} per GPU", human_bytes(m.0))),
     )?;
-    writeln!(out, "state/rank: ZeRO model states (parameters, gradients, optimizer) per rank; activations and buffers come on top.")?;
+    writeln!(out, "{FOOTER}")?;
     Ok(Outcome::Complete)
 }
