@@ -12,8 +12,8 @@ reduce_dtype=fp32)). Data are seeded random tokens. Prints one JSON line on rank
 """
 import argparse
 import json
-import math
 import os
+import statistics
 import time
 
 import torch
@@ -121,8 +121,9 @@ def main():
         torch.cuda.synchronize(dev)
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
-    times.sort()
-    med = times[len(times) // 2]
+    # The same median as bench/gpu/report.py takes of zerobench's steps (the mean of the two middle
+    # times for an even count). The references of 2026-11-22 took the upper of the two instead.
+    med = statistics.median(times)
     tokens = a.micro_batch * a.seq_len
     if rank == 0:
         print(json.dumps({

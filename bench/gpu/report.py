@@ -14,47 +14,48 @@ import io
 import json
 import re
 import statistics
-import tarfile
+
+from common import archive_files, gib, host_date, json_lines, median, rank0_run, run_parts
 
 PEAK_TFLOPS = 989.0
+# GPT-2's (layers, width) and positions, for FLOPs per token where no log gives them: the PyTorch
+# reference (bench/gpu/reference.py, zerobench's shapes) and worker logs written before the start
+# record carried `model.train_flops_per_token` (all of 2026-11-22).
+GPT2_SHAPES = {"gpt2": (12, 768), "gpt2-xl": (48, 1600)}
+POSITIONS = 1024
 
 
-def flops_per_token(model, seq=1024):
-    layers, d = {"gpt2": (12, 768), "gpt2-xl": (48, 1600)}[model]
-    params = {"gpt2": 124_439_808, "gpt2-xl": 1_557_611_200}[model]
-    return 6 * (params - 1024 * d) + 12 * layers * d * seq
+def flops_per_token(model, params, seq):
+    """What the worker's `ModelSpec::train_flops_per_token` gives for GPT-2: 6N + 12·L·d·T, N the
+    parameters without position embeddings."""
+    layers, d = GPT2_SHAPES[model]
+    return 6 * (params - POSITIONS * d) + 12 * layers * d * seq
 
 
 def load(path):
     runs, refs, coll, host = {}, {}, [], ""
-    with tarfile.open(path) as tar:
-        for m in tar.getmembers():
-            if not m.isfile():
-                continue
-            data = tar.extractfile(m).read().decode()
-            name = m.name
-            if name.endswith("host.txt"):
-                host = data
-            elif re.search(r"runs/[^/]+/rank0\.jsonl$", name):
-                runs[name.split("/")[-2]] = [json.loads(line) for line in data.splitlines() if line.strip()]
-            elif re.search(r"runs/ref_[^/]+\.json$", name) and data.strip():
-                refs[name.split("/")[-1][:-5]] = json.loads(data.strip().splitlines()[-1])
-            elif name.endswith(".jsonl") and "collectives_" in name:
-                coll += [json.loads(line) for line in data.splitlines() if line.strip()]
+    for name, data in archive_files(path):
+        if name.endswith("host.txt"):
+            host = data
+        elif rank0_run(name):
+            runs[rank0_run(name)] = json_lines(data)
+        elif re.search(r"runs/ref_[^/]+\.json$", name) and data.strip():
+            refs[name.split("/")[-1][:-5]] = json.loads(data.strip().splitlines()[-1])
+        elif name.endswith(".jsonl") and "collectives_" in name:
+            coll += json_lines(data)
     return runs, refs, coll, host
 
 
 def summarize(name, recs):
-    start = next(r for r in recs if r["event"] == "start")
-    setup = next(r for r in recs if r["event"] == "setup")
-    steps = [r for r in recs if r["event"] == "step" and not r["warmup"]]
-    med = lambda k: statistics.median(r[k] for r in steps)
+    start, setup, steps = run_parts(recs)
+    med = lambda k: median(steps, k)
     cfg = start["config"]
     world = start["world_size"]
     step_ms = med("step_ms")
     tps = steps[0]["tokens"] / world / (step_ms / 1e3)
-    fpt = start["model"].get("train_flops_per_token") or flops_per_token(cfg["model"], cfg["seq_len"])
+    fpt = start["model"].get("train_flops_per_token") or flops_per_token(cfg["model"], start["model"]["params"], cfg["seq_len"])
     ms = setup["model_state"]
+    energy = [b["energy_j"] - a["energy_j"] for a, b in zip(steps, steps[1:])] if steps[0].get("energy_j") is not None else None
     return {
         "impl": "zerobench", "run": name, "model": cfg["model"], "stage": cfg["stage"], "gpus": world,
         "micro_batch": cfg["micro_batch"], "seq_len": cfg["seq_len"], "steps": len(steps),
@@ -69,16 +70,58 @@ def summarize(name, recs):
         "model_state_bytes": ms["params_bytes"] + ms["grads_bytes"] + ms["optimizer_bytes"],
         "model_state_expected_bytes": sum(setup["model_state_expected"].values()),
         "buffers_bytes": sum(setup["buffers_bytes"].values()),
-        "energy_j_per_step": round(statistics.median(
-            b["energy_j"] - a["energy_j"] for a, b in zip(steps, steps[1:])), 2) if steps[0].get("energy_j") is not None else None,
+        "energy_j_per_step": round(statistics.median(energy), 2) if energy is not None else None,
         "final_loss": steps[-1]["loss"], "comm_backend": start["comm_backend"], "optimizer": setup["optimizer"],
         "versions": start["versions"], "gpu": start["device"]["name"],
         "comm_ctas": cfg["engine"].get("comm_ctas"),
     }
 
 
+def profiles(runs):
+    """The `--profile-step` breakdown of each `profile_*` run: per module kind, its time and
+    TFLOP/s forward and backward, beside the profiled step's time."""
+    out = []
+    for name, recs in sorted(runs.items()):
+        if not name.startswith("profile_"):
+            continue
+        start = next(r for r in recs if r["event"] == "start")
+        prof = next(r for r in recs if r["event"] == "profile")
+        step = next(r for r in recs if r["event"] == "step" and r["step"] == prof["step"])
+        cfg = start["config"]
+        out.append({"run": name, "model": cfg["model"], "stage": cfg["stage"], "gpus": start["world_size"],
+                    "micro_batch": cfg["micro_batch"], "seq_len": cfg["seq_len"], "step": prof["step"],
+                    "step_ms": round(step["step_ms"], 2),
+                    "modules": [{k: round(m[k], 2) if isinstance(m[k], float) else m[k]
+                                 for k in ("kind", "count", "params", "forward_ms", "backward_ms", "forward_tflops", "backward_tflops")}
+                                for m in prof["modules"]]})
+    return out
+
+
+def correctness(runs):
+    """The `correct_*` runs (one per stage, same data and seed): each stage's losses against
+    stage 0's, at every step including warm-up. bf16 reductions may add in other orders, so the
+    documented tolerance is 1e-2 relative; equal curves give 0."""
+    curves = {}
+    for name, recs in sorted(runs.items()):
+        if name.startswith("correct_"):
+            start = next(r for r in recs if r["event"] == "start")
+            curves[name] = (start, [r["loss"] for r in recs if r["event"] == "step"])
+    ref = next((losses for start, losses in curves.values() if start["config"]["stage"] == 0), None)
+    out = []
+    for name, (start, losses) in curves.items():
+        cfg = start["config"]
+        row = {"run": name, "model": cfg["model"], "stage": cfg["stage"], "gpus": start["world_size"],
+               "micro_batch": cfg["micro_batch"], "seq_len": cfg["seq_len"], "steps": len(losses),
+               "first_loss": losses[0], "final_loss": losses[-1]}
+        if cfg["stage"] != 0 and ref is not None and len(ref) == len(losses):
+            dev = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+            row.update({"max_rel_diff_vs_stage_0": dev, "within_tolerance": dev <= 1e-2})
+        out.append(row)
+    return out
+
+
 def ref_row(name, r):
-    fpt = flops_per_token(r["model"], r["seq_len"])
+    fpt = flops_per_token(r["model"], r["params"], r["seq_len"])
     return {
         "impl": r["impl"], "run": name, "model": r["model"], "gpus": r["gpus"], "micro_batch": r["micro_batch"],
         "seq_len": r["seq_len"], "steps": r["steps"], "step_ms_median": round(r["step_ms_median"], 2),
@@ -86,10 +129,6 @@ def ref_row(name, r):
         "peak_allocated_bytes": r["peak_allocated_bytes"], "peak_reserved_bytes": r["peak_reserved_bytes"],
         "torch": r["torch"], "nccl": r["nccl"], "gpu": r["gpu"],
     }
-
-
-def gib(b):
-    return f"{b / 2**30:.2f}"
 
 
 def main():
@@ -134,10 +173,10 @@ def main():
         targets.append({"target": f"largest collective ({op}, {biggest} B) bus bandwidth / torch.distributed's (>= 0.85)",
                         "value": round(ours[op]["busbw_gbps"] / theirs[op]["busbw_gbps"], 3)})
 
-    date = re.search(r"date: (\S+)", host).group(1)
+    date = host_date(host)
     out = {"benchmark": "bench/gpu", "date": date, "host": host.strip().splitlines(),
            "versions": rows[0]["versions"], "targets": targets, "zerobench": rows, "references": refrows,
-           "collectives": coll, "context_run": context}
+           "collectives": coll, "context_run": context, "profile": profiles(runs), "correctness": correctness(runs)}
     with open(a.json, "w") as f:
         json.dump(out, f, indent=1)
 
@@ -166,6 +205,17 @@ def main():
     md.write("| target | value |\n|---|---|\n")
     for t in targets:
         md.write(f"| {t['target']} | {t['value']} |\n")
+    md.write("\n| profiled run | GPUs | stage | step ms | module | count | forward ms | backward ms | forward TFLOP/s | backward TFLOP/s |\n")
+    md.write("|---|---|---|---|---|---|---|---|---|---|\n")
+    for p in out["profile"]:
+        for m in p["modules"]:
+            md.write(f"| {p['run']} | {p['gpus']} | {p['stage']} | {p['step_ms']:.1f} | {m['kind']} | {m['count']} | {m['forward_ms']:.1f} | "
+                     f"{m['backward_ms']:.1f} | {m['forward_tflops']:.0f} | {m['backward_tflops']:.0f} |\n")
+    md.write("\n| correctness run | GPUs | stage | steps | first loss | final loss | largest relative difference from stage 0 |\n")
+    md.write("|---|---|---|---|---|---|---|\n")
+    for c in out["correctness"]:
+        md.write(f"| {c['run']} | {c['gpus']} | {c['stage']} | {c['steps']} | {c['first_loss']:.3f} | {c['final_loss']:.3f} | "
+                 f"{c.get('max_rel_diff_vs_stage_0', 'reference')} |\n")
     with open(a.md, "w") as f:
         f.write(md.getvalue())
 

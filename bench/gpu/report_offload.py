@@ -18,66 +18,63 @@ import io
 import json
 import re
 import statistics
-import tarfile
+
+from common import archive_files, gib, host_date, json_lines, median, rank0_run, run_parts
 
 # DeepSpeed 0.19.8, CPU offload, gpt2-xl micro-batch 4, sequence 1024 (issue 7): tokens/s per run.
 DEEPSPEED_OFFLOAD = {1: 4726, 2: 2984 * 2}
+# Until the commit after these measurements ("optimizer label for offload runs"), the worker logged
+# the device's AdamW as `setup.optimizer` even when offload ran the update on the host's CPU.
+OFFLOAD_OPTIMIZER_NOTE = ("logged 'cuda-fused' by a labelling bug fixed after this measurement: with offload the "
+                          "update ran on the host (the Rust CPU AdamW), as every offload run does")
 
 
 def read_archive(path):
     """Every rank-0 log, the host description and the host measurements of one archive."""
     logs, outs, host, adamw, copies, bench_log = {}, {}, "", None, {}, ""
-    with tarfile.open(path) as tar:
-        for m in tar.getmembers():
-            if not m.isfile():
-                continue
-            text = tar.extractfile(m).read().decode(errors="replace")
-            name = m.name
-            if name.endswith("host.txt"):
-                host = text
-            elif name.endswith("bench.log"):
-                bench_log = text
-            elif re.search(r"runs/[^/]+/rank0\.jsonl$", name):
-                logs[name.split("/")[-2]] = [json.loads(l) for l in text.splitlines() if l.strip()]
-            elif re.search(r"runs/[^/]+\.out$", name):
-                outs[name.split("/")[-1][:-4]] = text
-            elif re.search(r"runs/cpu_adamw[^/]*\.json$", name):
-                adamw = json.loads(text.strip().splitlines()[-1])
-            elif re.search(r"runs/copies[^/]*\.jsonl$", name):
-                for line in text.splitlines():
-                    if line.startswith("{") and ('"op":"d2h"' in line or '"op":"h2d"' in line):
-                        c = json.loads(line)
-                        copies[c["op"]] = c
+    for name, text in archive_files(path):
+        if name.endswith("host.txt"):
+            host = text
+        elif name.endswith("bench.log"):
+            bench_log = text
+        elif rank0_run(name):
+            logs[rank0_run(name)] = json_lines(text)
+        elif re.search(r"runs/[^/]+\.out$", name):
+            outs[name.split("/")[-1][:-4]] = text
+        elif re.search(r"runs/cpu_adamw[^/]*\.json$", name):
+            adamw = json.loads(text.strip().splitlines()[-1])
+        elif re.search(r"runs/copies[^/]*\.jsonl$", name):
+            for line in text.splitlines():
+                if line.startswith("{") and ('"op":"d2h"' in line or '"op":"h2d"' in line):
+                    c = json.loads(line)
+                    copies[c["op"]] = c
     return {"path": path, "logs": logs, "outs": outs, "host": host, "adamw": adamw, "copies": copies,
             "bench_log": bench_log}
 
 
 def host_info(a):
-    date = re.search(r"date: (\S+)", a["host"]).group(1)
     lines = a["host"].strip().splitlines()
     cores = next((int(l) for l in lines if l.strip().isdigit()), None)
     gpus = sum(1 for l in lines if l.startswith("NVIDIA "))
-    return {"date": date, "cores": cores, "gpus": gpus, "description": lines}
+    return {"date": host_date(a["host"]), "cores": cores, "gpus": gpus, "description": lines}
 
 
 def summarize(name, recs):
-    start = next(r for r in recs if r["event"] == "start")
-    setup = next(r for r in recs if r["event"] == "setup")
-    steps = [r for r in recs if r["event"] == "step" and not r["warmup"]]
+    start, setup, steps = run_parts(recs)
     cfg = start["config"]
-    med = lambda f: statistics.median(f(r) for r in steps)
-    step_ms = med(lambda r: r["step_ms"])
+    med = lambda f: median(steps, f)
+    step_ms = med("step_ms")
     world = start["world_size"]
     copied = med(lambda r: sum(r["comm"].get(op, {}).get("bytes", 0) for op in ("d2h", "h2d")))
-    return {
+    row = {
         "run": name, "model": cfg["model"], "stage": cfg["stage"], "offload": cfg["offload"],
         "hpz": cfg["engine"].get("hpz"), "gpus": world, "micro_batch": cfg["micro_batch"],
         "seq_len": cfg["seq_len"], "steps": len(steps), "step_ms_median": round(step_ms, 1),
         "tokens_per_s": round(steps[0]["tokens"] / (step_ms / 1e3)),
         "tokens_per_s_per_gpu": round(steps[0]["tokens"] / world / (step_ms / 1e3)),
-        "forward_ms": round(med(lambda r: r["forward_ms"]), 1),
-        "backward_ms": round(med(lambda r: r["backward_ms"]), 1),
-        "optimizer_ms": round(med(lambda r: r["optimizer_ms"]), 1),
+        "forward_ms": round(med("forward_ms"), 1),
+        "backward_ms": round(med("backward_ms"), 1),
+        "optimizer_ms": round(med("optimizer_ms"), 1),
         "host_device_bytes_per_step": int(copied),
         "peak_allocated_bytes": max(r["memory"]["peak_allocated_bytes"] for r in steps),
         "model_state_bytes": sum(setup["model_state"].values()),
@@ -91,6 +88,10 @@ def summarize(name, recs):
         "threads": start["device"].get("threads"), "final_loss": steps[-1]["loss"],
         "losses": [r["loss"] for r in recs if r["event"] == "step"],
     }
+    # The log's value stays as written; the note says what it should have been.
+    if cfg["offload"] != "none" and row["optimizer"] == "cuda-fused":
+        row["optimizer_note"] = OFFLOAD_OPTIMIZER_NOTE
+    return row
 
 
 def offload_rows(a):
@@ -171,10 +172,6 @@ def fits(a):
                      "step_ms": steps[-1]["step_ms"] if steps else None,
                      "error": err and err["message"][:160]})
     return rows
-
-
-def gib(b):
-    return f"{b / 2**30:.2f}"
 
 
 def main():

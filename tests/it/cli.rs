@@ -1,10 +1,9 @@
 //! The `zerobench` commands as a user runs them: what they print, the errors they give for bad
 //! input (file, line, column and key), and their exit codes (0 ok, 1 incomplete, 2 error).
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use crate::common::{repo, stderr, stdout, zerobench};
+use crate::support::{repo, stderr, stdout, write_script, zerobench};
 
 fn ok(args: &[&str]) -> String {
     let o = zerobench(args);
@@ -119,13 +118,12 @@ fn local_runs_continue_after_a_failure() {
     let dir = tempfile::tempdir().unwrap();
     let worker = dir.path().join("fake worker");
     // Fails for stage 1; otherwise writes its argv where the logs go.
-    std::fs::write(
+    write_script(
         &worker,
-        "#!/bin/bash\nfor a in \"$@\"; do [ \"$prev\" = --stage ] && stage=$a; [ \"$prev\" = --log-dir ] && logs=$a; prev=$a; done\n\
-         [ \"$stage\" = 1 ] && { echo 'stage 1 refuses' >&2; exit 3; }\nprintf '%s\\n' \"$@\" > \"$logs/argv.$OMPI_COMM_WORLD_RANK\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&worker, std::fs::Permissions::from_mode(0o755)).unwrap();
+        r#"for a in "$@"; do [ "$prev" = --stage ] && stage=$a; [ "$prev" = --log-dir ] && logs=$a; prev=$a; done
+[ "$stage" = 1 ] && { echo 'stage 1 refuses' >&2; exit 3; }
+printf '%s\n' "$@" > "$logs/argv.$OMPI_COMM_WORLD_RANK""#,
+    );
     let spec = dir.path().join("local.yaml");
     std::fs::write(
         &spec,

@@ -3,35 +3,20 @@
 //! every line of `rank0.jsonl` and `rank1.jsonl` against the log schema. Once with both ranks on
 //! one node and once with one rank on each of two fake nodes, so node rank and local rank differ.
 //!
-//! Needs the worker (`$ZEROBENCH_WORKER` or `target/release/zerobench-worker`, with the libtorch
-//! environment of `make env`) and the local Slurm; `scripts/test.sh` provides both.
+//! Needs the worker (`support::bin`, with the libtorch environment of `make env`) and the local
+//! Slurm; `scripts/test.sh` provides both.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use zerobench_schema::log::{validate_line, Record, RunStatus};
+use zerobench_schema::log::{Record, RunStatus};
 
-use crate::common::{repo, slurm_conf};
 use crate::slurm::{wait_final, zb};
-
-fn worker() -> Option<PathBuf> {
-    let w = std::env::var_os("ZEROBENCH_WORKER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo("target/release/zerobench-worker"));
-    if w.is_file() {
-        return Some(w);
-    }
-    assert!(
-        std::env::var_os("ZEROBENCH_REQUIRE_WORKER").is_none(),
-        "ZEROBENCH_REQUIRE_WORKER is set but {} is missing",
-        w.display()
-    );
-    eprintln!("SKIPPED: no worker at {} (make build)", w.display());
-    None
-}
+use crate::support::{job_output, records, slurm_conf, stderr, stdout, steps, worker};
 
 fn sweep_on(nodes: u32, ranks_per_node: u32) {
-    let (Some(conf), Some(worker)) = (slurm_conf(), worker()) else { return };
+    let Some(conf) = slurm_conf() else { return };
+    let worker = worker();
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("e2e.yaml");
     std::fs::write(
@@ -46,28 +31,17 @@ fn sweep_on(nodes: u32, ranks_per_node: u32) {
     .unwrap();
     let out = dir.path().join("runs");
     let o = zb(&conf, &["submit", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
     let rows = wait_final(&conf, &out, Duration::from_secs(300));
     for row in &rows {
         let run_dir = PathBuf::from(row["dir"].as_str().unwrap());
-        let output: String = std::fs::read_dir(&run_dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "out"))
-            .map(|p| std::fs::read_to_string(p).unwrap_or_default())
-            .collect();
+        let output = job_output(&run_dir);
         assert_eq!(row["state"], "done", "{row:#}\njob output:\n{output}");
         for rank in 0..nodes * ranks_per_node {
             let log = run_dir.join(format!("logs/rank{rank}.jsonl"));
-            let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}\n{output}", log.display()));
-            let records: Vec<Record> = text
-                .lines()
-                .enumerate()
-                .map(|(i, l)| {
-                    validate_line(l.as_bytes()).unwrap_or_else(|e| panic!("{}:{}: {e}", log.display(), i + 1))
-                })
-                .collect();
-            let Some(Record::Start(start)) = records.first() else {
+            assert!(log.is_file(), "{} is missing; job output:\n{output}", log.display());
+            let recs = records(&log);
+            let Some(Record::Start(start)) = recs.first() else {
                 panic!("{}: first record is not start", log.display())
             };
             assert_eq!(start.rank, rank);
@@ -76,8 +50,8 @@ fn sweep_on(nodes: u32, ranks_per_node: u32) {
             assert_eq!(start.node_rank, rank / ranks_per_node, "{}", log.display());
             assert_eq!(start.local_rank, rank % ranks_per_node, "{}", log.display());
             assert_eq!(start.run_id, row["id"].as_str().unwrap());
-            assert!(records.iter().filter(|r| matches!(r, Record::Step(_))).count() >= 4, "{}", log.display());
-            assert!(matches!(records.last(), Some(Record::End(e)) if e.status == RunStatus::Ok), "{}", log.display());
+            assert!(steps(&recs).len() >= 4, "{}", log.display());
+            assert!(matches!(recs.last(), Some(Record::End(e)) if e.status == RunStatus::Ok), "{}", log.display());
         }
     }
 }

@@ -6,12 +6,13 @@
 //! Fields with a strict grammar (Slurm names, time, hostnames, hostlists, env names, filters)
 //! refuse hostile values when the spec loads; that is checked too.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
 use zerobench_launcher::render::{read_record, render};
 use zerobench_launcher::{Plan, Spec};
+
+use crate::support::write_script;
 
 /// Each one would touch `pwned` in the current folder if a shell ran it.
 const HOSTILE: &[&str] = &[
@@ -29,9 +30,7 @@ const HOSTILE: &[&str] = &[
 /// A stub that writes its argv (NUL-separated) to `$STUB_DIR/<name>.<pid>` and, for the
 /// launchers, runs what it was asked to run the way the real one would.
 fn stub(dir: &Path, name: &str, body: &str) {
-    let p = dir.join(name);
-    std::fs::write(&p, format!("#!/bin/bash\nprintf '%s\\0' \"$@\" > \"$STUB_DIR/{name}.$$\"\n{body}\n")).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_script(&dir.join(name), &format!("printf '%s\\0' \"$@\" > \"$STUB_DIR/{name}.$$\"\n{body}"));
 }
 
 fn stubs(dir: &Path) {

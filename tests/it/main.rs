@@ -1,11 +1,15 @@
 //! End-to-end tests: real processes, real MPI, real libtorch and a real local Slurm, in one test
-//! binary (one link step), one module per area. They run the release binaries `make build`
-//! produced; `make test` builds them first, starts the local Slurm and exports the environment.
+//! binary (one link step), one module per area. They run the binaries of their own build profile
+//! (`support::bin`); `make test` builds the release binaries first, starts the local Slurm and
+//! exports the environment.
 //!
-//! * `support`: where the release binaries are, how to start ranks, how to read their logs.
-//! * `worker`: the worker under `mpirun`: losses across stages, memory formulas, bad flags.
+//! * `support`: where the binaries are, how to start ranks and `zerobench`, how to read rank logs,
+//!   when a test without its environment (Slurm, pdsh) is skipped or fails.
+//! * `worker`: the worker under `mpirun`: losses across stages, memory formulas, hpZ, bad flags.
 //! * `models`: T5, Llama and the MLP under `mpirun`: losses across stages, learning, bf16, profiles.
-//! * `common`: the launcher modules' helpers: the `zerobench` binary, the local Slurm.
+//! * `offload`: ZeRO-Offload under `mpirun`: losses against stage 0, the device/host split.
+//! * `reliability`: faults with real processes: a killed, a frozen or a signalled rank, out of
+//!   memory, and the launcher and ingest on a killed rank's logs.
 //! * `render`: insta snapshots of the scripts and hostfiles rendered from `slurm/examples/`.
 //! * `cli`: the `zerobench` commands as a user runs them: tables, errors, exit codes.
 //! * `injection`: hostile strings in every user-controlled field, rendered and run under bash.
@@ -16,15 +20,14 @@
 //! * `e2e_slurm`: the real worker under `srun --mpi=pmix` on one and two fake nodes.
 
 mod cli;
-mod common;
 mod e2e_slurm;
 mod hostlist_oracle;
 mod injection;
 mod models;
+mod offload;
 mod pdsh;
+mod reliability;
 mod render;
 mod slurm;
 mod support;
-mod offload;
-mod reliability;
 mod worker;

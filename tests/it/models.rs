@@ -6,7 +6,7 @@
 
 use zerobench_schema::log::Record;
 
-use crate::support::{losses, max_rel_diff, text, train};
+use crate::support::{losses, max_rel_diff, on_text, train};
 
 /// Encoder input 32 tokens, decoder 16: both stacks, the relative position buckets beyond the
 /// exact ones, and a target shorter than the input.
@@ -23,12 +23,14 @@ const FP32: &[&str] = &["--precision", "fp32", "--lr", "1e-3", "--steps", "20", 
 const SPLITS: &[(&str, usize, usize, usize)] =
     &[("0", 3, 2, 1), ("1", 2, 3, 1), ("2", 3, 2, 1), ("2", 2, 1, 3), ("3", 2, 3, 1), ("3", 3, 1, 2)];
 
+/// The model's flags and `extra`, on the shipped text if `data` (else on the model's synthetic task).
 fn args(model: &[&str], data: bool, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = model.iter().chain(extra).map(|s| s.to_string()).collect();
+    let flags = [model, extra].concat();
     if data {
-        a.extend(["--data".into(), text()]);
+        on_text(&flags)
+    } else {
+        flags.iter().map(|s| s.to_string()).collect()
     }
-    a
 }
 
 /// The mean of the first and of the last three losses.
@@ -50,11 +52,7 @@ const RELU_TOLERANCE: f64 = 1e-4;
 /// `min_drop` of its first value, then checks every split of [`SPLITS`] against it.
 fn every_stage_follows_stage_0(model: &[&str], data: bool, min_drop: f64, tolerance: f64) {
     let tmp = tempfile::tempdir().unwrap();
-    let run = |n: usize, dir: &str, extra: &[&str]| {
-        let a = args(model, data, &[FP32, extra].concat());
-        let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        train(n, &tmp.path().join(dir), &a)
-    };
+    let run = |n: usize, dir: &str, extra: &[&str]| train(n, &tmp.path().join(dir), &args(model, data, &[FP32, extra].concat()));
     let reference = losses(&run(1, "ref", &["--stage", "0", "--micro-batch", "6"])[0]);
     assert_eq!(reference.len(), 20);
     let (first, last) = first_and_last(&reference);
@@ -102,11 +100,7 @@ fn every_model_trains_in_bf16_at_stage_3() {
     ];
     for (i, (model, data, kinds)) in cases.into_iter().enumerate() {
         let common = ["--lr", "1e-3", "--steps", "20", "--threads", "1", "--micro-batch", "3"];
-        let run = |dir: &str, extra: &[&str]| {
-            let a = args(model, data, &[&common[..], extra].concat());
-            let a: Vec<&str> = a.iter().map(String::as_str).collect();
-            train(2, &tmp.path().join(format!("{i}-{dir}")), &a)
-        };
+        let run = |dir: &str, extra: &[&str]| train(2, &tmp.path().join(format!("{i}-{dir}")), &args(model, data, &[&common[..], extra].concat()));
         let fp32 = losses(&run("fp32", &["--stage", "0", "--precision", "fp32"])[0]);
         let ranks = run("bf16", &["--stage", "3", "--precision", "bf16", "--profile-step", "2"]);
         let bf16 = losses(&ranks[0]);

@@ -2,7 +2,6 @@
 //! node ranks from `%n`, the rank environment node.sh sets, and a failing rank failing the job
 //! instead of leaving the others running.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -10,14 +9,15 @@ use std::time::{Duration, Instant};
 use zerobench_launcher::render::render;
 use zerobench_launcher::{Plan, Spec};
 
+use crate::support::{installed, write_script};
+
 fn have_pdsh() -> bool {
-    Command::new("pdsh").arg("-V").output().is_ok()
+    installed(Command::new("pdsh").arg("-V"))
 }
 
 fn setup(dir: &Path, worker_body: &str) -> std::path::PathBuf {
     let worker = dir.join("worker");
-    std::fs::write(&worker, format!("#!/bin/bash\n{worker_body}\n")).unwrap();
-    std::fs::set_permissions(&worker, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_script(&worker, worker_body);
     std::fs::write(dir.join("hosts"), "node-a slots=4\nnode-b slots=4\n").unwrap();
     let spec = dir.join("s.yaml");
     std::fs::write(
@@ -36,7 +36,6 @@ fn setup(dir: &Path, worker_body: &str) -> std::path::PathBuf {
 #[test]
 fn node_ranks_and_rank_environment() {
     if !have_pdsh() {
-        eprintln!("SKIPPED: pdsh not installed");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -57,7 +56,6 @@ fn node_ranks_and_rank_environment() {
 #[test]
 fn a_failing_rank_fails_the_job_and_stops_its_node() {
     if !have_pdsh() {
-        eprintln!("SKIPPED: pdsh not installed");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

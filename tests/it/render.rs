@@ -7,7 +7,7 @@ use std::path::Path;
 use zerobench_launcher::render::render;
 use zerobench_launcher::{Plan, Spec};
 
-use crate::common::{repo, root};
+use crate::support::{repo, root};
 
 fn render_example(name: &str) -> (tempfile::TempDir, Plan) {
     let plan = Plan::build(Spec::load(&repo(&format!("slurm/examples/{name}.yaml"))).expect("example loads"))
@@ -36,11 +36,18 @@ fn regex_escape(s: &str) -> String {
     })
 }
 
-fn snap(out: &Path, run: &str, file: &str) {
+/// Snapshots `run/file` as `snap@<run>-<file>`.
+fn snap_file(out: &Path, run: &str, file: &str) {
+    snap(out, run, file, &format!("{run}-{file}"));
+}
+
+/// Snapshots `run/file` as `snap@<suffix>` (insta names snapshots after the function that takes
+/// them), for files that the run's name alone does not tell apart.
+fn snap(out: &Path, run: &str, file: &str, suffix: &str) {
     let text = std::fs::read_to_string(out.join(run).join(file)).unwrap_or_else(|e| panic!("{run}/{file}: {e}"));
     let f = filters(out);
     let f: Vec<(&str, &str)> = f.iter().map(|(a, b)| (a.as_str(), *b)).collect();
-    insta::with_settings!({ filters => f, snapshot_suffix => format!("{run}-{file}") }, {
+    insta::with_settings!({ filters => f, snapshot_suffix => suffix }, {
         insta::assert_snapshot!(text);
     });
 }
@@ -48,36 +55,36 @@ fn snap(out: &Path, run: &str, file: &str) {
 #[test]
 fn demo_local() {
     let (out, _) = render_example("demo");
-    snap(out.path(), "tiny_z3_offnone_mb4_1x2_fp32", "job.sbatch");
+    snap_file(out.path(), "tiny_z3_offnone_mb4_1x2_fp32", "job.sbatch");
 }
 
 #[test]
 fn gpu_cluster_srun() {
     let (out, plan) = render_example("gpu-cluster");
     assert_eq!(plan.runs.len(), 16);
-    snap(out.path(), "gpt2-xl_z3_offnone_mb4_2x4", "job.sbatch");
+    snap_file(out.path(), "gpt2-xl_z3_offnone_mb4_2x4", "job.sbatch");
 }
 
 #[test]
 fn pdsh_with_include() {
     let (out, _) = render_example("pdsh");
     let run = "gpt2-medium_z3_offnone_mb8_2x2";
-    snap(out.path(), run, "job.sbatch");
-    snap(out.path(), run, "node.sh");
-    snap(out.path(), run, "hostfile.deepspeed");
+    snap_file(out.path(), run, "job.sbatch");
+    snap_file(out.path(), run, "node.sh");
+    snap_file(out.path(), run, "hostfile.deepspeed");
 }
 
 #[test]
 fn mpirun_in_allocation() {
     let (out, _) = render_example("mpirun");
-    snap(out.path(), "gpt2_z0_offnone_mb2_2x2_fp32", "job.sbatch");
+    snap_file(out.path(), "gpt2_z0_offnone_mb2_2x2_fp32", "job.sbatch");
 }
 
 #[test]
 fn t5_grid_offload_renders_with_its_memory_split() {
     let (out, plan) = render_example("t5-grid");
     assert_eq!(plan.runs.len(), 3 * 8 * (4 + 2 + 1));
-    snap(out.path(), "t5-3b_z3_offparams_mb16_1x4", "job.sbatch");
+    snap_file(out.path(), "t5-3b_z3_offparams_mb16_1x4", "job.sbatch");
     let rec: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(out.path().join("t5-3b_z3_offparams_mb16_1x4/run.json")).unwrap(),
     )
@@ -112,7 +119,8 @@ fn mpirun_with_hostfiles() {
         let out = dir.path().join(format!("out-{imp}"));
         render(&plan, &out).unwrap();
         let run = "tiny_z1_offnone_mb1_2x3";
-        snap(&out, run, "job.sbatch");
-        snap(&out, run, &format!("hostfile.{imp}"));
+        // Both implementations render a run of the same name: the suffix names the implementation.
+        snap(&out, run, "job.sbatch", &format!("{run}-{imp}-job.sbatch"));
+        snap_file(&out, run, &format!("hostfile.{imp}"));
     }
 }

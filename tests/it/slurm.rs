@@ -4,20 +4,15 @@
 //! ranks are started by `srun --mpi=pmix`. The ranks here are a stand-in that records what Slurm
 //! gave it; `e2e_slurm` runs the real worker.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use crate::common::{repo, slurm_conf, stderr, stdout, zerobench_bin};
+use crate::support::{job_output, repo, run, slurm_conf, stderr, stdout, write_script, zerobench_cmd};
 
+/// Runs `zerobench ARGS` against the local cluster.
 pub fn zb(conf: &Path, args: &[&str]) -> Output {
-    std::process::Command::new(zerobench_bin())
-        .args(args)
-        .env("SLURM_CONF", conf)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap()
+    run(zerobench_cmd().args(args).env("SLURM_CONF", conf))
 }
 
 /// Polls `zerobench status --json` until every run is final; panics after `limit`.
@@ -40,21 +35,17 @@ pub fn wait_final(conf: &Path, dir: &Path, limit: Duration) -> Vec<serde_json::V
 
 fn write_stub_worker(dir: &Path) -> std::path::PathBuf {
     let p = dir.join("stand-in worker");
-    std::fs::write(
+    write_script(
         &p,
-        r#"#!/bin/bash
-# Records where Slurm put this rank; fails for stage 1; sleeps for stage 2 (to be cancelled).
+        r#"# Records where Slurm put this rank; fails for stage 1; sleeps for stage 2 (to be cancelled).
 for a in "$@"; do
   [ "${prev:-}" = --stage ] && stage=$a; [ "${prev:-}" = --log-dir ] && logs=$a; prev=$a
 done
 echo "rank=$PMIX_RANK procid=$SLURM_PROCID nodeid=$SLURM_NODEID localid=$SLURM_LOCALID node=$SLURMD_NODENAME ntasks=$SLURM_NTASKS cpus=$SLURM_CPUS_PER_TASK job=$SLURM_JOB_ID" > "$logs/rank$PMIX_RANK.env"
 [ "$stage" = 1 ] && exit 3
 [ "$stage" = 2 ] && sleep 120
-exit 0
-"#,
-    )
-    .unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+exit 0"#,
+    );
     p
 }
 
@@ -248,12 +239,6 @@ fn a_run_past_its_time_limit_is_a_timeout() {
     let rows = wait_final(&conf, &out, Duration::from_secs(150));
     assert_eq!(rows[0]["state"], "timeout", "{rows:#?}");
     // What status falls back to once the controller has forgotten the job.
-    let run = out.join("tiny_z2_offnone_mb1_1x1");
-    let output: String = std::fs::read_dir(&run)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "out"))
-        .map(|p| std::fs::read_to_string(p).unwrap())
-        .collect();
+    let output = job_output(&out.join("tiny_z2_offnone_mb1_1x1"));
     assert!(output.contains("DUE TO TIME LIMIT"), "{output}");
 }

@@ -1,25 +1,94 @@
-//! Helpers shared by the end-to-end tests: where the binaries are, how to start ranks, how to read
-//! their logs.
+//! Helpers shared by the end-to-end tests: where the binaries are, how to start ranks and the
+//! `zerobench` command, how to read rank logs, and when a test whose environment is missing is
+//! skipped or fails.
 
+use std::ffi::OsStr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use zerobench_schema::log::{validate_line, Record};
+use zerobench_schema::log::{validate_line, Record, Setup, Step};
 
 /// The repository root.
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
 }
 
-/// A release binary or example, which `make test` builds before running the tests.
-pub fn release_bin(rel: &str) -> PathBuf {
-    let p = root().join("target/release").join(rel);
-    assert!(p.exists(), "{} is missing: run the tests with `make test` (it builds the binaries first)", p.display());
+/// A file under the repository root.
+pub fn repo(rel: &str) -> PathBuf {
+    root().join(rel)
+}
+
+/// A binary or example (`examples/NAME`) of the profile these tests were built with, from the
+/// same target folder: `scripts/test.sh` (`make test`) builds the release binaries, then runs the
+/// release tests. The test binary is `target/<profile>/deps/e2e-<hash>`.
+pub fn bin(rel: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
+    let p = profile_dir.join(rel);
+    assert!(
+        p.is_file(),
+        "{} is missing: run `cargo build --release --workspace --bins` first (`make test` does)",
+        p.display()
+    );
     p
 }
 
 pub fn worker() -> PathBuf {
-    release_bin("zerobench-worker")
+    bin("zerobench-worker")
+}
+
+/// `zerobench`, with the diagnostic level left at its default.
+pub fn zerobench_cmd() -> Command {
+    let mut c = Command::new(bin("zerobench"));
+    c.env_remove("RUST_LOG");
+    c
+}
+
+/// Runs `zerobench ARGS`.
+pub fn zerobench(args: &[&str]) -> Output {
+    run(zerobench_cmd().args(args))
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Writes an executable bash script: `#!/bin/bash`, then `body`.
+pub fn write_script(path: &Path, body: &str) {
+    std::fs::write(path, format!("#!/bin/bash\n{body}\n")).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Skips a test whose environment is missing, with a message; fails it instead where
+/// `ZEROBENCH_REQUIRE_SLURM` says the environment is complete (`scripts/test.sh` as root, after
+/// `scripts/setup-system.sh` installed Slurm and pdsh), so a broken setup cannot pass silently.
+fn skip(missing: &str) {
+    assert!(std::env::var_os("ZEROBENCH_REQUIRE_SLURM").is_none(), "ZEROBENCH_REQUIRE_SLURM is set but {missing}");
+    eprintln!("SKIPPED: {missing}");
+}
+
+/// The local test cluster's `SLURM_CONF`, when `scripts/test.sh` started one (see [`skip`]).
+pub fn slurm_conf() -> Option<PathBuf> {
+    let conf = std::env::var_os("ZEROBENCH_SLURM_CONF").map(PathBuf::from);
+    if conf.is_none() {
+        skip("ZEROBENCH_SLURM_CONF is not (scripts/test.sh starts slurm/local-cluster.sh and sets it)");
+    }
+    conf
+}
+
+/// Whether the program of `probe` (a harmless call such as `--version`) can be started (see
+/// [`skip`]).
+pub fn installed(probe: &mut Command) -> bool {
+    let ok = probe.output().is_ok();
+    if !ok {
+        skip(&format!("{} is not installed", probe.get_program().to_string_lossy()));
+    }
+    ok
 }
 
 /// `mpirun` for `n` ranks on this host, allowed to run as root and to put more ranks than cores.
@@ -31,7 +100,7 @@ pub fn mpirun(n: usize) -> Command {
     c
 }
 
-/// Runs a command, returning its output; panics with stdout and stderr if it cannot start.
+/// Runs a command, returning its output; panics if it cannot start.
 pub fn run(cmd: &mut Command) -> Output {
     cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
@@ -42,8 +111,8 @@ pub fn assert_ok(out: &Output, what: &str) {
         out.status.success(),
         "{what} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
         out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        stdout(out),
+        stderr(out)
     );
 }
 
@@ -56,13 +125,34 @@ pub fn records(path: &Path) -> Vec<Record> {
         .collect()
 }
 
-/// The shipped public-domain text the tests train on.
-pub fn text() -> String {
-    root().join("tests/data/declaration-of-independence.txt").display().to_string()
+/// The `setup` record of a rank log.
+pub fn setup(recs: &[Record]) -> &Setup {
+    recs.iter().find_map(|r| if let Record::Setup(s) = r { Some(s) } else { None }).expect("a setup record")
+}
+
+/// The `step` records, in order.
+pub fn steps(recs: &[Record]) -> Vec<&Step> {
+    recs.iter().filter_map(|r| if let Record::Step(s) = r { Some(s) } else { None }).collect()
+}
+
+/// The losses of the `step` records, in order.
+pub fn losses(recs: &[Record]) -> Vec<f64> {
+    steps(recs).iter().map(|s| s.loss).collect()
+}
+
+/// Tiny GPT-2 in fp32 for 20 steps: with [`on_text`] the loss falls fast enough to show learning,
+/// and the learning rate is below the regime where Adam amplifies last-bit rounding differences.
+pub const TINY_FP32: &[&str] =
+    &["--model", "tiny", "--seq-len", "64", "--precision", "fp32", "--lr", "1e-3", "--steps", "20", "--threads", "1"];
+
+/// `flags`, then `--data` and the shipped public-domain text.
+pub fn on_text(flags: &[&str]) -> Vec<String> {
+    let text = repo("tests/data/declaration-of-independence.txt");
+    flags.iter().map(|s| s.to_string()).chain(["--data".into(), text.display().to_string()]).collect()
 }
 
 /// Runs `n` ranks of the worker with `args` into `dir`, and returns each rank's records.
-pub fn train(n: usize, dir: &Path, args: &[&str]) -> Vec<Vec<Record>> {
+pub fn train<S: AsRef<OsStr> + std::fmt::Debug>(n: usize, dir: &Path, args: &[S]) -> Vec<Vec<Record>> {
     let out = run(mpirun(n).arg(worker()).args(args).arg("--log-dir").arg(dir));
     assert_ok(&out, &format!("{n} ranks {args:?}"));
     (0..n).map(|r| records(&dir.join(format!("rank{r}.jsonl")))).collect()
@@ -70,16 +160,17 @@ pub fn train(n: usize, dir: &Path, args: &[&str]) -> Vec<Vec<Record>> {
 
 /// The largest relative difference between two equally long series.
 pub fn max_rel_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
+    assert_eq!(a.len(), b.len(), "series of different lengths");
     a.iter().zip(b).map(|(x, y)| ((x - y) / y).abs()).fold(0.0, f64::max)
 }
 
-/// The losses of the `step` records, in order.
-pub fn losses(recs: &[Record]) -> Vec<f64> {
-    recs.iter()
-        .filter_map(|r| match r {
-            Record::Step(s) => Some(s.loss),
-            _ => None,
-        })
-        .collect()
+/// What a Slurm job printed: every `*.out` file of its run folder, in name order.
+pub fn job_output(run_dir: &Path) -> String {
+    let mut outs: Vec<PathBuf> = std::fs::read_dir(run_dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", run_dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "out"))
+        .collect();
+    outs.sort();
+    outs.iter().map(|p| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).collect()
 }

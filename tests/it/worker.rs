@@ -9,25 +9,15 @@ use zerobench_schema::log::{ErrorClass, Record, RunStatus};
 use zerobench_schema::memory::{model_state_bytes, padded_params};
 use zerobench_schema::{ModelPreset, Precision, ZeroStage};
 
-use crate::support::{assert_ok, losses, max_rel_diff, mpirun, records, run, text, train, worker};
-
-/// Tiny GPT-2 on the shipped text in fp32: the loss falls fast enough to show learning, and the
-/// learning rate is below the regime where Adam amplifies last-bit rounding differences.
-const COMMON: &[&str] = &["--model", "tiny", "--seq-len", "64", "--precision", "fp32", "--lr", "1e-3", "--steps", "20", "--threads", "1"];
+use crate::support::{
+    assert_ok, bin, losses, max_rel_diff, mpirun, on_text, records, run, setup, steps, train, worker, TINY_FP32,
+};
 
 #[test]
 fn every_stage_follows_stage_0_on_one_rank() {
     let tmp = tempfile::tempdir().unwrap();
-    let data = text();
-    let with = |extra: &[&str]| -> Vec<String> {
-        COMMON.iter().chain(extra).map(|s| s.to_string()).chain(["--data".into(), data.clone()]).collect()
-    };
     // The reference: one rank, the whole global batch of 6 sequences at once.
-    let reference = {
-        let args = with(&["--stage", "0", "--micro-batch", "6"]);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        losses(&train(1, &tmp.path().join("ref"), &args)[0])
-    };
+    let reference = losses(&train(1, &tmp.path().join("ref"), &on_text(&[TINY_FP32, &["--stage", "0", "--micro-batch", "6"]].concat()))[0]);
     assert_eq!(reference.len(), 20);
     let first = reference[0];
     let last = reference[reference.len() - 3..].iter().sum::<f64>() / 3.0;
@@ -40,10 +30,8 @@ fn every_stage_follows_stage_0_on_one_rank() {
                 continue;
             }
             let (mb_s, ga_s) = (mb.to_string(), ga.to_string());
-            let args = with(&["--stage", stage, "--micro-batch", &mb_s, "--grad-accum", &ga_s]);
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let dir = tmp.path().join(format!("z{stage}_n{n}_ga{ga}"));
-            let ranks = train(n, &dir, &args);
+            let args = on_text(&[TINY_FP32, &["--stage", stage, "--micro-batch", &mb_s, "--grad-accum", &ga_s]].concat());
+            let ranks = train(n, &tmp.path().join(format!("z{stage}_n{n}_ga{ga}")), &args);
             // Every rank logs the same global loss.
             for r in &ranks {
                 assert_eq!(losses(r), losses(&ranks[0]));
@@ -66,26 +54,29 @@ fn model_states_equal_the_zero_formulas() {
                 let ranks = train(n, &dir, &["--model", "tiny", "--seq-len", "16", "--steps", "2", "--warmup", "1", "--stage", &st, "--precision", &pr, "--threads", "1"]);
                 let psi = padded_params(&spec, n as u64);
                 let want = model_state_bytes(stage, precision, psi, n as u64);
-                // The closed forms of the ZeRO paper, written out for mixed precision.
-                if precision == Precision::Bf16 {
-                    let (p, n64) = (psi, n as u64);
-                    let total = match stage {
-                        ZeroStage::Z0 => 16 * p,
-                        ZeroStage::Z1 => 4 * p + 12 * p / n64,
-                        ZeroStage::Z2 => 2 * p + 14 * p / n64,
-                        ZeroStage::Z3 => 16 * p / n64,
-                    };
-                    assert_eq!(want.total(), total);
-                }
+                // The closed forms of the ZeRO paper, written out: mixed precision keeps 2-byte
+                // parameters and gradients and 12 bytes of optimizer state (fp32 master copy, Adam's
+                // m and v) per parameter; fp32 keeps 4, 4 and 8 (no separate master copy).
+                let (p, n64, mixed) = (psi, n as u64, precision != Precision::Fp32);
+                let total = match stage {
+                    ZeroStage::Z0 => 16 * p,
+                    ZeroStage::Z1 if mixed => 4 * p + 12 * p / n64,
+                    ZeroStage::Z1 => 8 * p + 8 * p / n64,
+                    ZeroStage::Z2 if mixed => 2 * p + 14 * p / n64,
+                    ZeroStage::Z2 => 4 * p + 12 * p / n64,
+                    ZeroStage::Z3 => 16 * p / n64,
+                };
+                assert_eq!(want.total(), total, "{precision} stage {stage} on {n} ranks");
                 for recs in &ranks {
-                    let setup = recs.iter().find_map(|r| if let Record::Setup(s) = r { Some(s) } else { None }).expect("setup record");
-                    assert_eq!(setup.padded_params, psi);
-                    assert_eq!(setup.model_state, want, "{precision} stage {stage} on {n} ranks");
-                    assert_eq!(setup.model_state_expected, want);
+                    let got = setup(recs);
+                    assert_eq!(got.padded_params, psi);
+                    assert_eq!(got.model_state, want, "{precision} stage {stage} on {n} ranks");
+                    // The log's own comparison, which ingest reports, agrees.
+                    assert_eq!(got.model_state_expected, got.model_state);
                     // The buffers the planner predicts are the ones the engine allocates.
                     let engine = zerobench_schema::config::EngineConfig::default();
                     let buffers = zerobench_schema::memory::engine_buffer_bytes(&spec, stage, precision, &engine, n as u64);
-                    assert_eq!(setup.buffers_bytes.values().sum::<u64>(), buffers, "{precision} stage {stage} on {n} ranks");
+                    assert_eq!(got.buffers_bytes.values().sum::<u64>(), buffers, "{precision} stage {stage} on {n} ranks");
                 }
             }
         }
@@ -131,7 +122,7 @@ fn fp16_overflowing_steps_are_skipped_and_logged() {
     let tmp = tempfile::tempdir().unwrap();
     // A loss scale of 2^40 overflows fp16 gradients; the scaler halves it until they fit.
     let ranks = train(2, tmp.path(), &["--model", "tiny", "--stage", "2", "--precision", "fp16", "--loss-scale-power", "40", "--steps", "30", "--seq-len", "32", "--threads", "1"]);
-    let steps: Vec<_> = ranks[0].iter().filter_map(|r| if let Record::Step(s) = r { Some(s.clone()) } else { None }).collect();
+    let steps = steps(&ranks[0]);
     assert!(steps[0].skipped, "first step overflows");
     assert_eq!(steps[0].loss_scale, Some(2f64.powi(40)));
     assert_eq!(steps[1].loss_scale, Some(2f64.powi(39)));
@@ -142,7 +133,7 @@ fn fp16_overflowing_steps_are_skipped_and_logged() {
 
 #[test]
 fn mpi_collectives_hold_closed_forms_on_1_to_4_ranks() {
-    let bin = crate::support::release_bin("examples/collectives");
+    let bin = bin("examples/collectives");
     for n in 1..=4 {
         let out = run(mpirun(n).arg(&bin));
         assert_ok(&out, &format!("collectives on {n} ranks"));
@@ -167,7 +158,6 @@ fn bad_flags_fail_before_any_work_and_name_the_flag() {
         (&["--model", "tiny", "--stage", "0", "--precision", "fp8"], "--precision"),
         (&["--model", "tiny", "--stage", "0", "--offload", "optimizer"], "--offload"),
         (&["--model", "tiny", "--stage", "2", "--offload", "optimizer+params"], "--offload"),
-        
         (&["--model", "tiny", "--stage", "1", "--steps", "2", "--warmup", "2"], "--warmup"),
         (&["--model", "tiny", "--stage", "1", "--micro-batch", "0"], "--micro-batch"),
         (&["--model", "tiny", "--stage", "1", "--seq-len", "100000"], "--seq-len"),
@@ -233,24 +223,15 @@ fn a_failure_during_training_is_logged_with_its_class() {
 #[test]
 fn hpz_keeps_backward_gathers_in_the_group_and_trains_the_same_model() {
     let tmp = tempfile::tempdir().unwrap();
-    let data = text();
-    let common = |extra: &[&str]| -> Vec<String> {
-        COMMON.iter().chain(extra).map(|s| s.to_string()).chain(["--data".into(), data.clone()]).collect()
-    };
-    let reference = {
-        let a = common(&["--stage", "0", "--micro-batch", "4"]);
-        losses(&train(1, &tmp.path().join("ref"), &a.iter().map(String::as_str).collect::<Vec<_>>())[0])
-    };
-    let a = common(&["--stage", "3", "--hpz", "2", "--micro-batch", "1"]);
-    let ranks = train(4, &tmp.path().join("hpz"), &a.iter().map(String::as_str).collect::<Vec<_>>());
+    let reference = losses(&train(1, &tmp.path().join("ref"), &on_text(&[TINY_FP32, &["--stage", "0", "--micro-batch", "4"]].concat()))[0]);
+    let ranks = train(4, &tmp.path().join("hpz"), &on_text(&[TINY_FP32, &["--stage", "3", "--hpz", "2", "--micro-batch", "1"]].concat()));
     let diff = max_rel_diff(&losses(&ranks[0]), &reference);
     assert!(diff <= 1e-5, "hpZ on 4 ranks in groups of 2: relative loss difference {diff:e}");
     let spec = ModelPreset::Tiny.spec();
     for recs in &ranks {
-        let setup = recs.iter().find_map(|r| if let Record::Setup(s) = r { Some(s) } else { None }).unwrap();
         // The secondary partition: this rank's half of every unit, within its group of 2.
-        assert_eq!(setup.buffers_bytes["hpz_secondary"], padded_params(&spec, 4) / 2 * 4);
-        let step = recs.iter().rev().find_map(|r| if let Record::Step(s) = r { Some(s) } else { None }).unwrap();
+        assert_eq!(setup(recs).buffers_bytes["hpz_secondary"], padded_params(&spec, 4) / 2 * 4);
+        let step = steps(recs).pop().expect("step records");
         // Forward gathers go over all ranks, backward ones over the group.
         assert!(step.comm["all_gather"].calls > 0 && step.comm["all_gather_group"].calls > 0, "{:?}", step.comm);
     }
