@@ -42,8 +42,6 @@ pub enum Fit {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Run {
     pub id: String,
-    /// Index of the sweep block it came from.
-    pub block: usize,
     pub config: RunConfig,
     pub nodes: u32,
     pub ranks_per_node: u32,
@@ -257,7 +255,6 @@ fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node
     });
     Ok(Run {
         id,
-        block: b,
         model_params: model.param_count(),
         config,
         nodes,

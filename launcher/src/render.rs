@@ -19,7 +19,7 @@ use crate::select::Resources;
 use crate::spec::{Allocation, Cluster, Launch, Method, MpiImpl, PdshRcmd};
 
 /// `run.json`'s format version. 2 added `block`, the sweep block a run came from.
-pub const RUN_RECORD_VERSION: u32 = 2;
+pub const RUN_RECORD_VERSION: u32 = 1;
 
 /// The resolved configuration of one run, as written to `run.json`. `submit`, `status` and
 /// ingest read it back, so it names everything needed to understand the run without the spec.
@@ -526,14 +526,14 @@ mod tests {
         let (_, dir) = rendered(out.path());
         let p = dir.join("run.json");
         let text = std::fs::read_to_string(&p).unwrap();
-        let old = text.replacen(&format!("\"format\": {RUN_RECORD_VERSION},"), "\"format\": 1,", 1);
+        let old = text.replacen(&format!("\"format\": {RUN_RECORD_VERSION},"), "\"format\": 99,", 1);
         assert_ne!(old, text);
         std::fs::write(&p, old).unwrap();
         let e = read_record(&dir).unwrap_err().to_string();
         assert_eq!(
             e,
             format!(
-                "{}: format 1, but this zerobench reads format {RUN_RECORD_VERSION}: render the spec again",
+                "{}: format 99, but this zerobench reads format {RUN_RECORD_VERSION}: render the spec again",
                 p.display()
             )
         );
