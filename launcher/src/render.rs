@@ -18,7 +18,7 @@ use crate::quote::{sbatch_value, sh, sh_arg, slurm_pattern_literal, DirectiveErr
 use crate::select::Resources;
 use crate::spec::{Allocation, Cluster, Launch, Method, MpiImpl, PdshRcmd};
 
-/// `run.json`'s format version. 2 added `block`, the sweep block a run came from.
+/// `run.json`'s format version.
 pub const RUN_RECORD_VERSION: u32 = 1;
 
 /// The resolved configuration of one run, as written to `run.json`. `submit`, `status` and
