@@ -182,7 +182,7 @@ fn collectives(row: &RunRow, acc: &RunAcc, start: &Start) -> Vec<CollectiveRow> 
     }
     // Name, bus-bandwidth factor (the schema's kinds only) and sums over ranks.
     let mut kinds: Vec<(String, Option<f64>, KindAcc)> = Vec::new();
-    for k in CommKey::all() {
+    for k in CommKey::ALL {
         let mut sum = KindAcc::default();
         for a in acc.ranks.values() {
             sum.merge(&a.comm.known[k.index()]);

@@ -9,6 +9,8 @@
 //! reads it or says precisely what is wrong. So it never accepts a line the schema refuses, and a
 //! writer that adds a field only makes ingest slower, not wrong. A property test holds it to that.
 
+use zerobench_schema::collective::CommKey;
+
 use crate::record::{CommLine, CommLines, MemLine, StepLine, STEP_PREFIX};
 
 /// The keys of a step record after `event` and `v`, in the order the worker writes them.
@@ -67,15 +69,15 @@ pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
             _ => c.key()?,
         };
         // The bit of a key is its place in WRITER_ORDER. Values ingest does not use are still
-        // read as their type, so that the line is valid as the schema defines it.
+        // checked against their type, so that the line is valid as the schema defines it.
         let bit = match key {
-            b"ts" => c.f64().map(|_| 0)?,
+            b"ts" => c.skip_f64().map(|_| 0)?,
             b"rank" => c.u32().map(|v| s.rank = v).map(|_| 1)?,
             b"step" => c.u32().map(|v| s.step = v).map(|_| 2)?,
             b"warmup" => c.boolean().map(|_| 3)?,
             b"loss" => c.f64().map(|v| s.loss = v).map(|_| 4)?,
             b"skipped" => c.boolean().map(|v| s.skipped = v).map(|_| 5)?,
-            b"loss_scale" => c.opt(Cur::f64).map(|_| 6)?,
+            b"loss_scale" => c.opt(Cur::skip_f64).map(|_| 6)?,
             b"tokens" => c.u64().map(|v| s.tokens = v).map(|_| 7)?,
             b"samples" => c.u64().map(|v| s.samples = v).map(|_| 8)?,
             b"step_ms" => c.f64().map(|v| s.step_ms = v).map(|_| 9)?,
@@ -86,9 +88,9 @@ pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
             b"exposed_comm_ms" => c.f64().map(|v| s.exposed_comm_ms = v).map(|_| 14)?,
             b"comm" => c.comm().map(|v| s.comm = v).map(|_| 15)?,
             b"memory" => c.memory().map(|v| s.memory = v).map(|_| 16)?,
-            b"power_w" => c.opt(Cur::f64).map(|_| 17)?,
+            b"power_w" => c.opt(Cur::skip_f64).map(|_| 17)?,
             b"energy_j" => c.opt(Cur::f64).map(|v| s.energy_j = v).map(|_| 18)?,
-            b"gpu_util_pct" => c.opt(Cur::u32).map(|_| 19)?,
+            b"gpu_util_pct" => c.opt(Cur::skip_unsigned::<u32>).map(|_| 19)?,
             _ => return None,
         };
         if seen & (1 << bit) != 0 {
@@ -332,6 +334,82 @@ impl<'a> Cur<'a> {
         }
     }
 
+    /// A JSON number that ingest does not use but the schema reads as an `f64`: checked against
+    /// JSON's grammar and for being finite, not converted (converting the long fractions of
+    /// power and bandwidth figures would cost more than the rest of the line). The bound is
+    /// conservative: any magnitude up to 10^300 passes; anything larger is left to the schema's
+    /// parser.
+    fn skip_f64(&mut self) -> Option<()> {
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        let start = self.i;
+        match self.next()? {
+            b'0' => {}
+            b'1'..=b'9' => self.skip_digits(),
+            _ => return None,
+        }
+        // The value is below 10^(integer digits + exponent).
+        let mut magnitude = self.i - start;
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            self.next().filter(u8::is_ascii_digit)?;
+            self.skip_digits();
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.i += 1;
+            let negative = match self.peek()? {
+                b'-' => {
+                    self.i += 1;
+                    true
+                }
+                b'+' => {
+                    self.i += 1;
+                    false
+                }
+                _ => false,
+            };
+            let mut e = 0usize;
+            self.peek().filter(u8::is_ascii_digit)?;
+            while let Some(d) = self.peek().filter(u8::is_ascii_digit) {
+                e = e.saturating_mul(10).saturating_add(usize::from(d - b'0'));
+                self.i += 1;
+            }
+            // A negative exponent only makes the value smaller (down to 0, which is finite).
+            if !negative {
+                magnitude = magnitude.saturating_add(e);
+            }
+        }
+        (magnitude <= 300).then_some(())
+    }
+
+    /// A JSON number that ingest does not use but the schema reads as the unsigned integer `T`:
+    /// checked, not converted, unless it has more digits than `T` surely holds.
+    fn skip_unsigned<T: std::str::FromStr>(&mut self) -> Option<()> {
+        let start = self.i;
+        match self.next()? {
+            b'0' => {}
+            b'1'..=b'9' => self.skip_digits(),
+            _ => return None,
+        }
+        if matches!(self.peek(), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        let digits = &self.b[start..self.i];
+        // Every number of ⌊bits · 0.3⌋ digits fits (0.3 < log10 2): 9 for u32, 19 for u64.
+        let safe = 8 * std::mem::size_of::<T>() * 3 / 10;
+        (digits.len() <= safe || std::str::from_utf8(digits).ok()?.parse::<T>().is_ok()).then_some(())
+    }
+
+    fn skip_digits(&mut self) {
+        while self.eight_digits().is_some() {
+            self.i += 8;
+        }
+        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+            self.i += 1;
+        }
+    }
+
     fn f64(&mut self) -> Option<f64> {
         let n = self.number()?;
         if let Some(v) = n.exact() {
@@ -410,8 +488,8 @@ impl<'a> Cur<'a> {
                     b"calls" => c.u64().map(|v| line.calls = v).map(|_| 0)?,
                     b"bytes" => c.u64().map(|v| line.bytes = v).map(|_| 1)?,
                     b"ms" => c.f64().map(|v| line.ms = v).map(|_| 2)?,
-                    b"max_bytes" => c.u64().map(|_| 3)?,
-                    b"bus_gbps" => c.opt(Cur::f64).map(|_| 4)?,
+                    b"max_bytes" => c.skip_unsigned::<u64>().map(|_| 3)?,
+                    b"bus_gbps" => c.opt(Cur::skip_f64).map(|_| 4)?,
                     _ => return None,
                 };
                 (seen & (1 << bit) == 0).then(|| seen |= 1 << bit)
@@ -421,7 +499,11 @@ impl<'a> Cur<'a> {
                 return None;
             }
             // A kind named twice is left to the schema's parser (a map keeps the last).
-            out.push(std::str::from_utf8(kind).ok()?, line).then_some(())
+            let added = match CommKey::from_name(kind) {
+                Some(k) => out.push_known(k, line),
+                None => out.push(std::str::from_utf8(kind).ok()?, line),
+            };
+            added.then_some(())
         })?;
         Some(out)
     }
@@ -446,8 +528,8 @@ impl<'a> Cur<'a> {
                     b"peak_allocated_bytes" => c.opt(Cur::u64).map(|v| m.peak_allocated_bytes = v).map(|_| 1)?,
                     b"reserved_bytes" => c.opt(Cur::u64).map(|v| m.reserved_bytes = v).map(|_| 2)?,
                     b"peak_reserved_bytes" => c.opt(Cur::u64).map(|v| m.peak_reserved_bytes = v).map(|_| 3)?,
-                    b"alloc_retries" => c.opt(Cur::u64).map(|_| 4)?,
-                    b"ooms" => c.opt(Cur::u64).map(|_| 5)?,
+                    b"alloc_retries" => c.opt(Cur::skip_unsigned::<u64>).map(|_| 4)?,
+                    b"ooms" => c.opt(Cur::skip_unsigned::<u64>).map(|_| 5)?,
                     b"nvml_used_bytes" => c.opt(Cur::u64).map(|v| m.nvml_used_bytes = v).map(|_| 6)?,
                     b"rss_bytes" => c.u64().map(|v| m.rss_bytes = v).map(|_| 7)?,
                     _ => return None,

@@ -118,16 +118,28 @@ impl<'a> CommLines<'a> {
     /// Adds a kind; `false`, changing nothing, if the step already has it.
     pub(crate) fn push(&mut self, name: &'a str, c: CommLine) -> bool {
         match CommKey::from_name(name.as_bytes()) {
-            Some(k) if self.known[k.index()].is_none() => self.known[k.index()] = Some(c),
-            None if !self.other.iter().any(|(n, _)| *n == name) => self.other.push((name, c)),
-            _ => return false,
+            Some(k) => self.push_known(k, c),
+            None if self.other.iter().any(|(n, _)| *n == name) => false,
+            None => {
+                self.other.push((name, c));
+                true
+            }
         }
+    }
+
+    /// [`Self::push`] of a kind the schema names.
+    pub(crate) fn push_known(&mut self, k: CommKey, c: CommLine) -> bool {
+        let slot = &mut self.known[k.index()];
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some(c);
         true
     }
 
     /// Every entry with its name.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &CommLine)> {
-        let known = CommKey::all().filter_map(|k| self.known[k.index()].as_ref().map(|c| (k.name(), c)));
+        let known = CommKey::ALL.iter().zip(&self.known).filter_map(|(k, c)| c.as_ref().map(|c| (k.name(), c)));
         known.chain(self.other.iter().map(|(n, c)| (*n, c)))
     }
 }

@@ -87,10 +87,17 @@ impl CommKey {
     /// How many keys there are: every kind, on the world and on the group.
     pub const COUNT: usize = 2 * CollectiveKind::ALL.len();
 
-    /// Every key, in [`Self::index`] order.
-    pub fn all() -> impl Iterator<Item = CommKey> {
-        [false, true].into_iter().flat_map(|group| CollectiveKind::ALL.map(|kind| CommKey { kind, group }))
-    }
+    /// Every key, in [`Self::index`] order: the world's kinds, then the group's.
+    pub const ALL: [CommKey; Self::COUNT] = {
+        let n = CollectiveKind::ALL.len();
+        let mut all = [CommKey { kind: CollectiveKind::AllReduce, group: false }; Self::COUNT];
+        let mut i = 0;
+        while i < Self::COUNT {
+            all[i] = CommKey { kind: CollectiveKind::ALL[i % n], group: i >= n };
+            i += 1;
+        }
+        all
+    };
 
     /// A distinct index below [`Self::COUNT`], for keeping keys in fixed slots.
     pub fn index(self) -> usize {
@@ -107,11 +114,12 @@ impl CommKey {
 
     /// The key a name stands for; `None` for a name this schema does not define.
     pub fn from_name(name: &[u8]) -> Option<Self> {
-        let find = |names: &[&str; 7]| names.iter().position(|n| n.as_bytes() == name).map(|i| CollectiveKind::ALL[i]);
-        if let Some(kind) = find(&NAMES) {
-            return Some(CommKey { kind, group: false });
-        }
-        find(&GROUP_NAMES).map(|kind| CommKey { kind, group: true })
+        let (base, group) = match name.strip_suffix(b"_group") {
+            Some(base) => (base, true),
+            None => (name, false),
+        };
+        let i = NAMES.iter().position(|n| n.as_bytes() == base)?;
+        Some(CommKey { kind: CollectiveKind::ALL[i], group })
     }
 
     /// The bus-bandwidth factor of this key in a run of `world` ranks whose hpZ groups have
@@ -141,9 +149,7 @@ mod tests {
 
     #[test]
     fn names_and_indices_are_one_to_one() {
-        let keys: Vec<CommKey> = CommKey::all().collect();
-        assert_eq!(keys.len(), CommKey::COUNT);
-        for (i, k) in keys.iter().enumerate() {
+        for (i, k) in CommKey::ALL.iter().enumerate() {
             assert_eq!(k.index(), i);
             assert_eq!(CommKey::from_name(k.name().as_bytes()), Some(*k));
             let base = NAMES[k.kind as usize];
