@@ -9,9 +9,9 @@
 
 use std::collections::BTreeMap;
 
+use zerobench_schema::collective::CommKey;
 use zerobench_schema::log::{ErrorClass, RunStatus};
 
-use crate::collective::Collective;
 use crate::record::{MemLine, StepLine};
 
 /// A duration in whole nanoseconds, from milliseconds.
@@ -113,10 +113,11 @@ impl KindAcc {
     }
 }
 
-/// Collectives of one rank: the known kinds in fixed slots, others by name.
+/// Collectives of one rank: the schema's kinds in fixed slots (indexed by `CommKey::index`),
+/// others by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CommAcc {
-    pub known: [KindAcc; Collective::ALL.len()],
+    pub known: [KindAcc; CommKey::COUNT],
     pub other: BTreeMap<String, KindAcc>,
 }
 
@@ -153,7 +154,7 @@ impl MemPeaks {
         self.allocated = max_opt(self.allocated, max_opt(m.peak_allocated_bytes, m.allocated_bytes));
         self.reserved = max_opt(self.reserved, max_opt(m.peak_reserved_bytes, m.reserved_bytes));
         self.nvml = max_opt(self.nvml, m.nvml_used_bytes);
-        self.rss = max_opt(self.rss, m.rss_bytes);
+        self.rss = max_opt(self.rss, Some(m.rss_bytes));
     }
     pub fn merge(&mut self, o: &MemPeaks) {
         self.allocated = max_opt(self.allocated, o.allocated);
@@ -187,32 +188,9 @@ impl EndInfo {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ErrorInfo {
     pub step: Option<u32>,
-    pub class: ErrorClassKey,
+    pub class: ErrorClass,
     pub message: String,
     pub requested_bytes: Option<u64>,
-}
-
-/// [`ErrorClass`] with an order, so errors can be sorted deterministically.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ErrorClassKey(pub u8);
-
-impl ErrorClassKey {
-    pub fn from_class(c: ErrorClass) -> Self {
-        ErrorClassKey(match c {
-            ErrorClass::Oom => 0,
-            ErrorClass::Comm => 1,
-            ErrorClass::Config => 2,
-            ErrorClass::Io => 3,
-            ErrorClass::Internal => 4,
-            ErrorClass::Terminated => 5,
-        })
-    }
-    pub fn is_oom(self) -> bool {
-        self.0 == 0
-    }
-    pub fn as_str(self) -> &'static str {
-        ["oom", "comm", "config", "io", "internal", "terminated"].get(usize::from(self.0)).copied().unwrap_or("internal")
-    }
 }
 
 /// Errors kept per rank; more are counted only (a log flooded with errors must not fill memory).
@@ -271,7 +249,11 @@ impl RankAcc {
             }
         }
         for (name, c) in &s.comm.other {
-            self.comm.other.entry(name.to_string()).or_default().add(c.calls, c.bytes, c.ms);
+            // The name is copied only the first time it is seen, not on every step.
+            match self.comm.other.get_mut(*name) {
+                Some(acc) => acc.add(c.calls, c.bytes, c.ms),
+                None => self.comm.other.entry(name.to_string()).or_default().add(c.calls, c.bytes, c.ms),
+            }
         }
     }
 

@@ -12,15 +12,15 @@
 //! * Communication share = Σ communication time / Σ step time over measured steps; likewise for
 //!   exposed communication (time computation waited for it).
 
+use zerobench_schema::collective::CommKey;
 use zerobench_schema::log::Start;
 
 use crate::acc::{KindAcc, StepSlot};
-use crate::collective::Collective;
 use crate::peak::PeakTable;
 use crate::plan::{compress_ranks, RunPlan};
 use crate::read::RunAcc;
 use crate::run::{CollectiveRow, RunReport, RunRow, Source, Status};
-use crate::stats::{fsum, median, quantile_sorted};
+use crate::stats::{self, fsum, StepTimes};
 use crate::status::decide;
 
 /// What turns sums into the reported figures.
@@ -90,31 +90,23 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
             row.straggler_frac = Some(f64::from(*n) / measured.len() as f64);
         }
     }
-    let collectives = collectives(&row, acc, world);
+    let collectives = collectives(&row, acc, start);
     RunReport { row, collectives }
 }
 
 fn step_figures(row: &mut RunRow, measured: &[&StepSlot]) {
-    if measured.is_empty() {
-        return;
-    }
-    let mut t: Vec<f64> = measured.iter().map(|s| s.step_ms).collect();
-    t.sort_by(f64::total_cmp);
-    row.step_ms_median = quantile_sorted(&t, 0.5);
-    row.step_ms_p10 = quantile_sorted(&t, 0.1);
-    row.step_ms_p90 = quantile_sorted(&t, 0.9);
-    let total = fsum(measured.iter().map(|s| s.step_ms));
-    row.step_ms_mean = Some(total / measured.len() as f64);
-    let med = |f: fn(&StepSlot) -> f64| median(&measured.iter().map(|s| f(s)).collect::<Vec<_>>());
-    row.forward_ms_median = med(|s| s.forward_ms);
-    row.backward_ms_median = med(|s| s.backward_ms);
-    row.optimizer_ms_median = med(|s| s.optimizer_ms);
-    row.comm_ms_median = med(|s| s.comm_ms);
-    row.exposed_comm_ms_median = med(|s| s.exposed_comm_ms);
-    if total > 0.0 {
-        row.comm_frac = Some(fsum(measured.iter().map(|s| s.comm_ms)) / total);
-        row.exposed_comm_frac = Some(fsum(measured.iter().map(|s| s.exposed_comm_ms)) / total);
-    }
+    let times: Vec<StepTimes> = measured
+        .iter()
+        .map(|s| StepTimes {
+            step: s.step_ms,
+            forward: s.forward_ms,
+            backward: s.backward_ms,
+            optimizer: s.optimizer_ms,
+            comm: Some(s.comm_ms),
+            exposed_comm: Some(s.exposed_comm_ms),
+        })
+        .collect();
+    stats::step_figures(row, &times);
 }
 
 fn throughput(row: &mut RunRow, measured: &[&StepSlot], acc: &RunAcc, start: &Start, settings: &Settings) {
@@ -183,19 +175,20 @@ fn energy(row: &mut RunRow, acc: &RunAcc) {
     row.avg_power_w_per_gpu = Some(power / acc.ranks.len() as f64);
 }
 
-fn collectives(row: &RunRow, acc: &RunAcc, world: u32) -> Vec<CollectiveRow> {
+fn collectives(row: &RunRow, acc: &RunAcc, start: &Start) -> Vec<CollectiveRow> {
     let rank_steps: u64 = acc.ranks.values().map(|a| a.measured).sum();
     if rank_steps == 0 {
         return Vec::new();
     }
-    let mut kinds: Vec<(String, Option<Collective>, KindAcc)> = Vec::new();
-    for k in Collective::ALL {
+    // Name, bus-bandwidth factor (the schema's kinds only) and sums over ranks.
+    let mut kinds: Vec<(String, Option<f64>, KindAcc)> = Vec::new();
+    for k in CommKey::ALL {
         let mut sum = KindAcc::default();
         for a in acc.ranks.values() {
             sum.merge(&a.comm.known[k.index()]);
         }
         if sum.steps > 0 {
-            kinds.push((k.as_str().to_string(), Some(k), sum));
+            kinds.push((k.name().to_string(), k.bus_factor(start.world_size, start.config.engine.hpz), sum));
         }
     }
     let mut others = std::collections::BTreeMap::<String, KindAcc>::new();
@@ -208,9 +201,8 @@ fn collectives(row: &RunRow, acc: &RunAcc, world: u32) -> Vec<CollectiveRow> {
     let n = rank_steps as f64;
     kinds
         .into_iter()
-        .map(|(name, kind, k)| {
+        .map(|(name, factor, k)| {
             let algbw = (k.ns > 0).then(|| k.bytes as f64 / k.ns as f64);
-            let factor = kind.map(|c| c.busbw_factor(world));
             let ms = k.ns as f64 / 1e6 / n;
             CollectiveRow {
                 run_id: row.run_id.clone(),

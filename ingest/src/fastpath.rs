@@ -1,17 +1,16 @@
 //! A byte-level scanner for step lines exactly as the worker writes them: no whitespace, keys
-//! of the schema in any order, no escapes. It compares keys as bytes and converts only the numbers
-//! ingest uses, which makes it several times faster than serde on these lines (serde spends most
-//! of its time matching key strings).
+//! of the schema in any order, no escapes. It compares keys as bytes and converts numbers itself,
+//! which spares serde's matching of key strings and its buffering of every internally tagged
+//! record (`bench/results/ingest.json` has the resulting speed).
 //!
 //! It is strict on purpose: on anything else (an unknown key, whitespace, an escape, a duplicate
-//! or missing field, a number JSON does not allow, a value of another type) it returns `None` and
-//! the caller parses the line with serde, which either reads it or says precisely what is wrong.
-//! So it never accepts a line serde would refuse, and a writer that adds a field only makes
-//! ingest slower, not wrong. A property test holds it to that.
+//! or missing field, a number JSON does not allow or its type cannot hold, a value of another
+//! type) it returns `None` and the caller parses the line with the schema's parser, which either
+//! reads it or says precisely what is wrong. So it never accepts a line the schema refuses, and a
+//! writer that adds a field only makes ingest slower, not wrong. A property test holds it to that.
 
-use std::borrow::Cow;
+use zerobench_schema::collective::CommKey;
 
-use crate::collective::Collective;
 use crate::record::{CommLine, CommLines, MemLine, StepLine, STEP_PREFIX};
 
 /// The keys of a step record after `event` and `v`, in the order the worker writes them.
@@ -69,14 +68,16 @@ pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
             }
             _ => c.key()?,
         };
+        // The bit of a key is its place in WRITER_ORDER. Values ingest does not use are still
+        // checked against their type, so that the line is valid as the schema defines it.
         let bit = match key {
-            b"ts" => c.skip_number().map(|_| 0)?,
+            b"ts" => c.skip_f64().map(|_| 0)?,
             b"rank" => c.u32().map(|v| s.rank = v).map(|_| 1)?,
             b"step" => c.u32().map(|v| s.step = v).map(|_| 2)?,
             b"warmup" => c.boolean().map(|_| 3)?,
             b"loss" => c.f64().map(|v| s.loss = v).map(|_| 4)?,
             b"skipped" => c.boolean().map(|v| s.skipped = v).map(|_| 5)?,
-            b"loss_scale" => c.opt(Cur::skip_number).map(|_| 6)?,
+            b"loss_scale" => c.opt(Cur::skip_f64).map(|_| 6)?,
             b"tokens" => c.u64().map(|v| s.tokens = v).map(|_| 7)?,
             b"samples" => c.u64().map(|v| s.samples = v).map(|_| 8)?,
             b"step_ms" => c.f64().map(|v| s.step_ms = v).map(|_| 9)?,
@@ -87,9 +88,9 @@ pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
             b"exposed_comm_ms" => c.f64().map(|v| s.exposed_comm_ms = v).map(|_| 14)?,
             b"comm" => c.comm().map(|v| s.comm = v).map(|_| 15)?,
             b"memory" => c.memory().map(|v| s.memory = v).map(|_| 16)?,
-            b"power_w" => c.opt(Cur::skip_number).map(|_| 17)?,
+            b"power_w" => c.opt(Cur::skip_f64).map(|_| 17)?,
             b"energy_j" => c.opt(Cur::f64).map(|v| s.energy_j = v).map(|_| 18)?,
-            b"gpu_util_pct" => c.opt(Cur::skip_number).map(|_| 19)?,
+            b"gpu_util_pct" => c.opt(Cur::skip_unsigned::<u32>).map(|_| 19)?,
             _ => return None,
         };
         if seen & (1 << bit) != 0 {
@@ -102,8 +103,9 @@ pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
             _ => return None,
         }
     }
-    // Every field serde requires: rank, step, loss, tokens, samples and the six times.
-    const REQUIRED: u32 = (1 << 1) | (1 << 2) | (1 << 4) | (0x7F << 7) | (1 << 14);
+    // Every field the schema's `Step` requires: all but these.
+    const OPTIONAL: u32 = (1 << 6) | (1 << 17) | (1 << 18) | (1 << 19);
+    const REQUIRED: u32 = ((1 << WRITER_ORDER.len()) - 1) & !OPTIONAL;
     (c.i == line.len() && seen & REQUIRED == REQUIRED).then_some(s)
 }
 
@@ -332,16 +334,23 @@ impl<'a> Cur<'a> {
         }
     }
 
-    /// A JSON number that is not used: checked against the grammar, not converted.
-    fn skip_number(&mut self) -> Option<()> {
+    /// A JSON number that ingest does not use but the schema reads as an `f64`: checked against
+    /// JSON's grammar and for being finite, not converted (converting the long fractions of
+    /// power and bandwidth figures would cost more than the rest of the line). The bound is
+    /// conservative: any magnitude up to 10^300 passes; anything larger is left to the schema's
+    /// parser.
+    fn skip_f64(&mut self) -> Option<()> {
         if self.peek() == Some(b'-') {
             self.i += 1;
         }
+        let start = self.i;
         match self.next()? {
             b'0' => {}
             b'1'..=b'9' => self.skip_digits(),
             _ => return None,
         }
+        // The value is below 10^(integer digits + exponent).
+        let mut magnitude = self.i - start;
         if self.peek() == Some(b'.') {
             self.i += 1;
             self.next().filter(u8::is_ascii_digit)?;
@@ -349,13 +358,47 @@ impl<'a> Cur<'a> {
         }
         if matches!(self.peek(), Some(b'e' | b'E')) {
             self.i += 1;
-            if matches!(self.peek(), Some(b'+' | b'-')) {
+            let negative = match self.peek()? {
+                b'-' => {
+                    self.i += 1;
+                    true
+                }
+                b'+' => {
+                    self.i += 1;
+                    false
+                }
+                _ => false,
+            };
+            let mut e = 0usize;
+            self.peek().filter(u8::is_ascii_digit)?;
+            while let Some(d) = self.peek().filter(u8::is_ascii_digit) {
+                e = e.saturating_mul(10).saturating_add(usize::from(d - b'0'));
                 self.i += 1;
             }
-            self.next().filter(u8::is_ascii_digit)?;
-            self.skip_digits();
+            // A negative exponent only makes the value smaller (down to 0, which is finite).
+            if !negative {
+                magnitude = magnitude.saturating_add(e);
+            }
         }
-        Some(())
+        (magnitude <= 300).then_some(())
+    }
+
+    /// A JSON number that ingest does not use but the schema reads as the unsigned integer `T`:
+    /// checked, not converted, unless it has more digits than `T` surely holds.
+    fn skip_unsigned<T: std::str::FromStr>(&mut self) -> Option<()> {
+        let start = self.i;
+        match self.next()? {
+            b'0' => {}
+            b'1'..=b'9' => self.skip_digits(),
+            _ => return None,
+        }
+        if matches!(self.peek(), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        let digits = &self.b[start..self.i];
+        // Every number of ⌊bits · 0.3⌋ digits fits (0.3 < log10 2): 9 for u32, 19 for u64.
+        let safe = 8 * std::mem::size_of::<T>() * 3 / 10;
+        (digits.len() <= safe || std::str::from_utf8(digits).ok()?.parse::<T>().is_ok()).then_some(())
     }
 
     fn skip_digits(&mut self) {
@@ -379,11 +422,14 @@ impl<'a> Cur<'a> {
 
     fn u64(&mut self) -> Option<u64> {
         let n = self.number()?;
-        if !n.integer || n.negative || n.digits > 19 {
+        if !n.integer || n.negative {
             return None;
         }
-        // Up to 19 digits fit in a u64 (the 20-digit values are refused, as too rare to matter).
-        Some(n.mantissa)
+        if n.digits <= 19 {
+            return Some(n.mantissa);
+        }
+        // Twenty digits or more (rare): the standard parser says whether the value fits.
+        std::str::from_utf8(n.span).ok()?.parse().ok()
     }
 
     fn u32(&mut self) -> Option<u32> {
@@ -442,17 +488,22 @@ impl<'a> Cur<'a> {
                     b"calls" => c.u64().map(|v| line.calls = v).map(|_| 0)?,
                     b"bytes" => c.u64().map(|v| line.bytes = v).map(|_| 1)?,
                     b"ms" => c.f64().map(|v| line.ms = v).map(|_| 2)?,
-                    b"max_bytes" => c.skip_number().map(|_| 3)?,
-                    b"bus_gbps" => c.opt(Cur::skip_number).map(|_| 4)?,
+                    b"max_bytes" => c.skip_unsigned::<u64>().map(|_| 3)?,
+                    b"bus_gbps" => c.opt(Cur::skip_f64).map(|_| 4)?,
                     _ => return None,
                 };
                 (seen & (1 << bit) == 0).then(|| seen |= 1 << bit)
             })?;
-            match Collective::from_bytes(kind) {
-                Some(k) => out.known[k.index()] = Some(line),
-                None => out.push(Cow::Borrowed(std::str::from_utf8(kind).ok()?), line),
+            // All but bus_gbps are required.
+            if seen & 0b1111 != 0b1111 {
+                return None;
             }
-            Some(())
+            // A kind named twice is left to the schema's parser (a map keeps the last).
+            let added = match CommKey::from_name(kind) {
+                Some(k) => out.push_known(k, line),
+                None => out.push(std::str::from_utf8(kind).ok()?, line),
+            };
+            added.then_some(())
         })?;
         Some(out)
     }
@@ -477,15 +528,17 @@ impl<'a> Cur<'a> {
                     b"peak_allocated_bytes" => c.opt(Cur::u64).map(|v| m.peak_allocated_bytes = v).map(|_| 1)?,
                     b"reserved_bytes" => c.opt(Cur::u64).map(|v| m.reserved_bytes = v).map(|_| 2)?,
                     b"peak_reserved_bytes" => c.opt(Cur::u64).map(|v| m.peak_reserved_bytes = v).map(|_| 3)?,
-                    b"alloc_retries" | b"ooms" => c.opt(Cur::skip_number).map(|_| if k == b"ooms" { 4 } else { 5 })?,
+                    b"alloc_retries" => c.opt(Cur::skip_unsigned::<u64>).map(|_| 4)?,
+                    b"ooms" => c.opt(Cur::skip_unsigned::<u64>).map(|_| 5)?,
                     b"nvml_used_bytes" => c.opt(Cur::u64).map(|v| m.nvml_used_bytes = v).map(|_| 6)?,
-                    b"rss_bytes" => c.opt(Cur::u64).map(|v| m.rss_bytes = v).map(|_| 7)?,
+                    b"rss_bytes" => c.u64().map(|v| m.rss_bytes = v).map(|_| 7)?,
                     _ => return None,
                 };
                 (seen & (1 << bit) == 0).then(|| seen |= 1 << bit)
             },
         )?;
-        Some(m)
+        // rss_bytes is the one required figure.
+        (seen & (1 << 7) != 0).then_some(m)
     }
 }
 
@@ -529,13 +582,40 @@ mod tests {
         assert_eq!(s.memory.peak_allocated_bytes, Some(3064686592));
         let (kind, c) = s.comm.iter().next().unwrap();
         assert_eq!((kind, c.calls, c.bytes, c.ms), ("all_gather", 26, 497759232, 2.6984155526211087));
-        // Refused, for serde to judge: a space, an unknown key, a duplicate key, a leading zero.
+        // Refused, for the schema's parser to judge: a space, an unknown key.
         for bad in [&b"{\"event\":\"step\",\"v\":1, \"rank\":1}"[..], b"{\"event\":\"step\",\"v\":1,\"x\":1}"] {
             assert!(parse_step(bad).is_none());
         }
-        let dup = String::from_utf8_lossy(line).replacen("\"rank\":1,", "\"rank\":1,\"rank\":1,", 1);
-        assert!(parse_step(dup.as_bytes()).is_none());
-        let zero = String::from_utf8_lossy(line).replacen("\"tokens\":32768", "\"tokens\":032768", 1);
-        assert!(parse_step(zero.as_bytes()).is_none());
+        let text = String::from_utf8_lossy(line);
+        let edits = [
+            // A duplicate key, a leading zero.
+            ("\"rank\":1,", "\"rank\":1,\"rank\":1,"),
+            ("\"tokens\":32768", "\"tokens\":032768"),
+            // Fields the schema requires though ingest does not use them.
+            ("\"ts\":1767225602.0992,", ""),
+            ("\"warmup\":false,", ""),
+            ("\"skipped\":false,", ""),
+            (",\"max_bytes\":38289171", ""),
+            (",\"rss_bytes\":2147491840", ""),
+            ("\"rss_bytes\":2147491840", "\"rss_bytes\":null"),
+            // Unused values that do not fit their type.
+            ("\"ts\":1767225602.0992", "\"ts\":1e400"),
+            ("\"gpu_util_pct\":95", "\"gpu_util_pct\":9.5"),
+            ("\"max_bytes\":38289171", "\"max_bytes\":-1"),
+            // A kind named twice.
+            ("\"comm\":{", "\"comm\":{\"all_gather\":{\"calls\":1,\"bytes\":1,\"ms\":1,\"max_bytes\":1},"),
+        ];
+        for (from, to) in edits {
+            let bad = text.replacen(from, to, 1);
+            assert_ne!(bad, text);
+            assert!(parse_step(bad.as_bytes()).is_none(), "{bad}");
+        }
+        // Without the comm map, without the memory sample.
+        for (cut, closing) in [(",\"comm\":{", "}}"), (",\"memory\":{", "}")] {
+            let at = text.find(cut).unwrap();
+            let end = at + text[at..].find(closing).unwrap() + closing.len();
+            let bad = format!("{}{}", &text[..at], &text[end..]);
+            assert!(parse_step(bad.as_bytes()).is_none(), "{bad}");
+        }
     }
 }

@@ -17,7 +17,6 @@
 
 pub mod acc;
 pub mod aggregate;
-pub mod collective;
 pub mod discover;
 pub mod fastpath;
 pub mod foreign;
@@ -124,6 +123,8 @@ pub fn ingest(roots: &[PathBuf], opts: &Options, progress: &dyn Progress) -> Ing
         let key = |p: &Problem| (p.path.clone(), matches!(p.kind, ProblemKind::More { .. }), p.line, p.kind.clone());
         key(a).cmp(&key(b))
     });
+    // Overlapping roots (or one given twice) walk the same folders: discover reads each file once
+    // but meets a missing root, an unreadable folder or a link loop on every walk.
     problems.dedup();
     Ingested { runs, problems, stats }
 }

@@ -130,6 +130,8 @@ fn plan_dir(dir: &Path, files: Vec<(&RankFile, StartRead)>, problems: &mut Vec<P
         }
         ranks.insert(rank, PlannedFile { path: rf.path.clone(), rank, len: rf.len });
     }
+    // The side files are the folder's, shared by every run in it: read once.
+    let job_state = if runs.is_empty() { None } else { job_state(dir, problems) };
     let mut plans = Vec::new();
     for (run_id, start) in runs {
         let files: Vec<PlannedFile> = members.remove(&run_id).map(|m| m.into_values().collect()).unwrap_or_default();
@@ -144,7 +146,6 @@ fn plan_dir(dir: &Path, files: Vec<(&RankFile, StartRead)>, problems: &mut Vec<P
                 },
             ));
         }
-        let job_state = job_state(dir, problems);
         plans.push(RunPlan { dir: dir.to_path_buf(), start, files, missing_ranks, job_state });
     }
     plans
@@ -197,9 +198,9 @@ fn read_start(path: &Path) -> Result<Option<Start>, Problem> {
                 return ControlFlow::Break(());
             }
             Ok(_) => {}
-            Err(_) => {
+            Err(e) => {
                 if bad.is_none() {
-                    bad = Some(Problem::at_line(path, n, classify_bad_line(bytes)));
+                    bad = Some(Problem::at_line(path, n, classify_bad_line(bytes, e)));
                 }
             }
         }

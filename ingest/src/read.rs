@@ -20,14 +20,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use rayon::prelude::*;
-use zerobench_schema::log::{parse_line, Record, SCHEMA_VERSION};
+use serde::Deserialize;
+use zerobench_schema::log::{parse_line, LineError, Record, SCHEMA_VERSION};
 
-use crate::acc::{EndInfo, ErrorClassKey, ErrorInfo, RankAcc, StepSlot, StepSlots};
+use crate::acc::{EndInfo, ErrorInfo, RankAcc, StepSlot, StepSlots};
 use crate::fastpath;
 use crate::lines::{for_each_line_in, Line, Window, BLOCK, MAX_LINE};
 use crate::plan::RunPlan;
 use crate::problem::{Problem, ProblemKind};
-use crate::record::{Envelope, MemLine, StepLine, STEP_PREFIX};
+use crate::record::{MemLine, StepLine, STEP_PREFIX};
 
 /// Problems listed per file; the rest are counted.
 pub const MAX_PROBLEMS_PER_FILE: usize = 20;
@@ -269,18 +270,16 @@ impl LineCtx<'_> {
 
     fn record(&mut self, bytes: &[u8]) -> Result<(), ProblemKind> {
         if bytes.starts_with(STEP_PREFIX) {
-            let s = match fastpath::parse_step(bytes) {
-                Some(s) => s,
-                None => serde_json::from_slice::<StepLine<'_>>(bytes)
-                    .map_err(|e| ProblemKind::BadLine { message: e.to_string() })?,
-            };
-            return self.step(&s);
-        }
-        if bytes.starts_with(b"{\"event\":\"start\",\"v\":1,") {
+            // A step line the scanner does not take is judged by the schema's parser below, like
+            // every other line: one rule decides what is valid.
+            if let Some(s) = fastpath::parse_step(bytes) {
+                return self.step(&s);
+            }
+        } else if bytes.starts_with(b"{\"event\":\"start\",\"v\":1,") {
             // Read in phase one.
             return Ok(());
         }
-        let rec = parse_line(bytes).map_err(|_| classify_bad_line(bytes))?;
+        let rec = parse_line(bytes).map_err(|e| classify_bad_line(bytes, e))?;
         if rec.rank() != self.rank {
             return Err(ProblemKind::WrongRank { expected: self.rank, found: rec.rank() });
         }
@@ -300,7 +299,7 @@ impl LineCtx<'_> {
                 }
                 self.out.rank.add_error(ErrorInfo {
                     step: e.step,
-                    class: ErrorClassKey::from_class(e.class),
+                    class: e.class,
                     message: e.message,
                     requested_bytes: e.requested_bytes,
                 });
@@ -323,21 +322,30 @@ impl LineCtx<'_> {
     }
 }
 
-/// Why a line that did not parse as a record did not: an unknown version, a missing version,
-/// or something else, with serde's message.
-pub fn classify_bad_line(bytes: &[u8]) -> ProblemKind {
+/// The version of any record: enough to tell an unknown version from a broken line.
+#[derive(Debug, Deserialize)]
+struct Envelope {
+    #[serde(default)]
+    v: Option<u64>,
+}
+
+/// Why `bytes`, which the schema's parser refused with `err`, is not a record: an unknown
+/// version, a missing version, or something else, with serde's message.
+pub fn classify_bad_line(bytes: &[u8], err: LineError) -> ProblemKind {
+    let e = match err {
+        LineError::Version { found } => {
+            return ProblemKind::Version { found: u64::from(found), supported: SCHEMA_VERSION };
+        }
+        LineError::Json(e) => e,
+        other => return ProblemKind::BadLine { message: other.to_string() },
+    };
+    // A record of another version may not fit this version's types, so its version is read on
+    // its own; a line that has none of this shape is reported with the parser's message.
     match serde_json::from_slice::<Envelope>(bytes) {
-        Err(e) => ProblemKind::BadLine { message: e.to_string() },
-        Ok(env) => match env.v {
-            None => ProblemKind::NoVersion,
-            Some(v) if v != u64::from(SCHEMA_VERSION) => ProblemKind::Version { found: v, supported: SCHEMA_VERSION },
-            Some(_) => {
-                let message = match parse_line(bytes) {
-                    Err(e) => e.to_string(),
-                    Ok(_) => "unexpected record".into(),
-                };
-                ProblemKind::BadLine { message }
-            }
-        },
+        Ok(Envelope { v: None }) => ProblemKind::NoVersion,
+        Ok(Envelope { v: Some(v) }) if v != u64::from(SCHEMA_VERSION) => {
+            ProblemKind::Version { found: v, supported: SCHEMA_VERSION }
+        }
+        _ => ProblemKind::BadLine { message: e.to_string() },
     }
 }

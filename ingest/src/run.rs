@@ -7,15 +7,17 @@ use std::fmt;
 use serde::Serialize;
 use zerobench_schema::{Offload, Precision, ZeroStage};
 
-/// How a run ended, as the tables show it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// How a run ended, as the tables show it (in every format: serialised as [`Status::as_str`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(into = "&'static str")]
 pub enum Status {
     Ok,
     /// Out of memory: a cell of the tables, not a crash.
     Oom,
     Failed,
-    /// Ended without every rank saying so: killed, still running, or rank logs missing.
+    /// Ended without every rank saying so: killed, still running, or rank logs missing. The
+    /// default: nothing says yet that the run finished.
+    #[default]
     Incomplete,
     /// The scheduler cancelled the job before every rank finished.
     Cancelled,
@@ -36,6 +38,12 @@ impl Status {
     }
 }
 
+impl From<Status> for &'static str {
+    fn from(s: Status) -> Self {
+        s.as_str()
+    }
+}
+
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -43,16 +51,17 @@ impl fmt::Display for Status {
 }
 
 /// Which program wrote the logs a run was read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Source {
+    #[default]
     Zerobench,
     /// DeepSpeed and/or Hugging Face Trainer and/or nvidia-smi logs.
     Foreign,
 }
 
 /// One run, every field. `None` is an empty cell: not measured, or not applicable.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RunRow {
     pub run_id: String,
     pub source: Source,
@@ -117,61 +126,7 @@ pub struct RunRow {
 impl RunRow {
     /// An empty row for a run of this identity; the readers fill in what they measured.
     pub fn new(run_id: String, source: Source, dir: String, model: String, status: Status) -> Self {
-        RunRow {
-            run_id,
-            source,
-            formats: String::new(),
-            dir,
-            model,
-            variant: String::new(),
-            stage: None,
-            offload: Offload::None,
-            precision: None,
-            micro_batch: None,
-            grad_accum: None,
-            seq_len: None,
-            gpus: None,
-            nodes: None,
-            gpu: None,
-            status,
-            status_detail: None,
-            ranks_read: 0,
-            ranks_missing: String::new(),
-            steps_measured: 0,
-            warmup_steps: 0,
-            partial_steps: 0,
-            step_ms_median: None,
-            step_ms_p10: None,
-            step_ms_p90: None,
-            step_ms_mean: None,
-            forward_ms_median: None,
-            backward_ms_median: None,
-            optimizer_ms_median: None,
-            comm_ms_median: None,
-            exposed_comm_ms_median: None,
-            comm_frac: None,
-            exposed_comm_frac: None,
-            tokens_per_s: None,
-            tokens_per_s_per_gpu: None,
-            samples_per_s: None,
-            samples_per_s_per_gpu: None,
-            flops_per_token: None,
-            tflops_per_s: None,
-            tflops_per_s_per_gpu: None,
-            peak_tflops_per_gpu: None,
-            mfu: None,
-            peak_allocated_bytes: None,
-            peak_reserved_bytes: None,
-            peak_nvml_used_bytes: None,
-            peak_rss_bytes: None,
-            device_memory_bytes: None,
-            energy_j_per_token: None,
-            avg_power_w_per_gpu: None,
-            final_loss: None,
-            skipped_steps: 0,
-            straggler_rank: None,
-            straggler_frac: None,
-        }
+        RunRow { run_id, source, dir, model, status, ..RunRow::default() }
     }
 }
 

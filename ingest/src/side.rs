@@ -64,36 +64,13 @@ pub fn side_dirs(log_dir: &Path) -> Vec<PathBuf> {
 /// The job state recorded next to a run's logs, if any.
 pub fn job_state(log_dir: &Path, problems: &mut Vec<Problem>) -> Option<JobState> {
     let dirs = side_dirs(log_dir);
-    for dir in &dirs {
-        let path = dir.join("job.json");
-        if !path.is_file() {
-            continue;
-        }
-        match read_small(&path).and_then(|text| {
-            serde_json::from_str::<serde_json::Value>(&text).map_err(|e| format!("job.json is not JSON: {e}"))
-        }) {
-            Ok(v) => {
-                if let Some(s) = state_in_json(&v) {
-                    return Some(s);
-                }
+    type StateIn = fn(&serde_json::Value) -> Option<JobState>;
+    let json_files: [(&str, StateIn); 2] = [("job.json", state_in_json), ("local.json", state_in_local_json)];
+    for (name, state) in json_files {
+        for dir in &dirs {
+            if let Some(s) = side_json(dir, name, problems).and_then(|v| state(&v)) {
+                return Some(s);
             }
-            Err(message) => problems.push(Problem::file(&path, ProblemKind::SideFile { message })),
-        }
-    }
-    for dir in &dirs {
-        let path = dir.join("local.json");
-        if !path.is_file() {
-            continue;
-        }
-        match read_small(&path).and_then(|text| {
-            serde_json::from_str::<serde_json::Value>(&text).map_err(|e| format!("local.json is not JSON: {e}"))
-        }) {
-            Ok(v) => {
-                if let Some(s) = state_in_local_json(&v) {
-                    return Some(s);
-                }
-            }
-            Err(message) => problems.push(Problem::file(&path, ProblemKind::SideFile { message })),
         }
     }
     for dir in &dirs {
@@ -202,20 +179,34 @@ fn read_small(path: &Path) -> Result<String, String> {
 /// The launcher's `run.json` next to a run's logs, as JSON, if present and readable.
 pub fn run_json(log_dir: &Path, problems: &mut Vec<Problem>) -> Option<serde_json::Value> {
     for dir in side_dirs(log_dir) {
-        let path = dir.join("run.json");
-        if !path.is_file() {
-            continue;
-        }
-        match read_small(&path).and_then(|t| {
-            serde_json::from_str::<serde_json::Value>(&t).map_err(|e| format!("run.json is not JSON: {e}"))
-        }) {
-            Ok(v) if v.is_object() => return Some(v),
-            Ok(_) => problems
-                .push(Problem::file(&path, ProblemKind::SideFile { message: "run.json is not a JSON object".into() })),
-            Err(message) => problems.push(Problem::file(&path, ProblemKind::SideFile { message })),
+        match side_json(&dir, "run.json", problems) {
+            Some(v) if v.is_object() => return Some(v),
+            Some(_) => problems.push(Problem::file(
+                dir.join("run.json"),
+                ProblemKind::SideFile { message: "run.json is not a JSON object".into() },
+            )),
+            None => {}
         }
     }
     None
+}
+
+/// The side file `name` in `dir` as JSON, if it is there; one that cannot be read or is not
+/// JSON is reported and passed over.
+fn side_json(dir: &Path, name: &str, problems: &mut Vec<Problem>) -> Option<serde_json::Value> {
+    let path = dir.join(name);
+    if !path.is_file() {
+        return None;
+    }
+    let parsed = read_small(&path)
+        .and_then(|text| serde_json::from_str(&text).map_err(|e| format!("{name} is not JSON: {e}")));
+    match parsed {
+        Ok(v) => Some(v),
+        Err(message) => {
+            problems.push(Problem::file(&path, ProblemKind::SideFile { message }));
+            None
+        }
+    }
 }
 
 #[cfg(test)]

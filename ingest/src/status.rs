@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use zerobench_schema::log::RunStatus;
+use zerobench_schema::log::{ErrorClass, RunStatus};
 
 use crate::acc::RankAcc;
 use crate::plan::compress_ranks;
@@ -23,7 +23,7 @@ use crate::side::JobState;
 pub fn decide(ranks: &BTreeMap<u32, RankAcc>, world_size: u32, job: Option<JobState>) -> (Status, Option<String>) {
     let first_error = |oom: bool| {
         ranks.iter().find_map(|(r, a)| {
-            a.errors.iter().find(|e| e.class.is_oom() == oom).map(|e| {
+            a.errors.iter().find(|e| (e.class == ErrorClass::Oom) == oom).map(|e| {
                 let step = e.step.map(|s| format!(" at step {s}")).unwrap_or_default();
                 let req = e.requested_bytes.map(|b| format!(" (requested {b} bytes)")).unwrap_or_default();
                 format!("rank {r}{step}: {}: {}{req}", e.class.as_str(), e.message)

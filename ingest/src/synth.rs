@@ -11,13 +11,14 @@ use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
+use zerobench_schema::collective::CollectiveKind;
 use zerobench_schema::log::{
     CommStats, DeviceInfo, End, ErrorClass, ErrorRecord, MemorySample, ModelInfo, Record, RunStatus, Setup, SlurmInfo,
     Start, Step, Versions, SCHEMA_VERSION,
 };
-use zerobench_schema::memory::{model_state_for, padded_params};
+use zerobench_schema::memory::{model_state_for, padded_params, ModelStateBytes};
 use zerobench_schema::splitmix::SplitMix64;
-use zerobench_schema::{RunConfig, ZeroStage};
+use zerobench_schema::{ModelSpec, RunConfig, ZeroStage};
 
 /// How a synthetic run ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +68,11 @@ impl SynthRun {
 
     /// Every record rank `rank` writes, in order.
     pub fn records(&self, rank: u32) -> Vec<Record> {
-        let mut out = vec![Record::Start(self.start(rank)), Record::Setup(self.setup(rank))];
+        self.records_with(&self.shape(), rank)
+    }
+
+    fn records_with(&self, shape: &Shape, rank: u32) -> Vec<Record> {
+        let mut out = vec![Record::Start(self.start(shape, rank)), Record::Setup(self.setup(shape, rank))];
         let mut energy = 0.0;
         let last = match self.fate {
             Fate::Ok => self.config.steps,
@@ -75,11 +80,51 @@ impl SynthRun {
             Fate::Killed { after } => after,
         };
         for step in 0..last.min(self.config.steps) {
-            let s = self.step(rank, step, &mut energy);
-            out.push(Record::Step(s));
+            out.push(Record::Step(self.step(shape, rank, step, &mut energy)));
         }
-        let end = |status: RunStatus, exit_code: i32| {
-            Record::End(End {
+        // The failing rank reports why; then every rank ends, unless the job was killed.
+        let failure = match self.fate {
+            Fate::Oom { rank: r, step } if r == rank => Some((
+                step,
+                ErrorClass::Oom,
+                "CUDA out of memory. Tried to allocate 2.00 GiB",
+                Some(2 << 30),
+                Some(MemorySample {
+                    allocated_bytes: Some(78 << 30),
+                    peak_allocated_bytes: Some(79 << 30),
+                    reserved_bytes: Some(79 << 30),
+                    peak_reserved_bytes: Some(79 << 30),
+                    alloc_retries: Some(3),
+                    ooms: Some(1),
+                    nvml_used_bytes: Some(80 << 30),
+                    rss_bytes: 3 << 30,
+                }),
+            )),
+            Fate::Failed { rank: r, step } if r == rank => {
+                Some((step, ErrorClass::Comm, "NCCL error: remote process exited", None, None))
+            }
+            _ => None,
+        };
+        if let Some((step, class, message, requested_bytes, memory)) = failure {
+            out.push(Record::Error(ErrorRecord {
+                v: SCHEMA_VERSION,
+                ts: 0.0,
+                rank,
+                class,
+                message: message.into(),
+                step: Some(step),
+                requested_bytes,
+                memory,
+            }));
+        }
+        let end = match self.fate {
+            Fate::Ok => Some((RunStatus::Ok, 0)),
+            Fate::Oom { rank: r, .. } if r == rank => Some((RunStatus::Oom, 3)),
+            Fate::Oom { .. } | Fate::Failed { .. } => Some((RunStatus::Failed, 1)),
+            Fate::Killed { .. } => None,
+        };
+        if let Some((status, exit_code)) = end {
+            out.push(Record::End(End {
                 v: SCHEMA_VERSION,
                 ts: 0.0,
                 rank,
@@ -87,52 +132,7 @@ impl SynthRun {
                 steps_completed: last,
                 exit_code,
                 summary: None,
-            })
-        };
-        match &self.fate {
-            Fate::Ok => out.push(end(RunStatus::Ok, 0)),
-            Fate::Oom { rank: r, step } => {
-                if *r == rank {
-                    out.push(Record::Error(ErrorRecord {
-                        v: SCHEMA_VERSION,
-                        ts: 0.0,
-                        rank,
-                        class: ErrorClass::Oom,
-                        message: "CUDA out of memory. Tried to allocate 2.00 GiB".into(),
-                        step: Some(*step),
-                        requested_bytes: Some(2 << 30),
-                        memory: Some(MemorySample {
-                            allocated_bytes: Some(78 << 30),
-                            peak_allocated_bytes: Some(79 << 30),
-                            reserved_bytes: Some(79 << 30),
-                            peak_reserved_bytes: Some(79 << 30),
-                            alloc_retries: Some(3),
-                            ooms: Some(1),
-                            nvml_used_bytes: Some(80 << 30),
-                            rss_bytes: 3 << 30,
-                        }),
-                    }));
-                    out.push(end(RunStatus::Oom, 3));
-                } else {
-                    out.push(end(RunStatus::Failed, 1));
-                }
-            }
-            Fate::Failed { rank: r, step } => {
-                if *r == rank {
-                    out.push(Record::Error(ErrorRecord {
-                        v: SCHEMA_VERSION,
-                        ts: 0.0,
-                        rank,
-                        class: ErrorClass::Comm,
-                        message: "NCCL error: remote process exited".into(),
-                        step: Some(*step),
-                        requested_bytes: None,
-                        memory: None,
-                    }));
-                }
-                out.push(end(RunStatus::Failed, 1));
-            }
-            Fate::Killed { .. } => {}
+            }));
         }
         out
     }
@@ -140,11 +140,12 @@ impl SynthRun {
     /// Writes `rank<N>.jsonl` for every rank in `ranks` into `dir`.
     pub fn write_ranks(&self, dir: &Path, ranks: impl IntoIterator<Item = u32>) -> io::Result<u64> {
         fs::create_dir_all(dir)?;
+        let shape = self.shape();
         let mut bytes = 0;
         for rank in ranks {
             let path = dir.join(format!("rank{rank}.jsonl"));
             let mut w = BufWriter::with_capacity(1 << 20, File::create(&path)?);
-            for rec in self.records(rank) {
+            for rec in self.records_with(&shape, rank) {
                 let line = serde_json::to_string(&rec).map_err(io::Error::other)?;
                 w.write_all(line.as_bytes())?;
                 w.write_all(b"\n")?;
@@ -166,8 +167,24 @@ impl SynthRun {
         self.write_ranks(dir, 0..self.world_size)
     }
 
-    fn start(&self, rank: u32) -> Start {
-        let spec = self.config.model.spec();
+    /// What every record derives from the model and the configuration.
+    fn shape(&self) -> Shape {
+        let cfg = &self.config;
+        let spec = cfg.model.spec();
+        let world = u64::from(self.world_size);
+        let model_state = model_state_for(&spec, cfg.stage, cfg.precision, world);
+        Shape {
+            units: spec.units().len() as u64,
+            param_bytes: spec.param_count() * cfg.precision.param_bytes(),
+            padded_params: padded_params(&spec, world),
+            model_state,
+            activation_bytes: u64::from(cfg.micro_batch) * u64::from(cfg.seq_len) * spec.d_model() * spec.layers() * 34,
+            spec,
+        }
+    }
+
+    fn start(&self, shape: &Shape, rank: u32) -> Start {
+        let spec = &shape.spec;
         let per_node = self.world_size.div_ceil(self.nodes.max(1));
         Start {
             v: SCHEMA_VERSION,
@@ -186,9 +203,9 @@ impl SynthRun {
             model: ModelInfo {
                 family: spec.family().into(),
                 params: spec.param_count(),
-                units: spec.units().len() as u32,
+                units: shape.units as u32,
                 largest_unit_params: spec.largest_unit_params(),
-                train_flops_per_token: Some(spec.train_flops_per_token(self.config.seq_len)),
+                train_flops_per_token: Some(self.config.train_flops_per_token()),
             },
             device: DeviceInfo {
                 kind: "cuda".into(),
@@ -204,27 +221,16 @@ impl SynthRun {
         }
     }
 
-    fn state(&self) -> (u64, u64) {
-        let spec = self.config.model.spec();
-        let world = u64::from(self.world_size);
-        let state = model_state_for(&spec, self.config.stage, self.config.precision, world).total();
-        let act =
-            u64::from(self.config.micro_batch) * u64::from(self.config.seq_len) * spec.d_model() * spec.layers() * 34;
-        (state, act)
-    }
-
-    fn setup(&self, rank: u32) -> Setup {
-        let spec = self.config.model.spec();
-        let world = u64::from(self.world_size);
-        let ms = model_state_for(&spec, self.config.stage, self.config.precision, world);
-        let (state, _) = self.state();
+    fn setup(&self, shape: &Shape, rank: u32) -> Setup {
+        let ms = shape.model_state;
+        let state = ms.total();
         Setup {
             v: SCHEMA_VERSION,
             ts: 1_767_225_601.0,
             rank,
             model_state: ms,
             model_state_expected: ms,
-            padded_params: padded_params(&spec, world),
+            padded_params: shape.padded_params,
             buffers_bytes: BTreeMap::from([("grad_bucket".to_string(), 32u64 << 20)]),
             host_state_bytes: 0,
             host_state_expected_bytes: None,
@@ -243,31 +249,30 @@ impl SynthRun {
         }
     }
 
-    fn step(&self, rank: u32, step: u32, energy: &mut f64) -> Step {
+    fn step(&self, shape: &Shape, rank: u32, step: u32, energy: &mut f64) -> Step {
         let cfg = &self.config;
         let mut rng = SplitMix64(self.seed ^ (u64::from(rank) << 32) ^ u64::from(step).wrapping_mul(0x9E37_79B9));
         let warm = if step < cfg.warmup { 1.8 } else { 1.0 };
         let step_ms = self.step_ms * warm * (1.0 + self.jitter * (2.0 * rng.unit() - 1.0));
         let n = self.world_size;
-        let psi = cfg.model.spec().param_count();
-        let b = psi * cfg.precision.param_bytes();
-        let units = cfg.model.spec().units().len() as u64;
+        let (b, units) = (shape.param_bytes, shape.units);
         let mut comm = BTreeMap::new();
         if n > 1 {
             // The volumes of the ZeRO paper: stage 0 all-reduces the gradients; 1 and 2
             // reduce-scatter them and all-gather the updated parameters; 3 all-gathers the
             // parameters twice (forward and backward) and reduce-scatters the gradients.
-            let kinds: &[(&str, u64)] = match cfg.stage {
-                ZeroStage::Z0 => &[("all_reduce", 1)],
-                ZeroStage::Z1 | ZeroStage::Z2 => &[("reduce_scatter", 1), ("all_gather", 1)],
-                ZeroStage::Z3 => &[("all_gather", 2), ("reduce_scatter", 1)],
+            use CollectiveKind::{AllGather, AllReduce, ReduceScatter};
+            let kinds: &[(CollectiveKind, u64)] = match cfg.stage {
+                ZeroStage::Z0 => &[(AllReduce, 1)],
+                ZeroStage::Z1 | ZeroStage::Z2 => &[(ReduceScatter, 1), (AllGather, 1)],
+                ZeroStage::Z3 => &[(AllGather, 2), (ReduceScatter, 1)],
             };
-            for (name, times) in kinds {
+            for (kind, times) in kinds {
                 let bytes = b * times;
-                let factor = if *name == "all_reduce" { 2.0 } else { 1.0 } * f64::from(n - 1) / f64::from(n);
+                let factor = kind.bus_factor(n as usize);
                 let ms = bytes as f64 / 150e9 * factor * 1e3 * (1.0 + 0.1 * rng.unit());
                 comm.insert(
-                    name.to_string(),
+                    kind.name().to_string(),
                     CommStats {
                         calls: units * times,
                         bytes,
@@ -279,7 +284,7 @@ impl SynthRun {
             }
         }
         let comm_ms: f64 = comm.values().map(|c| c.ms).sum();
-        let (state, act) = self.state();
+        let (state, act) = (shape.model_state.total(), shape.activation_bytes);
         let power = 550.0 + 100.0 * rng.unit();
         *energy += power * step_ms / 1e3;
         Step {
@@ -317,3 +322,36 @@ impl SynthRun {
     }
 }
 
+/// What every record of a synthetic run derives from its model and configuration, computed once
+/// per run rather than per line.
+struct Shape {
+    spec: ModelSpec,
+    units: u64,
+    /// Ψ × bytes per parameter on the device.
+    param_bytes: u64,
+    padded_params: u64,
+    model_state: ModelStateBytes,
+    /// Activations of one micro-batch: 34 bytes per token, layer and unit of model width.
+    activation_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use zerobench_schema::ModelPreset;
+
+    use super::*;
+
+    /// The start record carries the FLOPs per token the worker writes: for T5, at the target
+    /// length of the configuration (a quarter of the input when it names none).
+    #[test]
+    fn start_record_counts_flops_as_the_worker_does() {
+        let mut cfg = RunConfig::new(ModelPreset::T5Small, ZeroStage::Z2);
+        for target_len in [None, Some(40)] {
+            cfg.target_len = target_len;
+            let Record::Start(start) = &SynthRun::new("t5", cfg.clone(), 2, 10.0).records(0)[0] else {
+                panic!("the first record is not start")
+            };
+            assert_eq!(start.model.train_flops_per_token, Some(cfg.train_flops_per_token()));
+        }
+    }
+}

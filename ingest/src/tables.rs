@@ -300,13 +300,12 @@ impl Tables {
 
     /// Every table as text cells, in the order they are written.
     pub fn text_tables(&self) -> Vec<Table> {
-        let sample_run = RunRow::new(String::new(), Source::Zerobench, String::new(), String::new(), Status::Ok);
         vec![
             self.latency.to_table(),
             self.mem.to_table(),
             table_from_rows("scaling", &self.scaling, &ScalingRow::default()),
             table_from_rows("comm", &self.comm, &CollectiveRow::default()),
-            table_from_rows("runs", &self.runs, &sample_run),
+            table_from_rows("runs", &self.runs, &RunRow::default()),
         ]
     }
 }

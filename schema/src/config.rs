@@ -432,7 +432,7 @@ impl RunConfig {
 
     /// Training FLOPs per token of this run's model at its sequence (and target) length.
     pub fn train_flops_per_token(&self) -> f64 {
-        self.model.spec().train_flops_per_input_token(self.seq_len, self.target_len_or_default())
+        self.model.spec().train_flops_per_token(self.seq_len, self.target_len)
     }
 
     /// Sequences per optimizer step over all ranks.

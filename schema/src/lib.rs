@@ -5,9 +5,11 @@
 //! * [`memory`]: the ZeRO model-state formulas per stage, precision and offload setting.
 //! * [`splitmix`]: the seeded generator every part draws synthetic numbers from.
 //! * [`log`]: the JSON-lines records a worker writes and ingest reads, versioned by [`log::SCHEMA_VERSION`].
+//! * [`collective`]: the collective kinds of a step record's `comm` map and their bus-bandwidth factors.
 //!
 //! This crate depends on serde only: the launcher and ingest link it without linking libtorch, MPI or CUDA.
 
+pub mod collective;
 pub mod config;
 pub mod log;
 pub mod memory;

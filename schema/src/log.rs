@@ -124,8 +124,9 @@ pub struct ModelInfo {
     pub params: u64,
     pub units: u32,
     pub largest_unit_params: u64,
-    /// Training FLOPs per token at the run's sequence length (`ModelSpec::train_flops_per_token`),
-    /// for TFLOP/s and MFU. (Added within version 1, so absent from its earliest logs.)
+    /// Training FLOPs per token of the run (`RunConfig::train_flops_per_token`: at its sequence
+    /// length and, for T5, per input token with its target length), for TFLOP/s and MFU. (Added
+    /// within version 1, so absent from its earliest logs.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_flops_per_token: Option<f64>,
 }
@@ -350,7 +351,8 @@ pub struct Summary {
 }
 
 /// What kind of failure an `error` record reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+// Ordered as declared, so that errors sort the same way wherever they are listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorClass {
     Oom,
@@ -364,7 +366,12 @@ pub enum ErrorClass {
     Terminated,
 }
 text_enum!(ErrorClass, "error class", {
-    Oom => "oom", Comm => "comm", Config => "config", Io => "io", Internal => "internal", Terminated => "terminated",
+    Oom => "oom",
+    Comm => "comm",
+    Config => "config",
+    Io => "io",
+    Internal => "internal",
+    Terminated => "terminated",
 });
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -519,6 +526,14 @@ mod tests {
         let line = serde_json::to_string(&Record::Step(step())).unwrap().replacen(r#""v":1"#, r#""v":2"#, 1);
         assert!(matches!(parse_line(line.as_bytes()), Err(LineError::Version { found: 2 })));
         assert!(matches!(validate_line(line.as_bytes()), Err(LineError::Version { found: 2 })));
+    }
+
+    #[test]
+    fn error_classes_have_one_text_form_and_sort_as_declared() {
+        for (i, c) in ErrorClass::ALL.iter().enumerate() {
+            assert_eq!(serde_json::to_value(c).unwrap(), serde_json::Value::String(c.as_str().into()));
+            assert!(ErrorClass::ALL[..i].iter().all(|earlier| earlier < c));
+        }
     }
 
     #[test]

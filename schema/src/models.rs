@@ -14,7 +14,7 @@ use std::str::FromStr;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::text_enum;
+use crate::config::{default_target_len, text_enum};
 
 /// A named model configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
@@ -297,11 +297,12 @@ impl ModelSpec {
     /// parameters that take part in matrix products (all parameters but learned position
     /// embeddings and, where the LM head is untied, the input embedding lookup) and the second
     /// term is attention's score and value products at sequence length T. For T5, T is the input
-    /// length and the count is per input token of an encoder-decoder pass with equal target length
-    /// (see [`Self::train_flops_per_input_token`]); for the MLP, a "token" is one input vector and
-    /// there is no attention term.
-    pub fn train_flops_per_token(&self, seq_len: u32) -> f64 {
-        self.train_flops_per_input_token(seq_len, seq_len)
+    /// length and the count is per input token of an encoder-decoder pass whose target has
+    /// `target_len` tokens, [`default_target_len`] of T when not given, as the worker trains (see
+    /// [`Self::train_flops_per_input_token`]); the other families have no target and ignore it. For
+    /// the MLP, a "token" is one input vector and there is no attention term.
+    pub fn train_flops_per_token(&self, seq_len: u32, target_len: Option<u32>) -> f64 {
+        self.train_flops_per_input_token(seq_len, target_len.unwrap_or_else(|| default_target_len(seq_len)))
     }
 
     /// [`Self::train_flops_per_token`] where T5's decoder reads `target_len` tokens for the
@@ -402,17 +403,19 @@ mod tests {
     fn t5_flops_per_input_token() {
         let spec = ModelPreset::T5Small.spec();
         let equal = spec.train_flops_per_input_token(512, 512);
-        assert_eq!(equal, spec.train_flops_per_token(512));
+        assert_eq!(equal, spec.train_flops_per_token(512, Some(512)));
         let want = 6.0 * 60_506_624.0 + 12.0 * 6.0 * 512.0 * 512.0 * 3.0;
         assert!((equal - want).abs() / want < 1e-12, "{equal} vs {want}");
         let short = spec.train_flops_per_input_token(512, 128);
         assert!(short < equal && short > 0.4 * equal, "{short} vs {equal}");
+        // No target length: the worker's default, a quarter of the input.
+        assert_eq!(spec.train_flops_per_token(512, None), short);
     }
 
     #[test]
     fn gpt2_flops_per_token_match_nanogpt() {
         // nanoGPT's estimate_mfu for GPT-2 124M at T=1024 (6N + 12·L·H·Q·T, N without wpe).
-        let f = ModelPreset::Gpt2.spec().train_flops_per_token(1024);
+        let f = ModelPreset::Gpt2.spec().train_flops_per_token(1024, None);
         let n = 124_439_808.0 - 1024.0 * 768.0;
         assert_eq!(f, 6.0 * n + 12.0 * 12.0 * 768.0 * 1024.0);
     }

@@ -1,10 +1,10 @@
 //! What a foreign run was: model, ZeRO stage, offload, precision, micro-batch, GPUs. Foreign logs
 //! rarely say, so it comes from, in order of precedence:
-//! 1. a `run.json` beside the logs (or in the parent of a `logs/` folder): the launcher's, with a
-//!    `config` object, or a hand-written one with top-level keys `model`, `stage` (or
-//!    `zero_stage`), `offload`, `precision`, `micro_batch` (or `train_micro_batch_size_per_gpu`),
-//!    `grad_accum` (or `gradient_accumulation_steps`), `seq_len`, `world_size` (or `gpus`),
-//!    `nodes`, `run_id` (or `id`, `name`);
+//! 1. a `run.json` beside the logs (or in the parent of a `logs/` folder): the launcher's, whose
+//!    `config` is a whole `RunConfig`, or a hand-written one with keys (top-level or in `config`)
+//!    `model`, `stage` (or `zero_stage`), `offload`, `precision`, `micro_batch` (or
+//!    `train_micro_batch_size_per_gpu`), `grad_accum` (or `gradient_accumulation_steps`),
+//!    `seq_len`, `target_len`, `world_size` (or `gpus`), `nodes`, `run_id` (or `id`, `name`);
 //! 2. the logs themselves (the FLOPs profiler prints world size and batch size per GPU);
 //! 3. the folder names: `z1`/`zero1`/`stage1`, `mbs8`/`bs8`/`tmbspg8` (DeepSpeed autotuner),
 //!    `gas2`, `offload`, `bf16`/`fp16`/`fp32`, `8gpus`/`gpus8`, and a model preset name
@@ -14,7 +14,8 @@ use std::path::Path;
 use std::sync::LazyLock;
 
 use regex::Regex;
-use zerobench_schema::{ModelPreset, Offload, Precision, ZeroStage};
+use serde::Deserialize;
+use zerobench_schema::{ModelPreset, Offload, Precision, RunConfig, ZeroStage};
 
 /// What is known about a foreign run's configuration.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -27,6 +28,8 @@ pub struct Hints {
     pub micro_batch: Option<u32>,
     pub grad_accum: Option<u32>,
     pub seq_len: Option<u32>,
+    /// T5: target tokens per sequence.
+    pub target_len: Option<u32>,
     pub world_size: Option<u32>,
     pub nodes: Option<u32>,
 }
@@ -43,6 +46,7 @@ impl Hints {
             micro_batch: self.micro_batch.or(other.micro_batch),
             grad_accum: self.grad_accum.or(other.grad_accum),
             seq_len: self.seq_len.or(other.seq_len),
+            target_len: self.target_len.or(other.target_len),
             world_size: self.world_size.or(other.world_size),
             nodes: self.nodes.or(other.nodes),
         }
@@ -55,7 +59,7 @@ pub fn from_run_json(v: &serde_json::Value) -> Hints {
     let get = |keys: &[&str]| keys.iter().find_map(|k| cfg.get(*k).or_else(|| v.get(*k)));
     let num = |keys: &[&str]| get(keys).and_then(serde_json::Value::as_u64).and_then(|n| u32::try_from(n).ok());
     let text = |keys: &[&str]| get(keys).and_then(serde_json::Value::as_str).map(str::to_string);
-    Hints {
+    let picked = Hints {
         run_id: text(&["run_id", "id", "name"]),
         model: text(&["model"]),
         stage: num(&["stage", "zero_stage"])
@@ -66,8 +70,25 @@ pub fn from_run_json(v: &serde_json::Value) -> Hints {
         micro_batch: num(&["micro_batch", "train_micro_batch_size_per_gpu"]),
         grad_accum: num(&["grad_accum", "gradient_accumulation_steps"]),
         seq_len: num(&["seq_len"]),
+        target_len: num(&["target_len"]),
         world_size: num(&["world_size", "gpus"]),
         nodes: num(&["nodes"]),
+    };
+    // The launcher's `config` is read as the configuration the worker runs, with its defaults, so
+    // that it means what it means to the worker (an absent T5 target length, for one).
+    match RunConfig::deserialize(cfg) {
+        Ok(c) => Hints {
+            model: Some(c.model.as_str().to_string()),
+            stage: Some(c.stage),
+            offload: Some(c.offload),
+            precision: Some(c.precision),
+            micro_batch: Some(c.micro_batch),
+            grad_accum: Some(c.grad_accum),
+            seq_len: Some(c.seq_len),
+            target_len: c.target_len,
+            ..picked
+        },
+        Err(_) => picked,
     }
 }
 

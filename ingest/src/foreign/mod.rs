@@ -12,7 +12,8 @@
 //! * samples/s: DeepSpeed's last `RunningAvgSamplesPerSec`, else the median of the Trainer's
 //!   `train_samples_per_second`, else the profiler's samples/second; tokens/s = samples/s ×
 //!   sequence length when that is known;
-//! * TFLOP/s: the model preset's formula when the model and sequence length are known, else the
+//! * TFLOP/s: the model preset's formula when the model and sequence length are known (T5 at the
+//!   target length `run.json` gives, else a quarter of the input, as the worker counts), else the
 //!   profiler's `FLOPS per GPU`;
 //! * memory: DeepSpeed's peaks (allocated, reserved), nvidia-smi's peak `memory.used`;
 //! * energy per token: the sum over GPUs of nvidia-smi's mean `power.draw` over tokens/s;
@@ -37,7 +38,7 @@ use crate::problem::{Problem, ProblemKind};
 use crate::read::ReadStats;
 use crate::run::{RunReport, RunRow, Source, Status};
 use crate::side::run_json;
-use crate::stats::{fsum, median, quantile_sorted};
+use crate::stats::{fsum, median, step_figures, StepTimes};
 
 use deepspeed::DeepSpeed;
 use hf_trainer::HfTrainer;
@@ -179,7 +180,7 @@ pub fn to_report(dir: &Path, hints: &Hints, logs: &ForeignLogs, settings: &Setti
     row.tokens_per_s_per_gpu = row.tokens_per_s.zip(world).map(|(s, w)| s / w);
     let preset = hints.model.as_deref().and_then(zerobench_schema::ModelPreset::from_name);
     if let (Some(p), Some(t), Some(tps)) = (preset, row.seq_len, row.tokens_per_s) {
-        let fpt = p.spec().train_flops_per_token(t);
+        let fpt = p.spec().train_flops_per_token(t, hints.target_len);
         row.flops_per_token = Some(fpt);
         row.tflops_per_s = Some(tps * fpt / 1e12);
         row.tflops_per_s_per_gpu = row.tflops_per_s.zip(world).map(|(f, w)| f / w);
@@ -219,24 +220,18 @@ fn steps(row: &mut RunRow, logs: &ForeignLogs, warmup: u32) {
     if !measured.is_empty() {
         row.warmup_steps = drop as u32;
         row.steps_measured = measured.len() as u32;
-        let step = |b: &deepspeed::Breakdown| b.forward + b.backward + b.optimizer;
-        let mut t: Vec<f64> = measured.iter().map(|b| step(b)).collect();
-        let total = fsum(t.iter().copied());
-        t.sort_by(f64::total_cmp);
-        row.step_ms_median = quantile_sorted(&t, 0.5);
-        row.step_ms_p10 = quantile_sorted(&t, 0.1);
-        row.step_ms_p90 = quantile_sorted(&t, 0.9);
-        row.step_ms_mean = Some(total / t.len() as f64);
-        row.forward_ms_median = median(&measured.iter().map(|b| b.forward).collect::<Vec<_>>());
-        row.backward_ms_median = median(&measured.iter().map(|b| b.backward).collect::<Vec<_>>());
-        row.optimizer_ms_median = median(&measured.iter().map(|b| b.optimizer).collect::<Vec<_>>());
-        let comm: Vec<f64> = measured.iter().filter_map(|b| b.allreduce).collect();
-        if comm.len() == measured.len() {
-            row.comm_ms_median = median(&comm);
-            if total > 0.0 {
-                row.comm_frac = Some(fsum(comm.iter().copied()) / total);
-            }
-        }
+        let times: Vec<StepTimes> = measured
+            .iter()
+            .map(|b| StepTimes {
+                step: b.forward + b.backward + b.optimizer,
+                forward: b.forward,
+                backward: b.backward,
+                optimizer: b.optimizer,
+                comm: b.allreduce,
+                exposed_comm: None,
+            })
+            .collect();
+        step_figures(row, &times);
         return;
     }
     if let Some(p) = &ds.profile {

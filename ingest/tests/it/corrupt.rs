@@ -5,7 +5,7 @@ use std::fs;
 use std::path::Path;
 
 use zerobench_ingest::synth::Fate;
-use zerobench_ingest::{Options, Problem, ProblemKind, Status};
+use zerobench_ingest::{ingest, NoProgress, Options, Problem, ProblemKind, Status};
 use zerobench_schema::{ModelPreset, ZeroStage};
 
 use crate::common::{insert_lines, read, read_with, run};
@@ -156,6 +156,71 @@ fn symlink_loops_are_reported_and_not_followed() {
     assert_eq!(got.runs[0].row.ranks_read, 2);
     assert_eq!(got.problems.len(), 1, "{:#?}", got.problems);
     assert!(matches!(got.problems[0].kind, ProblemKind::SymlinkLoop { .. }));
+    // Given twice, the root is walked twice; its loop is still one problem.
+    let twice = ingest(&[tmp.path().to_path_buf(), tmp.path().to_path_buf()], &Options::default(), &NoProgress);
+    assert_eq!(twice.problems, got.problems);
+}
+
+/// `line` without its top-level `key` and the comma that separates it.
+fn without_key(line: &str, key: &str) -> String {
+    let start = line.find(&format!("\"{key}\":")).unwrap();
+    let mut depth = 0;
+    let (len, _) = line[start..]
+        .char_indices()
+        .find(|&(_, c)| {
+            match c {
+                '{' => depth += 1,
+                '}' if depth > 0 => depth -= 1,
+                '}' | ',' => return true,
+                _ => {}
+            }
+            false
+        })
+        .unwrap();
+    let end = start + len;
+    if line[end..].starts_with(',') {
+        format!("{}{}", &line[..start], &line[end + 1..])
+    } else {
+        format!("{}{}", &line[..start - 1], &line[end..])
+    }
+}
+
+/// Whatever the form of a step line (the writer's, which the fast scanner reads; with a space,
+/// which it leaves to the schema's parser; with another first key, which goes to that parser
+/// directly), the schema alone decides: a valid record counts the same, and a record without a
+/// field the schema requires is refused, even one ingest does not use.
+#[test]
+fn step_lines_are_held_to_the_schema_in_every_form() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    let before = read(tmp.path()).runs[0].row.clone();
+    let path = dir.join("rank1.jsonl");
+    let text = fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let forms = |line: &str| {
+        let rest = line.strip_prefix(r#"{"event":"step","v":1,"#).unwrap();
+        [line.to_string(), format!(r#"{{"event":"step","v":1, {rest}"#), format!(r#"{{"v":1,"event":"step",{rest}"#)]
+    };
+    // Steps 0 and 1 (lines 3 and 4) rewritten in the other two forms: the same figures.
+    let mut rewritten: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    rewritten[2] = forms(lines[2])[1].clone();
+    rewritten[3] = forms(lines[3])[2].clone();
+    let mut bad = Vec::new();
+    for key in ["ts", "warmup", "skipped", "comm", "memory"] {
+        bad.extend(forms(&without_key(lines[3], key)).map(|l| (key, l)));
+    }
+    let at = rewritten.len();
+    rewritten.extend(bad.iter().map(|(_, l)| l.clone()));
+    fs::write(&path, rewritten.join("\n") + "\n").unwrap();
+
+    let got = read(tmp.path());
+    assert_eq!(got.runs[0].row, before);
+    assert_eq!(got.problems.len(), bad.len(), "{:#?}", got.problems);
+    for (p, (key, line)) in got.problems.iter().zip(&bad) {
+        assert!(p.line.is_some_and(|n| n as usize > at), "{p}");
+        let missing = format!("missing field `{key}`");
+        assert!(matches!(&p.kind, ProblemKind::BadLine { message } if message.contains(&missing)), "{p}\n{line}");
+    }
 }
 
 #[test]

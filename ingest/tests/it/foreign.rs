@@ -123,3 +123,26 @@ fn nvidia_smi_csv_and_out_of_memory() {
     assert_eq!((r.status, r.stage, r.micro_batch, r.gpus), (Status::Oom, Some(ZeroStage::Z0), Some(32), Some(1)));
     assert!(r.status_detail.as_deref().is_some_and(|d| d.contains("CUDA out of memory")));
 }
+
+/// A T5 run's FLOPs per token are counted as the worker counts them: at the target length the
+/// launcher's `run.json` gives, else the worker's default (a quarter of the input), not at a
+/// target as long as the input.
+#[test]
+fn t5_flops_per_token_agree_with_the_worker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = zerobench_schema::RunConfig::new(zerobench_schema::ModelPreset::T5Small, ZeroStage::Z1);
+    cfg.seq_len = 512;
+    for target_len in [None, Some(64)] {
+        cfg.target_len = target_len;
+        let dir = tmp.path().join(format!("t5-{target_len:?}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("train.log"), "RunningAvgSamplesPerSec=100.0, CurrSamplesPerSec=101.0\n").unwrap();
+        let run_json = serde_json::json!({"id": "t5", "config": cfg, "world_size": 2, "nodes": 1});
+        std::fs::write(dir.join("run.json"), run_json.to_string()).unwrap();
+        let got = read(&dir);
+        assert!(got.problems.is_empty(), "{:#?}", got.problems);
+        let r = &got.runs[0].row;
+        assert_eq!((r.seq_len, r.gpus), (Some(512), Some(2)));
+        assert_eq!(r.flops_per_token, Some(cfg.train_flops_per_token()), "{target_len:?}");
+    }
+}

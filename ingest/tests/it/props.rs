@@ -9,8 +9,8 @@ use proptest::prelude::*;
 use zerobench_ingest::synth::{Fate, SynthRun};
 use zerobench_ingest::tables::Tables;
 use zerobench_ingest::{Options, RunReport};
-use zerobench_schema::log::Record;
-use zerobench_schema::{ModelPreset, ZeroStage};
+use zerobench_schema::log::{CommStats, Record};
+use zerobench_schema::{ModelPreset, Offload, ZeroStage};
 
 use crate::common::{read_with, run};
 
@@ -180,4 +180,44 @@ fn sublinear_scaling_is_not_efficiency_one() {
     let rows = Tables::build(&read_with(tmp.path(), &Options::default()).runs).scaling;
     assert_eq!(rows[1].efficiency, 0.8);
     assert_eq!(rows[1].speedup, 1.6);
+}
+
+/// An offload run with hpZ (stage 3, groups of 2 of its 4 ranks), whose steps carry the kinds such
+/// runs add: the copies `d2h` and `h2d`, and `all_gather_group` on the group's communicator. Each
+/// is accounted per rank and step, with its own bus-bandwidth factor: 1 for a copy, (g−1)/g over
+/// the g ranks of the group for a group collective, (n−1)/n over the world for the world's.
+#[test]
+fn offload_and_hpz_kinds_get_their_bus_bandwidth() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut r = run("hpz", ModelPreset::Gpt2, ZeroStage::Z3, 4, 4, 60.0);
+    r.config.offload = Offload::Optimizer;
+    r.config.engine.hpz = Some(2);
+    let added = [("d2h", 400_000_000u64, 8.0), ("h2d", 200_000_000, 4.0), ("all_gather_group", 300_000_000, 2.0)];
+    for rank in 0..4 {
+        let mut log = String::new();
+        for mut rec in r.records(rank) {
+            if let Record::Step(s) = &mut rec {
+                for (name, bytes, ms) in added {
+                    let stats = CommStats { calls: 2, bytes, ms, max_bytes: bytes / 2, bus_gbps: None };
+                    s.comm.insert(name.to_string(), stats);
+                }
+            }
+            log += &serde_json::to_string(&rec).unwrap();
+            log.push('\n');
+        }
+        fs::write(tmp.path().join(format!("rank{rank}.jsonl")), log).unwrap();
+    }
+    let got = read_with(tmp.path(), &Options::default());
+    assert!(got.problems.is_empty(), "{:#?}", got.problems);
+    let kinds = &got.runs[0].collectives;
+    let kind = |name: &str| kinds.iter().find(|c| c.kind == name).unwrap_or_else(|| panic!("no {name} row"));
+    for (name, bytes, ms) in added {
+        let c = kind(name);
+        assert_eq!((c.calls_per_step, c.bytes_per_step, c.ms_per_step), (2.0, bytes as f64, ms), "{name}");
+        let algbw = bytes as f64 / (ms * 1e6);
+        let factor = if name == "all_gather_group" { 0.5 } else { 1.0 };
+        assert_eq!((c.algbw_gbps, c.busbw_factor), (Some(algbw), Some(factor)), "{name}");
+        assert_eq!(c.busbw_gbps, Some(algbw * factor), "{name}");
+    }
+    assert_eq!(kind("all_gather").busbw_factor, Some(0.75));
 }

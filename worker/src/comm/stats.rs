@@ -2,49 +2,12 @@
 
 use std::collections::BTreeMap;
 
+use zerobench_schema::collective::CommKey;
 use zerobench_schema::log::CommStats;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum CollectiveKind {
-    AllReduce,
-    ReduceScatter,
-    AllGather,
-    Broadcast,
-    /// Offload: a gradient shard copied to host memory.
-    DeviceToHost,
-    /// Offload: updated parameters copied back to the device.
-    HostToDevice,
-    /// hpZ: a gathered unit's group slice kept as the secondary partition.
-    DeviceToDevice,
-}
-
-impl CollectiveKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            CollectiveKind::AllReduce => "all_reduce",
-            CollectiveKind::ReduceScatter => "reduce_scatter",
-            CollectiveKind::AllGather => "all_gather",
-            CollectiveKind::Broadcast => "broadcast",
-            CollectiveKind::DeviceToHost => "d2h",
-            CollectiveKind::HostToDevice => "h2d",
-            CollectiveKind::DeviceToDevice => "d2d",
-        }
-    }
-
-    /// nccl-tests' bus-bandwidth factor (doc/PERFORMANCE.md): what each rank must move per byte of
-    /// the array, so bus bandwidth is comparable to the link's speed whatever the rank count.
-    pub fn bus_factor(self, world: usize) -> f64 {
-        let n = world as f64;
-        match self {
-            CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
-            CollectiveKind::ReduceScatter | CollectiveKind::AllGather => (n - 1.0) / n,
-            CollectiveKind::Broadcast
-            | CollectiveKind::DeviceToHost
-            | CollectiveKind::HostToDevice
-            | CollectiveKind::DeviceToDevice => 1.0,
-        }
-    }
-}
+// The kinds, their names in the record and their bus-bandwidth factors are the schema's, which
+// ingest reads them with.
+pub use zerobench_schema::collective::CollectiveKind;
 
 /// One step's collectives.
 #[derive(Debug, Clone, Default)]
@@ -52,8 +15,9 @@ pub struct StepComm {
     pub by_kind: BTreeMap<CollectiveKind, CommStats>,
     /// Time computation waited for communication.
     pub exposed_ms: f64,
-    /// Collectives of a sub-communicator (hpZ's group), already finalised, by record name.
-    pub other: BTreeMap<String, CommStats>,
+    /// Collectives of the hpZ group's communicator, already finalised (bus bandwidth over the
+    /// group's size).
+    pub group: BTreeMap<CollectiveKind, CommStats>,
 }
 
 impl StepComm {
@@ -66,31 +30,32 @@ impl StepComm {
     }
 
     pub fn total_ms(&self) -> f64 {
-        self.by_kind.values().chain(self.other.values()).map(|s| s.ms).sum()
+        self.by_kind.values().chain(self.group.values()).map(|s| s.ms).sum()
     }
 
-    /// Adds the collectives of a sub-communicator of `world` ranks, each kind recorded as
-    /// `<kind>_<suffix>` (its bus bandwidth computed over that communicator's size).
-    pub fn merge_group(&mut self, group: StepComm, world: usize, suffix: &str) {
+    /// Adds the collectives of the hpZ group's communicator of `world` ranks, recorded as
+    /// `<kind>_group`.
+    pub fn merge_group(&mut self, group: StepComm, world: usize) {
         self.exposed_ms += group.exposed_ms;
-        for (name, s) in group.to_record(world) {
-            self.other.insert(format!("{name}_{suffix}"), s);
-        }
+        self.group.extend(group.finalised(world));
+    }
+
+    /// Every kind timed on this communicator of `world` ranks, with bus bandwidth filled in.
+    fn finalised(&self, world: usize) -> impl Iterator<Item = (CollectiveKind, CommStats)> + '_ {
+        self.by_kind.iter().map(move |(k, s)| {
+            let mut s = *s;
+            // A collective on one rank moves nothing over a link; a copy always does.
+            s.bus_gbps = (s.ms > 0.0 && (world > 1 || k.is_copy()))
+                .then(|| s.bytes as f64 * k.bus_factor(world) / (s.ms * 1e-3) / 1e9);
+            (*k, s)
+        })
     }
 
     /// The per-kind map of the `step` record, with bus bandwidth filled in.
     pub fn to_record(&self, world: usize) -> BTreeMap<String, CommStats> {
-        let mut out: BTreeMap<String, CommStats> = self.other.clone();
-        out.extend(self.by_kind
-            .iter()
-            .map(|(k, s)| {
-                let mut s = *s;
-                let copy = matches!(k, CollectiveKind::DeviceToHost | CollectiveKind::HostToDevice | CollectiveKind::DeviceToDevice);
-                s.bus_gbps = (s.ms > 0.0 && (world > 1 || copy))
-                    .then(|| s.bytes as f64 * k.bus_factor(world) / (s.ms * 1e-3) / 1e9);
-                (k.name().to_string(), s)
-            }));
-        out
+        let own = self.finalised(world).map(|(kind, s)| (CommKey { kind, group: false }, s));
+        let group = self.group.iter().map(|(kind, s)| (CommKey { kind: *kind, group: true }, *s));
+        own.chain(group).map(|(key, s)| (key.name().to_string(), s)).collect()
     }
 }
 
@@ -108,5 +73,21 @@ mod tests {
         assert!((bw - 150.0).abs() < 1e-9, "{bw}");
         assert_eq!(r["all_reduce"].calls, 1);
         assert_eq!(s.to_record(1)["all_reduce"].bus_gbps, None);
+    }
+
+    #[test]
+    fn copies_and_group_collectives_are_named_and_rated_as_the_schema_says() {
+        let mut group = StepComm::default();
+        // 3 GB gathered in 10 ms within a group of 4: busbw 300 × 3/4 = 225 GB/s.
+        group.record(CollectiveKind::AllGather, 3_000_000_000, 10.0);
+        let mut s = StepComm::default();
+        s.record(CollectiveKind::DeviceToHost, 1_000_000_000, 50.0);
+        s.merge_group(group, 4);
+        let r = s.to_record(1);
+        assert_eq!(r.keys().collect::<Vec<_>>(), ["all_gather_group", "d2h"]);
+        assert!((r["all_gather_group"].bus_gbps.unwrap() - 225.0).abs() < 1e-9);
+        // A copy has its bandwidth on one rank too.
+        assert!((r["d2h"].bus_gbps.unwrap() - 20.0).abs() < 1e-9);
+        assert_eq!(s.total_ms(), 60.0);
     }
 }

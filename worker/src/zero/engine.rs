@@ -427,7 +427,7 @@ impl Engine {
         let mut stats = self.comm.take_stats()?;
         if let Some(g) = self.group.as_mut() {
             let n = g.world();
-            stats.merge_group(g.take_stats()?, n, "group");
+            stats.merge_group(g.take_stats()?, n);
         }
         Ok(stats)
     }
