@@ -33,6 +33,9 @@ pub struct RankFile {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForeignDir {
     pub dir: PathBuf,
+    /// The root whose walk found `dir` (a folder given to `zerobench ingest`): a run's identity is
+    /// read from the folder names between it and `dir` only.
+    pub root: PathBuf,
     pub files: Vec<PathBuf>,
 }
 
@@ -52,7 +55,7 @@ const FOREIGN_EXTENSIONS: &[&str] = &["log", "txt", "out", "err", "csv"];
 pub fn discover(roots: &[PathBuf]) -> Discovered {
     let mut out = Discovered::default();
     let mut ranks: BTreeMap<PathBuf, Vec<RankFile>> = BTreeMap::new();
-    let mut foreign: BTreeMap<PathBuf, Vec<PathBuf>> = BTreeMap::new();
+    let mut foreign: BTreeMap<PathBuf, ForeignDir> = BTreeMap::new();
     let mut seen: BTreeSet<PathBuf> = BTreeSet::new();
 
     for root in roots {
@@ -90,7 +93,12 @@ pub fn discover(roots: &[PathBuf]) -> Discovered {
                 let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
                 ranks.entry(dir).or_default().push(RankFile { path, name_rank: rank, len });
             } else if has_foreign_extension(&name) {
-                foreign.entry(dir).or_default().push(path);
+                let root = root.clone();
+                foreign
+                    .entry(dir.clone())
+                    .or_insert_with(|| ForeignDir { dir, root, files: Vec::new() })
+                    .files
+                    .push(path);
             }
         }
     }
@@ -103,11 +111,7 @@ pub fn discover(roots: &[PathBuf]) -> Discovered {
     // run (its job output, console captures: they may quote errors that look like DeepSpeed's)
     // and are read as side files there, never as a separate foreign run.
     let side: BTreeSet<PathBuf> = out.run_dirs.iter().flat_map(|r| side_dirs(&r.dir)).collect();
-    for (dir, files) in foreign {
-        if !side.contains(&dir) {
-            out.foreign_dirs.push(ForeignDir { dir, files });
-        }
-    }
+    out.foreign_dirs = foreign.into_values().filter(|f| !side.contains(&f.dir)).collect();
     out
 }
 

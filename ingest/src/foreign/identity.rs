@@ -6,7 +6,8 @@
 //!    `train_micro_batch_size_per_gpu`), `grad_accum` (or `gradient_accumulation_steps`),
 //!    `seq_len`, `target_len`, `world_size` (or `gpus`), `nodes`, `run_id` (or `id`, `name`);
 //! 2. the logs themselves (the FLOPs profiler prints world size and batch size per GPU);
-//! 3. the folder names: `z1`/`zero1`/`stage1`, `mbs8`/`bs8`/`tmbspg8` (DeepSpeed autotuner),
+//! 3. the names of the folders below the ingest root (the folder given to `zerobench ingest`),
+//!    down to the run's: `z1`/`zero1`/`stage1`, `mbs8`/`bs8`/`tmbspg8` (DeepSpeed autotuner),
 //!    `gas2`, `offload`, `bf16`/`fp16`/`fp32`, `8gpus`/`gpus8`, and a model preset name
 //!    (`t5-large`, `gpt2-xl`, also without the dash).
 
@@ -103,12 +104,18 @@ static GPUS: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?:^|[^a-z0-9])(?:([0-9]+)[_-]?gpus?|gpus?[_-]?([0-9]+))(?:$|[^0-9])").expect("valid regex")
 });
 
-/// Hints from the names of the folders on a path.
-pub fn from_path(path: &Path) -> Hints {
+/// Hints from the names of the folders from `root` (exclusive) down to `dir` (inclusive).
+///
+/// Only the path below the root counts: the folders above it (and the root's own name) are where
+/// the user keeps the logs, not what the run was, and any name can be there: a temporary folder
+/// `.tmp3z2k` reads as stage 2, a home `/home/bs4` as micro-batch 4. A `dir` not under `root`
+/// gives nothing.
+pub fn from_path(root: &Path, dir: &Path) -> Hints {
     let mut h = Hints::default();
+    let Ok(below) = dir.strip_prefix(root) else { return h };
     // The nearest folder speaks first.
     let comps: Vec<String> =
-        path.components().rev().map(|c| c.as_os_str().to_string_lossy().to_ascii_lowercase()).collect();
+        below.components().rev().map(|c| c.as_os_str().to_string_lossy().to_ascii_lowercase()).collect();
     for c in &comps {
         let cap = |re: &Regex| {
             re.captures(c).and_then(|m| m.iter().skip(1).flatten().next().and_then(|g| g.as_str().parse::<u32>().ok()))
@@ -152,20 +159,32 @@ mod tests {
 
     #[test]
     fn names_of_folders() {
-        let h = from_path(Path::new("/x/autotuning/z1_tmbspg3_gas2/t5-large"));
+        let none = Path::new("");
+        let h = from_path(none, Path::new("/x/autotuning/z1_tmbspg3_gas2/t5-large"));
         assert_eq!(h.stage, Some(ZeroStage::Z1));
         assert_eq!(h.micro_batch, Some(3));
         assert_eq!(h.grad_accum, Some(2));
         assert_eq!(h.model.as_deref(), Some("t5-large"));
-        let h = from_path(Path::new("runs/ds-zero3-offload-t5large-bs32-3gpus-bf16"));
+        let h = from_path(none, Path::new("runs/ds-zero3-offload-t5large-bs32-3gpus-bf16"));
         assert_eq!(h.stage, Some(ZeroStage::Z3));
         assert_eq!(h.offload, Some(Offload::Optimizer));
         assert_eq!(h.micro_batch, Some(32));
         assert_eq!(h.world_size, Some(3));
         assert_eq!(h.precision, Some(Precision::Bf16));
         assert_eq!(h.model.as_deref(), Some("t5-large"));
-        assert_eq!(from_path(Path::new("gpt2-xl-run")).model.as_deref(), Some("gpt2-xl"));
-        assert_eq!(from_path(Path::new("plain")), Hints::default());
+        assert_eq!(from_path(none, Path::new("gpt2-xl-run")).model.as_deref(), Some("gpt2-xl"));
+        assert_eq!(from_path(none, Path::new("plain")), Hints::default());
+    }
+
+    /// The folders above the root, the root's own name included, say nothing about the run.
+    #[test]
+    fn only_folders_below_the_root() {
+        let root = Path::new("/tmp/.tmp3z2k/z3_mbs64_gpt2-xl_8gpus_bf16");
+        assert_eq!(from_path(root, &root.join("plain")), Hints::default());
+        assert_eq!(from_path(root, root), Hints::default());
+        let h = from_path(root, &root.join("zero1/t5-small"));
+        assert_eq!((h.stage, h.micro_batch, h.model.as_deref()), (Some(ZeroStage::Z1), None, Some("t5-small")));
+        assert_eq!(from_path(root, Path::new("/elsewhere/z2")), Hints::default());
     }
 
     #[test]

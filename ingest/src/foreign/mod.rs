@@ -114,7 +114,7 @@ fn read_dir(dir: &ForeignDir, settings: &Settings) -> (Option<RunReport>, Vec<Pr
         micro_batch: logs.deepspeed.profile.as_ref().and_then(|p| p.batch_per_gpu),
         ..Hints::default()
     };
-    let hints = json.or(from_logs).or(identity::from_path(&dir.dir));
+    let hints = json.or(from_logs).or(identity::from_path(&dir.root, &dir.dir));
     (Some(to_report(&dir.dir, &hints, &logs, settings)), problems, stats)
 }
 

@@ -146,3 +146,28 @@ fn t5_flops_per_token_agree_with_the_worker() {
         assert_eq!(r.flops_per_token, Some(cfg.train_flops_per_token()), "{target_len:?}");
     }
 }
+
+/// A foreign run's identity comes from the folders below the root given to ingest only: the
+/// root's own name and the folders above it (a temporary folder `.tmp3z2k` read as stage 2 once)
+/// say where the logs are kept, not what ran.
+#[test]
+fn identity_only_from_folders_below_the_root() {
+    let tmp = tempfile::tempdir().unwrap();
+    let above = tmp.path().join("zero2_bs16_t5-large_4gpus");
+    let root = above.join("z3_mbs64_gpt2-xl_8gpus_bf16_offload");
+    let line = "RunningAvgSamplesPerSec=100.0, CurrSamplesPerSec=101.0\n";
+    for dir in ["plain", "zero1-t5-small"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+        std::fs::write(root.join(dir).join("train.log"), line).unwrap();
+    }
+    let got = read(&root);
+    assert!(got.problems.is_empty(), "{:#?}", got.problems);
+    let rows = Tables::build(&got.runs).runs;
+    assert_eq!(rows.len(), 2);
+    let identity = |r: &RunRow| (r.model.clone(), r.stage, r.micro_batch, r.gpus, r.precision, r.offload);
+    assert_eq!(identity(row(&rows, "plain")), ("unknown".to_string(), None, None, None, None, Offload::None));
+    assert_eq!(
+        identity(row(&rows, "zero1-t5-small")),
+        ("t5-small".to_string(), Some(ZeroStage::Z1), None, None, None, Offload::None)
+    );
+}
