@@ -13,6 +13,7 @@ use tch::TchError;
 use zerobench_schema::log::ErrorClass;
 
 use crate::comm::CommError;
+use crate::runtime::pinned::PinError;
 use crate::zero::EngineError;
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +112,8 @@ impl From<EngineError> for Failure {
             EngineError::Comm(c) => c.into(),
             EngineError::Shim(s) => Failure::from_torch_message(&s.0),
             EngineError::Offload(msg) => Failure::from_torch_message(&msg),
+            EngineError::Pin(PinError::Torch(t)) => t.into(),
+            EngineError::Pin(e @ (PinError::Register { .. } | PinError::Context(_))) => Failure::from_torch_message(&e.to_string()),
         }
     }
 }

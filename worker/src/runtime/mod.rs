@@ -1,9 +1,11 @@
 //! The process around the training: who this rank is, which device it computes on, the CUDA
 //! streams and events, and the native helpers (C++ shim over libtorch, MPI constants).
 
+pub mod cpus;
 pub mod cuda;
 pub mod device;
 pub mod guard;
 pub mod host_memory;
 pub mod identity;
+pub mod pinned;
 pub mod shim;

@@ -18,6 +18,7 @@ use super::schedule::{Phase, Schedule};
 use crate::comm::{CommError, Collectives, HostCopy, Pending, StepComm};
 use crate::model::{init_unit, Model};
 use crate::runtime::cuda::Gpu;
+use crate::runtime::pinned::PinError;
 use crate::runtime::shim::{self, ShimError};
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +31,8 @@ pub enum EngineError {
     Shim(#[from] ShimError),
     #[error("{0}")]
     Offload(String),
+    #[error(transparent)]
+    Pin(#[from] PinError),
 }
 
 /// The compute dtype of a precision.
@@ -219,7 +222,7 @@ impl Engine {
                 .collect::<Result<Vec<_>, TchError>>()?;
             let optim = if offloaded {
                 let accumulate = cfg.grad_accum > 1 && stage != ZeroStage::Z1;
-                OptimState::Host(HostState::new(&shard_f32, kind, mixed, accumulate, device != Device::Cpu)?)
+                OptimState::Host(HostState::new(&shard_f32, kind, mixed, accumulate, gpu.as_deref())?)
             } else {
                 let (master, master_is_param) = match (&param_shard, mixed) {
                     (_, true) => (shard_f32.f_detach_copy()?, false),

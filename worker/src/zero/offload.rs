@@ -15,11 +15,13 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::mpsc::{channel, Receiver, Sender};
 
-use tch::{Device, Kind, TchError, Tensor};
+use tch::{Kind, TchError, Tensor};
 use zerobench_schema::config::OptimConfig;
 
 use super::adamw::{step_cpu, AdamW, Shard};
 use crate::comm::HostCopy;
+use crate::runtime::cuda::Gpu;
+use crate::runtime::pinned::{self, host_empty, PinError, Pinned};
 
 /// One unit's shard in host memory.
 pub struct HostState {
@@ -34,40 +36,42 @@ pub struct HostState {
     /// Mixed precision: the compute-precision parameters the CPU writes and the device copies
     /// back. (In fp32 the master weights are copied back directly.)
     pub param: Option<Tensor>,
-}
-
-/// Allocates host memory, pinned when a GPU will copy to and from it (pinned copies run
-/// asynchronously at full PCIe speed; pageable ones are staged and synchronous).
-fn host_zeros(n: i64, kind: Kind, pin: bool) -> Result<Tensor, TchError> {
-    let t = Tensor::f_zeros([n], (kind, Device::Cpu))?;
-    if pin {
-        t.f_pin_memory(Device::Cuda(0))
-    } else {
-        Ok(t)
-    }
+    /// The page-lock registrations of the tensors above (none on a CPU run, and none in the
+    /// shallow handles a background update gets: the owner's registrations outlive them).
+    pins: Vec<Pinned>,
 }
 
 impl HostState {
     /// The host state of a shard whose initial fp32 values are `shard_f32` (on any device).
-    pub fn new(shard_f32: &Tensor, kind: Kind, mixed: bool, accumulate: bool, pin: bool) -> Result<Self, TchError> {
+    /// With `pin`, the state is page-locked (see `runtime::pinned`): pinned copies run
+    /// asynchronously at full PCIe speed, pageable ones are staged and synchronous.
+    pub fn new(shard_f32: &Tensor, kind: Kind, mixed: bool, accumulate: bool, pin: Option<&Gpu>) -> Result<Self, PinError> {
         let n = i64::try_from(shard_f32.numel()).expect("fits");
-        let master = host_zeros(n, Kind::Float, pin)?;
-        master.shallow_clone().f_copy_(shard_f32)?;
-        let param = if mixed {
-            let p = host_zeros(n, kind, pin)?;
-            p.shallow_clone().f_copy_(&master)?;
-            Some(p)
-        } else {
-            None
+        let mut state = Self {
+            master: host_empty(n, Kind::Float)?,
+            exp_avg: host_empty(n, Kind::Float)?,
+            exp_avg_sq: host_empty(n, Kind::Float)?,
+            grad: host_empty(n, kind)?,
+            grad_acc: if accumulate { Some(host_empty(n, Kind::Float)?) } else { None },
+            param: if mixed { Some(host_empty(n, kind)?) } else { None },
+            pins: Vec::new(),
         };
-        Ok(Self {
-            master,
-            exp_avg: host_zeros(n, Kind::Float, pin)?,
-            exp_avg_sq: host_zeros(n, Kind::Float, pin)?,
-            grad: host_zeros(n, kind, pin)?,
-            grad_acc: if accumulate { Some(host_zeros(n, Kind::Float, pin)?) } else { None },
-            param,
-        })
+        if let Some(gpu) = pin {
+            // Locked before they are written, so the initial copy from the device is a DMA.
+            state.pins = pinned::pin_all(gpu, &state.tensors())?;
+        }
+        state.master.shallow_clone().f_copy_(shard_f32)?;
+        if let Some(p) = &state.param {
+            p.shallow_clone().f_copy_(&state.master)?;
+        }
+        for t in [&state.exp_avg, &state.exp_avg_sq, &state.grad].into_iter().chain(&state.grad_acc) {
+            let _ = t.shallow_clone().f_zero_()?;
+        }
+        Ok(state)
+    }
+
+    fn tensors(&self) -> Vec<&Tensor> {
+        [&self.master, &self.exp_avg, &self.exp_avg_sq, &self.grad].into_iter().chain(&self.grad_acc).chain(&self.param).collect()
     }
 
     /// The tensor the device copies updated parameters from.
@@ -112,6 +116,7 @@ impl HostState {
             grad: self.grad.shallow_clone(),
             grad_acc: self.grad_acc.as_ref().map(Tensor::shallow_clone),
             param: self.param.as_ref().map(Tensor::shallow_clone),
+            pins: Vec::new(),
         }
     }
 }
@@ -207,7 +212,7 @@ mod tests {
     use super::*;
 
     fn state(n: i64) -> HostState {
-        HostState::new(&Tensor::ones([n], (Kind::Float, Device::Cpu)), Kind::Float, false, false, false).expect("host state")
+        HostState::new(&Tensor::ones([n], (Kind::Float, tch::Device::Cpu)), Kind::Float, false, false, None).expect("host state")
     }
 
     fn update(unit: usize) -> Update {
