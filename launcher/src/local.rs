@@ -1,6 +1,6 @@
 //! Running a rendered sweep on this host, one run after the other, without Slurm.
 //!
-//! Each run's `job.sbatch` (rendered with the `local` method: `mpirun --oversubscribe -np N`) is
+//! Each run's `job.sbatch` (rendered with the `local` method: `mpirun --oversubscribe --bind-to none -np N`) is
 //! run with bash, exactly as written, in its own process group so that a run over its time limit
 //! is stopped with all its ranks. A failed run is recorded and the sweep goes on.
 

@@ -306,16 +306,26 @@ fn openmpi(s: &mut String, c: &Cluster, run: &Run, worker: &[Word], placement: P
     s.push_str(match placement {
         Placement::PerNode(None) => "# Open MPI takes hosts and slots from the Slurm allocation.\n",
         Placement::PerNode(Some(_)) => "# Open MPI takes hosts and slots from the Slurm allocation or, here, from the hostfile.\n",
-        Placement::ThisHost => "# All ranks on this host; --oversubscribe lets them outnumber the cores.\n",
+        Placement::ThisHost => {
+            "# All ranks on this host; --oversubscribe lets them outnumber the cores, and --bind-to none\n\
+             # leaves each free on all of them (Open MPI would bind each of 2 ranks to one core, where\n\
+             # offload's CPU optimizer and libtorch's threads would share it).\n"
+        }
     });
     s.push_str(ROOT_GUARD);
     let mut w = vec![Word::lit("mpirun"), Word::RootGuard];
     if placement == Placement::ThisHost {
-        w.push(Word::lit("--oversubscribe"));
+        w.extend([Word::lit("--oversubscribe"), Word::lit("--bind-to"), Word::lit("none")]);
     }
     w.extend([Word::lit("-np"), Word::lit(run.world_size().to_string())]);
     if let Placement::PerNode(hostfile) = placement {
-        w.extend([Word::lit("--map-by"), Word::lit(format!("ppr:{}:node", run.ranks_per_node))]);
+        // PE=N binds each rank to N cores of its own, as srun --cpus-per-task does (Open MPI's
+        // default binds each rank to one core).
+        let map = match c.cpus_per_task {
+            1 => format!("ppr:{}:node", run.ranks_per_node),
+            n => format!("ppr:{}:node:PE={n}", run.ranks_per_node),
+        };
+        w.extend([Word::lit("--map-by"), Word::lit(map)]);
         if let Some(f) = hostfile {
             w.extend([Word::lit("--hostfile"), Word::InRunDir(f.file_name().into())]);
         }
@@ -537,5 +547,24 @@ mod tests {
                 p.display()
             )
         );
+    }
+
+    fn job_of(yaml: &str) -> String {
+        let out = tempfile::tempdir().unwrap();
+        let plan = Plan::build(Spec::parse(yaml, Path::new("s.yaml")).unwrap()).unwrap();
+        let dir = render(&plan, out.path()).unwrap().remove(0);
+        std::fs::read_to_string(dir.join("job.sbatch")).unwrap()
+    }
+
+    /// Open MPI binds each of 2 ranks to one core by default; offload's CPU AdamW then ran on one
+    /// core (t5-3b, 2 GPUs: 2.3 s steps against a 0.44 s bound).
+    #[test]
+    fn open_mpi_ranks_get_the_cores_they_are_given() {
+        let local = job_of("launch: {method: local}\nsweep: {models: tiny, ranks_per_node: 2}\n");
+        assert!(local.contains("--oversubscribe --bind-to none -np 2"), "{local}");
+        let own = job_of("cluster: {cpus_per_task: 8}\nlaunch: {method: mpirun}\nsweep: {models: tiny, ranks_per_node: 4}\n");
+        assert!(own.contains("--map-by 'ppr:4:node:PE=8'"), "{own}");
+        let one = job_of("launch: {method: mpirun}\nsweep: {models: tiny, ranks_per_node: 4}\n");
+        assert!(one.contains("--map-by ppr:4:node "), "{one}");
     }
 }

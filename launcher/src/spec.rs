@@ -45,7 +45,7 @@ pub enum Method {
     Mpirun,
     /// DeepSpeed's way: `pdsh -S -R ssh` starts one launcher per host, which starts its ranks.
     Pdsh,
-    /// `mpirun --oversubscribe` on this host, no Slurm (`zerobench local`).
+    /// `mpirun --oversubscribe --bind-to none` on this host, no Slurm (`zerobench local`).
     Local,
 }
 

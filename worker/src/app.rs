@@ -183,10 +183,7 @@ fn run_logged(rank: Rank<'_>, world: SimpleCommunicator, visible: Option<String>
         Some(g) => g.describe(),
         None => (runtime::device::cpu_name(), None),
     };
-    let threads = args.threads.unwrap_or_else(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-        (cores / ident.local_size.max(1)).max(1)
-    });
+    let threads = args.threads.unwrap_or_else(|| runtime::cpus::default_threads(ident.local_size));
     tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
     // With GPU offload the CPU optimizer runs on the rayon pool while this thread keeps launching
     // the GPU's work; one of the rank's cores stays free for it, or the GPU waits for launches.

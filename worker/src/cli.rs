@@ -59,7 +59,8 @@ pub struct Args {
     /// Replace logs an earlier run left in --log-dir.
     #[arg(long)]
     pub overwrite: bool,
-    /// libtorch intra-op threads [default: this host's cores divided among its ranks].
+    /// libtorch intra-op threads [default: the cores the launcher bound this rank to, else this
+    /// host's cores divided among its ranks].
     #[arg(long)]
     pub threads: Option<u32>,
     /// Write a Chrome/Perfetto trace of the first measured steps to <log-dir>/trace-rank<N>.json.
