@@ -166,10 +166,12 @@ def fits(a):
         end = next((r for r in recs if r["event"] == "end"), None)
         err = next((r for r in recs if r["event"] == "error"), None)
         steps = [r for r in recs if r["event"] == "step"]
-        result = end["status"] if end else "timed out (90 s) before the first step"
+        result = end["status"] if end else "did not finish in the probe's time limit (FITS_PROBE_SECONDS)"
         rows.append({"model": m.group(1), "stage": int(m.group(2)), "offload": m.group(3), "result": result,
                      "peak_allocated_bytes": max((r["memory"]["peak_allocated_bytes"] for r in steps), default=None),
                      "step_ms": steps[-1]["step_ms"] if steps else None,
+                     "setup_ms": next((r["setup_ms"] for r in recs if r["event"] == "setup"), None),
+                     "host_state_bytes": next((r["host_state_bytes"] for r in recs if r["event"] == "setup"), None),
                      "error": err and err["message"][:160]})
     return rows
 
@@ -219,10 +221,14 @@ def main():
                      f"{cp['d2h']['gbps'] if 'd2h' in cp else '—'} | {cp['h2d']['gbps'] if 'h2d' in cp else '—'} |\n")
     fit_rows = [f for c in calls for f in c["fits"]]
     if fit_rows:
-        md.write("\n| model | stage | offload | result on 1 H200 (seq 512, micro-batch 1) | peak alloc GiB |\n|---|---|---|---|---|\n")
+        md.write("\n| model | stage | offload | result on 1 H200 (seq 512, micro-batch 1) | peak alloc GiB | host state GiB "
+                 "| set-up s | step s |\n|---|---|---|---|---|---|---|---|\n")
         for f in fit_rows:
             peak = gib(f["peak_allocated_bytes"]) if f["peak_allocated_bytes"] else "—"
-            md.write(f"| {f['model']} | {f['stage']} | {f['offload']} | {f['result']} | {peak} |\n")
+            host = gib(f["host_state_bytes"]) if f["host_state_bytes"] else "—"
+            setup = f"{f['setup_ms'] / 1e3:.1f}" if f["setup_ms"] else "—"
+            step = f"{f['step_ms'] / 1e3:.2f}" if f["step_ms"] else "—"
+            md.write(f"| {f['model']} | {f['stage']} | {f['offload']} | {f['result']} | {peak} | {host} | {setup} | {step} |\n")
     fault_rows = [f for c in calls for f in c["faults"]]
     if fault_rows:
         md.write("\n| fault (2 GPUs, NCCL) | launcher exit | time to exit | rank 0 record | rank 0 exit |\n|---|---|---|---|---|\n")

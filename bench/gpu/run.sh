@@ -19,6 +19,9 @@
 #   faults       a rank killed, a rank frozen, a configuration that does not fit (issue 6)
 #   offload1     the one-GPU offload runs alone
 #   fits         the largest preset each stage and offload setting fits on one GPU (sequence 512)
+#   verify       2 GPUs: fp16 (dynamic loss scaling) and tiny-llama on the shipped text, stages 0 and 3
+#   t5           the GPU subset of the seed study's T5 grid (slurm/examples/t5-grid-gpu.yaml)
+#                through `zerobench local`, then `zerobench ingest` over its run folders
 #
 # Every worker log and JSON line lands in OUT (default $OUT, else bench-out/); `results.tar.gz`
 # packs them for the trip back.
@@ -92,6 +95,21 @@ for phase in "${phases[@]}"; do
       for r in "$RUNS"/smoke_*/rank0.jsonl; do log "$r: $(grep -c '"event":"step"' "$r") steps; $(grep -o '"event":"error".*' "$r" | head -c 400)"; done
       grep -h '"event":"setup"' "$RUNS"/smoke_gpt2_z*_2gpu/rank0.jsonl | head -c 3000 >&2; echo >&2
       grep -h '"event":"step"' "$RUNS"/smoke_gpt2_z3_2gpu/rank0.jsonl | tail -n 1 >&2 ;;
+    verify)
+      # Paths the bf16 GPT-2 runs do not take: fp16's overflow check and loss scale, and the
+      # Llama blocks (rotary tables, grouped-query attention) on CUDA. Each pair must agree.
+      for s in 0 3; do
+        worker "verify_gpt2_fp16_z${s}_2gpu" 2 --model gpt2 --precision fp16 --stage "$s" --micro-batch 8 --seq-len 256 \
+          --steps 40 --warmup 2 --lr 3e-4 --data tests/data/declaration-of-independence.txt
+        worker "verify_tiny-llama_z${s}_2gpu" 2 --model tiny-llama --stage "$s" --micro-batch 8 --seq-len 256 \
+          --steps 40 --warmup 2 --lr 3e-4 --data tests/data/declaration-of-independence.txt
+      done ;;
+    t5)
+      # The rendered jobs start `zerobench-worker` by name, from the run folders: an absolute PATH entry.
+      PATH="$(cd "$BIN" && pwd):$PATH" "$BIN/zerobench" local slurm/examples/t5-grid-gpu.yaml --out "$RUNS/t5-grid" > "$RUNS/t5-local.out" 2>&1
+      log "t5 local: rc=$? $(tail -n 3 "$RUNS/t5-local.out" | tr '\n' ' ')"
+      "$BIN/zerobench" ingest "$RUNS/t5-grid" --out "$RUNS/t5-tables" > "$RUNS/t5-ingest.out" 2>&1
+      log "t5 ingest: rc=$?" ;;
     correctness)
       for s in 0 1 2 3; do
         worker "correct_gpt2_z${s}_2gpu" 2 --model gpt2 --stage "$s" --micro-batch 8 --seq-len 256 --steps 40 --warmup 2 \
@@ -157,12 +175,15 @@ for phase in "${phases[@]}"; do
       # The largest preset that trains (2 steps, micro-batch 1, sequence 512) on one GPU, per
       # stage and offload setting, largest first; stops at the first that fits. Stages 0-3 hold
       # the same states on one GPU, so 0 and 3 stand for them. Each probe is packed at once.
+      # FITS_CONFIGS="3 optimizer+params" probes one setting alone.
       start=$SECONDS
-      for cfg in "0 none" "3 none" "2 optimizer" "3 optimizer+params"; do
+      IFS=, read -ra cfgs <<< "${FITS_CONFIGS:-0 none,3 none,2 optimizer,3 optimizer+params}"
+      for cfg in "${cfgs[@]}"; do
         set -- $cfg
         for m in t5-11b mistral-7b t5-3b; do
           [ $(( SECONDS - start )) -lt "${FITS_SECONDS:-200}" ] || { log "fits: out of time before z$1 $2 $m"; break 2; }
-          timeout 90 mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$W" --device cuda --model "$m" --stage "$1" --offload "$2" \
+          rm -rf "$RUNS/fits_${m}_z$1_$2"   # a probe cut short by an earlier call on this host
+          timeout "${FITS_PROBE_SECONDS:-90}" mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$W" --device cuda --model "$m" --stage "$1" --offload "$2" \
             --micro-batch 1 --seq-len 512 --steps 2 --warmup 1 --log-dir "$RUNS/fits_${m}_z$1_$2" --run-id "fits_${m}_z$1_$2" \
             > "$RUNS/fits_${m}_z$1_$2.out" 2>&1
           log "fits z$1 $2 $m: rc=$? $(tail -n 1 "$RUNS/fits_${m}_z$1_$2/rank0.jsonl" 2>/dev/null | cut -c1-160)"
