@@ -3,7 +3,7 @@
 //! position of the [`Schedule`], [`Engine::end_micro`] after each micro-step's backward, and
 //! [`Engine::step`] once per optimizer step.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use tch::{Device, Kind, TchError, Tensor};
@@ -162,6 +162,9 @@ pub struct Engine {
     /// Offload: updates start as gradients land (not in fp16, which must see every gradient first).
     pipelined: bool,
     host_updates: HostUpdates,
+    /// Offload: units updated on the host whose parameters are not yet copied back, in forward
+    /// order; the next forward copies each back just before it needs it.
+    deferred: VecDeque<usize>,
     /// hpZ: the communicator of this rank's group.
     group: Option<Box<dyn Collectives>>,
 }
@@ -334,7 +337,8 @@ impl Engine {
             offload: cfg.offload,
             landed: Vec::new(),
             pipelined: cfg.precision != Precision::Fp16,
-            host_updates: HostUpdates::new(),
+            host_updates: HostUpdates::new().map_err(|e| EngineError::Offload(format!("cannot start the host update thread: {e}")))?,
+            deferred: VecDeque::new(),
             group,
         })
     }
@@ -447,6 +451,7 @@ impl Engine {
     /// Before the segment at schedule position `i` runs: its unit's parameters must be in place.
     pub fn before(&mut self, i: usize) -> Result<(), EngineError> {
         let u = self.schedule.positions[i].unit;
+        self.refresh_until(u)?;
         if let Some(p) = self.units[u].refreshing.take() {
             self.comm.wait(p)?;
         }
@@ -459,6 +464,7 @@ impl Engine {
             }
             for v in self.schedule.upcoming_units(i, self.prefetch) {
                 if self.units[v].slot.is_none() && self.slot_owner.iter().any(Option::is_none) {
+                    self.refresh_until(v)?;
                     self.gather(v, Some(u))?;
                 }
             }
@@ -571,6 +577,9 @@ impl Engine {
     /// Moves a unit's finished gradients out of the parameters' `.grad` into the engine's buffers
     /// and, when a bucket is full, starts reducing it.
     fn harvest(&mut self, u: usize) -> Result<(), EngineError> {
+        // Offload: a new gradient is about to land in the unit's host buffers, which its last
+        // update reads. (Forward refreshed every unit already; this keeps it so.)
+        self.refresh_until(u)?;
         let _guard = tch::no_grad_guard();
         let grads = self.units[u]
             .params
@@ -716,7 +725,15 @@ impl Engine {
         if self.last_micro() && self.pipelined {
             // With accumulation this is not the first micro-step, so the shard adds to the sum.
             let accumulate = self.units[u].optim.host().grad_acc.is_some();
-            let update = Update { unit: u, landed: copy, accumulate, optim: self.optim.cfg, t: self.updates + 1, grad_scale: 1.0 };
+            let update = Update {
+                unit: u,
+                priority: self.schedule.first_use[u],
+                landed: copy,
+                accumulate,
+                optim: self.optim.cfg,
+                t: self.updates + 1,
+                grad_scale: 1.0,
+            };
             self.host_updates.spawn(self.units[u].optim.host(), update);
         } else {
             self.landed.push((u, copy));
@@ -868,13 +885,16 @@ impl Engine {
         Ok(())
     }
 
-    /// Offload: the host updates (already running when pipelined), and each unit's parameters
-    /// copied back to the device as soon as its update is done.
+    /// Offload: the host updates (already running when pipelined) go on in the background, the
+    /// rest in forward order; the step returns without waiting for them. The next forward copies
+    /// each unit's parameters back just before it uses the unit (`before`), so it starts as soon
+    /// as its first unit is updated rather than after the last.
     fn step_on_host(&mut self, grad_scale: f64) -> Result<(), EngineError> {
         if !self.pipelined {
             for u in 0..self.units.len() {
                 let update = Update {
                     unit: u,
+                    priority: self.schedule.first_use[u],
                     landed: HostCopy::Done,
                     accumulate: false,
                     optim: self.optim.cfg,
@@ -884,12 +904,41 @@ impl Engine {
                 self.host_updates.spawn(self.units[u].optim.host(), update);
             }
         }
-        // In spawn order (the gradients' order, the same on every rank), because refreshing
-        // issues collectives; see `HostUpdates`.
-        while let Some(done) = self.host_updates.next_in_spawn_order() {
-            let u = done.map_err(EngineError::Offload)?;
-            self.refresh_from_host(u)?;
+        self.host_updates.seal();
+        self.deferred = self.schedule.forward_order().into();
+        Ok(())
+    }
+
+    /// Offload: waits for the host updates of the deferred units up to `u` and copies them back,
+    /// in forward order: a fixed order, the same on every rank, because copying back issues
+    /// collectives (see `HostUpdates`). Nothing to do when `u` is not deferred.
+    fn refresh_until(&mut self, u: usize) -> Result<(), EngineError> {
+        if !self.deferred.contains(&u) {
+            return Ok(());
         }
+        while let Some(v) = self.deferred.pop_front() {
+            self.host_updates.wait_for(v).map_err(EngineError::Offload)?;
+            self.refresh_from_host(v)?;
+            if v == u {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Offload: every deferred update done and copied back. The training loop calls it after the
+    /// last step, inside that step's time, so the steps' total covers all of their work.
+    pub fn settle(&mut self) -> Result<(), EngineError> {
+        if let Some(&last) = self.deferred.back() {
+            self.refresh_until(last)?;
+        }
+        for u in 0..self.units.len() {
+            if let Some(p) = self.units[u].refreshing.take() {
+                self.comm.wait(p)?;
+            }
+        }
+        // The copies back (and all-gathers) complete before the step's time is taken.
+        self.comm.barrier()?;
         Ok(())
     }
 

@@ -5,15 +5,18 @@
 //! host on the communication stream; the CPU then updates the fp32 master weights and Adam
 //! moments (the Rust AdamW, over all cores) as soon as that copy has landed — while the GPU goes on
 //! with the backward of earlier units — and writes the compute-precision parameters, which the
-//! device copies back (and, in stages 1 and 2, all-gathers) before they are used again. With
+//! device copies back (and, in stages 1 and 2, all-gathers) just before the next forward uses
+//! them (`Engine::refresh_until`): the step does not wait for the updates, see [`HostUpdates`]. With
 //! `optimizer+params` (stage 3) the parameters stay on the host too and are copied to the device
 //! per use, ahead of it, just before their all-gather.
 //!
 //! fp16 needs every gradient before any update (an overflow anywhere skips the step), so there the
 //! updates start only after backward.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use tch::{Kind, TchError, Tensor};
 use zerobench_schema::config::OptimConfig;
@@ -124,6 +127,9 @@ impl HostState {
 /// What one background update needs.
 pub struct Update {
     pub unit: usize,
+    /// Where the unit is first used in forward: once the step's gradients are all in, the
+    /// remaining updates run in this order (the next forward needs them in it).
+    pub priority: usize,
     /// The gradient copy to wait for (`HostCopy::Done` once it has been waited for already).
     pub landed: HostCopy,
     /// Whether the landed shard must first be added to the accumulator (the last micro-step of
@@ -135,76 +141,142 @@ pub struct Update {
     pub grad_scale: f64,
 }
 
-/// AdamW updates of host shards, run on the CPU thread pool as their gradients land.
+/// AdamW updates of host shards, run in the background by a driver thread, one unit at a time
+/// over the whole CPU pool, while the rank's thread goes on launching the GPU's work.
 ///
-/// Finished updates are handed back in the order they were spawned, not in the order they
-/// finish: the engine issues a collective per finished unit (the all-gather of stages 1 and 2),
-/// and collectives must be issued in the same order on every rank. The spawn order follows the
-/// gradients, which every rank produces in the same order; the finishing order depends on each
-/// host's threads.
+/// Order: during backward the updates run in the order the gradients land. Once the step's last
+/// gradient is in ([`HostUpdates::seal`]) the rest run in forward order, because the next forward
+/// needs the first units first and backward produced their gradients last: the forward then
+/// starts as soon as its first unit is updated instead of after every update.
+///
+/// Results are taken per unit ([`HostUpdates::wait_for`]), in an order the engine chooses and
+/// every rank shares (each is followed by a collective), never in finishing order, which depends
+/// on each host's threads (a rank refreshing in finishing order issued its all-gathers in another
+/// order than its peers: stage 2 with offload diverged on 2 GPUs).
 pub struct HostUpdates {
-    tx: Sender<(usize, Result<(), String>)>,
+    shared: Arc<Shared>,
     rx: Receiver<(usize, Result<(), String>)>,
-    /// Units spawned and not yet handed back, in spawn order.
-    spawned: VecDeque<usize>,
-    /// Units whose update finished before those spawned earlier.
-    finished: HashSet<usize>,
+    /// Results received while waiting for another unit.
+    done: HashMap<usize, Result<(), String>>,
+    driver: Option<JoinHandle<()>>,
 }
 
-impl Default for HostUpdates {
-    fn default() -> Self {
-        Self::new()
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: Vec<(HostState, Update)>,
+    sealed: bool,
+    closed: bool,
+}
+
+impl Queue {
+    /// The job to run next: the earliest spawned, or once sealed the first in forward order.
+    fn take_next(&mut self) -> Option<(HostState, Update)> {
+        let i = if self.sealed {
+            (0..self.jobs.len()).min_by_key(|&i| self.jobs[i].1.priority)?
+        } else {
+            (!self.jobs.is_empty()).then_some(0)?
+        };
+        Some(self.jobs.remove(i))
     }
 }
 
 impl HostUpdates {
-    pub fn new() -> Self {
+    pub fn new() -> std::io::Result<Self> {
         let (tx, rx) = channel();
-        Self { tx, rx, spawned: VecDeque::new(), finished: HashSet::new() }
+        let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), wake: Condvar::new() });
+        let driver = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new().name("host-updates".into()).spawn(move || drive(&shared, &tx))?
+        };
+        Ok(Self { shared, rx, done: HashMap::new(), driver: Some(driver) })
     }
 
-    /// Starts an update of `state` in the background.
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.shared.queue.lock().expect("host update queue")
+    }
+
+    /// Queues an update of `state`; it runs once its gradient has landed.
     pub fn spawn(&mut self, state: &HostState, u: Update) {
-        let h = state.handles();
-        let tx = self.tx.clone();
-        self.spawned.push_back(u.unit);
-        rayon::spawn(move || {
-            let run = || -> Result<(), String> {
-                u.landed.wait().map_err(|e| e.to_string())?;
-                if u.accumulate {
-                    h.accumulate(false).map_err(|e| e.to_string())?;
-                }
-                let shard = Shard {
-                    master: &h.master,
-                    exp_avg: &h.exp_avg,
-                    exp_avg_sq: &h.exp_avg_sq,
-                    grad: h.update_grad(),
-                    param_out: h.param.as_ref(),
-                };
-                step_cpu(&AdamW::coeffs_for(&u.optim, u.t, u.grad_scale), &shard);
-                Ok(())
-            };
-            // The receiver lives as long as the engine, which waits for every update it spawned.
-            let _ = tx.send((u.unit, run()));
-        });
+        let mut q = self.queue();
+        q.sealed = false; // a new step's gradients: landing order again
+        q.jobs.push((state.handles(), u));
+        drop(q);
+        self.shared.wake.notify_one();
     }
 
-    /// Waits for the earliest-spawned update not yet handed back and returns its unit; `None`
-    /// when every spawned update has been handed back.
-    pub fn next_in_spawn_order(&mut self) -> Option<Result<usize, String>> {
-        let want = self.spawned.pop_front()?;
-        while !self.finished.remove(&want) {
-            match self.rx.recv() {
-                Ok((unit, Ok(()))) => {
-                    self.finished.insert(unit);
-                }
-                // Updates still running hold their own handles to the host memory.
-                Ok((unit, Err(e))) => return Some(Err(format!("host update of unit {unit}: {e}"))),
-                Err(_) => return Some(Err("the host update threads are gone".into())),
-            }
-        }
-        Some(Ok(want))
+    /// Every update of this step is queued: the rest run in forward order.
+    pub fn seal(&mut self) {
+        self.queue().sealed = true;
     }
+
+    /// Waits until unit `unit`'s update has run (it must have been spawned).
+    pub fn wait_for(&mut self, unit: usize) -> Result<(), String> {
+        loop {
+            if let Some(r) = self.done.remove(&unit) {
+                return r.map_err(|e| format!("host update of unit {unit}: {e}"));
+            }
+            let (u, r) = self.rx.recv().map_err(|_| "the host update thread is gone".to_string())?;
+            self.done.insert(u, r);
+        }
+    }
+}
+
+impl Drop for HostUpdates {
+    /// Drops what has not started and waits for the update running, which holds handles to host
+    /// memory that is unregistered and freed after this.
+    fn drop(&mut self) {
+        let mut q = self.queue();
+        q.closed = true;
+        q.jobs.clear();
+        drop(q);
+        self.shared.wake.notify_one();
+        if let Some(d) = self.driver.take() {
+            let _ = d.join();
+        }
+    }
+}
+
+fn drive(shared: &Shared, tx: &Sender<(usize, Result<(), String>)>) {
+    loop {
+        let (h, u) = {
+            let mut q = shared.queue.lock().expect("host update queue");
+            loop {
+                if q.closed {
+                    return;
+                }
+                if let Some(job) = q.take_next() {
+                    break job;
+                }
+                q = shared.wake.wait(q).expect("host update queue");
+            }
+        };
+        let unit = u.unit;
+        let result = run(&h, u);
+        if tx.send((unit, result)).is_err() {
+            return;
+        }
+    }
+}
+
+fn run(h: &HostState, u: Update) -> Result<(), String> {
+    u.landed.wait().map_err(|e| e.to_string())?;
+    if u.accumulate {
+        h.accumulate(false).map_err(|e| e.to_string())?;
+    }
+    let shard = Shard {
+        master: &h.master,
+        exp_avg: &h.exp_avg,
+        exp_avg_sq: &h.exp_avg_sq,
+        grad: h.update_grad(),
+        param_out: h.param.as_ref(),
+    };
+    step_cpu(&AdamW::coeffs_for(&u.optim, u.t, u.grad_scale), &shard);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -215,26 +287,50 @@ mod tests {
         HostState::new(&Tensor::ones([n], (Kind::Float, tch::Device::Cpu)), Kind::Float, false, false, None).expect("host state")
     }
 
-    fn update(unit: usize) -> Update {
-        Update { unit, landed: HostCopy::Done, accumulate: false, optim: OptimConfig::default(), t: 1, grad_scale: 1.0 }
+    fn update(unit: usize, priority: usize) -> Update {
+        Update { unit, priority, landed: HostCopy::Done, accumulate: false, optim: OptimConfig::default(), t: 1, grad_scale: 1.0 }
     }
 
-    /// Unit 0's update is thousands of times larger than the others, so it finishes last; the
-    /// units must still come back in spawn order (a rank refreshing in finishing order issued its
-    /// all-gathers in another order than its peers: stage 2 with offload diverged on 2 GPUs).
+    /// Backward lands units 3, 2, 1, 0 (reverse of forward): they run in landing order until the
+    /// step is sealed, then the first in forward order goes first.
     #[test]
-    fn finished_updates_come_back_in_spawn_order() {
-        let states: Vec<HostState> = (0..8).map(|u| state(if u == 0 { 1 << 24 } else { 1 << 10 })).collect();
-        let mut updates = HostUpdates::new();
-        for (u, s) in states.iter().enumerate() {
-            updates.spawn(s, update(u));
+    fn queued_updates_run_in_landing_order_then_forward_order() {
+        let mut q = Queue::default();
+        for u in [3, 2, 1, 0] {
+            q.jobs.push((state(4), update(u, u)));
         }
-        let order: Vec<usize> = std::iter::from_fn(|| updates.next_in_spawn_order()).map(|r| r.expect("update ran")).collect();
-        assert_eq!(order, (0..8).collect::<Vec<_>>());
-        // Every update ran: AdamW moved each master weight away from 1.
+        assert_eq!(q.take_next().map(|(_, u)| u.unit), Some(3));
+        q.sealed = true;
+        let rest: Vec<usize> = std::iter::from_fn(|| q.take_next().map(|(_, u)| u.unit)).collect();
+        assert_eq!(rest, vec![0, 1, 2]);
+    }
+
+    /// Results are taken in the order the engine asks for, whatever order they finish in.
+    #[test]
+    fn every_update_runs_and_is_waited_for_in_any_order() {
+        let states: Vec<HostState> = (0..8).map(|u| state(if u == 0 { 1 << 22 } else { 1 << 10 })).collect();
+        let mut updates = HostUpdates::new().expect("driver thread");
+        for (u, s) in states.iter().enumerate() {
+            updates.spawn(s, update(u, u));
+        }
+        updates.seal();
+        for u in (0..8).rev() {
+            updates.wait_for(u).expect("update ran");
+        }
+        // AdamW moved each master weight away from 1.
         for s in &states {
             assert!(s.master.max().double_value(&[]) < 1.0);
         }
-        assert!(updates.next_in_spawn_order().is_none());
+    }
+
+    /// Dropping with updates still queued returns (they are dropped, the running one finishes).
+    #[test]
+    fn dropping_with_queued_updates_does_not_hang() {
+        let states: Vec<HostState> = (0..4).map(|_| state(1 << 20)).collect();
+        let mut updates = HostUpdates::new().expect("driver thread");
+        for (u, s) in states.iter().enumerate() {
+            updates.spawn(s, update(u, u));
+        }
+        drop(updates);
     }
 }

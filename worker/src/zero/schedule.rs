@@ -22,6 +22,8 @@ pub struct Schedule {
     /// For each unit, the index of the last position that uses it in backward: after it, the
     /// unit's gradients for this micro-step are complete.
     pub final_backward: Vec<usize>,
+    /// For each unit, the index of the first position that uses it (in forward).
+    pub first_use: Vec<usize>,
 }
 
 impl Schedule {
@@ -41,7 +43,18 @@ impl Schedule {
             final_backward[p.unit] = i;
         }
         assert!(final_backward.iter().all(|&i| i != usize::MAX), "every unit is used by some segment");
-        Self { positions, final_backward }
+        let mut first_use = vec![usize::MAX; n_units];
+        for (i, p) in positions.iter().enumerate().take(s).rev() {
+            first_use[p.unit] = i;
+        }
+        Self { positions, final_backward, first_use }
+    }
+
+    /// Every unit, in the order forward first uses them.
+    pub fn forward_order(&self) -> Vec<usize> {
+        let mut units: Vec<usize> = (0..self.first_use.len()).collect();
+        units.sort_by_key(|&u| self.first_use[u]);
+        units
     }
 
     /// Index of segment `s`'s backward position.
@@ -76,6 +89,8 @@ mod tests {
         assert_eq!(units, vec![0, 1, 2, 0, 0, 2, 1, 0]);
         // u0's gradients are complete only after the embedding's backward, the very last.
         assert_eq!(s.final_backward, vec![7, 6, 5]);
+        assert_eq!(s.first_use, vec![0, 1, 2]);
+        assert_eq!(Schedule::new(&[2, 0, 1, 2], 3).forward_order(), vec![2, 0, 1]);
         assert_eq!(s.backward_index(3), 4);
         assert_eq!(s.upcoming_units(2, 2), vec![0, 2]);
         assert_eq!(s.upcoming_units(7, 2), Vec::<usize>::new());
