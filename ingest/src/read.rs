@@ -346,6 +346,6 @@ pub fn classify_bad_line(bytes: &[u8], err: LineError) -> ProblemKind {
         Ok(Envelope { v: Some(v) }) if v != u64::from(SCHEMA_VERSION) => {
             ProblemKind::Version { found: v, supported: SCHEMA_VERSION }
         }
-        _ => ProblemKind::BadLine { message: e.to_string() },
+        _ => ProblemKind::BadLine { message: zerobench_schema::log::explain(bytes).unwrap_or_else(|| e.to_string()) },
     }
 }

@@ -413,6 +413,42 @@ pub fn parse_line(line: &[u8]) -> Result<Record, LineError> {
     Ok(rec)
 }
 
+/// Why a line that [`parse_line`] refused is not a record of its `event`, naming the field and
+/// the column: serde's message for the tagged [`Record`] has neither (the line is buffered before
+/// the variant is known), so the line is parsed again as the record type its `event` names.
+/// `None` when the line names no known event, or parses as that record after all.
+pub fn explain(line: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Tag {
+        event: String,
+    }
+    fn why<T: serde::de::DeserializeOwned>(line: &[u8]) -> Option<String> {
+        let mut de = serde_json::Deserializer::from_slice(line);
+        let err = serde_path_to_error::deserialize::<_, T>(&mut de).err()?;
+        // serde_json ends its message with "at line 1 column N": the line is the file's, named by
+        // the caller, so only the column is kept.
+        let mut msg = err.inner().to_string();
+        if let Some(at) = msg.rfind(" at line ") {
+            msg.truncate(at);
+        }
+        let msg = format!("{msg} (column {})", err.inner().column());
+        // A missing field is reported at the record itself (path "."); its message names it.
+        Some(match err.path().to_string().as_str() {
+            "." => msg,
+            path => format!("field {path}: {msg}"),
+        })
+    }
+    match serde_json::from_slice::<Tag>(line).ok()?.event.as_str() {
+        "start" => why::<Start>(line),
+        "setup" => why::<Setup>(line),
+        "step" => why::<Step>(line),
+        "profile" => why::<Profile>(line),
+        "end" => why::<End>(line),
+        "error" => why::<ErrorRecord>(line),
+        _ => None,
+    }
+}
+
 /// Parses one line strictly: like [`parse_line`], and every field of the line must be one this
 /// schema defines. This is how tests check that the worker writes exactly the documented schema.
 pub fn validate_line(line: &[u8]) -> Result<Record, LineError> {
@@ -447,6 +483,16 @@ fn first_unknown(raw: &serde_json::Value, known: &serde_json::Value, at: String)
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_refused_record_is_explained_by_its_field_and_column() {
+        let step = r#"{"event":"step","v":1,"ts":1.0,"rank":0,"step":3,"warmup":false,"loss":2.5,"skipped":false,"tokens":8,"samples":2,"step_ms":"fast"}"#;
+        assert!(super::parse_line(step.as_bytes()).is_err());
+        let why = super::explain(step.as_bytes()).expect("a step record");
+        assert_eq!(why, "field step_ms: invalid type: string \"fast\", expected f64 (column 130)");
+        assert_eq!(super::explain(br#"{"event":"lunch","v":1}"#), None);
+        assert_eq!(super::explain(b"not json"), None);
+    }
+
     use super::*;
     use crate::config::{RunConfig, ZeroStage};
     use crate::models::ModelPreset;
