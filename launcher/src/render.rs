@@ -274,7 +274,11 @@ const ROOT_GUARD: &str = "mpirun_root=()\nif [ \"$(id -u)\" = 0 ]; then mpirun_r
 
 fn mpich(s: &mut String, c: &Cluster, run: &Run, worker: &[Word], hostfile: Option<HostfileFormat>) -> Vec<Word> {
     s.push_str("# MPICH/Hydra: -ppn ranks per host");
-    s.push_str(if hostfile.is_some() { ", hosts from the hostfile.\n" } else { ", hosts from the Slurm allocation.\n" });
+    s.push_str(if hostfile.is_some() {
+        ", hosts from the hostfile.\n"
+    } else {
+        ", hosts from the Slurm allocation.\n"
+    });
     let mut w = vec![
         Word::lit("mpiexec"),
         Word::lit("-n"),
@@ -305,7 +309,9 @@ enum Placement {
 fn openmpi(s: &mut String, c: &Cluster, run: &Run, worker: &[Word], placement: Placement) -> Vec<Word> {
     s.push_str(match placement {
         Placement::PerNode(None) => "# Open MPI takes hosts and slots from the Slurm allocation.\n",
-        Placement::PerNode(Some(_)) => "# Open MPI takes hosts and slots from the Slurm allocation or, here, from the hostfile.\n",
+        Placement::PerNode(Some(_)) => {
+            "# Open MPI takes hosts and slots from the Slurm allocation or, here, from the hostfile.\n"
+        }
         Placement::ThisHost => {
             "# All ranks on this host; --oversubscribe lets them outnumber the cores, and --bind-to none\n\
              # leaves each free on all of them (Open MPI would bind each of 2 ranks to one core, where\n\
@@ -470,8 +476,12 @@ pub fn read_record(dir: &Path) -> Result<RunRecord, Error> {
     }
     let p = dir.join("run.json");
     let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
-    let json_error =
-        |e: serde_json::Error| Error::Json { path: p.clone(), line: e.line(), column: e.column(), message: e.to_string() };
+    let json_error = |e: serde_json::Error| Error::Json {
+        path: p.clone(),
+        line: e.line(),
+        column: e.column(),
+        message: e.to_string(),
+    };
     let Format { format } = serde_json::from_str(&text).map_err(json_error)?;
     if format != RUN_RECORD_VERSION {
         return Err(Error::RecordFormat { path: p.clone(), found: format, expected: RUN_RECORD_VERSION });
@@ -562,7 +572,8 @@ mod tests {
     fn open_mpi_ranks_get_the_cores_they_are_given() {
         let local = job_of("launch: {method: local}\nsweep: {models: tiny, ranks_per_node: 2}\n");
         assert!(local.contains("--oversubscribe --bind-to none -np 2"), "{local}");
-        let own = job_of("cluster: {cpus_per_task: 8}\nlaunch: {method: mpirun}\nsweep: {models: tiny, ranks_per_node: 4}\n");
+        let own =
+            job_of("cluster: {cpus_per_task: 8}\nlaunch: {method: mpirun}\nsweep: {models: tiny, ranks_per_node: 4}\n");
         assert!(own.contains("--map-by 'ppr:4:node:PE=8'"), "{own}");
         let one = job_of("launch: {method: mpirun}\nsweep: {models: tiny, ranks_per_node: 4}\n");
         assert!(one.contains("--map-by ppr:4:node "), "{one}");

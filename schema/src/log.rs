@@ -605,7 +605,13 @@ mod tests {
             host: "h".into(),
             pid: 1,
             config: RunConfig::new(ModelPreset::Tiny, ZeroStage::Z2),
-            model: ModelInfo { family: "gpt2".into(), params: 1, units: 1, largest_unit_params: 1, train_flops_per_token: Some(6.0) },
+            model: ModelInfo {
+                family: "gpt2".into(),
+                params: 1,
+                units: 1,
+                largest_unit_params: 1,
+                train_flops_per_token: Some(6.0),
+            },
             device: DeviceInfo {
                 kind: "cpu".into(),
                 name: "x".into(),
@@ -632,6 +638,10 @@ mod schema_doc_tests {
         let generated = serde_json::to_string_pretty(&schemars::schema_for!(super::Record)).unwrap();
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/log-schema.json");
         let committed = std::fs::read_to_string(path).unwrap();
-        assert_eq!(committed.trim_end(), generated, "docs/log-schema.json is stale: run `cargo run -p zerobench -- schema > docs/log-schema.json`");
+        assert_eq!(
+            committed.trim_end(),
+            generated,
+            "docs/log-schema.json is stale: run `cargo run -p zerobench -- schema > docs/log-schema.json`"
+        );
     }
 }

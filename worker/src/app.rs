@@ -20,18 +20,18 @@ use std::sync::Arc;
 use crate::comm::mpi::MpiCollectives;
 use crate::comm::nccl::NcclCollectives;
 use crate::comm::Collectives;
-use crate::metrics::clock::PhaseTimer;
-use crate::metrics::gpu_monitor::GpuMonitor;
-use crate::runtime::cuda::Gpu;
-use crate::runtime::guard::Guard;
-use crate::model::Model;
-use crate::{cli, data, model, runtime, zero};
 use crate::failure::Failure;
 use crate::logfile::RankLog;
+use crate::metrics::clock::PhaseTimer;
+use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::metrics::memory::MemoryProbe;
-use crate::runtime::identity::{self, Identity};
 use crate::metrics::timeline::{write_chrome_trace, Timeline};
+use crate::model::Model;
+use crate::runtime::cuda::Gpu;
+use crate::runtime::guard::Guard;
+use crate::runtime::identity::{self, Identity};
 use crate::train::{now_ts, Observe, Progress, Trainer};
+use crate::{cli, data, model, runtime, zero};
 
 /// Runs one rank; the error's [`Failure::exit_code`] is the process's exit code.
 pub fn run(args: &cli::Args) -> Result<(), Failure> {
@@ -57,12 +57,14 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     let run_id = shared_run_id(&world, args.run_id.as_deref(), &cfg);
     let log = RankLog::create(&args.log_dir, ident.rank, args.overwrite).map_err(|e| Failure::Io(e.to_string()))?;
     let stall = (args.stall_timeout_s > 0).then(|| Duration::from_secs(args.stall_timeout_s));
-    let guard = Guard::start(log.clone(), ident.rank, stall).map_err(|e| Failure::Internal(format!("cannot start the guard threads: {e}")))?;
+    let guard = Guard::start(log.clone(), ident.rank, stall)
+        .map_err(|e| Failure::Internal(format!("cannot start the guard threads: {e}")))?;
 
     let mut progress = Progress { steps_completed: 0, summary: None, trace: Vec::new(), cuda_device: None };
-    let rank = Rank { args, cfg: &cfg, ident: &ident, run_id: &run_id, log: &log, guard: &guard, model: model.as_ref() };
-    let result = catch_unwind(AssertUnwindSafe(|| run_logged(rank, world, visible, &mut progress)))
-        .unwrap_or_else(|panic| {
+    let rank =
+        Rank { args, cfg: &cfg, ident: &ident, run_id: &run_id, log: &log, guard: &guard, model: model.as_ref() };
+    let result =
+        catch_unwind(AssertUnwindSafe(|| run_logged(rank, world, visible, &mut progress))).unwrap_or_else(|panic| {
             let msg = panic
                 .downcast_ref::<String>()
                 .cloned()
@@ -155,7 +157,12 @@ struct Rank<'a> {
     model: &'a dyn Model,
 }
 
-fn run_logged(rank: Rank<'_>, world: SimpleCommunicator, visible: Option<String>, progress: &mut Progress) -> Result<(), Failure> {
+fn run_logged(
+    rank: Rank<'_>,
+    world: SimpleCommunicator,
+    visible: Option<String>,
+    progress: &mut Progress,
+) -> Result<(), Failure> {
     let Rank { args, cfg, ident, run_id, log, guard, model } = rank;
     let t_setup = Instant::now();
     let device = runtime::device::select(cfg.device).map_err(|e| Failure::Config(e.to_string()))?;
@@ -231,9 +238,9 @@ fn run_logged(rank: Rank<'_>, world: SimpleCommunicator, visible: Option<String>
         versions: Versions {
             zerobench: env!("CARGO_PKG_VERSION").into(),
             libtorch: runtime::shim::torch_version(),
-            mpi: mpi::environment::library_version()
-                .ok()
-                .map(|v| v.lines().next().unwrap_or("").trim_matches(|c: char| c == '\0' || c.is_whitespace()).to_string()),
+            mpi: mpi::environment::library_version().ok().map(|v| {
+                v.lines().next().unwrap_or("").trim_matches(|c: char| c == '\0' || c.is_whitespace()).to_string()
+            }),
             nccl: if on_gpu { NcclCollectives::version() } else { None },
             cuda_driver: gpu.as_ref().and_then(|g| g.driver_version()),
             gpu_driver: if on_gpu { GpuMonitor::driver_version() } else { None },
@@ -243,7 +250,8 @@ fn run_logged(rank: Rank<'_>, world: SimpleCommunicator, visible: Option<String>
     log.write(&Record::Start(start)).map_err(|e| Failure::Io(e.to_string()))?;
 
     let task = data::Task::of(cfg);
-    let source = data::Source::open(cfg.data.as_deref(), spec.vocab(), &task).map_err(|e| Failure::Io(e.to_string()))?;
+    let source =
+        data::Source::open(cfg.data.as_deref(), spec.vocab(), &task).map_err(|e| Failure::Io(e.to_string()))?;
     let data = data::Data::new(
         source,
         task,
@@ -256,7 +264,14 @@ fn run_logged(rank: Rank<'_>, world: SimpleCommunicator, visible: Option<String>
     );
 
     let world_size = u64::from(ident.world_size);
-    let expected = model_state_split(cfg.stage, cfg.precision, cfg.offload, cfg.grad_accum, padded_params(&spec, world_size), world_size);
+    let expected = model_state_split(
+        cfg.stage,
+        cfg.precision,
+        cfg.offload,
+        cfg.grad_accum,
+        padded_params(&spec, world_size),
+        world_size,
+    );
     // Before any state is allocated: host-resident states that cannot fit are a result (oom).
     let per_rank = runtime::host_memory::host_resident(&expected, !on_gpu);
     runtime::host_memory::check(per_rank, ident.local_size, runtime::host_memory::available_bytes())?;

@@ -54,7 +54,10 @@ impl Failure {
     /// Classifies a libtorch error: allocation failures are OOM, the rest internal.
     pub fn from_torch_message(msg: &str) -> Failure {
         let lower = msg.to_ascii_lowercase();
-        if lower.contains("out of memory") || lower.contains("can't allocate memory") || lower.contains("not enough memory") {
+        if lower.contains("out of memory")
+            || lower.contains("can't allocate memory")
+            || lower.contains("not enough memory")
+        {
             Failure::Oom { message: first_line(msg), requested_bytes: requested_bytes(msg) }
         } else {
             Failure::Internal(first_line(msg))
@@ -113,7 +116,9 @@ impl From<EngineError> for Failure {
             EngineError::Shim(s) => Failure::from_torch_message(&s.0),
             EngineError::Offload(msg) => Failure::from_torch_message(&msg),
             EngineError::Pin(PinError::Torch(t)) => t.into(),
-            EngineError::Pin(e @ (PinError::Register { .. } | PinError::Context(_))) => Failure::from_torch_message(&e.to_string()),
+            EngineError::Pin(e @ (PinError::Register { .. } | PinError::Context(_))) => {
+                Failure::from_torch_message(&e.to_string())
+            }
         }
     }
 }

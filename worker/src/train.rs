@@ -288,7 +288,12 @@ impl Trainer<'_> {
     }
 }
 
-fn summarize(step_ms: &[f64], tokens_per_step: u64, final_loss: f64, peak_allocated_bytes: Option<u64>) -> Option<Summary> {
+fn summarize(
+    step_ms: &[f64],
+    tokens_per_step: u64,
+    final_loss: f64,
+    peak_allocated_bytes: Option<u64>,
+) -> Option<Summary> {
     if step_ms.is_empty() {
         return None;
     }

@@ -15,7 +15,7 @@ use super::layout::UnitLayout;
 use super::loss_scale::LossScaler;
 use super::offload::{HostState, HostUpdates, Update};
 use super::schedule::{Phase, Schedule};
-use crate::comm::{CommError, Collectives, HostCopy, Pending, StepComm};
+use crate::comm::{Collectives, CommError, HostCopy, Pending, StepComm};
 use crate::model::{init_unit, Model};
 use crate::runtime::cuda::Gpu;
 use crate::runtime::pinned::PinError;
@@ -337,7 +337,8 @@ impl Engine {
             offload: cfg.offload,
             landed: Vec::new(),
             pipelined: cfg.precision != Precision::Fp16,
-            host_updates: HostUpdates::new().map_err(|e| EngineError::Offload(format!("cannot start the host update thread: {e}")))?,
+            host_updates: HostUpdates::new()
+                .map_err(|e| EngineError::Offload(format!("cannot start the host update thread: {e}")))?,
             deferred: VecDeque::new(),
             group,
         })
@@ -386,7 +387,8 @@ impl Engine {
                 (None, None) => 0,
             };
             if let OptimState::Device { master, master_is_param, exp_avg, exp_avg_sq } = &u.optim {
-                m.optimizer_bytes += bytes(exp_avg) + bytes(exp_avg_sq) + if *master_is_param { 0 } else { bytes(master) };
+                m.optimizer_bytes +=
+                    bytes(exp_avg) + bytes(exp_avg_sq) + if *master_is_param { 0 } else { bytes(master) };
             }
         }
         m
@@ -969,7 +971,14 @@ fn total_padded(units: &[Unit]) -> usize {
 
 /// Writes the concatenated gradients into `buf[offset .. offset + numel]` (or adds them), and
 /// zeroes the unit's padding up to `offset + padded`.
-fn write_flat(buf: &Tensor, offset: usize, numel: usize, padded: usize, grads: &[Tensor], add: bool) -> Result<(), TchError> {
+fn write_flat(
+    buf: &Tensor,
+    offset: usize,
+    numel: usize,
+    padded: usize,
+    grads: &[Tensor],
+    add: bool,
+) -> Result<(), TchError> {
     let dst = buf.f_narrow(0, offset as i64, numel as i64)?;
     if add {
         let _ = dst.shallow_clone().f_add_(&Tensor::f_cat(grads, 0)?)?;

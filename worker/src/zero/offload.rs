@@ -48,7 +48,13 @@ impl HostState {
     /// The host state of a shard whose initial fp32 values are `shard_f32` (on any device).
     /// With `pin`, the state is page-locked (see `runtime::pinned`): pinned copies run
     /// asynchronously at full PCIe speed, pageable ones are staged and synchronous.
-    pub fn new(shard_f32: &Tensor, kind: Kind, mixed: bool, accumulate: bool, pin: Option<&Gpu>) -> Result<Self, PinError> {
+    pub fn new(
+        shard_f32: &Tensor,
+        kind: Kind,
+        mixed: bool,
+        accumulate: bool,
+        pin: Option<&Gpu>,
+    ) -> Result<Self, PinError> {
         let n = i64::try_from(shard_f32.numel()).expect("fits");
         let mut state = Self {
             master: host_empty(n, Kind::Float)?,
@@ -74,7 +80,11 @@ impl HostState {
     }
 
     fn tensors(&self) -> Vec<&Tensor> {
-        [&self.master, &self.exp_avg, &self.exp_avg_sq, &self.grad].into_iter().chain(&self.grad_acc).chain(&self.param).collect()
+        [&self.master, &self.exp_avg, &self.exp_avg_sq, &self.grad]
+            .into_iter()
+            .chain(&self.grad_acc)
+            .chain(&self.param)
+            .collect()
     }
 
     /// The tensor the device copies updated parameters from.
@@ -284,11 +294,20 @@ mod tests {
     use super::*;
 
     fn state(n: i64) -> HostState {
-        HostState::new(&Tensor::ones([n], (Kind::Float, tch::Device::Cpu)), Kind::Float, false, false, None).expect("host state")
+        HostState::new(&Tensor::ones([n], (Kind::Float, tch::Device::Cpu)), Kind::Float, false, false, None)
+            .expect("host state")
     }
 
     fn update(unit: usize, priority: usize) -> Update {
-        Update { unit, priority, landed: HostCopy::Done, accumulate: false, optim: OptimConfig::default(), t: 1, grad_scale: 1.0 }
+        Update {
+            unit,
+            priority,
+            landed: HostCopy::Done,
+            accumulate: false,
+            optim: OptimConfig::default(),
+            t: 1,
+            grad_scale: 1.0,
+        }
     }
 
     /// Backward lands units 3, 2, 1, 0 (reverse of forward): they run in landing order until the

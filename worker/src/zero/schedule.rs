@@ -35,9 +35,11 @@ impl Schedule {
             .enumerate()
             .map(|(segment, &unit)| Position { segment, unit, phase: Phase::Forward })
             .collect();
-        positions.extend(
-            segment_units.iter().enumerate().rev().map(|(segment, &unit)| Position { segment, unit, phase: Phase::Backward }),
-        );
+        positions.extend(segment_units.iter().enumerate().rev().map(|(segment, &unit)| Position {
+            segment,
+            unit,
+            phase: Phase::Backward,
+        }));
         let mut final_backward = vec![usize::MAX; n_units];
         for (i, p) in positions.iter().enumerate().skip(s) {
             final_backward[p.unit] = i;
