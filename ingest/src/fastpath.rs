@@ -292,29 +292,35 @@ impl<'a> Cur<'a> {
         if matches!(self.peek(), Some(b'e' | b'E')) {
             self.i += 1;
             n.integer = false;
-            let neg = match self.peek()? {
-                b'-' => {
-                    self.i += 1;
-                    true
-                }
-                b'+' => {
-                    self.i += 1;
-                    false
-                }
-                _ => false,
-            };
-            if !self.peek()?.is_ascii_digit() {
-                return None;
-            }
-            let mut e: i32 = 0;
-            while let Some(d) = self.peek().filter(u8::is_ascii_digit) {
-                e = e.saturating_mul(10).saturating_add(i32::from(d - b'0'));
-                self.i += 1;
-            }
-            n.exp10 = n.exp10.saturating_add(if neg { -e } else { e });
+            let (negative, e) = self.exponent()?;
+            let e = i32::try_from(e).unwrap_or(i32::MAX);
+            n.exp10 = n.exp10.saturating_add(if negative { -e } else { e });
         }
         n.span = &self.b[start..self.i];
         Some(n)
+    }
+
+    /// After the `e` of a number: the exponent's sign (negative?) and value, saturating; `None`
+    /// without a digit.
+    fn exponent(&mut self) -> Option<(bool, u32)> {
+        let negative = match self.peek()? {
+            b'-' => {
+                self.i += 1;
+                true
+            }
+            b'+' => {
+                self.i += 1;
+                false
+            }
+            _ => false,
+        };
+        self.peek().filter(u8::is_ascii_digit)?;
+        let mut e: u32 = 0;
+        while let Some(d) = self.peek().filter(u8::is_ascii_digit) {
+            e = e.saturating_mul(10).saturating_add(u32::from(d - b'0'));
+            self.i += 1;
+        }
+        Some((negative, e))
     }
 
     /// Digits; each one after the point (`scale` −1) lowers the exponent.
@@ -358,26 +364,10 @@ impl<'a> Cur<'a> {
         }
         if matches!(self.peek(), Some(b'e' | b'E')) {
             self.i += 1;
-            let negative = match self.peek()? {
-                b'-' => {
-                    self.i += 1;
-                    true
-                }
-                b'+' => {
-                    self.i += 1;
-                    false
-                }
-                _ => false,
-            };
-            let mut e = 0usize;
-            self.peek().filter(u8::is_ascii_digit)?;
-            while let Some(d) = self.peek().filter(u8::is_ascii_digit) {
-                e = e.saturating_mul(10).saturating_add(usize::from(d - b'0'));
-                self.i += 1;
-            }
+            let (negative, e) = self.exponent()?;
             // A negative exponent only makes the value smaller (down to 0, which is finite).
             if !negative {
-                magnitude = magnitude.saturating_add(e);
+                magnitude = magnitude.saturating_add(usize::try_from(e).unwrap_or(usize::MAX));
             }
         }
         (magnitude <= 300).then_some(())

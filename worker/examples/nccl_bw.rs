@@ -12,7 +12,7 @@ use mpi::topology::Communicator;
 use tch::{Kind, Tensor};
 use zerobench_worker::comm::nccl::NcclCollectives;
 use zerobench_worker::comm::{CollectiveKind, Collectives};
-use zerobench_worker::runtime::{cuda, device, identity};
+use zerobench_worker::runtime::{cuda, device, identity, pinned};
 
 const WARMUP: usize = 5;
 const ITERS: usize = 20;
@@ -41,18 +41,7 @@ fn main() {
                 .expect("collective");
                 c.wait(p).expect("wait");
             };
-            for _ in 0..WARMUP {
-                run(&mut c);
-            }
-            gpu.compute.synchronize().expect("sync");
-            c.barrier().expect("barrier");
-            let t0 = Instant::now();
-            for _ in 0..ITERS {
-                run(&mut c);
-            }
-            gpu.compute.synchronize().expect("sync");
-            let us = t0.elapsed().as_secs_f64() * 1e6 / ITERS as f64;
-            let _ = c.take_stats();
+            let us = time_us(&mut c, &gpu, run);
             let size = (elems * 2) as f64;
             let busbw = size / (us * 1e-6) * kind.bus_factor(n) / 1e9;
             if rank == 0 {
@@ -68,7 +57,9 @@ fn main() {
     if let Some(&bytes) = sizes.iter().max() {
         let elems = (bytes / 2) as i64;
         let dev_buf = Tensor::ones([elems], (Kind::BFloat16, dev));
-        let host = Tensor::zeros([elems], (Kind::BFloat16, tch::Device::Cpu)).pin_memory(dev);
+        // Page-locked as the engine's offload state is.
+        let host = pinned::host_empty(elems, Kind::BFloat16).expect("host buffer");
+        let _pin = pinned::pin_all(&gpu, &[&host]).expect("page-locked");
         for kind in [CollectiveKind::DeviceToHost, CollectiveKind::HostToDevice] {
             let run = |c: &mut NcclCollectives| {
                 let p = match kind {
@@ -81,17 +72,7 @@ fn main() {
                 };
                 c.wait(p).expect("wait");
             };
-            for _ in 0..WARMUP {
-                run(&mut c);
-            }
-            gpu.compute.synchronize().expect("sync");
-            let t0 = Instant::now();
-            for _ in 0..ITERS {
-                run(&mut c);
-            }
-            gpu.compute.synchronize().expect("sync");
-            let us = t0.elapsed().as_secs_f64() * 1e6 / ITERS as f64;
-            let _ = c.take_stats();
+            let us = time_us(&mut c, &gpu, run);
             if rank == 0 {
                 println!(
                     "{{\"impl\":\"zerobench\",\"op\":\"{}\",\"bytes\":{},\"us\":{us:.1},\"gbps\":{:.2}}}",
@@ -102,4 +83,21 @@ fn main() {
             }
         }
     }
+}
+
+/// Microseconds per call of `run`: WARMUP calls, then ITERS back to back, timed on the host
+/// around a device synchronisation (after a barrier, so that every rank starts together).
+fn time_us(c: &mut NcclCollectives, gpu: &cuda::Gpu, run: impl Fn(&mut NcclCollectives)) -> f64 {
+    for _ in 0..WARMUP {
+        run(c);
+    }
+    gpu.compute.synchronize().expect("sync");
+    c.barrier().expect("barrier");
+    let t0 = Instant::now();
+    for _ in 0..ITERS {
+        run(c);
+    }
+    gpu.compute.synchronize().expect("sync");
+    let _ = c.take_stats();
+    t0.elapsed().as_secs_f64() * 1e6 / ITERS as f64
 }

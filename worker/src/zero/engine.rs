@@ -931,6 +931,9 @@ impl Engine {
     /// Offload: every deferred update done and copied back. The training loop calls it after the
     /// last step, inside that step's time, so the steps' total covers all of their work.
     pub fn settle(&mut self) -> Result<(), EngineError> {
+        if self.offload == Offload::None {
+            return Ok(());
+        }
         if let Some(&last) = self.deferred.back() {
             self.refresh_until(last)?;
         }

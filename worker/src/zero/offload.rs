@@ -186,11 +186,10 @@ struct Queue {
 impl Queue {
     /// The job to run next: the earliest spawned, or once sealed the first in forward order.
     fn take_next(&mut self) -> Option<(HostState, Update)> {
-        let i = if self.sealed {
-            (0..self.jobs.len()).min_by_key(|&i| self.jobs[i].1.priority)?
-        } else {
-            (!self.jobs.is_empty()).then_some(0)?
-        };
+        if self.jobs.is_empty() {
+            return None;
+        }
+        let i = if self.sealed { (0..self.jobs.len()).min_by_key(|&i| self.jobs[i].1.priority)? } else { 0 };
         Some(self.jobs.remove(i))
     }
 }
