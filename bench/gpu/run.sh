@@ -12,6 +12,8 @@
 #   reference    the PyTorch reference (eager, DDP, FSDP2) on the same shapes
 #   collectives  bus bandwidth of zerobench's NCCL collectives and torch.distributed's
 #   profile      traced and profiled runs (gpt2 stage 0 on 1 GPU, gpt2-xl stage 3 on 2 GPUs)
+#   interference compute slowed by a transfer beside it (NCCL vs copy engines), and NCCL settings
+#   knobs        gpt2-xl on 2 GPUs under bucket sizes, prefetch depths, CUDA_DEVICE_MAX_CONNECTIONS=1
 #   ctas         2-GPU sweeps with NCCL capped at 8 and 16 thread blocks per collective
 #   eager        the one-GPU eager PyTorch reference only (the target's denominator)
 #   offload      gpt2-xl stages 2 and 3 on 1 and 2 GPUs with and without CPU offload, hpZ on 2 GPUs,
@@ -53,10 +55,13 @@ log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" | tee -a "$OUTDIR/bench.log"
 cat "$OUTDIR/host.txt" >&2
 
 # worker NAME NP ARGS...: one zerobench run; failures are logged, not fatal to the sweep.
+# WORKER_ENV="NAME=VALUE ..." adds variables to every rank's environment; a run is stopped after
+# WORKER_TIMEOUT seconds (default 900).
 worker() {
   local name=$1 np=$2; shift 2
-  local t0=$SECONDS
-  mpirun -np "$np" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS \
+  local t0=$SECONDS xs=() kv
+  for kv in ${WORKER_ENV:-}; do xs+=(-x "${kv%%=*}"); done
+  env ${WORKER_ENV:-} timeout "${WORKER_TIMEOUT:-900}" mpirun -np "$np" "${xs[@]}" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS \
     --bind-to none "$W" --device cuda --log-dir "$RUNS/$name" --run-id "$name" "$@" > "$RUNS/$name.out" 2>&1
   local rc=$?
   log "$name: rc=$rc in $((SECONDS - t0)) s: $(tail -n 1 "$RUNS/$name.out")"
@@ -73,6 +78,10 @@ reference() {
   fi
   log "$name: rc=$? in $((SECONDS - t0)) s: $(cat "$RUNS/$name.json")"
 }
+
+# gpt2-xl stage 0 on one GPU, long enough to overlap a neighbour: the interference phases' reference.
+xl1=(--model gpt2-xl --stage 0 --micro-batch 4 --seq-len 1024 --steps 60 --warmup 5)
+xl2=(--model gpt2-xl --micro-batch 4 --seq-len 1024 --steps 15 --warmup 3)
 
 sweep() {  # sweep MODEL MICRO_BATCH [GPU COUNTS [SUFFIX EXTRA-ARGS...]]
   local model=$1 mb=$2 counts=${3:-"1 2"} suffix=${4:-}
@@ -121,6 +130,36 @@ for phase in "${phases[@]}"; do
       worker profile_gpt2-xl_z3_mb4_2gpu 2 --model gpt2-xl --stage 3 --micro-batch 4 --steps 8 --warmup 3 --trace --profile-step 5
       grep -h '"event":"profile"' "$RUNS"/profile_*/rank0.jsonl >&2 ;;
     gpt2-xl) sweep gpt2-xl 4 ;;
+    interference)
+      # How much a transfer beside compute slows compute, by engine (NCCL's SMs or the copy
+      # engines), then NCCL settings that change its SM footprint on the gpt2-xl 2-GPU runs.
+      python3 bench/gpu/interference.py --reps "${INTERFERENCE_REPS:-7}" > "$RUNS/interference.jsonl" 2> "$RUNS/interference.err"
+      log "interference.py rc=$?: $(tr '\n' ' ' < "$RUNS/interference.jsonl")"
+      worker gpt2-xl_z0_mb4_1gpu_int 1 "${xl1[@]}"
+      # The same one-GPU run on both GPUs at once, independently: what sharing the host costs
+      # without any communication.
+      for d in 0 1; do WORKER_ENV=CUDA_VISIBLE_DEVICES=$d worker "gpt2-xl_z0_mb4_1gpu_pair$d" 1 "${xl1[@]}" & done
+      wait
+      # (NCCL_P2P_USE_CUDA_MEMCPY=1, copy engines inside NCCL, hung the first collective on
+      # 2026-11-22: the worker's stall watchdog ended it after 300 s.)
+      for e in "" NCCL_CTA_POLICY=1 NCCL_PROTO=Simple NCCL_NTHREADS=256; do
+        for s in 1 2 3; do
+          WORKER_ENV=$e worker "gpt2-xl_z${s}_mb4_2gpu_env${e:+_${e//=/-}}" 2 "${xl2[@]}" --stage "$s"
+        done
+      done
+      for f in "$RUNS"/gpt2-xl_z*_int/rank0.jsonl "$RUNS"/gpt2-xl_z*_env*/rank0.jsonl; do
+        log "$f: $(grep -o '"summary":.*' "$f" | cut -c1-200)"
+      done ;;
+    knobs)
+      # Settings that change how communication overlaps computation, on the gpt2-xl 2-GPU runs:
+      # gradient bucket size, stage 3's prefetch depth, one hardware work queue per GPU.
+      worker gpt2-xl_z0_mb4_1gpu_int 1 "${xl1[@]}"
+      for s in 1 2 3; do
+        worker "gpt2-xl_z${s}_mb4_2gpu_env" 2 "${xl2[@]}" --stage "$s"
+        for b in 8 128 512; do worker "gpt2-xl_z${s}_mb4_2gpu_env_bucket-mb-$b" 2 "${xl2[@]}" --stage "$s" --bucket-mb "$b"; done
+        WORKER_ENV=CUDA_DEVICE_MAX_CONNECTIONS=1 worker "gpt2-xl_z${s}_mb4_2gpu_env_CUDA_DEVICE_MAX_CONNECTIONS-1" 2 "${xl2[@]}" --stage "$s"
+      done
+      for p in 2 3; do worker "gpt2-xl_z3_mb4_2gpu_env_prefetch-$p" 2 "${xl2[@]}" --stage 3 --prefetch "$p"; done ;;
     ctas)
       # NCCL thread blocks per collective: fewer leave more SMs to the overlapped computation.
       for c in 8 16; do sweep gpt2 16 2 "_ctas$c" --comm-ctas "$c"; sweep gpt2-xl 4 2 "_ctas$c" --comm-ctas "$c"; done ;;
