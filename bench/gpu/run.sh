@@ -14,6 +14,10 @@
 #   profile      traced and profiled runs (gpt2 stage 0 on 1 GPU, gpt2-xl stage 3 on 2 GPUs)
 #   interference compute slowed by a transfer beside it (NCCL vs copy engines), and NCCL settings
 #   knobs        gpt2-xl on 2 GPUs under bucket sizes, prefetch depths, CUDA_DEVICE_MAX_CONNECTIONS=1
+#   copy-engines the copy-engine transport (--copy-engines all-gather|all): collectives checked and
+#                timed, gpt2 losses against NCCL's
+#   copy-engines-xl  gpt2-xl on 2 GPUs with NCCL and each copy-engine setting (stages XL_STAGES,
+#                XL_REPS times), and stage 3 with hpZ over the copy engines
 #   ctas         2-GPU sweeps with NCCL capped at 8 and 16 thread blocks per collective
 #   eager        the one-GPU eager PyTorch reference only (the target's denominator)
 #   offload      gpt2-xl stages 2 and 3 on 1 and 2 GPUs with and without CPU offload, hpZ on 2 GPUs,
@@ -160,6 +164,48 @@ for phase in "${phases[@]}"; do
         WORKER_ENV=CUDA_DEVICE_MAX_CONNECTIONS=1 worker "gpt2-xl_z${s}_mb4_2gpu_env_CUDA_DEVICE_MAX_CONNECTIONS-1" 2 "${xl2[@]}" --stage "$s"
       done
       for p in 2 3; do worker "gpt2-xl_z3_mb4_2gpu_env_prefetch-$p" 2 "${xl2[@]}" --stage 3 --prefetch "$p"; done ;;
+    copy-engines)
+      # The copy-engine transport (`--copy-engines`): its collectives checked against closed forms
+      # and timed beside NCCL's; gpt2 on the shipped text with each transport (the losses must
+      # agree); the gpt2-xl 2-GPU runs with each, against the one-GPU run of the same call.
+      sizes="16777216 67108864 268435456 164105728"
+      timeout 90 mpirun -np 2 -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE --bind-to none "$BIN/examples/nccl_bw" $sizes > "$RUNS/collectives_nccl.jsonl" 2>&1
+      log "nccl_bw rc=$?: $(grep -h '^{' "$RUNS/collectives_nccl.jsonl" | tr '\n' ' ')"
+      timeout 90 mpirun -np 2 -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE --bind-to none "$BIN/examples/nccl_bw" --copy-engines $sizes \
+        > "$RUNS/collectives_ce.jsonl" 2> "$RUNS/collectives_ce.err"
+      rc=$?
+      log "nccl_bw --copy-engines rc=$rc: $(tr '\n' ' ' < "$RUNS/collectives_ce.jsonl") $(tail -c 600 "$RUNS/collectives_ce.err")"
+      [ "$rc" = 0 ] || { log "copy engines failed: the rest of the phase is skipped"; sizes=; }
+      if [ -n "$sizes" ]; then
+        for s in 0 1 2 3; do
+          for t in nccl ce; do
+            extra=(); [ "$t" = ce ] && extra=(--copy-engines all)
+            worker "correct_gpt2_z${s}_2gpu_$t" 2 --model gpt2 --stage "$s" --micro-batch 8 --seq-len 256 --steps 40 --warmup 2 \
+              --lr 3e-4 --data tests/data/declaration-of-independence.txt "${extra[@]}"
+          done
+          log "stage $s losses, copy engines vs NCCL: $(python3 - "$RUNS/correct_gpt2_z${s}_2gpu" <<'PY'
+import json, sys
+loss = lambda t: [r["loss"] for r in map(json.loads, open(f"{sys.argv[1]}_{t}/rank0.jsonl")) if r["event"] == "step"]
+a, b = loss("nccl"), loss("ce")
+print(f"{len(a)} and {len(b)} steps, largest difference {max(abs(x - y) for x, y in zip(a, b)):.3g}, final {a[-1]:.4f} / {b[-1]:.4f}")
+PY
+)"
+        done
+      fi ;;
+    copy-engines-xl)
+      # gpt2-xl on 2 GPUs with NCCL and with each copy-engine setting, XL_REPS times in turn
+      # (run-to-run spread on these hosts is about 1.5 ms), against the one-GPU run of this call;
+      # then stage 3 with hpZ over the copy engines.
+      worker gpt2-xl_z0_mb4_1gpu_int 1 "${xl1[@]}"
+      for rep in $(seq 1 "${XL_REPS:-1}"); do
+        for s in ${XL_STAGES:-0 1 2 3}; do
+          worker "gpt2-xl_z${s}_mb4_2gpu_rep${rep}_env" 2 "${xl2[@]}" --stage "$s"
+          for c in all-gather all; do
+            worker "gpt2-xl_z${s}_mb4_2gpu_rep${rep}_env_copy-engines=$c" 2 "${xl2[@]}" --stage "$s" --copy-engines "$c"
+          done
+        done
+      done
+      worker "hpz_gpt2-xl_z3_hpz2_2gpu_copy-engines" 2 "${xl2[@]}" --stage 3 --hpz 2 --copy-engines all-gather ;;
     ctas)
       # NCCL thread blocks per collective: fewer leave more SMs to the overlapped computation.
       for c in 8 16; do sweep gpt2 16 2 "_ctas$c" --comm-ctas "$c"; sweep gpt2-xl 4 2 "_ctas$c" --comm-ctas "$c"; done ;;

@@ -187,6 +187,9 @@ fn apply_worker(spec: &Spec, c: &mut RunConfig) {
     if w.comm_ctas.is_some() {
         c.engine.comm_ctas = w.comm_ctas;
     }
+    if w.copy_engines.is_some() {
+        c.engine.copy_engines = w.copy_engines;
+    }
 }
 
 /// The spec key a worker flag comes from, for placing `RunConfig::validate`'s errors.
@@ -208,6 +211,11 @@ fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node
     let mut warnings = Vec::new();
     let fail = |e: &ConfigError| spec.error_at(&key_of_flag(spec, b, e), format!("run {id}: {e}"));
     config.validate(Some(world)).map_err(|e| fail(&e))?;
+    if config.engine.copy_engines.is_some() && nodes > 1 {
+        let why =
+            format!("run {id}: copy engines move data between the GPUs of one host; this run spans {nodes} nodes");
+        return Err(spec.error_at("worker.copy_engines", why));
+    }
     let model = config.model.spec();
     let split = model_state_split(
         config.stage,
@@ -349,6 +357,22 @@ mod tests {
         assert_eq!(by_model(ModelPreset::Tiny).config.target_len, None);
         let e = plan("worker: {target_len: 0}\nsweep:\n  models: tiny-t5\n").unwrap_err().to_string();
         assert!(e.contains("worker.target_len"), "{e}");
+    }
+
+    #[test]
+    fn copy_engines_reach_single_host_runs_only() {
+        let p = plan(
+            "cluster: {gpus_per_node: 2}\nworker: {copy_engines: all-gather}\nsweep:\n  models: tiny\n  stages: 3\n",
+        )
+        .unwrap();
+        assert!(p.runs[0].config.to_worker_args().join(" ").ends_with("--copy-engines all-gather"));
+        let e =
+            plan("cluster: {gpus_per_node: 2}\nworker: {copy_engines: all}\nsweep:\n  models: tiny\n  nodes: [1, 2]\n")
+                .unwrap_err()
+                .to_string();
+        assert!(e.starts_with("s.yaml:2:10: worker.copy_engines: run tiny_z0_offnone_mb1_2x2: copy engines"), "{e}");
+        let e = plan("worker: {copy_engines: some}\nsweep:\n  models: tiny\n").unwrap_err().to_string();
+        assert!(e.contains("copy_engines") && e.contains("all-gather"), "{e}");
     }
 
     #[test]

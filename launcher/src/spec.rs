@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
+use zerobench_schema::config::CopyEngines;
 use zerobench_schema::{DeviceRequest, ModelPreset, Offload, Precision, ZeroStage};
 
 use crate::hostfile::{Hostfile, HostfileFormat};
@@ -231,6 +232,8 @@ pub struct Worker {
     pub hpz: Option<u32>,
     /// GPUs: the most thread blocks one NCCL collective may use.
     pub comm_ctas: Option<u32>,
+    /// GPUs of one host: the collectives whose data the copy engines move (`all-gather` or `all`).
+    pub copy_engines: Option<CopyEngines>,
 }
 
 /// One block of the sweep matrix: the runs are the cartesian product of its axes.

@@ -177,6 +177,18 @@ pub enum DeviceRequest {
 }
 text_enum!(DeviceRequest, "device", { Auto => "auto", Cpu => "cpu", Cuda => "cuda" });
 
+/// Which collectives move their data with the copy engines (`--copy-engines`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum CopyEngines {
+    /// All-gathers only (stage 3's parameters, stages 1-2's updated parameters); gradients are
+    /// still reduced by NCCL, whose reduction kernels are faster than the copy engines' add.
+    AllGather,
+    /// All-gathers, reduce-scatters and all-reduces.
+    All,
+}
+text_enum!(CopyEngines, "copy-engines", { AllGather => "all-gather", All => "all" });
+
 /// AdamW hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -215,6 +227,11 @@ pub struct EngineConfig {
     /// Fewer leave more SMs to the computation collectives overlap with; `None` is NCCL's choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comm_ctas: Option<u32>,
+    /// GPUs of one host: these collectives move their data with the copy engines (peer copies
+    /// through CUDA IPC) instead of NCCL's kernels, which share the SMs with the computation they
+    /// overlap. NCCL still carries everything else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_engines: Option<CopyEngines>,
 }
 
 fn default_loss_scale_power() -> u32 {
@@ -223,7 +240,14 @@ fn default_loss_scale_power() -> u32 {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { bucket_mb: 32.0, prefetch: 1, loss_scale_power: default_loss_scale_power(), hpz: None, comm_ctas: None }
+        Self {
+            bucket_mb: 32.0,
+            prefetch: 1,
+            loss_scale_power: default_loss_scale_power(),
+            hpz: None,
+            comm_ctas: None,
+            copy_engines: None,
+        }
     }
 }
 
@@ -376,6 +400,9 @@ impl RunConfig {
         if self.engine.comm_ctas == Some(0) {
             return Err(ConfigError::new("comm-ctas", "must be at least 1"));
         }
+        if self.engine.copy_engines.is_some() && self.device == DeviceRequest::Cpu {
+            return Err(ConfigError::new("copy-engines", "moves data between GPUs; not with --device cpu"));
+        }
         if self.engine.loss_scale_power > 60 {
             return Err(ConfigError::new("loss-scale-power", "must be at most 60"));
         }
@@ -412,6 +439,8 @@ impl RunConfig {
         let opt = |v: Option<u32>| v.map_or_else(|| "None".to_string(), |v| v.to_string());
         diff("hpz", opt(self.engine.hpz), opt(e.hpz));
         diff("comm_ctas", opt(self.engine.comm_ctas), opt(e.comm_ctas));
+        let text = |v: Option<CopyEngines>| v.map_or_else(|| "None".to_string(), |v| v.to_string());
+        diff("copy_engines", text(self.engine.copy_engines), text(e.copy_engines));
         parts.join(",")
     }
 
@@ -484,6 +513,9 @@ impl RunConfig {
         if let Some(c) = self.engine.comm_ctas {
             push("comm-ctas", c.to_string());
         }
+        if let Some(c) = self.engine.copy_engines {
+            push("copy-engines", c.to_string());
+        }
         a
     }
 }
@@ -529,6 +561,18 @@ mod tests {
         c.engine.comm_ctas = Some(8);
         c.optim.lr = 1e-3;
         assert_eq!(c.variant(), "lr=0.001,comm_ctas=8");
+        c.engine.copy_engines = Some(CopyEngines::AllGather);
+        assert_eq!(c.variant(), "lr=0.001,comm_ctas=8,copy_engines=all-gather");
+    }
+
+    #[test]
+    fn copy_engines_need_gpus() {
+        let mut c = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z2);
+        c.engine.copy_engines = Some(CopyEngines::All);
+        c.device = DeviceRequest::Cpu;
+        assert_eq!(c.validate(None).unwrap_err().field, "copy-engines");
+        c.device = DeviceRequest::Auto;
+        c.validate(None).unwrap();
     }
 
     #[test]

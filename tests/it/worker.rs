@@ -240,3 +240,16 @@ fn hpz_keeps_backward_gathers_in_the_group_and_trains_the_same_model() {
     assert_eq!(bad.status.code(), Some(2), "{}", String::from_utf8_lossy(&bad.stderr));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--hpz"));
 }
+
+#[test]
+fn copy_engines_are_refused_without_gpus() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (value, device, says) in [("all-gather", "cpu", "not with --device cpu"), ("some", "auto", "all-gather, all")] {
+        let out = run(std::process::Command::new(worker())
+            .args(["--model", "tiny", "--stage", "3", "--device", device, "--copy-engines", value, "--log-dir"])
+            .arg(tmp.path().join(value)));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("--copy-engines") && stderr.contains(says), "{stderr}");
+    }
+}

@@ -3,13 +3,19 @@
 //! the host around a device synchronisation. One JSON line per (collective, size) on rank 0; then
 //! the pinned host-device copy bandwidth (the engine's offload copies) of the largest size.
 //!
-//! `mpirun -np 2 target/release/examples/nccl_bw BYTES...`
+//! With `--copy-engines`, every collective goes through the copy-engine transport
+//! (`zerobench-worker --copy-engines all`) and is labelled `zerobench-ce`. Before timing a size, each
+//! collective is checked once against its closed form (rank r contributes r + 1); a wrong result
+//! ends the program with a panic.
+//!
+//! `mpirun -np 2 target/release/examples/nccl_bw [--copy-engines] BYTES...`
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use mpi::topology::Communicator;
 use tch::{Kind, Tensor};
+use zerobench_schema::config::CopyEngines;
 use zerobench_worker::comm::nccl::NcclCollectives;
 use zerobench_worker::comm::{CollectiveKind, Collectives};
 use zerobench_worker::runtime::{cuda, device, identity, pinned};
@@ -25,10 +31,15 @@ fn main() {
     let (rank, n) = (world.rank() as usize, world.size() as usize);
     let dev = device::select(zerobench_schema::DeviceRequest::Cuda).expect("a GPU");
     let gpu = cuda::Gpu::new(0).expect("CUDA context");
-    let mut c = NcclCollectives::new(world, Arc::clone(&gpu), None).expect("NCCL");
-    let sizes: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("sizes in bytes")).collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let copy_engines = args.iter().any(|a| a == "--copy-engines").then_some(CopyEngines::All);
+    let label = if copy_engines.is_some() { "zerobench-ce" } else { "zerobench" };
+    let mut c = NcclCollectives::new(world, Arc::clone(&gpu), None, copy_engines).expect("NCCL");
+    let sizes: Vec<usize> =
+        args.iter().filter(|a| !a.starts_with("--")).map(|a| a.parse().expect("sizes in bytes")).collect();
     for &bytes in &sizes {
         let elems = (bytes / 2).div_ceil(n) * n;
+        check(&mut c, elems, rank, n, dev);
         let full = Tensor::ones([elems as i64], (Kind::BFloat16, dev));
         let shard = full.narrow(0, (rank * elems / n) as i64, (elems / n) as i64);
         for kind in [CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather] {
@@ -46,7 +57,7 @@ fn main() {
             let busbw = size / (us * 1e-6) * kind.bus_factor(n) / 1e9;
             if rank == 0 {
                 println!(
-                    "{{\"impl\":\"zerobench\",\"op\":\"{}\",\"bytes\":{},\"ranks\":{n},\"us\":{us:.1},\"busbw_gbps\":{busbw:.2}}}",
+                    "{{\"impl\":\"{label}\",\"op\":\"{}\",\"bytes\":{},\"ranks\":{n},\"us\":{us:.1},\"busbw_gbps\":{busbw:.2}}}",
                     kind.name(),
                     elems * 2
                 );
@@ -83,6 +94,42 @@ fn main() {
             }
         }
     }
+}
+
+/// Each collective once against its closed form: rank r contributes (i mod 13) + r + 1 at index
+/// i (small integers, exact in bf16 for up to 8 ranks), so a misplaced element shows. All-reduce
+/// runs in place, reduce-scatter and all-gather between separate buffers.
+fn check(c: &mut NcclCollectives, elems: usize, rank: usize, n: usize, dev: tch::Device) {
+    let pattern = |len: i64| Tensor::arange(len, (Kind::Int64, dev)).remainder(13);
+    let contribution = |len: i64, r: usize| (pattern(len) + (r + 1) as i64).to_kind(Kind::BFloat16);
+    let m = (elems / n) as i64;
+    let ranks_sum = (n * (n + 1) / 2) as i64;
+    let summed = |len: i64| (pattern(len) * n as i64 + ranks_sum).to_kind(Kind::BFloat16);
+    let full = contribution(elems as i64, rank);
+    let p = c.all_reduce(&full).expect("all_reduce");
+    c.wait(p).expect("wait");
+    assert_eq!(count_diff(&full, &summed(elems as i64)), 0, "all_reduce");
+    let full = contribution(elems as i64, rank);
+    let out = Tensor::zeros([m], (Kind::BFloat16, dev));
+    let p = c.reduce_scatter(&full, &out).expect("reduce_scatter");
+    c.wait(p).expect("wait");
+    assert_eq!(count_diff(&out, &summed(elems as i64).narrow(0, rank as i64 * m, m)), 0, "reduce_scatter");
+    let shard = contribution(m, rank);
+    let gathered = Tensor::zeros([elems as i64], (Kind::BFloat16, dev));
+    let p = c.all_gather(&shard, &gathered).expect("all_gather");
+    c.wait(p).expect("wait");
+    for r in 0..n {
+        assert_eq!(
+            count_diff(&gathered.narrow(0, r as i64 * m, m), &contribution(m, r)),
+            0,
+            "all_gather: rank {r}'s slice"
+        );
+    }
+}
+
+/// How many elements of `a` differ from `b`.
+fn count_diff(a: &Tensor, b: &Tensor) -> i64 {
+    a.ne_tensor(b).sum(Kind::Int64).int64_value(&[])
 }
 
 /// Microseconds per call of `run`: WARMUP calls, then ITERS back to back, timed on the host

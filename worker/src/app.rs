@@ -176,13 +176,18 @@ fn run_logged(
         let color = mpi::topology::Color::with_value((ident.rank / g) as i32);
         world.split_by_color(color).expect("every rank has a color")
     });
+    if cfg.engine.copy_engines.is_some() && gpu.is_none() {
+        return Err(Failure::Config("--copy-engines moves data between GPUs, and this run has none".into()));
+    }
     let comm: Box<dyn Collectives> = match &gpu {
-        Some(g) => Box::new(NcclCollectives::new(world, Arc::clone(g), cfg.engine.comm_ctas)?),
+        Some(g) => Box::new(NcclCollectives::new(world, Arc::clone(g), cfg.engine.comm_ctas, cfg.engine.copy_engines)?),
         None => Box::new(MpiCollectives::new(world)),
     };
     let group: Option<Box<dyn Collectives>> = match (group_mpi, &gpu) {
         (None, _) => None,
-        (Some(c), Some(g)) => Some(Box::new(NcclCollectives::new(c, Arc::clone(g), cfg.engine.comm_ctas)?)),
+        (Some(c), Some(g)) => {
+            Some(Box::new(NcclCollectives::new(c, Arc::clone(g), cfg.engine.comm_ctas, cfg.engine.copy_engines)?))
+        }
         (Some(c), None) => Some(Box::new(MpiCollectives::new(c))),
     };
     let monitor = gpu.as_ref().and_then(|g| g.uuid()).and_then(|u| GpuMonitor::open(&u));

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use zerobench_schema::config::{EngineConfig, OptimConfig};
+use zerobench_schema::config::{CopyEngines, EngineConfig, OptimConfig};
 use zerobench_schema::{DeviceRequest, ModelPreset, Offload, Precision, RunConfig, ZeroStage};
 
 /// One rank of a zerobench run: trains a model with a ZeRO stage and logs what it costs.
@@ -99,6 +99,11 @@ pub struct Args {
     /// GPUs: most thread blocks one NCCL collective may use [default: NCCL's choice].
     #[arg(long)]
     pub comm_ctas: Option<u32>,
+    /// GPUs of one host: move the data of these collectives with the copy engines (CUDA IPC peer
+    /// copies) instead of NCCL's kernels: `all-gather`, or `all` (with reduce-scatters and
+    /// all-reduces) [default: NCCL for every collective].
+    #[arg(long, value_parser = parse::<CopyEngines>)]
+    pub copy_engines: Option<CopyEngines>,
 }
 
 fn parse<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> {
@@ -134,6 +139,7 @@ impl Args {
                 loss_scale_power: self.loss_scale_power,
                 hpz: self.hpz,
                 comm_ctas: self.comm_ctas,
+                copy_engines: self.copy_engines,
             },
         }
     }
@@ -153,6 +159,7 @@ mod tests {
         cfg.optim.lr = 1.5e-4;
         cfg.engine.bucket_mb = 12.5;
         cfg.engine.comm_ctas = Some(8);
+        cfg.engine.copy_engines = Some(CopyEngines::All);
         let mut argv = vec!["zerobench-worker".to_string()];
         argv.extend(cfg.to_worker_args());
         argv.extend(["--log-dir".into(), "/tmp/x".into()]);

@@ -17,6 +17,7 @@
 
 pub mod mpi;
 pub mod nccl;
+pub mod peer_copy;
 pub mod stats;
 
 use tch::{Kind, Tensor};

@@ -18,8 +18,10 @@ use std::sync::Arc;
 use cudarc::nccl::{result as nccl, sys as ncclsys};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::{Device, Kind, Tensor};
+use zerobench_schema::config::CopyEngines;
 
-use super::{flat, CollectiveKind, CommError, Collectives, Elem, HostCopy, Pending, StepComm};
+use super::peer_copy::{dptr, PeerCopy};
+use super::{flat, CollectiveKind, Collectives, CommError, Elem, HostCopy, Pending, StepComm};
 use crate::metrics::timeline::{Mark, SharedTimeline, SpanInfo, Track};
 use crate::runtime::cuda::{Event, Gpu};
 
@@ -46,7 +48,14 @@ pub struct NcclCollectives {
     waits: Vec<(Event, Event)>,
     control: Tensor,
     timeline: Option<SharedTimeline>,
+    /// `--copy-engines`: the transport, and whether reductions (reduce-scatter, all-reduce) use it
+    /// too or only all-gathers.
+    peer_copy: Option<PeerCopy>,
+    peer_copy_reductions: bool,
 }
+
+/// Bytes of each inbox slot of the copy-engine transport (the largest piece it moves at once).
+const PEER_COPY_SLOT_BYTES: usize = 64 << 20;
 
 /// `NCCL_CONFIG_INITIALIZER` of nccl.h: every field "undefined" (NCCL's defaults), tagged with
 /// the struct's size, magic number and the version of the headers the bindings come from.
@@ -83,8 +92,14 @@ fn cuda_err(op: &'static str, e: cudarc::driver::DriverError) -> CommError {
 
 impl NcclCollectives {
     /// Creates the NCCL communicator of all ranks of `mpi` on this rank's GPU; `max_ctas` caps the
-    /// thread blocks of each collective.
-    pub fn new(mpi: SimpleCommunicator, gpu: Arc<Gpu>, max_ctas: Option<u32>) -> Result<Self, CommError> {
+    /// thread blocks of each collective; `copy_engines` moves the data of those collectives with
+    /// peer copies ([`PeerCopy`]; every rank must be on this host).
+    pub fn new(
+        mpi: SimpleCommunicator,
+        gpu: Arc<Gpu>,
+        max_ctas: Option<u32>,
+        copy_engines: Option<CopyEngines>,
+    ) -> Result<Self, CommError> {
         let rank = usize::try_from(mpi.rank()).expect("rank");
         let world = usize::try_from(mpi.size()).expect("size");
         let mut id_bytes = [0u8; 128];
@@ -109,14 +124,31 @@ impl NcclCollectives {
             Some(c) => {
                 let mut config = default_config();
                 config.maxCTAs = c_int::try_from(c).unwrap_or(c_int::MAX);
-                unsafe { nccl::comm_init_rank_config(comm.as_mut_ptr(), world as c_int, id, rank as c_int, &mut config) }
-                    .map_err(|e| nccl_err("ncclCommInitRankConfig", e))?
+                unsafe {
+                    nccl::comm_init_rank_config(comm.as_mut_ptr(), world as c_int, id, rank as c_int, &mut config)
+                }
+                .map_err(|e| nccl_err("ncclCommInitRankConfig", e))?
             }
         };
         // SAFETY: initialised by the successful call above.
         let comm = unsafe { comm.assume_init() };
         crate::runtime::guard::watch_nccl(comm as usize);
         let control = Tensor::zeros([2], (Kind::Float, Device::Cuda(0)));
+        let peer_copy = if copy_engines.is_some() {
+            let local = mpi.split_shared(0).size();
+            if local != mpi.size() {
+                return Err(CommError::Failed {
+                    op: "copy-engine setup",
+                    message: format!(
+                        "--copy-engines needs every rank on one host; {local} of {} share this one",
+                        mpi.size()
+                    ),
+                });
+            }
+            Some(PeerCopy::new(&mpi, Arc::clone(&gpu), PEER_COPY_SLOT_BYTES)?)
+        } else {
+            None
+        };
         Ok(Self {
             comm,
             gpu,
@@ -128,6 +160,8 @@ impl NcclCollectives {
             waits: Vec::new(),
             control,
             timeline: None,
+            peer_copy,
+            peer_copy_reductions: copy_engines == Some(CopyEngines::All),
         })
     }
 
@@ -170,6 +204,19 @@ impl NcclCollectives {
         Ok(Pending(Some(id)))
     }
 
+    /// Issues a collective that the copy-engine transport carries out.
+    fn through_peer_copy(
+        &mut self,
+        kind: CollectiveKind,
+        bytes: usize,
+        run: impl FnOnce(&mut PeerCopy) -> Result<(), CommError>,
+    ) -> Result<Pending, CommError> {
+        let mut pc = self.peer_copy.take().expect("called with the copy-engine transport");
+        let pending = self.issue(kind, bytes, |_| run(&mut pc));
+        self.peer_copy = Some(pc);
+        pending
+    }
+
     fn ptr(t: &Tensor) -> *mut std::ffi::c_void {
         t.data_ptr()
     }
@@ -188,6 +235,14 @@ impl Collectives for NcclCollectives {
         const OP: &str = "all_reduce";
         let (e, n) = flat(buf, OP)?;
         let (p, comm) = (Self::ptr(buf), self.comm);
+        if self.peer_copy_reductions && n % self.world == 0 {
+            // A reduce-scatter into this rank's slice, then an all-gather of the slices, in place.
+            let (m, mine) = (n / self.world, dptr(buf) + (self.rank * (n / self.world) * e.size()) as u64);
+            return self.through_peer_copy(CollectiveKind::AllReduce, n * e.size(), |pc| {
+                pc.reduce_scatter(dptr(buf), mine, m, e)?;
+                pc.all_gather(mine, dptr(buf), m, e)
+            });
+        }
         self.issue(CollectiveKind::AllReduce, n * e.size(), |s| {
             // SAFETY: a contiguous device tensor of `n` elements of type `e`, kept alive by the
             // engine until the collective is waited on.
@@ -202,7 +257,15 @@ impl Collectives for NcclCollectives {
         let (e, n) = flat(input, OP)?;
         let (eo, m) = flat(output, OP)?;
         if e != eo || m * self.world != n {
-            return Err(CommError::BadTensor { op: OP, reason: format!("input {n} and output {m} elements on {} ranks", self.world) });
+            return Err(CommError::BadTensor {
+                op: OP,
+                reason: format!("input {n} and output {m} elements on {} ranks", self.world),
+            });
+        }
+        if self.peer_copy_reductions {
+            return self.through_peer_copy(CollectiveKind::ReduceScatter, n * e.size(), |pc| {
+                pc.reduce_scatter(dptr(input), dptr(output), m, e)
+            });
         }
         let (i, o, comm) = (Self::ptr(input), Self::ptr(output), self.comm);
         self.issue(CollectiveKind::ReduceScatter, n * e.size(), |s| {
@@ -219,7 +282,15 @@ impl Collectives for NcclCollectives {
         let (e, n) = flat(input, OP)?;
         let (eo, m) = flat(output, OP)?;
         if e != eo || n * self.world != m {
-            return Err(CommError::BadTensor { op: OP, reason: format!("input {n} and output {m} elements on {} ranks", self.world) });
+            return Err(CommError::BadTensor {
+                op: OP,
+                reason: format!("input {n} and output {m} elements on {} ranks", self.world),
+            });
+        }
+        if self.peer_copy.is_some() {
+            return self.through_peer_copy(CollectiveKind::AllGather, m * e.size(), |pc| {
+                pc.all_gather(dptr(input), dptr(output), n, e)
+            });
         }
         let (i, o, comm) = (Self::ptr(input), Self::ptr(output), self.comm);
         self.issue(CollectiveKind::AllGather, m * e.size(), |s| {
@@ -234,7 +305,9 @@ impl Collectives for NcclCollectives {
         let (p, comm) = (Self::ptr(buf), self.comm);
         self.issue(CollectiveKind::Broadcast, n * e.size(), |s| {
             // SAFETY: a contiguous device tensor of `n` elements.
-            unsafe { nccl::broadcast(p, p, n, Self::dtype(e), root as c_int, comm, s) }.map(|_| ()).map_err(|err| nccl_err(OP, err))
+            unsafe { nccl::broadcast(p, p, n, Self::dtype(e), root as c_int, comm, s) }
+                .map(|_| ())
+                .map_err(|err| nccl_err(OP, err))
         })
     }
 
@@ -324,7 +397,15 @@ impl Collectives for NcclCollectives {
         let p = Self::ptr(&dev);
         // SAFETY: the persistent 2-element control buffer.
         unsafe {
-            nccl::all_reduce(p, p, n, ncclsys::ncclDataType_t::ncclFloat32, ncclsys::ncclRedOp_t::ncclSum, self.comm, g.comm.cu_stream() as _)
+            nccl::all_reduce(
+                p,
+                p,
+                n,
+                ncclsys::ncclDataType_t::ncclFloat32,
+                ncclsys::ncclRedOp_t::ncclSum,
+                self.comm,
+                g.comm.cu_stream() as _,
+            )
         }
         .map_err(|e| nccl_err(OP, e))?;
         let done = g.mark(&g.comm).map_err(|e| cuda_err(OP, e))?;
@@ -350,7 +431,14 @@ impl Collectives for NcclCollectives {
                     // The timeline reads and recycles the events.
                     let info = SpanInfo { segment: None, bytes: Some(op.bytes) };
                     let name = op.kind.name();
-                    t.lock().expect("timeline").span_in(step, Track::Comm(name), name, Mark::Device(op.start), Mark::Device(op.end), info);
+                    t.lock().expect("timeline").span_in(
+                        step,
+                        Track::Comm(name),
+                        name,
+                        Mark::Device(op.start),
+                        Mark::Device(op.end),
+                        info,
+                    );
                 }
                 _ => {
                     g.recycle(op.start);
