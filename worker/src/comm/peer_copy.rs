@@ -28,25 +28,15 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUdeviceptr};
 use cudarc::driver::{CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::CommunicatorCollectives;
 
 use super::{CommError, Elem};
 use crate::runtime::cuda::Gpu;
+use crate::runtime::kernels;
 
-const SOURCE: &str = r#"
-__device__ __forceinline__ float bf2f(unsigned short x) { return __uint_as_float(((unsigned int)x) << 16); }
-__device__ __forceinline__ unsigned short f2bf(float f) {
-    unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (unsigned short)(u >> 16);
-}
-__device__ __forceinline__ float h2f(unsigned short x) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x)); return f; }
-__device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-__device__ __forceinline__ float f2f(float x) { return x; }
-
+/// The kernels, after [`kernels`]' shared conversions.
+pub(crate) const SOURCE: &str = r#"
 /* out[i] = mine[i] + sum over source ranks j != skip of slots[j * stride + i], added in fp32 in
    rank order (for two ranks exactly NCCL's sum). The vector form moves 16 bytes per load and is
    used when every pointer and the stride are 16-byte aligned; it ends with the scalar tail. */
@@ -130,16 +120,7 @@ impl PeerCopy {
         gpu.ctx.bind_to_thread().map_err(|e| CommError::Failed { op: OP, message: e.to_string() })?;
         let inbox = Self::share(mpi, 2 * world * slot_bytes, rank)?;
         let flags = Self::share(mpi, 2 * world * 4, rank)?;
-        let (major, minor) =
-            gpu.ctx.compute_capability().map_err(|e| CommError::Failed { op: OP, message: e.to_string() })?;
-        let opts = CompileOptions {
-            options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-            ..Default::default()
-        };
-        let ptx = std::panic::catch_unwind(|| compile_ptx_with_opts(SOURCE, opts))
-            .map_err(|_| CommError::Failed { op: OP, message: "libnvrtc could not be loaded".into() })?
-            .map_err(|e| CommError::Failed { op: OP, message: format!("NVRTC: {e:?}") })?;
-        let module = gpu.ctx.load_module(ptx).map_err(|e| CommError::Failed { op: OP, message: e.to_string() })?;
+        let module = kernels::load(&gpu, SOURCE).map_err(|e| CommError::Failed { op: OP, message: e.to_string() })?;
         let f = |name| module.load_function(name).map_err(|e| CommError::Failed { op: OP, message: e.to_string() });
         Ok(Self {
             sum_bf16: f("sum_bf16")?,

@@ -7,5 +7,6 @@ pub mod device;
 pub mod guard;
 pub mod host_memory;
 pub mod identity;
+pub mod kernels;
 pub mod pinned;
 pub mod shim;

@@ -7,26 +7,14 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use tch::{Kind, Tensor};
 
 use super::adamw::Coeffs;
 use crate::runtime::cuda::Gpu;
+use crate::runtime::kernels;
 
-/// bf16 and fp16 are handled as 16-bit words with explicit conversions, so the kernel needs no
-/// CUDA headers (NVRTC is used without a toolkit installation).
-const SOURCE: &str = r#"
-__device__ __forceinline__ float bf2f(unsigned short x) { return __uint_as_float(((unsigned int)x) << 16); }
-__device__ __forceinline__ unsigned short f2bf(float f) {
-    unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0; /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                  /* round to nearest even */
-    return (unsigned short)(u >> 16);
-}
-__device__ __forceinline__ float h2f(unsigned short x) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x)); return f; }
-__device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-__device__ __forceinline__ float f2f(float x) { return x; }
-
+/// The kernels, after [`kernels`]' shared conversions.
+pub(crate) const SOURCE: &str = r#"
 #define ADAMW(NAME, GT, LOAD, OT, STORE)                                                              \
 extern "C" __global__ void NAME(float* __restrict__ p, float* __restrict__ m, float* __restrict__ v, \
     const GT* __restrict__ g, OT* __restrict__ out, long long n, float decay, float omb1, float b2,  \
@@ -60,8 +48,8 @@ pub struct FusedAdamW {
 
 #[derive(Debug, thiserror::Error)]
 pub enum FusedError {
-    #[error("NVRTC could not compile the AdamW kernel: {0}")]
-    Compile(String),
+    #[error("the AdamW kernel: {0}")]
+    Kernel(#[from] kernels::KernelError),
     #[error("CUDA: {0}")]
     Cuda(#[from] cudarc::driver::DriverError),
 }
@@ -69,17 +57,9 @@ pub enum FusedError {
 impl FusedAdamW {
     /// Compiles the kernels for this GPU's architecture.
     pub fn new(gpu: Arc<Gpu>) -> Result<Self, FusedError> {
-        let (major, minor) = gpu.ctx.compute_capability()?;
-        let opts = CompileOptions {
-            options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-            ..Default::default()
-        };
-        // NVRTC is loaded on first use; a host without it fails here, not at start-up.
-        let ptx = std::panic::catch_unwind(|| compile_ptx_with_opts(SOURCE, opts))
-            .map_err(|_| FusedError::Compile("libnvrtc could not be loaded".into()))?
-            .map_err(|e| FusedError::Compile(format!("{e:?}")))?;
-        let module = gpu.ctx.load_module(ptx)?;
-        let sms = gpu.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let module = kernels::load(&gpu, SOURCE)?;
+        let sms =
+            gpu.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok(Self {
             bf16: module.load_function("adamw_bf16")?,
             f16: module.load_function("adamw_f16")?,
@@ -91,7 +71,15 @@ impl FusedAdamW {
     }
 
     /// One update of a shard (see `adamw::Shard` for the roles of the tensors).
-    pub fn step(&self, k: &Coeffs, master: &Tensor, m: &Tensor, v: &Tensor, grad: &Tensor, out: Option<&Tensor>) -> Result<(), FusedError> {
+    pub fn step(
+        &self,
+        k: &Coeffs,
+        master: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+        grad: &Tensor,
+        out: Option<&Tensor>,
+    ) -> Result<(), FusedError> {
         let n = master.numel();
         if n == 0 {
             return Ok(());

@@ -1,0 +1,68 @@
+//! The worker's own CUDA kernels are compiled at start with NVRTC (the GPU hosts have no CUDA
+//! toolkit): the compile step, and the 16-bit float conversions every kernel shares, so bf16 is
+//! rounded one way everywhere. 16-bit values are handled as `unsigned short` with explicit
+//! conversions, so no CUDA header is needed.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaModule, DriverError};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+
+use super::cuda::Gpu;
+
+/// `bf2f`/`f2bf` (bf16, round to nearest even, NaN kept), `h2f`/`f2h` (fp16), `f2f` (fp32).
+const CONVERSIONS: &str = r#"
+__device__ __forceinline__ float bf2f(unsigned short x) { return __uint_as_float(((unsigned int)x) << 16); }
+__device__ __forceinline__ unsigned short f2bf(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0; /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                  /* round to nearest even */
+    return (unsigned short)(u >> 16);
+}
+__device__ __forceinline__ float h2f(unsigned short x) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x)); return f; }
+__device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float f2f(float x) { return x; }
+"#;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("NVRTC could not compile the kernels: {0}")]
+    Compile(String),
+    #[error("CUDA: {0}")]
+    Cuda(#[from] DriverError),
+}
+
+/// Compiles `source` (after the shared conversions) to PTX for compute capability `arch`
+/// (`(9, 0)` for H100 and H200).
+pub fn compile(source: &str, arch: (i32, i32)) -> Result<Ptx, KernelError> {
+    let opts = CompileOptions {
+        options: vec![format!("--gpu-architecture=compute_{}{}", arch.0, arch.1)],
+        ..Default::default()
+    };
+    let full = format!("{CONVERSIONS}{source}");
+    // NVRTC is loaded on first use; a host without it fails here, not at start-up.
+    std::panic::catch_unwind(|| compile_ptx_with_opts(full, opts))
+        .map_err(|_| KernelError::Compile("libnvrtc could not be loaded".into()))?
+        .map_err(|e| KernelError::Compile(format!("{e:?}")))
+}
+
+/// Compiles `source` for `gpu`'s architecture and loads it into its context.
+pub fn load(gpu: &Gpu, source: &str) -> Result<Arc<CudaModule>, KernelError> {
+    let arch = gpu.ctx.compute_capability()?;
+    Ok(gpu.ctx.load_module(compile(source, arch)?)?)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every kernel source of the worker compiles (NVRTC needs no GPU; `make setup` puts it
+    /// beside libtorch), for the Hopper GPUs the benchmarks run on.
+    #[test]
+    fn every_kernel_compiles() {
+        for (name, source) in
+            [("adamw", crate::zero::adamw_cuda::SOURCE), ("peer_copy", crate::comm::peer_copy::SOURCE)]
+        {
+            let ptx = super::compile(source, (9, 0)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(ptx.to_src().contains(".entry"), "{name}: no kernel in the PTX");
+        }
+    }
+}
