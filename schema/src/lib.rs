@@ -6,6 +6,7 @@
 //! * [`splitmix`]: the seeded generator every part draws synthetic numbers from.
 //! * [`log`]: the JSON-lines records a worker writes and ingest reads, versioned by [`log::SCHEMA_VERSION`].
 //! * [`collective`]: the collective kinds of a step record's `comm` map and their bus-bandwidth factors.
+//! * [`stats`]: quantiles (numpy's linear interpolation), as the logs' medians and the tables use them.
 //!
 //! This crate depends on serde only: the launcher and ingest link it without linking libtorch, MPI or CUDA.
 
@@ -15,6 +16,7 @@ pub mod log;
 pub mod memory;
 pub mod models;
 pub mod splitmix;
+pub mod stats;
 
 pub use config::{ConfigError, DeviceRequest, Offload, Precision, RunConfig, ZeroStage};
 pub use log::{Record, SCHEMA_VERSION};

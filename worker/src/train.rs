@@ -294,13 +294,7 @@ fn summarize(
     final_loss: f64,
     peak_allocated_bytes: Option<u64>,
 ) -> Option<Summary> {
-    if step_ms.is_empty() {
-        return None;
-    }
-    let mut sorted = step_ms.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let mid = sorted.len() / 2;
-    let median = if sorted.len() % 2 == 0 { (sorted[mid - 1] + sorted[mid]) / 2.0 } else { sorted[mid] };
+    let median = zerobench_schema::stats::median(step_ms)?;
     let total_s: f64 = step_ms.iter().sum::<f64>() / 1e3;
     Some(Summary {
         steps: u32::try_from(step_ms.len()).unwrap_or(u32::MAX),
