@@ -37,8 +37,8 @@ def load(path):
     for name, data in archive_files(path):
         if name.endswith("host.txt"):
             host = data
-        elif rank0_run(name):
-            runs[rank0_run(name)] = json_lines(data)
+        elif run := rank0_run(name):
+            runs[run] = json_lines(data)
         elif re.search(r"runs/ref_[^/]+\.json$", name) and data.strip():
             refs[name.split("/")[-1][:-5]] = json.loads(data.strip().splitlines()[-1])
         elif name.endswith(".jsonl") and "collectives_" in name:

@@ -27,8 +27,8 @@ def read_archive(path):
             host = text
         elif name.endswith("runs/interference.jsonl"):
             interference = json_lines(text)
-        elif rank0_run(name):
-            logs[rank0_run(name)] = json_lines(text)
+        elif run := rank0_run(name):
+            logs[run] = json_lines(text)
     return logs, host, interference
 
 

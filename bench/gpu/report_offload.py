@@ -37,8 +37,8 @@ def read_archive(path):
             host = text
         elif name.endswith("bench.log"):
             bench_log = text
-        elif rank0_run(name):
-            logs[rank0_run(name)] = json_lines(text)
+        elif run := rank0_run(name):
+            logs[run] = json_lines(text)
         elif re.search(r"runs/[^/]+\.out$", name):
             outs[name.split("/")[-1][:-4]] = text
         elif re.search(r"runs/cpu_adamw[^/]*\.json$", name):

@@ -93,10 +93,9 @@ pub fn discover(roots: &[PathBuf]) -> Discovered {
                 let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
                 ranks.entry(dir).or_default().push(RankFile { path, name_rank: rank, len });
             } else if has_foreign_extension(&name) {
-                let root = root.clone();
                 foreign
                     .entry(dir.clone())
-                    .or_insert_with(|| ForeignDir { dir, root, files: Vec::new() })
+                    .or_insert_with(|| ForeignDir { dir, root: root.clone(), files: Vec::new() })
                     .files
                     .push(path);
             }

@@ -239,12 +239,39 @@ struct LineCtx<'o> {
     out: &'o mut ChunkOut,
 }
 
+/// Why a line was not taken: a problem already named, or a line the schema's parser refused,
+/// explained (which costs further parses) only if it is among the problems kept.
+enum Refused {
+    Problem(ProblemKind),
+    Unparsed(LineError),
+}
+
+impl From<ProblemKind> for Refused {
+    fn from(kind: ProblemKind) -> Self {
+        Refused::Problem(kind)
+    }
+}
+
 impl LineCtx<'_> {
     fn problem(&mut self, line: u64, kind: ProblemKind) {
+        self.refused(line, Refused::Problem(kind), &[], false);
+    }
+
+    /// Counts a refused line; names it only while this chunk keeps problems.
+    fn refused(&mut self, line: u64, why: Refused, bytes: &[u8], unterminated: bool) {
         self.out.problems_total += 1;
-        if self.out.problems.len() < MAX_PROBLEMS_PER_FILE {
-            self.out.problems.push((line, kind));
+        if self.out.problems.len() >= MAX_PROBLEMS_PER_FILE {
+            return;
         }
+        let kind = match why {
+            Refused::Problem(kind) => kind,
+            Refused::Unparsed(e) => classify_bad_line(bytes, e),
+        };
+        let kind = match kind {
+            ProblemKind::BadLine { message } if unterminated => ProblemKind::Truncated { message },
+            k => k,
+        };
+        self.out.problems.push((line, kind));
     }
 
     fn line(&mut self, n: u64, line: Line<'_>) {
@@ -259,29 +286,25 @@ impl LineCtx<'_> {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return;
         }
-        if let Err(kind) = self.record(bytes) {
-            let kind = match kind {
-                ProblemKind::BadLine { message } if unterminated => ProblemKind::Truncated { message },
-                k => k,
-            };
-            self.problem(n, kind);
+        if let Err(why) = self.record(bytes) {
+            self.refused(n, why, bytes, unterminated);
         }
     }
 
-    fn record(&mut self, bytes: &[u8]) -> Result<(), ProblemKind> {
+    fn record(&mut self, bytes: &[u8]) -> Result<(), Refused> {
         if bytes.starts_with(STEP_PREFIX) {
             // A step line the scanner does not take is judged by the schema's parser below, like
             // every other line: one rule decides what is valid.
             if let Some(s) = fastpath::parse_step(bytes) {
-                return self.step(&s);
+                return Ok(self.step(&s)?);
             }
         } else if bytes.starts_with(b"{\"event\":\"start\",\"v\":1,") {
             // Read in phase one.
             return Ok(());
         }
-        let rec = parse_line(bytes).map_err(|e| classify_bad_line(bytes, e))?;
+        let rec = parse_line(bytes).map_err(Refused::Unparsed)?;
         if rec.rank() != self.rank {
-            return Err(ProblemKind::WrongRank { expected: self.rank, found: rec.rank() });
+            return Err(ProblemKind::WrongRank { expected: self.rank, found: rec.rank() }.into());
         }
         match rec {
             // The per-module profile of one step is for people reading the log; no table uses it.

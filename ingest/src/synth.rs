@@ -269,7 +269,7 @@ impl SynthRun {
             };
             for (kind, times) in kinds {
                 let bytes = b * times;
-                let factor = kind.bus_factor(n as usize);
+                let factor = kind.bus_factor(n as usize).expect("a collective over several ranks");
                 let ms = bytes as f64 / 150e9 * factor * 1e3 * (1.0 + 0.1 * rng.unit());
                 comm.insert(
                     kind.name().to_string(),

@@ -68,7 +68,6 @@ pub struct LocalOptions {
 #[derive(Debug, Clone)]
 pub struct LocalResult {
     pub id: String,
-    pub dir: PathBuf,
     pub record: LocalRecord,
     /// For a run that did not end well, what its rank logs say went wrong, if they say.
     pub failure: Option<String>,
@@ -99,7 +98,7 @@ pub fn run_local(runs: &[(String, PathBuf)], opts: &LocalOptions) -> Result<Vec<
             tracing::warn!(run = %id, "{}{why}; output in {}", record.describe(), dir.join(LOCAL_OUTPUT).display());
         }
         bar.inc(1);
-        results.push(LocalResult { id: id.clone(), dir: dir.clone(), record, failure });
+        results.push(LocalResult { id: id.clone(), record, failure });
     }
     bar.finish_and_clear();
     Ok(results)

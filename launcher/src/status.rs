@@ -246,7 +246,7 @@ fn from_run_folder(row: &mut RunState, rec: &RunRecord) {
             if let Some(st) = row.job_id.as_deref().and_then(|j| output_verdict(&row.dir, j)) {
                 row.state = st;
                 row.source = "output";
-            } else if let Some(st) = logs.verdict(rec.world_size) {
+            } else if let Some(st) = logs.verdict(rec.run.world_size()) {
                 row.state = st;
                 row.source = "logs";
             }
@@ -264,7 +264,7 @@ fn from_run_folder(row: &mut RunState, rec: &RunRecord) {
         _ => {}
     }
     if row.detail.is_empty() {
-        row.detail = logs.progress(rec.world_size);
+        row.detail = logs.progress(rec.run.world_size());
     }
 }
 

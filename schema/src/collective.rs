@@ -48,17 +48,21 @@ impl CollectiveKind {
     }
 
     /// nccl-tests' factor from algorithm bandwidth to bus bandwidth on a communicator of `ranks`
-    /// ranks (0 for a collective on one rank, which moves nothing over a link).
-    pub fn bus_factor(self, ranks: usize) -> f64 {
-        let n = ranks.max(1) as f64;
-        match self {
+    /// ranks; `None` for a collective on one rank, which moves nothing over a link (a copy always
+    /// moves its bytes).
+    pub fn bus_factor(self, ranks: usize) -> Option<f64> {
+        if ranks <= 1 && !self.is_copy() {
+            return None;
+        }
+        let n = ranks as f64;
+        Some(match self {
             CollectiveKind::AllReduce => 2.0 * (n - 1.0) / n,
             CollectiveKind::ReduceScatter | CollectiveKind::AllGather => (n - 1.0) / n,
             CollectiveKind::Broadcast
             | CollectiveKind::DeviceToHost
             | CollectiveKind::HostToDevice
             | CollectiveKind::DeviceToDevice => 1.0,
-        }
+        })
     }
 }
 
@@ -123,10 +127,10 @@ impl CommKey {
     }
 
     /// The bus-bandwidth factor of this key in a run of `world` ranks whose hpZ groups have
-    /// `hpz` ranks; `None` for a group key without a group size.
+    /// `hpz` ranks; `None` for a group key without a group size, or a collective on one rank.
     pub fn bus_factor(self, world: u32, hpz: Option<u32>) -> Option<f64> {
         let ranks = if self.group { hpz? } else { world };
-        Some(self.kind.bus_factor(ranks as usize))
+        self.kind.bus_factor(ranks as usize)
     }
 }
 
@@ -136,12 +140,13 @@ mod tests {
 
     #[test]
     fn factors_match_nccl_tests() {
-        assert_eq!(CollectiveKind::AllReduce.bus_factor(8), 1.75);
-        assert_eq!(CollectiveKind::ReduceScatter.bus_factor(4), 0.75);
-        assert_eq!(CollectiveKind::AllGather.bus_factor(2), 0.5);
-        assert_eq!(CollectiveKind::Broadcast.bus_factor(16), 1.0);
-        assert_eq!(CollectiveKind::AllReduce.bus_factor(1), 0.0);
-        assert_eq!(CollectiveKind::DeviceToHost.bus_factor(1), 1.0);
+        assert_eq!(CollectiveKind::AllReduce.bus_factor(8), Some(1.75));
+        assert_eq!(CollectiveKind::ReduceScatter.bus_factor(4), Some(0.75));
+        assert_eq!(CollectiveKind::AllGather.bus_factor(2), Some(0.5));
+        assert_eq!(CollectiveKind::Broadcast.bus_factor(16), Some(1.0));
+        assert_eq!(CollectiveKind::AllReduce.bus_factor(1), None);
+        assert_eq!(CollectiveKind::Broadcast.bus_factor(1), None);
+        assert_eq!(CollectiveKind::DeviceToHost.bus_factor(1), Some(1.0));
         let group = CommKey { kind: CollectiveKind::AllGather, group: true };
         assert_eq!(group.bus_factor(16, Some(4)), Some(0.75));
         assert_eq!(group.bus_factor(16, None), None);

@@ -54,7 +54,8 @@ fn main() {
             };
             let us = time_us(&mut c, &gpu, run);
             let size = (elems * 2) as f64;
-            let busbw = size / (us * 1e-6) * kind.bus_factor(n) / 1e9;
+            // On one rank a collective moves nothing over a link: bus bandwidth 0.
+            let busbw = size / (us * 1e-6) * kind.bus_factor(n).unwrap_or(0.0) / 1e9;
             if rank == 0 {
                 println!(
                     "{{\"impl\":\"{label}\",\"op\":\"{}\",\"bytes\":{},\"ranks\":{n},\"us\":{us:.1},\"busbw_gbps\":{busbw:.2}}}",
@@ -145,6 +146,8 @@ fn time_us(c: &mut NcclCollectives, gpu: &cuda::Gpu, run: impl Fn(&mut NcclColle
         run(c);
     }
     gpu.compute.synchronize().expect("sync");
+    let us = t0.elapsed().as_secs_f64() * 1e6 / ITERS as f64;
+    // Outside the timed loop: reading back the events of every call costs host time.
     let _ = c.take_stats();
-    t0.elapsed().as_secs_f64() * 1e6 / ITERS as f64
+    us
 }

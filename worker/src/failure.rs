@@ -116,8 +116,13 @@ impl From<EngineError> for Failure {
             EngineError::Shim(s) => Failure::from_torch_message(&s.0),
             EngineError::Offload(msg) => Failure::from_torch_message(&msg),
             EngineError::Pin(PinError::Torch(t)) => t.into(),
+            EngineError::Pin(e @ PinError::Register { bytes, source })
+                if source.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY =>
+            {
+                Failure::Oom { message: e.to_string(), requested_bytes: Some(bytes as u64) }
+            }
             EngineError::Pin(e @ (PinError::Register { .. } | PinError::Context(_))) => {
-                Failure::from_torch_message(&e.to_string())
+                Failure::Internal(e.to_string())
             }
         }
     }

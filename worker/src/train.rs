@@ -93,9 +93,10 @@ impl Trainer<'_> {
             self.timer.start(StepPhase::Optimizer)?;
             let opt_start = self.mark()?;
             let outcome = self.engine.step()?;
-            if step + 1 == self.cfg.steps {
-                // Offload leaves updates running into the next step's forward; the last step
-                // waits for its own, so the steps' times add up to all of their work.
+            if step + 1 == self.cfg.steps || step + 1 == self.cfg.warmup {
+                // Offload leaves updates running into the next step's forward. The last warm-up
+                // step and the last step wait for their own, so the first measured step carries
+                // no warm-up work and the measured steps' times add up to all of their work.
                 self.engine.settle()?;
             }
             self.span(Track::Optimizer, || "optimizer step", opt_start, SpanInfo::default())?;

@@ -107,6 +107,11 @@ pub trait Collectives {
     fn backend(&self) -> &'static str;
     /// Draws every collective issued while the timeline records a step on its own track.
     fn set_timeline(&mut self, timeline: SharedTimeline);
+    /// Device memory the transport itself holds, outside libtorch's allocator (the copy-engine
+    /// inboxes and flags); none for NCCL alone and MPI.
+    fn transport_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// Element types a collective can carry.

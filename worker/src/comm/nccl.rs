@@ -20,7 +20,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::{Device, Kind, Tensor};
 use zerobench_schema::config::CopyEngines;
 
-use super::peer_copy::{dptr, PeerCopy};
+use super::peer_copy::PeerCopy;
 use super::{flat, CollectiveKind, Collectives, CommError, Elem, HostCopy, Pending, StepComm};
 use crate::metrics::timeline::{Mark, SharedTimeline, SpanInfo, Track};
 use crate::runtime::cuda::{Event, Gpu};
@@ -237,10 +237,11 @@ impl Collectives for NcclCollectives {
         let (p, comm) = (Self::ptr(buf), self.comm);
         if self.peer_copy_reductions && n % self.world == 0 {
             // A reduce-scatter into this rank's slice, then an all-gather of the slices, in place.
-            let (m, mine) = (n / self.world, dptr(buf) + (self.rank * (n / self.world) * e.size()) as u64);
+            let (whole, m) = (Self::ptr(buf) as u64, n / self.world);
+            let mine = whole + (self.rank * m * e.size()) as u64;
             return self.through_peer_copy(CollectiveKind::AllReduce, n * e.size(), |pc| {
-                pc.reduce_scatter(dptr(buf), mine, m, e)?;
-                pc.all_gather(mine, dptr(buf), m, e)
+                pc.reduce_scatter(whole, mine, m, e)?;
+                pc.all_gather(mine, whole, m, e)
             });
         }
         self.issue(CollectiveKind::AllReduce, n * e.size(), |s| {
@@ -264,7 +265,7 @@ impl Collectives for NcclCollectives {
         }
         if self.peer_copy_reductions {
             return self.through_peer_copy(CollectiveKind::ReduceScatter, n * e.size(), |pc| {
-                pc.reduce_scatter(dptr(input), dptr(output), m, e)
+                pc.reduce_scatter(Self::ptr(input) as u64, Self::ptr(output) as u64, m, e)
             });
         }
         let (i, o, comm) = (Self::ptr(input), Self::ptr(output), self.comm);
@@ -289,7 +290,7 @@ impl Collectives for NcclCollectives {
         }
         if self.peer_copy.is_some() {
             return self.through_peer_copy(CollectiveKind::AllGather, m * e.size(), |pc| {
-                pc.all_gather(dptr(input), dptr(output), n, e)
+                pc.all_gather(Self::ptr(input) as u64, Self::ptr(output) as u64, n, e)
             });
         }
         let (i, o, comm) = (Self::ptr(input), Self::ptr(output), self.comm);
@@ -460,6 +461,10 @@ impl Collectives for NcclCollectives {
 
     fn set_timeline(&mut self, timeline: SharedTimeline) {
         self.timeline = Some(timeline);
+    }
+
+    fn transport_bytes(&self) -> u64 {
+        self.peer_copy.as_ref().map_or(0, PeerCopy::bytes)
     }
 }
 

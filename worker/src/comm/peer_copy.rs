@@ -182,6 +182,11 @@ impl PeerCopy {
         Ok(Shared { ptr, peers })
     }
 
+    /// Device memory of this rank's inbox and flags.
+    pub fn bytes(&self) -> u64 {
+        (2 * self.world * self.slot_bytes + 2 * self.world * 4) as u64
+    }
+
     /// The largest piece, in elements of size `es`.
     fn piece(&self, es: usize) -> usize {
         self.slot_bytes / es
@@ -332,9 +337,4 @@ impl PeerCopy {
         }
         Ok(())
     }
-}
-
-/// The pointer of a contiguous tensor, as the driver API takes it.
-pub(crate) fn dptr(t: &tch::Tensor) -> CUdeviceptr {
-    t.data_ptr() as CUdeviceptr
 }

@@ -44,9 +44,7 @@ impl StepComm {
     fn finalised(&self, world: usize) -> impl Iterator<Item = (CollectiveKind, CommStats)> + '_ {
         self.by_kind.iter().map(move |(k, s)| {
             let mut s = *s;
-            // A collective on one rank moves nothing over a link; a copy always does.
-            s.bus_gbps = (s.ms > 0.0 && (world > 1 || k.is_copy()))
-                .then(|| s.bytes as f64 * k.bus_factor(world) / (s.ms * 1e-3) / 1e9);
+            s.bus_gbps = k.bus_factor(world).filter(|_| s.ms > 0.0).map(|f| s.bytes as f64 * f / (s.ms * 1e-3) / 1e9);
             (*k, s)
         })
     }

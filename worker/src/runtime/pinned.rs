@@ -6,8 +6,7 @@
 //! is allocated at its exact size by the ordinary CPU allocator and page-locked in place with
 //! `cuMemHostRegister`, so the host-memory check before set-up (`host_memory`) is what is used.
 //! Locking runs at about 2 GB/s per process on the H200 hosts (t5-11b's 181 GB: 86 s of set-up,
-//! bench/results/gpu-2026-11-22-x2-offload.json) whether one thread registers or one per tensor,
-//! so it is done on one.
+//! bench/results/gpu-2026-11-22-x2-offload.json), on one thread.
 
 use cudarc::driver::{sys, DriverError};
 use tch::{Device, Kind, TchError, Tensor};

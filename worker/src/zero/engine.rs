@@ -419,6 +419,10 @@ impl Engine {
         if secondary > 0 {
             b.insert("hpz_secondary".into(), secondary);
         }
+        let transport = self.comm.transport_bytes() + self.group.as_ref().map_or(0, |g| g.transport_bytes());
+        if transport > 0 {
+            b.insert("copy_engine_inboxes".into(), transport);
+        }
         b
     }
 
@@ -580,8 +584,8 @@ impl Engine {
     /// and, when a bucket is full, starts reducing it.
     fn harvest(&mut self, u: usize) -> Result<(), EngineError> {
         // Offload: a new gradient is about to land in the unit's host buffers, which its last
-        // update reads. (Forward refreshed every unit already; this keeps it so.)
-        self.refresh_until(u)?;
+        // update reads; forward has refreshed every unit (each has a forward position).
+        debug_assert!(!self.deferred.contains(&u), "unit {u} harvested before its update was copied back");
         let _guard = tch::no_grad_guard();
         let grads = self.units[u]
             .params
@@ -839,24 +843,24 @@ impl Engine {
     /// The shards are summed where they live (a non-finite element makes the sum non-finite), so
     /// the device ones cost no host round trip each.
     fn overflow_flag(&self, device: Device) -> Result<Tensor, EngineError> {
-        let mut on_device: Option<Tensor> = None;
-        let mut on_host: Option<Tensor> = None;
+        // Offload is all or nothing per run, so every shard lives in the same place.
+        let mut sum: Option<Tensor> = None;
         for u in &self.units {
-            let (acc, g) = match (&u.optim, &u.grad_shard) {
-                (OptimState::Host(h), _) => (&mut on_host, h.update_grad()),
-                (OptimState::Device { .. }, Some(g)) => (&mut on_device, g),
+            let g = match (&u.optim, &u.grad_shard) {
+                (OptimState::Host(h), _) => h.update_grad(),
+                (OptimState::Device { .. }, Some(g)) => g,
                 (OptimState::Device { .. }, None) => unreachable!("device optimizers read a device shard"),
             };
             let s = g.f_sum(Kind::Float)?;
-            *acc = Some(match acc.take() {
+            sum = Some(match sum {
                 Some(a) => a.f_add(&s)?,
                 None => s,
             });
         }
-        let mut sum = Tensor::f_zeros([], (Kind::Float, device))?;
-        for part in [on_device, on_host].into_iter().flatten() {
-            sum = sum.f_add(&part.f_to_device(device)?)?;
-        }
+        let sum = match sum {
+            Some(s) => s.f_to_device(device)?,
+            None => Tensor::f_zeros([], (Kind::Float, device))?,
+        };
         Ok(sum.f_isfinite()?.f_logical_not()?.f_to_kind(Kind::Float)?)
     }
 
@@ -907,7 +911,7 @@ impl Engine {
             }
         }
         self.host_updates.seal();
-        self.deferred = self.schedule.forward_order().into();
+        self.deferred = self.schedule.forward_order.iter().copied().collect();
         Ok(())
     }
 

@@ -236,8 +236,8 @@ impl HostUpdates {
 }
 
 impl Drop for HostUpdates {
-    /// Drops what has not started and waits for the update running, which holds handles to host
-    /// memory that is unregistered and freed after this.
+    /// Drops what has not started and waits for the update running: it writes through its
+    /// handles to host memory until it returns.
     fn drop(&mut self) {
         let mut q = self.queue();
         q.closed = true;

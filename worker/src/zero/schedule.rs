@@ -24,6 +24,8 @@ pub struct Schedule {
     pub final_backward: Vec<usize>,
     /// For each unit, the index of the first position that uses it (in forward).
     pub first_use: Vec<usize>,
+    /// Every unit, in the order forward first uses them.
+    pub forward_order: Vec<usize>,
 }
 
 impl Schedule {
@@ -49,14 +51,9 @@ impl Schedule {
         for (i, p) in positions.iter().enumerate().take(s).rev() {
             first_use[p.unit] = i;
         }
-        Self { positions, final_backward, first_use }
-    }
-
-    /// Every unit, in the order forward first uses them.
-    pub fn forward_order(&self) -> Vec<usize> {
-        let mut units: Vec<usize> = (0..self.first_use.len()).collect();
-        units.sort_by_key(|&u| self.first_use[u]);
-        units
+        let mut forward_order: Vec<usize> = (0..n_units).collect();
+        forward_order.sort_by_key(|&u| first_use[u]);
+        Self { positions, final_backward, first_use, forward_order }
     }
 
     /// Index of segment `s`'s backward position.
@@ -92,7 +89,7 @@ mod tests {
         // u0's gradients are complete only after the embedding's backward, the very last.
         assert_eq!(s.final_backward, vec![7, 6, 5]);
         assert_eq!(s.first_use, vec![0, 1, 2]);
-        assert_eq!(Schedule::new(&[2, 0, 1, 2], 3).forward_order(), vec![2, 0, 1]);
+        assert_eq!(Schedule::new(&[2, 0, 1, 2], 3).forward_order, vec![2, 0, 1]);
         assert_eq!(s.backward_index(3), 4);
         assert_eq!(s.upcoming_units(2, 2), vec![0, 2]);
         assert_eq!(s.upcoming_units(7, 2), Vec::<usize>::new());
