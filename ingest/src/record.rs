@@ -111,19 +111,23 @@ pub struct CommLine {
 #[derive(Debug, Default)]
 pub struct CommLines<'a> {
     pub known: [Option<CommLine>; CommKey::COUNT],
+    /// Sorted by name.
     pub other: Vec<(&'a str, CommLine)>,
 }
 
 impl<'a> CommLines<'a> {
-    /// Adds a kind; `false`, changing nothing, if the step already has it.
+    /// Adds a kind; `false`, changing nothing, if the step already has it. Other names are kept
+    /// sorted, as the schema's map keeps them, so that the order of a line's keys never shows.
     pub(crate) fn push(&mut self, name: &'a str, c: CommLine) -> bool {
         match CommKey::from_name(name.as_bytes()) {
             Some(k) => self.push_known(k, c),
-            None if self.other.iter().any(|(n, _)| *n == name) => false,
-            None => {
-                self.other.push((name, c));
-                true
-            }
+            None => match self.other.binary_search_by(|(n, _)| (*n).cmp(name)) {
+                Ok(_) => false,
+                Err(at) => {
+                    self.other.insert(at, (name, c));
+                    true
+                }
+            },
         }
     }
 
