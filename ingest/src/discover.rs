@@ -57,12 +57,20 @@ pub fn discover(roots: &[PathBuf]) -> Discovered {
     let mut ranks: BTreeMap<PathBuf, Vec<RankFile>> = BTreeMap::new();
     let mut foreign: BTreeMap<PathBuf, ForeignDir> = BTreeMap::new();
     let mut seen: BTreeSet<PathBuf> = BTreeSet::new();
+    let mut walked: Vec<PathBuf> = Vec::new();
 
     for root in roots {
         if let Err(e) = std::fs::metadata(root) {
             out.problems.push(Problem::file(root, ProblemKind::Io { message: e.to_string() }));
             continue;
         }
+        // A root inside one walked before holds nothing that walk did not find: every file there
+        // was seen (with the earlier root, which names its runs), every problem was met.
+        let canonical = std::fs::canonicalize(root).unwrap_or_else(|_| root.clone());
+        if walked.iter().any(|w| canonical.starts_with(w)) {
+            continue;
+        }
+        walked.push(canonical);
         let walk = walkdir::WalkDir::new(root).follow_links(true).sort_by_file_name();
         for entry in walk {
             let entry = match entry {

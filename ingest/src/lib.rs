@@ -123,8 +123,8 @@ pub fn ingest(roots: &[PathBuf], opts: &Options, progress: &dyn Progress) -> Ing
         let key = |p: &Problem| (p.path.clone(), matches!(p.kind, ProblemKind::More { .. }), p.line, p.kind.clone());
         key(a).cmp(&key(b))
     });
-    // Overlapping roots (or one given twice) walk the same folders: discover reads each file once
-    // but meets a missing root, an unreadable folder or a link loop on every walk.
+    // A missing root given twice is reported twice, and roots that overlap through a link walk
+    // the same folders: discover reads each file once but meets their problems on every walk.
     problems.dedup();
     Ingested { runs, problems, stats }
 }
