@@ -13,10 +13,12 @@
 //! e.g. `gpt2-xl_z3_offopt_mb4_2x4`. Ids contain only `[a-z0-9_-]`, so they are safe as folder
 //! names, Slurm job names and shell words.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
+use zerobench_schema::collective::CommKey;
 use zerobench_schema::memory::{engine_buffer_bytes, model_state_split, padded_params, ModelStateBytes};
+use zerobench_schema::traffic::step_traffic;
 use zerobench_schema::{ConfigError, Offload, Precision, RunConfig};
 
 use crate::select::{HostSlots, Resources};
@@ -38,6 +40,16 @@ pub enum Fit {
     },
 }
 
+/// The collectives of one optimizer step on one rank (`zerobench_schema::traffic`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepComm {
+    /// Bytes per collective, by the key a step's `comm` map uses (the full array's size).
+    pub bytes: BTreeMap<String, u64>,
+    /// What the rank sends over its links in a ring: each array times its bus factor. Over the
+    /// bus bandwidth the collectives reach, the step's communication time without overlap.
+    pub wire_bytes: u64,
+}
+
 /// One run of the sweep.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Run {
@@ -57,6 +69,9 @@ pub struct Run {
     /// `zerobench_schema::memory::engine_buffer_bytes`).
     pub buffer_bytes: u64,
     pub host_state_bytes: u64,
+    /// Empty in a `run.json` rendered before zerobench planned communication.
+    #[serde(default)]
+    pub comm: StepComm,
     pub fit: Fit,
     /// Things to know that do not stop the run from being rendered.
     pub warnings: Vec<String>,
@@ -68,6 +83,24 @@ pub struct Run {
 impl Run {
     pub fn world_size(&self) -> u32 {
         self.nodes * self.ranks_per_node
+    }
+
+    /// Seconds a step's collectives take if none overlaps computation and each reaches the given
+    /// bus bandwidth (GB/s, nccl-tests' busbw): `inter_node` for collectives over all ranks of a
+    /// run on more than one node, `intra_node` for the rest (one node, or hpZ's groups, which are
+    /// nodes).
+    pub fn comm_seconds(&self, intra_node: f64, inter_node: f64) -> f64 {
+        let (world, hpz) = (self.world_size(), self.config.engine.hpz);
+        self.comm
+            .bytes
+            .iter()
+            .filter_map(|(name, bytes)| {
+                let key = CommKey::from_name(name.as_bytes())?;
+                let factor = key.bus_factor(world, hpz)?;
+                let gbps = if self.nodes > 1 && !key.group { inter_node } else { intra_node };
+                Some(*bytes as f64 * factor / (gbps * 1e9))
+            })
+            .sum()
     }
     pub fn gpus(&self) -> u32 {
         self.nodes * self.gpus_per_node
@@ -229,6 +262,11 @@ fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node
     let device_state_bytes = split.device.total();
     let buffer_bytes = engine_buffer_bytes(&model, config.stage, config.precision, &config.engine, u64::from(world));
     let need = device_state_bytes + buffer_bytes;
+    let traffic = step_traffic(&config, world);
+    let comm = StepComm {
+        bytes: traffic.bytes.iter().map(|(k, b)| (k.name().to_string(), *b)).collect(),
+        wire_bytes: traffic.wire_bytes(world, config.engine.hpz),
+    };
     let gpus_per_node = if spec.cluster.gpus_per_node > 0 { ranks_per_node } else { 0 };
     let fit = match (spec.cluster.gpu_memory, gpus_per_node) {
         (Some(have), g) if g > 0 => {
@@ -272,6 +310,7 @@ fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node
         device_state_bytes,
         buffer_bytes,
         host_state_bytes,
+        comm,
         fit,
         warnings,
         hosts,
@@ -325,6 +364,47 @@ mod tests {
         assert!(p.runs[0].warnings[0].contains("more than cluster.gpu_memory"));
         assert!(matches!(p.runs[3].fit, Fit::Fits { .. }));
         assert_eq!(p.runs[0].gpus(), 4);
+    }
+
+    #[test]
+    fn each_run_carries_its_step_collectives() {
+        let p = plan("worker: {grad_accum: 2}\nsweep:\n  models: gpt2\n  ranks_per_node: 4\n").unwrap();
+        let psi = 2 * zerobench_schema::memory::padded_params(&ModelPreset::Gpt2.spec(), 4);
+        let names: Vec<Vec<&str>> = p.runs.iter().map(|r| r.comm.bytes.keys().map(String::as_str).collect()).collect();
+        assert_eq!(
+            names,
+            [
+                vec!["all_reduce"],
+                vec!["all_gather", "reduce_scatter"],
+                vec!["all_gather", "reduce_scatter"],
+                vec!["all_gather", "reduce_scatter"]
+            ]
+        );
+        assert_eq!(p.runs[2].comm.bytes["reduce_scatter"], 2 * psi);
+        // Stage 0 sends 2(n-1)/n of the gradients; stages 1 and 2 (accumulating in stage 1) the same
+        // once per step; stage 2 reduce-scatters each micro-step.
+        assert_eq!(p.runs[0].comm.wire_bytes, psi * 3 / 2);
+        assert_eq!(p.runs[1].comm.wire_bytes, psi * 3 / 2);
+        assert_eq!(p.runs[2].comm.wire_bytes, psi * 3 / 4 * 3);
+        assert!(p.runs[3].comm.wire_bytes > p.runs[2].comm.wire_bytes);
+        // At 100 GB/s, stage 0's all-reduce takes its wire bytes over 10^11 bytes/s.
+        let t = p.runs[0].comm_seconds(100.0, 1.0);
+        assert!((t - (psi * 3 / 2) as f64 / 1e11).abs() < 1e-12, "{t}");
+    }
+
+    #[test]
+    fn runs_over_nodes_use_the_inter_node_bandwidth_but_hpz_groups_do_not() {
+        let p = plan(
+            "cluster: {gpus_per_node: 4}\nworker: {hpz: 4}\nsweep:\n  models: gpt2\n  stages: 3\n  nodes: [1, 2]\n",
+        )
+        .unwrap();
+        let (one, two) = (&p.runs[0], &p.runs[1]);
+        assert_eq!(one.comm_seconds(100.0, 10.0), one.comm_seconds(100.0, 100.0));
+        let fast = two.comm_seconds(100.0, 100.0);
+        let slow = two.comm_seconds(100.0, 10.0);
+        let group = two.comm.bytes["all_gather_group"] as f64 * 0.75 / 1e11;
+        // Only the world's collectives slow down tenfold.
+        assert!(((slow - group) - 10.0 * (fast - group)).abs() < 1e-9, "{fast} {slow} {group}");
     }
 
     #[test]

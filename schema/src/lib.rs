@@ -3,6 +3,8 @@
 //! * [`config`]: one run's configuration (what the worker's flags say and what the launcher renders).
 //! * [`models`]: model presets with their exact dimensions and closed-form parameter counts.
 //! * [`memory`]: the ZeRO model-state formulas per stage, precision and offload setting.
+//! * [`traffic`]: the collectives of one optimizer step per rank, per stage (the planner's estimate
+//!   and the closed form the worker's logs are held to).
 //! * [`splitmix`]: the seeded generator every part draws synthetic numbers from.
 //! * [`log`]: the JSON-lines records a worker writes and ingest reads, versioned by [`log::SCHEMA_VERSION`].
 //! * [`collective`]: the collective kinds of a step record's `comm` map and their bus-bandwidth factors.
@@ -17,6 +19,7 @@ pub mod memory;
 pub mod models;
 pub mod splitmix;
 pub mod stats;
+pub mod traffic;
 
 pub use config::{ConfigError, DeviceRequest, Offload, Precision, RunConfig, ZeroStage};
 pub use log::{Record, SCHEMA_VERSION};

@@ -229,6 +229,23 @@ impl ModelSpec {
         }
     }
 
+    /// The unit each segment of the forward pass uses, in forward order (backward runs them in
+    /// reverse). A tied embedding is used again by the head (and by T5's decoder), so it appears
+    /// more than once; ZeRO-3 gathers by this order.
+    pub fn segment_units(&self) -> Vec<usize> {
+        let n = self.units().len();
+        match *self {
+            // embed, block.0 … block.{L-1}, head (the embedding's matrix).
+            ModelSpec::Gpt2(_) => (0..n).chain([0]).collect(),
+            // embed (encoder), encoder.0 …, embed (decoder), decoder.0 …, head (tied).
+            ModelSpec::T5(d) => {
+                let layers = d.n_layer as usize;
+                (0..=layers).chain([0]).chain(layers + 1..n).chain([0]).collect()
+            }
+            ModelSpec::Llama(_) | ModelSpec::Mlp(_) => (0..n).collect(),
+        }
+    }
+
     /// Total trainable parameters (tied weights counted once), equal to Hugging Face's count.
     pub fn param_count(&self) -> u64 {
         self.units().iter().map(|u| u.params).sum()

@@ -74,6 +74,22 @@ fn plan_table() {
     let json: serde_json::Value =
         serde_json::from_str(&ok(&["plan", "--json", repo("slurm/examples/demo.yaml").to_str().unwrap()])).unwrap();
     assert_eq!(json.as_array().map(Vec::len), Some(4));
+
+    // With bus bandwidths: the time column is sent/step over the bandwidth of the run's span.
+    let gpu = repo("slurm/examples/gpu-cluster.yaml");
+    let runs: serde_json::Value = serde_json::from_str(&ok(&["plan", "--json", gpu.to_str().unwrap()])).unwrap();
+    let timed = ok(&["plan", gpu.to_str().unwrap(), "--bus-gbps", "300", "--inter-node-bus-gbps", "40"]);
+    assert!(timed.contains("comm ms:"), "{timed}");
+    for (id, gbps) in [("gpt2-xl_z0_offnone_mb4_1x4", 300.0), ("gpt2-xl_z0_offnone_mb4_2x4", 40.0)] {
+        let run = runs.as_array().unwrap().iter().find(|r| r["id"] == id).expect("the run");
+        let want = run["comm"]["wire_bytes"].as_u64().unwrap() as f64 / (gbps * 1e9) * 1e3;
+        let line = timed.lines().find(|l| l.starts_with(id)).expect("the run's row");
+        assert!(line.split_whitespace().any(|cell| cell == format!("{want:.3}")), "{id}: {want:.3} ms in {line}");
+    }
+    for bad in [&["--bus-gbps", "0"][..], &["--bus-gbps", "fast"], &["--inter-node-bus-gbps", "40"]] {
+        let out = zerobench(&[&["plan", gpu.to_str().unwrap()][..], bad].concat());
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+    }
 }
 
 /// Bad specs: every error names the file, line, column and key, and nothing panics.

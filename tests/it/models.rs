@@ -6,7 +6,7 @@
 
 use zerobench_schema::log::Record;
 
-use crate::support::{losses, max_rel_diff, on_text, train};
+use crate::support::{assert_traffic, losses, max_rel_diff, on_text, train};
 
 /// Encoder input 32 tokens, decoder 16: both stacks, the relative position buckets beyond the
 /// exact ones, and a target shorter than the input.
@@ -63,6 +63,7 @@ fn every_stage_follows_stage_0(model: &[&str], data: bool, min_drop: f64, tolera
         let ranks = run(n, &format!("z{stage}_n{n}_ga{ga}"), &["--stage", stage, "--micro-batch", &mb_s, "--grad-accum", &ga_s]);
         for r in &ranks {
             assert_eq!(losses(r), losses(&ranks[0]), "every rank logs the same global loss");
+            assert_traffic(r);
         }
         let diff = max_rel_diff(&losses(&ranks[0]), &reference);
         assert!(

@@ -174,3 +174,27 @@ pub fn job_output(run_dir: &Path) -> String {
     outs.sort();
     outs.iter().map(|p| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).collect()
 }
+
+/// Every step of a rank log moves, to the byte, the collectives `zerobench_schema::traffic` gives
+/// for its run (without offload, whose copies back and their gathers land in the next step). Copies
+/// (hpZ's `d2d`) are not collectives and not compared.
+pub fn assert_traffic(recs: &[Record]) {
+    use zerobench_schema::collective::CommKey;
+    let Some(Record::Start(start)) = recs.first() else { panic!("a log starts with its start record") };
+    let (c, world) = (&start.config, start.world_size);
+    assert_eq!(c.offload, zerobench_schema::Offload::None, "offloaded steps refresh parameters a step late");
+    let want = zerobench_schema::traffic::step_traffic(c, world);
+    let what = format!("{} stage {} on {world} ranks, accumulation {}", c.model, c.stage, c.grad_accum);
+    let measured = steps(recs);
+    assert!(!measured.is_empty(), "{what}: no steps");
+    for s in measured {
+        let mut got: Vec<(CommKey, u64)> = s
+            .comm
+            .iter()
+            .map(|(n, c)| (CommKey::from_name(n.as_bytes()).expect("a schema key"), c.bytes))
+            .filter(|(k, _)| !k.kind.is_copy())
+            .collect();
+        got.sort_by_key(|(k, _)| k.index());
+        assert_eq!(got, want.bytes, "{what}, step {}", s.step);
+    }
+}

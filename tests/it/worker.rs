@@ -10,7 +10,7 @@ use zerobench_schema::memory::{model_state_bytes, padded_params};
 use zerobench_schema::{ModelPreset, Precision, ZeroStage};
 
 use crate::support::{
-    assert_ok, bin, losses, max_rel_diff, mpirun, on_text, records, run, setup, steps, train, worker, TINY_FP32,
+    assert_ok, assert_traffic, bin, losses, max_rel_diff, mpirun, on_text, records, run, setup, steps, train, worker, TINY_FP32,
 };
 
 #[test]
@@ -32,9 +32,10 @@ fn every_stage_follows_stage_0_on_one_rank() {
             let (mb_s, ga_s) = (mb.to_string(), ga.to_string());
             let args = on_text(&[TINY_FP32, &["--stage", stage, "--micro-batch", &mb_s, "--grad-accum", &ga_s]].concat());
             let ranks = train(n, &tmp.path().join(format!("z{stage}_n{n}_ga{ga}")), &args);
-            // Every rank logs the same global loss.
+            // Every rank logs the same global loss, having moved the closed form's bytes.
             for r in &ranks {
                 assert_eq!(losses(r), losses(&ranks[0]));
+                assert_traffic(r);
             }
             let diff = max_rel_diff(&losses(&ranks[0]), &reference);
             assert!(diff <= 1e-5, "stage {stage} on {n} ranks (micro-batch {mb}, accumulation {ga}): relative loss difference {diff:e}");
@@ -68,6 +69,7 @@ fn model_states_equal_the_zero_formulas() {
                 };
                 assert_eq!(want.total(), total, "{precision} stage {stage} on {n} ranks");
                 for recs in &ranks {
+                    assert_traffic(recs);
                     let got = setup(recs);
                     assert_eq!(got.padded_params, psi);
                     assert_eq!(got.model_state, want, "{precision} stage {stage} on {n} ranks");
@@ -231,6 +233,7 @@ fn hpz_keeps_backward_gathers_in_the_group_and_trains_the_same_model() {
     for recs in &ranks {
         // The secondary partition: this rank's half of every unit, within its group of 2.
         assert_eq!(setup(recs).buffers_bytes["hpz_secondary"], padded_params(&spec, 4) / 2 * 4);
+        assert_traffic(recs);
         let step = steps(recs).pop().expect("step records");
         // Forward gathers go over all ranks, backward ones over the group.
         assert!(step.comm["all_gather"].calls > 0 && step.comm["all_gather_group"].calls > 0, "{:?}", step.comm);

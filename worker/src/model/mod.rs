@@ -169,7 +169,8 @@ mod tests {
 
     /// The worker's models have exactly the parameters the schema's closed forms give, unit by
     /// unit, so memory predictions and logs agree with what trains; every unit is used by a
-    /// segment, and the first segment reads the batch.
+    /// segment, the segments use the units in the schema's order, and the first segment reads the
+    /// batch.
     #[test]
     fn units_match_the_schema() {
         for &preset in ModelPreset::ALL {
@@ -184,6 +185,9 @@ mod tests {
             for (i, _) in model.units().iter().enumerate() {
                 assert!(model.segments().iter().any(|s| s.unit == i), "{preset}: unit {i} is used");
             }
+            // The planner's stage-3 gathers follow the schema's segment order.
+            let segments: Vec<usize> = model.segments().iter().map(|s| s.unit).collect();
+            assert_eq!(segments, spec.segment_units(), "{preset}");
         }
     }
 
