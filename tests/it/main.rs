@@ -18,9 +18,11 @@
 //! * `slurm`: against the local Slurm (`slurm/local-cluster.sh`, started by `scripts/test.sh`):
 //!   `sbatch --test-only` of every example, submission, arrays, cancellation, status.
 //! * `e2e_slurm`: the real worker under `srun --mpi=pmix` on one and two fake nodes.
+//! * `gpu_logs`: the committed GPU logs (NCCL, copy engines) against the communication closed forms.
 
 mod cli;
 mod e2e_slurm;
+mod gpu_logs;
 mod hostlist_oracle;
 mod injection;
 mod models;
