@@ -60,23 +60,16 @@ pub fn from_run_json(v: &serde_json::Value) -> Hints {
     let get = |keys: &[&str]| keys.iter().find_map(|k| cfg.get(*k).or_else(|| v.get(*k)));
     let num = |keys: &[&str]| get(keys).and_then(serde_json::Value::as_u64).and_then(|n| u32::try_from(n).ok());
     let text = |keys: &[&str]| get(keys).and_then(serde_json::Value::as_str).map(str::to_string);
-    let picked = Hints {
+    // Where the run is and what it is called are not part of a RunConfig.
+    let placement = Hints {
         run_id: text(&["run_id", "id", "name"]),
-        model: text(&["model"]),
-        stage: num(&["stage", "zero_stage"])
-            .and_then(|s| u8::try_from(s).ok())
-            .and_then(|s| ZeroStage::try_from(s).ok()),
-        offload: text(&["offload"]).and_then(|s| s.parse().ok()),
-        precision: text(&["precision"]).and_then(|s| s.parse().ok()),
-        micro_batch: num(&["micro_batch", "train_micro_batch_size_per_gpu"]),
-        grad_accum: num(&["grad_accum", "gradient_accumulation_steps"]),
-        seq_len: num(&["seq_len"]),
-        target_len: num(&["target_len"]),
         world_size: num(&["world_size", "gpus"]),
         nodes: num(&["nodes"]),
+        ..Hints::default()
     };
     // The launcher's `config` is read as the configuration the worker runs, with its defaults, so
-    // that it means what it means to the worker (an absent T5 target length, for one).
+    // that it means what it means to the worker (an absent T5 target length, for one); anything
+    // else key by key.
     match RunConfig::deserialize(cfg) {
         Ok(c) => Hints {
             model: Some(c.model.as_str().to_string()),
@@ -87,9 +80,21 @@ pub fn from_run_json(v: &serde_json::Value) -> Hints {
             grad_accum: Some(c.grad_accum),
             seq_len: Some(c.seq_len),
             target_len: c.target_len,
-            ..picked
+            ..placement
         },
-        Err(_) => picked,
+        Err(_) => Hints {
+            model: text(&["model"]),
+            stage: num(&["stage", "zero_stage"])
+                .and_then(|s| u8::try_from(s).ok())
+                .and_then(|s| ZeroStage::try_from(s).ok()),
+            offload: text(&["offload"]).and_then(|s| s.parse().ok()),
+            precision: text(&["precision"]).and_then(|s| s.parse().ok()),
+            micro_batch: num(&["micro_batch", "train_micro_batch_size_per_gpu"]),
+            grad_accum: num(&["grad_accum", "gradient_accumulation_steps"]),
+            seq_len: num(&["seq_len"]),
+            target_len: num(&["target_len"]),
+            ..placement
+        },
     }
 }
 
