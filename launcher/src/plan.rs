@@ -42,7 +42,7 @@ pub enum Fit {
 
 /// The collectives of one optimizer step on one rank (`zerobench_schema::traffic`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StepComm {
+pub struct PlannedComm {
     /// Bytes per collective, by the key a step's `comm` map uses (the full array's size).
     pub bytes: BTreeMap<String, u64>,
     /// What the rank sends over its links in a ring: each array times its bus factor. Over the
@@ -71,7 +71,7 @@ pub struct Run {
     pub host_state_bytes: u64,
     /// Empty in a `run.json` rendered before zerobench planned communication.
     #[serde(default)]
-    pub comm: StepComm,
+    pub comm: PlannedComm,
     pub fit: Fit,
     /// Things to know that do not stop the run from being rendered.
     pub warnings: Vec<String>,
@@ -102,6 +102,7 @@ impl Run {
             })
             .sum()
     }
+
     pub fn gpus(&self) -> u32 {
         self.nodes * self.gpus_per_node
     }
@@ -263,7 +264,7 @@ fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node
     let buffer_bytes = engine_buffer_bytes(&model, config.stage, config.precision, &config.engine, u64::from(world));
     let need = device_state_bytes + buffer_bytes;
     let traffic = step_traffic(&config, world);
-    let comm = StepComm {
+    let comm = PlannedComm {
         bytes: traffic.bytes.iter().map(|(k, b)| (k.name().to_string(), *b)).collect(),
         wire_bytes: traffic.wire_bytes(world, config.engine.hpz),
     };
