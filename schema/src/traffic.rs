@@ -21,7 +21,8 @@
 //! give G exactly (for GPT-2 124M with the default prefetch, G = 2.26Ψ: the tied embedding is
 //! gathered three times). With hpZ the first gather of each unit in a step goes over all ranks
 //! (pΨ) and the rest over the rank's group (`all_gather_group`).
-//! Offload's host-device copies are not collectives and are not counted.
+//! Offload changes none of these, only when stages 1-2's refresh gathers complete (after the
+//! host's update, in the next step); its host-device copies are not collectives and not counted.
 //!
 //! [`StepTraffic::wire_bytes`] turns the arrays into what each rank sends over its links in a ring
 //! (the array times nccl-tests' bus factor, [`CommKey::bus_factor`]): all-reduce `2(n−1)/n`,

@@ -4,7 +4,7 @@
 use zerobench_schema::memory::{model_state_split, padded_params};
 use zerobench_schema::{ModelPreset, Offload, Precision, ZeroStage};
 
-use crate::support::{losses, max_rel_diff, on_text, setup, steps, train, TINY_FP32};
+use crate::support::{assert_traffic, losses, max_rel_diff, on_text, setup, steps, train, TINY_FP32};
 
 #[test]
 fn offloaded_stages_follow_stage_0_and_split_states_as_the_formulas_say() {
@@ -51,6 +51,9 @@ fn offloaded_stages_follow_stage_0_and_split_states_as_the_formulas_say() {
             assert_eq!(got.host_state_bytes, want.host_bytes, "stage {st} offload {off}");
             // The log's own comparison, which ingest reports, agrees.
             assert_eq!(got.host_state_expected_bytes, Some(got.host_state_bytes));
+        }
+        for recs in &ranks {
+            assert_traffic(recs);
         }
         // The gradient shards went to the host and the parameters came back.
         let step = steps(&ranks[0]).pop().expect("step records");
