@@ -22,7 +22,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// The runs a spec expands to, with GPUs and ZeRO model-state memory per GPU.
+    /// The runs a spec expands to: GPUs, ZeRO model-state memory and communication per GPU.
     Plan(cmd::plan::Args),
     /// Render a spec into run folders: job.sbatch, hostfiles, run.json.
     Render(cmd::render::Args),
