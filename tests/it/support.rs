@@ -193,8 +193,10 @@ pub fn assert_traffic(recs: &[Record]) {
         && matches!(c.stage, ZeroStage::Z1 | ZeroStage::Z2);
     let is_refresh = |k: &CommKey| deferred && k.kind == CollectiveKind::AllGather;
     let refresh: u64 = want.iter().filter(|(k, _)| is_refresh(k)).map(|(_, b)| b).sum();
-    let what =
-        format!("{} stage {} on {world} {} ranks, accumulation {}", c.model, c.stage, start.device.kind, c.grad_accum);
+    let what = format!(
+        "{} stage {} offload {} on {world} {} ranks, accumulation {}",
+        c.model, c.stage, c.offload, start.device.kind, c.grad_accum
+    );
     let measured = steps(recs);
     assert!(!measured.is_empty(), "{what}: no steps");
     let mut refreshed = 0;
