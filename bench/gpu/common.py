@@ -1,4 +1,4 @@
-"""What bench/gpu/report.py and bench/gpu/report_offload.py share: reading a result archive of
+"""What the bench/gpu/report*.py scripts share: reading a result archive of
 bench/gpu/run.sh, the parts of a rank log a summary needs, and number formats."""
 import json
 import re
@@ -12,6 +12,20 @@ def archive_files(path):
         for m in tar.getmembers():
             if m.isfile():
                 yield m.name, tar.extractfile(m).read().decode(errors="replace")
+
+
+def read_archive(path):
+    """A result archive as the reports read it: host.txt's text, the rank-0 log of every run by run
+    name, and every other file's text by member name (in archive order)."""
+    host, logs, files = "", {}, {}
+    for name, text in archive_files(path):
+        if name.endswith("host.txt"):
+            host = text
+        elif run := rank0_run(name):
+            logs[run] = json_lines(text)
+        else:
+            files[name] = text
+    return host, logs, files
 
 
 def rank0_run(name):

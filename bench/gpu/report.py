@@ -15,7 +15,7 @@ import json
 import re
 import statistics
 
-from common import archive_files, gib, host_date, json_lines, median, rank0_run, run_parts
+from common import gib, host_date, json_lines, median, read_archive, run_parts
 
 PEAK_TFLOPS = 989.0
 # GPT-2's (layers, width) and positions, for FLOPs per token where no log gives them: the PyTorch
@@ -33,13 +33,10 @@ def flops_per_token(model, params, seq):
 
 
 def load(path):
-    runs, refs, coll, host = {}, {}, [], ""
-    for name, data in archive_files(path):
-        if name.endswith("host.txt"):
-            host = data
-        elif run := rank0_run(name):
-            runs[run] = json_lines(data)
-        elif re.search(r"runs/ref_[^/]+\.json$", name) and data.strip():
+    host, runs, files = read_archive(path)
+    refs, coll = {}, []
+    for name, data in files.items():
+        if re.search(r"runs/ref_[^/]+\.json$", name) and data.strip():
             refs[name.split("/")[-1][:-5]] = json.loads(data.strip().splitlines()[-1])
         elif name.endswith(".jsonl") and "collectives_" in name:
             coll += json_lines(data)

@@ -15,20 +15,16 @@ import json
 import re
 import statistics
 
-from common import archive_files, host_date, json_lines, median, rank0_run, run_parts
+from common import host_date, json_lines, median, read_archive, run_parts
 
 TARGET = {1: 0.95, 2: 0.95, 3: 0.90}  # stage 0 on 2 GPUs has none
 
 
-def read_archive(path):
-    logs, host, interference = {}, "", []
-    for name, text in archive_files(path):
-        if name.endswith("host.txt"):
-            host = text
-        elif name.endswith("runs/interference.jsonl"):
-            interference = json_lines(text)
-        elif run := rank0_run(name):
-            logs[run] = json_lines(text)
+def read_call(path):
+    """The rank-0 logs, host.txt and interference.py's measurements of one device call."""
+    host, logs, files = read_archive(path)
+    interference = [r for name, text in files.items() if name.endswith("runs/interference.jsonl")
+                    for r in json_lines(text)]
     return logs, host, interference
 
 
@@ -54,7 +50,7 @@ def step_ms(recs):
 
 
 def call_rows(path):
-    logs, host, interference = read_archive(path)
+    logs, host, interference = read_call(path)
     one = step_ms(logs["gpt2-xl_z0_mb4_1gpu_int"])
     call = {"archive": path.split("/")[-1], "date": host_date(host), "host": host.strip().splitlines(),
             "one_gpu_stage0_ms": round(one, 2), "pair": {}, "runs": [], "interference": interference}

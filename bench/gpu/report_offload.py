@@ -19,7 +19,7 @@ import json
 import re
 import statistics
 
-from common import archive_files, gib, host_date, json_lines, median, rank0_run, run_parts
+from common import gib, host_date, median, read_archive, run_parts
 
 # DeepSpeed 0.19.8, CPU offload, gpt2-xl micro-batch 4, sequence 1024 (issue 7): tokens/s per run.
 DEEPSPEED_OFFLOAD = {1: 4726, 2: 2984 * 2}
@@ -29,16 +29,13 @@ OFFLOAD_OPTIMIZER_NOTE = ("logged 'cuda-fused' by a labelling bug fixed after th
                           "update ran on the host (the Rust CPU AdamW), as every offload run does")
 
 
-def read_archive(path):
+def read_call(path):
     """Every rank-0 log, the host description and the host measurements of one archive."""
-    logs, outs, host, adamw, copies, bench_log = {}, {}, "", None, {}, ""
-    for name, text in archive_files(path):
-        if name.endswith("host.txt"):
-            host = text
-        elif name.endswith("bench.log"):
+    host, logs, files = read_archive(path)
+    outs, adamw, copies, bench_log = {}, None, {}, ""
+    for name, text in files.items():
+        if name.endswith("bench.log"):
             bench_log = text
-        elif run := rank0_run(name):
-            logs[run] = json_lines(text)
         elif re.search(r"runs/[^/]+\.out$", name):
             outs[name.split("/")[-1][:-4]] = text
         elif re.search(r"runs/cpu_adamw[^/]*\.json$", name):
@@ -185,7 +182,7 @@ def main():
 
     calls = []
     for path in a.archives:
-        arc = read_archive(path)
+        arc = read_call(path)
         calls.append({"archive": path.split("/")[-1], "host": host_info(arc), "cpu_adamw": arc["adamw"],
                       "copies": list(arc["copies"].values()), "runs": offload_rows(arc),
                       "faults": faults(arc), "fits": fits(arc)})

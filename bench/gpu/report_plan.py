@@ -19,21 +19,17 @@ import os
 import subprocess
 import tempfile
 
-from common import archive_files, host_date, json_lines, median, rank0_run, run_parts
+from common import host_date, json_lines, median, read_archive, run_parts
 
 FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
           "all_gather": lambda n: (n - 1) / n}
 
 
-def read_archive(path):
-    logs, host, collectives = {}, "", []
-    for name, text in archive_files(path):
-        if name.endswith("host.txt"):
-            host = text
-        elif name.endswith("runs/collectives_zerobench.jsonl"):
-            collectives = json_lines(text)
-        elif run := rank0_run(name):
-            logs[run] = json_lines(text)
+def read_call(path):
+    """The rank-0 logs, host.txt and nccl_bw's results of one device call."""
+    host, logs, files = read_archive(path)
+    collectives = [c for name, text in files.items() if name.endswith("runs/collectives_zerobench.jsonl")
+                   for c in json_lines(text)]
     return logs, host, collectives
 
 
@@ -61,7 +57,7 @@ def main():
     ap.add_argument("--json", required=True)
     ap.add_argument("--md", required=True)
     a = ap.parse_args()
-    logs, host, collectives = read_archive(a.archive)
+    logs, host, collectives = read_call(a.archive)
     largest = max(c["bytes"] for c in collectives)
     ceiling = {c["op"]: c["busbw_gbps"] for c in collectives if c["bytes"] == largest}
     one_gpu = {}

@@ -16,7 +16,6 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
-use zerobench_schema::collective::CommKey;
 use zerobench_schema::memory::{engine_buffer_bytes, model_state_split, padded_params, ModelStateBytes};
 use zerobench_schema::traffic::step_traffic;
 use zerobench_schema::{ConfigError, Offload, Precision, RunConfig};
@@ -91,14 +90,11 @@ impl Run {
     /// nodes).
     pub fn comm_seconds(&self, intra_node: f64, inter_node: f64) -> f64 {
         let (world, hpz) = (self.world_size(), self.config.engine.hpz);
-        self.comm
-            .bytes
-            .iter()
-            .filter_map(|(name, bytes)| {
-                let key = CommKey::from_name(name.as_bytes())?;
-                let factor = key.bus_factor(world, hpz)?;
+        step_traffic(&self.config, world)
+            .wire(world, hpz)
+            .map(|(key, bytes)| {
                 let gbps = if self.nodes > 1 && !key.group { inter_node } else { intra_node };
-                Some(*bytes as f64 * factor / (gbps * 1e9))
+                bytes / (gbps * 1e9)
             })
             .sum()
     }

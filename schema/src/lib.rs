@@ -3,6 +3,8 @@
 //! * [`config`]: one run's configuration (what the worker's flags say and what the launcher renders).
 //! * [`models`]: model presets with their exact dimensions and closed-form parameter counts.
 //! * [`memory`]: the ZeRO model-state formulas per stage, precision and offload setting.
+//! * [`schedule`]: the order in which a micro-step uses the model's units (the worker's engine
+//!   follows it; [`traffic`] replays stage 3's gathers over it).
 //! * [`traffic`]: the collectives of one optimizer step per rank, per stage (the planner's estimate
 //!   and the closed form the worker's logs are held to).
 //! * [`splitmix`]: the seeded generator every part draws synthetic numbers from.
@@ -17,6 +19,7 @@ pub mod config;
 pub mod log;
 pub mod memory;
 pub mod models;
+pub mod schedule;
 pub mod splitmix;
 pub mod stats;
 pub mod traffic;

@@ -1,7 +1,7 @@
 //! The collectives of one optimizer step, per rank, as zerobench's engine issues them: what a run
 //! will move before it runs, for the planner, and the closed form its logs are held to.
 //!
-//! With Ψ the padded parameter count ([`padded_params`]), p bytes per element of the compute
+//! With Ψ the padded parameter count ([`crate::memory::padded_params`]), p bytes per element of the compute
 //! precision, m micro-steps per optimizer step and `bytes` the size of the full array (the
 //! schema's convention, as in a step's `comm` map):
 //!
@@ -32,7 +32,8 @@
 
 use crate::collective::{CollectiveKind, CommKey};
 use crate::config::{RunConfig, ZeroStage};
-use crate::memory::{padded_params, padded_unit};
+use crate::memory::padded_unit;
+use crate::schedule::Schedule;
 
 /// The collectives of one optimizer step on one rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,17 +49,24 @@ impl StepTraffic {
         self.bytes.iter().find(|(k, _)| *k == key).map_or(0, |(_, b)| *b)
     }
 
-    /// What one rank sends (and receives) over its links in a ring, on `world` ranks in hpZ groups
-    /// of `hpz`: Σ bytes × bus factor. A collective on one rank sends nothing.
+    /// What one rank sends (and receives) over its links in a ring for each collective, on `world`
+    /// ranks in hpZ groups of `hpz`: bytes × bus factor. A collective on one rank sends nothing.
+    pub fn wire(&self, world: u32, hpz: Option<u32>) -> impl Iterator<Item = (CommKey, f64)> + '_ {
+        self.bytes.iter().map(move |(k, b)| (*k, *b as f64 * k.bus_factor(world, hpz).unwrap_or(0.0)))
+    }
+
+    /// [`Self::wire`] summed, in whole bytes.
     pub fn wire_bytes(&self, world: u32, hpz: Option<u32>) -> u64 {
-        self.bytes.iter().map(|(k, b)| (*b as f64 * k.bus_factor(world, hpz).unwrap_or(0.0)).round() as u64).sum()
+        self.wire(world, hpz).map(|(_, b)| b.round() as u64).sum()
     }
 }
 
 /// The collectives of one optimizer step of `c` on one of `world` ranks.
 pub fn step_traffic(c: &RunConfig, world: u32) -> StepTraffic {
+    let spec = c.model.spec();
     let p = c.precision.param_bytes();
-    let psi = padded_params(&c.model.spec(), u64::from(world)) * p;
+    let padded: Vec<u64> = spec.units().iter().map(|u| padded_unit(u.params, u64::from(world))).collect();
+    let psi = padded.iter().sum::<u64>() * p;
     let m = u64::from(c.grad_accum.max(1));
     let key = |kind, group| CommKey { kind, group };
     let world_key = |kind| key(kind, false);
@@ -73,9 +81,8 @@ pub fn step_traffic(c: &RunConfig, world: u32) -> StepTraffic {
             vec![(world_key(CollectiveKind::ReduceScatter), m * psi), (world_key(CollectiveKind::AllGather), refresh)]
         }
         ZeroStage::Z3 => {
-            let spec = c.model.spec();
-            let padded: Vec<u64> = spec.units().iter().map(|u| padded_unit(u.params, u64::from(world))).collect();
-            let gathers = m * stage3_gathered(&padded, &spec.segment_units(), c.engine.prefetch) * p;
+            let schedule = Schedule::new(&spec.segment_units(), padded.len());
+            let gathers = m * stage3_gathered(&padded, &schedule, c.engine.prefetch) * p;
             let mut b = vec![(world_key(CollectiveKind::ReduceScatter), m * psi)];
             match c.engine.hpz {
                 Some(_) => {
@@ -93,27 +100,16 @@ pub fn step_traffic(c: &RunConfig, world: u32) -> StepTraffic {
 }
 
 /// Elements stage 3 gathers in one micro-step: the engine's slot policy (`worker/src/zero/engine.rs`,
-/// `Engine::before` and `Engine::after`) played over the positions of a micro-step, every segment
-/// forward and then backward in reverse. There are `prefetch + 1` slots. Before a segment runs,
-/// its unit is gathered unless a slot holds it (evicting the first slot that holds another unit
-/// when none is free), then each of the next `prefetch` distinct units that no slot holds is
-/// gathered while a slot is free. After it runs, every slot whose unit is not among the next
-/// `prefetch + 1` distinct units is released, so nothing stays gathered between micro-steps.
-/// `padded[u]` is unit u's padded size; `segments[s]` the unit segment s uses.
-pub fn stage3_gathered(padded: &[u64], segments: &[usize], prefetch: u32) -> u64 {
-    let positions: Vec<usize> = segments.iter().chain(segments.iter().rev()).copied().collect();
-    let upcoming = |i: usize, n: usize| {
-        let mut out: Vec<usize> = Vec::new();
-        for &u in &positions[i + 1..] {
-            if out.len() == n {
-                break;
-            }
-            if !out.contains(&u) {
-                out.push(u);
-            }
-        }
-        out
-    };
+/// `Engine::before` and `Engine::after`) replayed over the schedule's positions. There are
+/// `prefetch + 1` slots. Before a segment runs, its unit is gathered unless a slot holds it
+/// (evicting the first slot that holds another unit when none is free), then each of the next
+/// `prefetch` distinct units that no slot holds is gathered while a slot is free. After it runs,
+/// every slot whose unit is not among the next `prefetch + 1` distinct units is released, so
+/// nothing stays gathered between micro-steps. `padded[u]` is unit u's padded size.
+///
+/// This is a second, independent statement of the engine's policy, on purpose: the end-to-end
+/// tests hold the worker's logged gathers to it, so a change to either shows.
+pub fn stage3_gathered(padded: &[u64], schedule: &Schedule, prefetch: u32) -> u64 {
     // More slots than units change nothing (a unit no slot holds always finds a free one), and a
     // spec may ask for any prefetch.
     let n_slots = (prefetch as usize).saturating_add(1).min(padded.len().max(1));
@@ -128,16 +124,17 @@ pub fn stage3_gathered(padded: &[u64], segments: &[usize], prefetch: u32) -> u64
         slots[s] = Some(u);
         gathered += padded[u];
     };
-    for (i, &u) in positions.iter().enumerate() {
+    for (i, p) in schedule.positions.iter().enumerate() {
+        let u = p.unit;
         if !slots.contains(&Some(u)) {
             gather(&mut slots, u, u);
         }
-        for v in upcoming(i, prefetch as usize) {
+        for v in schedule.upcoming_units(i, prefetch as usize) {
             if !slots.contains(&Some(v)) && slots.contains(&None) {
                 gather(&mut slots, v, u);
             }
         }
-        let keep = upcoming(i, prefetch as usize + 1);
+        let keep = schedule.upcoming_units(i, prefetch as usize + 1);
         for s in slots.iter_mut() {
             if s.is_some_and(|v| !keep.contains(&v)) {
                 *s = None;
@@ -151,6 +148,7 @@ pub fn stage3_gathered(padded: &[u64], segments: &[usize], prefetch: u32) -> u64
 mod tests {
     use super::*;
     use crate::config::Precision;
+    use crate::memory::padded_params;
     use crate::models::ModelPreset;
 
     fn config(stage: ZeroStage, grad_accum: u32) -> RunConfig {
@@ -186,7 +184,8 @@ mod tests {
     /// Three equal units without tied weights, worked by hand: forward 0 1 2, backward 2 1 0.
     #[test]
     fn stage_3_gathers_follow_the_slots() {
-        let (a, untied) = (1000, [0, 1, 2]);
+        let a = 1000;
+        let untied = Schedule::new(&[0, 1, 2], 3);
         // One slot: unit 2 is still held when backward starts; every other use gathers.
         assert_eq!(stage3_gathered(&[a; 3], &untied, 0), 5 * a);
         // Two slots: units 2 and 1 are both still held at the turn.
@@ -196,7 +195,7 @@ mod tests {
         assert_eq!(stage3_gathered(&[a; 3], &untied, u32::MAX), 3 * a);
         // A unit used again by a later segment (a tied head: forward 0 1 2 0, backward 0 2 1 0)
         // is gathered again once released: 0 1 2 0, held at the turn, then 2 1 0.
-        assert_eq!(stage3_gathered(&[a; 3], &[0, 1, 2, 0], 0), 7 * a);
+        assert_eq!(stage3_gathered(&[a; 3], &Schedule::new(&[0, 1, 2, 0], 3), 0), 7 * a);
     }
 
     /// GPT-2 124M on the default prefetch: the paper's 2Ψ per micro-step plus one more gather of
@@ -205,7 +204,7 @@ mod tests {
     fn gpt2_gathers_its_tied_embedding_three_times() {
         let spec = ModelPreset::Gpt2.spec();
         let padded: Vec<u64> = spec.units().iter().map(|u| padded_unit(u.params, 2)).collect();
-        let g = stage3_gathered(&padded, &spec.segment_units(), 1);
+        let g = stage3_gathered(&padded, &Schedule::new(&spec.segment_units(), padded.len()), 1);
         assert_eq!(g, 3 * padded[0] + 2 * padded[1..].iter().sum::<u64>() - padded[12]);
         let psi = padded_params(&spec, 2) as f64;
         assert!((g as f64 / psi - 2.26).abs() < 0.01, "{}", g as f64 / psi);
@@ -230,7 +229,7 @@ mod tests {
         let spec = ModelPreset::Gpt2Xl.spec();
         let psi = padded_params(&spec, 16) * 4;
         let padded: Vec<u64> = spec.units().iter().map(|u| padded_unit(u.params, 16)).collect();
-        let gathers = 2 * stage3_gathered(&padded, &spec.segment_units(), 1) * 4;
+        let gathers = 2 * stage3_gathered(&padded, &Schedule::new(&spec.segment_units(), padded.len()), 1) * 4;
         let world = CommKey { kind: CollectiveKind::AllGather, group: false };
         let group = CommKey { kind: CollectiveKind::AllGather, group: true };
         assert_eq!((t.get(world), t.get(group)), (psi, gathers - psi));

@@ -14,7 +14,7 @@ use super::adamw::{AdamW, Shard};
 use super::layout::UnitLayout;
 use super::loss_scale::LossScaler;
 use super::offload::{HostState, HostUpdates, Update};
-use super::schedule::{Phase, Schedule};
+use zerobench_schema::schedule::{Phase, Schedule};
 use crate::comm::{Collectives, CommError, HostCopy, Pending, StepComm};
 use crate::model::{init_unit, Model};
 use crate::runtime::cuda::Gpu;

@@ -23,7 +23,6 @@ pub mod engine;
 pub mod layout;
 pub mod loss_scale;
 pub mod offload;
-pub mod schedule;
 
 pub use engine::{Engine, EngineError, StepOutcome};
-pub use schedule::{Phase, Position, Schedule};
+pub use zerobench_schema::schedule::{Phase, Position, Schedule};

@@ -1,5 +1,7 @@
 //! The order in which one micro-step uses the units: every segment forward, then every segment
-//! backward in reverse. The last segment's forward is directly followed by its backward.
+//! backward in reverse. The last segment's forward is directly followed by its backward. The
+//! worker's engine gathers, harvests and releases by it; the planner replays stage 3's gathers over
+//! it (`crate::traffic`).
 
 /// Forward or backward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +65,7 @@ impl Schedule {
 
     /// The first `n` distinct units used strictly after position `i` within this micro-step.
     pub fn upcoming_units(&self, i: usize, n: usize) -> Vec<usize> {
-        let mut out = Vec::with_capacity(n);
+        let mut out = Vec::with_capacity(n.min(self.positions.len()));
         for p in &self.positions[(i + 1).min(self.positions.len())..] {
             if out.len() == n {
                 break;
