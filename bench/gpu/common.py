@@ -15,23 +15,39 @@ def archive_files(path):
 
 
 def read_archive(path):
-    """A result archive as the reports read it: host.txt's text, the rank-0 log of every run by run
-    name, and every other file's text by member name (in archive order)."""
-    host, logs, files = "", {}, {}
+    """A result archive as the reports read it: host.txt's text, the log of every run by run name,
+    and every other file's text by member name (in archive order).
+
+    A run's log is rank 0's records, except that each step's `step_ms` is the run's: the slowest
+    rank's at that step (rank 0's own is kept as `rank_step_ms`). This is the one rule for a
+    run's step time, ingest's and the worker summary's: per step the slowest rank, then the median
+    over measured steps."""
+    host, ranks, files = "", {}, {}
     for name, text in archive_files(path):
         if name.endswith("host.txt"):
             host = text
-        elif run := rank0_run(name):
-            logs[run] = json_lines(text)
+        elif m := re.search(r"runs/([^/]+)/rank(\d+)\.jsonl$", name):
+            ranks.setdefault(m.group(1), {})[int(m.group(2))] = json_lines(text)
         else:
             files[name] = text
+    logs = {run: slowest_rank_steps(by_rank) for run, by_rank in ranks.items() if 0 in by_rank}
     return host, logs, files
 
 
-def rank0_run(name):
-    """The run name of an archive member `runs/<run>/rank0.jsonl`, else None."""
-    m = re.search(r"runs/([^/]+)/rank0\.jsonl$", name)
-    return m and m.group(1)
+def slowest_rank_steps(by_rank):
+    """Rank 0's records with every step's `step_ms` set to the largest over the ranks that logged
+    that step."""
+    worst = {}
+    for recs in by_rank.values():
+        for r in recs:
+            if r["event"] == "step":
+                worst[r["step"]] = max(worst.get(r["step"], 0.0), r["step_ms"])
+    out = []
+    for r in by_rank[0]:
+        if r["event"] == "step":
+            r = dict(r, rank_step_ms=r["step_ms"], step_ms=worst[r["step"]])
+        out.append(r)
+    return out
 
 
 def json_lines(text):

@@ -1,7 +1,14 @@
 """The PyTorch reference zerobench is compared with: a nanoGPT-style GPT-2 (same shapes as
 zerobench's presets: vocabulary 50257, 1024 positions, pre-LN blocks with biases, tanh GELU, causal
-scaled-dot-product attention, tied LM head) trained eagerly in bf16 with fused AdamW, on one GPU
-(`--mode eager`), with DDP (`--mode ddp`) or with FSDP2's `fully_shard` per block (`--mode fsdp2`).
+scaled-dot-product attention, tied LM head) trained in bf16 with fused AdamW, on one GPU eagerly
+(`--mode eager`) or through torch.compile (`--mode compile`), with DDP (`--mode ddp`) or with
+FSDP2's `fully_shard` per block (`--mode fsdp2`).
+
+The LM head is padded exactly as zerobench pads its own (worker/src/model/ops.rs, `lm_loss`): the
+50257-row weight gets zero rows up to a multiple of 64 (50304) inside the product and the extra
+logits are sliced off before the loss, so both run the same arithmetic on aligned shapes
+(`--no-pad-head` for the unpadded head). A step is timed as zerobench times it: from its start to
+the completion of all of its device work (`torch.cuda.synchronize()`).
 
 eager and ddp keep fp32 parameters and run the model under bf16 autocast (nanoGPT's recipe);
 fsdp2 shards fp32 parameters and computes in bf16 (MixedPrecisionPolicy(param_dtype=bf16,
@@ -23,6 +30,8 @@ import torch.nn.functional as F
 
 PRESETS = {"gpt2": (12, 768, 12), "gpt2-medium": (24, 1024, 16), "gpt2-large": (36, 1280, 20), "gpt2-xl": (48, 1600, 25)}
 VOCAB, POSITIONS = 50257, 1024
+# zerobench's HEAD_ALIGN: the LM head's rows are padded to a multiple of this inside the product.
+HEAD_ALIGN = 64
 
 
 class Block(nn.Module):
@@ -43,8 +52,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, layers, d, heads):
+    def __init__(self, layers, d, heads, pad_head=True):
         super().__init__()
+        self.head_rows = -(-VOCAB // HEAD_ALIGN) * HEAD_ALIGN if pad_head else VOCAB
         self.wte, self.wpe = nn.Embedding(VOCAB, d), nn.Embedding(POSITIONS, d)
         self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
@@ -62,13 +72,17 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
         for blk in self.blocks:
             x = blk(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        w = self.wte.weight
+        if self.head_rows > VOCAB:
+            w = F.pad(w, (0, 0, 0, self.head_rows - VOCAB))
+        logits = F.linear(self.ln_f(x), w)[..., :VOCAB]
+        return F.cross_entropy(logits.reshape(-1, VOCAB).float(), targets.reshape(-1))
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["eager", "ddp", "fsdp2"], required=True)
+    ap.add_argument("--mode", choices=["eager", "compile", "ddp", "fsdp2"], required=True)
+    ap.add_argument("--no-pad-head", dest="pad_head", action="store_false")
     ap.add_argument("--model", choices=list(PRESETS), default="gpt2")
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=1024)
@@ -76,7 +90,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     a = ap.parse_args()
 
-    distributed = a.mode != "eager"
+    distributed = a.mode not in ("eager", "compile")
     if distributed:
         dist.init_process_group("nccl")
         rank, world, local = dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"])
@@ -85,7 +99,8 @@ def main():
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)
     torch.manual_seed(0)
-    model = GPT(*PRESETS[a.model]).to(dev)
+    model = GPT(*PRESETS[a.model], pad_head=a.pad_head).to(dev)
+    head_rows = model.head_rows
     params = sum(p.numel() for p in model.parameters())
     autocast = True
     if a.mode == "ddp":
@@ -99,6 +114,8 @@ def main():
         fully_shard(model, mp_policy=mp)
         autocast = False
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    if a.mode == "compile":
+        model = torch.compile(model)
     gen = torch.Generator(device=dev).manual_seed(1234 + rank)
 
     def step():
@@ -128,7 +145,7 @@ def main():
     if rank == 0:
         print(json.dumps({
             "impl": f"pytorch-{a.mode}", "model": a.model, "micro_batch": a.micro_batch, "seq_len": a.seq_len,
-            "gpus": world, "params": params, "steps": len(times), "step_ms_median": med * 1e3,
+            "gpus": world, "params": params, "vocab": VOCAB, "head_rows": head_rows, "steps": len(times), "step_ms_median": med * 1e3,
             "tokens_per_s_per_gpu": tokens / med, "final_loss": float(loss),
             "peak_allocated_bytes": torch.cuda.max_memory_allocated(dev),
             "peak_reserved_bytes": torch.cuda.max_memory_reserved(dev),

@@ -5,7 +5,7 @@ Markdown tables of docs/benchmarks.md.
 
 PRIMARY holds the runs the targets are computed from (zerobench and the eager reference of the same
 run); CONTEXT, if given, adds the DDP/FSDP2 references and the zerobench runs of its own run.
-Step time is the median over measured steps of rank 0 (all ranks log the same synchronised step);
+Step time is the median over measured steps of the slowest rank's step time (common.read_archive);
 throughput per GPU = tokens per step / world size / median step time. MFU = achieved FLOP/s per GPU
 / 989 TFLOP/s (H100/H200 SXM dense bf16), with the FLOPs per token the worker logs
 (6N + 12·L·d·T, N without position embeddings: PaLM's and nanoGPT's convention)."""

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The GPU benchmark of issue 3, run on a GPU host from the repository root with the binaries built
+# The GPU benchmarks, run on a GPU host from the repository root with the binaries built
 # here (see docs/benchmarks.md):
 #
 #   bench/gpu/run.sh PHASE... [--bin DIR] [--out DIR]
 #
 # Phases:
 #   smoke        1 and 2 GPUs, every stage, a few steps of gpt2: everything starts and logs
+#   step-time    one GPU: zerobench gpt2 (micro-batch 16) and gpt2-xl (micro-batch 4) at stages 0-3,
+#                and the PyTorch references (eager, torch.compile; head padded as zerobench pads
+#                it) on the same shapes, in one call (bench/gpu/report_step.py reads it)
 #   correctness  2 GPUs, stages 0-3, gpt2 on the shipped text: loss curves to compare
 #   gpt2         zerobench stages 0-3 on 1 and 2 GPUs, gpt2, micro-batch 16, sequence 1024
 #   gpt2-xl      the same for gpt2-xl, micro-batch 4
@@ -75,7 +78,7 @@ worker() {
 reference() {
   local name=$1 np=$2; shift 2
   local t0=$SECONDS
-  if [ "$np" = 1 ] && [ "$1" = "--mode" ] && [ "$2" = eager ]; then
+  if [ "$np" = 1 ] && [ "$1" = "--mode" ] && { [ "$2" = eager ] || [ "$2" = compile ]; }; then
     python3 bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
   else
     torchrun --standalone --nproc_per_node="$np" bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
@@ -274,6 +277,19 @@ PY
           log "fits z$1 $2 $m: rc=$? $(tail -n 1 "$RUNS/fits_${m}_z$1_$2/rank0.jsonl" 2>/dev/null | cut -c1-160)"
           cp "$OUTDIR/bench.log" "$RUNS/.."; tar -C "$RUNS/.." -czf "$OUTDIR/results.tar.gz" runs host.txt bench.log
           grep -q '"status":"ok"' "$RUNS/fits_${m}_z$1_$2/rank0.jsonl" 2>/dev/null && break
+        done
+      done ;;
+    step-time)
+      for m in "gpt2 16" "gpt2-xl 4"; do
+        set -- $m
+        for s in 0 1 2 3; do
+          worker "$1_z${s}_mb$2_1gpu" 1 --model "$1" --stage "$s" --micro-batch "$2" --seq-len 1024 --steps 20 --warmup 4
+        done
+      done
+      for m in "gpt2 16" "gpt2-xl 4"; do
+        set -- $m
+        for mode in eager compile; do
+          reference "ref_$1_${mode}_1gpu" 1 --mode "$mode" --model "$1" --micro-batch "$2" --steps 20 --warmup 4
         done
       done ;;
     eager)

@@ -72,16 +72,18 @@ impl StepSlot {
     }
 
     pub fn merge(&mut self, o: &StepSlot) {
+        // The step is the slowest rank's, and so are its phases: taken from one rank, they add up
+        // to its step time (maxima taken field by field from different ranks would not).
         if o.step_ms > self.step_ms || (o.step_ms == self.step_ms && o.slowest_rank < self.slowest_rank) {
             self.step_ms = o.step_ms;
             self.slowest_rank = o.slowest_rank;
+            self.forward_ms = o.forward_ms;
+            self.backward_ms = o.backward_ms;
+            self.optimizer_ms = o.optimizer_ms;
+            self.comm_ms = o.comm_ms;
+            self.exposed_comm_ms = o.exposed_comm_ms;
         }
         self.ranks += o.ranks;
-        self.forward_ms = self.forward_ms.max(o.forward_ms);
-        self.backward_ms = self.backward_ms.max(o.backward_ms);
-        self.optimizer_ms = self.optimizer_ms.max(o.optimizer_ms);
-        self.comm_ms = self.comm_ms.max(o.comm_ms);
-        self.exposed_comm_ms = self.exposed_comm_ms.max(o.exposed_comm_ms);
         self.tokens = self.tokens.max(o.tokens);
         self.samples = self.samples.max(o.samples);
     }

@@ -2,8 +2,9 @@
 //! memory peaks, communication shares, bus bandwidth, energy, stragglers and status.
 //!
 //! Definitions (docs/ingest.md has them with examples):
-//! * A step's time is the maximum over ranks (a step ends when its slowest rank does); so are its
-//!   forward, backward, optimizer, communication and exposed-communication times.
+//! * A step's time is the maximum over ranks (a step ends when its slowest rank does); its
+//!   forward, backward, optimizer, communication and exposed-communication times are that rank's,
+//!   so the phases of a step add up to its time.
 //! * Measured steps are those with index ≥ warmup that every rank read reported; steps only some
 //!   ranks reported (a run cut short) are counted as partial and left out.
 //! * Median, p10 and p90 are over measured steps (linear interpolation).

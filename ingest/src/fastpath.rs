@@ -14,7 +14,7 @@ use zerobench_schema::collective::CommKey;
 use crate::record::{CommLine, CommLines, MemLine, StepLine, STEP_PREFIX};
 
 /// The keys of a step record after `event` and `v`, in the order the worker writes them.
-const WRITER_ORDER: [&[u8]; 20] = [
+const WRITER_ORDER: [&[u8]; 22] = [
     b"ts",
     b"rank",
     b"step",
@@ -30,6 +30,8 @@ const WRITER_ORDER: [&[u8]; 20] = [
     b"optimizer_ms",
     b"comm_ms",
     b"exposed_comm_ms",
+    b"other_ms",
+    b"overhead_ms",
     b"comm",
     b"memory",
     b"power_w",
@@ -54,6 +56,8 @@ pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
         optimizer_ms: 0.0,
         comm_ms: 0.0,
         exposed_comm_ms: 0.0,
+        other_ms: 0.0,
+        overhead_ms: 0.0,
         comm: CommLines::default(),
         memory: MemLine::default(),
         energy_j: None,
@@ -86,11 +90,13 @@ pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
             b"optimizer_ms" => c.f64().map(|v| s.optimizer_ms = v).map(|_| 12)?,
             b"comm_ms" => c.f64().map(|v| s.comm_ms = v).map(|_| 13)?,
             b"exposed_comm_ms" => c.f64().map(|v| s.exposed_comm_ms = v).map(|_| 14)?,
-            b"comm" => c.comm().map(|v| s.comm = v).map(|_| 15)?,
-            b"memory" => c.memory().map(|v| s.memory = v).map(|_| 16)?,
-            b"power_w" => c.opt(Cur::skip_f64).map(|_| 17)?,
-            b"energy_j" => c.opt(Cur::f64).map(|v| s.energy_j = v).map(|_| 18)?,
-            b"gpu_util_pct" => c.opt(Cur::skip_unsigned::<u32>).map(|_| 19)?,
+            b"other_ms" => c.f64().map(|v| s.other_ms = v).map(|_| 15)?,
+            b"overhead_ms" => c.f64().map(|v| s.overhead_ms = v).map(|_| 16)?,
+            b"comm" => c.comm().map(|v| s.comm = v).map(|_| 17)?,
+            b"memory" => c.memory().map(|v| s.memory = v).map(|_| 18)?,
+            b"power_w" => c.opt(Cur::skip_f64).map(|_| 19)?,
+            b"energy_j" => c.opt(Cur::f64).map(|v| s.energy_j = v).map(|_| 20)?,
+            b"gpu_util_pct" => c.opt(Cur::skip_unsigned::<u32>).map(|_| 21)?,
             _ => return None,
         };
         if seen & (1 << bit) != 0 {
@@ -103,8 +109,9 @@ pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
             _ => return None,
         }
     }
-    // Every field the schema's `Step` requires: all but these.
-    const OPTIONAL: u32 = (1 << 6) | (1 << 17) | (1 << 18) | (1 << 19);
+    // Every field the schema's `Step` requires: all but these (`other_ms` and `overhead_ms`
+    // default to 0, as in version 1 logs).
+    const OPTIONAL: u32 = (1 << 6) | (1 << 15) | (1 << 16) | (1 << 19) | (1 << 20) | (1 << 21);
     const REQUIRED: u32 = ((1 << WRITER_ORDER.len()) - 1) & !OPTIONAL;
     (c.i == line.len() && seen & REQUIRED == REQUIRED).then_some(s)
 }
@@ -563,17 +570,18 @@ mod tests {
 
     #[test]
     fn writer_lines_take_the_fast_path() {
-        let line = br#"{"event":"step","v":1,"ts":1767225602.0992,"rank":1,"step":2,"warmup":false,"loss":8.333333333333334,"skipped":false,"tokens":32768,"samples":32,"step_ms":49.34823223709721,"forward_ms":14.804469671129162,"backward_ms":27.141527730403467,"optimizer_ms":4.934823223709721,"comm_ms":3.988447398401309,"exposed_comm_ms":1.1965342195203927,"comm":{"all_gather":{"calls":26,"bytes":497759232,"ms":2.6984155526211087,"max_bytes":38289171,"bus_gbps":138.3476402058889}},"memory":{"allocated_bytes":497772544,"peak_allocated_bytes":3064686592,"rss_bytes":2147491840},"power_w":642.0883637669963,"energy_j":140.61258826421272,"gpu_util_pct":95}"#;
+        let line = br#"{"event":"step","v":2,"ts":1767225602.0992,"rank":1,"step":2,"warmup":false,"loss":8.333333333333334,"skipped":false,"tokens":32768,"samples":32,"step_ms":49.34823223709721,"forward_ms":14.804469671129162,"backward_ms":27.141527730403467,"optimizer_ms":4.934823223709721,"comm_ms":3.988447398401309,"exposed_comm_ms":1.1965342195203927,"other_ms":1.26,"overhead_ms":0.07,"comm":{"all_gather":{"calls":26,"bytes":497759232,"ms":2.6984155526211087,"max_bytes":38289171,"bus_gbps":138.3476402058889}},"memory":{"allocated_bytes":497772544,"peak_allocated_bytes":3064686592,"rss_bytes":2147491840},"power_w":642.0883637669963,"energy_j":140.61258826421272,"gpu_util_pct":95}"#;
         let s = parse_step(line).expect("fast path");
         assert_eq!((s.rank, s.step, s.tokens, s.samples), (1, 2, 32768, 32));
         assert_eq!(s.step_ms, 49.34823223709721);
         assert_eq!(s.exposed_comm_ms, 1.1965342195203927);
+        assert_eq!((s.other_ms, s.overhead_ms), (1.26, 0.07));
         assert_eq!(s.energy_j, Some(140.61258826421272));
         assert_eq!(s.memory.peak_allocated_bytes, Some(3064686592));
         let (kind, c) = s.comm.iter().next().unwrap();
         assert_eq!((kind, c.calls, c.bytes, c.ms), ("all_gather", 26, 497759232, 2.6984155526211087));
         // Refused, for the schema's parser to judge: a space, an unknown key.
-        for bad in [&b"{\"event\":\"step\",\"v\":1, \"rank\":1}"[..], b"{\"event\":\"step\",\"v\":1,\"x\":1}"] {
+        for bad in [&b"{\"event\":\"step\",\"v\":2, \"rank\":1}"[..], b"{\"event\":\"step\",\"v\":2,\"x\":1}"] {
             assert!(parse_step(bad).is_none());
         }
         let text = String::from_utf8_lossy(line);

@@ -50,8 +50,12 @@ pub enum ProblemKind {
     /// The line is not a JSON object of a record this build knows.
     #[error("not a valid record: {message}")]
     BadLine { message: String },
-    /// The record claims a schema version this build does not read.
-    #[error("schema version {found} is not supported (this build reads version {supported})")]
+    /// The record claims a schema version this build does not read (`supported` is the newest it
+    /// does; it reads back to `zerobench_schema::log::OLDEST_READ_VERSION`).
+    #[error(
+        "schema version {found} is not supported (this build reads versions {} to {supported})",
+        zerobench_schema::log::OLDEST_READ_VERSION
+    )]
     Version { found: u64, supported: u32 },
     /// The record has no `v` field at all.
     #[error("record has no schema version (`v`)")]

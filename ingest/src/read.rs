@@ -21,7 +21,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 use serde::Deserialize;
-use zerobench_schema::log::{parse_line, LineError, Record, SCHEMA_VERSION};
+use zerobench_schema::log::{parse_line, version_supported, LineError, Record, SCHEMA_VERSION};
 
 use crate::acc::{EndInfo, ErrorInfo, RankAcc, StepSlot, StepSlots};
 use crate::fastpath;
@@ -298,7 +298,7 @@ impl LineCtx<'_> {
             if let Some(s) = fastpath::parse_step(bytes) {
                 return Ok(self.step(&s)?);
             }
-        } else if bytes.starts_with(b"{\"event\":\"start\",\"v\":1,") {
+        } else if bytes.starts_with(b"{\"event\":\"start\",") {
             // Read in phase one.
             return Ok(());
         }
@@ -366,7 +366,7 @@ pub fn classify_bad_line(bytes: &[u8], err: LineError) -> ProblemKind {
     // its own; a line that has none of this shape is reported with the parser's message.
     match serde_json::from_slice::<Envelope>(bytes) {
         Ok(Envelope { v: None }) => ProblemKind::NoVersion,
-        Ok(Envelope { v: Some(v) }) if v != u64::from(SCHEMA_VERSION) => {
+        Ok(Envelope { v: Some(v) }) if !version_supported(v) => {
             ProblemKind::Version { found: v, supported: SCHEMA_VERSION }
         }
         _ => ProblemKind::BadLine { message: zerobench_schema::log::explain(bytes).unwrap_or_else(|| e.to_string()) },

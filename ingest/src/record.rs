@@ -1,7 +1,7 @@
 //! Borrowed views of worker log lines that keep only what ingest aggregates.
 //!
 //! Most of a log is `step` records, so they get a fast path: the writer serialises the
-//! internally tagged `Record` enum, which puts `{"event":"step","v":1,` first on every step line.
+//! internally tagged `Record` enum, which puts `{"event":"step","v":2,` first on every step line.
 //! A line with that exact prefix is scanned straight into [`StepLine`] by [`crate::fastpath`],
 //! whose fields borrow from the line. Any other line, and any step line the scanner does not take,
 //! goes through the schema crate's own parser, and its steps are turned into a [`StepLine`] with
@@ -11,7 +11,7 @@ use zerobench_schema::collective::CommKey;
 use zerobench_schema::log::{MemorySample, Step};
 
 /// The first bytes of every step line of the current schema version.
-pub const STEP_PREFIX: &[u8] = b"{\"event\":\"step\",\"v\":1,";
+pub const STEP_PREFIX: &[u8] = b"{\"event\":\"step\",\"v\":2,";
 
 /// The fields of a `step` record that ingest uses.
 #[derive(Debug)]
@@ -28,6 +28,9 @@ pub struct StepLine<'a> {
     pub optimizer_ms: f64,
     pub comm_ms: f64,
     pub exposed_comm_ms: f64,
+    /// Version 2: the rest of the step, and the loop's cost before it (0 in version 1 logs).
+    pub other_ms: f64,
+    pub overhead_ms: f64,
     pub comm: CommLines<'a>,
     pub memory: MemLine,
     pub energy_j: Option<f64>,
@@ -44,6 +47,8 @@ impl StepLine<'_> {
             ("optimizer_ms", self.optimizer_ms),
             ("comm_ms", self.comm_ms),
             ("exposed_comm_ms", self.exposed_comm_ms),
+            ("other_ms", self.other_ms),
+            ("overhead_ms", self.overhead_ms),
         ];
         for (name, v) in times {
             plausible(v).map_err(|why| format!("{name} {why}"))?;
@@ -91,6 +96,8 @@ impl<'a> From<&'a Step> for StepLine<'a> {
             optimizer_ms: s.optimizer_ms,
             comm_ms: s.comm_ms,
             exposed_comm_ms: s.exposed_comm_ms,
+            other_ms: s.other_ms,
+            overhead_ms: s.overhead_ms,
             comm,
             memory: MemLine::from(&s.memory),
             energy_j: s.energy_j,

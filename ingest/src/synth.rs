@@ -153,7 +153,7 @@ impl SynthRun {
             }
             if let Fate::Killed { after } = self.fate {
                 // The writer was killed in the middle of the next line.
-                let partial = format!(r#"{{"event":"step","v":1,"ts":{after}.5,"rank":{rank},"step":{after},"warm"#);
+                let partial = format!(r#"{{"event":"step","v":{SCHEMA_VERSION},"ts":{after}.5,"rank":{rank},"step":{after},"warm"#);
                 w.write_all(partial.as_bytes())?;
                 bytes += partial.len() as u64;
             }
@@ -304,6 +304,8 @@ impl SynthRun {
             optimizer_ms: step_ms * 0.1,
             comm_ms,
             exposed_comm_ms: comm_ms * 0.3,
+            other_ms: (step_ms * 0.05 - comm_ms * 0.3).max(0.0),
+            overhead_ms: 0.0,
             comm,
             memory: MemorySample {
                 allocated_bytes: Some(state),

@@ -12,6 +12,12 @@
 //! renaming, removing or changing the meaning of a field bumps [`SCHEMA_VERSION`]. `docs/log-schema.md`
 //! describes every field; `docs/log-schema.json` is the JSON Schema generated from these types
 //! (`zerobench schema`).
+//!
+//! Version 2 changed what a step's time means: `step_ms` ends when all of the step's work has
+//! completed on every stream and thread (version 1 stopped the clock when the host last waited
+//! for the device, before the optimizer's kernels ran), the phases are disjoint and add up to it,
+//! and `overhead_ms` is the loop's own bookkeeping between steps. Readers still take version 1
+//! ([`OLDEST_READ_VERSION`]); its step times on GPUs leave out the optimizer's device work.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -24,7 +30,16 @@ use crate::config::{text_enum, RunConfig};
 use crate::memory::ModelStateBytes;
 
 /// The version every record carries in `v`.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The oldest version readers take: version 1 records parse into these types (the fields added
+/// since default to zero), with version 1's meaning of `step_ms`.
+pub const OLDEST_READ_VERSION: u32 = 1;
+
+/// Whether readers take records of version `v`.
+pub fn version_supported(v: u64) -> bool {
+    (u64::from(OLDEST_READ_VERSION)..=u64::from(SCHEMA_VERSION)).contains(&v)
+}
 
 /// The rank in a rank log's file name: `rank<N>.jsonl`, also `rank-0003.jsonl`, `rank_3.jsonl`;
 /// `None` for any other name.
@@ -224,15 +239,33 @@ pub struct Step {
     /// Tokens and sequences in the global batch of this step.
     pub tokens: u64,
     pub samples: u64,
-    /// Wall time of the whole step on this rank, from its start to the loss being known.
+    /// Wall time of the whole step on this rank: from the start of its work to the completion of
+    /// all of it, on every stream and thread (compute, communication, copies, the host's offload
+    /// updates); the device is synchronised at the step's end, as a user's training loop is.
     pub step_ms: f64,
+    /// Forward computation, without the time it waited for communication. The five phases
+    /// `forward_ms`, `backward_ms`, `exposed_comm_ms`, `optimizer_ms` and `other_ms` are disjoint
+    /// and add up to `step_ms`.
     pub forward_ms: f64,
+    /// Backward computation (its reductions issued), without the time it waited for communication.
     pub backward_ms: f64,
+    /// The optimizer step, its device work and the step's final synchronisation included.
     pub optimizer_ms: f64,
-    /// Sum of the durations of this step's collectives.
+    /// Sum of the durations of this step's collectives (they overlap computation, so this is not
+    /// a phase).
     pub comm_ms: f64,
     /// Time computation waited for communication (on CPU, where collectives block, all of it).
     pub exposed_comm_ms: f64,
+    /// The rest of the step: `step_ms` minus the four phases above (input batches, launch gaps,
+    /// host work the device waited for). (Added in version 2.)
+    #[serde(default)]
+    pub other_ms: f64,
+    /// The training loop's own cost between the previous step's end and this step's start (reading
+    /// the previous step's timers and memory, handing its record to the log writer). The interval
+    /// between two step records is `step_ms + overhead_ms` of the later one. 0 for the first
+    /// step. (Added in version 2.)
+    #[serde(default)]
+    pub overhead_ms: f64,
     /// Per collective kind (`all_reduce`, `reduce_scatter`, `all_gather`, `broadcast`).
     pub comm: BTreeMap<String, CommStats>,
     pub memory: MemorySample,
@@ -338,10 +371,12 @@ pub struct End {
     pub summary: Option<Summary>,
 }
 
-/// Over the measured (non-warmup) steps of this rank.
+/// Over the measured (non-warmup) steps of the run, the same on every rank.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Summary {
     pub steps: u32,
+    /// The run's step time: per step the slowest rank's `step_ms`, then the median over measured
+    /// steps (ingest's rule too). Version 1 took this rank's own steps.
     pub step_ms_median: f64,
     /// Global tokens per second (all ranks).
     pub tokens_per_s: f64,
@@ -397,7 +432,7 @@ pub struct ErrorRecord {
 pub enum LineError {
     #[error("not JSON: {0}")]
     Json(#[from] serde_json::Error),
-    #[error("schema version {found} is not supported (this build reads version {SCHEMA_VERSION})")]
+    #[error("schema version {found} is not supported (this build reads versions {OLDEST_READ_VERSION} to {SCHEMA_VERSION})")]
     Version { found: u32 },
     #[error("field {path} is not part of schema version {SCHEMA_VERSION}")]
     UnknownField { path: String },
@@ -407,7 +442,7 @@ pub enum LineError {
 /// same version), an unknown version is an error.
 pub fn parse_line(line: &[u8]) -> Result<Record, LineError> {
     let rec: Record = serde_json::from_slice(line)?;
-    if rec.version() != SCHEMA_VERSION {
+    if !version_supported(u64::from(rec.version())) {
         return Err(LineError::Version { found: rec.version() });
     }
     Ok(rec)
@@ -449,12 +484,12 @@ pub fn explain(line: &[u8]) -> Option<String> {
     }
 }
 
-/// Parses one line strictly: like [`parse_line`], and every field of the line must be one this
-/// schema defines. This is how tests check that the worker writes exactly the documented schema.
+/// Parses one line strictly: like [`parse_line`] (any version readers take), and every field of
+/// the line must be one this schema defines. This is how tests check that the worker writes exactly the documented schema.
 pub fn validate_line(line: &[u8]) -> Result<Record, LineError> {
     let raw: serde_json::Value = serde_json::from_slice(line)?;
     if let Some(v) = raw.get("v").and_then(serde_json::Value::as_u64) {
-        if v != u64::from(SCHEMA_VERSION) {
+        if !version_supported(v) {
             return Err(LineError::Version { found: u32::try_from(v).unwrap_or(u32::MAX) });
         }
     }
@@ -515,6 +550,8 @@ mod tests {
             optimizer_ms: 1.0,
             comm_ms: 2.0,
             exposed_comm_ms: 2.0,
+            other_ms: 0.0,
+            overhead_ms: 0.1,
             comm: BTreeMap::from([(
                 "all_reduce".to_string(),
                 CommStats { calls: 2, bytes: 100, ms: 2.0, max_bytes: 60, bus_gbps: Some(0.1) },
@@ -548,7 +585,7 @@ mod tests {
     #[test]
     fn event_key_comes_first_then_version() {
         let line = serde_json::to_string(&Record::Step(step())).unwrap();
-        assert!(line.starts_with(r#"{"event":"step","v":1,"#), "{line}");
+        assert!(line.starts_with(&format!(r#"{{"event":"step","v":{SCHEMA_VERSION},"#)), "{line}");
         let back = validate_line(line.as_bytes()).unwrap();
         assert_eq!(back, Record::Step(step()));
     }
@@ -565,10 +602,24 @@ mod tests {
     }
 
     #[test]
-    fn other_versions_are_refused() {
-        let line = serde_json::to_string(&Record::Step(step())).unwrap().replacen(r#""v":1"#, r#""v":2"#, 1);
-        assert!(matches!(parse_line(line.as_bytes()), Err(LineError::Version { found: 2 })));
-        assert!(matches!(validate_line(line.as_bytes()), Err(LineError::Version { found: 2 })));
+    fn versions_outside_the_supported_range_are_refused() {
+        let current = serde_json::to_string(&Record::Step(step())).unwrap();
+        let with = |v: u32| current.replacen(&format!(r#""v":{SCHEMA_VERSION}"#), &format!(r#""v":{v}"#), 1);
+        for v in [0, SCHEMA_VERSION + 1] {
+            assert!(matches!(parse_line(with(v).as_bytes()), Err(LineError::Version { found }) if found == v));
+            assert!(matches!(validate_line(with(v).as_bytes()), Err(LineError::Version { found }) if found == v));
+        }
+    }
+
+    #[test]
+    fn version_1_steps_still_read_with_the_fields_added_since_at_zero() {
+        let v1 = serde_json::to_string(&Record::Step(step()))
+            .unwrap()
+            .replacen(&format!(r#""v":{SCHEMA_VERSION}"#), r#""v":1"#, 1)
+            .replacen(r#","other_ms":0.0,"overhead_ms":0.1"#, "", 1);
+        assert!(!v1.contains("overhead_ms"), "{v1}");
+        let Record::Step(s) = validate_line(v1.as_bytes()).unwrap() else { panic!("a step") };
+        assert_eq!((s.v, s.other_ms, s.overhead_ms), (1, 0.0, 0.0));
     }
 
     #[test]

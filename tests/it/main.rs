@@ -18,6 +18,7 @@
 //! * `slurm`: against the local Slurm (`slurm/local-cluster.sh`, started by `scripts/test.sh`):
 //!   `sbatch --test-only` of every example, submission, arrays, cancellation, status.
 //! * `e2e_slurm`: the real worker under `srun --mpi=pmix` on one and two fake nodes.
+//! * `step_time`: what a step record's times mean, on real ranks of every stage and offload.
 //! * `gpu_logs`: the committed GPU logs (NCCL, copy engines) against the communication closed forms.
 
 mod cli;
@@ -31,5 +32,6 @@ mod pdsh;
 mod reliability;
 mod render;
 mod slurm;
+mod step_time;
 mod support;
 mod worker;

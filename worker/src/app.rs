@@ -22,7 +22,7 @@ use crate::comm::nccl::NcclCollectives;
 use crate::comm::Collectives;
 use crate::failure::Failure;
 use crate::logfile::RankLog;
-use crate::metrics::clock::PhaseTimer;
+use crate::metrics::clock::StepClock;
 use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::metrics::memory::MemoryProbe;
 use crate::metrics::timeline::{write_chrome_trace, Timeline};
@@ -190,7 +190,7 @@ fn run_logged(
         }
         (Some(c), None) => Some(Box::new(MpiCollectives::new(c))),
     };
-    let monitor = gpu.as_ref().and_then(|g| g.uuid()).and_then(|u| GpuMonitor::open(&u));
+    let monitor = gpu.as_ref().and_then(|g| g.uuid()).and_then(|u| GpuMonitor::open(&u)).map(Arc::new);
     let (device_name, total_memory_bytes) = match &gpu {
         Some(g) => g.describe(),
         None => (runtime::device::cpu_name(), None),
@@ -308,8 +308,8 @@ fn run_logged(
         log,
         guard,
         probe: &probe,
-        monitor: monitor.as_ref(),
-        timer: PhaseTimer::new(gpu.clone()),
+        monitor,
+        clock: StepClock::new(gpu.clone()),
         observe: Observe { timeline, trace: args.trace, profile_step: args.profile_step },
         rank: ident.rank,
     };

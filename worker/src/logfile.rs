@@ -4,11 +4,17 @@
 //!
 //! The log is shared with the guard's threads (see `runtime::guard`), which write the last
 //! records of a rank that is being stopped; a lock keeps lines whole.
+//!
+//! The training loop hands its records to a [`BackgroundWriter`], which serialises and writes
+//! them on a thread of its own, so the loop's cost per step is a channel send. A record is queued
+//! for microseconds; a rank killed outright (SIGKILL) in that window loses it.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use zerobench_schema::Record;
@@ -90,8 +96,138 @@ impl RankLog {
         }
     }
 
+    /// A writer that serialises and writes records on a thread of its own (see
+    /// [`BackgroundWriter`]); `complete` fills in what is read off the critical path.
+    pub fn background(
+        &self,
+        complete: impl FnMut(&mut Record) + Send + 'static,
+    ) -> Result<BackgroundWriter, LogError> {
+        BackgroundWriter::start(self.clone(), complete)
+    }
+
     fn put(f: &mut MutexGuard<'_, File>, bytes: &[u8]) -> io::Result<()> {
         f.write_all(bytes)?;
         f.flush()
+    }
+}
+
+/// Writes records in the order they are sent, on a thread of its own. `complete` runs on that
+/// thread just before a record is serialised (the training loop's NVML readings are taken there).
+/// Dropping it, or [`BackgroundWriter::finish`], writes everything sent before returning.
+pub struct BackgroundWriter {
+    tx: Option<mpsc::Sender<Record>>,
+    thread: Option<JoinHandle<Result<(), LogError>>>,
+}
+
+impl BackgroundWriter {
+    fn start(log: RankLog, mut complete: impl FnMut(&mut Record) + Send + 'static) -> Result<Self, LogError> {
+        let (tx, rx) = mpsc::channel::<Record>();
+        let thread = std::thread::Builder::new()
+            .name("zerobench-log".into())
+            .spawn(move || {
+                for mut rec in rx {
+                    complete(&mut rec);
+                    log.write(&rec)?;
+                }
+                Ok(())
+            })
+            .map_err(|source| LogError::Write { path: PathBuf::from("(log thread)"), source })?;
+        Ok(Self { tx: Some(tx), thread: Some(thread) })
+    }
+
+    /// Queues `rec`; fails with the write error that stopped the thread, if one did.
+    pub fn send(&mut self, rec: Record) -> Result<(), LogError> {
+        let sent = self.tx.as_ref().is_some_and(|tx| tx.send(rec).is_ok());
+        if sent {
+            Ok(())
+        } else {
+            // The thread has stopped: it returns why.
+            self.join().and(Err(LogError::Write {
+                path: PathBuf::from("(log thread)"),
+                source: io::Error::other("the log thread has stopped"),
+            }))
+        }
+    }
+
+    /// Writes everything sent, then returns the first write error, if any.
+    pub fn finish(mut self) -> Result<(), LogError> {
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<(), LogError> {
+        self.tx = None;
+        match self.thread.take().map(JoinHandle::join) {
+            None => Ok(()),
+            Some(Ok(r)) => r,
+            Some(Err(_)) => {
+                Err(LogError::Write { path: PathBuf::from("(log thread)"), source: io::Error::other("the log thread panicked") })
+            }
+        }
+    }
+}
+
+impl Drop for BackgroundWriter {
+    fn drop(&mut self) {
+        let _ = self.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerobench_schema::log::{End, RunStatus};
+
+    fn end(steps: u32) -> Record {
+        Record::End(End { v: 2, ts: 0.0, rank: 0, status: RunStatus::Ok, steps_completed: steps, exit_code: 0, summary: None })
+    }
+
+    #[test]
+    fn the_background_writer_keeps_the_order_and_completes_each_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = RankLog::create(dir.path(), 0, false).unwrap();
+        let mut w = log
+            .background(|r| {
+                if let Record::End(e) = r {
+                    e.ts = 7.0;
+                }
+            })
+            .unwrap();
+        for i in 0..100 {
+            w.send(end(i)).unwrap();
+        }
+        w.finish().unwrap();
+        let text = std::fs::read_to_string(dir.path().join("rank0.jsonl")).unwrap();
+        let steps: Vec<u32> = text
+            .lines()
+            .map(|l| match zerobench_schema::log::parse_line(l.as_bytes()).unwrap() {
+                Record::End(e) => {
+                    assert_eq!(e.ts, 7.0);
+                    e.steps_completed
+                }
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(steps, (0..100).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_write_error_reaches_the_sender() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = RankLog::create(dir.path(), 0, false).unwrap();
+        // A log whose file refuses writes: /dev/full.
+        let full = RankLog { file: Arc::new(Mutex::new(File::options().write(true).open("/dev/full").unwrap())), ..log };
+        let mut w = full.background(|_| {}).unwrap();
+        // The first send is queued; the thread fails on it and stops, so a later send or the
+        // finish reports the error.
+        let _ = w.send(end(0));
+        let mut failed = false;
+        for i in 1..1000 {
+            if w.send(end(i)).is_err() {
+                failed = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(failed || w.finish().is_err());
     }
 }

@@ -1,6 +1,13 @@
 //! The training loop: micro-steps of segment-by-segment forward and backward around the engine's
 //! hooks, one optimizer step, one `step` record (and, when asked, a trace and a profile).
+//!
+//! A step's time is what a user's training loop pays: from the start of its work to the
+//! completion of all of it, the device synchronised at the end (`StepClock::finish`). What the
+//! loop does between two steps (reading the finished step's timers and memory, handing its record
+//! to the log thread, which reads NVML and writes) is the next record's `overhead_ms`, so the
+//! interval between two step records is the later one's `step_ms + overhead_ms`.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use tch::Tensor;
@@ -9,8 +16,8 @@ use zerobench_schema::{RunConfig, SCHEMA_VERSION};
 
 use crate::data::Data;
 use crate::failure::Failure;
-use crate::logfile::RankLog;
-use crate::metrics::clock::{PhaseTimer, StepPhase};
+use crate::logfile::{BackgroundWriter, RankLog};
+use crate::metrics::clock::{SharedClock, StepPhase};
 use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::metrics::memory::MemoryProbe;
 use crate::metrics::timeline::{Resolved, SharedTimeline, SpanInfo, Track};
@@ -51,8 +58,8 @@ pub struct Trainer<'a> {
     pub log: &'a RankLog,
     pub guard: &'a Guard,
     pub probe: &'a MemoryProbe,
-    pub monitor: Option<&'a GpuMonitor>,
-    pub timer: PhaseTimer,
+    pub monitor: Option<Arc<GpuMonitor>>,
+    pub clock: SharedClock,
     pub observe: Observe,
     pub rank: u32,
 }
@@ -68,12 +75,17 @@ impl Trainer<'_> {
         let mut last_loss = f64::NAN;
         let mut peak_allocated: Option<u64> = None;
         self.engine.set_timeline(self.observe.timeline.clone());
+        self.engine.set_clock(&self.clock);
+        let mut writer = self.writer()?;
+        // When the previous step's work had all completed.
+        let mut previous_end: Option<Instant> = None;
 
         for step in 0..self.cfg.steps {
             let traced = self.observe.trace && step >= self.cfg.warmup && step < self.cfg.warmup + TRACE_STEPS;
             let record = traced || self.observe.profile_step == Some(step);
             self.timeline().record_step(record.then_some(step));
             let t0 = Instant::now();
+            let overhead_ms = previous_end.map_or(0.0, |e| ms_between(e, t0));
 
             // All of the step's data goes to the device now, while the device is idle after the
             // last step's synchronisation, so no copy stalls the host in the middle of the step.
@@ -86,28 +98,25 @@ impl Trainer<'_> {
             for (micro, batch) in batches.iter().enumerate() {
                 self.engine.begin_micro(micro);
                 let loss = self.micro_step(&schedule, batch)?;
-                self.timer.start(StepPhase::Backward)?;
+                self.clock.start(StepPhase::Backward)?;
                 self.engine.end_micro(&loss)?;
-                self.timer.stop()?;
+                self.clock.stop()?;
             }
-            self.timer.start(StepPhase::Optimizer)?;
+            self.clock.start(StepPhase::Optimizer)?;
             let opt_start = self.mark()?;
             let outcome = self.engine.step()?;
-            if step + 1 == self.cfg.steps || step + 1 == self.cfg.warmup {
-                // Offload leaves updates running into the next step's forward. The last warm-up
-                // step and the last step wait for their own, so the first measured step carries
-                // no warm-up work and the measured steps' times add up to all of their work.
-                self.engine.settle()?;
-            }
+            // Offload's host updates and the parameters' all-gathers belong to this step.
+            self.engine.finish_step()?;
             self.span(Track::Optimizer, || "optimizer step", opt_start, SpanInfo::default())?;
-            self.timer.stop()?;
-            let step_ms = t0.elapsed().as_secs_f64() * 1e3;
+            self.clock.stop()?;
+            let t1 = self.clock.finish()?;
+            previous_end = Some(t1);
+            let step_ms = ms_between(t0, t1);
 
-            let (forward_ms, backward_ms, optimizer_ms) = self.timer.take()?;
+            // From here on the loop's own cost: the next step's `overhead_ms`.
+            let phases = self.clock.take()?;
             let comm = self.engine.take_comm_stats()?;
-            let gpu = self.monitor.map(GpuMonitor::read).unwrap_or_default();
-            let mut memory = self.probe.sample();
-            memory.nvml_used_bytes = gpu.used_bytes;
+            let memory = self.probe.sample();
             if let Some(p) = memory.peak_allocated_bytes {
                 peak_allocated = Some(peak_allocated.map_or(p, |q: u64| q.max(p)));
             }
@@ -118,7 +127,8 @@ impl Trainer<'_> {
             last_loss = outcome.loss;
             let rec = Step {
                 v: SCHEMA_VERSION,
-                ts: now_ts(),
+                // The log thread stamps the time it completes the record.
+                ts: 0.0,
                 rank: self.rank,
                 step,
                 warmup,
@@ -128,24 +138,26 @@ impl Trainer<'_> {
                 tokens,
                 samples,
                 step_ms,
-                forward_ms,
-                backward_ms,
-                optimizer_ms,
+                forward_ms: phases.forward_ms,
+                backward_ms: phases.backward_ms,
+                optimizer_ms: phases.optimizer_ms,
                 comm_ms: comm.total_ms(),
-                exposed_comm_ms: comm.exposed_ms,
+                exposed_comm_ms: phases.exposed_comm_ms,
+                other_ms: (step_ms - phases.sum()).max(0.0),
+                overhead_ms,
                 comm: comm.to_record(world as usize),
                 memory,
-                power_w: gpu.power_w,
-                energy_j: gpu.energy_j,
-                gpu_util_pct: gpu.util_pct,
+                power_w: None,
+                energy_j: None,
+                gpu_util_pct: None,
             };
-            self.log.write(&Record::Step(rec)).map_err(|e| Failure::Io(e.to_string()))?;
+            writer.send(Record::Step(rec)).map_err(|e| Failure::Io(e.to_string()))?;
             self.guard.progress(step_ms);
 
             let spans = self.timeline().resolve().map_err(|e| Failure::Internal(e.to_string()))?;
             if self.observe.profile_step == Some(step) {
                 let profile = self.profile(step, &spans);
-                self.log.write(&Record::Profile(profile)).map_err(|e| Failure::Io(e.to_string()))?;
+                writer.send(Record::Profile(profile)).map_err(|e| Failure::Io(e.to_string()))?;
             }
             if traced {
                 progress.trace.extend(spans);
@@ -155,8 +167,30 @@ impl Trainer<'_> {
                 return Err(Failure::Internal(format!("loss became {} at step {step}", outcome.loss)));
             }
         }
+        writer.finish().map_err(|e| Failure::Io(e.to_string()))?;
+        // The run's step time: per step the slowest rank, then the median (ingest's rule).
+        self.engine.max_over_ranks(&mut measured)?;
         progress.summary = summarize(&measured, tokens, last_loss, peak_allocated);
         Ok(())
+    }
+
+    /// The log thread of this run: step records get their time stamp and NVML's readings there.
+    fn writer(&self) -> Result<BackgroundWriter, Failure> {
+        let monitor = self.monitor.clone();
+        self.log
+            .background(move |rec| {
+                if let Record::Step(s) = rec {
+                    if let Some(m) = &monitor {
+                        let gpu = m.read();
+                        s.memory.nvml_used_bytes = gpu.used_bytes;
+                        s.power_w = gpu.power_w;
+                        s.energy_j = gpu.energy_j;
+                        s.gpu_util_pct = gpu.util_pct;
+                    }
+                    s.ts = now_ts();
+                }
+            })
+            .map_err(|e| Failure::Io(e.to_string()))
     }
 
     fn timeline(&self) -> std::sync::MutexGuard<'_, crate::metrics::timeline::Timeline> {
@@ -190,7 +224,7 @@ impl Trainer<'_> {
         let mut inputs: Vec<Vec<Tensor>> = Vec::with_capacity(n);
         let mut outputs: Vec<Vec<Tensor>> = Vec::with_capacity(n);
 
-        self.timer.start(StepPhase::Forward)?;
+        self.clock.start(StepPhase::Forward)?;
         for s in 0..n {
             self.engine.before(s)?;
             let start = self.mark()?;
@@ -206,9 +240,9 @@ impl Trainer<'_> {
             inputs.push(leaves);
             outputs.push(out);
         }
-        self.timer.stop()?;
+        self.clock.stop()?;
 
-        self.timer.start(StepPhase::Backward)?;
+        self.clock.start(StepPhase::Backward)?;
         let loss = outputs[n - 1][0].detach();
         for s in (0..n).rev() {
             let i = schedule.backward_index(s);
@@ -239,7 +273,7 @@ impl Trainer<'_> {
                 inputs[s + 1].clear();
             }
         }
-        self.timer.stop()?;
+        self.clock.stop()?;
         Ok(loss)
     }
 
@@ -287,6 +321,10 @@ impl Trainer<'_> {
         }
         Profile { v: SCHEMA_VERSION, ts: now_ts(), rank: self.rank, step, modules }
     }
+}
+
+fn ms_between(a: Instant, b: Instant) -> f64 {
+    b.saturating_duration_since(a).as_secs_f64() * 1e3
 }
 
 fn summarize(

@@ -141,7 +141,7 @@ pub fn golden_set(root: &Path) {
         &[
             b"this is not json",
             b"\x00\x01\x02\xff\xfe binary",
-            br#"{"event":"step","v":2,"rank":1,"step":9}"#,
+            br#"{"event":"step","v":99,"rank":1,"step":9}"#,
             br#"{"event":"step","rank":1}"#,
             br#"{"event":"step","v":1,"rank":1,"step":3,"loss":1.0}"#,
             b"",

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use zerobench_ingest::synth::Fate;
 use zerobench_ingest::{ingest, NoProgress, Options, Problem, ProblemKind, Status};
-use zerobench_schema::{ModelPreset, ZeroStage};
+use zerobench_schema::{ModelPreset, ZeroStage, SCHEMA_VERSION};
 
 use crate::common::{insert_lines, read, read_with, run};
 
@@ -41,7 +41,7 @@ fn corrupt_binary_and_version_lines_are_reported_with_their_line() {
     assert_eq!(k.len(), 5, "{:#?}", got.problems);
     assert!(matches!(&k[0], (Some(5), ProblemKind::BadLine { message }) if message.contains("EOF")), "{k:?}");
     assert!(matches!(&k[1], (Some(6), ProblemKind::BadLine { .. })), "{k:?}");
-    assert_eq!(k[2], (Some(7), ProblemKind::Version { found: 7, supported: 1 }));
+    assert_eq!(k[2], (Some(7), ProblemKind::Version { found: 7, supported: SCHEMA_VERSION }));
     assert_eq!(k[3], (Some(8), ProblemKind::NoVersion));
     assert!(matches!(&k[4], (Some(9), ProblemKind::BadLine { .. })), "{k:?}");
     assert!(got.problems.iter().all(|p| p.path.ends_with("rank1.jsonl")));
@@ -93,14 +93,19 @@ fn unknown_schema_version_everywhere() {
     let dir = one_run(tmp.path(), "r");
     for rank in 0..2 {
         let p = dir.join(format!("rank{rank}.jsonl"));
-        let text = fs::read_to_string(&p).unwrap().replace("\"v\":1,", "\"v\":2,");
+        let text = fs::read_to_string(&p)
+            .unwrap()
+            .replace(&format!("\"v\":{SCHEMA_VERSION},"), &format!("\"v\":{},", SCHEMA_VERSION + 1));
         fs::write(&p, text).unwrap();
     }
     let got = read(tmp.path());
     assert!(got.runs.is_empty());
     assert_eq!(got.problems.len(), 2);
     for p in &got.problems {
-        assert_eq!((p.line, &p.kind), (Some(1), &ProblemKind::Version { found: 2, supported: 1 }));
+        assert_eq!(
+            (p.line, &p.kind),
+            (Some(1), &ProblemKind::Version { found: u64::from(SCHEMA_VERSION) + 1, supported: SCHEMA_VERSION })
+        );
     }
 }
 
@@ -204,8 +209,8 @@ fn step_lines_are_held_to_the_schema_in_every_form() {
     let text = fs::read_to_string(&path).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     let forms = |line: &str| {
-        let rest = line.strip_prefix(r#"{"event":"step","v":1,"#).unwrap();
-        [line.to_string(), format!(r#"{{"event":"step","v":1, {rest}"#), format!(r#"{{"v":1,"event":"step",{rest}"#)]
+        let rest = line.strip_prefix(r#"{"event":"step","v":2,"#).unwrap();
+        [line.to_string(), format!(r#"{{"event":"step","v":2, {rest}"#), format!(r#"{{"v":2,"event":"step",{rest}"#)]
     };
     // Steps 0 and 1 (lines 3 and 4) rewritten in the other two forms: the same figures.
     let mut rewritten: Vec<String> = lines.iter().map(|l| l.to_string()).collect();

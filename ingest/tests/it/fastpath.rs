@@ -80,6 +80,8 @@ fn step() -> impl Strategy<Value = Step> {
             optimizer_ms: t.3,
             comm_ms: t.4,
             exposed_comm_ms: t.5,
+            other_ms: t.5,
+            overhead_ms: t.4,
             comm,
             memory,
             power_w: o.1,

@@ -5,7 +5,8 @@
 //! [`Collectives::wait`] before computation reads the result. On CPU over MPI a call completes
 //! before it returns, so waiting is free and all communication is exposed. On GPUs over NCCL the
 //! operation runs on its own stream and `wait` makes the compute stream wait for it, so the time
-//! computation actually waited is what `exposed_ms` counts.
+//! computation actually waited is the exposed communication. Either way each wait is reported to
+//! the step clock ([`Collectives::set_clock`]), which charges it to the phase it happened in.
 //!
 //! Every call's bytes and duration are recorded per kind and handed over per step by
 //! [`Collectives::take_stats`]. Bytes follow nccl-tests: the size of the whole array (all-reduce:
@@ -22,6 +23,7 @@ pub mod stats;
 
 use tch::{Kind, Tensor};
 
+use crate::metrics::clock::SharedClock;
 use crate::metrics::timeline::SharedTimeline;
 
 pub use stats::{CollectiveKind, StepComm};
@@ -101,12 +103,18 @@ pub trait Collectives {
     /// later work on the compute stream). Not counted in the step's communication: it is
     /// bookkeeping of a few bytes.
     fn reduce_control(&mut self, buf: &Tensor) -> Result<(), CommError>;
+    /// `values` := the element-wise maximum over ranks (host values: the run's step times at its
+    /// end, not counted as communication).
+    fn max_over_ranks(&mut self, values: &mut [f64]) -> Result<(), CommError>;
     /// What this step's collectives cost; resets the counters.
     fn take_stats(&mut self) -> Result<StepComm, CommError>;
     /// `mpi`, `nccl` or `none`.
     fn backend(&self) -> &'static str;
     /// Draws every collective issued while the timeline records a step on its own track.
     fn set_timeline(&mut self, timeline: SharedTimeline);
+    /// Reports every wait of computation for communication to `clock` (without one, waits are not
+    /// timed).
+    fn set_clock(&mut self, clock: SharedClock);
     /// Device memory the transport itself holds, outside libtorch's allocator (the copy-engine
     /// inboxes and flags); none for NCCL alone and MPI.
     fn transport_bytes(&self) -> u64 {

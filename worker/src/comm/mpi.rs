@@ -13,6 +13,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::Tensor;
 
 use super::{flat, is_rank_slice, CollectiveKind, CommError, Collectives, Elem, HostCopy, Pending, StepComm};
+use crate::metrics::clock::SharedClock;
 use crate::metrics::timeline::{Mark, SharedTimeline, SpanInfo, Track};
 use crate::runtime::shim;
 
@@ -24,6 +25,7 @@ pub struct MpiCollectives {
     sum_f16: ffi::MPI_Op,
     stats: StepComm,
     timeline: Option<SharedTimeline>,
+    clock: Option<SharedClock>,
 }
 
 unsafe extern "C" fn sum_bf16(inv: *mut c_void, inout: *mut c_void, len: *mut c_int, _dt: *mut ffi::MPI_Datatype) {
@@ -63,7 +65,7 @@ impl MpiCollectives {
     pub fn new(comm: SimpleCommunicator) -> Self {
         let rank = usize::try_from(comm.rank()).expect("rank");
         let world = usize::try_from(comm.size()).expect("size");
-        Self { comm, rank, world, sum_bf16: create_op(sum_bf16), sum_f16: create_op(sum_f16), stats: StepComm::default(), timeline: None }
+        Self { comm, rank, world, sum_bf16: create_op(sum_bf16), sum_f16: create_op(sum_f16), stats: StepComm::default(), timeline: None, clock: None }
     }
 
     fn dtype_op(&self, e: Elem) -> (ffi::MPI_Datatype, ffi::MPI_Op) {
@@ -95,7 +97,9 @@ impl MpiCollectives {
         }
         self.stats.record(kind, bytes as u64, ms);
         // Blocking collectives: computation waits for all of it.
-        self.stats.exposed_ms += ms;
+        if let Some(c) = &self.clock {
+            c.exposed(Mark::Host(t0), Mark::Host(t1));
+        }
         Ok(Pending::done())
     }
 }
@@ -206,6 +210,17 @@ impl Collectives for MpiCollectives {
         Ok(())
     }
 
+    fn max_over_ranks(&mut self, values: &mut [f64]) -> Result<(), CommError> {
+        let local = values.to_vec();
+        mpi::collective::CommunicatorCollectives::all_reduce_into(
+            &self.comm,
+            &local[..],
+            values,
+            mpi::collective::SystemOperation::max(),
+        );
+        Ok(())
+    }
+
     fn barrier(&mut self) -> Result<(), CommError> {
         mpi::collective::CommunicatorCollectives::barrier(&self.comm);
         Ok(())
@@ -250,6 +265,10 @@ impl Collectives for MpiCollectives {
         } else {
             "none"
         }
+    }
+
+    fn set_clock(&mut self, clock: SharedClock) {
+        self.clock = Some(clock);
     }
 
     fn set_timeline(&mut self, timeline: SharedTimeline) {

@@ -5,7 +5,8 @@
 //! recorded there, waited on by the communication stream), runs on the communication stream
 //! between two timing events, and hands back a [`Pending`] whose end event the compute stream
 //! waits on before it reads the result. The time the compute stream spent in those waits is the
-//! exposed communication: events recorded just before and just after each wait bracket it.
+//! exposed communication: events recorded just before and just after each wait bracket it, and
+//! the step clock reads them once the step has ended.
 //!
 //! The engine passes only persistent buffers (gradient buckets, gather slots, parameter and
 //! gradient shards), so libtorch's caching allocator can never hand their memory to another
@@ -22,6 +23,7 @@ use zerobench_schema::config::CopyEngines;
 
 use super::peer_copy::PeerCopy;
 use super::{flat, CollectiveKind, Collectives, CommError, Elem, HostCopy, Pending, StepComm};
+use crate::metrics::clock::SharedClock;
 use crate::metrics::timeline::{Mark, SharedTimeline, SpanInfo, Track};
 use crate::runtime::cuda::{Event, Gpu};
 
@@ -44,8 +46,8 @@ pub struct NcclCollectives {
     /// By `Pending` id (never reused): issued and not yet accounted.
     ops: std::collections::BTreeMap<usize, Op>,
     next_op: usize,
-    /// (before, after) event pairs around each compute-stream wait.
-    waits: Vec<(Event, Event)>,
+    /// Where each compute-stream wait is reported, as (before, after) events.
+    clock: Option<SharedClock>,
     control: Tensor,
     timeline: Option<SharedTimeline>,
     /// `--copy-engines`: the transport, and whether reductions (reduce-scatter, all-reduce) use it
@@ -157,7 +159,7 @@ impl NcclCollectives {
             world,
             ops: Default::default(),
             next_op: 0,
-            waits: Vec::new(),
+            clock: None,
             control,
             timeline: None,
             peer_copy,
@@ -318,10 +320,26 @@ impl Collectives for NcclCollectives {
         let Some(op) = self.ops.get(&id) else { return Ok(()) };
         let end = op.end;
         let g = &self.gpu;
-        let before = g.mark(&g.compute).map_err(|e| cuda_err("wait", e))?;
-        g.wait(&g.compute, end).map_err(|e| cuda_err("wait", e))?;
-        let after = g.mark(&g.compute).map_err(|e| cuda_err("wait", e))?;
-        self.waits.push((before, after));
+        match &self.clock {
+            Some(c) => {
+                let before = g.mark(&g.compute).map_err(|e| cuda_err("wait", e))?;
+                g.wait(&g.compute, end).map_err(|e| cuda_err("wait", e))?;
+                let after = g.mark(&g.compute).map_err(|e| cuda_err("wait", e))?;
+                c.exposed(Mark::Device(before), Mark::Device(after));
+            }
+            None => g.wait(&g.compute, end).map_err(|e| cuda_err("wait", e))?,
+        }
+        Ok(())
+    }
+
+    fn max_over_ranks(&mut self, values: &mut [f64]) -> Result<(), CommError> {
+        let local = values.to_vec();
+        mpi::collective::CommunicatorCollectives::all_reduce_into(
+            &self.mpi,
+            &local[..],
+            values,
+            mpi::collective::SystemOperation::max(),
+        );
         Ok(())
     }
 
@@ -447,16 +465,15 @@ impl Collectives for NcclCollectives {
                 }
             }
         }
-        for (a, b) in self.waits.drain(..) {
-            stats.exposed_ms += g.elapsed_ms(a, b).map_err(|e| cuda_err("timing", e))?;
-            g.recycle(a);
-            g.recycle(b);
-        }
         Ok(stats)
     }
 
     fn backend(&self) -> &'static str {
         "nccl"
+    }
+
+    fn set_clock(&mut self, clock: SharedClock) {
+        self.clock = Some(clock);
     }
 
     fn set_timeline(&mut self, timeline: SharedTimeline) {

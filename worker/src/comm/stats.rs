@@ -13,8 +13,6 @@ pub use zerobench_schema::collective::CollectiveKind;
 #[derive(Debug, Clone, Default)]
 pub struct StepComm {
     pub by_kind: BTreeMap<CollectiveKind, CommStats>,
-    /// Time computation waited for communication.
-    pub exposed_ms: f64,
     /// Collectives of the hpZ group's communicator, already finalised (bus bandwidth over the
     /// group's size).
     pub group: BTreeMap<CollectiveKind, CommStats>,
@@ -36,7 +34,6 @@ impl StepComm {
     /// Adds the collectives of the hpZ group's communicator of `world` ranks, recorded as
     /// `<kind>_group`.
     pub fn merge_group(&mut self, group: StepComm, world: usize) {
-        self.exposed_ms += group.exposed_ms;
         self.group.extend(group.finalised(world));
     }
 

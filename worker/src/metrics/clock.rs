@@ -1,8 +1,18 @@
-//! Phase timing. On CPU, host clocks measure what the work took, because every operation completes
-//! before its call returns. On a GPU the host runs ahead of the device, so phases are bracketed by
-//! CUDA events on the compute stream and read once the step has finished.
+//! A step's clock: when the step ends, and how its time splits into disjoint phases.
+//!
+//! A step ends when all of its work has: [`StepClock::finish`] synchronises the device (every
+//! stream of the rank's context: compute, communication, copies) before it reads the host clock,
+//! as a user's training loop does with `torch.cuda.synchronize()`. On CPU every operation has
+//! completed when its call returns, so the host clock alone measures the work.
+//!
+//! Phases are spans on the clock that measures work: host instants on CPU, CUDA events on the
+//! compute stream on a GPU (read once the step has finished, off the critical path of the work).
+//! The collectives report each wait of computation for communication here too
+//! ([`StepClock::exposed`]), and each wait is charged to the phase open when it was issued, so
+//! forward and backward are computation alone and exposed communication is a phase of its own:
+//! forward + backward + exposed + optimizer never exceed the step, and `other` is what is left.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::runtime::cuda::{Event, Gpu};
@@ -15,7 +25,7 @@ pub enum StepPhase {
     Optimizer,
 }
 
-/// A point in time: the host clock, or an event on the GPU's compute stream. The phase timer and
+/// A point in time: the host clock, or an event on the GPU's compute stream. The step clock and
 /// the timeline both take their marks here.
 #[derive(Debug, Clone, Copy)]
 pub enum Mark {
@@ -33,17 +43,50 @@ impl Mark {
     }
 }
 
-/// Accumulates the time spent in each phase during one step.
-pub struct PhaseTimer {
-    gpu: Option<Arc<Gpu>>,
-    open: Option<(StepPhase, Mark)>,
-    host_ms: [f64; 3],
-    device_spans: Vec<(StepPhase, Event, Event)>,
-}
-
 #[derive(Debug, thiserror::Error)]
 #[error("timing events failed: {0}")]
 pub struct ClockError(String);
+
+/// One step's phases in ms: disjoint, so their sum never exceeds the step.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PhaseTimes {
+    /// Computation alone (waits for communication taken out).
+    pub forward_ms: f64,
+    pub backward_ms: f64,
+    /// Every wait of computation for communication, in whichever phase it happened.
+    pub exposed_comm_ms: f64,
+    /// The optimizer phase without its waits for communication.
+    pub optimizer_ms: f64,
+}
+
+impl PhaseTimes {
+    pub fn sum(&self) -> f64 {
+        self.forward_ms + self.backward_ms + self.exposed_comm_ms + self.optimizer_ms
+    }
+}
+
+/// What a span measured: a phase, or a wait for communication issued while `in_phase` was open.
+#[derive(Debug, Clone, Copy)]
+enum SpanKind {
+    Phase(StepPhase),
+    Exposed { in_phase: Option<StepPhase> },
+}
+
+#[derive(Default)]
+struct State {
+    open: Option<(StepPhase, Mark)>,
+    spans: Vec<(SpanKind, Mark, Mark)>,
+}
+
+/// The clock of one rank's steps, shared by the training loop (phases, the step's end) and the
+/// collectives (their waits).
+pub struct StepClock {
+    gpu: Option<Arc<Gpu>>,
+    state: Mutex<State>,
+}
+
+/// A step clock shared between the loop and the collectives.
+pub type SharedClock = Arc<StepClock>;
 
 fn slot(p: StepPhase) -> usize {
     match p {
@@ -53,42 +96,132 @@ fn slot(p: StepPhase) -> usize {
     }
 }
 
-impl PhaseTimer {
+impl StepClock {
     /// Host clocks when `gpu` is `None`, CUDA events on its compute stream otherwise.
-    pub fn new(gpu: Option<Arc<Gpu>>) -> Self {
-        Self { gpu, open: None, host_ms: [0.0; 3], device_spans: Vec::new() }
+    pub fn new(gpu: Option<Arc<Gpu>>) -> SharedClock {
+        Arc::new(Self { gpu, state: Mutex::new(State::default()) })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn mark(&self) -> Result<Mark, ClockError> {
         Mark::now(self.gpu.as_deref()).map_err(ClockError)
     }
 
-    pub fn start(&mut self, phase: StepPhase) -> Result<(), ClockError> {
-        debug_assert!(self.open.is_none(), "phases do not nest");
-        self.open = Some((phase, self.mark()?));
+    /// Opens `phase`; phases do not nest.
+    pub fn start(&self, phase: StepPhase) -> Result<(), ClockError> {
+        let m = self.mark()?;
+        let mut s = self.state();
+        debug_assert!(s.open.is_none(), "phases do not nest");
+        s.open = Some((phase, m));
         Ok(())
     }
 
-    pub fn stop(&mut self) -> Result<(), ClockError> {
-        let Some((phase, start)) = self.open.take() else { return Ok(()) };
-        match (start, self.mark()?) {
-            (Mark::Host(t0), Mark::Host(_)) => self.host_ms[slot(phase)] += t0.elapsed().as_secs_f64() * 1e3,
-            (Mark::Device(a), Mark::Device(b)) => self.device_spans.push((phase, a, b)),
-            _ => unreachable!("one clock per timer"),
+    /// Closes the open phase (if any).
+    pub fn stop(&self) -> Result<(), ClockError> {
+        let m = self.mark()?;
+        let mut s = self.state();
+        if let Some((phase, start)) = s.open.take() {
+            s.spans.push((SpanKind::Phase(phase), start, m));
         }
         Ok(())
     }
 
-    /// (forward, backward, optimizer) in ms for the step just finished; starts the next.
-    pub fn take(&mut self) -> Result<(f64, f64, f64), ClockError> {
-        let mut ms = std::mem::take(&mut self.host_ms);
+    /// A wait of computation for communication, from `a` to `b` on this clock (host instants on
+    /// CPU, compute-stream events on a GPU; the clock recycles the events).
+    pub fn exposed(&self, a: Mark, b: Mark) {
+        let mut s = self.state();
+        let in_phase = s.open.map(|(p, _)| p);
+        s.spans.push((SpanKind::Exposed { in_phase }, a, b));
+    }
+
+    /// Ends the step: waits until every stream of the device has finished the work issued so far,
+    /// then reads the host clock. The step's time is measured up to this instant.
+    pub fn finish(&self) -> Result<Instant, ClockError> {
         if let Some(g) = &self.gpu {
-            for (phase, a, b) in self.device_spans.drain(..) {
-                ms[slot(phase)] += g.elapsed_ms(a, b).map_err(|e| ClockError(e.to_string()))?;
-                g.recycle(a);
-                g.recycle(b);
+            g.synchronize().map_err(|e| ClockError(e.to_string()))?;
+        }
+        Ok(Instant::now())
+    }
+
+    /// The phases of the step just finished (after [`Self::finish`], so reading the events does
+    /// not wait); starts the next step's.
+    pub fn take(&self) -> Result<PhaseTimes, ClockError> {
+        let spans = std::mem::take(&mut self.state().spans);
+        let mut phase = [0.0f64; 3];
+        let mut waited = [0.0f64; 3];
+        let mut exposed = 0.0;
+        for (kind, a, b) in spans {
+            let ms = self.elapsed_ms(a, b)?;
+            match kind {
+                SpanKind::Phase(p) => phase[slot(p)] += ms,
+                SpanKind::Exposed { in_phase } => {
+                    exposed += ms;
+                    if let Some(p) = in_phase {
+                        waited[slot(p)] += ms;
+                    }
+                }
             }
         }
-        Ok((ms[0], ms[1], ms[2]))
+        // A wait lies inside its phase's span; rounding of the two clocks aside, never longer.
+        let net = |i: usize| (phase[i] - waited[i]).max(0.0);
+        Ok(PhaseTimes { forward_ms: net(0), backward_ms: net(1), exposed_comm_ms: exposed, optimizer_ms: net(2) })
+    }
+
+    fn elapsed_ms(&self, a: Mark, b: Mark) -> Result<f64, ClockError> {
+        match (a, b, &self.gpu) {
+            (Mark::Host(a), Mark::Host(b), _) => Ok(b.saturating_duration_since(a).as_secs_f64() * 1e3),
+            (Mark::Device(a), Mark::Device(b), Some(g)) => {
+                let ms = g.elapsed_ms(a, b).map_err(|e| ClockError(e.to_string()));
+                g.recycle(a);
+                g.recycle(b);
+                ms
+            }
+            _ => Err(ClockError("a span mixes the host's clock and the device's".into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn at(base: Instant, ms: u64) -> Mark {
+        Mark::Host(base + Duration::from_millis(ms))
+    }
+
+    #[test]
+    fn waits_are_taken_out_of_the_phase_they_happened_in() {
+        let c = StepClock::new(None);
+        let t = Instant::now();
+        c.state().spans.push((SpanKind::Phase(StepPhase::Forward), at(t, 0), at(t, 10)));
+        c.state().spans.push((SpanKind::Exposed { in_phase: Some(StepPhase::Forward) }, at(t, 2), at(t, 5)));
+        c.state().spans.push((SpanKind::Phase(StepPhase::Backward), at(t, 10), at(t, 30)));
+        c.state().spans.push((SpanKind::Exposed { in_phase: Some(StepPhase::Backward) }, at(t, 20), at(t, 24)));
+        c.state().spans.push((SpanKind::Phase(StepPhase::Optimizer), at(t, 30), at(t, 33)));
+        // A wait outside every phase counts as exposed and is taken out of no phase.
+        c.state().spans.push((SpanKind::Exposed { in_phase: None }, at(t, 33), at(t, 34)));
+        let p = c.take().unwrap();
+        assert_eq!(p, PhaseTimes { forward_ms: 7.0, backward_ms: 16.0, exposed_comm_ms: 8.0, optimizer_ms: 3.0 });
+        assert_eq!(p.sum(), 34.0);
+        // Taken: the next step starts empty.
+        assert_eq!(c.take().unwrap(), PhaseTimes::default());
+    }
+
+    #[test]
+    fn an_exposed_wait_is_charged_to_the_phase_open_when_it_is_reported() {
+        let c = StepClock::new(None);
+        let t = Instant::now();
+        c.start(StepPhase::Backward).unwrap();
+        c.exposed(at(t, 0), at(t, 0));
+        c.stop().unwrap();
+        c.exposed(at(t, 0), at(t, 0));
+        let s = c.state();
+        assert!(matches!(s.spans[0].0, SpanKind::Exposed { in_phase: Some(StepPhase::Backward) }));
+        assert!(matches!(s.spans[1].0, SpanKind::Phase(StepPhase::Backward)));
+        assert!(matches!(s.spans[2].0, SpanKind::Exposed { in_phase: None }));
     }
 }

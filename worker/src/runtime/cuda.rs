@@ -87,6 +87,13 @@ impl Gpu {
         unsafe { result::event::synchronize(e.0) }
     }
 
+    /// Blocks until every stream of the context (libtorch's, communication, copies) has finished
+    /// the work issued so far: the end of a step.
+    pub fn synchronize(&self) -> Result<(), DriverError> {
+        // CudaContext::synchronize binds the context to this thread and calls cuCtxSynchronize.
+        self.ctx.synchronize()
+    }
+
     /// Whether the work recorded in `e` has finished.
     pub fn is_done(&self, e: Event) -> bool {
         // SAFETY: a live event.

@@ -436,6 +436,19 @@ impl Engine {
         self.comm.set_timeline(timeline);
     }
 
+    /// Reports every wait for communication (the world's and the hpZ group's) to `clock`.
+    pub fn set_clock(&mut self, clock: &crate::metrics::clock::SharedClock) {
+        self.comm.set_clock(std::sync::Arc::clone(clock));
+        if let Some(g) = self.group.as_mut() {
+            g.set_clock(std::sync::Arc::clone(clock));
+        }
+    }
+
+    /// The element-wise maximum of `values` over the ranks.
+    pub fn max_over_ranks(&mut self, values: &mut [f64]) -> Result<(), EngineError> {
+        Ok(self.comm.max_over_ranks(values)?)
+    }
+
     pub fn take_comm_stats(&mut self) -> Result<StepComm, EngineError> {
         let mut stats = self.comm.take_stats()?;
         if let Some(g) = self.group.as_mut() {
@@ -457,10 +470,7 @@ impl Engine {
     /// Before the segment at schedule position `i` runs: its unit's parameters must be in place.
     pub fn before(&mut self, i: usize) -> Result<(), EngineError> {
         let u = self.schedule.positions[i].unit;
-        self.refresh_until(u)?;
-        if let Some(p) = self.units[u].refreshing.take() {
-            self.comm.wait(p)?;
-        }
+        // (Parameters refreshed after the last step are in place: `finish_step` waited for them.)
         if self.stage == ZeroStage::Z3 {
             if self.units[u].slot.is_none() {
                 self.gather(u, Some(u))?;
@@ -892,9 +902,9 @@ impl Engine {
     }
 
     /// Offload: the host updates (already running when pipelined) go on in the background, the
-    /// rest in forward order; the step returns without waiting for them. The next forward copies
-    /// each unit's parameters back just before it uses the unit (`before`), so it starts as soon
-    /// as its first unit is updated rather than after the last.
+    /// rest in forward order; the step returns without waiting for them, and `finish_step` copies
+    /// each unit back as soon as its update is done, in forward order, while later units are
+    /// still being updated.
     fn step_on_host(&mut self, grad_scale: f64) -> Result<(), EngineError> {
         if !self.pipelined {
             for u in 0..self.units.len() {
@@ -932,12 +942,11 @@ impl Engine {
         Ok(())
     }
 
-    /// Offload: every deferred update done and copied back. The training loop calls it after the
-    /// last step, inside that step's time, so the steps' total covers all of their work.
-    pub fn settle(&mut self) -> Result<(), EngineError> {
-        if self.offload == Offload::None {
-            return Ok(());
-        }
+    /// The end of a step's work: offload's host updates done and copied back, and computation
+    /// made to wait for the parameter all-gathers the step issued. The training loop calls it last
+    /// in every step and then synchronises the device, so a step's time covers all of its work and
+    /// the next step starts from nothing in flight (the definition of `step_ms`).
+    pub fn finish_step(&mut self) -> Result<(), EngineError> {
         if let Some(&last) = self.deferred.back() {
             self.refresh_until(last)?;
         }
@@ -946,8 +955,6 @@ impl Engine {
                 self.comm.wait(p)?;
             }
         }
-        // The copies back (and all-gathers) complete before the step's time is taken.
-        self.comm.barrier()?;
         Ok(())
     }
 

@@ -1,0 +1,144 @@
+"""Reads the archive of `bench/gpu/run.sh step-time` (one GPU: zerobench gpt2 and gpt2-xl at stages
+0-3, the PyTorch references eager and torch.compile on the same shapes, in the same call) and writes
+the JSON of bench/results and the Markdown table of docs/benchmarks.md.
+
+    python3 bench/gpu/report_step.py ARCHIVE.tar.gz --json OUT.json --md OUT.md
+
+Step time is the run's (per step the slowest rank, then the median over measured steps:
+common.read_archive), by the definition of schema version 2: from the start of a step's work to
+the completion of all of it, the device synchronised. The references time the same: a step from
+its start to `torch.cuda.synchronize()` after `loss.item()`.
+
+Checks per zerobench run, over consecutive measured steps:
+* interval: the time between two step records over the later one's `step_ms + overhead_ms`
+  (1 when the logged step and the loop's own cost are all the wall time there is);
+* overhead: `overhead_ms` over `step_ms` (the profiler's own cost);
+* phases: forward + backward + exposed communication + optimizer + other against `step_ms`."""
+import argparse
+import io
+import json
+import re
+import statistics
+
+from common import gib, host_date, median, read_archive, run_parts
+
+PEAK_TFLOPS = 989.0  # H100/H200 SXM dense bf16
+
+
+def flops_per_token(layers, d, params, seq, positions=1024):
+    """zerobench's `train_flops_per_token` for GPT-2: 6N + 12·L·d·T, N without position embeddings."""
+    return 6 * (params - positions * d) + 12 * layers * d * seq
+
+
+SHAPES = {"gpt2": (12, 768), "gpt2-xl": (48, 1600)}
+
+
+def zerobench_row(name, recs):
+    start, setup, steps = run_parts(recs)
+    cfg = start["config"]
+    step_ms = median(steps, "step_ms")
+    pairs = list(zip(steps, steps[1:]))
+    ratios = [(b["ts"] - a["ts"]) * 1e3 / (b["step_ms"] + b["overhead_ms"]) for a, b in pairs]
+    overhead = [s["overhead_ms"] / s["step_ms"] for s in steps]
+    parts = ("forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms", "other_ms")
+    phase_gap = [abs(sum(s[p] for p in parts) - s["step_ms"]) / s["step_ms"] for s in steps]
+    tokens = steps[0]["tokens"] / start["world_size"]
+    tps = tokens / (step_ms / 1e3)
+    return {
+        "impl": "zerobench", "run": name, "model": cfg["model"], "stage": cfg["stage"], "gpus": start["world_size"],
+        "micro_batch": cfg["micro_batch"], "seq_len": cfg["seq_len"], "steps": len(steps),
+        "step_ms_median": round(step_ms, 3), "overhead_ms_median": round(median(steps, "overhead_ms"), 4),
+        "tokens_per_s_per_gpu": round(tps), "mfu": round(tps * start["model"]["train_flops_per_token"] / (PEAK_TFLOPS * 1e12), 4),
+        **{p.replace("_ms", "_ms_median"): round(median(steps, p), 3) for p in parts},
+        "interval_over_step_plus_overhead": {"median": round(statistics.median(ratios), 5),
+                                             "min": round(min(ratios), 5), "max": round(max(ratios), 5)},
+        "overhead_share": {"median": round(statistics.median(overhead), 5), "max": round(max(overhead), 5)},
+        "phases_vs_step_max_deviation": round(max(phase_gap), 6),
+        "peak_allocated_bytes": max(s["memory"]["peak_allocated_bytes"] for s in steps),
+        "peak_reserved_bytes": max(s["memory"]["peak_reserved_bytes"] for s in steps),
+        "final_loss": steps[-1]["loss"], "gpu": start["device"]["name"], "versions": start["versions"],
+        "schema_version": steps[0]["v"],
+    }
+
+
+def reference_row(name, r):
+    layers, d = SHAPES[r["model"]]
+    fpt = flops_per_token(layers, d, r["params"], r["seq_len"])
+    return {
+        "impl": r["impl"], "run": name, "model": r["model"], "gpus": r["gpus"], "micro_batch": r["micro_batch"],
+        "seq_len": r["seq_len"], "steps": r["steps"], "vocab": r["vocab"], "head_rows": r["head_rows"],
+        "step_ms_median": round(r["step_ms_median"], 3), "tokens_per_s_per_gpu": round(r["tokens_per_s_per_gpu"]),
+        "mfu": round(r["tokens_per_s_per_gpu"] * fpt / (PEAK_TFLOPS * 1e12), 4),
+        "peak_allocated_bytes": r["peak_allocated_bytes"], "peak_reserved_bytes": r["peak_reserved_bytes"],
+        "torch": r["torch"], "gpu": r["gpu"],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("archive")
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--md", required=True)
+    a = ap.parse_args()
+
+    host, logs, files = read_archive(a.archive)
+    rows = [zerobench_row(n, r) for n, r in sorted(logs.items()) if re.match(r"gpt2(-xl)?_z\d_mb\d+_1gpu$", n)]
+    refs = []
+    for name, text in files.items():
+        if m := re.search(r"runs/(ref_[^/]+)\.json$", name):
+            if text.strip():
+                refs.append(reference_row(m.group(1), json.loads(text.strip().splitlines()[-1])))
+    refs.sort(key=lambda r: (r["model"], r["impl"]))
+    by_ref = {(r["model"], r["impl"]): r for r in refs}
+    ratios = []
+    for r in rows:
+        for impl in ("pytorch-eager", "pytorch-compile"):
+            ref = by_ref.get((r["model"], impl))
+            if ref:
+                ratios.append({"model": r["model"], "stage": r["stage"], "versus": impl,
+                               "tokens_per_s_ratio": round(r["tokens_per_s_per_gpu"] / ref["tokens_per_s_per_gpu"], 3),
+                               "peak_allocated_ratio": round(r["peak_allocated_bytes"] / ref["peak_allocated_bytes"], 3)})
+    checks = {
+        "interval_within_1pct": all(abs(r["interval_over_step_plus_overhead"][k] - 1) <= 0.01 for r in rows for k in ("min", "max")),
+        "overhead_median_at_most_1pct": all(r["overhead_share"]["median"] <= 0.01 for r in rows),
+        "phases_sum_within_1pct": all(r["phases_vs_step_max_deviation"] <= 0.01 for r in rows),
+    }
+    out = {"benchmark": "bench/gpu/run.sh step-time", "date": host_date(host), "host": host.strip().splitlines(),
+           "step_time_definition": "schema version 2: start of the step's work to completion of all of it (device synchronised); per step the slowest rank, median over measured steps",
+           "checks": checks, "zerobench": rows, "references": refs, "ratios": ratios}
+    with open(a.json, "w") as f:
+        json.dump(out, f, indent=1)
+
+    md = io.StringIO()
+    v = rows[0]["versions"] if rows else {}
+    md.write(f"Measured {out['date']} on one {rows[0]['gpu'] if rows else '?'} (driver {v.get('gpu_driver')}, libtorch "
+             f"{v.get('libtorch')}; references torch {refs[0]['torch'] if refs else '?'}), sequence 1024, bf16, in one call.\n\n")
+    md.write("| model | system | stage | step ms | tokens/s/GPU | MFU | peak alloc GiB | vs eager | vs torch.compile |\n")
+    md.write("|---|---|---|---|---|---|---|---|---|\n")
+    rat = {(x["model"], x["stage"], x["versus"]): x["tokens_per_s_ratio"] for x in ratios}
+    for model in ("gpt2", "gpt2-xl"):
+        for r in (x for x in rows if x["model"] == model):
+            e, c = rat.get((model, r["stage"], "pytorch-eager")), rat.get((model, r["stage"], "pytorch-compile"))
+            md.write(f"| {model} (mb {r['micro_batch']}) | zerobench | {r['stage']} | {r['step_ms_median']:.1f} | "
+                     f"{r['tokens_per_s_per_gpu']:,} | {r['mfu']:.1%} | {gib(r['peak_allocated_bytes'])} | "
+                     f"{e if e is not None else '—'} | {c if c is not None else '—'} |\n")
+        for r in (x for x in refs if x["model"] == model):
+            md.write(f"| {model} (mb {r['micro_batch']}) | {r['impl']} (head {r['head_rows']} rows) | — | {r['step_ms_median']:.1f} | "
+                     f"{r['tokens_per_s_per_gpu']:,} | {r['mfu']:.1%} | {gib(r['peak_allocated_bytes'])} | | |\n")
+    md.write("\n| zerobench run | step ms | overhead ms (share) | record interval / (step + overhead): median [min, max] | "
+             "phases vs step, largest deviation | forward | backward | exposed comm | optimizer | other |\n")
+    md.write("|---|---|---|---|---|---|---|---|---|---|\n")
+    for r in rows:
+        iv = r["interval_over_step_plus_overhead"]
+        md.write(f"| {r['run']} | {r['step_ms_median']:.2f} | {r['overhead_ms_median']:.3f} ({r['overhead_share']['median']:.2%}) | "
+                 f"{iv['median']:.4f} [{iv['min']:.4f}, {iv['max']:.4f}] | {r['phases_vs_step_max_deviation']:.2%} | "
+                 f"{r['forward_ms_median']:.2f} | {r['backward_ms_median']:.2f} | {r['exposed_comm_ms_median']:.2f} | "
+                 f"{r['optimizer_ms_median']:.2f} | {r['other_ms_median']:.2f} |\n")
+    with open(a.md, "w") as f:
+        f.write(md.getvalue())
+    print(md.getvalue())
+    print(json.dumps(checks))
+
+
+if __name__ == "__main__":
+    main()
