@@ -1,10 +1,13 @@
 //! The committed GPU logs (`bench/results/raw/`: NCCL and the copy-engine transport on 1 and 2
-//! H200s) against the closed forms the CPU tests hold the worker to: every step of every run moved
-//! exactly the bytes `zerobench_schema::traffic` gives.
+//! H200s, one H100) against the closed forms the CPU tests hold the worker to: every step of every
+//! run moved exactly the bytes `zerobench_schema::traffic` gives; and the logs written since the
+//! step-time definition of schema version 2 against that definition.
 
 use std::process::Command;
 
-use zerobench_schema::log::Record;
+use std::path::{Path, PathBuf};
+
+use zerobench_schema::log::{Record, Step};
 
 use crate::support::{assert_ok, assert_traffic, records, repo, run, steps};
 
@@ -25,24 +28,33 @@ const ARCHIVES: &[&str] = &[
     "gpu-2026-11-22-x2-interference-b",
     "gpu-2026-11-22-x2-t5",
     "gpu-2026-11-22-x2-t5-fits",
+    "gpu-2026-11-23-step-time",
 ];
+
+/// The archives written by schema version 2's worker (step time = all of the step's work).
+const V2_ARCHIVES: &[&str] = &["gpu-2026-11-23-step-time"];
+
+/// Unpacks an archive of `bench/results/raw/` into `tmp` and returns its rank logs, by path.
+fn rank_logs(tmp: &Path, name: &str) -> Vec<PathBuf> {
+    let archive = repo(&format!("bench/results/raw/{name}.tar.gz"));
+    let dir = tmp.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    assert_ok(&run(Command::new("tar").arg("xzf").arg(&archive).arg("-C").arg(&dir)), &format!("tar {name}"));
+    walkdir::WalkDir::new(&dir)
+        .sort_by_file_name()
+        .into_iter()
+        .map(|e| e.unwrap().into_path())
+        .filter(|p| p.file_name().is_some_and(|f| f.to_string_lossy().starts_with("rank") && p.extension().is_some_and(|x| x == "jsonl")))
+        .collect()
+}
 
 #[test]
 fn gpu_runs_moved_the_closed_form_bytes() {
     let tmp = tempfile::tempdir().unwrap();
     let mut checked = 0;
     for name in ARCHIVES {
-        let archive = repo(&format!("bench/results/raw/{name}.tar.gz"));
-        let dir = tmp.path().join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        assert_ok(&run(Command::new("tar").arg("xzf").arg(&archive).arg("-C").arg(&dir)), &format!("tar {name}"));
-        for entry in walkdir::WalkDir::new(&dir).sort_by_file_name() {
-            let entry = entry.unwrap();
-            let file = entry.file_name().to_string_lossy();
-            if !(file.starts_with("rank") && file.ends_with(".jsonl")) {
-                continue;
-            }
-            let recs = records(entry.path());
+        for path in rank_logs(tmp.path(), name) {
+            let recs = records(&path);
             let Some(Record::Start(start)) = recs.first() else { continue };
             // A run out of memory before its first step moved nothing.
             if start.device.kind != "cuda" || steps(&recs).is_empty() {
@@ -52,8 +64,42 @@ fn gpu_runs_moved_the_closed_form_bytes() {
             checked += 1;
         }
     }
-    // 490 rank logs: gpt2, gpt2-xl, t5-large, t5-3b, t5-11b, mistral-7b, tiny-llama and tiny in
+    // 498 rank logs: gpt2, gpt2-xl, t5-large, t5-3b, t5-11b, mistral-7b, tiny-llama and tiny in
     // bf16; stages 0-3 on 1 and 2 GPUs; prefetch 1-3; hpZ; optimizer and parameter offload; NCCL
     // and both copy-engine modes.
-    assert_eq!(checked, 490, "GPU rank logs checked");
+    assert_eq!(checked, 498, "GPU rank logs checked");
+}
+
+/// Schema version 2 on a GPU: the interval between two step records is the later one's
+/// `step_ms + overhead_ms` within 1% (so the step holds all of the device's work: version 1's logs
+/// of the same runs were 8-30% short), the loop's own cost is at most 1% of the step (median), and
+/// the five phases add up to the step within 1%.
+#[test]
+fn gpu_step_records_account_for_all_of_the_wall_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for name in V2_ARCHIVES {
+        for path in rank_logs(tmp.path(), name) {
+            let recs = records(&path);
+            let what = path.display().to_string();
+            let measured: Vec<&Step> = steps(&recs).into_iter().filter(|s| !s.warmup).collect();
+            assert!(measured.len() >= 10, "{what}: {} measured steps", measured.len());
+            for w in measured.windows(2) {
+                let (a, b) = (w[0], w[1]);
+                let ratio = (b.ts - a.ts) * 1e3 / (b.step_ms + b.overhead_ms);
+                assert!((ratio - 1.0).abs() <= 0.01, "{what}, step {}: interval / (step + overhead) = {ratio}", b.step);
+            }
+            let mut share: Vec<f64> = measured.iter().map(|s| s.overhead_ms / s.step_ms).collect();
+            share.sort_by(f64::total_cmp);
+            let median = share[share.len() / 2];
+            assert!(median <= 0.01, "{what}: the loop's own cost is {median} of the step (median)");
+            for s in &measured {
+                let sum = s.forward_ms + s.backward_ms + s.exposed_comm_ms + s.optimizer_ms + s.other_ms;
+                assert!((sum / s.step_ms - 1.0).abs() <= 0.01, "{what}, step {}: phases {sum} ms, step {} ms", s.step, s.step_ms);
+            }
+            checked += 1;
+        }
+    }
+    // gpt2 (micro-batch 16) and gpt2-xl (micro-batch 4), stages 0-3, one H100.
+    assert_eq!(checked, 8, "version 2 GPU rank logs checked");
 }

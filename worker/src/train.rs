@@ -127,8 +127,9 @@ impl Trainer<'_> {
             last_loss = outcome.loss;
             let rec = Step {
                 v: SCHEMA_VERSION,
-                // The log thread stamps the time it completes the record.
-                ts: 0.0,
+                // Stamped here, when the loop hands the record over: the log thread's NVML reads
+                // take from microseconds to tens of milliseconds, which would jitter the stamp.
+                ts: now_ts(),
                 rank: self.rank,
                 step,
                 warmup,
@@ -174,7 +175,7 @@ impl Trainer<'_> {
         Ok(())
     }
 
-    /// The log thread of this run: step records get their time stamp and NVML's readings there.
+    /// The log thread of this run: step records get NVML's readings there.
     fn writer(&self) -> Result<BackgroundWriter, Failure> {
         let monitor = self.monitor.clone();
         self.log
@@ -187,7 +188,6 @@ impl Trainer<'_> {
                         s.energy_j = gpu.energy_j;
                         s.gpu_util_pct = gpu.util_pct;
                     }
-                    s.ts = now_ts();
                 }
             })
             .map_err(|e| Failure::Io(e.to_string()))
