@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# `make test`: every test of the workspace, in release mode so the libtorch-heavy builds are shared
-# with `make build`. Expects the environment `make` exports (LIBTORCH, LD_LIBRARY_PATH, ...).
+# `make test`: format and lint checks, then every test of the workspace, in release mode so the
+# libtorch-heavy builds are shared with `make build`. Expects the environment `make` exports
+# (LIBTORCH, LD_LIBRARY_PATH, ...).
 #
 # The launcher's tests need a real Slurm: this starts the project's local cluster
 # (slurm/local-cluster.sh: 2 fake nodes with 4 fake GPUs each) on free ports in a private
 # folder, points the tests at it, and stops it on exit, whatever happens.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Style first, so a formatting or lint slip fails before the local Slurm starts (rustfmt.toml and
+# the workspace's [lints] say what the code follows).
+cargo fmt --all --check
+cargo clippy --release --locked --workspace --all-targets -- -D warnings
 
 if [ "$(id -u)" = 0 ]; then
   ZB_SLURM_DIR=$(mktemp -d /tmp/zerobench-slurm.XXXXXX)

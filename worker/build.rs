@@ -13,7 +13,8 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
 
     let libtorch = PathBuf::from(
-        env::var("LIBTORCH").expect("LIBTORCH must point at libtorch 2.11.0 (run `make setup`, then `eval \"$(make -s env)\"`)"),
+        env::var("LIBTORCH")
+            .expect("LIBTORCH must point at libtorch 2.11.0 (run `make setup`, then `eval \"$(make -s env)\"`)"),
     );
     cc::Build::new()
         .cpp(true)

@@ -65,7 +65,8 @@ impl ScalingRow {
     }
 }
 
-type GroupKey = (String, String, Source, Option<ZeroStage>, Offload, Option<Precision>, Option<u32>, Option<u32>, Option<u32>);
+type GroupKey =
+    (String, String, Source, Option<ZeroStage>, Offload, Option<Precision>, Option<u32>, Option<u32>, Option<u32>);
 /// Runs of one group by (GPUs, nodes).
 type Groups<'a> = BTreeMap<GroupKey, BTreeMap<(u32, Option<u32>), Vec<&'a RunReport>>>;
 

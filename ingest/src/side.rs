@@ -198,8 +198,8 @@ fn side_json(dir: &Path, name: &str, problems: &mut Vec<Problem>) -> Option<serd
     if !path.is_file() {
         return None;
     }
-    let parsed = read_small(&path)
-        .and_then(|text| serde_json::from_str(&text).map_err(|e| format!("{name} is not JSON: {e}")));
+    let parsed =
+        read_small(&path).and_then(|text| serde_json::from_str(&text).map_err(|e| format!("{name} is not JSON: {e}")));
     match parsed {
         Ok(v) => Some(v),
         Err(message) => {

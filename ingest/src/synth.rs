@@ -153,7 +153,9 @@ impl SynthRun {
             }
             if let Fate::Killed { after } = self.fate {
                 // The writer was killed in the middle of the next line.
-                let partial = format!(r#"{{"event":"step","v":{SCHEMA_VERSION},"ts":{after}.5,"rank":{rank},"step":{after},"warm"#);
+                let partial = format!(
+                    r#"{{"event":"step","v":{SCHEMA_VERSION},"ts":{after}.5,"rank":{rank},"step":{after},"warm"#
+                );
                 w.write_all(partial.as_bytes())?;
                 bytes += partial.len() as u64;
             }

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use zerobench_launcher::hostfile::{HostfileErrorKind, HostfileFormat, Hostfile};
+use zerobench_launcher::hostfile::{Hostfile, HostfileErrorKind, HostfileFormat};
 use zerobench_launcher::hostlist;
 use zerobench_launcher::spec::Spec;
 use zerobench_schema::splitmix::SplitMix64;
@@ -50,8 +50,33 @@ fn build(rng: &mut Rng, fragments: &[&str], parts: usize) -> String {
 #[test]
 fn hostlist_expand_and_compress_never_panic() {
     let frags = [
-        "node", "n", "gpu-a", "rack", "[", "]", "-", ",", "0", "1", "01", "007", "9", "10", "99999999", "[1-3]", "[01-04,07]",
-        "[3-1]", "[[", "]]", ".ex.com", " ", "x", "[0-1048577]", "[1-2][3-4]", "_", "\u{e9}",
+        "node",
+        "n",
+        "gpu-a",
+        "rack",
+        "[",
+        "]",
+        "-",
+        ",",
+        "0",
+        "1",
+        "01",
+        "007",
+        "9",
+        "10",
+        "99999999",
+        "[1-3]",
+        "[01-04,07]",
+        "[3-1]",
+        "[[",
+        "]]",
+        ".ex.com",
+        " ",
+        "x",
+        "[0-1048577]",
+        "[1-2][3-4]",
+        "_",
+        "\u{e9}",
     ];
     let mut rng = Rng(SplitMix64(1));
     for i in 0..cases() {
@@ -66,8 +91,27 @@ fn hostlist_expand_and_compress_never_panic() {
 #[test]
 fn hostfile_parsers_never_panic() {
     let frags = [
-        "worker-0", "worker-1", "localhost", "10.0.0.1", " slots=", "slots=", "4", "0", "4x", "-1", "99999999999999999999",
-        " max_slots=8", ":", ":2", "\n", "\r\n", "# comment\n", "\t", " ", "=", "\u{0}",
+        "worker-0",
+        "worker-1",
+        "localhost",
+        "10.0.0.1",
+        " slots=",
+        "slots=",
+        "4",
+        "0",
+        "4x",
+        "-1",
+        "99999999999999999999",
+        " max_slots=8",
+        ":",
+        ":2",
+        "\n",
+        "\r\n",
+        "# comment\n",
+        "\t",
+        " ",
+        "=",
+        "\u{0}",
     ];
     let mut rng = Rng(SplitMix64(2));
     for i in 0..cases() {
@@ -91,12 +135,41 @@ fn hostfile_parsers_never_panic() {
 
 #[test]
 fn spec_loader_never_panics() {
-    let valid = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../slurm/examples/gpu-cluster.yaml")).unwrap();
+    let valid =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../slurm/examples/gpu-cluster.yaml")).unwrap();
     let frags = [
-        "cluster:\n", "  partition: gpu\n", "  gpus_per_node: 4\n", "  gpu_memory: 80GiB\n", "  time: \"01:00:00\"\n",
-        "sweep:\n", "  models: [gpt2, gpt2-xl]\n", "  stages: [0, 1, 2, 3]\n", "  offload: optimizer\n", "  micro_batches: 4\n",
-        "  nodes: [1, 2]\n", "worker:\n", "  steps: 20\n", "  lr: -1\n", "launch:\n", "  method: srun\n", "  method: pdsh\n",
-        "  env: {A: \"$(x)\"}\n", "- ", ": ", "{", "}", "[", "]", "&a ", "*a ", "!!binary ", "\t", "'", "\"", "~\n", "1e999\n",
+        "cluster:\n",
+        "  partition: gpu\n",
+        "  gpus_per_node: 4\n",
+        "  gpu_memory: 80GiB\n",
+        "  time: \"01:00:00\"\n",
+        "sweep:\n",
+        "  models: [gpt2, gpt2-xl]\n",
+        "  stages: [0, 1, 2, 3]\n",
+        "  offload: optimizer\n",
+        "  micro_batches: 4\n",
+        "  nodes: [1, 2]\n",
+        "worker:\n",
+        "  steps: 20\n",
+        "  lr: -1\n",
+        "launch:\n",
+        "  method: srun\n",
+        "  method: pdsh\n",
+        "  env: {A: \"$(x)\"}\n",
+        "- ",
+        ": ",
+        "{",
+        "}",
+        "[",
+        "]",
+        "&a ",
+        "*a ",
+        "!!binary ",
+        "\t",
+        "'",
+        "\"",
+        "~\n",
+        "1e999\n",
     ];
     let mut rng = Rng(SplitMix64(3));
     for i in 0..cases() {

@@ -432,7 +432,9 @@ pub struct ErrorRecord {
 pub enum LineError {
     #[error("not JSON: {0}")]
     Json(#[from] serde_json::Error),
-    #[error("schema version {found} is not supported (this build reads versions {OLDEST_READ_VERSION} to {SCHEMA_VERSION})")]
+    #[error(
+        "schema version {found} is not supported (this build reads versions {OLDEST_READ_VERSION} to {SCHEMA_VERSION})"
+    )]
     Version { found: u32 },
     #[error("field {path} is not part of schema version {SCHEMA_VERSION}")]
     UnknownField { path: String },

@@ -83,7 +83,14 @@ pub struct StateSplit {
 /// Where the model states of one rank live for a stage, precision and offload setting (see the
 /// module documentation). Without offload it is [`model_state_bytes`] on the device and nothing on
 /// the host.
-pub fn model_state_split(stage: ZeroStage, precision: Precision, offload: Offload, grad_accum: u32, psi: u64, world: u64) -> StateSplit {
+pub fn model_state_split(
+    stage: ZeroStage,
+    precision: Precision,
+    offload: Offload,
+    grad_accum: u32,
+    psi: u64,
+    world: u64,
+) -> StateSplit {
     if offload == Offload::None {
         return StateSplit { device: model_state_bytes(stage, precision, psi, world), host_bytes: 0 };
     }
@@ -108,7 +115,13 @@ pub fn model_state_split(stage: ZeroStage, precision: Precision, offload: Offloa
 /// `prefetch + 1` slots of the largest unit. Elements are in the compute precision; all sizes are
 /// padded as in [`padded_unit`]; with hpZ, stage 3 also keeps the secondary partition, pΨ/group.
 /// (Activations come on top and depend on batch and sequence.)
-pub fn engine_buffer_bytes(spec: &ModelSpec, stage: ZeroStage, precision: Precision, engine: &EngineConfig, world: u64) -> u64 {
+pub fn engine_buffer_bytes(
+    spec: &ModelSpec,
+    stage: ZeroStage,
+    precision: Precision,
+    engine: &EngineConfig,
+    world: u64,
+) -> u64 {
     let p = precision.param_bytes();
     let largest = spec.units().iter().map(|u| padded_unit(u.params, world)).max().unwrap_or(0);
     let bucket = ((engine.bucket_mb * 1024.0 * 1024.0) as u64 / p).max(1);
@@ -168,7 +181,10 @@ mod tests {
         // Host: 12 (master, m, v) + 2 (gradient shard) + 2 (bf16 parameter copy), +4 accumulating.
         assert_eq!(split(ZeroStage::Z2, Offload::Optimizer, 1).host_bytes, 16 * psi / n);
         assert_eq!(split(ZeroStage::Z2, Offload::Optimizer, 4).host_bytes, 20 * psi / n);
-        assert_eq!(split(ZeroStage::Z1, Offload::None, 1), StateSplit { device: model_state_bytes(ZeroStage::Z1, Precision::Bf16, psi, n), host_bytes: 0 });
+        assert_eq!(
+            split(ZeroStage::Z1, Offload::None, 1),
+            StateSplit { device: model_state_bytes(ZeroStage::Z1, Precision::Bf16, psi, n), host_bytes: 0 }
+        );
     }
 
     proptest! {

@@ -157,14 +157,9 @@ impl ModelPreset {
             ModelPreset::T5Large => t5(1024, 64, 4096, 16, 24),
             ModelPreset::T5_3b => t5(1024, 128, 16384, 32, 24),
             ModelPreset::T5_11b => t5(1024, 128, 65536, 128, 24),
-            ModelPreset::TinyLlama => ModelSpec::Llama(LlamaDims {
-                vocab: 256,
-                d_model: 64,
-                n_layer: 2,
-                n_head: 4,
-                n_kv_head: 2,
-                d_ff: 176,
-            }),
+            ModelPreset::TinyLlama => {
+                ModelSpec::Llama(LlamaDims { vocab: 256, d_model: 64, n_layer: 2, n_head: 4, n_kv_head: 2, d_ff: 176 })
+            }
             ModelPreset::Mistral7b => ModelSpec::Llama(LlamaDims {
                 vocab: 32000,
                 d_model: 4096,

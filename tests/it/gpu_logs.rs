@@ -44,7 +44,10 @@ fn rank_logs(tmp: &Path, name: &str) -> Vec<PathBuf> {
         .sort_by_file_name()
         .into_iter()
         .map(|e| e.unwrap().into_path())
-        .filter(|p| p.file_name().is_some_and(|f| f.to_string_lossy().starts_with("rank") && p.extension().is_some_and(|x| x == "jsonl")))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|f| f.to_string_lossy().starts_with("rank") && p.extension().is_some_and(|x| x == "jsonl"))
+        })
         .collect()
 }
 
@@ -95,7 +98,12 @@ fn gpu_step_records_account_for_all_of_the_wall_time() {
             assert!(median <= 0.01, "{what}: the loop's own cost is {median} of the step (median)");
             for s in &measured {
                 let sum = s.forward_ms + s.backward_ms + s.exposed_comm_ms + s.optimizer_ms + s.other_ms;
-                assert!((sum / s.step_ms - 1.0).abs() <= 0.01, "{what}, step {}: phases {sum} ms, step {} ms", s.step, s.step_ms);
+                assert!(
+                    (sum / s.step_ms - 1.0).abs() <= 0.01,
+                    "{what}, step {}: phases {sum} ms, step {} ms",
+                    s.step,
+                    s.step_ms
+                );
             }
             checked += 1;
         }

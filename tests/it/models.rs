@@ -52,15 +52,24 @@ const RELU_TOLERANCE: f64 = 1e-4;
 /// `min_drop` of its first value, then checks every split of [`SPLITS`] against it.
 fn every_stage_follows_stage_0(model: &[&str], data: bool, min_drop: f64, tolerance: f64) {
     let tmp = tempfile::tempdir().unwrap();
-    let run = |n: usize, dir: &str, extra: &[&str]| train(n, &tmp.path().join(dir), &args(model, data, &[FP32, extra].concat()));
+    let run = |n: usize, dir: &str, extra: &[&str]| {
+        train(n, &tmp.path().join(dir), &args(model, data, &[FP32, extra].concat()))
+    };
     let reference = losses(&run(1, "ref", &["--stage", "0", "--micro-batch", "6"])[0]);
     assert_eq!(reference.len(), 20);
     let (first, last) = first_and_last(&reference);
-    assert!(first - last > min_drop * first, "{model:?}: the loss falls by {min_drop} of its first value: {first} -> {last}");
+    assert!(
+        first - last > min_drop * first,
+        "{model:?}: the loss falls by {min_drop} of its first value: {first} -> {last}"
+    );
 
     for &(stage, n, mb, ga) in SPLITS {
         let (mb_s, ga_s) = (mb.to_string(), ga.to_string());
-        let ranks = run(n, &format!("z{stage}_n{n}_ga{ga}"), &["--stage", stage, "--micro-batch", &mb_s, "--grad-accum", &ga_s]);
+        let ranks = run(
+            n,
+            &format!("z{stage}_n{n}_ga{ga}"),
+            &["--stage", stage, "--micro-batch", &mb_s, "--grad-accum", &ga_s],
+        );
         for r in &ranks {
             assert_eq!(losses(r), losses(&ranks[0]), "every rank logs the same global loss");
             assert_traffic(r);
@@ -101,7 +110,9 @@ fn every_model_trains_in_bf16_at_stage_3() {
     ];
     for (i, (model, data, kinds)) in cases.into_iter().enumerate() {
         let common = ["--lr", "1e-3", "--steps", "20", "--threads", "1", "--micro-batch", "3"];
-        let run = |dir: &str, extra: &[&str]| train(2, &tmp.path().join(format!("{i}-{dir}")), &args(model, data, &[&common[..], extra].concat()));
+        let run = |dir: &str, extra: &[&str]| {
+            train(2, &tmp.path().join(format!("{i}-{dir}")), &args(model, data, &[&common[..], extra].concat()))
+        };
         let fp32 = losses(&run("fp32", &["--stage", "0", "--precision", "fp32"])[0]);
         let ranks = run("bf16", &["--stage", "3", "--precision", "bf16", "--profile-step", "2"]);
         let bf16 = losses(&ranks[0]);
@@ -111,7 +122,10 @@ fn every_model_trains_in_bf16_at_stage_3() {
         let (first, last) = first_and_last(&bf16);
         assert!(last < first, "{model:?}: bf16 training lowers the loss: {first} -> {last}");
 
-        let profile = ranks[0].iter().find_map(|r| if let Record::Profile(p) = r { Some(p) } else { None }).expect("profile record");
+        let profile = ranks[0]
+            .iter()
+            .find_map(|r| if let Record::Profile(p) = r { Some(p) } else { None })
+            .expect("profile record");
         let found: Vec<&str> = profile.modules.iter().map(|m| m.kind.as_str()).collect();
         assert_eq!(found, kinds, "{model:?}");
         for m in &profile.modules {

@@ -9,7 +9,9 @@ use crate::support::{assert_traffic, losses, max_rel_diff, on_text, setup, steps
 #[test]
 fn offloaded_stages_follow_stage_0_and_split_states_as_the_formulas_say() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = losses(&train(1, &tmp.path().join("ref"), &on_text(&[TINY_FP32, &["--stage", "0", "--micro-batch", "6"]].concat()))[0]);
+    let reference = losses(
+        &train(1, &tmp.path().join("ref"), &on_text(&[TINY_FP32, &["--stage", "0", "--micro-batch", "6"]].concat()))[0],
+    );
     let spec = ModelPreset::Tiny.spec();
     // (stage, offload, ranks, micro-batch, accumulation)
     let cases = [
@@ -23,10 +25,15 @@ fn offloaded_stages_follow_stage_0_and_split_states_as_the_formulas_say() {
     for (stage, offload, n, mb, ga) in cases {
         let (st, off, mb_s, ga_s) = (stage.to_string(), offload.to_string(), mb.to_string(), ga.to_string());
         let dir = tmp.path().join(format!("z{st}_{off}_n{n}_ga{ga}"));
-        let args = on_text(&[TINY_FP32, &["--stage", &st, "--offload", &off, "--micro-batch", &mb_s, "--grad-accum", &ga_s]].concat());
+        let args = on_text(
+            &[TINY_FP32, &["--stage", &st, "--offload", &off, "--micro-batch", &mb_s, "--grad-accum", &ga_s]].concat(),
+        );
         let ranks = train(n, &dir, &args);
         let diff = max_rel_diff(&losses(&ranks[0]), &reference);
-        assert!(diff <= 1e-5, "stage {st} offload {off} on {n} ranks, accumulation {ga}: relative loss difference {diff:e}");
+        assert!(
+            diff <= 1e-5,
+            "stage {st} offload {off} on {n} ranks, accumulation {ga}: relative loss difference {diff:e}"
+        );
 
         let psi = padded_params(&spec, n as u64);
         let want = model_state_split(stage, Precision::Fp32, offload, ga, psi, n as u64);
@@ -65,7 +72,10 @@ fn offloaded_stages_follow_stage_0_and_split_states_as_the_formulas_say() {
 fn offload_in_fp16_skips_overflowing_steps_before_any_update() {
     let tmp = tempfile::tempdir().unwrap();
     let fp16: Vec<&str> = TINY_FP32.iter().map(|&s| if s == "fp32" { "fp16" } else { s }).collect();
-    let args = on_text(&[&fp16[..], &["--stage", "2", "--offload", "optimizer", "--micro-batch", "2", "--loss-scale-power", "24"]].concat());
+    let args = on_text(
+        &[&fp16[..], &["--stage", "2", "--offload", "optimizer", "--micro-batch", "2", "--loss-scale-power", "24"]]
+            .concat(),
+    );
     let ranks = train(2, tmp.path(), &args);
     let steps = steps(&ranks[0]);
     assert!(steps[0].skipped);

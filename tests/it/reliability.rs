@@ -20,7 +20,19 @@ const STOPPED_BY_MPIRUN: Duration = Duration::from_secs(20);
 fn start_long_run(n: usize, dir: &Path, extra: &[&str]) -> Child {
     mpirun(n)
         .arg(worker())
-        .args(["--model", "tiny", "--stage", "2", "--steps", "1000000", "--seq-len", "32", "--threads", "1", "--log-dir"])
+        .args([
+            "--model",
+            "tiny",
+            "--stage",
+            "2",
+            "--steps",
+            "1000000",
+            "--seq-len",
+            "32",
+            "--threads",
+            "1",
+            "--log-dir",
+        ])
         .arg(dir)
         .args(extra)
         .stdout(Stdio::null())
@@ -140,7 +152,19 @@ fn sigterm_leaves_an_error_and_an_end() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let mut one = Command::new(worker())
-        .args(["--model", "tiny", "--stage", "0", "--steps", "1000000", "--seq-len", "32", "--threads", "1", "--log-dir"])
+        .args([
+            "--model",
+            "tiny",
+            "--stage",
+            "0",
+            "--steps",
+            "1000000",
+            "--seq-len",
+            "32",
+            "--threads",
+            "1",
+            "--log-dir",
+        ])
         .arg(dir)
         .stderr(Stdio::null())
         .spawn()
@@ -249,9 +273,9 @@ fn the_launcher_and_ingest_report_a_killed_rank() {
     // The one run's log folder.
     let t0 = Instant::now();
     let logs = loop {
-        let found = std::fs::read_dir(&out)
-            .ok()
-            .and_then(|d| d.filter_map(Result::ok).map(|e| e.path().join("logs")).find(|p| p.join("rank1.jsonl").exists()));
+        let found = std::fs::read_dir(&out).ok().and_then(|d| {
+            d.filter_map(Result::ok).map(|e| e.path().join("logs")).find(|p| p.join("rank1.jsonl").exists())
+        });
         if let Some(l) = found {
             break l;
         }
@@ -278,7 +302,8 @@ fn the_launcher_and_ingest_report_a_killed_rank() {
     // Ingest: a failed run, with the killed rank's log read up to its last line.
     let tables = tmp.path().join("tables");
     let ing = zerobench(&["ingest", out.to_str().unwrap(), "--out", tables.to_str().unwrap(), "--format", "json"]);
-    let runs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(tables.join("runs.json")).unwrap()).unwrap();
+    let runs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tables.join("runs.json")).unwrap()).unwrap();
     let row = &runs["rows"][0];
     assert_eq!(row["status"], "failed", "{row}\n{}", stderr(&ing));
     assert_eq!(row["ranks_read"], 3);

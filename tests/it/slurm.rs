@@ -54,7 +54,11 @@ exit 0"#,
 fn stub_spec(dir: &Path, cluster: &str, sweep: &str) -> std::path::PathBuf {
     let worker = write_stub_worker(dir);
     let spec = dir.join("s.yaml");
-    std::fs::write(&spec, format!("cluster:\n{cluster}launch:\n  worker: {:?}\nsweep:\n{sweep}", worker.to_str().unwrap())).unwrap();
+    std::fs::write(
+        &spec,
+        format!("cluster:\n{cluster}launch:\n  worker: {:?}\nsweep:\n{sweep}", worker.to_str().unwrap()),
+    )
+    .unwrap();
     spec
 }
 
@@ -112,7 +116,11 @@ fn sbatch_refusals_are_errors() {
 fn submit_runs_ranks_on_one_and_two_nodes() {
     let Some(conf) = slurm_conf() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let spec = stub_spec(dir.path(), "  time: '2'\n  cpus_per_task: 2\n", "  models: tiny\n  stages: 0\n  nodes: [1, 2]\n  ranks_per_node: 2\n");
+    let spec = stub_spec(
+        dir.path(),
+        "  time: '2'\n  cpus_per_task: 2\n",
+        "  models: tiny\n  stages: 0\n  nodes: [1, 2]\n  ranks_per_node: 2\n",
+    );
     let out = dir.path().join("runs");
     let o = zb(&conf, &["submit", spec.to_str().unwrap(), "--out", out.to_str().unwrap(), "--chain"]);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));

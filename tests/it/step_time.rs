@@ -42,18 +42,39 @@ fn step_records_account_for_all_of_the_wall_time() {
         let what = format!("stage {stage}, offload {offload}");
         let dir = tmp.path().join(format!("z{stage}_{offload}"));
         let args = [
-            "--model", "tiny", "--seq-len", "64", "--micro-batch", "2", "--steps", "14", "--warmup", "2", "--threads", "1",
-            "--stage", stage, "--offload", offload,
+            "--model",
+            "tiny",
+            "--seq-len",
+            "64",
+            "--micro-batch",
+            "2",
+            "--steps",
+            "14",
+            "--warmup",
+            "2",
+            "--threads",
+            "1",
+            "--stage",
+            stage,
+            "--offload",
+            offload,
         ];
         let ranks = train(2, &dir, &args);
         let mut slowest: Vec<f64> = Vec::new();
         for (r, recs) in ranks.iter().enumerate() {
             let all = steps(recs);
-            assert!(all.iter().all(|s| s.v == SCHEMA_VERSION), "{what}, rank {r}: the worker writes the current version");
+            assert!(
+                all.iter().all(|s| s.v == SCHEMA_VERSION),
+                "{what}, rank {r}: the worker writes the current version"
+            );
             assert_eq!(all[0].overhead_ms, 0.0, "{what}, rank {r}: the first step has no step before it");
             let measured: Vec<&Step> = all.iter().copied().filter(|s| !s.warmup).collect();
             let interval = median(&interval_errors(&measured)).unwrap();
-            assert!(interval <= 0.01, "{what}, rank {r}: record intervals differ from step + overhead by {:.3}% (median)", interval * 100.0);
+            assert!(
+                interval <= 0.01,
+                "{what}, rank {r}: record intervals differ from step + overhead by {:.3}% (median)",
+                interval * 100.0
+            );
             let phases = median(&phase_errors(&measured)).unwrap();
             assert!(phases <= 0.01, "{what}, rank {r}: phases differ from the step by {:.3}% (median)", phases * 100.0);
             for s in &measured {
@@ -73,7 +94,10 @@ fn step_records_account_for_all_of_the_wall_time() {
         for (r, recs) in ranks.iter().enumerate() {
             let Some(Record::End(end)) = recs.last() else { panic!("{what}, rank {r}: no end record") };
             let got = end.summary.expect("a summary").step_ms_median;
-            assert!((got - want).abs() <= 1e-9 * want, "{what}, rank {r}: summary {got} ms, slowest-rank median {want} ms");
+            assert!(
+                (got - want).abs() <= 1e-9 * want,
+                "{what}, rank {r}: summary {got} ms, slowest-rank median {want} ms"
+            );
         }
     }
 }

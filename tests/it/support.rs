@@ -122,7 +122,9 @@ pub fn records(path: &Path) -> Vec<Record> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     text.lines()
         .enumerate()
-        .map(|(i, line)| validate_line(line.as_bytes()).unwrap_or_else(|e| panic!("{}:{}: {e}\n{line}", path.display(), i + 1)))
+        .map(|(i, line)| {
+            validate_line(line.as_bytes()).unwrap_or_else(|e| panic!("{}:{}: {e}\n{line}", path.display(), i + 1))
+        })
         .collect()
 }
 

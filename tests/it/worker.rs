@@ -10,14 +10,17 @@ use zerobench_schema::memory::{model_state_bytes, padded_params};
 use zerobench_schema::{ModelPreset, Precision, ZeroStage};
 
 use crate::support::{
-    assert_ok, assert_traffic, bin, losses, max_rel_diff, mpirun, on_text, records, run, setup, steps, train, worker, TINY_FP32,
+    assert_ok, assert_traffic, bin, losses, max_rel_diff, mpirun, on_text, records, run, setup, steps, train, worker,
+    TINY_FP32,
 };
 
 #[test]
 fn every_stage_follows_stage_0_on_one_rank() {
     let tmp = tempfile::tempdir().unwrap();
     // The reference: one rank, the whole global batch of 6 sequences at once.
-    let reference = losses(&train(1, &tmp.path().join("ref"), &on_text(&[TINY_FP32, &["--stage", "0", "--micro-batch", "6"]].concat()))[0]);
+    let reference = losses(
+        &train(1, &tmp.path().join("ref"), &on_text(&[TINY_FP32, &["--stage", "0", "--micro-batch", "6"]].concat()))[0],
+    );
     assert_eq!(reference.len(), 20);
     let first = reference[0];
     let last = reference[reference.len() - 3..].iter().sum::<f64>() / 3.0;
@@ -30,7 +33,8 @@ fn every_stage_follows_stage_0_on_one_rank() {
                 continue;
             }
             let (mb_s, ga_s) = (mb.to_string(), ga.to_string());
-            let args = on_text(&[TINY_FP32, &["--stage", stage, "--micro-batch", &mb_s, "--grad-accum", &ga_s]].concat());
+            let args =
+                on_text(&[TINY_FP32, &["--stage", stage, "--micro-batch", &mb_s, "--grad-accum", &ga_s]].concat());
             let ranks = train(n, &tmp.path().join(format!("z{stage}_n{n}_ga{ga}")), &args);
             // Every rank logs the same global loss, having moved the closed form's bytes.
             for r in &ranks {
@@ -38,7 +42,10 @@ fn every_stage_follows_stage_0_on_one_rank() {
                 assert_traffic(r);
             }
             let diff = max_rel_diff(&losses(&ranks[0]), &reference);
-            assert!(diff <= 1e-5, "stage {stage} on {n} ranks (micro-batch {mb}, accumulation {ga}): relative loss difference {diff:e}");
+            assert!(
+                diff <= 1e-5,
+                "stage {stage} on {n} ranks (micro-batch {mb}, accumulation {ga}): relative loss difference {diff:e}"
+            );
         }
     }
 }
@@ -52,7 +59,26 @@ fn model_states_equal_the_zero_formulas() {
             for stage in ZeroStage::ALL {
                 let dir = tmp.path().join(format!("{precision}_{n}_{stage}"));
                 let (st, pr) = (stage.to_string(), precision.to_string());
-                let ranks = train(n, &dir, &["--model", "tiny", "--seq-len", "16", "--steps", "2", "--warmup", "1", "--stage", &st, "--precision", &pr, "--threads", "1"]);
+                let ranks = train(
+                    n,
+                    &dir,
+                    &[
+                        "--model",
+                        "tiny",
+                        "--seq-len",
+                        "16",
+                        "--steps",
+                        "2",
+                        "--warmup",
+                        "1",
+                        "--stage",
+                        &st,
+                        "--precision",
+                        &pr,
+                        "--threads",
+                        "1",
+                    ],
+                );
                 let psi = padded_params(&spec, n as u64);
                 let want = model_state_bytes(stage, precision, psi, n as u64);
                 // The closed forms of the ZeRO paper, written out: mixed precision keeps 2-byte
@@ -77,8 +103,13 @@ fn model_states_equal_the_zero_formulas() {
                     assert_eq!(got.model_state_expected, got.model_state);
                     // The buffers the planner predicts are the ones the engine allocates.
                     let engine = zerobench_schema::config::EngineConfig::default();
-                    let buffers = zerobench_schema::memory::engine_buffer_bytes(&spec, stage, precision, &engine, n as u64);
-                    assert_eq!(got.buffers_bytes.values().sum::<u64>(), buffers, "{precision} stage {stage} on {n} ranks");
+                    let buffers =
+                        zerobench_schema::memory::engine_buffer_bytes(&spec, stage, precision, &engine, n as u64);
+                    assert_eq!(
+                        got.buffers_bytes.values().sum::<u64>(),
+                        buffers,
+                        "{precision} stage {stage} on {n} ranks"
+                    );
                 }
             }
         }
@@ -90,7 +121,24 @@ fn model_states_equal_the_zero_formulas() {
 #[test]
 fn logs_follow_the_schema_from_start_to_end() {
     let tmp = tempfile::tempdir().unwrap();
-    let ranks = train(2, tmp.path(), &["--model", "tiny", "--stage", "3", "--steps", "5", "--seq-len", "32", "--micro-batch", "2", "--run-id", "schema-check"]);
+    let ranks = train(
+        2,
+        tmp.path(),
+        &[
+            "--model",
+            "tiny",
+            "--stage",
+            "3",
+            "--steps",
+            "5",
+            "--seq-len",
+            "32",
+            "--micro-batch",
+            "2",
+            "--run-id",
+            "schema-check",
+        ],
+    );
     for (r, recs) in ranks.iter().enumerate() {
         let kinds: Vec<&str> = recs.iter().map(Record::event).collect();
         assert_eq!(kinds, ["start", "setup", "step", "step", "step", "step", "step", "end"], "rank {r}");
@@ -123,7 +171,26 @@ fn logs_follow_the_schema_from_start_to_end() {
 fn fp16_overflowing_steps_are_skipped_and_logged() {
     let tmp = tempfile::tempdir().unwrap();
     // A loss scale of 2^40 overflows fp16 gradients; the scaler halves it until they fit.
-    let ranks = train(2, tmp.path(), &["--model", "tiny", "--stage", "2", "--precision", "fp16", "--loss-scale-power", "40", "--steps", "30", "--seq-len", "32", "--threads", "1"]);
+    let ranks = train(
+        2,
+        tmp.path(),
+        &[
+            "--model",
+            "tiny",
+            "--stage",
+            "2",
+            "--precision",
+            "fp16",
+            "--loss-scale-power",
+            "40",
+            "--steps",
+            "30",
+            "--seq-len",
+            "32",
+            "--threads",
+            "1",
+        ],
+    );
     let steps = steps(&ranks[0]);
     assert!(steps[0].skipped, "first step overflows");
     assert_eq!(steps[0].loss_scale, Some(2f64.powi(40)));
@@ -190,7 +257,8 @@ fn unusable_log_folders_stop_the_rank_before_training() {
     assert!(err.contains("not-a-dir"), "{err}");
     // An earlier run's log is never overwritten silently.
     let dir = tmp.path().join("run");
-    let args = ["--model", "tiny", "--stage", "0", "--steps", "3", "--seq-len", "16", "--log-dir", dir.to_str().unwrap()];
+    let args =
+        ["--model", "tiny", "--stage", "0", "--steps", "3", "--seq-len", "16", "--log-dir", dir.to_str().unwrap()];
     assert_eq!(worker_alone(&args).0, 0);
     let before = std::fs::read(dir.join("rank0.jsonl")).unwrap();
     let (code, err) = worker_alone(&args);
@@ -206,7 +274,18 @@ fn a_failure_during_training_is_logged_with_its_class() {
     let short = tmp.path().join("short.txt");
     std::fs::write(&short, b"too short").unwrap();
     let dir = tmp.path().join("logs");
-    let (code, err) = worker_alone(&["--model", "tiny", "--stage", "0", "--seq-len", "64", "--data", short.to_str().unwrap(), "--log-dir", dir.to_str().unwrap()]);
+    let (code, err) = worker_alone(&[
+        "--model",
+        "tiny",
+        "--stage",
+        "0",
+        "--seq-len",
+        "64",
+        "--data",
+        short.to_str().unwrap(),
+        "--log-dir",
+        dir.to_str().unwrap(),
+    ]);
     assert_eq!(code, 5, "{err}");
     let recs = records(&dir.join("rank0.jsonl"));
     let kinds: Vec<&str> = recs.iter().map(Record::event).collect();
@@ -225,8 +304,14 @@ fn a_failure_during_training_is_logged_with_its_class() {
 #[test]
 fn hpz_keeps_backward_gathers_in_the_group_and_trains_the_same_model() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = losses(&train(1, &tmp.path().join("ref"), &on_text(&[TINY_FP32, &["--stage", "0", "--micro-batch", "4"]].concat()))[0]);
-    let ranks = train(4, &tmp.path().join("hpz"), &on_text(&[TINY_FP32, &["--stage", "3", "--hpz", "2", "--micro-batch", "1"]].concat()));
+    let reference = losses(
+        &train(1, &tmp.path().join("ref"), &on_text(&[TINY_FP32, &["--stage", "0", "--micro-batch", "4"]].concat()))[0],
+    );
+    let ranks = train(
+        4,
+        &tmp.path().join("hpz"),
+        &on_text(&[TINY_FP32, &["--stage", "3", "--hpz", "2", "--micro-batch", "1"]].concat()),
+    );
     let diff = max_rel_diff(&losses(&ranks[0]), &reference);
     assert!(diff <= 1e-5, "hpZ on 4 ranks in groups of 2: relative loss difference {diff:e}");
     let spec = ModelPreset::Tiny.spec();
@@ -239,7 +324,10 @@ fn hpz_keeps_backward_gathers_in_the_group_and_trains_the_same_model() {
         assert!(step.comm["all_gather"].calls > 0 && step.comm["all_gather_group"].calls > 0, "{:?}", step.comm);
     }
     // A group size that does not divide the ranks is refused before any work.
-    let bad = run(mpirun(3).arg(worker()).args(["--model", "tiny", "--stage", "3", "--hpz", "2", "--log-dir"]).arg(tmp.path().join("bad")));
+    let bad = run(mpirun(3)
+        .arg(worker())
+        .args(["--model", "tiny", "--stage", "3", "--hpz", "2", "--log-dir"])
+        .arg(tmp.path().join("bad")));
     assert_eq!(bad.status.code(), Some(2), "{}", String::from_utf8_lossy(&bad.stderr));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--hpz"));
 }

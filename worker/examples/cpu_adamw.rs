@@ -32,7 +32,9 @@ fn best<F: FnMut()>(mut f: F) -> f64 {
 fn main() {
     let mut args = std::env::args().skip(1);
     let n: usize = args.next().map_or(100_000_000, |a| a.parse().expect("parameter count"));
-    let threads: usize = args.next().map_or_else(|| std::thread::available_parallelism().map_or(1, |c| c.get()), |a| a.parse().expect("threads"));
+    let threads: usize = args
+        .next()
+        .map_or_else(|| std::thread::available_parallelism().map_or(1, |c| c.get()), |a| a.parse().expect("threads"));
     rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().expect("thread pool");
     tch::set_num_threads(threads as i32);
 

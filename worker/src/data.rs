@@ -162,7 +162,11 @@ impl Data {
         match self.task {
             Task::NextToken { seq_len } => {
                 let (all, t) = (self.token_matrix(&keys)?, seq_len as i64);
-                Ok(Batch { input: on_device(all.f_narrow(1, 0, t)?)?, target: on_device(all.f_narrow(1, 1, t)?)?, decoder_input: None })
+                Ok(Batch {
+                    input: on_device(all.f_narrow(1, 0, t)?)?,
+                    target: on_device(all.f_narrow(1, 1, t)?)?,
+                    decoder_input: None,
+                })
             }
             Task::Seq2Seq { seq_len, target_len } => {
                 let (all, t, t2) = (self.token_matrix(&keys)?, seq_len as i64, target_len as i64);
@@ -242,7 +246,8 @@ mod tests {
         let bytes: Vec<u8> = (0..=255).collect();
         let task = Task::Seq2Seq { seq_len: 4, target_len: 3 };
         let b = Data::new(Source::Text { bytes }, task, 1, 3, 1, 1, 0, Device::Cpu).batch(2, 0).unwrap();
-        let (input, target) = (Vec::<i64>::try_from(b.input.view([-1])).unwrap(), Vec::<i64>::try_from(b.target.view([-1])).unwrap());
+        let (input, target) =
+            (Vec::<i64>::try_from(b.input.view([-1])).unwrap(), Vec::<i64>::try_from(b.target.view([-1])).unwrap());
         for s in 0..3 {
             let first = input[s * 4];
             assert_eq!(&input[s * 4..s * 4 + 4], &[first, first + 1, first + 2, first + 3]);
@@ -253,7 +258,8 @@ mod tests {
     #[test]
     fn mlp_vectors_have_unit_variance_and_a_learnable_target() {
         let task = Task::Regression { seq_len: 3, width: 64 };
-        let split = |world, rank, mb| Data::new(Source::Synthetic { vocab: 0 }, task, 9, mb, world, 1, rank, Device::Cpu);
+        let split =
+            |world, rank, mb| Data::new(Source::Synthetic { vocab: 0 }, task, 9, mb, world, 1, rank, Device::Cpu);
         let b = split(1, 0, 4).batch(1, 0).unwrap();
         assert_eq!(b.input.size(), [4, 3, 64]);
         assert_eq!(b.input.kind(), Kind::Float);

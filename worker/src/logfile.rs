@@ -84,7 +84,9 @@ impl RankLog {
                     let _ = Self::put(&mut p.into_inner(), &bytes);
                     return;
                 }
-                Err(TryLockError::WouldBlock) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
                 Err(TryLockError::WouldBlock) => {
                     // Another handle in append mode: the line lands after whatever is there.
                     if let Ok(mut f) = OpenOptions::new().append(true).open(self.path.as_path()) {
@@ -98,10 +100,7 @@ impl RankLog {
 
     /// A writer that serialises and writes records on a thread of its own (see
     /// [`BackgroundWriter`]); `complete` fills in what is read off the critical path.
-    pub fn background(
-        &self,
-        complete: impl FnMut(&mut Record) + Send + 'static,
-    ) -> Result<BackgroundWriter, LogError> {
+    pub fn background(&self, complete: impl FnMut(&mut Record) + Send + 'static) -> Result<BackgroundWriter, LogError> {
         BackgroundWriter::start(self.clone(), complete)
     }
 
@@ -159,9 +158,10 @@ impl BackgroundWriter {
         match self.thread.take().map(JoinHandle::join) {
             None => Ok(()),
             Some(Ok(r)) => r,
-            Some(Err(_)) => {
-                Err(LogError::Write { path: PathBuf::from("(log thread)"), source: io::Error::other("the log thread panicked") })
-            }
+            Some(Err(_)) => Err(LogError::Write {
+                path: PathBuf::from("(log thread)"),
+                source: io::Error::other("the log thread panicked"),
+            }),
         }
     }
 }
@@ -178,7 +178,15 @@ mod tests {
     use zerobench_schema::log::{End, RunStatus};
 
     fn end(steps: u32) -> Record {
-        Record::End(End { v: 2, ts: 0.0, rank: 0, status: RunStatus::Ok, steps_completed: steps, exit_code: 0, summary: None })
+        Record::End(End {
+            v: 2,
+            ts: 0.0,
+            rank: 0,
+            status: RunStatus::Ok,
+            steps_completed: steps,
+            exit_code: 0,
+            summary: None,
+        })
     }
 
     #[test]
@@ -215,7 +223,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = RankLog::create(dir.path(), 0, false).unwrap();
         // A log whose file refuses writes: /dev/full.
-        let full = RankLog { file: Arc::new(Mutex::new(File::options().write(true).open("/dev/full").unwrap())), ..log };
+        let full =
+            RankLog { file: Arc::new(Mutex::new(File::options().write(true).open("/dev/full").unwrap())), ..log };
         let mut w = full.background(|_| {}).unwrap();
         // The first send is queued; the thread fails on it and stops, so a later send or the
         // finish reports the error.

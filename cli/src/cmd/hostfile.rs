@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use zerobench_launcher::hostfile::{Hostfile, HostfileFormat};
 use zerobench_launcher::select::{Filter, Resources};
 
+use crate::Outcome;
 use zerobench_ingest::report::terminal::write_table;
 use zerobench_ingest::tables::Table;
-use crate::Outcome;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -160,8 +160,18 @@ fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: 
     }
     let scaling = tables.text_tables().into_iter().find(|t| t.name == "scaling");
     if let Some(t) = scaling.filter(|t| !t.rows.is_empty()) {
-        let keep =
-            ["model", "variant", "stage", "offload", "micro_batch", "gpus", "nodes", "samples_per_s", "speedup", "efficiency"];
+        let keep = [
+            "model",
+            "variant",
+            "stage",
+            "offload",
+            "micro_batch",
+            "gpus",
+            "nodes",
+            "samples_per_s",
+            "speedup",
+            "efficiency",
+        ];
         let idx: Vec<usize> = keep.iter().filter_map(|k| t.header.iter().position(|h| h == k)).collect();
         let pick = |r: &Vec<String>| idx.iter().map(|i| r[*i].clone()).collect::<Vec<_>>();
         let small = zerobench_ingest::tables::Table {

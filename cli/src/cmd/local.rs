@@ -12,9 +12,9 @@ use zerobench_launcher::spec::Method;
 use zerobench_launcher::status::State;
 use zerobench_launcher::{render, Plan, Spec};
 
+use crate::Outcome;
 use zerobench_ingest::report::terminal::write_table;
 use zerobench_ingest::tables::Table;
-use crate::Outcome;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use zerobench_launcher::{render, Plan, Spec};
 
+use crate::Outcome;
 use zerobench_ingest::report::terminal::write_table;
 use zerobench_ingest::tables::Table;
-use crate::Outcome;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 
 use zerobench_launcher::status::{status, State};
 
+use crate::Outcome;
 use zerobench_ingest::report::terminal::write_table;
 use zerobench_ingest::tables::Table;
-use crate::Outcome;
 
 #[derive(clap::Args)]
 pub struct Args {

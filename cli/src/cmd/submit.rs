@@ -8,9 +8,9 @@ use anyhow::bail;
 use zerobench_launcher::submit::{submit, SubmitOptions};
 use zerobench_launcher::{render, Plan, Spec};
 
+use crate::Outcome;
 use zerobench_ingest::report::terminal::write_table;
 use zerobench_ingest::tables::Table;
-use crate::Outcome;
 
 #[derive(clap::Args)]
 pub struct Args {

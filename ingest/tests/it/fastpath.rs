@@ -26,14 +26,9 @@ fn comm() -> impl Strategy<Value = BTreeMap<String, CommStats>> {
         Just("all_gather_group"),
         Just("p2p")
     ];
-    let stats = (any::<u32>(), any::<u64>(), real(), any::<u64>(), proptest::option::of(real()))
-        .prop_map(|(calls, bytes, ms, max_bytes, bus_gbps)| CommStats {
-            calls: u64::from(calls),
-            bytes,
-            ms,
-            max_bytes,
-            bus_gbps,
-        });
+    let stats = (any::<u32>(), any::<u64>(), real(), any::<u64>(), proptest::option::of(real())).prop_map(
+        |(calls, bytes, ms, max_bytes, bus_gbps)| CommStats { calls: u64::from(calls), bytes, ms, max_bytes, bus_gbps },
+    );
     proptest::collection::btree_map(kind.prop_map(String::from), stats, 0..4)
 }
 

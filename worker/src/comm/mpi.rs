@@ -12,7 +12,7 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::Tensor;
 
-use super::{flat, is_rank_slice, CollectiveKind, CommError, Collectives, Elem, HostCopy, Pending, StepComm};
+use super::{flat, is_rank_slice, CollectiveKind, Collectives, CommError, Elem, HostCopy, Pending, StepComm};
 use crate::metrics::clock::SharedClock;
 use crate::metrics::timeline::{Mark, SharedTimeline, SpanInfo, Track};
 use crate::runtime::shim;
@@ -65,7 +65,16 @@ impl MpiCollectives {
     pub fn new(comm: SimpleCommunicator) -> Self {
         let rank = usize::try_from(comm.rank()).expect("rank");
         let world = usize::try_from(comm.size()).expect("size");
-        Self { comm, rank, world, sum_bf16: create_op(sum_bf16), sum_f16: create_op(sum_f16), stats: StepComm::default(), timeline: None, clock: None }
+        Self {
+            comm,
+            rank,
+            world,
+            sum_bf16: create_op(sum_bf16),
+            sum_f16: create_op(sum_f16),
+            stats: StepComm::default(),
+            timeline: None,
+            clock: None,
+        }
     }
 
     fn dtype_op(&self, e: Elem) -> (ffi::MPI_Datatype, ffi::MPI_Op) {
@@ -80,7 +89,8 @@ impl MpiCollectives {
     }
 
     fn count(op: &'static str, n: usize) -> Result<c_int, CommError> {
-        c_int::try_from(n).map_err(|_| CommError::BadTensor { op, reason: format!("{n} elements exceed MPI's int count") })
+        c_int::try_from(n)
+            .map_err(|_| CommError::BadTensor { op, reason: format!("{n} elements exceed MPI's int count") })
     }
 
     fn timed(&mut self, kind: CollectiveKind, bytes: usize, f: impl FnOnce() -> c_int) -> Result<Pending, CommError> {
@@ -90,7 +100,13 @@ impl MpiCollectives {
         let ms = t1.duration_since(t0).as_secs_f64() * 1e3;
         if let Some(t) = &self.timeline {
             let info = SpanInfo { segment: None, bytes: Some(bytes as u64) };
-            t.lock().expect("timeline").span(Track::Comm(kind.name()), kind.name(), Mark::Host(t0), Mark::Host(t1), info);
+            t.lock().expect("timeline").span(
+                Track::Comm(kind.name()),
+                kind.name(),
+                Mark::Host(t0),
+                Mark::Host(t1),
+                info,
+            );
         }
         if rc != 0 {
             return Err(CommError::Failed { op: kind.name(), message: format!("MPI error code {rc}") });
@@ -113,8 +129,8 @@ impl MpiCollectives {
             return Err(CommError::BadTensor { op: kind.name(), reason: format!("{n} elements into {m}") });
         }
         let (s, d) = (src.data_ptr(), dst.data_ptr());
-        // SAFETY: contiguous CPU tensors of the same size and type; distinct buffers.
         self.timed(kind, n * e.size(), || {
+            // SAFETY: contiguous CPU tensors of the same size and type; distinct buffers.
             unsafe { std::ptr::copy_nonoverlapping(s.cast::<u8>(), d.cast::<u8>(), n * e.size()) };
             0
         })
@@ -148,7 +164,10 @@ impl Collectives for MpiCollectives {
         let (e, n) = flat(input, OP)?;
         let (eo, m) = flat(output, OP)?;
         if e != eo || m * self.world != n {
-            return Err(CommError::BadTensor { op: OP, reason: format!("input {n} and output {m} elements on {} ranks", self.world) });
+            return Err(CommError::BadTensor {
+                op: OP,
+                reason: format!("input {n} and output {m} elements on {} ranks", self.world),
+            });
         }
         let count = Self::count(OP, m)?;
         let (dt, op) = self.dtype_op(e);
@@ -180,7 +199,10 @@ impl Collectives for MpiCollectives {
         let (e, n) = flat(input, OP)?;
         let (eo, m) = flat(output, OP)?;
         if e != eo || n * self.world != m {
-            return Err(CommError::BadTensor { op: OP, reason: format!("input {n} and output {m} elements on {} ranks", self.world) });
+            return Err(CommError::BadTensor {
+                op: OP,
+                reason: format!("input {n} and output {m} elements on {} ranks", self.world),
+            });
         }
         let count = Self::count(OP, n)?;
         let (dt, _) = self.dtype_op(e);

@@ -118,14 +118,16 @@ impl NcclCollectives {
         }
         gpu.ctx.bind_to_thread().map_err(|e| cuda_err("bind", e))?;
         let mut comm = MaybeUninit::uninit();
-        // SAFETY: every rank passes the same id and its own rank; the current device is this
-        // rank's GPU (the only one it sees); `config` is initialised as NCCL_CONFIG_INITIALIZER.
+        // Both calls: every rank passes the same id and its own rank; the current device is this
+        // rank's GPU (the only one it sees).
         match max_ctas {
+            // SAFETY: as above.
             None => unsafe { nccl::comm_init_rank(comm.as_mut_ptr(), world as c_int, id, rank as c_int) }
                 .map_err(|e| nccl_err("ncclCommInitRank", e))?,
             Some(c) => {
                 let mut config = default_config();
                 config.maxCTAs = c_int::try_from(c).unwrap_or(c_int::MAX);
+                // SAFETY: as above; `config` is initialised as NCCL_CONFIG_INITIALIZER.
                 unsafe {
                     nccl::comm_init_rank_config(comm.as_mut_ptr(), world as c_int, id, rank as c_int, &mut config)
                 }

@@ -97,7 +97,13 @@ impl Timeline {
             Some(g) => Some(g.mark(&g.compute).map_err(|e| TimelineError(e.to_string()))?),
             None => None,
         };
-        Ok(Arc::new(Mutex::new(Self { gpu, base_host: Instant::now(), base_device, recording: None, pending: Vec::new() })))
+        Ok(Arc::new(Mutex::new(Self {
+            gpu,
+            base_host: Instant::now(),
+            base_device,
+            recording: None,
+            pending: Vec::new(),
+        })))
     }
 
     /// Records spans of `step` from now on, or nothing (`None`).
@@ -122,7 +128,15 @@ impl Timeline {
 
     /// Adds a span of a given step whatever is being recorded now: collectives that finish after
     /// their step ended still land in it.
-    pub fn span_in(&mut self, step: u32, track: Track, name: impl Into<String>, start: Mark, end: Mark, info: SpanInfo) {
+    pub fn span_in(
+        &mut self,
+        step: u32,
+        track: Track,
+        name: impl Into<String>,
+        start: Mark,
+        end: Mark,
+        info: SpanInfo,
+    ) {
         self.pending.push(Pending { track, name: name.into(), step, start, end, info });
     }
 
@@ -145,7 +159,14 @@ impl Timeline {
                 }
             };
             let (s, e) = (at(p.start)?, at(p.end)?);
-            out.push(Resolved { track: p.track, name: p.name, step: p.step, start_us: s, dur_us: (e - s).max(0.0), info: p.info });
+            out.push(Resolved {
+                track: p.track,
+                name: p.name,
+                step: p.step,
+                start_us: s,
+                dur_us: (e - s).max(0.0),
+                info: p.info,
+            });
             if let Some(g) = &self.gpu {
                 for m in [p.start, p.end] {
                     if let Mark::Device(ev) = m {
@@ -165,7 +186,9 @@ pub fn write_chrome_trace(path: &Path, rank: u32, spans: &[Resolved]) -> std::io
     let mut tracks: Vec<Track> = spans.iter().map(|s| s.track).collect();
     tracks.sort();
     tracks.dedup();
-    events.push(serde_json::json!({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": format!("rank {rank}")}}));
+    events.push(
+        serde_json::json!({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": format!("rank {rank}")}}),
+    );
     for t in tracks {
         events.push(serde_json::json!({"ph": "M", "name": "thread_name", "pid": rank, "tid": t.id(), "args": {"name": t.label()}}));
     }

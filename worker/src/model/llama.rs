@@ -56,7 +56,11 @@ struct RopeTables {
 impl Llama {
     /// Fails unless the heads divide the model width and the key/value heads divide the heads.
     pub fn new(dims: LlamaDims) -> Result<Self, String> {
-        if dims.n_head == 0 || dims.d_model % dims.n_head != 0 || dims.n_kv_head == 0 || dims.n_head % dims.n_kv_head != 0 {
+        if dims.n_head == 0
+            || dims.d_model % dims.n_head != 0
+            || dims.n_kv_head == 0
+            || dims.n_head % dims.n_kv_head != 0
+        {
             return Err(format!(
                 "{} heads and {} key/value heads cannot split a width of {}",
                 dims.n_head, dims.n_kv_head, dims.d_model
@@ -65,7 +69,10 @@ impl Llama {
         let (c, v, ff) = (dim(dims.d_model), dim(dims.vocab), dim(dims.d_ff));
         let head_dim = c / dim(dims.n_head);
         let kv = dim(dims.n_kv_head) * head_dim;
-        let mut units = vec![UnitDef { name: "embed".into(), params: vec![ParamDef::new("embed_tokens", &[v, c], Init::Normal(STD))] }];
+        let mut units = vec![UnitDef {
+            name: "embed".into(),
+            params: vec![ParamDef::new("embed_tokens", &[v, c], Init::Normal(STD))],
+        }];
         for i in 0..dims.n_layer {
             // In the order of the positions above.
             let params = vec![

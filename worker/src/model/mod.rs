@@ -252,7 +252,11 @@ mod tests {
     #[test]
     fn segmented_backward_equals_whole_backward() {
         let batches = |preset: ModelPreset| -> crate::model::Batch {
-            let cfg = zerobench_schema::RunConfig { seq_len: 12, target_len: None, ..zerobench_schema::RunConfig::new(preset, zerobench_schema::ZeroStage::Z0) };
+            let cfg = zerobench_schema::RunConfig {
+                seq_len: 12,
+                target_len: None,
+                ..zerobench_schema::RunConfig::new(preset, zerobench_schema::ZeroStage::Z0)
+            };
             let task = crate::data::Task::of(&cfg);
             let source = crate::data::Source::open(None, preset.spec().vocab(), &task).unwrap();
             crate::data::Data::new(source, task, 1, 2, 1, 1, 0, tch::Device::Cpu).batch(0, 0).unwrap()
@@ -273,7 +277,9 @@ mod tests {
 
             let (mut inputs, mut outputs): (Vec<Vec<Tensor>>, Vec<Vec<Tensor>>) = (Vec::new(), Vec::new());
             for s in 0..n {
-                let leaves: Vec<Tensor> = outputs.last().map_or(Vec::new(), |o: &Vec<Tensor>| o.iter().map(|t| t.detach().set_requires_grad(true)).collect());
+                let leaves: Vec<Tensor> = outputs.last().map_or(Vec::new(), |o: &Vec<Tensor>| {
+                    o.iter().map(|t| t.detach().set_requires_grad(true)).collect()
+                });
                 outputs.push(model.forward(s, unit(s), &leaves, &batch).unwrap());
                 inputs.push(leaves);
             }

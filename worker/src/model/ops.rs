@@ -44,7 +44,13 @@ pub fn lm_loss(h: &Tensor, w: &Tensor, target: &Tensor) -> Result<Tensor, TchErr
     let v_aligned = (v + HEAD_ALIGN - 1) / HEAD_ALIGN * HEAD_ALIGN;
     let w = if v_aligned > v { w.f_constant_pad_nd([0, 0, 0, v_aligned - v])? } else { w.shallow_clone() };
     let logits = h.f_linear::<Tensor>(&w, None)?.f_narrow(-1, 0, v)?.f_to_kind(Kind::Float)?;
-    logits.f_reshape([-1, v])?.f_cross_entropy_loss::<Tensor>(&target.f_reshape([-1])?, None, Reduction::Mean, -100, 0.0)
+    logits.f_reshape([-1, v])?.f_cross_entropy_loss::<Tensor>(
+        &target.f_reshape([-1])?,
+        None,
+        Reduction::Mean,
+        -100,
+        0.0,
+    )
 }
 
 #[cfg(test)]

@@ -11,7 +11,14 @@
 use tch::{Device, Kind, TchError, Tensor};
 
 /// The bucket of each (query, key) pair, `[q_len, k_len]` (int64).
-pub fn buckets(q_len: i64, k_len: i64, bidirectional: bool, num_buckets: i64, max_distance: i64, device: Device) -> Result<Tensor, TchError> {
+pub fn buckets(
+    q_len: i64,
+    k_len: i64,
+    bidirectional: bool,
+    num_buckets: i64,
+    max_distance: i64,
+    device: Device,
+) -> Result<Tensor, TchError> {
     let context = Tensor::f_arange(q_len, (Kind::Int64, device))?.f_view([q_len, 1])?;
     let memory = Tensor::f_arange(k_len, (Kind::Int64, device))?.f_view([1, k_len])?;
     let relative = memory.f_sub(&context)?;
@@ -41,7 +48,13 @@ pub fn buckets(q_len: i64, k_len: i64, bidirectional: bool, num_buckets: i64, ma
 
 /// The additive attention bias `[1, heads, q_len, k_len]` from the learned `table`
 /// (`[num_buckets, heads]`), in the table's dtype.
-pub fn bias(table: &Tensor, q_len: i64, k_len: i64, bidirectional: bool, max_distance: i64) -> Result<Tensor, TchError> {
+pub fn bias(
+    table: &Tensor,
+    q_len: i64,
+    k_len: i64,
+    bidirectional: bool,
+    max_distance: i64,
+) -> Result<Tensor, TchError> {
     let num_buckets = table.size()[0];
     let b = buckets(q_len, k_len, bidirectional, num_buckets, max_distance, table.device())?;
     Tensor::f_embedding(table, &b, -1, false, false)?.f_permute([2, 0, 1])?.f_unsqueeze(0)

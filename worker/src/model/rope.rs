@@ -6,8 +6,16 @@ use tch::{Device, Kind, TchError, Tensor};
 
 /// The cosines and sines for positions `0..seq_len`, `[seq_len, head_dim]` in `kind`: computed in
 /// fp32 and cast once, as HF's `LlamaRotaryEmbedding` does.
-pub fn tables(seq_len: i64, head_dim: i64, theta: f64, kind: Kind, device: Device) -> Result<(Tensor, Tensor), TchError> {
-    let exponents = Tensor::f_arange_start_step(0, head_dim, 2, (Kind::Int64, device))?.f_to_kind(Kind::Float)?.f_div_scalar(head_dim as f64)?;
+pub fn tables(
+    seq_len: i64,
+    head_dim: i64,
+    theta: f64,
+    kind: Kind,
+    device: Device,
+) -> Result<(Tensor, Tensor), TchError> {
+    let exponents = Tensor::f_arange_start_step(0, head_dim, 2, (Kind::Int64, device))?
+        .f_to_kind(Kind::Float)?
+        .f_div_scalar(head_dim as f64)?;
     let inv_freq = Tensor::f_pow_scalar(theta, &exponents)?.f_reciprocal()?;
     let positions = Tensor::f_arange(seq_len, (Kind::Float, device))?;
     let freqs = positions.f_outer(&inv_freq)?;

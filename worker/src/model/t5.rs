@@ -97,7 +97,13 @@ impl T5 {
                 ParamDef::new("DenseReluDense.wo", &[c, ff], Init::Normal(ffv.powf(-0.5))),
             ]
         };
-        let table = || ParamDef::new("relative_attention_bias", &[dim(dims.rel_buckets), dim(dims.n_head)], Init::Normal(cf.powf(-0.5)));
+        let table = || {
+            ParamDef::new(
+                "relative_attention_bias",
+                &[dim(dims.rel_buckets), dim(dims.n_head)],
+                Init::Normal(cf.powf(-0.5)),
+            )
+        };
         let norm = |name: &str| ParamDef::new(name, &[c], Init::Ones);
 
         // In the order of the positions above.
@@ -205,7 +211,8 @@ impl T5 {
     }
 
     fn decoder_embed(&self, p: &[Tensor], x: &Tensor, batch: &Batch) -> Result<Vec<Tensor>, TchError> {
-        let ids = batch.decoder_input.as_ref().ok_or_else(|| TchError::Shape("a T5 batch needs a decoder input".into()))?;
+        let ids =
+            batch.decoder_input.as_ref().ok_or_else(|| TchError::Shape("a T5 batch needs a decoder input".into()))?;
         let y = Tensor::f_embedding(&p[SHARED], ids, -1, false, false)?;
         Ok(vec![y, rms_norm(x, &p[ENCODER_NORM], EPS)?])
     }
@@ -291,7 +298,10 @@ mod tests {
     fn segments_follow_the_table() {
         let m = tiny();
         let names: Vec<&str> = m.segments().iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["embed.encoder", "encoder.0", "encoder.1", "embed.decoder", "decoder.0", "decoder.1", "head"]);
+        assert_eq!(
+            names,
+            ["embed.encoder", "encoder.0", "encoder.1", "embed.decoder", "decoder.0", "decoder.1", "head"]
+        );
         let units: Vec<usize> = m.segments().iter().map(|s| s.unit).collect();
         assert_eq!(units, [0, 1, 2, 0, 3, 4, 0]);
         assert_eq!(m.units()[1].params[ENC_REL_BIAS].name, "relative_attention_bias");

@@ -158,7 +158,8 @@ fn watchdog(i: &Inner) {
             stop(i, ErrorClass::Comm, msg, 4);
         }
         if let Some(base) = i.stall_timeout {
-            let since = i.started.elapsed().saturating_sub(Duration::from_millis(i.last_progress_ms.load(Ordering::Relaxed)));
+            let since =
+                i.started.elapsed().saturating_sub(Duration::from_millis(i.last_progress_ms.load(Ordering::Relaxed)));
             let steps = i.steps.load(Ordering::Relaxed);
             let limit = stall_limit(base, steps, i.longest_step_ms.load(Ordering::Relaxed));
             if since > limit {
@@ -187,7 +188,9 @@ fn nccl_async_error() -> Option<String> {
         // lock is held during the call.
         let rc = unsafe { sys::ncclCommGetAsyncError(comm as sys::ncclComm_t, &mut state) };
         match (rc, state) {
-            (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => None,
+            (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => {
+                None
+            }
             (sys::ncclResult_t::ncclSuccess, e) => Some(format!("NCCL reported an asynchronous error: {e:?}")),
             (e, _) => Some(format!("ncclCommGetAsyncError failed: {e:?}")),
         }

@@ -215,9 +215,15 @@ fn update_slices<G: Float16Or32, O: Float16Or32>(k: &Coeffs, s: &Shard<'_>) {
     // dispatched on; the engine allocates master, moments, gradients and output as distinct buffers
     // and nothing else touches them during the update.
     let (p, m, v, g) = unsafe {
-        (slice_mut::<f32>(s.master), slice_mut::<f32>(s.exp_avg), slice_mut::<f32>(s.exp_avg_sq), &*slice_mut::<G>(s.grad))
+        (
+            slice_mut::<f32>(s.master),
+            slice_mut::<f32>(s.exp_avg),
+            slice_mut::<f32>(s.exp_avg_sq),
+            &*slice_mut::<G>(s.grad),
+        )
     };
-    let chunks = p.par_chunks_mut(CHUNK).zip(m.par_chunks_mut(CHUNK)).zip(v.par_chunks_mut(CHUNK)).zip(g.par_chunks(CHUNK));
+    let chunks =
+        p.par_chunks_mut(CHUNK).zip(m.par_chunks_mut(CHUNK)).zip(v.par_chunks_mut(CHUNK)).zip(g.par_chunks(CHUNK));
     let wide = wide_simd();
     match s.param_out {
         // SAFETY: as above.
@@ -242,7 +248,14 @@ fn wide_simd() -> bool {
 }
 
 #[inline(always)]
-fn chunk_body<G: Float16Or32, O: Float16Or32>(k: &Coeffs, p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[G], o: Option<&mut [O]>) {
+fn chunk_body<G: Float16Or32, O: Float16Or32>(
+    k: &Coeffs,
+    p: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[G],
+    o: Option<&mut [O]>,
+) {
     let n = p.len();
     let (m, v, g) = (&mut m[..n], &mut v[..n], &g[..n]);
     match o {
@@ -263,7 +276,14 @@ fn chunk_body<G: Float16Or32, O: Float16Or32>(k: &Coeffs, p: &mut [f32], m: &mut
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn chunk_avx2<G: Float16Or32, O: Float16Or32>(k: &Coeffs, p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[G], o: Option<&mut [O]>) {
+fn chunk_avx2<G: Float16Or32, O: Float16Or32>(
+    k: &Coeffs,
+    p: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &[G],
+    o: Option<&mut [O]>,
+) {
     chunk_body(k, p, m, v, g, o);
 }
 

@@ -14,12 +14,12 @@ use super::adamw::{AdamW, Shard};
 use super::layout::UnitLayout;
 use super::loss_scale::LossScaler;
 use super::offload::{HostState, HostUpdates, Update};
-use zerobench_schema::schedule::{Phase, Schedule};
 use crate::comm::{Collectives, CommError, HostCopy, Pending, StepComm};
 use crate::model::{init_unit, Model};
 use crate::runtime::cuda::Gpu;
 use crate::runtime::pinned::PinError;
 use crate::runtime::shim::{self, ShimError};
+use zerobench_schema::schedule::{Phase, Schedule};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
