@@ -15,39 +15,20 @@
 //!   `slurm-<job-id>.out`): the lines slurmstepd writes when it ends a job,
 //!   `*** JOB 42 ON node1 CANCELLED AT 2026-01-01T00:00:00 ***` (optionally `DUE TO TIME LIMIT`
 //!   or `DUE TO PREEMPTION`), and `Detected 1 oom_kill event`.
+//!
+//! State names and slurmstepd's lines are read by `zerobench_schema::job`, as `zerobench status`
+//! reads them.
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
 use crate::problem::{Problem, ProblemKind};
 
-/// How the scheduler says a job ended, as far as ingest cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    Completed,
-    Cancelled,
-    Timeout,
-    /// The job was killed for exceeding its host memory.
-    OutOfMemory,
-    /// The job or a node failed.
-    Failed,
-}
+// The scheduler's states and slurmstepd's verdicts are read as `zerobench status` reads them.
+pub use zerobench_schema::job::JobState;
 
-impl JobState {
-    /// Reads a Slurm state name (`CANCELLED by 1000` and `CANCELLED+` included).
-    pub fn from_slurm(s: &str) -> Option<Self> {
-        let word = s.trim().split(|c: char| c.is_whitespace() || c == '+').next()?.to_ascii_uppercase();
-        Some(match word.as_str() {
-            "COMPLETED" => JobState::Completed,
-            "CANCELLED" | "PREEMPTED" => JobState::Cancelled,
-            "TIMEOUT" | "DEADLINE" => JobState::Timeout,
-            "OUT_OF_MEMORY" => JobState::OutOfMemory,
-            "FAILED" | "NODE_FAIL" | "BOOT_FAIL" => JobState::Failed,
-            _ => return None,
-        })
-    }
+/// A Slurm state name that says how a job ended (`None` for one still pending or running).
+fn ended(name: &str) -> Option<JobState> {
+    JobState::from_slurm(name).filter(|s| s.is_final())
 }
 
 /// The folders that may hold a run's side files.
@@ -82,13 +63,10 @@ pub fn job_state(log_dir: &Path, problems: &mut Vec<Problem>) -> Option<JobState
             .collect();
         outs.sort();
         for path in outs {
-            match read_tail(&path, OUT_TAIL) {
-                Ok(text) => {
-                    if let Some(s) = state_in_slurm_out(&text) {
-                        return Some(s);
-                    }
-                }
-                Err(message) => problems.push(Problem::file(&path, ProblemKind::SideFile { message })),
+            match zerobench_schema::job::output_verdict(&path) {
+                Ok(Some(s)) => return Some(s),
+                Ok(None) => {}
+                Err(e) => problems.push(Problem::file(&path, ProblemKind::SideFile { message: e.to_string() })),
             }
         }
     }
@@ -100,8 +78,8 @@ fn state_in_json(v: &serde_json::Value) -> Option<JobState> {
     for key in ["state", "job_state", "slurm_state"] {
         let Some(s) = v.get(key) else { continue };
         let found = match s {
-            serde_json::Value::String(s) => JobState::from_slurm(s),
-            serde_json::Value::Array(a) => a.iter().filter_map(|x| x.as_str()).find_map(JobState::from_slurm),
+            serde_json::Value::String(s) => ended(s),
+            serde_json::Value::Array(a) => a.iter().filter_map(|x| x.as_str()).find_map(ended),
             serde_json::Value::Object(_) => state_in_json(&serde_json::json!({ "state": s.get("current") })),
             _ => None,
         };
@@ -127,45 +105,8 @@ fn state_in_local_json(v: &serde_json::Value) -> Option<JobState> {
     }
 }
 
-/// The state slurmstepd wrote into a job's output.
-fn state_in_slurm_out(text: &str) -> Option<JobState> {
-    let mut state = None;
-    for line in text.lines() {
-        if line.contains("oom_kill event") || line.contains("OUT_OF_MEMORY") {
-            return Some(JobState::OutOfMemory);
-        }
-        if let Some(rest) =
-            line.split_once("*** JOB ").map(|(_, r)| r).or_else(|| line.split_once("*** STEP ").map(|(_, r)| r))
-        {
-            if rest.contains("DUE TO TIME LIMIT") {
-                state = Some(JobState::Timeout);
-            } else if rest.contains("CANCELLED") && state.is_none() {
-                state = Some(JobState::Cancelled);
-            } else if rest.contains("NODE FAIL") || rest.contains("NODE_FAIL") {
-                state = Some(JobState::Failed);
-            }
-        }
-    }
-    state
-}
-
 /// Side files are small; anything over this is not read.
 const MAX_SIDE_FILE: u64 = 16 << 20;
-
-/// How much of the end of a job's output is read: slurmstepd writes its verdict last, and the
-/// output of a chatty job may be large.
-const OUT_TAIL: u64 = 1 << 20;
-
-/// The last `n` bytes of a file, as text.
-fn read_tail(path: &Path, n: u64) -> Result<String, String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let len = f.metadata().map_err(|e| e.to_string())?.len();
-    f.seek(SeekFrom::Start(len.saturating_sub(n))).map_err(|e| e.to_string())?;
-    let mut bytes = Vec::new();
-    f.take(n).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
-}
 
 fn read_small(path: &Path) -> Result<String, String> {
     let len = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
@@ -215,10 +156,9 @@ mod tests {
 
     #[test]
     fn slurm_states() {
-        assert_eq!(JobState::from_slurm("CANCELLED by 1000"), Some(JobState::Cancelled));
-        assert_eq!(JobState::from_slurm("TIMEOUT"), Some(JobState::Timeout));
-        assert_eq!(JobState::from_slurm("cancelled+"), Some(JobState::Cancelled));
-        assert_eq!(JobState::from_slurm("RUNNING"), None);
+        // A job still queued or running has not ended: the next source is asked.
+        assert_eq!(ended("RUNNING"), None);
+        assert_eq!(state_in_json(&serde_json::json!({"state": ["RUNNING", "TIMEOUT"]})), Some(JobState::Timeout));
         let v = serde_json::json!({"state": {"current": ["OUT_OF_MEMORY"]}});
         assert_eq!(state_in_json(&v), Some(JobState::OutOfMemory));
         assert_eq!(state_in_json(&serde_json::json!({"job_state": ["NODE_FAIL"]})), Some(JobState::Failed));
@@ -234,14 +174,5 @@ mod tests {
         assert_eq!(s(serde_json::json!({"signal": 9, "timed_out": false})), Some(JobState::Cancelled));
         assert_eq!(s(serde_json::json!({"exit_code": 3, "timed_out": false})), Some(JobState::Failed));
         assert_eq!(s(serde_json::json!({"exit_code": 0, "timed_out": false})), Some(JobState::Completed));
-    }
-
-    #[test]
-    fn slurmstepd_lines() {
-        let t = "step 3\nslurmstepd: error: *** JOB 123 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***\n";
-        assert_eq!(state_in_slurm_out(t), Some(JobState::Timeout));
-        let t = "slurmstepd: error: *** STEP 123.0 ON n1 CANCELLED AT 2026-01-01T00:00:00 ***\n";
-        assert_eq!(state_in_slurm_out(t), Some(JobState::Cancelled));
-        assert_eq!(state_in_slurm_out("all fine\n"), None);
     }
 }

@@ -63,6 +63,6 @@ pub fn decide(ranks: &BTreeMap<u32, RankAcc>, world_size: u32, job: Option<JobSt
         Some(JobState::Failed) => (Status::Failed, Some(format!("the job failed; {why}"))),
         Some(JobState::Cancelled) => (Status::Cancelled, Some(format!("job cancelled; {why}"))),
         Some(JobState::Timeout) => (Status::Timeout, Some(format!("job hit its time limit; {why}"))),
-        Some(JobState::Completed) | None => (Status::Incomplete, Some(why)),
+        Some(JobState::Completed | JobState::Pending | JobState::Running) | None => (Status::Incomplete, Some(why)),
     }
 }

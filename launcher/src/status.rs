@@ -21,6 +21,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde::Serialize;
+use zerobench_schema::job::JobState;
 use zerobench_schema::log::{parse_line, rank_from_name, Record, RunStatus};
 
 use crate::error::Error;
@@ -38,6 +39,9 @@ pub enum State {
     Pending,
     Running,
     Done,
+    /// Out of memory: Slurm's `OUT_OF_MEMORY`, an oom_kill in the job's output, or a rank's `end`
+    /// record (ingest's `oom` too).
+    Oom,
     Failed,
     Cancelled,
     Timeout,
@@ -52,6 +56,7 @@ impl State {
             State::Pending => "pending",
             State::Running => "running",
             State::Done => "done",
+            State::Oom => "oom",
             State::Failed => "failed",
             State::Cancelled => "cancelled",
             State::Timeout => "timeout",
@@ -59,19 +64,23 @@ impl State {
         }
     }
 
-    /// Slurm's job state names (squeue `%T`, sacct `State`, scontrol `JobState`).
+    /// Slurm's job state names (squeue `%T`, sacct `State`, scontrol `JobState`), read as ingest
+    /// reads them (`zerobench_schema::job`).
     pub fn from_slurm(s: &str) -> State {
-        // sacct prints "CANCELLED by 0"; keep the first word.
-        match s.split_whitespace().next().unwrap_or_default().trim_end_matches('+') {
-            "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESV_DEL_HOLD" | "SUSPENDED" => {
-                State::Pending
-            }
-            "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" | "RESIZING" => State::Running,
-            "COMPLETED" => State::Done,
-            "FAILED" | "NODE_FAIL" | "BOOT_FAIL" | "OUT_OF_MEMORY" | "DEADLINE" | "SPECIAL_EXIT" => State::Failed,
-            "CANCELLED" | "PREEMPTED" | "REVOKED" => State::Cancelled,
-            "TIMEOUT" => State::Timeout,
-            _ => State::Unknown,
+        JobState::from_slurm(s).map_or(State::Unknown, State::from)
+    }
+}
+
+impl From<JobState> for State {
+    fn from(s: JobState) -> State {
+        match s {
+            JobState::Pending => State::Pending,
+            JobState::Running => State::Running,
+            JobState::Completed => State::Done,
+            JobState::Failed => State::Failed,
+            JobState::OutOfMemory => State::Oom,
+            JobState::Cancelled => State::Cancelled,
+            JobState::Timeout => State::Timeout,
         }
     }
 }
@@ -291,6 +300,9 @@ struct Logs {
 
 impl Logs {
     fn verdict(&self, world: u32) -> Option<State> {
+        if self.ends.values().any(|s| *s == RunStatus::Oom) {
+            return Some(State::Oom);
+        }
         if self.failure.is_some() || self.ends.values().any(|s| *s != RunStatus::Ok) {
             return Some(State::Failed);
         }
@@ -370,8 +382,8 @@ fn read_logs(dir: &Path) -> Logs {
     logs
 }
 
-/// Slurm writes `*** JOB 12 ON n1 CANCELLED AT … DUE TO TIME LIMIT ***` (or without the reason)
-/// into the job's output file.
+/// What slurmstepd wrote into the job's output file (`*** JOB 12 ON n1 CANCELLED AT … DUE TO
+/// TIME LIMIT ***`, an oom_kill event), read as ingest reads it.
 fn output_verdict(dir: &Path, job_id: &str) -> Option<State> {
     let entries = std::fs::read_dir(dir).ok()?;
     // `%x-%j.out` for a job, and the array script's `<name>-%A_%a.out`, which is the task's id.
@@ -381,12 +393,8 @@ fn output_verdict(dir: &Path, job_id: &str) -> Option<State> {
         if !name.to_string_lossy().ends_with(&suffix) {
             continue;
         }
-        let text = std::fs::read_to_string(e.path()).ok()?;
-        if text.contains("DUE TO TIME LIMIT") {
-            return Some(State::Timeout);
-        }
-        if text.contains("CANCELLED AT") {
-            return Some(State::Cancelled);
+        if let Some(s) = zerobench_schema::job::output_verdict(&e.path()).ok().flatten() {
+            return Some(State::from(s));
         }
     }
     None
@@ -401,7 +409,9 @@ mod tests {
         assert_eq!(State::from_slurm("PENDING"), State::Pending);
         assert_eq!(State::from_slurm("COMPLETING"), State::Running);
         assert_eq!(State::from_slurm("COMPLETED"), State::Done);
-        assert_eq!(State::from_slurm("OUT_OF_MEMORY"), State::Failed);
+        assert_eq!(State::from_slurm("OUT_OF_MEMORY"), State::Oom);
+        assert_eq!(State::from_slurm("DEADLINE"), State::Timeout);
+        assert_eq!(State::from_slurm("NOT_A_STATE"), State::Unknown);
         assert_eq!(State::from_slurm("CANCELLED by 0"), State::Cancelled);
         assert_eq!(State::from_slurm("CANCELLED+"), State::Cancelled);
         assert_eq!(State::from_slurm("TIMEOUT"), State::Timeout);

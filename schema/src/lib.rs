@@ -10,12 +10,14 @@
 //! * [`splitmix`]: the seeded generator every part draws synthetic numbers from.
 //! * [`log`]: the JSON-lines records a worker writes and ingest reads, versioned by [`log::SCHEMA_VERSION`].
 //! * [`collective`]: the collective kinds of a step record's `comm` map and their bus-bandwidth factors.
+//! * [`job`]: a batch job's state from Slurm's names and slurmstepd's output, for status and ingest.
 //! * [`stats`]: quantiles (numpy's linear interpolation), as the logs' medians and the tables use them.
 //!
 //! This crate depends on serde only: the launcher and ingest link it without linking libtorch, MPI or CUDA.
 
 pub mod collective;
 pub mod config;
+pub mod job;
 pub mod log;
 pub mod memory;
 pub mod models;

@@ -1,5 +1,5 @@
 //! `zerobench status DIR`: the state of every run of a rendered sweep (pending, running, done,
-//! failed, cancelled, timeout), from Slurm where it still knows and from the run folders.
+//! oom, failed, cancelled, timeout), from Slurm where it still knows and from the run folders.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -46,7 +46,8 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         writeln!(out, "{} runs: {}", rows.len(), summary.join(", "))?;
     }
     // Exit 1 when a run did not end well, so scripts can wait on `zerobench status`.
-    let bad =
-        rows.iter().any(|r| matches!(r.state, State::Failed | State::Cancelled | State::Timeout | State::Unknown));
+    let bad = rows
+        .iter()
+        .any(|r| matches!(r.state, State::Oom | State::Failed | State::Cancelled | State::Timeout | State::Unknown));
     Ok(if bad { Outcome::Incomplete } else { Outcome::Complete })
 }

@@ -1,0 +1,163 @@
+//! A batch job's state as the scheduler reports it, read one way for every reader: Slurm's state
+//! names (squeue `%T`, sacct `State`, scontrol `JobState`, `sacct --json`) and the verdict
+//! slurmstepd writes into a job's output when it ends one. `zerobench status` and
+//! `zerobench ingest` both read a job through here, so they cannot disagree on what it became.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+use serde::Serialize;
+
+/// Where a job stands or how it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Queued, held, requeued or suspended.
+    Pending,
+    /// Running or finishing (completing, staging out).
+    Running,
+    Completed,
+    /// The job, its node or its launch failed.
+    Failed,
+    /// Killed for exceeding its memory (Slurm's `OUT_OF_MEMORY`, or an oom_kill event).
+    OutOfMemory,
+    /// Cancelled by a user or an administrator, or preempted.
+    Cancelled,
+    /// Hit its time limit or its deadline.
+    Timeout,
+}
+
+impl JobState {
+    /// A Slurm state name (`CANCELLED by 1000` and `CANCELLED+` included, any case); `None` for a
+    /// name Slurm 22.05 does not use.
+    pub fn from_slurm(name: &str) -> Option<JobState> {
+        let word = name.trim().split(|c: char| c.is_whitespace() || c == '+').next()?.to_ascii_uppercase();
+        Some(match word.as_str() {
+            "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESV_DEL_HOLD" | "SUSPENDED" => {
+                JobState::Pending
+            }
+            "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" | "RESIZING" => JobState::Running,
+            "COMPLETED" => JobState::Completed,
+            "FAILED" | "NODE_FAIL" | "BOOT_FAIL" | "SPECIAL_EXIT" => JobState::Failed,
+            "OUT_OF_MEMORY" => JobState::OutOfMemory,
+            "CANCELLED" | "PREEMPTED" | "REVOKED" => JobState::Cancelled,
+            "TIMEOUT" | "DEADLINE" => JobState::Timeout,
+            _ => return None,
+        })
+    }
+
+    /// Whether the job has ended.
+    pub fn is_final(self) -> bool {
+        !matches!(self, JobState::Pending | JobState::Running)
+    }
+
+    /// The verdict slurmstepd wrote into a job's output: `*** JOB 42 ON n1 CANCELLED AT … ***`
+    /// (or `*** STEP 42.0 …`), with `DUE TO TIME LIMIT` for a timeout, `DUE TO NODE FAILURE` or
+    /// `NODE FAIL`, and `Detected 1 oom_kill event` for a job killed for its memory (which wins:
+    /// the cancellation that follows it is its consequence).
+    pub fn from_job_output(text: &str) -> Option<JobState> {
+        let mut state = None;
+        for line in text.lines() {
+            if line.contains("oom_kill event") || line.contains("OUT_OF_MEMORY") {
+                return Some(JobState::OutOfMemory);
+            }
+            let Some((_, rest)) = line.split_once("*** JOB ").or_else(|| line.split_once("*** STEP ")) else {
+                continue;
+            };
+            if rest.contains("DUE TO TIME LIMIT") {
+                state = Some(JobState::Timeout);
+            } else if rest.contains("NODE FAIL") || rest.contains("NODE_FAIL") || rest.contains("DUE TO NODE FAILURE") {
+                state = Some(JobState::Failed);
+            } else if rest.contains("CANCELLED") && state.is_none() {
+                state = Some(JobState::Cancelled);
+            }
+        }
+        state
+    }
+}
+
+/// How much of the end of a job's output is read: slurmstepd writes its verdict last, and a
+/// chatty job's output may be large.
+pub const OUTPUT_TAIL_BYTES: u64 = 1 << 20;
+
+/// The verdict in the job output file `path` (its last [`OUTPUT_TAIL_BYTES`]).
+pub fn output_verdict(path: &Path) -> std::io::Result<Option<JobState>> {
+    Ok(JobState::from_job_output(&read_tail(path, OUTPUT_TAIL_BYTES)?))
+}
+
+/// The last `n` bytes of a file, as text (lossily: a cut may split a character).
+pub fn read_tail(path: &Path, n: u64) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(n)))?;
+    let mut buf = Vec::new();
+    f.take(n).read_to_end(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_names() {
+        use JobState::*;
+        let cases = [
+            ("PENDING", Pending),
+            ("REQUEUE_HOLD", Pending),
+            ("SUSPENDED", Pending),
+            ("RUNNING", Running),
+            ("COMPLETING", Running),
+            ("COMPLETED", Completed),
+            ("FAILED", Failed),
+            ("NODE_FAIL", Failed),
+            ("BOOT_FAIL", Failed),
+            ("OUT_OF_MEMORY", OutOfMemory),
+            ("CANCELLED by 1000", Cancelled),
+            ("CANCELLED+", Cancelled),
+            ("cancelled", Cancelled),
+            ("PREEMPTED", Cancelled),
+            ("TIMEOUT", Timeout),
+            ("DEADLINE", Timeout),
+        ];
+        for (name, want) in cases {
+            assert_eq!(JobState::from_slurm(name), Some(want), "{name}");
+        }
+        assert_eq!(JobState::from_slurm("NOT_A_STATE"), None);
+        assert_eq!(JobState::from_slurm(""), None);
+        assert!(!Pending.is_final() && !Running.is_final() && Completed.is_final() && OutOfMemory.is_final());
+    }
+
+    #[test]
+    fn slurmstepd_verdicts() {
+        let out = |s: &str| JobState::from_job_output(s);
+        let at = "ON n1 CANCELLED AT 2026-01-01T00:00:00";
+        assert_eq!(
+            out(&format!("step 3\nslurmstepd: error: *** JOB 12 {at} DUE TO TIME LIMIT ***\n")),
+            Some(JobState::Timeout)
+        );
+        assert_eq!(out(&format!("slurmstepd: error: *** STEP 12.0 {at} ***\n")), Some(JobState::Cancelled));
+        assert_eq!(out(&format!("*** JOB 12 {at} DUE TO NODE FAILURE ***")), Some(JobState::Failed));
+        // An oom_kill is what happened, whatever follows.
+        let oom = format!("slurmstepd: error: Detected 1 oom_kill event in StepId=12.0.\n*** JOB 12 {at} ***\n");
+        assert_eq!(out(&oom), Some(JobState::OutOfMemory));
+        // A timeout seen after a plain cancellation line (the step's, then the job's) is kept.
+        assert_eq!(
+            out(&format!("*** STEP 12.0 {at} ***\n*** JOB 12 {at} DUE TO TIME LIMIT ***")),
+            Some(JobState::Timeout)
+        );
+        assert_eq!(out("training...\nall done\n"), None);
+    }
+
+    #[test]
+    fn the_tail_of_a_large_output_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("job-12.out");
+        let mut text = "x".repeat(3 << 20);
+        text.push_str("\n*** JOB 12 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***\n");
+        std::fs::write(&p, text).unwrap();
+        assert_eq!(output_verdict(&p).unwrap(), Some(JobState::Timeout));
+        assert_eq!(read_tail(&p, 10).unwrap().len(), 10);
+        assert!(output_verdict(&dir.path().join("missing.out")).is_err());
+    }
+}
