@@ -75,3 +75,36 @@ fn unwritable_output_and_bad_flags_exit_2() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("invalid peak 'fast'"), "{}", text(&o.stderr));
 }
+
+/// A 2.5 KB rank log whose `start` record claims 2³² − 1 ranks: ingest's memory follows what the
+/// files hold, not what they claim. Under a 100 MiB address-space limit it writes its tables and
+/// names the missing ranks as ranges (the earlier build tried to list 4 billion ranks and
+/// aborted).
+#[test]
+fn a_log_claiming_four_billion_ranks_costs_what_it_holds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = RunConfig::new(ModelPreset::Gpt2, ZeroStage::Z2);
+    cfg.steps = 3;
+    let logs = tmp.path().join("in/hostile/logs");
+    SynthRun::new("hostile", cfg, 1, 50.0).write(&logs).unwrap();
+    let rank0 = logs.join("rank0.jsonl");
+    let log = std::fs::read_to_string(&rank0).unwrap().replacen("\"world_size\":1,", "\"world_size\":4294967295,", 1);
+    assert!(log.contains("4294967295") && log.len() < 8 << 10, "a small hostile log");
+    std::fs::write(&rank0, log).unwrap();
+    let out = tmp.path().join("out");
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg("ulimit -v 102400 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_zerobench"))
+        .args(["ingest", tmp.path().join("in").to_str().unwrap(), "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    // 1: the result is incomplete (ranks are missing), not a crash.
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("4294967294 of 4294967295 rank logs missing (ranks 1-4294967294)"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(out.join("runs.csv").is_file());
+}

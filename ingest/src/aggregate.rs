@@ -18,7 +18,7 @@ use zerobench_schema::log::Start;
 
 use crate::acc::{KindAcc, StepSlot};
 use crate::peak::PeakTable;
-use crate::plan::{compress_ranks, RunPlan};
+use crate::plan::{describe_ranges, RunPlan};
 use crate::read::RunAcc;
 use crate::run::{CollectiveRow, RunReport, RunRow, Source, Status};
 use crate::stats::{self, fsum, StepTimes};
@@ -57,7 +57,7 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     row.gpu = Some(start.device.name.clone());
     row.status_detail = detail;
     row.ranks_read = acc.ranks.len() as u32;
-    row.ranks_missing = compress_ranks(&plan.missing_ranks);
+    row.ranks_missing = describe_ranges(&plan.missing_ranks);
     row.device_memory_bytes = start.device.total_memory_bytes;
 
     let warmup = settings.warmup.unwrap_or(start.config.warmup);

@@ -30,8 +30,8 @@ pub struct RunPlan {
     /// The start record of the lowest rank that has one.
     pub start: Start,
     pub files: Vec<PlannedFile>,
-    /// Ranks below the world size with no log.
-    pub missing_ranks: Vec<u32>,
+    /// Ranks below the world size with no log, as inclusive ranges ([`missing_ranges`]).
+    pub missing_ranks: Vec<(u32, u32)>,
     pub job_state: Option<JobState>,
 }
 
@@ -135,14 +135,14 @@ fn plan_dir(dir: &Path, files: Vec<(&RankFile, StartRead)>, problems: &mut Vec<P
     let mut plans = Vec::new();
     for (run_id, start) in runs {
         let files: Vec<PlannedFile> = members.remove(&run_id).map(|m| m.into_values().collect()).unwrap_or_default();
-        let missing_ranks: Vec<u32> = (0..start.world_size).filter(|r| !files.iter().any(|f| f.rank == *r)).collect();
+        let missing_ranks = missing_ranges(start.world_size, files.iter().map(|f| f.rank));
         if !missing_ranks.is_empty() {
             problems.push(Problem::file(
                 dir,
                 ProblemKind::MissingRanks {
-                    count: missing_ranks.len() as u32,
+                    count: range_count(&missing_ranks),
                     world_size: start.world_size,
-                    ranks: compress_ranks(&missing_ranks),
+                    ranks: describe_ranges(&missing_ranks),
                 },
             ));
         }
@@ -163,6 +163,46 @@ fn disagreement(reference: &Start, s: &Start) -> Option<String> {
 }
 
 /// Ranks as ranges: `[0, 1, 2, 5]` → `0-2,5`.
+/// The ranks below `world` that are not in `present`, as inclusive ranges. Their number is at
+/// most one more than the ranks present, so a log that claims a world of 2³² − 1 ranks costs what
+/// its files hold, not what it claims.
+pub fn missing_ranges(world: u32, present: impl IntoIterator<Item = u32>) -> Vec<(u32, u32)> {
+    let present: std::collections::BTreeSet<u32> = present.into_iter().filter(|r| *r < world).collect();
+    let mut out = Vec::with_capacity(present.len() + 1);
+    let mut next = 0u32;
+    for r in present {
+        if r > next {
+            out.push((next, r - 1));
+        }
+        next = r + 1;
+    }
+    if next < world {
+        out.push((next, world - 1));
+    }
+    out
+}
+
+/// How many ranks `ranges` ([`missing_ranges`]) hold.
+pub fn range_count(ranges: &[(u32, u32)]) -> u64 {
+    ranges.iter().map(|(a, b)| u64::from(b - a) + 1).sum()
+}
+
+/// Ranges written as `0-3,5`, the first [`LISTED_RANGES`] of them and then how many more.
+pub fn describe_ranges(ranges: &[(u32, u32)]) -> String {
+    let mut parts: Vec<String> = ranges
+        .iter()
+        .take(LISTED_RANGES)
+        .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+        .collect();
+    if ranges.len() > LISTED_RANGES {
+        parts.push(format!("and {} more ranges", ranges.len() - LISTED_RANGES));
+    }
+    parts.join(",")
+}
+
+/// Ranges of missing ranks named in a message or a table cell; the rest are counted.
+const LISTED_RANGES: usize = 8;
+
 pub fn compress_ranks(ranks: &[u32]) -> String {
     let mut out: Vec<String> = Vec::new();
     let mut i = 0;
@@ -217,6 +257,21 @@ fn read_start(path: &Path) -> Result<Option<Start>, Problem> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_ranks_are_ranges_bounded_by_the_ranks_present() {
+        assert_eq!(missing_ranges(8, [0, 3, 4, 7]), [(1, 2), (5, 6)]);
+        assert_eq!(missing_ranges(3, []), [(0, 2)]);
+        assert_eq!(missing_ranges(3, [0, 1, 2]), []);
+        // Ranks at or past the world size are not holes (plan reports them on their own).
+        assert_eq!(missing_ranges(2, [5]), [(0, 1)]);
+        let huge = missing_ranges(u32::MAX, [0, 2]);
+        assert_eq!(huge, [(1, 1), (3, u32::MAX - 1)]);
+        assert_eq!(range_count(&huge), u64::from(u32::MAX) - 2);
+        assert_eq!(describe_ranges(&huge), "1,3-4294967294");
+        let many: Vec<(u32, u32)> = (0..10).map(|i| (2 * i, 2 * i)).collect();
+        assert_eq!(describe_ranges(&many), "0,2,4,6,8,10,12,14,and 2 more ranges");
+    }
 
     #[test]
     fn rank_ranges() {

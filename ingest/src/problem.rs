@@ -83,7 +83,7 @@ pub enum ProblemKind {
     StepOutOfRange { step: u32, steps: u32 },
     /// Rank files that the run's world size says should exist are absent.
     #[error("{count} of {world_size} rank logs missing (ranks {ranks})")]
-    MissingRanks { count: u32, world_size: u32, ranks: String },
+    MissingRanks { count: u64, world_size: u32, ranks: String },
     /// A file's own `run.json`, `job.json` or similar side file is unreadable.
     #[error("side file ignored: {message}")]
     SideFile { message: String },

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use zerobench_schema::log::{ErrorClass, RunStatus};
 
 use crate::acc::RankAcc;
-use crate::plan::compress_ranks;
+use crate::plan::{compress_ranks, describe_ranges, missing_ranges};
 use crate::run::Status;
 use crate::side::JobState;
 
@@ -44,17 +44,17 @@ pub fn decide(ranks: &BTreeMap<u32, RankAcc>, world_size: u32, job: Option<JobSt
     if let Some(r) = ended(RunStatus::Failed) {
         return (Status::Failed, Some(format!("rank {r} ended with status failed")));
     }
-    let missing: Vec<u32> = (0..world_size).filter(|r| !ranks.contains_key(r)).collect();
+    let missing = missing_ranges(world_size, ranks.keys().copied());
     let unended: Vec<u32> = ranks.iter().filter(|(_, a)| a.end.is_none()).map(|(r, _)| *r).collect();
     if missing.is_empty() && unended.is_empty() {
         return (Status::Ok, None);
     }
     let why = match (missing.is_empty(), unended.is_empty()) {
-        (false, true) => format!("no log for ranks {}", compress_ranks(&missing)),
+        (false, true) => format!("no log for ranks {}", describe_ranges(&missing)),
         (true, false) => format!("no end record from ranks {}", compress_ranks(&unended)),
         _ => format!(
             "no log for ranks {}; no end record from ranks {}",
-            compress_ranks(&missing),
+            describe_ranges(&missing),
             compress_ranks(&unended)
         ),
     };

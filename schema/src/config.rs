@@ -381,6 +381,19 @@ impl RunConfig {
         if !(self.optim.lr.is_finite() && self.optim.lr > 0.0) {
             return Err(ConfigError::new("lr", "must be a positive number"));
         }
+        // Adam's moment decays must lie in [0, 1) (at 1 the bias correction divides by zero) and
+        // its epsilon must be positive (at 0 a parameter whose gradient is 0 divides 0 by 0).
+        for (flag, beta) in [("beta1", self.optim.beta1), ("beta2", self.optim.beta2)] {
+            if !(0.0..1.0).contains(&beta) {
+                return Err(ConfigError::new(flag, format!("must be at least 0 and below 1, not {beta}")));
+            }
+        }
+        if !(self.optim.eps.is_finite() && self.optim.eps > 0.0) {
+            return Err(ConfigError::new("eps", "must be a positive number"));
+        }
+        if !(self.optim.weight_decay.is_finite() && self.optim.weight_decay >= 0.0) {
+            return Err(ConfigError::new("weight-decay", "must be a number of at least 0"));
+        }
         if !(self.engine.bucket_mb.is_finite() && self.engine.bucket_mb > 0.0) {
             return Err(ConfigError::new("bucket-mb", "must be a positive number"));
         }

@@ -234,6 +234,12 @@ fn bad_flags_fail_before_any_work_and_name_the_flag() {
         (&["--model", "tiny", "--stage", "1", "--target-len", "8"], "--target-len"),
         (&["--model", "tiny-t5", "--stage", "1", "--target-len", "0"], "--target-len"),
         (&["--model", "mlp", "--stage", "1", "--data", "text.txt"], "--data"),
+        (&["--model", "tiny", "--stage", "0", "--threads", "0"], "--threads"),
+        (&["--model", "tiny", "--stage", "0", "--threads", "100000"], "--threads"),
+        (&["--model", "tiny", "--stage", "0", "--beta1", "2"], "--beta1"),
+        (&["--model", "tiny", "--stage", "0", "--beta2", "1"], "--beta2"),
+        (&["--model", "tiny", "--stage", "0", "--eps", "0"], "--eps"),
+        (&["--model", "tiny", "--stage", "0", "--weight-decay=-1"], "--weight-decay"),
     ];
     for (args, needle) in cases {
         let mut all = args.to_vec();

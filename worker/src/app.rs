@@ -37,6 +37,14 @@ use crate::{cli, data, model, runtime, zero};
 pub fn run(args: &cli::Args) -> Result<(), Failure> {
     let cfg = args.config();
     cfg.validate(None).map_err(|e| Failure::Config(e.to_string()))?;
+    if let Some(threads) = args.threads {
+        let most = std::thread::available_parallelism().map_or(1, |n| n.get()).saturating_mul(4);
+        if threads as usize > most {
+            return Err(Failure::Config(format!(
+                "--threads {threads} is more than 4 per core of this host ({most}): the threads would only contend"
+            )));
+        }
+    }
     // Refuse what the worker cannot build before any rank starts communicating.
     let model = model::build(&cfg.model.spec()).map_err(|e| Failure::Config(format!("invalid --model: {e}")))?;
 

@@ -59,9 +59,9 @@ pub struct Args {
     /// Replace logs an earlier run left in --log-dir.
     #[arg(long)]
     pub overwrite: bool,
-    /// libtorch intra-op threads [default: the cores the launcher bound this rank to, else this
-    /// host's cores divided among its ranks].
-    #[arg(long)]
+    /// libtorch intra-op threads, at least 1 and at most 4 per core of this host [default: the
+    /// cores the launcher bound this rank to, else this host's cores divided among its ranks].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
     /// Write a Chrome/Perfetto trace of the first measured steps to <log-dir>/trace-rank<N>.json.
     #[arg(long)]
