@@ -6,6 +6,10 @@
 #
 # Phases:
 #   smoke        1 and 2 GPUs, every stage, a few steps of gpt2: everything starts and logs
+#   selfcheck    the worker's device code against CPU references and closed forms
+#                (worker/examples/selfcheck.rs: fused AdamW vs CPU AdamW, pinned copies, event clock,
+#                step-time definition, NVML) and every collective at odd sizes (nccl_bw); writes
+#                selfcheck.json naming the commit (from $BIN/COMMIT)
 #   step-time    one GPU: zerobench gpt2 (micro-batch 16) and gpt2-xl (micro-batch 4) at stages 0-3,
 #                and the PyTorch references (eager, torch.compile; head padded as zerobench pads
 #                it) on the same shapes, in one call (bench/gpu/report_step.py reads it)
@@ -279,6 +283,28 @@ PY
           grep -q '"status":"ok"' "$RUNS/fits_${m}_z$1_$2/rank0.jsonl" 2>/dev/null && break
         done
       done ;;
+    selfcheck)
+      mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/selfcheck" > "$RUNS/selfcheck.jsonl" 2> "$RUNS/selfcheck.err"
+      log "selfcheck rc=$?: $(tail -n 1 "$RUNS/selfcheck.jsonl")"
+      # Odd element counts that every rank count here divides (2 x an odd number of bf16 elements).
+      np=$(( GPUS < 2 ? GPUS : 2 ))
+      timeout 120 mpirun -np "$np" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE --bind-to none "$BIN/examples/nccl_bw" 2000004 33554436 \
+        > "$RUNS/selfcheck_collectives.jsonl" 2> "$RUNS/selfcheck_collectives.err"
+      crc=$?
+      log "nccl_bw at odd sizes on $np GPU(s) rc=$crc"
+      python3 - "$RUNS" "$OUTDIR/host.txt" "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" "$crc" "$np" > "$OUTDIR/selfcheck.json" <<'PY'
+import json, sys
+runs, host, commit, crc, np = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+lines = [json.loads(l) for l in open(f"{runs}/selfcheck.jsonl") if l.startswith("{")]
+checks = [l for l in lines if "check" in l]
+summary = next((l["summary"] for l in lines if "summary" in l), None)
+coll = [json.loads(l) for l in open(f"{runs}/selfcheck_collectives.jsonl") if l.startswith("{")]
+ok = summary is not None and summary["failed"] == 0 and crc == 0
+print(json.dumps({"benchmark": "bench/gpu/run.sh selfcheck", "commit": commit, "host": host.strip().splitlines(),
+                  "passed": ok, "summary": summary, "checks": checks,
+                  "collectives": {"ranks": np, "exit_code": crc, "checked_against_closed_forms": crc == 0, "rows": coll}}, indent=1))
+PY
+      log "selfcheck passed: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["passed"])' "$OUTDIR/selfcheck.json")" ;;
     step-time)
       for m in "gpt2 16" "gpt2-xl 4"; do
         set -- $m

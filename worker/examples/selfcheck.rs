@@ -1,0 +1,245 @@
+//! GPU self-check of the worker's device code, run on a GPU host by `bench/gpu/run.sh selfcheck`
+//! (CI has no GPU): one JSON line per check, then a summary line; exit 1 if any check fails.
+//!
+//! * `adamw`: the fused CUDA AdamW kernel against the CPU AdamW (the code offload runs) on the same
+//!   random shards, five updates, for fp32, bf16 and fp16 gradients (fp32 updates its master in
+//!   place; bf16 and fp16 also write the parameters in their precision), with and without weight
+//!   decay, at an odd size and at one element. Master weights and moments must agree within
+//!   [`STATE_ULPS`] units in the last place, the 16-bit parameters within [`PARAM_ULPS`]: the two
+//!   differ only in where the compilers contract multiply-adds.
+//! * `pinned_round_trip`: a page-locked host buffer of an odd size, copied to the device and back
+//!   through the engine's copies (`NcclCollectives::copy_to_device` / `copy_to_host`), bit-exact.
+//! * `event_clock`: CUDA events on the compute stream against the host clock around the same
+//!   synchronised work (bf16 matrix products, about 30 ms): the events may not exceed the host's
+//!   interval and must cover at least 90% of it.
+//! * `step_clock`: the step-time definition on a synthetic step whose device work outlasts its
+//!   issue: the host is done issuing long before the device is done, and `StepClock::finish`
+//!   (the end of every step) returns only after the device work, so the step covers it.
+//! * `nvml`: the monitor's readings are present and plausible (memory used within the card's,
+//!   power between 1 W and 2 kW, utilisation a percentage).
+//!
+//! `mpirun -np 1 target/release/examples/selfcheck`
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::json;
+use tch::{Device, Kind, Tensor};
+use zerobench_schema::config::OptimConfig;
+use zerobench_worker::comm::nccl::NcclCollectives;
+use zerobench_worker::comm::Collectives;
+use zerobench_worker::metrics::clock::{StepClock, StepPhase};
+use zerobench_worker::metrics::gpu_monitor::GpuMonitor;
+use zerobench_worker::runtime::{cuda, device, identity, pinned};
+use zerobench_worker::zero::adamw::{step_cpu, AdamW, Shard};
+
+/// Largest difference allowed between the kernel's and the CPU's fp32 master weights and moments,
+/// in units in the last place.
+const STATE_ULPS: i64 = 16;
+/// Largest difference allowed in the 16-bit parameters written (one rounding apart at most).
+const PARAM_ULPS: i64 = 1;
+
+/// A float's position on the number line in units in the last place (sign-magnitude to ordered).
+fn ordered(bits: u32) -> i64 {
+    let magnitude = i64::from(bits & 0x7fff_ffff);
+    if bits & 0x8000_0000 != 0 {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+fn ordered16(bits: u16) -> i64 {
+    let magnitude = i64::from(bits & 0x7fff);
+    if bits & 0x8000 != 0 {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+fn f32s(t: &Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(&t.to_device(Device::Cpu).contiguous()).expect("fp32 tensor")
+}
+
+fn u16s(t: &Tensor) -> Vec<u16> {
+    let raw = Vec::<i16>::try_from(&t.to_device(Device::Cpu).contiguous().view_dtype(Kind::Int16)).expect("16-bit");
+    raw.into_iter().map(|x| x as u16).collect()
+}
+
+fn max_ulps_f32(a: &[f32], b: &[f32]) -> i64 {
+    a.iter().zip(b).map(|(x, y)| (ordered(x.to_bits()) - ordered(y.to_bits())).abs()).max().unwrap_or(0)
+}
+
+fn max_ulps_16(a: &[u16], b: &[u16]) -> i64 {
+    a.iter().zip(b).map(|(x, y)| (ordered16(*x) - ordered16(*y)).abs()).max().unwrap_or(0)
+}
+
+struct Report {
+    failed: usize,
+    checks: usize,
+}
+
+impl Report {
+    fn check(&mut self, name: &str, ok: bool, detail: serde_json::Value) {
+        self.checks += 1;
+        if !ok {
+            self.failed += 1;
+        }
+        println!("{}", json!({"check": name, "ok": ok, "detail": detail}));
+    }
+}
+
+fn adamw(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    let cuda = Device::Cuda(0);
+    for grad_kind in [Kind::Float, Kind::BFloat16, Kind::Half] {
+        for weight_decay in [0.0, 0.1] {
+            for n in [1_000_003i64, 1] {
+                let cfg = OptimConfig { weight_decay, ..OptimConfig::default() };
+                let opt = AdamW::new(cfg, Some(Arc::clone(gpu)));
+                tch::manual_seed(7);
+                let master = (Tensor::randn([n], (Kind::Float, Device::Cpu)) * 0.02).contiguous();
+                let (m, v) = (master.zeros_like(), master.zeros_like());
+                let (dmaster, dm, dv) = (master.to_device(cuda), m.to_device(cuda), v.to_device(cuda));
+                let mixed = grad_kind != Kind::Float;
+                let out = mixed.then(|| master.to_kind(grad_kind));
+                let dout = out.as_ref().map(|o| o.to_device(cuda));
+                for t in 1..=5u64 {
+                    let grad = (Tensor::randn([n], (Kind::Float, Device::Cpu)) * 0.01).to_kind(grad_kind).contiguous();
+                    let dgrad = grad.to_device(cuda);
+                    let host =
+                        Shard { master: &master, exp_avg: &m, exp_avg_sq: &v, grad: &grad, param_out: out.as_ref() };
+                    step_cpu(&AdamW::coeffs_for(&cfg, t, 1.0), &host);
+                    let dev = Shard {
+                        master: &dmaster,
+                        exp_avg: &dm,
+                        exp_avg_sq: &dv,
+                        grad: &dgrad,
+                        param_out: dout.as_ref(),
+                    };
+                    opt.step(t, 1.0, &dev).expect("the fused update");
+                }
+                let states = [
+                    max_ulps_f32(&f32s(&dmaster), &f32s(&master)),
+                    max_ulps_f32(&f32s(&dm), &f32s(&m)),
+                    max_ulps_f32(&f32s(&dv), &f32s(&v)),
+                ];
+                let params = match (&dout, &out) {
+                    (Some(d), Some(h)) => max_ulps_16(&u16s(d), &u16s(h)),
+                    _ => 0,
+                };
+                let fused = opt.implementation(cuda) == "cuda-fused";
+                let ok = fused && states.iter().all(|u| *u <= STATE_ULPS) && params <= PARAM_ULPS;
+                r.check(
+                    "adamw",
+                    ok,
+                    json!({"grad": format!("{grad_kind:?}"), "weight_decay": weight_decay, "elements": n, "updates": 5,
+                           "implementation": opt.implementation(cuda),
+                           "max_ulps": {"master": states[0], "exp_avg": states[1], "exp_avg_sq": states[2], "param_out": params},
+                           "bound_ulps": {"states": STATE_ULPS, "param_out": PARAM_ULPS}}),
+                );
+            }
+        }
+    }
+}
+
+fn pinned_round_trip(r: &mut Report, gpu: &Arc<cuda::Gpu>, comm: &mut NcclCollectives) {
+    let n = 3_000_017i64;
+    let src = Tensor::randn([n], (Kind::BFloat16, Device::Cpu)).contiguous();
+    let host_in = pinned::host_empty(n, Kind::BFloat16).expect("host buffer");
+    host_in.shallow_clone().copy_(&src);
+    let host_out = pinned::host_empty(n, Kind::BFloat16).expect("host buffer");
+    let _ = host_out.shallow_clone().fill_(0.0);
+    let _pins = pinned::pin_all(gpu, &[&host_in, &host_out]).expect("page-locked");
+    let dev = Tensor::zeros([n], (Kind::BFloat16, Device::Cuda(0)));
+    let p = comm.copy_to_device(&host_in, &dev).expect("h2d");
+    comm.wait(p).expect("wait");
+    let (p, landed) = comm.copy_to_host(&dev, &host_out).expect("d2h");
+    comm.wait(p).expect("wait");
+    landed.wait().expect("landed");
+    let mismatches = u16s(&src).iter().zip(u16s(&host_out)).filter(|(a, b)| **a != *b).count();
+    r.check("pinned_round_trip", mismatches == 0, json!({"elements": n, "mismatches": mismatches}));
+}
+
+/// `count` bf16 matrix products of `a` with itself (about 1.1 TFLOP each at 8192).
+fn products(a: &Tensor, count: usize) {
+    for _ in 0..count {
+        let _ = a.matmul(a);
+    }
+}
+
+fn event_clock(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    let a = Tensor::randn([8192, 8192], (Kind::BFloat16, Device::Cuda(0)));
+    products(&a, 3);
+    gpu.synchronize().expect("sync");
+    let t0 = Instant::now();
+    let e0 = gpu.mark(&gpu.compute).expect("event");
+    products(&a, 40);
+    let e1 = gpu.mark(&gpu.compute).expect("event");
+    gpu.synchronize().expect("sync");
+    let host_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let device_ms = gpu.elapsed_ms(e0, e1).expect("elapsed");
+    let ok = device_ms <= host_ms && device_ms >= 0.9 * host_ms;
+    r.check("event_clock", ok, json!({"device_ms": device_ms, "host_ms": host_ms, "ratio": device_ms / host_ms}));
+}
+
+fn step_clock(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    let a = Tensor::randn([8192, 8192], (Kind::BFloat16, Device::Cuda(0)));
+    products(&a, 3);
+    gpu.synchronize().expect("sync");
+    let clock = StepClock::new(Some(Arc::clone(gpu)));
+    let t0 = Instant::now();
+    clock.start(StepPhase::Optimizer).expect("clock");
+    // The synthetic optimizer: device work the host issues in far less time than it runs.
+    products(&a, 40);
+    clock.stop().expect("clock");
+    let issued_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let end = clock.finish().expect("finish");
+    let step_ms = end.duration_since(t0).as_secs_f64() * 1e3;
+    let device_ms = clock.take().expect("phases").optimizer_ms;
+    // Version 1 read the clock where the host was done issuing; the step must hold the device's
+    // work, and only a little more.
+    let ok = issued_ms < 0.5 * device_ms && step_ms >= device_ms && step_ms <= device_ms * 1.02 + 1.0;
+    r.check(
+        "step_clock",
+        ok,
+        json!({"host_issued_ms": issued_ms, "device_ms": device_ms, "step_ms": step_ms, "step_over_device": step_ms / device_ms}),
+    );
+}
+
+fn nvml(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    let (_, total) = gpu.describe();
+    let monitor = gpu.uuid().and_then(|u| GpuMonitor::open(&u));
+    let Some(m) = monitor else {
+        r.check("nvml", false, json!({"error": "NVML does not know this GPU"}));
+        return;
+    };
+    let g = m.read();
+    let ok = matches!((g.used_bytes, total), (Some(u), Some(t)) if u > 0 && u <= t)
+        && g.power_w.is_some_and(|p| (1.0..2000.0).contains(&p))
+        && g.energy_j.is_some_and(|e| e >= 0.0)
+        && g.util_pct.is_some_and(|u| u <= 100);
+    r.check(
+        "nvml",
+        ok,
+        json!({"used_bytes": g.used_bytes, "total_bytes": total, "power_w": g.power_w, "energy_j": g.energy_j, "util_pct": g.util_pct}),
+    );
+}
+
+fn main() {
+    // Before MPI starts, as the worker does: MPI may initialise CUDA.
+    cuda::bind_local_gpu(identity::local_rank_hint().unwrap_or(0));
+    let universe = mpi::initialize().expect("MPI");
+    let _ = device::select(zerobench_schema::DeviceRequest::Cuda).expect("a GPU");
+    let gpu = cuda::Gpu::new(0).expect("CUDA context");
+    let mut comm = NcclCollectives::new(universe.world(), Arc::clone(&gpu), None, None).expect("NCCL");
+    let mut r = Report { failed: 0, checks: 0 };
+    adamw(&mut r, &gpu);
+    pinned_round_trip(&mut r, &gpu, &mut comm);
+    event_clock(&mut r, &gpu);
+    step_clock(&mut r, &gpu);
+    nvml(&mut r, &gpu);
+    println!("{}", json!({"summary": {"checks": r.checks, "failed": r.failed, "gpu": gpu.describe().0}}));
+    drop(comm);
+    std::process::exit(i32::from(r.failed > 0));
+}
