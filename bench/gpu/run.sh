@@ -285,23 +285,24 @@ PY
       done ;;
     selfcheck)
       mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/selfcheck" > "$RUNS/selfcheck.jsonl" 2> "$RUNS/selfcheck.err"
-      log "selfcheck rc=$?: $(tail -n 1 "$RUNS/selfcheck.jsonl")"
+      src=$?
+      log "selfcheck rc=$src: $(tail -n 1 "$RUNS/selfcheck.jsonl")"
       # Odd element counts that every rank count here divides (2 x an odd number of bf16 elements).
       np=$(( GPUS < 2 ? GPUS : 2 ))
       timeout 120 mpirun -np "$np" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE --bind-to none "$BIN/examples/nccl_bw" 2000004 33554436 \
         > "$RUNS/selfcheck_collectives.jsonl" 2> "$RUNS/selfcheck_collectives.err"
       crc=$?
       log "nccl_bw at odd sizes on $np GPU(s) rc=$crc"
-      python3 - "$RUNS" "$OUTDIR/host.txt" "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" "$crc" "$np" > "$OUTDIR/selfcheck.json" <<'PY'
+      python3 - "$RUNS" "$OUTDIR/host.txt" "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" "$crc" "$np" "$src" > "$OUTDIR/selfcheck.json" <<'PY'
 import json, sys
-runs, host, commit, crc, np = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+runs, host, commit, crc, np, src = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 lines = [json.loads(l) for l in open(f"{runs}/selfcheck.jsonl") if l.startswith("{")]
 checks = [l for l in lines if "check" in l]
 summary = next((l["summary"] for l in lines if "summary" in l), None)
 coll = [json.loads(l) for l in open(f"{runs}/selfcheck_collectives.jsonl") if l.startswith("{")]
-ok = summary is not None and summary["failed"] == 0 and crc == 0
+ok = summary is not None and summary["failed"] == 0 and src == 0 and crc == 0
 print(json.dumps({"benchmark": "bench/gpu/run.sh selfcheck", "commit": commit, "host": host.strip().splitlines(),
-                  "passed": ok, "summary": summary, "checks": checks,
+                  "passed": ok, "exit_code": src, "summary": summary, "checks": checks,
                   "collectives": {"ranks": np, "exit_code": crc, "checked_against_closed_forms": crc == 0, "rows": coll}}, indent=1))
 PY
       log "selfcheck passed: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["passed"])' "$OUTDIR/selfcheck.json")" ;;

@@ -255,5 +255,7 @@ fn main() {
     nvml(&mut r, &gpu);
     println!("{}", json!({"summary": {"checks": r.checks, "failed": r.failed, "gpu": gpu.describe().0}}));
     drop(comm);
+    // MPI_Finalize runs when the universe drops; `exit` would skip it and mpirun would fail the run.
+    drop(universe);
     std::process::exit(i32::from(r.failed > 0));
 }
