@@ -335,6 +335,16 @@ mod tests {
     }
 
     #[test]
+    fn a_range_counts_both_ends_at_the_host_cap() {
+        // n[0-1048575] is exactly MAX_HOSTS names; one more is refused. A range length off by one
+        // (hi - lo) would let n[0-1048576] through.
+        assert_eq!(expand("n[0-1048575]").unwrap().len(), MAX_HOSTS);
+        assert!(matches!(expand("n[0-1048576]"), Err(e) if e.to_string().contains("more than")));
+        assert_eq!(expand("n[7-7]").unwrap(), ["n7"]);
+        assert_eq!(expand("n[1-3],m[0-1]").unwrap().len(), 5);
+    }
+
+    #[test]
     fn rejects_what_slurm_rejects_and_unclosed_brackets() {
         let cases: &[(&str, HostlistErrorKind)] = &[
             ("n[01-03]x", HostlistErrorKind::TextAfterBracket),

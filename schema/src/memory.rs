@@ -169,6 +169,19 @@ mod tests {
         }
     }
 
+    /// Stage 1 keeps full gradients on the device with optimizer offload (it accumulates there
+    /// and copies its shard once per step): pΨ, not pΨ/N. One rank cannot tell the two apart.
+    #[test]
+    fn stage_1_offload_keeps_full_device_gradients_not_a_shard() {
+        let (psi, n) = (1_000_000u64 * 8, 8u64);
+        let s = model_state_split(ZeroStage::Z1, Precision::Bf16, Offload::Optimizer, 1, psi, n);
+        assert_eq!(s.device, ModelStateBytes { params_bytes: 2 * psi, grads_bytes: 2 * psi, optimizer_bytes: 0 });
+        // No fp32 accumulator on the host for stage 1, even when accumulating.
+        let ga = model_state_split(ZeroStage::Z1, Precision::Bf16, Offload::Optimizer, 4, psi, n);
+        assert_eq!(ga.host_bytes, s.host_bytes);
+        assert_eq!(s.host_bytes, 16 * psi / n);
+    }
+
     #[test]
     fn offload_moves_the_optimizer_to_the_host() {
         let (psi, n) = (1_000_000u64 * 8, 8u64);

@@ -40,4 +40,17 @@ mod tests {
         assert_eq!(quantile(&[5.0], 0.9), Some(5.0));
         assert_eq!(median(&[]), None);
     }
+
+    /// Logs list step times in step order, not sorted: a quantile that skipped sorting would take
+    /// the middle step, not the median.
+    #[test]
+    fn quantiles_sort_unsorted_input() {
+        let v = [9.0, 1.0, 4.0, 100.0, 2.0];
+        assert_eq!(median(&v), Some(4.0));
+        assert_eq!(quantile(&v, 0.0), Some(1.0));
+        assert_eq!(quantile(&v, 1.0), Some(100.0));
+        assert_eq!(quantile(&v, 0.25), Some(2.0));
+        // The caller's order is left alone.
+        assert_eq!(v, [9.0, 1.0, 4.0, 100.0, 2.0]);
+    }
 }

@@ -222,6 +222,21 @@ fn profile_line(p: &mut Profile, line: &str) {
 mod tests {
     use super::*;
 
+    /// `see_memory_usage` prints the memory now (MA) and the peak since the last reset (Max_MA):
+    /// the run's peak is the larger of both over every line, not the last MA.
+    #[test]
+    fn peak_memory_takes_max_ma_over_every_line_not_ma() {
+        let mut d = DeepSpeed::default();
+        for line in [
+            "[INFO] before forward MA 1.5 GB         Max_MA 1.5 GB         CA 2.0 GB         Max_CA 2 GB",
+            "[INFO] after forward MA 3.25 GB         Max_MA 7.75 GB         CA 8.0 GB         Max_CA 9 GB",
+            "[INFO] after step MA 1.5 GB         Max_MA 2.0 GB         CA 8.0 GB         Max_CA 8 GB",
+        ] {
+            assert!(d.line(line), "{line}");
+        }
+        assert_eq!((d.allocated_gib, d.reserved_gib), (Some(7.75), Some(9.0)));
+    }
+
     #[test]
     fn units() {
         assert_eq!(ms("287.7 ms"), Some(287.7));
