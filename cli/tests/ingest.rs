@@ -108,3 +108,21 @@ fn a_log_claiming_four_billion_ranks_costs_what_it_holds() {
     );
     assert!(out.join("runs.csv").is_file());
 }
+
+#[test]
+fn a_folder_that_is_not_there_exits_2_and_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    logs(&tmp.path().join("in"));
+    let missing = tmp.path().join("nonexistent");
+    let out = tmp.path().join("out");
+    let o = zerobench(&[
+        "ingest",
+        tmp.path().join("in").to_str().unwrap(),
+        missing.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains(&format!("cannot read {}", missing.display())), "{}", text(&o.stderr));
+    assert!(!out.exists(), "nothing is written");
+}

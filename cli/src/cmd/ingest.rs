@@ -84,6 +84,11 @@ impl Progress for Bar {
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    // A folder that is not there is a mistyped argument, not an empty result: refuse before
+    // anything is written.
+    for dir in &args.dirs {
+        std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    }
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n.max(1))
