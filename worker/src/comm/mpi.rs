@@ -61,6 +61,18 @@ fn create_op(f: unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut 
     op
 }
 
+/// `values` := their element-wise maximum over the ranks of `comm`: host values, over MPI for
+/// both transports (NCCL's ranks keep the MPI communicator they bootstrapped from).
+pub(crate) fn host_max(comm: &SimpleCommunicator, values: &mut [f64]) {
+    let local = values.to_vec();
+    mpi::collective::CommunicatorCollectives::all_reduce_into(
+        comm,
+        &local[..],
+        values,
+        mpi::collective::SystemOperation::max(),
+    );
+}
+
 impl MpiCollectives {
     pub fn new(comm: SimpleCommunicator) -> Self {
         let rank = usize::try_from(comm.rank()).expect("rank");
@@ -233,13 +245,7 @@ impl Collectives for MpiCollectives {
     }
 
     fn max_over_ranks(&mut self, values: &mut [f64]) -> Result<(), CommError> {
-        let local = values.to_vec();
-        mpi::collective::CommunicatorCollectives::all_reduce_into(
-            &self.comm,
-            &local[..],
-            values,
-            mpi::collective::SystemOperation::max(),
-        );
+        host_max(&self.comm, values);
         Ok(())
     }
 

@@ -335,13 +335,7 @@ impl Collectives for NcclCollectives {
     }
 
     fn max_over_ranks(&mut self, values: &mut [f64]) -> Result<(), CommError> {
-        let local = values.to_vec();
-        mpi::collective::CommunicatorCollectives::all_reduce_into(
-            &self.mpi,
-            &local[..],
-            values,
-            mpi::collective::SystemOperation::max(),
-        );
+        super::mpi::host_max(&self.mpi, values);
         Ok(())
     }
 
