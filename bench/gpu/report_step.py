@@ -10,8 +10,9 @@ the completion of all of it, the device synchronised. The references time the sa
 its start to `torch.cuda.synchronize()` after `loss.item()`.
 
 Checks per zerobench run, over consecutive measured steps:
-* interval: the time between two step records over the later one's `step_ms + overhead_ms`
-  (1 when the logged step and the loop's own cost are all the wall time there is);
+* interval: the time between two of rank 0's step records over the later one's own
+  `step_ms + overhead_ms` (1 when the logged step and the loop's own cost are all the wall time
+  there is);
 * overhead: `overhead_ms` over `step_ms` (the profiler's own cost);
 * phases: forward + backward + exposed communication + optimizer + other against `step_ms`."""
 import argparse
@@ -37,11 +38,14 @@ def zerobench_row(name, recs):
     start, setup, steps = run_parts(recs)
     cfg = start["config"]
     step_ms = median(steps, "step_ms")
+    # The checks compare rank 0's records with rank 0's own step time (the run's step time is the
+    # slowest rank's: common.read_archive keeps rank 0's as `rank_step_ms`).
+    own = lambda s: s.get("rank_step_ms", s["step_ms"])
     pairs = list(zip(steps, steps[1:]))
-    ratios = [(b["ts"] - a["ts"]) * 1e3 / (b["step_ms"] + b["overhead_ms"]) for a, b in pairs]
-    overhead = [s["overhead_ms"] / s["step_ms"] for s in steps]
+    ratios = [(b["ts"] - a["ts"]) * 1e3 / (own(b) + b["overhead_ms"]) for a, b in pairs]
+    overhead = [s["overhead_ms"] / own(s) for s in steps]
     parts = ("forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms", "other_ms")
-    phase_gap = [abs(sum(s[p] for p in parts) - s["step_ms"]) / s["step_ms"] for s in steps]
+    phase_gap = [abs(sum(s[p] for p in parts) - own(s)) / own(s) for s in steps]
     tokens = steps[0]["tokens"] / start["world_size"]
     tps = tokens / (step_ms / 1e3)
     return {
@@ -82,20 +86,24 @@ def main():
     a = ap.parse_args()
 
     host, logs, files = read_archive(a.archive)
-    rows = [zerobench_row(n, r) for n, r in sorted(logs.items()) if re.match(r"gpt2(-xl)?_z\d_mb\d+_1gpu$", n)]
+    rows = [zerobench_row(n, r) for n, r in sorted(logs.items()) if re.match(r"gpt2(-xl)?_z\d_mb\d+_\d+gpu$", n)]
     refs = []
     for name, text in files.items():
         if m := re.search(r"runs/(ref_[^/]+)\.json$", name):
             if text.strip():
                 refs.append(reference_row(m.group(1), json.loads(text.strip().splitlines()[-1])))
     refs.sort(key=lambda r: (r["model"], r["impl"]))
-    by_ref = {(r["model"], r["impl"]): r for r in refs}
+    by_ref = {(r["model"], r["impl"], r["gpus"]): r for r in refs}
     ratios = []
+    one_gpu = {r["model"]: r for r in rows if r["gpus"] == 1 and r["stage"] == 0}
+    scaling = [{"model": r["model"], "stage": r["stage"], "gpus": r["gpus"],
+                "per_gpu_over_own_stage_0_on_1_gpu": round(r["tokens_per_s_per_gpu"] / one_gpu[r["model"]]["tokens_per_s_per_gpu"], 3)}
+               for r in rows if r["gpus"] > 1 and r["model"] in one_gpu]
     for r in rows:
-        for impl in ("pytorch-eager", "pytorch-compile"):
-            ref = by_ref.get((r["model"], impl))
+        for impl in ("pytorch-eager", "pytorch-compile", "pytorch-ddp", "pytorch-fsdp2"):
+            ref = by_ref.get((r["model"], impl, r["gpus"]))
             if ref:
-                ratios.append({"model": r["model"], "stage": r["stage"], "versus": impl,
+                ratios.append({"model": r["model"], "stage": r["stage"], "gpus": r["gpus"], "versus": impl,
                                "tokens_per_s_ratio": round(r["tokens_per_s_per_gpu"] / ref["tokens_per_s_per_gpu"], 3),
                                "peak_allocated_ratio": round(r["peak_allocated_bytes"] / ref["peak_allocated_bytes"], 3)})
     checks = {
@@ -105,7 +113,7 @@ def main():
     }
     out = {"benchmark": "bench/gpu/run.sh step-time", "date": host_date(host), "host": host.strip().splitlines(),
            "step_time_definition": "schema version 2: start of the step's work to completion of all of it (device synchronised); per step the slowest rank, median over measured steps",
-           "checks": checks, "zerobench": rows, "references": refs, "ratios": ratios}
+           "checks": checks, "zerobench": rows, "references": refs, "ratios": ratios, "scaling": scaling}
     with open(a.json, "w") as f:
         json.dump(out, f, indent=1)
 
@@ -113,18 +121,21 @@ def main():
     v = rows[0]["versions"] if rows else {}
     md.write(f"Measured {out['date']} on one {rows[0]['gpu'] if rows else '?'} (driver {v.get('gpu_driver')}, libtorch "
              f"{v.get('libtorch')}; references torch {refs[0]['torch'] if refs else '?'}), sequence 1024, bf16, in one call.\n\n")
-    md.write("| model | system | stage | step ms | tokens/s/GPU | MFU | peak alloc GiB | vs eager | vs torch.compile |\n")
+    md.write("| model | system | stage | GPUs | step ms | tokens/s/GPU | MFU | peak alloc GiB | vs the references of its GPU count |\n")
     md.write("|---|---|---|---|---|---|---|---|---|\n")
-    rat = {(x["model"], x["stage"], x["versus"]): x["tokens_per_s_ratio"] for x in ratios}
     for model in ("gpt2", "gpt2-xl"):
-        for r in (x for x in rows if x["model"] == model):
-            e, c = rat.get((model, r["stage"], "pytorch-eager")), rat.get((model, r["stage"], "pytorch-compile"))
-            md.write(f"| {model} (mb {r['micro_batch']}) | zerobench | {r['stage']} | {r['step_ms_median']:.1f} | "
-                     f"{r['tokens_per_s_per_gpu']:,} | {r['mfu']:.1%} | {gib(r['peak_allocated_bytes'])} | "
-                     f"{e if e is not None else '—'} | {c if c is not None else '—'} |\n")
-        for r in (x for x in refs if x["model"] == model):
-            md.write(f"| {model} (mb {r['micro_batch']}) | {r['impl']} (head {r['head_rows']} rows) | — | {r['step_ms_median']:.1f} | "
-                     f"{r['tokens_per_s_per_gpu']:,} | {r['mfu']:.1%} | {gib(r['peak_allocated_bytes'])} | | |\n")
+        for r in sorted((x for x in rows if x["model"] == model), key=lambda x: (x["gpus"], x["stage"])):
+            vs = ", ".join(f"{x['tokens_per_s_ratio']}× {x['versus'][8:]}" for x in ratios
+                           if (x["model"], x["stage"], x["gpus"]) == (model, r["stage"], r["gpus"]))
+            md.write(f"| {model} (mb {r['micro_batch']}) | zerobench | {r['stage']} | {r['gpus']} | {r['step_ms_median']:.1f} | "
+                     f"{r['tokens_per_s_per_gpu']:,} | {r['mfu']:.1%} | {gib(r['peak_allocated_bytes'])} | {vs or '—'} |\n")
+        for r in sorted((x for x in refs if x["model"] == model), key=lambda x: (x["gpus"], x["impl"])):
+            md.write(f"| {model} (mb {r['micro_batch']}) | {r['impl']} (head {r['head_rows']} rows) | — | {r['gpus']} | {r['step_ms_median']:.1f} | "
+                     f"{r['tokens_per_s_per_gpu']:,} | {r['mfu']:.1%} | {gib(r['peak_allocated_bytes'])} | |\n")
+    if scaling:
+        md.write("\n| model | stage | GPUs | per-GPU throughput / own stage 0 on 1 GPU |\n|---|---|---|---|\n")
+        for x in scaling:
+            md.write(f"| {x['model']} | {x['stage']} | {x['gpus']} | {x['per_gpu_over_own_stage_0_on_1_gpu']} |\n")
     md.write("\n| zerobench run | step ms | overhead ms (share) | record interval / (step + overhead): median [min, max] | "
              "phases vs step, largest deviation | forward | backward | exposed comm | optimizer | other |\n")
     md.write("|---|---|---|---|---|---|---|---|---|---|\n")

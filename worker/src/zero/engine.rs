@@ -874,8 +874,13 @@ impl Engine {
         Ok(sum.f_isfinite()?.f_logical_not()?.f_to_kind(Kind::Float)?)
     }
 
+    /// Updates every shard on the device. Stages 1 and 2 then gather each unit's updated
+    /// parameters: a unit's all-gather is issued as soon as its update is, so it runs on the
+    /// communication stream while the next units are updated, rather than after all of them.
     fn step_on_device(&mut self, grad_scale: f64) -> Result<(), EngineError> {
-        for u in &self.units {
+        let gather = matches!(self.stage, ZeroStage::Z1 | ZeroStage::Z2) && self.world > 1;
+        for i in 0..self.units.len() {
+            let u = &self.units[i];
             let OptimState::Device { master, master_is_param, exp_avg, exp_avg_sq } = &u.optim else {
                 unreachable!("no offload")
             };
@@ -890,12 +895,11 @@ impl Engine {
             let grad = u.grad_shard.as_ref().expect("device optimizers read a device shard");
             let shard = Shard { master, exp_avg, exp_avg_sq, grad, param_out: param_out.as_ref() };
             self.optim.step(self.updates, grad_scale, &shard)?;
-        }
-        if matches!(self.stage, ZeroStage::Z1 | ZeroStage::Z2) && self.world > 1 {
-            for u in &mut self.units {
+            if gather {
                 let r = u.layout.shard_range(self.owners, self.owner);
                 let mine = u.base.f_narrow(0, r.start as i64, r.len() as i64)?;
-                u.refreshing = Some(self.comm.all_gather(&mine, &u.base)?);
+                let pending = self.comm.all_gather(&mine, &u.base)?;
+                self.units[i].refreshing = Some(pending);
             }
         }
         Ok(())
