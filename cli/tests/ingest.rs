@@ -126,3 +126,32 @@ fn a_folder_that_is_not_there_exits_2_and_writes_nothing() {
     assert!(text(&o.stderr).contains(&format!("cannot read {}", missing.display())), "{}", text(&o.stderr));
     assert!(!out.exists(), "nothing is written");
 }
+
+/// A symbolic link planted in the output folder under a table's name is replaced, not written
+/// through: its target keeps its bytes.
+#[test]
+fn a_link_planted_in_the_output_folder_is_replaced_not_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    logs(&tmp.path().join("in"));
+    let out = tmp.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let victim = tmp.path().join("someone-elses-file");
+    std::fs::write(&victim, "precious\n").unwrap();
+    for name in ["latency.csv", "runs.json", "mem.md", "step-breakdown.svg"] {
+        std::os::unix::fs::symlink(&victim, out.join(name)).unwrap();
+    }
+    let o = zerobench(&["ingest", tmp.path().join("in").to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    for name in ["latency.csv", "runs.json", "mem.md", "step-breakdown.svg"] {
+        let meta = std::fs::symlink_metadata(out.join(name)).unwrap();
+        assert!(meta.file_type().is_file(), "{name} is now a file of ingest's");
+    }
+    // No private folder is left behind.
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -60,6 +60,13 @@ impl ReportError {
 
 /// Writes every table in every format asked for into `out`, which is created if needed.
 /// Returns the files written.
+///
+/// The files are written into a private folder created inside `out` (exclusively: a folder or a
+/// link already there under that name is an error) and then renamed into place. A rename
+/// replaces whatever has the file's name, a symbolic link included, instead of writing through
+/// it, so a link planted in `out` cannot make ingest overwrite its target; and each file appears
+/// whole or not at all. If any file cannot be written, none is moved and the private folder is
+/// removed.
 pub fn write_all(
     ingested: &Ingested,
     tables: &Tables,
@@ -67,14 +74,39 @@ pub fn write_all(
     formats: &[Format],
 ) -> Result<Vec<PathBuf>, ReportError> {
     std::fs::create_dir_all(out).map_err(|e| ReportError::io(out, e))?;
+    let staging = out.join(format!(".zerobench-ingest-{}", std::process::id()));
+    std::fs::create_dir(&staging).map_err(|e| ReportError::io(&staging, e))?;
+    let staged = write_formats(ingested, tables, &staging, formats);
+    let moved = staged.and_then(|files| {
+        files
+            .into_iter()
+            .map(|f| {
+                let name = f.file_name().expect("a file the writers named");
+                let dest = out.join(name);
+                std::fs::rename(&f, &dest).map_err(|e| ReportError::io(&dest, e))?;
+                Ok(dest)
+            })
+            .collect::<Result<Vec<PathBuf>, ReportError>>()
+    });
+    // Empty when every file was moved; what is left of a failed write goes with it.
+    let _ = std::fs::remove_dir_all(&staging);
+    moved
+}
+
+fn write_formats(
+    ingested: &Ingested,
+    tables: &Tables,
+    dir: &Path,
+    formats: &[Format],
+) -> Result<Vec<PathBuf>, ReportError> {
     let mut written = Vec::new();
     let text = tables.text_tables();
     for f in formats {
         match f {
-            Format::Csv => written.extend(csv::write(&text, out)?),
-            Format::Markdown => written.extend(markdown::write(&text, out)?),
-            Format::Json => written.extend(json::write(ingested, tables, out)?),
-            Format::Svg => written.extend(plot::write(tables, out)?),
+            Format::Csv => written.extend(csv::write(&text, dir)?),
+            Format::Markdown => written.extend(markdown::write(&text, dir)?),
+            Format::Json => written.extend(json::write(ingested, tables, dir)?),
+            Format::Svg => written.extend(plot::write(tables, dir)?),
         }
     }
     Ok(written)
