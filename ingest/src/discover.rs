@@ -58,6 +58,9 @@ pub fn discover(roots: &[PathBuf]) -> Discovered {
     let mut foreign: BTreeMap<PathBuf, ForeignDir> = BTreeMap::new();
     let mut seen: BTreeSet<PathBuf> = BTreeSet::new();
     let mut walked: Vec<PathBuf> = Vec::new();
+    // Links are followed only within the folders given.
+    let inside: Vec<PathBuf> = roots.iter().filter_map(|r| std::fs::canonicalize(r).ok()).collect();
+    let mut outside: Vec<(PathBuf, PathBuf)> = Vec::new();
 
     for root in roots {
         if let Err(e) = std::fs::metadata(root) {
@@ -71,7 +74,20 @@ pub fn discover(roots: &[PathBuf]) -> Discovered {
             continue;
         }
         walked.push(canonical);
-        let walk = walkdir::WalkDir::new(root).follow_links(true).sort_by_file_name();
+        let walk = walkdir::WalkDir::new(root).follow_links(true).sort_by_file_name().into_iter().filter_entry(|e| {
+            if !e.path_is_symlink() {
+                return true;
+            }
+            match std::fs::canonicalize(e.path()) {
+                Ok(target) if inside.iter().any(|r| target.starts_with(r)) => true,
+                Ok(target) => {
+                    outside.push((e.path().to_path_buf(), target));
+                    false
+                }
+                // A dangling link: the walk reports it when it reads the entry.
+                Err(_) => true,
+            }
+        });
         for entry in walk {
             let entry = match entry {
                 Ok(e) => e,
@@ -110,6 +126,9 @@ pub fn discover(roots: &[PathBuf]) -> Discovered {
         }
     }
 
+    for (link, target) in outside {
+        out.problems.push(Problem::file(link, ProblemKind::LinkOutside { target: target.display().to_string() }));
+    }
     for (dir, mut files) in ranks {
         files.sort_by(|a, b| a.name_rank.cmp(&b.name_rank).then_with(|| a.path.cmp(&b.path)));
         out.run_dirs.push(RunDir { dir, rank_files: files });

@@ -47,6 +47,10 @@ pub enum ProblemKind {
     /// The folder walk found a symbolic link that leads back to one of its own ancestors.
     #[error("symbolic link loop, not followed: {message}")]
     SymlinkLoop { message: String },
+    /// A symbolic link under an input folder leads outside every folder given: not followed
+    /// (`ln -s / everything` would otherwise read the whole machine).
+    #[error("symbolic link to {target}, outside the folders given: not followed")]
+    LinkOutside { target: String },
     /// The line is not a JSON object of a record this build knows.
     #[error("not a valid record: {message}")]
     BadLine { message: String },

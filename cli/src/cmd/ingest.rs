@@ -19,7 +19,8 @@ use crate::Outcome;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Folders to read, searched recursively (symbolic links are followed).
+    /// Folders to read, searched recursively (symbolic links are followed while they stay inside
+    /// these folders).
     #[arg(required = true)]
     dirs: Vec<PathBuf>,
     /// Folder to write the tables and plots into (created if needed).

@@ -379,3 +379,26 @@ fn a_run_folders_job_output_is_not_a_foreign_run() {
     assert_eq!(got.runs.len(), 1, "{:#?}", got.runs.iter().map(|r| &r.row.run_id).collect::<Vec<_>>());
     assert_eq!(got.runs[0].row.status, Status::Oom);
 }
+
+/// Links out of the folders given are not followed: `ln -s / slash` would read the whole machine
+/// (it ran for minutes), and `up -> ..` would ingest a sibling run nobody asked for.
+#[test]
+fn links_out_of_the_input_are_reported_not_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    one_run(&input, "asked");
+    one_run(&tmp.path().join("sibling"), "not-asked");
+    std::os::unix::fs::symlink("/", input.join("slash")).unwrap();
+    std::os::unix::fs::symlink("..", input.join("up")).unwrap();
+    // A link that stays inside is followed (once: the file it reaches is one file).
+    std::os::unix::fs::symlink(input.join("asked"), input.join("alias")).unwrap();
+    let t0 = std::time::Instant::now();
+    let got = read(&input);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(30), "took {:?}", t0.elapsed());
+    let ids: Vec<&str> = got.runs.iter().map(|r| r.row.run_id.as_str()).collect();
+    assert_eq!(ids, ["asked"], "{:#?}", got.problems);
+    let outside: Vec<&Problem> =
+        got.problems.iter().filter(|p| matches!(p.kind, ProblemKind::LinkOutside { .. })).collect();
+    assert_eq!(outside.len(), 2, "{:#?}", got.problems);
+    assert!(outside.iter().any(|p| p.path.ends_with("slash")) && outside.iter().any(|p| p.path.ends_with("up")));
+}
