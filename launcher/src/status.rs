@@ -268,6 +268,11 @@ fn from_run_folder(row: &mut RunState, rec: &RunRecord) {
                 if row.detail.is_empty() && row.state != State::Done {
                     row.detail = local.describe();
                 }
+            } else if let Some(st) = logs.verdict(rec.run.world_size()) {
+                // Run outside the launcher (`bash job.sbatch`, or a `local` that was stopped
+                // before it wrote its record): the ranks' logs say how it ended.
+                row.state = st;
+                row.source = "logs";
             }
         }
         _ => {}

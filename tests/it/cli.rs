@@ -182,3 +182,42 @@ fn submit_needs_out_for_a_spec_and_status_needs_runs() {
     let e = fails(&["status", Path::new("/nonexistent/zb").to_str().unwrap()]);
     assert!(e.contains("/nonexistent/zb"), "{e}");
 }
+
+/// Runs started outside the launcher (`bash job.sbatch`), which leaves no submission or `local`
+/// record: `status` reads how they ended from the ranks' logs instead of calling them
+/// `unsubmitted`.
+#[test]
+fn status_reads_runs_started_by_hand_from_their_logs() {
+    use crate::support::{assert_ok, mpirun, run, worker};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("by-hand.yaml");
+    std::fs::write(
+        &spec,
+        "cluster:\n  time: '1'\nworker: {device: cpu, steps: 2, warmup: 0}\nsweep:\n  models: tiny\n  stages: [0, 3]\n  ranks_per_node: 2\n",
+    )
+    .unwrap();
+    let out = dir.path().join("runs");
+    ok(&["render", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let runs = ["tiny_z0_offnone_mb1_1x2", "tiny_z3_offnone_mb1_1x2"];
+    for (r, stage) in runs.iter().zip(["0", "3"]) {
+        let logs = out.join(r).join("logs");
+        let o = run(mpirun(2)
+            .arg(worker())
+            .args(["--model", "tiny", "--stage", stage, "--steps", "2", "--warmup", "0"])
+            .args(["--seq-len", "16", "--threads", "1", "--run-id", r, "--log-dir", logs.to_str().unwrap()]));
+        assert_ok(&o, r);
+    }
+    // The second run's rank 1 stops before its end record (killed, as far as its log can tell).
+    let rank1 = out.join(runs[1]).join("logs/rank1.jsonl");
+    let text = std::fs::read_to_string(&rank1).unwrap();
+    let kept: Vec<&str> = text.lines().filter(|l| !l.starts_with("{\"event\":\"end\"")).collect();
+    std::fs::write(&rank1, kept.join("\n") + "\n").unwrap();
+
+    let st = zerobench(&["status", out.to_str().unwrap()]);
+    let table = stdout(&st);
+    assert_eq!(st.status.code(), Some(1), "{table}\n{}", stderr(&st));
+    assert!(!table.contains("unsubmitted"), "{table}");
+    let row = |r: &str| table.lines().find(|l| l.starts_with(r)).unwrap_or_else(|| panic!("{r}: {table}")).to_string();
+    assert!(row(runs[0]).contains("done") && row(runs[0]).contains("logs"), "{table}");
+    assert!(row(runs[1]).contains("failed") && row(runs[1]).contains("logs"), "{table}");
+}
