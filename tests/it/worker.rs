@@ -271,6 +271,22 @@ fn unusable_log_folders_stop_the_rank_before_training() {
     assert_eq!(code, 5);
     assert!(err.contains("--overwrite"), "{err}");
     assert_eq!(std::fs::read(dir.join("rank0.jsonl")).unwrap(), before);
+    // A link planted where the log goes is refused, with --overwrite too: its target keeps its
+    // bytes (--overwrite truncated it before).
+    let planted = tmp.path().join("planted");
+    std::fs::create_dir_all(&planted).unwrap();
+    let victim = tmp.path().join("someone-elses-file");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::os::unix::fs::symlink(&victim, planted.join("rank0.jsonl")).unwrap();
+    for extra in [&[][..], &["--overwrite"][..]] {
+        let mut all = vec!["--model", "tiny", "--stage", "0", "--steps", "3", "--seq-len", "16"];
+        all.extend(["--log-dir", planted.to_str().unwrap()]);
+        all.extend(extra);
+        let (code, err) = worker_alone(&all);
+        assert_eq!(code, 5, "{extra:?}: {err}");
+        assert!(err.contains("symbolic link"), "{extra:?}: {err}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "{extra:?}");
+    }
 }
 
 #[test]

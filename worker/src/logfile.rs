@@ -11,6 +11,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -32,6 +33,8 @@ pub enum LogError {
     Dir { path: PathBuf, source: io::Error },
     #[error("{path} exists; use a fresh --log-dir (or --overwrite) so earlier results are not lost")]
     Exists { path: PathBuf },
+    #[error("{path} is a symbolic link; a log is never written through one (remove it, or use a fresh --log-dir)")]
+    Link { path: PathBuf },
     #[error("cannot write the log {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
 }
@@ -50,11 +53,16 @@ impl RankLog {
         let mut opts = OpenOptions::new();
         opts.write(true);
         if overwrite {
-            opts.create(true).truncate(true);
+            // O_NOFOLLOW: a link planted where the log goes fails the open (ELOOP) instead of
+            // having its target truncated.
+            opts.create(true).truncate(true).custom_flags(libc::O_NOFOLLOW);
         } else {
+            // O_EXCL already refuses any existing name, a link included.
             opts.create_new(true);
         }
+        let is_link = || fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
         let file = opts.open(&path).map_err(|source| match source.kind() {
+            _ if is_link() => LogError::Link { path: path.clone() },
             io::ErrorKind::AlreadyExists => LogError::Exists { path: path.clone() },
             _ => LogError::Write { path: path.clone(), source },
         })?;
