@@ -217,9 +217,26 @@ pub struct RankAcc {
     pub energy_last: Option<(u32, f64)>,
     pub comm: CommAcc,
     pub mem: MemPeaks,
+    /// The model states the rank's setup record holds.
+    pub states: Option<StateBytes>,
     pub end: Option<EndInfo>,
     /// The first errors, in (step, class, message) order; more are dropped.
     pub errors: Vec<ErrorInfo>,
+}
+
+/// A rank's model states as its setup record gives them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateBytes {
+    pub device: zerobench_schema::memory::ModelStateBytes,
+    pub host_bytes: u64,
+}
+
+impl StateBytes {
+    /// Every byte, then each part: a total order, so that merges do not depend on read order.
+    pub fn key(&self) -> (u64, u64, u64, u64, u64) {
+        let d = &self.device;
+        (d.total() + self.host_bytes, d.params_bytes, d.grads_bytes, d.optimizer_bytes, self.host_bytes)
+    }
 }
 
 impl RankAcc {
@@ -300,6 +317,8 @@ impl RankAcc {
         }
         self.comm.merge(&o.comm);
         self.mem.merge(&o.mem);
+        // One setup record per rank; should a log hold two, the larger, whatever the order read.
+        self.states = self.states.into_iter().chain(o.states).max_by_key(StateBytes::key);
         if let Some(e) = o.end {
             self.add_end(e);
         }

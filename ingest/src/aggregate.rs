@@ -47,7 +47,7 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     row.formats = "zerobench".into();
     row.variant = cfg.variant();
     row.stage = Some(cfg.stage);
-    row.offload = cfg.offload;
+    row.offload = Some(cfg.offload);
     row.precision = Some(cfg.precision);
     row.micro_batch = Some(cfg.micro_batch);
     row.grad_accum = Some(cfg.grad_accum);
@@ -56,6 +56,7 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     row.nodes = Some(start.nodes);
     row.gpu = Some(start.device.name.clone());
     row.status_detail = detail;
+    row.log_version = Some(start.v);
     row.ranks_read = acc.ranks.len() as u32;
     row.ranks_missing = describe_ranges(&plan.missing_ranks);
     row.device_memory_bytes = start.device.total_memory_bytes;
@@ -92,7 +93,7 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
         }
     }
     let collectives = collectives(&row, acc, start);
-    RunReport { row, collectives }
+    RunReport { row, collectives, memory_phases: Vec::new() }
 }
 
 fn step_figures(row: &mut RunRow, measured: &[&StepSlot]) {
@@ -147,6 +148,13 @@ fn memory(row: &mut RunRow, acc: &RunAcc) {
     row.peak_reserved_bytes = max(|m| m.reserved);
     row.peak_nvml_used_bytes = max(|m| m.nvml);
     row.peak_rss_bytes = max(|m| m.rss);
+    // The rank holding the most (ranks differ by their share of the padding).
+    if let Some(s) = acc.ranks.values().filter_map(|a| a.states).max_by_key(crate::acc::StateBytes::key) {
+        row.state_params_bytes = Some(s.device.params_bytes);
+        row.state_grads_bytes = Some(s.device.grads_bytes);
+        row.state_optimizer_bytes = Some(s.device.optimizer_bytes);
+        row.host_state_bytes = Some(s.host_bytes);
+    }
 }
 
 /// Energy per token: each rank's energy counter difference between its first and last measured
@@ -209,7 +217,7 @@ fn collectives(row: &RunRow, acc: &RunAcc, start: &Start) -> Vec<CollectiveRow> 
                 run_id: row.run_id.clone(),
                 model: row.model.clone(),
                 stage: row.stage,
-                offload: row.offload,
+                offload: start.config.offload,
                 micro_batch: row.micro_batch,
                 gpus: row.gpus,
                 nodes: row.nodes,

@@ -117,6 +117,7 @@ pub fn ingest(roots: &[PathBuf], opts: &Options, progress: &dyn Progress) -> Ing
     runs.extend(foreign_runs);
     problems.extend(foreign_problems);
     stats.add(&foreign_stats);
+    distinct_run_ids(&mut runs, &mut problems);
     runs.sort_by(|a, b| run_order(&a.row).cmp(&run_order(&b.row)));
     // By file and line, a file's "more problems" note after its listed lines.
     problems.sort_by(|a, b| {
@@ -132,5 +133,35 @@ pub fn ingest(roots: &[PathBuf], opts: &Options, progress: &dyn Progress) -> Ing
 type RunKey<'a> = (&'a str, Option<u8>, &'a str, Option<u32>, Option<u32>, &'a str, &'a str);
 
 fn run_order(r: &RunRow) -> RunKey<'_> {
-    (&r.model, r.stage.map(|s| s.index()), r.offload.as_str(), r.micro_batch, r.gpus, &r.run_id, &r.dir)
+    let offload = r.offload.map_or("?", |o| o.as_str());
+    (&r.model, r.stage.map(|s| s.index()), offload, r.micro_batch, r.gpus, &r.run_id, &r.dir)
+}
+
+/// Names apart the runs that share a run id (two sweeps copied side by side, a run read twice
+/// through two roots that overlap is not one: it has one folder): each keeps its row, its id
+/// qualified by its folder, and the clash is reported.
+fn distinct_run_ids(runs: &mut [RunReport], problems: &mut Vec<Problem>) {
+    let mut by_id: std::collections::BTreeMap<String, Vec<usize>> = std::collections::BTreeMap::new();
+    for (i, r) in runs.iter().enumerate() {
+        by_id.entry(r.row.run_id.clone()).or_default().push(i);
+    }
+    for (id, idx) in by_id.into_iter().filter(|(_, v)| v.len() > 1) {
+        for (k, &i) in idx.iter().enumerate() {
+            let other = &runs[idx[if k == 0 { 1 } else { 0 }]].row.dir;
+            problems.push(Problem::file(
+                &runs[i].row.dir,
+                ProblemKind::DuplicateRunId { run_id: id.clone(), other: other.clone() },
+            ));
+        }
+        for &i in &idx {
+            let r = &mut runs[i];
+            r.row.run_id = format!("{id}@{}", r.row.dir);
+            for c in &mut r.collectives {
+                c.run_id.clone_from(&r.row.run_id);
+            }
+            for m in &mut r.memory_phases {
+                m.run_id.clone_from(&r.row.run_id);
+            }
+        }
+    }
 }

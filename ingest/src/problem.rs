@@ -91,6 +91,12 @@ pub enum ProblemKind {
     /// A file's own `run.json`, `job.json` or similar side file is unreadable.
     #[error("side file ignored: {message}")]
     SideFile { message: String },
+    /// A log could belong to several runs and is attributed to none.
+    #[error("{message}")]
+    Ambiguous { message: String },
+    /// Two runs of the input carry one run id; both are kept, each named with its folder.
+    #[error("run id {run_id} is also the id of the run in {other}; both kept, named with their folders")]
+    DuplicateRunId { run_id: String, other: String },
     /// More problems in this file than are listed; they are counted, not kept.
     #[error("{count} more problems in this file not listed")]
     More { count: u64 },

@@ -309,7 +309,11 @@ impl LineCtx<'_> {
         match rec {
             // The per-module profile of one step is for people reading the log; no table uses it.
             Record::Start(_) | Record::Profile(_) => {}
-            Record::Setup(s) => self.out.rank.mem.add(&MemLine::from(&s.memory)),
+            Record::Setup(s) => {
+                self.out.rank.mem.add(&MemLine::from(&s.memory));
+                self.out.rank.states =
+                    Some(crate::acc::StateBytes { device: s.model_state, host_bytes: s.host_state_bytes });
+            }
             Record::Step(s) => self.step(&StepLine::from(&s))?,
             Record::End(e) => self.out.rank.add_end(EndInfo {
                 status: e.status,

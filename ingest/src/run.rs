@@ -73,7 +73,8 @@ pub struct RunRow {
     /// different variants are different rows in every table.
     pub variant: String,
     pub stage: Option<ZeroStage>,
-    pub offload: Offload,
+    /// `None`: not recorded (a foreign log that does not say), never taken for `none`.
+    pub offload: Option<Offload>,
     pub precision: Option<Precision>,
     pub micro_batch: Option<u32>,
     pub grad_accum: Option<u32>,
@@ -83,6 +84,10 @@ pub struct RunRow {
     pub gpu: Option<String>,
     pub status: Status,
     pub status_detail: Option<String>,
+    /// The schema version of a zerobench run's logs (`None` for foreign runs). Version 1's
+    /// backward and forward include their waits for communication; version 2's phases are
+    /// disjoint (docs/log-schema.md).
+    pub log_version: Option<u32>,
     pub ranks_read: u32,
     pub ranks_missing: String,
     /// Steps after warmup that every rank read reported, and the warmup steps dropped.
@@ -101,6 +106,12 @@ pub struct RunRow {
     pub exposed_comm_ms_median: Option<f64>,
     pub comm_frac: Option<f64>,
     pub exposed_comm_frac: Option<f64>,
+    /// Shares of the measured time (Σ phase / Σ step over measured steps) of forward, backward,
+    /// the optimizer and the rest; with `exposed_comm_frac` they add up to 1 when the phases are
+    /// disjoint ([`RunRow::breakdown`]).
+    pub forward_frac: Option<f64>,
+    pub backward_frac: Option<f64>,
+    pub optimizer_frac: Option<f64>,
     pub tokens_per_s: Option<f64>,
     pub tokens_per_s_per_gpu: Option<f64>,
     pub samples_per_s: Option<f64>,
@@ -115,18 +126,93 @@ pub struct RunRow {
     pub peak_nvml_used_bytes: Option<u64>,
     pub peak_rss_bytes: Option<u64>,
     pub device_memory_bytes: Option<u64>,
+    /// Model states of the rank that holds the most, from the setup records (exact: the engine's
+    /// own buffers): parameters, gradients, optimizer states on the device, and what offload
+    /// keeps on the host.
+    pub state_params_bytes: Option<u64>,
+    pub state_grads_bytes: Option<u64>,
+    pub state_optimizer_bytes: Option<u64>,
+    pub host_state_bytes: Option<u64>,
     pub energy_j_per_token: Option<f64>,
     pub avg_power_w_per_gpu: Option<f64>,
     pub final_loss: Option<f64>,
+    /// The last evaluation loss, and its perplexity exp(eval_loss).
+    pub eval_loss: Option<f64>,
+    pub perplexity: Option<f64>,
+    /// What the foreign tools themselves reported: the Trainer's result dict (the median over
+    /// its processes), DeepSpeed's last `RunningAvgSamplesPerSec` and its FLOPs profiler's
+    /// summary (parameters and forward FLOPs per GPU, iteration latency, TFLOP/s per GPU).
+    pub hf_train_runtime_s: Option<f64>,
+    pub hf_train_samples_per_s: Option<f64>,
+    pub hf_train_steps_per_s: Option<f64>,
+    pub hf_train_loss: Option<f64>,
+    pub ds_running_avg_samples_per_s: Option<f64>,
+    pub ds_profile_params: Option<f64>,
+    pub ds_profile_fwd_flops: Option<f64>,
+    pub ds_profile_iter_ms: Option<f64>,
+    pub ds_profile_tflops_per_gpu: Option<f64>,
     pub skipped_steps: u64,
     pub straggler_rank: Option<u32>,
     pub straggler_frac: Option<f64>,
+}
+
+/// One bar of the step breakdown: the median step split by the run's phase shares. The parts are
+/// disjoint, so they add up to the median step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Breakdown {
+    pub forward_ms: f64,
+    pub backward_ms: f64,
+    /// Zero where the logs' phases contain their waits (version 1, foreign logs).
+    pub exposed_comm_ms: f64,
+    pub optimizer_ms: f64,
+    pub other_ms: f64,
+}
+
+impl Breakdown {
+    pub fn parts(&self) -> [f64; 5] {
+        [self.forward_ms, self.backward_ms, self.exposed_comm_ms, self.optimizer_ms, self.other_ms]
+    }
 }
 
 impl RunRow {
     /// An empty row for a run of this identity; the readers fill in what they measured.
     pub fn new(run_id: String, source: Source, dir: String, model: String, status: Status) -> Self {
         RunRow { run_id, source, dir, model, status, ..RunRow::default() }
+    }
+
+    /// Model states per rank (the largest rank's), device and host together.
+    pub fn state_bytes(&self) -> Option<u64> {
+        let device = [self.state_params_bytes?, self.state_grads_bytes?, self.state_optimizer_bytes?];
+        Some(device.iter().sum::<u64>() + self.host_state_bytes.unwrap_or(0))
+    }
+
+    /// The median step split into disjoint phases by their shares of the measured time. Medians
+    /// of the phases would not add up to the median step (each is another step's), nor would
+    /// version 1's phases, whose forward and backward contain the exposed communication: there it
+    /// is not drawn apart. Shares that exceed the whole (version 1 timed the optimizer past the
+    /// step's end) are scaled to it.
+    pub fn breakdown(&self) -> Option<Breakdown> {
+        let step = self.step_ms_median?;
+        let disjoint = self.log_version.is_some_and(|v| v >= 2);
+        let exposed = if disjoint { self.exposed_comm_frac.unwrap_or(0.0) } else { 0.0 };
+        let mut shares = [
+            self.forward_frac.unwrap_or(0.0),
+            self.backward_frac.unwrap_or(0.0),
+            exposed,
+            self.optimizer_frac.unwrap_or(0.0),
+        ];
+        let sum: f64 = shares.iter().sum();
+        if sum > 1.0 {
+            shares.iter_mut().for_each(|s| *s /= sum);
+        }
+        let other = (1.0 - shares.iter().sum::<f64>()).max(0.0);
+        Some(Breakdown {
+            forward_ms: shares[0] * step,
+            backward_ms: shares[1] * step,
+            exposed_comm_ms: shares[2] * step,
+            optimizer_ms: shares[3] * step,
+            other_ms: other * step,
+        })
     }
 }
 
@@ -157,6 +243,22 @@ pub struct CollectiveRow {
 pub struct RunReport {
     pub row: RunRow,
     pub collectives: Vec<CollectiveRow>,
+    /// DeepSpeed's `see_memory_usage` reports, in the order printed (foreign runs).
+    pub memory_phases: Vec<MemoryPhaseRow>,
+}
+
+/// One `see_memory_usage` report of a foreign run: where in the step (DeepSpeed's message) and
+/// the device memory then, GiB.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct MemoryPhaseRow {
+    pub run_id: String,
+    /// 0-based position in the run's log.
+    pub seq: u32,
+    pub phase: String,
+    pub allocated_gib: f64,
+    pub max_allocated_gib: f64,
+    pub reserved_gib: f64,
+    pub max_reserved_gib: f64,
 }
 
 impl RunRow {
@@ -175,6 +277,9 @@ impl RunRow {
             &mut self.exposed_comm_ms_median,
             &mut self.comm_frac,
             &mut self.exposed_comm_frac,
+            &mut self.forward_frac,
+            &mut self.backward_frac,
+            &mut self.optimizer_frac,
             &mut self.tokens_per_s,
             &mut self.tokens_per_s_per_gpu,
             &mut self.samples_per_s,
@@ -187,6 +292,17 @@ impl RunRow {
             &mut self.energy_j_per_token,
             &mut self.avg_power_w_per_gpu,
             &mut self.final_loss,
+            &mut self.eval_loss,
+            &mut self.perplexity,
+            &mut self.hf_train_runtime_s,
+            &mut self.hf_train_samples_per_s,
+            &mut self.hf_train_steps_per_s,
+            &mut self.hf_train_loss,
+            &mut self.ds_running_avg_samples_per_s,
+            &mut self.ds_profile_params,
+            &mut self.ds_profile_fwd_flops,
+            &mut self.ds_profile_iter_ms,
+            &mut self.ds_profile_tflops_per_gpu,
             &mut self.straggler_frac,
         ] {
             r(x);

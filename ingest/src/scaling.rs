@@ -28,8 +28,10 @@ pub struct ScalingRow {
     /// Non-default optimizer and engine settings (`RunConfig::variant`).
     pub variant: String,
     pub source: String,
+    /// The device the runs found (a GPU's name).
+    pub gpu: Option<String>,
     pub stage: Option<ZeroStage>,
-    pub offload: Offload,
+    pub offload: Option<Offload>,
     pub precision: Option<Precision>,
     pub seq_len: Option<u32>,
     pub micro_batch: Option<u32>,
@@ -65,8 +67,20 @@ impl ScalingRow {
     }
 }
 
-type GroupKey =
-    (String, String, Source, Option<ZeroStage>, Offload, Option<Precision>, Option<u32>, Option<u32>, Option<u32>);
+/// Every axis of a run's identity but its GPU and node counts (the device too: runs on two kinds
+/// of GPU are two lines).
+type GroupKey = (
+    String,
+    String,
+    Source,
+    Option<String>,
+    Option<ZeroStage>,
+    Option<Offload>,
+    Option<Precision>,
+    Option<u32>,
+    Option<u32>,
+    Option<u32>,
+);
 /// Runs of one group by (GPUs, nodes).
 type Groups<'a> = BTreeMap<GroupKey, BTreeMap<(u32, Option<u32>), Vec<&'a RunReport>>>;
 
@@ -93,6 +107,7 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
             row.model.clone(),
             row.variant.clone(),
             row.source,
+            row.gpu.clone(),
             row.stage,
             row.offload,
             row.precision,
@@ -103,7 +118,7 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
         groups.entry(key).or_default().entry((gpus, row.nodes)).or_default().push(r);
     }
     let mut out = Vec::new();
-    for ((model, variant, source, stage, offload, precision, seq_len, micro_batch, grad_accum), points) in groups {
+    for ((model, variant, source, gpu, stage, offload, precision, seq_len, micro_batch, grad_accum), points) in groups {
         let combined: Vec<Point> = points
             .into_iter()
             .map(|((gpus, nodes), rs)| Point {
@@ -128,6 +143,7 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
                     Source::Zerobench => "zerobench".into(),
                     Source::Foreign => "foreign".into(),
                 },
+                gpu: gpu.clone(),
                 stage,
                 offload,
                 precision,

@@ -57,7 +57,7 @@ pub struct StepTimes {
 }
 
 /// Fills in the step-time figures of `row` from its measured steps: median, p10, p90 and mean of
-/// the step time, the median of every phase, and the share of communication (Σ communication /
+/// the step time, the median and the share of every phase, and the share of communication (Σ communication /
 /// Σ step time) where every step has its communication time.
 pub fn step_figures(row: &mut RunRow, steps: &[StepTimes]) {
     if steps.is_empty() {
@@ -74,6 +74,10 @@ pub fn step_figures(row: &mut RunRow, steps: &[StepTimes]) {
     row.forward_ms_median = med(|s| s.forward);
     row.backward_ms_median = med(|s| s.backward);
     row.optimizer_ms_median = med(|s| s.optimizer);
+    let phase_share = |f: fn(&StepTimes) -> f64| (total > 0.0).then(|| fsum(steps.iter().map(f)) / total);
+    row.forward_frac = phase_share(|s| s.forward);
+    row.backward_frac = phase_share(|s| s.backward);
+    row.optimizer_frac = phase_share(|s| s.optimizer);
     // A median or share over only the steps that have the time would misstate the run.
     let every = |f: fn(&StepTimes) -> Option<f64>| steps.iter().map(f).collect::<Option<Vec<f64>>>();
     let share = |v: &[f64]| (total > 0.0).then(|| fsum(v.iter().copied()) / total);

@@ -4,7 +4,9 @@
 //!   = model, columns = micro-batch size; a configuration that ran out of memory shows `OOM`;
 //! * `scaling`: see [`crate::scaling`];
 //! * `comm`: one row per run and collective kind;
-//! * `runs`: one row per run, every field.
+//! * `runs`: one row per run, every field;
+//! * `states`: like `mem`, the model states per rank from the setup records (exact, on CPUs too);
+//! * `memory-phases`: DeepSpeed's `see_memory_usage` reports of foreign runs, in order.
 //!
 //! Every table also exists as a [`Table`] of text cells, which the CSV, Markdown and terminal
 //! sinks write.
@@ -14,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 use zerobench_schema::{Offload, Precision, ZeroStage};
 
-use crate::run::{CollectiveRow, RunReport, RunRow, Source, Status};
+use crate::run::{CollectiveRow, MemoryPhaseRow, RunReport, RunRow, Source, Status};
 use crate::scaling::{scaling, ScalingRow};
 use crate::stats::median;
 
@@ -64,34 +66,56 @@ pub enum PivotMetric {
     StepMsMedian,
     /// Peak memory per GPU, GiB: allocated, else NVML used, else process RSS.
     PeakMemoryGib,
+    /// Model states per rank, GiB (the largest rank's): what ZeRO partitions, exact, on every
+    /// device.
+    ModelStateGib,
 }
 
-/// The block a run's cell lives in.
+/// The block a run's cell lives in: every axis of a run's identity but the model, the variant
+/// (both in the row label) and the micro-batch (the column).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct BlockKey {
     pub stage: ZeroStage,
-    pub offload: Offload,
+    /// `None`: not recorded.
+    pub offload: Option<Offload>,
     pub gpus: Option<u32>,
+    pub nodes: Option<u32>,
     pub precision: Option<Precision>,
     pub seq_len: Option<u32>,
+    pub grad_accum: Option<u32>,
+    /// The device the run found (a GPU's name).
+    pub device: Option<String>,
 }
 
 impl BlockKey {
-    /// The block's title, in the first column of its header row.
-    pub fn label(&self) -> String {
+    /// The block's title, in the first column of its header row. Nodes, accumulation and device
+    /// are named where they are not the usual (one node, no accumulation) or where the table
+    /// holds more than one device (`name_device`).
+    pub fn label(&self, name_device: bool) -> String {
         let mut s = format!("zero{}", self.stage);
-        if self.offload != Offload::None {
-            s.push_str(&format!("+offload={}", self.offload));
+        match self.offload {
+            Some(Offload::None) => {}
+            Some(o) => s.push_str(&format!("+offload={o}")),
+            None => s.push_str("+offload=?"),
         }
         match self.gpus {
             Some(g) => s.push_str(&format!(" gpus={g}")),
             None => s.push_str(" gpus=?"),
+        }
+        if let Some(n) = self.nodes.filter(|n| *n != 1) {
+            s.push_str(&format!(" nodes={n}"));
         }
         if let Some(p) = self.precision {
             s.push_str(&format!(" {p}"));
         }
         if let Some(t) = self.seq_len {
             s.push_str(&format!(" seq={t}"));
+        }
+        if let Some(g) = self.grad_accum.filter(|g| *g != 1) {
+            s.push_str(&format!(" grad_accum={g}"));
+        }
+        if name_device {
+            s.push_str(&format!(" on {}", self.device.as_deref().unwrap_or("?")));
         }
         s
     }
@@ -104,6 +128,9 @@ pub enum MemoryKind {
     Allocated,
     Nvml,
     Rss,
+    /// The rank's model states (parameters, gradients, optimizer states) from its setup record:
+    /// exact, but without activations and buffers.
+    ModelStates,
 }
 
 /// One cell of a pivot.
@@ -112,10 +139,13 @@ pub enum MemoryKind {
 pub enum Cell {
     /// No run of this configuration.
     Empty,
-    /// The median over the `ok` runs of this configuration.
+    /// The median over the `ok` runs of this configuration (repeats of one configuration: the
+    /// block, row and column hold every axis of a run's identity), with their range.
     Value {
         value: f64,
         runs: u32,
+        min: f64,
+        max: f64,
         #[serde(skip_serializing_if = "Option::is_none")]
         memory: Option<MemoryKind>,
     },
@@ -131,11 +161,19 @@ impl Cell {
     pub fn text(&self) -> String {
         match self {
             Cell::Empty => String::new(),
-            Cell::Value { value, memory, .. } => match memory {
-                None | Some(MemoryKind::Allocated) => format!("{value:.2}"),
-                Some(MemoryKind::Nvml) => format!("{value:.2} nvml"),
-                Some(MemoryKind::Rss) => format!("{value:.2} rss"),
-            },
+            Cell::Value { value, memory, runs, min, max } => {
+                let mut s = format!("{value:.2}");
+                match memory {
+                    None | Some(MemoryKind::Allocated) => {}
+                    Some(MemoryKind::Nvml) => s.push_str(" nvml"),
+                    Some(MemoryKind::Rss) => s.push_str(" rss"),
+                    Some(MemoryKind::ModelStates) => s.push_str(" states"),
+                }
+                if *runs > 1 {
+                    s.push_str(&format!(" (n={runs} {min:.2}..{max:.2})"));
+                }
+                s
+            }
             Cell::NotMeasured => "n/a".into(),
             Cell::Oom => "OOM".into(),
             Cell::Other { run_status } => run_status.to_string(),
@@ -170,6 +208,7 @@ pub struct Pivot {
 impl Pivot {
     fn build(name: &'static str, metric: PivotMetric, runs: &[RunReport]) -> Pivot {
         let mut cells: BTreeMap<BlockKey, BTreeMap<String, BTreeMap<u32, Vec<&RunRow>>>> = BTreeMap::new();
+        let devices: BTreeSet<Option<&str>> = runs.iter().map(|r| r.row.gpu.as_deref()).collect();
         for r in runs {
             let row = &r.row;
             let (Some(stage), Some(mbs)) = (row.stage, row.micro_batch) else { continue };
@@ -177,8 +216,11 @@ impl Pivot {
                 stage,
                 offload: row.offload,
                 gpus: row.gpus,
+                nodes: row.nodes,
                 precision: row.precision,
                 seq_len: row.seq_len,
+                grad_accum: row.grad_accum,
+                device: row.gpu.clone(),
             };
             let mut label = match row.source {
                 Source::Zerobench => row.model.clone(),
@@ -199,7 +241,7 @@ impl Pivot {
         let blocks = cells
             .into_iter()
             .map(|(key, models)| PivotBlock {
-                label: key.label(),
+                label: key.label(devices.len() > 1),
                 key,
                 micro_batches: columns.clone(),
                 rows: models
@@ -254,13 +296,15 @@ fn cell(metric: PivotMetric, runs: &[&RunRow]) -> Cell {
         .filter_map(|r| match metric {
             PivotMetric::StepMsMedian => r.step_ms_median.map(|v| (v, None)),
             PivotMetric::PeakMemoryGib => memory_of(r).map(|(v, k)| (v, Some(k))),
+            PivotMetric::ModelStateGib => r.state_bytes().map(|b| (b as f64 / GIB, Some(MemoryKind::ModelStates))),
         })
         .collect();
     if !values.is_empty() {
         // Mixed memory sources in one cell: show the most direct one present.
         let kind = values.iter().filter_map(|(_, k)| *k).min();
         let vals: Vec<f64> = values.iter().filter(|(_, k)| *k == kind).map(|(v, _)| *v).collect();
-        return Cell::Value { value: median(&vals).unwrap_or(0.0), runs: vals.len() as u32, memory: kind };
+        let (min, max) = vals.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(*v), b.max(*v)));
+        return Cell::Value { value: median(&vals).unwrap_or(0.0), runs: vals.len() as u32, min, max, memory: kind };
     }
     if !ok.is_empty() {
         return Cell::NotMeasured;
@@ -279,9 +323,13 @@ fn cell(metric: PivotMetric, runs: &[&RunRow]) -> Cell {
 pub struct Tables {
     pub latency: Pivot,
     pub mem: Pivot,
+    /// Model states per rank: what ZeRO saves, exact, on CPUs too (where `mem` is process RSS).
+    pub states: Pivot,
     pub scaling: Vec<ScalingRow>,
     pub comm: Vec<CollectiveRow>,
     pub runs: Vec<RunRow>,
+    /// DeepSpeed's `see_memory_usage` progression of every foreign run that prints it.
+    pub memory_phases: Vec<MemoryPhaseRow>,
 }
 
 impl Tables {
@@ -292,8 +340,10 @@ impl Tables {
         Tables {
             latency: Pivot::build("latency", PivotMetric::StepMsMedian, &rounded),
             mem: Pivot::build("mem", PivotMetric::PeakMemoryGib, &rounded),
+            states: Pivot::build("states", PivotMetric::ModelStateGib, &rounded),
             scaling: scaling(runs),
             comm: rounded.iter().flat_map(|r| r.collectives.iter().cloned()).collect(),
+            memory_phases: rounded.iter().flat_map(|r| r.memory_phases.iter().cloned()).collect(),
             runs: rounded.into_iter().map(|r| r.row).collect(),
         }
     }
@@ -303,9 +353,11 @@ impl Tables {
         vec![
             self.latency.to_table(),
             self.mem.to_table(),
+            self.states.to_table(),
             table_from_rows("scaling", &self.scaling, &ScalingRow::default()),
             table_from_rows("comm", &self.comm, &CollectiveRow::default()),
             table_from_rows("runs", &self.runs, &RunRow::default()),
+            table_from_rows("memory-phases", &self.memory_phases, &MemoryPhaseRow::default()),
         ]
     }
 }

@@ -294,6 +294,15 @@ fn one() -> u32 {
     1
 }
 
+/// The fields of a [`RunConfig`] that the tables show as axes of their own (block, row or
+/// column), so [`RunConfig::variant`] leaves them out.
+pub const AXIS_FIELDS: &[&str] = &["model", "stage", "offload", "precision", "micro_batch", "seq_len", "grad_accum"];
+
+/// The fields of a [`RunConfig`] that do not change what a step computes: runs differing only
+/// there are repeats of one configuration, and tables combine them (saying how many). `device`
+/// is shown through the device the run found (its GPU's name), not through the request.
+pub const REPEAT_FIELDS: &[&str] = &["steps", "warmup", "seed", "device"];
+
 /// The target length of an encoder-decoder run that names none: a quarter of the input, at least
 /// one token. T5's span-corruption pre-training (15% of tokens masked in spans of mean length 3)
 /// turns 512 input tokens into targets of about 114, so inputs about four times their targets are
@@ -428,9 +437,10 @@ impl RunConfig {
     }
 
     /// The settings that differ from their defaults outside the grid dimensions (model, stage,
-    /// offload, precision, batch, sequence, accumulation): optimizer and engine knobs, as
-    /// `name=value` joined by `,`; empty for a default run. Tables keep runs of different variants
-    /// apart.
+    /// offload, precision, batch, sequence, accumulation, device): the target length, the
+    /// training text, optimizer and engine knobs, as `name=value` joined by `,`; empty for a
+    /// default run. Tables keep runs of different variants apart. What a run is *not* told apart
+    /// by is [`REPEAT_FIELDS`]: runs that differ only there are repeats of one configuration.
     pub fn variant(&self) -> String {
         let (o, e) = (OptimConfig::default(), EngineConfig::default());
         let mut parts = Vec::new();
@@ -441,6 +451,8 @@ impl RunConfig {
         };
         // The target length changes what a step computes as much as the sequence length does.
         diff("target_len", self.target_len_or_default().to_string(), self.unset_target_len().to_string());
+        let path = |p: &Option<PathBuf>| p.as_ref().map_or_else(|| "None".to_string(), |p| p.display().to_string());
+        diff("data", path(&self.data), "None".to_string());
         diff("lr", self.optim.lr.to_string(), o.lr.to_string());
         diff("beta1", self.optim.beta1.to_string(), o.beta1.to_string());
         diff("beta2", self.optim.beta2.to_string(), o.beta2.to_string());
@@ -620,6 +632,50 @@ mod tests {
         let mut g = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z0);
         g.target_len = Some(8);
         assert!(g.validate(None).unwrap_err().reason.contains("encoder-decoder"));
+    }
+
+    /// Every field of a configuration is an axis of the tables, part of the variant, or a field
+    /// that repeats ignore: a new knob that is none of these would let tables pool runs that
+    /// differ in it.
+    #[test]
+    fn every_field_is_an_axis_a_variant_or_a_repeat() {
+        let mut base = RunConfig::new(ModelPreset::T5Small, ZeroStage::Z2);
+        // Every optional field present, so that every key is in the JSON.
+        base.target_len = Some(32);
+        base.data = Some("a.txt".into());
+        base.engine.hpz = Some(2);
+        base.engine.comm_ctas = Some(4);
+        base.engine.copy_engines = Some(CopyEngines::AllGather);
+        let json = serde_json::to_value(&base).unwrap();
+        let mut seen = 0;
+        for (key, value) in json.as_object().unwrap() {
+            let paths: Vec<(String, Option<String>)> = match value.as_object() {
+                Some(inner) => inner.keys().map(|k| (key.clone(), Some(k.clone()))).collect(),
+                None => vec![(key.clone(), None)],
+            };
+            for (outer, inner) in paths {
+                seen += 1;
+                let name = inner.clone().unwrap_or_else(|| outer.clone());
+                if AXIS_FIELDS.contains(&name.as_str()) || REPEAT_FIELDS.contains(&name.as_str()) {
+                    continue;
+                }
+                let mut changed = json.clone();
+                let slot = match &inner {
+                    Some(i) => &mut changed[&outer][i],
+                    None => &mut changed[&outer],
+                };
+                *slot = match slot.clone() {
+                    serde_json::Value::Number(n) if n.is_u64() => serde_json::json!(n.as_u64().unwrap() + 1),
+                    serde_json::Value::Number(n) => serde_json::json!(n.as_f64().unwrap() * 1.5 + 0.01),
+                    serde_json::Value::String(_) if name == "copy_engines" => serde_json::json!("all"),
+                    serde_json::Value::String(s) => serde_json::json!(format!("{s}.other")),
+                    other => panic!("{name}: a field of kind {other} the test does not know how to change"),
+                };
+                let other: RunConfig = serde_json::from_value(changed).unwrap();
+                assert_ne!(other.variant(), base.variant(), "a run differing in `{name}` has the same variant");
+            }
+        }
+        assert!(seen >= 20, "only {seen} fields seen");
     }
 
     #[test]

@@ -10,6 +10,12 @@
 //! * the FLOPs profiler's `Profile Summary at step N` block (`world size:`, `batch size per GPU:`,
 //!   `fwd latency:`, `iter latency:`, `FLOPS per GPU = 3 * fwd flops per GPU / iter latency:`,
 //!   `samples/second:` ...);
+//! * the engine's configuration, printed once at start-up (`[config.py:1007:print]
+//!   zero_optimization_stage ...... 2`, `train_micro_batch_size_per_gpu  8`, `world_size`,
+//!   `gradient_accumulation_steps`, `bfloat16_enabled`/`bfloat16_config`, `fp16_enabled`,
+//!   `zero_config ... offload_optimizer=...(device='cpu' ...)`): the run's identity;
+//! * the time stamps that start DeepSpeed's lines (`[2024-07-10 14:14:51,806]`): the span of the
+//!   run, to attribute a shared nvidia-smi log by time;
 //! * failures: `CUDA out of memory` / `OutOfMemoryError` (an OOM), a Python traceback's final
 //!   `SomethingError: ...` line (a failure).
 
@@ -24,6 +30,18 @@ static KEY_VALUE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"\b(RunningAvgSamplesPerSec|CurrSamplesPerSec|MemAllocated|MaxMemAllocated)=([0-9.eE+-]+)")
         .expect("valid regex")
 });
+static CONFIG: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"\[config\.py:[0-9]+:print\]\s+([a-z0-9_]+)\s+\.*\s*(\S.*?)\s*$").expect("valid regex")
+});
+static STAMP: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^\s*\[([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2})(?:,([0-9]+))?\]").expect("valid regex")
+});
+static CREATING: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"Creating (?:torch\.)?(bfloat16|float16|float32|fp16|bf16|fp32) ZeRO stage ([0-3]) optimizer")
+        .expect("valid regex")
+});
+static OFFLOAD_DEVICE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"offload_(optimizer|param)=[A-Za-z]*\(device='(cpu|nvme)'").expect("valid regex"));
 static ERROR_LINE: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^\s*([A-Za-z_][A-Za-z0-9_.]*(?:Error|Exception)): (.*)$").expect("valid regex"));
 
@@ -49,7 +67,38 @@ pub struct Profile {
     pub iter_ms: Option<f64>,
     pub tflops_per_gpu: Option<f64>,
     pub samples_per_s: Option<f64>,
+    /// Forward FLOPs per GPU per iteration, as the profiler counted them.
+    pub fwd_flops_per_gpu: Option<f64>,
 }
+
+/// What DeepSpeed's printed configuration says about the run. The precision and offload are
+/// `None` when the lines that would say are absent, never a default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Config {
+    pub stage: Option<u8>,
+    pub micro_batch: Option<u32>,
+    pub grad_accum: Option<u32>,
+    pub world_size: Option<u32>,
+    pub bf16: Option<bool>,
+    pub fp16: Option<bool>,
+    /// Whether `zero_config` names an offload device for the optimizer / the parameters.
+    pub offload_optimizer: Option<bool>,
+    pub offload_param: Option<bool>,
+}
+
+/// One `see_memory_usage` report: where in the step it was taken (the message DeepSpeed printed
+/// with it), and its figures in GiB.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryPhase {
+    pub label: String,
+    pub ma: f64,
+    pub max_ma: f64,
+    pub ca: f64,
+    pub max_ca: f64,
+}
+
+/// `see_memory_usage` reports kept per run; a log that prints one every step keeps its first ones.
+pub const MAX_MEMORY_PHASES: usize = 256;
 
 /// What DeepSpeed lines of one run say.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -64,6 +113,15 @@ pub struct DeepSpeed {
     in_profile: Option<Profile>,
     pub oom: Option<String>,
     pub error: Option<String>,
+    pub config: Config,
+    pub memory_phases: Vec<MemoryPhase>,
+    /// The message of the last `see_memory_usage` line without figures (its figures follow on
+    /// the next line).
+    memory_label: Option<String>,
+    /// The first and last time stamp of a DeepSpeed line, seconds (UTC assumed; only compared
+    /// with other logs' stamps).
+    pub first_ts: Option<f64>,
+    pub last_ts: Option<f64>,
 }
 
 fn max_into(slot: &mut Option<f64>, v: f64) {
@@ -73,6 +131,17 @@ fn max_into(slot: &mut Option<f64>, v: f64) {
 impl DeepSpeed {
     /// Reads one line; returns whether it was a DeepSpeed line.
     pub fn line(&mut self, line: &str) -> bool {
+        let known = self.read_line(line);
+        if known {
+            if let Some(t) = stamp(line) {
+                self.first_ts = Some(self.first_ts.map_or(t, |f| f.min(t)));
+                self.last_ts = Some(self.last_ts.map_or(t, |l| l.max(t)));
+            }
+        }
+        known
+    }
+
+    fn read_line(&mut self, line: &str) -> bool {
         if let Some(p) = self.in_profile.as_mut() {
             if line.trim_start().starts_with("---") && !line.contains("DeepSpeed Flops Profiler") {
                 self.profile = self.in_profile.take();
@@ -93,6 +162,53 @@ impl DeepSpeed {
             if let (Some(ma), Some(max_ma), Some(ca), Some(max_ca)) = (v(1), v(2), v(3), v(4)) {
                 max_into(&mut self.allocated_gib, ma.max(max_ma));
                 max_into(&mut self.reserved_gib, ca.max(max_ca));
+                // The message is on this line before the figures, or alone on the line before.
+                let before = line[..c.get(0).map_or(0, |m| m.start())].rsplit(']').next().unwrap_or("").trim();
+                let label = if before.is_empty() { self.memory_label.take() } else { Some(before.to_string()) };
+                if self.memory_phases.len() < MAX_MEMORY_PHASES {
+                    let label = label.unwrap_or_default().chars().take(120).collect();
+                    self.memory_phases.push(MemoryPhase { label, ma, max_ma, ca, max_ca });
+                }
+                self.lines += 1;
+                return true;
+            }
+        }
+        if let Some((_, message)) = line.split_once(":see_memory_usage]") {
+            let message = message.trim();
+            if !message.starts_with("CPU Virtual Memory") {
+                self.memory_label = Some(message.to_string());
+            }
+            self.lines += 1;
+            return true;
+        }
+        if let Some(c) = CONFIG.captures(line) {
+            config_line(&mut self.config, &c[1], &c[2]);
+            self.lines += 1;
+            return true;
+        }
+        // The ZeRO optimizer says what it creates: `Creating torch.bfloat16 ZeRO stage 2
+        // optimizer`, then (stages 1-2) `CPU Offload: True`.
+        if let Some(c) = CREATING.captures(line) {
+            let cfg = &mut self.config;
+            cfg.stage = cfg.stage.or(c[2].parse().ok());
+            match &c[1] {
+                "bfloat16" | "bf16" => cfg.bf16 = cfg.bf16.or(Some(true)),
+                "float16" | "fp16" => cfg.fp16 = cfg.fp16.or(Some(true)),
+                _ => {
+                    cfg.bf16 = cfg.bf16.or(Some(false));
+                    cfg.fp16 = cfg.fp16.or(Some(false));
+                }
+            }
+            self.lines += 1;
+            return true;
+        }
+        if let Some((_, flag)) = line.split_once("] CPU Offload: ") {
+            if let Some(on) = match flag.trim() {
+                "True" => Some(true),
+                "False" => Some(false),
+                _ => None,
+            } {
+                self.config.offload_optimizer = self.config.offload_optimizer.or(Some(on));
                 self.lines += 1;
                 return true;
             }
@@ -138,12 +254,85 @@ impl DeepSpeed {
         false
     }
 
+    /// Adds what another file of the same run says (per-rank logs, stdout and stderr): peaks are
+    /// the larger, lists are joined, single facts are the first file's.
+    pub fn merge(&mut self, o: &DeepSpeed) {
+        self.lines += o.lines;
+        for (mine, theirs) in [(&mut self.allocated_gib, o.allocated_gib), (&mut self.reserved_gib, o.reserved_gib)] {
+            if let Some(v) = theirs {
+                max_into(mine, v);
+            }
+        }
+        self.steps.extend_from_slice(&o.steps);
+        self.running_avg_samples_per_s = self.running_avg_samples_per_s.or(o.running_avg_samples_per_s);
+        if self.profile.is_none() {
+            self.profile.clone_from(&o.profile);
+        }
+        if self.oom.is_none() {
+            self.oom.clone_from(&o.oom);
+        }
+        if self.error.is_none() {
+            self.error.clone_from(&o.error);
+        }
+        let c = &mut self.config;
+        let d = &o.config;
+        c.stage = c.stage.or(d.stage);
+        c.micro_batch = c.micro_batch.or(d.micro_batch);
+        c.grad_accum = c.grad_accum.or(d.grad_accum);
+        c.world_size = c.world_size.or(d.world_size);
+        c.bf16 = c.bf16.or(d.bf16);
+        c.fp16 = c.fp16.or(d.fp16);
+        c.offload_optimizer = c.offload_optimizer.or(d.offload_optimizer);
+        c.offload_param = c.offload_param.or(d.offload_param);
+        let room = MAX_MEMORY_PHASES.saturating_sub(self.memory_phases.len());
+        self.memory_phases.extend(o.memory_phases.iter().take(room).cloned());
+        self.first_ts = self.first_ts.into_iter().chain(o.first_ts).reduce(f64::min);
+        self.last_ts = self.last_ts.into_iter().chain(o.last_ts).reduce(f64::max);
+    }
+
     /// Ends reading: a profile block at the very end of a file is complete too.
     pub fn finish(&mut self) {
         if let Some(p) = self.in_profile.take() {
             self.profile = Some(p);
         }
     }
+}
+
+fn config_line(c: &mut Config, key: &str, value: &str) {
+    let flag = |v: &str| match v {
+        "True" | "true" => Some(true),
+        "False" | "false" => Some(false),
+        _ => None,
+    };
+    match key {
+        "zero_optimization_stage" => c.stage = value.parse().ok().filter(|s| *s <= 3),
+        "train_micro_batch_size_per_gpu" => c.micro_batch = value.parse().ok(),
+        "gradient_accumulation_steps" => c.grad_accum = value.parse().ok(),
+        "world_size" => c.world_size = value.parse().ok(),
+        "bfloat16_enabled" | "bf16_enabled" => c.bf16 = flag(value),
+        "fp16_enabled" => c.fp16 = flag(value),
+        // Newer versions print the precision configs as objects: `enabled=True ...`.
+        "bfloat16_config" | "bf16_config" => c.bf16 = Some(value.contains("enabled=True")),
+        "fp16_config" => c.fp16 = Some(value.contains("enabled=True")),
+        "zero_config" => {
+            c.offload_optimizer = Some(false);
+            c.offload_param = Some(false);
+            for m in OFFLOAD_DEVICE.captures_iter(value) {
+                match &m[1] {
+                    "optimizer" => c.offload_optimizer = Some(true),
+                    _ => c.offload_param = Some(true),
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The time stamp that starts a DeepSpeed line, seconds.
+fn stamp(line: &str) -> Option<f64> {
+    let c = STAMP.captures(line)?;
+    let frac = c.get(2).map_or(String::new(), |m| format!(".{}", m.as_str()));
+    super::nvidia_smi::timestamp(&format!("{}{frac}", &c[1]))
 }
 
 fn breakdown(rest: &str) -> Option<Breakdown> {
@@ -213,6 +402,7 @@ fn profile_line(p: &mut Profile, line: &str) {
         "step latency" => p.step_ms = ms(value),
         "iter latency" => p.iter_ms = ms(value),
         "samples/second" => p.samples_per_s = value.trim().parse().ok(),
+        "fwd flops per gpu" => p.fwd_flops_per_gpu = scaled(value),
         k if k.starts_with("flops per gpu") => p.tflops_per_gpu = scaled(value).map(|f| f / 1e12),
         _ => {}
     }

@@ -2,8 +2,8 @@
 //! `{'train_runtime': 742.5369, 'train_samples_per_second': 227.686, 'train_steps_per_second':
 //! 7.119, 'train_loss': 0.1686, 'epoch': 3.0}`, possibly behind a host prefix added by the
 //! launcher (`10.254.21.77: {...}`). Each such line is one process's report; the samples per
-//! second are global (all processes). Evaluation and logging dicts (`{'eval_loss': ...}`,
-//! `{'loss': ...}`) are recognised and not used.
+//! second are global (all processes). Of the evaluation dicts (`{'eval_loss': ...}`) the last
+//! loss is kept; logging dicts (`{'loss': ...}`) are recognised and not used.
 
 use std::sync::LazyLock;
 
@@ -28,14 +28,30 @@ pub struct TrainResult {
 pub struct HfTrainer {
     pub lines: u64,
     pub results: Vec<TrainResult>,
+    /// The last evaluation loss printed.
+    pub eval_loss: Option<f64>,
 }
 
 impl HfTrainer {
+    /// Adds another file's reports of the same run.
+    pub fn merge(&mut self, o: &HfTrainer) {
+        self.lines += o.lines;
+        self.results.extend_from_slice(&o.results);
+        self.eval_loss = self.eval_loss.or(o.eval_loss);
+    }
+
     /// Reads one line; returns whether it held a Trainer dict.
     pub fn line(&mut self, line: &str) -> bool {
         let Some(m) = DICT.find(line) else { return false };
         self.lines += 1;
         let dict = m.as_str();
+        if dict.starts_with("{'eval_loss'") {
+            let loss = PAIR.captures_iter(dict).find(|c| &c[1] == "eval_loss").and_then(|c| c[2].parse::<f64>().ok());
+            if let Some(l) = loss.filter(|l| l.is_finite()) {
+                self.eval_loss = Some(l);
+            }
+            return true;
+        }
         if !dict.starts_with("{'train_runtime'") {
             return true;
         }

@@ -105,11 +105,18 @@ static MBS: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?:^|[^a-z])(?:tmbspg|mbs|bs|micro_batch|microbatch)[_-]?([0-9]+)").expect("valid regex")
 });
 static GAS: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?:^|[^a-z])gas[_-]?([0-9]+)").expect("valid regex"));
+static NODES: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?:^|[^a-z0-9])(?:([0-9]+)[_-]?nodes?|nodes?[_-]?([0-9]+))(?:$|[^0-9])").expect("valid regex")
+});
 static GPUS: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?:^|[^a-z0-9])(?:([0-9]+)[_-]?gpus?|gpus?[_-]?([0-9]+))(?:$|[^0-9])").expect("valid regex")
 });
 
 /// Hints from the names of the folders from `root` (exclusive) down to `dir` (inclusive).
+/// The grammar (case-insensitive, tokens anywhere in a name): `z2`/`zero2`/`stage2`/`zero_stage2`
+/// (ZeRO stage), `mbs8`/`bs8`/`micro_batch8`/`tmbspg8` (micro-batch), `gas2` (accumulation),
+/// `offload` (optimizer offload), `bf16`/`fp16`/`fp32`, `4gpus`/`gpus4`, `2nodes`/`nodes2`, and
+/// a model preset name (`t5-large`, `gpt2-xl`, also without the dash).
 ///
 /// Only the path below the root counts: the folders above it (and the root's own name) are where
 /// the user keeps the logs, not what the run was, and any name can be there: a temporary folder
@@ -119,29 +126,71 @@ pub fn from_path(root: &Path, dir: &Path) -> Hints {
     let mut h = Hints::default();
     let Ok(below) = dir.strip_prefix(root) else { return h };
     // The nearest folder speaks first.
-    let comps: Vec<String> =
-        below.components().rev().map(|c| c.as_os_str().to_string_lossy().to_ascii_lowercase()).collect();
-    for c in &comps {
-        let cap = |re: &Regex| {
-            re.captures(c).and_then(|m| m.iter().skip(1).flatten().next().and_then(|g| g.as_str().parse::<u32>().ok()))
-        };
-        if h.stage.is_none() {
-            h.stage = cap(&STAGE).and_then(|s| u8::try_from(s).ok()).and_then(|s| ZeroStage::try_from(s).ok());
-        }
-        h.micro_batch = h.micro_batch.or_else(|| cap(&MBS));
-        h.grad_accum = h.grad_accum.or_else(|| cap(&GAS));
-        h.world_size = h.world_size.or_else(|| cap(&GPUS));
-        if h.offload.is_none() && c.contains("offload") {
-            h.offload = Some(Offload::Optimizer);
-        }
-        if h.precision.is_none() {
-            h.precision = ["bf16", "fp16", "fp32"].iter().find(|p| c.contains(*p)).and_then(|p| p.parse().ok());
-        }
-        if h.model.is_none() {
-            h.model = model_in(c);
-        }
+    for c in below.components().rev() {
+        fill_from_name(&mut h, &c.as_os_str().to_string_lossy());
     }
     h
+}
+
+/// Hints from a log file's own name without its extension (`ds_engine_z2_mbs8.log`): the same
+/// grammar as folder names. A name without any of its tokens gives nothing.
+pub fn from_file_name(path: &Path) -> Hints {
+    let mut h = Hints::default();
+    if let Some(stem) = path.file_stem() {
+        fill_from_name(&mut h, &stem.to_string_lossy());
+    }
+    h
+}
+
+/// What DeepSpeed's printed configuration says.
+pub fn from_deepspeed(c: &super::deepspeed::Config) -> Hints {
+    let precision = match (c.bf16, c.fp16) {
+        (Some(true), _) => Some(Precision::Bf16),
+        (_, Some(true)) => Some(Precision::Fp16),
+        (Some(false), Some(false)) => Some(Precision::Fp32),
+        _ => None,
+    };
+    // Parameters are offloaded at stage 3 only, so below it the optimizer's setting says all.
+    let params = c.offload_param.or(c.stage.filter(|s| *s < 3).map(|_| false));
+    let offload = match (c.offload_optimizer, params) {
+        (Some(true), Some(true)) => Some(Offload::OptimizerParams),
+        (Some(true), _) => Some(Offload::Optimizer),
+        (Some(false), Some(false)) => Some(Offload::None),
+        _ => None,
+    };
+    Hints {
+        stage: c.stage.and_then(|s| ZeroStage::try_from(s).ok()),
+        micro_batch: c.micro_batch,
+        grad_accum: c.grad_accum,
+        world_size: c.world_size,
+        precision,
+        offload,
+        ..Hints::default()
+    }
+}
+
+/// Fills what `h` lacks from one name (a folder's or a file's).
+fn fill_from_name(h: &mut Hints, name: &str) {
+    let c = name.to_ascii_lowercase();
+    let cap = |re: &Regex| {
+        re.captures(&c).and_then(|m| m.iter().skip(1).flatten().next().and_then(|g| g.as_str().parse::<u32>().ok()))
+    };
+    if h.stage.is_none() {
+        h.stage = cap(&STAGE).and_then(|s| u8::try_from(s).ok()).and_then(|s| ZeroStage::try_from(s).ok());
+    }
+    h.micro_batch = h.micro_batch.or_else(|| cap(&MBS));
+    h.grad_accum = h.grad_accum.or_else(|| cap(&GAS));
+    h.world_size = h.world_size.or_else(|| cap(&GPUS));
+    h.nodes = h.nodes.or_else(|| cap(&NODES));
+    if h.offload.is_none() && c.contains("offload") {
+        h.offload = Some(Offload::Optimizer);
+    }
+    if h.precision.is_none() {
+        h.precision = ["bf16", "fp16", "fp32"].iter().find(|p| c.contains(*p)).and_then(|p| p.parse().ok());
+    }
+    if h.model.is_none() {
+        h.model = model_in(&c);
+    }
 }
 
 /// The longest model preset name in a folder name, dashes optional.

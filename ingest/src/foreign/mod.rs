@@ -2,8 +2,21 @@
 //!
 //! Every text file (`.log`, `.txt`, `.out`, `.err`, `.csv`) in a folder without worker logs is
 //! scanned line by line; the lines of [`deepspeed`], [`hf_trainer`] and [`nvidia_smi`] formats
-//! are recognised and the rest ignored. All recognised files of one folder make one run, whose
-//! configuration comes from [`identity`]. A folder in which nothing is recognised is not a run.
+//! are recognised and the rest ignored. A folder in which nothing is recognised is not a run.
+//!
+//! Which files make one run ([`group`]): one run per log file unless proven otherwise, because
+//! people keep one log per configuration in one folder (`ds_z2.log`, `ds_z3.log`).
+//! * A `run.json` in the folder says the folder is one run: every file is joined.
+//! * Otherwise each DeepSpeed or Trainer log's identity is read from its content (DeepSpeed's
+//!   printed configuration) and its file name ([`identity`]'s grammar). Files of equal identity
+//!   are joined (per-rank logs of one run); files of different identities never are.
+//! * Files whose content and name say nothing are joined with each other when no file of the
+//!   folder has an identity (the folder is the run, named by the folder); otherwise each is a run
+//!   of its own, joined only with files whose names differ from its own in digits alone
+//!   (`rank0.log`, `rank1.log`).
+//! * An nvidia-smi log belongs to the folder's only run; shared by several runs, its samples are
+//!   split by the runs' time spans (DeepSpeed's time stamps), and where a run's span is unknown
+//!   or spans overlap it is reported as ambiguous and attributed to none.
 //!
 //! From the lines to the row (docs/ingest.md has the details):
 //! * step time: DeepSpeed's wall-clock breakdown lines, forward + backward + optimizer per line,
@@ -27,7 +40,7 @@ pub mod nvidia_smi;
 
 use std::fs::File;
 use std::ops::ControlFlow;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
@@ -36,7 +49,7 @@ use crate::discover::ForeignDir;
 use crate::lines::{for_each_line, Line, BLOCK, MAX_LINE};
 use crate::problem::{Problem, ProblemKind};
 use crate::read::ReadStats;
-use crate::run::{RunReport, RunRow, Source, Status};
+use crate::run::{MemoryPhaseRow, RunReport, RunRow, Source, Status};
 use crate::side::run_json;
 use crate::stats::{fsum, median, step_figures, StepTimes};
 
@@ -76,11 +89,18 @@ impl ForeignLogs {
     fn recognised(&self) -> bool {
         self.deepspeed.lines + self.hf.lines + self.smi.lines > 0
     }
+
+    /// Adds another file's lines of the same run.
+    pub fn merge(&mut self, o: &ForeignLogs) {
+        self.deepspeed.merge(&o.deepspeed);
+        self.hf.merge(&o.hf);
+        self.smi.merge(&o.smi);
+    }
 }
 
 /// Reads every foreign folder; returns its runs, problems and the number of files read.
 pub fn read_dirs(dirs: &[ForeignDir], settings: &Settings) -> (Vec<RunReport>, Vec<Problem>, ReadStats) {
-    let results: Vec<(Option<RunReport>, Vec<Problem>, ReadStats)> =
+    let results: Vec<(Vec<RunReport>, Vec<Problem>, ReadStats)> =
         dirs.par_iter().map(|d| read_dir(d, settings)).collect();
     let mut runs = Vec::new();
     let mut problems = Vec::new();
@@ -93,29 +113,157 @@ pub fn read_dirs(dirs: &[ForeignDir], settings: &Settings) -> (Vec<RunReport>, V
     (runs, problems, stats)
 }
 
-fn read_dir(dir: &ForeignDir, settings: &Settings) -> (Option<RunReport>, Vec<Problem>, ReadStats) {
+fn read_dir(dir: &ForeignDir, settings: &Settings) -> (Vec<RunReport>, Vec<Problem>, ReadStats) {
     let mut problems = Vec::new();
-    let mut logs = ForeignLogs::default();
     let mut stats = ReadStats::default();
+    let mut files: Vec<(PathBuf, ForeignLogs)> = Vec::new();
     for path in &dir.files {
+        let mut logs = ForeignLogs::default();
         match scan(path, &mut logs) {
             Ok((lines, bytes)) => stats.add(&ReadStats { files: 1, bytes, lines, bad_lines: 0 }),
             Err(e) => problems.push(Problem::file(path, ProblemKind::Io { message: e.to_string() })),
         }
+        logs.deepspeed.finish();
+        if logs.recognised() {
+            files.push((path.clone(), logs));
+        }
     }
-    logs.deepspeed.finish();
-    if !logs.recognised() {
+    if files.is_empty() {
         tracing::debug!(dir = %dir.dir.display(), "no recognised log lines; not a run");
-        return (None, problems, stats);
+        return (Vec::new(), problems, stats);
     }
-    let json = run_json(&dir.dir, &mut problems).map(|v| identity::from_run_json(&v)).unwrap_or_default();
-    let from_logs = Hints {
-        world_size: logs.deepspeed.profile.as_ref().and_then(|p| p.world_size),
-        micro_batch: logs.deepspeed.profile.as_ref().and_then(|p| p.batch_per_gpu),
-        ..Hints::default()
+    let json = run_json(&dir.dir, &mut problems).map(|v| identity::from_run_json(&v));
+    let folder = identity::from_path(&dir.root, &dir.dir);
+    let groups = group(&dir.dir, files, json.is_some(), &mut problems);
+    let single = groups.len() == 1;
+    let runs = groups
+        .into_iter()
+        .map(|g| {
+            let from_logs = Hints {
+                world_size: g.logs.deepspeed.profile.as_ref().and_then(|p| p.world_size),
+                micro_batch: g.logs.deepspeed.profile.as_ref().and_then(|p| p.batch_per_gpu),
+                ..Hints::default()
+            };
+            let mut hints = json.clone().unwrap_or_default().or(g.own).or(from_logs).or(folder.clone());
+            if !single {
+                // Runs of one folder are told apart by their files' names.
+                let base = dir.dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+                hints.run_id = Some(format!("{base}/{}", g.name));
+            }
+            to_report(&dir.dir, &hints, &g.logs, settings)
+        })
+        .collect();
+    (runs, problems, stats)
+}
+
+/// The files of one foreign run.
+struct Group {
+    /// The file name (without extension) the run is known by within its folder.
+    name: String,
+    /// What the files' content and names say.
+    own: Hints,
+    logs: ForeignLogs,
+}
+
+/// Splits a folder's recognised files into runs (the rules are in the module doc).
+fn group(dir: &Path, files: Vec<(PathBuf, ForeignLogs)>, one_run: bool, problems: &mut Vec<Problem>) -> Vec<Group> {
+    let (run_logs, smi_logs): (Vec<_>, Vec<_>) =
+        files.into_iter().partition(|(_, l)| l.deepspeed.lines + l.hf.lines > 0);
+    let stem = |p: &Path| p.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let mut groups: Vec<Group> = Vec::new();
+    let join =
+        |groups: &mut Vec<Group>, key: &dyn Fn(&Group) -> bool, name: String, own: Hints, l: &ForeignLogs| match groups
+            .iter_mut()
+            .find(|g| key(g))
+        {
+            Some(g) => g.logs.merge(l),
+            None => groups.push(Group { name, own, logs: l.clone() }),
+        };
+    if one_run || run_logs.is_empty() {
+        let mut all = ForeignLogs::default();
+        for (_, l) in run_logs.iter().chain(&smi_logs) {
+            all.merge(l);
+        }
+        let name = dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        return vec![Group { name, own: Hints::default(), logs: all }];
+    }
+    let own = |p: &Path, l: &ForeignLogs| identity::from_deepspeed(&l.deepspeed.config).or(identity::from_file_name(p));
+    let named = run_logs.iter().any(|(p, l)| own(p, l) != Hints::default());
+    for (path, logs) in &run_logs {
+        let hints = own(path, logs);
+        if hints != Hints::default() {
+            let h = hints.clone();
+            join(&mut groups, &|g: &Group| g.own == h, stem(path), hints, logs);
+        } else if !named {
+            join(&mut groups, &|_: &Group| true, stem(path), hints, logs);
+        } else {
+            let skeleton: String = stem(path).chars().filter(|c| !c.is_ascii_digit()).collect();
+            let key = |g: &Group| {
+                g.own == Hints::default()
+                    && g.name.chars().filter(|c| !c.is_ascii_digit()).collect::<String>() == skeleton
+            };
+            join(&mut groups, &key, stem(path), hints, logs);
+        }
+    }
+    if groups.len() == 1 {
+        // The folder holds one run: it is known by the folder's name, as before files were told
+        // apart.
+        groups[0].name = dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    }
+    for (path, smi) in &smi_logs {
+        attribute_smi(path, &smi.smi, &mut groups, problems);
+    }
+    groups
+}
+
+/// Gives an nvidia-smi log's samples to the runs they were taken during: all of them to a
+/// folder's only run; else each run those taken within its time span, when the spans of the runs
+/// that have one are disjoint. Runs without a span get none, and that is reported.
+fn attribute_smi(path: &Path, smi: &NvidiaSmi, groups: &mut [Group], problems: &mut Vec<Problem>) {
+    if let [only] = groups {
+        only.logs.smi.merge(smi);
+        return;
+    }
+    let spans: Vec<Option<(f64, f64)>> =
+        groups.iter().map(|g| g.logs.deepspeed.first_ts.zip(g.logs.deepspeed.last_ts)).collect();
+    let mut known: Vec<(f64, f64)> = spans.iter().flatten().copied().collect();
+    known.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let disjoint = !known.is_empty() && known.windows(2).all(|w| w[0].1 < w[1].0);
+    // Per run: its samples, or `None` without a span; nothing at all when the log's samples lack
+    // time stamps.
+    let parts: Option<Vec<Option<NvidiaSmi>>> = disjoint
+        .then(|| {
+            spans
+                .iter()
+                .map(|span| match span {
+                    Some((from, to)) => smi.within(*from, *to).map(|p| Some(p).filter(|p| !p.gpus.is_empty())),
+                    None => Some(None),
+                })
+                .collect()
+        })
+        .flatten();
+    let ambiguous = |message: String| Problem::file(path, ProblemKind::Ambiguous { message });
+    let Some(parts) = parts else {
+        problems.push(ambiguous(format!(
+            "nvidia-smi log shared by {} runs whose time spans are unknown or overlap; attributed to none",
+            groups.len()
+        )));
+        return;
     };
-    let hints = json.or(from_logs).or(identity::from_path(&dir.root, &dir.dir));
-    (Some(to_report(&dir.dir, &hints, &logs, settings)), problems, stats)
+    let mut unplaced = Vec::new();
+    for ((g, part), span) in groups.iter_mut().zip(parts).zip(&spans) {
+        match (part, span) {
+            (Some(p), _) => g.logs.smi.merge(&p),
+            (None, None) => unplaced.push(g.name.clone()),
+            (None, Some(_)) => {}
+        }
+    }
+    if !unplaced.is_empty() {
+        problems.push(ambiguous(format!(
+            "nvidia-smi samples not attributed to {}: no time stamps say when it ran",
+            unplaced.join(", ")
+        )));
+    }
 }
 
 /// Scans one file into `logs`; returns its lines and bytes. Over-long lines (progress bars
@@ -159,7 +307,7 @@ pub fn to_report(dir: &Path, hints: &Hints, logs: &ForeignLogs, settings: &Setti
     row.formats = logs.formats();
     row.status_detail = ds.oom.clone().or_else(|| ds.error.clone()).filter(|_| status != Status::Ok);
     row.stage = hints.stage;
-    row.offload = hints.offload.unwrap_or_default();
+    row.offload = hints.offload;
     row.precision = hints.precision;
     row.micro_batch = hints.micro_batch;
     row.grad_accum = hints.grad_accum;
@@ -204,7 +352,36 @@ pub fn to_report(dir: &Path, hints: &Hints, logs: &ForeignLogs, settings: &Setti
         row.energy_j_per_token = row.tokens_per_s.filter(|t| *t > 0.0).map(|t| total / t);
     }
     row.final_loss = hf.results.iter().find_map(|r| r.loss);
-    RunReport { row, collectives: Vec::new() }
+    row.eval_loss = hf.eval_loss;
+    row.perplexity = hf.eval_loss.map(f64::exp);
+    let hf_median =
+        |f: fn(&hf_trainer::TrainResult) -> Option<f64>| median(&hf.results.iter().filter_map(f).collect::<Vec<_>>());
+    row.hf_train_runtime_s = hf_median(|r| r.runtime_s);
+    row.hf_train_samples_per_s = hf_median(|r| r.samples_per_s);
+    row.hf_train_steps_per_s = hf_median(|r| r.steps_per_s);
+    row.hf_train_loss = hf_median(|r| r.loss);
+    row.ds_running_avg_samples_per_s = ds.running_avg_samples_per_s;
+    if let Some(p) = &ds.profile {
+        row.ds_profile_params = p.params_per_gpu;
+        row.ds_profile_fwd_flops = p.fwd_flops_per_gpu;
+        row.ds_profile_iter_ms = p.iter_ms;
+        row.ds_profile_tflops_per_gpu = p.tflops_per_gpu;
+    }
+    let memory_phases = ds
+        .memory_phases
+        .iter()
+        .enumerate()
+        .map(|(i, m)| MemoryPhaseRow {
+            run_id: row.run_id.clone(),
+            seq: i as u32,
+            phase: m.label.clone(),
+            allocated_gib: m.ma,
+            max_allocated_gib: m.max_ma,
+            reserved_gib: m.ca,
+            max_reserved_gib: m.max_ca,
+        })
+        .collect();
+    RunReport { row, collectives: Vec::new(), memory_phases }
 }
 
 /// Leading steps of a foreign log left out when `--warmup` is not given: the seed studies drop the

@@ -13,8 +13,20 @@ pub struct GpuSamples {
     pub name: Option<String>,
     pub max_used_mib: Option<f64>,
     pub total_mib: Option<f64>,
-    /// (seconds since an arbitrary origin, watts)
+    /// (seconds since 1970, watts)
     pub power: Vec<(Option<f64>, f64)>,
+    /// (seconds since 1970, MiB used): kept so that a log shared by several runs can be split by
+    /// their time spans ([`NvidiaSmi::within`]).
+    pub used: Vec<(Option<f64>, f64)>,
+}
+
+/// Appends a sample; beyond [`MAX_SAMPLES`], one in two is dropped so memory stays bounded.
+fn push_sample(v: &mut Vec<(Option<f64>, f64)>, sample: (Option<f64>, f64)) {
+    if v.len() >= MAX_SAMPLES {
+        let kept: Vec<_> = v.iter().step_by(2).copied().collect();
+        *v = kept;
+    }
+    v.push(sample);
 }
 
 /// What the nvidia-smi rows of one run say.
@@ -58,19 +70,16 @@ impl NvidiaSmi {
         if let Some(i) = cols.name {
             g.name.get_or_insert_with(|| cells[i].to_string());
         }
+        let t = cols.timestamp.and_then(|i| timestamp(cells[i]));
         if let Some(v) = cols.used.and_then(|i| number(cells[i])) {
             g.max_used_mib = Some(g.max_used_mib.map_or(v, |o| o.max(v)));
+            push_sample(&mut g.used, (t, v));
         }
         if let Some(v) = cols.total.and_then(|i| number(cells[i])) {
             g.total_mib = Some(v);
         }
         if let Some(w) = cols.power.and_then(|i| number(cells[i])) {
-            let t = cols.timestamp.and_then(|i| timestamp(cells[i]));
-            if g.power.len() >= MAX_SAMPLES {
-                let kept: Vec<_> = g.power.iter().step_by(2).copied().collect();
-                g.power = kept;
-            }
-            g.power.push((t, w));
+            push_sample(&mut g.power, (t, w));
         }
         self.lines += 1;
         true
@@ -103,7 +112,7 @@ fn number(cell: &str) -> Option<f64> {
 }
 
 /// `2024/03/20 16:22:18.301` → seconds since 1970 (UTC is assumed; only differences are used).
-fn timestamp(cell: &str) -> Option<f64> {
+pub fn timestamp(cell: &str) -> Option<f64> {
     let (date, time) = cell.split_once(' ')?;
     let mut d = date.split(['/', '-']).map(|x| x.parse::<i64>().ok());
     let (y, m, day) = (d.next()??, d.next()??, d.next()??);
@@ -120,10 +129,67 @@ fn timestamp(cell: &str) -> Option<f64> {
     Some(days as f64 * 86_400.0 + h * 3600.0 + mi * 60.0 + s)
 }
 
+impl NvidiaSmi {
+    /// The first and last time stamp of a sample, when every sample has one.
+    pub fn span(&self) -> Option<(f64, f64)> {
+        let mut times = self.gpus.values().flat_map(|g| g.used.iter().chain(&g.power)).map(|(t, _)| *t);
+        let first = times.next()??;
+        times.try_fold((first, first), |(lo, hi), t| t.map(|t| (lo.min(t), hi.max(t))))
+    }
+
+    /// The samples taken from `from` to `to` (seconds since 1970, inclusive); `None` unless every
+    /// sample has a time stamp.
+    pub fn within(&self, from: f64, to: f64) -> Option<NvidiaSmi> {
+        self.span()?;
+        let keep = |v: &[(Option<f64>, f64)]| -> Vec<(Option<f64>, f64)> {
+            v.iter().filter(|(t, _)| t.is_some_and(|t| t >= from && t <= to)).copied().collect()
+        };
+        let gpus = self
+            .gpus
+            .iter()
+            .map(|(k, g)| {
+                let used = keep(&g.used);
+                let max_used_mib = used.iter().map(|(_, v)| *v).reduce(f64::max);
+                let s = GpuSamples {
+                    name: g.name.clone(),
+                    max_used_mib,
+                    total_mib: g.total_mib,
+                    power: keep(&g.power),
+                    used,
+                };
+                (k.clone(), s)
+            })
+            .filter(|(_, g)| !g.used.is_empty() || !g.power.is_empty())
+            .collect();
+        Some(NvidiaSmi { lines: self.lines, columns: None, gpus })
+    }
+
+    /// Adds another log's samples (two CSV files of one run).
+    pub fn merge(&mut self, o: &NvidiaSmi) {
+        self.lines += o.lines;
+        for (k, g) in &o.gpus {
+            let mine = self.gpus.entry(k.clone()).or_default();
+            if mine.name.is_none() {
+                mine.name.clone_from(&g.name);
+            }
+            mine.max_used_mib = mine.max_used_mib.into_iter().chain(g.max_used_mib).reduce(f64::max);
+            mine.total_mib = mine.total_mib.into_iter().chain(g.total_mib).reduce(f64::max);
+            for s in &g.power {
+                push_sample(&mut mine.power, *s);
+            }
+            for s in &g.used {
+                push_sample(&mut mine.used, *s);
+            }
+        }
+    }
+}
+
 impl GpuSamples {
     /// Mean power over the samples: time-weighted (trapezoids) when timestamps are there.
     pub fn mean_power_w(&self) -> Option<f64> {
-        let timed: Vec<(f64, f64)> = self.power.iter().filter_map(|(t, w)| t.map(|t| (t, *w))).collect();
+        let mut timed: Vec<(f64, f64)> = self.power.iter().filter_map(|(t, w)| t.map(|t| (t, *w))).collect();
+        // Samples of two files of one run may interleave.
+        timed.sort_by(|a, b| a.0.total_cmp(&b.0));
         if timed.len() >= 2 && timed.len() == self.power.len() {
             let mut energy = 0.0;
             for p in timed.windows(2) {

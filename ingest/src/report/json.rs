@@ -35,9 +35,11 @@ pub fn write(ingested: &Ingested, tables: &Tables, out: &Path) -> Result<Vec<Pat
     let mut written = vec![
         one(out, "latency", &tables.latency)?,
         one(out, "mem", &tables.mem)?,
+        one(out, "states", &tables.states)?,
         one(out, "scaling", &tables.scaling)?,
         one(out, "comm", &tables.comm)?,
         one(out, "runs", &tables.runs)?,
+        one(out, "memory-phases", &tables.memory_phases)?,
     ];
     let summary = Summary {
         schema_version: OUTPUT_SCHEMA_VERSION,

@@ -4,8 +4,9 @@
 //! * `memory-<model>-mbs<N>.svg`: peak memory per GPU against GPUs, one line per ZeRO stage and
 //!   offload setting, for one model and micro-batch size (from the runs that finished `ok`): how
 //!   much each stage saves as GPUs are added;
-//! * `step-breakdown.svg`: per run, the median forward, backward, optimizer and exposed
-//!   communication times and the rest of the median step, stacked.
+//! * `step-breakdown.svg`: per run, its median step split into disjoint parts (forward and
+//!   backward computation, exposed communication, optimizer, the rest) by their shares of the
+//!   measured time, stacked: each bar is the median step.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -78,10 +79,12 @@ fn line_chart(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Ser
     root.present().map_err(|e| e.to_string())
 }
 
-fn config_label(stage: Option<zerobench_schema::ZeroStage>, offload: zerobench_schema::Offload) -> String {
+fn config_label(stage: Option<zerobench_schema::ZeroStage>, offload: Option<zerobench_schema::Offload>) -> String {
     let mut s = stage.map_or("zero?".to_string(), |s| format!("zero{s}"));
-    if offload != zerobench_schema::Offload::None {
-        s.push_str(&format!("+{offload}"));
+    match offload {
+        Some(zerobench_schema::Offload::None) => {}
+        Some(o) => s.push_str(&format!("+{o}")),
+        None => s.push_str("+offload?"),
     }
     s
 }
@@ -141,18 +144,13 @@ fn memory(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
 /// Runs drawn in the breakdown at most, so that the bars stay readable.
 const MAX_BARS: usize = 40;
 
-fn breakdown(runs: &[RunRow], out: &Path) -> Result<Option<PathBuf>, ReportError> {
-    let bars: Vec<(String, [f64; 5])> = runs
-        .iter()
+/// The bars of the step breakdown: per run with a step time, its label and its median step split
+/// into disjoint parts ([`RunRow::breakdown`]), in the order of [`PARTS`]. Each bar adds up to the
+/// run's median step.
+pub fn breakdown_bars(runs: &[RunRow]) -> Vec<(String, [f64; 5])> {
+    runs.iter()
         .filter_map(|r| {
-            let step = r.step_ms_median?;
-            let parts = [
-                r.forward_ms_median.unwrap_or(0.0),
-                r.backward_ms_median.unwrap_or(0.0),
-                r.optimizer_ms_median.unwrap_or(0.0),
-                r.exposed_comm_ms_median.unwrap_or(0.0),
-            ];
-            let rest = (step - parts.iter().sum::<f64>()).max(0.0);
+            let parts = r.breakdown()?.parts();
             let label = format!(
                 "{} {} mbs={} gpus={}",
                 r.model,
@@ -160,9 +158,13 @@ fn breakdown(runs: &[RunRow], out: &Path) -> Result<Option<PathBuf>, ReportError
                 r.micro_batch.map_or("?".into(), |m| m.to_string()),
                 r.gpus.map_or("?".into(), |g| g.to_string())
             );
-            Some((label, [parts[0], parts[1], parts[2], parts[3], rest]))
+            Some((label, parts))
         })
-        .collect();
+        .collect()
+}
+
+fn breakdown(runs: &[RunRow], out: &Path) -> Result<Option<PathBuf>, ReportError> {
+    let bars = breakdown_bars(runs);
     if bars.is_empty() {
         return Ok(None);
     }
@@ -176,8 +178,10 @@ fn breakdown(runs: &[RunRow], out: &Path) -> Result<Option<PathBuf>, ReportError
     Ok(Some(path))
 }
 
+/// The parts of a breakdown bar, in stacking order.
+pub const PARTS: [&str; 5] = ["forward", "backward", "exposed comm", "optimizer", "other"];
+
 fn draw_breakdown(path: &Path, title: &str, bars: &[(String, [f64; 5])]) -> Result<(), String> {
-    const PARTS: [&str; 5] = ["forward", "backward", "optimizer", "exposed comm", "other"];
     let x_max = bars.iter().map(|(_, p)| p.iter().sum::<f64>()).fold(1e-9, f64::max) * 1.15;
     let height = (120 + 28 * bars.len() as u32).max(300);
     let root = SVGBackend::new(path, (1000, height)).into_drawing_area();

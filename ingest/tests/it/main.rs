@@ -5,4 +5,5 @@ mod corrupt;
 mod fastpath;
 mod foreign;
 mod golden;
+mod mixed;
 mod props;
