@@ -75,6 +75,11 @@ pub fn discover(roots: &[PathBuf]) -> Discovered {
         }
         walked.push(canonical);
         let walk = walkdir::WalkDir::new(root).follow_links(true).sort_by_file_name().into_iter().filter_entry(|e| {
+            // Hidden folders below a root hold what is not current: the launcher keeps replaced
+            // runs and earlier attempts there. Given as a root, one is read.
+            if e.depth() > 0 && e.file_type().is_dir() && e.file_name().to_string_lossy().starts_with('.') {
+                return false;
+            }
             if !e.path_is_symlink() {
                 return true;
             }

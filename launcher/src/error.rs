@@ -27,6 +27,13 @@ pub enum Error {
     Slurm { command: String, code: i32, stderr: String },
     #[error("{0}")]
     Usage(String),
+    /// A run folder holds the results of a different run than the one about to be rendered there.
+    #[error(
+        "run {run}: {} holds the results of a different run ({what}); nothing was written. Use \
+         another --out, or --overwrite to move the old folder aside",
+        dir.display()
+    )]
+    RunChanged { run: String, dir: PathBuf, what: String },
 }
 
 impl Error {

@@ -14,6 +14,7 @@ pub mod locate;
 pub mod plan;
 pub mod quote;
 pub mod render;
+pub mod rerun;
 pub mod select;
 pub mod slurm;
 pub mod spec;

@@ -434,22 +434,188 @@ fn pdsh(
     (w, n)
 }
 
-/// Renders every run of a plan into `out/<run id>/` and returns the run folders.
+/// What may happen to a run folder that already holds a different run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnChange {
+    /// Refuse, naming the run and what changed: the folder's logs were produced by the run its
+    /// `run.json` records, and rewriting it would make the folder lie.
+    #[default]
+    Refuse,
+    /// Move the old folder aside (to `.replaced/<id>-<unix time>` in the output folder, logs and
+    /// all) and render anew.
+    MoveAside,
+}
+
+/// What rendering did to one run folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rendered {
+    /// A new folder.
+    New,
+    /// The folder already holds this very run: nothing was written.
+    Unchanged,
+    /// The folder held another rendering of this run id but nothing that ran (no logs, no
+    /// submission or local record): rewritten.
+    Refreshed,
+    /// The folder held another run's logs; they were moved to `old`.
+    Replaced { old: PathBuf },
+}
+
+impl Rendered {
+    pub fn describe(&self) -> String {
+        match self {
+            Rendered::New => "new".into(),
+            Rendered::Unchanged => "unchanged".into(),
+            Rendered::Refreshed => "re-rendered".into(),
+            Rendered::Replaced { old } => format!("replaced; the old run is in {}", old.display()),
+        }
+    }
+}
+
+/// Renders every run of a plan into `out/<run id>/` and returns the run folders. A folder that
+/// holds a different run with results is refused ([`render_with`] can move it aside).
 pub fn render(plan: &Plan, out: &Path) -> Result<Vec<PathBuf>, Error> {
+    Ok(render_with(plan, out, OnChange::Refuse)?.into_iter().map(|(d, _)| d).collect())
+}
+
+/// Renders every run of a plan into `out/<run id>/`: each folder with what was done to it. Every
+/// folder is checked before any is written, so a refusal leaves the whole output as it was.
+pub fn render_with(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(PathBuf, Rendered)>, Error> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let out = std::fs::canonicalize(out).map_err(|e| Error::io(out, e))?;
-    let mut dirs = Vec::with_capacity(plan.runs.len());
+    let mut todo = Vec::with_capacity(plan.runs.len());
     for run in &plan.runs {
         let dir = out.join(&run.id);
         let files = render_run(plan, run, &dir)?;
-        write_run(&dir, &files)?;
-        dirs.push(dir);
+        let action = compare(&dir, &files.record)?;
+        if let Some(what) = action.as_ref().err().filter(|_| on_change == OnChange::Refuse) {
+            return Err(Error::RunChanged { run: run.id.clone(), dir: dir.clone(), what: what.clone() });
+        }
+        todo.push((dir, files, action));
     }
-    Ok(dirs)
+    let mut done = Vec::with_capacity(todo.len());
+    for (dir, files, action) in todo {
+        let rendered = match action {
+            Ok(Some(Rendered::Unchanged)) => Rendered::Unchanged,
+            Ok(Some(r)) => {
+                write_run(&dir, &files)?;
+                r
+            }
+            Ok(None) => {
+                write_run(&dir, &files)?;
+                Rendered::New
+            }
+            Err(_) => {
+                let old = aside(&dir)?;
+                write_run(&dir, &files)?;
+                Rendered::Replaced { old }
+            }
+        };
+        done.push((dir, rendered));
+    }
+    Ok(done)
 }
 
-/// Writes one run folder. An existing folder is refreshed in place: submission records and logs
-/// from earlier runs stay.
+/// What an existing folder holds against the run about to be rendered there: `Ok(None)` nothing,
+/// `Ok(Some(Unchanged | Refreshed))` this run or a rendering that never ran, `Err(what)` another
+/// run that did (what differs).
+fn compare(dir: &Path, new: &RunRecord) -> Result<Result<Option<Rendered>, String>, Error> {
+    if std::fs::symlink_metadata(dir).is_err() {
+        return Ok(Ok(None));
+    }
+    let old = match std::fs::read_to_string(dir.join("run.json")) {
+        Ok(text) => serde_json::from_str::<serde_json::Value>(&text).ok(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io(&dir.join("run.json"), e)),
+    };
+    let new = serde_json::to_value(new).unwrap_or_default();
+    // Where the spec lives and which build rendered it do not change what runs.
+    let what_runs = |v: &serde_json::Value| {
+        let mut v = v.clone();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("spec");
+            o.remove("zerobench_version");
+        }
+        v
+    };
+    let differs = match &old {
+        Some(old) if what_runs(old) == what_runs(&new) => return Ok(Ok(Some(Rendered::Unchanged))),
+        Some(old) => {
+            let (old, new) = (what_runs(old), what_runs(&new));
+            let (path, o, n) = first_difference(&old, &new, String::new());
+            let show = |v: Option<&serde_json::Value>| {
+                let t = v.map_or_else(|| "nothing".to_string(), |v| v.to_string());
+                if t.chars().count() > 80 {
+                    format!("{}...", t.chars().take(77).collect::<String>())
+                } else {
+                    t
+                }
+            };
+            format!("its run.json has {path} = {}, the spec now gives {}", show(o), show(n))
+        }
+        None => "it has no readable run.json".to_string(),
+    };
+    Ok(if has_results(dir) { Err(differs) } else { Ok(Some(Rendered::Refreshed)) })
+}
+
+/// The first place two JSON values differ: its dotted path and both sides there.
+fn first_difference<'a>(
+    old: &'a serde_json::Value,
+    new: &'a serde_json::Value,
+    path: String,
+) -> (String, Option<&'a serde_json::Value>, Option<&'a serde_json::Value>) {
+    if let (Some(o), Some(n)) = (old.as_object(), new.as_object()) {
+        let keys: std::collections::BTreeSet<&String> = o.keys().chain(n.keys()).collect();
+        for k in keys {
+            let at = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+            match (o.get(k), n.get(k)) {
+                (Some(a), Some(b)) if a == b => {}
+                (Some(a), Some(b)) => return first_difference(a, b, at),
+                (a, b) => return (at, a, b),
+            }
+        }
+    }
+    (path, Some(old), Some(new))
+}
+
+/// Whether anything in a run folder came from running it: rank logs, a submission or a local
+/// record, a job's output.
+pub fn has_results(dir: &Path) -> bool {
+    let logs = std::fs::read_dir(dir.join(LOG_DIR)).is_ok_and(|mut d| d.next().is_some());
+    let records = ["slurm.json", "local.json", "local.out"].iter().any(|f| dir.join(f).exists());
+    let outputs =
+        std::fs::read_dir(dir).is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".out")));
+    logs || records || outputs
+}
+
+/// Where replaced run folders are kept, in the output folder: a hidden folder, so that `status`
+/// and `ingest` of the output read the current runs only.
+pub const REPLACED_DIR: &str = ".replaced";
+
+/// Moves a run folder to `<out>/.replaced/<id>-<unix time>[-n]`; returns where it went.
+fn aside(dir: &Path) -> Result<PathBuf, Error> {
+    let name = dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let keep = dir.parent().unwrap_or(Path::new(".")).join(REPLACED_DIR);
+    move_aside(dir, &keep, &name)
+}
+
+/// Moves `from` into the folder `keep` (created if needed) as `<name>-<unix time>[-n]`, never
+/// over anything; returns the new path.
+pub fn move_aside(from: &Path, keep: &Path, name: &str) -> Result<PathBuf, Error> {
+    std::fs::create_dir_all(keep).map_err(|e| Error::io(keep, e))?;
+    let stamp = crate::submit::unix_now();
+    for n in 0..1000 {
+        let suffix = if n == 0 { String::new() } else { format!("-{n}") };
+        let to = keep.join(format!("{name}-{stamp}{suffix}"));
+        if std::fs::symlink_metadata(&to).is_ok() {
+            continue;
+        }
+        std::fs::rename(from, &to).map_err(|e| Error::io(from, e))?;
+        return Ok(to);
+    }
+    Err(Error::io(from, std::io::Error::new(std::io::ErrorKind::AlreadyExists, "no free name to move it aside")))
+}
+
+/// Writes one run folder's rendered files.
 pub fn write_run(dir: &Path, files: &RunFiles) -> Result<(), Error> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let write = |name: &str, text: &str| {
@@ -557,6 +723,28 @@ mod tests {
                 p.display()
             )
         );
+    }
+
+    /// A folder that holds this very run is left alone; another rendering that never ran is
+    /// rewritten; one with results is refused, and moved aside when asked.
+    #[test]
+    fn existing_folders_by_what_they_hold() {
+        let out = tempfile::tempdir().unwrap();
+        let parse = |yaml: &str| Plan::build(Spec::parse(yaml, Path::new("s.yaml")).unwrap()).unwrap();
+        let a = parse("sweep: {models: tiny, stages: 1}\nworker: {steps: 3}\n");
+        let b = parse("sweep: {models: tiny, stages: 1}\nworker: {steps: 4}\n");
+        assert_eq!(render_with(&a, out.path(), OnChange::Refuse).unwrap()[0].1, Rendered::New);
+        assert_eq!(render_with(&a, out.path(), OnChange::Refuse).unwrap()[0].1, Rendered::Unchanged);
+        let (dir, what) = render_with(&b, out.path(), OnChange::Refuse).unwrap().remove(0);
+        assert_eq!(what, Rendered::Refreshed, "nothing ran there");
+        std::fs::write(dir.join("local.json"), "{}").unwrap();
+        let e = render_with(&a, out.path(), OnChange::Refuse).unwrap_err().to_string();
+        assert!(e.contains("config.steps = 4, the spec now gives 3"), "{e}");
+        assert!(read_record(&dir).unwrap().worker_argv.windows(2).any(|w| w == ["--steps", "4"]), "refused, unchanged");
+        let (_, what) = render_with(&a, out.path(), OnChange::MoveAside).unwrap().remove(0);
+        let Rendered::Replaced { old } = what else { panic!("{what:?}") };
+        assert!(old.starts_with(out.path().canonicalize().unwrap().join(REPLACED_DIR)), "{}", old.display());
+        assert!(old.join("local.json").is_file());
     }
 
     fn job_of(yaml: &str) -> String {

@@ -138,8 +138,10 @@ fn write_record(dir: &Path, rec: &SlurmRecord) -> Result<(), Error> {
     std::fs::write(&p, text).map_err(|e| Error::io(&p, e))
 }
 
-/// Submits run folders (sorted by id). `root` holds the array scripts when `opts.array`.
-pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec<Submitted>, Error> {
+/// Whether run folders can be submitted with these options at all (the dependency's syntax; no
+/// run a step of an existing allocation); returns their records. Run before deciding which of
+/// them to submit, so that a sweep Slurm cannot take is refused whatever state its runs are in.
+pub fn check(dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec<(PathBuf, RunRecord)>, Error> {
     if let Some(d) = &opts.dependency {
         check_dependency(d)?;
     }
@@ -151,7 +153,12 @@ pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec
             r.run.id
         )));
     }
+    Ok(records)
+}
 
+/// Submits run folders (sorted by id). `root` holds the array scripts when `opts.array`.
+pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec<Submitted>, Error> {
+    let records = check(dirs, opts)?;
     if opts.array {
         return submit_arrays(root, &records, opts);
     }

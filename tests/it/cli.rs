@@ -1,7 +1,7 @@
 //! The `zerobench` commands as a user runs them: what they print, the errors they give for bad
 //! input (file, line, column and key), and their exit codes (0 ok, 1 incomplete, 2 error).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::support::{repo, stderr, stdout, write_script, zerobench};
 
@@ -159,7 +159,7 @@ printf '%s\n' "$@" > "$logs/argv.$OMPI_COMM_WORLD_RANK""#,
     assert!(lines[2].starts_with("tiny_z0_offnone_mb1_1x2  done"), "{table}");
     assert!(lines[3].starts_with("tiny_z1_offnone_mb1_1x2  failed") && lines[3].contains("exit 3"), "{table}");
     assert!(lines[4].starts_with("tiny_z2_offnone_mb1_1x2  done"), "{table}");
-    assert!(table.contains("3 runs, 1 failed"), "{table}");
+    assert!(table.contains("3 runs: 3 run now, 0 skipped, 1 not done"), "{table}");
     let argv = std::fs::read_to_string(out.join("tiny_z2_offnone_mb1_1x2/logs/argv.1")).unwrap();
     assert!(
         argv.starts_with("--model\ntiny\n--stage\n2\n") && argv.ends_with("--run-id\ntiny_z2_offnone_mb1_1x2\n"),
@@ -170,6 +170,109 @@ printf '%s\n' "$@" > "$logs/argv.$OMPI_COMM_WORLD_RANK""#,
     let st = stdout(&st);
     assert!(st.contains("tiny_z1_offnone_mb1_1x2  failed  -    local"), "{st}");
     assert!(st.contains("3 runs: 2 done, 1 failed"), "{st}");
+}
+
+/// Every file under `dir` (hidden ones too) with its bytes.
+fn tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().is_file())
+        .map(|e| (e.path().to_path_buf(), std::fs::read(e.path()).unwrap()))
+        .collect()
+}
+
+/// `zerobench local` into a folder it ran before: finished runs are skipped and no byte changes;
+/// a failed run runs again only with `--retry-failed`, its first attempt kept whole; a spec that
+/// changed a run's configuration is refused without writing anything, and `--overwrite` moves
+/// the old run aside, never deleting it. `status` and `ingest` read the current runs only.
+#[test]
+fn local_into_the_same_folder_never_loses_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = dir.path().join("worker");
+    // Stage 1 fails; the others write a log line per rank.
+    write_script(
+        &worker,
+        r#"for a in "$@"; do [ "$prev" = --stage ] && stage=$a; [ "$prev" = --log-dir ] && logs=$a; prev=$a; done
+[ "$stage" = 1 ] && { echo "stage 1 refuses" > "$logs/refusal.$OMPI_COMM_WORLD_RANK"; exit 3; }
+printf '%s\n' "$@" > "$logs/argv.$OMPI_COMM_WORLD_RANK""#,
+    );
+    let spec = dir.path().join("local.yaml");
+    let write_spec = |steps: u32| {
+        std::fs::write(
+            &spec,
+            format!(
+                "launch:\n  method: local\n  worker: {:?}\nworker: {{device: cpu, steps: {steps}, warmup: 0}}\nsweep:\n  models: tiny\n  stages: [0, 1]\n  ranks_per_node: 2\n",
+                worker.to_str().unwrap()
+            ),
+        )
+        .unwrap()
+    };
+    write_spec(2);
+    let out = dir.path().join("runs");
+    let local = |extra: &[&str]| {
+        let mut args = vec!["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        zerobench(&args)
+    };
+    let first = local(&[]);
+    assert_eq!(first.status.code(), Some(1), "{}", stdout(&first));
+    let after_first = tree(&out);
+
+    // Again: nothing runs, nothing changes, the table says why.
+    let again = local(&[]);
+    let table = stdout(&again);
+    assert_eq!(again.status.code(), Some(1), "{table}{}", stderr(&again));
+    assert!(table.contains("done (skipped)") && table.contains("finished earlier"), "{table}");
+    assert!(table.contains("failed (skipped)") && table.contains("--retry-failed runs it again"), "{table}");
+    assert!(table.contains("2 runs: 0 run now, 2 skipped, 1 not done"), "{table}");
+    assert_eq!(tree(&out), after_first, "a second local changed bytes");
+
+    // --retry-failed runs the failed one again; its first attempt is kept byte for byte.
+    let retry = local(&["--retry-failed"]);
+    assert_eq!(retry.status.code(), Some(1), "{}", stdout(&retry));
+    assert!(stdout(&retry).contains("2 runs: 1 run now, 1 skipped, 1 not done"), "{}", stdout(&retry));
+    let failed = out.join("tiny_z1_offnone_mb1_1x2");
+    let attempts: Vec<PathBuf> =
+        std::fs::read_dir(failed.join(".attempts")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    for (path, bytes) in &after_first {
+        let moved = path
+            .strip_prefix(&failed)
+            .ok()
+            .filter(|rel| rel.starts_with("logs") || *rel == Path::new("local.json") || *rel == Path::new("local.out"));
+        if let Some(rel) = moved {
+            assert_eq!(&std::fs::read(attempts[0].join(rel)).unwrap(), bytes, "{}", rel.display());
+        } else {
+            assert_eq!(&std::fs::read(path).unwrap(), bytes, "{}", path.display());
+        }
+    }
+    assert!(failed.join("logs/refusal.0").is_file(), "the retry ran");
+
+    // A changed configuration under the same run ids: refused, naming the run and the field.
+    write_spec(3);
+    let before = tree(&out);
+    let changed = local(&[]);
+    assert_eq!(changed.status.code(), Some(2));
+    let e = stderr(&changed);
+    assert!(e.contains("run tiny_z0_offnone_mb1_1x2:") && e.contains("config.steps = 2, the spec now gives 3"), "{e}");
+    assert_eq!(tree(&out), before, "a refused local wrote");
+
+    // --overwrite moves the old runs aside and runs the new ones.
+    let over = local(&["--overwrite"]);
+    assert_eq!(over.status.code(), Some(1), "{}", stdout(&over));
+    let replaced: Vec<PathBuf> = std::fs::read_dir(out.join(".replaced")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(replaced.len(), 2, "{replaced:?}");
+    let kept = tree(&out);
+    for (path, bytes) in &before {
+        let rel = path.strip_prefix(&out).unwrap();
+        let run = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
+        let moved = replaced.iter().find(|r| r.file_name().unwrap().to_string_lossy().starts_with(&run)).unwrap();
+        let inner = rel.strip_prefix(&run).unwrap();
+        assert_eq!(kept.get(&moved.join(inner)), Some(bytes), "{} lost", rel.display());
+    }
+    let st = stdout(&zerobench(&["status", out.to_str().unwrap()]));
+    assert!(st.contains("2 runs: 1 done, 1 failed"), "{st}");
 }
 
 #[test]

@@ -187,6 +187,33 @@ fn arrays_failures_and_cancellation() {
     let o = zb(&conf, &["status", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "status exits 1 when a run failed");
     assert!(stdout(&o).contains("3 runs: 1 done, 1 failed, 1 cancelled"), "{}", stdout(&o));
+
+    // Submitting the folder again submits nothing: the runs ended, and their records stay.
+    let records: Vec<String> = ["tiny_z0_offnone_mb1_1x1", "tiny_z1_offnone_mb1_1x1", "tiny_z2_offnone_mb1_1x1"]
+        .iter()
+        .map(|r| std::fs::read_to_string(out.join(r).join("slurm.json")).unwrap())
+        .collect();
+    let again = zb(&conf, &["submit", out.to_str().unwrap()]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    let text = stdout(&again);
+    assert!(text.contains("0 runs submitted, 3 left as they were"), "{text}");
+    assert!(text.contains("not submitted: ended failed earlier; --retry-failed"), "{text}");
+    assert_eq!(std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_1x1/slurm.json")).unwrap(), records[0]);
+    // --retry-failed submits the failed and the cancelled run, their first attempts kept.
+    let retry = zb(&conf, &["submit", out.to_str().unwrap(), "--retry-failed"]);
+    assert!(retry.status.success(), "{}", stderr(&retry));
+    assert!(stdout(&retry).contains("2 runs submitted, 1 left as they were"), "{}", stdout(&retry));
+    for (run, old) in [("tiny_z1_offnone_mb1_1x1", &records[1]), ("tiny_z2_offnone_mb1_1x1", &records[2])] {
+        let attempts: Vec<_> = out.join(run).join(".attempts").read_dir().unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(attempts.len(), 1, "{run}");
+        assert_eq!(&std::fs::read_to_string(attempts[0].join("slurm.json")).unwrap(), old);
+        assert!(attempts[0].join("logs/rank0.env").is_file(), "{run}");
+        let new = std::fs::read_to_string(out.join(run).join("slurm.json")).unwrap();
+        assert_ne!(&new, old, "{run} was not submitted again");
+        let id: serde_json::Value = serde_json::from_str(&new).unwrap();
+        let _ =
+            std::process::Command::new("scancel").arg(id["job_id"].as_str().unwrap()).env("SLURM_CONF", &conf).output();
+    }
 }
 
 /// `cluster.allocation`: the runs are job steps of an allocation held elsewhere (here a job that
@@ -226,7 +253,7 @@ fn runs_as_steps_of_an_existing_allocation() {
     let refused = zb(&conf, &["submit", out.to_str().unwrap()]);
     let _ = cancel();
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
-    assert!(stdout(&o).contains("2 runs, 0 failed"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("2 runs: 2 run now, 0 skipped, 0 not done"), "{}", stdout(&o));
     let env = std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_2x2/logs/rank3.env")).unwrap();
     assert!(env.starts_with("rank=3 procid=3 nodeid=1 localid=1") && env.ends_with(&format!(" job={job}\n")), "{env}");
     assert_eq!(refused.status.code(), Some(2));

@@ -2,14 +2,21 @@
 //! host, one run after the other, with a progress bar; a failed run does not stop the sweep.
 //! A spec with `cluster.allocation` keeps its srun method: each run is a job step of that
 //! allocation, driven from here.
+//!
+//! Into an existing `--out`, nothing already there is lost: a run that finished is skipped, one
+//! that failed is run again only with `--retry-failed` (its earlier logs kept in the run folder's
+//! `.attempts/`), and a folder holding another configuration's results is refused unless
+//! `--overwrite` (which moves it to `.replaced/`).
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use zerobench_launcher::local::{run_local, LocalOptions};
+use zerobench_launcher::render::{OnChange, Rendered};
+use zerobench_launcher::rerun::rerun_decision;
 use zerobench_launcher::spec::Method;
-use zerobench_launcher::status::State;
+use zerobench_launcher::status::{status, State};
 use zerobench_launcher::{render, Plan, Spec};
 
 use crate::Outcome;
@@ -26,6 +33,15 @@ pub struct Args {
     /// Stop a run after this many seconds (default: the spec's cluster.time, else no limit).
     #[arg(long)]
     timeout: Option<u64>,
+    /// Run again the runs that ended failed, out of memory, cancelled or timed out (finished
+    /// runs are always skipped); their earlier logs move to the run folder's `.attempts/`.
+    #[arg(long)]
+    retry_failed: bool,
+    /// A run folder holding the results of a different configuration under the same run id is
+    /// moved to `.replaced/` in the output folder (never deleted) and the run rendered anew;
+    /// without it such a folder is refused and nothing is written.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
@@ -46,12 +62,32 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         .map(Duration::from_secs)
         .or_else(|| spec.cluster.time.as_ref().and_then(|t| t.seconds()).map(Duration::from_secs));
     let plan = Plan::build(spec)?;
-    let dirs = render::render(&plan, &a.out)?;
-    // render gives the folders in the plan's order.
-    let runs: Vec<(String, PathBuf)> = plan.runs.iter().map(|r| r.id.clone()).zip(dirs).collect();
-    let results = run_local(&runs, &LocalOptions { timeout, progress: std::io::stderr().is_terminal() })?;
+    let on_change = if a.overwrite { OnChange::MoveAside } else { OnChange::Refuse };
+    let rendered = render::render_with(&plan, &a.out, on_change)?;
+    let dirs: Vec<PathBuf> = rendered.iter().map(|(d, _)| d.clone()).collect();
+    let before = status(&dirs)?;
     let mut t = Table::new("local", ["run", "state", "seconds", "detail"]);
-    let mut failed = 0;
+    let mut runs: Vec<(String, PathBuf)> = Vec::new();
+    let (mut skipped, mut failed) = (0, 0);
+    // render gives the folders in the plan's order.
+    for ((run, (dir, what)), prior) in plan.runs.iter().zip(&rendered).zip(&before) {
+        if matches!(what, Rendered::Replaced { .. }) {
+            tracing::warn!(run = %run.id, "{}", what.describe());
+        }
+        let skip = rerun_decision(dir, prior, a.retry_failed)?;
+        match skip {
+            None => runs.push((run.id.clone(), dir.clone())),
+            Some(why) => {
+                skipped += 1;
+                if !matches!(prior.state, State::Done) {
+                    failed += 1;
+                }
+                let detail = if prior.detail.is_empty() { why } else { format!("{why}; {}", prior.detail) };
+                t.row([run.id.clone(), format!("{} (skipped)", prior.state), "-".into(), detail]);
+            }
+        }
+    }
+    let results = run_local(&runs, &LocalOptions { timeout, progress: std::io::stderr().is_terminal() })?;
     for r in &results {
         let st = r.record.state();
         if st != State::Done {
@@ -65,6 +101,13 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     }
     let mut out = std::io::stdout().lock();
     write_table(&mut out, &t)?;
-    writeln!(out, "{} runs, {} failed; logs in each run folder's logs/, output in local.out", results.len(), failed)?;
+    writeln!(
+        out,
+        "{} runs: {} run now, {} skipped, {} not done; logs in each run folder's logs/, output in local.out",
+        plan.runs.len(),
+        results.len(),
+        skipped,
+        failed
+    )?;
     Ok(if failed > 0 { Outcome::Incomplete } else { Outcome::Complete })
 }

@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use zerobench_launcher::render::OnChange;
 use zerobench_launcher::{render, Plan, Spec};
 
 use crate::Outcome;
@@ -14,17 +15,29 @@ use zerobench_ingest::tables::Table;
 pub struct Args {
     /// The experiment spec (YAML; see docs/launcher.md).
     spec: PathBuf,
-    /// Where the run folders go (created if needed; existing run folders are refreshed).
+    /// Where the run folders go (created if needed). A folder that already holds this run is left
+    /// as it is; one that holds another configuration's results is refused (see --overwrite).
     #[arg(long, short)]
     out: PathBuf,
+    /// Move run folders that hold a different configuration's results to `.replaced/` in the
+    /// output folder (never deleted) and render anew.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let plan = Plan::build(Spec::load(&a.spec)?)?;
-    let dirs = render::render(&plan, &a.out)?;
-    let mut t = Table::new("render", ["run", "method", "ranks", "folder"]);
-    for (r, d) in plan.runs.iter().zip(&dirs) {
-        t.row([r.id.clone(), plan.spec.launch.method.to_string(), r.world_size().to_string(), d.display().to_string()]);
+    let on_change = if a.overwrite { OnChange::MoveAside } else { OnChange::Refuse };
+    let dirs = render::render_with(&plan, &a.out, on_change)?;
+    let mut t = Table::new("render", ["run", "method", "ranks", "folder", "done"]);
+    for (r, (d, what)) in plan.runs.iter().zip(&dirs) {
+        t.row([
+            r.id.clone(),
+            plan.spec.launch.method.to_string(),
+            r.world_size().to_string(),
+            d.display().to_string(),
+            what.describe(),
+        ]);
     }
     let mut out = std::io::stdout().lock();
     write_table(&mut out, &t)?;

@@ -5,7 +5,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
-use zerobench_launcher::submit::{submit, SubmitOptions};
+use zerobench_launcher::render::OnChange;
+use zerobench_launcher::rerun::rerun_decision;
+use zerobench_launcher::status::status;
+use zerobench_launcher::submit::{check, submit, SubmitOptions};
 use zerobench_launcher::{render, Plan, Spec};
 
 use crate::Outcome;
@@ -31,6 +34,15 @@ pub struct Args {
     /// Ask Slurm whether the jobs would be accepted and when they would start; submit nothing.
     #[arg(long)]
     test_only: bool,
+    /// Submit again the runs that ended failed, out of memory, cancelled or timed out (finished,
+    /// pending and running ones are always left alone); their earlier logs and job records move
+    /// to the run folder's `.attempts/`.
+    #[arg(long)]
+    retry_failed: bool,
+    /// When rendering a spec: move run folders holding a different configuration's results to
+    /// `.replaced/` (never deleted) instead of refusing.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 /// The run folders a target names: a run folder, or every run folder under a folder.
@@ -52,7 +64,8 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         };
         let plan = Plan::build(Spec::load(&a.target)?)?;
         // Only this spec's runs: older run folders in `out` are not submitted again.
-        let dirs = render::render(&plan, out)?;
+        let on_change = if a.overwrite { OnChange::MoveAside } else { OnChange::Refuse };
+        let dirs = render::render_with(&plan, out, on_change)?.into_iter().map(|(d, _)| d).collect();
         (std::fs::canonicalize(out)?, dirs)
     } else {
         let root = std::fs::canonicalize(&a.target)?;
@@ -66,8 +79,19 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         test_only: a.test_only,
         ..Default::default()
     };
-    let done = submit(&root, &dirs, &opts)?;
+    // A run folder that ran or was submitted before is not submitted again, unless it failed
+    // and --retry-failed says so (a test submits nothing, so it sets nothing aside).
     let mut t = Table::new("submit", ["run", if a.test_only { "sbatch --test-only" } else { "job" }]);
+    check(&dirs, &opts)?;
+    let mut to_submit = Vec::with_capacity(dirs.len());
+    for (dir, prior) in dirs.iter().zip(status(&dirs)?) {
+        match rerun_decision(dir, &prior, a.retry_failed && !a.test_only)? {
+            None => to_submit.push(dir.clone()),
+            Some(why) => t.row([prior.id.clone(), format!("not submitted: {why}")]),
+        }
+    }
+    let skipped = t.rows.len();
+    let done = submit(&root, &to_submit, &opts)?;
     for s in &done {
         t.row([s.id.clone(), s.job.clone()]);
     }
@@ -76,7 +100,11 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     if a.test_only {
         writeln!(out, "{} runs accepted by sbatch --test-only; nothing submitted", done.len())?;
     } else {
-        writeln!(out, "{} runs submitted; job ids are in each run folder's slurm.json", done.len())?;
+        writeln!(
+            out,
+            "{} runs submitted, {skipped} left as they were; job ids are in each run folder's slurm.json",
+            done.len()
+        )?;
     }
     Ok(Outcome::Complete)
 }
