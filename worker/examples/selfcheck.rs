@@ -21,6 +21,11 @@
 //!   (the end of every step) returns only after the device work, so the step covers it.
 //! * `nvml`: the monitor's readings are present and plausible (memory used within the card's,
 //!   power between 1 W and 2 kW, utilisation a percentage).
+//! * `lm_head`: the chunked LM head with the fused cross-entropy kernel against the head composed
+//!   of libtorch operations (fp32 loss, autograd) on the same GPU, GPT-2's vocabulary of 50257,
+//!   ignored targets, several chunks: in fp32 the loss within 1e-5 and both gradients within 1e-4
+//!   relative (normwise); in bf16 and fp16 within 2e-3 for the loss and 2e-2 for the gradients
+//!   (16-bit rounding of the gradients, summed over chunks). The kernel must be the one used.
 //!
 //! `mpirun -np 1 target/release/examples/selfcheck`
 
@@ -240,6 +245,52 @@ fn nvml(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     );
 }
 
+fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    use zerobench_worker::model::lm_head::{cuda_kernel_installed, install_cuda, lm_loss_chunked, IGNORE_INDEX};
+    install_cuda(gpu);
+    let cuda = Device::Cuda(0);
+    let (n, d, v) = (3000i64, 256i64, 50257i64);
+    for (kind, loss_tol, grad_tol) in
+        [(Kind::Float, 1e-5, 1e-4), (Kind::BFloat16, 2e-3, 2e-2), (Kind::Half, 2e-3, 2e-2)]
+    {
+        tch::manual_seed(11);
+        let h0 = Tensor::randn([n, d], (Kind::Float, cuda)).to_kind(kind);
+        let w0 = (Tensor::randn([v, d], (Kind::Float, cuda)) * 0.05).to_kind(kind);
+        let t = Tensor::randint(v, [n], (Kind::Int64, cuda));
+        let _ = t.narrow(0, 0, 7).fill_(IGNORE_INDEX);
+        let leaf = |x: &Tensor| x.detach().set_requires_grad(true);
+        let (h1, w1) = (leaf(&h0), leaf(&w0));
+        let plain = h1.linear::<Tensor>(&w1, None).to_kind(Kind::Float).cross_entropy_loss::<Tensor>(
+            &t,
+            None,
+            tch::Reduction::Mean,
+            IGNORE_INDEX,
+            0.0,
+        );
+        plain.backward();
+        let (h2, w2) = (leaf(&h0), leaf(&w0));
+        // 3000 tokens in chunks of 1024 or so: several chunks, the last a short one.
+        let fused = lm_loss_chunked(&h2, &w2, &t, 1024 * 50304 * kind.elt_size_in_bytes() as i64).expect("the head");
+        fused.backward();
+        let rel = |a: &Tensor, b: &Tensor| {
+            let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
+            (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[]).max(1e-30)
+        };
+        let (lp, lf) = (plain.double_value(&[]), fused.double_value(&[]));
+        let loss_err = (lp - lf).abs() / lp.abs();
+        let (gh, gw) = (rel(&h2.grad(), &h1.grad()), rel(&w2.grad(), &w1.grad()));
+        let ok = cuda_kernel_installed() && loss_err <= loss_tol && gh <= grad_tol && gw <= grad_tol;
+        r.check(
+            "lm_head",
+            ok,
+            json!({"kind": format!("{kind:?}"), "fused_kernel": cuda_kernel_installed(), "tokens": n, "d_model": d, "vocab": v,
+                   "loss": {"composed": lp, "fused": lf, "relative_error": loss_err},
+                   "grad_relative_error": {"h": gh, "w": gw},
+                   "bound": {"loss": loss_tol, "grads": grad_tol}}),
+        );
+    }
+}
+
 fn main() {
     // Before MPI starts, as the worker does: MPI may initialise CUDA.
     cuda::bind_local_gpu(identity::local_rank_hint().unwrap_or(0));
@@ -253,6 +304,7 @@ fn main() {
     event_clock(&mut r, &gpu);
     step_clock(&mut r, &gpu);
     nvml(&mut r, &gpu);
+    lm_head(&mut r, &gpu);
     println!("{}", json!({"summary": {"checks": r.checks, "failed": r.failed, "gpu": gpu.describe().0}}));
     drop(comm);
     // MPI_Finalize runs when the universe drops; `exit` would skip it and mpirun would fail the run.

@@ -178,6 +178,9 @@ fn run_logged(
         Device::Cuda(i) => Some(Gpu::new(i).map_err(|e| Failure::Internal(format!("CUDA context: {e}")))?),
         _ => None,
     };
+    if let Some(g) = &gpu {
+        crate::model::lm_head::install_cuda(g);
+    }
     // hpZ: the ranks of this rank's group (consecutive ranks, a node) get a communicator of
     // their own. Splitting is collective: every rank takes part.
     let group_mpi = cfg.engine.hpz.map(|g| {

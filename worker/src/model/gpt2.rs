@@ -10,7 +10,8 @@
 use tch::{Kind, TchError, Tensor};
 use zerobench_schema::models::Gpt2Dims;
 
-use super::ops::{dim, lm_loss, merge_heads, split_heads};
+use super::lm_head::lm_loss;
+use super::ops::{dim, merge_heads, split_heads};
 use super::{Batch, Init, Model, ParamDef, Segment, Shape, UnitDef};
 
 pub struct Gpt2 {

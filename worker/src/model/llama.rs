@@ -18,7 +18,8 @@ use std::sync::Mutex;
 use tch::{Device, Kind, TchError, Tensor};
 use zerobench_schema::models::LlamaDims;
 
-use super::ops::{dim, lm_loss, merge_heads, rms_norm, split_heads};
+use super::lm_head::lm_loss;
+use super::ops::{dim, merge_heads, rms_norm, split_heads};
 use super::{rope, Batch, Init, Model, ParamDef, Segment, Shape, UnitDef};
 
 /// Hugging Face's `initializer_range` (every linear layer and the embedding).

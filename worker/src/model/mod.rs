@@ -12,11 +12,14 @@
 //! reads it. A unit may serve several segments (tied embeddings).
 //!
 //! * `gpt2`, `t5`, `llama`, `mlp`: the families of `ModelSpec`.
-//! * `ops`: RMS norm, attention heads, the LM head and its loss; `relpos`: T5's position buckets;
-//!   `rope`: rotary embeddings.
+//! * `ops`: RMS norm and attention heads; `lm_head` (and its kernel, `lm_head_cuda`): the LM head
+//!   and its loss, a chunk of tokens at a time; `relpos`: T5's position buckets; `rope`: rotary
+//!   embeddings.
 
 pub mod gpt2;
 pub mod llama;
+pub mod lm_head;
+pub mod lm_head_cuda;
 pub mod mlp;
 pub mod ops;
 pub mod relpos;

@@ -1,10 +1,7 @@
-//! Pieces the transformer families share: sizes as libtorch wants them, RMS norm, attention heads,
-//! and the LM head with its loss.
+//! Pieces the transformer families share: sizes as libtorch wants them, RMS norm and attention
+//! heads (the LM head and its loss are in `lm_head`).
 
-use tch::{Kind, Reduction, TchError, Tensor};
-
-/// Rows of the LM-head product are padded to a multiple of this (see [`lm_loss`]).
-const HEAD_ALIGN: i64 = 64;
+use tch::{TchError, Tensor};
 
 /// A model dimension as a libtorch size. The presets' dimensions are far below `i64::MAX`.
 pub fn dim(n: u64) -> i64 {
@@ -29,33 +26,10 @@ pub fn merge_heads(y: &Tensor) -> Result<Tensor, TchError> {
     y.f_transpose(1, 2)?.f_contiguous()?.f_view([b, t, heads * head_dim])
 }
 
-/// The LM head and its loss: logits of the hidden states `h` against the vocabulary's rows `w`
-/// (`[vocab, d]`), mean cross-entropy against the token ids `target`.
-///
-/// A vocabulary that is not a multiple of 64 (GPT-2's 50257) makes the three LM-head matrix
-/// products several times slower than aligned ones. The weight is padded with zero rows inside the
-/// product and the extra logits are sliced off before the loss: the same parameters and the same
-/// arithmetic, on aligned shapes.
-///
-/// The loss is computed in fp32, as PyTorch's autocast computes cross-entropy: bf16 or fp16 logits
-/// are upcast first, so the loss and its gradient keep their precision.
-pub fn lm_loss(h: &Tensor, w: &Tensor, target: &Tensor) -> Result<Tensor, TchError> {
-    let v = w.size()[0];
-    let v_aligned = (v + HEAD_ALIGN - 1) / HEAD_ALIGN * HEAD_ALIGN;
-    let w = if v_aligned > v { w.f_constant_pad_nd([0, 0, 0, v_aligned - v])? } else { w.shallow_clone() };
-    let logits = h.f_linear::<Tensor>(&w, None)?.f_narrow(-1, 0, v)?.f_to_kind(Kind::Float)?;
-    logits.f_reshape([-1, v])?.f_cross_entropy_loss::<Tensor>(
-        &target.f_reshape([-1])?,
-        None,
-        Reduction::Mean,
-        -100,
-        0.0,
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tch::Kind;
 
     #[test]
     fn rms_norm_scales_to_unit_root_mean_square() {
@@ -73,16 +47,5 @@ mod tests {
         let h = split_heads(&x, 4).unwrap();
         assert_eq!(h.size(), [2, 4, 3, 2]);
         assert!(merge_heads(&h).unwrap().equal(&x));
-    }
-
-    /// Padding the vocabulary changes nothing but the shapes.
-    #[test]
-    fn aligned_lm_loss_equals_plain_cross_entropy() {
-        let h = Tensor::randn([2, 5, 8], (Kind::Float, tch::Device::Cpu));
-        let w = Tensor::randn([70, 8], (Kind::Float, tch::Device::Cpu));
-        let target = Tensor::from_slice(&[0i64, 69, 3, 4, 5, 6, 7, 8, 9, 10]).view([2, 5]);
-        let plain = h.linear::<Tensor>(&w, None).view([-1, 70]).cross_entropy_for_logits(&target.view([-1]));
-        let aligned = lm_loss(&h, &w, &target).unwrap();
-        assert!(aligned.allclose(&plain, 1e-6, 1e-6, false), "{aligned} vs {plain}");
     }
 }

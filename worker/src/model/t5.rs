@@ -27,7 +27,8 @@
 use tch::{Kind, TchError, Tensor};
 use zerobench_schema::models::T5Dims;
 
-use super::ops::{dim, lm_loss, merge_heads, rms_norm, split_heads};
+use super::lm_head::lm_loss;
+use super::ops::{dim, merge_heads, rms_norm, split_heads};
 use super::{relpos, Batch, Init, Model, ParamDef, Segment, Shape, UnitDef};
 
 /// HF's `layer_norm_epsilon`.

@@ -58,9 +58,11 @@ mod tests {
     /// beside libtorch), for the Hopper GPUs the benchmarks run on.
     #[test]
     fn every_kernel_compiles() {
-        for (name, source) in
-            [("adamw", crate::zero::adamw_cuda::SOURCE), ("peer_copy", crate::comm::peer_copy::SOURCE)]
-        {
+        for (name, source) in [
+            ("adamw", crate::zero::adamw_cuda::SOURCE),
+            ("peer_copy", crate::comm::peer_copy::SOURCE),
+            ("cross_entropy", crate::model::lm_head_cuda::SOURCE),
+        ] {
             let ptx = super::compile(source, (9, 0)).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(ptx.to_src().contains(".entry"), "{name}: no kernel in the PTX");
         }

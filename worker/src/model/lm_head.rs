@@ -1,0 +1,221 @@
+//! The LM head and its loss, without the full logits: logits of the hidden states against the
+//! vocabulary's rows, mean cross-entropy against the targets, and both gradients, computed a
+//! chunk of tokens at a time.
+//!
+//! Composed of libtorch operations, the head of GPT-2 at micro-batch 16 holds its logits in bf16,
+//! again in fp32 for the loss, and their fp32 gradient: 16 × 1024 × 50304 × (2 + 4 + 4) bytes,
+//! 8.2 GB, for a loss of one number. Here the forward pass computes, for each chunk, the logits
+//! (one GEMM), the loss and the gradient of the logits in place (one kernel that reads each logit
+//! once and writes its gradient once), and from that gradient the gradients of the hidden states
+//! and of the weight (two GEMMs). One chunk's logits are alive at a time. This is the approach of
+//! llm.c's fused classifier and Liger's fused linear cross-entropy, written for this engine.
+//!
+//! tch has no custom autograd functions, so the gradients reach autograd through a surrogate: the
+//! returned loss is `L + Σ h·G_h − (Σ h·G_h)₀ + Σ W·G_W − (Σ W·G_W)₀`, where `(·)₀` is the same
+//! value detached. Its value is exactly `L` (x − x = 0 in floating point) and its gradients
+//! are exactly `G_h` and `G_W` times the upstream gradient (the loss scale under fp16), so the
+//! backward pass of the segment costs two element-wise products.
+//!
+//! What differs from the composed head, and by how much (tested on CPU in fp32 to 1e-5, and on a
+//! GPU by `bench/gpu/run.sh selfcheck`):
+//! * The loss and the gradient of the logits are computed in fp32 from the 16-bit logits, as
+//!   PyTorch's autocast computes cross-entropy; the gradient is rounded to 16 bits for the GEMMs
+//!   that follow, as autograd rounds it.
+//! * The weight's gradient is the sum over chunks of 16-bit GEMM results, added in fp32, where
+//!   autograd rounds one GEMM over all tokens: a few chunks' extra roundings, well within bf16's
+//!   resolution of the sum.
+//! * The head's three GEMMs run in the forward phase (the logged forward time grows and the
+//!   backward time shrinks by the same work).
+//!
+//! The vocabulary is padded to a multiple of 64 inside the GEMMs (GPT-2's 50257 makes them
+//! several times slower unaligned); the padding columns never reach the loss.
+
+use std::sync::{Arc, OnceLock};
+
+use tch::{Kind, TchError, Tensor};
+
+/// Rows of the LM-head product are padded to a multiple of this.
+const HEAD_ALIGN: i64 = 64;
+
+/// One chunk's logits take at most this many bytes (GPT-2, bf16: 5336 tokens a chunk).
+const CHUNK_BYTES: i64 = 512 << 20;
+
+/// Targets equal to this are left out of the loss (PyTorch's `ignore_index`).
+pub const IGNORE_INDEX: i64 = -100;
+
+/// The loss of the LM head (mean cross-entropy over the targets that are not [`IGNORE_INDEX`]),
+/// with gradients for `h` (`[.., d]`) and `w` (`[vocab, d]`) as composed libtorch operations
+/// would give them.
+pub fn lm_loss(h: &Tensor, w: &Tensor, target: &Tensor) -> Result<Tensor, TchError> {
+    lm_loss_chunked(h, w, target, CHUNK_BYTES)
+}
+
+/// [`lm_loss`] with chunks of at most `chunk_bytes` of logits (tests use small chunks).
+pub fn lm_loss_chunked(h: &Tensor, w: &Tensor, target: &Tensor, chunk_bytes: i64) -> Result<Tensor, TchError> {
+    let v = w.size()[0];
+    let d = w.size()[1];
+    let v_pad = (v + HEAD_ALIGN - 1) / HEAD_ALIGN * HEAD_ALIGN;
+    let w_pad = if v_pad > v { w.f_constant_pad_nd([0, 0, 0, v_pad - v])? } else { w.shallow_clone() };
+    let h2 = h.f_reshape([-1, d])?;
+    let t = target.f_reshape([-1])?;
+    let n = h2.size()[0];
+    let elem = h2.kind().elt_size_in_bytes() as i64;
+    let rows = (chunk_bytes / (v_pad * elem).max(1)).clamp(1, n.max(1));
+    let (loss, g_h, g_w) = {
+        let _guard = tch::no_grad_guard();
+        let (hd, wd) = (h2.detach(), w_pad.detach());
+        // 1 / the targets counted, on the device: reading it on the host would stall the queue.
+        let scale = t.f_ne(IGNORE_INDEX)?.f_sum(Kind::Float)?.f_clamp_min(1.0)?.f_reciprocal()?;
+        let g_h = Tensor::f_empty_like(&hd)?;
+        let mut g_w = Tensor::f_zeros([v_pad, d], (Kind::Float, hd.device()))?;
+        let mut loss = Tensor::f_zeros([], (Kind::Float, hd.device()))?;
+        let mut start = 0;
+        while start < n {
+            let len = rows.min(n - start);
+            let hc = hd.f_narrow(0, start, len)?;
+            let tc = t.f_narrow(0, start, len)?;
+            let mut logits = hc.f_mm(&wd.f_tr()?)?;
+            let rows_loss = cross_entropy_grad_in_place(&mut logits, &tc, v, &scale)?;
+            loss = loss.f_add(&rows_loss.f_sum(Kind::Float)?)?;
+            g_h.f_narrow(0, start, len)?.f_copy_(&logits.f_mm(&wd)?)?;
+            g_w = g_w.f_add(&logits.f_tr()?.f_mm(&hc)?.f_to_kind(Kind::Float)?)?;
+            start += len;
+        }
+        (loss.f_mul(&scale)?, g_h, g_w.f_to_kind(wd.kind())?)
+    };
+    let through_h = h2.f_mul(&g_h)?.f_sum(Kind::Float)?;
+    let through_w = w_pad.f_mul(&g_w)?.f_sum(Kind::Float)?;
+    loss.f_add(&through_h.f_sub(&through_h.f_detach()?)?)?.f_add(&through_w.f_sub(&through_w.f_detach()?)?)
+}
+
+/// Replaces a chunk's logits (`[rows, v_pad]`, of which the first `v` columns are the
+/// vocabulary's) by the gradient of `scale` (a one-element fp32 tensor) × the summed
+/// cross-entropy of its rows, and returns each row's cross-entropy (fp32; 0 for an ignored
+/// target). Columns past `v` get gradient 0.
+fn cross_entropy_grad_in_place(
+    logits: &mut Tensor,
+    target: &Tensor,
+    v: i64,
+    scale: &Tensor,
+) -> Result<Tensor, TchError> {
+    if let Some(k) = logits.device().is_cuda().then(|| CUDA.get()).flatten() {
+        match k.run(logits, target, v, scale) {
+            Ok(rows) => return Ok(rows),
+            Err(e) => tracing::warn!("{e}; this chunk's loss composes libtorch operations"),
+        }
+    }
+    let x = logits.f_narrow(1, 0, v)?.f_to_kind(Kind::Float)?;
+    let lse = x.f_logsumexp([1], true)?;
+    let valid = target.f_ne(IGNORE_INDEX)?;
+    let safe = target.f_where_scalarother(&valid, 0)?.f_unsqueeze(1)?;
+    let picked = x.f_gather(1, &safe, false)?;
+    let rows = lse.f_sub(&picked)?.f_squeeze_dim(1)?.f_mul(&valid.f_to_kind(Kind::Float)?)?;
+    let mut grad = x.f_sub(&lse)?.f_exp()?;
+    let _ = grad.f_scatter_add_(1, &safe, &Tensor::f_full([safe.size()[0], 1], -1.0, (Kind::Float, x.device()))?)?;
+    let grad = grad.f_mul(&valid.f_to_kind(Kind::Float)?.f_unsqueeze(1)?.f_mul(scale)?)?;
+    logits.f_narrow(1, 0, v)?.f_copy_(&grad)?;
+    if logits.size()[1] > v {
+        let _ = logits.f_narrow(1, v, logits.size()[1] - v)?.f_zero_()?;
+    }
+    Ok(rows)
+}
+
+/// The CUDA kernel of [`cross_entropy_grad_in_place`], when [`install_cuda`] compiled it.
+static CUDA: OnceLock<crate::model::lm_head_cuda::FusedCrossEntropy> = OnceLock::new();
+
+/// Whether the fused kernel is compiled and in use on CUDA tensors.
+pub fn cuda_kernel_installed() -> bool {
+    CUDA.get().is_some()
+}
+
+/// Compiles the fused cross-entropy kernel for this rank's GPU; without it (or if NVRTC fails)
+/// the head composes libtorch operations per chunk, with the same results.
+pub fn install_cuda(gpu: &Arc<crate::runtime::cuda::Gpu>) {
+    if CUDA.get().is_some() {
+        return;
+    }
+    match crate::model::lm_head_cuda::FusedCrossEntropy::new(Arc::clone(gpu)) {
+        Ok(k) => {
+            let _ = CUDA.set(k);
+        }
+        Err(e) => tracing::warn!("{e}; the LM head's loss falls back to libtorch operations"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    /// The composed head: logits, fp32 cross-entropy, autograd.
+    fn plain(h: &Tensor, w: &Tensor, target: &Tensor) -> Tensor {
+        let v = w.size()[0];
+        h.linear::<Tensor>(w, None).to_kind(Kind::Float).reshape([-1, v]).cross_entropy_loss::<Tensor>(
+            &target.reshape([-1]),
+            None,
+            tch::Reduction::Mean,
+            IGNORE_INDEX,
+            0.0,
+        )
+    }
+
+    fn grads(loss: Tensor, h: &Tensor, w: &Tensor) -> (f64, Tensor, Tensor) {
+        let value = loss.double_value(&[]);
+        loss.backward();
+        (value, h.grad().copy(), w.grad().copy())
+    }
+
+    fn leaves(kind: Kind) -> (Tensor, Tensor, Tensor) {
+        tch::manual_seed(7);
+        let h = Tensor::randn([3, 7, 16], (Kind::Float, Device::Cpu)).to_kind(kind).set_requires_grad(true);
+        let w = (Tensor::randn([70, 16], (Kind::Float, Device::Cpu)) * 0.3).to_kind(kind).set_requires_grad(true);
+        let t = Tensor::randint(70, [3, 7], (Kind::Int64, Device::Cpu));
+        // Two ignored targets, and the last token of the vocabulary.
+        let _ = t.get(0).get(2).fill_(IGNORE_INDEX);
+        let _ = t.get(2).get(6).fill_(IGNORE_INDEX);
+        let _ = t.get(1).get(0).fill_(69);
+        (h, w, t)
+    }
+
+    /// Values and both gradients equal the composed head's, with chunks of one token up to all
+    /// of them, ignored targets and a vocabulary that is not a multiple of 64.
+    #[test]
+    fn chunked_head_equals_the_composed_head() {
+        let (h, w, t) = leaves(Kind::Float);
+        let (want, want_h, want_w) = grads(plain(&h, &w, &t), &h, &w);
+        for chunk_bytes in [1, 128 * 4 * 5, i64::MAX] {
+            let (h2, w2) = (h.detach().set_requires_grad(true), w.detach().set_requires_grad(true));
+            let (got, got_h, got_w) = grads(lm_loss_chunked(&h2, &w2, &t, chunk_bytes).unwrap(), &h2, &w2);
+            assert!((got - want).abs() < 1e-5 * want.abs(), "{chunk_bytes}: loss {got} vs {want}");
+            assert!(got_h.allclose(&want_h, 1e-5, 1e-6, false), "{chunk_bytes}: dL/dh");
+            assert!(got_w.allclose(&want_w, 1e-5, 1e-6, false), "{chunk_bytes}: dL/dw");
+        }
+    }
+
+    /// In bf16, within the rounding of 16-bit gradients.
+    #[test]
+    fn chunked_head_in_bf16_is_within_its_rounding() {
+        let (h, w, t) = leaves(Kind::BFloat16);
+        let (want, want_h, want_w) = grads(plain(&h, &w, &t), &h, &w);
+        let (h2, w2) = (h.detach().set_requires_grad(true), w.detach().set_requires_grad(true));
+        let (got, got_h, got_w) = grads(lm_loss_chunked(&h2, &w2, &t, 64 * 2 * 4).unwrap(), &h2, &w2);
+        assert!((got - want).abs() < 1e-3 * want.abs(), "loss {got} vs {want}");
+        let rel = |a: &Tensor, b: &Tensor| {
+            let a = a.to_kind(Kind::Float);
+            let b = b.to_kind(Kind::Float);
+            (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[])
+        };
+        assert!(rel(&got_h, &want_h) < 1e-2, "dL/dh off by {}", rel(&got_h, &want_h));
+        assert!(rel(&got_w, &want_w) < 1e-2, "dL/dw off by {}", rel(&got_w, &want_w));
+    }
+
+    /// Under a loss scale the gradients scale with it, as autograd's would.
+    #[test]
+    fn gradients_follow_the_upstream_gradient() {
+        let (h, w, t) = leaves(Kind::Float);
+        let (_, one_h, _) = grads(lm_loss_chunked(&h, &w, &t, 1 << 10).unwrap(), &h, &w);
+        let (h2, w2) = (h.detach().set_requires_grad(true), w.detach().set_requires_grad(true));
+        (lm_loss_chunked(&h2, &w2, &t, 1 << 10).unwrap() * 1024.0).backward();
+        assert!(h2.grad().allclose(&(one_h * 1024.0), 1e-5, 1e-6, false));
+    }
+}

@@ -1,0 +1,135 @@
+//! The cross-entropy of [`super::lm_head`] as one CUDA kernel, compiled at start with NVRTC: per
+//! row of logits, one pass for the maximum and the sum of exponentials (online, in fp32), one
+//! pass that writes the gradient over the logits in place. Each 16-bit logit is read twice and
+//! written once, against about ten bytes per logit each way for the composed fp32 loss. It runs
+//! on the compute stream, in libtorch's order.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
+use tch::{Kind, Tensor};
+
+use crate::runtime::cuda::Gpu;
+use crate::runtime::kernels;
+
+/// Threads per row.
+const THREADS: u32 = 512;
+
+/// The kernels, after [`kernels`]' shared conversions. `scale` points at one fp32 on the device
+/// (1 / the targets counted); a target outside `[0, v)` (the ignore index) gives a zero row.
+pub(crate) const SOURCE: &str = r#"
+#define NEG_INF __int_as_float(0xff800000u)
+__device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) {
+  float mn = fmaxf(m, m2);
+  float a = (m == NEG_INF) ? 0.f : s * expf(m - mn);
+  float b = (m2 == NEG_INF) ? 0.f : s2 * expf(m2 - mn);
+  m = mn; s = a + b;
+}
+
+#define CE(NAME, T, LOAD, STORE)                                                                      \
+extern "C" __global__ void NAME(T* __restrict__ logits, const long long* __restrict__ target,        \
+    float* __restrict__ loss, long long v_pad, long long v, const float* __restrict__ scale) {        \
+  __shared__ float red_m[32];                                                                         \
+  __shared__ float red_s[32];                                                                         \
+  __shared__ float picked;                                                                            \
+  T* x = logits + blockIdx.x * v_pad;                                                                 \
+  long long t = target[blockIdx.x];                                                                   \
+  bool valid = t >= 0 && t < v;                                                                       \
+  float m = NEG_INF, s = 0.f;                                                                       \
+  for (long long j = threadIdx.x; j < v; j += blockDim.x) {                                           \
+    float xj = LOAD(x[j]);                                                                            \
+    if (xj > m) { s = (m == NEG_INF ? 0.f : s * expf(m - xj)) + 1.f; m = xj; }                     \
+    else { s += expf(xj - m); }                                                                       \
+  }                                                                                                   \
+  for (int off = 16; off > 0; off >>= 1)                                                              \
+    combine(m, s, __shfl_xor_sync(0xffffffffu, m, off), __shfl_xor_sync(0xffffffffu, s, off));      \
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;                      \
+  if (lane == 0) { red_m[warp] = m; red_s[warp] = s; }                                                \
+  if (threadIdx.x == 0) picked = valid ? LOAD(x[t]) : 0.f;                                            \
+  __syncthreads();                                                                                    \
+  m = lane < warps ? red_m[lane] : NEG_INF;                                                         \
+  s = lane < warps ? red_s[lane] : 0.f;                                                               \
+  for (int off = 16; off > 0; off >>= 1)                                                              \
+    combine(m, s, __shfl_xor_sync(0xffffffffu, m, off), __shfl_xor_sync(0xffffffffu, s, off));      \
+  float lse = m + logf(s);                                                                            \
+  float g = valid ? *scale : 0.f;                                                                     \
+  if (threadIdx.x == 0) loss[blockIdx.x] = valid ? lse - picked : 0.f;                                \
+  for (long long j = threadIdx.x; j < v_pad; j += blockDim.x) {                                       \
+    float gj = 0.f;                                                                                   \
+    if (j < v) gj = (expf(LOAD(x[j]) - lse) - (j == t ? 1.f : 0.f)) * g;                              \
+    x[j] = STORE(gj);                                                                                 \
+  }                                                                                                   \
+}
+
+CE(cross_entropy_bf16, unsigned short, bf2f, f2bf)
+CE(cross_entropy_f16, unsigned short, h2f, f2h)
+CE(cross_entropy_f32, float, f2f, f2f)
+"#;
+
+pub struct FusedCrossEntropy {
+    gpu: Arc<Gpu>,
+    _module: Arc<CudaModule>,
+    bf16: CudaFunction,
+    f16: CudaFunction,
+    f32: CudaFunction,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CrossEntropyError {
+    #[error("the cross-entropy kernel: {0}")]
+    Kernel(#[from] kernels::KernelError),
+    #[error("CUDA: {0}")]
+    Cuda(#[from] cudarc::driver::DriverError),
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+    #[error("the cross-entropy kernel takes contiguous rows of logits and int64 targets")]
+    Layout,
+}
+
+impl FusedCrossEntropy {
+    /// Compiles the kernels for this GPU's architecture.
+    pub fn new(gpu: Arc<Gpu>) -> Result<Self, CrossEntropyError> {
+        let module = kernels::load(&gpu, SOURCE)?;
+        Ok(Self {
+            bf16: module.load_function("cross_entropy_bf16")?,
+            f16: module.load_function("cross_entropy_f16")?,
+            f32: module.load_function("cross_entropy_f32")?,
+            _module: module,
+            gpu,
+        })
+    }
+
+    /// Each row's cross-entropy (fp32), the logits replaced by their gradient.
+    pub fn run(&self, logits: &Tensor, target: &Tensor, v: i64, scale: &Tensor) -> Result<Tensor, CrossEntropyError> {
+        let (rows, v_pad) = logits.size2()?;
+        let func = match logits.kind() {
+            Kind::BFloat16 => &self.bf16,
+            Kind::Half => &self.f16,
+            Kind::Float => &self.f32,
+            _ => return Err(CrossEntropyError::Layout),
+        };
+        if !logits.is_contiguous()
+            || target.kind() != Kind::Int64
+            || !target.is_contiguous()
+            || target.numel() != rows as usize
+            || scale.kind() != Kind::Float
+            || v > v_pad
+        {
+            return Err(CrossEntropyError::Layout);
+        }
+        let loss = Tensor::f_empty([rows], (Kind::Float, logits.device()))?;
+        if rows == 0 {
+            return Ok(loss);
+        }
+        let grid = u32::try_from(rows).map_err(|_| CrossEntropyError::Layout)?;
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let ptr = |t: &Tensor| t.data_ptr() as u64;
+        let (lp, tp, op, sp) = (ptr(logits), ptr(target), ptr(&loss), ptr(scale));
+        let mut launch = self.gpu.compute.launch_builder(func);
+        launch.arg(&lp).arg(&tp).arg(&op).arg(&v_pad).arg(&v).arg(&sp);
+        // SAFETY: contiguous device tensors of the kernel's types and shapes (checked above),
+        // alive until the kernel has run: libtorch frees them in stream order, on this stream.
+        unsafe { launch.launch(cfg) }?;
+        Ok(loss)
+    }
+}
