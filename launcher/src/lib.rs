@@ -12,6 +12,7 @@ pub mod hostlist;
 pub mod local;
 pub mod locate;
 pub mod plan;
+pub mod proctree;
 pub mod quote;
 pub mod render;
 pub mod rerun;

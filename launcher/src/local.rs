@@ -1,8 +1,14 @@
 //! Running a rendered sweep on this host, one run after the other, without Slurm.
 //!
 //! Each run's `job.sbatch` (rendered with the `local` method: `mpirun --oversubscribe --bind-to none -np N`) is
-//! run with bash, exactly as written, in its own process group so that a run over its time limit
-//! is stopped with all its ranks. A failed run is recorded and the sweep goes on.
+//! run with bash, exactly as written, in its own process group. A failed run is recorded and the
+//! sweep goes on.
+//!
+//! A run over its time limit, and the run going when `zerobench local` gets SIGINT, SIGTERM or
+//! SIGHUP, is stopped with every process under it ([`crate::proctree`]: mpirun's ranks may sit in
+//! process groups of their own): SIGTERM, then SIGKILL [`GRACE`] later to what is left. The
+//! worker answers SIGTERM by writing `error` and `end` records. An interrupted run is recorded as
+//! cancelled, and no further run starts.
 
 use std::fs::File;
 use std::os::unix::process::CommandExt as _;
@@ -13,8 +19,12 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+
 use crate::error::Error;
-use crate::slurm::wait_until;
 use crate::status::State;
 use crate::submit::unix_now;
 
@@ -31,6 +41,9 @@ pub struct LocalRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
     pub timed_out: bool,
+    /// The signal that interrupted `zerobench local` while this run went (`SIGINT`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted_by: Option<String>,
     pub seconds: f64,
     /// Unix seconds.
     pub finished_at: u64,
@@ -38,6 +51,9 @@ pub struct LocalRecord {
 
 impl LocalRecord {
     pub fn state(&self) -> State {
+        if self.interrupted_by.is_some() {
+            return State::Cancelled;
+        }
         match (self.timed_out, self.exit_code) {
             (true, _) => State::Timeout,
             (false, Some(0)) => State::Done,
@@ -46,6 +62,9 @@ impl LocalRecord {
     }
 
     pub fn describe(&self) -> String {
+        if let Some(sig) = &self.interrupted_by {
+            return format!("stopped after {:.1} s: zerobench local got {sig}", self.seconds);
+        }
         match (self.timed_out, self.exit_code, self.signal) {
             (true, _, _) => format!("stopped at the time limit after {:.0} s", self.seconds),
             (false, Some(c), _) => format!("exit {c} after {:.1} s", self.seconds),
@@ -73,19 +92,38 @@ pub struct LocalResult {
     pub failure: Option<String>,
 }
 
+/// What `run_local` did.
+#[derive(Debug, Clone)]
+pub struct LocalRun {
+    /// The runs that ran, in order; an interrupted one last.
+    pub results: Vec<LocalResult>,
+    /// The signal that stopped the sweep, if one did: the runs after the last result never started.
+    pub interrupted_by: Option<String>,
+}
+
 /// Runs each run folder's `job.sbatch` with bash, in order. `runs` pairs each run id with its
-/// folder.
-pub fn run_local(runs: &[(String, PathBuf)], opts: &LocalOptions) -> Result<Vec<LocalResult>, Error> {
+/// folder. Without a progress bar, one line per finished run goes to stderr (n/total, elapsed,
+/// an estimate of the time left), so a log of the sweep shows how far it got.
+pub fn run_local(runs: &[(String, PathBuf)], opts: &LocalOptions) -> Result<LocalRun, Error> {
     let bar = if opts.progress { ProgressBar::new(runs.len() as u64) } else { ProgressBar::hidden() };
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
+    let signal = Arc::new(AtomicUsize::new(0));
+    let mut registered = Vec::new();
+    for sig in [SIGINT, SIGTERM, SIGHUP] {
+        let id = signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)
+            .map_err(|e| Error::io(Path::new("signal handler"), e))?;
+        registered.push(id);
+    }
+    let started = Instant::now();
     let mut results = Vec::with_capacity(runs.len());
-    for (id, dir) in runs {
+    let mut interrupted_by = None;
+    for (i, (id, dir)) in runs.iter().enumerate() {
         bar.set_message(id.clone());
-        let record = run_one(dir, opts.timeout)?;
+        let record = run_one(dir, opts.timeout, &signal)?;
         let p = dir.join(LOCAL_RECORD);
         std::fs::write(&p, serde_json::to_string_pretty(&record).unwrap_or_default() + "\n")
             .map_err(|e| Error::io(&p, e))?;
@@ -98,13 +136,47 @@ pub fn run_local(runs: &[(String, PathBuf)], opts: &LocalOptions) -> Result<Vec<
             tracing::warn!(run = %id, "{}{why}; output in {}", record.describe(), dir.join(LOCAL_OUTPUT).display());
         }
         bar.inc(1);
+        if !opts.progress {
+            let done = i + 1;
+            let elapsed = started.elapsed().as_secs_f64();
+            let left = elapsed / done as f64 * (runs.len() - done) as f64;
+            eprintln!(
+                "[{done}/{}] {id}: {} ({} elapsed, about {} left)",
+                runs.len(),
+                record.state(),
+                clock(elapsed),
+                clock(left)
+            );
+        }
+        interrupted_by.clone_from(&record.interrupted_by);
         results.push(LocalResult { id: id.clone(), record, failure });
+        if interrupted_by.is_some() {
+            break;
+        }
     }
     bar.finish_and_clear();
-    Ok(results)
+    for id in registered {
+        signal_hook::low_level::unregister(id);
+    }
+    Ok(LocalRun { results, interrupted_by })
 }
 
-fn run_one(dir: &Path, timeout: Option<Duration>) -> Result<LocalRecord, Error> {
+/// `h:mm:ss`.
+fn clock(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+fn signal_name(sig: usize) -> String {
+    match sig as libc::c_int {
+        SIGINT => "SIGINT".into(),
+        SIGTERM => "SIGTERM".into(),
+        SIGHUP => "SIGHUP".into(),
+        other => format!("signal {other}"),
+    }
+}
+
+fn run_one(dir: &Path, timeout: Option<Duration>, signal: &AtomicUsize) -> Result<LocalRecord, Error> {
     let out_path = dir.join(LOCAL_OUTPUT);
     let out = File::create(&out_path).map_err(|e| Error::io(&out_path, e))?;
     let err = out.try_clone().map_err(|e| Error::io(&out_path, e))?;
@@ -115,19 +187,33 @@ fn run_one(dir: &Path, timeout: Option<Duration>) -> Result<LocalRecord, Error> 
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
-        // Its own process group: a time limit stops the script and every rank under it.
+        // Its own process group: a Ctrl-C at the terminal reaches zerobench, which stops the
+        // run's whole tree itself, after recording why.
         .process_group(0)
         .spawn()
         .map_err(|e| Error::Command { command: "bash job.sbatch".into(), message: format!("cannot start: {e}") })?;
-    let (status, timed_out) = wait(&mut child, timeout).map_err(|e| Error::io(dir, e))?;
+    let (status, ending) = wait(&mut child, timeout, signal).map_err(|e| Error::io(dir, e))?;
     use std::os::unix::process::ExitStatusExt as _;
     Ok(LocalRecord {
         exit_code: status.code(),
         signal: status.signal(),
-        timed_out,
+        timed_out: ending == Ending::TimedOut,
+        interrupted_by: match ending {
+            Ending::Interrupted(sig) => Some(signal_name(sig)),
+            _ => None,
+        },
         seconds: started.elapsed().as_secs_f64(),
         finished_at: unix_now(),
     })
+}
+
+/// Why a run's wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Exited,
+    TimedOut,
+    /// `zerobench local` got this signal.
+    Interrupted(usize),
 }
 
 /// How often a running child is checked on.
@@ -135,29 +221,36 @@ const POLL: Duration = Duration::from_millis(50);
 /// How long a run stopped at its time limit has between SIGTERM and SIGKILL.
 const GRACE: Duration = Duration::from_secs(10);
 
-/// Waits for the child; past the deadline its group gets SIGTERM, then SIGKILL [`GRACE`] later.
-fn wait(child: &mut Child, timeout: Option<Duration>) -> std::io::Result<(ExitStatus, bool)> {
-    if let Some(st) = wait_until(child, timeout.map(|t| Instant::now() + t), POLL)? {
-        return Ok((st, false));
-    }
-    let pgid = child.id() as libc::pid_t;
-    signal_group(pgid, libc::SIGTERM);
-    let ended = wait_until(child, Some(Instant::now() + GRACE), POLL)?;
-    // Ranks that ignored SIGTERM may outlive the script, and past the grace time so may the script.
-    signal_group(pgid, libc::SIGKILL);
-    let st = match ended {
+/// Waits for the child; past the deadline, or when `signal` is set, its whole tree gets SIGTERM,
+/// then SIGKILL [`GRACE`] later.
+fn wait(child: &mut Child, timeout: Option<Duration>, signal: &AtomicUsize) -> std::io::Result<(ExitStatus, Ending)> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let ending = loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok((st, Ending::Exited));
+        }
+        match signal.load(Ordering::SeqCst) {
+            0 => {}
+            sig => break Ending::Interrupted(sig),
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break Ending::TimedOut;
+        }
+        std::thread::sleep(POLL);
+    };
+    let root = i32::try_from(child.id()).unwrap_or(i32::MAX);
+    let mut status = None;
+    crate::proctree::stop(root, GRACE, || {
+        if status.is_none() {
+            status = child.try_wait().ok().flatten();
+        }
+        status.is_some()
+    });
+    let st = match status {
         Some(st) => st,
         None => child.wait()?,
     };
-    Ok((st, true))
-}
-
-fn signal_group(pgid: libc::pid_t, sig: libc::c_int) {
-    // SAFETY: kill(2) with a negative pid signals the process group we created for this child;
-    // it has no memory-safety preconditions.
-    unsafe {
-        libc::kill(-pgid, sig);
-    }
+    Ok((st, ending))
 }
 
 #[cfg(test)]
@@ -166,8 +259,14 @@ mod tests {
 
     #[test]
     fn states_from_records() {
-        let r =
-            |exit_code, signal, timed_out| LocalRecord { exit_code, signal, timed_out, seconds: 1.0, finished_at: 0 };
+        let r = |exit_code, signal, timed_out| LocalRecord {
+            exit_code,
+            signal,
+            timed_out,
+            interrupted_by: None,
+            seconds: 1.0,
+            finished_at: 0,
+        };
         assert_eq!(r(Some(0), None, false).state(), State::Done);
         assert_eq!(r(Some(1), None, false).state(), State::Failed);
         assert_eq!(r(None, Some(9), false).state(), State::Failed);
@@ -183,7 +282,7 @@ mod tests {
         std::fs::write(d.path().join("job.sbatch"), format!("(sleep 3; touch '{}') &\nsleep 30\n", marker.display()))
             .unwrap();
         let t = Instant::now();
-        let rec = run_one(d.path(), Some(Duration::from_millis(300))).unwrap();
+        let rec = run_one(d.path(), Some(Duration::from_millis(300)), &AtomicUsize::new(0)).unwrap();
         assert!(rec.timed_out && rec.state() == State::Timeout, "{rec:?}");
         assert!(t.elapsed() < Duration::from_secs(5));
         std::thread::sleep(Duration::from_secs(4));

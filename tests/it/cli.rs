@@ -182,6 +182,75 @@ fn tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
         .collect()
 }
 
+/// A process that is gone (or a zombie waiting to be reaped).
+fn gone(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
+}
+
+/// SIGTERM to `zerobench local` mid-run: the run's ranks (one of which ignores SIGTERM) are
+/// stopped (mpirun, signalled with them, kills the stubborn one; `proctree`'s own test covers a
+/// process nobody else kills); the run is recorded as cancelled, the next run never starts, and
+/// `status` says so.
+#[test]
+fn local_stops_every_rank_when_interrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = dir.path().join("worker");
+    // Each rank writes its pid, then sleeps; rank 1 ignores SIGTERM.
+    write_script(
+        &worker,
+        r#"for a in "$@"; do [ "$prev" = --log-dir ] && logs=$a; prev=$a; done
+echo $$ > "$logs/pid.$OMPI_COMM_WORLD_RANK.tmp" && mv "$logs/pid.$OMPI_COMM_WORLD_RANK.tmp" "$logs/pid.$OMPI_COMM_WORLD_RANK"
+[ "$OMPI_COMM_WORLD_RANK" = 1 ] && trap '' TERM
+exec sleep 120"#,
+    );
+    let spec = dir.path().join("local.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "launch:\n  method: local\n  worker: {:?}\nworker: {{device: cpu, steps: 2, warmup: 0}}\nsweep:\n  models: tiny\n  stages: [0, 1]\n  ranks_per_node: 2\n",
+            worker.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("runs");
+    let child = crate::support::zerobench_cmd()
+        .args(["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let first = out.join("tiny_z0_offnone_mb1_1x2/logs");
+    let t = std::time::Instant::now();
+    while !(first.join("pid.0").is_file() && first.join("pid.1").is_file()) {
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "the ranks never started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let pids: Vec<i32> = (0..2)
+        .map(|r| std::fs::read_to_string(first.join(format!("pid.{r}"))).unwrap().trim().parse().unwrap())
+        .collect();
+    let t = std::time::Instant::now();
+    // SAFETY: kill(2) on the child we spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = child.wait_with_output().unwrap();
+    let took = t.elapsed();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{text}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(took < std::time::Duration::from_secs(25), "took {took:?}");
+    let t = std::time::Instant::now();
+    while !pids.iter().all(|p| gone(*p)) && t.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(pids.iter().all(|p| gone(*p)), "ranks {pids:?} outlived zerobench local");
+    assert!(text.contains("interrupted by SIGTERM") && text.contains("1 runs not started"), "{text}");
+    let rec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tiny_z0_offnone_mb1_1x2/local.json")).unwrap())
+            .unwrap();
+    assert_eq!(rec["interrupted_by"], "SIGTERM", "{rec}");
+    assert!(!out.join("tiny_z1_offnone_mb1_1x2/local.json").exists(), "the next run started");
+    let st = stdout(&zerobench(&["status", out.to_str().unwrap()]));
+    assert!(st.contains("2 runs: 1 unsubmitted, 1 cancelled") || st.contains("1 cancelled"), "{st}");
+}
+
 /// `zerobench local` into a folder it ran before: finished runs are skipped and no byte changes;
 /// a failed run runs again only with `--retry-failed`, its first attempt kept whole; a spec that
 /// changed a run's configuration is refused without writing anything, and `--overwrite` moves

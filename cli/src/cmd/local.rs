@@ -87,8 +87,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             }
         }
     }
-    let results = run_local(&runs, &LocalOptions { timeout, progress: std::io::stderr().is_terminal() })?;
-    for r in &results {
+    let done = run_local(&runs, &LocalOptions { timeout, progress: std::io::stderr().is_terminal() })?;
+    let results = &done.results;
+    for r in results {
         let st = r.record.state();
         if st != State::Done {
             failed += 1;
@@ -99,6 +100,10 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         }
         t.row([r.id.clone(), st.to_string(), format!("{:.1}", r.record.seconds), detail]);
     }
+    let not_started = runs.len() - results.len();
+    for (id, _) in &runs[results.len()..] {
+        t.row([id.clone(), "not started".into(), "-".into(), "the sweep was interrupted".into()]);
+    }
     let mut out = std::io::stdout().lock();
     write_table(&mut out, &t)?;
     writeln!(
@@ -107,7 +112,13 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         plan.runs.len(),
         results.len(),
         skipped,
-        failed
+        failed + not_started
     )?;
-    Ok(if failed > 0 { Outcome::Incomplete } else { Outcome::Complete })
+    if let Some(sig) = &done.interrupted_by {
+        writeln!(
+            out,
+            "interrupted by {sig}: the run going was stopped with its ranks; {not_started} runs not started"
+        )?;
+    }
+    Ok(if failed + not_started > 0 { Outcome::Incomplete } else { Outcome::Complete })
 }
