@@ -326,6 +326,41 @@ impl Logs {
     }
 }
 
+/// Bytes of a rank log read from its start (the `start` record) and from its end (the last
+/// steps, `error` and `end`): what status needs, in bounded memory and time whatever the size.
+const LOG_HEAD: u64 = 1 << 20;
+const LOG_TAIL: u64 = 4 << 20;
+
+/// A rank log's first [`LOG_HEAD`] and last [`LOG_TAIL`] bytes (all of a smaller file), joined at
+/// a line break; `None` for anything but a regular file (a FIFO would block the read forever, a
+/// device would never end) or one that cannot be read.
+fn head_and_tail(path: &Path) -> Option<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() {
+        tracing::warn!("{}: not a regular file; skipped", path.display());
+        return None;
+    }
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = meta.len();
+    if len <= LOG_HEAD + LOG_TAIL {
+        let mut all = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+        f.take(LOG_HEAD + LOG_TAIL).read_to_end(&mut all).ok()?;
+        return Some(all);
+    }
+    let mut head = Vec::new();
+    (&mut f).take(LOG_HEAD).read_to_end(&mut head).ok()?;
+    f.seek(SeekFrom::Start(len - LOG_TAIL)).ok()?;
+    let mut tail = Vec::new();
+    f.take(LOG_TAIL).read_to_end(&mut tail).ok()?;
+    // Cut both at line breaks, so that no half line is parsed.
+    let head_end = head.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let tail_start = tail.iter().position(|&b| b == b'\n').map_or(tail.len(), |i| i + 1);
+    head.truncate(head_end);
+    head.extend_from_slice(&tail[tail_start..]);
+    Some(head)
+}
+
 fn read_logs(dir: &Path) -> Logs {
     let mut logs = Logs::default();
     let Ok(entries) = std::fs::read_dir(dir) else { return logs };
@@ -336,7 +371,7 @@ fn read_logs(dir: &Path) -> Logs {
         .collect();
     files.sort();
     for f in files {
-        let Ok(text) = std::fs::read(&f) else { continue };
+        let Some(text) = head_and_tail(&f) else { continue };
         logs.ranks_seen += 1;
         for line in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
             // A line being written, or from elsewhere, is skipped: status only needs the records.
@@ -408,6 +443,24 @@ fn output_verdict(dir: &Path, job_id: &str) -> Option<State> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A FIFO under a rank log's name is skipped (reading it would wait forever), and a large
+    /// log is read at its head and tail only.
+    #[test]
+    fn fifos_are_skipped_and_large_logs_read_in_part() {
+        let d = tempfile::tempdir().unwrap();
+        let c = std::ffi::CString::new(d.path().join("rank0.jsonl").to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo(3) with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(read_logs(d.path()).ranks_seen, 0);
+        let big = d.path().join("rank1.jsonl");
+        let line = b"{\"not\": \"a record\"}\n";
+        let n = (LOG_HEAD + LOG_TAIL) as usize * 2 / line.len();
+        std::fs::write(&big, line.repeat(n)).unwrap();
+        let part = head_and_tail(&big).unwrap();
+        assert!(part.len() as u64 <= LOG_HEAD + LOG_TAIL && part.ends_with(b"}\n"), "{}", part.len());
+        assert!(part.split(|b| *b == b'\n').filter(|l| !l.is_empty()).all(|l| l == &line[..line.len() - 1]));
+    }
 
     #[test]
     fn slurm_states_map_to_ours() {

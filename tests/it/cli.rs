@@ -177,7 +177,8 @@ fn tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
     walkdir::WalkDir::new(dir)
         .into_iter()
         .map(|e| e.unwrap())
-        .filter(|e| e.file_type().is_file())
+        // The lock names its holder's pid: not a result.
+        .filter(|e| e.file_type().is_file() && e.file_name() != ".zerobench.lock")
         .map(|e| (e.path().to_path_buf(), std::fs::read(e.path()).unwrap()))
         .collect()
 }
@@ -249,6 +250,53 @@ exec sleep 120"#,
     assert!(!out.join("tiny_z1_offnone_mb1_1x2/local.json").exists(), "the next run started");
     let st = stdout(&zerobench(&["status", out.to_str().unwrap()]));
     assert!(st.contains("2 runs: 1 unsubmitted, 1 cancelled") || st.contains("1 cancelled"), "{st}");
+}
+
+/// Two commands into one output folder: while a `zerobench local` runs there, a second `local`
+/// and an `ingest` into it are refused at once, naming the holder, and write nothing; once the
+/// first has ended, the folder is free again.
+#[test]
+fn one_writer_per_output_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = dir.path().join("worker");
+    write_script(
+        &worker,
+        r#"for a in "$@"; do [ "$prev" = --log-dir ] && logs=$a; prev=$a; done
+touch "$logs/started.$OMPI_COMM_WORLD_RANK"; sleep 3"#,
+    );
+    let spec = dir.path().join("local.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "launch:\n  method: local\n  worker: {:?}\nworker: {{device: cpu, steps: 2, warmup: 0}}\nsweep:\n  models: tiny\n  stages: 0\n  ranks_per_node: 1\n",
+            worker.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("runs");
+    let first = crate::support::zerobench_cmd()
+        .args(["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = out.join("tiny_z0_offnone_mb1_1x1/logs/started.0");
+    let t = std::time::Instant::now();
+    while !started.exists() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "the first run never started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let second = zerobench(&["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(second.status.code(), Some(2), "{}", stdout(&second));
+    let why = stderr(&second);
+    assert!(why.contains("is in use by another zerobench command (zerobench local, pid"), "{why}");
+    let ingest = zerobench(&["ingest", out.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(ingest.status.code(), Some(2));
+    assert!(!out.join("runs.csv").exists(), "the refused ingest wrote");
+    let o = first.wait_with_output().unwrap();
+    assert!(o.status.success());
+    let again = zerobench(&["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(0), "{}{}", stdout(&again), stderr(&again));
 }
 
 /// `zerobench local` into a folder it ran before: finished runs are skipped and no byte changes;

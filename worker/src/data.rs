@@ -71,7 +71,14 @@ pub enum DataError {
     TooShort { path: PathBuf, len: usize, need: usize },
     #[error("--data needs a vocabulary of at least 256 tokens (model has {0})")]
     SmallVocab(u64),
+    #[error("--data {path} is not a regular file (a FIFO, device or folder cannot be read as a text)")]
+    NotAFile { path: PathBuf },
+    #[error("--data {path} has {len} bytes; every rank holds the whole text, so at most {MAX_DATA_BYTES} are read")]
+    TooLarge { path: PathBuf, len: u64 },
 }
+
+/// The largest `--data` file: every rank holds the whole text in memory.
+pub const MAX_DATA_BYTES: u64 = 1 << 30;
 
 pub struct Data {
     source: Source,
@@ -94,6 +101,15 @@ impl Source {
         let Some(path) = data else { return Ok(Source::Synthetic { vocab }) };
         if vocab < 256 {
             return Err(DataError::SmallVocab(vocab));
+        }
+        // Checked before opening: opening a FIFO blocks until a writer comes, and a device such as
+        // /dev/zero never ends.
+        let meta = std::fs::metadata(path).map_err(|source| DataError::Read { path: path.into(), source })?;
+        if !meta.is_file() {
+            return Err(DataError::NotAFile { path: path.into() });
+        }
+        if meta.len() > MAX_DATA_BYTES {
+            return Err(DataError::TooLarge { path: path.into(), len: meta.len() });
         }
         let bytes = std::fs::read(path).map_err(|source| DataError::Read { path: path.into(), source })?;
         let need = task.tokens();
@@ -205,6 +221,25 @@ impl Data {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A FIFO (whose open would wait for a writer) and /dev/zero (which never ends) are refused
+    /// before they are opened.
+    #[test]
+    fn special_files_are_refused_before_reading() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("text.fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo(3) with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let task = Task::NextToken { seq_len: 8 };
+        for p in [fifo.as_path(), Path::new("/dev/zero"), d.path()] {
+            match Source::open(Some(p), 50257, &task) {
+                Err(DataError::NotAFile { .. }) => {}
+                Err(e) => panic!("{}: {e}", p.display()),
+                Ok(_) => panic!("{}: read", p.display()),
+            }
+        }
+    }
 
     fn data(world: usize, rank: usize, mb: usize, ga: usize) -> Data {
         Data::new(Source::Synthetic { vocab: 50 }, Task::NextToken { seq_len: 8 }, 3, mb, world, ga, rank, Device::Cpu)

@@ -100,6 +100,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     for p in &args.peak_tflops {
         peaks.add(p).context("--peak-tflops")?;
     }
+    let _lock = crate::lock::lock(&args.out, "ingest")?;
     let formats: Vec<Format> = if args.format.is_empty() { Format::ALL.to_vec() } else { args.format.clone() };
     let opts = Options { warmup: args.warmup, peaks, ..Options::default() };
 

@@ -62,6 +62,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         .map(Duration::from_secs)
         .or_else(|| spec.cluster.time.as_ref().and_then(|t| t.seconds()).map(Duration::from_secs));
     let plan = Plan::build(spec)?;
+    let _lock = crate::lock::lock(&a.out, "local")?;
     let on_change = if a.overwrite { OnChange::MoveAside } else { OnChange::Refuse };
     let rendered = render::render_with(&plan, &a.out, on_change)?;
     let dirs: Vec<PathBuf> = rendered.iter().map(|(d, _)| d.clone()).collect();

@@ -27,6 +27,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let plan = Plan::build(Spec::load(&a.spec)?)?;
+    let _lock = crate::lock::lock(&a.out, "render")?;
     let on_change = if a.overwrite { OnChange::MoveAside } else { OnChange::Refuse };
     let dirs = render::render_with(&plan, &a.out, on_change)?;
     let mut t = Table::new("render", ["run", "method", "ranks", "folder", "done"]);

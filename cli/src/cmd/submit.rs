@@ -58,19 +58,22 @@ pub fn run_dirs(target: &Path) -> anyhow::Result<Vec<PathBuf>> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
-    let (root, dirs) = if a.target.is_file() {
+    let (root, dirs, _lock) = if a.target.is_file() {
         let Some(out) = &a.out else {
             bail!("{} is a spec: say where to render it with --out DIR", a.target.display())
         };
         let plan = Plan::build(Spec::load(&a.target)?)?;
+        let lock = crate::lock::lock(out, "submit")?;
         // Only this spec's runs: older run folders in `out` are not submitted again.
         let on_change = if a.overwrite { OnChange::MoveAside } else { OnChange::Refuse };
         let dirs = render::render_with(&plan, out, on_change)?.into_iter().map(|(d, _)| d).collect();
-        (std::fs::canonicalize(out)?, dirs)
+        (std::fs::canonicalize(out)?, dirs, lock)
     } else {
         let root = std::fs::canonicalize(&a.target)?;
         let dirs = run_dirs(&root)?;
-        (if dirs.len() == 1 && dirs[0] == root { root.parent().unwrap_or(&root).to_path_buf() } else { root }, dirs)
+        let root = if dirs.len() == 1 && dirs[0] == root { root.parent().unwrap_or(&root).to_path_buf() } else { root };
+        let lock = crate::lock::lock(&root, "submit")?;
+        (root, dirs, lock)
     };
     let opts = SubmitOptions {
         array: a.array,
