@@ -9,8 +9,9 @@
 //! * `job.json`: a JSON object whose `state`, `job_state` or `slurm_state` is a Slurm state
 //!   (`COMPLETED`, `CANCELLED`, `CANCELLED by 1000`, `TIMEOUT`, `OUT_OF_MEMORY`, `NODE_FAIL`,
 //!   `FAILED`, `PREEMPTED`), a list of them, or `{"current": [...]}` as `sacct --json` writes it;
-//! * `local.json`, which `zerobench local` writes: `timed_out`, else a `signal` (killed:
-//!   cancelled), else the `exit_code`;
+//! * `local.json`, which `zerobench local` writes, read as `status` reads it
+//!   (`zerobench_schema::job::LocalRecord::job_state`): interrupted, cancelled; `timed_out`,
+//!   timeout; killed by a signal, failed; else the `exit_code`;
 //! * the job's output, any `*.out` (the launcher's `<run-id>-<job-id>.out`, Slurm's default
 //!   `slurm-<job-id>.out`): the lines slurmstepd writes when it ends a job,
 //!   `*** JOB 42 ON node1 CANCELLED AT 2026-01-01T00:00:00 ***` (optionally `DUE TO TIME LIMIT`
@@ -20,6 +21,8 @@
 //! reads them.
 
 use std::path::{Path, PathBuf};
+
+use serde::Deserialize as _;
 
 use crate::problem::{Problem, ProblemKind};
 
@@ -90,19 +93,9 @@ fn state_in_json(v: &serde_json::Value) -> Option<JobState> {
     None
 }
 
-/// The state in `zerobench local`'s record.
+/// The state in `zerobench local`'s record, as `status` reads it ([`LocalRecord::job_state`]).
 fn state_in_local_json(v: &serde_json::Value) -> Option<JobState> {
-    if v.get("timed_out").and_then(serde_json::Value::as_bool) == Some(true) {
-        return Some(JobState::Timeout);
-    }
-    if v.get("signal").is_some_and(|s| !s.is_null()) {
-        return Some(JobState::Cancelled);
-    }
-    match v.get("exit_code").and_then(serde_json::Value::as_i64) {
-        Some(0) => Some(JobState::Completed),
-        Some(_) => Some(JobState::Failed),
-        None => None,
-    }
+    zerobench_schema::job::LocalRecord::deserialize(v).ok()?.job_state()
 }
 
 /// Side files are small; anything over this is not read.
@@ -171,7 +164,8 @@ mod tests {
             s(serde_json::json!({"timed_out": true, "seconds": 60.0, "finished_at": 1})),
             Some(JobState::Timeout)
         );
-        assert_eq!(s(serde_json::json!({"signal": 9, "timed_out": false})), Some(JobState::Cancelled));
+        assert_eq!(s(serde_json::json!({"signal": 9, "timed_out": false})), Some(JobState::Failed));
+        assert_eq!(s(serde_json::json!({"signal": 15, "interrupted_by": "SIGINT"})), Some(JobState::Cancelled));
         assert_eq!(s(serde_json::json!({"exit_code": 3, "timed_out": false})), Some(JobState::Failed));
         assert_eq!(s(serde_json::json!({"exit_code": 0, "timed_out": false})), Some(JobState::Completed));
     }

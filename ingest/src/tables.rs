@@ -1,7 +1,9 @@
 //! The tables ingest writes, built from the runs:
-//! * `latency` and `mem`: the seed studies' layout, one block per ZeRO stage and offload setting
-//!   (and GPU count, precision and sequence length, so that unlike runs never share a cell), rows
-//!   = model, columns = micro-batch size; a configuration that ran out of memory shows `OOM`;
+//! * `latency` and `mem`: the layout of the DeepSpeed profiling studies zerobench grew from
+//!   (docs/README.md): one block per ZeRO stage and offload setting (and GPU count, nodes,
+//!   precision, sequence length, accumulation and device, so that unlike runs never share a
+//!   cell), rows = model and variant, columns = micro-batch size; a configuration that ran out of
+//!   memory shows `OOM`;
 //! * `scaling`: see [`crate::scaling`];
 //! * `comm`: one row per run and collective kind;
 //! * `runs`: one row per run, every field;
@@ -197,7 +199,7 @@ pub struct PivotBlock {
     pub rows: Vec<PivotRow>,
 }
 
-/// A latency or memory table in the seed studies' layout.
+/// A latency or memory table in the profiling studies' layout.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Pivot {
     pub name: &'static str,

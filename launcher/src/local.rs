@@ -17,7 +17,6 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::{Deserialize, Serialize};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -28,50 +27,15 @@ use crate::error::Error;
 use crate::status::State;
 use crate::submit::unix_now;
 
-/// The file in a run folder that records its latest local run.
-pub const LOCAL_RECORD: &str = "local.json";
+pub use zerobench_schema::job::{LocalRecord, LOCAL_RECORD};
+
 /// Where a local run's output goes, in its run folder.
 pub const LOCAL_OUTPUT: &str = "local.out";
 
-/// How a local run ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LocalRecord {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exit_code: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signal: Option<i32>,
-    pub timed_out: bool,
-    /// The signal that interrupted `zerobench local` while this run went (`SIGINT`, ...).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub interrupted_by: Option<String>,
-    pub seconds: f64,
-    /// Unix seconds.
-    pub finished_at: u64,
-}
-
-impl LocalRecord {
-    pub fn state(&self) -> State {
-        if self.interrupted_by.is_some() {
-            return State::Cancelled;
-        }
-        match (self.timed_out, self.exit_code) {
-            (true, _) => State::Timeout,
-            (false, Some(0)) => State::Done,
-            _ => State::Failed,
-        }
-    }
-
-    pub fn describe(&self) -> String {
-        if let Some(sig) = &self.interrupted_by {
-            return format!("stopped after {:.1} s: zerobench local got {sig}", self.seconds);
-        }
-        match (self.timed_out, self.exit_code, self.signal) {
-            (true, _, _) => format!("stopped at the time limit after {:.0} s", self.seconds),
-            (false, Some(c), _) => format!("exit {c} after {:.1} s", self.seconds),
-            (false, None, Some(s)) => format!("killed by signal {s} after {:.1} s", self.seconds),
-            _ => format!("ended after {:.1} s", self.seconds),
-        }
-    }
+/// A local run's state as `status` shows it (the same as ingest's: [`LocalRecord::job_state`]);
+/// a record that says nothing is a failure.
+pub fn local_state(r: &LocalRecord) -> State {
+    r.job_state().map_or(State::Failed, State::from)
 }
 
 /// How to run.
@@ -128,7 +92,7 @@ pub fn run_local(runs: &[(String, PathBuf)], opts: &LocalOptions) -> Result<Loca
         std::fs::write(&p, serde_json::to_string_pretty(&record).unwrap_or_default() + "\n")
             .map_err(|e| Error::io(&p, e))?;
         let mut failure = None;
-        if record.state() == State::Done {
+        if local_state(&record) == State::Done {
             tracing::info!(run = %id, "{}", record.describe());
         } else {
             failure = crate::status::log_failure(dir);
@@ -143,7 +107,7 @@ pub fn run_local(runs: &[(String, PathBuf)], opts: &LocalOptions) -> Result<Loca
             eprintln!(
                 "[{done}/{}] {id}: {} ({} elapsed, about {} left)",
                 runs.len(),
-                record.state(),
+                local_state(&record),
                 clock(elapsed),
                 clock(left)
             );
@@ -267,10 +231,10 @@ mod tests {
             seconds: 1.0,
             finished_at: 0,
         };
-        assert_eq!(r(Some(0), None, false).state(), State::Done);
-        assert_eq!(r(Some(1), None, false).state(), State::Failed);
-        assert_eq!(r(None, Some(9), false).state(), State::Failed);
-        assert_eq!(r(None, Some(15), true).state(), State::Timeout);
+        assert_eq!(local_state(&r(Some(0), None, false)), State::Done);
+        assert_eq!(local_state(&r(Some(1), None, false)), State::Failed);
+        assert_eq!(local_state(&r(None, Some(9), false)), State::Failed);
+        assert_eq!(local_state(&r(None, Some(15), true)), State::Timeout);
         assert!(r(None, Some(9), false).describe().contains("signal 9"));
     }
 
@@ -283,7 +247,7 @@ mod tests {
             .unwrap();
         let t = Instant::now();
         let rec = run_one(d.path(), Some(Duration::from_millis(300)), &AtomicUsize::new(0)).unwrap();
-        assert!(rec.timed_out && rec.state() == State::Timeout, "{rec:?}");
+        assert!(rec.timed_out && local_state(&rec) == State::Timeout, "{rec:?}");
         assert!(t.elapsed() < Duration::from_secs(5));
         std::thread::sleep(Duration::from_secs(4));
         assert!(!marker.exists(), "a child of the run outlived its time limit");

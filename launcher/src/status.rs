@@ -262,7 +262,7 @@ fn from_run_folder(row: &mut RunState, rec: &RunRecord) {
         }
         State::Unsubmitted => {
             if let Some(local) = read_json::<LocalRecord>(&row.dir.join(LOCAL_RECORD)) {
-                row.state = local.state();
+                row.state = crate::local::local_state(&local);
                 row.source = "local";
                 // The logs say more about a run that went well, the record about one that did not.
                 if row.detail.is_empty() && row.state != State::Done {

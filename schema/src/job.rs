@@ -95,6 +95,65 @@ pub fn read_tail(path: &Path, n: u64) -> std::io::Result<String> {
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
+/// The file in a run folder that records how `zerobench local` last ran it.
+pub const LOCAL_RECORD: &str = "local.json";
+
+/// `local.json`: how a run under `zerobench local` ended. `status` and `ingest` both take its
+/// state from [`LocalRecord::job_state`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LocalRecord {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that ended the run's script.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(default)]
+    pub timed_out: bool,
+    /// The signal that interrupted `zerobench local` while this run went (`SIGINT`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted_by: Option<String>,
+    #[serde(default)]
+    pub seconds: f64,
+    /// Unix seconds.
+    #[serde(default)]
+    pub finished_at: u64,
+}
+
+impl LocalRecord {
+    /// Interrupted (`zerobench local` got a signal and stopped it): cancelled; over its time
+    /// limit: timeout; its script killed by a signal nobody sent through zerobench (the kernel's
+    /// OOM killer, a stray `kill`): failed; else by its exit code. `None` for a record that says
+    /// none of these.
+    pub fn job_state(&self) -> Option<JobState> {
+        if self.interrupted_by.is_some() {
+            return Some(JobState::Cancelled);
+        }
+        if self.timed_out {
+            return Some(JobState::Timeout);
+        }
+        if self.signal.is_some() {
+            return Some(JobState::Failed);
+        }
+        match self.exit_code {
+            Some(0) => Some(JobState::Completed),
+            Some(_) => Some(JobState::Failed),
+            None => None,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        if let Some(sig) = &self.interrupted_by {
+            return format!("stopped after {:.1} s: zerobench local got {sig}", self.seconds);
+        }
+        match (self.timed_out, self.exit_code, self.signal) {
+            (true, _, _) => format!("stopped at the time limit after {:.0} s", self.seconds),
+            (false, Some(c), _) => format!("exit {c} after {:.1} s", self.seconds),
+            (false, None, Some(s)) => format!("killed by signal {s} after {:.1} s", self.seconds),
+            _ => format!("ended after {:.1} s", self.seconds),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,8 @@
 //! * [`job`]: a batch job's state from Slurm's names and slurmstepd's output, for status and ingest.
 //! * [`stats`]: quantiles (numpy's linear interpolation), as the logs' medians and the tables use them.
 //!
-//! This crate depends on serde only: the launcher and ingest link it without linking libtorch, MPI or CUDA.
+//! It needs no libtorch, MPI or CUDA (serde, schemars and thiserror only), so the launcher and
+//! ingest link it without them.
 
 pub mod collective;
 pub mod config;

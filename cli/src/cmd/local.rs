@@ -91,7 +91,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let done = run_local(&runs, &LocalOptions { timeout, progress: std::io::stderr().is_terminal() })?;
     let results = &done.results;
     for r in results {
-        let st = r.record.state();
+        let st = zerobench_launcher::local::local_state(&r.record);
         if st != State::Done {
             failed += 1;
         }

@@ -384,7 +384,7 @@ pub fn to_report(dir: &Path, hints: &Hints, logs: &ForeignLogs, settings: &Setti
     RunReport { row, collectives: Vec::new(), memory_phases }
 }
 
-/// Leading steps of a foreign log left out when `--warmup` is not given: the seed studies drop the
+/// Leading steps of a foreign log left out when `--warmup` is not given: the profiling studies drop the
 /// first two iterations.
 const FOREIGN_WARMUP: u32 = 2;
 

@@ -1,4 +1,4 @@
-//! CSV: one file per table, header first. The latency and memory tables keep the seed studies'
+//! CSV: one file per table, header first. The latency and memory tables keep the profiling studies'
 //! stacked-block layout (a block's header row, then one row per model).
 
 use std::path::{Path, PathBuf};

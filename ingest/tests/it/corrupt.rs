@@ -304,15 +304,20 @@ fn oom_failed_cancelled_timeout_and_missing_ranks() {
         r.write(&tmp.path().join(id).join("logs")).unwrap();
         fs::write(tmp.path().join(id).join("job.json"), format!(r#"{{"state": {{"current": ["{state}"]}}}}"#)).unwrap();
     }
-    // `zerobench local`'s record: killed by a signal.
-    let mut r = run("local-killed", ModelPreset::Gpt2, ZeroStage::Z1, 8, 2, 50.0);
-    r.fate = Fate::Killed { after: 2 };
-    r.write(&tmp.path().join("local-killed/logs")).unwrap();
-    fs::write(
-        tmp.path().join("local-killed/local.json"),
-        r#"{"signal": 15, "timed_out": false, "seconds": 3.5, "finished_at": 1}"#,
-    )
-    .unwrap();
+    // `zerobench local`'s records: a script killed by a signal nobody sent through zerobench
+    // (failed, as `status` says), and a run stopped because `local` was interrupted (cancelled).
+    for (id, record) in [
+        ("local-killed", r#"{"signal": 15, "timed_out": false, "seconds": 3.5, "finished_at": 1}"#),
+        (
+            "local-interrupted",
+            r#"{"exit_code": 143, "timed_out": false, "interrupted_by": "SIGINT", "seconds": 3.5, "finished_at": 1}"#,
+        ),
+    ] {
+        let mut r = run(id, ModelPreset::Gpt2, ZeroStage::Z1, 8, 2, 50.0);
+        r.fate = Fate::Killed { after: 2 };
+        r.write(&tmp.path().join(id).join("logs")).unwrap();
+        fs::write(tmp.path().join(id).join("local.json"), record).unwrap();
+    }
     // Slurm's default output name, and the job's own word for a run whose ranks all ended.
     let mut r = run("slurm-out", ModelPreset::Gpt2, ZeroStage::Z1, 8, 2, 50.0);
     r.fate = Fate::Killed { after: 2 };
@@ -349,7 +354,8 @@ fn oom_failed_cancelled_timeout_and_missing_ranks() {
     assert_eq!(status("host-oom").0, Status::Oom);
     assert_eq!(status("done-then-timeout").0, Status::Ok);
     assert_eq!(status("done-but-failed-epilogue").0, Status::Ok);
-    assert_eq!(status("local-killed").0, Status::Cancelled);
+    assert_eq!(status("local-killed").0, Status::Failed);
+    assert_eq!(status("local-interrupted").0, Status::Cancelled);
     assert_eq!(status("slurm-out").0, Status::Cancelled);
     let (s, why) = status("missing");
     assert_eq!((s, why.as_deref()), (Status::Incomplete, Some("no log for ranks 1,3")));
