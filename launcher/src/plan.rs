@@ -127,6 +127,16 @@ pub fn run_id(c: &RunConfig, nodes: u32, ranks_per_node: u32) -> String {
 }
 
 impl Plan {
+    /// Takes out the runs whose model states and engine buffers do not fit the declared GPU
+    /// memory (`Fit::TooBig`), for the commands that render only what can run; `plan` shows them
+    /// and why.
+    pub fn take_unfit(&mut self) -> Vec<Run> {
+        let (unfit, fit): (Vec<Run>, Vec<Run>) =
+            std::mem::take(&mut self.runs).into_iter().partition(|r| matches!(r.fit, Fit::TooBig { .. }));
+        self.runs = fit;
+        unfit
+    }
+
     /// Expands every sweep block, validating each run as the worker would.
     pub fn build(spec: Spec) -> Result<Plan, SpecError> {
         let mut runs: Vec<Run> = Vec::new();
@@ -152,6 +162,18 @@ fn expand_block(
     let precisions = axis_or(block.precision.as_ref(), &[Precision::Bf16]);
     let micro = axis_or(block.micro_batches.as_ref(), &[1]);
     let nodes = spec.nodes_axis(block);
+    // sbatch refuses a --nodelist that names more nodes than --nodes asks for.
+    if let Some(expr) = &spec.cluster.nodelist {
+        let named = crate::hostlist::expand(expr).map(|h| h.len()).unwrap_or(0);
+        if let Some(&fewer) = nodes.iter().find(|&&n| (n as usize) < named) {
+            return Err(spec.error_at(
+                "cluster.nodelist",
+                format!(
+                    "names {named} nodes, but runs of this sweep use {fewer}; sbatch refuses a --nodelist of more nodes than the job asks for: give nodes of at least {named}, or a smaller nodelist"
+                ),
+            ));
+        }
+    }
     let ranks = spec.ranks_axis(block);
     let count = [models.len(), stages.len(), offloads.len(), precisions.len(), micro.len(), nodes.len(), ranks.len()]
         .iter()
@@ -361,6 +383,24 @@ mod tests {
         assert!(p.runs[0].warnings[0].contains("more than cluster.gpu_memory"));
         assert!(matches!(p.runs[3].fit, Fit::Fits { .. }));
         assert_eq!(p.runs[0].gpus(), 4);
+        // The rendering commands leave the unfit runs out (and say which).
+        let mut p = p;
+        let unfit: Vec<String> = p.take_unfit().into_iter().map(|r| r.id).collect();
+        assert!(unfit.contains(&"gpt2-xl_z0_offnone_mb1_1x4".to_string()), "{unfit:?}");
+        assert!(p.runs.iter().all(|r| !matches!(r.fit, Fit::TooBig { .. })) && !p.runs.is_empty());
+    }
+
+    /// sbatch refuses `--nodes=1 --nodelist=n[01-02,04]`: such a sweep is refused at plan time,
+    /// naming the key.
+    #[test]
+    fn a_nodelist_larger_than_a_run_is_refused() {
+        let e = plan("cluster:\n  nodelist: n[01-02,04]\nsweep:\n  models: tiny\n  nodes: [1, 3]\n").unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("cluster.nodelist") && text.contains("names 3 nodes, but runs of this sweep use 1"),
+            "{text}"
+        );
+        plan("cluster:\n  nodelist: n[01-02,04]\nsweep:\n  models: tiny\n  nodes: 3\n").unwrap();
     }
 
     #[test]

@@ -430,6 +430,19 @@ impl Spec {
                 return Err(self.error_at("cluster.nodelist", "give either a nodelist or a hostfile, not both"));
             }
         }
+        if let Some(d) = &self.worker.data {
+            // Every run of the sweep would fail on it; say so before anything is rendered.
+            match std::fs::metadata(d) {
+                Ok(m) if m.is_file() => {}
+                Ok(_) => return Err(self.error_at("worker.data", format!("{} is not a regular file", d.display()))),
+                Err(e) => {
+                    return Err(self.error_at(
+                        "worker.data",
+                        format!("cannot read {} ({e}); a relative path is relative to the spec's folder", d.display()),
+                    ))
+                }
+            }
+        }
         for key in ["include", "exclude"] {
             let set = if key == "include" { c.include.is_some() } else { c.exclude.is_some() };
             if set && c.hostfile.is_none() {
@@ -594,6 +607,30 @@ pub fn axis_or<T: Clone>(axis: Option<&OneOrMany<T>>, default: &[T]) -> Vec<T> {
 /// serde_yaml's error, placed. serde_yaml names the enclosing key path in its message, but for
 /// a value that fails its own check that is the parent; the index names the exact key at the
 /// position instead.
+/// serde's messages in the words of the spec: a negative count is not an "integer, expected u32",
+/// and `ranks_per_node` (the other name of `gpus_per_node`) given twice is not a duplicate field.
+fn plain_words(message: &str) -> String {
+    static NEGATIVE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"invalid (?:value|type): integer `(-[0-9]+)`, expected u(?:8|16|32|64)")
+            .expect("valid regex")
+    });
+    static NOT_A_NUMBER: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"invalid type: (.+), expected u(?:8|16|32|64)$").expect("valid regex")
+    });
+    if let Some(c) = NEGATIVE.captures(message) {
+        return NEGATIVE.replace(message, format!("must be a whole number of at least 0, not {}", &c[1])).into_owned();
+    }
+    if let Some(c) = NOT_A_NUMBER.captures(message) {
+        return NOT_A_NUMBER
+            .replace(message, format!("must be a whole number of at least 0, not {}", &c[1]))
+            .into_owned();
+    }
+    if message.contains("duplicate field `gpus_per_node`") {
+        return "gpus_per_node and ranks_per_node are two names for one setting: give one of them".into();
+    }
+    message.to_string()
+}
+
 fn yaml_error(path: &Path, index: &KeyIndex, e: &serde_yaml::Error) -> SpecError {
     let mut message = e.to_string();
     let Some(loc) = e.location() else {
@@ -603,7 +640,15 @@ fn yaml_error(path: &Path, index: &KeyIndex, e: &serde_yaml::Error) -> SpecError
     if let Some(i) = message.rfind(" at line ") {
         message.truncate(i);
     }
-    let pos = Pos { line: loc.line(), column: loc.column() };
+    let mut pos = Pos { line: loc.line(), column: loc.column() };
+    message = plain_words(&message);
+    // serde places a duplicate at its mapping; the second spelling is where the user looks.
+    if message.starts_with("gpus_per_node and ranks_per_node") {
+        let parent = index.key_at(pos).and_then(|k| k.rsplit_once('.').map(|(p, _)| p.to_string()));
+        if let Some(at) = parent.and_then(|p| index.find(&format!("{p}.ranks_per_node"))) {
+            pos = at;
+        }
+    }
     let mut key = String::new();
     if let Some(k) = index.key_at(pos) {
         // Drop serde_yaml's "path: " prefix when it is the exact key or one of its ancestors.
@@ -620,6 +665,38 @@ fn yaml_error(path: &Path, index: &KeyIndex, e: &serde_yaml::Error) -> SpecError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Errors name the key the user wrote, and a negative count gets a sentence.
+    #[test]
+    fn messages_in_the_words_of_the_spec() {
+        let err = |t: &str| Spec::parse(t, Path::new("s.yaml")).unwrap_err().to_string();
+        assert_eq!(
+            err("sweep:\n  models: tiny\n  ranks_per_node: -1\n"),
+            "s.yaml:3:19: sweep.ranks_per_node: must be a whole number of at least 0, not -1"
+        );
+        assert_eq!(
+            err("sweep:\n  models: tiny\n  ranks_per_node: 2\n  gpus_per_node: 2\n"),
+            "s.yaml:3:3: sweep.ranks_per_node: gpus_per_node and ranks_per_node are two names for one setting: give one of them"
+        );
+        assert!(err("cluster:\n  cpus_per_task: -3\nsweep:\n  models: tiny\n").ends_with("not -3"));
+    }
+
+    /// A data file that is not there fails every run: refused before rendering, naming the key
+    /// and where a relative path points.
+    #[test]
+    fn a_missing_data_file_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let spec = d.path().join("s.yaml");
+        let text = "worker:\n  data: text.txt\nsweep:\n  models: tiny\n";
+        let e = Spec::parse(text, &spec).unwrap_err().to_string();
+        assert!(e.contains("worker.data") && e.contains("relative to the spec's folder"), "{e}");
+        std::fs::write(d.path().join("text.txt"), "some text").unwrap();
+        let s = Spec::parse(text, &spec).unwrap();
+        assert_eq!(s.worker.data.as_deref(), Some(d.path().join("text.txt").as_path()));
+        std::fs::create_dir(d.path().join("folder")).unwrap();
+        let e = Spec::parse("worker:\n  data: folder\nsweep:\n  models: tiny\n", &spec).unwrap_err().to_string();
+        assert!(e.contains("is not a regular file"), "{e}");
+    }
 
     fn parse(text: &str) -> Result<Spec, SpecError> {
         Spec::parse(text, Path::new("s.yaml"))

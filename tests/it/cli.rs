@@ -299,6 +299,26 @@ touch "$logs/started.$OMPI_COMM_WORLD_RANK"; sleep 3"#,
     assert_eq!(again.status.code(), Some(0), "{}{}", stdout(&again), stderr(&again));
 }
 
+/// Runs that `plan` marks as not fitting the declared GPU memory are not rendered (and said so)
+/// unless `--include-unfit`.
+#[test]
+fn unfit_runs_are_left_out_unless_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("s.yaml");
+    std::fs::write(&spec, "cluster: {gpus_per_node: 4, gpu_memory: 16GiB}\nsweep:\n  models: gpt2-xl\n").unwrap();
+    let out = dir.path().join("runs");
+    let o = zerobench(&["render", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let text = stdout(&o);
+    assert!(o.status.success(), "{text}{}", stderr(&o));
+    assert!(text.contains("3 runs rendered, 1 left out as unfit"), "{text}");
+    assert!(text.contains("gpt2-xl_z0_offnone_mb1_1x4") && text.contains("--include-unfit renders it"), "{text}");
+    assert!(!out.join("gpt2-xl_z0_offnone_mb1_1x4").exists());
+    let all = dir.path().join("all");
+    let o = zerobench(&["render", spec.to_str().unwrap(), "--out", all.to_str().unwrap(), "--include-unfit"]);
+    assert!(stdout(&o).contains("4 runs rendered, 0 left out as unfit"), "{}", stdout(&o));
+    assert!(all.join("gpt2-xl_z0_offnone_mb1_1x4/job.sbatch").is_file());
+}
+
 /// `zerobench local` into a folder it ran before: finished runs are skipped and no byte changes;
 /// a failed run runs again only with `--retry-failed`, its first attempt kept whole; a spec that
 /// changed a run's configuration is refused without writing anything, and `--overwrite` moves

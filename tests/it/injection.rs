@@ -104,6 +104,8 @@ fn hostile_values_are_rendered_inert_for_every_method() {
         );
         let spec_path = base.path().join(format!("{method}.yaml"));
         std::fs::write(&spec_path, &text).unwrap();
+        // The data file must exist (relative to the spec): one with the hostile name.
+        std::fs::write(base.path().join(HOSTILE[0]), "text").unwrap();
         let plan = Plan::build(Spec::load(&spec_path).unwrap_or_else(|e| panic!("{method}: {e}"))).unwrap();
         let dirs = render(&plan, &out.join(method)).unwrap();
         let run = &dirs[0];

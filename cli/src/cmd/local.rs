@@ -42,6 +42,10 @@ pub struct Args {
     /// without it such a folder is refused and nothing is written.
     #[arg(long)]
     overwrite: bool,
+    /// Render (and run) also the runs whose model states and engine buffers do not fit
+    /// cluster.gpu_memory (`plan` marks them); without it they are left out and listed.
+    #[arg(long)]
+    include_unfit: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
@@ -61,13 +65,17 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         .timeout
         .map(Duration::from_secs)
         .or_else(|| spec.cluster.time.as_ref().and_then(|t| t.seconds()).map(Duration::from_secs));
-    let plan = Plan::build(spec)?;
+    let mut plan = Plan::build(spec)?;
+    let unfit = super::leave_out_unfit(&mut plan, a.include_unfit);
     let _lock = crate::lock::lock(&a.out, "local")?;
     let on_change = if a.overwrite { OnChange::MoveAside } else { OnChange::Refuse };
     let rendered = render::render_with(&plan, &a.out, on_change)?;
     let dirs: Vec<PathBuf> = rendered.iter().map(|(d, _)| d.clone()).collect();
     let before = status(&dirs)?;
     let mut t = Table::new("local", ["run", "state", "seconds", "detail"]);
+    for (id, why) in &unfit {
+        t.row([id.clone(), "unfit".into(), "-".into(), why.clone()]);
+    }
     let mut runs: Vec<(String, PathBuf)> = Vec::new();
     let (mut skipped, mut failed) = (0, 0);
     // render gives the folders in the plan's order.

@@ -23,10 +23,15 @@ pub struct Args {
     /// output folder (never deleted) and render anew.
     #[arg(long)]
     overwrite: bool,
+    /// Render (and run) also the runs whose model states and engine buffers do not fit
+    /// cluster.gpu_memory (`plan` marks them); without it they are left out and listed.
+    #[arg(long)]
+    include_unfit: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
-    let plan = Plan::build(Spec::load(&a.spec)?)?;
+    let mut plan = Plan::build(Spec::load(&a.spec)?)?;
+    let unfit = super::leave_out_unfit(&mut plan, a.include_unfit);
     let _lock = crate::lock::lock(&a.out, "render")?;
     let on_change = if a.overwrite { OnChange::MoveAside } else { OnChange::Refuse };
     let dirs = render::render_with(&plan, &a.out, on_change)?;
@@ -40,8 +45,11 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             what.describe(),
         ]);
     }
+    for (id, why) in &unfit {
+        t.row([id.clone(), "-".into(), "-".into(), "-".into(), why.clone()]);
+    }
     let mut out = std::io::stdout().lock();
     write_table(&mut out, &t)?;
-    writeln!(out, "{} runs rendered", dirs.len())?;
+    writeln!(out, "{} runs rendered, {} left out as unfit", dirs.len(), unfit.len())?;
     Ok(Outcome::Complete)
 }

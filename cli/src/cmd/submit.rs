@@ -43,6 +43,10 @@ pub struct Args {
     /// `.replaced/` (never deleted) instead of refusing.
     #[arg(long)]
     overwrite: bool,
+    /// Render (and run) also the runs whose model states and engine buffers do not fit
+    /// cluster.gpu_memory (`plan` marks them); without it they are left out and listed.
+    #[arg(long)]
+    include_unfit: bool,
 }
 
 /// The run folders a target names: a run folder, or every run folder under a folder.
@@ -62,7 +66,10 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         let Some(out) = &a.out else {
             bail!("{} is a spec: say where to render it with --out DIR", a.target.display())
         };
-        let plan = Plan::build(Spec::load(&a.target)?)?;
+        let mut plan = Plan::build(Spec::load(&a.target)?)?;
+        for (id, why) in super::leave_out_unfit(&mut plan, a.include_unfit) {
+            eprintln!("zerobench: {id}: {why}");
+        }
         let lock = crate::lock::lock(out, "submit")?;
         // Only this spec's runs: older run folders in `out` are not submitted again.
         let on_change = if a.overwrite { OnChange::MoveAside } else { OnChange::Refuse };
