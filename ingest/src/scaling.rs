@@ -169,3 +169,75 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
     }
     out
 }
+
+/// The scaling table pivoted as the GPT-2 framework comparison lays it out: one block per model
+/// and the axes its runs share (micro-batch, sequence, precision, accumulation, device, variant),
+/// GPUs (and nodes) as rows, and per ZeRO configuration (stage, offload, source) a column group of
+/// samples/s, speedup against the fewest GPUs, and efficiency.
+pub fn scaling_pivot(rows: &[ScalingRow]) -> crate::tables::Table {
+    use std::collections::BTreeSet;
+    type Block = (String, Option<u32>, Option<u32>, Option<Precision>, Option<u32>, Option<String>, String);
+    let mut blocks: BTreeMap<Block, Vec<&ScalingRow>> = BTreeMap::new();
+    for r in rows {
+        let key =
+            (r.model.clone(), r.micro_batch, r.seq_len, r.precision, r.grad_accum, r.gpu.clone(), r.variant.clone());
+        blocks.entry(key).or_default().push(r);
+    }
+    let config = |r: &ScalingRow| {
+        let mut s = r.stage.map_or("zero?".to_string(), |s| format!("zero{s}"));
+        match r.offload {
+            Some(Offload::None) => {}
+            Some(o) => s.push_str(&format!("+{o}")),
+            None => s.push_str("+offload?"),
+        }
+        if r.source != "zerobench" {
+            s.push_str(&format!(" ({})", r.source));
+        }
+        s
+    };
+    let opt = |v: Option<u32>| v.map_or("?".to_string(), |v| v.to_string());
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for ((model, mbs, seq, precision, ga, gpu, variant), rs) in blocks {
+        let configs: Vec<String> = rs.iter().map(|r| config(r)).collect::<BTreeSet<_>>().into_iter().collect();
+        let mut label = format!("{model} mbs={} seq={}", opt(mbs), opt(seq));
+        if let Some(p) = precision {
+            label.push_str(&format!(" {p}"));
+        }
+        if let Some(g) = ga.filter(|g| *g != 1) {
+            label.push_str(&format!(" grad_accum={g}"));
+        }
+        if let Some(g) = gpu {
+            label.push_str(&format!(" on {g}"));
+        }
+        if !variant.is_empty() {
+            label.push_str(&format!(" [{variant}]"));
+        }
+        let mut head = vec![label, "nodes".to_string()];
+        for c in &configs {
+            head.extend([format!("{c} samples/s"), format!("{c} speedup"), format!("{c} efficiency")]);
+        }
+        out.push(head);
+        let places: BTreeSet<(u32, Option<u32>)> = rs.iter().map(|r| (r.gpus, r.nodes)).collect();
+        for (gpus, nodes) in places {
+            let mut line = vec![gpus.to_string(), opt(nodes)];
+            for c in &configs {
+                match rs.iter().find(|r| r.gpus == gpus && r.nodes == nodes && config(r) == *c) {
+                    Some(r) => line.extend([
+                        format!("{:.1}", r.samples_per_s),
+                        format!("{:.3}", r.speedup),
+                        format!("{:.3}", r.efficiency),
+                    ]),
+                    None => line.extend([String::new(), String::new(), String::new()]),
+                }
+            }
+            out.push(line);
+        }
+    }
+    // Blocks differ in width: pad every row to the widest, so the stack stays one table.
+    let width = out.iter().map(Vec::len).max().unwrap_or(0);
+    for r in &mut out {
+        r.resize(width, String::new());
+    }
+    let header = if out.is_empty() { Vec::new() } else { out.remove(0) };
+    crate::tables::Table { name: "scaling-pivot", header, rows: out }
+}

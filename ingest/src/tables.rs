@@ -4,7 +4,8 @@
 //!   precision, sequence length, accumulation and device, so that unlike runs never share a
 //!   cell), rows = model and variant, columns = micro-batch size; a configuration that ran out of
 //!   memory shows `OOM`;
-//! * `scaling`: see [`crate::scaling`];
+//! * `scaling`: see [`crate::scaling`]; `scaling-pivot`: the same, GPUs as rows and a column group
+//!   (samples/s, speedup, efficiency) per ZeRO configuration;
 //! * `comm`: one row per run and collective kind;
 //! * `runs`: one row per run, every field;
 //! * `states`: like `mem`, the model states per rank from the setup records (exact, on CPUs too);
@@ -211,6 +212,8 @@ impl Pivot {
     fn build(name: &'static str, metric: PivotMetric, runs: &[RunReport]) -> Pivot {
         let mut cells: BTreeMap<BlockKey, BTreeMap<String, BTreeMap<u32, Vec<&RunRow>>>> = BTreeMap::new();
         let devices: BTreeSet<Option<&str>> = runs.iter().map(|r| r.row.gpu.as_deref()).collect();
+        // Rows in order of model size (t5-large before t5-3b), then by label.
+        let mut sizes: BTreeMap<String, u64> = BTreeMap::new();
         for r in runs {
             let row = &r.row;
             let (Some(stage), Some(mbs)) = (row.stage, row.micro_batch) else { continue };
@@ -231,6 +234,7 @@ impl Pivot {
             if !row.variant.is_empty() {
                 label.push_str(&format!(" [{}]", row.variant));
             }
+            sizes.entry(label.clone()).or_insert_with(|| model_size(&row.model));
             cells.entry(key).or_default().entry(label).or_default().entry(mbs).or_default().push(row);
         }
         // Every block has the same columns, so the stacked blocks stay one rectangular table.
@@ -246,13 +250,17 @@ impl Pivot {
                 label: key.label(devices.len() > 1),
                 key,
                 micro_batches: columns.clone(),
-                rows: models
-                    .into_iter()
-                    .map(|(model, by_mbs)| PivotRow {
-                        model,
-                        cells: columns.iter().map(|m| cell(metric, by_mbs.get(m).map_or(&[][..], |v| v))).collect(),
-                    })
-                    .collect(),
+                rows: {
+                    let mut models: Vec<_> = models.into_iter().collect();
+                    models.sort_by_key(|(label, _)| (sizes.get(label).copied().unwrap_or(u64::MAX), label.clone()));
+                    models
+                }
+                .into_iter()
+                .map(|(model, by_mbs)| PivotRow {
+                    model,
+                    cells: columns.iter().map(|m| cell(metric, by_mbs.get(m).map_or(&[][..], |v| v))).collect(),
+                })
+                .collect(),
             })
             .collect();
         Pivot { name, metric, blocks }
@@ -277,6 +285,11 @@ impl Pivot {
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// A model's parameter count when it names a preset; unknown models sort last.
+fn model_size(model: &str) -> u64 {
+    zerobench_schema::ModelPreset::from_name(model).map_or(u64::MAX, |p| p.spec().param_count())
+}
 
 fn memory_of(row: &RunRow) -> Option<(f64, MemoryKind)> {
     if let Some(b) = row.peak_allocated_bytes {
@@ -357,6 +370,7 @@ impl Tables {
             self.mem.to_table(),
             self.states.to_table(),
             table_from_rows("scaling", &self.scaling, &ScalingRow::default()),
+            crate::scaling::scaling_pivot(&self.scaling),
             table_from_rows("comm", &self.comm, &CollectiveRow::default()),
             table_from_rows("runs", &self.runs, &RunRow::default()),
             table_from_rows("memory-phases", &self.memory_phases, &MemoryPhaseRow::default()),
