@@ -22,7 +22,7 @@ pub struct OutLock {
 
 /// Takes the lock of `out` (created if needed) for `command`, or says who holds it.
 pub fn lock(out: &Path, command: &str) -> anyhow::Result<OutLock> {
-    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create the output folder {}", out.display()))?;
     let path: PathBuf = out.join(LOCK_FILE);
     let mut file = OpenOptions::new()
         .read(true)

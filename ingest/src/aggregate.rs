@@ -20,8 +20,8 @@ use crate::acc::{KindAcc, StepSlot};
 use crate::peak::PeakTable;
 use crate::plan::{describe_ranges, RunPlan};
 use crate::read::RunAcc;
-use crate::run::{CollectiveRow, RunReport, RunRow, Source, Status};
-use crate::stats::{self, fsum, StepTimes};
+use crate::run::{self, CollectiveRow, RunReport, RunRow, Source, Status, StepTimes};
+use crate::stats::fsum;
 use crate::status::decide;
 
 /// What turns sums into the reported figures.
@@ -108,7 +108,7 @@ fn step_figures(row: &mut RunRow, measured: &[&StepSlot]) {
             exposed_comm: Some(s.exposed_comm_ms),
         })
         .collect();
-    stats::step_figures(row, &times);
+    run::step_figures(row, &times);
 }
 
 fn throughput(row: &mut RunRow, measured: &[&StepSlot], acc: &RunAcc, start: &Start, settings: &Settings) {

@@ -33,6 +33,7 @@ pub mod side;
 pub mod stats;
 pub mod status;
 pub mod synth;
+pub mod table;
 pub mod tables;
 
 use std::path::PathBuf;

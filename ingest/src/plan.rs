@@ -15,8 +15,7 @@ use zerobench_schema::log::{parse_line, Record, Start};
 
 use crate::discover::{RankFile, RunDir};
 use crate::lines::{for_each_line, Line, MAX_LINE};
-use crate::problem::{Problem, ProblemKind};
-use crate::read::classify_bad_line;
+use crate::problem::{classify_bad_line, Problem, ProblemKind};
 use crate::side::{job_state, JobState};
 use std::ops::ControlFlow;
 

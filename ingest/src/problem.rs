@@ -7,7 +7,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use zerobench_schema::log::{version_supported, LineError, SCHEMA_VERSION};
 
 /// One thing that could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -100,4 +101,32 @@ pub enum ProblemKind {
     /// More problems in this file than are listed; they are counted, not kept.
     #[error("{count} more problems in this file not listed")]
     More { count: u64 },
+}
+
+/// The version of any record: enough to tell an unknown version from a broken line.
+#[derive(Debug, Deserialize)]
+struct Envelope {
+    #[serde(default)]
+    v: Option<u64>,
+}
+
+/// Why `bytes`, which the schema's parser refused with `err`, is not a record: an unknown
+/// version, a missing version, or something else, with serde's message.
+pub fn classify_bad_line(bytes: &[u8], err: LineError) -> ProblemKind {
+    let e = match err {
+        LineError::Version { found } => {
+            return ProblemKind::Version { found: u64::from(found), supported: SCHEMA_VERSION };
+        }
+        LineError::Json(e) => e,
+        other => return ProblemKind::BadLine { message: other.to_string() },
+    };
+    // A record of another version may not fit this version's types, so its version is read on
+    // its own; a line that has none of this shape is reported with the parser's message.
+    match serde_json::from_slice::<Envelope>(bytes) {
+        Ok(Envelope { v: None }) => ProblemKind::NoVersion,
+        Ok(Envelope { v: Some(v) }) if !version_supported(v) => {
+            ProblemKind::Version { found: v, supported: SCHEMA_VERSION }
+        }
+        _ => ProblemKind::BadLine { message: zerobench_schema::log::explain(bytes).unwrap_or_else(|| e.to_string()) },
+    }
 }

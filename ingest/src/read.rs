@@ -20,14 +20,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use rayon::prelude::*;
-use serde::Deserialize;
-use zerobench_schema::log::{parse_line, version_supported, LineError, Record, SCHEMA_VERSION};
+use zerobench_schema::log::{parse_line, LineError, Record};
 
 use crate::acc::{EndInfo, ErrorInfo, RankAcc, StepSlot, StepSlots};
 use crate::fastpath;
 use crate::lines::{for_each_line_in, Line, Window, BLOCK, MAX_LINE};
 use crate::plan::RunPlan;
-use crate::problem::{Problem, ProblemKind};
+use crate::problem::{classify_bad_line, Problem, ProblemKind};
 use crate::record::{MemLine, StepLine, STEP_PREFIX};
 
 /// Problems listed per file; the rest are counted.
@@ -346,33 +345,5 @@ impl LineCtx<'_> {
         self.out.rank.add_step(s, self.warmup);
         self.out.slots.push((s.step, StepSlot::from_line(s)));
         Ok(())
-    }
-}
-
-/// The version of any record: enough to tell an unknown version from a broken line.
-#[derive(Debug, Deserialize)]
-struct Envelope {
-    #[serde(default)]
-    v: Option<u64>,
-}
-
-/// Why `bytes`, which the schema's parser refused with `err`, is not a record: an unknown
-/// version, a missing version, or something else, with serde's message.
-pub fn classify_bad_line(bytes: &[u8], err: LineError) -> ProblemKind {
-    let e = match err {
-        LineError::Version { found } => {
-            return ProblemKind::Version { found: u64::from(found), supported: SCHEMA_VERSION };
-        }
-        LineError::Json(e) => e,
-        other => return ProblemKind::BadLine { message: other.to_string() },
-    };
-    // A record of another version may not fit this version's types, so its version is read on
-    // its own; a line that has none of this shape is reported with the parser's message.
-    match serde_json::from_slice::<Envelope>(bytes) {
-        Ok(Envelope { v: None }) => ProblemKind::NoVersion,
-        Ok(Envelope { v: Some(v) }) if !version_supported(v) => {
-            ProblemKind::Version { found: v, supported: SCHEMA_VERSION }
-        }
-        _ => ProblemKind::BadLine { message: zerobench_schema::log::explain(bytes).unwrap_or_else(|| e.to_string()) },
     }
 }

@@ -334,3 +334,50 @@ impl RunReport {
         self
     }
 }
+
+/// One measured step's times in ms, with its communication where the log has it.
+#[derive(Debug, Clone, Copy)]
+pub struct StepTimes {
+    pub step: f64,
+    pub forward: f64,
+    pub backward: f64,
+    pub optimizer: f64,
+    pub comm: Option<f64>,
+    pub exposed_comm: Option<f64>,
+}
+
+/// Fills in the step-time figures of `row` from its measured steps: median, p10, p90 and mean of
+/// the step time, the median and the share of every phase, and the share of communication (Σ communication /
+/// Σ step time) where every step has its communication time.
+pub fn step_figures(row: &mut RunRow, steps: &[StepTimes]) {
+    use crate::stats::{fsum, median, quantile_sorted};
+    if steps.is_empty() {
+        return;
+    }
+    let mut t: Vec<f64> = steps.iter().map(|s| s.step).collect();
+    let total = fsum(t.iter().copied());
+    t.sort_by(f64::total_cmp);
+    row.step_ms_median = quantile_sorted(&t, 0.5);
+    row.step_ms_p10 = quantile_sorted(&t, 0.1);
+    row.step_ms_p90 = quantile_sorted(&t, 0.9);
+    row.step_ms_mean = Some(total / t.len() as f64);
+    let med = |f: fn(&StepTimes) -> f64| median(&steps.iter().map(f).collect::<Vec<_>>());
+    row.forward_ms_median = med(|s| s.forward);
+    row.backward_ms_median = med(|s| s.backward);
+    row.optimizer_ms_median = med(|s| s.optimizer);
+    let phase_share = |f: fn(&StepTimes) -> f64| (total > 0.0).then(|| fsum(steps.iter().map(f)) / total);
+    row.forward_frac = phase_share(|s| s.forward);
+    row.backward_frac = phase_share(|s| s.backward);
+    row.optimizer_frac = phase_share(|s| s.optimizer);
+    // A median or share over only the steps that have the time would misstate the run.
+    let every = |f: fn(&StepTimes) -> Option<f64>| steps.iter().map(f).collect::<Option<Vec<f64>>>();
+    let share = |v: &[f64]| (total > 0.0).then(|| fsum(v.iter().copied()) / total);
+    if let Some(comm) = every(|s| s.comm) {
+        row.comm_ms_median = median(&comm);
+        row.comm_frac = share(&comm);
+    }
+    if let Some(exposed) = every(|s| s.exposed_comm) {
+        row.exposed_comm_ms_median = median(&exposed);
+        row.exposed_comm_frac = share(&exposed);
+    }
+}

@@ -22,25 +22,7 @@ use zerobench_schema::{Offload, Precision, ZeroStage};
 use crate::run::{CollectiveRow, MemoryPhaseRow, RunReport, RunRow, Source, Status};
 use crate::scaling::{scaling, ScalingRow};
 use crate::stats::median;
-
-/// A rectangular table of text cells.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Table {
-    pub name: &'static str,
-    pub header: Vec<String>,
-    pub rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    /// An empty table with these column names (filled with [`Table::row`]).
-    pub fn new<S: Into<String>>(name: &'static str, header: impl IntoIterator<Item = S>) -> Self {
-        Table { name, header: header.into_iter().map(Into::into).collect(), rows: Vec::new() }
-    }
-
-    pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
-        self.rows.push(cells.into_iter().map(Into::into).collect());
-    }
-}
+pub use crate::table::Table;
 
 /// A table of serde rows, with the field names as header (`sample` gives it when there are no
 /// rows). The rows go through the CSV serialiser, so every sink shows the cells CSV has.

@@ -21,6 +21,7 @@ pub mod slurm;
 pub mod spec;
 pub mod status;
 pub mod submit;
+pub mod time;
 pub mod values;
 
 pub use error::{Error, Result};

@@ -24,19 +24,13 @@ use std::sync::Arc;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 use crate::error::Error;
-use crate::status::State;
-use crate::submit::unix_now;
+use crate::status::{local_state, State};
+use crate::time::unix_now;
 
 pub use zerobench_schema::job::{LocalRecord, LOCAL_RECORD};
 
 /// Where a local run's output goes, in its run folder.
 pub const LOCAL_OUTPUT: &str = "local.out";
-
-/// A local run's state as `status` shows it (the same as ingest's: [`LocalRecord::job_state`]);
-/// a record that says nothing is a failure.
-pub fn local_state(r: &LocalRecord) -> State {
-    r.job_state().map_or(State::Failed, State::from)
-}
 
 /// How to run.
 #[derive(Debug, Clone, Default)]

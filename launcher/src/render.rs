@@ -602,7 +602,7 @@ fn aside(dir: &Path) -> Result<PathBuf, Error> {
 /// over anything; returns the new path.
 pub fn move_aside(from: &Path, keep: &Path, name: &str) -> Result<PathBuf, Error> {
     std::fs::create_dir_all(keep).map_err(|e| Error::io(keep, e))?;
-    let stamp = crate::submit::unix_now();
+    let stamp = crate::time::unix_now();
     for n in 0..1000 {
         let suffix = if n == 0 { String::new() } else { format!("-{n}") };
         let to = keep.join(format!("{name}-{stamp}{suffix}"));

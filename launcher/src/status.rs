@@ -25,10 +25,10 @@ use zerobench_schema::job::JobState;
 use zerobench_schema::log::{parse_line, rank_from_name, Record, RunStatus};
 
 use crate::error::Error;
-use crate::local::{LocalRecord, LOCAL_RECORD};
 use crate::render::{read_record, RunRecord, LOG_DIR};
 use crate::slurm;
 use crate::submit::{SlurmRecord, SLURM_RECORD};
+use zerobench_schema::job::{LocalRecord, LOCAL_RECORD};
 
 /// Where a run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -262,7 +262,7 @@ fn from_run_folder(row: &mut RunState, rec: &RunRecord) {
         }
         State::Unsubmitted => {
             if let Some(local) = read_json::<LocalRecord>(&row.dir.join(LOCAL_RECORD)) {
-                row.state = crate::local::local_state(&local);
+                row.state = local_state(&local);
                 row.source = "local";
                 // The logs say more about a run that went well, the record about one that did not.
                 if row.detail.is_empty() && row.state != State::Done {
@@ -280,6 +280,12 @@ fn from_run_folder(row: &mut RunState, rec: &RunRecord) {
     if row.detail.is_empty() {
         row.detail = logs.progress(rec.run.world_size());
     }
+}
+
+/// A local run's state as `status` shows it (the same as ingest's: [`LocalRecord::job_state`]);
+/// a record that says nothing is a failure.
+pub fn local_state(r: &LocalRecord) -> State {
+    r.job_state().map_or(State::Failed, State::from)
 }
 
 /// What the logs of a run folder say went wrong, if anything: the rank that stopped without an

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +13,7 @@ use crate::error::Error;
 use crate::quote::{sh, slurm_pattern_literal};
 use crate::render::{directives, read_record, RunRecord};
 use crate::slurm;
+use crate::time::unix_now;
 
 /// The file in a run folder that records its latest submission.
 pub const SLURM_RECORD: &str = "slurm.json";
@@ -89,11 +90,6 @@ pub fn check_dependency(dep: &str) -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-/// Unix seconds, for the run records.
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 fn sbatch(script: &Path, deps: &[String], opts: &SubmitOptions) -> Result<String, Error> {

@@ -13,6 +13,7 @@ use std::str::FromStr;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::models::default_target_len;
 use crate::models::ModelPreset;
 
 /// A configuration that cannot run, with the flag (or spec key) it is about.
@@ -30,36 +31,7 @@ impl ConfigError {
     }
 }
 
-/// Generates `FromStr`, `Display` and a list of accepted spellings for a field-less enum whose
-/// text form is fixed (the same strings in flags, YAML, JSON logs and table headers).
-macro_rules! text_enum {
-    ($ty:ident, $what:literal, { $($variant:ident => $text:literal),+ $(,)? }) => {
-        impl $ty {
-            /// Every value, in declaration order.
-            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
-            /// The text form used in flags, specs, logs and tables.
-            pub fn as_str(self) -> &'static str {
-                match self { $($ty::$variant => $text),+ }
-            }
-        }
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(self.as_str()) }
-        }
-        impl FromStr for $ty {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                match s {
-                    $($text => Ok($ty::$variant),)+
-                    _ => Err(format!(
-                        "unknown {} '{}' (expected one of: {})",
-                        $what, s, [$($text),+].join(", ")
-                    )),
-                }
-            }
-        }
-    };
-}
-pub(crate) use text_enum;
+use crate::text_enum::text_enum;
 
 /// ZeRO stage. Serialized as the integer 0..=3.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
@@ -302,14 +274,6 @@ pub const AXIS_FIELDS: &[&str] = &["model", "stage", "offload", "precision", "mi
 /// there are repeats of one configuration, and tables combine them (saying how many). `device`
 /// is shown through the device the run found (its GPU's name), not through the request.
 pub const REPEAT_FIELDS: &[&str] = &["steps", "warmup", "seed", "device"];
-
-/// The target length of an encoder-decoder run that names none: a quarter of the input, at least
-/// one token. T5's span-corruption pre-training (15% of tokens masked in spans of mean length 3)
-/// turns 512 input tokens into targets of about 114, so inputs about four times their targets are
-/// the shape these models train on.
-pub fn default_target_len(seq_len: u32) -> u32 {
-    (seq_len / 4).max(1)
-}
 
 impl RunConfig {
     /// A configuration with defaults for everything but the model and stage.

@@ -25,6 +25,7 @@ pub mod models;
 pub mod schedule;
 pub mod splitmix;
 pub mod stats;
+mod text_enum;
 pub mod traffic;
 
 pub use config::{ConfigError, DeviceRequest, Offload, Precision, RunConfig, ZeroStage};

@@ -20,14 +20,13 @@
 //! ([`OLDEST_READ_VERSION`]); its step times on GPUs leave out the optimizer's device work.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{text_enum, RunConfig};
+use crate::config::RunConfig;
 use crate::memory::ModelStateBytes;
+use crate::text_enum::text_enum;
 
 /// The version every record carries in `v`.
 pub const SCHEMA_VERSION: u32 = 2;

@@ -14,7 +14,15 @@ use std::str::FromStr;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{default_target_len, text_enum};
+use crate::text_enum::text_enum;
+
+/// The target length of an encoder-decoder run that names none: a quarter of the input, at least
+/// one token. T5's span-corruption pre-training (15% of tokens masked in spans of mean length 3)
+/// turns 512 input tokens into targets of about 114, so inputs about four times their targets are
+/// the shape these models train on.
+pub fn default_target_len(seq_len: u32) -> u32 {
+    (seq_len / 4).max(1)
+}
 
 /// A named model configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]

@@ -21,7 +21,7 @@ use crate::comm::mpi::MpiCollectives;
 use crate::comm::nccl::NcclCollectives;
 use crate::comm::Collectives;
 use crate::failure::Failure;
-use crate::logfile::RankLog;
+use crate::logfile::{now_ts, RankLog};
 use crate::metrics::clock::StepClock;
 use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::metrics::memory::MemoryProbe;
@@ -30,7 +30,7 @@ use crate::model::Model;
 use crate::runtime::cuda::Gpu;
 use crate::runtime::guard::Guard;
 use crate::runtime::identity::{self, Identity};
-use crate::train::{now_ts, Observe, Progress, Trainer};
+use crate::train::{Observe, Progress, Trainer};
 use crate::{cli, data, model, runtime, zero};
 
 /// Runs one rank; the error's [`Failure::exit_code`] is the process's exit code.

@@ -20,6 +20,11 @@ use std::time::{Duration, Instant};
 
 use zerobench_schema::Record;
 
+/// The time stamp records carry (`ts`): Unix seconds.
+pub fn now_ts() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// A handle on the log; clones write to the same file.
 #[derive(Clone)]
 pub struct RankLog {

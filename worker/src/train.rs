@@ -16,7 +16,7 @@ use zerobench_schema::{RunConfig, SCHEMA_VERSION};
 
 use crate::data::Data;
 use crate::failure::Failure;
-use crate::logfile::{BackgroundWriter, RankLog};
+use crate::logfile::{now_ts, BackgroundWriter, RankLog};
 use crate::metrics::clock::{SharedClock, StepPhase};
 use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::metrics::memory::MemoryProbe;
@@ -28,10 +28,6 @@ use crate::zero::{Engine, Schedule};
 
 /// Steps a `--trace` records (the first ones after warmup), to bound its size.
 pub const TRACE_STEPS: u32 = 20;
-
-pub fn now_ts() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
-}
 
 /// How far a run got.
 pub struct Progress {

@@ -182,7 +182,7 @@ fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: 
         ];
         let idx: Vec<usize> = keep.iter().filter_map(|k| t.header.iter().position(|h| h == k)).collect();
         let pick = |r: &Vec<String>| idx.iter().map(|i| r[*i].clone()).collect::<Vec<_>>();
-        let small = zerobench_ingest::tables::Table {
+        let small = zerobench_ingest::table::Table {
             name: "scaling",
             header: pick(&t.header),
             rows: t.rows.iter().map(pick).collect(),

@@ -21,7 +21,7 @@ use zerobench_launcher::{render, Plan, Spec};
 
 use crate::Outcome;
 use zerobench_ingest::report::terminal::write_table;
-use zerobench_ingest::tables::Table;
+use zerobench_ingest::table::Table;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -99,7 +99,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let done = run_local(&runs, &LocalOptions { timeout, progress: std::io::stderr().is_terminal() })?;
     let results = &done.results;
     for r in results {
-        let st = zerobench_launcher::local::local_state(&r.record);
+        let st = zerobench_launcher::status::local_state(&r.record);
         if st != State::Done {
             failed += 1;
         }

@@ -11,7 +11,7 @@ use zerobench_launcher::{Plan, Spec};
 
 use crate::Outcome;
 use zerobench_ingest::report::terminal::write_table;
-use zerobench_ingest::tables::Table;
+use zerobench_ingest::table::Table;
 
 /// What `fit` weighs, under the table.
 const FOOTER: &str =

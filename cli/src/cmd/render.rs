@@ -9,7 +9,7 @@ use zerobench_launcher::{render, Plan, Spec};
 
 use crate::Outcome;
 use zerobench_ingest::report::terminal::write_table;
-use zerobench_ingest::tables::Table;
+use zerobench_ingest::table::Table;
 
 #[derive(clap::Args)]
 pub struct Args {

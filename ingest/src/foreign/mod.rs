@@ -49,9 +49,10 @@ use crate::discover::ForeignDir;
 use crate::lines::{for_each_line, Line, BLOCK, MAX_LINE};
 use crate::problem::{Problem, ProblemKind};
 use crate::read::ReadStats;
+use crate::run::{step_figures, StepTimes};
 use crate::run::{MemoryPhaseRow, RunReport, RunRow, Source, Status};
 use crate::side::run_json;
-use crate::stats::{fsum, median, step_figures, StepTimes};
+use crate::stats::{fsum, median};
 
 use deepspeed::DeepSpeed;
 use hf_trainer::HfTrainer;

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::ReportError;
-use crate::tables::Table;
+use crate::table::Table;
 
 pub fn write(tables: &[Table], out: &Path) -> Result<Vec<PathBuf>, ReportError> {
     tables.iter().map(|t| write_one(t, out)).collect()

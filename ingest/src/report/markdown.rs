@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::ReportError;
-use crate::tables::Table;
+use crate::table::Table;
 
 pub fn write(tables: &[Table], out: &Path) -> Result<Vec<PathBuf>, ReportError> {
     tables

@@ -4,7 +4,7 @@
 use std::io::{self, Write};
 
 use crate::run::RunRow;
-use crate::tables::Table;
+use crate::table::Table;
 
 /// The summary table of the runs.
 pub fn summary_table(runs: &[RunRow]) -> Table {

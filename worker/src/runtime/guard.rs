@@ -203,7 +203,7 @@ fn stop(i: &Inner, class: ErrorClass, message: String, exit_code: i32) {
         return;
     }
     let steps = i.steps.load(Ordering::Relaxed);
-    let ts = crate::train::now_ts();
+    let ts = crate::logfile::now_ts();
     let device = *i.cuda_device.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let error = ErrorRecord {
         v: SCHEMA_VERSION,

@@ -22,7 +22,7 @@ use rayon::prelude::*;
 use tch::{Device, Kind, TchError, Tensor};
 use zerobench_schema::config::OptimConfig;
 
-use super::adamw_cuda::FusedAdamW;
+use super::adamw_cuda::{Coeffs, FusedAdamW};
 use crate::runtime::cuda::Gpu;
 
 /// The tensors of one shard. `master`, `exp_avg` and `exp_avg_sq` are fp32; `grad` is in the
@@ -39,19 +39,6 @@ pub struct Shard<'a> {
 pub struct AdamW {
     pub cfg: OptimConfig,
     fused: Option<FusedAdamW>,
-}
-
-/// The per-step scalars of the update.
-#[derive(Debug, Clone, Copy)]
-pub struct Coeffs {
-    pub decay: f32,
-    pub one_minus_b1: f32,
-    pub b2: f32,
-    pub one_minus_b2: f32,
-    pub step_size: f32,
-    pub inv_bc2_sqrt: f32,
-    pub eps: f32,
-    pub grad_scale: f32,
 }
 
 const CHUNK: usize = 1 << 15;

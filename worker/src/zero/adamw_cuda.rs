@@ -9,7 +9,6 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
 use tch::{Kind, Tensor};
 
-use super::adamw::Coeffs;
 use crate::runtime::cuda::Gpu;
 use crate::runtime::kernels;
 
@@ -36,6 +35,20 @@ ADAMW(adamw_bf16, unsigned short, bf2f, unsigned short, out[i] = f2bf(pi))
 ADAMW(adamw_f16, unsigned short, h2f, unsigned short, out[i] = f2h(pi))
 ADAMW(adamw_f32, float, f2f, float, (void)out)
 "#;
+
+/// The per-step scalars of the update, as the kernel takes them (the CPU loop of `adamw` takes
+/// the same).
+#[derive(Debug, Clone, Copy)]
+pub struct Coeffs {
+    pub decay: f32,
+    pub one_minus_b1: f32,
+    pub b2: f32,
+    pub one_minus_b2: f32,
+    pub step_size: f32,
+    pub inv_bc2_sqrt: f32,
+    pub eps: f32,
+    pub grad_scale: f32,
+}
 
 pub struct FusedAdamW {
     gpu: Arc<Gpu>,
