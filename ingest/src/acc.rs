@@ -219,6 +219,9 @@ pub struct RankAcc {
     pub mem: MemPeaks,
     /// The model states the rank's setup record holds.
     pub states: Option<StateBytes>,
+    /// Measured steps by NVML GPU utilisation, 0..=100 percent (a histogram: bounded whatever
+    /// the number of steps, and merged by adding).
+    pub util: Option<Box<[u64; 101]>>,
     pub end: Option<EndInfo>,
     /// The first errors, in (step, class, message) order; more are dropped.
     pub errors: Vec<ErrorInfo>,
@@ -253,6 +256,9 @@ impl RankAcc {
         }
         self.measured += 1;
         self.measured_ns += (s.step_ms * 1e6).round() as u128;
+        if let Some(u) = s.gpu_util_pct {
+            self.util.get_or_insert_with(|| Box::new([0; 101]))[u.min(100) as usize] += 1;
+        }
         if let Some(e) = s.energy_j {
             let at = (s.step, e);
             if self.energy_first.is_none_or(|f| key(at) < key(f)) {
@@ -317,6 +323,12 @@ impl RankAcc {
         }
         self.comm.merge(&o.comm);
         self.mem.merge(&o.mem);
+        if let Some(theirs) = &o.util {
+            let mine = self.util.get_or_insert_with(|| Box::new([0; 101]));
+            for (m, t) in mine.iter_mut().zip(theirs.iter()) {
+                *m += t;
+            }
+        }
         // One setup record per rank; should a log hold two, the larger, whatever the order read.
         self.states = self.states.into_iter().chain(o.states).max_by_key(StateBytes::key);
         if let Some(e) = o.end {

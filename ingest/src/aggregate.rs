@@ -74,6 +74,7 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     throughput(&mut row, &measured, acc, start, settings);
     memory(&mut row, acc);
     energy(&mut row, acc);
+    utilisation(&mut row, acc);
     let last = acc
         .ranks
         .iter()
@@ -182,6 +183,30 @@ fn energy(row: &mut RunRow, acc: &RunAcc) {
     }
     row.energy_j_per_token = Some(per_token);
     row.avg_power_w_per_gpu = Some(power / acc.ranks.len() as f64);
+}
+
+/// NVML utilisation over every rank's measured steps: the mean, and the 10th percentile (the
+/// lowest value at or above which 90% of the steps lie).
+fn utilisation(row: &mut RunRow, acc: &RunAcc) {
+    let mut hist = [0u64; 101];
+    for a in acc.ranks.values() {
+        if let Some(h) = &a.util {
+            for (m, t) in hist.iter_mut().zip(h.iter()) {
+                *m += t;
+            }
+        }
+    }
+    let n: u64 = hist.iter().sum();
+    if n == 0 {
+        return;
+    }
+    let sum: u64 = hist.iter().enumerate().map(|(pct, c)| pct as u64 * c).sum();
+    row.gpu_util_pct_mean = Some(sum as f64 / n as f64);
+    let mut seen = 0;
+    row.gpu_util_pct_p10 = hist.iter().enumerate().find_map(|(pct, c)| {
+        seen += c;
+        (seen * 10 >= n).then_some(pct as f64)
+    });
 }
 
 fn collectives(row: &RunRow, acc: &RunAcc, start: &Start) -> Vec<CollectiveRow> {

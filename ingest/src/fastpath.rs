@@ -61,6 +61,7 @@ pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
         comm: CommLines::default(),
         memory: MemLine::default(),
         energy_j: None,
+        gpu_util_pct: None,
     };
     let mut expected = 0usize;
     loop {
@@ -96,7 +97,12 @@ pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
             b"memory" => c.memory().map(|v| s.memory = v).map(|_| 18)?,
             b"power_w" => c.opt(Cur::skip_f64).map(|_| 19)?,
             b"energy_j" => c.opt(Cur::f64).map(|v| s.energy_j = v).map(|_| 20)?,
-            b"gpu_util_pct" => c.opt(Cur::skip_unsigned::<u32>).map(|_| 21)?,
+            // A value past u32 is left to the schema's parser, which refuses it.
+            b"gpu_util_pct" => c
+                .opt(Cur::u64)
+                .and_then(|v| v.map_or(Some(None), |x| u32::try_from(x).ok().map(Some)))
+                .map(|v| s.gpu_util_pct = v)
+                .map(|_| 21)?,
             _ => return None,
         };
         if seen & (1 << bit) != 0 {
@@ -577,6 +583,7 @@ mod tests {
         assert_eq!(s.exposed_comm_ms, 1.1965342195203927);
         assert_eq!((s.other_ms, s.overhead_ms), (1.26, 0.07));
         assert_eq!(s.energy_j, Some(140.61258826421272));
+        assert_eq!(s.gpu_util_pct, Some(95));
         assert_eq!(s.memory.peak_allocated_bytes, Some(3064686592));
         let (kind, c) = s.comm.iter().next().unwrap();
         assert_eq!((kind, c.calls, c.bytes, c.ms), ("all_gather", 26, 497759232, 2.6984155526211087));

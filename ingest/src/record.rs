@@ -34,6 +34,8 @@ pub struct StepLine<'a> {
     pub comm: CommLines<'a>,
     pub memory: MemLine,
     pub energy_j: Option<f64>,
+    /// NVML's GPU utilisation at the end of the step, percent.
+    pub gpu_util_pct: Option<u32>,
 }
 
 impl StepLine<'_> {
@@ -101,6 +103,7 @@ impl<'a> From<&'a Step> for StepLine<'a> {
             comm,
             memory: MemLine::from(&s.memory),
             energy_j: s.energy_j,
+            gpu_util_pct: s.gpu_util_pct,
         }
     }
 }

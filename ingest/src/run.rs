@@ -135,6 +135,10 @@ pub struct RunRow {
     pub host_state_bytes: Option<u64>,
     pub energy_j_per_token: Option<f64>,
     pub avg_power_w_per_gpu: Option<f64>,
+    /// NVML GPU utilisation over the measured steps of every rank: mean, and the 10th percentile
+    /// (the steps where the GPU idled most).
+    pub gpu_util_pct_mean: Option<f64>,
+    pub gpu_util_pct_p10: Option<f64>,
     pub final_loss: Option<f64>,
     /// The last evaluation loss, and its perplexity exp(eval_loss).
     pub eval_loss: Option<f64>,
@@ -291,6 +295,8 @@ impl RunRow {
             &mut self.mfu,
             &mut self.energy_j_per_token,
             &mut self.avg_power_w_per_gpu,
+            &mut self.gpu_util_pct_mean,
+            &mut self.gpu_util_pct_p10,
             &mut self.final_loss,
             &mut self.eval_loss,
             &mut self.perplexity,

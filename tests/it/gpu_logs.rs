@@ -149,5 +149,21 @@ fn every_breakdown_bar_of_the_gpu_runs_is_its_median_step() {
         }
     }
     assert!(bars_checked >= 50, "{bars_checked}");
+    // NVML utilisation of the version 2 runs: present, a percentage, the 10th percentile below
+    // the mean.
+    for name in V2_ARCHIVES {
+        let got =
+            zerobench_ingest::ingest(&[tmp.path().join(name)], &Default::default(), &zerobench_ingest::NoProgress);
+        for r in &got.runs {
+            let (Some(mean), Some(p10)) = (r.row.gpu_util_pct_mean, r.row.gpu_util_pct_p10) else {
+                panic!("{}: no utilisation", r.row.run_id)
+            };
+            assert!(
+                (0.0..=100.0).contains(&mean) && p10 <= mean + 1e-9 && mean > 50.0,
+                "{}: {mean} {p10}",
+                r.row.run_id
+            );
+        }
+    }
     assert!(double_counted_before >= 1, "the archives hold no run the old bars overstated");
 }
