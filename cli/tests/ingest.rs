@@ -159,3 +159,30 @@ fn a_link_planted_in_the_output_folder_is_replaced_not_followed() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// A foreign run whose model name is 300 characters long: its plots get a shortened file name
+/// (told apart by a hash) instead of failing the whole command with "File name too long".
+#[test]
+fn a_run_with_a_very_long_model_name_is_plotted_like_the_others() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("in/long");
+    std::fs::create_dir_all(&run).unwrap();
+    let model = "m".repeat(300);
+    std::fs::write(
+        run.join("run.json"),
+        format!(r#"{{"model": "{model}", "stage": 2, "micro_batch": 4, "world_size": 2, "seq_len": 128}}"#),
+    )
+    .unwrap();
+    std::fs::write(run.join("ds.log"), "RunningAvgSamplesPerSec=10.0, CurrSamplesPerSec=11.0, MemAllocated=1.0GB\n")
+        .unwrap();
+    let out = tmp.path().join("out");
+    let o = zerobench(&["ingest", tmp.path().join("in").to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let plots: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("throughput-"))
+        .collect();
+    assert_eq!(plots.len(), 1, "{plots:?}");
+    assert!(plots[0].len() < 120, "{}", plots[0]);
+}

@@ -342,6 +342,7 @@ impl Spec {
 
     /// Parses and checks spec text; `path` names it in errors and anchors relative paths.
     pub fn parse(text: &str, path: &Path) -> Result<Spec, SpecError> {
+        flow_depth(text, path)?;
         let index = KeyIndex::build(text);
         let file: SpecFile = serde_yaml::from_str(text).map_err(|e| yaml_error(path, &index, &e))?;
         let mut spec = Spec {
@@ -410,6 +411,43 @@ impl Spec {
         }
         if c.cpus_per_node == Some(0) {
             return Err(self.error_at("cluster.cpus_per_node", "must be at least 1"));
+        }
+        // The names job.sbatch itself assigns, and bash's read-only variables: a spec's env that
+        // set one would redirect the run (`run_dir` moved the logs outside the run folder while
+        // `status` said done) or stop the script.
+        const TAKEN: [&str; 11] = [
+            "run_dir",
+            "mpirun_root",
+            "BASHOPTS",
+            "BASH_VERSINFO",
+            "EUID",
+            "PPID",
+            "SHELLOPTS",
+            "UID",
+            "BASHPID",
+            "BASH_ARGV0",
+            "GROUPS",
+        ];
+        if let Some(k) = c.env.keys().find(|k| TAKEN.contains(&k.as_str())) {
+            return Err(self.error_at(
+                &format!("cluster.env.{k}"),
+                format!("{k} is a variable the job script sets itself (or bash keeps read-only): choose another name"),
+            ));
+        }
+        // One argument or environment string may not exceed MAX_ARG_STRLEN (32 pages): a longer
+        // value renders a script that cannot start.
+        const MAX_STRING: usize = 128 * 1024;
+        if let Some((k, _)) = c.env.iter().find(|(_, v)| v.len() >= MAX_STRING) {
+            return Err(self.error_at(
+                &format!("cluster.env.{k}"),
+                format!("is longer than the {} KiB a process's environment string may hold", MAX_STRING / 1024),
+            ));
+        }
+        if let Some((i, _)) = c.modules.iter().enumerate().find(|(_, m)| m.as_str().chars().any(char::is_control)) {
+            return Err(self.error_at(
+                &format!("cluster.modules[{i}]"),
+                "contains a line break or control character, which `module load` cannot take",
+            ));
         }
         if let Some((k, _)) = c.env.iter().find(|(_, v)| v.contains('\0')) {
             return Err(self
@@ -607,6 +645,49 @@ pub fn axis_or<T: Clone>(axis: Option<&OneOrMany<T>>, default: &[T]) -> Vec<T> {
 /// serde_yaml's error, placed. serde_yaml names the enclosing key path in its message, but for
 /// a value that fails its own check that is the parent; the index names the exact key at the
 /// position instead.
+/// The deepest a spec's `[...]`/`{...}` may nest: a real spec nests two or three levels, and the
+/// YAML parsers take quadratic time in the depth (100,000 levels took 27 s to refuse).
+pub const MAX_FLOW_DEPTH: usize = 64;
+
+/// Refuses a spec whose flow collections nest deeper than [`MAX_FLOW_DEPTH`], before any parser
+/// sees it. Brackets inside quoted strings and comments do not count.
+fn flow_depth(text: &str, path: &Path) -> Result<(), SpecError> {
+    let (mut depth, mut quote, mut comment) = (0usize, None::<char>, false);
+    let (mut line, mut column) = (1usize, 0usize);
+    let mut prev = '\n';
+    for ch in text.chars() {
+        column += 1;
+        match (quote, ch) {
+            (_, '\n') => {
+                line += 1;
+                column = 0;
+                comment = false;
+            }
+            _ if comment => {}
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '#') if prev.is_whitespace() => comment = true,
+            (None, '"' | '\'') => quote = Some(ch),
+            (None, '[' | '{') => {
+                depth += 1;
+                if depth > MAX_FLOW_DEPTH {
+                    return Err(SpecError {
+                        file: path.to_path_buf(),
+                        line,
+                        column,
+                        key: String::new(),
+                        message: format!("nested more than {MAX_FLOW_DEPTH} levels deep"),
+                    });
+                }
+            }
+            (None, ']' | '}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        prev = ch;
+    }
+    Ok(())
+}
+
 /// serde's messages in the words of the spec: a negative count is not an "integer, expected u32",
 /// and `ranks_per_node` (the other name of `gpus_per_node`) given twice is not a duplicate field.
 fn plain_words(message: &str) -> String {
@@ -665,6 +746,31 @@ fn yaml_error(path: &Path, index: &KeyIndex, e: &serde_yaml::Error) -> SpecError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Values a script cannot run with are refused at their key: an env name the script sets
+    /// itself, an env value past the kernel's limit, a module name with a line break.
+    #[test]
+    fn values_the_script_cannot_take_are_refused() {
+        let err = |t: &str| Spec::parse(t, Path::new("s.yaml")).unwrap_err().to_string();
+        let e = err("cluster:\n  env:\n    run_dir: /elsewhere\nsweep:\n  models: tiny\n");
+        assert!(e.starts_with("s.yaml:3:5: cluster.env.run_dir: run_dir is a variable the job script sets"), "{e}");
+        assert!(err("cluster:\n  env:\n    EUID: 0\nsweep:\n  models: tiny\n").contains("cluster.env.EUID"));
+        let big = format!("cluster:\n  env:\n    BIG: {}\nsweep:\n  models: tiny\n", "x".repeat(200_000));
+        assert!(err(&big).contains("cluster.env.BIG: is longer than the 128 KiB"));
+        let e = err("cluster:\n  modules: [\"gcc\\r\\n\"]\nsweep:\n  models: tiny\n");
+        assert!(e.contains("cluster.modules[0]: contains a line break"), "{e}");
+    }
+
+    /// Deep nesting is refused at once, before a parser takes quadratic time over it; brackets
+    /// in strings do not count.
+    #[test]
+    fn deep_nesting_is_refused_before_parsing() {
+        let deep = format!("sweep: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+        let e = Spec::parse(&deep, Path::new("s.yaml")).unwrap_err().to_string();
+        assert_eq!(e, "s.yaml:1:72: nested more than 64 levels deep");
+        let text = format!("cluster:\n  modules: [\"{}\"]\nsweep:\n  models: tiny\n", "[".repeat(200));
+        Spec::parse(&text, Path::new("s.yaml")).unwrap();
+    }
 
     /// Errors name the key the user wrote, and a negative count gets a sentence.
     #[test]

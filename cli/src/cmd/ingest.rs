@@ -122,8 +122,12 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         tracing::warn!("{p}");
     }
     let tables = Tables::build(&ingested.runs);
-    let written = report::write_all(&ingested, &tables, &args.out, &formats)
+    let (written, failed) = report::write_all(&ingested, &tables, &args.out, &formats)
         .with_context(|| format!("writing the tables into {}", args.out.display()))?;
+    // A plot that cannot be drawn is one problem: the other files are written.
+    for e in &failed {
+        tracing::warn!("{e}");
+    }
 
     if !args.quiet {
         let mut out = std::io::stdout().lock();
@@ -150,7 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         written.len(),
         args.out.display()
     );
-    Ok(if ingested.complete() { Outcome::Complete } else { Outcome::Incomplete })
+    Ok(if ingested.complete() && failed.is_empty() { Outcome::Complete } else { Outcome::Incomplete })
 }
 
 fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: &Tables) -> anyhow::Result<()> {

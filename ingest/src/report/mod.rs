@@ -59,7 +59,8 @@ impl ReportError {
 }
 
 /// Writes every table in every format asked for into `out`, which is created if needed.
-/// Returns the files written.
+/// Returns the files written and the plots that could not be drawn (the rest is written; the
+/// caller reports them and the result as incomplete).
 ///
 /// The files are written into a private folder created inside `out` (exclusively: a folder or a
 /// link already there under that name is an error) and then renamed into place. A rename
@@ -72,11 +73,12 @@ pub fn write_all(
     tables: &Tables,
     out: &Path,
     formats: &[Format],
-) -> Result<Vec<PathBuf>, ReportError> {
+) -> Result<(Vec<PathBuf>, Vec<ReportError>), ReportError> {
     std::fs::create_dir_all(out).map_err(|e| ReportError::io(out, e))?;
     let staging = out.join(format!(".zerobench-ingest-{}", std::process::id()));
     std::fs::create_dir(&staging).map_err(|e| ReportError::io(&staging, e))?;
-    let staged = write_formats(ingested, tables, &staging, formats);
+    let mut failed = Vec::new();
+    let staged = write_formats(ingested, tables, &staging, formats, &mut failed);
     let moved = staged.and_then(|files| {
         files
             .into_iter()
@@ -90,7 +92,7 @@ pub fn write_all(
     });
     // Empty when every file was moved; what is left of a failed write goes with it.
     let _ = std::fs::remove_dir_all(&staging);
-    moved
+    moved.map(|files| (files, failed))
 }
 
 fn write_formats(
@@ -98,6 +100,7 @@ fn write_formats(
     tables: &Tables,
     dir: &Path,
     formats: &[Format],
+    failed: &mut Vec<ReportError>,
 ) -> Result<Vec<PathBuf>, ReportError> {
     let mut written = Vec::new();
     let text = tables.text_tables();
@@ -106,7 +109,11 @@ fn write_formats(
             Format::Csv => written.extend(csv::write(&text, dir)?),
             Format::Markdown => written.extend(markdown::write(&text, dir)?),
             Format::Json => written.extend(json::write(ingested, tables, dir)?),
-            Format::Svg => written.extend(plot::write(tables, dir)?),
+            Format::Svg => {
+                let (plots, bad) = plot::write(tables, dir);
+                written.extend(plots);
+                failed.extend(bad);
+            }
         }
     }
     Ok(written)

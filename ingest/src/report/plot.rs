@@ -19,21 +19,35 @@ use crate::tables::Tables;
 
 const SIZE: (u32, u32) = (900, 540);
 
-pub fn write(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
-    let mut written = Vec::new();
-    written.extend(throughput(tables, out)?);
-    written.extend(memory(tables, out)?);
-    if let Some(p) = breakdown(&tables.runs, out)? {
-        written.push(p);
+/// Draws every plot; returns the files written and the plots that could not be (each a problem
+/// of its own: one run's plot does not keep the others from being drawn).
+pub fn write(tables: &Tables, out: &Path) -> (Vec<PathBuf>, Vec<ReportError>) {
+    let mut failed = Vec::new();
+    let mut written = throughput(tables, out, &mut failed);
+    written.extend(memory(tables, out, &mut failed));
+    match breakdown(&tables.runs, out) {
+        Ok(Some(p)) => written.push(p),
+        Ok(None) => {}
+        Err(e) => failed.push(e),
     }
-    Ok(written)
+    (written, failed)
 }
 
-/// A file-name-safe form of a model label.
+/// Longest file-name form of a label: file systems take 255 bytes per name.
+const MAX_SLUG: usize = 80;
+
+/// A file-name-safe form of a model label; a long one is cut and told apart by a hash of the
+/// whole label.
 fn slug(s: &str) -> String {
-    let s: String =
+    let t: String =
         s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
-    s.trim_matches('_').to_string()
+    let t = t.trim_matches('_').to_string();
+    if t.len() <= MAX_SLUG {
+        return t;
+    }
+    // FNV-1a: stable across builds, unlike the standard library's hasher.
+    let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    format!("{}-{h:016x}", &t[..MAX_SLUG])
 }
 
 fn err(path: &Path) -> impl Fn(String) -> ReportError + '_ {
@@ -89,7 +103,7 @@ fn config_label(stage: Option<zerobench_schema::ZeroStage>, offload: Option<zero
     s
 }
 
-fn throughput(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
+fn throughput(tables: &Tables, out: &Path, failed: &mut Vec<ReportError>) -> Vec<PathBuf> {
     let mut by_model: Charts<&str> = Charts::new();
     for r in &tables.scaling {
         let mut name = config_label(r.stage, r.offload);
@@ -105,14 +119,15 @@ fn throughput(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> 
     for (model, series) in by_model {
         let path = out.join(format!("throughput-{}.svg", slug(model)));
         let series: Series = series.into_iter().collect();
-        line_chart(&path, &format!("{model}: throughput against GPUs"), "GPUs", "samples/s", &series)
-            .map_err(err(&path))?;
-        written.push(path);
+        match line_chart(&path, &format!("{model}: throughput against GPUs"), "GPUs", "samples/s", &series) {
+            Ok(()) => written.push(path),
+            Err(e) => failed.push(err(&path)(e)),
+        }
     }
-    Ok(written)
+    written
 }
 
-fn memory(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
+fn memory(tables: &Tables, out: &Path, failed: &mut Vec<ReportError>) -> Vec<PathBuf> {
     // By model and micro-batch, then by stage and offload: GiB against GPUs.
     let mut charts: Charts<(&str, u32)> = Charts::new();
     for r in tables.runs.iter().filter(|r| r.status == Status::Ok) {
@@ -135,10 +150,12 @@ fn memory(tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
             })
             .collect();
         let title = format!("{model}, micro-batch {mbs}: peak memory per GPU");
-        line_chart(&path, &title, "GPUs", "GiB", &series).map_err(err(&path))?;
-        written.push(path);
+        match line_chart(&path, &title, "GPUs", "GiB", &series) {
+            Ok(()) => written.push(path),
+            Err(e) => failed.push(err(&path)(e)),
+        }
     }
-    Ok(written)
+    written
 }
 
 /// Runs drawn in the breakdown at most, so that the bars stay readable.
@@ -229,4 +246,32 @@ fn draw_breakdown(path: &Path, title: &str, bars: &[(String, [f64; 5])]) -> Resu
         .draw()
         .map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::{RunReport, RunRow, Source, Status};
+
+    /// A plot that cannot be written is reported and the others are still drawn: here every
+    /// plot fails (its folder is missing), and `write` returns each failure instead of stopping.
+    #[test]
+    fn each_plot_fails_on_its_own() {
+        let mut row = RunRow::new("r".into(), Source::Zerobench, "d".into(), "gpt2".into(), Status::Ok);
+        row.step_ms_median = Some(10.0);
+        row.forward_frac = Some(0.4);
+        let runs = [RunReport { row, collectives: Vec::new(), memory_phases: Vec::new() }];
+        let tables = Tables::build(&runs);
+        let (written, failed) = write(&tables, Path::new("/nonexistent/zerobench/plots"));
+        assert!(written.is_empty());
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert!(failed[0].to_string().contains("step-breakdown.svg"), "{}", failed[0]);
+    }
+
+    #[test]
+    fn long_labels_get_short_distinct_file_names() {
+        let (a, b) = (slug(&"a".repeat(300)), slug(&format!("{}b", "a".repeat(299))));
+        assert!(a.len() < 100 && b.len() < 100 && a != b, "{a} {b}");
+        assert_eq!(slug("t5-large"), "t5-large");
+    }
 }
