@@ -6,6 +6,7 @@
 #   make test    cargo fmt --check and clippy -D warnings, then every test, against real MPI
 #                processes, real libtorch and a real local Slurm
 #   make demo    the main job: a small sweep end to end on this host, then its tables
+#   make mutants mutation testing of schema, launcher and ingest (cargo-mutants; hours)
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -27,7 +28,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 CARGO ?= cargo
 CARGO_FLAGS ?= --release --locked
 
-.PHONY: setup setup-system setup-libtorch build env test demo clean-cache
+.PHONY: setup setup-system setup-libtorch build env test demo mutants clean-cache
 
 setup: setup-system setup-libtorch
 
@@ -52,6 +53,10 @@ test: build
 
 demo: build
 	scripts/demo.sh
+
+# Mutation testing of schema, launcher and ingest (hours on 2 cores; not part of `make test`).
+mutants:
+	scripts/mutants.sh
 
 clean-cache:
 	rm -rf $(CACHE)

@@ -157,6 +157,55 @@ mod tests {
         assert!((gb(ZeroStage::Z3) - 1.9).abs() < 0.05);
     }
 
+    /// A model's states per rank are the ZeRO formulas of its padded Ψ.
+    #[test]
+    fn model_states_of_a_preset() {
+        let spec = ModelPreset::Gpt2.spec();
+        let psi = padded_params(&spec, 2);
+        assert_eq!(model_state_for(&spec, ZeroStage::Z0, Precision::Bf16, 2).total(), 16 * psi);
+        assert_eq!(model_state_for(&spec, ZeroStage::Z3, Precision::Bf16, 2).total(), 8 * psi);
+    }
+
+    /// Padding rounds a unit up to a multiple of world size × 128 elements, never down.
+    #[test]
+    fn padded_units_by_hand() {
+        assert_eq!(padded_unit(0, 4), 0);
+        assert_eq!(padded_unit(1, 1), 128);
+        assert_eq!(padded_unit(128, 1), 128);
+        assert_eq!(padded_unit(129, 2), 256);
+        assert_eq!(padded_unit(1000, 3), 1152);
+    }
+
+    /// The engine's buffers by their parts, each computed here from the padded sizes: two
+    /// staging buckets at stages 2-3, `prefetch + 1` gather slots at stage 3, and hpZ's secondary
+    /// partition; nothing at stages 0-1.
+    #[test]
+    fn engine_buffers_by_their_parts() {
+        let spec = ModelPreset::Gpt2.spec();
+        let world = 4;
+        let largest = spec.units().iter().map(|u| padded_unit(u.params, world)).max().unwrap();
+        let psi = padded_params(&spec, world);
+        let mut engine = EngineConfig { bucket_mb: 4.0, prefetch: 2, ..EngineConfig::default() };
+        let bytes =
+            |stage, precision, engine: &EngineConfig| engine_buffer_bytes(&spec, stage, precision, engine, world);
+        let bucket = 4 * 1024 * 1024 / 2;
+        assert!(bucket < psi);
+        let staging = 2 * (bucket + largest) * 2;
+        assert_eq!(bytes(ZeroStage::Z0, Precision::Bf16, &engine), 0);
+        assert_eq!(bytes(ZeroStage::Z1, Precision::Bf16, &engine), 0);
+        assert_eq!(bytes(ZeroStage::Z2, Precision::Bf16, &engine), staging);
+        assert_eq!(bytes(ZeroStage::Z3, Precision::Bf16, &engine), staging + 3 * largest * 2);
+        // fp32: every element 4 bytes, the bucket half as many elements.
+        let staging32 = 2 * (bucket / 2 + largest) * 4;
+        assert_eq!(bytes(ZeroStage::Z3, Precision::Fp32, &engine), staging32 + 3 * largest * 4);
+        engine.hpz = Some(2);
+        assert_eq!(bytes(ZeroStage::Z3, Precision::Bf16, &engine), staging + 3 * largest * 2 + psi / 2 * 2);
+        // A bucket larger than the model stages the model.
+        engine.bucket_mb = 1e6;
+        engine.hpz = None;
+        assert_eq!(bytes(ZeroStage::Z2, Precision::Bf16, &engine), 2 * (psi + largest) * 2);
+    }
+
     #[test]
     fn padding_is_bounded() {
         let spec = ModelPreset::Gpt2Xl.spec();

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# `make mutants`: mutation testing of the crates without libtorch (schema, launcher, ingest) with
+# cargo-mutants (`cargo install cargo-mutants --locked`). Each mutant is one small change to a
+# function (a `+` for a `-`, a body replaced by a default, a condition negated); the crate's tests
+# must fail on it. Long on 2 cores (thousands of mutants), so not part of `make test`.
+#
+#   scripts/mutants.sh [PACKAGE...]          # default: zerobench-schema zerobench-launcher zerobench-ingest
+#   MUTANTS_SHARD=0/4 scripts/mutants.sh ... # a quarter of them (cargo-mutants --shard)
+#
+# Writes mutants.out/ (cargo-mutants' own report) and bench/results/mutants-<package>.json: the
+# counts, the share caught among the viable mutants, and every surviving mutant with whether
+# bench/mutants-accepted.txt accepts it (equivalent mutants and the like, one line of reason each).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+command -v cargo-mutants >/dev/null || { echo "cargo-mutants is not installed: cargo install cargo-mutants --locked" >&2; exit 2; }
+packages=("$@")
+[ ${#packages[@]} -gt 0 ] || packages=(zerobench-schema zerobench-launcher zerobench-ingest)
+for p in "${packages[@]}"; do
+  out="mutants.out/$p"
+  mkdir -p "$out"
+  shard=()
+  [ -n "${MUTANTS_SHARD:-}" ] && shard=(--shard "$MUTANTS_SHARD")
+  # Debug builds and the library's and integration tests only (no doctests): about 2 s a mutant.
+  # Exit 2 (mutants survived) and 3 (some timed out) are findings, not failures of the script.
+  rc=0
+  cargo mutants -p "$p" --output "$out" --no-shuffle "${shard[@]}" \
+    --cargo-test-arg=--lib --cargo-test-arg=--tests || rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 2 ] || [ "$rc" = 3 ] || exit "$rc"
+  python3 - "$out/mutants.out/outcomes.json" "$p" "${MUTANTS_SHARD:-all}" > "bench/results/mutants-$p.json" <<'PY'
+import datetime, json, re, socket, sys
+path, package, shard = sys.argv[1:4]
+o = json.load(open(path))
+accepted = {}
+for line in open("bench/mutants-accepted.txt"):
+    line = line.strip()
+    if line and not line.startswith("#"):
+        name, _, why = line.partition(" # ")
+        accepted[name.strip()] = why.strip()
+counts, missed = {}, []
+for r in o["outcomes"]:
+    if r["scenario"] == "Baseline":
+        continue
+    s = r["summary"]
+    counts[s] = counts.get(s, 0) + 1
+    if s == "MissedMutant":
+        name = r["scenario"]["Mutant"]["name"] if isinstance(r["scenario"], dict) else str(r["scenario"])
+        missed.append({"mutant": name, "accepted": accepted.get(name)})
+caught = counts.get("CaughtMutant", 0)
+viable = caught + counts.get("MissedMutant", 0) + counts.get("Timeout", 0)
+unaccepted = sum(1 for m in missed if m["accepted"] is None)
+print(json.dumps({
+    "benchmark": "scripts/mutants.sh", "package": package, "shard": shard,
+    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "host": socket.gethostname(), "counts": counts,
+    "caught_share_of_viable": caught / viable if viable else None,
+    "caught_share_with_accepted": (viable - unaccepted) / viable if viable else None,
+    "missed": missed}, indent=1))
+PY
+  echo "$p: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["counts"], "caught", d["caught_share_of_viable"])' "bench/results/mutants-$p.json")"
+done
