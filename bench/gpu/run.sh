@@ -135,6 +135,23 @@ for phase in "${phases[@]}"; do
         worker "correct_gpt2_z${s}_2gpu" 2 --model gpt2 --stage "$s" --micro-batch 8 --seq-len 256 --steps 40 --warmup 2 \
           --lr 3e-4 --data tests/data/declaration-of-independence.txt
       done ;;
+    grad-accum)
+      # The production-like setting: 8 micro-steps of gpt2-xl micro-batch 4 per optimizer step
+      # (32k tokens per GPU per step), every stage, on 1 GPU and on all of them (2 at most here);
+      # then stage 3 on 2 GPUs with NCCL's peer-to-peer and shared-memory paths off, so that all
+      # traffic takes the network transport, as between nodes.
+      np=$(( GPUS < 2 ? GPUS : 2 ))
+      for s in 0 1 2 3; do
+        for g in 1 "$np"; do
+          [ "$g" = 1 ] && [ "$np" = 1 ] && [ -d "$RUNS/ga8_gpt2-xl_z${s}_1gpu" ] && continue
+          worker "ga8_gpt2-xl_z${s}_${g}gpu" "$g" --model gpt2-xl --stage "$s" --micro-batch 4 --grad-accum 8 \
+            --seq-len 1024 --steps 8 --warmup 2
+        done
+      done
+      if [ "$np" = 2 ]; then
+        WORKER_ENV="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1" worker ga8_gpt2-xl_z3_2gpu_net 2 --model gpt2-xl --stage 3 \
+          --micro-batch 4 --grad-accum 8 --seq-len 1024 --steps 8 --warmup 2
+      fi ;;
     gpt2) sweep gpt2 16 ;;
     profile)
       worker profile_gpt2_z0_mb16_1gpu 1 --model gpt2 --stage 0 --micro-batch 16 --steps 8 --warmup 3 --trace --profile-step 5
