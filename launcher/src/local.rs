@@ -10,7 +10,6 @@
 //! worker answers SIGTERM by writing `error` and `end` records. An interrupted run is recorded as
 //! cancelled, and no further run starts.
 
-use std::fs::File;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -83,8 +82,7 @@ pub fn run_local(runs: &[(String, PathBuf)], opts: &LocalOptions) -> Result<Loca
         bar.set_message(id.clone());
         let record = run_one(dir, opts.timeout, &signal)?;
         let p = dir.join(LOCAL_RECORD);
-        std::fs::write(&p, serde_json::to_string_pretty(&record).unwrap_or_default() + "\n")
-            .map_err(|e| Error::io(&p, e))?;
+        crate::files::write(&p, (serde_json::to_string_pretty(&record).unwrap_or_default() + "\n").as_bytes())?;
         let mut failure = None;
         if local_state(&record) == State::Done {
             tracing::info!(run = %id, "{}", record.describe());
@@ -136,7 +134,7 @@ fn signal_name(sig: usize) -> String {
 
 fn run_one(dir: &Path, timeout: Option<Duration>, signal: &AtomicUsize) -> Result<LocalRecord, Error> {
     let out_path = dir.join(LOCAL_OUTPUT);
-    let out = File::create(&out_path).map_err(|e| Error::io(&out_path, e))?;
+    let out = crate::files::create(&out_path)?;
     let err = out.try_clone().map_err(|e| Error::io(&out_path, e))?;
     let started = Instant::now();
     let mut child = Command::new("bash")

@@ -519,8 +519,16 @@ pub fn render_with(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(
 /// `Ok(Some(Unchanged | Refreshed))` this run or a rendering that never ran, `Err(what)` another
 /// run that did (what differs).
 fn compare(dir: &Path, new: &RunRecord) -> Result<Result<Option<Rendered>, String>, Error> {
-    if std::fs::symlink_metadata(dir).is_err() {
-        return Ok(Ok(None));
+    match std::fs::symlink_metadata(dir) {
+        Err(_) => return Ok(Ok(None)),
+        // A run folder linked elsewhere would put the run's files there: refused, not followed.
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(Error::Usage(format!(
+                "{} is a symbolic link; a run folder is written only where it is, not through a link",
+                dir.display()
+            )))
+        }
+        Ok(_) => {}
     }
     let old = match std::fs::read_to_string(dir.join("run.json")) {
         Ok(text) => serde_json::from_str::<serde_json::Value>(&text).ok(),
@@ -618,10 +626,7 @@ pub fn move_aside(from: &Path, keep: &Path, name: &str) -> Result<PathBuf, Error
 /// Writes one run folder's rendered files.
 pub fn write_run(dir: &Path, files: &RunFiles) -> Result<(), Error> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let write = |name: &str, text: &str| {
-        let p = dir.join(name);
-        std::fs::write(&p, text).map_err(|e| Error::io(&p, e))
-    };
+    let write = |name: &str, text: &str| crate::files::write(&dir.join(name), text.as_bytes());
     write("job.sbatch", &files.script)?;
     if let Some(node) = &files.node_script {
         write("node.sh", node)?;
@@ -745,6 +750,19 @@ mod tests {
         let Rendered::Replaced { old } = what else { panic!("{what:?}") };
         assert!(old.starts_with(out.path().canonicalize().unwrap().join(REPLACED_DIR)), "{}", old.display());
         assert!(old.join("local.json").is_file());
+    }
+
+    /// A run folder that is a symbolic link is refused, not written through.
+    #[test]
+    fn a_linked_run_folder_is_refused() {
+        let out = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let plan =
+            Plan::build(Spec::parse("sweep: {models: tiny, stages: 1}\n", Path::new("s.yaml")).unwrap()).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), out.path().join(&plan.runs[0].id)).unwrap();
+        let e = render(&plan, out.path()).unwrap_err().to_string();
+        assert!(e.contains("is a symbolic link"), "{e}");
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
     }
 
     fn job_of(yaml: &str) -> String {

@@ -131,7 +131,7 @@ fn dependencies(opts: &SubmitOptions, previous: Option<&str>) -> Vec<String> {
 fn write_record(dir: &Path, rec: &SlurmRecord) -> Result<(), Error> {
     let p = dir.join(SLURM_RECORD);
     let text = serde_json::to_string_pretty(rec).unwrap_or_default() + "\n";
-    std::fs::write(&p, text).map_err(|e| Error::io(&p, e))
+    crate::files::write(&p, text.as_bytes())
 }
 
 /// Whether run folders can be submitted with these options at all (the dependency's syntax; no
@@ -227,7 +227,7 @@ fn submit_arrays(root: &Path, records: &[(PathBuf, RunRecord)], opts: &SubmitOpt
     for (k, group) in groups.values().enumerate() {
         let name = format!("zerobench-array-{k}");
         let script = root.join(format!("{name}.sbatch"));
-        std::fs::write(&script, array_script(root, &name, group)?).map_err(|e| Error::io(&script, e))?;
+        crate::files::write(&script, array_script(root, &name, group)?.as_bytes())?;
         let deps = dependencies(opts, previous.as_deref());
         let job = sbatch(&script, &deps, opts)?;
         tracing::info!(array = %name, runs = group.len(), job = %job, "submitted");
