@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use zerobench_launcher::local::{run_local, LocalOptions};
-use zerobench_launcher::render::{OnChange, Rendered};
+use zerobench_launcher::render::Rendered;
 use zerobench_launcher::rerun::rerun_decision;
 use zerobench_launcher::spec::Method;
 use zerobench_launcher::status::{status, State};
@@ -33,19 +33,10 @@ pub struct Args {
     /// Stop a run after this many seconds (default: the spec's cluster.time, else no limit).
     #[arg(long)]
     timeout: Option<u64>,
-    /// Run again the runs that ended failed, out of memory, cancelled or timed out (finished
-    /// runs are always skipped); their earlier logs move to the run folder's `.attempts/`.
-    #[arg(long)]
-    retry_failed: bool,
-    /// A run folder holding the results of a different configuration under the same run id is
-    /// moved to `.replaced/` in the output folder (never deleted) and the run rendered anew;
-    /// without it such a folder is refused and nothing is written.
-    #[arg(long)]
-    overwrite: bool,
-    /// Render (and run) also the runs whose model states and engine buffers do not fit
-    /// cluster.gpu_memory (`plan` marks them); without it they are left out and listed.
-    #[arg(long)]
-    include_unfit: bool,
+    #[command(flatten)]
+    render: super::RenderFlags,
+    #[command(flatten)]
+    rerun: super::RerunFlags,
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
@@ -66,9 +57,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         .map(Duration::from_secs)
         .or_else(|| spec.cluster.time.as_ref().and_then(|t| t.seconds()).map(Duration::from_secs));
     let mut plan = Plan::build(spec)?;
-    let unfit = super::leave_out_unfit(&mut plan, a.include_unfit);
+    let unfit = super::leave_out_unfit(&mut plan, a.render.include_unfit);
     let _lock = crate::lock::lock(&a.out, "local")?;
-    let on_change = if a.overwrite { OnChange::MoveAside } else { OnChange::Refuse };
+    let on_change = a.render.on_change();
     let rendered = render::render_with(&plan, &a.out, on_change)?;
     let dirs: Vec<PathBuf> = rendered.iter().map(|(d, _)| d.clone()).collect();
     let before = status(&dirs)?;
@@ -83,7 +74,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         if matches!(what, Rendered::Replaced { .. }) {
             tracing::warn!(run = %run.id, "{}", what.describe());
         }
-        let skip = rerun_decision(dir, prior, a.retry_failed)?;
+        let skip = rerun_decision(dir, prior, a.rerun.retry_failed)?;
         match skip {
             None => runs.push((run.id.clone(), dir.clone())),
             Some(why) => {

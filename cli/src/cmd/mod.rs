@@ -36,3 +36,38 @@ fn leave_out_unfit(plan: &mut Plan, include: bool) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+/// How the rendering commands (`render`, `local`, `submit`) treat what is already in `--out`
+/// and what does not fit: one declaration of the flags, flattened into each command.
+#[derive(clap::Args)]
+pub struct RenderFlags {
+    /// A run folder holding the results of a different configuration under the same run id is
+    /// moved to `.replaced/` in the output folder (never deleted) and the run rendered anew;
+    /// without it such a folder is refused and nothing is written.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Render (and run) also the runs whose model states and engine buffers do not fit
+    /// cluster.gpu_memory (`plan` marks them); without it they are left out and listed.
+    #[arg(long)]
+    pub include_unfit: bool,
+}
+
+impl RenderFlags {
+    pub fn on_change(&self) -> zerobench_launcher::render::OnChange {
+        if self.overwrite {
+            zerobench_launcher::render::OnChange::MoveAside
+        } else {
+            zerobench_launcher::render::OnChange::Refuse
+        }
+    }
+}
+
+/// How the commands that run or submit runs (`local`, `submit`) treat runs that ran before.
+#[derive(clap::Args)]
+pub struct RerunFlags {
+    /// Run again the runs that ended failed, out of memory, cancelled or timed out (finished,
+    /// pending and running ones are always left alone); what their earlier attempt left moves to
+    /// the run folder's `.attempts/`.
+    #[arg(long)]
+    pub retry_failed: bool,
+}

@@ -4,7 +4,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use zerobench_launcher::render::OnChange;
 use zerobench_launcher::{render, Plan, Spec};
 
 use crate::Outcome;
@@ -19,21 +18,15 @@ pub struct Args {
     /// as it is; one that holds another configuration's results is refused (see --overwrite).
     #[arg(long, short)]
     out: PathBuf,
-    /// Move run folders that hold a different configuration's results to `.replaced/` in the
-    /// output folder (never deleted) and render anew.
-    #[arg(long)]
-    overwrite: bool,
-    /// Render (and run) also the runs whose model states and engine buffers do not fit
-    /// cluster.gpu_memory (`plan` marks them); without it they are left out and listed.
-    #[arg(long)]
-    include_unfit: bool,
+    #[command(flatten)]
+    render: super::RenderFlags,
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let mut plan = Plan::build(Spec::load(&a.spec)?)?;
-    let unfit = super::leave_out_unfit(&mut plan, a.include_unfit);
+    let unfit = super::leave_out_unfit(&mut plan, a.render.include_unfit);
     let _lock = crate::lock::lock(&a.out, "render")?;
-    let on_change = if a.overwrite { OnChange::MoveAside } else { OnChange::Refuse };
+    let on_change = a.render.on_change();
     let dirs = render::render_with(&plan, &a.out, on_change)?;
     let mut t = Table::new("render", ["run", "method", "ranks", "folder", "done"]);
     for (r, (d, what)) in plan.runs.iter().zip(&dirs) {

@@ -5,7 +5,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
-use zerobench_launcher::render::OnChange;
 use zerobench_launcher::rerun::rerun_decision;
 use zerobench_launcher::status::status;
 use zerobench_launcher::submit::{check, submit, SubmitOptions};
@@ -34,19 +33,10 @@ pub struct Args {
     /// Ask Slurm whether the jobs would be accepted and when they would start; submit nothing.
     #[arg(long)]
     test_only: bool,
-    /// Submit again the runs that ended failed, out of memory, cancelled or timed out (finished,
-    /// pending and running ones are always left alone); their earlier logs and job records move
-    /// to the run folder's `.attempts/`.
-    #[arg(long)]
-    retry_failed: bool,
-    /// When rendering a spec: move run folders holding a different configuration's results to
-    /// `.replaced/` (never deleted) instead of refusing.
-    #[arg(long)]
-    overwrite: bool,
-    /// Render (and run) also the runs whose model states and engine buffers do not fit
-    /// cluster.gpu_memory (`plan` marks them); without it they are left out and listed.
-    #[arg(long)]
-    include_unfit: bool,
+    #[command(flatten)]
+    render: super::RenderFlags,
+    #[command(flatten)]
+    rerun: super::RerunFlags,
 }
 
 /// The run folders a target names: a run folder, or every run folder under a folder.
@@ -67,12 +57,12 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             bail!("{} is a spec: say where to render it with --out DIR", a.target.display())
         };
         let mut plan = Plan::build(Spec::load(&a.target)?)?;
-        for (id, why) in super::leave_out_unfit(&mut plan, a.include_unfit) {
+        for (id, why) in super::leave_out_unfit(&mut plan, a.render.include_unfit) {
             eprintln!("zerobench: {id}: {why}");
         }
         let lock = crate::lock::lock(out, "submit")?;
         // Only this spec's runs: older run folders in `out` are not submitted again.
-        let on_change = if a.overwrite { OnChange::MoveAside } else { OnChange::Refuse };
+        let on_change = a.render.on_change();
         let dirs = render::render_with(&plan, out, on_change)?.into_iter().map(|(d, _)| d).collect();
         (std::fs::canonicalize(out)?, dirs, lock)
     } else {
@@ -95,7 +85,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     check(&dirs, &opts)?;
     let mut to_submit = Vec::with_capacity(dirs.len());
     for (dir, prior) in dirs.iter().zip(status(&dirs)?) {
-        match rerun_decision(dir, &prior, a.retry_failed && !a.test_only)? {
+        match rerun_decision(dir, &prior, a.rerun.retry_failed && !a.test_only)? {
             None => to_submit.push(dir.clone()),
             Some(why) => t.row([prior.id.clone(), format!("not submitted: {why}")]),
         }
