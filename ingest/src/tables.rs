@@ -51,9 +51,10 @@ pub enum PivotMetric {
     StepMsMedian,
     /// Peak memory per GPU, GiB: allocated, else NVML used, else process RSS.
     PeakMemoryGib,
-    /// Model states per rank, GiB (the largest rank's): what ZeRO partitions, exact, on every
-    /// device.
-    ModelStateGib,
+    /// Model states per rank, MiB (the largest rank's): what ZeRO partitions, exact, on every
+    /// device. MiB, not GiB: the small models of a CPU sweep hold a few MiB, which two decimals
+    /// of GiB would show as 0.00 at every stage.
+    ModelStateMib,
 }
 
 /// The block a run's cell lives in: every axis of a run's identity but the model, the variant
@@ -293,7 +294,9 @@ fn cell(metric: PivotMetric, runs: &[&RunRow]) -> Cell {
         .filter_map(|r| match metric {
             PivotMetric::StepMsMedian => r.step_ms_median.map(|v| (v, None)),
             PivotMetric::PeakMemoryGib => memory_of(r).map(|(v, k)| (v, Some(k))),
-            PivotMetric::ModelStateGib => r.state_bytes().map(|b| (b as f64 / GIB, Some(MemoryKind::ModelStates))),
+            PivotMetric::ModelStateMib => {
+                r.state_bytes().map(|b| (b as f64 / f64::from(1u32 << 20), Some(MemoryKind::ModelStates)))
+            }
         })
         .collect();
     if !values.is_empty() {
@@ -337,7 +340,7 @@ impl Tables {
         Tables {
             latency: Pivot::build("latency", PivotMetric::StepMsMedian, &rounded),
             mem: Pivot::build("mem", PivotMetric::PeakMemoryGib, &rounded),
-            states: Pivot::build("states", PivotMetric::ModelStateGib, &rounded),
+            states: Pivot::build("states", PivotMetric::ModelStateMib, &rounded),
             scaling: scaling(runs),
             comm: rounded.iter().flat_map(|r| r.collectives.iter().cloned()).collect(),
             memory_phases: rounded.iter().flat_map(|r| r.memory_phases.iter().cloned()).collect(),

@@ -319,6 +319,39 @@ fn unfit_runs_are_left_out_unless_asked_for() {
     assert!(all.join("gpt2-xl_z0_offnone_mb1_1x4/job.sbatch").is_file());
 }
 
+/// The demo sweep end to end on the real worker: its `states` table shows ZeRO's saving per rank,
+/// stage by stage (on CPU, where the memory table can only show process RSS).
+#[test]
+fn the_demo_shows_zeros_saving_per_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("runs");
+    let bin = crate::support::bin("zerobench-worker");
+    let path = format!("{}:{}", bin.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+    let o = crate::support::zerobench_cmd()
+        .env("PATH", path)
+        .args(["local", repo("slurm/examples/demo.yaml").to_str().unwrap(), "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let tables = dir.path().join("tables");
+    let o = zerobench(&["ingest", out.to_str().unwrap(), "--out", tables.to_str().unwrap(), "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The printed table shows the saving too (in GiB with two decimals it read 0.00 everywhere).
+    let text = stdout(&o);
+    assert!(text.contains("Model states per rank (MiB") && !text.contains("0.00 states"), "{text}");
+    let states: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tables.join("states.json")).unwrap()).unwrap();
+    let values: Vec<f64> = states["rows"]["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["rows"][0]["cells"][0]["value"].as_f64().unwrap())
+        .collect();
+    assert_eq!(values.len(), 4, "{states}");
+    assert!(values.windows(2).all(|w| w[1] < w[0]), "stages 0-3 per rank: {values:?}");
+    assert!((values[3] / values[0] - 0.5).abs() < 0.01, "fp32 stage 3 holds half of stage 0 on 2 ranks: {values:?}");
+}
+
 /// `zerobench local` into a folder it ran before: finished runs are skipped and no byte changes;
 /// a failed run runs again only with `--retry-failed`, its first attempt kept whole; a spec that
 /// changed a run's configuration is refused without writing anything, and `--overwrite` moves

@@ -162,7 +162,7 @@ fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: 
     for (title, t) in [
         ("Median step time (ms)", tables.latency.to_table()),
         ("Peak memory per GPU (GiB; allocated unless marked nvml or rss)", tables.mem.to_table()),
-        ("Model states per rank (GiB; parameters, gradients and optimizer states)", tables.states.to_table()),
+        ("Model states per rank (MiB; parameters, gradients and optimizer states)", tables.states.to_table()),
     ] {
         if t.header.is_empty() {
             continue;
