@@ -96,7 +96,9 @@ mod tests {
     #[test]
     fn the_whole_tree_is_stopped_even_in_other_groups() {
         let mut child = std::process::Command::new("bash")
-            .args(["-c", "setsid bash -c \"trap '' TERM; exec sleep 60\" & echo $! ; wait"])
+            // The grandchild prints its pid only once it ignores SIGTERM, so the signal cannot
+            // arrive before the trap is set.
+            .args(["-c", "setsid bash -c \"trap '' TERM; echo \\$\\$; exec sleep 60\" & wait"])
             .stdout(std::process::Stdio::piped())
             .process_group(0)
             .spawn()
