@@ -35,6 +35,9 @@
 #   verify       2 GPUs: fp16 (dynamic loss scaling) and tiny-llama on the shipped text, stages 0 and 3
 #   t5           the GPU subset of the seed study's T5 grid (slurm/examples/t5-grid-gpu.yaml)
 #                through `zerobench local`, then `zerobench ingest` over its run folders
+#   costmodel    the cost model's sweep (bench/gpu/costmodel-runs.txt): the runs `zerobench fit`
+#                is fitted on (runs/cm-fit) and the held-out runs it is checked against
+#                (runs/cm-holdout); one-GPU runs go two at a time, one per GPU, when there are two
 #
 # Every worker log and JSON line lands in OUT (default $OUT, else bench-out/); `results.tar.gz`
 # packs them for the trip back.
@@ -130,6 +133,29 @@ for phase in "${phases[@]}"; do
       log "t5 local: rc=$? $(tail -n 3 "$RUNS/t5-local.out" | tr '\n' ' ')"
       "$BIN/zerobench" ingest "$RUNS/t5-grid" --out "$RUNS/t5-tables" > "$RUNS/t5-ingest.out" 2>&1
       log "t5 ingest: rc=$?" ;;
+    costmodel)
+      # Each line of the list: SET LANE NAME NP WORKER-ARGS... (bench/gpu/costmodel-runs.txt). Lane
+      # "any" runs are one-GPU runs without host work: with two GPUs two of them run at once, one
+      # per GPU (their hosts' 32 cores are enough for both). "serial" runs (offload: host-bound;
+      # several GPUs) run alone afterwards.
+      mkdir -p "$RUNS/cm-fit" "$RUNS/cm-holdout"
+      lane() {  # lane GPU N K: every K-th "any" run from the N-th, on GPU
+        local i=0 set ln name np
+        while read -r set ln name np rest; do
+          case "$set" in fit|holdout) ;; *) continue ;; esac
+          [ "$ln" = any ] || continue
+          i=$((i + 1)); [ $(( (i - 1) % $3 )) -eq "$2" ] || continue
+          # shellcheck disable=SC2086
+          WORKER_ENV="CUDA_VISIBLE_DEVICES=$1" WORKER_TIMEOUT=180 worker "cm-$set/$name" "$np" $rest --steps "${CM_STEPS:-30}" --warmup "${CM_WARMUP:-10}" < /dev/null
+        done < bench/gpu/costmodel-runs.txt
+      }
+      if [ "$GPUS" -ge 2 ]; then lane 0 0 2 & lane 1 1 2 & wait; else lane 0 0 1; fi
+      while read -r set ln name np rest; do
+        case "$set" in fit|holdout) ;; *) continue ;; esac
+        [ "$ln" = serial ] && [ "$np" -le "$GPUS" ] || continue
+        # shellcheck disable=SC2086
+        WORKER_TIMEOUT=240 worker "cm-$set/$name" "$np" $rest --steps "${CM_STEPS:-30}" --warmup "${CM_WARMUP:-10}" < /dev/null
+      done < bench/gpu/costmodel-runs.txt ;;
     correctness)
       for s in 0 1 2 3; do
         worker "correct_gpt2_z${s}_2gpu" 2 --model gpt2 --stage "$s" --micro-batch 8 --seq-len 256 --steps 40 --warmup 2 \

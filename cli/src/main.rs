@@ -41,6 +41,10 @@ enum Command {
     Ingest(cmd::ingest::Args),
     /// Print the JSON Schema of the worker's log records.
     Schema(cmd::schema::Args),
+    /// Fit a cost model (step time, peak memory) from log folders.
+    Fit(cmd::fit::Args),
+    /// Predict a configuration's step time, throughput and memory from a cost model.
+    Predict(cmd::predict::Args),
 }
 
 /// What a command reports back to `main`.
@@ -64,6 +68,8 @@ fn main() -> ExitCode {
         Command::Hostfile(a) => cmd::hostfile::run(a),
         Command::Ingest(a) => cmd::ingest::run(a),
         Command::Schema(a) => cmd::schema::run(a),
+        Command::Fit(a) => cmd::fit::run(a),
+        Command::Predict(a) => cmd::predict::run(a),
     };
     match result {
         Ok(Outcome::Complete) => ExitCode::SUCCESS,

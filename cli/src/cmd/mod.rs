@@ -1,10 +1,12 @@
 //! One module per subcommand: its arguments and how it runs.
 
+pub mod fit;
 pub mod hostfile;
 pub mod hostlist;
 pub mod ingest;
 pub mod local;
 pub mod plan;
+pub mod predict;
 pub mod render;
 pub mod schema;
 pub mod status;
@@ -70,4 +72,23 @@ pub struct RerunFlags {
     /// the run folder's `.attempts/`.
     #[arg(long)]
     pub retry_failed: bool,
+}
+
+/// Writes `bytes` to `path`: a new file only (an existing one is an error), unless `replace`, when
+/// a whole new file takes its place (written beside it, then renamed) so a reader never sees half.
+pub fn write_new(path: &std::path::Path, bytes: &[u8], replace: bool) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    if !replace {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .with_context(|| format!("cannot create {} (it must not exist yet)", path.display()))?;
+        return f.write_all(bytes).with_context(|| format!("writing {}", path.display()));
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))
 }

@@ -1,0 +1,54 @@
+"""The shipped cost model against the held-out runs: `zerobench predict --json` for each, next to
+what it measured. Prints one JSON document (bench/results/costmodel-h200.json).
+
+usage: report.py ZEROBENCH MODEL.json HOLDOUT_RUNS.csv FIT_REPORT.md
+"""
+import csv
+import datetime
+import json
+import subprocess
+import sys
+
+zerobench, model, runs_csv, fit_md = sys.argv[1:5]
+fit = json.load(open(model))["fits"][0]
+rows = []
+for r in csv.DictReader(open(runs_csv)):
+    args = [zerobench, "predict", "--gpu", "h200", "--model", r["model"], "--stage", r["stage"],
+            "--micro-batch", r["micro_batch"], "--seq-len", r["seq_len"], "--gpus", r["gpus"],
+            "--grad-accum", r["grad_accum"], "--offload", r["offload"], "--json", "--cost-model", model]
+    p = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+    step, mem = float(r["step_ms_median"]), int(r["peak_allocated_bytes"])
+    rows.append({
+        "run": r["run_id"], "dir": r["dir"], "gpu_util_pct": float(r["gpu_util_pct_mean"] or "nan"),
+        "step_ms": step, "predicted_step_ms": round(p["step_ms"], 2),
+        "step_error_pct": round((p["step_ms"] / step - 1) * 100, 1),
+        "peak_allocated_bytes": mem, "predicted_peak_allocated_bytes": p["peak_allocated_bytes"],
+        "memory_error_pct": round((p["peak_allocated_bytes"] / mem - 1) * 100, 2),
+        "extrapolated": p["extrapolated"],
+    })
+
+
+def mape(key, sel):
+    v = [abs(x[key]) for x in sel]
+    return round(sum(v) / len(v), 1) if v else None
+
+
+device = [x for x in rows if x["gpu_util_pct"] >= 90]
+launch = [x for x in rows if not x["gpu_util_pct"] >= 90]
+v = fit["validation"]
+print(json.dumps({
+    "benchmark": "cost model: k-fold validation on the fitted runs, and held-out runs predicted by `zerobench predict`",
+    "date": datetime.date.today().isoformat(),
+    "gpu": fit["gpu"],
+    "sources": ["bench/results/raw/gpu-2026-11-24-costmodel-short.tar.gz", "bench/results/raw/gpu-2026-11-24-costmodel.tar.gz"],
+    "validation": {k: v[k] for k in ("folds", "configurations", "runs", "step_mape_pct", "memory_mape_pct",
+                                     "device_bound", "launch_bound", "stage_choice", "groups")},
+    "held_out": {
+        "summary": {"runs": len(rows), "step_mape_pct": mape("step_error_pct", rows),
+                    "device_bound_step_mape_pct": mape("step_error_pct", device), "device_bound_runs": len(device),
+                    "launch_bound_step_mape_pct": mape("step_error_pct", launch), "launch_bound_runs": len(launch),
+                    "memory_mape_pct": mape("memory_error_pct", rows)},
+        "runs": rows,
+    },
+    "fit_report": open(fit_md).read(),
+}, indent=1))

@@ -1,0 +1,187 @@
+//! `zerobench fit DIR... --out MODEL.json [--validate]`: a cost model from log folders.
+//!
+//! Reads the folders as `ingest` does and fits, per GPU kind and precision, the cost model
+//! (docs/cost-model.md) on zerobench's own finished runs. Which runs are left out, and why, is
+//! printed. With `--validate` it also prints the k-fold validation per family, stage and GPU count.
+//! Exit code 0 when a model was written, 2 when none could be (no runs, too few configurations, an
+//! existing file without `--overwrite`).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use zerobench_costmodel::{CostModel, Observation, Query};
+use zerobench_ingest::{Options, RunRow, Source, Status};
+use zerobench_schema::config::RunConfig;
+use zerobench_schema::models::ModelPreset;
+
+use crate::Outcome;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Folders to read, searched recursively, as `zerobench ingest` reads them.
+    #[arg(required = true)]
+    dirs: Vec<PathBuf>,
+    /// The model file to write (JSON).
+    #[arg(long, short)]
+    out: PathBuf,
+    /// Replace the model file if it exists (without it an existing file is refused).
+    #[arg(long)]
+    overwrite: bool,
+    /// Print the k-fold validation: errors per family, stage and GPU count, the stage choice, and
+    /// every held-out run.
+    #[arg(long)]
+    validate: bool,
+}
+
+/// The runs of the folders the cost model can be fitted on, and each one left out (run id, why).
+pub struct Read {
+    pub observations: Vec<Observation>,
+    pub left_out: Vec<(String, String)>,
+}
+
+/// Reads the folders' runs as the fit takes them.
+pub fn observations(dirs: &[PathBuf]) -> anyhow::Result<Read> {
+    for dir in dirs {
+        std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    }
+    let ingested = zerobench_ingest::ingest(dirs, &Options::default(), &zerobench_ingest::NoProgress);
+    for p in &ingested.problems {
+        tracing::info!("{p}");
+    }
+    if !ingested.problems.is_empty() {
+        tracing::warn!(
+            "{} problem(s) reading the folders (-v lists them; `zerobench ingest` explains each); what was read is used",
+            ingested.problems.len()
+        );
+    }
+    let mut obs = Vec::new();
+    let mut skipped = Vec::new();
+    for r in &ingested.runs {
+        match observation(&r.row) {
+            Ok(o) => obs.push(o),
+            Err(why) => skipped.push((r.row.run_id.clone(), why)),
+        }
+    }
+    Ok(Read { observations: obs, left_out: skipped })
+}
+
+/// One run as the fit takes it, or why it cannot be taken.
+pub fn observation(r: &RunRow) -> Result<Observation, String> {
+    if r.source != Source::Zerobench {
+        // The model prices zerobench's engine; another engine's step is not a measurement of it.
+        return Err("a foreign log (the cost model is fitted on zerobench's own runs)".into());
+    }
+    if r.status != Status::Ok {
+        return Err(format!("status {}", r.status.as_str()));
+    }
+    if r.log_version != Some(2) {
+        return Err("log schema version 1: its step_ms leaves out the optimizer's device work".into());
+    }
+    // The engine knobs beyond the grid change the step in ways the model does not price; the
+    // training text does not.
+    if let Some(knob) = r.variant.split(',').find(|p| !p.is_empty() && !p.starts_with("data=")) {
+        return Err(format!("runs with {knob} are not priced by the model"));
+    }
+    let model = ModelPreset::from_name(&r.model).ok_or_else(|| format!("model {:?} is not a preset", r.model))?;
+    let need = |what: &str| format!("{what} not recorded");
+    let mut config = RunConfig::new(model, r.stage.ok_or_else(|| need("stage"))?);
+    config.offload = r.offload.ok_or_else(|| need("offload"))?;
+    config.precision = r.precision.ok_or_else(|| need("precision"))?;
+    config.micro_batch = r.micro_batch.ok_or_else(|| need("micro_batch"))?;
+    config.grad_accum = r.grad_accum.ok_or_else(|| need("grad_accum"))?;
+    config.seq_len = r.seq_len.ok_or_else(|| need("seq_len"))?;
+    let gpu = r.gpu.clone().ok_or_else(|| need("GPU name (a CPU run?)"))?;
+    Ok(Observation {
+        run_id: r.run_id.clone(),
+        gpu,
+        query: Query { config, gpus: r.gpus.ok_or_else(|| need("gpus"))?, nodes: r.nodes.unwrap_or(1) },
+        step_ms: r.step_ms_median.ok_or_else(|| need("step time"))?,
+        peak_allocated_bytes: r.peak_allocated_bytes.ok_or_else(|| need("peak allocated memory"))?,
+        peak_reserved_bytes: r.peak_reserved_bytes,
+        device_memory_bytes: r.device_memory_bytes,
+        peak_tflops: r.peak_tflops_per_gpu,
+        optimizer_ms: r.optimizer_ms_median,
+        gpu_util_pct: r.gpu_util_pct_mean,
+    })
+}
+
+pub fn run(args: Args) -> anyhow::Result<Outcome> {
+    if args.out.exists() && !args.overwrite {
+        bail!("{} exists; --overwrite replaces it", args.out.display());
+    }
+    let Read { observations: obs, left_out: skipped } = observations(&args.dirs)?;
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for (id, why) in &skipped {
+        tracing::info!(run = %id, "left out: {why}");
+        *reasons.entry(why.as_str()).or_default() += 1;
+    }
+    for (why, n) in &reasons {
+        eprintln!("zerobench: left out {n} run(s): {why}");
+    }
+    let model = zerobench_costmodel::fit(&obs).context("fitting the cost model")?;
+    let text = serde_json::to_string_pretty(&model)? + "\n";
+    crate::cmd::write_new(&args.out, text.as_bytes(), args.overwrite)?;
+    let mut out = std::io::stdout().lock();
+    report(&mut out, &model, args.validate)?;
+    writeln!(out, "wrote {}", args.out.display())?;
+    Ok(Outcome::Complete)
+}
+
+fn report(out: &mut dyn Write, model: &CostModel, detail: bool) -> anyhow::Result<()> {
+    for f in &model.fits {
+        let v = &f.validation;
+        writeln!(
+            out,
+            "{} {}: {} runs of {} configurations; {}-fold validation: step time {:.1}% mean absolute error \
+             ({:.1}% over {} device-bound runs, {:.1}% over {} launch-bound), peak allocated {:.1}%; \
+             fastest stage right in {}/{} groups ({} within {:.0}%)",
+            f.gpu,
+            f.precision,
+            f.runs.len(),
+            v.configurations,
+            v.folds,
+            v.step_mape_pct,
+            v.device_bound.step_mape_pct,
+            v.device_bound.runs,
+            v.launch_bound.step_mape_pct,
+            v.launch_bound.runs,
+            v.memory_mape_pct,
+            v.stage_choice.right,
+            v.stage_choice.groups,
+            v.stage_choice.right_within_tie,
+            zerobench_costmodel::validate::STAGE_TIE * 100.0
+        )?;
+        if !detail {
+            continue;
+        }
+        writeln!(out, "\n| family | stage | offload | GPUs | runs | step time error % | peak allocated error % |")?;
+        writeln!(out, "|---|---|---|---|---|---|---|")?;
+        for g in &v.groups {
+            writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {:.1} | {:.1} |",
+                g.family, g.stage, g.offload, g.gpus, g.runs, g.step_mape_pct, g.memory_mape_pct
+            )?;
+        }
+        writeln!(out, "\n| held-out run | step ms | predicted | error % | peak GiB | predicted | error % |")?;
+        writeln!(out, "|---|---|---|---|---|---|---|")?;
+        let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+        for h in &v.held_out {
+            writeln!(
+                out,
+                "| {} | {:.1} | {:.1} | {:+.1} | {:.2} | {:.2} | {:+.1} |",
+                h.run_id,
+                h.step_ms,
+                h.predicted_step_ms,
+                (h.predicted_step_ms / h.step_ms - 1.0) * 100.0,
+                gib(h.peak_allocated_bytes),
+                gib(h.predicted_peak_allocated_bytes),
+                (h.predicted_peak_allocated_bytes as f64 / h.peak_allocated_bytes as f64 - 1.0) * 100.0
+            )?;
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}

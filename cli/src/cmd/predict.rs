@@ -1,0 +1,120 @@
+//! `zerobench predict --gpu KIND --model M --stage S --micro-batch B --seq-len T --gpus N ...`:
+//! the predicted step time, throughput and memory of a configuration, from a fitted cost model
+//! (`--cost-model MODEL.json`) or the model shipped for the GPU kind.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use zerobench_costmodel::{CostModel, Prediction, Query};
+use zerobench_schema::config::{Offload, Precision, RunConfig, ZeroStage};
+use zerobench_schema::models::ModelPreset;
+
+use crate::Outcome;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The GPU kind, as its name or part of it (h200, "H100 80GB").
+    #[arg(long)]
+    gpu: String,
+    #[arg(long)]
+    model: ModelPreset,
+    /// ZeRO stage: 0, 1, 2 or 3.
+    #[arg(long)]
+    stage: ZeroStage,
+    #[arg(long)]
+    micro_batch: u32,
+    /// Tokens per sequence (the model's default when not given).
+    #[arg(long)]
+    seq_len: Option<u32>,
+    /// GPUs in all.
+    #[arg(long, default_value_t = 1)]
+    gpus: u32,
+    #[arg(long, default_value_t = 1)]
+    nodes: u32,
+    #[arg(long, default_value_t = Offload::None)]
+    offload: Offload,
+    #[arg(long, default_value_t = 1)]
+    grad_accum: u32,
+    #[arg(long, default_value_t = Precision::Bf16)]
+    precision: Precision,
+    /// A model file from `zerobench fit` (default: the model shipped for --gpu).
+    #[arg(long)]
+    cost_model: Option<PathBuf>,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The model file given, or the shipped one.
+pub fn load(path: Option<&PathBuf>) -> anyhow::Result<CostModel> {
+    match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+            Ok(CostModel::from_json(&p.display().to_string(), &text)?)
+        }
+        None => Ok(zerobench_costmodel::shipped()?),
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<Outcome> {
+    let model = load(a.cost_model.as_ref())?;
+    let fit = model.fit_for(&a.gpu, a.precision)?;
+    let mut config = RunConfig::new(a.model, a.stage);
+    config.micro_batch = a.micro_batch;
+    config.seq_len = a.seq_len.unwrap_or_else(|| a.model.spec().default_seq_len());
+    config.offload = a.offload;
+    config.grad_accum = a.grad_accum;
+    config.precision = a.precision;
+    if a.nodes == 0 || a.gpus % a.nodes != 0 {
+        anyhow::bail!("--gpus {} does not split evenly over --nodes {}", a.gpus, a.nodes);
+    }
+    config.validate(Some(a.gpus)).map_err(|e| anyhow::anyhow!("--{}: {}", e.field.replace('_', "-"), e.reason))?;
+    let p = fit.predict(&Query { config, gpus: a.gpus, nodes: a.nodes });
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string(&p)?)?;
+    } else {
+        print(&mut out, &p)?;
+    }
+    Ok(Outcome::Complete)
+}
+
+fn print(out: &mut dyn Write, p: &Prediction) -> anyhow::Result<()> {
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    writeln!(
+        out,
+        "step {:.1} ms (90% of held-out runs: {:.1}-{:.1}), {:.0} tokens/s per GPU{}",
+        p.step_ms,
+        p.step_ms_interval[0],
+        p.step_ms_interval[1],
+        p.tokens_per_s_per_gpu,
+        p.mfu.map(|m| format!(", MFU {:.1}%", m * 100.0)).unwrap_or_default()
+    )?;
+    writeln!(
+        out,
+        "  compute {:.1} ms ({} bound), optimizer {:.1} ms, offload {:.1} ms, communication {:.1} ms",
+        p.compute_ms,
+        match p.bound {
+            zerobench_costmodel::Bound::Launch => "launch",
+            zerobench_costmodel::Bound::Device => "device",
+        },
+        p.optimizer_ms,
+        p.offload_ms,
+        p.comm_ms
+    )?;
+    writeln!(
+        out,
+        "peak allocated {:.2} GiB ({:.2}-{:.2}), reserved {:.2} GiB{}: {}",
+        gib(p.peak_allocated_bytes),
+        gib(p.peak_allocated_interval[0]),
+        gib(p.peak_allocated_interval[1]),
+        gib(p.peak_reserved_bytes),
+        p.device_memory_bytes.map(|m| format!(" of {:.1} GiB", gib(m))).unwrap_or_default(),
+        if p.fits { "fits" } else { "does not fit" }
+    )?;
+    for e in &p.extrapolated {
+        writeln!(out, "extrapolated: {e}")?;
+    }
+    Ok(())
+}

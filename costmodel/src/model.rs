@@ -1,0 +1,340 @@
+//! A fitted cost model: its coefficients per GPU kind and precision, the ranges it was fitted
+//! over, and its own validation, as the versioned JSON file `zerobench fit` writes; and
+//! prediction from it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use zerobench_schema::config::{Offload, Precision};
+
+use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
+use crate::validate::Validation;
+use crate::work::{Query, Work};
+
+/// The file's format name and version; readers refuse others.
+pub const FORMAT: &str = "zerobench-cost-model";
+pub const VERSION: u32 = 1;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The model file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    pub format: String,
+    pub version: u32,
+    pub fits: Vec<Fit>,
+}
+
+/// One GPU kind and precision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fit {
+    /// The GPU's name as NVML reports it (`NVIDIA H200`).
+    pub gpu: String,
+    pub precision: Precision,
+    pub device_memory_bytes: Option<u64>,
+    /// Dense bf16 peak of the GPU, TFLOP/s, for MFU (from the runs).
+    pub peak_tflops: Option<f64>,
+    /// Step-time coefficients (ms per unit of their quantity; see [`crate::terms`]).
+    pub step: BTreeMap<String, f64>,
+    /// Peak-allocated coefficients (GiB).
+    pub memory: BTreeMap<String, f64>,
+    /// Reserved-beyond-allocated coefficients.
+    pub reserved: BTreeMap<String, f64>,
+    pub range: Range,
+    /// Relative errors of held-out predictions (measured / predicted − 1), 5th and 95th
+    /// percentiles: the interval a prediction is given with.
+    pub step_interval: [f64; 2],
+    pub memory_interval: [f64; 2],
+    pub validation: Validation,
+    /// The runs fitted on.
+    pub runs: Vec<FittedRun>,
+}
+
+/// What the fit has seen: a query outside it is flagged.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Range {
+    /// Per family: the fewest and most tokens per micro-step, and the smallest and largest model.
+    pub families: BTreeMap<String, FamilyRange>,
+    pub max_gpus: u32,
+    pub max_nodes: u32,
+    pub offloads: BTreeSet<Offload>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FamilyRange {
+    pub min_tokens: f64,
+    pub max_tokens: f64,
+    pub min_params: f64,
+    pub max_params: f64,
+}
+
+/// One run a model was fitted on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FittedRun {
+    pub run_id: String,
+    pub query: Query,
+    pub step_ms: f64,
+    pub peak_allocated_bytes: u64,
+}
+
+/// What a prediction is: the step time with its interval, throughput, memory and whether it fits,
+/// and every way the query lies outside what was fitted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    pub gpu: String,
+    pub step_ms: f64,
+    pub step_ms_interval: [f64; 2],
+    pub tokens_per_s_per_gpu: f64,
+    pub mfu: Option<f64>,
+    pub peak_allocated_bytes: u64,
+    pub peak_allocated_interval: [u64; 2],
+    pub peak_reserved_bytes: u64,
+    pub device_memory_bytes: Option<u64>,
+    /// Reserved memory within the device's (unknown device memory: assumed to fit).
+    pub fits: bool,
+    /// The parts of the step: the micro-steps' compute (and which bound sets it), the optimizer on
+    /// the GPU, offload's host work, communication.
+    pub compute_ms: f64,
+    pub bound: Bound,
+    pub optimizer_ms: f64,
+    pub offload_ms: f64,
+    pub comm_ms: f64,
+    /// Terms extrapolated beyond the fitted runs, each with why.
+    pub extrapolated: Vec<String>,
+}
+
+/// Which bound sets a micro-step's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bound {
+    /// The host issuing kernels.
+    Launch,
+    /// The GPU executing them.
+    Device,
+}
+
+/// Evaluates terms against coefficients. A family coefficient the model lacks takes the mean of
+/// the fitted families' (flagged); any other missing coefficient counts 0 (flagged when its
+/// quantity is not 0).
+pub(crate) fn eval(coef: &BTreeMap<String, f64>, terms: &[Term], part: Part, flags: &mut Vec<String>) -> f64 {
+    terms
+        .iter()
+        .filter(|t| t.part == part)
+        .map(|t| match coef.get(&t.name) {
+            Some(c) => c * t.x,
+            None if t.x == 0.0 => 0.0,
+            None => match family_of(&t.name) {
+                Some(fam) => {
+                    let suffix = &t.name[fam.len()..];
+                    let others: Vec<f64> = coef
+                        .iter()
+                        .filter(|(k, _)| family_of(k).is_some() && k.ends_with(suffix))
+                        .map(|(_, v)| *v)
+                        .collect();
+                    note(
+                        flags,
+                        format!("{fam}: no run of this family was fitted; its terms are the mean of the others'"),
+                    );
+                    if others.is_empty() {
+                        0.0
+                    } else {
+                        others.iter().sum::<f64>() / others.len() as f64 * t.x
+                    }
+                }
+                None => {
+                    note(flags, format!("{}: not fitted (no run needed it); counted as 0", t.name));
+                    0.0
+                }
+            },
+        })
+        .sum()
+}
+
+fn note(flags: &mut Vec<String>, s: String) {
+    if !flags.contains(&s) {
+        flags.push(s);
+    }
+}
+
+/// Step time, the compute bound that set it, and its parts.
+pub(crate) struct StepParts {
+    pub step_ms: f64,
+    pub compute_ms: f64,
+    pub bound: Bound,
+    pub optimizer_ms: f64,
+    pub offload_ms: f64,
+    pub comm_ms: f64,
+}
+
+pub(crate) fn step_parts(coef: &BTreeMap<String, f64>, w: &Work, flags: &mut Vec<String>) -> StepParts {
+    let terms = step_terms(w);
+    let host = eval(coef, &terms, Part::Host, flags);
+    let device = eval(coef, &terms, Part::Device, flags);
+    let (micro, bound) = if host > device { (host, Bound::Launch) } else { (device, Bound::Device) };
+    let part = |prefix: &str, flags: &mut Vec<String>| {
+        let sel: Vec<Term> =
+            terms.iter().filter(|t| t.part == Part::Step && t.name.starts_with(prefix)).cloned().collect();
+        eval(coef, &sel, Part::Step, flags)
+    };
+    let optimizer_ms = part("optimizer.", flags);
+    let offload_ms = part("offload", flags);
+    let comm_ms = part("comm.", flags);
+    let compute_ms = w.micro_steps * micro;
+    StepParts {
+        step_ms: compute_ms + optimizer_ms + offload_ms + comm_ms,
+        compute_ms,
+        bound,
+        optimizer_ms,
+        offload_ms,
+        comm_ms,
+    }
+}
+
+/// Peak allocated bytes (exact states and buffers plus the fitted rest).
+pub(crate) fn peak_allocated(coef: &BTreeMap<String, f64>, w: &Work, flags: &mut Vec<String>) -> f64 {
+    w.device_state_bytes as f64 + eval(coef, &memory_terms(w), Part::Step, flags) * GIB
+}
+
+pub(crate) fn peak_reserved(coef: &BTreeMap<String, f64>, allocated: f64, flags: &mut Vec<String>) -> f64 {
+    allocated + eval(coef, &reserved_terms(allocated / GIB), Part::Step, flags) * GIB
+}
+
+/// Errors of model files and queries.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(
+        "{0}: not a zerobench cost model (format {1:?}, version {2}; this build reads {FORMAT:?} version {VERSION})"
+    )]
+    Format(String, String, u32),
+    #[error("{0}: {1}")]
+    Json(String, serde_json::Error),
+    #[error("no fit for GPU {gpu:?} in {precision}: the model has {have}")]
+    NoGpu { gpu: String, precision: Precision, have: String },
+    #[error("GPU {gpu:?} matches several fits ({have}): name it more exactly")]
+    Ambiguous { gpu: String, have: String },
+}
+
+impl CostModel {
+    /// Reads a model file's text; `origin` names it in errors.
+    pub fn from_json(origin: &str, text: &str) -> Result<CostModel, ModelError> {
+        #[derive(Deserialize)]
+        struct Head {
+            format: String,
+            version: u32,
+        }
+        let head: Head = serde_json::from_str(text).map_err(|e| ModelError::Json(origin.to_string(), e))?;
+        if head.format != FORMAT || head.version != VERSION {
+            return Err(ModelError::Format(origin.to_string(), head.format, head.version));
+        }
+        serde_json::from_str(text).map_err(|e| ModelError::Json(origin.to_string(), e))
+    }
+
+    /// The fit for a GPU named in full or in part, case-insensitively (`h200`, `H100 80GB`).
+    pub fn fit_for(&self, gpu: &str, precision: Precision) -> Result<&Fit, ModelError> {
+        let want = gpu.to_lowercase();
+        let have = || self.fits.iter().map(|f| format!("{} {}", f.gpu, f.precision)).collect::<Vec<_>>().join(", ");
+        let hits: Vec<&Fit> =
+            self.fits.iter().filter(|f| f.precision == precision && f.gpu.to_lowercase().contains(&want)).collect();
+        if let Some(exact) = hits.iter().find(|f| f.gpu.eq_ignore_ascii_case(gpu)) {
+            return Ok(exact);
+        }
+        match hits.as_slice() {
+            [one] => Ok(one),
+            [] => Err(ModelError::NoGpu { gpu: gpu.to_string(), precision, have: have() }),
+            _ => Err(ModelError::Ambiguous {
+                gpu: gpu.to_string(),
+                have: hits.iter().map(|f| f.gpu.as_str()).collect::<Vec<_>>().join(", "),
+            }),
+        }
+    }
+}
+
+impl Fit {
+    /// Predicts one configuration.
+    pub fn predict(&self, q: &Query) -> Prediction {
+        let w = Work::of(q);
+        let mut flags = Vec::new();
+        self.range.flag(&w, q, &mut flags);
+        let s = step_parts(&self.step, &w, &mut flags);
+        let alloc = peak_allocated(&self.memory, &w, &mut flags);
+        let reserved = peak_reserved(&self.reserved, alloc, &mut flags);
+        let tokens = w.micro_tokens * w.micro_steps;
+        let flops = q.config.train_flops_per_token() * tokens;
+        let tokens_per_s = tokens / (s.step_ms / 1e3);
+        let mfu = self.peak_tflops.map(|p| flops / (s.step_ms / 1e3) / (p * 1e12));
+        let [lo, hi] = self.step_interval;
+        let [mlo, mhi] = self.memory_interval;
+        Prediction {
+            gpu: self.gpu.clone(),
+            step_ms: s.step_ms,
+            step_ms_interval: [s.step_ms * (1.0 + lo), s.step_ms * (1.0 + hi)],
+            tokens_per_s_per_gpu: tokens_per_s,
+            mfu,
+            peak_allocated_bytes: alloc.round() as u64,
+            peak_allocated_interval: [(alloc * (1.0 + mlo)).round() as u64, (alloc * (1.0 + mhi)).round() as u64],
+            peak_reserved_bytes: reserved.round() as u64,
+            device_memory_bytes: self.device_memory_bytes,
+            fits: self.device_memory_bytes.is_none_or(|m| reserved <= m as f64),
+            compute_ms: s.compute_ms,
+            bound: s.bound,
+            optimizer_ms: s.optimizer_ms,
+            offload_ms: s.offload_ms,
+            comm_ms: s.comm_ms,
+            extrapolated: flags,
+        }
+    }
+}
+
+impl Range {
+    pub(crate) fn cover(&mut self, w: &Work, q: &Query) {
+        let params = q.config.model.spec().param_count() as f64;
+        let r = self.families.entry(w.family.to_string()).or_insert(FamilyRange {
+            min_tokens: f64::INFINITY,
+            max_tokens: 0.0,
+            min_params: f64::INFINITY,
+            max_params: 0.0,
+        });
+        r.min_tokens = r.min_tokens.min(w.micro_tokens);
+        r.max_tokens = r.max_tokens.max(w.micro_tokens);
+        r.min_params = r.min_params.min(params);
+        r.max_params = r.max_params.max(params);
+        self.max_gpus = self.max_gpus.max(w.gpus);
+        self.max_nodes = self.max_nodes.max(w.nodes);
+        self.offloads.insert(w.offload);
+    }
+
+    fn flag(&self, w: &Work, q: &Query, flags: &mut Vec<String>) {
+        let params = q.config.model.spec().param_count() as f64;
+        if let Some(r) = self.families.get(w.family) {
+            if w.micro_tokens < r.min_tokens || w.micro_tokens > r.max_tokens {
+                flags.push(format!(
+                    "compute: {} tokens per micro-step, fitted {}-{} for {}",
+                    w.micro_tokens, r.min_tokens, r.max_tokens, w.family
+                ));
+            }
+            if params < r.min_params * 0.999 || params > r.max_params * 1.001 {
+                flags.push(format!(
+                    "compute: {:.3}B parameters, fitted {:.3}B-{:.3}B for {}",
+                    params / 1e9,
+                    r.min_params / 1e9,
+                    r.max_params / 1e9,
+                    w.family
+                ));
+            }
+        }
+        if w.gpus > self.max_gpus {
+            flags.push(format!("communication: {} GPUs, fitted up to {}", w.gpus, self.max_gpus));
+        }
+        if w.nodes > self.max_nodes {
+            flags.push(format!(
+                "communication: {} nodes, fitted up to {}; bytes across nodes are priced at the bandwidth ratio {:.1}",
+                w.nodes,
+                self.max_nodes,
+                crate::work::INTRA_NODE_BUS_GBPS / crate::work::INTER_NODE_BUS_GBPS
+            ));
+        }
+        if !self.offloads.contains(&w.offload) {
+            flags.push(format!("offload: {} not fitted", w.offload));
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Non-negative least squares: the x ≥ 0 that minimises |Ax − b|₂ (Lawson and Hanson, "Solving
+//! Least Squares Problems", 1974, chapter 23).
+//!
+//! Every term of the cost model is a time or a size per unit of work, so a negative coefficient is
+//! a fit that explains noise with an unphysical trade between terms; NNLS keeps them physical.
+//! The problems are tiny (tens of columns, hundreds of rows) and no kept crate in the workspace's
+//! lock file solves them (ndarray has no solver, nalgebra is not a dependency), so this is the
+//! textbook active-set method on normal equations, solved by Cholesky. Columns are scaled to unit
+//! norm first so the coefficients' different units (ms per GFLOP, ms per layer) do not matter.
+
+/// Solves min |Ax − b| subject to x ≥ 0. `a` is row-major, `rows × cols`. Columns that are all
+/// zero get 0.
+pub fn nnls(a: &[Vec<f64>], b: &[f64]) -> Vec<f64> {
+    let cols = a.first().map_or(0, Vec::len);
+    let norms: Vec<f64> = (0..cols).map(|j| a.iter().map(|r| r[j] * r[j]).sum::<f64>().sqrt()).collect();
+    let scaled: Vec<Vec<f64>> =
+        a.iter().map(|r| r.iter().zip(&norms).map(|(v, n)| if *n > 0.0 { v / n } else { 0.0 }).collect()).collect();
+    let x = active_set(&scaled, b, cols);
+    x.iter().zip(&norms).map(|(v, n)| if *n > 0.0 { v / n } else { 0.0 }).collect()
+}
+
+fn active_set(a: &[Vec<f64>], b: &[f64], cols: usize) -> Vec<f64> {
+    let mut x = vec![0.0; cols];
+    let mut passive = vec![false; cols];
+    let tol = 1e-12 * (cols.max(1) as f64);
+    for _ in 0..(3 * cols + 10) {
+        let w = gradient(a, b, &x);
+        let next = (0..cols).filter(|&j| !passive[j] && w[j] > tol).max_by(|&i, &j| w[i].total_cmp(&w[j]));
+        let Some(j) = next else { break };
+        passive[j] = true;
+        // Inner loop: step towards the unconstrained solution on the passive set, dropping
+        // coefficients that would turn negative.
+        for _ in 0..(3 * cols + 10) {
+            let z = solve_on(a, b, &passive);
+            if (0..cols).all(|k| !passive[k] || z[k] > 0.0) {
+                x = z;
+                break;
+            }
+            let alpha = (0..cols)
+                .filter(|&k| passive[k] && z[k] <= 0.0)
+                .map(|k| x[k] / (x[k] - z[k]))
+                .fold(f64::INFINITY, f64::min);
+            for k in 0..cols {
+                x[k] += alpha * (z[k] - x[k]);
+                if passive[k] && x[k] <= tol {
+                    passive[k] = false;
+                    x[k] = 0.0;
+                }
+            }
+        }
+    }
+    x
+}
+
+/// Aᵀ(b − Ax).
+fn gradient(a: &[Vec<f64>], b: &[f64], x: &[f64]) -> Vec<f64> {
+    let mut w = vec![0.0; x.len()];
+    for (row, bi) in a.iter().zip(b) {
+        let r = bi - row.iter().zip(x).map(|(p, q)| p * q).sum::<f64>();
+        for (wj, aj) in w.iter_mut().zip(row) {
+            *wj += aj * r;
+        }
+    }
+    w
+}
+
+/// The least-squares solution over the passive columns, 0 elsewhere.
+fn solve_on(a: &[Vec<f64>], b: &[f64], passive: &[bool]) -> Vec<f64> {
+    let idx: Vec<usize> = (0..passive.len()).filter(|&j| passive[j]).collect();
+    let n = idx.len();
+    let mut m = vec![vec![0.0; n]; n];
+    let mut v = vec![0.0; n];
+    for (row, bi) in a.iter().zip(b) {
+        for (p, &i) in idx.iter().enumerate() {
+            v[p] += row[i] * bi;
+            for (q, &j) in idx.iter().enumerate() {
+                m[p][q] += row[i] * row[j];
+            }
+        }
+    }
+    // A whisker of ridge keeps collinear columns (two terms that grow together over the data)
+    // solvable; it is far below any column's unit norm.
+    for (p, r) in m.iter_mut().enumerate() {
+        r[p] += 1e-10;
+    }
+    let sol = cholesky_solve(m, v);
+    let mut z = vec![0.0; passive.len()];
+    for (p, &i) in idx.iter().enumerate() {
+        z[i] = sol[p];
+    }
+    z
+}
+
+fn cholesky_solve(mut m: Vec<Vec<f64>>, mut v: Vec<f64>) -> Vec<f64> {
+    let n = v.len();
+    for j in 0..n {
+        let d = (m[j][j] - (0..j).map(|k| m[j][k] * m[j][k]).sum::<f64>()).max(1e-300).sqrt();
+        m[j][j] = d;
+        for i in j + 1..n {
+            m[i][j] = (m[i][j] - (0..j).map(|k| m[i][k] * m[j][k]).sum::<f64>()) / d;
+        }
+    }
+    for i in 0..n {
+        v[i] = (v[i] - (0..i).map(|k| m[i][k] * v[k]).sum::<f64>()) / m[i][i];
+    }
+    for i in (0..n).rev() {
+        v[i] = (v[i] - (i + 1..n).map(|k| m[k][i] * v[k]).sum::<f64>()) / m[i][i];
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn recovers_a_non_negative_solution_exactly() {
+        let a = vec![vec![1.0, 0.0, 2.0], vec![0.0, 1.0, 1.0], vec![1.0, 1.0, 0.0], vec![2.0, 0.5, 1.0]];
+        let x0 = [0.5, 2.0, 3.0];
+        let b: Vec<f64> = a.iter().map(|r| r.iter().zip(&x0).map(|(p, q)| p * q).sum()).collect();
+        let x = nnls(&a, &b);
+        for (got, want) in x.iter().zip(&x0) {
+            assert!((got - want).abs() < 1e-9, "{x:?}");
+        }
+    }
+
+    #[test]
+    fn a_coefficient_that_would_be_negative_is_held_at_zero() {
+        // b = 2·col0 − 1·col1: unconstrained least squares gives −1; NNLS must give x1 = 0 and
+        // the best fit of b by col0 alone.
+        let a = vec![vec![1.0, 1.0], vec![2.0, 0.0], vec![3.0, 1.0]];
+        let b = [1.0, 4.0, 5.0];
+        let x = nnls(&a, &b);
+        assert_eq!(x[1], 0.0);
+        let best = (1.0 + 8.0 + 15.0) / 14.0;
+        assert!((x[0] - best).abs() < 1e-9, "{x:?}");
+    }
+
+    #[test]
+    fn zero_columns_get_zero() {
+        let a = vec![vec![1.0, 0.0], vec![2.0, 0.0]];
+        let x = nnls(&a, &[2.0, 4.0]);
+        assert!((x[0] - 2.0).abs() < 1e-9 && x[1] == 0.0, "{x:?}");
+    }
+
+    proptest! {
+        /// The KKT conditions of the problem hold at the answer: x ≥ 0, the gradient Aᵀ(b − Ax)
+        /// is ≤ 0 where x = 0 and 0 where x > 0.
+        #[test]
+        fn kkt_conditions_hold(
+            rows in prop::collection::vec(prop::collection::vec(0.0f64..10.0, 3), 4..12),
+            b in prop::collection::vec(-5.0f64..20.0, 12),
+        ) {
+            let b = &b[..rows.len()];
+            let x = nnls(&rows, b);
+            let w = gradient(&rows, b, &x);
+            let scale = 1e-6 * (1.0 + b.iter().map(|v| v.abs()).sum::<f64>()) * 100.0;
+            for (xj, wj) in x.iter().zip(&w) {
+                prop_assert!(*xj >= 0.0);
+                if *xj > 1e-9 { prop_assert!(wj.abs() < scale, "x {x:?} w {w:?}"); }
+                else { prop_assert!(*wj < scale, "x {x:?} w {w:?}"); }
+            }
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! The cost model's terms: each a coefficient (fitted) times a quantity of [`Work`] (exact).
+//!
+//! **Step time** (ms), per optimizer step of G micro-steps:
+//!
+//! ```text
+//! step = G · max(host, device) + optimizer + offload + comm
+//! host   = launch_ms[f] + launch_ms_per_unit[f] · units + stage3.launch_ms_per_unit · units·[stage 3]
+//! device = device_ms[f] + ms_per_gflop[f] · GFLOP + ms_per_gact[f] · Gact + head.ms_per_gvocab · Gvocab
+//!          + stage3.ms_per_gparam_gathered · Ggathered
+//! optimizer = optimizer.ms_per_gparam · Gparams on the device
+//! offload   = offload.ms_per_gparam · Gparams on the host
+//!           + offload_params.ms_per_gparam_micro · G · Gparams on the host·[optimizer+params]
+//! comm      = comm.ms·[gpus > 1] + comm.stage{s}.ms_per_gb · (GB within a node + GB across nodes · r)
+//! ```
+//!
+//! f is the model family. A micro-step takes the longer of two bounds: the host issuing its
+//! kernels (a fixed set per unit, so small models at small batches run at the launch rate whatever
+//! their size) and the GPU executing them (matrix FLOPs at an achieved rate, bandwidth-bound
+//! elementwise work over the activations, the head's logits). `ms_per_gflop` is the inverse of
+//! the achieved FLOP rate. Communication is what the second GPU costs beyond the halved
+//! optimizer: the exposed collectives and the slowdown of the computation they overlap, per byte
+//! each rank sends (nccl-tests' bus bytes), per stage because each stage overlaps differently.
+//! r = [`INTRA_NODE_BUS_GBPS`] / [`INTER_NODE_BUS_GBPS`] prices bytes across nodes, which no fit has
+//! seen.
+//!
+//! **Peak allocated memory** (GiB): the exact model states and engine buffers, plus
+//! `mem_gib[f] + mem_gib_per_gact[f] · Gact + mem_gib_per_gparam_largest · Glargest` (activations
+//! kept for backward, and the temporaries of the largest unit). **Reserved** adds the caching
+//! allocator's `reserved.gib + reserved.per_allocated · allocated`.
+
+use crate::work::{Work, INTER_NODE_BUS_GBPS, INTRA_NODE_BUS_GBPS};
+use zerobench_schema::config::{Offload, ZeroStage};
+
+/// Which bound a term belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// Per micro-step, host-bound.
+    Host,
+    /// Per micro-step, device-bound.
+    Device,
+    /// Per optimizer step.
+    Step,
+}
+
+/// One term: the coefficient's name and the quantity it multiplies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Term {
+    pub name: String,
+    pub part: Part,
+    pub x: f64,
+}
+
+/// Whether a coefficient belongs to one model family (named `family.…`).
+pub fn family_of(name: &str) -> Option<&str> {
+    let head = name.split('.').next()?;
+    ["gpt2", "t5", "llama", "mlp"].contains(&head).then_some(head)
+}
+
+/// The step-time terms of a configuration.
+pub fn step_terms(w: &Work) -> Vec<Term> {
+    let f = w.family;
+    let s3 = if w.stage == ZeroStage::Z3 { 1.0 } else { 0.0 };
+    let t = |name: String, part, x: f64| Term { name, part, x };
+    let mut v = vec![
+        t(format!("{f}.launch_ms"), Part::Host, 1.0),
+        t(format!("{f}.launch_ms_per_unit"), Part::Host, w.units),
+        t("stage3.launch_ms_per_unit".into(), Part::Host, s3 * w.units),
+        t(format!("{f}.device_ms"), Part::Device, 1.0),
+        t(format!("{f}.ms_per_gflop"), Part::Device, w.gflop),
+        t(format!("{f}.ms_per_gact"), Part::Device, w.gact),
+        t("head.ms_per_gvocab".into(), Part::Device, w.gvocab),
+        t("stage3.ms_per_gparam_gathered".into(), Part::Device, w.ggathered),
+        t("optimizer.ms_per_gparam".into(), Part::Step, w.gparams_device),
+    ];
+    if w.offload != Offload::None {
+        v.push(t("offload.ms_per_gparam".into(), Part::Step, w.gparams_host));
+    }
+    if w.offload == Offload::OptimizerParams {
+        v.push(t("offload_params.ms_per_gparam_micro".into(), Part::Step, w.micro_steps * w.gparams_host));
+    }
+    if w.gpus > 1 {
+        let gb = w.wire_gb_intra + w.wire_gb_inter * INTRA_NODE_BUS_GBPS / INTER_NODE_BUS_GBPS;
+        v.push(t("comm.ms".into(), Part::Step, 1.0));
+        v.push(t(format!("comm.stage{}.ms_per_gb", w.stage.index()), Part::Step, gb));
+    }
+    v
+}
+
+/// The peak-allocated terms (GiB beyond the exact states and buffers).
+pub fn memory_terms(w: &Work) -> Vec<Term> {
+    let f = w.family;
+    let t = |name: String, x: f64| Term { name, part: Part::Step, x };
+    vec![
+        t(format!("{f}.mem_gib"), 1.0),
+        t(format!("{f}.mem_gib_per_gact"), w.gact),
+        t("mem_gib_per_gparam_largest".into(), w.glargest_unit),
+    ]
+}
+
+/// The reserved-beyond-allocated terms, given the allocated GiB.
+pub fn reserved_terms(allocated_gib: f64) -> Vec<Term> {
+    vec![
+        Term { name: "reserved.gib".into(), part: Part::Step, x: 1.0 },
+        Term { name: "reserved.per_allocated".into(), part: Part::Step, x: allocated_gib },
+    ]
+}

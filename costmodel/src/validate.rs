@@ -1,0 +1,213 @@
+//! Validation by k-fold over configurations: the runs of each configuration (all its repeats) are
+//! held out together, so no run's own steps, nor a repeat of it, are on both sides; every run is
+//! predicted by a fit that never saw its configuration.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fit::{fit_coefficients, predict_with, Observation, DEVICE_BOUND_UTIL_PCT};
+
+/// Folds, at most (fewer when there are fewer configurations).
+pub const FOLDS: usize = 5;
+
+/// A stage counts as the right choice when its measured time is within this of the fastest
+/// stage's: closer than that, repeats of one configuration disagree (docs/cost-model.md).
+pub const STAGE_TIE: f64 = 0.02;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Validation {
+    pub folds: u32,
+    pub configurations: u32,
+    pub runs: u32,
+    /// Mean absolute percentage errors over every held-out run.
+    pub step_mape_pct: f64,
+    pub memory_mape_pct: f64,
+    /// Step-time error of the runs that kept the GPU busy ([`DEVICE_BOUND_UTIL_PCT`] or more) and
+    /// of the rest (launch-bound; their repeats differ by ~15%), with how many runs each.
+    pub device_bound: ClassError,
+    pub launch_bound: ClassError,
+    pub groups: Vec<GroupError>,
+    pub stage_choice: StageChoice,
+    pub held_out: Vec<HeldOut>,
+}
+
+/// The step-time error of a class of runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClassError {
+    pub runs: u32,
+    pub step_mape_pct: f64,
+}
+
+/// Errors of one family, stage, offload setting and GPU count.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupError {
+    pub family: String,
+    pub stage: u8,
+    pub offload: String,
+    pub gpus: u32,
+    pub runs: u32,
+    pub step_mape_pct: f64,
+    pub memory_mape_pct: f64,
+}
+
+/// Over groups of configurations that differ only in the stage (same model, batch, sequence,
+/// accumulation, offload, GPUs): how often the stage predicted fastest is the fastest measured,
+/// exactly and within [`STAGE_TIE`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageChoice {
+    pub groups: u32,
+    pub right: u32,
+    pub right_within_tie: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldOut {
+    pub run_id: String,
+    pub configuration: String,
+    pub step_ms: f64,
+    pub predicted_step_ms: f64,
+    pub peak_allocated_bytes: u64,
+    pub predicted_peak_allocated_bytes: u64,
+}
+
+/// Measured and predicted values (or step and memory errors) collected side by side.
+type Pair = (Vec<f64>, Vec<f64>);
+
+/// Validates by k-fold and returns the report and the 5th-95th percentile intervals of the
+/// relative errors (measured / predicted − 1) of step time and memory.
+pub fn validate(runs: &[&Observation]) -> (Validation, [f64; 2], [f64; 2]) {
+    let configs: BTreeSet<String> = runs.iter().map(|o| o.config_key()).collect();
+    let k = FOLDS.min(configs.len()).max(1);
+    // Folds by a hash of the configuration, so they do not follow the sweep's order.
+    let fold_of = |key: &str| (fnv(key) % k as u64) as usize;
+    let mut held = Vec::new();
+    for fold in 0..k {
+        let train: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(&o.config_key()) != fold).collect();
+        let test: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(&o.config_key()) == fold).collect();
+        if train.is_empty() || test.is_empty() {
+            continue;
+        }
+        let coef = fit_coefficients(&train);
+        for o in test {
+            let (step, mem) = predict_with(&coef, &o.query);
+            held.push((o, step, mem));
+        }
+    }
+    let ape = |m: f64, p: f64| ((p - m) / m).abs() * 100.0;
+    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let steps: Vec<f64> = held.iter().map(|(o, s, _)| ape(o.step_ms, *s)).collect();
+    let mems: Vec<f64> = held.iter().map(|(o, _, m)| ape(o.peak_allocated_bytes as f64, *m)).collect();
+    let mut groups: BTreeMap<(String, u8, String, u32), Pair> = BTreeMap::new();
+    for ((o, _, _), (s, m)) in held.iter().zip(steps.iter().zip(&mems)) {
+        let c = &o.query.config;
+        let g = groups
+            .entry((c.model.spec().family().to_string(), c.stage.index(), c.offload.to_string(), o.query.gpus))
+            .or_default();
+        g.0.push(*s);
+        g.1.push(*m);
+    }
+    let rel = |m: f64, p: f64| m / p - 1.0;
+    let step_interval = percentiles(held.iter().map(|(o, s, _)| rel(o.step_ms, *s)).collect());
+    let memory_interval = percentiles(held.iter().map(|(o, _, m)| rel(o.peak_allocated_bytes as f64, *m)).collect());
+    let class = |device: bool| {
+        let v: Vec<f64> = held
+            .iter()
+            .zip(&steps)
+            .filter(|((o, _, _), _)| o.gpu_util_pct.is_some_and(|u| u >= DEVICE_BOUND_UTIL_PCT) == device)
+            .map(|(_, s)| *s)
+            .collect();
+        ClassError { runs: v.len() as u32, step_mape_pct: mean(&v) }
+    };
+    let validation = Validation {
+        device_bound: class(true),
+        launch_bound: class(false),
+        folds: k as u32,
+        configurations: configs.len() as u32,
+        runs: held.len() as u32,
+        step_mape_pct: mean(&steps),
+        memory_mape_pct: mean(&mems),
+        groups: groups
+            .into_iter()
+            .map(|((family, stage, offload, gpus), (s, m))| GroupError {
+                family,
+                stage,
+                offload,
+                gpus,
+                runs: s.len() as u32,
+                step_mape_pct: mean(&s),
+                memory_mape_pct: mean(&m),
+            })
+            .collect(),
+        stage_choice: stage_choice(&held),
+        held_out: held
+            .iter()
+            .map(|(o, s, m)| HeldOut {
+                run_id: o.run_id.clone(),
+                configuration: o.config_key(),
+                step_ms: o.step_ms,
+                predicted_step_ms: *s,
+                peak_allocated_bytes: o.peak_allocated_bytes,
+                predicted_peak_allocated_bytes: m.round() as u64,
+            })
+            .collect(),
+    };
+    (validation, step_interval, memory_interval)
+}
+
+fn stage_choice(held: &[(&Observation, f64, f64)]) -> StageChoice {
+    // Per group, per stage: the medians of measured and predicted step time over its repeats.
+    let mut by: BTreeMap<String, BTreeMap<u8, Pair>> = BTreeMap::new();
+    for (o, s, _) in held {
+        let c = &o.query.config;
+        let key = format!(
+            "{} {} {} mb{} ga{} seq{} {} {}gpu {}node",
+            o.gpu, c.model, c.precision, c.micro_batch, c.grad_accum, c.seq_len, c.offload, o.query.gpus, o.query.nodes
+        );
+        let e = by.entry(key).or_default().entry(c.stage.index()).or_default();
+        e.0.push(o.step_ms);
+        e.1.push(*s);
+    }
+    let mut out = StageChoice::default();
+    for stages in by.values().filter(|s| s.len() >= 2) {
+        let med: Vec<(u8, f64, f64)> = stages.iter().map(|(s, (m, p))| (*s, median(m), median(p))).collect();
+        let best_measured = med.iter().map(|x| x.1).fold(f64::INFINITY, f64::min);
+        let Some(chosen) = med.iter().min_by(|a, b| a.2.total_cmp(&b.2)) else { continue };
+        out.groups += 1;
+        if chosen.1 <= best_measured {
+            out.right += 1;
+        }
+        if chosen.1 <= best_measured * (1.0 + STAGE_TIE) {
+            out.right_within_tie += 1;
+        }
+    }
+    out
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// 5th and 95th percentiles (nearest rank); [0, 0] when empty.
+fn percentiles(mut v: Vec<f64>) -> [f64; 2] {
+    if v.is_empty() {
+        return [0.0, 0.0];
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((q * (v.len() - 1) as f64).round() as usize).min(v.len() - 1)];
+    [at(0.05), at(0.95)]
+}
+
+/// FNV-1a: a fixed hash, so folds are the same on every machine and run.
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}

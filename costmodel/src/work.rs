@@ -1,0 +1,167 @@
+//! What a configuration asks of the machine, in the units the cost model's terms are per: FLOPs,
+//! activation elements, kernels (units), parameters updated where, bytes on the wire. Everything
+//! here is exact arithmetic on the schema's model shapes and ZeRO formulas; nothing is fitted.
+
+use serde::{Deserialize, Serialize};
+use zerobench_schema::config::{Offload, RunConfig, ZeroStage};
+use zerobench_schema::memory::{engine_buffer_bytes, model_state_split, padded_params};
+use zerobench_schema::traffic::step_traffic;
+
+/// A configuration to price: the run's settings, and how many GPUs on how many nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Query {
+    pub config: RunConfig,
+    pub gpus: u32,
+    pub nodes: u32,
+}
+
+/// Bus bandwidths the across-node term is scaled by, GB/s (nccl-tests' busbw): what NVLink on an
+/// H200 host reaches for a 1 GiB reduce-scatter (`../shared/reference/gpu-host-measurements.md`:
+/// 321 GB/s) against one 400 Gb/s InfiniBand NDR port per GPU at 90% of its line rate. No run
+/// across nodes has been fitted; a prediction that uses this ratio says so.
+pub const INTRA_NODE_BUS_GBPS: f64 = 321.0;
+pub const INTER_NODE_BUS_GBPS: f64 = 45.0;
+
+/// The work of one configuration, per rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Work {
+    pub family: &'static str,
+    /// Micro-steps per optimizer step.
+    pub micro_steps: f64,
+    /// Tokens one rank processes per micro-step (T5: encoder input tokens).
+    pub micro_tokens: f64,
+    /// Training FLOPs per micro-step, in units of 1e9.
+    pub gflop: f64,
+    /// Activation elements per micro-step: tokens × layers × d_model (T5: input plus target tokens
+    /// over each stack), in units of 1e9: what the bandwidth-bound kernels (norms, activations,
+    /// dropout, residual adds) stream.
+    pub gact: f64,
+    /// Tokens × vocabulary per micro-step, in units of 1e9: the LM head's logits and loss.
+    pub gvocab: f64,
+    /// The engine's units (blocks and embeddings): each is a fixed set of kernels to launch.
+    pub units: f64,
+    pub stage: ZeroStage,
+    pub offload: Offload,
+    /// Parameters whose optimizer update runs on the GPU, per rank, in units of 1e9.
+    pub gparams_device: f64,
+    /// Parameters whose optimizer update runs on the host, per rank, in units of 1e9.
+    pub gparams_host: f64,
+    /// Parameters stage 3 gathers per micro-step (0 at other stages), in units of 1e9.
+    pub ggathered: f64,
+    /// What a rank sends over NVLink (or within a node) per step, GB, and across nodes.
+    pub wire_gb_intra: f64,
+    pub wire_gb_inter: f64,
+    /// Model states and the engine's persistent buffers on the device, bytes (exact).
+    pub device_state_bytes: u64,
+    /// The largest unit's padded parameters, in units of 1e9.
+    pub glargest_unit: f64,
+    pub gpus: u32,
+    pub nodes: u32,
+}
+
+impl Work {
+    pub fn of(q: &Query) -> Work {
+        let c = &q.config;
+        let spec = c.model.spec();
+        let world = q.gpus.max(1);
+        let (b, t) = (f64::from(c.micro_batch), f64::from(c.seq_len));
+        let target = f64::from(c.target_len_or_default());
+        let tokens = b * t;
+        let gflop = spec.train_flops_per_input_token(c.seq_len, c.target_len_or_default()) * tokens / 1e9;
+        let d = spec.d_model() as f64;
+        let (gact, gvocab) = if spec.is_encoder_decoder() {
+            let per_stack = spec.layers() as f64 / 2.0;
+            (b * (t + target) * per_stack * d / 1e9, b * target * spec.vocab() as f64 / 1e9)
+        } else {
+            (tokens * spec.layers() as f64 * d / 1e9, tokens * spec.vocab() as f64 / 1e9)
+        };
+        let psi = padded_params(&spec, u64::from(world));
+        let rank_params = psi as f64 / f64::from(world) / 1e9;
+        let on_host = c.offload != Offload::None;
+        let split = model_state_split(c.stage, c.precision, c.offload, c.grad_accum, psi, u64::from(world));
+        let buffers = engine_buffer_bytes(&spec, c.stage, c.precision, &c.engine, u64::from(world));
+        let traffic = step_traffic(c, world);
+        let p = c.precision.param_bytes() as f64;
+        let ggathered = if c.stage == ZeroStage::Z3 {
+            // The all-gathers of a micro-step, in parameters (on one rank they are local copies).
+            let m = f64::from(c.grad_accum.max(1));
+            step_traffic(c, 2)
+                .bytes
+                .iter()
+                .filter(|(k, _)| k.kind == zerobench_schema::collective::CollectiveKind::AllGather)
+                .map(|(_, v)| *v as f64)
+                .sum::<f64>()
+                / p
+                / m
+                / 1e9
+        } else {
+            0.0
+        };
+        let (mut intra, mut inter) = (0.0, 0.0);
+        for (key, bytes) in traffic.wire(world, c.engine.hpz) {
+            if q.nodes > 1 && !key.group {
+                inter += bytes / 1e9;
+            } else {
+                intra += bytes / 1e9;
+            }
+        }
+        let largest = spec.units().iter().map(|u| u.params).max().unwrap_or(0) as f64 / 1e9;
+        Work {
+            family: spec.family(),
+            micro_steps: f64::from(c.grad_accum.max(1)),
+            micro_tokens: tokens,
+            gflop,
+            gact,
+            gvocab,
+            units: spec.units().len() as f64,
+            stage: c.stage,
+            offload: c.offload,
+            gparams_device: if on_host { 0.0 } else { rank_params },
+            gparams_host: if on_host { rank_params } else { 0.0 },
+            ggathered,
+            wire_gb_intra: intra,
+            wire_gb_inter: inter,
+            device_state_bytes: split.device.total() + buffers,
+            glargest_unit: largest,
+            gpus: world,
+            nodes: q.nodes.max(1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerobench_schema::models::ModelPreset;
+
+    fn q(stage: ZeroStage, gpus: u32) -> Query {
+        let mut c = RunConfig::new(ModelPreset::Gpt2Xl, stage);
+        c.micro_batch = 4;
+        c.seq_len = 1024;
+        Query { config: c, gpus, nodes: 1 }
+    }
+
+    #[test]
+    fn flops_and_states_follow_the_schema() {
+        let w = Work::of(&q(ZeroStage::Z0, 1));
+        let c = &q(ZeroStage::Z0, 1).config;
+        assert!((w.gflop * 1e9 - c.train_flops_per_token() * 4096.0).abs() / w.gflop < 1e-3);
+        // Mixed precision stage 0 on one rank: 16 bytes per padded parameter, no buffers.
+        let psi = padded_params(&c.model.spec(), 1);
+        assert_eq!(w.device_state_bytes, 16 * psi);
+        assert_eq!((w.wire_gb_intra, w.wire_gb_inter, w.ggathered), (0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn stage3_gathers_and_two_ranks_send() {
+        let w = Work::of(&q(ZeroStage::Z3, 2));
+        // G ≥ 2Ψ per micro-step (forward and backward gathers), Ψ = 1.56e9.
+        assert!(w.ggathered > 3.0 && w.ggathered < 3.6, "{}", w.ggathered);
+        assert!(w.wire_gb_intra > 0.0 && w.wire_gb_inter == 0.0);
+        let mut over_nodes = q(ZeroStage::Z3, 2);
+        over_nodes.nodes = 2;
+        let w2 = Work::of(&over_nodes);
+        assert_eq!(w2.wire_gb_intra, 0.0);
+        assert!((w2.wire_gb_inter - w.wire_gb_intra).abs() < 1e-9);
+    }
+}
