@@ -147,7 +147,9 @@ pub(crate) fn eval(coef: &BTreeMap<String, f64>, terms: &[Term], part: Part, fla
                 }
             },
         })
-        .sum()
+        // An empty sum is -0.0; a term that is not there prices 0.
+        .sum::<f64>()
+        + 0.0
 }
 
 fn note(flags: &mut Vec<String>, s: String) {
@@ -166,11 +168,27 @@ pub(crate) struct StepParts {
     pub comm_ms: f64,
 }
 
+/// The coefficient of the shorter bound's share that the longer does not hide (fitted on a grid
+/// from 0 to 1; see [`crate::terms`]).
+pub const UNHIDDEN: &str = "micro.unhidden_share";
+
+/// One micro-step: the longer of its bounds plus the unhidden share of the shorter, plus what runs
+/// on top of both.
+pub(crate) fn micro_ms(coef: &BTreeMap<String, f64>, terms: &[Term], flags: &mut Vec<String>) -> (f64, Bound) {
+    let host = eval(coef, terms, Part::Host, flags);
+    let device = eval(coef, terms, Part::Device, flags);
+    let on_top = eval(coef, terms, Part::Micro, flags);
+    let unhidden = coef.get(UNHIDDEN).copied().unwrap_or(0.0);
+    if host > device {
+        (host + unhidden * device + on_top, Bound::Launch)
+    } else {
+        (device + unhidden * host + on_top, Bound::Device)
+    }
+}
+
 pub(crate) fn step_parts(coef: &BTreeMap<String, f64>, w: &Work, flags: &mut Vec<String>) -> StepParts {
     let terms = step_terms(w);
-    let host = eval(coef, &terms, Part::Host, flags);
-    let device = eval(coef, &terms, Part::Device, flags);
-    let (micro, bound) = if host > device { (host, Bound::Launch) } else { (device, Bound::Device) };
+    let (micro, bound) = micro_ms(coef, &terms, flags);
     let part = |prefix: &str, flags: &mut Vec<String>| {
         let sel: Vec<Term> =
             terms.iter().filter(|t| t.part == Part::Step && t.name.starts_with(prefix)).cloned().collect();

@@ -3,21 +3,24 @@
 //! **Step time** (ms), per optimizer step of G micro-steps:
 //!
 //! ```text
-//! step = G · max(host, device) + optimizer + offload + comm
-//! host   = launch_ms[f] + launch_ms_per_unit[f] · units + stage3.launch_ms_per_unit · units·[stage 3]
+//! step = G · (max(host, device) + u · min(host, device) + gathers) + optimizer + offload + comm
+//! host   = launch_ms[f] + launch_ms_per_unit[f] · units + launch_ms_per_unit_kd · units · d/1000
+//!          + stage3.launch_ms_per_unit · units·[stage 3]
 //! device = device_ms[f] + ms_per_gflop[f] · GFLOP + ms_per_gact[f] · Gact + head.ms_per_gvocab · Gvocab
-//!          + stage3.ms_per_gparam_gathered · Ggathered
+//! gathers = stage3.ms_per_gparam_gathered · Ggathered
 //! optimizer = optimizer.ms_per_gparam · Gparams on the device
 //! offload   = offload.ms_per_gparam · Gparams on the host
 //!           + offload_params.ms_per_gparam_micro · G · Gparams on the host·[optimizer+params]
 //! comm      = comm.ms·[gpus > 1] + comm.stage{s}.ms_per_gb · (GB within a node + GB across nodes · r)
 //! ```
 //!
-//! f is the model family. A micro-step takes the longer of two bounds: the host issuing its
-//! kernels (a fixed set per unit, so small models at small batches run at the launch rate whatever
-//! their size) and the GPU executing them (matrix FLOPs at an achieved rate, bandwidth-bound
-//! elementwise work over the activations, the head's logits). `ms_per_gflop` is the inverse of
-//! the achieved FLOP rate. Communication is what the second GPU costs beyond the halved
+//! f is the model family. A micro-step has two bounds: the host issuing its kernels (a fixed set
+//! per unit, more and larger small ones as the width d grows, so small models at small batches run
+//! at the launch rate whatever their size) and the GPU executing them (matrix FLOPs at an achieved
+//! rate, `ms_per_gflop` being its inverse; bandwidth-bound elementwise work over the activations;
+//! the head's logits). It takes the longer plus the share u (`micro.unhidden_share`, fitted on a
+//! grid from 0 to 1) of the shorter that the longer does not hide, plus stage 3's gathers.
+//! Communication is what the second GPU costs beyond the halved
 //! optimizer: the exposed collectives and the slowdown of the computation they overlap, per byte
 //! each rank sends (nccl-tests' bus bytes), per stage because each stage overlaps differently.
 //! r = [`INTRA_NODE_BUS_GBPS`] / [`INTER_NODE_BUS_GBPS`] prices bytes across nodes, which no fit has
@@ -38,6 +41,8 @@ pub enum Part {
     Host,
     /// Per micro-step, device-bound.
     Device,
+    /// Per micro-step, on top of the larger bound (stage 3's gathers, on a stream of their own).
+    Micro,
     /// Per optimizer step.
     Step,
 }
@@ -65,11 +70,12 @@ pub fn step_terms(w: &Work) -> Vec<Term> {
         t(format!("{f}.launch_ms"), Part::Host, 1.0),
         t(format!("{f}.launch_ms_per_unit"), Part::Host, w.units),
         t("stage3.launch_ms_per_unit".into(), Part::Host, s3 * w.units),
+        t("launch_ms_per_unit_kd".into(), Part::Host, w.units * w.kd_model),
         t(format!("{f}.device_ms"), Part::Device, 1.0),
         t(format!("{f}.ms_per_gflop"), Part::Device, w.gflop),
         t(format!("{f}.ms_per_gact"), Part::Device, w.gact),
         t("head.ms_per_gvocab".into(), Part::Device, w.gvocab),
-        t("stage3.ms_per_gparam_gathered".into(), Part::Device, w.ggathered),
+        t("stage3.ms_per_gparam_gathered".into(), Part::Micro, w.ggathered),
         t("optimizer.ms_per_gparam".into(), Part::Step, w.gparams_device),
     ];
     if w.offload != Offload::None {

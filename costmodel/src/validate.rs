@@ -1,6 +1,8 @@
 //! Validation by k-fold over configurations: the runs of each configuration (all its repeats) are
 //! held out together, so no run's own steps, nor a repeat of it, are on both sides; every run is
-//! predicted by a fit that never saw its configuration.
+//! predicted by a fit that never saw its configuration. The folds go further and hold out every
+//! stage of a configuration together (same model, batch, sequence, accumulation, offload, GPUs), so
+//! the stages a user chooses between are all predicted by one fit that saw none of them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -53,12 +55,28 @@ pub struct GroupError {
 
 /// Over groups of configurations that differ only in the stage (same model, batch, sequence,
 /// accumulation, offload, GPUs): how often the stage predicted fastest is the fastest measured,
-/// exactly and within [`STAGE_TIE`].
+/// exactly and within [`STAGE_TIE`]; over all groups, and over those whose every run kept the GPU
+/// busy (device-bound: repeats agree within ~1%, so the measured order means something; in
+/// launch-bound groups repeats differ by more than the stages do).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StageChoice {
+    pub all: ChoiceCount,
+    pub device_bound: ChoiceCount,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChoiceCount {
     pub groups: u32,
     pub right: u32,
     pub right_within_tie: u32,
+}
+
+impl ChoiceCount {
+    fn add(&mut self, exact: bool, within: bool) {
+        self.groups += 1;
+        self.right += u32::from(exact);
+        self.right_within_tie += u32::from(within);
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,13 +96,14 @@ type Pair = (Vec<f64>, Vec<f64>);
 /// relative errors (measured / predicted − 1) of step time and memory.
 pub fn validate(runs: &[&Observation]) -> (Validation, [f64; 2], [f64; 2]) {
     let configs: BTreeSet<String> = runs.iter().map(|o| o.config_key()).collect();
-    let k = FOLDS.min(configs.len()).max(1);
+    let groups: BTreeSet<String> = runs.iter().map(|o| o.stage_group_key()).collect();
+    let k = FOLDS.min(groups.len()).max(1);
     // Folds by a hash of the configuration, so they do not follow the sweep's order.
-    let fold_of = |key: &str| (fnv(key) % k as u64) as usize;
+    let fold_of = |o: &Observation| (fnv(&o.stage_group_key()) % k as u64) as usize;
     let mut held = Vec::new();
     for fold in 0..k {
-        let train: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(&o.config_key()) != fold).collect();
-        let test: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(&o.config_key()) == fold).collect();
+        let train: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(o) != fold).collect();
+        let test: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(o) == fold).collect();
         if train.is_empty() || test.is_empty() {
             continue;
         }
@@ -156,29 +175,26 @@ pub fn validate(runs: &[&Observation]) -> (Validation, [f64; 2], [f64; 2]) {
 }
 
 fn stage_choice(held: &[(&Observation, f64, f64)]) -> StageChoice {
-    // Per group, per stage: the medians of measured and predicted step time over its repeats.
-    let mut by: BTreeMap<String, BTreeMap<u8, Pair>> = BTreeMap::new();
+    // Per group, per stage: measured and predicted step times over its repeats, and whether every
+    // run of the group was device-bound.
+    let mut by: BTreeMap<String, (BTreeMap<u8, Pair>, bool)> = BTreeMap::new();
     for (o, s, _) in held {
         let c = &o.query.config;
-        let key = format!(
-            "{} {} {} mb{} ga{} seq{} {} {}gpu {}node",
-            o.gpu, c.model, c.precision, c.micro_batch, c.grad_accum, c.seq_len, c.offload, o.query.gpus, o.query.nodes
-        );
-        let e = by.entry(key).or_default().entry(c.stage.index()).or_default();
+        let g = by.entry(o.stage_group_key()).or_insert_with(|| (BTreeMap::new(), true));
+        g.1 &= o.gpu_util_pct.is_some_and(|u| u >= DEVICE_BOUND_UTIL_PCT);
+        let e = g.0.entry(c.stage.index()).or_default();
         e.0.push(o.step_ms);
         e.1.push(*s);
     }
     let mut out = StageChoice::default();
-    for stages in by.values().filter(|s| s.len() >= 2) {
+    for (stages, device_bound) in by.values().filter(|(s, _)| s.len() >= 2) {
         let med: Vec<(u8, f64, f64)> = stages.iter().map(|(s, (m, p))| (*s, median(m), median(p))).collect();
         let best_measured = med.iter().map(|x| x.1).fold(f64::INFINITY, f64::min);
         let Some(chosen) = med.iter().min_by(|a, b| a.2.total_cmp(&b.2)) else { continue };
-        out.groups += 1;
-        if chosen.1 <= best_measured {
-            out.right += 1;
-        }
-        if chosen.1 <= best_measured * (1.0 + STAGE_TIE) {
-            out.right_within_tie += 1;
+        let (exact, within) = (chosen.1 <= best_measured, chosen.1 <= best_measured * (1.0 + STAGE_TIE));
+        out.all.add(exact, within);
+        if *device_bound {
+            out.device_bound.add(exact, within);
         }
     }
     out

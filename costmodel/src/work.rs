@@ -38,6 +38,8 @@ pub struct Work {
     pub gact: f64,
     /// Tokens × vocabulary per micro-step, in units of 1e9: the LM head's logits and loss.
     pub gvocab: f64,
+    /// The model's width, in thousands.
+    pub kd_model: f64,
     /// The engine's units (blocks and embeddings): each is a fixed set of kernels to launch.
     pub units: f64,
     pub stage: ZeroStage,
@@ -113,6 +115,7 @@ impl Work {
             gflop,
             gact,
             gvocab,
+            kd_model: d / 1000.0,
             units: spec.units().len() as f64,
             stage: c.stage,
             offload: c.offload,

@@ -29,6 +29,10 @@ pub struct Args {
     /// Replace the model file if it exists (without it an existing file is refused).
     #[arg(long)]
     overwrite: bool,
+    /// Fit only the runs on this GPU kind (its name or part of it, any case); without it each kind
+    /// found gets a fit of its own.
+    #[arg(long)]
+    gpu: Option<String>,
     /// Print the k-fold validation: errors per family, stage and GPU count, the stage choice, and
     /// every held-out run.
     #[arg(long)]
@@ -120,6 +124,22 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     for (why, n) in &reasons {
         eprintln!("zerobench: left out {n} run(s): {why}");
     }
+    let obs = match &args.gpu {
+        None => obs,
+        Some(want) => {
+            let kinds: std::collections::BTreeSet<&str> = obs.iter().map(|o| o.gpu.as_str()).collect();
+            let keep: Vec<Observation> =
+                obs.iter().filter(|o| o.gpu.to_lowercase().contains(&want.to_lowercase())).cloned().collect();
+            let matched: std::collections::BTreeSet<&str> = keep.iter().map(|o| o.gpu.as_str()).collect();
+            if keep.is_empty() {
+                bail!("--gpu {want:?}: no run on such a GPU; the runs are on {}", join(&kinds));
+            }
+            if matched.len() > 1 {
+                bail!("--gpu {want:?} names several GPU kinds ({}); name one", join(&matched));
+            }
+            keep
+        }
+    };
     let model = zerobench_costmodel::fit(&obs).context("fitting the cost model")?;
     let text = serde_json::to_string_pretty(&model)? + "\n";
     crate::cmd::write_new(&args.out, text.as_bytes(), args.overwrite)?;
@@ -129,6 +149,14 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     Ok(Outcome::Complete)
 }
 
+fn join(kinds: &std::collections::BTreeSet<&str>) -> String {
+    if kinds.is_empty() {
+        "none (no finished zerobench GPU run)".to_string()
+    } else {
+        kinds.iter().copied().collect::<Vec<_>>().join(", ")
+    }
+}
+
 fn report(out: &mut dyn Write, model: &CostModel, detail: bool) -> anyhow::Result<()> {
     for f in &model.fits {
         let v = &f.validation;
@@ -136,7 +164,7 @@ fn report(out: &mut dyn Write, model: &CostModel, detail: bool) -> anyhow::Resul
             out,
             "{} {}: {} runs of {} configurations; {}-fold validation: step time {:.1}% mean absolute error \
              ({:.1}% over {} device-bound runs, {:.1}% over {} launch-bound), peak allocated {:.1}%; \
-             fastest stage right in {}/{} groups ({} within {:.0}%)",
+             fastest stage right in {}/{} groups ({} within {:.0}%), in {}/{} device-bound groups ({} within)",
             f.gpu,
             f.precision,
             f.runs.len(),
@@ -148,10 +176,13 @@ fn report(out: &mut dyn Write, model: &CostModel, detail: bool) -> anyhow::Resul
             v.launch_bound.step_mape_pct,
             v.launch_bound.runs,
             v.memory_mape_pct,
-            v.stage_choice.right,
-            v.stage_choice.groups,
-            v.stage_choice.right_within_tie,
-            zerobench_costmodel::validate::STAGE_TIE * 100.0
+            v.stage_choice.all.right,
+            v.stage_choice.all.groups,
+            v.stage_choice.all.right_within_tie,
+            zerobench_costmodel::validate::STAGE_TIE * 100.0,
+            v.stage_choice.device_bound.right,
+            v.stage_choice.device_bound.groups,
+            v.stage_choice.device_bound.right_within_tie
         )?;
         if !detail {
             continue;

@@ -1,0 +1,255 @@
+//! `zerobench fit` and `zerobench predict` as a user runs them: the shipped model from a fresh
+//! build, a fit from logs and its model read back, and every bad input with its message.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use zerobench_ingest::synth::SynthRun;
+use zerobench_schema::{ModelPreset, RunConfig, ZeroStage};
+
+fn zerobench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zerobench")).args(args).output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A finished synthetic run: `mb` micro-batch of `model` at `stage` on `gpus` GPUs of kind `gpu`.
+fn run(dir: &Path, model: ModelPreset, stage: ZeroStage, mb: u32, gpus: u32, gpu: &str, step_ms: f64) {
+    let mut cfg = RunConfig::new(model, stage);
+    (cfg.steps, cfg.warmup, cfg.micro_batch, cfg.seq_len) = (6, 1, mb, 512);
+    let id = format!("{model}-z{}-mb{mb}-{gpus}-{}", stage.index(), gpu.replace(' ', "_"));
+    let mut r = SynthRun::new(&id, cfg, gpus, step_ms);
+    r.gpu = gpu.to_string();
+    r.write(&dir.join(&id)).unwrap();
+}
+
+/// A sweep the fit accepts: three models, three micro-batches, stages 0 and 3, step time growing
+/// with the work.
+fn sweep(dir: &Path, gpu: &str) {
+    for (m, base) in [(ModelPreset::Gpt2, 20.0), (ModelPreset::Gpt2Medium, 40.0), (ModelPreset::Gpt2Xl, 90.0)] {
+        for mb in [1, 4, 8] {
+            for stage in [ZeroStage::Z0, ZeroStage::Z3] {
+                run(dir, m, stage, mb, 1, gpu, base * (1.0 + f64::from(mb) / 4.0));
+            }
+        }
+    }
+}
+
+#[test]
+fn the_shipped_model_predicts_from_a_fresh_build() {
+    let o = zerobench(&[
+        "predict",
+        "--gpu",
+        "h200",
+        "--model",
+        "gpt2-medium",
+        "--stage",
+        "2",
+        "--micro-batch",
+        "8",
+        "--seq-len",
+        "1024",
+        "--gpus",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for key in ["step_ms", "tokens_per_s_per_gpu", "peak_allocated_bytes", "peak_reserved_bytes", "fits"] {
+        assert!(p.get(key).is_some(), "{key} missing: {p}");
+    }
+    // Measured on an H200 for this configuration (held out of the fit; bench/results/
+    // costmodel-h200.json): 48.2-48.7 ms, 12.9 GiB allocated.
+    let step = p["step_ms"].as_f64().unwrap();
+    assert!((40.0..60.0).contains(&step), "{p}");
+    let lo_hi = p["step_ms_interval"].as_array().unwrap();
+    assert!(lo_hi[0].as_f64().unwrap() <= step && step <= lo_hi[1].as_f64().unwrap(), "{p}");
+    let gib = p["peak_allocated_bytes"].as_f64().unwrap() / f64::from(1u32 << 30);
+    assert!((12.0..14.0).contains(&gib), "{p}");
+    assert_eq!(p["fits"], true);
+    assert_eq!(p["extrapolated"].as_array().unwrap().len(), 0, "{p}");
+    // The text form says the same.
+    let o = zerobench(&["predict", "--gpu", "h200", "--model", "gpt2-medium", "--stage", "2", "--micro-batch", "8"]);
+    assert!(text(&o.stdout).starts_with("step "), "{}", text(&o.stdout));
+}
+
+#[test]
+fn what_lies_outside_the_fit_is_flagged_and_what_cannot_fit_says_so() {
+    let o = zerobench(&[
+        "predict",
+        "--gpu",
+        "h200",
+        "--model",
+        "t5-11b",
+        "--stage",
+        "0",
+        "--micro-batch",
+        "4",
+        "--gpus",
+        "16",
+        "--nodes",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let flags = p["extrapolated"].to_string();
+    for want in ["16 GPUs", "2 nodes", "parameters"] {
+        assert!(flags.contains(want), "{want}: {flags}");
+    }
+    // 11B parameters at stage 0: 176 GB of model states on every GPU.
+    assert_eq!(p["fits"], false, "{p}");
+}
+
+#[test]
+fn bad_queries_are_refused_naming_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--gpu", "a100", "--model", "gpt2", "--stage", "0", "--micro-batch", "1"], "no fit for GPU \"a100\""),
+        (&["--gpu", "h200", "--model", "gpt5", "--stage", "0", "--micro-batch", "1"], "--model"),
+        (
+            &[
+                "--gpu",
+                "h200",
+                "--model",
+                "gpt2",
+                "--stage",
+                "2",
+                "--micro-batch",
+                "1",
+                "--offload",
+                "optimizer+params",
+            ],
+            "offload",
+        ),
+        (
+            &["--gpu", "h200", "--model", "gpt2", "--stage", "0", "--micro-batch", "1", "--gpus", "3", "--nodes", "2"],
+            "--nodes",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = zerobench(&[&["predict"], *args].concat());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stdout));
+        assert!(text(&o.stderr).contains(want), "{args:?}: {}", text(&o.stderr));
+    }
+}
+
+#[test]
+fn a_fit_from_logs_is_written_once_and_read_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    sweep(&tmp.path().join("logs"), "NVIDIA H100 80GB HBM3");
+    let model = tmp.path().join("model.json");
+    let (logs, m) = (tmp.path().join("logs"), model.to_str().unwrap().to_string());
+    let o = zerobench(&["fit", logs.to_str().unwrap(), "--out", &m, "--validate"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let stdout = text(&o.stdout);
+    assert!(stdout.contains("NVIDIA H100 80GB HBM3 bf16: 18 runs of 18 configurations"), "{stdout}");
+    assert!(stdout.contains("| family | stage |"), "{stdout}");
+    let o = zerobench(&[
+        "predict",
+        "--cost-model",
+        &m,
+        "--gpu",
+        "h100",
+        "--model",
+        "gpt2-large",
+        "--stage",
+        "0",
+        "--micro-batch",
+        "4",
+        "--seq-len",
+        "512",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // Between gpt2-medium's and gpt2-xl's measured times at micro-batch 4 (80 and 180 ms).
+    let step = p["step_ms"].as_f64().unwrap();
+    assert!((60.0..200.0).contains(&step), "{p}");
+    // A second fit into the same file is refused and leaves it as it was; --overwrite replaces it.
+    let before = std::fs::read(&model).unwrap();
+    let o = zerobench(&["fit", logs.to_str().unwrap(), "--out", &m]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("--overwrite"), "{}", text(&o.stderr));
+    assert_eq!(std::fs::read(&model).unwrap(), before);
+    let o = zerobench(&["fit", logs.to_str().unwrap(), "--out", &m, "--overwrite"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+}
+
+#[test]
+fn bad_inputs_to_fit_are_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m.json");
+    let m = out.to_str().unwrap();
+    // An empty folder.
+    std::fs::create_dir_all(tmp.path().join("empty")).unwrap();
+    let o = zerobench(&["fit", tmp.path().join("empty").to_str().unwrap(), "--out", m]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("no runs to fit on"), "{}", text(&o.stderr));
+    // A folder that is not there.
+    let o = zerobench(&["fit", tmp.path().join("nope").to_str().unwrap(), "--out", m]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("cannot read"), "{}", text(&o.stderr));
+    // Runs of one configuration only (three repeats).
+    let one = tmp.path().join("one");
+    for i in 0..3 {
+        let mut cfg = RunConfig::new(ModelPreset::Gpt2, ZeroStage::Z0);
+        cfg.steps = 6;
+        let mut r = SynthRun::new(&format!("rep{i}"), cfg, 1, 30.0);
+        r.gpu = "NVIDIA H200".into();
+        r.write(&one.join(format!("rep{i}"))).unwrap();
+    }
+    let o = zerobench(&["fit", one.to_str().unwrap(), "--out", m]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("1 distinct configuration(s) (3 runs)"), "{}", text(&o.stderr));
+    // Two GPU kinds: --gpu picks one, a name matching both or neither is refused.
+    let two = tmp.path().join("two");
+    sweep(&two, "NVIDIA H100 80GB HBM3");
+    sweep(&two, "NVIDIA H200");
+    let o = zerobench(&["fit", two.to_str().unwrap(), "--out", m, "--gpu", "nvidia h"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("names several GPU kinds"), "{}", text(&o.stderr));
+    let o = zerobench(&["fit", two.to_str().unwrap(), "--out", m, "--gpu", "a100"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("the runs are on NVIDIA H100 80GB HBM3, NVIDIA H200"), "{}", text(&o.stderr));
+    assert!(!out.exists());
+    let o = zerobench(&["fit", two.to_str().unwrap(), "--out", m, "--gpu", "h200"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    // Without --gpu each kind gets its own fit; a name matching both is then ambiguous to predict.
+    let o = zerobench(&["fit", two.to_str().unwrap(), "--out", m, "--overwrite"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let o = zerobench(&[
+        "predict",
+        "--cost-model",
+        m,
+        "--gpu",
+        "nvidia",
+        "--model",
+        "gpt2",
+        "--stage",
+        "0",
+        "--micro-batch",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("matches several fits"), "{}", text(&o.stderr));
+    // A file that is not a model.
+    std::fs::write(tmp.path().join("x.json"), r#"{"format":"other","version":7}"#).unwrap();
+    let x = tmp.path().join("x.json");
+    let o = zerobench(&[
+        "predict",
+        "--cost-model",
+        x.to_str().unwrap(),
+        "--gpu",
+        "h200",
+        "--model",
+        "gpt2",
+        "--stage",
+        "0",
+        "--micro-batch",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("not a zerobench cost model"), "{}", text(&o.stderr));
+}
