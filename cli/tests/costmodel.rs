@@ -253,3 +253,54 @@ fn bad_inputs_to_fit_are_clear_errors() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("not a zerobench cost model"), "{}", text(&o.stderr));
 }
+
+#[test]
+fn plan_adds_predictions_and_marks_the_fastest_run_that_fits() {
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/../slurm/examples/gpu-cluster.yaml");
+    let o = zerobench(&["plan", spec, "--gpu", "h200"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let stdout = text(&o.stdout);
+    assert!(stdout.contains("pred step ms") && stdout.contains("best (*)"), "{stdout}");
+    let o = zerobench(&["plan", spec, "--gpu", "h200", "--json"]);
+    let runs: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    // One best run per model (gpt2 and gpt2-xl), each the fitting run with the most tokens/s per GPU.
+    let best: Vec<&serde_json::Value> = runs.iter().filter(|r| r["fastest_that_fits"] == true).collect();
+    assert_eq!(best.len(), 2, "{best:?}");
+    for b in best {
+        let model = &b["config"]["model"];
+        let tps = |r: &serde_json::Value| r["prediction"]["tokens_per_s_per_gpu"].as_f64().unwrap();
+        let top = runs.iter().filter(|r| &r["config"]["model"] == model && r["prediction"]["fits"] == true).map(tps);
+        assert_eq!(top.fold(0.0, f64::max), tps(b));
+    }
+    // The spec's 80GB is what a prediction must fit, not the H200's 141 GB.
+    assert!(runs.iter().all(|r| r["prediction"]["device_memory_bytes"] == 80_000_000_000u64), "{runs:?}");
+    // A cost model needs a GPU to pick its fit.
+    let o = zerobench(&["plan", spec, "--cost-model", "costmodel/models/h200.json"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("--gpu"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn ingest_with_a_cost_model_writes_the_predicted_table_and_plot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    run(&logs, ModelPreset::Gpt2Medium, ZeroStage::Z2, 8, 1, "NVIDIA H200", 48.0);
+    run(&logs, ModelPreset::Gpt2, ZeroStage::Z0, 4, 1, "NVIDIA A100-SXM4-80GB", 30.0);
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../costmodel/models/h200.json");
+    let out = tmp.path().join("out");
+    let o = zerobench(&["ingest", logs.to_str().unwrap(), "--out", out.to_str().unwrap(), "--cost-model", model, "-q"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(out.join("predicted-vs-measured.svg").is_file());
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("predicted.json")).unwrap()).unwrap();
+    let rows = t["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    let h200 = rows.iter().find(|r| r["model"] == "gpt2-medium").unwrap();
+    let err = h200["step_error_pct"].as_f64().unwrap();
+    let (pred, meas) = (h200["predicted_step_ms"].as_f64().unwrap(), h200["step_ms"].as_f64().unwrap());
+    assert!(((pred / meas - 1.0) * 100.0 - err).abs() < 1e-3, "{h200}");
+    // A GPU the model has no fit for is named, not guessed.
+    let a100 = rows.iter().find(|r| r["model"] == "gpt2").unwrap();
+    assert!(a100["predicted_step_ms"].is_null(), "{a100}");
+    assert!(a100["notes"].as_str().unwrap().contains("no fit for GPU"), "{a100}");
+}

@@ -345,7 +345,7 @@ impl Range {
         }
         if w.nodes > self.max_nodes {
             flags.push(format!(
-                "communication: {} nodes, fitted up to {}; bytes across nodes are priced at the bandwidth ratio {:.1}",
+                "communication: {} nodes, fitted up to {} (bytes across nodes priced at {:.1}x those within)",
                 w.nodes,
                 self.max_nodes,
                 crate::work::INTRA_NODE_BUS_GBPS / crate::work::INTER_NODE_BUS_GBPS

@@ -23,6 +23,7 @@ pub mod foreign;
 pub mod lines;
 pub mod peak;
 pub mod plan;
+pub mod predicted;
 pub mod problem;
 pub mod read;
 pub mod record;

@@ -330,6 +330,8 @@ pub struct Tables {
     pub runs: Vec<RunRow>,
     /// DeepSpeed's `see_memory_usage` progression of every foreign run that prints it.
     pub memory_phases: Vec<MemoryPhaseRow>,
+    /// Runs against a cost model's predictions; empty (and not written) unless a caller fills it.
+    pub predicted: Vec<crate::predicted::PredictedRow>,
 }
 
 impl Tables {
@@ -344,6 +346,7 @@ impl Tables {
             scaling: scaling(runs),
             comm: rounded.iter().flat_map(|r| r.collectives.iter().cloned()).collect(),
             memory_phases: rounded.iter().flat_map(|r| r.memory_phases.iter().cloned()).collect(),
+            predicted: Vec::new(),
             runs: rounded.into_iter().map(|r| r.row).collect(),
         }
     }
@@ -360,5 +363,11 @@ impl Tables {
             table_from_rows("runs", &self.runs, &RunRow::default()),
             table_from_rows("memory-phases", &self.memory_phases, &MemoryPhaseRow::default()),
         ]
+        .into_iter()
+        .chain(
+            (!self.predicted.is_empty())
+                .then(|| table_from_rows("predicted", &self.predicted, &crate::predicted::PredictedRow::default())),
+        )
+        .collect()
     }
 }

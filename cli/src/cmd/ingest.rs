@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use zerobench_ingest::predicted::PredictedRow;
 use zerobench_ingest::report::{self, terminal, Format};
 use zerobench_ingest::tables::Tables;
 use zerobench_ingest::{Options, PeakTable, Progress, Status};
@@ -48,6 +49,10 @@ pub struct Args {
     /// Print nothing on stdout (the files are still written).
     #[arg(long, short)]
     quiet: bool,
+    /// Add each run's predicted step time and peak memory from this cost model (`zerobench fit`),
+    /// with the error: the `predicted` table and `predicted-vs-measured.svg`.
+    #[arg(long)]
+    cost_model: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -121,7 +126,11 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     for p in &ingested.problems {
         tracing::warn!("{p}");
     }
-    let tables = Tables::build(&ingested.runs);
+    let mut tables = Tables::build(&ingested.runs);
+    if let Some(path) = &args.cost_model {
+        let model = crate::cmd::predict::load(Some(path))?;
+        tables.predicted = ingested.runs.iter().map(|r| predicted_row(&model, &r.row).round()).collect();
+    }
     let (written, failed) = report::write_all(&ingested, &tables, &args.out, &formats)
         .with_context(|| format!("writing the tables into {}", args.out.display()))?;
     // A plot that cannot be drawn is one problem: the other files are written.
@@ -155,6 +164,51 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         args.out.display()
     );
     Ok(if ingested.complete() && failed.is_empty() { Outcome::Complete } else { Outcome::Incomplete })
+}
+
+/// One run against the model's prediction for its configuration (none when the run cannot be
+/// priced, with why).
+fn predicted_row(model: &zerobench_costmodel::CostModel, r: &zerobench_ingest::RunRow) -> PredictedRow {
+    let mut row = PredictedRow {
+        run_id: r.run_id.clone(),
+        model: r.model.clone(),
+        stage: r.stage.map(|s| s.index()),
+        offload: r.offload.map_or("?".to_string(), |o| o.to_string()),
+        micro_batch: r.micro_batch,
+        seq_len: r.seq_len,
+        gpus: r.gpus,
+        step_ms: r.step_ms_median,
+        peak_allocated_bytes: r.peak_allocated_bytes,
+        ..PredictedRow::default()
+    };
+    // Priced as a fit would take it; a foreign run of known identity is priced too (its error
+    // then compares engines).
+    let mut probe = r.clone();
+    probe.source = zerobench_ingest::Source::Zerobench;
+    probe.log_version = Some(2);
+    probe.status = zerobench_ingest::Status::Ok;
+    probe.step_ms_median.get_or_insert(0.0);
+    probe.peak_allocated_bytes.get_or_insert(0);
+    let query = match crate::cmd::fit::observation(&probe) {
+        Ok(o) => o,
+        Err(why) => {
+            row.notes = format!("not predicted: {why}");
+            return row;
+        }
+    };
+    match model.fit_for(&query.gpu, query.query.config.precision) {
+        Ok(f) => {
+            let p = f.predict(&query.query);
+            let err = |pred: f64, meas: f64| (meas > 0.0).then(|| (pred / meas - 1.0) * 100.0);
+            row.predicted_step_ms = Some(p.step_ms);
+            row.step_error_pct = r.step_ms_median.and_then(|m| err(p.step_ms, m));
+            row.predicted_peak_allocated_bytes = Some(p.peak_allocated_bytes);
+            row.memory_error_pct = r.peak_allocated_bytes.and_then(|m| err(p.peak_allocated_bytes as f64, m as f64));
+            row.notes = p.extrapolated.join("; ");
+        }
+        Err(e) => row.notes = format!("not predicted: {e}"),
+    }
+    row
 }
 
 fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: &Tables) -> anyhow::Result<()> {

@@ -1,10 +1,14 @@
 //! `zerobench plan SPEC`: the runs a spec expands to, with the GPUs each needs, the ZeRO
 //! model-state memory per GPU (flagging runs that cannot fit the declared GPU memory) and what each
-//! rank sends per step (and, given a bus bandwidth, how long that takes).
+//! rank sends per step (and, given a bus bandwidth, how long that takes). Given a cost model
+//! (`--cost-model`, or `--gpu` for the shipped one) it adds each run's predicted step time,
+//! throughput and peak memory, and marks per model the run that fits with the most tokens per
+//! second per GPU.
 
 use std::io::Write;
 use std::path::PathBuf;
 
+use zerobench_costmodel::{CostModel, Prediction, Query};
 use zerobench_launcher::plan::Fit;
 use zerobench_launcher::values::human_bytes;
 use zerobench_launcher::{Plan, Spec};
@@ -24,6 +28,11 @@ const FOOTER: &str =
 const TIME_FOOTER: &str =
     "comm ms: sent/step over the bus bandwidth given, as if no collective overlapped computation.";
 
+/// What the predicted columns are, under the table.
+const PREDICT_FOOTER: &str = "pred: the cost model's step time, tokens/s per GPU and peak allocated memory \
+                              (docs/cost-model.md); pred fit: peak reserved within cluster.gpu_memory (else the fitted GPU's memory); best (*): \
+                              per model, the run that fits with the most tokens/s per GPU.";
+
 #[derive(clap::Args)]
 pub struct Args {
     /// The experiment spec (YAML; see docs/launcher.md).
@@ -38,6 +47,56 @@ pub struct Args {
     /// The bus bandwidth across nodes, for runs on more than one node (default: --bus-gbps).
     #[arg(long, value_name = "GBPS", value_parser = positive_gbps, requires = "bus_gbps")]
     inter_node_bus_gbps: Option<f64>,
+    /// Predict every run with this cost model (from `zerobench fit`); needs --gpu.
+    #[arg(long, requires = "gpu")]
+    cost_model: Option<PathBuf>,
+    /// The GPU kind to predict for (h200, "H100 80GB"): with --cost-model its fit there, alone the
+    /// model shipped for it.
+    #[arg(long)]
+    gpu: Option<String>,
+}
+
+/// One run's prediction, or why there is none.
+enum Predicted {
+    Yes(Box<Prediction>),
+    No(String),
+}
+
+/// Predicts every run; marks per model the fitting run with the most tokens/s per GPU.
+fn predict_all(plan: &Plan, model: &CostModel, gpu: &str) -> (Vec<Predicted>, Vec<bool>) {
+    // Whether a run fits is judged against cluster.gpu_memory when the spec declares it, else
+    // against the memory of the GPU the model was fitted on.
+    let declared = plan.spec.cluster.gpu_memory.map(|m| m.0);
+    let preds: Vec<Predicted> = plan
+        .runs
+        .iter()
+        .map(|r| match model.fit_for(gpu, r.config.precision) {
+            Ok(f) => {
+                let mut p = f.predict(&Query { config: r.config.clone(), gpus: r.world_size(), nodes: r.nodes });
+                if let Some(m) = declared {
+                    (p.device_memory_bytes, p.fits) = (Some(m), p.peak_reserved_bytes <= m);
+                }
+                Predicted::Yes(Box::new(p))
+            }
+            Err(e) => Predicted::No(e.to_string()),
+        })
+        .collect();
+    let mut best: std::collections::BTreeMap<String, (usize, f64)> = std::collections::BTreeMap::new();
+    for (i, (r, p)) in plan.runs.iter().zip(&preds).enumerate() {
+        if let Predicted::Yes(p) = p {
+            let e = best.entry(r.config.model.to_string()).or_insert((usize::MAX, f64::NEG_INFINITY));
+            if p.fits && p.tokens_per_s_per_gpu > e.1 {
+                *e = (i, p.tokens_per_s_per_gpu);
+            }
+        }
+    }
+    let mut mark = vec![false; plan.runs.len()];
+    for (i, _) in best.values() {
+        if let Some(m) = mark.get_mut(*i) {
+            *m = true;
+        }
+    }
+    (preds, mark)
 }
 
 fn positive_gbps(s: &str) -> Result<f64, String> {
@@ -49,9 +108,37 @@ fn positive_gbps(s: &str) -> Result<f64, String> {
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let plan = Plan::build(Spec::load(&a.spec)?)?;
+    let predicted = match &a.gpu {
+        Some(gpu) => {
+            let model = crate::cmd::predict::load(a.cost_model.as_ref())?;
+            // Refuse a GPU the model has no fit for in any precision before printing anything.
+            if !model.fits.iter().any(|f| f.gpu.to_lowercase().contains(&gpu.to_lowercase())) {
+                model.fit_for(gpu, zerobench_schema::config::Precision::Bf16)?;
+            }
+            Some(predict_all(&plan, &model, gpu))
+        }
+        None => None,
+    };
     let mut out = std::io::stdout().lock();
     if a.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&plan.runs)?)?;
+        let runs: Vec<serde_json::Value> = plan
+            .runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let mut v = serde_json::to_value(r)?;
+                if let (Some((preds, mark)), Some(obj)) = (&predicted, v.as_object_mut()) {
+                    let p = match &preds[i] {
+                        Predicted::Yes(p) => serde_json::to_value(p)?,
+                        Predicted::No(why) => serde_json::json!({ "error": why }),
+                    };
+                    obj.insert("prediction".into(), p);
+                    obj.insert("fastest_that_fits".into(), mark[i].into());
+                }
+                Ok(v)
+            })
+            .collect::<Result<_, serde_json::Error>>()?;
+        writeln!(out, "{}", serde_json::to_string_pretty(&runs)?)?;
         return Ok(Outcome::Complete);
     }
     let mut header =
@@ -60,10 +147,13 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     if bandwidth.is_some() {
         header.push("comm ms");
     }
+    if predicted.is_some() {
+        header.extend(["pred step ms", "pred tok/s/gpu", "pred alloc", "pred fit", "best"]);
+    }
     header.push("notes");
     let mut t = Table::new("plan", header);
     let mut too_big = 0;
-    for r in &plan.runs {
+    for (row_index, r) in plan.runs.iter().enumerate() {
         let fit = match r.fit {
             Fit::Unknown => "-".to_string(),
             Fit::Fits { .. } => "yes".to_string(),
@@ -86,7 +176,25 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         if let Some((intra, inter)) = bandwidth {
             row.push(format!("{:.3}", r.comm_seconds(intra, inter) * 1e3));
         }
-        row.push(r.warnings.join("; "));
+        let mut notes = r.warnings.clone();
+        if let Some((preds, mark)) = &predicted {
+            let i = row_index;
+            match &preds[i] {
+                Predicted::Yes(p) => {
+                    row.push(format!("{:.1}", p.step_ms));
+                    row.push(format!("{:.0}", p.tokens_per_s_per_gpu));
+                    row.push(human_bytes(p.peak_allocated_bytes));
+                    row.push(if p.fits { "yes" } else { "NO" }.to_string());
+                    row.push(if mark[i] { "*" } else { "" }.to_string());
+                    notes.extend(p.extrapolated.iter().map(|e| format!("extrapolated {e}")));
+                }
+                Predicted::No(why) => {
+                    row.extend(["-", "-", "-", "-", ""].map(String::from));
+                    notes.push(why.clone());
+                }
+            }
+        }
+        row.push(notes.join("; "));
         t.row(row);
     }
     write_table(&mut out, &t)?;
@@ -106,6 +214,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     writeln!(out, "{FOOTER}")?;
     if bandwidth.is_some() {
         writeln!(out, "{TIME_FOOTER}")?;
+    }
+    if predicted.is_some() {
+        writeln!(out, "{PREDICT_FOOTER}")?;
     }
     Ok(Outcome::Complete)
 }

@@ -41,6 +41,9 @@ pub fn write(ingested: &Ingested, tables: &Tables, out: &Path) -> Result<Vec<Pat
         one(out, "runs", &tables.runs)?,
         one(out, "memory-phases", &tables.memory_phases)?,
     ];
+    if !tables.predicted.is_empty() {
+        written.push(one(out, "predicted", &tables.predicted)?);
+    }
     let summary = Summary {
         schema_version: OUTPUT_SCHEMA_VERSION,
         complete: ingested.complete(),

@@ -6,7 +6,9 @@
 //!   much each stage saves as GPUs are added;
 //! * `step-breakdown.svg`: per run, its median step split into disjoint parts (forward and
 //!   backward computation, exposed communication, optimizer, the rest) by their shares of the
-//!   measured time, stacked: each bar is the median step.
+//!   measured time, stacked: each bar is the median step;
+//! * `predicted-vs-measured.svg`: each run's predicted step time against its measured one, with
+//!   the diagonal and ±10% lines (when a cost model's predictions were added).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,7 +32,44 @@ pub fn write(tables: &Tables, out: &Path) -> (Vec<PathBuf>, Vec<ReportError>) {
         Ok(None) => {}
         Err(e) => failed.push(e),
     }
+    if !tables.predicted.is_empty() {
+        let path = out.join("predicted-vs-measured.svg");
+        match predicted_vs_measured(&path, &tables.predicted) {
+            Ok(()) => written.push(path),
+            Err(e) => failed.push(err(&path)(e)),
+        }
+    }
     (written, failed)
+}
+
+/// Predicted against measured step time, one point per run, log-log, with y = x and ±10%.
+fn predicted_vs_measured(path: &Path, rows: &[crate::predicted::PredictedRow]) -> Result<(), String> {
+    let points: Vec<(f64, f64)> = rows
+        .iter()
+        .filter_map(|r| Some((r.step_ms?, r.predicted_step_ms?)))
+        .filter(|(m, p)| *m > 0.0 && *p > 0.0 && m.is_finite() && p.is_finite())
+        .collect();
+    let lo = points.iter().flat_map(|(m, p)| [*m, *p]).fold(f64::INFINITY, f64::min).min(1.0) * 0.8;
+    let hi = points.iter().flat_map(|(m, p)| [*m, *p]).fold(0.0f64, f64::max).max(lo * 2.0) * 1.25;
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("cost model: predicted against measured step time", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())
+        .map_err(|e| e.to_string())?;
+    chart.configure_mesh().x_desc("measured ms").y_desc("predicted ms").draw().map_err(|e| e.to_string())?;
+    for (k, style) in
+        [(1.0, BLACK.stroke_width(1)), (1.1, BLACK.mix(0.4).stroke_width(1)), (0.9, BLACK.mix(0.4).stroke_width(1))]
+    {
+        chart.draw_series(LineSeries::new([(lo, lo * k), (hi, hi * k)], style)).map_err(|e| e.to_string())?;
+    }
+    chart
+        .draw_series(points.iter().map(|&p| Circle::new(p, 4, Palette99::pick(0).to_rgba().filled())))
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
 }
 
 /// Longest file-name form of a label: file systems take 255 bytes per name.

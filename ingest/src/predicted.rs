@@ -1,0 +1,37 @@
+//! The `predicted` table: each run next to what a cost model predicted for its configuration, and
+//! the error. Ingest does not predict (the cost model is a crate of its own, and a caller fills
+//! [`crate::tables::Tables::predicted`]); it writes the table in every format and draws
+//! `predicted-vs-measured.svg` from it.
+
+use serde::Serialize;
+
+/// One run, measured and predicted. Errors are (predicted / measured − 1) in percent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PredictedRow {
+    pub run_id: String,
+    pub model: String,
+    pub stage: Option<u8>,
+    pub offload: String,
+    pub micro_batch: Option<u32>,
+    pub seq_len: Option<u32>,
+    pub gpus: Option<u32>,
+    pub step_ms: Option<f64>,
+    pub predicted_step_ms: Option<f64>,
+    pub step_error_pct: Option<f64>,
+    pub peak_allocated_bytes: Option<u64>,
+    pub predicted_peak_allocated_bytes: Option<u64>,
+    pub memory_error_pct: Option<f64>,
+    /// The terms extrapolated for this configuration, or why there is no prediction.
+    pub notes: String,
+}
+
+impl PredictedRow {
+    /// Every figure to [`crate::stats::SIGNIFICANT`] digits, as the other tables print them.
+    pub fn round(mut self) -> Self {
+        for v in [&mut self.step_ms, &mut self.predicted_step_ms, &mut self.step_error_pct, &mut self.memory_error_pct]
+        {
+            crate::stats::round_opt(v);
+        }
+        self
+    }
+}
