@@ -231,6 +231,11 @@ pub struct RunConfig {
     pub stage: ZeroStage,
     #[serde(default)]
     pub offload: Offload,
+    /// Offload's Twin-Flow split (DeepSpeed ZeRO-Offload++'s `offload_optimizer.ratio`): the share
+    /// of each rank's optimizer partition kept and updated on the host, in (0, 1]; the rest stays
+    /// on the device and is updated there, at the same time. Absent means 1, all on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload_ratio: Option<f64>,
     #[serde(default)]
     pub precision: Precision,
     /// Sequences per rank per micro-step.
@@ -282,6 +287,7 @@ impl RunConfig {
             model,
             stage,
             offload: Offload::None,
+            offload_ratio: None,
             precision: Precision::Bf16,
             micro_batch: 1,
             seq_len: model.spec().default_seq_len(),
@@ -351,6 +357,18 @@ impl RunConfig {
             }
             _ => {}
         }
+        if let Some(r) = self.offload_ratio {
+            if self.offload == Offload::None {
+                return Err(ConfigError::new("offload-ratio", "splits the offloaded optimizer; it needs --offload"));
+            }
+            // Written so that NaN fails too.
+            if !(r > 0.0 && r <= 1.0) {
+                return Err(ConfigError::new(
+                    "offload-ratio",
+                    format!("the host's share must be above 0 and at most 1, not {r}"),
+                ));
+            }
+        }
         if !(self.optim.lr.is_finite() && self.optim.lr > 0.0) {
             return Err(ConfigError::new("lr", "must be a positive number"));
         }
@@ -417,6 +435,8 @@ impl RunConfig {
         diff("target_len", self.target_len_or_default().to_string(), self.unset_target_len().to_string());
         let path = |p: &Option<PathBuf>| p.as_ref().map_or_else(|| "None".to_string(), |p| p.display().to_string());
         diff("data", path(&self.data), "None".to_string());
+        // An explicit ratio of 1 computes what no ratio does: the same variant.
+        diff("offload_ratio", self.host_share().to_string(), 1.0f64.to_string());
         diff("lr", self.optim.lr.to_string(), o.lr.to_string());
         diff("beta1", self.optim.beta1.to_string(), o.beta1.to_string());
         diff("beta2", self.optim.beta2.to_string(), o.beta2.to_string());
@@ -431,6 +451,12 @@ impl RunConfig {
         let text = |v: Option<CopyEngines>| v.map_or_else(|| "None".to_string(), |v| v.to_string());
         diff("copy_engines", text(self.engine.copy_engines), text(e.copy_engines));
         parts.join(",")
+    }
+
+    /// The share of an offloaded optimizer partition the host keeps: `offload_ratio`, or 1 (all)
+    /// when it is not given.
+    pub fn host_share(&self) -> f64 {
+        self.offload_ratio.unwrap_or(1.0)
     }
 
     /// The decoder's tokens per sequence of an encoder-decoder model ([`default_target_len`] unless
@@ -474,6 +500,9 @@ impl RunConfig {
         push("model", self.model.to_string());
         push("stage", self.stage.to_string());
         push("offload", self.offload.to_string());
+        if let Some(r) = self.offload_ratio {
+            push("offload-ratio", r.to_string());
+        }
         push("precision", self.precision.to_string());
         push("micro-batch", self.micro_batch.to_string());
         push("seq-len", self.seq_len.to_string());
@@ -542,6 +571,33 @@ mod tests {
         assert!(c.validate(None).unwrap_err().reason.contains("stage 3"));
     }
 
+    /// The host's share lies in (0, 1] and needs offload; every refusal names the flag.
+    #[test]
+    fn offload_ratio_rules_name_the_flag() {
+        let mut c = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z2);
+        c.offload_ratio = Some(0.5);
+        let e = c.validate(None).unwrap_err();
+        assert_eq!((e.field, e.to_string().contains("needs --offload")), ("offload-ratio", true), "{e}");
+        c.offload = Offload::Optimizer;
+        c.validate(None).unwrap();
+        for bad in [0.0, -0.5, 1.0 + 1e-9, f64::NAN, f64::INFINITY] {
+            c.offload_ratio = Some(bad);
+            assert_eq!(c.validate(None).unwrap_err().field, "offload-ratio", "{bad}");
+        }
+        for good in [1e-6, 0.25, 1.0] {
+            c.offload_ratio = Some(good);
+            c.validate(None).unwrap();
+        }
+        // Rendered as a flag only when set; named in the variant unless it is 1, all on the host.
+        assert!(c.to_worker_args().windows(2).any(|w| w == ["--offload-ratio", "1"]));
+        assert_eq!(c.variant(), "");
+        c.offload_ratio = Some(0.25);
+        assert_eq!(c.variant(), "offload_ratio=0.25");
+        c.offload_ratio = None;
+        assert!(!c.to_worker_args().iter().any(|a| a == "--offload-ratio"));
+        assert_eq!(c.variant(), "");
+    }
+
     #[test]
     fn variant_names_only_what_differs() {
         let mut c = RunConfig::new(ModelPreset::Gpt2, ZeroStage::Z2);
@@ -607,6 +663,8 @@ mod tests {
         // Every optional field present, so that every key is in the JSON.
         base.target_len = Some(32);
         base.data = Some("a.txt".into());
+        base.offload = Offload::Optimizer;
+        base.offload_ratio = Some(0.5);
         base.engine.hpz = Some(2);
         base.engine.comm_ctas = Some(4);
         base.engine.copy_engines = Some(CopyEngines::AllGather);

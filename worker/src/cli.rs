@@ -20,6 +20,11 @@ pub struct Args {
     /// What to keep in host memory: none, optimizer, optimizer+params.
     #[arg(long, default_value = "none", value_parser = parse::<Offload>)]
     pub offload: Offload,
+    /// With --offload: the share of each rank's optimizer partition kept and updated on the host,
+    /// above 0 and at most 1 (whole units, the model's last); the device updates the rest at the
+    /// same time [default: 1, all on the host].
+    #[arg(long)]
+    pub offload_ratio: Option<f64>,
     /// bf16, fp16 (dynamic loss scaling) or fp32.
     #[arg(long, default_value = "bf16", value_parser = parse::<Precision>)]
     pub precision: Precision,
@@ -116,6 +121,7 @@ impl Args {
             model: self.model,
             stage: self.stage,
             offload: self.offload,
+            offload_ratio: self.offload_ratio,
             precision: self.precision,
             micro_batch: self.micro_batch,
             seq_len: self.seq_len.unwrap_or_else(|| self.model.spec().default_seq_len()),
@@ -154,6 +160,8 @@ mod tests {
     fn launcher_args_round_trip() {
         let mut cfg = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z3);
         cfg.micro_batch = 4;
+        cfg.offload = Offload::Optimizer;
+        cfg.offload_ratio = Some(0.375);
         cfg.precision = Precision::Fp16;
         cfg.data = Some("/data/with space.txt".into());
         cfg.optim.lr = 1.5e-4;

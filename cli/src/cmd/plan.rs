@@ -86,7 +86,8 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         if let Some((intra, inter)) = bandwidth {
             row.push(format!("{:.3}", r.comm_seconds(intra, inter) * 1e3));
         }
-        row.push(r.warnings.join("; "));
+        let proposal = r.proposed_offload_ratio.map(|x| format!("offload_ratio {x} balances host and GPU (estimate)"));
+        row.push(proposal.into_iter().chain(r.warnings.iter().cloned()).collect::<Vec<_>>().join("; "));
         t.row(row);
     }
     write_table(&mut out, &t)?;
