@@ -33,7 +33,8 @@
 #   offload1     the one-GPU offload runs alone
 #   offload-ratio  gpt2-xl stage 2, micro-batch 4, on 1 and 2 GPUs: no offload, and --offload
 #                optimizer at ratios 1, `zerobench plan`'s proposal and RATIOS (default 0.75 0.5
-#                0.25); then the page-locking microbenchmark (examples/pin_bench)
+#                0.25), and the delayed update at ratios 1 and the proposal; then the
+#                page-locking microbenchmark (examples/pin_bench)
 #   fits         the largest preset each stage and offload setting fits on one GPU (sequence 512)
 #   verify       2 GPUs: fp16 (dynamic loss scaling) and tiny-llama on the shipped text, stages 0 and 3
 #   t5           the GPU subset of the seed study's T5 grid (slurm/examples/t5-grid-gpu.yaml)
@@ -269,6 +270,11 @@ PY
         for r in 1 $proposed ${RATIOS:-0.75 0.5 0.25}; do
           worker "ratio_gpt2-xl_z2_optimizer_r${r}_${g}gpu" "$g" --model gpt2-xl --stage 2 --offload optimizer \
             --offload-ratio "$r" --micro-batch 4 --steps 8 --warmup 3
+        done
+        # The delayed update from the first measured step on, all on the host and at the proposal.
+        for r in 1 $proposed; do
+          worker "ratio_gpt2-xl_z2_optimizer_r${r}_delayed_${g}gpu" "$g" --model gpt2-xl --stage 2 --offload optimizer \
+            --offload-ratio "$r" --delayed-update --delayed-update-after 3 --micro-batch 4 --steps 8 --warmup 3
         done
       done
       "$BIN/examples/pin_bench" 4 16 > "$RUNS/pin_bench.jsonl" 2>&1; log "pin_bench: $(tr '\n' ' ' < "$RUNS/pin_bench.jsonl")" ;;

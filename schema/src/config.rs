@@ -236,6 +236,11 @@ pub struct RunConfig {
     /// on the device and is updated there, at the same time. Absent means 1, all on the host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload_ratio: Option<f64>,
+    /// Offload's delayed parameter update (DeepSpeed's DPU), on after this many exact steps: from
+    /// then on the host's update of step t runs during step t + 1's forward and backward, which
+    /// therefore uses the parameters after update t − 1 (one step stale). Absent: every step exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delayed_update_after: Option<u32>,
     #[serde(default)]
     pub precision: Precision,
     /// Sequences per rank per micro-step.
@@ -288,6 +293,7 @@ impl RunConfig {
             stage,
             offload: Offload::None,
             offload_ratio: None,
+            delayed_update_after: None,
             precision: Precision::Bf16,
             micro_batch: 1,
             seq_len: model.spec().default_seq_len(),
@@ -369,6 +375,26 @@ impl RunConfig {
                 ));
             }
         }
+        if self.delayed_update_after.is_some() {
+            let refuse = |why: &str| Err(ConfigError::new("delayed-update", why.to_string()));
+            match (self.offload, self.precision) {
+                (Offload::None, _) => return refuse("delays the host's update; it needs --offload"),
+                (Offload::OptimizerParams, _) => {
+                    return refuse(
+                        "not with optimizer+params: the forward would read the parameters the host is updating",
+                    )
+                }
+                (_, Precision::Fp16) => {
+                    return refuse("not with fp16: the overflow check needs every gradient before any update")
+                }
+                _ => {}
+            }
+            if self.grad_accum > 1 {
+                return refuse(
+                    "not with --grad-accum above 1: the micro-steps of a step would use different parameters",
+                );
+            }
+        }
         if !(self.optim.lr.is_finite() && self.optim.lr > 0.0) {
             return Err(ConfigError::new("lr", "must be a positive number"));
         }
@@ -437,6 +463,8 @@ impl RunConfig {
         diff("data", path(&self.data), "None".to_string());
         // An explicit ratio of 1 computes what no ratio does: the same variant.
         diff("offload_ratio", self.host_share().to_string(), 1.0f64.to_string());
+        let after = |v: Option<u32>| v.map_or_else(|| "None".to_string(), |v| v.to_string());
+        diff("delayed_update_after", after(self.delayed_update_after), after(None));
         diff("lr", self.optim.lr.to_string(), o.lr.to_string());
         diff("beta1", self.optim.beta1.to_string(), o.beta1.to_string());
         diff("beta2", self.optim.beta2.to_string(), o.beta2.to_string());
@@ -534,6 +562,10 @@ impl RunConfig {
         if let Some(c) = self.engine.copy_engines {
             push("copy-engines", c.to_string());
         }
+        // A switch and its setting (after `push`, which takes values only).
+        if let Some(n) = self.delayed_update_after {
+            a.extend(["--delayed-update".into(), "--delayed-update-after".into(), n.to_string()]);
+        }
         a
     }
 }
@@ -569,6 +601,25 @@ mod tests {
         c.stage = ZeroStage::Z2;
         c.offload = Offload::OptimizerParams;
         assert!(c.validate(None).unwrap_err().reason.contains("stage 3"));
+    }
+
+    /// The delayed update needs optimizer offload without fp16 or accumulation; refusals name it.
+    #[test]
+    fn delayed_update_rules_name_the_flag() {
+        let mut c = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z2);
+        c.delayed_update_after = Some(10);
+        assert_eq!(c.validate(None).unwrap_err().field, "delayed-update");
+        c.offload = Offload::Optimizer;
+        c.validate(None).unwrap();
+        assert!(c.to_worker_args().windows(3).any(|w| w == ["--delayed-update", "--delayed-update-after", "10"]));
+        assert_eq!(c.variant(), "delayed_update_after=10");
+        for bad in [
+            RunConfig { precision: Precision::Fp16, ..c.clone() },
+            RunConfig { grad_accum: 2, ..c.clone() },
+            RunConfig { stage: ZeroStage::Z3, offload: Offload::OptimizerParams, ..c.clone() },
+        ] {
+            assert_eq!(bad.validate(None).unwrap_err().field, "delayed-update", "{bad:?}");
+        }
     }
 
     /// The host's share lies in (0, 1] and needs offload; every refusal names the flag.
@@ -665,6 +716,7 @@ mod tests {
         base.data = Some("a.txt".into());
         base.offload = Offload::Optimizer;
         base.offload_ratio = Some(0.5);
+        base.delayed_update_after = Some(3);
         base.engine.hpz = Some(2);
         base.engine.comm_ctas = Some(4);
         base.engine.copy_engines = Some(CopyEngines::AllGather);

@@ -233,6 +233,19 @@ fn bad_flags_fail_before_any_work_and_name_the_flag() {
         (&["--model", "tiny", "--stage", "2", "--offload", "optimizer", "--offload-ratio", "1.5"], "--offload-ratio"),
         (&["--model", "tiny", "--stage", "2", "--offload", "optimizer", "--offload-ratio", "NaN"], "--offload-ratio"),
         (&["--model", "tiny", "--stage", "2", "--offload", "optimizer", "--offload-ratio", "half"], "--offload-ratio"),
+        (&["--model", "tiny", "--stage", "2", "--delayed-update"], "--delayed-update"),
+        (
+            &["--model", "tiny", "--stage", "2", "--offload", "optimizer", "--delayed-update-after", "3"],
+            "--delayed-update",
+        ),
+        (
+            &["--model", "tiny", "--stage", "2", "--offload", "optimizer", "--delayed-update", "--precision", "fp16"],
+            "--delayed-update",
+        ),
+        (
+            &["--model", "tiny", "--stage", "2", "--offload", "optimizer", "--delayed-update", "--grad-accum", "2"],
+            "--delayed-update",
+        ),
         (&["--model", "tiny", "--stage", "1", "--steps", "2", "--warmup", "2"], "--warmup"),
         (&["--model", "tiny", "--stage", "1", "--micro-batch", "0"], "--micro-batch"),
         (&["--model", "tiny", "--stage", "1", "--seq-len", "100000"], "--seq-len"),

@@ -25,6 +25,14 @@ pub struct Args {
     /// same time [default: 1, all on the host].
     #[arg(long)]
     pub offload_ratio: Option<f64>,
+    /// With --offload: the host's update of step t runs during step t + 1's forward and backward,
+    /// which uses the parameters one update behind (DeepSpeed's delayed parameter update).
+    #[arg(long)]
+    pub delayed_update: bool,
+    /// With --delayed-update: the steps run exactly (each waits for its update) before the delay
+    /// starts.
+    #[arg(long, default_value_t = 10, requires = "delayed_update")]
+    pub delayed_update_after: u32,
     /// bf16, fp16 (dynamic loss scaling) or fp32.
     #[arg(long, default_value = "bf16", value_parser = parse::<Precision>)]
     pub precision: Precision,
@@ -122,6 +130,7 @@ impl Args {
             stage: self.stage,
             offload: self.offload,
             offload_ratio: self.offload_ratio,
+            delayed_update_after: self.delayed_update.then_some(self.delayed_update_after),
             precision: self.precision,
             micro_batch: self.micro_batch,
             seq_len: self.seq_len.unwrap_or_else(|| self.model.spec().default_seq_len()),
@@ -162,6 +171,7 @@ mod tests {
         cfg.micro_batch = 4;
         cfg.offload = Offload::Optimizer;
         cfg.offload_ratio = Some(0.375);
+        cfg.delayed_update_after = Some(3);
         cfg.precision = Precision::Fp16;
         cfg.data = Some("/data/with space.txt".into());
         cfg.optim.lr = 1.5e-4;

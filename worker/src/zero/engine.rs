@@ -165,6 +165,11 @@ pub struct Engine {
     /// Offload: units updated on the host whose parameters are not yet copied back, in forward
     /// order; the next forward copies each back just before it needs it.
     deferred: VecDeque<usize>,
+    /// Delayed update: after how many exact updates the host's updates are delayed.
+    delay_after: Option<u64>,
+    /// Delayed update: units whose host update of the previous step is still to be copied back;
+    /// each is, once this step's backward is done with it (`harvest`).
+    delayed: Vec<usize>,
     /// hpZ: the communicator of this rank's group.
     group: Option<Box<dyn Collectives>>,
     /// Offload: milliseconds spent allocating (and on a GPU page-locking) the host states.
@@ -356,6 +361,8 @@ impl Engine {
             host_updates: HostUpdates::new()
                 .map_err(|e| EngineError::Offload(format!("cannot start the host update thread: {e}")))?,
             deferred: VecDeque::new(),
+            delay_after: cfg.delayed_update_after.map(u64::from),
+            delayed: Vec::new(),
             group,
             host_setup_ms,
         })
@@ -624,6 +631,15 @@ impl Engine {
         // Offload: a new gradient is about to land in the unit's host buffers, which its last
         // update reads; forward has refreshed every unit (each has a forward position).
         debug_assert!(!self.deferred.contains(&u), "unit {u} harvested before its update was copied back");
+        // Delayed update: this step's forward and backward used the parameters before the last
+        // update, which ran meanwhile. Backward is done with them now, and the new gradient lands
+        // where that update reads it: wait for it and copy its parameters back (stages 1-2
+        // all-gather them; every rank harvests in the same order).
+        if let Some(i) = self.delayed.iter().position(|&v| v == u) {
+            self.delayed.swap_remove(i);
+            self.host_updates.wait_for(u).map_err(EngineError::Offload)?;
+            self.refresh_from_host(u)?;
+        }
         let _guard = tch::no_grad_guard();
         let grads = self.units[u]
             .params
@@ -964,8 +980,16 @@ impl Engine {
                 self.host_updates.spawn(self.units[u].optim.host(), update);
             }
         }
-        self.host_updates.seal();
-        self.deferred = self.schedule.forward_order.iter().copied().filter(|&u| on_host(&self.units[u])).collect();
+        let host_units = self.schedule.forward_order.iter().copied().filter(|&u| on_host(&self.units[u]));
+        if self.delay_after.is_some_and(|n| self.updates > n) {
+            // Delayed: the next step starts from the parameters it has, and waits for each unit's
+            // update at its harvest, in backward order: the order the updates were queued in
+            // (landing order), so they stay unsealed.
+            self.delayed = host_units.collect();
+        } else {
+            self.host_updates.seal();
+            self.deferred = host_units.collect();
+        }
         Ok(())
     }
 
