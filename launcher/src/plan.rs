@@ -261,6 +261,9 @@ fn apply_worker(spec: &Spec, c: &mut RunConfig) {
     if w.copy_engines.is_some() {
         c.engine.copy_engines = w.copy_engines;
     }
+    if c.offload != Offload::None {
+        c.delayed_update_after = w.delayed_update_after;
+    }
 }
 
 /// The spec key a worker flag comes from, for placing `RunConfig::validate`'s errors.
@@ -269,6 +272,7 @@ fn key_of_flag(spec: &Spec, b: usize, e: &ConfigError) -> String {
         "micro-batch" => spec.sweep_key(b, "micro_batches"),
         "offload" => spec.sweep_key(b, "offload"),
         "offload-ratio" => spec.sweep_key(b, "offload_ratio"),
+        "delayed-update" => "worker.delayed_update_after".to_string(),
         "stage" => spec.sweep_key(b, "stages"),
         "precision" => spec.sweep_key(b, "precision"),
         "world-size" => spec.sweep_key(b, "nodes"),
@@ -564,6 +568,22 @@ mod tests {
                     .to_string();
             assert!(e.contains("sweep.offload_ratio") && e.contains("--offload-ratio"), "{bad}: {e}");
         }
+    }
+
+    /// `worker.delayed_update_after` applies to the offloaded runs; its refusals point at it.
+    #[test]
+    fn the_delayed_update_applies_to_offloaded_runs() {
+        let p = plan(
+            "worker: {delayed_update_after: 4}\nsweep:\n  models: tiny\n  stages: 2\n  offload: [none, optimizer]\n",
+        )
+        .unwrap();
+        let delayed: Vec<Option<u32>> = p.runs.iter().map(|r| r.config.delayed_update_after).collect();
+        assert_eq!(delayed, [None, Some(4)]);
+        assert!(p.runs[1].config.to_worker_args().windows(2).any(|w| w == ["--delayed-update-after", "4"]));
+        let e = plan("worker: {delayed_update_after: 4}\nsweep:\n  models: tiny\n  stages: 2\n  offload: optimizer\n  precision: fp16\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("worker.delayed_update_after") && e.contains("--delayed-update"), "{e}");
     }
 
     /// For GPU runs with offload the plan proposes the ratio that balances the host's update

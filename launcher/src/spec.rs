@@ -234,6 +234,9 @@ pub struct Worker {
     pub comm_ctas: Option<u32>,
     /// GPUs of one host: the collectives whose data the copy engines move (`all-gather` or `all`).
     pub copy_engines: Option<CopyEngines>,
+    /// Offloaded runs: the delayed update after this many exact steps (`--delayed-update
+    /// --delayed-update-after N`); runs without offload ignore it.
+    pub delayed_update_after: Option<u32>,
 }
 
 /// One block of the sweep matrix: the runs are the cartesian product of its axes.
