@@ -31,6 +31,10 @@
 #                plus the CPU AdamW benchmark and pinned copy bandwidth of this host (issue 7)
 #   faults       a rank killed, a rank frozen, a configuration that does not fit (issue 6)
 #   offload1     the one-GPU offload runs alone
+#   offload-ratio  gpt2-xl stage 2, micro-batch 4, on 1 and 2 GPUs: no offload, and --offload
+#                optimizer at ratios 1, `zerobench plan`'s proposal and RATIOS (default 0.75 0.5
+#                0.25), and the delayed update at ratios 1 and the proposal; then the
+#                page-locking microbenchmark (examples/pin_bench)
 #   fits         the largest preset each stage and offload setting fits on one GPU (sequence 512)
 #   verify       2 GPUs: fp16 (dynamic loss scaling) and tiny-llama on the shipped text, stages 0 and 3
 #   t5           the GPU subset of the seed study's T5 grid (slurm/examples/t5-grid-gpu.yaml)
@@ -278,6 +282,28 @@ PY
       "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
       mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies.jsonl" 2>&1
       log "copies: $(grep -h '2[dh]' "$RUNS/copies.jsonl" | tr '\n' ' ')" ;;
+    offload-ratio)
+      # Twin-Flow: the host keeps a share of each rank's optimizer, the GPU updates the rest.
+      for g in 1 2; do
+        [ "$g" -le "$GPUS" ] || continue
+        mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+        printf 'cluster: {gpus_per_node: %s, gpu_memory: %sMiB}\nsweep:\n  models: gpt2-xl\n  stages: 2\n  offload: optimizer\n  micro_batches: 4\n  gpus_per_node: %s\n' \
+          "$g" "$mem" "$g" > "$RUNS/ratio-plan-${g}gpu.yaml"
+        proposed=$("$BIN/zerobench" plan --json "$RUNS/ratio-plan-${g}gpu.yaml" \
+          | python3 -c 'import json, sys; print(json.load(sys.stdin)[0].get("proposed_offload_ratio", ""))')
+        log "offload-ratio: plan proposes ${proposed:-nothing} on $g GPU(s)"
+        worker "ratio_gpt2-xl_z2_none_${g}gpu" "$g" --model gpt2-xl --stage 2 --micro-batch 4 --steps 8 --warmup 3
+        for r in 1 $proposed ${RATIOS:-0.75 0.5 0.25}; do
+          worker "ratio_gpt2-xl_z2_optimizer_r${r}_${g}gpu" "$g" --model gpt2-xl --stage 2 --offload optimizer \
+            --offload-ratio "$r" --micro-batch 4 --steps 8 --warmup 3
+        done
+        # The delayed update from the first measured step on, all on the host and at the proposal.
+        for r in 1 $proposed; do
+          worker "ratio_gpt2-xl_z2_optimizer_r${r}_delayed_${g}gpu" "$g" --model gpt2-xl --stage 2 --offload optimizer \
+            --offload-ratio "$r" --delayed-update --delayed-update-after 3 --micro-batch 4 --steps 8 --warmup 3
+        done
+      done
+      "$BIN/examples/pin_bench" 4 16 > "$RUNS/pin_bench.jsonl" 2>&1; log "pin_bench: $(tr '\n' ' ' < "$RUNS/pin_bench.jsonl")" ;;
     faults)
       # A rank killed outright: mpirun stops the others, which log why (SIGTERM) and end.
       fault_run() {  # fault_run NAME SIGNAL EXTRA...

@@ -5,8 +5,9 @@
 //! renames existing runs):
 //!
 //! ```text
-//! id        = model "_z" stage "_" offload "_mb" micro_batch "_" nodes "x" ranks_per_node [ "_" precision ]
+//! id        = model "_z" stage "_" offload [ ratio ] "_mb" micro_batch "_" nodes "x" ranks_per_node [ "_" precision ]
 //! offload   = "offnone" | "offopt" | "offparams"      (none, optimizer, optimizer+params)
+//! ratio     = "_r" digits [ "p" digits ]               (offload_ratio, "." written "p"; only when given)
 //! precision = "fp16" | "fp32"                         (bf16, the default, is left out)
 //! ```
 //!
@@ -16,7 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
-use zerobench_schema::memory::{engine_buffer_bytes, model_state_split, padded_params, ModelStateBytes};
+use zerobench_schema::memory::{engine_buffer_bytes, host_params, model_state_split, padded_params, ModelStateBytes};
 use zerobench_schema::traffic::step_traffic;
 use zerobench_schema::{ConfigError, Offload, Precision, RunConfig};
 
@@ -68,6 +69,10 @@ pub struct Run {
     /// `zerobench_schema::memory::engine_buffer_bytes`).
     pub buffer_bytes: u64,
     pub host_state_bytes: u64,
+    /// GPU offload runs: the offload ratio that balances the host's update against the GPU's
+    /// work and fits the GPU (see [`propose_offload_ratio`]); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proposed_offload_ratio: Option<f64>,
     /// Empty in a `run.json` rendered before zerobench planned communication.
     #[serde(default)]
     pub comm: PlannedComm,
@@ -118,7 +123,8 @@ pub fn run_id(c: &RunConfig, nodes: u32, ranks_per_node: u32) -> String {
         Offload::Optimizer => "offopt",
         Offload::OptimizerParams => "offparams",
     };
-    let mut id = format!("{}_z{}_{}_mb{}_{}x{}", c.model, c.stage, off, c.micro_batch, nodes, ranks_per_node);
+    let ratio = c.offload_ratio.map_or_else(String::new, |r| format!("_r{}", r.to_string().replace('.', "p")));
+    let mut id = format!("{}_z{}_{}{ratio}_mb{}_{}x{}", c.model, c.stage, off, c.micro_batch, nodes, ranks_per_node);
     if c.precision != Precision::Bf16 {
         id.push('_');
         id.push_str(c.precision.as_str());
@@ -159,6 +165,9 @@ fn expand_block(
     let models = block.models.0.clone();
     let stages = axis_or(block.stages.as_ref(), &zerobench_schema::ZeroStage::ALL);
     let offloads = axis_or(block.offload.as_ref(), &[Offload::None]);
+    let ratios: Vec<Option<f64>> = axis_or(block.offload_ratio.as_ref(), &[]).into_iter().map(Some).collect();
+    // Runs without offload take no ratio (one run, not one per ratio).
+    let ratios_for = |o: Offload| if o == Offload::None || ratios.is_empty() { vec![None] } else { ratios.clone() };
     let precisions = axis_or(block.precision.as_ref(), &[Precision::Bf16]);
     let micro = axis_or(block.micro_batches.as_ref(), &[1]);
     let nodes = spec.nodes_axis(block);
@@ -175,9 +184,18 @@ fn expand_block(
         }
     }
     let ranks = spec.ranks_axis(block);
-    let count = [models.len(), stages.len(), offloads.len(), precisions.len(), micro.len(), nodes.len(), ranks.len()]
-        .iter()
-        .fold(1usize, |acc, &n| acc.saturating_mul(n));
+    let count = [
+        models.len(),
+        stages.len(),
+        offloads.len(),
+        ratios.len().max(1),
+        precisions.len(),
+        micro.len(),
+        nodes.len(),
+        ranks.len(),
+    ]
+    .iter()
+    .fold(1usize, |acc, &n| acc.saturating_mul(n));
     if count.saturating_add(runs.len()) > MAX_RUNS {
         return Err(
             spec.error_at(&spec.sweep_key(b, "models"), format!("the sweep expands to more than {MAX_RUNS} runs"))
@@ -185,13 +203,14 @@ fn expand_block(
     }
     for &model in &models {
         for &stage in &stages {
-            for &offload in &offloads {
+            for (offload, ratio) in offloads.iter().flat_map(|&o| ratios_for(o).into_iter().map(move |r| (o, r))) {
                 for &precision in &precisions {
                     for &mb in &micro {
                         for &n in &nodes {
                             for &r in &ranks {
                                 let mut c = RunConfig::new(model, stage);
                                 c.offload = offload;
+                                c.offload_ratio = ratio;
                                 c.precision = precision;
                                 c.micro_batch = mb;
                                 apply_worker(spec, &mut c);
@@ -242,6 +261,9 @@ fn apply_worker(spec: &Spec, c: &mut RunConfig) {
     if w.copy_engines.is_some() {
         c.engine.copy_engines = w.copy_engines;
     }
+    if c.offload != Offload::None {
+        c.delayed_update_after = w.delayed_update_after;
+    }
 }
 
 /// The spec key a worker flag comes from, for placing `RunConfig::validate`'s errors.
@@ -249,6 +271,8 @@ fn key_of_flag(spec: &Spec, b: usize, e: &ConfigError) -> String {
     match e.field {
         "micro-batch" => spec.sweep_key(b, "micro_batches"),
         "offload" => spec.sweep_key(b, "offload"),
+        "offload-ratio" => spec.sweep_key(b, "offload_ratio"),
+        "delayed-update" => "worker.delayed_update_after".to_string(),
         "stage" => spec.sweep_key(b, "stages"),
         "precision" => spec.sweep_key(b, "precision"),
         "world-size" => spec.sweep_key(b, "nodes"),
@@ -269,18 +293,28 @@ fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node
         return Err(spec.error_at("worker.copy_engines", why));
     }
     let model = config.model.spec();
-    let split = model_state_split(
-        config.stage,
-        config.precision,
-        config.offload,
-        config.grad_accum,
-        padded_params(&model, u64::from(world)),
-        u64::from(world),
-    );
+    let split_at = |share: f64| {
+        model_state_split(
+            config.stage,
+            config.precision,
+            config.offload,
+            config.grad_accum,
+            padded_params(&model, u64::from(world)),
+            host_params(&model, u64::from(world), share),
+            u64::from(world),
+        )
+    };
+    let split = split_at(config.host_share());
     let host_state_bytes = split.host_bytes;
     let device_state_bytes = split.device.total();
     let buffer_bytes = engine_buffer_bytes(&model, config.stage, config.precision, &config.engine, u64::from(world));
     let need = device_state_bytes + buffer_bytes;
+    let gpu_memory = spec.cluster.gpu_memory.map(|m| m.0);
+    let proposed_offload_ratio = (config.offload != Offload::None && spec.cluster.gpus_per_node > 0)
+        .then(|| {
+            propose_offload_ratio(&config, world, |share| split_at(share).device.total() + buffer_bytes, gpu_memory)
+        })
+        .flatten();
     let traffic = step_traffic(&config, world);
     let comm = PlannedComm {
         bytes: traffic.bytes.iter().map(|(k, b)| (k.name().to_string(), *b)).collect(),
@@ -329,11 +363,72 @@ fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node
         device_state_bytes,
         buffer_bytes,
         host_state_bytes,
+        proposed_offload_ratio,
         comm,
         fit,
         warnings,
         hosts,
     })
+}
+
+/// Host AdamW over pinned memory, in bytes of state per second: 158 GB/s effective at
+/// [`ADAMW_BYTES_PER_PARAM`] (PyTorch's fused CPU AdamW, fp32, 124M parameters, 32 threads of the
+/// 2×H200 host; the project's GPU-host measurements of 2026-11-21). zerobench's Rust AdamW is of
+/// the same order on that host.
+pub const HOST_ADAMW_BYTES_PER_S: f64 = 158e9;
+/// Pinned host-device copies, each way: 54 GB/s (the same host, 16 MiB to 1 GiB).
+pub const PINNED_COPY_BYTES_PER_S: f64 = 54e9;
+/// The GPU's fused AdamW: 3.48 TB/s effective at [`ADAMW_BYTES_PER_PARAM`] (one H200, same day).
+pub const GPU_ADAMW_BYTES_PER_S: f64 = 3.48e12;
+/// What one AdamW update reads and writes per parameter in bf16: fp32 master, m and v read and
+/// written (24) and the gradient and parameter copy (2 + 2).
+pub const ADAMW_BYTES_PER_PARAM: f64 = 28.0;
+/// Training FLOP/s zerobench reaches on one GPU: stage 0, gpt2-xl, micro-batch 4, sequence 1024,
+/// bf16 on one H200 ran 45.8k tokens/s at 1.03e10 FLOP per token (2026-11-23).
+pub const GPU_TRAIN_FLOP_PER_S: f64 = 4.7e14;
+
+/// Twin-Flow's ratio for an offloaded run: the host's share R of each rank's optimizer
+/// partition (Ψ/N elements) at which the host's work, R × (AdamW + copying the gradient down and
+/// the parameters up), takes as long as the GPU's, forward and backward plus AdamW on the other
+/// 1 − R; then the smallest share of whole units ([`host_params`]) at least that large whose
+/// device memory (`device_need` of the share) fits `gpu_memory` when declared. `None` when even
+/// everything on the host does not fit. An estimate from the rates above: measure around it.
+fn propose_offload_ratio(
+    config: &RunConfig,
+    world: u32,
+    device_need: impl Fn(f64) -> u64,
+    gpu_memory: Option<u64>,
+) -> Option<f64> {
+    let model = config.model.spec();
+    let partition = padded_params(&model, u64::from(world)) as f64 / f64::from(world);
+    let copies = 2.0 * config.precision.param_bytes() as f64;
+    let host = partition * (ADAMW_BYTES_PER_PARAM / HOST_ADAMW_BYTES_PER_S + copies / PINNED_COPY_BYTES_PER_S);
+    let gpu_update = partition * ADAMW_BYTES_PER_PARAM / GPU_ADAMW_BYTES_PER_S;
+    let tokens = config.tokens_per_step(world) as f64 / f64::from(world);
+    let compute = tokens * config.train_flops_per_token() / GPU_TRAIN_FLOP_PER_S;
+    let balance = ((compute + gpu_update) / (host + gpu_update)).min(1.0);
+    // The shares whole units can give, smallest first (the last unit, the last two, ...), each
+    // as the shortest decimal ratio that selects exactly those units.
+    let units: Vec<u64> =
+        model.units().iter().map(|u| zerobench_schema::memory::padded_unit(u.params, u64::from(world))).collect();
+    let total = units.iter().sum::<u64>() as f64;
+    let share = |k: usize| units[units.len() - k..].iter().sum::<u64>() as f64 / total;
+    (1..=units.len())
+        .filter(|&k| share(k) >= balance)
+        .map(|k| if k == units.len() { 1.0 } else { shortest_between(share(k - 1), share(k)) })
+        .find(|&r| gpu_memory.is_none_or(|have| device_need(r) <= have))
+}
+
+/// The decimal with the fewest digits above `lo` and at most `hi` (`hi` itself if none of up to
+/// six digits is).
+fn shortest_between(lo: f64, hi: f64) -> f64 {
+    (1..=6)
+        .map(|d| {
+            let scale = 10f64.powi(d);
+            ((lo * scale).floor() + 1.0) / scale
+        })
+        .find(|&v| v <= hi)
+        .unwrap_or(hi)
 }
 
 #[cfg(test)]
@@ -442,6 +537,90 @@ mod tests {
         let group = two.comm.bytes["all_gather_group"] as f64 * 0.75 / 1e11;
         // Only the world's collectives slow down tenfold.
         assert!(((slow - group) - 10.0 * (fast - group)).abs() < 1e-9, "{fast} {slow} {group}");
+    }
+
+    /// `offload_ratio` multiplies the offloaded runs only, names them in the id, splits their
+    /// states by whole units, and a bad value is an error at its key.
+    #[test]
+    fn offload_ratio_is_an_axis_of_the_offloaded_runs() {
+        let p =
+            plan("sweep:\n  models: gpt2-xl\n  stages: 2\n  offload: [none, optimizer]\n  offload_ratio: [1, 0.5]\n")
+                .unwrap();
+        let ids: Vec<&str> = p.runs.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["gpt2-xl_z2_offnone_mb1_1x1", "gpt2-xl_z2_offopt_r1_mb1_1x1", "gpt2-xl_z2_offopt_r0p5_mb1_1x1"]
+        );
+        let spec = ModelPreset::Gpt2Xl.spec();
+        let psi = zerobench_schema::memory::padded_params(&spec, 1);
+        let host = zerobench_schema::memory::host_params(&spec, 1, 0.5);
+        assert!(host >= psi / 2 && host < psi, "{host} of {psi}");
+        // bf16, one rank: all on the host, 16 bytes an element there; at 0.5 the device keeps
+        // 12 (optimizer) + 2 (gradient) bytes of each element the host does not.
+        assert_eq!(p.runs[1].host_state_bytes, 16 * psi);
+        assert_eq!(p.runs[2].host_state_bytes, 16 * host);
+        assert_eq!(p.runs[2].device_state_bytes, p.runs[1].device_state_bytes + 14 * (psi - host));
+        assert_eq!(p.runs[2].config.offload_ratio, Some(0.5));
+        for bad in ["0", "1.5", "-1", ".nan"] {
+            let e =
+                plan(&format!("sweep:\n  models: tiny\n  stages: 2\n  offload: optimizer\n  offload_ratio: [{bad}]\n"))
+                    .unwrap_err()
+                    .to_string();
+            assert!(e.contains("sweep.offload_ratio") && e.contains("--offload-ratio"), "{bad}: {e}");
+        }
+    }
+
+    /// `worker.delayed_update_after` applies to the offloaded runs; its refusals point at it.
+    #[test]
+    fn the_delayed_update_applies_to_offloaded_runs() {
+        let p = plan(
+            "worker: {delayed_update_after: 4}\nsweep:\n  models: tiny\n  stages: 2\n  offload: [none, optimizer]\n",
+        )
+        .unwrap();
+        let delayed: Vec<Option<u32>> = p.runs.iter().map(|r| r.config.delayed_update_after).collect();
+        assert_eq!(delayed, [None, Some(4)]);
+        assert!(p.runs[1].config.to_worker_args().windows(2).any(|w| w == ["--delayed-update-after", "4"]));
+        let e = plan("worker: {delayed_update_after: 4}\nsweep:\n  models: tiny\n  stages: 2\n  offload: optimizer\n  precision: fp16\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("worker.delayed_update_after") && e.contains("--delayed-update"), "{e}");
+    }
+
+    /// For GPU runs with offload the plan proposes the ratio that balances the host's update
+    /// against the GPU's work, rounded up to whole units, raised until the GPU share fits.
+    #[test]
+    fn the_proposed_offload_ratio_balances_and_fits() {
+        let spec_text = |mem: &str| {
+            format!("cluster: {{gpus_per_node: 1{mem}}}\nsweep:\n  models: gpt2-xl\n  stages: 2\n  offload: [none, optimizer]\n  micro_batches: 4\n")
+        };
+        let p = plan(&spec_text("")).unwrap();
+        assert_eq!(p.runs[0].proposed_offload_ratio, None, "no offload, no ratio");
+        let free = p.runs[1].proposed_offload_ratio.expect("a GPU offload run gets a proposal");
+        // By hand: per parameter the host spends 28 B / 158 GB/s + 4 B / 54 GB/s, the GPU
+        // 28 B / 3.48 TB/s; 4096 tokens of 1.03e10 FLOP at 4.7e14 FLOP/s.
+        let model = ModelPreset::Gpt2Xl.spec();
+        let psi = zerobench_schema::memory::padded_params(&model, 1) as f64;
+        let (h, g) = (psi * (28.0 / 158e9 + 4.0 / 54e9), psi * 28.0 / 3.48e12);
+        let c = 4096.0 * p.runs[1].config.train_flops_per_token() / 4.7e14;
+        let balance = (c + g) / (h + g);
+        assert!(balance > 0.1 && balance < 1.0, "{balance}");
+        // The run it proposes holds at least the balance on the host, rounded up to whole units:
+        // by less than one block (1/49 of gpt2-xl). The ratio is the shortest decimal that takes
+        // those units, so it may itself lie below the balance.
+        let host = zerobench_schema::memory::host_params(&model, 1, free) as f64 / psi;
+        assert!(host >= balance && host < balance + 1.0 / 40.0, "{free} takes {host} against {balance}");
+        assert!(free <= host && free > host - 1.0 / 40.0, "{free} against {host}");
+        // A small GPU raises it until the GPU share fits; a tiny one gets no proposal.
+        let tight = plan(&spec_text(", gpu_memory: 8GiB")).unwrap();
+        let raised = tight.runs[1].proposed_offload_ratio.expect("fits with more on the host");
+        assert!(raised > free, "{raised} vs {free}");
+        let none = plan(&spec_text(", gpu_memory: 1GiB")).unwrap();
+        assert_eq!(none.runs[1].proposed_offload_ratio, None);
+        // CPU clusters get none.
+        assert_eq!(
+            plan("sweep:\n  models: tiny\n  stages: 2\n  offload: optimizer\n").unwrap().runs[0].proposed_offload_ratio,
+            None
+        );
     }
 
     #[test]

@@ -234,6 +234,9 @@ pub struct Worker {
     pub comm_ctas: Option<u32>,
     /// GPUs of one host: the collectives whose data the copy engines move (`all-gather` or `all`).
     pub copy_engines: Option<CopyEngines>,
+    /// Offloaded runs: the delayed update after this many exact steps (`--delayed-update
+    /// --delayed-update-after N`); runs without offload ignore it.
+    pub delayed_update_after: Option<u32>,
 }
 
 /// One block of the sweep matrix: the runs are the cartesian product of its axes.
@@ -245,6 +248,10 @@ pub struct SweepBlock {
     pub stages: Option<OneOrMany<ZeroStage>>,
     #[serde(default)]
     pub offload: Option<OneOrMany<Offload>>,
+    /// Twin-Flow: the host's share of each offloaded optimizer partition (`--offload-ratio`), in
+    /// (0, 1]. Applies to the offloaded runs of the block; runs without offload ignore it.
+    #[serde(default)]
+    pub offload_ratio: Option<OneOrMany<f64>>,
     #[serde(default)]
     pub precision: Option<OneOrMany<Precision>>,
     #[serde(default)]
@@ -560,6 +567,7 @@ impl Spec {
         axis(self, key("models"), Some(&block.models))?;
         axis(self, key("stages"), block.stages.as_ref())?;
         axis(self, key("offload"), block.offload.as_ref())?;
+        axis(self, key("offload_ratio"), block.offload_ratio.as_ref())?;
         axis(self, key("precision"), block.precision.as_ref())?;
         axis(self, key("micro_batches"), block.micro_batches.as_ref())?;
         axis(self, key("nodes"), block.nodes.as_ref())?;

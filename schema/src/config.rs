@@ -231,6 +231,16 @@ pub struct RunConfig {
     pub stage: ZeroStage,
     #[serde(default)]
     pub offload: Offload,
+    /// Offload's Twin-Flow split (DeepSpeed ZeRO-Offload++'s `offload_optimizer.ratio`): the share
+    /// of each rank's optimizer partition kept and updated on the host, in (0, 1]; the rest stays
+    /// on the device and is updated there, at the same time. Absent means 1, all on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload_ratio: Option<f64>,
+    /// Offload's delayed parameter update (DeepSpeed's DPU), on after this many exact steps: from
+    /// then on the host's update of step t runs during step t + 1's forward and backward, which
+    /// therefore uses the parameters after update t − 1 (one step stale). Absent: every step exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delayed_update_after: Option<u32>,
     #[serde(default)]
     pub precision: Precision,
     /// Sequences per rank per micro-step.
@@ -282,6 +292,8 @@ impl RunConfig {
             model,
             stage,
             offload: Offload::None,
+            offload_ratio: None,
+            delayed_update_after: None,
             precision: Precision::Bf16,
             micro_batch: 1,
             seq_len: model.spec().default_seq_len(),
@@ -351,6 +363,38 @@ impl RunConfig {
             }
             _ => {}
         }
+        if let Some(r) = self.offload_ratio {
+            if self.offload == Offload::None {
+                return Err(ConfigError::new("offload-ratio", "splits the offloaded optimizer; it needs --offload"));
+            }
+            // Written so that NaN fails too.
+            if !(r > 0.0 && r <= 1.0) {
+                return Err(ConfigError::new(
+                    "offload-ratio",
+                    format!("the host's share must be above 0 and at most 1, not {r}"),
+                ));
+            }
+        }
+        if self.delayed_update_after.is_some() {
+            let refuse = |why: &str| Err(ConfigError::new("delayed-update", why.to_string()));
+            match (self.offload, self.precision) {
+                (Offload::None, _) => return refuse("delays the host's update; it needs --offload"),
+                (Offload::OptimizerParams, _) => {
+                    return refuse(
+                        "not with optimizer+params: the forward would read the parameters the host is updating",
+                    )
+                }
+                (_, Precision::Fp16) => {
+                    return refuse("not with fp16: the overflow check needs every gradient before any update")
+                }
+                _ => {}
+            }
+            if self.grad_accum > 1 {
+                return refuse(
+                    "not with --grad-accum above 1: the micro-steps of a step would use different parameters",
+                );
+            }
+        }
         if !(self.optim.lr.is_finite() && self.optim.lr > 0.0) {
             return Err(ConfigError::new("lr", "must be a positive number"));
         }
@@ -417,6 +461,10 @@ impl RunConfig {
         diff("target_len", self.target_len_or_default().to_string(), self.unset_target_len().to_string());
         let path = |p: &Option<PathBuf>| p.as_ref().map_or_else(|| "None".to_string(), |p| p.display().to_string());
         diff("data", path(&self.data), "None".to_string());
+        // An explicit ratio of 1 computes what no ratio does: the same variant.
+        diff("offload_ratio", self.host_share().to_string(), 1.0f64.to_string());
+        let after = |v: Option<u32>| v.map_or_else(|| "None".to_string(), |v| v.to_string());
+        diff("delayed_update_after", after(self.delayed_update_after), after(None));
         diff("lr", self.optim.lr.to_string(), o.lr.to_string());
         diff("beta1", self.optim.beta1.to_string(), o.beta1.to_string());
         diff("beta2", self.optim.beta2.to_string(), o.beta2.to_string());
@@ -431,6 +479,12 @@ impl RunConfig {
         let text = |v: Option<CopyEngines>| v.map_or_else(|| "None".to_string(), |v| v.to_string());
         diff("copy_engines", text(self.engine.copy_engines), text(e.copy_engines));
         parts.join(",")
+    }
+
+    /// The share of an offloaded optimizer partition the host keeps: `offload_ratio`, or 1 (all)
+    /// when it is not given.
+    pub fn host_share(&self) -> f64 {
+        self.offload_ratio.unwrap_or(1.0)
     }
 
     /// The decoder's tokens per sequence of an encoder-decoder model ([`default_target_len`] unless
@@ -474,6 +528,9 @@ impl RunConfig {
         push("model", self.model.to_string());
         push("stage", self.stage.to_string());
         push("offload", self.offload.to_string());
+        if let Some(r) = self.offload_ratio {
+            push("offload-ratio", r.to_string());
+        }
         push("precision", self.precision.to_string());
         push("micro-batch", self.micro_batch.to_string());
         push("seq-len", self.seq_len.to_string());
@@ -504,6 +561,10 @@ impl RunConfig {
         }
         if let Some(c) = self.engine.copy_engines {
             push("copy-engines", c.to_string());
+        }
+        // A switch and its setting (after `push`, which takes values only).
+        if let Some(n) = self.delayed_update_after {
+            a.extend(["--delayed-update".into(), "--delayed-update-after".into(), n.to_string()]);
         }
         a
     }
@@ -540,6 +601,52 @@ mod tests {
         c.stage = ZeroStage::Z2;
         c.offload = Offload::OptimizerParams;
         assert!(c.validate(None).unwrap_err().reason.contains("stage 3"));
+    }
+
+    /// The delayed update needs optimizer offload without fp16 or accumulation; refusals name it.
+    #[test]
+    fn delayed_update_rules_name_the_flag() {
+        let mut c = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z2);
+        c.delayed_update_after = Some(10);
+        assert_eq!(c.validate(None).unwrap_err().field, "delayed-update");
+        c.offload = Offload::Optimizer;
+        c.validate(None).unwrap();
+        assert!(c.to_worker_args().windows(3).any(|w| w == ["--delayed-update", "--delayed-update-after", "10"]));
+        assert_eq!(c.variant(), "delayed_update_after=10");
+        for bad in [
+            RunConfig { precision: Precision::Fp16, ..c.clone() },
+            RunConfig { grad_accum: 2, ..c.clone() },
+            RunConfig { stage: ZeroStage::Z3, offload: Offload::OptimizerParams, ..c.clone() },
+        ] {
+            assert_eq!(bad.validate(None).unwrap_err().field, "delayed-update", "{bad:?}");
+        }
+    }
+
+    /// The host's share lies in (0, 1] and needs offload; every refusal names the flag.
+    #[test]
+    fn offload_ratio_rules_name_the_flag() {
+        let mut c = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z2);
+        c.offload_ratio = Some(0.5);
+        let e = c.validate(None).unwrap_err();
+        assert_eq!((e.field, e.to_string().contains("needs --offload")), ("offload-ratio", true), "{e}");
+        c.offload = Offload::Optimizer;
+        c.validate(None).unwrap();
+        for bad in [0.0, -0.5, 1.0 + 1e-9, f64::NAN, f64::INFINITY] {
+            c.offload_ratio = Some(bad);
+            assert_eq!(c.validate(None).unwrap_err().field, "offload-ratio", "{bad}");
+        }
+        for good in [1e-6, 0.25, 1.0] {
+            c.offload_ratio = Some(good);
+            c.validate(None).unwrap();
+        }
+        // Rendered as a flag only when set; named in the variant unless it is 1, all on the host.
+        assert!(c.to_worker_args().windows(2).any(|w| w == ["--offload-ratio", "1"]));
+        assert_eq!(c.variant(), "");
+        c.offload_ratio = Some(0.25);
+        assert_eq!(c.variant(), "offload_ratio=0.25");
+        c.offload_ratio = None;
+        assert!(!c.to_worker_args().iter().any(|a| a == "--offload-ratio"));
+        assert_eq!(c.variant(), "");
     }
 
     #[test]
@@ -607,6 +714,9 @@ mod tests {
         // Every optional field present, so that every key is in the JSON.
         base.target_len = Some(32);
         base.data = Some("a.txt".into());
+        base.offload = Offload::Optimizer;
+        base.offload_ratio = Some(0.5);
+        base.delayed_update_after = Some(3);
         base.engine.hpz = Some(2);
         base.engine.comm_ctas = Some(4);
         base.engine.copy_engines = Some(CopyEngines::AllGather);

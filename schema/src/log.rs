@@ -211,10 +211,15 @@ pub struct Setup {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_state_expected_bytes: Option<u64>,
     /// The AdamW implementation: `rust-cpu-avx2` or `rust-cpu` (on the host, which is also where
-    /// every offload run updates), `cuda-fused` or `torch-ops`. (Added within version 1, so absent
+    /// every offload run updates), `cuda-fused` or `torch-ops`; `HOST+DEVICE` (e.g.
+    /// `rust-cpu-avx2+cuda-fused`) when an offload ratio below 1 updates on both. (Added within version 1, so absent
     /// from its earliest logs.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer: Option<String>,
+    /// Offload: milliseconds of `setup_ms` spent allocating the host states and, on a GPU,
+    /// page-locking them. (Added within version 1; absent without offload and from earlier logs.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_state_setup_ms: Option<f64>,
     pub memory: MemorySample,
     pub setup_ms: f64,
 }

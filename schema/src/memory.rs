@@ -22,6 +22,12 @@
 //! fp32 master weights, Adam m and v (12Ψ/N), the gradient shard as it arrives (pΨ/N), an fp32
 //! accumulator when stages 2-3 accumulate gradients over micro-steps (4Ψ/N), and, in mixed precision,
 //! the compute-precision parameter shard the CPU writes and the device copies back (pΨ/N).
+//!
+//! **Twin-Flow** (`offload_ratio` R < 1, after DeepSpeed ZeRO-Offload++) keeps only part of the
+//! partition on the host: whole units, taken from the end of forward order ([`first_host_unit`]),
+//! Ψh of the Ψ padded elements. The other units keep the states they have without offload
+//! (optimizer kΨd/N, stages 2-3 their pΨd/N gradient shard, stage 3 with `optimizer+params` its
+//! pΨd/N parameter shard, Ψd = Ψ − Ψh); the host terms above hold for Ψh.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -73,6 +79,29 @@ pub fn model_state_bytes(stage: ZeroStage, precision: Precision, psi: u64, world
     }
 }
 
+/// Twin-Flow: the index of the first unit (in forward order) whose optimizer lives on the host
+/// when the host's share is `ratio`; every later unit is on the host too. The host takes the
+/// fewest units from the end of forward order that hold at least `ratio` of the padded elements:
+/// backward produces their gradients first, so their host updates start earliest, and the next
+/// forward starts with the units the device updated. Ratio 1 gives 0 (everything on the host).
+pub fn first_host_unit(padded_units: &[u64], ratio: f64) -> usize {
+    let total: u64 = padded_units.iter().sum();
+    let want = ratio * total as f64;
+    let (mut first, mut host) = (padded_units.len(), 0u64);
+    while first > 0 && (host as f64) < want {
+        first -= 1;
+        host += padded_units[first];
+    }
+    first
+}
+
+/// Ψh: the padded elements whose optimizer lives on the host with offload ratio `ratio` (all of
+/// [`padded_params`] at 1).
+pub fn host_params(spec: &ModelSpec, world: u64, ratio: f64) -> u64 {
+    let units: Vec<u64> = spec.units().iter().map(|u| padded_unit(u.params, world)).collect();
+    units[first_host_unit(&units, ratio)..].iter().sum()
+}
+
 /// Model states of one rank split between the device and the host.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct StateSplit {
@@ -81,32 +110,45 @@ pub struct StateSplit {
 }
 
 /// Where the model states of one rank live for a stage, precision and offload setting (see the
-/// module documentation). Without offload it is [`model_state_bytes`] on the device and nothing on
-/// the host.
+/// module documentation), `host_psi` of the `psi` padded elements having their optimizer on the
+/// host ([`host_params`]; `psi` itself without a ratio). Without offload it is
+/// [`model_state_bytes`] on the device and nothing on the host.
 pub fn model_state_split(
     stage: ZeroStage,
     precision: Precision,
     offload: Offload,
     grad_accum: u32,
     psi: u64,
+    host_psi: u64,
     world: u64,
 ) -> StateSplit {
     if offload == Offload::None {
         return StateSplit { device: model_state_bytes(stage, precision, psi, world), host_bytes: 0 };
     }
     let n = world.max(1);
-    let p = precision.param_bytes();
-    let part = |b: u64| b * psi / n;
-    let device = match (stage, offload) {
-        (ZeroStage::Z3, Offload::OptimizerParams) => ModelStateBytes::default(),
-        (ZeroStage::Z3, _) => ModelStateBytes { params_bytes: part(p), ..Default::default() },
-        (ZeroStage::Z1, _) => ModelStateBytes { params_bytes: p * psi, grads_bytes: p * psi, optimizer_bytes: 0 },
-        _ => ModelStateBytes { params_bytes: p * psi, ..Default::default() },
+    let (p, k) = (precision.param_bytes(), precision.optimizer_bytes());
+    let host = |b: u64| b * host_psi / n;
+    let on_device = psi - host_psi;
+    let dev = |b: u64| b * on_device / n;
+    // The device keeps what it keeps without offload, less what moved: the optimizer always,
+    // stages 2-3 the gradient shard (stage 1 keeps its full buffer), and `optimizer+params` the
+    // parameter shard.
+    let device = ModelStateBytes {
+        params_bytes: match (stage, offload) {
+            (ZeroStage::Z3, Offload::OptimizerParams) => dev(p),
+            (ZeroStage::Z3, _) => p * psi / n,
+            _ => p * psi,
+        },
+        grads_bytes: match stage {
+            ZeroStage::Z0 | ZeroStage::Z1 => p * psi,
+            ZeroStage::Z2 | ZeroStage::Z3 => dev(p),
+        },
+        optimizer_bytes: dev(k),
     };
     // Stage 1 accumulates in its device gradient buffer and copies once per step.
-    let accumulator = if grad_accum > 1 && stage != ZeroStage::Z1 { part(4) } else { 0 };
-    let param_copy = if precision.has_master_copy() { part(p) } else { 0 };
-    StateSplit { device, host_bytes: part(12) + part(p) + accumulator + param_copy }
+    let accumulator = if grad_accum > 1 && stage != ZeroStage::Z1 { host(4) } else { 0 };
+    let param_copy = if precision.has_master_copy() { host(p) } else { 0 };
+    StateSplit { device, host_bytes: host(12) + host(p) + accumulator + param_copy }
 }
 
 /// The engine's persistent device buffers beyond model states, per rank: stages 2 and 3 reduce
@@ -223,10 +265,10 @@ mod tests {
     #[test]
     fn stage_1_offload_keeps_full_device_gradients_not_a_shard() {
         let (psi, n) = (1_000_000u64 * 8, 8u64);
-        let s = model_state_split(ZeroStage::Z1, Precision::Bf16, Offload::Optimizer, 1, psi, n);
+        let s = model_state_split(ZeroStage::Z1, Precision::Bf16, Offload::Optimizer, 1, psi, psi, n);
         assert_eq!(s.device, ModelStateBytes { params_bytes: 2 * psi, grads_bytes: 2 * psi, optimizer_bytes: 0 });
         // No fp32 accumulator on the host for stage 1, even when accumulating.
-        let ga = model_state_split(ZeroStage::Z1, Precision::Bf16, Offload::Optimizer, 4, psi, n);
+        let ga = model_state_split(ZeroStage::Z1, Precision::Bf16, Offload::Optimizer, 4, psi, psi, n);
         assert_eq!(ga.host_bytes, s.host_bytes);
         assert_eq!(s.host_bytes, 16 * psi / n);
     }
@@ -234,7 +276,7 @@ mod tests {
     #[test]
     fn offload_moves_the_optimizer_to_the_host() {
         let (psi, n) = (1_000_000u64 * 8, 8u64);
-        let split = |s, o, ga| model_state_split(s, Precision::Bf16, o, ga, psi, n);
+        let split = |s, o, ga| model_state_split(s, Precision::Bf16, o, ga, psi, psi, n);
         // Stage 2 with optimizer offload: bf16 parameters on the GPU (DeepSpeed's estimate: 2Ψ).
         assert_eq!(split(ZeroStage::Z2, Offload::Optimizer, 1).device.total(), 2 * psi);
         // Stage 3: the parameter shard on the GPU; with parameter offload, nothing.
@@ -247,6 +289,56 @@ mod tests {
             split(ZeroStage::Z1, Offload::None, 1),
             StateSplit { device: model_state_bytes(ZeroStage::Z1, Precision::Bf16, psi, n), host_bytes: 0 }
         );
+    }
+
+    /// The host takes whole units from the end of forward order until it holds the ratio.
+    #[test]
+    fn the_host_takes_the_last_units_up_to_the_ratio() {
+        let units = [400, 200, 200, 200];
+        assert_eq!(first_host_unit(&units, 1.0), 0);
+        assert_eq!(first_host_unit(&units, 0.2), 3);
+        assert_eq!(first_host_unit(&units, 0.2001), 2);
+        assert_eq!(first_host_unit(&units, 0.6), 1);
+        assert_eq!(first_host_unit(&units, 1e-9), 3);
+        let spec = ModelPreset::Gpt2Xl.spec();
+        assert_eq!(host_params(&spec, 4, 1.0), padded_params(&spec, 4));
+        let half = host_params(&spec, 4, 0.5) as f64 / padded_params(&spec, 4) as f64;
+        assert!((0.5..0.53).contains(&half), "{half}");
+    }
+
+    /// With a ratio the device keeps the no-offload states of its units, the host the offload
+    /// states of its own: bytes by hand for bf16 (k = 12, p = 2).
+    #[test]
+    fn a_ratio_splits_the_states_by_units() {
+        let (psi, host, n) = (8_000u64, 2_000u64, 4u64);
+        let dev = psi - host;
+        let split = |s, o| model_state_split(s, Precision::Bf16, o, 1, psi, host, n);
+        let z1 = split(ZeroStage::Z1, Offload::Optimizer);
+        assert_eq!(
+            z1.device,
+            ModelStateBytes { params_bytes: 2 * psi, grads_bytes: 2 * psi, optimizer_bytes: 12 * dev / n }
+        );
+        assert_eq!(z1.host_bytes, 16 * host / n);
+        let z2 = split(ZeroStage::Z2, Offload::Optimizer);
+        assert_eq!(
+            z2.device,
+            ModelStateBytes { params_bytes: 2 * psi, grads_bytes: 2 * dev / n, optimizer_bytes: 12 * dev / n }
+        );
+        let z3 = split(ZeroStage::Z3, Offload::OptimizerParams);
+        assert_eq!(
+            z3.device,
+            ModelStateBytes { params_bytes: 2 * dev / n, grads_bytes: 2 * dev / n, optimizer_bytes: 12 * dev / n }
+        );
+        // Device and host together hold what the device alone holds without offload (the host's
+        // gradient replaces the device shard), plus the host's bf16 parameter copy, which with
+        // `optimizer+params` replaces the device's parameter shard.
+        for (s, o, copy) in
+            [(ZeroStage::Z2, Offload::Optimizer, 2 * host / n), (ZeroStage::Z3, Offload::OptimizerParams, 0)]
+        {
+            let t = split(s, o);
+            let none = model_state_bytes(s, Precision::Bf16, psi, n).total();
+            assert_eq!(t.device.total() + t.host_bytes, none + copy, "{s:?}");
+        }
     }
 
     proptest! {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::Device;
 use zerobench_schema::log::{DeviceInfo, End, ErrorRecord, ModelInfo, RunStatus, Setup, Start, Versions};
-use zerobench_schema::memory::{model_state_split, padded_params};
+use zerobench_schema::memory::{host_params, model_state_split, padded_params};
 use zerobench_schema::{DeviceRequest, Offload, Record, RunConfig, SCHEMA_VERSION};
 
 use std::sync::Arc;
@@ -286,6 +286,7 @@ fn run_logged(
         cfg.offload,
         cfg.grad_accum,
         padded_params(&spec, world_size),
+        host_params(&spec, world_size, cfg.host_share()),
         world_size,
     );
     // Before any state is allocated: host-resident states that cannot fit are a result (oom).
@@ -304,7 +305,8 @@ fn run_logged(
         buffers_bytes: engine.buffer_bytes(),
         host_state_bytes: engine.host_state_bytes(),
         host_state_expected_bytes: Some(expected.host_bytes),
-        optimizer: Some(engine.optimizer_implementation().into()),
+        optimizer: Some(engine.optimizer_implementation()),
+        host_state_setup_ms: engine.host_setup_ms(),
         memory: probe.sample(),
         setup_ms: t_setup.elapsed().as_secs_f64() * 1e3,
     };

@@ -20,6 +20,19 @@ pub struct Args {
     /// What to keep in host memory: none, optimizer, optimizer+params.
     #[arg(long, default_value = "none", value_parser = parse::<Offload>)]
     pub offload: Offload,
+    /// With --offload: the share of each rank's optimizer partition kept and updated on the host,
+    /// above 0 and at most 1 (whole units, the model's last); the device updates the rest at the
+    /// same time [default: 1, all on the host].
+    #[arg(long)]
+    pub offload_ratio: Option<f64>,
+    /// With --offload: the host's update of step t runs during step t + 1's forward and backward,
+    /// which uses the parameters one update behind (DeepSpeed's delayed parameter update).
+    #[arg(long)]
+    pub delayed_update: bool,
+    /// With --delayed-update: the steps run exactly (each waits for its update) before the delay
+    /// starts.
+    #[arg(long, default_value_t = 10, requires = "delayed_update")]
+    pub delayed_update_after: u32,
     /// bf16, fp16 (dynamic loss scaling) or fp32.
     #[arg(long, default_value = "bf16", value_parser = parse::<Precision>)]
     pub precision: Precision,
@@ -116,6 +129,8 @@ impl Args {
             model: self.model,
             stage: self.stage,
             offload: self.offload,
+            offload_ratio: self.offload_ratio,
+            delayed_update_after: self.delayed_update.then_some(self.delayed_update_after),
             precision: self.precision,
             micro_batch: self.micro_batch,
             seq_len: self.seq_len.unwrap_or_else(|| self.model.spec().default_seq_len()),
@@ -154,6 +169,9 @@ mod tests {
     fn launcher_args_round_trip() {
         let mut cfg = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z3);
         cfg.micro_batch = 4;
+        cfg.offload = Offload::Optimizer;
+        cfg.offload_ratio = Some(0.375);
+        cfg.delayed_update_after = Some(3);
         cfg.precision = Precision::Fp16;
         cfg.data = Some("/data/with space.txt".into());
         cfg.optim.lr = 1.5e-4;

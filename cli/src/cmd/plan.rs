@@ -176,7 +176,8 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         if let Some((intra, inter)) = bandwidth {
             row.push(format!("{:.3}", r.comm_seconds(intra, inter) * 1e3));
         }
-        let mut notes = r.warnings.clone();
+        let proposal = r.proposed_offload_ratio.map(|x| format!("offload_ratio {x} balances host and GPU (estimate)"));
+        let mut notes: Vec<String> = proposal.into_iter().chain(r.warnings.iter().cloned()).collect();
         if let Some((preds, mark)) = &predicted {
             let i = row_index;
             match &preds[i] {
@@ -186,7 +187,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
                     row.push(human_bytes(p.peak_allocated_bytes));
                     row.push(if p.fits { "yes" } else { "NO" }.to_string());
                     row.push(if mark[i] { "*" } else { "" }.to_string());
-                    notes.extend(p.extrapolated.iter().map(|e| format!("extrapolated {e}")));
+                    if !p.extrapolated.is_empty() {
+                        notes.push(format!("extrapolated: {}", p.extrapolated.join("; ")));
+                    }
                 }
                 Predicted::No(why) => {
                     row.extend(["-", "-", "-", "-", ""].map(String::from));

@@ -285,3 +285,47 @@ fn every_breakdown_bar_is_its_median_step() {
     assert_eq!(ds_parts[2], 0.0);
     assert!((ds_parts[0] - 41.2).abs() < 0.5, "{ds_parts:?}");
 }
+
+/// Offload runs that differ in their offload ratio or in the delayed update are distinct rows;
+/// an explicit ratio of 1 is the plain offload run's configuration, so they share a cell.
+#[test]
+fn runs_differing_in_offload_ratio_or_delayed_update_are_never_pooled() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("logs");
+    for (id, ratio, delayed, ms) in [
+        ("all-host", None, None, 300.0),
+        ("ratio1", Some(1.0), None, 302.0),
+        ("ratio-half", Some(0.5), None, 150.0),
+        ("delayed", None, Some(3), 120.0),
+    ] {
+        let mut r = run(id, ModelPreset::Gpt2, ZeroStage::Z2, 4, 1, ms);
+        r.config.offload = Offload::Optimizer;
+        r.config.offload_ratio = ratio;
+        r.config.delayed_update_after = delayed;
+        r.write(&root.join(id)).unwrap();
+    }
+    let got = read(&root);
+    assert!(got.problems.is_empty(), "{:?}", got.problems);
+    let tables = Tables::build(&got.runs);
+    let mut rows: Vec<(String, u32)> = tables
+        .latency
+        .blocks
+        .iter()
+        .flat_map(|b| {
+            let mb = b.micro_batches.iter().position(|m| *m == 4).unwrap();
+            b.rows.iter().map(move |r| match &r.cells[mb] {
+                Cell::Value { runs, .. } => (r.model.clone(), *runs),
+                other => panic!("{}: {other:?}", r.model),
+            })
+        })
+        .collect();
+    rows.sort();
+    assert_eq!(
+        rows,
+        [
+            ("gpt2".to_string(), 2),
+            ("gpt2 [delayed_update_after=3]".to_string(), 1),
+            ("gpt2 [offload_ratio=0.5]".to_string(), 1)
+        ]
+    );
+}

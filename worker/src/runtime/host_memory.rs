@@ -100,7 +100,7 @@ mod tests {
         use zerobench_schema::memory::{model_state_split, padded_params};
         use zerobench_schema::ModelPreset;
         let psi = padded_params(&ModelPreset::T5_11b.spec(), 1);
-        let split = model_state_split(ZeroStage::Z2, Precision::Bf16, Offload::Optimizer, 1, psi, 1);
+        let split = model_state_split(ZeroStage::Z2, Precision::Bf16, Offload::Optimizer, 1, psi, psi, 1);
         let need = host_resident(&split, false);
         // fp32 master, moments (12 B) + bf16 gradient and parameter copies (4 B).
         assert_eq!(need, 16 * psi);

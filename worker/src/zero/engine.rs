@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tch::{Device, Kind, TchError, Tensor};
 use zerobench_schema::config::{Offload, Precision, RunConfig, ZeroStage};
-use zerobench_schema::memory::ModelStateBytes;
+use zerobench_schema::memory::{first_host_unit, ModelStateBytes};
 
 use super::adamw::{AdamW, Shard};
 use super::layout::UnitLayout;
@@ -165,8 +165,15 @@ pub struct Engine {
     /// Offload: units updated on the host whose parameters are not yet copied back, in forward
     /// order; the next forward copies each back just before it needs it.
     deferred: VecDeque<usize>,
+    /// Delayed update: after how many exact updates the host's updates are delayed.
+    delay_after: Option<u64>,
+    /// Delayed update: units whose host update of the previous step is still to be copied back;
+    /// each is, once this step's backward is done with it (`harvest`).
+    delayed: Vec<usize>,
     /// hpZ: the communicator of this rank's group.
     group: Option<Box<dyn Collectives>>,
+    /// Offload: milliseconds spent allocating (and on a GPU page-locking) the host states.
+    host_setup_ms: Option<f64>,
 }
 
 impl Engine {
@@ -189,9 +196,19 @@ impl Engine {
         let mixed = cfg.precision.has_master_copy();
         let f32_on = (Kind::Float, device);
 
-        let mut units = Vec::with_capacity(model.units().len());
-        for (i, def) in model.units().iter().enumerate() {
-            let layout = UnitLayout::new(def, world);
+        let layouts: Vec<UnitLayout> = model.units().iter().map(|d| UnitLayout::new(d, world)).collect();
+        // Offload: the units from `first_host` on keep their optimizer on the host, the others on
+        // the device (all on the host unless `offload_ratio` says less; see `first_host_unit`).
+        let first_host = match cfg.offload {
+            Offload::None => layouts.len(),
+            Offload::Optimizer | Offload::OptimizerParams => {
+                let padded: Vec<u64> = layouts.iter().map(|l| l.padded as u64).collect();
+                first_host_unit(&padded, cfg.host_share())
+            }
+        };
+        let mut host_setup = std::time::Duration::ZERO;
+        let mut units = Vec::with_capacity(layouts.len());
+        for (i, (def, layout)) in model.units().iter().zip(layouts).enumerate() {
             let padded = i64::try_from(layout.padded).expect("fits");
             let shard_len = i64::try_from(layout.shard_len(owners)).expect("fits");
             let shard_start = i64::try_from(layout.shard_range(owners, owner).start).expect("fits");
@@ -201,9 +218,9 @@ impl Engine {
             full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, i, cfg.seed, device)?)?;
             let shard_f32 = full.f_narrow(0, shard_start, shard_len)?;
 
-            let offloaded = cfg.offload != Offload::None;
+            let offloaded = i >= first_host;
             let (base, param_shard) = if stage == ZeroStage::Z3 {
-                let shard = if cfg.offload == Offload::OptimizerParams {
+                let shard = if offloaded && cfg.offload == Offload::OptimizerParams {
                     None // on the host (`HostState::param_source`)
                 } else {
                     // A copy, not a view: a view would keep the whole unit's buffer alive.
@@ -225,7 +242,10 @@ impl Engine {
                 .collect::<Result<Vec<_>, TchError>>()?;
             let optim = if offloaded {
                 let accumulate = cfg.grad_accum > 1 && stage != ZeroStage::Z1;
-                OptimState::Host(HostState::new(&shard_f32, kind, mixed, accumulate, gpu.as_deref())?)
+                let t = std::time::Instant::now();
+                let host = HostState::new(&shard_f32, kind, mixed, accumulate, gpu.as_deref())?;
+                host_setup += t.elapsed();
+                OptimState::Host(host)
             } else {
                 let (master, master_is_param) = match (&param_shard, mixed) {
                     (_, true) => (shard_f32.f_detach_copy()?, false),
@@ -276,6 +296,7 @@ impl Engine {
             });
         }
 
+        let host_setup_ms = (first_host < units.len()).then_some(host_setup.as_secs_f64() * 1e3);
         let segment_units: Vec<usize> = model.segments().iter().map(|s| s.unit).collect();
         let schedule = Schedule::new(&segment_units, units.len());
         let largest = units.iter().map(|u| u.layout.padded).max().unwrap_or(0);
@@ -340,7 +361,10 @@ impl Engine {
             host_updates: HostUpdates::new()
                 .map_err(|e| EngineError::Offload(format!("cannot start the host update thread: {e}")))?,
             deferred: VecDeque::new(),
+            delay_after: cfg.delayed_update_after.map(u64::from),
+            delayed: Vec::new(),
             group,
+            host_setup_ms,
         })
     }
 
@@ -352,11 +376,22 @@ impl Engine {
         self.world
     }
 
-    /// Which AdamW implementation updates the shards.
-    pub fn optimizer_implementation(&self) -> &'static str {
-        // With offload the update runs on the host whatever the device.
-        let device = if self.offload == Offload::None { self.device } else { Device::Cpu };
-        self.optim.implementation(device)
+    /// Which AdamW implementation updates the shards: the host's for offloaded units whatever
+    /// the device, and `HOST+DEVICE` when an offload ratio below 1 leaves some on the device.
+    pub fn optimizer_implementation(&self) -> String {
+        let on_host = self.units.iter().filter(|u| matches!(u.optim, OptimState::Host(_))).count();
+        let (host, device) = (self.optim.implementation(Device::Cpu), self.optim.implementation(self.device));
+        match on_host {
+            0 => device.to_string(),
+            n if n == self.units.len() || host == device => host.to_string(),
+            _ => format!("{host}+{device}"),
+        }
+    }
+
+    /// Offload: milliseconds spent allocating and page-locking the host states (`None` without
+    /// offload).
+    pub fn host_setup_ms(&self) -> Option<f64> {
+        self.host_setup_ms
     }
 
     /// The parameters of a unit, in the order the model declared them.
@@ -596,6 +631,15 @@ impl Engine {
         // Offload: a new gradient is about to land in the unit's host buffers, which its last
         // update reads; forward has refreshed every unit (each has a forward position).
         debug_assert!(!self.deferred.contains(&u), "unit {u} harvested before its update was copied back");
+        // Delayed update: this step's forward and backward used the parameters before the last
+        // update, which ran meanwhile. Backward is done with them now, and the new gradient lands
+        // where that update reads it: wait for it and copy its parameters back (stages 1-2
+        // all-gather them; every rank harvests in the same order).
+        if let Some(i) = self.delayed.iter().position(|&v| v == u) {
+            self.delayed.swap_remove(i);
+            self.host_updates.wait_for(u).map_err(EngineError::Offload)?;
+            self.refresh_from_host(u)?;
+        }
         let _guard = tch::no_grad_guard();
         let grads = self.units[u]
             .params
@@ -651,8 +695,8 @@ impl Engine {
                 _ => self.comm.reduce_scatter(full, shard)?,
             };
             self.reductions.push(p);
-            if self.offload != Offload::None {
-                let (p, copy) = self.comm.copy_to_host(shard, &unit.optim.host().grad)?;
+            if let OptimState::Host(host) = &unit.optim {
+                let (p, copy) = self.comm.copy_to_host(shard, &host.grad)?;
                 self.reductions.push(p);
                 self.landed_grads(u, copy);
             }
@@ -676,7 +720,6 @@ impl Engine {
     /// buffer current (after its own collectives completed and were accumulated).
     fn flush_staging(&mut self) -> Result<(), EngineError> {
         let accumulate = self.micro > 0;
-        let offload = self.offload != Offload::None;
         let cur = self.staging.as_ref().expect("stage 2/3").current;
         let staged = std::mem::take(&mut self.staging.as_mut().expect("stage 2/3").staged);
         for (u, offset) in staged {
@@ -686,6 +729,7 @@ impl Engine {
             let region = st.buffers[cur].f_narrow(0, i64::try_from(offset).expect("fits"), padded)?;
             let len = padded / self.world as i64;
             let slice = region.f_narrow(0, self.rank as i64 * len, len)?;
+            let offload = matches!(unit.optim, OptimState::Host(_));
             match (&unit.grad_shard, offload) {
                 (_, true) => {
                     // Offload: reduce in place and copy the rank's slice straight to the host; the
@@ -840,11 +884,12 @@ impl Engine {
         if apply {
             self.updates += 1;
             let grad_scale = scale.map_or(1.0, |s| 1.0 / s);
+            // The host's updates first (when not already running), so that they run while the
+            // device updates its own units (Twin-Flow, with an offload ratio below 1).
             if offload {
                 self.step_on_host(grad_scale)?;
-            } else {
-                self.step_on_device(grad_scale)?;
             }
+            self.step_on_device(grad_scale)?;
         }
         Ok(StepOutcome { loss, skipped: !apply, loss_scale: scale })
     }
@@ -853,36 +898,46 @@ impl Engine {
     /// The shards are summed where they live (a non-finite element makes the sum non-finite), so
     /// the device ones cost no host round trip each.
     fn overflow_flag(&self, device: Device) -> Result<Tensor, EngineError> {
-        // Offload is all or nothing per run, so every shard lives in the same place.
-        let mut sum: Option<Tensor> = None;
+        // One sum per place (host, device): with an offload ratio below 1 both hold shards, and
+        // each place's sum crosses to `device` once.
+        let mut sums: [Option<Tensor>; 2] = [None, None];
         for u in &self.units {
-            let g = match (&u.optim, &u.grad_shard) {
-                (OptimState::Host(h), _) => h.update_grad(),
-                (OptimState::Device { .. }, Some(g)) => g,
+            let (g, place) = match (&u.optim, &u.grad_shard) {
+                (OptimState::Host(h), _) => (h.update_grad(), 0),
+                (OptimState::Device { .. }, Some(g)) => (g, 1),
                 (OptimState::Device { .. }, None) => unreachable!("device optimizers read a device shard"),
             };
             let s = g.f_sum(Kind::Float)?;
+            sums[place] = Some(match sums[place].take() {
+                Some(a) => a.f_add(&s)?,
+                None => s,
+            });
+        }
+        let mut sum: Option<Tensor> = None;
+        for s in sums.into_iter().flatten() {
+            let s = s.f_to_device(device)?;
             sum = Some(match sum {
                 Some(a) => a.f_add(&s)?,
                 None => s,
             });
         }
         let sum = match sum {
-            Some(s) => s.f_to_device(device)?,
+            Some(s) => s,
             None => Tensor::f_zeros([], (Kind::Float, device))?,
         };
         Ok(sum.f_isfinite()?.f_logical_not()?.f_to_kind(Kind::Float)?)
     }
 
-    /// Updates every shard on the device. Stages 1 and 2 then gather each unit's updated
-    /// parameters: a unit's all-gather is issued as soon as its update is, so it runs on the
-    /// communication stream while the next units are updated, rather than after all of them.
+    /// Updates every shard whose optimizer is on the device (all without offload, none with all of
+    /// it on the host). Stages 1 and 2 then gather each unit's updated parameters: a unit's
+    /// all-gather is issued as soon as its update is, so it runs on the communication stream
+    /// while the next units are updated, rather than after all of them.
     fn step_on_device(&mut self, grad_scale: f64) -> Result<(), EngineError> {
         let gather = matches!(self.stage, ZeroStage::Z1 | ZeroStage::Z2) && self.world > 1;
         for i in 0..self.units.len() {
             let u = &self.units[i];
             let OptimState::Device { master, master_is_param, exp_avg, exp_avg_sq } = &u.optim else {
-                unreachable!("no offload")
+                continue; // updated on the host
             };
             let param_out = if *master_is_param {
                 None
@@ -910,8 +965,9 @@ impl Engine {
     /// each unit back as soon as its update is done, in forward order, while later units are
     /// still being updated.
     fn step_on_host(&mut self, grad_scale: f64) -> Result<(), EngineError> {
+        let on_host = |u: &Unit| matches!(u.optim, OptimState::Host(_));
         if !self.pipelined {
-            for u in 0..self.units.len() {
+            for u in (0..self.units.len()).filter(|&u| on_host(&self.units[u])) {
                 let update = Update {
                     unit: u,
                     priority: self.schedule.first_use[u],
@@ -924,8 +980,16 @@ impl Engine {
                 self.host_updates.spawn(self.units[u].optim.host(), update);
             }
         }
-        self.host_updates.seal();
-        self.deferred = self.schedule.forward_order.iter().copied().collect();
+        let host_units = self.schedule.forward_order.iter().copied().filter(|&u| on_host(&self.units[u]));
+        if self.delay_after.is_some_and(|n| self.updates > n) {
+            // Delayed: the next step starts from the parameters it has, and waits for each unit's
+            // update at its harvest, in backward order: the order the updates were queued in
+            // (landing order), so they stay unsealed.
+            self.delayed = host_units.collect();
+        } else {
+            self.host_updates.seal();
+            self.deferred = host_units.collect();
+        }
         Ok(())
     }
 
