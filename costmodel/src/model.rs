@@ -58,6 +58,9 @@ pub struct Range {
     pub max_gpus: u32,
     pub max_nodes: u32,
     pub offloads: BTreeSet<Offload>,
+    /// Whether a run kept part of an offloaded optimizer on the GPU (`offload_ratio` below 1).
+    #[serde(default)]
+    pub partial_offload: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -319,6 +322,7 @@ impl Range {
         self.max_gpus = self.max_gpus.max(w.gpus);
         self.max_nodes = self.max_nodes.max(w.nodes);
         self.offloads.insert(w.offload);
+        self.partial_offload |= w.offload != Offload::None && w.gparams_device > 0.0;
     }
 
     fn flag(&self, w: &Work, q: &Query, flags: &mut Vec<String>) {
@@ -350,6 +354,13 @@ impl Range {
                 self.max_nodes,
                 crate::work::INTRA_NODE_BUS_GBPS / crate::work::INTER_NODE_BUS_GBPS
             ));
+        }
+        if w.offload != Offload::None && w.gparams_device > 0.0 && !self.partial_offload {
+            flags.push(
+                "offload: a ratio below 1 not fitted; host and GPU updates are priced one after the other, \
+                 though they overlap"
+                    .to_string(),
+            );
         }
         if !self.offloads.contains(&w.offload) {
             flags.push(format!("offload: {} not fitted", w.offload));

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use zerobench_schema::config::{Offload, RunConfig, ZeroStage};
-use zerobench_schema::memory::{engine_buffer_bytes, model_state_split, padded_params};
+use zerobench_schema::memory::{engine_buffer_bytes, host_params, model_state_split, padded_params};
 use zerobench_schema::traffic::step_traffic;
 
 /// A configuration to price: the run's settings, and how many GPUs on how many nodes.
@@ -78,9 +78,10 @@ impl Work {
             (tokens * spec.layers() as f64 * d / 1e9, tokens * spec.vocab() as f64 / 1e9)
         };
         let psi = padded_params(&spec, u64::from(world));
-        let rank_params = psi as f64 / f64::from(world) / 1e9;
-        let on_host = c.offload != Offload::None;
-        let split = model_state_split(c.stage, c.precision, c.offload, c.grad_accum, psi, u64::from(world));
+        let host_psi =
+            if c.offload == Offload::None { 0 } else { host_params(&spec, u64::from(world), c.host_share()) };
+        let per_rank = |elems: u64| elems as f64 / f64::from(world) / 1e9;
+        let split = model_state_split(c.stage, c.precision, c.offload, c.grad_accum, psi, host_psi, u64::from(world));
         let buffers = engine_buffer_bytes(&spec, c.stage, c.precision, &c.engine, u64::from(world));
         let traffic = step_traffic(c, world);
         let p = c.precision.param_bytes() as f64;
@@ -119,8 +120,8 @@ impl Work {
             units: spec.units().len() as f64,
             stage: c.stage,
             offload: c.offload,
-            gparams_device: if on_host { 0.0 } else { rank_params },
-            gparams_host: if on_host { rank_params } else { 0.0 },
+            gparams_device: per_rank(psi - host_psi),
+            gparams_host: per_rank(host_psi),
             ggathered,
             wire_gb_intra: intra,
             wire_gb_inter: inter,

@@ -85,7 +85,9 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
     }
     // The engine knobs beyond the grid change the step in ways the model does not price; the
     // training text does not.
-    if let Some(knob) = r.variant.split(',').find(|p| !p.is_empty() && !p.starts_with("data=")) {
+    if let Some(knob) =
+        r.variant.split(',').find(|p| !p.is_empty() && !p.starts_with("data=") && !p.starts_with("offload_ratio="))
+    {
         return Err(format!("runs with {knob} are not priced by the model"));
     }
     let model = ModelPreset::from_name(&r.model).ok_or_else(|| format!("model {:?} is not a preset", r.model))?;
@@ -96,6 +98,12 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
     config.micro_batch = r.micro_batch.ok_or_else(|| need("micro_batch"))?;
     config.grad_accum = r.grad_accum.ok_or_else(|| need("grad_accum"))?;
     config.seq_len = r.seq_len.ok_or_else(|| need("seq_len"))?;
+    config.offload_ratio = r
+        .variant
+        .split(',')
+        .find_map(|p| p.strip_prefix("offload_ratio="))
+        .map(|v| v.parse::<f64>().map_err(|_| format!("offload_ratio {v:?} is not a number")))
+        .transpose()?;
     let gpu = r.gpu.clone().ok_or_else(|| need("GPU name (a CPU run?)"))?;
     Ok(Observation {
         run_id: r.run_id.clone(),

@@ -34,6 +34,9 @@ pub struct Args {
     nodes: u32,
     #[arg(long, default_value_t = Offload::None)]
     offload: Offload,
+    /// With --offload: the share of the optimizer kept on the host (the rest is updated on the GPU).
+    #[arg(long)]
+    offload_ratio: Option<f64>,
     #[arg(long, default_value_t = 1)]
     grad_accum: u32,
     #[arg(long, default_value_t = Precision::Bf16)]
@@ -65,6 +68,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     config.seq_len = a.seq_len.unwrap_or_else(|| a.model.spec().default_seq_len());
     config.offload = a.offload;
     config.grad_accum = a.grad_accum;
+    config.offload_ratio = a.offload_ratio;
     config.precision = a.precision;
     if a.nodes == 0 || a.gpus % a.nodes != 0 {
         anyhow::bail!("--gpus {} does not split evenly over --nodes {}", a.gpus, a.nodes);
