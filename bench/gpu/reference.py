@@ -2,7 +2,10 @@
 zerobench's presets: vocabulary 50257, 1024 positions, pre-LN blocks with biases, tanh GELU, causal
 scaled-dot-product attention, tied LM head) trained in bf16 with fused AdamW, on one GPU eagerly
 (`--mode eager`) or through torch.compile (`--mode compile`), with DDP (`--mode ddp`) or with
-FSDP2's `fully_shard` per block (`--mode fsdp2`).
+FSDP2's `fully_shard` per block (`--mode fsdp2`), or through DeepSpeed's ZeRO stage 2 with the
+optimizer offloaded to the host (`--mode deepspeed-offload`: DeepSpeed's recommended ZeRO-Offload
+configuration, bf16, DeepSpeedCPUAdam on pinned memory, overlap_comm and contiguous_gradients;
+run through torchrun).
 
 The LM head is padded exactly as zerobench pads its own (worker/src/model/ops.rs, `lm_loss`): the
 50257-row weight gets zero rows up to a multiple of 64 (50304) inside the product and the extra
@@ -81,7 +84,7 @@ class GPT(nn.Module):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["eager", "compile", "ddp", "fsdp2"], required=True)
+    ap.add_argument("--mode", choices=["eager", "compile", "ddp", "fsdp2", "deepspeed-offload"], required=True)
     ap.add_argument("--no-pad-head", dest="pad_head", action="store_false")
     ap.add_argument("--model", choices=list(PRESETS), default="gpt2")
     ap.add_argument("--micro-batch", type=int, default=16)
@@ -113,7 +116,38 @@ def main():
             fully_shard(blk, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
         autocast = False
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    if a.mode == "deepspeed-offload":
+        import deepspeed
+
+        config = {
+            "train_micro_batch_size_per_gpu": a.micro_batch,
+            "gradient_accumulation_steps": 1,
+            "bf16": {"enabled": True},
+            "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+            "zero_optimization": {
+                "stage": 2,
+                "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                "overlap_comm": True,
+                "contiguous_gradients": True,
+                "reduce_bucket_size": 5e8,
+                "allgather_bucket_size": 5e8,
+            },
+            "steps_per_print": 1 << 30,
+        }
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        gen = torch.Generator(device=dev).manual_seed(1234 + rank)
+
+        def ds_step():
+            data = torch.randint(0, VOCAB, (a.micro_batch, a.seq_len + 1), device=dev, generator=gen)
+            loss = engine(data[:, :-1], data[:, 1:])
+            engine.backward(loss)
+            engine.step()
+            return loss
+
+        step_fn = ds_step
+        opt = None
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     if a.mode == "compile":
         model = torch.compile(model)
     gen = torch.Generator(device=dev).manual_seed(1234 + rank)
@@ -127,13 +161,15 @@ def main():
         opt.zero_grad(set_to_none=True)
         return loss
 
+    if opt is not None:
+        step_fn = step
     times = []
     for i in range(a.steps):
         if i == a.warmup:
             torch.cuda.reset_peak_memory_stats(dev)
         torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
-        loss = step()
+        loss = step_fn()
         loss.item()
         torch.cuda.synchronize(dev)
         if i >= a.warmup:

@@ -90,9 +90,9 @@ reference() {
   local name=$1 np=$2; shift 2
   local t0=$SECONDS
   if [ "$np" = 1 ] && [ "$1" = "--mode" ] && { [ "$2" = eager ] || [ "$2" = compile ]; }; then
-    python3 bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
+    timeout "${WORKER_TIMEOUT:-900}" python3 bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
   else
-    torchrun --standalone --nproc_per_node="$np" bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
+    timeout "${WORKER_TIMEOUT:-900}" torchrun --standalone --nproc_per_node="$np" bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
   fi
   log "$name: rc=$? in $((SECONDS - t0)) s: $(cat "$RUNS/$name.json")"
 }
@@ -284,7 +284,12 @@ PY
       log "copies: $(grep -h '2[dh]' "$RUNS/copies.jsonl" | tr '\n' ' ')" ;;
     offload-ratio)
       # Twin-Flow: the host keeps a share of each rank's optimizer, the GPU updates the rest.
-      for g in 1 2; do
+      # RATIO_GPUS limits the GPU counts (default 1 and 2); the host's AdamW rate, its pinned copy
+      # bandwidth and DeepSpeed's ZeRO-Offload on the same model are measured in the same call.
+      "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
+      mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies.jsonl" 2>&1
+      log "copies: $(grep -h '2[dh]' "$RUNS/copies.jsonl" | tr '\n' ' ')"
+      for g in ${RATIO_GPUS:-1 2}; do
         [ "$g" -le "$GPUS" ] || continue
         mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
         printf 'cluster: {gpus_per_node: %s, gpu_memory: %sMiB}\nsweep:\n  models: gpt2-xl\n  stages: 2\n  offload: optimizer\n  micro_batches: 4\n  gpus_per_node: %s\n' \
@@ -303,7 +308,11 @@ PY
             --offload-ratio "$r" --delayed-update --delayed-update-after 3 --micro-batch 4 --steps 8 --warmup 3
         done
       done
-      "$BIN/examples/pin_bench" 4 16 > "$RUNS/pin_bench.jsonl" 2>&1; log "pin_bench: $(tr '\n' ' ' < "$RUNS/pin_bench.jsonl")" ;;
+      "$BIN/examples/pin_bench" 4 16 > "$RUNS/pin_bench.jsonl" 2>&1; log "pin_bench: $(tr '\n' ' ' < "$RUNS/pin_bench.jsonl")"
+      # DeepSpeed's ZeRO-Offload (stage 2, CPU AdamW; its CPU Adam JIT-builds here) on zerobench's
+      # model, gpt2-xl micro-batch 4, one GPU.
+      WORKER_TIMEOUT=300 reference ref_gpt2-xl_deepspeed-offload_1gpu 1 --mode deepspeed-offload --model gpt2-xl \
+        --micro-batch 4 --steps 10 --warmup 3 ;;
     faults)
       # A rank killed outright: mpirun stops the others, which log why (SIGTERM) and end.
       fault_run() {  # fault_run NAME SIGNAL EXTRA...
