@@ -18,7 +18,9 @@ for s in short:gpu-2026-11-24-costmodel-short long:gpu-2026-11-24-costmodel; do
 done
 (cd "$work" && "$OLDPWD/$BIN/zerobench" fit short/runs/cm-fit long/runs/cm-fit --out model.json --validate) > "$work/fit.md"
 cp "$work/model.json" costmodel/models/h200.json
-"$BIN/zerobench" ingest "$work/short/runs/cm-holdout" "$work/long/runs/cm-holdout" --out "$work/holdout" --format csv -q 2>/dev/null || [ $? -eq 1 ]  # 1: the two sweeps share run ids
+# Exit 1: the two sweeps share run ids (each is then named with its folder, relative to $work).
+(cd "$work" && "$OLDPWD/$BIN/zerobench" ingest short/runs/cm-holdout long/runs/cm-holdout --out holdout --format csv -q 2>/dev/null) \
+  || [ $? -eq 1 ]
 python3 bench/costmodel/report.py "$BIN/zerobench" costmodel/models/h200.json "$work/holdout/runs.csv" "$work/fit.md" \
   > bench/results/costmodel-h200.json
 sed -n 1p "$work/fit.md"
