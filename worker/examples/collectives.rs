@@ -71,6 +71,11 @@ fn main() {
     }
     c.barrier().unwrap();
 
+    // Fewer values than ranks (a step's loss and overflow flag): some ranks hold no chunk of them.
+    let few = Tensor::from_slice(&[(r + 1) as f32, 1.0]);
+    c.reduce_control(&few).unwrap();
+    check("reduce_control", &few, &Tensor::from_slice(&[tri as f32, n as f32]), 0.0);
+
     // Every call was counted, with nccl-tests' byte convention.
     let stats = c.take_stats().unwrap();
     let calls: u64 = stats.by_kind.values().map(|s| s.calls).sum();

@@ -65,6 +65,8 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     // The rules that depend on the number of ranks (hpZ's group size).
     cfg.validate(Some(ident.world_size)).map_err(|e| Failure::Config(e.to_string()))?;
     let run_id = shared_run_id(&mut host, args.run_id.as_deref(), &cfg)?;
+    // Held to the end of `run`, so that a failed rank 0 can leave without waiting for the others.
+    let store = host.run_store();
     let log = RankLog::create(&args.log_dir, ident.rank, args.overwrite).map_err(|e| Failure::Io(e.to_string()))?;
     let stall = (args.stall_timeout_s > 0).then(|| Duration::from_secs(args.stall_timeout_s));
     let guard = Guard::start(log.clone(), ident.rank, stall)
@@ -95,6 +97,9 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
         loop {
             std::thread::park();
         }
+    }
+    if let (Err(_), Some(s)) = (&result, &store) {
+        s.abandon();
     }
     let (status, exit_code) = match &result {
         Ok(()) => (RunStatus::Ok, 0),

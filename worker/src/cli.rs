@@ -185,6 +185,14 @@ mod tests {
         assert_eq!(Args::try_parse_from(argv).unwrap().config(), t5);
     }
 
+    /// The flags the launcher adds for ranks it starts with the environment convention.
+    #[test]
+    fn launcher_env_rendezvous_parses() {
+        let mut argv = vec!["zerobench-worker", "--model", "tiny", "--stage", "0", "--log-dir", "d"];
+        argv.extend(zerobench_schema::launch::ENV_RENDEZVOUS_ARGS);
+        assert_eq!(Args::try_parse_from(argv).unwrap().rendezvous, Rendezvous::Env);
+    }
+
     #[test]
     fn bad_values_name_the_flag() {
         let err = Args::try_parse_from(["w", "--model", "gpt5", "--stage", "1", "--log-dir", "d"]).unwrap_err();

@@ -8,6 +8,7 @@
 //! exchanges in the same order, so the sequence numbers agree without being sent.
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,17 +25,26 @@ pub enum HostGroup {
 }
 
 /// The rendezvous store of a run, shared by its groups. Rank 0's process hosts it, so rank 0
-/// must not exit while another rank may still read from it: on drop, every other rank says it is
-/// done, and rank 0 waits (at most the rendezvous timeout) until all have.
+/// must not exit while another rank may still read from it (the last exchange of a run, the step
+/// times' maximum, ends on every rank at about the same time): on drop, every other rank says it
+/// is done, and rank 0 waits (at most the rendezvous timeout) until all have, unless it
+/// [abandoned](RunStore::abandon) the run.
 pub struct RunStore {
     store: TcpStore,
     rank: usize,
     world: usize,
+    abandoned: AtomicBool,
 }
 
 impl RunStore {
     pub fn new(store: TcpStore, rank: usize, world: usize) -> Self {
-        Self { store, rank, world }
+        Self { store, rank, world, abandoned: AtomicBool::new(false) }
+    }
+
+    /// This rank failed: on drop, rank 0 leaves at once (a rank that died would never say done);
+    /// the others' reads then fail, as they would anyway with rank 0 gone.
+    pub fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Relaxed);
     }
 
     /// `store.get` with the stack trace of libtorch's exception left out.
@@ -56,7 +66,7 @@ impl Drop for RunStore {
         // Errors are moot here: a rank that is gone has nothing left to read.
         if self.rank != 0 {
             let _ = self.set(&format!("done/{}", self.rank), &[]);
-        } else {
+        } else if !self.abandoned.load(Ordering::Relaxed) {
             for r in 1..self.world {
                 if self.get(&format!("done/{r}"), 0).is_err() {
                     break;
@@ -193,10 +203,10 @@ impl HostGroup {
         }
     }
 
-    /// Every rank's host name, in rank order.
+    /// Every rank's node name ([`crate::runtime::identity::node_name`]), in rank order.
     pub fn host_names(&mut self) -> Result<Vec<String>, CommError> {
         let mut mine = [0u8; HOST_NAME_BYTES];
-        let name = crate::runtime::identity::hostname();
+        let name = crate::runtime::identity::node_name();
         let n = name.len().min(HOST_NAME_BYTES);
         mine[..n].copy_from_slice(&name.as_bytes()[..n]);
         Ok(self
@@ -207,6 +217,14 @@ impl HostGroup {
                 String::from_utf8_lossy(&b[..end]).into_owned()
             })
             .collect())
+    }
+
+    /// The run's rendezvous store, for groups that met at one.
+    pub fn run_store(&self) -> Option<Arc<RunStore>> {
+        match self {
+            HostGroup::Mpi(_) => None,
+            HostGroup::Store(g) => Some(Arc::clone(&g.store)),
+        }
     }
 
     /// The group of `size` consecutive ranks this rank belongs to (hpZ's groups); collective.

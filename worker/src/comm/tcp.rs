@@ -206,9 +206,10 @@ fn accept_until(listener: &TcpListener, deadline: Instant) -> std::io::Result<Tc
     }
 }
 
-/// `a` for reading and `b` for writing, two non-overlapping ranges of `buf`.
+/// `a` for reading and `b` for writing, two non-overlapping ranges of `buf` (either may be empty,
+/// when a tensor has fewer elements than there are ranks).
 fn disjoint(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u8]) {
-    if a.start <= b.start {
+    if a.end <= b.start {
         let (lo, hi) = buf.split_at_mut(b.start);
         (&lo[a], &mut hi[..b.len()])
     } else {
@@ -389,5 +390,38 @@ impl Collectives for TcpCollectives {
 
     fn set_clock(&mut self, clock: SharedClock) {
         self.calls.clock = Some(clock);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disjoint_ranges_split_either_way_and_empty() {
+        let mut buf: Vec<u8> = (0..8).collect();
+        for (a, b) in [(0..4, 4..8), (4..8, 0..4), (0..4, 0..0), (4..4, 0..4), (2..2, 2..2)] {
+            let (x, y) = disjoint(&mut buf, a.clone(), b.clone());
+            assert_eq!((x.len(), y.len()), (a.len(), b.len()));
+            assert_eq!(x.first().copied(), (!a.is_empty()).then_some(a.start as u8));
+            assert_eq!(y.first().copied(), (!b.is_empty()).then_some(b.start as u8));
+        }
+    }
+
+    #[test]
+    fn sums_round_16_bit_floats_once_per_addition() {
+        let mut acc: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let other: Vec<u8> = [0.25f32, 2.0].iter().flat_map(|v| v.to_ne_bytes()).collect();
+        add_into(Elem::F32, &mut acc, &other);
+        assert_eq!(acc, [1.75f32, 0.0].iter().flat_map(|v| v.to_ne_bytes()).collect::<Vec<u8>>());
+        // 256 + 1 is not a bf16: the sum rounds to even, 256.
+        let bf = |v: f32| half::bf16::from_f32(v).to_bits().to_ne_bytes();
+        let mut acc = bf(256.0).to_vec();
+        add_into(Elem::Bf16, &mut acc, &bf(1.0));
+        assert_eq!(acc, bf(256.0));
+        let f16 = |v: f32| half::f16::from_f32(v).to_bits().to_ne_bytes();
+        let mut acc = f16(0.5).to_vec();
+        add_into(Elem::F16, &mut acc, &f16(0.25));
+        assert_eq!(acc, f16(0.75));
     }
 }

@@ -6,7 +6,7 @@
 //!   size from `MPI_COMM_WORLD`; local rank and ranks per node from a shared-memory split
 //!   (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`); node rank from the order of the node leaders.
 //! * `env`, for ranks launched with the environment convention: rank and size from `RANK` and
-//!   `WORLD_SIZE`; local rank, ranks per node and node rank from the host names the ranks
+//!   `WORLD_SIZE`; local rank, ranks per node and node rank from the node names the ranks
 //!   exchanged at the rendezvous (ranks of one host in rank order; hosts in the order of their
 //!   first rank).
 //! * `env:RANK` or `single`: a single process (rank 0 of 1), with or without `RANK=0` set.
@@ -56,7 +56,8 @@ pub fn resolve(world: &SimpleCommunicator) -> Result<Identity, IdentityError> {
     Ok(Identity { rank: 0, world_size: 1, local_rank: 0, local_size: 1, node_rank: 0, nodes: 1, source })
 }
 
-/// The identity of a rank launched with the environment convention, from every rank's host name.
+/// The identity of a rank launched with the environment convention, from every rank's
+/// [`node_name`].
 pub fn from_env(launch: &EnvLaunch, hosts: &[String]) -> Result<Identity, IdentityError> {
     let rank = launch.rank as usize;
     let mine = &hosts[rank];
@@ -160,6 +161,13 @@ pub fn slurm_info() -> Option<SlurmInfo> {
         array_job_id: get("SLURM_ARRAY_JOB_ID"),
         array_task_id: get("SLURM_ARRAY_TASK_ID"),
     })
+}
+
+/// The node this rank runs on, as the ranks compare it to find their local ranks: Slurm's name for
+/// it inside a Slurm job (`SLURMD_NODENAME`: the test cluster's fake nodes share one host), else
+/// the host's name.
+pub fn node_name() -> String {
+    env::var("SLURMD_NODENAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(hostname)
 }
 
 /// This host's name.

@@ -4,9 +4,10 @@
 //! [`Rendezvous`] is chosen with `--rendezvous` (or `ZEROBENCH_RENDEZVOUS`):
 //! * `mpi`: the MPI world is the run (`mpirun`, `srun --mpi=pmix`), as is a single process.
 //! * `env`: [`RANK`], [`WORLD_SIZE`], [`MASTER_ADDR`] and [`MASTER_PORT`] say who this rank is
-//!   and where rank 0 hosts a c10d `TCPStore`; every rank connects to it, and the store carries
-//!   what the ranks exchange before they communicate: host names (for local ranks), the CPU
-//!   collectives' ring addresses ([`crate::comm::tcp`]) and NCCL's unique id.
+//!   and where rank 0 (or torchrun's agent, [`AGENT_STORE`]) hosts a c10d `TCPStore`; every rank
+//!   connects to it, and the store carries what the ranks exchange before they communicate: host
+//!   names (for local ranks), the CPU collectives' ring addresses ([`crate::comm::tcp`]) and
+//!   NCCL's unique id.
 //! * `auto` (default): `mpi` when MPI started more than one rank, else `env` when [`WORLD_SIZE`]
 //!   or [`MASTER_ADDR`] is set, else a single process.
 //!
@@ -27,16 +28,11 @@ use crate::comm::CommError;
 use crate::runtime::identity::{self, Identity, IdentityError};
 use crate::runtime::shim::TcpStore;
 
-/// The rank of this process among all ranks (torchrun, DeepSpeed).
-pub const RANK: &str = "RANK";
-/// The number of ranks of the run.
-pub const WORLD_SIZE: &str = "WORLD_SIZE";
-/// The rank of this process among those of its host.
-pub const LOCAL_RANK: &str = "LOCAL_RANK";
-/// The host of rank 0, where the rendezvous store listens.
-pub const MASTER_ADDR: &str = "MASTER_ADDR";
-/// The store's TCP port.
-pub const MASTER_PORT: &str = "MASTER_PORT";
+pub use zerobench_schema::launch::{LOCAL_RANK, MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE};
+
+/// torchrun sets this to `True` when its agent already hosts the store at
+/// `MASTER_ADDR:MASTER_PORT`: rank 0 then connects to it like the others instead of listening.
+pub const AGENT_STORE: &str = "TORCHELASTIC_USE_AGENT_STORE";
 
 /// How the ranks find each other (`--rendezvous`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
@@ -58,6 +54,8 @@ pub struct EnvLaunch {
     pub world_size: u32,
     pub master_addr: String,
     pub master_port: u16,
+    /// Whether the launcher hosts the store ([`AGENT_STORE`]); else rank 0 does.
+    pub agent_store: bool,
 }
 
 /// The transport a rank uses, once chosen.
@@ -143,7 +141,8 @@ pub fn connect(launch: &EnvLaunch, timeout: Duration) -> Result<HostGroup, Rende
         message,
     };
     let advertise = route_to(&launch.master_addr, launch.master_port).map_err(&fail)?;
-    let store = TcpStore::open(&launch.master_addr, launch.master_port, launch.rank == 0, launch.world_size, timeout)
+    let server = launch.rank == 0 && !launch.agent_store;
+    let store = TcpStore::open(&launch.master_addr, launch.master_port, server, launch.world_size, timeout)
         .map_err(|e| fail(e.0.lines().next().unwrap_or_default().to_string()))?;
     Ok(HostGroup::Store(StoreGroup::world(
         Arc::new(RunStore::new(store, launch.rank as usize, launch.world_size as usize)),
@@ -206,7 +205,8 @@ pub fn env_launch(vars: Vars<'_>) -> Result<EnvLaunch, RendezvousError> {
         value: port,
         what: "a TCP port (1-65535)",
     })?;
-    Ok(EnvLaunch { rank, world_size, master_addr, master_port })
+    let agent_store = vars(AGENT_STORE).is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    Ok(EnvLaunch { rank, world_size, master_addr, master_port, agent_store })
 }
 
 /// A non-negative integer from the environment, if set.
@@ -237,12 +237,18 @@ mod tests {
     fn auto_prefers_mpi_then_the_environment_then_one_process() {
         let env = with(FULL);
         assert_eq!(choose(Rendezvous::Auto, 3, &env), Ok(Transport::Mpi));
-        let want = EnvLaunch { rank: 1, world_size: 3, master_addr: "node-a".into(), master_port: 29511 };
+        let want =
+            EnvLaunch { rank: 1, world_size: 3, master_addr: "node-a".into(), master_port: 29511, agent_store: false };
         assert_eq!(choose(Rendezvous::Auto, 1, &env), Ok(Transport::Env(want.clone())));
         assert_eq!(choose(Rendezvous::Env, 1, &env), Ok(Transport::Env(want)));
         assert_eq!(choose(Rendezvous::Auto, 1, &with(&[])), Ok(Transport::Mpi));
         assert_eq!(choose(Rendezvous::Auto, 1, &with(&[(WORLD_SIZE, "1"), (RANK, "0")])), Ok(Transport::Mpi));
         assert_eq!(choose(Rendezvous::Mpi, 1, &env), Err(RendezvousError::NotMpi(3)));
+        let torchrun = with(&[FULL, &[(AGENT_STORE, "True")]].concat());
+        assert!(matches!(
+            choose(Rendezvous::Auto, 1, &torchrun),
+            Ok(Transport::Env(EnvLaunch { agent_store: true, .. }))
+        ));
     }
 
     #[test]
