@@ -182,7 +182,7 @@ fn a_wrong_environment_is_refused_naming_the_variable() {
         (&[("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_PORT", "")], &[], 2, "needs MASTER_PORT"),
         (&[("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_PORT", "http")], &[], 2, "MASTER_PORT=\"http\""),
         (&[("WORLD_SIZE", "2"), ("RANK", "1"), ("MASTER_ADDR", "")], &[], 2, "needs MASTER_ADDR"),
-        (&[("WORLD_SIZE", "2")], &["--rendezvous", "mpi"], 2, "--rendezvous mpi, but MPI started this process alone"),
+        (&[("WORLD_SIZE", "2")], &["--rendezvous", "mpi"], 2, "MPI started this process alone while WORLD_SIZE=2"),
         (&[], &["--rendezvous", "env"], 2, "needs WORLD_SIZE"),
         (&[("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_PORT", &busy_port)], &[], 4, "rendezvous at 127.0.0.1:"),
         (&[], &["--rendezvous-timeout-s", "0"], 2, "--rendezvous-timeout-s"),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tch::{Device, Kind, Tensor};
 use zerobench_worker::comm::cpu_collectives;
-use zerobench_worker::runtime::rendezvous::{join, Rendezvous};
+use zerobench_worker::runtime::rendezvous::{join, Ranks, Rendezvous};
 
 fn check(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
     let diff = (got.to_kind(Kind::Float) - want.to_kind(Kind::Float)).abs().max().double_value(&[]);
@@ -19,8 +19,8 @@ fn check(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
 }
 
 fn main() {
-    let universe = mpi::initialize().expect("MPI");
-    let (_, host) = join(Rendezvous::Auto, universe.world(), Duration::from_secs(60)).expect("the ranks meet");
+    // `_mpi` keeps MPI initialised to the end, for ranks that mpirun started.
+    let Ranks { host, mpi: _mpi, .. } = join(Rendezvous::Auto, Duration::from_secs(60)).expect("the ranks meet");
     let mut c = cpu_collectives(host).expect("collectives");
     let (r, n) = (c.rank() as i64, c.world() as i64);
     let tri = (n * (n + 1) / 2) as f64;

@@ -27,9 +27,9 @@ const ITERS: usize = 20;
 fn main() {
     // Before MPI starts, as the worker does: MPI may initialise CUDA.
     cuda::bind_local_gpu(identity::local_rank_hint().unwrap_or(0));
-    let universe = mpi::initialize().expect("MPI");
-    let (_, host) = rendezvous::join(rendezvous::Rendezvous::Auto, universe.world(), Duration::from_secs(60))
-        .expect("the ranks meet");
+    // `_mpi` keeps MPI initialised to the end, for ranks that mpirun started.
+    let rendezvous::Ranks { host, mpi: _mpi, .. } =
+        rendezvous::join(rendezvous::Rendezvous::Auto, Duration::from_secs(60)).expect("the ranks meet");
     let (rank, n) = (host.rank(), host.size());
     let dev = device::select(zerobench_schema::DeviceRequest::Cuda).expect("a GPU");
     let gpu = cuda::Gpu::new(0).expect("CUDA context");

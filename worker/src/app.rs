@@ -1,7 +1,7 @@
 //! One rank's run from flags to exit code.
 //!
-//! Order of work: flags are checked before anything else; then MPI starts, the rank learns who it
-//! is and opens its log (a log folder that cannot be written stops the rank here, before any
+//! Order of work: flags are checked before anything else; then the rank meets the others (over MPI,
+//! or at a TCP store: [`rendezvous`]), learns who it is and opens its log (a log folder that cannot be written stops the rank here, before any
 //! training); then the model and the ZeRO engine are built, and the steps run. Every record is
 //! flushed as it is written. A failure after the log is open is logged as an `error` record and
 //! an `end` record with the exit code that follows (see [`failure`]).
@@ -48,14 +48,13 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     // Refuse what the worker cannot build before any rank starts communicating.
     let model = model::build(&cfg.model.spec()).map_err(|e| Failure::Config(format!("invalid --model: {e}")))?;
 
-    // One GPU per local rank, chosen before MPI (which may initialise CUDA) and before libtorch.
+    // One GPU per local rank, chosen before MPI (which may initialise CUDA) and before libtorch:
+    // by the launcher's local rank, checked once the ranks have met.
     let gpu_hint = identity::local_rank_hint();
     let visible = (cfg.device != DeviceRequest::Cpu).then(|| runtime::cuda::bind_local_gpu(gpu_hint.unwrap_or(0)));
-    // MPI starts in every case: a process launched without mpirun is an MPI world of one.
-    let universe = mpi::initialize().ok_or_else(|| Failure::Internal("MPI was already initialised".into()))?;
-    let world = universe.world();
     let timeout = Duration::from_secs(args.rendezvous_timeout_s);
-    let (ident, mut host) = rendezvous::join(args.rendezvous, world, timeout).map_err(|e| {
+    // `_mpi` keeps MPI initialised to the end of the run, when the ranks use it.
+    let rendezvous::Ranks { ident, mut host, mpi: _mpi } = rendezvous::join(args.rendezvous, timeout).map_err(|e| {
         if e.is_config() {
             Failure::Config(e.to_string())
         } else {

@@ -73,8 +73,8 @@ pub struct Args {
     pub profile_step: Option<u32>,
     /// How the ranks find each other: `mpi` (mpirun, srun --mpi=pmix), `env` (RANK, WORLD_SIZE,
     /// MASTER_ADDR, MASTER_PORT, as torchrun and DeepSpeed set them; rank 0 hosts a TCP store),
-    /// or `auto`: MPI if MPI started more than one rank, else env if WORLD_SIZE or MASTER_ADDR
-    /// is set, else one process.
+    /// or `auto`: MPI if an MPI launcher started this process, else env if WORLD_SIZE or
+    /// MASTER_ADDR is set, else one process.
     #[arg(long, value_enum, default_value_t = Rendezvous::Auto, env = "ZEROBENCH_RENDEZVOUS")]
     pub rendezvous: Rendezvous,
     /// `env` rendezvous: seconds a rank waits for the others to arrive before it fails.

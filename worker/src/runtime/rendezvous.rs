@@ -8,20 +8,24 @@
 //!   connects to it, and the store carries what the ranks exchange before they communicate: host
 //!   names (for local ranks), the CPU collectives' ring addresses ([`crate::comm::tcp`]) and
 //!   NCCL's unique id.
-//! * `auto` (default): `mpi` when MPI started more than one rank, else `env` when [`WORLD_SIZE`]
-//!   or [`MASTER_ADDR`] is set, else a single process.
+//! * `auto` (default): `mpi` when an MPI launcher started this process ([`MPI_LAUNCHED`]), else
+//!   `env` when [`WORLD_SIZE`] or [`MASTER_ADDR`] is set, else a single process.
+//!
+//! Ranks that meet through the environment never initialise MPI: under `srun --mpi=none`, Open
+//! MPI's `MPI_Init` would look for Slurm's PMI and abort.
 //!
 //! A rank that never arrives fails the others at the rendezvous timeout: rank 0's store waits that
 //! long for every rank to connect, the others that long to reach it and for each value.
 
 use std::env;
-use std::net::{IpAddr, ToSocketAddrs, UdpSocket};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ValueEnum;
 
-use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::environment::Universe;
+use mpi::topology::Communicator;
 
 use crate::comm::group::{HostGroup, RunStore, StoreGroup};
 use crate::comm::CommError;
@@ -37,8 +41,8 @@ pub const AGENT_STORE: &str = "TORCHELASTIC_USE_AGENT_STORE";
 /// How the ranks find each other (`--rendezvous`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum Rendezvous {
-    /// MPI if MPI started more than one rank, the environment if WORLD_SIZE or MASTER_ADDR is
-    /// set, a single process otherwise.
+    /// MPI if an MPI launcher started this process, the environment if WORLD_SIZE or
+    /// MASTER_ADDR is set, a single process otherwise.
     #[default]
     Auto,
     /// The MPI world (or a single process).
@@ -77,7 +81,7 @@ pub enum RendezvousError {
     RankOutOfRange { rank: u32, world_size: u32 },
     #[error("rendezvous at {addr}:{port} failed (rank {rank} of {world_size}, timeout {timeout_s} s): {message}")]
     Store { addr: String, port: u16, rank: u32, world_size: u32, timeout_s: u64, message: String },
-    #[error("--rendezvous mpi, but MPI started this process alone while {WORLD_SIZE}={0}; launch the ranks with mpirun or srun --mpi=pmix, or use --rendezvous env")]
+    #[error("MPI started this process alone while {WORLD_SIZE}={0}; launch the ranks with mpirun or srun --mpi=pmix, or use --rendezvous env")]
     NotMpi(u32),
 }
 
@@ -98,6 +102,8 @@ pub enum JoinError {
     Identity(#[from] IdentityError),
     #[error(transparent)]
     Comm(#[from] CommError),
+    #[error("MPI was already initialised")]
+    MpiAgain,
 }
 
 impl JoinError {
@@ -105,26 +111,39 @@ impl JoinError {
     /// reach each other.
     pub fn is_config(&self) -> bool {
         match self {
-            JoinError::Rendezvous(RendezvousError::Store { .. }) | JoinError::Comm(_) => false,
+            JoinError::Rendezvous(RendezvousError::Store { .. }) | JoinError::Comm(_) | JoinError::MpiAgain => false,
             JoinError::Rendezvous(_) | JoinError::Identity(_) => true,
         }
     }
 }
 
-/// Meets the other ranks of the run the way `requested` says (MPI started as `world`): this
-/// rank's identity, and the group of all ranks.
-pub fn join(
-    requested: Rendezvous,
-    world: SimpleCommunicator,
-    timeout: Duration,
-) -> Result<(Identity, HostGroup), JoinError> {
-    let mpi_world = u32::try_from(world.size()).expect("positive MPI size");
-    match choose(requested, mpi_world, &process_env)? {
-        Transport::Mpi => Ok((identity::resolve(&world)?, HostGroup::Mpi(world))),
+/// The ranks of the run, once this one has met them.
+pub struct Ranks {
+    pub ident: Identity,
+    /// All ranks, for host-side exchanges and to build the collectives on.
+    pub host: HostGroup,
+    /// MPI, initialised for as long as the run uses it (dropping it finalises MPI); none for
+    /// ranks that met through the environment.
+    pub mpi: Option<Universe>,
+}
+
+/// Meets the other ranks of the run the way `requested` says.
+pub fn join(requested: Rendezvous, timeout: Duration) -> Result<Ranks, JoinError> {
+    match choose(requested, &process_env)? {
+        Transport::Mpi => {
+            let universe = mpi::initialize().ok_or(JoinError::MpiAgain)?;
+            let world = universe.world();
+            if world.size() == 1 {
+                if let Some(n) = env_u32(&process_env, WORLD_SIZE)?.filter(|&n| n > 1) {
+                    return Err(RendezvousError::NotMpi(n).into());
+                }
+            }
+            Ok(Ranks { ident: identity::resolve(&world)?, host: HostGroup::Mpi(world), mpi: Some(universe) })
+        }
         Transport::Env(launch) => {
             let mut host = connect(&launch, timeout)?;
             let hosts = host.host_names()?;
-            Ok((identity::from_env(&launch, &hosts)?, host))
+            Ok(Ranks { ident: identity::from_env(&launch, &hosts)?, host, mpi: None })
         }
     }
 }
@@ -154,29 +173,50 @@ pub fn connect(launch: &EnvLaunch, timeout: Duration) -> Result<HostGroup, Rende
 }
 
 /// The address of this host on the route to `host`: where the other ranks, which reach the
-/// master, can reach this one. (Connecting a UDP socket sends nothing; it only picks the route.)
+/// master, can reach this one.
+///
+/// A master whose own name resolves to a loopback address here (Debian's `127.0.1.1` for the
+/// host's name) would advertise that to ranks on other hosts; then the address of the default
+/// route is used, when there is one. A loopback address or `localhost` given as such stays: the
+/// run is on this host.
 fn route_to(host: &str, port: u16) -> Result<IpAddr, String> {
     let target = (host, port)
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve {MASTER_ADDR}={host}: {e}"))?
         .next()
         .ok_or_else(|| format!("{MASTER_ADDR}={host} has no address"))?;
-    let any: IpAddr = if target.is_ipv4() { [0, 0, 0, 0].into() } else { [0u16; 8].into() };
-    let probe = UdpSocket::bind((any, 0)).map_err(|e| e.to_string())?;
-    probe.connect(target).map_err(|e| format!("no route to {target}: {e}"))?;
-    Ok(probe.local_addr().map_err(|e| e.to_string())?.ip())
+    let ip = local_ip_towards(target).map_err(|e| format!("no route to {target}: {e}"))?;
+    let local_by_choice = host.parse::<IpAddr>().is_ok() || host.eq_ignore_ascii_case("localhost");
+    if ip.is_loopback() && !local_by_choice {
+        // TEST-NET-1 stands for "anywhere off this host"; nothing is sent to it.
+        let elsewhere = SocketAddr::from(([192, 0, 2, 1], port));
+        if let Some(default) = local_ip_towards(elsewhere).ok().filter(|a| !a.is_loopback()) {
+            return Ok(default);
+        }
+    }
+    Ok(ip)
 }
 
-/// Chooses the transport for `requested`, given the size of the MPI world this process is in.
-pub fn choose(requested: Rendezvous, mpi_world: u32, vars: Vars<'_>) -> Result<Transport, RendezvousError> {
+/// The local address a datagram to `target` would leave from. (Connecting a UDP socket sends
+/// nothing; it only picks the route.)
+fn local_ip_towards(target: SocketAddr) -> std::io::Result<IpAddr> {
+    let any: IpAddr = if target.is_ipv4() { [0, 0, 0, 0].into() } else { [0u16; 8].into() };
+    let probe = UdpSocket::bind((any, 0))?;
+    probe.connect(target)?;
+    Ok(probe.local_addr()?.ip())
+}
+
+/// Variables one of which every MPI launcher sets in its ranks: Open MPI's `mpirun`, PMI-1/2
+/// (MPICH's Hydra, `srun --mpi=pmi2`), PMIx (`srun --mpi=pmix`, `prterun`), MPICH's local ranks.
+pub const MPI_LAUNCHED: [&str; 4] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"];
+
+/// Chooses the transport for `requested`, before MPI starts (it must not start for env ranks).
+pub fn choose(requested: Rendezvous, vars: Vars<'_>) -> Result<Transport, RendezvousError> {
     let world = env_u32(vars, WORLD_SIZE)?;
     match requested {
-        Rendezvous::Mpi => match world {
-            Some(n) if n > 1 && mpi_world == 1 => Err(RendezvousError::NotMpi(n)),
-            _ => Ok(Transport::Mpi),
-        },
+        Rendezvous::Mpi => Ok(Transport::Mpi),
         Rendezvous::Env => env_launch(vars).map(Transport::Env),
-        Rendezvous::Auto if mpi_world > 1 => Ok(Transport::Mpi),
+        Rendezvous::Auto if MPI_LAUNCHED.iter().any(|k| vars(k).is_some()) => Ok(Transport::Mpi),
         // One rank needs no rendezvous: it is a single process, whatever else is set.
         Rendezvous::Auto if world == Some(1) => Ok(Transport::Mpi),
         Rendezvous::Auto if world.is_some() || vars(MASTER_ADDR).is_some() => env_launch(vars).map(Transport::Env),
@@ -236,19 +276,19 @@ mod tests {
     #[test]
     fn auto_prefers_mpi_then_the_environment_then_one_process() {
         let env = with(FULL);
-        assert_eq!(choose(Rendezvous::Auto, 3, &env), Ok(Transport::Mpi));
+        for marker in MPI_LAUNCHED {
+            let mpirun = with(&[FULL, &[(marker, "3")]].concat());
+            assert_eq!(choose(Rendezvous::Auto, &mpirun), Ok(Transport::Mpi), "{marker}");
+        }
         let want =
             EnvLaunch { rank: 1, world_size: 3, master_addr: "node-a".into(), master_port: 29511, agent_store: false };
-        assert_eq!(choose(Rendezvous::Auto, 1, &env), Ok(Transport::Env(want.clone())));
-        assert_eq!(choose(Rendezvous::Env, 1, &env), Ok(Transport::Env(want)));
-        assert_eq!(choose(Rendezvous::Auto, 1, &with(&[])), Ok(Transport::Mpi));
-        assert_eq!(choose(Rendezvous::Auto, 1, &with(&[(WORLD_SIZE, "1"), (RANK, "0")])), Ok(Transport::Mpi));
-        assert_eq!(choose(Rendezvous::Mpi, 1, &env), Err(RendezvousError::NotMpi(3)));
+        assert_eq!(choose(Rendezvous::Auto, &env), Ok(Transport::Env(want.clone())));
+        assert_eq!(choose(Rendezvous::Env, &env), Ok(Transport::Env(want)));
+        assert_eq!(choose(Rendezvous::Mpi, &env), Ok(Transport::Mpi));
+        assert_eq!(choose(Rendezvous::Auto, &with(&[])), Ok(Transport::Mpi));
+        assert_eq!(choose(Rendezvous::Auto, &with(&[(WORLD_SIZE, "1"), (RANK, "0")])), Ok(Transport::Mpi));
         let torchrun = with(&[FULL, &[(AGENT_STORE, "True")]].concat());
-        assert!(matches!(
-            choose(Rendezvous::Auto, 1, &torchrun),
-            Ok(Transport::Env(EnvLaunch { agent_store: true, .. }))
-        ));
+        assert!(matches!(choose(Rendezvous::Auto, &torchrun), Ok(Transport::Env(EnvLaunch { agent_store: true, .. }))));
     }
 
     #[test]
@@ -257,7 +297,7 @@ mod tests {
             [(RANK, RANK), (WORLD_SIZE, WORLD_SIZE), (MASTER_ADDR, MASTER_ADDR), (MASTER_PORT, MASTER_PORT)]
         {
             let pairs: Vec<_> = FULL.iter().copied().filter(|(k, _)| *k != drop).collect();
-            let err = choose(Rendezvous::Env, 1, &with(&pairs)).unwrap_err();
+            let err = choose(Rendezvous::Env, &with(&pairs)).unwrap_err();
             assert!(matches!(err, RendezvousError::Missing { name, .. } if name == drop), "{err}");
             assert!(err.to_string().contains(name), "{err}");
         }
@@ -269,7 +309,7 @@ mod tests {
             (MASTER_PORT, "0", "MASTER_PORT=\"0\""),
         ] {
             let pairs: Vec<_> = FULL.iter().copied().map(|(a, b)| if a == k { (a, v) } else { (a, b) }).collect();
-            let err = choose(Rendezvous::Auto, 1, &with(&pairs)).unwrap_err().to_string();
+            let err = choose(Rendezvous::Auto, &with(&pairs)).unwrap_err().to_string();
             assert!(err.contains(says), "{k}={v}: {err}");
         }
     }
