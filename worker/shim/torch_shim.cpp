@@ -20,7 +20,9 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -115,6 +117,12 @@ int zb_cuda_reset_peak(int device) {
 using StorePtr = c10::intrusive_ptr<c10d::TCPStore>;
 
 int zb_store_open(const char* host, uint16_t port, int is_server, int world, int64_t timeout_ms, void** out) {
+  // c10d logs every failed connection attempt with a stack trace before it throws, and the
+  // worker reports the exception itself: unless TORCH_CPP_LOG_LEVEL asks for libtorch's logs,
+  // only fatal ones are printed from here on.
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) {
+    FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 3);
+  }
   return guarded([&] {
     c10d::TCPStoreOptions opts;
     opts.port = port;

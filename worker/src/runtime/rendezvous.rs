@@ -15,7 +15,8 @@
 //! MPI's `MPI_Init` would look for Slurm's PMI and abort.
 //!
 //! A rank that never arrives fails the others at the rendezvous timeout: rank 0's store waits that
-//! long for every rank to connect, the others that long to reach it and for each value.
+//! long for every rank to connect, the others that long for each value, and to reach rank 0 (the
+//! store's client tries twice, so at most twice that).
 
 use std::env;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
