@@ -57,7 +57,8 @@ impl RunStore {
     }
 }
 
-fn first_line(s: &str) -> String {
+/// The first line of a libtorch exception's message: the rest is its stack trace.
+pub(crate) fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or_default().to_string()
 }
 

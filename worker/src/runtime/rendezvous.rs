@@ -28,7 +28,7 @@ use clap::ValueEnum;
 use mpi::environment::Universe;
 use mpi::topology::Communicator;
 
-use crate::comm::group::{HostGroup, RunStore, StoreGroup};
+use crate::comm::group::{first_line, HostGroup, RunStore, StoreGroup};
 use crate::comm::CommError;
 use crate::runtime::identity::{self, Identity, IdentityError};
 use crate::runtime::shim::TcpStore;
@@ -151,7 +151,7 @@ pub fn join(requested: Rendezvous, timeout: Duration) -> Result<Ranks, JoinError
 
 /// Meets the other ranks at the store on `launch`'s master (hosting it on rank 0) and returns
 /// the group of all ranks. Fails within `timeout` when a rank does not arrive.
-pub fn connect(launch: &EnvLaunch, timeout: Duration) -> Result<HostGroup, RendezvousError> {
+fn connect(launch: &EnvLaunch, timeout: Duration) -> Result<HostGroup, RendezvousError> {
     let fail = |message: String| RendezvousError::Store {
         addr: launch.master_addr.clone(),
         port: launch.master_port,
@@ -163,7 +163,7 @@ pub fn connect(launch: &EnvLaunch, timeout: Duration) -> Result<HostGroup, Rende
     let advertise = route_to(&launch.master_addr, launch.master_port).map_err(&fail)?;
     let server = launch.rank == 0 && !launch.agent_store;
     let store = TcpStore::open(&launch.master_addr, launch.master_port, server, launch.world_size, timeout)
-        .map_err(|e| fail(e.0.lines().next().unwrap_or_default().to_string()))?;
+        .map_err(|e| fail(first_line(&e.0)))?;
     Ok(HostGroup::Store(StoreGroup::world(
         Arc::new(RunStore::new(store, launch.rank as usize, launch.world_size as usize)),
         launch.rank as usize,
@@ -226,7 +226,7 @@ pub fn choose(requested: Rendezvous, vars: Vars<'_>) -> Result<Transport, Rendez
 }
 
 /// Reads the environment convention, naming the first variable that is missing or wrong.
-pub fn env_launch(vars: Vars<'_>) -> Result<EnvLaunch, RendezvousError> {
+fn env_launch(vars: Vars<'_>) -> Result<EnvLaunch, RendezvousError> {
     let need = |name: &'static str, why: &'static str| {
         vars(name).filter(|v| !v.trim().is_empty()).ok_or(RendezvousError::Missing { name, why })
     };
