@@ -20,7 +20,7 @@ use std::env;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use zerobench_schema::log::SlurmInfo;
 
-use super::rendezvous::{self, EnvLaunch, RendezvousError, LOCAL_RANK, RANK, WORLD_SIZE};
+use super::rendezvous::{self, EnvLaunch, RendezvousError, Vars, LOCAL_RANK, RANK, WORLD_SIZE};
 
 /// This process's place in the run.
 #[derive(Debug, Clone)]
@@ -58,7 +58,8 @@ pub fn resolve(world: &SimpleCommunicator) -> Result<Identity, IdentityError> {
 
 /// The identity of a rank launched with the environment convention, from every rank's
 /// [`node_name`].
-pub fn from_env(launch: &EnvLaunch, hosts: &[String]) -> Result<Identity, IdentityError> {
+/// `vars` is the environment (its `LOCAL_RANK` must agree).
+pub fn from_env(launch: &EnvLaunch, hosts: &[String], vars: Vars<'_>) -> Result<Identity, IdentityError> {
     let rank = launch.rank as usize;
     let mine = &hosts[rank];
     let mut firsts: Vec<&String> = Vec::new();
@@ -77,7 +78,7 @@ pub fn from_env(launch: &EnvLaunch, hosts: &[String]) -> Result<Identity, Identi
         nodes: u32::try_from(firsts.len()).expect("few"),
         source: "env",
     };
-    if let Some(l) = env_u32(LOCAL_RANK)? {
+    if let Some(l) = rendezvous::env_u32(vars, LOCAL_RANK)? {
         if l != id.local_rank {
             return Err(IdentityError::Inconsistent(format!(
                 "{LOCAL_RANK}={l} but this is rank {} of the {} ranks on host {mine}",
@@ -180,4 +181,34 @@ pub fn hostname() -> String {
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch(rank: u32, world_size: u32) -> EnvLaunch {
+        EnvLaunch { rank, world_size, master_addr: "a".into(), master_port: 29500, agent_store: false }
+    }
+
+    #[test]
+    fn env_ranks_place_themselves_by_host_name() {
+        let hosts: Vec<String> = ["a", "b", "a", "b", "c"].iter().map(|h| h.to_string()).collect();
+        let none = |_: &'static str| None;
+        let places: Vec<_> = (0..5)
+            .map(|r| {
+                let id = from_env(&launch(r, 5), &hosts, &none).unwrap();
+                (id.local_rank, id.local_size, id.node_rank, id.nodes, id.source)
+            })
+            .collect();
+        assert_eq!(
+            places,
+            [(0, 2, 0, 3, "env"), (0, 2, 1, 3, "env"), (1, 2, 0, 3, "env"), (1, 2, 1, 3, "env"), (0, 1, 2, 3, "env")]
+        );
+        // A launcher's LOCAL_RANK must agree with the hosts.
+        let said = |k: &'static str| (k == LOCAL_RANK).then(|| "0".to_string());
+        let err = from_env(&launch(2, 5), &hosts, &said).unwrap_err().to_string();
+        assert!(err.contains("LOCAL_RANK=0 but this is rank 1 of the 2 ranks on host a"), "{err}");
+        assert!(from_env(&launch(4, 5), &hosts, &said).is_ok());
+    }
 }

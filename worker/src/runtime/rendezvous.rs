@@ -144,7 +144,7 @@ pub fn join(requested: Rendezvous, timeout: Duration) -> Result<Ranks, JoinError
         Transport::Env(launch) => {
             let mut host = connect(&launch, timeout)?;
             let hosts = host.host_names()?;
-            Ok(Ranks { ident: identity::from_env(&launch, &hosts)?, host, mpi: None })
+            Ok(Ranks { ident: identity::from_env(&launch, &hosts, &process_env)?, host, mpi: None })
         }
     }
 }
