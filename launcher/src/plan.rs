@@ -338,14 +338,6 @@ fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node
             crate::values::human_bytes(have_bytes)
         ));
     }
-    if spec.launch.method == crate::spec::Method::Pdsh && world > 1 {
-        // pdsh starts independent processes that learn their rank from the environment, as
-        // DeepSpeed's launcher does; zerobench-worker needs an MPI world to communicate.
-        warnings.push(format!(
-            "launch.method: pdsh gives the {world} ranks RANK/WORLD_SIZE/MASTER_ADDR only; zerobench-worker \
-             needs mpirun or srun --mpi=pmix for more than one rank and will refuse to start"
-        ));
-    }
     let hosts = spec.resources.as_ref().map(|res| Resources {
         hosts: res.hosts[..nodes as usize]
             .iter()

@@ -17,6 +17,7 @@ use crate::plan::{Plan, Run};
 use crate::quote::{sbatch_value, sh, sh_arg, slurm_pattern_literal, DirectiveError};
 use crate::select::Resources;
 use crate::spec::{Allocation, Cluster, Launch, Method, MpiImpl, PdshRcmd};
+use zerobench_schema::launch::{ENV_RENDEZVOUS_ARGS, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE};
 
 /// `run.json`'s format version.
 pub const RUN_RECORD_VERSION: u32 = 1;
@@ -110,6 +111,9 @@ pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, Di
     let mut worker = vec![Word::lit(launch.worker.as_str())];
     worker.extend(run.config.to_worker_args().into_iter().map(Word::Lit));
     worker.extend([Word::lit("--log-dir"), Word::InRunDir(LOG_DIR.into()), Word::lit("--run-id"), Word::lit(&run.id)]);
+    if launch.method.rendezvous_by_env() {
+        worker.extend(ENV_RENDEZVOUS_ARGS.map(Word::lit));
+    }
 
     let hostfile = run.hosts.as_ref().and_then(|res| {
         let format = match (launch.method, launch.mpi_impl) {
@@ -155,11 +159,15 @@ pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, Di
 
     let hostfile_format = hostfile.as_ref().map(|h| h.0);
     let (words, node_script) = match (launch.method, launch.mpi_impl) {
-        (Method::Srun, _) => (srun(&mut s, spec, run, &worker), None),
+        (Method::Srun | Method::Torchrun, _) => (srun(&mut s, spec, run, &worker), None),
         (Method::Mpirun, MpiImpl::Openmpi) => {
+            allocation_guard(&mut s, run, "mpirun");
             (openmpi(&mut s, cluster, run, &worker, Placement::PerNode(hostfile_format)), None)
         }
-        (Method::Mpirun, MpiImpl::Mpich) => (mpich(&mut s, cluster, run, &worker, hostfile_format), None),
+        (Method::Mpirun, MpiImpl::Mpich) => {
+            allocation_guard(&mut s, run, "mpiexec");
+            (mpich(&mut s, cluster, run, &worker, hostfile_format), None)
+        }
         (Method::Local, _) => (openmpi(&mut s, cluster, run, &worker, Placement::ThisHost), None),
         (Method::Pdsh, _) => {
             let res = run.hosts.as_ref().ok_or_else(|| DirectiveError {
@@ -167,6 +175,7 @@ pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, Di
                 value: String::new(),
                 why: "the pdsh method needs a hostfile",
             })?;
+            allocation_guard(&mut s, run, "pdsh");
             let (words, node) = pdsh(&mut s, spec, run, res, &dir, &worker);
             (words, Some(node))
         }
@@ -210,11 +219,59 @@ pub fn directives(s: &mut String, run: &Run, c: &Cluster, job_name: &str, output
             d(k, v.as_str());
         }
     }
-    if let Some(nl) = &c.nodelist {
+    // A run over a hostfile asks Slurm for exactly the hostfile's hosts: pdsh and mpirun reach
+    // hosts by name over ssh, and must not start ranks on nodes outside the job's allocation.
+    // (A spec gives a hostfile or a nodelist, never both.)
+    let pinned = run.hosts.as_ref().map(hostfile_hosts).transpose()?;
+    if let Some(nl) = pinned.as_deref().or(c.nodelist.as_deref()) {
         d("nodelist", &sbatch_value("cluster.nodelist", nl)?);
     }
     d("output", &sbatch_value("the output path", output)?);
     Ok(())
+}
+
+/// The hosts of a run over a hostfile, as a hostlist expression.
+fn hostfile_hosts(res: &Resources) -> Result<String, DirectiveError> {
+    let hosts: Vec<&str> = res.hosts.iter().map(|h| h.host.as_str()).collect();
+    hostlist::compress(&hosts).map_err(|_| DirectiveError {
+        what: "the hostfile's hosts",
+        value: hosts.join(","),
+        why: "they do not form a Slurm hostlist",
+    })
+}
+
+/// For runs over a hostfile: inside a Slurm job, stop before `launcher` reaches a host outside the
+/// job's allocation (a job submitted by hand without the rendered `--nodelist`, or run with bash
+/// inside another allocation). Outside Slurm the hostfile is all there is.
+fn allocation_guard(s: &mut String, run: &Run, launcher: &str) {
+    let Some(res) = &run.hosts else { return };
+    let hosts: Vec<String> = res.hosts.iter().map(|h| sh(&h.host).into_owned()).collect();
+    let _ = writeln!(
+        s,
+        "# {launcher} reaches the hostfile's hosts over ssh: inside a Slurm job, only those of its allocation."
+    );
+    s.push_str(
+        "if [ -n \"${SLURM_JOB_NODELIST:-}\" ]; then
+",
+    );
+    s.push_str(
+        "  allocated=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\")
+",
+    );
+    let _ = writeln!(s, "  for host in {}; do", hosts.join(" "));
+    s.push_str(
+        "    if ! grep -qxF -- \"$host\" <<<\"$allocated\"; then
+",
+    );
+    s.push_str("      echo \"job.sbatch: host $host of the hostfile is outside this job's allocation ($SLURM_JOB_NODELIST); submit the rendered job.sbatch, whose --nodelist asks for the hostfile's hosts\" >&2
+");
+    s.push_str(
+        "      exit 2
+    fi
+  done
+fi
+",
+    );
 }
 
 /// Module loads and exports, from the spec, in order.
@@ -258,15 +315,43 @@ fn srun(s: &mut String, spec: &crate::spec::Spec, run: &Run, worker: &[Word]) ->
         }
     }
     s.push_str("# srun does not inherit --cpus-per-task from sbatch in Slurm 22.05: pass it again.\n");
+    let env_ranks = spec.launch.method == Method::Torchrun;
+    let mpi = if env_ranks { "none" } else { spec.launch.mpi.as_str() };
     w.extend([
-        Word::lit(format!("--mpi={}", spec.launch.mpi.as_str())),
+        Word::lit(format!("--mpi={mpi}")),
         Word::lit(format!("--nodes={}", run.nodes)),
         Word::lit(format!("--ntasks-per-node={}", run.ranks_per_node)),
         Word::lit(format!("--cpus-per-task={}", spec.cluster.cpus_per_task)),
         Word::lit("--kill-on-bad-exit=1"),
     ]);
+    if env_ranks {
+        s.push_str("# torchrun's convention: each task takes its rank from Slurm and meets the others at the first\n");
+        s.push_str("# host of this step (where task 0 runs), on a port derived from the job and run ids.\n");
+        w.extend([
+            Word::lit("bash"),
+            Word::lit("-c"),
+            Word::lit(env_rank_wrapper(spec, run)),
+            Word::lit("zerobench-rank"),
+        ]);
+    }
     w.extend(worker.iter().cloned());
     w
+}
+
+/// What each task of a torchrun-method step runs before `exec`-ing the worker: the environment
+/// convention from Slurm's task variables. The step's node list, not the job's: a step of a larger
+/// allocation may run on some of its nodes.
+fn env_rank_wrapper(spec: &crate::spec::Spec, run: &Run) -> String {
+    let port = match spec.launch.master_port {
+        Some(p) => p.to_string(),
+        // Runs of one allocation differ by run id, runs of different jobs by job id; the range
+        // stays below Linux's ephemeral ports (32768 and up).
+        None => format!("$((29500 + (SLURM_JOB_ID + {}) % 3000))", run_hash(run) % 3000),
+    };
+    format!(
+        "{RANK}=$SLURM_PROCID {WORLD_SIZE}=$SLURM_NTASKS {LOCAL_RANK}=$SLURM_LOCALID \
+         {MASTER_ADDR}=$(scontrol show hostnames \"$SLURM_STEP_NODELIST\" | head -n 1) {MASTER_PORT}={port} exec \"$@\""
+    )
 }
 
 /// `mpirun` refuses root unless told; the script decides when it runs.
@@ -347,10 +432,12 @@ fn openmpi(s: &mut String, c: &Cluster, run: &Run, worker: &[Word], placement: P
 /// The rendezvous port of a pdsh run: the spec's, or one derived from the run id so that runs
 /// sharing hosts do not collide (29500 is torch's default; the range above it is free by custom).
 fn master_port(spec: &crate::spec::Spec, run: &Run) -> u16 {
-    spec.launch.master_port.unwrap_or_else(|| {
-        let h = run.id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-        29500 + (h % 1000) as u16
-    })
+    spec.launch.master_port.unwrap_or_else(|| 29500 + (run_hash(run) % 1000) as u16)
+}
+
+/// FNV-1a of the run id: a stable number per run, for rendezvous ports.
+fn run_hash(run: &Run) -> u64 {
+    run.id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
 fn pdsh(
@@ -396,7 +483,7 @@ fn pdsh(
     environment(&mut n, &spec.cluster);
     let _ = writeln!(
         n,
-        "export MASTER_ADDR={} MASTER_PORT={} WORLD_SIZE={} LOCAL_SIZE={} NODE_RANK=\"$node_rank\" CROSS_RANK=\"$node_rank\" CROSS_SIZE={}",
+        "export {MASTER_ADDR}={} {MASTER_PORT}={} {WORLD_SIZE}={} LOCAL_SIZE={} NODE_RANK=\"$node_rank\" CROSS_RANK=\"$node_rank\" CROSS_SIZE={}",
         sh(hosts[0]),
         master_port(spec, run),
         run.world_size(),
@@ -416,7 +503,7 @@ fn pdsh(
         n.push_str("CUDA_VISIBLE_DEVICES=$(IFS=,; echo \"${slots[*]}\")\nexport CUDA_VISIBLE_DEVICES\n");
     }
     n.push_str("\npids=()\nfor local_rank in \"${!slots[@]}\"; do\n");
-    let _ = writeln!(n, "  RANK=$((node_rank * {} + local_rank)) LOCAL_RANK=$local_rank \\", run.ranks_per_node);
+    let _ = writeln!(n, "  {RANK}=$((node_rank * {} + local_rank)) {LOCAL_RANK}=$local_rank \\", run.ranks_per_node);
     let mut wline = String::new();
     command(&mut wline, worker);
     for line in wline.lines() {

@@ -46,16 +46,26 @@ pub enum Method {
     Mpirun,
     /// DeepSpeed's way: `pdsh -S -R ssh` starts one launcher per host, which starts its ranks.
     Pdsh,
+    /// torchrun's convention under Slurm: `srun` starts every rank with `RANK`, `WORLD_SIZE`,
+    /// `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT` from the step; no MPI.
+    Torchrun,
     /// `mpirun --oversubscribe --bind-to none` on this host, no Slurm (`zerobench local`).
     Local,
 }
 
 impl Method {
+    /// Whether the ranks meet through the environment convention (`MASTER_ADDR:MASTER_PORT`)
+    /// rather than MPI.
+    pub fn rendezvous_by_env(self) -> bool {
+        matches!(self, Method::Pdsh | Method::Torchrun)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Method::Srun => "srun",
             Method::Mpirun => "mpirun",
             Method::Pdsh => "pdsh",
+            Method::Torchrun => "torchrun",
             Method::Local => "local",
         }
     }
@@ -185,7 +195,8 @@ pub struct Launch {
     /// Which `mpirun` the `mpirun` method writes for.
     pub mpi_impl: MpiImpl,
     pub pdsh_rcmd: PdshRcmd,
-    /// Rendezvous port for the pdsh method (`MASTER_PORT`); derived from the run id when absent.
+    /// Rendezvous port of the pdsh and torchrun methods (`MASTER_PORT`); derived from the run id
+    /// (and the Slurm job id, for torchrun) when absent.
     pub master_port: Option<u16>,
     /// The worker program, a path or a name on `PATH` where the ranks run.
     pub worker: Text,
@@ -520,10 +531,13 @@ impl Spec {
             _ => {}
         }
         if self.cluster.allocation.is_some() {
-            if self.launch.method != Method::Srun {
+            if !matches!(self.launch.method, Method::Srun | Method::Torchrun) {
                 return Err(self.error_at(
                     "cluster.allocation",
-                    format!("runs in an allocation are srun job steps, but launch.method is {}", self.launch.method),
+                    format!(
+                        "runs in an allocation are srun job steps (methods srun, torchrun), but launch.method is {}",
+                        self.launch.method
+                    ),
                 ));
             }
             if self.cluster.hostfile.is_some() || self.cluster.nodelist.is_some() {
@@ -537,8 +551,8 @@ impl Spec {
                 "a program path cannot start with '-' (the launcher would read it as an option)",
             ));
         }
-        if self.launch.method != Method::Pdsh && self.launch.master_port.is_some() {
-            return Err(self.error_at("launch.master_port", "only the pdsh method uses a rendezvous port"));
+        if !self.launch.method.rendezvous_by_env() && self.launch.master_port.is_some() {
+            return Err(self.error_at("launch.master_port", "only the pdsh and torchrun methods use a rendezvous port"));
         }
         for (b, block) in self.sweep.iter().enumerate() {
             self.check_block(b, block)?;
@@ -887,5 +901,17 @@ mod tests {
         );
         let e = err("cluster:\n  hostfile: /nonexistent/hf\nsweep:\n  models: tiny\n");
         assert!(e.contains("cluster.hostfile: /nonexistent/hf: cannot read"), "{e}");
+    }
+
+    /// The torchrun method: srun steps meeting at a rendezvous port, in an allocation too.
+    #[test]
+    fn torchrun_takes_a_port_and_an_allocation() {
+        let s = parse(
+            "cluster: {allocation: '42'}\nlaunch: {method: torchrun, master_port: 29611}\nsweep: {models: tiny}\n",
+        )
+        .unwrap();
+        assert_eq!((s.launch.method, s.launch.master_port), (Method::Torchrun, Some(29611)));
+        let e = err("launch:\n  method: srun\n  master_port: 29611\nsweep:\n  models: tiny\n");
+        assert!(e.contains("launch.master_port: only the pdsh and torchrun methods use a rendezvous port"), "{e}");
     }
 }

@@ -10,6 +10,7 @@
 //! * [`splitmix`]: the seeded generator every part draws synthetic numbers from.
 //! * [`log`]: the JSON-lines records a worker writes and ingest reads, versioned by [`log::SCHEMA_VERSION`].
 //! * [`collective`]: the collective kinds of a step record's `comm` map and their bus-bandwidth factors.
+//! * [`launch`]: the environment variables torchrun-style launchers give each rank.
 //! * [`job`]: a batch job's state from Slurm's names and slurmstepd's output, for status and ingest.
 //! * [`stats`]: quantiles (numpy's linear interpolation), as the logs' medians and the tables use them.
 //!
@@ -19,6 +20,7 @@
 pub mod collective;
 pub mod config;
 pub mod job;
+pub mod launch;
 pub mod log;
 pub mod memory;
 pub mod models;

@@ -118,14 +118,16 @@ pub struct Start {
     /// Index of this node among the run's nodes, and how many nodes there are.
     pub node_rank: u32,
     pub nodes: u32,
-    /// Where rank, world size and local rank came from (e.g. `mpi`, `env:RANK`).
+    /// Where rank, world size and local rank came from: `mpi`, `env` (ranks that met at a TCP store
+    /// through RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT), `env:RANK` or `single` (one process).
     pub rank_source: String,
     pub host: String,
     pub pid: u32,
     pub config: RunConfig,
     pub model: ModelInfo,
     pub device: DeviceInfo,
-    /// `mpi` (CPU tensors), `nccl` (GPU tensors) or `none` (one rank).
+    /// `mpi` (CPU tensors over MPI), `tcp` (CPU tensors over the worker's TCP ring), `nccl` (GPU
+    /// tensors) or `none` (one rank).
     pub comm_backend: String,
     pub versions: Versions,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,7 +1,7 @@
 //! Hostile strings in every user-controlled field are rendered and the scripts run under bash,
-//! with `srun`, `mpirun`, `mpiexec`, `pdsh`, `module` and the worker replaced by stubs on `PATH`
-//! that record the arguments and environment they get. Nothing from the strings may run (each
-//! would create a marker file), and every value must arrive exactly as written.
+//! with `srun`, `mpirun`, `mpiexec`, `pdsh`, `scontrol`, `module` and the worker replaced by stubs
+//! on `PATH` that record the arguments and environment they get. Nothing from the strings may run
+//! (each would create a marker file), and every value must arrive exactly as written.
 //!
 //! Fields with a strict grammar (Slurm names, time, hostnames, hostlists, env names, filters)
 //! refuse hostile values when the spec loads; that is checked too.
@@ -53,6 +53,8 @@ for ((i = 0; i < ${#host_list[@]}; i++)); do
 done"#,
     );
     stub(dir, "module", "");
+    // The torchrun method's wrapper names the first host of the step.
+    stub(dir, "scontrol", "echo node-a");
     // The worker: also records the environment the spec exports.
     stub(dir, "zerobench-worker", "env | grep '^HOSTILE_' | sort > \"$STUB_DIR/worker-env.$$\"");
 }
@@ -94,7 +96,9 @@ fn hostile_values_are_rendered_inert_for_every_method() {
     // `launcher` spec tests); the other hostile strings must render inert.
     let modules: Vec<String> = HOSTILE.iter().filter(|h| !h.contains('\n')).map(|h| yaml(h)).collect();
     let env: Vec<String> = HOSTILE.iter().enumerate().map(|(i, h)| format!("    HOSTILE_{i}: {}", yaml(h))).collect();
-    for (method, extra) in [("srun", ""), ("mpirun", ""), ("local", ""), ("pdsh", "  pdsh_rcmd: exec\n")] {
+    for (method, extra) in
+        [("srun", ""), ("mpirun", ""), ("local", ""), ("pdsh", "  pdsh_rcmd: exec\n"), ("torchrun", "")]
+    {
         let nodes = if method == "local" { 1 } else { 2 };
         let hostfile =
             if method == "pdsh" { format!("  hostfile: {}\n", yaml(hf.to_str().unwrap())) } else { String::new() };

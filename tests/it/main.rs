@@ -7,6 +7,8 @@
 //!   when a test without its environment (Slurm, pdsh) is skipped or fails.
 //! * `worker`: the worker under `mpirun`: losses across stages, memory formulas, hpZ, bad flags.
 //! * `models`: T5, Llama and the MLP under `mpirun`: losses across stages, learning, bf16, profiles.
+//! * `rendezvous`: the worker launched torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR): the same
+//!   losses as under `mpirun`, bounded failure when a rank is missing or dies, bad environments.
 //! * `offload`: ZeRO-Offload under `mpirun`: losses against stage 0, the device/host split.
 //! * `reliability`: faults with real processes: a killed, a frozen or a signalled rank, out of
 //!   memory, and the launcher and ingest on a killed rank's logs.
@@ -31,6 +33,7 @@ mod offload;
 mod pdsh;
 mod reliability;
 mod render;
+mod rendezvous;
 mod slurm;
 mod step_time;
 mod support;

@@ -29,7 +29,6 @@ fn setup(dir: &Path, worker_body: &str) -> std::path::PathBuf {
     )
     .unwrap();
     let plan = Plan::build(Spec::load(&spec).unwrap()).unwrap();
-    assert!(plan.runs[0].warnings.iter().any(|w| w.contains("pdsh gives the 4 ranks")), "{:?}", plan.runs[0].warnings);
     render(&plan, &dir.join("runs")).unwrap().remove(0)
 }
 
@@ -69,4 +68,38 @@ fn a_failing_rank_fails_the_job_and_stops_its_node() {
         "node.sh waited for the rank it should have killed: {:?}",
         t.elapsed()
     );
+}
+
+#[test]
+fn hosts_outside_the_allocation_are_refused() {
+    if !have_pdsh() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = setup(dir.path(), r#"echo ran > "$ZB_OUT/rank$RANK""#);
+    let sbatch = std::fs::read_to_string(run.join("job.sbatch")).unwrap();
+    assert!(sbatch.contains("#SBATCH --nodelist=node-a,node-b\n"), "the job asks for the hostfile's hosts:\n{sbatch}");
+    // scontrol expands hostlists offline given some slurm.conf (a stub keeps it off the network).
+    let conf = dir.path().join("slurm.conf");
+    std::fs::write(&conf, "ClusterName=stub\nSlurmctldHost=localhost(127.0.0.1)\n").unwrap();
+    let job = |nodelist: &str| {
+        Command::new("bash")
+            .arg(run.join("job.sbatch"))
+            .env("ZB_OUT", dir.path())
+            .env("SLURM_CONF", &conf)
+            .env("SLURM_JOB_NODELIST", nodelist)
+            .output()
+            .unwrap()
+    };
+    let o = job("node-b");
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("host node-a of the hostfile is outside this job's allocation"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!dir.path().join("rank0").exists(), "no rank started");
+    let o = job("node-a,node-b");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(dir.path().join("rank3").exists());
 }

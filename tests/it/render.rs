@@ -75,6 +75,14 @@ fn pdsh_with_include() {
 }
 
 #[test]
+fn torchrun_env_ranks() {
+    let (out, plan) = render_example("torchrun");
+    assert_eq!(plan.runs.len(), 2);
+    assert!(plan.runs.iter().all(|r| r.warnings.is_empty()), "{:?}", plan.runs[0].warnings);
+    snap_file(out.path(), "gpt2-medium_z3_offnone_mb4_2x4", "job.sbatch");
+}
+
+#[test]
 fn mpirun_in_allocation() {
     let (out, _) = render_example("mpirun");
     snap_file(out.path(), "gpt2_z0_offnone_mb2_2x2_fp32", "job.sbatch");

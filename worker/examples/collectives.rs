@@ -1,14 +1,17 @@
-//! Checks the MPI collectives against closed forms, rsmpi-style: run it under several rank counts
-//! (`mpirun -np N target/release/examples/collectives`); every rank asserts, and the process exits
-//! non-zero on the first wrong value. The end-to-end tests run it with 1 to 4 ranks.
+//! Checks the CPU collectives against closed forms, rsmpi-style: run it under several rank counts,
+//! over MPI (`mpirun -np N target/release/examples/collectives`) or over TCP (N processes with
+//! `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` set, as the worker's `--rendezvous env`
+//! reads them); every rank asserts, and the process exits non-zero on the first wrong value. The
+//! end-to-end tests run it with 1 to 4 ranks each way.
 //!
 //! Rank r fills its buffers with values that depend on r, so the sums are known:
 //! sum over r of (r + 1) = n(n + 1)/2.
 
-use mpi::topology::Communicator;
+use std::time::Duration;
+
 use tch::{Device, Kind, Tensor};
-use zerobench_worker::comm::mpi::MpiCollectives;
-use zerobench_worker::comm::Collectives;
+use zerobench_worker::comm::cpu_collectives;
+use zerobench_worker::runtime::rendezvous::{join, Ranks, Rendezvous};
 
 fn check(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
     let diff = (got.to_kind(Kind::Float) - want.to_kind(Kind::Float)).abs().max().double_value(&[]);
@@ -16,10 +19,10 @@ fn check(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
 }
 
 fn main() {
-    let universe = mpi::initialize().expect("MPI");
-    let world = universe.world();
-    let (r, n) = (world.rank() as i64, world.size() as i64);
-    let mut c = MpiCollectives::new(world);
+    // `_mpi` keeps MPI initialised to the end, for ranks that mpirun started.
+    let Ranks { host, mpi: _mpi, .. } = join(Rendezvous::Auto, Duration::from_secs(60)).expect("the ranks meet");
+    let mut c = cpu_collectives(host).expect("collectives");
+    let (r, n) = (c.rank() as i64, c.world() as i64);
     let tri = (n * (n + 1) / 2) as f64;
     for kind in [Kind::Float, Kind::BFloat16, Kind::Half] {
         let cpu = (kind, Device::Cpu);
@@ -68,13 +71,22 @@ fn main() {
     }
     c.barrier().unwrap();
 
+    // Fewer values than ranks (a step's loss and overflow flag): some ranks hold no chunk of them.
+    let few = Tensor::from_slice(&[(r + 1) as f32, 1.0]);
+    c.reduce_control(&few).unwrap();
+    check("reduce_control", &few, &Tensor::from_slice(&[tri as f32, n as f32]), 0.0);
+
     // Every call was counted, with nccl-tests' byte convention.
     let stats = c.take_stats().unwrap();
     let calls: u64 = stats.by_kind.values().map(|s| s.calls).sum();
     assert_eq!(calls, 3 * 6, "collective calls recorded");
     let ar = &stats.by_kind[&zerobench_worker::comm::CollectiveKind::AllReduce];
     assert_eq!(ar.bytes as i64, 4 * n * 33 * (4 + 2 + 2), "all-reduce bytes");
+    // Host-side maxima (the run's step times), the same on every rank.
+    let mut m = [r as f64, -(r as f64)];
+    c.max_over_ranks(&mut m).unwrap();
+    assert_eq!(m, [(n - 1) as f64, 0.0], "max over ranks");
     if r == 0 {
-        println!("collectives ok on {n} rank(s)");
+        println!("{} collectives ok on {n} rank(s)", c.backend());
     }
 }

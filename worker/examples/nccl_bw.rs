@@ -8,17 +8,18 @@
 //! collective is checked once against its closed form (rank r contributes r + 1); a wrong result
 //! ends the program with a panic.
 //!
-//! `mpirun -np 2 target/release/examples/nccl_bw [--copy-engines] BYTES...`
+//! `mpirun -np 2 target/release/examples/nccl_bw [--copy-engines] BYTES...`, or, with NCCL's id
+//! passed through the rendezvous store instead of MPI, one process per GPU with `RANK`,
+//! `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT` set.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use mpi::topology::Communicator;
 use tch::{Kind, Tensor};
 use zerobench_schema::config::CopyEngines;
 use zerobench_worker::comm::nccl::NcclCollectives;
 use zerobench_worker::comm::{CollectiveKind, Collectives};
-use zerobench_worker::runtime::{cuda, device, identity, pinned};
+use zerobench_worker::runtime::{cuda, device, identity, pinned, rendezvous};
 
 const WARMUP: usize = 5;
 const ITERS: usize = 20;
@@ -26,15 +27,16 @@ const ITERS: usize = 20;
 fn main() {
     // Before MPI starts, as the worker does: MPI may initialise CUDA.
     cuda::bind_local_gpu(identity::local_rank_hint().unwrap_or(0));
-    let universe = mpi::initialize().expect("MPI");
-    let world = universe.world();
-    let (rank, n) = (world.rank() as usize, world.size() as usize);
+    // `_mpi` keeps MPI initialised to the end, for ranks that mpirun started.
+    let rendezvous::Ranks { host, mpi: _mpi, .. } =
+        rendezvous::join(rendezvous::Rendezvous::Auto, Duration::from_secs(60)).expect("the ranks meet");
+    let (rank, n) = (host.rank(), host.size());
     let dev = device::select(zerobench_schema::DeviceRequest::Cuda).expect("a GPU");
     let gpu = cuda::Gpu::new(0).expect("CUDA context");
     let args: Vec<String> = std::env::args().skip(1).collect();
     let copy_engines = args.iter().any(|a| a == "--copy-engines").then_some(CopyEngines::All);
     let label = if copy_engines.is_some() { "zerobench-ce" } else { "zerobench" };
-    let mut c = NcclCollectives::new(world, Arc::clone(&gpu), None, copy_engines).expect("NCCL");
+    let mut c = NcclCollectives::new(host, Arc::clone(&gpu), None, copy_engines).expect("NCCL");
     let sizes: Vec<usize> =
         args.iter().filter(|a| !a.starts_with("--")).map(|a| a.parse().expect("sizes in bytes")).collect();
     for &bytes in &sizes {

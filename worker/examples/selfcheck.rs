@@ -35,6 +35,7 @@ use std::time::Instant;
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
 use zerobench_schema::config::OptimConfig;
+use zerobench_worker::comm::group::HostGroup;
 use zerobench_worker::comm::nccl::NcclCollectives;
 use zerobench_worker::comm::Collectives;
 use zerobench_worker::metrics::clock::{StepClock, StepPhase};
@@ -297,7 +298,7 @@ fn main() {
     let universe = mpi::initialize().expect("MPI");
     let _ = device::select(zerobench_schema::DeviceRequest::Cuda).expect("a GPU");
     let gpu = cuda::Gpu::new(0).expect("CUDA context");
-    let mut comm = NcclCollectives::new(universe.world(), Arc::clone(&gpu), None, None).expect("NCCL");
+    let mut comm = NcclCollectives::new(HostGroup::Mpi(universe.world()), Arc::clone(&gpu), None, None).expect("NCCL");
     let mut r = Report { failed: 0, checks: 0 };
     adamw(&mut r, &gpu);
     pinned_round_trip(&mut r, &gpu, &mut comm);

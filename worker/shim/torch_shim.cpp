@@ -10,14 +10,22 @@
 //   storage points at the re-gathered parameters again.
 // * zb_cuda_*: the CUDA caching allocator's statistics, through c10's device-allocator interface,
 //   so this file needs only libc10 at link time and runs on hosts without CUDA.
+// * zb_store_*: c10d's TCPStore, the rendezvous of ranks launched with the environment convention
+//   (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): rank 0 hosts it, every rank connects, and ranks
+//   publish and wait for small values under keys, each wait bounded by the store's timeout.
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -104,5 +112,48 @@ int zb_cuda_stats(int device, zb_cuda_stats* out) {
 int zb_cuda_reset_peak(int device) {
   return guarded([&] { c10::getDeviceAllocator(c10::kCUDA)->resetPeakStats(static_cast<c10::DeviceIndex>(device)); });
 }
+
+// The store is handed to Rust as an owning pointer to its intrusive_ptr; zb_store_close drops it.
+using StorePtr = c10::intrusive_ptr<c10d::TCPStore>;
+
+int zb_store_open(const char* host, uint16_t port, int is_server, int world, int64_t timeout_ms, void** out) {
+  // c10d logs every failed connection attempt with a stack trace before it throws, and the
+  // worker reports the exception itself: unless TORCH_CPP_LOG_LEVEL asks for libtorch's logs,
+  // only fatal ones are printed from here on.
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) {
+    FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 3);
+  }
+  return guarded([&] {
+    c10d::TCPStoreOptions opts;
+    opts.port = port;
+    opts.isServer = is_server != 0;
+    opts.numWorkers = static_cast<size_t>(world);
+    // The server's constructor returns once every rank has connected, or throws at the timeout:
+    // a rank that never arrives fails rank 0 instead of leaving it waiting.
+    opts.waitWorkers = true;
+    opts.timeout = std::chrono::milliseconds(timeout_ms);
+    *out = new StorePtr(c10::make_intrusive<c10d::TCPStore>(std::string(host), opts));
+  });
+}
+
+int zb_store_set(void* store, const char* key, const uint8_t* data, size_t len) {
+  return guarded([&] { (*static_cast<StorePtr*>(store))->set(key, std::vector<uint8_t>(data, data + len)); });
+}
+
+// Waits (up to the store's timeout) for `key`, then copies its value into `buf` if it fits; `len`
+// gets the value's length either way.
+int zb_store_get(void* store, const char* key, uint8_t* buf, size_t cap, size_t* len) {
+  return guarded([&] {
+    std::vector<uint8_t> v = (*static_cast<StorePtr*>(store))->get(key);
+    *len = v.size();
+    if (v.size() > cap) {
+      throw std::runtime_error("store value of " + std::string(key) + " is " + std::to_string(v.size()) +
+                               " bytes, more than the " + std::to_string(cap) + " expected");
+    }
+    std::memcpy(buf, v.data(), v.size());
+  });
+}
+
+void zb_store_close(void* store) { delete static_cast<StorePtr*>(store); }
 
 }  // extern "C"

@@ -1,7 +1,7 @@
 //! One rank's run from flags to exit code.
 //!
-//! Order of work: flags are checked before anything else; then MPI starts, the rank learns who it
-//! is and opens its log (a log folder that cannot be written stops the rank here, before any
+//! Order of work: flags are checked before anything else; then the rank meets the others (over MPI,
+//! or at a TCP store: [`rendezvous`]), learns who it is and opens its log (a log folder that cannot be written stops the rank here, before any
 //! training); then the model and the ZeRO engine are built, and the steps run. Every record is
 //! flushed as it is written. A failure after the log is open is logged as an `error` record and
 //! an `end` record with the exit code that follows (see [`failure`]).
@@ -9,7 +9,6 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::Device;
 use zerobench_schema::log::{DeviceInfo, End, ErrorRecord, ModelInfo, RunStatus, Setup, Start, Versions};
 use zerobench_schema::memory::{host_params, model_state_split, padded_params};
@@ -17,9 +16,9 @@ use zerobench_schema::{DeviceRequest, Offload, Record, RunConfig, SCHEMA_VERSION
 
 use std::sync::Arc;
 
-use crate::comm::mpi::MpiCollectives;
+use crate::comm::group::HostGroup;
 use crate::comm::nccl::NcclCollectives;
-use crate::comm::Collectives;
+use crate::comm::{self, Collectives};
 use crate::failure::Failure;
 use crate::logfile::{now_ts, RankLog};
 use crate::metrics::clock::StepClock;
@@ -30,6 +29,7 @@ use crate::model::Model;
 use crate::runtime::cuda::Gpu;
 use crate::runtime::guard::Guard;
 use crate::runtime::identity::{self, Identity};
+use crate::runtime::rendezvous;
 use crate::train::{Observe, Progress, Trainer};
 use crate::{cli, data, model, runtime, zero};
 
@@ -48,31 +48,42 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     // Refuse what the worker cannot build before any rank starts communicating.
     let model = model::build(&cfg.model.spec()).map_err(|e| Failure::Config(format!("invalid --model: {e}")))?;
 
-    // One GPU per local rank, chosen before MPI (which may initialise CUDA) and before libtorch.
+    // One GPU per local rank, chosen before MPI (which may initialise CUDA) and before libtorch:
+    // by the launcher's local rank, checked once the ranks have met.
     let gpu_hint = identity::local_rank_hint();
     let visible = (cfg.device != DeviceRequest::Cpu).then(|| runtime::cuda::bind_local_gpu(gpu_hint.unwrap_or(0)));
-    let universe = mpi::initialize().ok_or_else(|| Failure::Internal("MPI was already initialised".into()))?;
-    let world = universe.world();
-    let ident = identity::resolve(&world).map_err(|e| Failure::Config(e.to_string()))?;
-    if visible.is_some() && gpu_hint.unwrap_or(0) != ident.local_rank {
-        return Err(Failure::Config(format!(
-            "the launcher's local rank ({:?}) differs from MPI's ({}): cannot pick this rank's GPU",
-            gpu_hint, ident.local_rank
-        )));
-    }
+    let timeout = Duration::from_secs(args.rendezvous_timeout_s);
+    // `_mpi` keeps MPI initialised to the end of the run, when the ranks use it.
+    let rendezvous::Ranks { ident, mut host, mpi: _mpi } = rendezvous::join(args.rendezvous, timeout).map_err(|e| {
+        if e.is_config() {
+            Failure::Config(e.to_string())
+        } else {
+            Failure::Comm(e.to_string())
+        }
+    })?;
     // The rules that depend on the number of ranks (hpZ's group size).
     cfg.validate(Some(ident.world_size)).map_err(|e| Failure::Config(e.to_string()))?;
-    let run_id = shared_run_id(&world, args.run_id.as_deref(), &cfg);
+    let run_id = shared_run_id(&mut host, args.run_id.as_deref(), &cfg)?;
+    // Held to the end of `run`, so that a failed rank 0 can leave without waiting for the others.
+    let store = host.run_store();
     let log = RankLog::create(&args.log_dir, ident.rank, args.overwrite).map_err(|e| Failure::Io(e.to_string()))?;
     let stall = (args.stall_timeout_s > 0).then(|| Duration::from_secs(args.stall_timeout_s));
     let guard = Guard::start(log.clone(), ident.rank, stall)
         .map_err(|e| Failure::Internal(format!("cannot start the guard threads: {e}")))?;
 
     let mut progress = Progress { steps_completed: 0, summary: None, trace: Vec::new(), cuda_device: None };
-    let rank =
-        Rank { args, cfg: &cfg, ident: &ident, run_id: &run_id, log: &log, guard: &guard, model: model.as_ref() };
+    let rank = Rank {
+        args,
+        cfg: &cfg,
+        ident: &ident,
+        run_id: &run_id,
+        log: &log,
+        guard: &guard,
+        model: model.as_ref(),
+        gpu_hint,
+    };
     let result =
-        catch_unwind(AssertUnwindSafe(|| run_logged(rank, world, visible, &mut progress))).unwrap_or_else(|panic| {
+        catch_unwind(AssertUnwindSafe(|| run_logged(rank, host, visible, &mut progress))).unwrap_or_else(|panic| {
             let msg = panic
                 .downcast_ref::<String>()
                 .cloned()
@@ -85,6 +96,9 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
         loop {
             std::thread::park();
         }
+    }
+    if let (Err(_), Some(s)) = (&result, &store) {
+        s.abandon();
     }
     let (status, exit_code) = match &result {
         Ok(()) => (RunStatus::Ok, 0),
@@ -137,19 +151,19 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
 }
 
 /// The run id: given, or made on rank 0 and broadcast so every rank logs the same.
-fn shared_run_id(world: &SimpleCommunicator, given: Option<&str>, cfg: &RunConfig) -> String {
+fn shared_run_id(host: &mut HostGroup, given: Option<&str>, cfg: &RunConfig) -> Result<String, Failure> {
     if let Some(id) = given {
-        return id.to_string();
+        return Ok(id.to_string());
     }
     let mut buf = [0u8; 128];
-    if world.rank() == 0 {
+    if host.rank() == 0 {
         let id = format!("{}_z{}_{}_{}", cfg.model, cfg.stage, now_ts() as u64, std::process::id());
         let n = id.len().min(buf.len());
         buf[..n].copy_from_slice(&id.as_bytes()[..n]);
     }
-    mpi::collective::Root::broadcast_into(&world.process_at_rank(0), &mut buf[..]);
+    host.broadcast_bytes(&mut buf, 0)?;
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
+    Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
 /// What `run` settled before the log opened: the rank's flags, configuration, identity, log,
@@ -163,17 +177,30 @@ struct Rank<'a> {
     log: &'a RankLog,
     guard: &'a Guard,
     model: &'a dyn Model,
+    /// The local rank the launcher announced, which chose the GPU.
+    gpu_hint: Option<u32>,
 }
 
 fn run_logged(
     rank: Rank<'_>,
-    world: SimpleCommunicator,
+    host: HostGroup,
     visible: Option<String>,
     progress: &mut Progress,
 ) -> Result<(), Failure> {
-    let Rank { args, cfg, ident, run_id, log, guard, model } = rank;
+    let Rank { args, cfg, ident, run_id, log, guard, model, gpu_hint } = rank;
     let t_setup = Instant::now();
     let device = runtime::device::select(cfg.device).map_err(|e| Failure::Config(e.to_string()))?;
+    // The GPU was bound by the launcher's local rank, before the ranks met and CUDA started.
+    if matches!(device, Device::Cuda(_)) && gpu_hint.unwrap_or(0) != ident.local_rank {
+        let hint = gpu_hint.map_or_else(|| "no local rank".to_string(), |l| format!("local rank {l}"));
+        return Err(Failure::Config(format!(
+            "the launcher gave {hint} ({}), but this is rank {} of the {} ranks on its host: cannot pick \
+             this rank's GPU",
+            rendezvous::LOCAL_RANK,
+            ident.local_rank,
+            ident.local_size
+        )));
+    }
     let gpu = match device {
         Device::Cuda(i) => Some(Gpu::new(i).map_err(|e| Failure::Internal(format!("CUDA context: {e}")))?),
         _ => None,
@@ -183,23 +210,20 @@ fn run_logged(
     }
     // hpZ: the ranks of this rank's group (consecutive ranks, a node) get a communicator of
     // their own. Splitting is collective: every rank takes part.
-    let group_mpi = cfg.engine.hpz.map(|g| {
-        let color = mpi::topology::Color::with_value((ident.rank / g) as i32);
-        world.split_by_color(color).expect("every rank has a color")
-    });
+    let group_host = cfg.engine.hpz.map(|g| host.split_consecutive(g));
     if cfg.engine.copy_engines.is_some() && gpu.is_none() {
         return Err(Failure::Config("--copy-engines moves data between GPUs, and this run has none".into()));
     }
     let comm: Box<dyn Collectives> = match &gpu {
-        Some(g) => Box::new(NcclCollectives::new(world, Arc::clone(g), cfg.engine.comm_ctas, cfg.engine.copy_engines)?),
-        None => Box::new(MpiCollectives::new(world)),
+        Some(g) => Box::new(NcclCollectives::new(host, Arc::clone(g), cfg.engine.comm_ctas, cfg.engine.copy_engines)?),
+        None => comm::cpu_collectives(host)?,
     };
-    let group: Option<Box<dyn Collectives>> = match (group_mpi, &gpu) {
+    let group: Option<Box<dyn Collectives>> = match (group_host, &gpu) {
         (None, _) => None,
         (Some(c), Some(g)) => {
             Some(Box::new(NcclCollectives::new(c, Arc::clone(g), cfg.engine.comm_ctas, cfg.engine.copy_engines)?))
         }
-        (Some(c), None) => Some(Box::new(MpiCollectives::new(c))),
+        (Some(c), None) => Some(comm::cpu_collectives(c)?),
     };
     let monitor = gpu.as_ref().and_then(|g| g.uuid()).and_then(|u| GpuMonitor::open(&u)).map(Arc::new);
     let (device_name, total_memory_bytes) = match &gpu {

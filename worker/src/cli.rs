@@ -7,6 +7,8 @@ use clap::Parser;
 use zerobench_schema::config::{CopyEngines, EngineConfig, OptimConfig};
 use zerobench_schema::{DeviceRequest, ModelPreset, Offload, Precision, RunConfig, ZeroStage};
 
+use crate::runtime::rendezvous::Rendezvous;
+
 /// One rank of a zerobench run: trains a model with a ZeRO stage and logs what it costs.
 #[derive(Debug, Parser)]
 #[command(name = "zerobench-worker", version)]
@@ -82,6 +84,15 @@ pub struct Args {
     /// Log a per-module breakdown (parameters, FLOPs, forward and backward time) of this step.
     #[arg(long)]
     pub profile_step: Option<u32>,
+    /// How the ranks find each other: `mpi` (mpirun, srun --mpi=pmix), `env` (RANK, WORLD_SIZE,
+    /// MASTER_ADDR, MASTER_PORT, as torchrun and DeepSpeed set them; rank 0 hosts a TCP store),
+    /// or `auto`: MPI if an MPI launcher started this process, else env if WORLD_SIZE or
+    /// MASTER_ADDR is set, else one process.
+    #[arg(long, value_enum, default_value_t = Rendezvous::Auto, env = "ZEROBENCH_RENDEZVOUS")]
+    pub rendezvous: Rendezvous,
+    /// `env` rendezvous: seconds a rank waits for the others to arrive before it fails.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..), env = "ZEROBENCH_RENDEZVOUS_TIMEOUT_S")]
+    pub rendezvous_timeout_s: u64,
     /// Stop the rank (exit code 4) when no step completes for this long, or ten times the longest
     /// step if that is more (300 s before the first step); 0 disables.
     #[arg(long, default_value_t = 30)]
@@ -190,6 +201,14 @@ mod tests {
         argv.extend(t5.to_worker_args());
         argv.extend(["--log-dir".into(), "/tmp/x".into()]);
         assert_eq!(Args::try_parse_from(argv).unwrap().config(), t5);
+    }
+
+    /// The flags the launcher adds for ranks it starts with the environment convention.
+    #[test]
+    fn launcher_env_rendezvous_parses() {
+        let mut argv = vec!["zerobench-worker", "--model", "tiny", "--stage", "0", "--log-dir", "d"];
+        argv.extend(zerobench_schema::launch::ENV_RENDEZVOUS_ARGS);
+        assert_eq!(Args::try_parse_from(argv).unwrap().rendezvous, Rendezvous::Env);
     }
 
     #[test]

@@ -16,15 +16,19 @@
 //! stream, so a copy of a reduced gradient is ordered after its reduce-scatter and a copy of updated
 //! parameters before their all-gather, without extra synchronisation.
 
+pub mod group;
 pub mod mpi;
 pub mod nccl;
 pub mod peer_copy;
 pub mod stats;
+pub mod tcp;
+
+use std::time::Instant;
 
 use tch::{Kind, Tensor};
 
 use crate::metrics::clock::SharedClock;
-use crate::metrics::timeline::SharedTimeline;
+use crate::metrics::timeline::{Mark, SharedTimeline, SpanInfo, Track};
 
 pub use stats::{CollectiveKind, StepComm};
 
@@ -69,6 +73,14 @@ pub enum CommError {
     BadTensor { op: &'static str, reason: String },
     #[error("{op} failed: {message}")]
     Failed { op: &'static str, message: String },
+}
+
+/// The collectives of CPU ranks: MPI's, or the TCP ring's for ranks that met at a store.
+pub fn cpu_collectives(host: group::HostGroup) -> Result<Box<dyn Collectives>, CommError> {
+    Ok(match host {
+        group::HostGroup::Mpi(c) => Box::new(mpi::MpiCollectives::new(c)),
+        group::HostGroup::Store(g) => Box::new(tcp::TcpCollectives::connect(g)?),
+    })
 }
 
 /// The collectives the ZeRO engine needs.
@@ -162,4 +174,59 @@ pub(crate) fn is_rank_slice(a: &Tensor, whole: &Tensor, rank: usize, world: usiz
     n * world == whole.numel()
         && a.kind() == whole.kind()
         && a.data_ptr() as usize == whole.data_ptr() as usize + rank * n * Elem::of(a, "").map_or(0, Elem::size)
+}
+
+/// What a transport whose calls complete before they return (MPI, TCP on CPUs) keeps of them:
+/// every call is drawn on the timeline, counted, and all of it is exposed to computation.
+#[derive(Default)]
+pub(crate) struct Blocking {
+    pub stats: StepComm,
+    pub timeline: Option<SharedTimeline>,
+    pub clock: Option<SharedClock>,
+}
+
+impl Blocking {
+    /// Runs one call of `kind` moving `bytes` (nccl-tests' convention); `f`'s error is its message.
+    pub fn timed(
+        &mut self,
+        kind: CollectiveKind,
+        bytes: usize,
+        f: impl FnOnce() -> Result<(), String>,
+    ) -> Result<Pending, CommError> {
+        let t0 = Instant::now();
+        let r = f();
+        let t1 = Instant::now();
+        if let Some(t) = &self.timeline {
+            let info = SpanInfo { segment: None, bytes: Some(bytes as u64) };
+            t.lock().expect("timeline").span(
+                Track::Comm(kind.name()),
+                kind.name(),
+                Mark::Host(t0),
+                Mark::Host(t1),
+                info,
+            );
+        }
+        r.map_err(|message| CommError::Failed { op: kind.name(), message })?;
+        self.stats.record(kind, bytes as u64, t1.duration_since(t0).as_secs_f64() * 1e3);
+        // Blocking calls: computation waits for all of it.
+        if let Some(c) = &self.clock {
+            c.exposed(Mark::Host(t0), Mark::Host(t1));
+        }
+        Ok(Pending::done())
+    }
+
+    /// On a CPU rank "device" and "host" memory are the same: a plain copy, timed like the rest.
+    pub fn host_copy(&mut self, kind: CollectiveKind, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
+        let (e, n) = flat(src, kind.name())?;
+        let (eo, m) = flat(dst, kind.name())?;
+        if e != eo || n != m {
+            return Err(CommError::BadTensor { op: kind.name(), reason: format!("{n} elements into {m}") });
+        }
+        let (s, d) = (src.data_ptr(), dst.data_ptr());
+        self.timed(kind, n * e.size(), || {
+            // SAFETY: contiguous CPU tensors of the same size and type; distinct buffers.
+            unsafe { std::ptr::copy_nonoverlapping(s.cast::<u8>(), d.cast::<u8>(), n * e.size()) };
+            Ok(())
+        })
+    }
 }

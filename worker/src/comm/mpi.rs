@@ -5,16 +5,15 @@
 //! fp32 and round once per pairwise reduction, as NCCL does.
 
 use std::ffi::{c_int, c_void};
-use std::time::Instant;
 
 use mpi::ffi;
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::Tensor;
 
-use super::{flat, is_rank_slice, CollectiveKind, Collectives, CommError, Elem, HostCopy, Pending, StepComm};
+use super::{flat, is_rank_slice, Blocking, CollectiveKind, Collectives, CommError, Elem, HostCopy, Pending, StepComm};
 use crate::metrics::clock::SharedClock;
-use crate::metrics::timeline::{Mark, SharedTimeline, SpanInfo, Track};
+use crate::metrics::timeline::SharedTimeline;
 use crate::runtime::shim;
 
 pub struct MpiCollectives {
@@ -23,9 +22,7 @@ pub struct MpiCollectives {
     world: usize,
     sum_bf16: ffi::MPI_Op,
     sum_f16: ffi::MPI_Op,
-    stats: StepComm,
-    timeline: Option<SharedTimeline>,
-    clock: Option<SharedClock>,
+    calls: Blocking,
 }
 
 unsafe extern "C" fn sum_bf16(inv: *mut c_void, inout: *mut c_void, len: *mut c_int, _dt: *mut ffi::MPI_Datatype) {
@@ -49,6 +46,14 @@ unsafe extern "C" fn sum_f16(inv: *mut c_void, inout: *mut c_void, len: *mut c_i
         for (y, x) in b.iter_mut().zip(a) {
             *y = half::f16::from_f32(y.to_f32() + x.to_f32());
         }
+    }
+}
+
+fn mpi_rc(rc: c_int) -> Result<(), String> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!("MPI error code {rc}"))
     }
 }
 
@@ -83,9 +88,7 @@ impl MpiCollectives {
             world,
             sum_bf16: create_op(sum_bf16),
             sum_f16: create_op(sum_f16),
-            stats: StepComm::default(),
-            timeline: None,
-            clock: None,
+            calls: Blocking::default(),
         }
     }
 
@@ -103,49 +106,6 @@ impl MpiCollectives {
     fn count(op: &'static str, n: usize) -> Result<c_int, CommError> {
         c_int::try_from(n)
             .map_err(|_| CommError::BadTensor { op, reason: format!("{n} elements exceed MPI's int count") })
-    }
-
-    fn timed(&mut self, kind: CollectiveKind, bytes: usize, f: impl FnOnce() -> c_int) -> Result<Pending, CommError> {
-        let t0 = Instant::now();
-        let rc = f();
-        let t1 = Instant::now();
-        let ms = t1.duration_since(t0).as_secs_f64() * 1e3;
-        if let Some(t) = &self.timeline {
-            let info = SpanInfo { segment: None, bytes: Some(bytes as u64) };
-            t.lock().expect("timeline").span(
-                Track::Comm(kind.name()),
-                kind.name(),
-                Mark::Host(t0),
-                Mark::Host(t1),
-                info,
-            );
-        }
-        if rc != 0 {
-            return Err(CommError::Failed { op: kind.name(), message: format!("MPI error code {rc}") });
-        }
-        self.stats.record(kind, bytes as u64, ms);
-        // Blocking collectives: computation waits for all of it.
-        if let Some(c) = &self.clock {
-            c.exposed(Mark::Host(t0), Mark::Host(t1));
-        }
-        Ok(Pending::done())
-    }
-}
-
-impl MpiCollectives {
-    /// On a CPU rank "device" and "host" memory are the same: a plain copy, timed like the rest.
-    fn host_copy(&mut self, kind: CollectiveKind, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
-        let (e, n) = flat(src, kind.name())?;
-        let (eo, m) = flat(dst, kind.name())?;
-        if e != eo || n != m {
-            return Err(CommError::BadTensor { op: kind.name(), reason: format!("{n} elements into {m}") });
-        }
-        let (s, d) = (src.data_ptr(), dst.data_ptr());
-        self.timed(kind, n * e.size(), || {
-            // SAFETY: contiguous CPU tensors of the same size and type; distinct buffers.
-            unsafe { std::ptr::copy_nonoverlapping(s.cast::<u8>(), d.cast::<u8>(), n * e.size()) };
-            0
-        })
     }
 }
 
@@ -165,9 +125,9 @@ impl Collectives for MpiCollectives {
         let (dt, op) = self.dtype_op(e);
         let comm = self.comm.as_raw();
         let ptr = buf.data_ptr();
-        // SAFETY: `buf` is a contiguous CPU tensor of `n` elements, alive during the call.
-        self.timed(CollectiveKind::AllReduce, n * e.size(), || unsafe {
-            ffi::MPI_Allreduce(shim::mpi_in_place(), ptr, count, dt, op, comm)
+        self.calls.timed(CollectiveKind::AllReduce, n * e.size(), || {
+            // SAFETY: `buf` is a contiguous CPU tensor of `n` elements, alive during the call.
+            mpi_rc(unsafe { ffi::MPI_Allreduce(shim::mpi_in_place(), ptr, count, dt, op, comm) })
         })
     }
 
@@ -188,9 +148,9 @@ impl Collectives for MpiCollectives {
         if is_rank_slice(output, input, self.rank, self.world) {
             // MPI's in-place reduce-scatter leaves the result at the start of the buffer, NCCL's at
             // the rank's slice: move it there.
-            // SAFETY: contiguous tensors of the checked sizes.
-            let p = self.timed(CollectiveKind::ReduceScatter, n * e.size(), || unsafe {
-                ffi::MPI_Reduce_scatter_block(shim::mpi_in_place(), inp, count, dt, op, comm)
+            let p = self.calls.timed(CollectiveKind::ReduceScatter, n * e.size(), || {
+                // SAFETY: contiguous tensors of the checked sizes.
+                mpi_rc(unsafe { ffi::MPI_Reduce_scatter_block(shim::mpi_in_place(), inp, count, dt, op, comm) })
             })?;
             if self.rank != 0 {
                 // SAFETY: both ranges lie in `input`; `copy` handles the overlap-free move (slices
@@ -199,9 +159,9 @@ impl Collectives for MpiCollectives {
             }
             Ok(p)
         } else {
-            // SAFETY: contiguous, distinct tensors of the checked sizes.
-            self.timed(CollectiveKind::ReduceScatter, n * e.size(), || unsafe {
-                ffi::MPI_Reduce_scatter_block(inp, out, count, dt, op, comm)
+            self.calls.timed(CollectiveKind::ReduceScatter, n * e.size(), || {
+                // SAFETY: contiguous, distinct tensors of the checked sizes.
+                mpi_rc(unsafe { ffi::MPI_Reduce_scatter_block(inp, out, count, dt, op, comm) })
             })
         }
     }
@@ -221,10 +181,10 @@ impl Collectives for MpiCollectives {
         let comm = self.comm.as_raw();
         let (inp, out) = (input.data_ptr(), output.data_ptr());
         let send = if is_rank_slice(input, output, self.rank, self.world) { shim::mpi_in_place() } else { inp };
-        // SAFETY: contiguous tensors of the checked sizes; in place, MPI reads this rank's slice
-        // of the output.
-        self.timed(CollectiveKind::AllGather, m * e.size(), || unsafe {
-            ffi::MPI_Allgather(send, count, dt, out, count, dt, comm)
+        self.calls.timed(CollectiveKind::AllGather, m * e.size(), || {
+            // SAFETY: contiguous tensors of the checked sizes; in place, MPI reads this rank's slice
+            // of the output.
+            mpi_rc(unsafe { ffi::MPI_Allgather(send, count, dt, out, count, dt, comm) })
         })
     }
 
@@ -236,8 +196,10 @@ impl Collectives for MpiCollectives {
         let comm = self.comm.as_raw();
         let ptr = buf.data_ptr();
         let root = c_int::try_from(root).expect("rank");
-        // SAFETY: contiguous tensor of `n` elements.
-        self.timed(CollectiveKind::Broadcast, n * e.size(), || unsafe { ffi::MPI_Bcast(ptr, count, dt, root, comm) })
+        self.calls.timed(CollectiveKind::Broadcast, n * e.size(), || {
+            // SAFETY: contiguous tensor of `n` elements.
+            mpi_rc(unsafe { ffi::MPI_Bcast(ptr, count, dt, root, comm) })
+        })
     }
 
     fn wait(&mut self, _pending: Pending) -> Result<(), CommError> {
@@ -255,16 +217,16 @@ impl Collectives for MpiCollectives {
     }
 
     fn copy_to_host(&mut self, src: &Tensor, dst: &Tensor) -> Result<(Pending, HostCopy), CommError> {
-        let p = self.host_copy(CollectiveKind::DeviceToHost, src, dst)?;
+        let p = self.calls.host_copy(CollectiveKind::DeviceToHost, src, dst)?;
         Ok((p, HostCopy::Done))
     }
 
     fn copy_to_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
-        self.host_copy(CollectiveKind::HostToDevice, src, dst)
+        self.calls.host_copy(CollectiveKind::HostToDevice, src, dst)
     }
 
     fn copy_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
-        self.host_copy(CollectiveKind::DeviceToDevice, src, dst)
+        self.calls.host_copy(CollectiveKind::DeviceToDevice, src, dst)
     }
 
     fn reduce_control(&mut self, buf: &Tensor) -> Result<(), CommError> {
@@ -284,7 +246,7 @@ impl Collectives for MpiCollectives {
     }
 
     fn take_stats(&mut self) -> Result<StepComm, CommError> {
-        Ok(std::mem::take(&mut self.stats))
+        Ok(std::mem::take(&mut self.calls.stats))
     }
 
     fn backend(&self) -> &'static str {
@@ -296,10 +258,10 @@ impl Collectives for MpiCollectives {
     }
 
     fn set_clock(&mut self, clock: SharedClock) {
-        self.clock = Some(clock);
+        self.calls.clock = Some(clock);
     }
 
     fn set_timeline(&mut self, timeline: SharedTimeline) {
-        self.timeline = Some(timeline);
+        self.calls.timeline = Some(timeline);
     }
 }

@@ -1,5 +1,6 @@
 //! Collectives on GPU tensors over NCCL (cudarc's dynamically loaded bindings), bootstrapped by
-//! broadcasting NCCL's unique id over MPI.
+//! broadcasting NCCL's unique id from rank 0 over the run's host group: over MPI, or through the
+//! rendezvous store for ranks launched with the environment convention ([`super::group`]).
 //!
 //! Each collective is ordered after the work already issued on the compute stream (an event
 //! recorded there, waited on by the communication stream), runs on the communication stream
@@ -17,10 +18,10 @@ use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use cudarc::nccl::{result as nccl, sys as ncclsys};
-use mpi::topology::{Communicator, SimpleCommunicator};
 use tch::{Device, Kind, Tensor};
 use zerobench_schema::config::CopyEngines;
 
+use super::group::HostGroup;
 use super::peer_copy::PeerCopy;
 use super::{flat, CollectiveKind, Collectives, CommError, Elem, HostCopy, Pending, StepComm};
 use crate::metrics::clock::SharedClock;
@@ -40,7 +41,7 @@ struct Op {
 pub struct NcclCollectives {
     comm: ncclsys::ncclComm_t,
     gpu: Arc<Gpu>,
-    mpi: SimpleCommunicator,
+    host: HostGroup,
     rank: usize,
     world: usize,
     /// By `Pending` id (never reused): issued and not yet accounted.
@@ -93,17 +94,16 @@ fn cuda_err(op: &'static str, e: cudarc::driver::DriverError) -> CommError {
 }
 
 impl NcclCollectives {
-    /// Creates the NCCL communicator of all ranks of `mpi` on this rank's GPU; `max_ctas` caps the
+    /// Creates the NCCL communicator of all ranks of `host` on this rank's GPU; `max_ctas` caps the
     /// thread blocks of each collective; `copy_engines` moves the data of those collectives with
     /// peer copies ([`PeerCopy`]; every rank must be on this host).
     pub fn new(
-        mpi: SimpleCommunicator,
+        mut host: HostGroup,
         gpu: Arc<Gpu>,
         max_ctas: Option<u32>,
         copy_engines: Option<CopyEngines>,
     ) -> Result<Self, CommError> {
-        let rank = usize::try_from(mpi.rank()).expect("rank");
-        let world = usize::try_from(mpi.size()).expect("size");
+        let (rank, world) = (host.rank(), host.size());
         let mut id_bytes = [0u8; 128];
         if rank == 0 {
             let id = nccl::get_uniqueid().map_err(|e| nccl_err("ncclGetUniqueId", e))?;
@@ -111,7 +111,7 @@ impl NcclCollectives {
                 *b = *c as u8;
             }
         }
-        mpi::collective::Root::broadcast_into(&mpi.process_at_rank(0), &mut id_bytes[..]);
+        host.broadcast_bytes(&mut id_bytes, 0)?;
         let mut id = ncclsys::ncclUniqueId { internal: [0; 128] };
         for (c, b) in id.internal.iter_mut().zip(id_bytes.iter()) {
             *c = *b as std::ffi::c_char;
@@ -139,24 +139,22 @@ impl NcclCollectives {
         crate::runtime::guard::watch_nccl(comm as usize);
         let control = Tensor::zeros([2], (Kind::Float, Device::Cuda(0)));
         let peer_copy = if copy_engines.is_some() {
-            let local = mpi.split_shared(0).size();
-            if local != mpi.size() {
+            let hosts = host.host_names()?;
+            let local = hosts.iter().filter(|h| **h == hosts[rank]).count();
+            if local != world {
                 return Err(CommError::Failed {
                     op: "copy-engine setup",
-                    message: format!(
-                        "--copy-engines needs every rank on one host; {local} of {} share this one",
-                        mpi.size()
-                    ),
+                    message: format!("--copy-engines needs every rank on one host; {local} of {world} share this one"),
                 });
             }
-            Some(PeerCopy::new(&mpi, Arc::clone(&gpu), PEER_COPY_SLOT_BYTES)?)
+            Some(PeerCopy::new(&mut host, Arc::clone(&gpu), PEER_COPY_SLOT_BYTES)?)
         } else {
             None
         };
         Ok(Self {
             comm,
             gpu,
-            mpi,
+            host,
             rank,
             world,
             ops: Default::default(),
@@ -335,14 +333,12 @@ impl Collectives for NcclCollectives {
     }
 
     fn max_over_ranks(&mut self, values: &mut [f64]) -> Result<(), CommError> {
-        super::mpi::host_max(&self.mpi, values);
-        Ok(())
+        self.host.max_f64(values)
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {
         self.gpu.comm.synchronize().map_err(|e| cuda_err("barrier", e))?;
-        mpi::collective::CommunicatorCollectives::barrier(&self.mpi);
-        Ok(())
+        self.host.barrier()
     }
 
     fn copy_to_host(&mut self, src: &Tensor, dst: &Tensor) -> Result<(Pending, HostCopy), CommError> {

@@ -5,7 +5,7 @@
 //! and only the addition of a reduce-scatter runs as a kernel, a light memory-bound one.
 //!
 //! Each rank owns an inbox (two parities × one slot per source rank) and a block of flags, both
-//! shared with the other ranks through CUDA IPC handles exchanged over MPI. Every piece of a
+//! shared with the other ranks through CUDA IPC handles exchanged over the host group. Every piece of a
 //! collective has a sequence number `s`, the same on every rank (all ranks issue the same
 //! collectives in the same order). On the communication stream, for each peer `p`:
 //!
@@ -26,14 +26,12 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{self, CUdeviceptr};
-use cudarc::driver::{CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
-use mpi::topology::{Communicator, SimpleCommunicator};
-use mpi::traits::CommunicatorCollectives;
-
+use super::group::HostGroup;
 use super::{CommError, Elem};
 use crate::runtime::cuda::Gpu;
 use crate::runtime::kernels;
+use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::{CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
 
 /// The kernels, after [`kernels`]' shared conversions.
 pub(crate) const SOURCE: &str = r#"
@@ -111,15 +109,14 @@ fn cu(op: &'static str, r: sys::CUresult) -> Result<(), CommError> {
 }
 
 impl PeerCopy {
-    /// Sets up the inboxes and flags of every rank of `mpi` (all on this host, each on its own
-    /// GPU); collective over `mpi`.
-    pub fn new(mpi: &SimpleCommunicator, gpu: Arc<Gpu>, slot_bytes: usize) -> Result<Self, CommError> {
+    /// Sets up the inboxes and flags of every rank of `host` (all on this host, each on its own
+    /// GPU); collective over `host`.
+    pub fn new(host: &mut HostGroup, gpu: Arc<Gpu>, slot_bytes: usize) -> Result<Self, CommError> {
         const OP: &str = "copy-engine setup";
-        let rank = usize::try_from(mpi.rank()).expect("rank");
-        let world = usize::try_from(mpi.size()).expect("size");
+        let (rank, world) = (host.rank(), host.size());
         gpu.ctx.bind_to_thread().map_err(|e| CommError::Failed { op: OP, message: e.to_string() })?;
-        let inbox = Self::share(mpi, 2 * world * slot_bytes, rank)?;
-        let flags = Self::share(mpi, 2 * world * 4, rank)?;
+        let inbox = Self::share(host, 2 * world * slot_bytes, rank)?;
+        let flags = Self::share(host, 2 * world * 4, rank)?;
         let module = kernels::load(&gpu, SOURCE).map_err(|e| CommError::Failed { op: OP, message: e.to_string() })?;
         let f = |name| module.load_function(name).map_err(|e| CommError::Failed { op: OP, message: e.to_string() });
         Ok(Self {
@@ -139,7 +136,7 @@ impl PeerCopy {
     }
 
     /// Allocates `bytes` of zeroed device memory and maps every rank's allocation here.
-    fn share(mpi: &SimpleCommunicator, bytes: usize, rank: usize) -> Result<Shared, CommError> {
+    fn share(host: &mut HostGroup, bytes: usize, rank: usize) -> Result<Shared, CommError> {
         const OP: &str = "copy-engine setup";
         let mut ptr: CUdeviceptr = 0;
         // SAFETY: plain driver calls on the current (this rank's) context.
@@ -152,11 +149,10 @@ impl PeerCopy {
         // SAFETY: `ptr` is the base of an allocation of this context.
         unsafe { cu(OP, sys::cuIpcGetMemHandle(&mut handle, ptr))? };
         let mine: Vec<u8> = handle.reserved.iter().map(|&c| c as u8).collect();
-        let mut all = vec![0u8; 64 * mpi.size() as usize];
         // Also the barrier that orders every rank's zeroing before any peer's first signal.
-        mpi.all_gather_into(&mine[..], &mut all[..]);
-        let mut peers = Vec::with_capacity(all.len() / 64);
-        for (r, h) in all.chunks(64).enumerate() {
+        let all = host.all_gather_bytes(&mine)?;
+        let mut peers = Vec::with_capacity(all.len());
+        for (r, h) in all.iter().enumerate() {
             if r == rank {
                 peers.push(ptr);
                 continue;

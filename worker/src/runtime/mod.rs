@@ -9,4 +9,5 @@ pub mod host_memory;
 pub mod identity;
 pub mod kernels;
 pub mod pinned;
+pub mod rendezvous;
 pub mod shim;

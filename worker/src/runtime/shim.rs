@@ -1,6 +1,7 @@
 //! Safe wrappers over `shim/torch_shim.cpp` (what tch 0.24 lacks) and `shim/mpi_shim.c`.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::time::Duration;
 
 use tch::Tensor;
 
@@ -28,6 +29,17 @@ extern "C" {
     fn zb_cuda_stats(device: c_int, out: *mut CudaStats) -> c_int;
     fn zb_cuda_reset_peak(device: c_int) -> c_int;
     fn zb_mpi_in_place() -> *mut c_void;
+    fn zb_store_open(
+        host: *const c_char,
+        port: u16,
+        is_server: c_int,
+        world: c_int,
+        timeout_ms: i64,
+        out: *mut *mut c_void,
+    ) -> c_int;
+    fn zb_store_set(store: *mut c_void, key: *const c_char, data: *const u8, len: usize) -> c_int;
+    fn zb_store_get(store: *mut c_void, key: *const c_char, buf: *mut u8, cap: usize, len: *mut usize) -> c_int;
+    fn zb_store_close(store: *mut c_void);
 }
 
 /// A C++ exception caught by the shim.
@@ -102,4 +114,56 @@ pub fn cuda_reset_peak(device: usize) -> Result<(), ShimError> {
 pub fn mpi_in_place() -> *mut c_void {
     // SAFETY: returns a constant.
     unsafe { zb_mpi_in_place() }
+}
+
+/// A client of c10d's `TCPStore` (and, on rank 0, its server): a key-value store every rank of an
+/// environment-launched run reaches at `MASTER_ADDR:MASTER_PORT`.
+pub struct TcpStore(*mut c_void);
+
+// SAFETY: TCPStore's client serialises its requests under its own lock; the pointer is owned.
+unsafe impl Send for TcpStore {}
+// SAFETY: as above: every method of TCPStore may be called from any thread.
+unsafe impl Sync for TcpStore {}
+
+fn c_string(what: &str, s: &str) -> Result<CString, ShimError> {
+    CString::new(s).map_err(|_| ShimError(format!("{what} {s:?} holds a NUL byte")))
+}
+
+impl TcpStore {
+    /// Connects to the store at `host:port`, hosting it first when `server`; returns once all
+    /// `world` ranks have connected (the server) or this one has (a client), or fails at `timeout`.
+    pub fn open(host: &str, port: u16, server: bool, world: u32, timeout: Duration) -> Result<Self, ShimError> {
+        let host = c_string("host", host)?;
+        let world = c_int::try_from(world).map_err(|_| ShimError(format!("{world} ranks are too many")))?;
+        let ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+        let mut out = std::ptr::null_mut();
+        // SAFETY: `host` is NUL-terminated and outlives the call; `out` is a valid out-pointer.
+        check(unsafe { zb_store_open(host.as_ptr(), port, c_int::from(server), world, ms, &mut out) })?;
+        Ok(Self(out))
+    }
+
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<(), ShimError> {
+        let key = c_string("key", key)?;
+        // SAFETY: a live store; `value` is readable for its length.
+        check(unsafe { zb_store_set(self.0, key.as_ptr(), value.as_ptr(), value.len()) })
+    }
+
+    /// The value of `key`, once some rank has set it (at most `cap` bytes), or an error at the
+    /// store's timeout.
+    pub fn get(&self, key: &str, cap: usize) -> Result<Vec<u8>, ShimError> {
+        let key = c_string("key", key)?;
+        let mut buf = vec![0u8; cap];
+        let mut len = 0usize;
+        // SAFETY: a live store; `buf` is writable for `cap` bytes; `len` is a valid out-pointer.
+        check(unsafe { zb_store_get(self.0, key.as_ptr(), buf.as_mut_ptr(), cap, &mut len) })?;
+        buf.truncate(len);
+        Ok(buf)
+    }
+}
+
+impl Drop for TcpStore {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from zb_store_open and is dropped once.
+        unsafe { zb_store_close(self.0) }
+    }
 }
