@@ -39,6 +39,8 @@
 #   verify       2 GPUs: fp16 (dynamic loss scaling) and tiny-llama on the shipped text, stages 0 and 3
 #   t5           the GPU subset of the seed study's T5 grid (slurm/examples/t5-grid-gpu.yaml)
 #                through `zerobench local`, then `zerobench ingest` over its run folders
+#   rendezvous   2 GPUs, ranks started by RANK/WORLD_SIZE/MASTER_ADDR (no MPI): collectives and the
+#                copy engines through the TCP store, and gpt2 stage 3's losses against mpirun's
 #   costmodel    the cost model's sweep (bench/gpu/costmodel-runs.txt): the runs `zerobench fit`
 #                is fitted on (runs/cm-fit) and the held-out runs it is checked against
 #                (runs/cm-holdout); one-GPU runs go two at a time, one per GPU, when there are two
@@ -137,6 +139,43 @@ for phase in "${phases[@]}"; do
       log "t5 local: rc=$? $(tail -n 3 "$RUNS/t5-local.out" | tr '\n' ' ')"
       "$BIN/zerobench" ingest "$RUNS/t5-grid" --out "$RUNS/t5-tables" > "$RUNS/t5-ingest.out" 2>&1
       log "t5 ingest: rc=$?" ;;
+    rendezvous)
+      # Ranks started by the environment convention, as torchrun or pdsh start them: NCCL's unique
+      # id and the copy engines' CUDA IPC handles go through the TCP store rank 0 hosts.
+      envrun() {  # envrun NAME PORT PROGRAM ARGS...: 2 ranks, one per GPU
+        local name=$1 port=$2; shift 2
+        for r in 0 1; do
+          RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 "$@" \
+            > "$RUNS/$name.r$r.out" 2>&1 &
+        done
+        wait
+        log "$name: $(tail -n 2 "$RUNS/$name.r0.out" | tr '\n' ' ' | cut -c1-400)"
+      }
+      envrun env_nccl_bw 29510 "$BIN/examples/nccl_bw" 1048576 67108864
+      envrun env_nccl_bw_copy_engines 29511 "$BIN/examples/nccl_bw" --copy-engines 1048576 67108864
+      gpt2z3=(--device cuda --model gpt2 --stage 3 --micro-batch 8 --seq-len 512 --steps 20 --warmup 2 \
+        --data tests/data/declaration-of-independence.txt)
+      envrun env_gpt2_z3_2gpu 29512 "$W" "${gpt2z3[@]}" --log-dir "$RUNS/env_gpt2_z3_2gpu" --run-id env_gpt2_z3_2gpu
+      worker mpi_gpt2_z3_2gpu 2 "${gpt2z3[@]:2}"
+      python3 - "$RUNS" <<'PY' | tee -a "$OUTDIR/bench.log" >&2
+import json, sys
+runs = sys.argv[1]
+def losses(name):
+    recs = [json.loads(l) for l in open(f"{runs}/{name}/rank0.jsonl")]
+    start = next(r for r in recs if r["event"] == "start")
+    return start["rank_source"], start["comm_backend"], [r["loss"] for r in recs if r["event"] == "step"]
+e, m = losses("env_gpt2_z3_2gpu"), losses("mpi_gpt2_z3_2gpu")
+diff = max(abs(a - b) for a, b in zip(e[2], m[2]))
+print(json.dumps({"rendezvous_check": "gpt2 stage 3, 2 GPUs", "env": e[:2], "mpi": m[:2], "steps": [len(e[2]), len(m[2])],
+                  "max_loss_difference": diff, "identical": e[2] == m[2]}))
+PY
+      # A GPU rank without LOCAL_RANK cannot know its device: it must stop naming the variable.
+      for r in 0 1; do
+        RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29513 timeout 120 "$W" --device cuda --model tiny \
+          --steps 2 --log-dir "$RUNS/env_no_local_rank" > "$RUNS/env_no_local_rank.r$r.out" 2>&1 &
+      done
+      wait
+      log "env_no_local_rank: $(tail -n 1 "$RUNS/env_no_local_rank.r1.out" | cut -c1-300)" ;;
     costmodel)
       # Each line of the list: SET LANE NAME NP WORKER-ARGS... (bench/gpu/costmodel-runs.txt). Lane
       # "any" runs are one-GPU runs without host work: with two GPUs two of them run at once, one
