@@ -41,6 +41,8 @@
 #                through `zerobench local`, then `zerobench ingest` over its run folders
 #   rendezvous   2 GPUs, ranks started by RANK/WORLD_SIZE/MASTER_ADDR (no MPI): collectives and the
 #                copy engines through the TCP store, and gpt2 stage 3's losses against mpirun's
+#   offload-setup  how long offload takes to set up (host_state_setup_ms, setup_ms): gpt2-xl stage 2
+#                and t5-11b stage 3 with everything on the host, one GPU, two steps
 #   costmodel    the cost model's sweep (bench/gpu/costmodel-runs.txt): the runs `zerobench fit`
 #                is fitted on (runs/cm-fit) and the held-out runs it is checked against
 #                (runs/cm-holdout); one-GPU runs go two at a time, one per GPU, when there are two
@@ -172,10 +174,18 @@ PY
       # A GPU rank without LOCAL_RANK cannot know its device: it must stop naming the variable.
       for r in 0 1; do
         RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29513 timeout 120 "$W" --device cuda --model tiny \
-          --steps 2 --log-dir "$RUNS/env_no_local_rank" > "$RUNS/env_no_local_rank.r$r.out" 2>&1 &
+          --stage 0 --steps 2 --log-dir "$RUNS/env_no_local_rank" > "$RUNS/env_no_local_rank.r$r.out" 2>&1 &
       done
       wait
       log "env_no_local_rank: $(tail -n 1 "$RUNS/env_no_local_rank.r1.out" | cut -c1-300)" ;;
+    offload-setup)
+      worker setup_gpt2-xl_z2_optimizer_1gpu 1 --model gpt2-xl --stage 2 --offload optimizer --micro-batch 4 \
+        --seq-len 1024 --steps 3 --warmup 1
+      WORKER_TIMEOUT=300 worker setup_t5-11b_z3_optimizer+params_1gpu 1 --model t5-11b --stage 3 \
+        --offload optimizer+params --micro-batch 1 --seq-len 512 --steps 2 --warmup 1
+      for r in setup_gpt2-xl_z2_optimizer_1gpu setup_t5-11b_z3_optimizer+params_1gpu; do
+        log "$r: $(grep -o '"host_state_bytes":[0-9]*\|"host_state_setup_ms":[0-9.]*\|"setup_ms":[0-9.]*' "$RUNS/$r/rank0.jsonl" | tr '\n' ' ')"
+      done ;;
     costmodel)
       # Each line of the list: SET LANE NAME NP WORKER-ARGS... (bench/gpu/costmodel-runs.txt). Lane
       # "any" runs are one-GPU runs without host work: with two GPUs two of them run at once, one
