@@ -5,17 +5,16 @@
 //! 116 GB of offloaded states did not finish setting up in 90 s on a 128 GB host. Here a host tensor
 //! is allocated at its exact size by the ordinary CPU allocator and page-locked in place with
 //! `cuMemHostRegister`, so the host-memory check before set-up (`host_memory`) is what is used.
-//!
-//! Registering a fresh allocation is slow because the kernel faults in every page on the one
-//! registering thread: 2.7 GB/s for 4 GiB on a 32-core H200 host. Each tensor's pages are therefore
-//! faulted in first from every core (a read and a write of one byte per page, so any data already
-//! there stays), and the registration then only pins them: 12 GB/s on the same host, in the same
-//! call (`worker/examples/pin_bench.rs`, bench/results/raw/gpu-2026-11-24-rendezvous.tar.gz).
-//! Registering ranges from several threads instead is no faster (3.0 GB/s) and breaks copies that
-//! span two ranges (CUDA_ERROR_INVALID_VALUE); `cuMemHostAlloc` is as slow as registering.
+//! Locking runs at about 2 GB/s per process on the H200 hosts (t5-11b's 181 GB: 72-86 s of set-up,
+//! bench/results/gpu-2026-11-22-x2-offload.json, raw/gpu-2026-11-24-offload-setup.tar.gz), on one
+//! thread. `worker/examples/pin_bench.rs` measured the alternatives on a 32-core H200 host (4 GiB,
+//! raw/gpu-2026-11-24-rendezvous.tar.gz): faulting the pages in from every core before registering
+//! reached 12 GB/s there, but inside the worker (tensor by tensor, after the model is built) it was
+//! slower than this (1.6 against 2.3 GB/s for gpt2-xl's 25 GB) and is not used; registering ranges
+//! from several threads reached 3.0 GB/s and breaks copies that span two ranges
+//! (CUDA_ERROR_INVALID_VALUE); `cuMemHostAlloc` 2.8 GB/s.
 
 use cudarc::driver::{sys, DriverError};
-use rayon::prelude::*;
 use tch::{Device, Kind, TchError, Tensor};
 
 use super::cuda::Gpu;
@@ -63,7 +62,6 @@ fn register(t: Tensor) -> Result<Option<Pinned>, PinError> {
     if bytes == 0 {
         return Ok(None); // nothing to lock, and CUDA refuses a zero-length range
     }
-    prefault(t.data_ptr().cast(), bytes);
     let fail = |source| PinError::Register { bytes, source };
     // SAFETY: a live, contiguous host allocation of `bytes`; `Pinned` keeps it alive until it is
     // unregistered. PORTABLE: locked for every context, as libtorch's pinned memory is.
@@ -71,35 +69,4 @@ fn register(t: Tensor) -> Result<Option<Pinned>, PinError> {
         .result()
         .map_err(fail)?;
     Ok(Some(Pinned { keep: t }))
-}
-
-/// Bytes of one page: the unit the kernel faults in (huge pages only make it coarser).
-const PAGE: usize = 4096;
-
-/// Faults in every page of `len` bytes at `ptr` from every core of the pool: one byte of each page
-/// is read and written back, so the contents stay as they were.
-fn prefault(ptr: *mut u8, len: usize) {
-    let base = ptr as usize;
-    (0..len.div_ceil(PAGE)).into_par_iter().with_min_len(256).for_each(|page| {
-        // SAFETY: `page * PAGE < len`, inside the live allocation of `len` bytes at `ptr` that the
-        // caller owns; nothing else touches it during set-up, and the byte is written back as read.
-        unsafe {
-            let p = (base + page * PAGE) as *mut u8;
-            p.write_volatile(p.read_volatile());
-        }
-    });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefaulting_keeps_the_contents() {
-        let t = Tensor::arange(3 * 4096 + 17, (Kind::Float, Device::Cpu));
-        let before = t.copy();
-        let bytes = t.numel() * t.kind().elt_size_in_bytes();
-        prefault(t.data_ptr().cast(), bytes);
-        assert!(t.equal(&before));
-    }
 }
