@@ -174,7 +174,7 @@ PY
       # A GPU rank without LOCAL_RANK cannot know its device: it must stop naming the variable.
       for r in 0 1; do
         RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29513 timeout 120 "$W" --device cuda --model tiny \
-          --stage 0 --steps 2 --log-dir "$RUNS/env_no_local_rank" > "$RUNS/env_no_local_rank.r$r.out" 2>&1 &
+          --stage 0 --steps 4 --rendezvous-timeout-s 20 --log-dir "$RUNS/env_no_local_rank" > "$RUNS/env_no_local_rank.r$r.out" 2>&1 &
       done
       wait
       log "env_no_local_rank: $(tail -n 1 "$RUNS/env_no_local_rank.r1.out" | cut -c1-300)" ;;
