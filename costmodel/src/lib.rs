@@ -4,23 +4,31 @@
 //! * [`work`]: what a configuration asks of the machine (FLOPs, activations, kernels, parameters
 //!   updated where, bytes on the wire), exact from the schema's shapes and formulas;
 //! * [`terms`]: the model's formula, a coefficient per term;
+//! * [`price`]: the formula evaluated against coefficients;
 //! * [`nnls`]: non-negative least squares, which fits them;
-//! * [`fit`]: fitting one model per GPU kind and precision from measured runs;
+//! * [`observation`]: a measured run as the fit takes it;
+//! * [`coefficients`]: the staged fit of one GPU kind's coefficients;
+//! * [`fit`]: one fit per GPU kind and precision, with its ranges and validation;
 //! * [`validate`]: k-fold validation over configurations;
 //! * [`model`]: the versioned model file and prediction from it.
 //!
 //! docs/cost-model.md states the terms, how they were fitted and validated, and where the model
 //! fails.
 
+pub mod coefficients;
 pub mod fit;
 pub mod model;
 pub mod nnls;
+pub mod observation;
+pub mod price;
 pub mod terms;
 pub mod validate;
 pub mod work;
 
-pub use fit::{fit, FitError, Observation};
-pub use model::{Bound, CostModel, Fit, ModelError, Prediction};
+pub use fit::{fit, FitError};
+pub use model::{CostModel, Fit, ModelError, Prediction};
+pub use observation::Observation;
+pub use price::Bound;
 pub use work::Query;
 
 /// The models shipped with zerobench: fitted on the committed GPU sweeps

@@ -7,15 +7,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use zerobench_schema::config::{Offload, Precision};
 
-use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
+use crate::price::{peak_allocated, peak_reserved, step_parts, Bound};
 use crate::validate::Validation;
 use crate::work::{Query, Work};
 
 /// The file's format name and version; readers refuse others.
 pub const FORMAT: &str = "zerobench-cost-model";
 pub const VERSION: u32 = 1;
-
-const GIB: f64 = (1u64 << 30) as f64;
 
 /// The model file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -104,120 +102,6 @@ pub struct Prediction {
     pub comm_ms: f64,
     /// Terms extrapolated beyond the fitted runs, each with why.
     pub extrapolated: Vec<String>,
-}
-
-/// Which bound sets a micro-step's time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Bound {
-    /// The host issuing kernels.
-    Launch,
-    /// The GPU executing them.
-    Device,
-}
-
-/// Evaluates terms against coefficients. A family coefficient the model lacks takes the mean of
-/// the fitted families' (flagged); any other missing coefficient counts 0 (flagged when its
-/// quantity is not 0).
-pub(crate) fn eval(coef: &BTreeMap<String, f64>, terms: &[Term], part: Part, flags: &mut Vec<String>) -> f64 {
-    terms
-        .iter()
-        .filter(|t| t.part == part)
-        .map(|t| match coef.get(&t.name) {
-            Some(c) => c * t.x,
-            None if t.x == 0.0 => 0.0,
-            None => match family_of(&t.name) {
-                Some(fam) => {
-                    let suffix = &t.name[fam.len()..];
-                    let others: Vec<f64> = coef
-                        .iter()
-                        .filter(|(k, _)| family_of(k).is_some() && k.ends_with(suffix))
-                        .map(|(_, v)| *v)
-                        .collect();
-                    note(
-                        flags,
-                        format!("{fam}: no run of this family was fitted; its terms are the mean of the others'"),
-                    );
-                    if others.is_empty() {
-                        0.0
-                    } else {
-                        others.iter().sum::<f64>() / others.len() as f64 * t.x
-                    }
-                }
-                None => {
-                    note(flags, format!("{}: not fitted (no run needed it); counted as 0", t.name));
-                    0.0
-                }
-            },
-        })
-        // An empty sum is -0.0; a term that is not there prices 0.
-        .sum::<f64>()
-        + 0.0
-}
-
-fn note(flags: &mut Vec<String>, s: String) {
-    if !flags.contains(&s) {
-        flags.push(s);
-    }
-}
-
-/// Step time, the compute bound that set it, and its parts.
-pub(crate) struct StepParts {
-    pub step_ms: f64,
-    pub compute_ms: f64,
-    pub bound: Bound,
-    pub optimizer_ms: f64,
-    pub offload_ms: f64,
-    pub comm_ms: f64,
-}
-
-/// The coefficient of the shorter bound's share that the longer does not hide (fitted on a grid
-/// from 0 to 1; see [`crate::terms`]).
-pub const UNHIDDEN: &str = "micro.unhidden_share";
-
-/// One micro-step: the longer of its bounds plus the unhidden share of the shorter, plus what runs
-/// on top of both.
-pub(crate) fn micro_ms(coef: &BTreeMap<String, f64>, terms: &[Term], flags: &mut Vec<String>) -> (f64, Bound) {
-    let host = eval(coef, terms, Part::Host, flags);
-    let device = eval(coef, terms, Part::Device, flags);
-    let on_top = eval(coef, terms, Part::Micro, flags);
-    let unhidden = coef.get(UNHIDDEN).copied().unwrap_or(0.0);
-    if host > device {
-        (host + unhidden * device + on_top, Bound::Launch)
-    } else {
-        (device + unhidden * host + on_top, Bound::Device)
-    }
-}
-
-pub(crate) fn step_parts(coef: &BTreeMap<String, f64>, w: &Work, flags: &mut Vec<String>) -> StepParts {
-    let terms = step_terms(w);
-    let (micro, bound) = micro_ms(coef, &terms, flags);
-    let part = |prefix: &str, flags: &mut Vec<String>| {
-        let sel: Vec<Term> =
-            terms.iter().filter(|t| t.part == Part::Step && t.name.starts_with(prefix)).cloned().collect();
-        eval(coef, &sel, Part::Step, flags)
-    };
-    let optimizer_ms = part("optimizer.", flags);
-    let offload_ms = part("offload", flags);
-    let comm_ms = part("comm.", flags);
-    let compute_ms = w.micro_steps * micro;
-    StepParts {
-        step_ms: compute_ms + optimizer_ms + offload_ms + comm_ms,
-        compute_ms,
-        bound,
-        optimizer_ms,
-        offload_ms,
-        comm_ms,
-    }
-}
-
-/// Peak allocated bytes (exact states and buffers plus the fitted rest).
-pub(crate) fn peak_allocated(coef: &BTreeMap<String, f64>, w: &Work, flags: &mut Vec<String>) -> f64 {
-    w.device_state_bytes as f64 + eval(coef, &memory_terms(w), Part::Step, flags) * GIB
-}
-
-pub(crate) fn peak_reserved(coef: &BTreeMap<String, f64>, allocated: f64, flags: &mut Vec<String>) -> f64 {
-    allocated + eval(coef, &reserved_terms(allocated / GIB), Part::Step, flags) * GIB
 }
 
 /// Errors of model files and queries.

@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::fit::{fit_coefficients, predict_with, Observation, DEVICE_BOUND_UTIL_PCT};
+use crate::coefficients::{fit_coefficients, predict_with};
+use crate::observation::{Observation, DEVICE_BOUND_UTIL_PCT};
 
 /// Folds, at most (fewer when there are fewer configurations).
 pub const FOLDS: usize = 5;

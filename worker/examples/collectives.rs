@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use tch::{Device, Kind, Tensor};
 use zerobench_worker::comm::cpu_collectives;
-use zerobench_worker::runtime::rendezvous::{join, Ranks, Rendezvous};
+use zerobench_worker::runtime::launch_env::Rendezvous;
+use zerobench_worker::runtime::rendezvous::{join, Ranks};
 
 fn check(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
     let diff = (got.to_kind(Kind::Float) - want.to_kind(Kind::Float)).abs().max().double_value(&[]);

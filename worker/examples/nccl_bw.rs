@@ -29,7 +29,8 @@ fn main() {
     cuda::bind_local_gpu(identity::local_rank_hint().unwrap_or(0));
     // `_mpi` keeps MPI initialised to the end, for ranks that mpirun started.
     let rendezvous::Ranks { host, mpi: _mpi, .. } =
-        rendezvous::join(rendezvous::Rendezvous::Auto, Duration::from_secs(60)).expect("the ranks meet");
+        rendezvous::join(zerobench_worker::runtime::launch_env::Rendezvous::Auto, Duration::from_secs(60))
+            .expect("the ranks meet");
     let (rank, n) = (host.rank(), host.size());
     let dev = device::select(zerobench_schema::DeviceRequest::Cuda).expect("a GPU");
     let gpu = cuda::Gpu::new(0).expect("CUDA context");

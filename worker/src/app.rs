@@ -29,7 +29,7 @@ use crate::model::Model;
 use crate::runtime::cuda::Gpu;
 use crate::runtime::guard::Guard;
 use crate::runtime::identity::{self, Identity};
-use crate::runtime::rendezvous;
+use crate::runtime::{launch_env, rendezvous};
 use crate::train::{Observe, Progress, Trainer};
 use crate::{cli, data, model, runtime, zero};
 
@@ -196,7 +196,7 @@ fn run_logged(
         return Err(Failure::Config(format!(
             "the launcher gave {hint} ({}), but this is rank {} of the {} ranks on its host: cannot pick \
              this rank's GPU",
-            rendezvous::LOCAL_RANK,
+            launch_env::LOCAL_RANK,
             ident.local_rank,
             ident.local_size
         )));

@@ -7,7 +7,7 @@ use clap::Parser;
 use zerobench_schema::config::{CopyEngines, EngineConfig, OptimConfig};
 use zerobench_schema::{DeviceRequest, ModelPreset, Offload, Precision, RunConfig, ZeroStage};
 
-use crate::runtime::rendezvous::Rendezvous;
+use crate::runtime::launch_env::Rendezvous;
 
 /// One rank of a zerobench run: trains a model with a ZeRO stage and logs what it costs.
 #[derive(Debug, Parser)]

@@ -20,7 +20,7 @@ use std::env;
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use zerobench_schema::log::SlurmInfo;
 
-use super::rendezvous::{self, EnvLaunch, RendezvousError, Vars, LOCAL_RANK, RANK, WORLD_SIZE};
+use super::launch_env::{self, EnvLaunch, RendezvousError, Vars, LOCAL_RANK, RANK, WORLD_SIZE};
 
 /// This process's place in the run.
 #[derive(Debug, Clone)]
@@ -78,7 +78,7 @@ pub fn from_env(launch: &EnvLaunch, hosts: &[String], vars: Vars<'_>) -> Result<
         nodes: u32::try_from(firsts.len()).expect("few"),
         source: "env",
     };
-    if let Some(l) = rendezvous::env_u32(vars, LOCAL_RANK)? {
+    if let Some(l) = launch_env::env_u32(vars, LOCAL_RANK)? {
         if l != id.local_rank {
             return Err(IdentityError::Inconsistent(format!(
                 "{LOCAL_RANK}={l} but this is rank {} of the {} ranks on host {mine}",
@@ -135,7 +135,7 @@ fn cross_check_env(id: &Identity) -> Result<(), IdentityError> {
 }
 
 fn env_u32(name: &'static str) -> Result<Option<u32>, IdentityError> {
-    Ok(rendezvous::env_u32(&rendezvous::process_env, name)?)
+    Ok(launch_env::env_u32(&launch_env::process_env, name)?)
 }
 
 /// The local rank as launchers announce it in the environment, readable before MPI starts: the

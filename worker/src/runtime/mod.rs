@@ -8,6 +8,7 @@ pub mod guard;
 pub mod host_memory;
 pub mod identity;
 pub mod kernels;
+pub mod launch_env;
 pub mod pinned;
 pub mod rendezvous;
 pub mod shim;

@@ -1,0 +1,54 @@
+//! A measured run as the fit takes it: its configuration, GPU, and the figures the model is fitted
+//! on; and the keys that say which runs are repeats of one configuration.
+
+use serde::{Deserialize, Serialize};
+
+use crate::work::Query;
+
+/// One measured run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    pub run_id: String,
+    pub gpu: String,
+    pub query: Query,
+    /// Median step time by the wall-time definition (log schema version 2).
+    pub step_ms: f64,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: Option<u64>,
+    pub device_memory_bytes: Option<u64>,
+    pub peak_tflops: Option<f64>,
+    /// Median of the logged optimizer phase (the update on the GPU, or offload's on the host).
+    pub optimizer_ms: Option<f64>,
+    /// Mean GPU utilisation over the measured steps (NVML), when logged: at 90% or more the run
+    /// was bound by the device, below it by the host issuing kernels, whose repeats vary far more.
+    pub gpu_util_pct: Option<f64>,
+}
+
+/// GPU utilisation from which a run counts as device-bound in the validation report.
+pub const DEVICE_BOUND_UTIL_PCT: f64 = 90.0;
+
+impl Observation {
+    /// The configuration this run is one repeat of.
+    pub fn config_key(&self) -> String {
+        format!("{} z{}", self.stage_group_key(), self.query.config.stage.index())
+    }
+
+    /// The configurations a user chooses a stage among: this run's but for its stage.
+    pub fn stage_group_key(&self) -> String {
+        let c = &self.query.config;
+        format!(
+            "{} {} {} {} mb{} ga{} seq{} tgt{} {}gpu {}node {}",
+            self.gpu,
+            c.model,
+            c.offload,
+            c.precision,
+            c.micro_batch,
+            c.grad_accum,
+            c.seq_len,
+            c.target_len_or_default(),
+            self.query.gpus,
+            self.query.nodes,
+            c.variant()
+        )
+    }
+}
