@@ -38,20 +38,45 @@ pub fn set_aside_attempt(dir: &Path) -> Result<PathBuf, Error> {
     move_aside(&stage, &keep, "attempt")
 }
 
-/// What to do with a run folder before running or submitting it again, from the state its
-/// records and logs give: run it, or leave it with the reason.
-pub fn rerun_decision(dir: &Path, prior: &RunState, retry_failed: bool) -> Result<Option<String>, Error> {
-    Ok(match prior.state {
-        State::Unsubmitted if !has_results(dir) => None,
-        State::Done => Some("finished earlier; kept as it is".to_string()),
-        State::Pending | State::Running => {
-            Some(format!("submitted to Slurm (job {}); left to it", prior.job_id.as_deref().unwrap_or("?")))
+/// What to do with a run folder before running or submitting it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rerun {
+    /// Run it (its earlier attempt, if any, moved aside).
+    Run,
+    /// It finished earlier: kept as it is.
+    Finished,
+    /// Slurm has it pending or running.
+    WithSlurm { job_id: Option<String> },
+    /// It ended failed, out of memory, cancelled or timed out, and was not asked to run again.
+    Ended(State),
+}
+
+impl std::fmt::Display for Rerun {
+    /// Why a run is left alone (empty for [`Rerun::Run`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rerun::Run => Ok(()),
+            Rerun::Finished => f.write_str("finished earlier; kept as it is"),
+            Rerun::WithSlurm { job_id } => {
+                write!(f, "submitted to Slurm (job {}); left to it", job_id.as_deref().unwrap_or("?"))
+            }
+            Rerun::Ended(st) => write!(f, "ended {st} earlier; --retry-failed runs it again"),
         }
+    }
+}
+
+/// Decides from the state a run folder's records and logs give; with `retry_failed`, a run that
+/// ended badly has its earlier attempt set aside and runs again.
+pub fn rerun_decision(dir: &Path, prior: &RunState, retry_failed: bool) -> Result<Rerun, Error> {
+    Ok(match prior.state {
+        State::Unsubmitted if !has_results(dir) => Rerun::Run,
+        State::Done => Rerun::Finished,
+        State::Pending | State::Running => Rerun::WithSlurm { job_id: prior.job_id.clone() },
         _ if retry_failed => {
             let kept = set_aside_attempt(dir)?;
             tracing::info!(run = %prior.id, "running again; the earlier attempt is in {}", kept.display());
-            None
+            Rerun::Run
         }
-        st => Some(format!("ended {st} earlier; --retry-failed runs it again")),
+        st => Rerun::Ended(st),
     })
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use zerobench_launcher::local::{run_local, LocalOptions};
 use zerobench_launcher::render::Rendered;
-use zerobench_launcher::rerun::rerun_decision;
+use zerobench_launcher::rerun::{rerun_decision, Rerun};
 use zerobench_launcher::spec::Method;
 use zerobench_launcher::status::{status, State};
 use zerobench_launcher::{render, Plan, Spec};
@@ -74,10 +74,10 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         if matches!(what, Rendered::Replaced { .. }) {
             tracing::warn!(run = %run.id, "{}", what.describe());
         }
-        let skip = rerun_decision(dir, prior, a.rerun.retry_failed)?;
-        match skip {
-            None => runs.push((run.id.clone(), dir.clone())),
-            Some(why) => {
+        match rerun_decision(dir, prior, a.rerun.retry_failed)? {
+            Rerun::Run => runs.push((run.id.clone(), dir.clone())),
+            why => {
+                let why = why.to_string();
                 skipped += 1;
                 if !matches!(prior.state, State::Done) {
                     failed += 1;

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
-use zerobench_launcher::rerun::rerun_decision;
+use zerobench_launcher::rerun::{rerun_decision, Rerun};
 use zerobench_launcher::status::status;
 use zerobench_launcher::submit::{check, submit, SubmitOptions};
 use zerobench_launcher::{render, Plan, Spec};
@@ -86,8 +86,8 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let mut to_submit = Vec::with_capacity(dirs.len());
     for (dir, prior) in dirs.iter().zip(status(&dirs)?) {
         match rerun_decision(dir, &prior, a.rerun.retry_failed && !a.test_only)? {
-            None => to_submit.push(dir.clone()),
-            Some(why) => t.row([prior.id.clone(), format!("not submitted: {why}")]),
+            Rerun::Run => to_submit.push(dir.clone()),
+            why => t.row([prior.id.clone(), format!("not submitted: {why}")]),
         }
     }
     let skipped = t.rows.len();
