@@ -13,11 +13,9 @@ use std::collections::BTreeMap;
 
 use crate::nnls::nnls;
 use crate::observation::Observation;
-use crate::price::{eval, micro_ms, peak_allocated, step_parts, Bound, UNHIDDEN};
+use crate::price::{eval, micro_ms, peak_allocated, step_parts, Bound, GIB, UNHIDDEN};
 use crate::terms::{memory_terms, reserved_terms, step_terms, Part, Term};
 use crate::work::{Query, Work};
-
-const GIB: f64 = (1u64 << 30) as f64;
 
 /// Coefficients of one fit, before validation.
 #[derive(Debug, Clone)]

@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
 use crate::work::Work;
 
-const GIB: f64 = (1u64 << 30) as f64;
+/// Bytes in a GiB: memory terms are fitted in GiB.
+pub(crate) const GIB: f64 = (1u64 << 30) as f64;
 
 /// Which bound sets a micro-step's time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
