@@ -338,6 +338,16 @@ fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node
             crate::values::human_bytes(have_bytes)
         ));
     }
+    // Every rank of a node holds its own offloaded states in that node's memory.
+    let host_need = host_state_bytes * u64::from(ranks_per_node);
+    if let Some(have) = spec.cluster.mem.filter(|m| host_need > m.0) {
+        warnings.push(format!(
+            "offloaded states need {} of host memory per node ({} ranks), more than cluster.mem {}",
+            crate::values::human_bytes(host_need),
+            ranks_per_node,
+            crate::values::human_bytes(have.0)
+        ));
+    }
     let hosts = spec.resources.as_ref().map(|res| Resources {
         hosts: res.hosts[..nodes as usize]
             .iter()
@@ -634,6 +644,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("s.yaml:1:10: worker.lr:"), "{e}");
+    }
+
+    #[test]
+    fn offloaded_states_beyond_cluster_mem_are_flagged() {
+        let yaml = |mem: &str| {
+            format!("cluster: {{gpus_per_node: 2, mem: {mem}}}\nsweep:\n  models: t5-11b\n  stages: 3\n  offload: optimizer\n  ranks_per_node: 2\n")
+        };
+        let p = plan(&yaml("64GiB")).unwrap();
+        let r = &p.runs[0];
+        let need = r.host_state_bytes * 2;
+        assert!(need > 64 << 30, "{need}");
+        assert!(
+            r.warnings.iter().any(|w| w.contains("more than cluster.mem 64.00 GiB") && w.contains("(2 ranks)")),
+            "{:?}",
+            r.warnings
+        );
+        let p = plan(&yaml("512GiB")).unwrap();
+        assert!(p.runs[0].warnings.iter().all(|w| !w.contains("cluster.mem")), "{:?}", p.runs[0].warnings);
     }
 
     #[test]

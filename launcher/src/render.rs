@@ -214,6 +214,10 @@ pub fn directives(s: &mut String, run: &Run, c: &Cluster, job_name: &str, output
     if let Some(t) = &c.time {
         d("time", t.as_str());
     }
+    if let Some(m) = c.mem {
+        // Slurm reads a bare number as MiB; round up so the job gets at least what was asked.
+        d("mem", &format!("{}M", m.0.div_ceil(1 << 20)));
+    }
     for (k, v) in [("partition", &c.partition), ("account", &c.account), ("qos", &c.qos)] {
         if let Some(v) = v {
             d(k, v.as_str());
@@ -861,6 +865,15 @@ mod tests {
 
     /// Open MPI binds each of 2 ranks to one core by default; offload's CPU AdamW then ran on one
     /// core (t5-3b, 2 GPUs: 2.3 s steps against a 0.44 s bound).
+    #[test]
+    fn host_memory_is_asked_for_in_mib_rounded_up() {
+        let job = job_of("cluster: {mem: 42GiB}\nsweep: {models: tiny}\n");
+        assert!(job.contains("#SBATCH --mem=43008M\n"), "{job}");
+        let odd = job_of("cluster: {mem: 1000001}\nsweep: {models: tiny}\n");
+        assert!(odd.contains("#SBATCH --mem=1M\n"), "{odd}");
+        assert!(!job_of("sweep: {models: tiny}\n").contains("--mem"));
+    }
+
     #[test]
     fn open_mpi_ranks_get_the_cores_they_are_given() {
         let local = job_of("launch: {method: local}\nsweep: {models: tiny, ranks_per_node: 2}\n");

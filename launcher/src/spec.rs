@@ -111,6 +111,9 @@ pub struct Cluster {
     pub cpus_per_node: Option<u32>,
     /// Memory of one GPU; runs whose model states do not fit are flagged.
     pub gpu_memory: Option<ByteSize>,
+    /// Host memory each job asks for per node (`#SBATCH --mem`); runs whose offloaded states need
+    /// more are flagged.
+    pub mem: Option<ByteSize>,
     /// `module load` lines, in order.
     pub modules: Vec<Text>,
     /// Exported before the ranks start and forwarded to them.
@@ -173,6 +176,7 @@ impl Default for Cluster {
             cpus_per_task: 1,
             cpus_per_node: None,
             gpu_memory: None,
+            mem: None,
             modules: Vec::new(),
             env: BTreeMap::new(),
             hostfile: None,
