@@ -22,7 +22,7 @@ use zerobench_schema::traffic::step_traffic;
 use zerobench_schema::{ConfigError, Offload, Precision, RunConfig};
 
 use crate::select::{HostSlots, Resources};
-use crate::spec::{axis_or, Spec, SpecError, SweepBlock, MAX_RUNS};
+use crate::spec::{axis_or, sweep_axis_of, Spec, SpecError, SweepBlock, MAX_RUNS};
 
 /// Whether a run's model states and the engine's buffers fit the declared GPU memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -213,7 +213,7 @@ fn expand_block(
                                 c.offload_ratio = ratio;
                                 c.precision = precision;
                                 c.micro_batch = mb;
-                                apply_worker(spec, &mut c);
+                                let c = apply_worker(spec, &c)?;
                                 let run = make_run(spec, b, c, n, r)?;
                                 if let Some(prev) = blocks.insert(run.id.clone(), b) {
                                     return Err(spec.error_at(
@@ -232,52 +232,30 @@ fn expand_block(
     Ok(())
 }
 
-/// The spec's fixed worker settings over `RunConfig`'s defaults.
-fn apply_worker(spec: &Spec, c: &mut RunConfig) {
-    let w = &spec.worker;
-    macro_rules! set {
-        ($($field:ident => $($target:ident).+),* $(,)?) => {
-            $(if let Some(v) = w.$field.clone() { c.$($target).+ = v; })*
-        };
-    }
-    set!(
-        seq_len => seq_len, grad_accum => grad_accum, steps => steps, warmup => warmup, seed => seed,
-        device => device, lr => optim.lr, beta1 => optim.beta1, beta2 => optim.beta2, eps => optim.eps,
-        weight_decay => optim.weight_decay, bucket_mb => engine.bucket_mb, prefetch => engine.prefetch,
-        loss_scale_power => engine.loss_scale_power,
-    );
-    if let Some(d) = &w.data {
-        c.data = Some(d.clone());
-    }
-    if c.model.spec().is_encoder_decoder() {
-        c.target_len = w.target_len;
-    }
-    if w.hpz.is_some() {
-        c.engine.hpz = w.hpz;
-    }
-    if w.comm_ctas.is_some() {
-        c.engine.comm_ctas = w.comm_ctas;
-    }
-    if w.copy_engines.is_some() {
-        c.engine.copy_engines = w.copy_engines;
-    }
-    if c.offload != Offload::None {
-        c.delayed_update_after = w.delayed_update_after;
-    }
+/// The spec's fixed worker settings over a run's configuration: `target_len` for the
+/// encoder-decoder runs only, `delayed_update_after` for the offloaded runs only.
+fn apply_worker(spec: &Spec, c: &RunConfig) -> Result<RunConfig, SpecError> {
+    let encoder_decoder = c.model.spec().is_encoder_decoder();
+    let offloaded = c.offload != Offload::None;
+    let skip = |key: &str| match key {
+        "target_len" => !encoder_decoder,
+        "delayed_update_after" => !offloaded,
+        _ => false,
+    };
+    spec.worker.apply(c, skip).map_err(|e| spec.error_at(&format!("worker.{}", e.key), e.message))
 }
 
 /// The spec key a worker flag comes from, for placing `RunConfig::validate`'s errors.
 fn key_of_flag(spec: &Spec, b: usize, e: &ConfigError) -> String {
-    match e.field {
-        "micro-batch" => spec.sweep_key(b, "micro_batches"),
-        "offload" => spec.sweep_key(b, "offload"),
-        "offload-ratio" => spec.sweep_key(b, "offload_ratio"),
-        "delayed-update" => "worker.delayed_update_after".to_string(),
-        "stage" => spec.sweep_key(b, "stages"),
-        "precision" => spec.sweep_key(b, "precision"),
-        "world-size" => spec.sweep_key(b, "nodes"),
-        "seq-len" if spec.worker.seq_len.is_none() => spec.sweep_key(b, "models"),
-        flag => format!("worker.{}", flag.replace('-', "_")),
+    let field = e.field.replace('-', "_");
+    match field.as_str() {
+        "delayed_update" => "worker.delayed_update_after".to_string(),
+        "world_size" => spec.sweep_key(b, "nodes"),
+        "seq_len" if !spec.worker.sets("seq_len") => spec.sweep_key(b, "models"),
+        f => match sweep_axis_of(f) {
+            Some(axis) => spec.sweep_key(b, axis),
+            None => format!("worker.{f}"),
+        },
     }
 }
 
@@ -437,7 +415,11 @@ fn shortest_between(lo: f64, hi: f64) -> f64 {
 mod tests {
     use super::*;
     use std::path::Path;
+    use zerobench_schema::config::{CopyEngines, EngineConfig, OptimConfig};
     use zerobench_schema::models::ModelPreset;
+    use zerobench_schema::ZeroStage;
+
+    use crate::spec::Worker;
 
     fn plan(text: &str) -> Result<Plan, SpecError> {
         Plan::build(Spec::parse(text, Path::new("s.yaml"))?)
@@ -708,5 +690,77 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("more than 100000 runs"), "{e}");
+    }
+
+    /// Every worker key is one of `RunConfig`'s fields, and a spec setting every one of them away
+    /// from its default gets exactly that configuration; a key this test leaves at its default
+    /// fails it, so a new knob cannot miss the spec. Unknown keys, sweep axes and values of the
+    /// wrong type are refused at their key.
+    #[test]
+    fn every_worker_key_reaches_the_run() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("text.txt"), "some text").unwrap();
+        let base = RunConfig { offload: Offload::Optimizer, ..RunConfig::new(ModelPreset::TinyT5, ZeroStage::Z3) };
+        let want = RunConfig {
+            seq_len: 64,
+            target_len: Some(20),
+            grad_accum: 2,
+            steps: 7,
+            warmup: 1,
+            seed: 9,
+            data: Some(d.path().join("text.txt")),
+            device: zerobench_schema::DeviceRequest::Cpu,
+            optim: OptimConfig { lr: 1.5e-4, beta1: 0.8, beta2: 0.99, eps: 1e-6, weight_decay: 0.0 },
+            engine: EngineConfig {
+                bucket_mb: 12.5,
+                prefetch: 2,
+                loss_scale_power: 8,
+                hpz: Some(1),
+                comm_ctas: Some(8),
+                copy_engines: None,
+            },
+            ..base.clone()
+        };
+        // Two keys are checked on their own: `copy_engines` needs a GPU device (below), and
+        // `delayed_update_after` rules out `grad_accum` above 1 (its own test above).
+        let elsewhere = ["copy_engines", "delayed_update_after"];
+        let (mut spec_lines, mut walked) = (String::new(), Vec::new());
+        let (wanted, unchanged) = (serde_json::to_value(&want).unwrap(), serde_json::to_value(&base).unwrap());
+        for key in Worker::keys() {
+            let at = |v: &serde_json::Value| {
+                v.get(key).or_else(|| v["optim"].get(key)).or_else(|| v["engine"].get(key)).cloned()
+            };
+            if elsewhere.contains(&key) {
+                continue;
+            }
+            let value = at(&wanted).unwrap_or_else(|| panic!("the test leaves `{key}` unset"));
+            assert_ne!(Some(&value), at(&unchanged).as_ref(), "the test leaves `{key}` at its default");
+            let text = if key == "data" { "text.txt".to_string() } else { value.to_string() };
+            spec_lines.push_str(&format!("  {key}: {text}\n"));
+            walked.push(key);
+        }
+        assert!(walked.len() >= 17, "{walked:?}");
+        let text = format!("worker:\n{spec_lines}sweep:\n  models: tiny-t5\n  stages: 3\n  offload: optimizer\n");
+        let p = Plan::build(Spec::parse(&text, &d.path().join("s.yaml")).unwrap()).unwrap();
+        assert_eq!(p.runs[0].config, want);
+        let p = plan("worker: {copy_engines: all}\nsweep:\n  models: tiny\n").unwrap();
+        assert_eq!(p.runs[0].config.engine.copy_engines, Some(CopyEngines::All));
+
+        let e = plan("worker:\n  steps: 3\n  stepz: 4\nsweep:\n  models: tiny\n").unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "s.yaml:3:3: worker.stepz: unknown key `stepz`, expected one of delayed_update_after, seq_len,"
+            ),
+            "{e}"
+        );
+        assert!(e.contains("weight_decay") && e.contains("copy_engines") && !e.contains("micro_batch"), "{e}");
+        let e = plan("worker:\n  micro_batch: 4\nsweep:\n  models: tiny\n").unwrap_err().to_string();
+        assert!(e.starts_with("s.yaml:2:3: worker.micro_batch: is a sweep axis") && e.contains("micro_batches"), "{e}");
+        let e = plan("worker:\n  seed: 1\n  lr: fast\nsweep:\n  models: tiny\n").unwrap_err().to_string();
+        assert!(e.starts_with("s.yaml:3:3: worker.lr: invalid type: string \"fast\", expected f64"), "{e}");
+        let e = plan("worker:\n  steps: -2\nsweep:\n  models: tiny\n").unwrap_err().to_string();
+        assert!(e.starts_with("s.yaml:2:3: worker.steps:"), "{e}");
+        let e = plan("worker:\n  data: 5\nsweep:\n  models: tiny\n").unwrap_err().to_string();
+        assert!(e.starts_with("s.yaml:2:3: worker.data:"), "{e}");
     }
 }

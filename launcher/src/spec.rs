@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use zerobench_schema::config::CopyEngines;
-use zerobench_schema::{DeviceRequest, ModelPreset, Offload, Precision, ZeroStage};
+use zerobench_schema::config::{EngineConfig, OptimConfig};
+use zerobench_schema::fields::field_names;
+use zerobench_schema::{ModelPreset, Offload, Precision, RunConfig, ZeroStage};
 
 use crate::hostfile::{Hostfile, HostfileFormat};
 use crate::hostlist;
@@ -219,39 +220,106 @@ impl Default for Launch {
     }
 }
 
-/// Worker settings shared by every run; absent ones take `RunConfig`'s defaults.
+/// Worker settings shared by every run, under `RunConfig`'s own field names: its fields that are
+/// not sweep axes, and its optimizer's and engine's knobs by their names (`lr`, `bucket_mb`).
+/// The names and their types are `RunConfig`'s, so a knob added there is a spec key at once;
+/// absent ones take `RunConfig`'s defaults. `target_len` applies to the encoder-decoder (T5) runs
+/// only, and `delayed_update_after` to the offloaded runs only, so one spec can sweep both kinds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
 pub struct Worker {
-    pub seq_len: Option<u32>,
-    /// Target (decoder) tokens per sequence; applies to the encoder-decoder (T5) runs only, since
-    /// the other models have no targets, so one spec can sweep T5 beside GPT-2.
-    pub target_len: Option<u32>,
-    pub grad_accum: Option<u32>,
-    pub steps: Option<u32>,
-    pub warmup: Option<u32>,
-    pub seed: Option<u64>,
-    /// Text to train on (relative to the spec's folder).
+    #[serde(flatten)]
+    settings: BTreeMap<String, serde_yaml::Value>,
+    /// `data`, the text to train on, anchored to the spec's folder.
+    #[serde(skip)]
     pub data: Option<PathBuf>,
-    pub device: Option<DeviceRequest>,
-    pub lr: Option<f64>,
-    pub beta1: Option<f64>,
-    pub beta2: Option<f64>,
-    pub eps: Option<f64>,
-    pub weight_decay: Option<f64>,
-    pub bucket_mb: Option<f64>,
-    pub prefetch: Option<u32>,
-    /// fp16: the loss scale starts at 2^this.
-    pub loss_scale_power: Option<u32>,
-    /// Stage 3: ZeRO++ hpZ group size (ranks per secondary partition, usually a node's GPUs).
-    pub hpz: Option<u32>,
-    /// GPUs: the most thread blocks one NCCL collective may use.
-    pub comm_ctas: Option<u32>,
-    /// GPUs of one host: the collectives whose data the copy engines move (`all-gather` or `all`).
-    pub copy_engines: Option<CopyEngines>,
-    /// Offloaded runs: the delayed update after this many exact steps (`--delayed-update
-    /// --delayed-update-after N`); runs without offload ignore it.
-    pub delayed_update_after: Option<u32>,
+}
+
+/// The `RunConfig` fields a sweep block sets, with the axis that sets them: a worker key of
+/// this name is refused with a pointer to the axis.
+const SWEPT: [(&str, &str); 6] = [
+    ("model", "models"),
+    ("stage", "stages"),
+    ("offload", "offload"),
+    ("offload_ratio", "offload_ratio"),
+    ("precision", "precision"),
+    ("micro_batch", "micro_batches"),
+];
+
+/// The sweep axis that sets `RunConfig` field `field`, if a sweep block sets it.
+pub fn sweep_axis_of(field: &str) -> Option<&'static str> {
+    SWEPT.iter().find(|(name, _)| *name == field).map(|(_, axis)| *axis)
+}
+
+/// A worker setting `RunConfig` cannot take: the key, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingError {
+    pub key: String,
+    pub message: String,
+}
+
+/// Where a worker key sits in `RunConfig`'s serialized form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Top,
+    Nested(&'static str),
+}
+
+impl Worker {
+    /// Every key a worker block may hold, in `RunConfig`'s declaration order.
+    pub fn keys() -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        for &field in field_names::<RunConfig>() {
+            match field {
+                "optim" => keys.extend(field_names::<OptimConfig>()),
+                "engine" => keys.extend(field_names::<EngineConfig>()),
+                f if sweep_axis_of(f).is_some() => {}
+                f => keys.push(f),
+            }
+        }
+        keys
+    }
+
+    fn slot(key: &str) -> Option<Slot> {
+        if field_names::<OptimConfig>().contains(&key) {
+            Some(Slot::Nested("optim"))
+        } else if field_names::<EngineConfig>().contains(&key) {
+            Some(Slot::Nested("engine"))
+        } else {
+            Self::keys().contains(&key).then_some(Slot::Top)
+        }
+    }
+
+    /// Whether the spec sets `key`.
+    pub fn sets(&self, key: &str) -> bool {
+        self.settings.contains_key(key)
+    }
+
+    /// `config` with these settings over it, but for the keys `skip` names; an error names the key
+    /// whose value `RunConfig` cannot take.
+    pub fn apply(&self, config: &RunConfig, skip: impl Fn(&str) -> bool) -> Result<RunConfig, SettingError> {
+        // Through YAML's value, which keeps a NaN a NaN (JSON's would turn it into null, and a
+        // NaN ratio from the sweep into "no ratio" that validation then could not refuse).
+        let mut value =
+            serde_yaml::to_value(config).map_err(|e| SettingError { key: String::new(), message: e.to_string() })?;
+        for (key, setting) in self.settings.iter().filter(|(k, _)| !skip(k)) {
+            let target = match Self::slot(key) {
+                Some(Slot::Top) => &mut value[key.as_str()],
+                Some(Slot::Nested(parent)) => &mut value[parent][key.as_str()],
+                None => return Err(SettingError { key: key.clone(), message: "is not a worker key".into() }),
+            };
+            *target = setting.clone();
+        }
+        let mut applied: RunConfig = serde_path_to_error::deserialize(value).map_err(|e| {
+            let key = e.path().iter().next_back().map_or_else(String::new, |seg| seg.to_string());
+            SettingError { key, message: e.into_inner().to_string() }
+        })?;
+        if !skip("data") {
+            if let Some(d) = &self.data {
+                applied.data = Some(d.clone());
+            }
+        }
+        Ok(applied)
+    }
 }
 
 /// One block of the sweep matrix: the runs are the cartesian product of its axes.
@@ -421,9 +489,33 @@ impl Spec {
         if let Some(p) = self.cluster.hostfile.as_mut() {
             anchor(p);
         }
-        if let Some(p) = self.worker.data.as_mut() {
-            anchor(p);
+        if let Some(serde_yaml::Value::String(p)) = self.worker.settings.get("data") {
+            let mut p = PathBuf::from(p);
+            anchor(&mut p);
+            self.worker.data = Some(p);
         }
+    }
+
+    /// Every worker key is one `RunConfig` knows, under the name the spec uses for it, with a
+    /// value of its type.
+    fn check_worker(&self) -> Result<(), SpecError> {
+        for key in self.worker.settings.keys() {
+            if let Some(axis) = sweep_axis_of(key) {
+                return Err(self.error_at(
+                    &format!("worker.{key}"),
+                    format!("is a sweep axis: set it in the sweep block as `{axis}`"),
+                ));
+            }
+            if Worker::slot(key).is_none() {
+                return Err(self.error_at(
+                    &format!("worker.{key}"),
+                    format!("unknown key `{key}`, expected one of {}", Worker::keys().join(", ")),
+                ));
+            }
+        }
+        let probe = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z0);
+        self.worker.apply(&probe, |_| false).map_err(|e| self.error_at(&format!("worker.{}", e.key), e.message))?;
+        Ok(())
     }
 
     fn check(&mut self) -> Result<(), SpecError> {
@@ -490,6 +582,7 @@ impl Spec {
                 return Err(self.error_at("cluster.nodelist", "give either a nodelist or a hostfile, not both"));
             }
         }
+        self.check_worker()?;
         if let Some(d) = &self.worker.data {
             // Every run of the sweep would fail on it; say so before anything is rendered.
             match std::fs::metadata(d) {

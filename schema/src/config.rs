@@ -13,6 +13,7 @@ use std::str::FromStr;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::fields::field_names;
 pub use crate::models::default_target_len;
 use crate::models::ModelPreset;
 
@@ -161,65 +162,98 @@ pub enum CopyEngines {
 }
 text_enum!(CopyEngines, "copy-engines", { AllGather => "all-gather", All => "all" });
 
-/// AdamW hyper-parameters.
+/// AdamW hyper-parameters. Under the `cli` feature they are also the worker's flags (`--lr`,
+/// `--weight-decay`, ...), with [`OptimConfig::DEFAULT`] as their defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[cfg_attr(feature = "cli", command(next_help_heading = "Optimizer (AdamW)"))]
 #[serde(deny_unknown_fields)]
 pub struct OptimConfig {
+    /// Learning rate.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = OptimConfig::DEFAULT.lr))]
     pub lr: f64,
+    /// Decay of the first moment (the gradients' running mean), in [0, 1).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = OptimConfig::DEFAULT.beta1))]
     pub beta1: f64,
+    /// Decay of the second moment (the squared gradients' running mean), in [0, 1).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = OptimConfig::DEFAULT.beta2))]
     pub beta2: f64,
+    /// Added to the second moment's square root in the update's denominator.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = OptimConfig::DEFAULT.eps))]
     pub eps: f64,
+    /// Decoupled weight decay (AdamW's), applied to every parameter.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = OptimConfig::DEFAULT.weight_decay))]
     pub weight_decay: f64,
+}
+
+impl OptimConfig {
+    /// The defaults (nanoGPT's GPT-2 settings).
+    pub const DEFAULT: OptimConfig = OptimConfig { lr: 3e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
 }
 
 impl Default for OptimConfig {
     fn default() -> Self {
-        Self { lr: 3e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 }
+        Self::DEFAULT
     }
 }
 
-/// Knobs of the ZeRO engine that trade memory for overlap.
+/// Knobs of the ZeRO engine that trade memory for overlap. Under the `cli` feature they are also
+/// the worker's flags (`--bucket-mb`, `--hpz`, ...), with [`EngineConfig::DEFAULT`] as defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[cfg_attr(feature = "cli", command(next_help_heading = "ZeRO engine"))]
 #[serde(deny_unknown_fields)]
 pub struct EngineConfig {
     /// Gradient bucket size in MiB: consecutive blocks are reduced together until a bucket holds
     /// at least this much (a bucket never splits a block).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = EngineConfig::DEFAULT.bucket_mb))]
     pub bucket_mb: f64,
     /// Stage 3: how many blocks' parameters are gathered ahead of the one computing.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = EngineConfig::DEFAULT.prefetch))]
     pub prefetch: u32,
     /// fp16: the loss scale starts at 2^this (DeepSpeed's `initial_scale_power`).
     #[serde(default = "default_loss_scale_power")]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = EngineConfig::DEFAULT.loss_scale_power))]
     pub loss_scale_power: u32,
     /// Stage 3, ZeRO++'s hierarchical partitioning (hpZ): a secondary copy of the parameters
     /// partitioned within groups of this many consecutive ranks (a node), filled from the forward
     /// all-gather, so the backward all-gathers stay inside the group. Must divide the world size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub hpz: Option<u32>,
     /// GPUs: the most thread blocks (CTAs) one NCCL collective may occupy (NCCL's `maxCTAs`).
-    /// Fewer leave more SMs to the computation collectives overlap with; `None` is NCCL's choice.
+    /// Fewer leave more SMs to the computation collectives overlap with; absent is NCCL's choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub comm_ctas: Option<u32>,
     /// GPUs of one host: these collectives move their data with the copy engines (peer copies
     /// through CUDA IPC) instead of NCCL's kernels, which share the SMs with the computation they
-    /// overlap. NCCL still carries everything else.
+    /// overlap: `all-gather`, or `all` (with reduce-scatters and all-reduces). NCCL still carries
+    /// everything else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub copy_engines: Option<CopyEngines>,
 }
 
 fn default_loss_scale_power() -> u32 {
-    16
+    EngineConfig::DEFAULT.loss_scale_power
+}
+
+impl EngineConfig {
+    /// The defaults.
+    pub const DEFAULT: EngineConfig = EngineConfig {
+        bucket_mb: 32.0,
+        prefetch: 1,
+        loss_scale_power: 16,
+        hpz: None,
+        comm_ctas: None,
+        copy_engines: None,
+    };
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self {
-            bucket_mb: 32.0,
-            prefetch: 1,
-            loss_scale_power: default_loss_scale_power(),
-            hpz: None,
-            comm_ctas: None,
-            copy_engines: None,
-        }
+        Self::DEFAULT
     }
 }
 
@@ -304,8 +338,8 @@ impl RunConfig {
             seed: 0,
             data: None,
             device: DeviceRequest::Auto,
-            optim: OptimConfig::default(),
-            engine: EngineConfig::default(),
+            optim: OptimConfig::DEFAULT,
+            engine: EngineConfig::DEFAULT,
         }
     }
 
@@ -450,7 +484,6 @@ impl RunConfig {
     /// default run. Tables keep runs of different variants apart. What a run is *not* told apart
     /// by is [`REPEAT_FIELDS`]: runs that differ only there are repeats of one configuration.
     pub fn variant(&self) -> String {
-        let (o, e) = (OptimConfig::default(), EngineConfig::default());
         let mut parts = Vec::new();
         let mut diff = |name: &str, value: String, default: String| {
             if value != default {
@@ -465,20 +498,42 @@ impl RunConfig {
         diff("offload_ratio", self.host_share().to_string(), 1.0f64.to_string());
         let after = |v: Option<u32>| v.map_or_else(|| "None".to_string(), |v| v.to_string());
         diff("delayed_update_after", after(self.delayed_update_after), after(None));
-        diff("lr", self.optim.lr.to_string(), o.lr.to_string());
-        diff("beta1", self.optim.beta1.to_string(), o.beta1.to_string());
-        diff("beta2", self.optim.beta2.to_string(), o.beta2.to_string());
-        diff("eps", self.optim.eps.to_string(), o.eps.to_string());
-        diff("weight_decay", self.optim.weight_decay.to_string(), o.weight_decay.to_string());
-        diff("bucket_mb", self.engine.bucket_mb.to_string(), e.bucket_mb.to_string());
-        diff("prefetch", self.engine.prefetch.to_string(), e.prefetch.to_string());
-        diff("loss_scale_power", self.engine.loss_scale_power.to_string(), e.loss_scale_power.to_string());
-        let opt = |v: Option<u32>| v.map_or_else(|| "None".to_string(), |v| v.to_string());
-        diff("hpz", opt(self.engine.hpz), opt(e.hpz));
-        diff("comm_ctas", opt(self.engine.comm_ctas), opt(e.comm_ctas));
-        let text = |v: Option<CopyEngines>| v.map_or_else(|| "None".to_string(), |v| v.to_string());
-        diff("copy_engines", text(self.engine.copy_engines), text(e.copy_engines));
+        let unset = || "None".to_string();
+        let defaults = RunConfig { optim: OptimConfig::DEFAULT, engine: EngineConfig::DEFAULT, ..self.clone() };
+        for ((name, value), (_, default)) in self.knobs().into_iter().zip(defaults.knobs()) {
+            diff(name, value.unwrap_or_else(unset), default.unwrap_or_else(unset));
+        }
         parts.join(",")
+    }
+
+    /// The optimizer's and the engine's settings by field name, in declaration order (optimizer
+    /// first), in their flag text; `None` for an option left unset (and for a non-finite float,
+    /// which [`Self::validate`] refuses). The names come from the structs
+    /// themselves ([`field_names`]), so a new knob reaches the variant and the worker's flags
+    /// without a list to extend.
+    pub fn knobs(&self) -> Vec<(&'static str, Option<String>)> {
+        fn texts<T: Serialize + for<'de> Deserialize<'de>>(value: &T) -> Vec<(&'static str, Option<String>)> {
+            let json = serde_json::to_value(value).unwrap_or_default();
+            field_names::<T>()
+                .iter()
+                .map(|&name| {
+                    let text = match json.get(name) {
+                        None | Some(serde_json::Value::Null) => None,
+                        Some(serde_json::Value::String(s)) => Some(s.clone()),
+                        // Integers as integers; floats in Rust's shortest round-trip form
+                        // (`0.0003`, not serde_json's `3e-4`), as the flags always had them.
+                        Some(serde_json::Value::Number(n)) => Some(
+                            n.as_u64().map_or_else(|| n.as_f64().unwrap_or(f64::NAN).to_string(), |u| u.to_string()),
+                        ),
+                        Some(other) => Some(other.to_string()),
+                    };
+                    (name, text)
+                })
+                .collect()
+        }
+        let mut all = texts(&self.optim);
+        all.extend(texts(&self.engine));
+        all
     }
 
     /// The share of an offloaded optimizer partition the host keeps: `offload_ratio`, or 1 (all)
@@ -545,22 +600,10 @@ impl RunConfig {
             push("data", d.display().to_string());
         }
         push("device", self.device.to_string());
-        push("lr", self.optim.lr.to_string());
-        push("beta1", self.optim.beta1.to_string());
-        push("beta2", self.optim.beta2.to_string());
-        push("eps", self.optim.eps.to_string());
-        push("weight-decay", self.optim.weight_decay.to_string());
-        push("bucket-mb", self.engine.bucket_mb.to_string());
-        push("prefetch", self.engine.prefetch.to_string());
-        push("loss-scale-power", self.engine.loss_scale_power.to_string());
-        if let Some(g) = self.engine.hpz {
-            push("hpz", g.to_string());
-        }
-        if let Some(c) = self.engine.comm_ctas {
-            push("comm-ctas", c.to_string());
-        }
-        if let Some(c) = self.engine.copy_engines {
-            push("copy-engines", c.to_string());
+        for (name, value) in self.knobs() {
+            if let Some(v) = value {
+                push(&name.replace('_', "-"), v);
+            }
         }
         // A switch and its setting (after `push`, which takes values only).
         if let Some(n) = self.delayed_update_after {

@@ -1,6 +1,8 @@
 //! The contract between zerobench's parts.
 //!
 //! * [`config`]: one run's configuration (what the worker's flags say and what the launcher renders).
+//! * [`fields`]: a struct's field names read from its serde derive, so code that walks a
+//!   configuration by name needs no second list of them.
 //! * [`models`]: model presets with their exact dimensions and closed-form parameter counts.
 //! * [`memory`]: the ZeRO model-state formulas per stage, precision and offload setting.
 //! * [`schedule`]: the order in which a micro-step uses the model's units (the worker's engine
@@ -14,11 +16,12 @@
 //! * [`job`]: a batch job's state from Slurm's names and slurmstepd's output, for status and ingest.
 //! * [`stats`]: quantiles (numpy's linear interpolation), as the logs' medians and the tables use them.
 //!
-//! It needs no libtorch, MPI or CUDA (serde, schemars and thiserror only), so the launcher and
-//! ingest link it without them.
+//! It needs no libtorch, MPI or CUDA (serde, schemars and thiserror only; clap behind the `cli`
+//! feature, for the worker's flags), so the launcher and ingest link it without them.
 
 pub mod collective;
 pub mod config;
+pub mod fields;
 pub mod job;
 pub mod launch;
 pub mod log;

@@ -1,10 +1,16 @@
 //! The worker's flags. They map one to one onto [`RunConfig`] (see `RunConfig::to_worker_args`),
 //! plus where the run is put (`--log-dir`, `--run-id`) and how the process runs (`--threads`).
+//!
+//! The optimizer's and the engine's flags are their structs' own (`OptimConfig` and `EngineConfig`
+//! derive `clap::Args` in the schema), so a new knob and its default are declared once. The
+//! run's top-level fields stay declared here: their flags differ from the struct (`--seq-len`'s
+//! default depends on `--model`; `--delayed-update` is a switch with its own count), and the test
+//! below holds every one of them to `RunConfig` and its defaults.
 
 use std::path::PathBuf;
 
 use clap::Parser;
-use zerobench_schema::config::{CopyEngines, EngineConfig, OptimConfig};
+use zerobench_schema::config::{EngineConfig, OptimConfig};
 use zerobench_schema::{DeviceRequest, ModelPreset, Offload, Precision, RunConfig, ZeroStage};
 
 use crate::runtime::launch_env::Rendezvous;
@@ -97,37 +103,10 @@ pub struct Args {
     /// step if that is more (300 s before the first step); 0 disables.
     #[arg(long, default_value_t = 30)]
     pub stall_timeout_s: u64,
-    #[arg(long, default_value_t = OptimConfig::default().lr)]
-    pub lr: f64,
-    #[arg(long, default_value_t = OptimConfig::default().beta1)]
-    pub beta1: f64,
-    #[arg(long, default_value_t = OptimConfig::default().beta2)]
-    pub beta2: f64,
-    #[arg(long, default_value_t = OptimConfig::default().eps)]
-    pub eps: f64,
-    #[arg(long, default_value_t = OptimConfig::default().weight_decay)]
-    pub weight_decay: f64,
-    /// Gradient bucket size in MiB (consecutive blocks are reduced together up to this size).
-    #[arg(long, default_value_t = EngineConfig::default().bucket_mb)]
-    pub bucket_mb: f64,
-    /// Stage 3: blocks gathered ahead of the one computing.
-    #[arg(long, default_value_t = EngineConfig::default().prefetch)]
-    pub prefetch: u32,
-    /// fp16: the loss scale starts at 2^this.
-    #[arg(long, default_value_t = EngineConfig::default().loss_scale_power)]
-    pub loss_scale_power: u32,
-    /// Stage 3: ZeRO++ hpZ, a secondary parameter partition within groups of this many ranks, so
-    /// backward all-gathers stay inside the group.
-    #[arg(long)]
-    pub hpz: Option<u32>,
-    /// GPUs: most thread blocks one NCCL collective may use [default: NCCL's choice].
-    #[arg(long)]
-    pub comm_ctas: Option<u32>,
-    /// GPUs of one host: move the data of these collectives with the copy engines (CUDA IPC peer
-    /// copies) instead of NCCL's kernels: `all-gather`, or `all` (with reduce-scatters and
-    /// all-reduces) [default: NCCL for every collective].
-    #[arg(long, value_parser = parse::<CopyEngines>)]
-    pub copy_engines: Option<CopyEngines>,
+    #[command(flatten)]
+    pub optim: OptimConfig,
+    #[command(flatten)]
+    pub engine: EngineConfig,
 }
 
 fn parse<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> {
@@ -152,21 +131,8 @@ impl Args {
             seed: self.seed,
             data: self.data.clone(),
             device: self.device,
-            optim: OptimConfig {
-                lr: self.lr,
-                beta1: self.beta1,
-                beta2: self.beta2,
-                eps: self.eps,
-                weight_decay: self.weight_decay,
-            },
-            engine: EngineConfig {
-                bucket_mb: self.bucket_mb,
-                prefetch: self.prefetch,
-                loss_scale_power: self.loss_scale_power,
-                hpz: self.hpz,
-                comm_ctas: self.comm_ctas,
-                copy_engines: self.copy_engines,
-            },
+            optim: self.optim,
+            engine: self.engine,
         }
     }
 }
@@ -174,33 +140,75 @@ impl Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
+    use zerobench_schema::config::CopyEngines;
+    use zerobench_schema::fields::field_names;
 
-    /// What the launcher renders is what the worker parses back.
-    #[test]
-    fn launcher_args_round_trip() {
-        let mut cfg = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z3);
-        cfg.micro_batch = 4;
-        cfg.offload = Offload::Optimizer;
-        cfg.offload_ratio = Some(0.375);
-        cfg.delayed_update_after = Some(3);
-        cfg.precision = Precision::Fp16;
-        cfg.data = Some("/data/with space.txt".into());
-        cfg.optim.lr = 1.5e-4;
-        cfg.engine.bucket_mb = 12.5;
-        cfg.engine.comm_ctas = Some(8);
-        cfg.engine.copy_engines = Some(CopyEngines::All);
+    fn parse_config(cfg: &RunConfig) -> RunConfig {
         let mut argv = vec!["zerobench-worker".to_string()];
         argv.extend(cfg.to_worker_args());
         argv.extend(["--log-dir".into(), "/tmp/x".into()]);
-        let args = Args::try_parse_from(argv).unwrap();
-        assert_eq!(args.config(), cfg);
+        Args::try_parse_from(argv).unwrap().config()
+    }
 
-        let mut t5 = RunConfig::new(ModelPreset::T5Large, ZeroStage::Z2);
-        t5.target_len = Some(96);
-        let mut argv = vec!["zerobench-worker".to_string()];
-        argv.extend(t5.to_worker_args());
-        argv.extend(["--log-dir".into(), "/tmp/x".into()]);
-        assert_eq!(Args::try_parse_from(argv).unwrap().config(), t5);
+    /// Every field of a run is set away from its default, rendered by the launcher's
+    /// `to_worker_args` and parsed back; a field this test does not change fails it, so a new
+    /// field cannot skip the flags. Without flags, the worker's defaults are `RunConfig::new`'s.
+    #[test]
+    fn every_field_round_trips_and_the_defaults_agree() {
+        let (model, stage) = (ModelPreset::T5Small, ZeroStage::Z3);
+        let base = RunConfig::new(model, stage);
+        let c = RunConfig {
+            offload: Offload::Optimizer,
+            offload_ratio: Some(0.375),
+            delayed_update_after: Some(3),
+            precision: Precision::Fp16,
+            micro_batch: 4,
+            seq_len: 96,
+            target_len: Some(20),
+            grad_accum: 2,
+            steps: 7,
+            warmup: 1,
+            seed: 9,
+            data: Some("/data/with space.txt".into()),
+            device: DeviceRequest::Cpu,
+            optim: OptimConfig { lr: 1.5e-4, beta1: 0.8, beta2: 0.99, eps: 1e-6, weight_decay: 0.0 },
+            engine: EngineConfig {
+                bucket_mb: 12.5,
+                prefetch: 2,
+                loss_scale_power: 8,
+                hpz: Some(2),
+                comm_ctas: Some(8),
+                copy_engines: Some(CopyEngines::All),
+            },
+            ..base.clone()
+        };
+        let (changed, unchanged) = (serde_json::to_value(&c).unwrap(), serde_json::to_value(&base).unwrap());
+        let mut leaves = 0;
+        for &name in field_names::<RunConfig>() {
+            let inner = match name {
+                "model" | "stage" => continue,
+                "optim" => field_names::<OptimConfig>(),
+                "engine" => field_names::<EngineConfig>(),
+                _ => &[],
+            };
+            if inner.is_empty() {
+                assert_ne!(changed[name], unchanged[name], "the test leaves `{name}` at its default");
+                leaves += 1;
+            }
+            for &field in inner {
+                assert_ne!(
+                    changed[name][field], unchanged[name][field],
+                    "the test leaves `{name}.{field}` at its default"
+                );
+                leaves += 1;
+            }
+        }
+        assert!(leaves >= 24, "only {leaves} fields walked");
+        assert_eq!(parse_config(&c), c);
+
+        let bare = Args::try_parse_from(["w", "--model", "t5-small", "--stage", "3", "--log-dir", "d"]).unwrap();
+        assert_eq!(bare.config(), base);
     }
 
     /// The flags the launcher adds for ranks it starts with the environment convention.
@@ -213,6 +221,7 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_flag() {
+        Args::command().debug_assert();
         let err = Args::try_parse_from(["w", "--model", "gpt5", "--stage", "1", "--log-dir", "d"]).unwrap_err();
         assert!(err.to_string().contains("--model"), "{err}");
         let err = Args::try_parse_from(["w", "--model", "tiny", "--stage", "4", "--log-dir", "d"]).unwrap_err();
