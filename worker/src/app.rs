@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::comm::group::HostGroup;
 use crate::comm::nccl::NcclCollectives;
 use crate::comm::{self, Collectives};
-use crate::failure::Failure;
+use crate::failure::{Failure, Refused};
 use crate::logfile::{now_ts, RankLog};
 use crate::metrics::clock::StepClock;
 use crate::metrics::gpu_monitor::GpuMonitor;
@@ -29,24 +29,22 @@ use crate::model::Model;
 use crate::runtime::cuda::Gpu;
 use crate::runtime::guard::Guard;
 use crate::runtime::identity::{self, Identity};
-use crate::runtime::{launch_env, rendezvous};
+use crate::runtime::rendezvous;
 use crate::train::{Observe, Progress, Trainer};
 use crate::{cli, data, model, runtime, zero};
 
 /// Runs one rank; the error's [`Failure::exit_code`] is the process's exit code.
 pub fn run(args: &cli::Args) -> Result<(), Failure> {
     let cfg = args.config();
-    cfg.validate(None).map_err(|e| Failure::Config(e.to_string()))?;
+    cfg.validate(None)?;
     if let Some(threads) = args.threads {
         let most = std::thread::available_parallelism().map_or(1, |n| n.get()).saturating_mul(4);
         if threads as usize > most {
-            return Err(Failure::Config(format!(
-                "--threads {threads} is more than 4 per core of this host ({most}): the threads would only contend"
-            )));
+            return Err(Refused::Threads { threads, most }.into());
         }
     }
     // Refuse what the worker cannot build before any rank starts communicating.
-    let model = model::build(&cfg.model.spec()).map_err(|e| Failure::Config(format!("invalid --model: {e}")))?;
+    let model = model::build(&cfg.model.spec()).map_err(Refused::Model)?;
 
     // One GPU per local rank, chosen before MPI (which may initialise CUDA) and before libtorch:
     // by the launcher's local rank, checked once the ranks have met.
@@ -56,13 +54,13 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     // `_mpi` keeps MPI initialised to the end of the run, when the ranks use it.
     let rendezvous::Ranks { ident, mut host, mpi: _mpi } = rendezvous::join(args.rendezvous, timeout).map_err(|e| {
         if e.is_config() {
-            Failure::Config(e.to_string())
+            Failure::Config(Refused::Launch(e))
         } else {
             Failure::Comm(e.to_string())
         }
     })?;
     // The rules that depend on the number of ranks (hpZ's group size).
-    cfg.validate(Some(ident.world_size)).map_err(|e| Failure::Config(e.to_string()))?;
+    cfg.validate(Some(ident.world_size))?;
     let run_id = shared_run_id(&mut host, args.run_id.as_deref(), &cfg)?;
     // Held to the end of `run`, so that a failed rank 0 can leave without waiting for the others.
     let store = host.run_store();
@@ -189,17 +187,12 @@ fn run_logged(
 ) -> Result<(), Failure> {
     let Rank { args, cfg, ident, run_id, log, guard, model, gpu_hint } = rank;
     let t_setup = Instant::now();
-    let device = runtime::device::select(cfg.device).map_err(|e| Failure::Config(e.to_string()))?;
+    let device = runtime::device::select(cfg.device).map_err(Refused::from)?;
     // The GPU was bound by the launcher's local rank, before the ranks met and CUDA started.
     if matches!(device, Device::Cuda(_)) && gpu_hint.unwrap_or(0) != ident.local_rank {
-        let hint = gpu_hint.map_or_else(|| "no local rank".to_string(), |l| format!("local rank {l}"));
-        return Err(Failure::Config(format!(
-            "the launcher gave {hint} ({}), but this is rank {} of the {} ranks on its host: cannot pick \
-             this rank's GPU",
-            launch_env::LOCAL_RANK,
-            ident.local_rank,
-            ident.local_size
-        )));
+        return Err(
+            Refused::LocalRank { hint: gpu_hint, local_rank: ident.local_rank, local_size: ident.local_size }.into()
+        );
     }
     let gpu = match device {
         Device::Cuda(i) => Some(Gpu::new(i).map_err(|e| Failure::Internal(format!("CUDA context: {e}")))?),
@@ -212,7 +205,7 @@ fn run_logged(
     // their own. Splitting is collective: every rank takes part.
     let group_host = cfg.engine.hpz.map(|g| host.split_consecutive(g));
     if cfg.engine.copy_engines.is_some() && gpu.is_none() {
-        return Err(Failure::Config("--copy-engines moves data between GPUs, and this run has none".into()));
+        return Err(Refused::CopyEnginesWithoutGpu.into());
     }
     let comm: Box<dyn Collectives> = match &gpu {
         Some(g) => Box::new(NcclCollectives::new(host, Arc::clone(g), cfg.engine.comm_ctas, cfg.engine.copy_engines)?),

@@ -11,15 +11,19 @@
 
 use tch::TchError;
 use zerobench_schema::log::ErrorClass;
+use zerobench_schema::ConfigError;
 
 use crate::comm::CommError;
+use crate::runtime::device::DeviceError;
+use crate::runtime::launch_env;
 use crate::runtime::pinned::PinError;
+use crate::runtime::rendezvous::JoinError;
 use crate::zero::EngineError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Failure {
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] Refused),
     #[error("{0}")]
     Io(String),
     #[error("out of memory: {message}")]
@@ -28,6 +32,39 @@ pub enum Failure {
     Comm(String),
     #[error("{0}")]
     Internal(String),
+}
+
+/// Why a run is refused before any training: its configuration, or how it was launched.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// A rule of `RunConfig::validate`, the launcher's too.
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
+    #[error("--threads {threads} is more than 4 per core of this host ({most}): the threads would only contend")]
+    Threads { threads: u32, most: usize },
+    #[error("invalid --model: {0}")]
+    Model(String),
+    /// The launch's flags or environment (not the ranks failing to reach each other).
+    #[error(transparent)]
+    Launch(JoinError),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// A GPU rank whose launcher's local rank is not its rank among its host's ranks.
+    #[error(
+        "the launcher gave {} ({}), but this is rank {local_rank} of the {local_size} ranks on its host: cannot \
+         pick this rank's GPU",
+        hint.map_or_else(|| "no local rank".to_string(), |l| format!("local rank {l}")),
+        launch_env::LOCAL_RANK
+    )]
+    LocalRank { hint: Option<u32>, local_rank: u32, local_size: u32 },
+    #[error("--copy-engines moves data between GPUs, and this run has none")]
+    CopyEnginesWithoutGpu,
+}
+
+impl From<ConfigError> for Failure {
+    fn from(e: ConfigError) -> Self {
+        Failure::Config(Refused::Invalid(e))
+    }
 }
 
 impl Failure {
@@ -131,6 +168,28 @@ impl From<EngineError> for Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every refusal is a config failure (exit 2) and says what to change.
+    #[test]
+    fn refusals_exit_2_and_say_why() {
+        let cases: [(Refused, &str); 4] = [
+            (ConfigError::new("warmup", "leaves no step").into(), "invalid --warmup: leaves no step"),
+            (Refused::Threads { threads: 99, most: 8 }, "--threads 99 is more than 4 per core of this host (8)"),
+            (
+                Refused::LocalRank { hint: None, local_rank: 1, local_size: 2 },
+                "the launcher gave no local rank (LOCAL_RANK), but this is rank 1 of the 2 ranks on its host",
+            ),
+            (
+                Refused::LocalRank { hint: Some(0), local_rank: 1, local_size: 2 },
+                "the launcher gave local rank 0 (LOCAL_RANK), but this is rank 1",
+            ),
+        ];
+        for (refused, says) in cases {
+            let f = Failure::from(refused);
+            assert_eq!((f.exit_code(), f.class()), (2, ErrorClass::Config));
+            assert!(f.to_string().starts_with(says), "{f}");
+        }
+    }
 
     #[test]
     fn oom_messages_are_recognised_with_their_size() {
