@@ -33,6 +33,7 @@ pub mod scaling;
 pub mod side;
 pub mod stats;
 pub mod status;
+#[cfg(feature = "synth")]
 pub mod synth;
 pub mod table;
 pub mod tables;
