@@ -1,27 +1,45 @@
 #!/usr/bin/env bash
-# Fits the cost model zerobench ships (costmodel/models/h200.json) from the committed sweeps, and
-# checks it against the held-out runs of the same sweeps (bench/results/costmodel-h200.json).
+# Fits the cost models zerobench ships (costmodel/models/KIND.json) from the committed sweeps, and
+# checks each against the held-out runs of its sweeps (bench/results/costmodel-KIND.json).
 #
-#   bench/costmodel/fit-shipped.sh      (after `make build`; writes both files)
+#   bench/costmodel/fit-shipped.sh [KIND...]     (after `make build`; default: h200 h100)
 #
-# The sweeps are bench/gpu/run.sh's `costmodel` phase (bench/gpu/costmodel-runs.txt) run twice on
-# one 2×H200 host: 12 steps (4 warm-up) and 30 steps (10 warm-up). Their runs of the set `fit` are
-# fitted on; those of `holdout` (other presets, micro-batches, sequence lengths) never are.
+# The sweeps are bench/gpu/run.sh's `costmodel` phase (bench/gpu/costmodel-runs.txt): on one 2×H200
+# host twice, 12 steps (4 warm-up) and 30 steps (10 warm-up); on one 2×H100 host once, 30 steps.
+# Their runs of the set `fit` are fitted on; those of `holdout` (other presets, micro-batches,
+# sequence lengths) never are.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BIN=${BIN:-target/release}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-for s in short:gpu-2026-11-24-costmodel-short long:gpu-2026-11-24-costmodel; do
-  mkdir -p "$work/${s%%:*}"
-  tar -xzf "bench/results/raw/${s#*:}.tar.gz" -C "$work/${s%%:*}"
+ZB=$PWD/$BIN/zerobench
+sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE (under bench/results/raw)
+  case $1 in
+    h200) echo "short:gpu-2026-11-24-costmodel-short long:gpu-2026-11-24-costmodel" ;;
+    h100) echo "long:gpu-2026-11-25-h100-costmodel" ;;
+    *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
+  esac
+}
+kinds=("$@")
+[ ${#kinds[@]} -gt 0 ] || kinds=(h200 h100)
+for kind in "${kinds[@]}"; do
+  list=$(sweeps "$kind")
+  work=$(mktemp -d)
+  fits=() holdouts=() sources=()
+  for s in $list; do
+    mkdir -p "$work/${s%%:*}"
+    tar -xzf "bench/results/raw/${s#*:}.tar.gz" -C "$work/${s%%:*}"
+    fits+=("${s%%:*}/runs/cm-fit") holdouts+=("${s%%:*}/runs/cm-holdout")
+    sources+=("bench/results/raw/${s#*:}.tar.gz")
+  done
+  (cd "$work" && "$ZB" fit "${fits[@]}" --out model.json --validate) > "$work/fit.md"
+  cp "$work/model.json" "costmodel/models/$kind.json"
+  # Exit 1: runs that failed (a preset that does not fit the GPU) or sweeps sharing run ids (each
+  # is then named with its folder, relative to $work).
+  (cd "$work" && "$ZB" ingest "${holdouts[@]}" --out holdout --format csv -q 2>/dev/null) || [ $? -eq 1 ]
+  python3 bench/costmodel/report.py "$ZB" "costmodel/models/$kind.json" "$work/holdout/runs.csv" "$work/fit.md" \
+    "$kind" "${sources[@]}" > "bench/results/costmodel-$kind.json"
+  sed -n 1p "$work/fit.md"
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("held out:", json.dumps(d["held_out"]["summary"]))' \
+    "bench/results/costmodel-$kind.json"
+  rm -rf "$work"
 done
-(cd "$work" && "$OLDPWD/$BIN/zerobench" fit short/runs/cm-fit long/runs/cm-fit --out model.json --validate) > "$work/fit.md"
-cp "$work/model.json" costmodel/models/h200.json
-# Exit 1: the two sweeps share run ids (each is then named with its folder, relative to $work).
-(cd "$work" && "$OLDPWD/$BIN/zerobench" ingest short/runs/cm-holdout long/runs/cm-holdout --out holdout --format csv -q 2>/dev/null) \
-  || [ $? -eq 1 ]
-python3 bench/costmodel/report.py "$BIN/zerobench" costmodel/models/h200.json "$work/holdout/runs.csv" "$work/fit.md" \
-  > bench/results/costmodel-h200.json
-sed -n 1p "$work/fit.md"
-python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("held out:", json.dumps(d["held_out"]["summary"]))' bench/results/costmodel-h200.json

@@ -1,7 +1,8 @@
-"""The shipped cost model against the held-out runs: `zerobench predict --json` for each, next to
-what it measured. Prints one JSON document (bench/results/costmodel-h200.json).
+"""A shipped cost model against the held-out runs: `zerobench predict --json` for each, next to
+what it measured. Prints one JSON document (bench/results/costmodel-KIND.json). Held-out runs that
+did not complete (a preset that does not fit the GPU) are listed, not predicted.
 
-usage: report.py ZEROBENCH MODEL.json HOLDOUT_RUNS.csv FIT_REPORT.md
+usage: report.py ZEROBENCH MODEL.json HOLDOUT_RUNS.csv FIT_REPORT.md KIND SOURCE...
 """
 import csv
 import datetime
@@ -9,11 +10,15 @@ import json
 import subprocess
 import sys
 
-zerobench, model, runs_csv, fit_md = sys.argv[1:5]
+zerobench, model, runs_csv, fit_md, kind = sys.argv[1:6]
+sources = sys.argv[6:]
 fit = json.load(open(model))["fits"][0]
-rows = []
+rows, incomplete = [], []
 for r in csv.DictReader(open(runs_csv)):
-    args = [zerobench, "predict", "--gpu", "h200", "--model", r["model"], "--stage", r["stage"],
+    if not r["step_ms_median"]:
+        incomplete.append({"run": r["run_id"], "status": r.get("status", "")})
+        continue
+    args = [zerobench, "predict", "--gpu", kind, "--model", r["model"], "--stage", r["stage"],
             "--micro-batch", r["micro_batch"], "--seq-len", r["seq_len"], "--gpus", r["gpus"],
             "--grad-accum", r["grad_accum"], "--offload", r["offload"], "--json", "--cost-model", model]
     p = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
@@ -40,7 +45,7 @@ print(json.dumps({
     "benchmark": "cost model: k-fold validation on the fitted runs, and held-out runs predicted by `zerobench predict`",
     "date": datetime.date.today().isoformat(),
     "gpu": fit["gpu"],
-    "sources": ["bench/results/raw/gpu-2026-11-24-costmodel-short.tar.gz", "bench/results/raw/gpu-2026-11-24-costmodel.tar.gz"],
+    "sources": sources,
     "validation": {k: v[k] for k in ("folds", "configurations", "runs", "step_mape_pct", "memory_mape_pct",
                                      "device_bound", "launch_bound", "stage_choice", "groups")},
     "held_out": {
@@ -49,6 +54,7 @@ print(json.dumps({
                     "launch_bound_step_mape_pct": mape("step_error_pct", launch), "launch_bound_runs": len(launch),
                     "memory_mape_pct": mape("memory_error_pct", rows)},
         "runs": rows,
+        "not_completed": incomplete,
     },
     "fit_report": open(fit_md).read(),
 }, indent=1))

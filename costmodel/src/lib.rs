@@ -34,7 +34,10 @@ pub use work::Query;
 /// The models shipped with zerobench: fitted on the committed GPU sweeps
 /// (`bench/results/raw/gpu-*-costmodel.tar.gz`, docs/cost-model.md), so `zerobench predict --gpu`
 /// works without fitting.
-const SHIPPED: &[(&str, &str)] = &[("costmodel/models/h200.json", include_str!("../models/h200.json"))];
+const SHIPPED: &[(&str, &str)] = &[
+    ("costmodel/models/h200.json", include_str!("../models/h200.json")),
+    ("costmodel/models/h100.json", include_str!("../models/h100.json")),
+];
 
 /// Every shipped fit, in one model.
 pub fn shipped() -> Result<CostModel, ModelError> {
