@@ -142,7 +142,22 @@ pub fn discover(roots: &[PathBuf]) -> Discovered {
     // run (its job output, console captures: they may quote errors that look like DeepSpeed's)
     // and are read as side files there, never as a separate foreign run.
     let side: BTreeSet<PathBuf> = out.run_dirs.iter().flat_map(|r| side_dirs(&r.dir)).collect();
-    out.foreign_dirs = foreign.into_values().filter(|f| !side.contains(&f.dir)).collect();
+    // So does a console capture named after a run folder beside it (`runs/X.out` next to
+    // `runs/X/`, as scripts that start one run after another keep them): it quotes the run's
+    // errors (an OOM's message), which would otherwise make a phantom foreign run of its own.
+    let runs: BTreeSet<&Path> = out.run_dirs.iter().map(|r| r.dir.as_path()).collect();
+    let names_a_run = |file: &Path| match (file.parent(), file.file_stem()) {
+        (Some(dir), Some(stem)) => runs.contains(dir.join(stem).as_path()),
+        _ => false,
+    };
+    out.foreign_dirs = foreign
+        .into_values()
+        .filter(|f| !side.contains(&f.dir))
+        .filter_map(|mut f| {
+            f.files.retain(|file| !names_a_run(file));
+            (!f.files.is_empty()).then_some(f)
+        })
+        .collect();
     out
 }
 

@@ -242,6 +242,30 @@ fn runs_differing_in_grad_accum_or_hpz_are_never_pooled() {
     );
 }
 
+/// A console capture kept beside its run's folder (`runs/X.out` next to `runs/X/`) belongs to that
+/// run: an out-of-memory message in it makes no foreign run of its own. A DeepSpeed log beside
+/// the runs, named after none of them, is still a run.
+#[test]
+fn console_captures_beside_run_folders_are_not_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("runs");
+    let mut oom = run("gpt2-xl_z0_mb64", ModelPreset::Gpt2Xl, ZeroStage::Z0, 64, 1, 100.0);
+    oom.fate = zerobench_ingest::synth::Fate::Oom { rank: 0, step: 1 };
+    oom.write(&root.join("gpt2-xl_z0_mb64")).unwrap();
+    run("gpt2_z1_mb4", ModelPreset::Gpt2, ZeroStage::Z1, 4, 1, 10.0).write(&root.join("gpt2_z1_mb4")).unwrap();
+    let oom_text = "zerobench-worker: out of memory: CUDA out of memory. Tried to allocate 224.00 MiB.\n";
+    std::fs::write(root.join("gpt2-xl_z0_mb64.out"), oom_text).unwrap();
+    std::fs::write(root.join("gpt2_z1_mb4.out"), "zerobench-worker: gpt2 stage 1 on 1 rank(s): 10.0 ms/step\n")
+        .unwrap();
+    let rows = Tables::build(&read(&root).runs).runs;
+    let ids: Vec<&str> = rows.iter().map(|r| r.run_id.as_str()).collect();
+    assert_eq!(ids, ["gpt2_z1_mb4", "gpt2-xl_z0_mb64"], "{ids:?}");
+    // The same capture under a name no run folder has is read as what it looks like.
+    std::fs::write(root.join("ds_z2.log"), oom_text).unwrap();
+    let rows = Tables::build(&read(&root).runs).runs;
+    assert_eq!(rows.len(), 3, "{:?}", rows.iter().map(|r| &r.run_id).collect::<Vec<_>>());
+}
+
 /// One run id in two input folders: both runs are kept, named with their folders, and the clash
 /// is reported.
 #[test]
