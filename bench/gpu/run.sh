@@ -43,6 +43,11 @@
 #                copy engines through the TCP store, and gpt2 stage 3's losses against mpirun's
 #   offload-setup  how long offload takes to set up (host_state_setup_ms, setup_ms): gpt2-xl stage 2
 #                and t5-11b stage 3 with everything on the host, one GPU, two steps
+#   same-losses  a refactor's check: the same configurations (every stage, accumulation, offload
+#                and its ratio and delayed update, fp16, hpZ; 2 GPUs, the shipped text) with the
+#                worker in --bin and the one in BASE_BIN, every step's loss compared; writes
+#                same-losses.json (a second run of BASE_BIN on two of them gives the run-to-run
+#                spread)
 #   costmodel    the cost model's sweep (bench/gpu/costmodel-runs.txt): the runs `zerobench fit`
 #                is fitted on (runs/cm-fit) and the held-out runs it is checked against
 #                (runs/cm-holdout); one-GPU runs go two at a time, one per GPU, when there are two
@@ -186,6 +191,55 @@ PY
       for r in setup_gpt2-xl_z2_optimizer_1gpu setup_t5-11b_z3_optimizer+params_1gpu; do
         log "$r: $(grep -o '"host_state_bytes":[0-9]*\|"host_state_setup_ms":[0-9.]*\|"setup_ms":[0-9.]*' "$RUNS/$r/rank0.jsonl" | tr '\n' ' ')"
       done ;;
+    same-losses)
+      : "${BASE_BIN:?same-losses compares with the worker in BASE_BIN}"
+      text=(--micro-batch 8 --seq-len 256 --steps 12 --warmup 2 --data tests/data/declaration-of-independence.txt)
+      np=$(( GPUS < 2 ? GPUS : 2 ))
+      cases=(
+        "z0|--stage 0" "z1|--stage 1" "z2|--stage 2" "z3|--stage 3"
+        "z2-accum|--stage 2 --grad-accum 2" "z3-accum|--stage 3 --grad-accum 2"
+        "z1-offload|--stage 1 --offload optimizer" "z2-offload|--stage 2 --offload optimizer"
+        "z3-offload-params|--stage 3 --offload optimizer+params"
+        "z2-offload-ratio|--stage 2 --offload optimizer --offload-ratio 0.5"
+        "z2-offload-delayed|--stage 2 --offload optimizer --delayed-update --delayed-update-after 3"
+        "z3-fp16|--stage 3 --precision fp16" "z3-hpz|--stage 3 --hpz $np"
+      )
+      for c in "${cases[@]}"; do
+        name=${c%%|*}
+        # shellcheck disable=SC2086
+        worker "same_${name}_new" "$np" --model gpt2 "${text[@]}" ${c#*|}
+        # shellcheck disable=SC2086
+        W=$BASE_BIN/zerobench-worker worker "same_${name}_base" "$np" --model gpt2 "${text[@]}" ${c#*|}
+      done
+      for name in z0 z2-offload; do
+        c=$(printf '%s\n' "${cases[@]}" | grep "^$name|")
+        # shellcheck disable=SC2086
+        W=$BASE_BIN/zerobench-worker worker "same_${name}_base2" "$np" --model gpt2 "${text[@]}" ${c#*|}
+      done
+      python3 - "$RUNS" "$OUTDIR/host.txt" "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" \
+        "$(cat "$BASE_BIN/COMMIT" 2>/dev/null || echo unknown)" > "$OUTDIR/same-losses.json" <<'PY'
+import glob, json, os, sys
+runs, host, commit, base = sys.argv[1:5]
+def losses(d):
+    f = f"{runs}/{d}/rank0.jsonl"
+    if not os.path.exists(f):
+        return None
+    return [r["loss"] for r in map(json.loads, open(f)) if r.get("event") == "step"]
+out = []
+for d in sorted(glob.glob(f"{runs}/same_*_new")):
+    name = os.path.basename(d)[len("same_"):-len("_new")]
+    new, old = losses(f"same_{name}_new"), losses(f"same_{name}_base")
+    row = {"case": name, "steps": len(new or []), "identical": bool(new) and new == old,
+           "max_abs_diff": max((abs(a - b) for a, b in zip(new, old)), default=None) if new and old else None}
+    again = losses(f"same_{name}_base2")
+    if again is not None:
+        row["base_repeat_identical"] = again == old
+    out.append(row)
+print(json.dumps({"benchmark": "bench/gpu/run.sh same-losses", "commit": commit, "base_commit": base,
+                  "host": open(host).read().strip().splitlines(), "cases": out,
+                  "all_identical": all(r["identical"] for r in out)}, indent=1))
+PY
+      log "same-losses: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["all_identical"], [(c["case"], c["identical"], c["max_abs_diff"]) for c in d["cases"]])' "$OUTDIR/same-losses.json")" ;;
     costmodel)
       # Each line of the list: SET LANE NAME NP WORKER-ARGS... (bench/gpu/costmodel-runs.txt). Lane
       # "any" runs are one-GPU runs without host work: with two GPUs two of them run at once, one

@@ -55,11 +55,7 @@ struct Unit {
     params: Vec<Tensor>,
     /// Stage 3: this rank's shard of the parameters.
     param_shard: Option<Tensor>,
-    /// Stages 0 and 1: the full gradient buffer, accumulated over micro-steps.
-    grad_full: Option<Tensor>,
-    /// This rank's reduced gradients on the device (stage 0: all of `grad_full`; stage 1: a view
-    /// of its slice). Offloaded stages 2 and 3 keep none: the shard goes straight to the host.
-    grad_shard: Option<Tensor>,
+    grads: UnitGrads,
     /// Where the optimizer state lives.
     optim: OptimState,
     /// Stage 3: the gather slot holding the unit, and the gather still in flight (and whether it
@@ -72,6 +68,46 @@ struct Unit {
     secondary_fresh: bool,
     /// Stages 1 and 2: the all-gather of updated parameters still in flight.
     refreshing: Option<Pending>,
+}
+
+/// Where a unit's gradients are kept, by stage family.
+enum UnitGrads {
+    /// Stages 0 and 1: the full gradient buffer, accumulated over micro-steps, and this rank's
+    /// reduced part of it (stage 0: all of it; stage 1: a view of its slice).
+    Full { full: Tensor, shard: Tensor },
+    /// Stages 2 and 3: this rank's reduced gradients, accumulated over micro-steps.
+    Shard(Tensor),
+    /// Stages 2 and 3, offloaded: the reduced shard goes straight to the host; none on the device.
+    OnHost,
+}
+
+impl UnitGrads {
+    /// The reduced gradients an optimizer on the device reads (none when they go to the host).
+    fn device_shard(&self) -> Option<&Tensor> {
+        match self {
+            UnitGrads::Full { shard, .. } | UnitGrads::Shard(shard) => Some(shard),
+            UnitGrads::OnHost => None,
+        }
+    }
+}
+
+/// How gradients are reduced, by stage family, with the state each way needs.
+enum Reduction {
+    /// Stages 0 and 1: each unit's full buffer is all-reduced (stage 0) or reduce-scattered
+    /// (stage 1) in buckets of units, at the last micro-step.
+    Buckets(Buckets),
+    /// Stages 2 and 3: gradients are staged into two buffers and reduce-scattered every
+    /// micro-step.
+    Staged(Staging),
+}
+
+/// Stages 0/1: units whose gradients wait in their full buffers for the bucket to fill, and the
+/// reductions in flight this step.
+#[derive(Default)]
+struct Buckets {
+    units: Vec<usize>,
+    fill: usize,
+    reductions: Vec<Pending>,
 }
 
 /// Which communicator a collective went through.
@@ -146,12 +182,7 @@ pub struct Engine {
     prefetch: usize,
     micro: usize,
     n_micro: usize,
-    /// Stages 0/1: units whose gradients wait in `grad_full` for the bucket to fill.
-    bucket: Vec<usize>,
-    bucket_fill: usize,
-    /// Stages 0/1: reductions in flight this step.
-    reductions: Vec<Pending>,
-    staging: Option<Staging>,
+    reduction: Reduction,
     /// Stage 3: persistent gather slots and which unit holds each.
     slots: Vec<Tensor>,
     slot_owner: Vec<Option<usize>>,
@@ -209,10 +240,10 @@ impl Engine {
         let mut host_setup = std::time::Duration::ZERO;
         let mut units = Vec::with_capacity(layouts.len());
         for (i, (def, layout)) in model.units().iter().zip(layouts).enumerate() {
-            let padded = i64::try_from(layout.padded).expect("fits");
-            let shard_len = i64::try_from(layout.shard_len(owners)).expect("fits");
-            let shard_start = i64::try_from(layout.shard_range(owners, owner).start).expect("fits");
-            let numel = i64::try_from(layout.numel).expect("fits");
+            let padded = len64(layout.padded);
+            let shard_len = len64(layout.shard_len(owners));
+            let shard_start = len64(layout.shard_range(owners, owner).start);
+            let numel = len64(layout.numel);
 
             let full = Tensor::f_zeros([padded], f32_on)?;
             full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, i, cfg.seed, device)?)?;
@@ -236,7 +267,7 @@ impl Engine {
                 .params
                 .iter()
                 .map(|s| {
-                    let (off, n) = (i64::try_from(s.offset).expect("fits"), i64::try_from(s.numel).expect("fits"));
+                    let (off, n) = (len64(s.offset), len64(s.numel));
                     Ok(base.f_narrow(0, off, n)?.f_view(s.shape.as_slice())?.set_requires_grad(true))
                 })
                 .collect::<Result<Vec<_>, TchError>>()?;
@@ -259,18 +290,17 @@ impl Engine {
                     exp_avg_sq: Tensor::f_zeros([shard_len], f32_on)?,
                 }
             };
-            let (grad_full, grad_shard) = match stage {
+            let grads = match stage {
                 ZeroStage::Z0 => {
-                    let g = Tensor::f_zeros([padded], (kind, device))?;
-                    (Some(g.shallow_clone()), Some(g))
+                    let full = Tensor::f_zeros([padded], (kind, device))?;
+                    UnitGrads::Full { shard: full.shallow_clone(), full }
                 }
                 ZeroStage::Z1 => {
-                    let g = Tensor::f_zeros([padded], (kind, device))?;
-                    let s = g.f_narrow(0, shard_start, shard_len)?;
-                    (Some(g), Some(s))
+                    let full = Tensor::f_zeros([padded], (kind, device))?;
+                    UnitGrads::Full { shard: full.f_narrow(0, shard_start, shard_len)?, full }
                 }
-                ZeroStage::Z2 | ZeroStage::Z3 if offloaded => (None, None),
-                ZeroStage::Z2 | ZeroStage::Z3 => (None, Some(Tensor::f_zeros([shard_len], (kind, device))?)),
+                ZeroStage::Z2 | ZeroStage::Z3 if offloaded => UnitGrads::OnHost,
+                ZeroStage::Z2 | ZeroStage::Z3 => UnitGrads::Shard(Tensor::f_zeros([shard_len], (kind, device))?),
             };
             if stage == ZeroStage::Z3 {
                 // The parameters exist as views; their memory appears only while gathered.
@@ -285,8 +315,7 @@ impl Engine {
                 base,
                 params,
                 param_shard,
-                grad_full,
-                grad_shard,
+                grads,
                 optim,
                 slot: None,
                 gathering: None,
@@ -304,12 +333,13 @@ impl Engine {
         let bucket_elems = ((cfg.engine.bucket_mb * 1024.0 * 1024.0) as usize / elem).max(1);
         let prefetch = cfg.engine.prefetch as usize;
 
-        let staging = match stage {
+        let reduction = match stage {
+            ZeroStage::Z0 | ZeroStage::Z1 => Reduction::Buckets(Buckets::default()),
             ZeroStage::Z2 | ZeroStage::Z3 => {
                 // A bucket closes once it holds at least `bucket_elems`, so it never exceeds that
                 // plus one unit.
-                let cap = i64::try_from(bucket_elems.min(total_padded(&units)) + largest).expect("fits");
-                Some(Staging {
+                let cap = len64(bucket_elems.min(total_padded(&units)) + largest);
+                Reduction::Staged(Staging {
                     buffers: [Tensor::f_zeros([cap], (kind, device))?, Tensor::f_zeros([cap], (kind, device))?],
                     current: 0,
                     fill: 0,
@@ -318,13 +348,11 @@ impl Engine {
                     staged: Vec::new(),
                 })
             }
-            _ => None,
         };
         let (slots, slot_owner) = if stage == ZeroStage::Z3 {
             let n = prefetch + 1;
-            let slots = (0..n)
-                .map(|_| Tensor::f_zeros([i64::try_from(largest).expect("fits")], (kind, device)))
-                .collect::<Result<Vec<_>, _>>()?;
+            let slots =
+                (0..n).map(|_| Tensor::f_zeros([len64(largest)], (kind, device))).collect::<Result<Vec<_>, _>>()?;
             (slots, vec![None; n])
         } else {
             (Vec::new(), Vec::new())
@@ -348,10 +376,7 @@ impl Engine {
             prefetch,
             micro: 0,
             n_micro: cfg.grad_accum as usize,
-            bucket: Vec::new(),
-            bucket_fill: 0,
-            reductions: Vec::new(),
-            staging,
+            reduction,
             slots,
             slot_owner,
             loss_acc: None,
@@ -417,9 +442,9 @@ impl Engine {
                 (None, ZeroStage::Z3) => 0,
                 (None, _) => bytes(&u.base),
             };
-            m.grads_bytes += match (&u.grad_full, &u.grad_shard) {
-                (Some(g), _) | (None, Some(g)) => bytes(g),
-                (None, None) => 0,
+            m.grads_bytes += match &u.grads {
+                UnitGrads::Full { full: g, .. } | UnitGrads::Shard(g) => bytes(g),
+                UnitGrads::OnHost => 0,
             };
             if let OptimState::Device { master, master_is_param, exp_avg, exp_avg_sq } = &u.optim {
                 m.optimizer_bytes +=
@@ -444,7 +469,7 @@ impl Engine {
     pub fn buffer_bytes(&self) -> BTreeMap<String, u64> {
         let bytes = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
         let mut b = BTreeMap::new();
-        if let Some(s) = &self.staging {
+        if let Reduction::Staged(s) = &self.reduction {
             b.insert("grad_buckets".into(), s.buffers.iter().map(bytes).sum());
         }
         if !self.slots.is_empty() {
@@ -558,7 +583,7 @@ impl Engine {
             }
         };
         let unit = &self.units[u];
-        let n = i64::try_from(unit.layout.padded).expect("fits");
+        let n = len64(unit.layout.padded);
         let dst = self.slots[slot].f_narrow(0, 0, n)?;
         let has_secondary = unit.secondary.is_some();
         let pending = match (&unit.secondary, unit.secondary_fresh, &mut self.group) {
@@ -579,7 +604,7 @@ impl Engine {
     /// offload); with hpZ, keeps this rank's group slice of it as the secondary partition.
     fn gather_world(&mut self, u: usize, slot: usize, keep_secondary: bool) -> Result<Pending, EngineError> {
         let unit = &mut self.units[u];
-        let n = i64::try_from(unit.layout.padded).expect("fits");
+        let n = len64(unit.layout.padded);
         let dst = self.slots[slot].f_narrow(0, 0, n)?;
         let pending = match &unit.param_shard {
             Some(shard) => self.comm.all_gather(shard, &dst)?,
@@ -655,127 +680,65 @@ impl Engine {
             .collect::<Result<Vec<_>, _>>()?;
         let layout = &self.units[u].layout;
         let (numel, padded) = (layout.numel, layout.padded);
-        match self.stage {
-            ZeroStage::Z0 | ZeroStage::Z1 => {
-                let full = self.units[u].grad_full.as_ref().expect("stage 0/1");
+        let last = self.last_micro();
+        let flush = match &mut self.reduction {
+            Reduction::Buckets(bk) => {
+                let UnitGrads::Full { full, .. } = &self.units[u].grads else {
+                    unreachable!("stages 0 and 1 keep full gradient buffers")
+                };
                 write_flat(full, 0, numel, padded, &grads, self.micro > 0)?;
-                if self.last_micro() {
-                    self.bucket.push(u);
-                    self.bucket_fill += padded;
-                    if self.bucket_fill >= self.bucket_elems {
-                        self.flush_full_grads()?;
-                    }
+                if last {
+                    bk.units.push(u);
+                    bk.fill += padded;
                 }
+                last && bk.fill >= self.bucket_elems
             }
-            ZeroStage::Z2 | ZeroStage::Z3 => {
-                let offset = self.stage_slot(padded)?;
-                let st = self.staging.as_mut().expect("stage 2/3");
+            Reduction::Staged(st) => {
+                if st.fill + padded > st.capacity() {
+                    self.flush_staged()?;
+                }
+                let Reduction::Staged(st) = &mut self.reduction else { unreachable!("the reduction never changes") };
+                let offset = st.fill;
                 write_flat(&st.buffers[st.current], offset, numel, padded, &grads, false)?;
                 st.staged.push((u, offset));
                 st.fill = offset + padded;
-                if st.fill >= self.bucket_elems {
-                    self.flush_staging()?;
-                }
+                st.fill >= self.bucket_elems
             }
+        };
+        if flush {
+            self.flush_reduction()?;
         }
-        for p in &self.units[u].params {
-            shim::clear_grad(p)?;
-        }
-        Ok(())
+        clear_grads(&self.units[u])
     }
 
-    /// Stages 0/1: reduce the gradients waiting in the bucket.
-    fn flush_full_grads(&mut self) -> Result<(), EngineError> {
-        for u in std::mem::take(&mut self.bucket) {
-            let unit = &self.units[u];
-            let full = unit.grad_full.as_ref().expect("stage 0/1");
-            let shard = unit.grad_shard.as_ref().expect("stage 0/1 keep a gradient shard");
-            let p = match self.stage {
-                ZeroStage::Z0 => self.comm.all_reduce(full)?,
-                _ => self.comm.reduce_scatter(full, shard)?,
-            };
-            self.reductions.push(p);
-            if let OptimState::Host(host) = &unit.optim {
-                let (p, copy) = self.comm.copy_to_host(shard, &host.grad)?;
-                self.reductions.push(p);
-                self.landed_grads(u, copy);
-            }
-        }
-        self.bucket_fill = 0;
-        Ok(())
-    }
-
-    /// Stages 2/3: an offset in the current staging buffer with room for `padded` elements,
-    /// switching buffers (and waiting for the other's collectives) when it is full.
-    fn stage_slot(&mut self, padded: usize) -> Result<usize, EngineError> {
-        let cap = self.staging.as_ref().expect("stage 2/3").buffers[0].numel();
-        let st = self.staging.as_ref().expect("stage 2/3");
-        if st.fill + padded > cap {
-            self.flush_staging()?;
-        }
-        Ok(self.staging.as_ref().expect("stage 2/3").fill)
-    }
-
-    /// Stages 2/3: reduce-scatter every unit staged in the current buffer, then make the other
-    /// buffer current (after its own collectives completed and were accumulated).
-    fn flush_staging(&mut self) -> Result<(), EngineError> {
-        let accumulate = self.micro > 0;
-        let cur = self.staging.as_ref().expect("stage 2/3").current;
-        let staged = std::mem::take(&mut self.staging.as_mut().expect("stage 2/3").staged);
-        for (u, offset) in staged {
-            let st = self.staging.as_mut().expect("stage 2/3");
-            let unit = &self.units[u];
-            let padded = i64::try_from(unit.layout.padded).expect("fits");
-            let region = st.buffers[cur].f_narrow(0, i64::try_from(offset).expect("fits"), padded)?;
-            let len = padded / self.world as i64;
-            let slice = region.f_narrow(0, self.rank as i64 * len, len)?;
-            let offload = matches!(unit.optim, OptimState::Host(_));
-            match (&unit.grad_shard, offload) {
-                (_, true) => {
-                    // Offload: reduce in place and copy the rank's slice straight to the host; the
-                    // bucket is reused only after the copy has left it.
-                    let p = self.comm.reduce_scatter(&region, &slice)?;
-                    st.in_flight[cur].push(p);
-                    let (p, copy) = self.comm.copy_to_host(&slice, &unit.optim.host().grad)?;
-                    st.in_flight[cur].push(p);
+    /// Starts reducing what waits in the bucket (stages 0/1) or the current staging buffer (stages
+    /// 2/3); nothing when it is empty.
+    fn flush_reduction(&mut self) -> Result<(), EngineError> {
+        match &mut self.reduction {
+            Reduction::Buckets(bk) if !bk.units.is_empty() => {
+                let landed = bk.flush(self.stage, &self.units, self.comm.as_mut())?;
+                for (u, copy) in landed {
                     self.landed_grads(u, copy);
                 }
-                (Some(_), false) if accumulate => {
-                    // Reduce in place; the rank's slice is added to the shard once it is done.
-                    let p = self.comm.reduce_scatter(&region, &slice)?;
-                    st.in_flight[cur].push(p);
-                    st.to_accumulate[cur].push((u, offset));
-                }
-                (Some(shard), false) => {
-                    let p = self.comm.reduce_scatter(&region, shard)?;
-                    st.in_flight[cur].push(p);
-                }
-                (None, false) => unreachable!("only offloaded units keep no gradient shard"),
+                Ok(())
             }
+            Reduction::Staged(st) if !st.staged.is_empty() => self.flush_staged(),
+            _ => Ok(()),
         }
-        let st = self.staging.as_mut().expect("stage 2/3");
-        let next = 1 - cur;
-        st.current = next;
-        st.fill = 0;
-        self.drain_staging(next)
     }
 
-    /// Waits for the collectives reading staging buffer `b` and adds their results to the shards.
-    fn drain_staging(&mut self, b: usize) -> Result<(), EngineError> {
-        let _guard = tch::no_grad_guard();
-        let st = self.staging.as_mut().expect("stage 2/3");
-        for p in std::mem::take(&mut st.in_flight[b]) {
-            self.comm.wait(p)?;
+    /// Stages 2/3: reduce-scatters the current staging buffer, hands the offloaded units' copies
+    /// to their updates, then makes the other buffer current once its collectives are done.
+    fn flush_staged(&mut self) -> Result<(), EngineError> {
+        let (world, rank, accumulate) = (self.world, self.rank, self.micro > 0);
+        let Reduction::Staged(st) = &mut self.reduction else { return Ok(()) };
+        let landed = st.flush(&self.units, self.comm.as_mut(), world, rank, accumulate)?;
+        let next = st.current;
+        for (u, copy) in landed {
+            self.landed_grads(u, copy);
         }
-        for (u, offset) in std::mem::take(&mut st.to_accumulate[b]) {
-            let unit = &self.units[u];
-            let n = i64::try_from(unit.layout.padded / self.world).expect("fits");
-            let start = i64::try_from(offset).expect("fits") + i64::try_from(self.rank).expect("fits") * n;
-            let reduced = st.buffers[b].f_narrow(0, start, n)?;
-            let shard = unit.grad_shard.as_ref().expect("accumulated on the device");
-            let _ = shard.shallow_clone().f_add_(&reduced)?;
-        }
-        Ok(())
+        let Reduction::Staged(st) = &mut self.reduction else { return Ok(()) };
+        st.drain(next, &self.units, self.comm.as_mut(), world, rank)
     }
 
     /// Offload: a unit's gradient shard is on its way to the host. At the last micro-step its
@@ -818,22 +781,17 @@ impl Engine {
             Some(acc) => acc.f_add(&loss)?,
             None => loss,
         });
-        match self.stage {
-            ZeroStage::Z0 | ZeroStage::Z1 => {
-                if !self.bucket.is_empty() {
-                    self.flush_full_grads()?;
-                }
-                for p in std::mem::take(&mut self.reductions) {
+        self.flush_reduction()?;
+        match &mut self.reduction {
+            Reduction::Buckets(bk) => {
+                for p in std::mem::take(&mut bk.reductions) {
                     self.comm.wait(p)?;
                 }
             }
-            ZeroStage::Z2 | ZeroStage::Z3 => {
-                if !self.staging.as_ref().expect("stage 2/3").staged.is_empty() {
-                    self.flush_staging()?;
-                }
-                self.drain_staging(0)?;
-                self.drain_staging(1)?;
-                self.staging.as_mut().expect("stage 2/3").current = 0;
+            Reduction::Staged(st) => {
+                st.drain(0, &self.units, self.comm.as_mut(), self.world, self.rank)?;
+                st.drain(1, &self.units, self.comm.as_mut(), self.world, self.rank)?;
+                st.current = 0;
             }
         }
         if self.stage == ZeroStage::Z3 {
@@ -902,7 +860,7 @@ impl Engine {
         // each place's sum crosses to `device` once.
         let mut sums: [Option<Tensor>; 2] = [None, None];
         for u in &self.units {
-            let (g, place) = match (&u.optim, &u.grad_shard) {
+            let (g, place) = match (&u.optim, u.grads.device_shard()) {
                 (OptimState::Host(h), _) => (h.update_grad(), 0),
                 (OptimState::Device { .. }, Some(g)) => (g, 1),
                 (OptimState::Device { .. }, None) => unreachable!("device optimizers read a device shard"),
@@ -947,7 +905,7 @@ impl Engine {
                 let r = u.layout.shard_range(self.owners, self.owner);
                 Some(u.base.f_narrow(0, r.start as i64, r.len() as i64)?)
             };
-            let grad = u.grad_shard.as_ref().expect("device optimizers read a device shard");
+            let Some(grad) = u.grads.device_shard() else { unreachable!("device optimizers read a device shard") };
             let shard = Shard { master, exp_avg, exp_avg_sq, grad, param_out: param_out.as_ref() };
             self.optim.step(self.updates, grad_scale, &shard)?;
             if gather {
@@ -1042,6 +1000,131 @@ impl Engine {
             (ZeroStage::Z3, Some(shard)) => unit.refreshing = Some(self.comm.copy_to_device(src, shard)?),
             (ZeroStage::Z3, None) => {}
             (ZeroStage::Z0, _) => unreachable!("offload needs stage 1, 2 or 3"),
+        }
+        Ok(())
+    }
+}
+
+/// A buffer length or offset as libtorch's `i64`. Buffers are allocated before any of these is
+/// taken, so a length past `i64::MAX` elements cannot exist.
+fn len64(n: usize) -> i64 {
+    i64::try_from(n).expect("a buffer's length fits in i64")
+}
+
+/// Drops the gradients backward left in a unit's parameters (the engine holds its own copy).
+fn clear_grads(unit: &Unit) -> Result<(), EngineError> {
+    for p in &unit.params {
+        shim::clear_grad(p)?;
+    }
+    Ok(())
+}
+
+impl Buckets {
+    /// Reduces the gradients waiting in the bucket (stage 0: all-reduce; stage 1: reduce-scatter
+    /// into this rank's slice); offloaded units' slices start for the host. Returns those copies.
+    fn flush(
+        &mut self,
+        stage: ZeroStage,
+        units: &[Unit],
+        comm: &mut dyn Collectives,
+    ) -> Result<Vec<(usize, HostCopy)>, EngineError> {
+        let mut landed = Vec::new();
+        for u in std::mem::take(&mut self.units) {
+            let unit = &units[u];
+            let UnitGrads::Full { full, shard } = &unit.grads else {
+                unreachable!("stages 0 and 1 keep full gradient buffers")
+            };
+            let p = match stage {
+                ZeroStage::Z0 => comm.all_reduce(full)?,
+                _ => comm.reduce_scatter(full, shard)?,
+            };
+            self.reductions.push(p);
+            if let OptimState::Host(host) = &unit.optim {
+                let (p, copy) = comm.copy_to_host(shard, &host.grad)?;
+                self.reductions.push(p);
+                landed.push((u, copy));
+            }
+        }
+        self.fill = 0;
+        Ok(landed)
+    }
+}
+
+impl Staging {
+    fn capacity(&self) -> usize {
+        self.buffers[0].numel()
+    }
+
+    /// Reduce-scatters every unit staged in the current buffer and makes the other buffer current
+    /// (the caller drains it before filling it). `accumulate`: a later micro-step, whose reduced
+    /// slices add to the shards. Returns the offloaded units' copies to the host, which have
+    /// started.
+    fn flush(
+        &mut self,
+        units: &[Unit],
+        comm: &mut dyn Collectives,
+        world: usize,
+        rank: usize,
+        accumulate: bool,
+    ) -> Result<Vec<(usize, HostCopy)>, EngineError> {
+        let cur = self.current;
+        let mut landed = Vec::new();
+        for (u, offset) in std::mem::take(&mut self.staged) {
+            let unit = &units[u];
+            let padded = len64(unit.layout.padded);
+            let region = self.buffers[cur].f_narrow(0, len64(offset), padded)?;
+            let len = padded / world as i64;
+            let slice = region.f_narrow(0, rank as i64 * len, len)?;
+            match (&unit.grads, &unit.optim) {
+                (UnitGrads::OnHost, OptimState::Host(host)) => {
+                    // Offload: reduce in place and copy the rank's slice straight to the host; the
+                    // bucket is reused only after the copy has left it.
+                    let p = comm.reduce_scatter(&region, &slice)?;
+                    self.in_flight[cur].push(p);
+                    let (p, copy) = comm.copy_to_host(&slice, &host.grad)?;
+                    self.in_flight[cur].push(p);
+                    landed.push((u, copy));
+                }
+                (UnitGrads::Shard(_), _) if accumulate => {
+                    // Reduce in place; the rank's slice is added to the shard once it is done.
+                    let p = comm.reduce_scatter(&region, &slice)?;
+                    self.in_flight[cur].push(p);
+                    self.to_accumulate[cur].push((u, offset));
+                }
+                (UnitGrads::Shard(shard), _) => {
+                    let p = comm.reduce_scatter(&region, shard)?;
+                    self.in_flight[cur].push(p);
+                }
+                _ => unreachable!("stages 2 and 3 keep a device shard, or send it to the host's optimizer"),
+            }
+        }
+        self.current = 1 - cur;
+        self.fill = 0;
+        Ok(landed)
+    }
+
+    /// Waits for the collectives reading buffer `b` and adds their results to the shards.
+    fn drain(
+        &mut self,
+        b: usize,
+        units: &[Unit],
+        comm: &mut dyn Collectives,
+        world: usize,
+        rank: usize,
+    ) -> Result<(), EngineError> {
+        let _guard = tch::no_grad_guard();
+        for p in std::mem::take(&mut self.in_flight[b]) {
+            comm.wait(p)?;
+        }
+        for (u, offset) in std::mem::take(&mut self.to_accumulate[b]) {
+            let unit = &units[u];
+            let n = len64(unit.layout.padded / world);
+            let start = len64(offset) + len64(rank) * n;
+            let reduced = self.buffers[b].f_narrow(0, start, n)?;
+            let UnitGrads::Shard(shard) = &unit.grads else {
+                unreachable!("only units with a device shard accumulate on the device")
+            };
+            let _ = shard.shallow_clone().f_add_(&reduced)?;
         }
         Ok(())
     }
