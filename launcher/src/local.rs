@@ -15,8 +15,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -36,8 +34,6 @@ pub const LOCAL_OUTPUT: &str = "local.out";
 pub struct LocalOptions {
     /// Per run; `None` runs without a limit.
     pub timeout: Option<Duration>,
-    /// Draw a progress bar on stderr (hidden anyway when stderr is not a terminal).
-    pub progress: bool,
 }
 
 /// One finished run.
@@ -58,16 +54,30 @@ pub struct LocalRun {
     pub interrupted_by: Option<String>,
 }
 
-/// Runs each run folder's `job.sbatch` with bash, in order. `runs` pairs each run id with its
-/// folder. Without a progress bar, one line per finished run goes to stderr (n/total, elapsed,
-/// an estimate of the time left), so a log of the sweep shows how far it got.
-pub fn run_local(runs: &[(String, PathBuf)], opts: &LocalOptions) -> Result<LocalRun, Error> {
-    let bar = if opts.progress { ProgressBar::new(runs.len() as u64) } else { ProgressBar::hidden() };
-    bar.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
+/// What a sweep reports as it goes. The library only calls it; the front end draws it (a bar on
+/// a terminal, a line per finished run in a log).
+pub trait SweepProgress {
+    /// Run `index` (from 0) of `total`, named `id`, starts.
+    fn started(&mut self, index: usize, total: usize, id: &str);
+    /// It ended in `state`, `elapsed` after the sweep started.
+    fn finished(&mut self, index: usize, total: usize, id: &str, state: State, elapsed: Duration);
+}
+
+/// No progress reporting.
+pub struct NoProgress;
+
+impl SweepProgress for NoProgress {
+    fn started(&mut self, _: usize, _: usize, _: &str) {}
+    fn finished(&mut self, _: usize, _: usize, _: &str, _: State, _: Duration) {}
+}
+
+/// Runs each run folder's `job.sbatch` with bash, in order, telling `progress` as runs start and
+/// end. `runs` pairs each run id with its folder.
+pub fn run_local(
+    runs: &[(String, PathBuf)],
+    opts: &LocalOptions,
+    progress: &mut dyn SweepProgress,
+) -> Result<LocalRun, Error> {
     let signal = Arc::new(AtomicUsize::new(0));
     let mut registered = Vec::new();
     for sig in [SIGINT, SIGTERM, SIGHUP] {
@@ -79,7 +89,7 @@ pub fn run_local(runs: &[(String, PathBuf)], opts: &LocalOptions) -> Result<Loca
     let mut results = Vec::with_capacity(runs.len());
     let mut interrupted_by = None;
     for (i, (id, dir)) in runs.iter().enumerate() {
-        bar.set_message(id.clone());
+        progress.started(i, runs.len(), id);
         let record = run_one(dir, opts.timeout, &signal)?;
         let p = dir.join(LOCAL_RECORD);
         crate::files::write(&p, (serde_json::to_string_pretty(&record).unwrap_or_default() + "\n").as_bytes())?;
@@ -91,36 +101,17 @@ pub fn run_local(runs: &[(String, PathBuf)], opts: &LocalOptions) -> Result<Loca
             let why = failure.as_ref().map(|f| format!("; {f}")).unwrap_or_default();
             tracing::warn!(run = %id, "{}{why}; output in {}", record.describe(), dir.join(LOCAL_OUTPUT).display());
         }
-        bar.inc(1);
-        if !opts.progress {
-            let done = i + 1;
-            let elapsed = started.elapsed().as_secs_f64();
-            let left = elapsed / done as f64 * (runs.len() - done) as f64;
-            eprintln!(
-                "[{done}/{}] {id}: {} ({} elapsed, about {} left)",
-                runs.len(),
-                local_state(&record),
-                clock(elapsed),
-                clock(left)
-            );
-        }
+        progress.finished(i, runs.len(), id, local_state(&record), started.elapsed());
         interrupted_by.clone_from(&record.interrupted_by);
         results.push(LocalResult { id: id.clone(), record, failure });
         if interrupted_by.is_some() {
             break;
         }
     }
-    bar.finish_and_clear();
     for id in registered {
         signal_hook::low_level::unregister(id);
     }
     Ok(LocalRun { results, interrupted_by })
-}
-
-/// `h:mm:ss`.
-fn clock(secs: f64) -> String {
-    let s = secs.max(0.0).round() as u64;
-    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
 fn signal_name(sig: usize) -> String {

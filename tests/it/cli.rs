@@ -154,6 +154,15 @@ printf '%s\n' "$@" > "$logs/argv.$OMPI_COMM_WORLD_RANK""#,
     let table = stdout(&o);
     assert_eq!(o.status.code(), Some(1), "{table}\n{}", stderr(&o));
     assert!(stderr(&o).contains("launch.method is srun"), "{}", stderr(&o));
+    // Without a terminal, one progress line per finished run, with the time left.
+    let err = stderr(&o);
+    let progress: Vec<&str> = err.lines().filter(|l| l.starts_with('[')).collect();
+    assert_eq!(progress.len(), 3, "{err}");
+    assert!(progress[1].starts_with("[2/3] tiny_z1_offnone_mb1_1x2: failed (0:00:"), "{progress:?}");
+    assert!(
+        progress[2].starts_with("[3/3] tiny_z2_offnone_mb1_1x2: done (")
+            && progress[2].ends_with(", about 0:00:00 left)")
+    );
     let lines: Vec<&str> = table.lines().collect();
     // Header, rule, then one row per run.
     assert!(lines[2].starts_with("tiny_z0_offnone_mb1_1x2  done"), "{table}");

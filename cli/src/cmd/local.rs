@@ -12,7 +12,8 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use zerobench_launcher::local::{run_local, LocalOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+use zerobench_launcher::local::{run_local, LocalOptions, SweepProgress};
 use zerobench_launcher::render::Rendered;
 use zerobench_launcher::rerun::{rerun_decision, Rerun};
 use zerobench_launcher::spec::Method;
@@ -87,7 +88,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             }
         }
     }
-    let done = run_local(&runs, &LocalOptions { timeout, progress: std::io::stderr().is_terminal() })?;
+    let mut progress = if std::io::stderr().is_terminal() { Progress::bar(runs.len()) } else { Progress::Lines };
+    let done = run_local(&runs, &LocalOptions { timeout }, &mut progress)?;
+    progress.clear();
     let results = &done.results;
     for r in results {
         let st = zerobench_launcher::status::local_state(&r.record);
@@ -121,4 +124,56 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         )?;
     }
     Ok(if failed + not_started > 0 { Outcome::Incomplete } else { Outcome::Complete })
+}
+
+/// How the sweep's progress is drawn: a bar on a terminal; otherwise one line per finished run on
+/// stderr (n/total, elapsed, an estimate of the time left), so a log of the sweep shows how far it
+/// got.
+enum Progress {
+    Bar(ProgressBar),
+    Lines,
+}
+
+impl Progress {
+    fn bar(total: usize) -> Self {
+        let bar = ProgressBar::new(total as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        Progress::Bar(bar)
+    }
+
+    fn clear(&self) {
+        if let Progress::Bar(bar) = self {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+impl SweepProgress for Progress {
+    fn started(&mut self, _: usize, _: usize, id: &str) {
+        if let Progress::Bar(bar) = self {
+            bar.set_message(id.to_string());
+        }
+    }
+
+    fn finished(&mut self, index: usize, total: usize, id: &str, state: State, elapsed: Duration) {
+        match self {
+            Progress::Bar(bar) => bar.inc(1),
+            Progress::Lines => {
+                let done = index + 1;
+                let elapsed = elapsed.as_secs_f64();
+                let left = elapsed / done as f64 * (total - done) as f64;
+                eprintln!("[{done}/{total}] {id}: {state} ({} elapsed, about {} left)", clock(elapsed), clock(left));
+            }
+        }
+    }
+}
+
+/// `h:mm:ss`.
+fn clock(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
