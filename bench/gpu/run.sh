@@ -28,8 +28,8 @@
 #   ctas         2-GPU sweeps with NCCL capped at 8 and 16 thread blocks per collective
 #   eager        the one-GPU eager PyTorch reference only (the target's denominator)
 #   offload      gpt2-xl stages 2 and 3 on 1 and 2 GPUs with and without CPU offload, hpZ on 2 GPUs,
-#                plus the CPU AdamW benchmark and pinned copy bandwidth of this host (issue 7)
-#   faults       a rank killed, a rank frozen, a configuration that does not fit (issue 6)
+#                plus the CPU AdamW benchmark and pinned copy bandwidth of this host
+#   faults       a rank killed, a rank frozen, a configuration that does not fit
 #   offload1     the one-GPU offload runs alone
 #   offload-ratio  gpt2-xl stage 2, micro-batch 4, on 1 and 2 GPUs: no offload, and --offload
 #                optimizer at ratios 1, `zerobench plan`'s proposal and RATIOS (default 0.75 0.5
@@ -37,7 +37,7 @@
 #                page-locking microbenchmark (examples/pin_bench)
 #   fits         the largest preset each stage and offload setting fits on one GPU (sequence 512)
 #   verify       2 GPUs: fp16 (dynamic loss scaling) and tiny-llama on the shipped text, stages 0 and 3
-#   t5           the GPU subset of the seed study's T5 grid (slurm/examples/t5-grid-gpu.yaml)
+#   t5           the GPU subset of the DeepSpeed profiling study's T5 grid (slurm/examples/t5-grid-gpu.yaml)
 #                through `zerobench local`, then `zerobench ingest` over its run folders
 #   rendezvous   2 GPUs, ranks started by RANK/WORLD_SIZE/MASTER_ADDR (no MPI): collectives and the
 #                copy engines through the TCP store, and gpt2 stage 3's losses against mpirun's

@@ -56,7 +56,7 @@ pub enum ModelPreset {
     TinyLlama,
     #[serde(rename = "mistral-7b")]
     Mistral7b,
-    /// The dummy MLP of the seed study (about 8.4M parameters; see [`MlpDims`]).
+    /// The dummy MLP of the DeepSpeed profiling study (about 8.4M parameters; see [`MlpDims`]).
     #[serde(rename = "mlp")]
     Mlp,
 }
@@ -105,7 +105,7 @@ pub struct LlamaDims {
 }
 
 /// The dummy MLP: `n_layer` residual blocks of Linear(d, h) → GELU → Linear(h, d) with biases,
-/// trained to regress seeded random targets. The seed study does not print its size; its
+/// trained to regress seeded random targets. The DeepSpeed profiling study does not print its size; its
 /// DeepSpeed log shows 0.02 GB of bf16 parameters on the GPU, which these dimensions reproduce
 /// (8,398,848 parameters = 0.017 GB) while keeping several units for ZeRO-3 to partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -36,7 +36,7 @@ pub fn redact(text: &str, root: &Path) -> String {
     text.replace(&root.display().to_string(), "[ROOT]")
 }
 
-/// The folder of the foreign-log fixtures (excerpts of the seed studies).
+/// The folder of the foreign-log fixtures (excerpts of the public DeepSpeed studies).
 pub fn foreign_fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/foreign")
 }

@@ -1,4 +1,4 @@
-//! The foreign formats, on the excerpts of the seed studies (`tests/fixtures/foreign/`): each is
+//! The foreign formats, on the excerpts of the public DeepSpeed studies (`tests/fixtures/foreign/`): each is
 //! recognised and its numbers reported.
 
 use zerobench_ingest::tables::Tables;

@@ -1,4 +1,4 @@
-//! The dummy MLP of the seed study: `n_layer` residual blocks `x + Linear(h, d)(GELU(Linear(d, h)(x)))`
+//! The dummy MLP of the DeepSpeed profiling study: `n_layer` residual blocks `x + Linear(h, d)(GELU(Linear(d, h)(x)))`
 //! with biases, regressing target vectors with the mean squared error. It reads `[batch, seq,
 //! d_model]` vectors (a "token" is one vector), so tokens per step and FLOPs per token mean what
 //! they mean for the transformers.
