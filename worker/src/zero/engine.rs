@@ -62,10 +62,6 @@ struct Unit {
     /// went through the hpZ group's communicator).
     slot: Option<usize>,
     gathering: Option<(Pending, Via)>,
-    /// hpZ: this rank's slice of the unit within its group, and whether it holds this step's
-    /// parameters yet (the first gather of a step fills it).
-    secondary: Option<Tensor>,
-    secondary_fresh: bool,
     /// Stages 1 and 2: the all-gather of updated parameters still in flight.
     refreshing: Option<Pending>,
 }
@@ -108,6 +104,15 @@ struct Buckets {
     units: Vec<usize>,
     fill: usize,
     reductions: Vec<Pending>,
+}
+
+/// Stage 3 with ZeRO++'s hpZ: the communicator of this rank's group and, per unit, this rank's
+/// slice of the unit within the group (the secondary partition) and whether it holds this step's
+/// parameters yet (the step's first gather of the unit fills it).
+struct Hpz {
+    group: Box<dyn Collectives>,
+    secondary: Vec<Tensor>,
+    fresh: Vec<bool>,
 }
 
 /// Which communicator a collective went through.
@@ -201,8 +206,7 @@ pub struct Engine {
     /// Delayed update: units whose host update of the previous step is still to be copied back;
     /// each is, once this step's backward is done with it (`harvest`).
     delayed: Vec<usize>,
-    /// hpZ: the communicator of this rank's group.
-    group: Option<Box<dyn Collectives>>,
+    hpz: Option<Hpz>,
     /// Offload: milliseconds spent allocating (and on a GPU page-locking) the host states.
     host_setup_ms: Option<f64>,
 }
@@ -306,10 +310,6 @@ impl Engine {
                 // The parameters exist as views; their memory appears only while gathered.
                 shim::storage_release(&base)?;
             }
-            let secondary = match (&group, stage) {
-                (Some(g), ZeroStage::Z3) => Some(Tensor::f_zeros([padded / g.world() as i64], (kind, device))?),
-                _ => None,
-            };
             units.push(Unit {
                 layout,
                 base,
@@ -319,12 +319,20 @@ impl Engine {
                 optim,
                 slot: None,
                 gathering: None,
-                secondary,
-                secondary_fresh: false,
                 refreshing: None,
             });
         }
 
+        let hpz = match (group, stage) {
+            (Some(group), ZeroStage::Z3) => {
+                let len = |u: &Unit| len64(u.layout.padded / group.world());
+                let secondary =
+                    units.iter().map(|u| Tensor::f_zeros([len(u)], (kind, device))).collect::<Result<Vec<_>, _>>()?;
+                Some(Hpz { group, fresh: vec![false; secondary.len()], secondary })
+            }
+            // Validation keeps hpZ to stage 3.
+            _ => None,
+        };
         let host_setup_ms = (first_host < units.len()).then_some(host_setup.as_secs_f64() * 1e3);
         let segment_units: Vec<usize> = model.segments().iter().map(|s| s.unit).collect();
         let schedule = Schedule::new(&segment_units, units.len());
@@ -388,7 +396,7 @@ impl Engine {
             deferred: VecDeque::new(),
             delay_after: cfg.delayed_update_after.map(u64::from),
             delayed: Vec::new(),
-            group,
+            hpz,
             host_setup_ms,
         })
     }
@@ -475,11 +483,10 @@ impl Engine {
         if !self.slots.is_empty() {
             b.insert("gather_slots".into(), self.slots.iter().map(bytes).sum());
         }
-        let secondary: u64 = self.units.iter().filter_map(|u| u.secondary.as_ref()).map(bytes).sum();
-        if secondary > 0 {
-            b.insert("hpz_secondary".into(), secondary);
+        if let Some(h) = &self.hpz {
+            b.insert("hpz_secondary".into(), h.secondary.iter().map(bytes).sum());
         }
-        let transport = self.comm.transport_bytes() + self.group.as_ref().map_or(0, |g| g.transport_bytes());
+        let transport = self.comm.transport_bytes() + self.hpz.as_ref().map_or(0, |h| h.group.transport_bytes());
         if transport > 0 {
             b.insert("copy_engine_inboxes".into(), transport);
         }
@@ -499,7 +506,7 @@ impl Engine {
     /// Reports every wait for communication (the world's and the hpZ group's) to `clock`.
     pub fn set_clock(&mut self, clock: &crate::metrics::clock::SharedClock) {
         self.comm.set_clock(std::sync::Arc::clone(clock));
-        if let Some(g) = self.group.as_mut() {
+        if let Some(g) = self.hpz.as_mut().map(|h| &mut h.group) {
             g.set_clock(std::sync::Arc::clone(clock));
         }
     }
@@ -511,7 +518,7 @@ impl Engine {
 
     pub fn take_comm_stats(&mut self) -> Result<StepComm, EngineError> {
         let mut stats = self.comm.take_stats()?;
-        if let Some(g) = self.group.as_mut() {
+        if let Some(g) = self.hpz.as_mut().map(|h| &mut h.group) {
             let n = g.world();
             stats.merge_group(g.take_stats()?, n);
         }
@@ -572,12 +579,13 @@ impl Engine {
         let slot = match self.slot_owner.iter().position(Option::is_none) {
             Some(s) => s,
             None => {
-                let s = self
+                // Every slot is taken, and `u` holds none: one holds a unit other than `protect`.
+                let (s, victim) = self
                     .slot_owner
                     .iter()
-                    .position(|o| o.is_some() && *o != protect)
-                    .expect("more than one gather slot");
-                let victim = self.slot_owner[s].expect("occupied");
+                    .enumerate()
+                    .find_map(|(s, o)| o.filter(|&v| Some(v) != protect).map(|v| (s, v)))
+                    .expect("a slot holds a unit other than the one computing");
                 self.release(victim)?;
                 s
             }
@@ -585,11 +593,10 @@ impl Engine {
         let unit = &self.units[u];
         let n = len64(unit.layout.padded);
         let dst = self.slots[slot].f_narrow(0, 0, n)?;
-        let has_secondary = unit.secondary.is_some();
-        let pending = match (&unit.secondary, unit.secondary_fresh, &mut self.group) {
+        let pending = match self.hpz.as_mut().filter(|h| h.fresh[u]) {
             // hpZ, after the step's first gather: from the secondary partition, inside the group.
-            (Some(sec), true, Some(group)) => (group.all_gather(sec, &dst)?, Via::Group),
-            _ => (self.gather_world(u, slot, has_secondary)?, Via::World),
+            Some(h) => (h.group.all_gather(&h.secondary[u], &dst)?, Via::Group),
+            None => (self.gather_world(u, slot)?, Via::World),
         };
         let unit = &mut self.units[u];
         // SAFETY: the slot tensor lives as long as the engine and holds `padded` elements.
@@ -602,7 +609,7 @@ impl Engine {
 
     /// Gathers unit `u` into `slot` from every rank's primary shard (from the host with parameter
     /// offload); with hpZ, keeps this rank's group slice of it as the secondary partition.
-    fn gather_world(&mut self, u: usize, slot: usize, keep_secondary: bool) -> Result<Pending, EngineError> {
+    fn gather_world(&mut self, u: usize, slot: usize) -> Result<Pending, EngineError> {
         let unit = &mut self.units[u];
         let n = len64(unit.layout.padded);
         let dst = self.slots[slot].f_narrow(0, 0, n)?;
@@ -617,23 +624,24 @@ impl Engine {
                 self.comm.all_gather(&mine, &dst)?
             }
         };
-        if !keep_secondary {
+        let Some(h) = self.hpz.as_mut() else {
             return Ok(pending);
-        }
+        };
         // The copy runs after the all-gather on the same stream; waiting for it covers both.
-        let group = self.group.as_ref().expect("hpZ has a group");
-        let len = n / group.world() as i64;
-        let mine = dst.f_narrow(0, group.rank() as i64 * len, len)?;
-        let sec = unit.secondary.as_ref().expect("hpZ keeps a secondary partition");
-        let copied = self.comm.copy_device(&mine, sec)?;
-        unit.secondary_fresh = true;
+        let len = n / h.group.world() as i64;
+        let mine = dst.f_narrow(0, h.group.rank() as i64 * len, len)?;
+        let copied = self.comm.copy_device(&mine, &h.secondary[u])?;
+        h.fresh[u] = true;
         Ok(copied)
     }
 
     fn wait_gather(&mut self, (p, via): (Pending, Via)) -> Result<(), EngineError> {
         match via {
             Via::World => self.comm.wait(p)?,
-            Via::Group => self.group.as_mut().expect("hpZ has a group").wait(p)?,
+            Via::Group => match self.hpz.as_mut() {
+                Some(h) => h.group.wait(p)?,
+                None => unreachable!("only hpZ gathers through a group"),
+            },
         }
         Ok(())
     }
@@ -836,8 +844,8 @@ impl Engine {
             None => true,
         };
         // The parameters change (or, skipped, the next step gathers them anew anyway).
-        for u in &mut self.units {
-            u.secondary_fresh = false;
+        if let Some(h) = &mut self.hpz {
+            h.fresh.fill(false);
         }
         if apply {
             self.updates += 1;
