@@ -48,6 +48,9 @@
 #                worker in --bin and the one in BASE_BIN, every step's loss compared; writes
 #                same-losses.json (a second run of BASE_BIN on two of them gives the run-to-run
 #                spread)
+#   same-speed   a refactor's check of speed: device-bound runs (gpt2-xl micro-batch 4 at stages 1-3
+#                on 2 GPUs, stage 2 with optimizer offload on 1), the worker in --bin and the one in
+#                BASE_BIN alternating, twice each; writes same-speed.json
 #   costmodel    the cost model's sweep (bench/gpu/costmodel-runs.txt): the runs `zerobench fit`
 #                is fitted on (runs/cm-fit) and the held-out runs it is checked against
 #                (runs/cm-holdout); one-GPU runs go two at a time, one per GPU, when there are two
@@ -240,6 +243,42 @@ print(json.dumps({"benchmark": "bench/gpu/run.sh same-losses", "commit": commit,
                   "all_identical": all(r["identical"] for r in out)}, indent=1))
 PY
       log "same-losses: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["all_identical"], [(c["case"], c["identical"], c["max_abs_diff"]) for c in d["cases"]])' "$OUTDIR/same-losses.json")" ;;
+    same-speed)
+      : "${BASE_BIN:?same-speed compares with the worker in BASE_BIN}"
+      np=$(( GPUS < 2 ? GPUS : 2 ))
+      cases=("z1|$np|--stage 1" "z2|$np|--stage 2" "z3|$np|--stage 3" "z2-offload|1|--stage 2 --offload optimizer")
+      for rep in 1 2; do
+        for c in "${cases[@]}"; do
+          IFS='|' read -r name g args <<< "$c"
+          for which in new base; do
+            bin=$BIN; [ "$which" = base ] && bin=$BASE_BIN
+            # shellcheck disable=SC2086
+            W=$bin/zerobench-worker worker "speed_${name}_${which}_${rep}" "$g" --model gpt2-xl --micro-batch 4 \
+              --seq-len 1024 --steps 15 --warmup 3 $args
+          done
+        done
+      done
+      python3 - "$RUNS" "$OUTDIR/host.txt" "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" \
+        "$(cat "$BASE_BIN/COMMIT" 2>/dev/null || echo unknown)" > "$OUTDIR/same-speed.json" <<'PY'
+import glob, json, os, statistics, sys
+runs, host, commit, base = sys.argv[1:5]
+def step_ms(d):
+    f = f"{runs}/{d}/rank0.jsonl"
+    ends = [r for r in map(json.loads, open(f)) if r.get("event") == "end"] if os.path.exists(f) else []
+    return ends[0]["summary"]["step_ms_median"] if ends and ends[0].get("summary") else None
+cases = sorted({os.path.basename(d).split("_")[1] for d in glob.glob(f"{runs}/speed_*")})
+out = []
+for c in cases:
+    new = [step_ms(f"speed_{c}_new_{r}") for r in (1, 2)]
+    old = [step_ms(f"speed_{c}_base_{r}") for r in (1, 2)]
+    ok = all(v is not None for v in new + old)
+    out.append({"case": c, "new_step_ms": new, "base_step_ms": old,
+                "ratio_new_over_base": round(statistics.median(new) / statistics.median(old), 4) if ok else None})
+print(json.dumps({"benchmark": "bench/gpu/run.sh same-speed", "commit": commit, "base_commit": base,
+                  "host": open(host).read().strip().splitlines(), "model": "gpt2-xl, micro-batch 4, sequence 1024, 15 steps (3 warm-up)",
+                  "cases": out}, indent=1))
+PY
+      log "same-speed: $(python3 -c 'import json,sys; print([(c["case"], c["ratio_new_over_base"]) for c in json.load(open(sys.argv[1]))["cases"]])' "$OUTDIR/same-speed.json")" ;;
     costmodel)
       # Each line of the list: SET LANE NAME NP WORKER-ARGS... (bench/gpu/costmodel-runs.txt). Lane
       # "any" runs are one-GPU runs without host work: with two GPUs two of them run at once, one
