@@ -308,6 +308,39 @@ fn unusable_log_folders_stop_the_rank_before_training() {
     }
 }
 
+/// A micro-batch far beyond host memory (`--micro-batch 1000000000`) is an out-of-memory result
+/// with its records, exit code 3, not an abort.
+#[test]
+fn a_micro_batch_beyond_host_memory_is_an_oom_result() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("logs");
+    let (code, err) = worker_alone(&[
+        "--model",
+        "tiny",
+        "--stage",
+        "0",
+        "--device",
+        "cpu",
+        "--micro-batch",
+        "1000000000",
+        "--log-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 3, "{err}");
+    let recs = records(&dir.join("rank0.jsonl"));
+    let kinds: Vec<&str> = recs.iter().map(Record::event).collect();
+    assert_eq!(kinds, ["start", "setup", "error", "end"]);
+    match (&recs[2], &recs[3]) {
+        (Record::Error(e), Record::End(end)) => {
+            assert_eq!(e.class, ErrorClass::Oom);
+            // 10^9 sequences of the tiny preset's 256 + 1 tokens, 8 bytes each.
+            assert_eq!(e.requested_bytes, Some(1_000_000_000 * 257 * 8), "{}", e.message);
+            assert_eq!((end.status, end.exit_code), (RunStatus::Oom, 3));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn a_failure_during_training_is_logged_with_its_class() {
     let tmp = tempfile::tempdir().unwrap();

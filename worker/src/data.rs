@@ -77,6 +77,28 @@ pub enum DataError {
     TooLarge { path: PathBuf, len: u64 },
 }
 
+/// Why a micro-batch could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    #[error(transparent)]
+    Torch(#[from] tch::TchError),
+    /// Its host buffers do not fit in this process's memory (a micro-batch far too large): an
+    /// out-of-memory result, not an abort.
+    #[error("cannot allocate {bytes} bytes of host memory for one micro-batch")]
+    HostMemory { bytes: u64 },
+}
+
+/// An empty vector with room for `count × per` elements, or the error saying how much that is.
+fn host_vec<T>(count: usize, per: usize) -> Result<Vec<T>, BatchError> {
+    let elems = count.checked_mul(per);
+    let bytes = elems.and_then(|n| n.checked_mul(std::mem::size_of::<T>())).map_or(u64::MAX, |b| b as u64);
+    let mut v = Vec::new();
+    match elems {
+        Some(n) if v.try_reserve_exact(n).is_ok() => Ok(v),
+        _ => Err(BatchError::HostMemory { bytes }),
+    }
+}
+
 /// The largest `--data` file: every rank holds the whole text in memory.
 pub const MAX_DATA_BYTES: u64 = 1 << 30;
 
@@ -168,16 +190,25 @@ impl Data {
         }
     }
 
-    /// The micro-batch this rank trains on at optimizer step `step`, micro-step `micro`.
-    pub fn batch(&self, step: u64, micro: usize) -> Result<Batch, tch::TchError> {
+    /// The micro-batch this rank trains on at optimizer step `step`, micro-step `micro`. Its host
+    /// buffers are reserved before anything is computed, so a micro-batch too large for host
+    /// memory is an error, not an abort.
+    pub fn batch(&self, step: u64, micro: usize) -> Result<Batch, BatchError> {
         let global = (self.world * self.grad_accum * self.micro_batch) as u64;
         let first = step * global + ((micro * self.world + self.rank) * self.micro_batch) as u64;
-        let keys: Vec<u64> = (0..self.micro_batch as u64).map(|i| mix(self.seed ^ mix(first + i))).collect();
         let b = self.micro_batch as i64;
         let on_device = |t: Tensor| t.f_contiguous()?.f_to_device(self.device);
+        // The sample hashes, made after the sample buffers so that a micro-batch too large fails
+        // on those before anything is computed.
+        let keys = || -> Result<Vec<u64>, BatchError> {
+            let mut keys = host_vec::<u64>(self.micro_batch, 1)?;
+            keys.extend((0..self.micro_batch as u64).map(|i| mix(self.seed ^ mix(first + i))));
+            Ok(keys)
+        };
         match self.task {
             Task::NextToken { seq_len } => {
-                let (all, t) = (self.token_matrix(&keys)?, seq_len as i64);
+                let tokens = host_vec::<i64>(self.micro_batch, self.task.tokens())?;
+                let (all, t) = (self.token_matrix(&keys()?, tokens)?, seq_len as i64);
                 Ok(Batch {
                     input: on_device(all.f_narrow(1, 0, t)?)?,
                     target: on_device(all.f_narrow(1, 1, t)?)?,
@@ -185,7 +216,8 @@ impl Data {
                 })
             }
             Task::Seq2Seq { seq_len, target_len } => {
-                let (all, t, t2) = (self.token_matrix(&keys)?, seq_len as i64, target_len as i64);
+                let tokens = host_vec::<i64>(self.micro_batch, self.task.tokens())?;
+                let (all, t, t2) = (self.token_matrix(&keys()?, tokens)?, seq_len as i64, target_len as i64);
                 let target = all.f_narrow(1, t, t2)?;
                 let start = Tensor::f_zeros([b, 1], (Kind::Int64, Device::Cpu))?;
                 let decoder_input = Tensor::f_cat(&[&start, &target.f_narrow(1, 0, t2 - 1)?], 1)?;
@@ -196,8 +228,10 @@ impl Data {
                 })
             }
             Task::Regression { seq_len, width } => {
-                let (mut input, mut target) = (Vec::new(), Vec::new());
-                for &key in &keys {
+                let per = seq_len.saturating_mul(width);
+                let mut input = host_vec::<f32>(self.micro_batch, per)?;
+                let mut target = host_vec::<f32>(self.micro_batch, per)?;
+                for key in keys()? {
                     self.vectors(key, seq_len, width, &mut input, &mut target);
                 }
                 let shape = [b, seq_len as i64, width as i64];
@@ -208,9 +242,9 @@ impl Data {
         }
     }
 
-    /// The tokens of the samples with hash `keys`, `[keys, Task::tokens]` (int64, on the host).
-    fn token_matrix(&self, keys: &[u64]) -> Result<Tensor, tch::TchError> {
-        let mut tokens = Vec::with_capacity(keys.len() * self.task.tokens());
+    /// The tokens of the samples with hash `keys`, `[keys, Task::tokens]` (int64, on the host),
+    /// written into `tokens` (reserved by the caller).
+    fn token_matrix(&self, keys: &[u64], mut tokens: Vec<i64>) -> Result<Tensor, tch::TchError> {
         for &key in keys {
             self.tokens(key, &mut tokens);
         }
@@ -243,6 +277,25 @@ mod tests {
 
     fn data(world: usize, rank: usize, mb: usize, ga: usize) -> Data {
         Data::new(Source::Synthetic { vocab: 50 }, Task::NextToken { seq_len: 8 }, 3, mb, world, ga, rank, Device::Cpu)
+    }
+
+    /// A micro-batch whose host buffers cannot be allocated is an error naming the bytes, for
+    /// every task, not an abort of the process.
+    #[test]
+    fn a_micro_batch_too_large_for_host_memory_is_an_error() {
+        let tasks = [
+            Task::NextToken { seq_len: 1024 },
+            Task::Seq2Seq { seq_len: 512, target_len: 128 },
+            Task::Regression { seq_len: 512, width: 1024 },
+        ];
+        for task in tasks {
+            let d = Data::new(Source::Synthetic { vocab: 50 }, task, 3, 1 << 40, 1, 1, 0, Device::Cpu);
+            match d.batch(0, 0) {
+                Err(BatchError::HostMemory { bytes }) => assert!(bytes > 1 << 50, "{task:?}: {bytes}"),
+                Err(e) => panic!("{task:?}: {e}"),
+                Ok(_) => panic!("{task:?}: a batch of 2^40 samples"),
+            }
+        }
     }
 
     #[test]

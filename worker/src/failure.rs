@@ -133,6 +133,17 @@ impl From<TchError> for Failure {
     }
 }
 
+impl From<crate::data::BatchError> for Failure {
+    fn from(e: crate::data::BatchError) -> Self {
+        match e {
+            crate::data::BatchError::Torch(t) => t.into(),
+            crate::data::BatchError::HostMemory { bytes } => {
+                Failure::Oom { message: e.to_string(), requested_bytes: Some(bytes) }
+            }
+        }
+    }
+}
+
 impl From<crate::metrics::clock::ClockError> for Failure {
     fn from(e: crate::metrics::clock::ClockError) -> Self {
         Failure::Internal(e.to_string())
