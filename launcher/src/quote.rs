@@ -12,12 +12,36 @@ fn plain(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'/' | b',' | b':' | b'+' | b'@' | b'%' | b'-')
 }
 
-/// One bash word that stands for exactly `s`: as-is when it is plain, else in single quotes,
-/// where bash interprets nothing (a `'` becomes `'\''`). Newlines, `$`, backticks and `;` are
-/// literal inside single quotes.
+/// One bash word that stands for exactly `s`, on one line: as-is when it is plain; in single
+/// quotes, where bash interprets nothing (a `'` becomes `'\''`; `$`, backticks and `;` are
+/// literal); and when `s` holds a control character (a line break), in bash's `$'...'` with the
+/// character escaped, so the word never spans lines that the renderer wraps and indents.
 pub fn sh(s: &str) -> Cow<'_, str> {
     if !s.is_empty() && s.bytes().all(plain) && !s.starts_with('-') {
         return Cow::Borrowed(s);
+    }
+    if s.chars().any(char::is_control) {
+        let mut q = String::with_capacity(s.len() + 3);
+        q.push_str("$'");
+        for c in s.chars() {
+            match c {
+                '\\' => q.push_str("\\\\"),
+                '\'' => q.push_str("\\'"),
+                '\n' => q.push_str("\\n"),
+                '\r' => q.push_str("\\r"),
+                '\t' => q.push_str("\\t"),
+                // Its UTF-8 bytes, which `\xHH` gives back in any locale.
+                c if c.is_control() => {
+                    let mut utf8 = [0u8; 4];
+                    for b in c.encode_utf8(&mut utf8).bytes() {
+                        q.push_str(&format!("\\x{b:02x}"));
+                    }
+                }
+                c => q.push(c),
+            }
+        }
+        q.push('\'');
+        return Cow::Owned(q);
     }
     let mut q = String::with_capacity(s.len() + 2);
     q.push('\'');
@@ -110,6 +134,8 @@ mod tests {
         assert_eq!(sh("it's"), "'it'\\''s'");
         assert_eq!(sh("A=B"), "'A=B'");
         assert_eq!(sh("-rf"), "'-rf'");
+        assert_eq!(sh("a\nb.txt"), "$'a\\nb.txt'");
+        assert_eq!(sh("it's\r\t\\\u{1b}\u{85}"), "$'it\\'s\\r\\t\\\\\\x1b\\xc2\\x85'");
         assert_eq!(sh_arg("--model"), "--model");
         assert_eq!(sh_arg("--mpi=pmix"), "--mpi=pmix");
         assert_eq!(sh_arg("--x=$(id)"), "'--x=$(id)'");
@@ -122,8 +148,20 @@ mod tests {
 
     #[test]
     fn hostile_words_come_back_verbatim_from_bash() {
-        let hostile =
-            ["$(touch /tmp/zb-pwned)", "`id`", "a;b", "x\ny", "'", "\"$HOME\"", "*", "~", "${IFS}", "!!", "\\"];
+        let hostile = [
+            "$(touch /tmp/zb-pwned)",
+            "`id`",
+            "a;b",
+            "x\ny",
+            "'",
+            "\"$HOME\"",
+            "*",
+            "~",
+            "${IFS}",
+            "!!",
+            "\\",
+            "$'x\n\\'",
+        ];
         let words: Vec<String> = hostile.iter().map(|s| sh(s).into_owned()).collect();
         let want: Vec<u8> = hostile.iter().flat_map(|s| s.bytes().chain([0])).collect();
         assert_eq!(bash_echo(&words), want);

@@ -27,6 +27,10 @@ const HOSTILE: &[&str] = &[
     "%n %h $((1)) * ~ ! & | < > ( ) { } [ ]",
 ];
 
+/// The data path: a command substitution and line breaks (a wrapped, indented script line once
+/// changed such a path under pdsh).
+const DATA: &str = "$(touch pwned)\ntouch pwned\n";
+
 /// A stub that writes its argv (NUL-separated) to `$STUB_DIR/<name>.<pid>` and, for the
 /// launchers, runs what it was asked to run the way the real one would.
 fn stub(dir: &Path, name: &str, body: &str) {
@@ -106,12 +110,12 @@ fn hostile_values_are_rendered_inert_for_every_method() {
             "cluster:\n  modules: [{}]\n  env:\n{}\n{hostfile}launch:\n  method: {method}\n{extra}worker:\n  data: {}\nsweep:\n  models: tiny\n  stages: 1\n  nodes: {nodes}\n  ranks_per_node: 2\n",
             modules.join(", "),
             env.join("\n"),
-            yaml(HOSTILE[0]),
+            yaml(DATA),
         );
         let spec_path = base.path().join(format!("{method}.yaml"));
         std::fs::write(&spec_path, &text).unwrap();
         // The data file must exist (relative to the spec): one with the hostile name.
-        std::fs::write(base.path().join(HOSTILE[0]), "text").unwrap();
+        std::fs::write(base.path().join(DATA), "text").unwrap();
         let plan = Plan::build(Spec::load(&spec_path).unwrap_or_else(|e| panic!("{method}: {e}"))).unwrap();
         let dirs = render(&plan, &out.join(method)).unwrap();
         let run = &dirs[0];
