@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tch::Device;
 use zerobench_schema::log::{DeviceInfo, End, ErrorRecord, ModelInfo, RunStatus, Setup, Start, Versions};
-use zerobench_schema::memory::{host_params, model_state_split, padded_params};
+use zerobench_schema::memory::{host_params, model_state_split, padded_params, StateSplit};
 use zerobench_schema::{DeviceRequest, Offload, Record, RunConfig, SCHEMA_VERSION};
 
 use std::sync::Arc;
@@ -185,140 +185,34 @@ fn run_logged(
     visible: Option<String>,
     progress: &mut Progress,
 ) -> Result<(), Failure> {
-    let Rank { args, cfg, ident, run_id, log, guard, model, gpu_hint } = rank;
+    let Rank { args, cfg, ident, log, guard, model, gpu_hint, .. } = rank;
     let t_setup = Instant::now();
-    let device = runtime::device::select(cfg.device).map_err(Refused::from)?;
-    // The GPU was bound by the launcher's local rank, before the ranks met and CUDA started.
-    if matches!(device, Device::Cuda(_)) && gpu_hint.unwrap_or(0) != ident.local_rank {
-        return Err(
-            Refused::LocalRank { hint: gpu_hint, local_rank: ident.local_rank, local_size: ident.local_size }.into()
-        );
-    }
-    let gpu = match device {
-        Device::Cuda(i) => Some(Gpu::new(i).map_err(|e| Failure::Internal(format!("CUDA context: {e}")))?),
-        _ => None,
-    };
-    if let Some(g) = &gpu {
-        crate::model::lm_head::install_cuda(g);
-    }
-    // hpZ: the ranks of this rank's group (consecutive ranks, a node) get a communicator of
-    // their own. Splitting is collective: every rank takes part.
-    let group_host = cfg.engine.hpz.map(|g| host.split_consecutive(g));
-    if cfg.engine.copy_engines.is_some() && gpu.is_none() {
-        return Err(Refused::CopyEnginesWithoutGpu.into());
-    }
-    let comm: Box<dyn Collectives> = match &gpu {
-        Some(g) => Box::new(NcclCollectives::new(host, Arc::clone(g), cfg.engine.comm_ctas, cfg.engine.copy_engines)?),
-        None => comm::cpu_collectives(host)?,
-    };
-    let group: Option<Box<dyn Collectives>> = match (group_host, &gpu) {
-        (None, _) => None,
-        (Some(c), Some(g)) => {
-            Some(Box::new(NcclCollectives::new(c, Arc::clone(g), cfg.engine.comm_ctas, cfg.engine.copy_engines)?))
-        }
-        (Some(c), None) => Some(comm::cpu_collectives(c)?),
-    };
+    let (device, gpu) = open_device(cfg, ident, gpu_hint)?;
+    let (comm, group) = communicators(cfg, host, gpu.as_ref())?;
     let monitor = gpu.as_ref().and_then(|g| g.uuid()).and_then(|u| GpuMonitor::open(&u)).map(Arc::new);
-    let (device_name, total_memory_bytes) = match &gpu {
-        Some(g) => g.describe(),
-        None => (runtime::device::cpu_name(), None),
-    };
-    let threads = args.threads.unwrap_or_else(|| runtime::cpus::default_threads(ident.local_size));
-    tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
-    // With GPU offload the CPU optimizer runs on the rayon pool while this thread keeps launching
-    // the GPU's work; one of the rank's cores stays free for it, or the GPU waits for launches.
-    let pool = if gpu.is_some() && cfg.offload != Offload::None { threads.saturating_sub(1).max(1) } else { threads };
-    let _ = rayon::ThreadPoolBuilder::new().num_threads(pool as usize).build_global();
-
-    let spec = cfg.model.spec();
+    let threads = set_threads(args, cfg, ident, gpu.is_some());
     let cuda_index = match device {
         Device::Cuda(i) => Some(i),
         _ => None,
     };
     progress.cuda_device = cuda_index;
     guard.set_cuda_device(cuda_index);
-    let on_gpu = cuda_index.is_some();
-    let start = Start {
-        v: SCHEMA_VERSION,
-        ts: now_ts(),
-        run_id: run_id.to_string(),
-        rank: ident.rank,
-        world_size: ident.world_size,
-        local_rank: ident.local_rank,
-        local_size: ident.local_size,
-        node_rank: ident.node_rank,
-        nodes: ident.nodes,
-        rank_source: ident.source.to_string(),
-        host: identity::hostname(),
-        pid: std::process::id(),
-        config: cfg.clone(),
-        model: ModelInfo {
-            family: spec.family().to_string(),
-            params: spec.param_count(),
-            units: u32::try_from(spec.units().len()).unwrap_or(u32::MAX),
-            largest_unit_params: spec.largest_unit_params(),
-            train_flops_per_token: Some(cfg.train_flops_per_token()),
-        },
-        device: DeviceInfo {
-            kind: if on_gpu { "cuda".into() } else { "cpu".into() },
-            name: device_name,
-            index: cuda_index.map(|i| i as u32),
-            total_memory_bytes,
-            cuda_visible_devices: if on_gpu { visible } else { None },
-            threads,
-        },
-        comm_backend: comm.backend().into(),
-        versions: Versions {
-            zerobench: env!("CARGO_PKG_VERSION").into(),
-            libtorch: runtime::shim::torch_version(),
-            mpi: mpi::environment::library_version().ok().map(|v| {
-                v.lines().next().unwrap_or("").trim_matches(|c: char| c == '\0' || c.is_whitespace()).to_string()
-            }),
-            nccl: if on_gpu { NcclCollectives::version() } else { None },
-            cuda_driver: gpu.as_ref().and_then(|g| g.driver_version()),
-            gpu_driver: if on_gpu { GpuMonitor::driver_version() } else { None },
-        },
-        slurm: identity::slurm_info(),
-    };
+    let start = start_record(&rank, gpu.as_ref(), cuda_index, visible, threads, comm.backend());
     log.write(&Record::Start(start)).map_err(|e| Failure::Io(e.to_string()))?;
-
-    let task = data::Task::of(cfg);
-    let source =
-        data::Source::open(cfg.data.as_deref(), spec.vocab(), &task).map_err(|e| Failure::Io(e.to_string()))?;
-    let data = data::Data::new(
-        source,
-        task,
-        cfg.seed,
-        cfg.micro_batch as usize,
-        ident.world_size as usize,
-        cfg.grad_accum as usize,
-        ident.rank as usize,
-        device,
-    );
-
-    let world_size = u64::from(ident.world_size);
-    let expected = model_state_split(
-        cfg.stage,
-        cfg.precision,
-        cfg.offload,
-        cfg.grad_accum,
-        padded_params(&spec, world_size),
-        host_params(&spec, world_size, cfg.host_share()),
-        world_size,
-    );
+    let data = training_data(cfg, ident, device)?;
+    let expected = expected_states(cfg, ident);
     // Before any state is allocated: host-resident states that cannot fit are a result (oom).
-    let per_rank = runtime::host_memory::host_resident(&expected, !on_gpu);
+    let per_rank = runtime::host_memory::host_resident(&expected, cuda_index.is_none());
     runtime::host_memory::check(per_rank, ident.local_size, runtime::host_memory::available_bytes())?;
     let mut engine = zero::Engine::new(model, cfg, comm, group, device, gpu.clone())?;
     let probe = MemoryProbe::new(cuda_index);
-    let padded = engine.padded_params();
     let setup = Setup {
         v: SCHEMA_VERSION,
         ts: now_ts(),
         rank: ident.rank,
         model_state: engine.model_state_bytes(),
         model_state_expected: expected.device,
-        padded_params: padded,
+        padded_params: engine.padded_params(),
         buffers_bytes: engine.buffer_bytes(),
         host_state_bytes: engine.host_state_bytes(),
         host_state_expected_bytes: Some(expected.host_bytes),
@@ -344,4 +238,155 @@ fn run_logged(
         rank: ident.rank,
     };
     trainer.run(progress)
+}
+
+/// The samples this rank trains on: seeded, or from `--data`.
+fn training_data(cfg: &RunConfig, ident: &Identity, device: Device) -> Result<data::Data, Failure> {
+    let task = data::Task::of(cfg);
+    let source = data::Source::open(cfg.data.as_deref(), cfg.model.spec().vocab(), &task)
+        .map_err(|e| Failure::Io(e.to_string()))?;
+    Ok(data::Data::new(
+        source,
+        task,
+        cfg.seed,
+        cfg.micro_batch as usize,
+        ident.world_size as usize,
+        cfg.grad_accum as usize,
+        ident.rank as usize,
+        device,
+    ))
+}
+
+/// What the ZeRO formulas give for this rank's model states, on the device and on the host.
+fn expected_states(cfg: &RunConfig, ident: &Identity) -> StateSplit {
+    let (spec, world_size) = (cfg.model.spec(), u64::from(ident.world_size));
+    model_state_split(
+        cfg.stage,
+        cfg.precision,
+        cfg.offload,
+        cfg.grad_accum,
+        padded_params(&spec, world_size),
+        host_params(&spec, world_size, cfg.host_share()),
+        world_size,
+    )
+}
+
+/// The device this rank computes on, checked against the launcher's local rank, and its CUDA
+/// context when it is a GPU.
+fn open_device(
+    cfg: &RunConfig,
+    ident: &Identity,
+    gpu_hint: Option<u32>,
+) -> Result<(Device, Option<Arc<Gpu>>), Failure> {
+    let device = runtime::device::select(cfg.device).map_err(Refused::from)?;
+    // The GPU was bound by the launcher's local rank, before the ranks met and CUDA started.
+    if matches!(device, Device::Cuda(_)) && gpu_hint.unwrap_or(0) != ident.local_rank {
+        return Err(
+            Refused::LocalRank { hint: gpu_hint, local_rank: ident.local_rank, local_size: ident.local_size }.into()
+        );
+    }
+    let gpu = match device {
+        Device::Cuda(i) => Some(Gpu::new(i).map_err(|e| Failure::Internal(format!("CUDA context: {e}")))?),
+        _ => None,
+    };
+    if let Some(g) = &gpu {
+        crate::model::lm_head::install_cuda(g);
+    }
+    Ok((device, gpu))
+}
+
+/// The collectives of the world, and of this rank's hpZ group when the run uses hpZ.
+type Communicators = (Box<dyn Collectives>, Option<Box<dyn Collectives>>);
+
+/// The world's collectives and, with hpZ, the group's: NCCL on GPUs, MPI or TCP on CPUs.
+fn communicators(cfg: &RunConfig, host: HostGroup, gpu: Option<&Arc<Gpu>>) -> Result<Communicators, Failure> {
+    // hpZ: the ranks of this rank's group (consecutive ranks, a node) get a communicator of
+    // their own. Splitting is collective: every rank takes part.
+    let group_host = cfg.engine.hpz.map(|g| host.split_consecutive(g));
+    if cfg.engine.copy_engines.is_some() && gpu.is_none() {
+        return Err(Refused::CopyEnginesWithoutGpu.into());
+    }
+    let comm: Box<dyn Collectives> = match gpu {
+        Some(g) => Box::new(NcclCollectives::new(host, Arc::clone(g), cfg.engine.comm_ctas, cfg.engine.copy_engines)?),
+        None => comm::cpu_collectives(host)?,
+    };
+    let group: Option<Box<dyn Collectives>> = match (group_host, gpu) {
+        (None, _) => None,
+        (Some(c), Some(g)) => {
+            Some(Box::new(NcclCollectives::new(c, Arc::clone(g), cfg.engine.comm_ctas, cfg.engine.copy_engines)?))
+        }
+        (Some(c), None) => Some(comm::cpu_collectives(c)?),
+    };
+    Ok((comm, group))
+}
+
+/// Sets libtorch's and the CPU optimizer's thread counts; returns libtorch's.
+fn set_threads(args: &cli::Args, cfg: &RunConfig, ident: &Identity, on_gpu: bool) -> u32 {
+    let threads = args.threads.unwrap_or_else(|| runtime::cpus::default_threads(ident.local_size));
+    tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
+    // With GPU offload the CPU optimizer runs on the rayon pool while this thread keeps launching
+    // the GPU's work; one of the rank's cores stays free for it, or the GPU waits for launches.
+    let pool = if on_gpu && cfg.offload != Offload::None { threads.saturating_sub(1).max(1) } else { threads };
+    let _ = rayon::ThreadPoolBuilder::new().num_threads(pool as usize).build_global();
+    threads
+}
+
+/// The rank's `start` record: who it is, what it runs, on what, with which versions.
+fn start_record(
+    rank: &Rank<'_>,
+    gpu: Option<&Arc<Gpu>>,
+    cuda_index: Option<usize>,
+    visible: Option<String>,
+    threads: u32,
+    backend: &str,
+) -> Start {
+    let (cfg, ident) = (rank.cfg, rank.ident);
+    let spec = cfg.model.spec();
+    let on_gpu = cuda_index.is_some();
+    let (device_name, total_memory_bytes) = match gpu {
+        Some(g) => g.describe(),
+        None => (runtime::device::cpu_name(), None),
+    };
+    Start {
+        v: SCHEMA_VERSION,
+        ts: now_ts(),
+        run_id: rank.run_id.to_string(),
+        rank: ident.rank,
+        world_size: ident.world_size,
+        local_rank: ident.local_rank,
+        local_size: ident.local_size,
+        node_rank: ident.node_rank,
+        nodes: ident.nodes,
+        rank_source: ident.source.to_string(),
+        host: identity::hostname(),
+        pid: std::process::id(),
+        config: cfg.clone(),
+        model: ModelInfo {
+            family: spec.family().to_string(),
+            params: spec.param_count(),
+            units: u32::try_from(spec.units().len()).unwrap_or(u32::MAX),
+            largest_unit_params: spec.largest_unit_params(),
+            train_flops_per_token: Some(cfg.train_flops_per_token()),
+        },
+        device: DeviceInfo {
+            kind: if on_gpu { "cuda".into() } else { "cpu".into() },
+            name: device_name,
+            index: cuda_index.map(|i| i as u32),
+            total_memory_bytes,
+            cuda_visible_devices: if on_gpu { visible } else { None },
+            threads,
+        },
+        comm_backend: backend.into(),
+        versions: Versions {
+            zerobench: env!("CARGO_PKG_VERSION").into(),
+            libtorch: runtime::shim::torch_version(),
+            mpi: mpi::environment::library_version().ok().map(|v| {
+                v.lines().next().unwrap_or("").trim_matches(|c: char| c == '\0' || c.is_whitespace()).to_string()
+            }),
+            nccl: if on_gpu { NcclCollectives::version() } else { None },
+            cuda_driver: gpu.and_then(|g| g.driver_version()),
+            gpu_driver: if on_gpu { GpuMonitor::driver_version() } else { None },
+        },
+        slurm: identity::slurm_info(),
+    }
 }

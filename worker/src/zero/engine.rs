@@ -15,7 +15,7 @@ use super::layout::UnitLayout;
 use super::loss_scale::LossScaler;
 use super::offload::{HostState, HostUpdates, Update};
 use crate::comm::{Collectives, CommError, HostCopy, Pending, StepComm};
-use crate::model::{init_unit, Model};
+use crate::model::{init_unit, Model, UnitDef};
 use crate::runtime::cuda::Gpu;
 use crate::runtime::pinned::PinError;
 use crate::runtime::shim::{self, ShimError};
@@ -228,8 +228,6 @@ impl Engine {
         let stage = cfg.stage;
         let kind = compute_kind(cfg.precision);
         let (owners, owner) = if stage == ZeroStage::Z0 { (1, 0) } else { (world, rank) };
-        let mixed = cfg.precision.has_master_copy();
-        let f32_on = (Kind::Float, device);
 
         let layouts: Vec<UnitLayout> = model.units().iter().map(|d| UnitLayout::new(d, world)).collect();
         // Offload: the units from `first_host` on keep their optimizer on the host, the others on
@@ -243,84 +241,11 @@ impl Engine {
         };
         let mut host_setup = std::time::Duration::ZERO;
         let mut units = Vec::with_capacity(layouts.len());
+        let build = UnitBuild { cfg, kind, device, owners, owner, gpu: gpu.as_deref() };
         for (i, (def, layout)) in model.units().iter().zip(layouts).enumerate() {
-            let padded = len64(layout.padded);
-            let shard_len = len64(layout.shard_len(owners));
-            let shard_start = len64(layout.shard_range(owners, owner).start);
-            let numel = len64(layout.numel);
-
-            let full = Tensor::f_zeros([padded], f32_on)?;
-            full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, i, cfg.seed, device)?)?;
-            let shard_f32 = full.f_narrow(0, shard_start, shard_len)?;
-
-            let offloaded = i >= first_host;
-            let (base, param_shard) = if stage == ZeroStage::Z3 {
-                let shard = if offloaded && cfg.offload == Offload::OptimizerParams {
-                    None // on the host (`HostState::param_source`)
-                } else {
-                    // A copy, not a view: a view would keep the whole unit's buffer alive.
-                    let shard = Tensor::f_empty([shard_len], (kind, device))?;
-                    shard.shallow_clone().f_copy_(&shard_f32)?;
-                    Some(shard)
-                };
-                (Tensor::f_zeros([padded], (kind, device))?, shard)
-            } else {
-                (full.f_to_kind(kind)?, None)
-            };
-            let params = layout
-                .params
-                .iter()
-                .map(|s| {
-                    let (off, n) = (len64(s.offset), len64(s.numel));
-                    Ok(base.f_narrow(0, off, n)?.f_view(s.shape.as_slice())?.set_requires_grad(true))
-                })
-                .collect::<Result<Vec<_>, TchError>>()?;
-            let optim = if offloaded {
-                let accumulate = cfg.grad_accum > 1 && stage != ZeroStage::Z1;
-                let t = std::time::Instant::now();
-                let host = HostState::new(&shard_f32, kind, mixed, accumulate, gpu.as_deref())?;
-                host_setup += t.elapsed();
-                OptimState::Host(host)
-            } else {
-                let (master, master_is_param) = match (&param_shard, mixed) {
-                    (_, true) => (shard_f32.f_detach_copy()?, false),
-                    (Some(s), false) => (s.shallow_clone(), true),
-                    (None, false) => (base.f_narrow(0, shard_start, shard_len)?, true),
-                };
-                OptimState::Device {
-                    master,
-                    master_is_param,
-                    exp_avg: Tensor::f_zeros([shard_len], f32_on)?,
-                    exp_avg_sq: Tensor::f_zeros([shard_len], f32_on)?,
-                }
-            };
-            let grads = match stage {
-                ZeroStage::Z0 => {
-                    let full = Tensor::f_zeros([padded], (kind, device))?;
-                    UnitGrads::Full { shard: full.shallow_clone(), full }
-                }
-                ZeroStage::Z1 => {
-                    let full = Tensor::f_zeros([padded], (kind, device))?;
-                    UnitGrads::Full { shard: full.f_narrow(0, shard_start, shard_len)?, full }
-                }
-                ZeroStage::Z2 | ZeroStage::Z3 if offloaded => UnitGrads::OnHost,
-                ZeroStage::Z2 | ZeroStage::Z3 => UnitGrads::Shard(Tensor::f_zeros([shard_len], (kind, device))?),
-            };
-            if stage == ZeroStage::Z3 {
-                // The parameters exist as views; their memory appears only while gathered.
-                shim::storage_release(&base)?;
-            }
-            units.push(Unit {
-                layout,
-                base,
-                params,
-                param_shard,
-                grads,
-                optim,
-                slot: None,
-                gathering: None,
-                refreshing: None,
-            });
+            let (unit, setup) = build.unit(def, i, layout, i >= first_host)?;
+            host_setup += setup;
+            units.push(unit);
         }
 
         let hpz = match (group, stage) {
@@ -1010,6 +935,101 @@ impl Engine {
             (ZeroStage::Z0, _) => unreachable!("offload needs stage 1, 2 or 3"),
         }
         Ok(())
+    }
+}
+
+/// What building a unit's buffers needs, the same for every unit of a run.
+struct UnitBuild<'a> {
+    cfg: &'a RunConfig,
+    kind: Kind,
+    device: Device,
+    /// Ranks sharing a unit's optimizer state, and this rank's index among them.
+    owners: usize,
+    owner: usize,
+    gpu: Option<&'a Gpu>,
+}
+
+impl UnitBuild<'_> {
+    /// Unit `index`'s buffers on this rank, initialised from the seed, with its optimizer on the
+    /// host when `offloaded`; also the time spent setting up its host state.
+    fn unit(
+        &self,
+        def: &UnitDef,
+        index: usize,
+        layout: UnitLayout,
+        offloaded: bool,
+    ) -> Result<(Unit, std::time::Duration), EngineError> {
+        let UnitBuild { cfg, kind, device, owners, owner, .. } = *self;
+        let (stage, mixed, f32_on) = (cfg.stage, cfg.precision.has_master_copy(), (Kind::Float, device));
+        let mut host_setup = std::time::Duration::ZERO;
+        let padded = len64(layout.padded);
+        let shard_len = len64(layout.shard_len(owners));
+        let shard_start = len64(layout.shard_range(owners, owner).start);
+        let numel = len64(layout.numel);
+
+        let full = Tensor::f_zeros([padded], f32_on)?;
+        full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, index, cfg.seed, device)?)?;
+        let shard_f32 = full.f_narrow(0, shard_start, shard_len)?;
+
+        let (base, param_shard) = if stage == ZeroStage::Z3 {
+            let shard = if offloaded && cfg.offload == Offload::OptimizerParams {
+                None // on the host (`HostState::param_source`)
+            } else {
+                // A copy, not a view: a view would keep the whole unit's buffer alive.
+                let shard = Tensor::f_empty([shard_len], (kind, device))?;
+                shard.shallow_clone().f_copy_(&shard_f32)?;
+                Some(shard)
+            };
+            (Tensor::f_zeros([padded], (kind, device))?, shard)
+        } else {
+            (full.f_to_kind(kind)?, None)
+        };
+        let params = layout
+            .params
+            .iter()
+            .map(|s| {
+                let (off, n) = (len64(s.offset), len64(s.numel));
+                Ok(base.f_narrow(0, off, n)?.f_view(s.shape.as_slice())?.set_requires_grad(true))
+            })
+            .collect::<Result<Vec<_>, TchError>>()?;
+        let optim = if offloaded {
+            let accumulate = cfg.grad_accum > 1 && stage != ZeroStage::Z1;
+            let t = std::time::Instant::now();
+            let host = HostState::new(&shard_f32, kind, mixed, accumulate, self.gpu)?;
+            host_setup = t.elapsed();
+            OptimState::Host(host)
+        } else {
+            let (master, master_is_param) = match (&param_shard, mixed) {
+                (_, true) => (shard_f32.f_detach_copy()?, false),
+                (Some(s), false) => (s.shallow_clone(), true),
+                (None, false) => (base.f_narrow(0, shard_start, shard_len)?, true),
+            };
+            OptimState::Device {
+                master,
+                master_is_param,
+                exp_avg: Tensor::f_zeros([shard_len], f32_on)?,
+                exp_avg_sq: Tensor::f_zeros([shard_len], f32_on)?,
+            }
+        };
+        let grads = match stage {
+            ZeroStage::Z0 => {
+                let full = Tensor::f_zeros([padded], (kind, device))?;
+                UnitGrads::Full { shard: full.shallow_clone(), full }
+            }
+            ZeroStage::Z1 => {
+                let full = Tensor::f_zeros([padded], (kind, device))?;
+                UnitGrads::Full { shard: full.f_narrow(0, shard_start, shard_len)?, full }
+            }
+            ZeroStage::Z2 | ZeroStage::Z3 if offloaded => UnitGrads::OnHost,
+            ZeroStage::Z2 | ZeroStage::Z3 => UnitGrads::Shard(Tensor::f_zeros([shard_len], (kind, device))?),
+        };
+        if stage == ZeroStage::Z3 {
+            // The parameters exist as views; their memory appears only while gathered.
+            shim::storage_release(&base)?;
+        }
+        let unit =
+            Unit { layout, base, params, param_shard, grads, optim, slot: None, gathering: None, refreshing: None };
+        Ok((unit, host_setup))
     }
 }
 
