@@ -35,7 +35,6 @@ pub mod stats;
 pub mod status;
 #[cfg(feature = "synth")]
 pub mod synth;
-pub mod table;
 pub mod tables;
 
 use std::path::PathBuf;

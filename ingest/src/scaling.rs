@@ -174,7 +174,7 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
 /// and the axes its runs share (micro-batch, sequence, precision, accumulation, device, variant),
 /// GPUs (and nodes) as rows, and per ZeRO configuration (stage, offload, source) a column group of
 /// samples/s, speedup against the fewest GPUs, and efficiency.
-pub fn scaling_pivot(rows: &[ScalingRow]) -> crate::table::Table {
+pub fn scaling_pivot(rows: &[ScalingRow]) -> zerobench_table::Table {
     use std::collections::BTreeSet;
     type Block = (String, Option<u32>, Option<u32>, Option<Precision>, Option<u32>, Option<String>, String);
     let mut blocks: BTreeMap<Block, Vec<&ScalingRow>> = BTreeMap::new();
@@ -239,5 +239,5 @@ pub fn scaling_pivot(rows: &[ScalingRow]) -> crate::table::Table {
         r.resize(width, String::new());
     }
     let header = if out.is_empty() { Vec::new() } else { out.remove(0) };
-    crate::table::Table { name: "scaling-pivot", header, rows: out }
+    zerobench_table::Table { name: "scaling-pivot", header, rows: out }
 }

@@ -22,7 +22,7 @@ use zerobench_schema::{Offload, Precision, ZeroStage};
 use crate::run::{CollectiveRow, MemoryPhaseRow, RunReport, RunRow, Source, Status};
 use crate::scaling::{scaling, ScalingRow};
 use crate::stats::median;
-pub use crate::table::Table;
+pub use zerobench_table::Table;
 
 /// A table of serde rows, with the field names as header (`sample` gives it when there are no
 /// rows). The rows go through the CSV serialiser, so every sink shows the cells CSV has.

@@ -8,8 +8,7 @@ use zerobench_launcher::hostfile::{Hostfile, HostfileFormat};
 use zerobench_launcher::select::{Filter, Resources};
 
 use crate::Outcome;
-use zerobench_ingest::report::terminal::write_table;
-use zerobench_ingest::table::Table;
+use zerobench_table::{write_text, Table};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -47,7 +46,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         t.row([r.rank.to_string(), r.host, r.node_rank.to_string(), r.local_rank.to_string(), r.slot.to_string()]);
     }
     let mut out = std::io::stdout().lock();
-    write_table(&mut out, &t)?;
+    write_text(&mut out, &t)?;
     writeln!(out, "{} ranks on {} hosts ({} format)", res.total_slots(), res.hosts.len(), c.format)?;
     Ok(Outcome::Complete)
 }

@@ -212,7 +212,7 @@ fn predicted_row(model: &zerobench_costmodel::CostModel, r: &zerobench_ingest::R
 }
 
 fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: &Tables) -> anyhow::Result<()> {
-    terminal::write_table(out, &terminal::summary_table(runs))?;
+    zerobench_table::write_text(out, &terminal::summary_table(runs))?;
     for (title, t) in [
         ("Median step time (ms)", tables.latency.to_table()),
         ("Peak memory per GPU (GiB; allocated unless marked nvml or rss)", tables.mem.to_table()),
@@ -222,7 +222,7 @@ fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: 
             continue;
         }
         writeln!(out, "\n{title}")?;
-        terminal::write_table(out, &t)?;
+        zerobench_table::write_text(out, &t)?;
     }
     let scaling = tables.text_tables().into_iter().find(|t| t.name == "scaling");
     if let Some(t) = scaling.filter(|t| !t.rows.is_empty()) {
@@ -240,13 +240,13 @@ fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: 
         ];
         let idx: Vec<usize> = keep.iter().filter_map(|k| t.header.iter().position(|h| h == k)).collect();
         let pick = |r: &Vec<String>| idx.iter().map(|i| r[*i].clone()).collect::<Vec<_>>();
-        let small = zerobench_ingest::table::Table {
+        let small = zerobench_table::Table {
             name: "scaling",
             header: pick(&t.header),
             rows: t.rows.iter().map(pick).collect(),
         };
         writeln!(out, "\nScaling (weak: micro-batch per GPU fixed; baseline = fewest GPUs)")?;
-        terminal::write_table(out, &small)?;
+        zerobench_table::write_text(out, &small)?;
     }
     Ok(())
 }

@@ -21,8 +21,7 @@ use zerobench_launcher::status::{status, State};
 use zerobench_launcher::{render, Plan, Spec};
 
 use crate::Outcome;
-use zerobench_ingest::report::terminal::write_table;
-use zerobench_ingest::table::Table;
+use zerobench_table::{write_text, Table};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -108,7 +107,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         t.row([id.clone(), "not started".into(), "-".into(), "the sweep was interrupted".into()]);
     }
     let mut out = std::io::stdout().lock();
-    write_table(&mut out, &t)?;
+    write_text(&mut out, &t)?;
     writeln!(
         out,
         "{} runs: {} run now, {} skipped, {} not done; logs in each run folder's logs/, output in local.out",

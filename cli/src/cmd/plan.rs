@@ -14,8 +14,7 @@ use zerobench_launcher::values::human_bytes;
 use zerobench_launcher::{Plan, Spec};
 
 use crate::Outcome;
-use zerobench_ingest::report::terminal::write_table;
-use zerobench_ingest::table::Table;
+use zerobench_table::{write_text, Table};
 
 /// What `fit` weighs, under the table.
 const FOOTER: &str =
@@ -200,7 +199,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         row.push(notes.join("; "));
         t.row(row);
     }
-    write_table(&mut out, &t)?;
+    write_text(&mut out, &t)?;
     let gpus: u64 = plan.runs.iter().map(|r| u64::from(r.gpus())).sum();
     writeln!(
         out,

@@ -7,8 +7,7 @@ use std::path::PathBuf;
 use zerobench_launcher::{render, Plan, Spec};
 
 use crate::Outcome;
-use zerobench_ingest::report::terminal::write_table;
-use zerobench_ingest::table::Table;
+use zerobench_table::{write_text, Table};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -42,7 +41,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         t.row([id.clone(), "-".into(), "-".into(), "-".into(), why.clone()]);
     }
     let mut out = std::io::stdout().lock();
-    write_table(&mut out, &t)?;
+    write_text(&mut out, &t)?;
     writeln!(out, "{} runs rendered, {} left out as unfit", dirs.len(), unfit.len())?;
     Ok(Outcome::Complete)
 }

@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use zerobench_launcher::status::{status, State};
 
 use crate::Outcome;
-use zerobench_ingest::report::terminal::write_table;
-use zerobench_ingest::table::Table;
+use zerobench_table::{write_text, Table};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -37,7 +36,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
                 r.detail.clone(),
             ]);
         }
-        write_table(&mut out, &t)?;
+        write_text(&mut out, &t)?;
         let mut counts: BTreeMap<State, usize> = BTreeMap::new();
         for r in &rows {
             *counts.entry(r.state).or_default() += 1;

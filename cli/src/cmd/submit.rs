@@ -11,8 +11,7 @@ use zerobench_launcher::submit::{check, submit, SubmitOptions};
 use zerobench_launcher::{render, Plan, Spec};
 
 use crate::Outcome;
-use zerobench_ingest::report::terminal::write_table;
-use zerobench_ingest::table::Table;
+use zerobench_table::{write_text, Table};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -96,7 +95,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         t.row([s.id.clone(), s.job.clone()]);
     }
     let mut out = std::io::stdout().lock();
-    write_table(&mut out, &t)?;
+    write_text(&mut out, &t)?;
     if a.test_only {
         writeln!(out, "{} runs accepted by sbatch --test-only; nothing submitted", done.len())?;
     } else {

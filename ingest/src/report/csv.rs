@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::ReportError;
-use crate::table::Table;
+use zerobench_table::Table;
 
 pub fn write(tables: &[Table], out: &Path) -> Result<Vec<PathBuf>, ReportError> {
     tables.iter().map(|t| write_one(t, out)).collect()

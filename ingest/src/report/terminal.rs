@@ -1,10 +1,8 @@
-//! The summary printed on the terminal: one line per run with the figures people compare first,
-//! as an aligned text table.
-
-use std::io::{self, Write};
+//! The summary printed on the terminal: one line per run with the figures people compare first
+//! (written as aligned text by `zerobench_table::write_text`).
 
 use crate::run::RunRow;
-use crate::table::Table;
+use zerobench_table::Table;
 
 /// The summary table of the runs.
 pub fn summary_table(runs: &[RunRow]) -> Table {
@@ -48,30 +46,4 @@ pub fn summary_table(runs: &[RunRow]) -> Table {
         })
         .collect();
     Table { name: "summary", header: header.iter().map(|s| s.to_string()).collect(), rows }
-}
-
-/// Writes a table with its columns aligned (numbers to the right).
-pub fn write_table(w: &mut dyn Write, t: &Table) -> io::Result<()> {
-    let n = t.header.len();
-    let mut width: Vec<usize> = t.header.iter().map(|h| h.chars().count()).collect();
-    for r in &t.rows {
-        for (i, c) in r.iter().enumerate().take(n) {
-            width[i] = width[i].max(c.chars().count());
-        }
-    }
-    let numeric = |c: &str| !c.is_empty() && c.trim_end_matches('%').parse::<f64>().is_ok();
-    let line = |w: &mut dyn Write, cells: &[String]| -> io::Result<()> {
-        let mut parts = Vec::with_capacity(n);
-        for (i, c) in cells.iter().enumerate().take(n) {
-            let pad = width[i].saturating_sub(c.chars().count());
-            parts.push(if numeric(c) { format!("{}{c}", " ".repeat(pad)) } else { format!("{c}{}", " ".repeat(pad)) });
-        }
-        writeln!(w, "{}", parts.join("  ").trim_end())
-    };
-    line(w, &t.header)?;
-    writeln!(w, "{}", width.iter().map(|k| "-".repeat(*k)).collect::<Vec<_>>().join("  "))?;
-    for r in &t.rows {
-        line(w, r)?;
-    }
-    Ok(())
 }

@@ -2,7 +2,7 @@
 //! compared with the reviewed snapshots in `snapshots/`. A change in any figure, column or cell
 //! fails here; review it with `cargo insta review` (or INSTA_UPDATE=always) when intended.
 
-use zerobench_ingest::report::{self, markdown, terminal, Format};
+use zerobench_ingest::report::{self, terminal, Format};
 use zerobench_ingest::tables::Tables;
 
 use crate::common::{golden_set, read, redact};
@@ -16,12 +16,12 @@ fn every_table_of_the_fixture_set() {
     let tables = Tables::build(&ingested.runs);
 
     for t in tables.text_tables() {
-        insta::assert_snapshot!(format!("{}.md", t.name), redact(&markdown::render(&t), &root));
+        insta::assert_snapshot!(format!("{}.md", t.name), redact(&zerobench_table::markdown(&t), &root));
     }
     let problems: Vec<String> = ingested.problems.iter().map(|p| redact(&p.to_string(), &root)).collect();
     insta::assert_snapshot!("problems", problems.join("\n"));
     let mut summary = Vec::new();
-    terminal::write_table(&mut summary, &terminal::summary_table(&tables.runs)).unwrap();
+    zerobench_table::write_text(&mut summary, &terminal::summary_table(&tables.runs)).unwrap();
     insta::assert_snapshot!("terminal", redact(&String::from_utf8(summary).unwrap(), &root));
 
     // The files: every format is written, CSV and Markdown carry the same cells, JSON parses.
