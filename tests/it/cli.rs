@@ -181,6 +181,56 @@ printf '%s\n' "$@" > "$logs/argv.$OMPI_COMM_WORLD_RANK""#,
     assert!(st.contains("3 runs: 2 done, 1 failed"), "{st}");
 }
 
+/// `zerobench local --timeout`: a run past its limit is stopped with every rank (one ignores
+/// SIGTERM), recorded as a timeout, and the sweep goes on with the next run.
+#[test]
+fn local_stops_a_run_past_its_timeout_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = dir.path().join("worker");
+    // Each rank writes its pid, then sleeps; rank 1 ignores SIGTERM.
+    write_script(
+        &worker,
+        r#"for a in "$@"; do [ "$prev" = --log-dir ] && logs=$a; prev=$a; done
+echo $$ > "$logs/pid.$OMPI_COMM_WORLD_RANK"
+[ "$OMPI_COMM_WORLD_RANK" = 1 ] && trap '' TERM
+exec sleep 120"#,
+    );
+    let spec = dir.path().join("local.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "launch:\n  method: local\n  worker: {:?}\nworker: {{device: cpu, steps: 2, warmup: 0}}\nsweep:\n  models: tiny\n  stages: [0, 1]\n  ranks_per_node: 2\n",
+            worker.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("runs");
+    let t = std::time::Instant::now();
+    let o = zerobench(&["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap(), "--timeout", "2"]);
+    let took = t.elapsed();
+    let text = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{text}{}", stderr(&o));
+    // Two runs of 2 s each, a 10 s grace at most for the stubborn rank of each.
+    assert!(took < std::time::Duration::from_secs(40), "took {took:?}");
+    for run in ["tiny_z0_offnone_mb1_1x2", "tiny_z1_offnone_mb1_1x2"] {
+        let rec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join(run).join("local.json")).unwrap()).unwrap();
+        assert_eq!(rec["timed_out"], true, "{run}: {rec}");
+        assert!(text.contains(&format!("{run}  timeout")), "{text}");
+        for r in 0..2 {
+            let pid: i32 =
+                std::fs::read_to_string(out.join(run).join(format!("logs/pid.{r}"))).unwrap().trim().parse().unwrap();
+            let t = std::time::Instant::now();
+            while !gone(pid) && t.elapsed() < std::time::Duration::from_secs(5) {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            assert!(gone(pid), "{run}: rank {r} (pid {pid}) outlived its time limit");
+        }
+    }
+    let st = stdout(&zerobench(&["status", out.to_str().unwrap()]));
+    assert!(st.contains("2 runs: 2 timeout"), "{st}");
+}
+
 /// Every file under `dir` (hidden ones too) with its bytes.
 fn tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
     walkdir::WalkDir::new(dir)
