@@ -6,9 +6,12 @@
 //!
 //! ```text
 //! id        = model "_z" stage "_" offload [ ratio ] "_mb" micro_batch "_" nodes "x" ranks_per_node [ "_" precision ]
+//!             { "_" knob }
 //! offload   = "offnone" | "offopt" | "offparams"      (none, optimizer, optimizer+params)
 //! ratio     = "_r" digits [ "p" digits ]               (offload_ratio, "." written "p"; only when given)
 //! precision = "fp16" | "fp32"                         (bf16, the default, is left out)
+//! knob      = "ga" n | "hpz" n | "pf" n | "bk" digits [ "p" digits ]
+//!             (grad_accum, hpz, prefetch, bucket_mb, in this order; only for the axes a block gives)
 //! ```
 //!
 //! e.g. `gpt2-xl_z3_offopt_mb4_2x4`. Ids contain only `[a-z0-9_-]`, so they are safe as folder
@@ -22,7 +25,7 @@ use zerobench_schema::traffic::step_traffic;
 use zerobench_schema::{ConfigError, Offload, Precision, RunConfig};
 
 use crate::select::{HostSlots, Resources};
-use crate::spec::{axis_or, sweep_axis_of, Spec, SpecError, SweepBlock, MAX_RUNS};
+use crate::spec::{axis_or, sweep_axis_of, Knob, Spec, SpecError, SweepBlock, MAX_RUNS};
 
 /// Whether a run's model states and the engine's buffers fit the declared GPU memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,6 +173,10 @@ fn expand_block(
     let ratios_for = |o: Offload| if o == Offload::None || ratios.is_empty() { vec![None] } else { ratios.clone() };
     let precisions = axis_or(block.precision.as_ref(), &[Precision::Bf16]);
     let micro = axis_or(block.micro_batches.as_ref(), &[1]);
+    // The engine settings the block varies: every combination of one value per axis.
+    let knob_sets = block.knob_axes().into_iter().fold(vec![Vec::new()], |sets: Vec<Vec<Knob>>, axis| {
+        sets.iter().flat_map(|set| axis.iter().map(move |&k| [set.clone(), vec![k]].concat())).collect()
+    });
     let nodes = spec.nodes_axis(block);
     // sbatch refuses a --nodelist that names more nodes than --nodes asks for.
     if let Some(expr) = &spec.cluster.nodelist {
@@ -193,6 +200,7 @@ fn expand_block(
         micro.len(),
         nodes.len(),
         ranks.len(),
+        knob_sets.len(),
     ]
     .iter()
     .fold(1usize, |acc, &n| acc.saturating_mul(n));
@@ -214,14 +222,18 @@ fn expand_block(
                                 c.precision = precision;
                                 c.micro_batch = mb;
                                 let c = apply_worker(spec, &c)?;
-                                let run = make_run(spec, b, c, n, r)?;
-                                if let Some(prev) = blocks.insert(run.id.clone(), b) {
-                                    return Err(spec.error_at(
-                                        &format!("sweep[{b}]"),
-                                        format!("run {} is also produced by sweep block {prev}", run.id),
-                                    ));
+                                for knobs in &knob_sets {
+                                    let mut c = c.clone();
+                                    knobs.iter().for_each(|k| k.apply(&mut c));
+                                    let run = make_run(spec, b, c, knobs, n, r)?;
+                                    if let Some(prev) = blocks.insert(run.id.clone(), b) {
+                                        return Err(spec.error_at(
+                                            &format!("sweep[{b}]"),
+                                            format!("run {} is also produced by sweep block {prev}", run.id),
+                                        ));
+                                    }
+                                    runs.push(run);
                                 }
-                                runs.push(run);
                             }
                         }
                     }
@@ -245,9 +257,13 @@ fn apply_worker(spec: &Spec, c: &RunConfig) -> Result<RunConfig, SpecError> {
     spec.worker.apply(c, skip).map_err(|e| spec.error_at(&format!("worker.{}", e.key), e.message))
 }
 
-/// The spec key a worker flag comes from, for placing `RunConfig::validate`'s errors.
-fn key_of_flag(spec: &Spec, b: usize, e: &ConfigError) -> String {
+/// The spec key a worker flag comes from, for placing `RunConfig::validate`'s errors: the sweep
+/// axis that set it (`knobs`), else the worker key.
+fn key_of_flag(spec: &Spec, b: usize, e: &ConfigError, knobs: &[Knob]) -> String {
     let field = e.field.replace('-', "_");
+    if knobs.iter().any(|k| k.field() == field) {
+        return spec.sweep_key(b, &field);
+    }
     match field.as_str() {
         "delayed_update" => "worker.delayed_update_after".to_string(),
         "world_size" => spec.sweep_key(b, "nodes"),
@@ -259,11 +275,22 @@ fn key_of_flag(spec: &Spec, b: usize, e: &ConfigError) -> String {
     }
 }
 
-fn make_run(spec: &Spec, b: usize, config: RunConfig, nodes: u32, ranks_per_node: u32) -> Result<Run, SpecError> {
-    let id = run_id(&config, nodes, ranks_per_node);
+fn make_run(
+    spec: &Spec,
+    b: usize,
+    config: RunConfig,
+    knobs: &[Knob],
+    nodes: u32,
+    ranks_per_node: u32,
+) -> Result<Run, SpecError> {
+    let mut id = run_id(&config, nodes, ranks_per_node);
+    for k in knobs {
+        id.push('_');
+        id.push_str(&k.id_part());
+    }
     let world = nodes * ranks_per_node;
     let mut warnings = Vec::new();
-    let fail = |e: &ConfigError| spec.error_at(&key_of_flag(spec, b, e), format!("run {id}: {e}"));
+    let fail = |e: &ConfigError| spec.error_at(&key_of_flag(spec, b, e, knobs), format!("run {id}: {e}"));
     config.validate(Some(world)).map_err(|e| fail(&e))?;
     if config.engine.copy_engines.is_some() && nodes > 1 {
         let why =
@@ -762,5 +789,45 @@ mod tests {
         assert!(e.starts_with("s.yaml:2:3: worker.steps:"), "{e}");
         let e = plan("worker:\n  data: 5\nsweep:\n  models: tiny\n").unwrap_err().to_string();
         assert!(e.starts_with("s.yaml:2:3: worker.data:"), "{e}");
+    }
+
+    /// Gradient accumulation, hpZ, prefetch and bucket size can be sweep axes: every combination
+    /// is a run, named by the values; a value the worker refuses is refused at its sweep key, and
+    /// an axis the worker block also fixes is refused.
+    #[test]
+    fn engine_settings_are_sweep_axes() {
+        let p = plan(
+            "cluster: {gpus_per_node: 4}\nsweep:\n  models: tiny\n  stages: 3\n  gpus_per_node: 4\n  grad_accum: [1, 8]\n  hpz: [2, 4]\n  bucket_mb: 12.5\n",
+        )
+        .unwrap();
+        let ids: Vec<&str> = p.runs.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "tiny_z3_offnone_mb1_1x4_ga1_hpz2_bk12p5",
+                "tiny_z3_offnone_mb1_1x4_ga1_hpz4_bk12p5",
+                "tiny_z3_offnone_mb1_1x4_ga8_hpz2_bk12p5",
+                "tiny_z3_offnone_mb1_1x4_ga8_hpz4_bk12p5",
+            ]
+        );
+        let r = &p.runs[2];
+        assert_eq!((r.config.grad_accum, r.config.engine.hpz, r.config.engine.bucket_mb), (8, Some(2), 12.5));
+        assert!(r.config.to_worker_args().join(" ").contains("--grad-accum 8"));
+        // Without these axes the ids are as before.
+        assert_eq!(plan("sweep: {models: tiny, stages: 0}\n").unwrap().runs[0].id, "tiny_z0_offnone_mb1_1x1");
+
+        let e = plan(
+            "cluster: {gpus_per_node: 4}\nsweep:\n  models: tiny\n  stages: 3\n  gpus_per_node: 4\n  hpz: [2, 3]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("s.yaml:6:3: sweep.hpz: run tiny_z3_offnone_mb1_1x4_hpz3: invalid --hpz"), "{e}");
+        let e = plan("sweep:\n  models: tiny\n  prefetch: [1, 1]\n").unwrap_err().to_string();
+        assert!(e.contains("sweep.prefetch[1]: 1 is listed twice"), "{e}");
+        let e =
+            plan("worker: {grad_accum: 2}\nsweep:\n  models: tiny\n  grad_accum: [1, 2]\n").unwrap_err().to_string();
+        assert!(e.contains("sweep.grad_accum: worker.grad_accum fixes it for every run"), "{e}");
+        let e = plan("sweep:\n  models: tiny\n  bucket_mb: [-1]\n").unwrap_err().to_string();
+        assert!(e.contains("sweep.bucket_mb") && e.contains("--bucket-mb"), "{e}");
     }
 }

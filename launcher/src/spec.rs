@@ -344,6 +344,78 @@ pub struct SweepBlock {
     /// Ranks per node: one per GPU on GPU nodes (`ranks_per_node` is the same key).
     #[serde(default, alias = "ranks_per_node")]
     pub gpus_per_node: Option<OneOrMany<u32>>,
+    /// Micro-steps per optimizer step (`--grad-accum`); a run id then ends in `_ga<n>`.
+    #[serde(default)]
+    pub grad_accum: Option<OneOrMany<u32>>,
+    /// Stage 3: hpZ group sizes (`--hpz`); `_hpz<n>`.
+    #[serde(default)]
+    pub hpz: Option<OneOrMany<u32>>,
+    /// Stage 3: blocks gathered ahead (`--prefetch`); `_pf<n>`.
+    #[serde(default)]
+    pub prefetch: Option<OneOrMany<u32>>,
+    /// Gradient bucket sizes in MiB (`--bucket-mb`); `_bk<n>` (`.` written `p`).
+    #[serde(default)]
+    pub bucket_mb: Option<OneOrMany<f64>>,
+}
+
+/// An engine setting a sweep block may vary (and the worker block may fix instead).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Knob {
+    GradAccum(u32),
+    Hpz(u32),
+    Prefetch(u32),
+    BucketMb(f64),
+}
+
+impl Knob {
+    /// The `RunConfig` field it sets, which is also its sweep key and worker key.
+    pub fn field(self) -> &'static str {
+        match self {
+            Knob::GradAccum(_) => "grad_accum",
+            Knob::Hpz(_) => "hpz",
+            Knob::Prefetch(_) => "prefetch",
+            Knob::BucketMb(_) => "bucket_mb",
+        }
+    }
+
+    pub fn apply(self, c: &mut RunConfig) {
+        match self {
+            Knob::GradAccum(n) => c.grad_accum = n,
+            Knob::Hpz(n) => c.engine.hpz = Some(n),
+            Knob::Prefetch(n) => c.engine.prefetch = n,
+            Knob::BucketMb(m) => c.engine.bucket_mb = m,
+        }
+    }
+
+    /// Its part of a run id (see the grammar in `plan`).
+    pub fn id_part(self) -> String {
+        match self {
+            Knob::GradAccum(n) => format!("ga{n}"),
+            Knob::Hpz(n) => format!("hpz{n}"),
+            Knob::Prefetch(n) => format!("pf{n}"),
+            Knob::BucketMb(m) => format!("bk{}", m.to_string().replace('.', "p")),
+        }
+    }
+}
+
+impl SweepBlock {
+    /// The engine settings this block varies, one list per axis it gives, in a fixed order.
+    pub fn knob_axes(&self) -> Vec<Vec<Knob>> {
+        let mut axes = Vec::new();
+        if let Some(v) = &self.grad_accum {
+            axes.push(v.0.iter().map(|&n| Knob::GradAccum(n)).collect());
+        }
+        if let Some(v) = &self.hpz {
+            axes.push(v.0.iter().map(|&n| Knob::Hpz(n)).collect());
+        }
+        if let Some(v) = &self.prefetch {
+            axes.push(v.0.iter().map(|&n| Knob::Prefetch(n)).collect());
+        }
+        if let Some(v) = &self.bucket_mb {
+            axes.push(v.0.iter().map(|&m| Knob::BucketMb(m)).collect());
+        }
+        axes
+    }
 }
 
 /// A YAML value or a list of them.
@@ -683,6 +755,21 @@ impl Spec {
         axis(self, key("micro_batches"), block.micro_batches.as_ref())?;
         axis(self, key("nodes"), block.nodes.as_ref())?;
         axis(self, key("gpus_per_node"), block.gpus_per_node.as_ref())?;
+        axis(self, key("grad_accum"), block.grad_accum.as_ref())?;
+        axis(self, key("hpz"), block.hpz.as_ref())?;
+        axis(self, key("prefetch"), block.prefetch.as_ref())?;
+        axis(self, key("bucket_mb"), block.bucket_mb.as_ref())?;
+        for axis in block.knob_axes() {
+            let field = axis[0].field();
+            if self.worker.sets(field) {
+                return Err(self.error_at(
+                    &key(field),
+                    format!(
+                        "worker.{field} fixes it for every run: set it in one place, the worker block or the sweep"
+                    ),
+                ));
+            }
+        }
         // RunConfig::validate refuses these too, but only when the plan is built, and at the axis
         // key (a zero gpus_per_node at `nodes`, through the world size); here the error points at
         // the value itself.
