@@ -830,4 +830,20 @@ mod tests {
         let e = plan("sweep:\n  models: tiny\n  bucket_mb: [-1]\n").unwrap_err().to_string();
         assert!(e.contains("sweep.bucket_mb") && e.contains("--bucket-mb"), "{e}");
     }
+
+    /// `trace` and `profile_step` in the worker block reach every run's worker argv; they are not
+    /// part of the run's configuration.
+    #[test]
+    fn trace_and_profile_step_reach_the_worker() {
+        let p =
+            plan("worker: {trace: true, profile_step: 3, steps: 5}\nsweep:\n  models: tiny\n  stages: 0\n").unwrap();
+        assert_eq!(p.spec.worker.observe_args(), ["--trace", "--profile-step", "3"]);
+        let files = crate::render::render_run(&p, &p.runs[0], Path::new("/r")).unwrap();
+        let argv = files.record.worker_argv.join(" ");
+        assert!(argv.contains("--steps 5") && argv.contains("--trace --profile-step 3 --log-dir"), "{argv}");
+        assert_eq!(p.runs[0].id, "tiny_z0_offnone_mb1_1x1");
+        let e = plan("worker: {profile_step: soon}\nsweep: {models: tiny}\n").unwrap_err().to_string();
+        assert!(e.contains("worker.profile_step") || e.contains("profile_step"), "{e}");
+        assert!(plan("worker: {steps: 3}\nsweep: {models: tiny}\n").unwrap().spec.worker.observe_args().is_empty());
+    }
 }

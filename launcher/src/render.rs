@@ -110,6 +110,7 @@ pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, Di
     // The log folder is written from `$run_dir` in the scripts and spelled out in `run.json`.
     let mut worker = vec![Word::lit(launch.worker.as_str())];
     worker.extend(run.config.to_worker_args().into_iter().map(Word::Lit));
+    worker.extend(spec.worker.observe_args().into_iter().map(Word::Lit));
     worker.extend([Word::lit("--log-dir"), Word::InRunDir(LOG_DIR.into()), Word::lit("--run-id"), Word::lit(&run.id)]);
     if launch.method.rendezvous_by_env() {
         worker.extend(ENV_RENDEZVOUS_ARGS.map(Word::lit));

@@ -227,6 +227,12 @@ impl Default for Launch {
 /// only, and `delayed_update_after` to the offloaded runs only, so one spec can sweep both kinds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Worker {
+    /// `--trace`: each rank writes a Chrome/Perfetto trace of the first measured steps.
+    #[serde(default)]
+    pub trace: bool,
+    /// `--profile-step N`: each rank logs a per-module breakdown of step N.
+    #[serde(default)]
+    pub profile_step: Option<u32>,
     #[serde(flatten)]
     settings: BTreeMap<String, serde_yaml::Value>,
     /// `data`, the text to train on, anchored to the spec's folder.
@@ -287,6 +293,19 @@ impl Worker {
         } else {
             Self::keys().contains(&key).then_some(Slot::Top)
         }
+    }
+
+    /// The worker flags that observe a run without changing what it computes (`--trace`,
+    /// `--profile-step`), which are not part of its configuration.
+    pub fn observe_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if self.trace {
+            args.push("--trace".to_string());
+        }
+        if let Some(n) = self.profile_step {
+            args.extend(["--profile-step".to_string(), n.to_string()]);
+        }
+        args
     }
 
     /// Whether the spec sets `key`.
@@ -581,7 +600,7 @@ impl Spec {
             if Worker::slot(key).is_none() {
                 return Err(self.error_at(
                     &format!("worker.{key}"),
-                    format!("unknown key `{key}`, expected one of {}", Worker::keys().join(", ")),
+                    format!("unknown key `{key}`, expected one of {}, trace, profile_step", Worker::keys().join(", ")),
                 ));
             }
         }
