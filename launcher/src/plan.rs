@@ -345,12 +345,18 @@ fn make_run(
     }
     // Every rank of a node holds its own offloaded states in that node's memory.
     let host_need = host_state_bytes * u64::from(ranks_per_node);
-    if let Some(have) = spec.cluster.mem.filter(|m| host_need > m.0) {
+    let cpus = u64::from(ranks_per_node) * u64::from(spec.cluster.cpus_per_task);
+    let asked = match (spec.cluster.mem, spec.cluster.mem_per_cpu) {
+        (Some(m), _) => Some((m.0, "cluster.mem".to_string())),
+        (None, Some(m)) => Some((m.0.saturating_mul(cpus), format!("cluster.mem_per_cpu × {cpus} CPUs"))),
+        (None, None) => None,
+    };
+    if let Some((have, what)) = asked.filter(|(have, _)| host_need > *have) {
         warnings.push(format!(
-            "offloaded states need {} of host memory per node ({} ranks), more than cluster.mem {}",
+            "offloaded states need {} of host memory per node ({} ranks), more than {what} {}",
             crate::values::human_bytes(host_need),
             ranks_per_node,
-            crate::values::human_bytes(have.0)
+            crate::values::human_bytes(have)
         ));
     }
     let hosts = spec.resources.as_ref().map(|res| Resources {
@@ -671,6 +677,19 @@ mod tests {
         );
         let p = plan(&yaml("512GiB")).unwrap();
         assert!(p.runs[0].warnings.iter().all(|w| !w.contains("cluster.mem")), "{:?}", p.runs[0].warnings);
+        // Per CPU: 2 ranks × 8 CPUs × 4 GiB = 64 GiB, too little; × 32 GiB = 512 GiB is enough.
+        let per_cpu = |m: &str| {
+            format!("cluster: {{gpus_per_node: 2, cpus_per_task: 8, mem_per_cpu: {m}}}\nsweep:\n  models: t5-11b\n  stages: 3\n  offload: optimizer\n  ranks_per_node: 2\n")
+        };
+        let p = plan(&per_cpu("4GiB")).unwrap();
+        assert!(
+            p.runs[0].warnings.iter().any(|w| w.contains("more than cluster.mem_per_cpu × 16 CPUs 64.00 GiB")),
+            "{:?}",
+            p.runs[0].warnings
+        );
+        assert!(plan(&per_cpu("32GiB")).unwrap().runs[0].warnings.iter().all(|w| !w.contains("mem_per_cpu")));
+        let e = plan("cluster: {mem: 1GiB, mem_per_cpu: 1GiB}\nsweep: {models: tiny}\n").unwrap_err().to_string();
+        assert!(e.contains("cluster.mem_per_cpu: Slurm takes --mem or --mem-per-cpu, not both"), "{e}");
     }
 
     #[test]

@@ -215,9 +215,11 @@ pub fn directives(s: &mut String, run: &Run, c: &Cluster, job_name: &str, output
     if let Some(t) = &c.time {
         d("time", t.as_str());
     }
-    if let Some(m) = c.mem {
-        // Slurm reads a bare number as MiB; round up so the job gets at least what was asked.
-        d("mem", &format!("{}M", m.0.div_ceil(1 << 20)));
+    // Slurm reads a bare number as MiB; round up so the job gets at least what was asked.
+    for (key, m) in [("mem", c.mem), ("mem-per-cpu", c.mem_per_cpu)] {
+        if let Some(m) = m {
+            d(key, &format!("{}M", m.0.div_ceil(1 << 20)));
+        }
     }
     for (k, v) in [("partition", &c.partition), ("account", &c.account), ("qos", &c.qos)] {
         if let Some(v) = v {
@@ -873,6 +875,8 @@ mod tests {
         let odd = job_of("cluster: {mem: 1000001}\nsweep: {models: tiny}\n");
         assert!(odd.contains("#SBATCH --mem=1M\n"), "{odd}");
         assert!(!job_of("sweep: {models: tiny}\n").contains("--mem"));
+        let per_cpu = job_of("cluster: {mem_per_cpu: 4GiB}\nsweep: {models: tiny}\n");
+        assert!(per_cpu.contains("#SBATCH --mem-per-cpu=4096M\n") && !per_cpu.contains("--mem="), "{per_cpu}");
     }
 
     #[test]

@@ -115,6 +115,9 @@ pub struct Cluster {
     /// Host memory each job asks for per node (`#SBATCH --mem`); runs whose offloaded states need
     /// more are flagged.
     pub mem: Option<ByteSize>,
+    /// Host memory per CPU (`#SBATCH --mem-per-cpu`), the other way Slurm sizes a job's memory:
+    /// a node then gets it times its ranks' CPUs (`cpus_per_task` each). Not with `mem`.
+    pub mem_per_cpu: Option<ByteSize>,
     /// `module load` lines, in order.
     pub modules: Vec<Text>,
     /// Exported before the ranks start and forwarded to them.
@@ -178,6 +181,7 @@ impl Default for Cluster {
             cpus_per_node: None,
             gpu_memory: None,
             mem: None,
+            mem_per_cpu: None,
             modules: Vec::new(),
             env: BTreeMap::new(),
             hostfile: None,
@@ -613,6 +617,12 @@ impl Spec {
         let c = &self.cluster;
         if c.cpus_per_task == 0 {
             return Err(self.error_at("cluster.cpus_per_task", "must be at least 1"));
+        }
+        if c.mem.is_some() && c.mem_per_cpu.is_some() {
+            return Err(self.error_at(
+                "cluster.mem_per_cpu",
+                "Slurm takes --mem or --mem-per-cpu, not both: give cluster.mem or cluster.mem_per_cpu",
+            ));
         }
         if c.cpus_per_node == Some(0) {
             return Err(self.error_at("cluster.cpus_per_node", "must be at least 1"));
