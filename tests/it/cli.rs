@@ -181,21 +181,18 @@ printf '%s\n' "$@" > "$logs/argv.$OMPI_COMM_WORLD_RANK""#,
     assert!(st.contains("3 runs: 2 done, 1 failed"), "{st}");
 }
 
-/// `zerobench local --timeout`: a run past its limit is stopped with every rank (one ignores
-/// SIGTERM), recorded as a timeout, and the sweep goes on with the next run.
-#[test]
-fn local_stops_a_run_past_its_timeout_and_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let worker = dir.path().join("worker");
-    // Each rank writes its pid, then sleeps; rank 1 ignores SIGTERM.
+/// A local sweep of two 2-rank runs whose stand-in worker writes each rank's pid to
+/// `logs/pid.<rank>` and sleeps; rank 1 ignores SIGTERM. Returns the spec's path.
+fn stubborn_sweep(dir: &Path) -> PathBuf {
+    let worker = dir.join("worker");
     write_script(
         &worker,
         r#"for a in "$@"; do [ "$prev" = --log-dir ] && logs=$a; prev=$a; done
-echo $$ > "$logs/pid.$OMPI_COMM_WORLD_RANK"
+echo $$ > "$logs/pid.$OMPI_COMM_WORLD_RANK.tmp" && mv "$logs/pid.$OMPI_COMM_WORLD_RANK.tmp" "$logs/pid.$OMPI_COMM_WORLD_RANK"
 [ "$OMPI_COMM_WORLD_RANK" = 1 ] && trap '' TERM
 exec sleep 120"#,
     );
-    let spec = dir.path().join("local.yaml");
+    let spec = dir.join("local.yaml");
     std::fs::write(
         &spec,
         format!(
@@ -204,6 +201,15 @@ exec sleep 120"#,
         ),
     )
     .unwrap();
+    spec
+}
+
+/// `zerobench local --timeout`: a run past its limit is stopped with every rank (one ignores
+/// SIGTERM), recorded as a timeout, and the sweep goes on with the next run.
+#[test]
+fn local_stops_a_run_past_its_timeout_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = stubborn_sweep(dir.path());
     let out = dir.path().join("runs");
     let t = std::time::Instant::now();
     let o = zerobench(&["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap(), "--timeout", "2"]);
@@ -254,24 +260,7 @@ fn gone(pid: i32) -> bool {
 #[test]
 fn local_stops_every_rank_when_interrupted() {
     let dir = tempfile::tempdir().unwrap();
-    let worker = dir.path().join("worker");
-    // Each rank writes its pid, then sleeps; rank 1 ignores SIGTERM.
-    write_script(
-        &worker,
-        r#"for a in "$@"; do [ "$prev" = --log-dir ] && logs=$a; prev=$a; done
-echo $$ > "$logs/pid.$OMPI_COMM_WORLD_RANK.tmp" && mv "$logs/pid.$OMPI_COMM_WORLD_RANK.tmp" "$logs/pid.$OMPI_COMM_WORLD_RANK"
-[ "$OMPI_COMM_WORLD_RANK" = 1 ] && trap '' TERM
-exec sleep 120"#,
-    );
-    let spec = dir.path().join("local.yaml");
-    std::fs::write(
-        &spec,
-        format!(
-            "launch:\n  method: local\n  worker: {:?}\nworker: {{device: cpu, steps: 2, warmup: 0}}\nsweep:\n  models: tiny\n  stages: [0, 1]\n  ranks_per_node: 2\n",
-            worker.to_str().unwrap()
-        ),
-    )
-    .unwrap();
+    let spec = stubborn_sweep(dir.path());
     let out = dir.path().join("runs");
     let child = crate::support::zerobench_cmd()
         .args(["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()])
