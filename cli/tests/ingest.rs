@@ -36,6 +36,23 @@ fn complete_logs_exit_0_with_tables_on_stdout() {
     }
 }
 
+/// Tables written inside the folder they came from (`ingest runs --out runs/tables`) are not read
+/// back as input on the next ingest: the same files, the same runs.
+#[test]
+fn an_output_folder_inside_the_input_is_not_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    logs(&input);
+    let out = input.join("tables");
+    for _ in 0..2 {
+        let o = zerobench(&["ingest", input.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        let err = text(&o.stderr);
+        assert!(err.contains("zerobench: read 2 files") && err.contains("1 runs (1 ok"), "{err}");
+    }
+    assert!(out.join("latency.csv").is_file());
+}
+
 #[test]
 fn a_bad_line_exits_1_and_is_named_on_stderr() {
     let tmp = tempfile::tempdir().unwrap();

@@ -50,9 +50,10 @@ pub struct Discovered {
 /// Extensions of files that may hold foreign logs (console captures, Slurm output, CSV).
 const FOREIGN_EXTENSIONS: &[&str] = &["log", "txt", "out", "err", "csv"];
 
-/// Walks every root and groups what it finds. The same file reached twice (overlapping roots,
-/// or a link to a folder also listed directly) is read once.
-pub fn discover(roots: &[PathBuf]) -> Discovered {
+/// Walks every root and groups what it finds, leaving out the folders in `skip` (ingest's own
+/// output folder). The same file reached twice (overlapping roots, or a link to a folder also
+/// listed directly) is read once.
+pub fn discover(roots: &[PathBuf], skip: &[PathBuf]) -> Discovered {
     let mut out = Discovered::default();
     let mut ranks: BTreeMap<PathBuf, Vec<RankFile>> = BTreeMap::new();
     let mut foreign: BTreeMap<PathBuf, ForeignDir> = BTreeMap::new();
@@ -60,6 +61,7 @@ pub fn discover(roots: &[PathBuf]) -> Discovered {
     let mut walked: Vec<PathBuf> = Vec::new();
     // Links are followed only within the folders given.
     let inside: Vec<PathBuf> = roots.iter().filter_map(|r| std::fs::canonicalize(r).ok()).collect();
+    let skipped: Vec<PathBuf> = skip.iter().filter_map(|d| std::fs::canonicalize(d).ok()).collect();
     let mut outside: Vec<(PathBuf, PathBuf)> = Vec::new();
 
     for root in roots {
@@ -78,6 +80,13 @@ pub fn discover(roots: &[PathBuf]) -> Discovered {
             // Hidden folders below a root hold what is not current: the launcher keeps replaced
             // runs and earlier attempts there. Given as a root, one is read.
             if e.depth() > 0 && e.file_type().is_dir() && e.file_name().to_string_lossy().starts_with('.') {
+                return false;
+            }
+            if !skipped.is_empty()
+                && e.depth() > 0
+                && e.file_type().is_dir()
+                && std::fs::canonicalize(e.path()).is_ok_and(|c| skipped.contains(&c))
+            {
                 return false;
             }
             if !e.path_is_symlink() {

@@ -53,11 +53,14 @@ pub struct Options {
     pub peaks: PeakTable,
     /// Largest byte range of a log parsed as one piece of parallel work.
     pub chunk_bytes: u64,
+    /// Folders not to read even when inside an input folder: the output folder, whose earlier
+    /// tables (CSV) would otherwise be read as candidate foreign logs.
+    pub skip: Vec<PathBuf>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { warmup: None, peaks: PeakTable::default(), chunk_bytes: 32 << 20 }
+        Options { warmup: None, peaks: PeakTable::default(), chunk_bytes: 32 << 20, skip: Vec::new() }
     }
 }
 
@@ -97,7 +100,7 @@ impl Ingested {
 
 /// Reads every log under `roots`.
 pub fn ingest(roots: &[PathBuf], opts: &Options, progress: &dyn Progress) -> Ingested {
-    let found = discover::discover(roots);
+    let found = discover::discover(roots, &opts.skip);
     let mut problems = found.problems;
     let plans = plan::plan(&found.run_dirs, &mut problems);
     let foreign_bytes: u64 = found

@@ -107,7 +107,9 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     }
     let _lock = crate::lock::lock(&args.out, "ingest")?;
     let formats: Vec<Format> = if args.format.is_empty() { Format::ALL.to_vec() } else { args.format.clone() };
-    let opts = Options { warmup: args.warmup, peaks, ..Options::default() };
+    // The output folder may sit inside an input folder (`ingest runs --out runs/tables`): its
+    // earlier tables are not input.
+    let opts = Options { warmup: args.warmup, peaks, skip: vec![args.out.clone()], ..Options::default() };
 
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
     bar.set_style(
