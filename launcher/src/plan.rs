@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 use zerobench_schema::memory::{engine_buffer_bytes, host_params, model_state_split, padded_params, ModelStateBytes};
 use zerobench_schema::traffic::step_traffic;
-use zerobench_schema::{ConfigError, Offload, Precision, RunConfig};
+use zerobench_schema::{ConfigError, ModelPreset, Offload, Precision, RunConfig, ZeroStage};
 
 use crate::select::{HostSlots, Resources};
 use crate::spec::{axis_or, sweep_axis_of, Knob, Spec, SpecError, SweepBlock, MAX_RUNS};
@@ -175,7 +175,7 @@ fn expand_block(
     let micro = axis_or(block.micro_batches.as_ref(), &[1]);
     // The engine settings the block varies: every combination of one value per axis.
     let knob_sets = block.knob_axes().into_iter().fold(vec![Vec::new()], |sets: Vec<Vec<Knob>>, axis| {
-        sets.iter().flat_map(|set| axis.iter().map(move |&k| [set.clone(), vec![k]].concat())).collect()
+        sets.iter().flat_map(|set| axis.iter().map(move |k| [set.clone(), vec![k.clone()]].concat())).collect()
     });
     let nodes = spec.nodes_axis(block);
     // sbatch refuses a --nodelist that names more nodes than --nodes asks for.
@@ -209,6 +209,17 @@ fn expand_block(
             spec.error_at(&spec.sweep_key(b, "models"), format!("the sweep expands to more than {MAX_RUNS} runs"))
         );
     }
+    // The worker block and the knobs set no swept field, so they are applied once per model,
+    // offload and knob combination (a serde round trip), not once per run.
+    let mut settled: HashMap<(ModelPreset, Offload, usize), RunConfig> = HashMap::new();
+    for &model in &models {
+        for &offload in &offloads {
+            for (i, knobs) in knob_sets.iter().enumerate() {
+                let base = RunConfig { offload, ..RunConfig::new(model, ZeroStage::Z0) };
+                settled.insert((model, offload, i), apply_settings(spec, b, &base, knobs)?);
+            }
+        }
+    }
     for &model in &models {
         for &stage in &stages {
             for (offload, ratio) in offloads.iter().flat_map(|&o| ratios_for(o).into_iter().map(move |r| (o, r))) {
@@ -216,15 +227,12 @@ fn expand_block(
                     for &mb in &micro {
                         for &n in &nodes {
                             for &r in &ranks {
-                                let mut c = RunConfig::new(model, stage);
-                                c.offload = offload;
-                                c.offload_ratio = ratio;
-                                c.precision = precision;
-                                c.micro_batch = mb;
-                                let c = apply_worker(spec, &c)?;
-                                for knobs in &knob_sets {
-                                    let mut c = c.clone();
-                                    knobs.iter().for_each(|k| k.apply(&mut c));
+                                for (i, knobs) in knob_sets.iter().enumerate() {
+                                    let mut c = settled[&(model, offload, i)].clone();
+                                    c.stage = stage;
+                                    c.offload_ratio = ratio;
+                                    c.precision = precision;
+                                    c.micro_batch = mb;
                                     let run = make_run(spec, b, c, knobs, n, r)?;
                                     if let Some(prev) = blocks.insert(run.id.clone(), b) {
                                         return Err(spec.error_at(
@@ -244,9 +252,10 @@ fn expand_block(
     Ok(())
 }
 
-/// The spec's fixed worker settings over a run's configuration: `target_len` for the
-/// encoder-decoder runs only, `delayed_update_after` for the offloaded runs only.
-fn apply_worker(spec: &Spec, c: &RunConfig) -> Result<RunConfig, SpecError> {
+/// The spec's fixed worker settings, then sweep block `b`'s `knobs`, over a run's configuration:
+/// `target_len` for the encoder-decoder runs only, `delayed_update_after` for the offloaded runs
+/// only.
+fn apply_settings(spec: &Spec, b: usize, c: &RunConfig, knobs: &[Knob]) -> Result<RunConfig, SpecError> {
     let encoder_decoder = c.model.spec().is_encoder_decoder();
     let offloaded = c.offload != Offload::None;
     let skip = |key: &str| match key {
@@ -254,14 +263,21 @@ fn apply_worker(spec: &Spec, c: &RunConfig) -> Result<RunConfig, SpecError> {
         "delayed_update_after" => !offloaded,
         _ => false,
     };
-    spec.worker.apply(c, skip).map_err(|e| spec.error_at(&format!("worker.{}", e.key), e.message))
+    spec.worker.apply(c, skip, knobs).map_err(|e| {
+        let key = if knobs.iter().any(|k| k.field == e.key) {
+            spec.sweep_key(b, &e.key)
+        } else {
+            format!("worker.{}", e.key)
+        };
+        spec.error_at(&key, e.message)
+    })
 }
 
 /// The spec key a worker flag comes from, for placing `RunConfig::validate`'s errors: the sweep
 /// axis that set it (`knobs`), else the worker key.
 fn key_of_flag(spec: &Spec, b: usize, e: &ConfigError, knobs: &[Knob]) -> String {
     let field = e.field.replace('-', "_");
-    if knobs.iter().any(|k| k.field() == field) {
+    if knobs.iter().any(|k| k.field == field) {
         return spec.sweep_key(b, &field);
     }
     match field.as_str() {
@@ -286,7 +302,7 @@ fn make_run(
     let mut id = run_id(&config, nodes, ranks_per_node);
     for k in knobs {
         id.push('_');
-        id.push_str(&k.id_part());
+        id.push_str(k.id_part());
     }
     let world = nodes * ranks_per_node;
     let mut warnings = Vec::new();
@@ -862,7 +878,7 @@ mod tests {
         assert!(argv.contains("--steps 5") && argv.contains("--trace --profile-step 3 --log-dir"), "{argv}");
         assert_eq!(p.runs[0].id, "tiny_z0_offnone_mb1_1x1");
         let e = plan("worker: {profile_step: soon}\nsweep: {models: tiny}\n").unwrap_err().to_string();
-        assert!(e.contains("worker.profile_step") || e.contains("profile_step"), "{e}");
+        assert!(e.starts_with("s.yaml:1:24: worker.profile_step: must be a whole number"), "{e}");
         assert!(plan("worker: {steps: 3}\nsweep: {models: tiny}\n").unwrap().spec.worker.observe_args().is_empty());
     }
 }

@@ -317,18 +317,26 @@ impl Worker {
         self.settings.contains_key(key)
     }
 
-    /// `config` with these settings over it, but for the keys `skip` names; an error names the key
-    /// whose value `RunConfig` cannot take.
-    pub fn apply(&self, config: &RunConfig, skip: impl Fn(&str) -> bool) -> Result<RunConfig, SettingError> {
+    /// `config` with these settings over it, but for the keys `skip` names, and then the sweep's
+    /// `knobs` (which set keys this block does not); an error names the key whose value
+    /// `RunConfig` cannot take.
+    pub fn apply(
+        &self,
+        config: &RunConfig,
+        skip: impl Fn(&str) -> bool,
+        knobs: &[Knob],
+    ) -> Result<RunConfig, SettingError> {
         // Through YAML's value, which keeps a NaN a NaN (JSON's would turn it into null, and a
         // NaN ratio from the sweep into "no ratio" that validation then could not refuse).
         let mut value =
             serde_yaml::to_value(config).map_err(|e| SettingError { key: String::new(), message: e.to_string() })?;
-        for (key, setting) in self.settings.iter().filter(|(k, _)| !skip(k)) {
+        let knobs = knobs.iter().map(|k| (k.field, &k.value));
+        for (key, setting) in self.settings.iter().map(|(k, v)| (k.as_str(), v)).filter(|(k, _)| !skip(k)).chain(knobs)
+        {
             let target = match Self::slot(key) {
-                Some(Slot::Top) => &mut value[key.as_str()],
-                Some(Slot::Nested(parent)) => &mut value[parent][key.as_str()],
-                None => return Err(SettingError { key: key.clone(), message: "is not a worker key".into() }),
+                Some(Slot::Top) => &mut value[key],
+                Some(Slot::Nested(parent)) => &mut value[parent][key],
+                None => return Err(SettingError { key: key.to_string(), message: "is not a worker key".into() }),
             };
             *target = setting.clone();
         }
@@ -381,63 +389,48 @@ pub struct SweepBlock {
     pub bucket_mb: Option<OneOrMany<f64>>,
 }
 
-/// An engine setting a sweep block may vary (and the worker block may fix instead).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Knob {
-    GradAccum(u32),
-    Hpz(u32),
-    Prefetch(u32),
-    BucketMb(f64),
+/// One value of an engine setting a sweep block varies (and the worker block may fix instead):
+/// `RunConfig`'s field name, its value as the worker block would give it, and its run-id part.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Knob {
+    pub field: &'static str,
+    value: serde_yaml::Value,
+    id_part: String,
 }
 
 impl Knob {
-    /// The `RunConfig` field it sets, which is also its sweep key and worker key.
-    pub fn field(self) -> &'static str {
-        match self {
-            Knob::GradAccum(_) => "grad_accum",
-            Knob::Hpz(_) => "hpz",
-            Knob::Prefetch(_) => "prefetch",
-            Knob::BucketMb(_) => "bucket_mb",
-        }
-    }
-
-    pub fn apply(self, c: &mut RunConfig) {
-        match self {
-            Knob::GradAccum(n) => c.grad_accum = n,
-            Knob::Hpz(n) => c.engine.hpz = Some(n),
-            Knob::Prefetch(n) => c.engine.prefetch = n,
-            Knob::BucketMb(m) => c.engine.bucket_mb = m,
-        }
+    /// `field` at `v`, named `prefix` and the value in a run id (`.` written `p`).
+    fn new<T: Serialize + fmt::Display>(field: &'static str, prefix: &str, v: T) -> Knob {
+        // A number always serializes; a failure would surface as a type error when applied.
+        let value = serde_yaml::to_value(&v).unwrap_or_default();
+        Knob { field, value, id_part: format!("{prefix}{}", v.to_string().replace('.', "p")) }
     }
 
     /// Its part of a run id (see the grammar in `plan`).
-    pub fn id_part(self) -> String {
-        match self {
-            Knob::GradAccum(n) => format!("ga{n}"),
-            Knob::Hpz(n) => format!("hpz{n}"),
-            Knob::Prefetch(n) => format!("pf{n}"),
-            Knob::BucketMb(m) => format!("bk{}", m.to_string().replace('.', "p")),
-        }
+    pub fn id_part(&self) -> &str {
+        &self.id_part
     }
 }
 
 impl SweepBlock {
     /// The engine settings this block varies, one list per axis it gives, in a fixed order.
     pub fn knob_axes(&self) -> Vec<Vec<Knob>> {
-        let mut axes = Vec::new();
-        if let Some(v) = &self.grad_accum {
-            axes.push(v.0.iter().map(|&n| Knob::GradAccum(n)).collect());
+        fn axis<T: Serialize + fmt::Display + Copy>(
+            v: &Option<OneOrMany<T>>,
+            field: &'static str,
+            prefix: &str,
+        ) -> Option<Vec<Knob>> {
+            v.as_ref().map(|v| v.0.iter().map(|&x| Knob::new(field, prefix, x)).collect())
         }
-        if let Some(v) = &self.hpz {
-            axes.push(v.0.iter().map(|&n| Knob::Hpz(n)).collect());
-        }
-        if let Some(v) = &self.prefetch {
-            axes.push(v.0.iter().map(|&n| Knob::Prefetch(n)).collect());
-        }
-        if let Some(v) = &self.bucket_mb {
-            axes.push(v.0.iter().map(|&m| Knob::BucketMb(m)).collect());
-        }
-        axes
+        [
+            axis(&self.grad_accum, "grad_accum", "ga"),
+            axis(&self.hpz, "hpz", "hpz"),
+            axis(&self.prefetch, "prefetch", "pf"),
+            axis(&self.bucket_mb, "bucket_mb", "bk"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 }
 
@@ -609,7 +602,9 @@ impl Spec {
             }
         }
         let probe = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z0);
-        self.worker.apply(&probe, |_| false).map_err(|e| self.error_at(&format!("worker.{}", e.key), e.message))?;
+        self.worker
+            .apply(&probe, |_| false, &[])
+            .map_err(|e| self.error_at(&format!("worker.{}", e.key), e.message))?;
         Ok(())
     }
 
@@ -789,7 +784,7 @@ impl Spec {
         axis(self, key("prefetch"), block.prefetch.as_ref())?;
         axis(self, key("bucket_mb"), block.bucket_mb.as_ref())?;
         for axis in block.knob_axes() {
-            let field = axis[0].field();
+            let field = axis[0].field;
             if self.worker.sets(field) {
                 return Err(self.error_at(
                     &key(field),

@@ -306,6 +306,32 @@ pub struct RunConfig {
     pub engine: EngineConfig,
 }
 
+/// [`RunConfig::knobs`] of these optimizer and engine settings.
+fn knob_texts(optim: &OptimConfig, engine: &EngineConfig) -> Vec<(&'static str, Option<String>)> {
+    fn texts<T: Serialize + for<'de> Deserialize<'de>>(value: &T) -> Vec<(&'static str, Option<String>)> {
+        let json = serde_json::to_value(value).unwrap_or_default();
+        field_names::<T>()
+            .iter()
+            .map(|&name| {
+                let text = match json.get(name) {
+                    None | Some(serde_json::Value::Null) => None,
+                    Some(serde_json::Value::String(s)) => Some(s.clone()),
+                    // Integers as integers; floats in Rust's shortest round-trip form
+                    // (`0.0003`, not serde_json's `3e-4`), as the flags always had them.
+                    Some(serde_json::Value::Number(n)) => {
+                        Some(n.as_u64().map_or_else(|| n.as_f64().unwrap_or(f64::NAN).to_string(), |u| u.to_string()))
+                    }
+                    Some(other) => Some(other.to_string()),
+                };
+                (name, text)
+            })
+            .collect()
+    }
+    let mut all = texts(optim);
+    all.extend(texts(engine));
+    all
+}
+
 fn one() -> u32 {
     1
 }
@@ -499,8 +525,8 @@ impl RunConfig {
         let after = |v: Option<u32>| v.map_or_else(|| "None".to_string(), |v| v.to_string());
         diff("delayed_update_after", after(self.delayed_update_after), after(None));
         let unset = || "None".to_string();
-        let defaults = RunConfig { optim: OptimConfig::DEFAULT, engine: EngineConfig::DEFAULT, ..self.clone() };
-        for ((name, value), (_, default)) in self.knobs().into_iter().zip(defaults.knobs()) {
+        let defaults = knob_texts(&OptimConfig::DEFAULT, &EngineConfig::DEFAULT);
+        for ((name, value), (_, default)) in self.knobs().into_iter().zip(defaults) {
             diff(name, value.unwrap_or_else(unset), default.unwrap_or_else(unset));
         }
         parts.join(",")
@@ -512,28 +538,7 @@ impl RunConfig {
     /// themselves ([`field_names`]), so a new knob reaches the variant and the worker's flags
     /// without a list to extend.
     pub fn knobs(&self) -> Vec<(&'static str, Option<String>)> {
-        fn texts<T: Serialize + for<'de> Deserialize<'de>>(value: &T) -> Vec<(&'static str, Option<String>)> {
-            let json = serde_json::to_value(value).unwrap_or_default();
-            field_names::<T>()
-                .iter()
-                .map(|&name| {
-                    let text = match json.get(name) {
-                        None | Some(serde_json::Value::Null) => None,
-                        Some(serde_json::Value::String(s)) => Some(s.clone()),
-                        // Integers as integers; floats in Rust's shortest round-trip form
-                        // (`0.0003`, not serde_json's `3e-4`), as the flags always had them.
-                        Some(serde_json::Value::Number(n)) => Some(
-                            n.as_u64().map_or_else(|| n.as_f64().unwrap_or(f64::NAN).to_string(), |u| u.to_string()),
-                        ),
-                        Some(other) => Some(other.to_string()),
-                    };
-                    (name, text)
-                })
-                .collect()
-        }
-        let mut all = texts(&self.optim);
-        all.extend(texts(&self.engine));
-        all
+        knob_texts(&self.optim, &self.engine)
     }
 
     /// The share of an offloaded optimizer partition the host keeps: `offload_ratio`, or 1 (all)

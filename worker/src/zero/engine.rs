@@ -614,6 +614,10 @@ impl Engine {
         let layout = &self.units[u].layout;
         let (numel, padded) = (layout.numel, layout.padded);
         let last = self.last_micro();
+        // Stages 2/3: a unit that does not fit in the current staging buffer flushes it first.
+        if matches!(&self.reduction, Reduction::Staged(st) if st.fill + padded > st.capacity()) {
+            self.flush_staged()?;
+        }
         let flush = match &mut self.reduction {
             Reduction::Buckets(bk) => {
                 let UnitGrads::Full { full, .. } = &self.units[u].grads else {
@@ -627,10 +631,6 @@ impl Engine {
                 last && bk.fill >= self.bucket_elems
             }
             Reduction::Staged(st) => {
-                if st.fill + padded > st.capacity() {
-                    self.flush_staged()?;
-                }
-                let Reduction::Staged(st) = &mut self.reduction else { unreachable!("the reduction never changes") };
                 let offset = st.fill;
                 write_flat(&st.buffers[st.current], offset, numel, padded, &grads, false)?;
                 st.staged.push((u, offset));
