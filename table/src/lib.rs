@@ -9,6 +9,9 @@
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
+mod rows;
+pub use rows::{row_cells, RowError};
+
 /// A rectangular table of text cells, with a name (its file name in ingest's outputs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {
@@ -25,6 +28,14 @@ impl Table {
 
     pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
         self.rows.push(cells.into_iter().map(Into::into).collect());
+    }
+
+    /// A table of plain struct rows ([`row_cells`]): the field names as header (`sample`'s when
+    /// there are no rows), each field a cell as the CSV writer writes it.
+    pub fn from_rows<T: serde::Serialize>(name: &'static str, rows: &[T], sample: &T) -> Result<Self, RowError> {
+        let (names, _) = row_cells(sample)?;
+        let rows = rows.iter().map(|r| row_cells(r).map(|(_, cells)| cells)).collect::<Result<_, _>>()?;
+        Ok(Table { name, header: names.into_iter().map(str::to_string).collect(), rows })
     }
 }
 

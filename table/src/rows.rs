@@ -1,0 +1,399 @@
+//! Rows of plain structs as text cells, the way the `csv` crate writes them, so that a table's
+//! terminal, Markdown and CSV forms show the same text: integers in decimal, floats in `ryu`'s
+//! shortest round-trip form (`1.0`, `0.1`, `NaN`, `inf`), `None` as an empty cell, enum
+//! variants by their serde names.
+//!
+//! A serde serializer of its own rather than a round trip through the CSV writer and reader: the
+//! cells come out directly, and the one shape a row can take (a struct of scalars and options of
+//! scalars) is all it accepts. A nested container is an error, which the tests of every table's
+//! row type would show.
+
+use serde::ser::{self, Impossible, Serialize};
+
+/// Why a row could not be turned into cells: a field that is not a scalar.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RowError(String);
+
+impl ser::Error for RowError {
+    fn custom<T: std::fmt::Display>(msg: T) -> Self {
+        RowError(msg.to_string())
+    }
+}
+
+fn nested(what: &str) -> RowError {
+    RowError(format!("a table cell cannot hold a {what}"))
+}
+
+/// The field names and cells of one row (a struct whose fields are scalars or options of them).
+pub fn row_cells<T: Serialize>(row: &T) -> Result<(Vec<&'static str>, Vec<String>), RowError> {
+    let mut fields = Fields::default();
+    row.serialize(&mut fields)?;
+    Ok((fields.names, fields.cells))
+}
+
+#[derive(Default)]
+struct Fields {
+    names: Vec<&'static str>,
+    cells: Vec<String>,
+}
+
+impl ser::SerializeStruct for &mut Fields {
+    type Ok = ();
+    type Error = RowError;
+    fn serialize_field<V: ?Sized + Serialize>(&mut self, key: &'static str, value: &V) -> Result<(), RowError> {
+        self.names.push(key);
+        self.cells.push(value.serialize(Cell)?);
+        Ok(())
+    }
+    fn end(self) -> Result<(), RowError> {
+        Ok(())
+    }
+}
+
+/// The row itself: only a struct is a row.
+impl<'a> ser::Serializer for &'a mut Fields {
+    type Ok = ();
+    type Error = RowError;
+    type SerializeSeq = Impossible<(), RowError>;
+    type SerializeTuple = Impossible<(), RowError>;
+    type SerializeTupleStruct = Impossible<(), RowError>;
+    type SerializeTupleVariant = Impossible<(), RowError>;
+    type SerializeMap = Impossible<(), RowError>;
+    type SerializeStruct = &'a mut Fields;
+    type SerializeStructVariant = Impossible<(), RowError>;
+
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, RowError> {
+        Ok(self)
+    }
+    fn serialize_bool(self, _: bool) -> Result<(), RowError> {
+        Err(nested("row that is not a struct"))
+    }
+    fn serialize_i8(self, _: i8) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_i16(self, _: i16) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_i32(self, _: i32) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_i64(self, _: i64) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_u8(self, _: u8) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_u16(self, _: u16) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_u32(self, _: u32) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_u64(self, _: u64) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_f32(self, _: f32) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_f64(self, _: f64) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_char(self, _: char) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_str(self, _: &str) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_bytes(self, _: &[u8]) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_none(self) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_some<V: ?Sized + Serialize>(self, _: &V) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_unit(self) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_unit_struct(self, _: &'static str) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_newtype_struct<V: ?Sized + Serialize>(self, _: &'static str, v: &V) -> Result<(), RowError> {
+        v.serialize(self)
+    }
+    fn serialize_newtype_variant<V: ?Sized + Serialize>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: &V,
+    ) -> Result<(), RowError> {
+        self.serialize_bool(false)
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, RowError> {
+        Err(nested("row that is not a struct"))
+    }
+    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, RowError> {
+        Err(nested("row that is not a struct"))
+    }
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeTupleStruct, RowError> {
+        Err(nested("row that is not a struct"))
+    }
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleVariant, RowError> {
+        Err(nested("row that is not a struct"))
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, RowError> {
+        Err(nested("row that is not a struct"))
+    }
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeStructVariant, RowError> {
+        Err(nested("row that is not a struct"))
+    }
+}
+
+/// One field's value as the text of its cell.
+struct Cell;
+
+impl Cell {
+    fn int(v: impl std::fmt::Display) -> Result<String, RowError> {
+        Ok(v.to_string())
+    }
+}
+
+impl ser::Serializer for Cell {
+    type Ok = String;
+    type Error = RowError;
+    type SerializeSeq = Impossible<String, RowError>;
+    type SerializeTuple = Impossible<String, RowError>;
+    type SerializeTupleStruct = Impossible<String, RowError>;
+    type SerializeTupleVariant = Impossible<String, RowError>;
+    type SerializeMap = Impossible<String, RowError>;
+    type SerializeStruct = Impossible<String, RowError>;
+    type SerializeStructVariant = Impossible<String, RowError>;
+
+    fn serialize_bool(self, v: bool) -> Result<String, RowError> {
+        Ok(if v { "true" } else { "false" }.to_string())
+    }
+    fn serialize_i8(self, v: i8) -> Result<String, RowError> {
+        Self::int(v)
+    }
+    fn serialize_i16(self, v: i16) -> Result<String, RowError> {
+        Self::int(v)
+    }
+    fn serialize_i32(self, v: i32) -> Result<String, RowError> {
+        Self::int(v)
+    }
+    fn serialize_i64(self, v: i64) -> Result<String, RowError> {
+        Self::int(v)
+    }
+    fn serialize_i128(self, v: i128) -> Result<String, RowError> {
+        Self::int(v)
+    }
+    fn serialize_u8(self, v: u8) -> Result<String, RowError> {
+        Self::int(v)
+    }
+    fn serialize_u16(self, v: u16) -> Result<String, RowError> {
+        Self::int(v)
+    }
+    fn serialize_u32(self, v: u32) -> Result<String, RowError> {
+        Self::int(v)
+    }
+    fn serialize_u64(self, v: u64) -> Result<String, RowError> {
+        Self::int(v)
+    }
+    fn serialize_u128(self, v: u128) -> Result<String, RowError> {
+        Self::int(v)
+    }
+    fn serialize_f32(self, v: f32) -> Result<String, RowError> {
+        Ok(ryu::Buffer::new().format(v).to_string())
+    }
+    fn serialize_f64(self, v: f64) -> Result<String, RowError> {
+        Ok(ryu::Buffer::new().format(v).to_string())
+    }
+    fn serialize_char(self, v: char) -> Result<String, RowError> {
+        Ok(v.to_string())
+    }
+    fn serialize_str(self, v: &str) -> Result<String, RowError> {
+        Ok(v.to_string())
+    }
+    fn serialize_bytes(self, _: &[u8]) -> Result<String, RowError> {
+        Err(nested("byte string"))
+    }
+    fn serialize_none(self) -> Result<String, RowError> {
+        Ok(String::new())
+    }
+    fn serialize_some<V: ?Sized + Serialize>(self, v: &V) -> Result<String, RowError> {
+        v.serialize(self)
+    }
+    fn serialize_unit(self) -> Result<String, RowError> {
+        Ok(String::new())
+    }
+    fn serialize_unit_struct(self, _: &'static str) -> Result<String, RowError> {
+        Ok(String::new())
+    }
+    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Result<String, RowError> {
+        Ok(variant.to_string())
+    }
+    fn serialize_newtype_struct<V: ?Sized + Serialize>(self, _: &'static str, v: &V) -> Result<String, RowError> {
+        v.serialize(self)
+    }
+    fn serialize_newtype_variant<V: ?Sized + Serialize>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: &V,
+    ) -> Result<String, RowError> {
+        Err(nested("enum variant with data"))
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, RowError> {
+        Err(nested("sequence"))
+    }
+    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, RowError> {
+        Err(nested("tuple"))
+    }
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeTupleStruct, RowError> {
+        Err(nested("tuple struct"))
+    }
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleVariant, RowError> {
+        Err(nested("enum variant with data"))
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, RowError> {
+        Err(nested("map"))
+    }
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, RowError> {
+        Err(nested("struct"))
+    }
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeStructVariant, RowError> {
+        Err(nested("enum variant with data"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "snake_case")]
+    enum Kind {
+        #[serde(rename = "optimizer+params")]
+        Both,
+        Plain,
+    }
+
+    #[derive(serde::Serialize)]
+    struct Row {
+        name: String,
+        n: u64,
+        neg: i32,
+        ms: f64,
+        ratio: Option<f64>,
+        absent: Option<u32>,
+        kind: Kind,
+        other: Option<Kind>,
+        flag: bool,
+    }
+
+    /// Every kind of cell is the text the CSV writer gives it, field by field.
+    #[test]
+    fn cells_are_what_csv_writes() {
+        let rows = [
+            Row {
+                name: "a,b".into(),
+                n: u64::MAX,
+                neg: -3,
+                ms: 1.0,
+                ratio: Some(0.1),
+                absent: None,
+                kind: Kind::Both,
+                other: Some(Kind::Plain),
+                flag: true,
+            },
+            Row {
+                name: String::new(),
+                n: 0,
+                neg: 0,
+                ms: f64::NAN,
+                ratio: Some(f64::INFINITY),
+                absent: Some(7),
+                kind: Kind::Plain,
+                other: None,
+                flag: false,
+            },
+            Row {
+                name: "é".into(),
+                n: 12,
+                neg: 1,
+                ms: 1e21,
+                ratio: Some(-0.0),
+                absent: None,
+                kind: Kind::Plain,
+                other: None,
+                flag: false,
+            },
+            Row {
+                name: "x".into(),
+                n: 1,
+                neg: 1,
+                ms: 123456.789,
+                ratio: Some(3e-7),
+                absent: None,
+                kind: Kind::Plain,
+                other: None,
+                flag: true,
+            },
+        ];
+        let mut w = csv::WriterBuilder::new().has_headers(true).from_writer(Vec::new());
+        for r in &rows {
+            w.serialize(r).unwrap();
+        }
+        let text = w.into_inner().unwrap();
+        let mut csv_rows = csv::ReaderBuilder::new().has_headers(false).from_reader(text.as_slice()).into_records();
+        let header: Vec<String> = csv_rows.next().unwrap().unwrap().iter().map(str::to_string).collect();
+        for r in &rows {
+            let (names, cells) = row_cells(r).unwrap();
+            assert_eq!(names, header);
+            let want: Vec<String> = csv_rows.next().unwrap().unwrap().iter().map(str::to_string).collect();
+            assert_eq!(cells, want);
+        }
+    }
+
+    /// A field that is a container is refused, not flattened into something a CSV cannot hold.
+    #[test]
+    fn nested_fields_are_errors() {
+        #[derive(serde::Serialize)]
+        struct Bad {
+            list: Vec<u32>,
+        }
+        assert!(row_cells(&Bad { list: vec![1] }).unwrap_err().to_string().contains("sequence"));
+        assert!(row_cells(&5u32).is_err());
+    }
+}
