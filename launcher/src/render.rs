@@ -19,8 +19,7 @@ use crate::select::Resources;
 use crate::spec::{Allocation, Cluster, Launch, Method, MpiImpl, PdshRcmd};
 use zerobench_schema::launch::{ENV_RENDEZVOUS_ARGS, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE};
 
-/// `run.json`'s format version.
-pub const RUN_RECORD_VERSION: u32 = 1;
+pub use zerobench_schema::job::RUN_RECORD_VERSION;
 
 /// The resolved configuration of one run, as written to `run.json`. `submit`, `status` and
 /// ingest read it back, so it names everything needed to understand the run without the spec.
@@ -798,6 +797,10 @@ mod tests {
         assert_eq!(json["host_state_bytes"], run.host_state_bytes);
         assert_eq!(json["world_size"], 2);
         assert!(json.get("run").is_none(), "{json}");
+        // Every other reader's view of it (schema's `PlannedRun`) is the same run.
+        let head = zerobench_schema::job::PlannedRun::from_json(&json).expect("a run.json of this format");
+        assert_eq!((head.id.as_str(), &head.config), (run.id.as_str(), &run.config));
+        assert_eq!((head.nodes, head.world_size), (run.nodes, run.world_size()));
         // The worker's argv is the tail of the launch command, its log folder spelled out.
         let log_dir = dir.join(LOG_DIR).to_string_lossy().into_owned();
         assert!(rec.launch_argv.ends_with(&rec.worker_argv), "{:?}", rec.launch_argv);

@@ -1,12 +1,14 @@
-//! A batch job's state as the scheduler reports it, read one way for every reader: Slurm's state
-//! names (squeue `%T`, sacct `State`, scontrol `JobState`, `sacct --json`) and the verdict
-//! slurmstepd writes into a job's output when it ends one. `zerobench status` and
-//! `zerobench ingest` both read a job through here, so they cannot disagree on what it became.
+//! A run folder's records and a batch job's state as the scheduler reports it, read one way for
+//! every reader: what `run.json` says every reader can rely on ([`PlannedRun`]), how a local run
+//! ended (`local.json`, [`LocalRecord`]), Slurm's state names (squeue `%T`, sacct `State`,
+//! scontrol `JobState`, `sacct --json`) and the verdict slurmstepd writes into a job's output when
+//! it ends one. `zerobench status` and `zerobench ingest` both read a run folder through here, so
+//! they cannot disagree on what a run is or what it became.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Where a job stands or how it ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -98,6 +100,29 @@ pub fn read_tail(path: &Path, n: u64) -> std::io::Result<String> {
 /// The file in a run folder that records how `zerobench local` last ran it.
 pub const LOCAL_RECORD: &str = "local.json";
 
+/// `run.json`'s format version: a reader refuses another (the launcher with both versions named).
+pub const RUN_RECORD_VERSION: u32 = 1;
+
+/// What every reader takes from a run folder's `run.json`, which `zerobench render` writes: the
+/// run's id and configuration and where it runs. The launcher's record holds this at its top
+/// level and more beside it (the plan's byte counts, the cluster, the argv), which other readers
+/// leave alone.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct PlannedRun {
+    pub format: u32,
+    pub id: String,
+    pub config: crate::RunConfig,
+    pub nodes: u32,
+    pub world_size: u32,
+}
+
+impl PlannedRun {
+    /// A `run.json` value as the launcher wrote it, if it is one of [`RUN_RECORD_VERSION`].
+    pub fn from_json(v: &serde_json::Value) -> Option<PlannedRun> {
+        PlannedRun::deserialize(v).ok().filter(|r| r.format == RUN_RECORD_VERSION)
+    }
+}
+
 /// `local.json`: how a run under `zerobench local` ended. `status` and `ingest` both take its
 /// state from [`LocalRecord::job_state`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -157,6 +182,22 @@ impl LocalRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A launcher record of this format is read whole; another format, or a hand-written file
+    /// without the record's fields, is not taken for one.
+    #[test]
+    fn planned_runs_are_read_only_in_their_own_format() {
+        let config = crate::RunConfig::new(crate::ModelPreset::Tiny, crate::config::ZeroStage::Z2);
+        let mut v = serde_json::json!({
+            "format": RUN_RECORD_VERSION, "id": "tiny_z2", "config": config, "nodes": 2, "world_size": 4,
+            "cluster": {"partition": "gpu"},
+        });
+        let r = PlannedRun::from_json(&v).expect("the launcher's record");
+        assert_eq!((r.id.as_str(), r.config, r.nodes, r.world_size), ("tiny_z2", config, 2, 4));
+        v["format"] = serde_json::json!(RUN_RECORD_VERSION + 1);
+        assert_eq!(PlannedRun::from_json(&v), None);
+        assert_eq!(PlannedRun::from_json(&serde_json::json!({"model": "gpt2", "stage": 1})), None);
+    }
 
     #[test]
     fn slurm_names() {

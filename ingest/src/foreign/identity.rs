@@ -16,6 +16,7 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 use serde::Deserialize;
+use zerobench_schema::job::PlannedRun;
 use zerobench_schema::{ModelPreset, Offload, Precision, RunConfig, ZeroStage};
 
 /// What is known about a foreign run's configuration.
@@ -54,8 +55,14 @@ impl Hints {
     }
 }
 
-/// Hints from a `run.json` value.
+/// Hints from a `run.json` value: the launcher's own record whole, else whatever keys a hand-written
+/// one has.
 pub fn from_run_json(v: &serde_json::Value) -> Hints {
+    if let Some(r) = PlannedRun::from_json(v) {
+        let placement =
+            Hints { run_id: Some(r.id), world_size: Some(r.world_size), nodes: Some(r.nodes), ..Hints::default() };
+        return of_config(&r.config, placement);
+    }
     let cfg = v.get("config").filter(|c| c.is_object()).unwrap_or(v);
     let get = |keys: &[&str]| keys.iter().find_map(|k| cfg.get(*k).or_else(|| v.get(*k)));
     let num = |keys: &[&str]| get(keys).and_then(serde_json::Value::as_u64).and_then(|n| u32::try_from(n).ok());
@@ -71,17 +78,7 @@ pub fn from_run_json(v: &serde_json::Value) -> Hints {
     // that it means what it means to the worker (an absent T5 target length, for one); anything
     // else key by key.
     match RunConfig::deserialize(cfg) {
-        Ok(c) => Hints {
-            model: Some(c.model.as_str().to_string()),
-            stage: Some(c.stage),
-            offload: Some(c.offload),
-            precision: Some(c.precision),
-            micro_batch: Some(c.micro_batch),
-            grad_accum: Some(c.grad_accum),
-            seq_len: Some(c.seq_len),
-            target_len: c.target_len,
-            ..placement
-        },
+        Ok(c) => of_config(&c, placement),
         Err(_) => Hints {
             model: text(&["model"]),
             stage: num(&["stage", "zero_stage"])
@@ -95,6 +92,21 @@ pub fn from_run_json(v: &serde_json::Value) -> Hints {
             target_len: num(&["target_len"]),
             ..placement
         },
+    }
+}
+
+/// The hints a whole run configuration gives, beside where the run is (`placement`).
+fn of_config(c: &RunConfig, placement: Hints) -> Hints {
+    Hints {
+        model: Some(c.model.as_str().to_string()),
+        stage: Some(c.stage),
+        offload: Some(c.offload),
+        precision: Some(c.precision),
+        micro_batch: Some(c.micro_batch),
+        grad_accum: Some(c.grad_accum),
+        seq_len: Some(c.seq_len),
+        target_len: c.target_len,
+        ..placement
     }
 }
 
