@@ -53,17 +53,61 @@ struct Unit {
     base: Tensor,
     /// The parameters: leaf views of `base`, shaped as the model declares them.
     params: Vec<Tensor>,
-    /// Stage 3: this rank's shard of the parameters.
-    param_shard: Option<Tensor>,
+    /// Whether the whole unit stays in `base` or only this rank's shard is kept.
+    partition: Partition,
     grads: UnitGrads,
     /// Where the optimizer state lives.
     optim: OptimState,
-    /// Stage 3: the gather slot holding the unit, and the gather still in flight (and whether it
-    /// went through the hpZ group's communicator).
-    slot: Option<usize>,
-    gathering: Option<(Pending, Via)>,
-    /// Stages 1 and 2: the all-gather of updated parameters still in flight.
+    /// The updated parameters still on their way to where they are kept: stages 1 and 2's
+    /// all-gather (after a copy from the host with offload), stage 3's copy of the shard from the
+    /// host.
     refreshing: Option<Pending>,
+}
+
+/// How a unit's parameters are kept between uses, by stage family.
+enum Partition {
+    /// Stages 0-2: the whole unit, always in `base`.
+    Whole,
+    /// Stage 3: this rank's shard; `base` holds the whole unit only while it is gathered.
+    Sharded { shard: ParamShard, gathered: Option<Gathered> },
+}
+
+/// Where stage 3 keeps this rank's shard of a unit's parameters.
+enum ParamShard {
+    Device(Tensor),
+    /// With `optimizer+params` offload, beside the optimizer on the host
+    /// (`HostState::param_source`).
+    Host,
+}
+
+/// Stage 3: the gather slot holding a unit, and the gather while it is in flight (with the
+/// communicator it went through).
+struct Gathered {
+    slot: usize,
+    in_flight: Option<(Pending, Via)>,
+}
+
+impl Unit {
+    /// Stage 3: whether the unit is gathered (or being gathered) into a slot.
+    fn gathered(&self) -> bool {
+        matches!(self.partition, Partition::Sharded { gathered: Some(_), .. })
+    }
+
+    /// Stage 3: the gather still in flight, if any, which the caller is to wait for.
+    fn take_in_flight(&mut self) -> Option<(Pending, Via)> {
+        match &mut self.partition {
+            Partition::Sharded { gathered: Some(g), .. } => g.in_flight.take(),
+            _ => None,
+        }
+    }
+
+    /// This rank's parameter shard on the device, where stage 3 keeps one there.
+    fn device_param_shard(&self) -> Option<&Tensor> {
+        match &self.partition {
+            Partition::Sharded { shard: ParamShard::Device(s), .. } => Some(s),
+            _ => None,
+        }
+    }
 }
 
 /// Where a unit's gradients are kept, by stage family.
@@ -369,11 +413,12 @@ impl Engine {
         let bytes = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
         let mut m = ModelStateBytes::default();
         for u in &self.units {
-            m.params_bytes += match (&u.param_shard, self.stage) {
-                (Some(s), _) => bytes(s),
-                // Stage 3's base only ever points into gather slots (buffers, not states).
-                (None, ZeroStage::Z3) => 0,
-                (None, _) => bytes(&u.base),
+            m.params_bytes += match &u.partition {
+                Partition::Whole => bytes(&u.base),
+                // Stage 3's base only ever points into gather slots (buffers, not states); a shard
+                // on the host is a host state.
+                Partition::Sharded { shard: ParamShard::Device(s), .. } => bytes(s),
+                Partition::Sharded { shard: ParamShard::Host, .. } => 0,
             };
             m.grads_bytes += match &u.grads {
                 UnitGrads::Full { full: g, .. } | UnitGrads::Shard(g) => bytes(g),
@@ -464,14 +509,14 @@ impl Engine {
         let u = self.schedule.positions[i].unit;
         // (Parameters refreshed after the last step are in place: `finish_step` waited for them.)
         if self.stage == ZeroStage::Z3 {
-            if self.units[u].slot.is_none() {
+            if !self.units[u].gathered() {
                 self.gather(u, Some(u))?;
             }
-            if let Some(g) = self.units[u].gathering.take() {
+            if let Some(g) = self.units[u].take_in_flight() {
                 self.wait_gather(g)?;
             }
             for v in self.schedule.upcoming_units(i, self.prefetch) {
-                if self.units[v].slot.is_none() && self.slot_owner.iter().any(Option::is_none) {
+                if !self.units[v].gathered() && self.slot_owner.iter().any(Option::is_none) {
                     self.refresh_until(v)?;
                     self.gather(v, Some(u))?;
                 }
@@ -524,10 +569,12 @@ impl Engine {
             None => (self.gather_world(u, slot)?, Via::World),
         };
         let unit = &mut self.units[u];
+        let Partition::Sharded { gathered, .. } = &mut unit.partition else {
+            unreachable!("only stage 3 gathers, and it keeps its units sharded")
+        };
+        *gathered = Some(Gathered { slot, in_flight: Some(pending) });
         // SAFETY: the slot tensor lives as long as the engine and holds `padded` elements.
         unsafe { shim::storage_set(&unit.base, dst.data_ptr(), unit.layout.padded * self.kind.elt_size_in_bytes())? };
-        unit.slot = Some(slot);
-        unit.gathering = Some(pending);
         self.slot_owner[slot] = Some(u);
         Ok(())
     }
@@ -538,7 +585,7 @@ impl Engine {
         let unit = &mut self.units[u];
         let n = len64(unit.layout.padded);
         let dst = self.slots[slot].f_narrow(0, 0, n)?;
-        let pending = match &unit.param_shard {
+        let pending = match unit.device_param_shard() {
             Some(shard) => self.comm.all_gather(shard, &dst)?,
             None => {
                 // Parameter offload: the shard comes from the host into this rank's slice of the
@@ -572,14 +619,13 @@ impl Engine {
     }
 
     fn release(&mut self, u: usize) -> Result<(), EngineError> {
-        if let Some(g) = self.units[u].gathering.take() {
-            self.wait_gather(g)?;
+        let Partition::Sharded { gathered, .. } = &mut self.units[u].partition else { return Ok(()) };
+        let Some(g) = gathered.take() else { return Ok(()) };
+        if let Some(p) = g.in_flight {
+            self.wait_gather(p)?;
         }
-        let unit = &mut self.units[u];
-        shim::storage_release(&unit.base)?;
-        if let Some(s) = unit.slot.take() {
-            self.slot_owner[s] = None;
-        }
+        shim::storage_release(&self.units[u].base)?;
+        self.slot_owner[g.slot] = None;
         Ok(())
     }
 
@@ -832,7 +878,7 @@ impl Engine {
             };
             let param_out = if *master_is_param {
                 None
-            } else if let Some(s) = &u.param_shard {
+            } else if let Some(s) = u.device_param_shard() {
                 Some(s.shallow_clone())
             } else {
                 let r = u.layout.shard_range(self.owners, self.owner);
@@ -922,17 +968,19 @@ impl Engine {
     fn refresh_from_host(&mut self, u: usize) -> Result<(), EngineError> {
         let unit = &mut self.units[u];
         let src = unit.optim.host().param_source();
-        match (self.stage, &unit.param_shard) {
-            (ZeroStage::Z1 | ZeroStage::Z2, _) => {
+        match &unit.partition {
+            // Stages 1 and 2 (offload needs a stage above 0).
+            Partition::Whole => {
                 let r = unit.layout.shard_range(self.owners, self.owner);
                 let mine = unit.base.f_narrow(0, r.start as i64, r.len() as i64)?;
                 let copied = self.comm.copy_to_device(src, &mine)?;
                 // The all-gather runs after the copy on the same stream.
                 unit.refreshing = Some(if self.world > 1 { self.comm.all_gather(&mine, &unit.base)? } else { copied });
             }
-            (ZeroStage::Z3, Some(shard)) => unit.refreshing = Some(self.comm.copy_to_device(src, shard)?),
-            (ZeroStage::Z3, None) => {}
-            (ZeroStage::Z0, _) => unreachable!("offload needs stage 1, 2 or 3"),
+            Partition::Sharded { shard: ParamShard::Device(shard), .. } => {
+                unit.refreshing = Some(self.comm.copy_to_device(src, shard)?);
+            }
+            Partition::Sharded { shard: ParamShard::Host, .. } => {}
         }
         Ok(())
     }
@@ -971,18 +1019,18 @@ impl UnitBuild<'_> {
         full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, index, cfg.seed, device)?)?;
         let shard_f32 = full.f_narrow(0, shard_start, shard_len)?;
 
-        let (base, param_shard) = if stage == ZeroStage::Z3 {
+        let (base, partition) = if stage == ZeroStage::Z3 {
             let shard = if offloaded && cfg.offload == Offload::OptimizerParams {
-                None // on the host (`HostState::param_source`)
+                ParamShard::Host
             } else {
                 // A copy, not a view: a view would keep the whole unit's buffer alive.
                 let shard = Tensor::f_empty([shard_len], (kind, device))?;
                 shard.shallow_clone().f_copy_(&shard_f32)?;
-                Some(shard)
+                ParamShard::Device(shard)
             };
-            (Tensor::f_zeros([padded], (kind, device))?, shard)
+            (Tensor::f_zeros([padded], (kind, device))?, Partition::Sharded { shard, gathered: None })
         } else {
-            (full.f_to_kind(kind)?, None)
+            (full.f_to_kind(kind)?, Partition::Whole)
         };
         let params = layout
             .params
@@ -999,10 +1047,12 @@ impl UnitBuild<'_> {
             host_setup = t.elapsed();
             OptimState::Host(host)
         } else {
-            let (master, master_is_param) = match (&param_shard, mixed) {
+            // fp32: the parameters are the master weights (stage 3's device shard, or this rank's
+            // slice of the whole unit; parameters on the host come with an offloaded optimizer).
+            let (master, master_is_param) = match (&partition, mixed) {
                 (_, true) => (shard_f32.f_detach_copy()?, false),
-                (Some(s), false) => (s.shallow_clone(), true),
-                (None, false) => (base.f_narrow(0, shard_start, shard_len)?, true),
+                (Partition::Sharded { shard: ParamShard::Device(s), .. }, false) => (s.shallow_clone(), true),
+                (_, false) => (base.f_narrow(0, shard_start, shard_len)?, true),
             };
             OptimState::Device {
                 master,
@@ -1027,8 +1077,7 @@ impl UnitBuild<'_> {
             // The parameters exist as views; their memory appears only while gathered.
             shim::storage_release(&base)?;
         }
-        let unit =
-            Unit { layout, base, params, param_shard, grads, optim, slot: None, gathering: None, refreshing: None };
+        let unit = Unit { layout, base, params, partition, grads, optim, refreshing: None };
         Ok((unit, host_setup))
     }
 }
