@@ -212,6 +212,8 @@ pub struct RankAcc {
     pub skipped: u64,
     /// (step, loss) of the highest step.
     pub last_loss: Option<(u32, f64)>,
+    /// (step, loss) of the evaluation after the highest step (`--eval-every`).
+    pub last_eval: Option<(u32, f64)>,
     /// (step, cumulative energy in J) at the lowest and highest measured step that has it.
     pub energy_first: Option<(u32, f64)>,
     pub energy_last: Option<(u32, f64)>,
@@ -247,9 +249,7 @@ impl RankAcc {
         if s.skipped {
             self.skipped += 1;
         }
-        if self.last_loss.is_none_or(|(st, l)| (s.step, s.loss.to_bits()) > (st, l.to_bits())) {
-            self.last_loss = Some((s.step, s.loss));
-        }
+        keep_latest(&mut self.last_loss, (s.step, s.loss));
         self.mem.add(&s.memory);
         if s.step < warmup {
             return;
@@ -282,6 +282,11 @@ impl RankAcc {
         }
     }
 
+    /// An evaluation's loss after `step`.
+    pub fn add_eval(&mut self, step: u32, loss: f64) {
+        keep_latest(&mut self.last_eval, (step, loss));
+    }
+
     pub fn add_end(&mut self, e: EndInfo) {
         if self.end.is_none_or(|old| e.rank_key() > old.rank_key()) {
             self.end = Some(e);
@@ -306,10 +311,11 @@ impl RankAcc {
         self.measured += o.measured;
         self.measured_ns += o.measured_ns;
         self.skipped += o.skipped;
-        if let Some((st, l)) = o.last_loss {
-            if self.last_loss.is_none_or(|(s0, l0)| (st, l.to_bits()) > (s0, l0.to_bits())) {
-                self.last_loss = o.last_loss;
-            }
+        if let Some(at) = o.last_loss {
+            keep_latest(&mut self.last_loss, at);
+        }
+        if let Some(at) = o.last_eval {
+            keep_latest(&mut self.last_eval, at);
         }
         if let Some(f) = o.energy_first {
             if self.energy_first.is_none_or(|g| key(f) < key(g)) {
@@ -343,6 +349,13 @@ impl RankAcc {
 /// whatever the reading order.
 fn key((step, v): (u32, f64)) -> (u32, u64) {
     (step, v.to_bits())
+}
+
+/// Keeps in `slot` whichever of it and `at` is later by [`key`].
+fn keep_latest(slot: &mut Option<(u32, f64)>, at: (u32, f64)) {
+    if slot.is_none_or(|old| key(at) > key(old)) {
+        *slot = Some(at);
+    }
 }
 
 /// Per-step slots of one run, dense from step 0.

@@ -75,12 +75,17 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     memory(&mut row, acc);
     energy(&mut row, acc);
     utilisation(&mut row, acc);
-    let last = acc
-        .ranks
-        .iter()
-        .filter_map(|(r, a)| a.last_loss.map(|(s, l)| (s, std::cmp::Reverse(*r), l)))
-        .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-    row.final_loss = last.map(|(_, _, l)| l);
+    // The latest value of any rank; the lowest rank's among equally late ones.
+    let latest = |f: fn(&crate::acc::RankAcc) -> Option<(u32, f64)>| {
+        acc.ranks
+            .iter()
+            .filter_map(|(r, a)| f(a).map(|(s, l)| (s, std::cmp::Reverse(*r), l)))
+            .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)))
+            .map(|(_, _, l)| l)
+    };
+    row.final_loss = latest(|a| a.last_loss);
+    row.eval_loss = latest(|a| a.last_eval);
+    row.perplexity = row.eval_loss.map(f64::exp);
     row.skipped_steps = acc.ranks.values().map(|a| a.skipped).max().unwrap_or(0);
     if world > 1 && !measured.is_empty() {
         let mut counts = std::collections::BTreeMap::<u32, u32>::new();

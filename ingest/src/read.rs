@@ -314,6 +314,7 @@ impl LineCtx<'_> {
                     Some(crate::acc::StateBytes { device: s.model_state, host_bytes: s.host_state_bytes });
             }
             Record::Step(s) => self.step(&StepLine::from(&s))?,
+            Record::Eval(e) => self.out.rank.add_eval(e.step, e.loss),
             Record::End(e) => self.out.rank.add_end(EndInfo {
                 status: e.status,
                 steps_completed: e.steps_completed,

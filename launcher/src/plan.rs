@@ -771,6 +771,7 @@ mod tests {
             warmup: 1,
             seed: 9,
             data: Some(d.path().join("text.txt")),
+            eval_every: Some(5),
             device: zerobench_schema::DeviceRequest::Cpu,
             optim: OptimConfig { lr: 1.5e-4, beta1: 0.8, beta2: 0.99, eps: 1e-6, weight_decay: 0.0 },
             engine: EngineConfig {

@@ -298,6 +298,11 @@ pub struct RunConfig {
     /// Train on this text file (byte-level tokens) instead of seeded synthetic tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<PathBuf>,
+    /// Evaluate every this many steps and after the last: the mean loss, forward only, over one
+    /// global batch of held-out samples (the last tenth of `data`, which training then leaves
+    /// alone; otherwise seeded samples training never draws). Absent: no evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_every: Option<u32>,
     #[serde(default)]
     pub device: DeviceRequest,
     #[serde(default)]
@@ -363,6 +368,7 @@ impl RunConfig {
             warmup: 2,
             seed: 0,
             data: None,
+            eval_every: None,
             device: DeviceRequest::Auto,
             optim: OptimConfig::DEFAULT,
             engine: EngineConfig::DEFAULT,
@@ -403,6 +409,9 @@ impl RunConfig {
         }
         if self.grad_accum == 0 {
             return Err(ConfigError::new("grad-accum", "must be at least 1"));
+        }
+        if self.eval_every == Some(0) {
+            return Err(ConfigError::new("eval-every", "must be at least 1"));
         }
         if self.steps == 0 {
             return Err(ConfigError::new("steps", "must be at least 1"));
@@ -524,6 +533,8 @@ impl RunConfig {
         diff("offload_ratio", self.host_share().to_string(), 1.0f64.to_string());
         let after = |v: Option<u32>| v.map_or_else(|| "None".to_string(), |v| v.to_string());
         diff("delayed_update_after", after(self.delayed_update_after), after(None));
+        // With a text, evaluation holds its last tenth out of training: a different run.
+        diff("eval_every", after(self.eval_every), after(None));
         let unset = || "None".to_string();
         let defaults = knob_texts(&OptimConfig::DEFAULT, &EngineConfig::DEFAULT);
         for ((name, value), (_, default)) in self.knobs().into_iter().zip(defaults) {
@@ -603,6 +614,9 @@ impl RunConfig {
         push("seed", self.seed.to_string());
         if let Some(d) = &self.data {
             push("data", d.display().to_string());
+        }
+        if let Some(n) = self.eval_every {
+            push("eval-every", n.to_string());
         }
         push("device", self.device.to_string());
         for (name, value) in self.knobs() {
@@ -762,6 +776,7 @@ mod tests {
         // Every optional field present, so that every key is in the JSON.
         base.target_len = Some(32);
         base.data = Some("a.txt".into());
+        base.eval_every = Some(5);
         base.offload = Offload::Optimizer;
         base.offload_ratio = Some(0.5);
         base.delayed_update_after = Some(3);

@@ -62,6 +62,7 @@ pub enum Record {
     Setup(Setup),
     Step(Step),
     Profile(Profile),
+    Eval(Eval),
     End(End),
     Error(ErrorRecord),
 }
@@ -74,6 +75,7 @@ impl Record {
             Record::Setup(_) => "setup",
             Record::Step(_) => "step",
             Record::Profile(_) => "profile",
+            Record::Eval(_) => "eval",
             Record::End(_) => "end",
             Record::Error(_) => "error",
         }
@@ -86,6 +88,7 @@ impl Record {
             Record::Setup(r) => r.v,
             Record::Step(r) => r.v,
             Record::Profile(r) => r.v,
+            Record::Eval(r) => r.v,
             Record::End(r) => r.v,
             Record::Error(r) => r.v,
         }
@@ -98,6 +101,7 @@ impl Record {
             Record::Setup(r) => r.rank,
             Record::Step(r) => r.rank,
             Record::Profile(r) => r.rank,
+            Record::Eval(r) => r.rank,
             Record::End(r) => r.rank,
             Record::Error(r) => r.rank,
         }
@@ -332,6 +336,23 @@ pub struct Profile {
     pub rank: u32,
     pub step: u32,
     pub modules: Vec<ModuleProfile>,
+}
+
+/// `--eval-every N`: the loss on held-out samples after step `step` (every N steps and after the
+/// last), written after that step's `step` record. Its time is not part of any step's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Eval {
+    pub v: u32,
+    pub ts: f64,
+    pub rank: u32,
+    /// The 0-based optimizer step after which the model was evaluated.
+    pub step: u32,
+    /// Mean loss over the held-out samples of all ranks (forward only, no update).
+    pub loss: f64,
+    /// Held-out sequences (samples for the MLP) over all ranks: one global batch.
+    pub samples: u64,
+    /// Wall time of the evaluation on this rank, from its first forward to the mean over ranks.
+    pub eval_ms: f64,
 }
 
 /// One kind of module (e.g. every transformer block) over one step on one rank.

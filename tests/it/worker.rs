@@ -406,6 +406,57 @@ fn hpz_keeps_backward_gathers_in_the_group_and_trains_the_same_model() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--hpz"));
 }
 
+/// `--eval-every 5`: after steps 5, 10, 15 and 20 every rank logs the mean loss over one global
+/// batch held out of the text. The held-out batch is the same however it is split over ranks,
+/// micro-steps and stages, so every split logs the reference's evaluation losses; the evaluation's
+/// gathers stay out of the step records; ingest reports the last evaluation and its perplexity.
+#[test]
+fn evaluation_holds_out_text_and_every_split_agrees_on_its_loss() {
+    let tmp = tempfile::tempdir().unwrap();
+    let evals = |recs: &[Record]| -> Vec<(u32, f64)> {
+        recs.iter().filter_map(|r| if let Record::Eval(e) = r { Some((e.step, e.loss)) } else { None }).collect()
+    };
+    let flags = |extra: &[&str]| on_text(&[TINY_FP32, &["--eval-every", "5"], extra].concat());
+    let reference = train(1, &tmp.path().join("ref"), &flags(&["--stage", "0", "--micro-batch", "4"]));
+    let want = evals(&reference[0]);
+    assert_eq!(want.iter().map(|e| e.0).collect::<Vec<_>>(), [4, 9, 14, 19]);
+    assert!(want[0].1 - want[3].1 > 0.5, "the held-out loss falls as the model learns: {want:?}");
+    let splits: [(usize, &[&str]); 4] = [
+        (2, &["--stage", "3", "--micro-batch", "2"]),
+        (2, &["--stage", "2", "--micro-batch", "1", "--grad-accum", "2"]),
+        (1, &["--stage", "1", "--micro-batch", "2", "--grad-accum", "2"]),
+        (4, &["--stage", "3", "--micro-batch", "1", "--hpz", "2"]),
+    ];
+    for (i, (n, split)) in splits.into_iter().enumerate() {
+        let dir = tmp.path().join(format!("split{i}"));
+        let ranks = train(n, &dir, &flags(split));
+        for r in &ranks {
+            let got = evals(r);
+            assert_eq!(got.len(), want.len(), "{split:?} on {n} ranks: {got:?}");
+            for ((s, l), (s0, l0)) in got.iter().zip(&want) {
+                assert_eq!(s, s0);
+                assert!(((l - l0) / l0).abs() <= 1e-5, "{split:?} on {n} ranks after step {s}: {l} vs {l0}");
+            }
+            // The evaluation's collectives are not charged to any step.
+            assert_traffic(r);
+        }
+        let ingested =
+            zerobench_ingest::ingest(std::slice::from_ref(&dir), &Default::default(), &zerobench_ingest::NoProgress);
+        let rows = zerobench_ingest::tables::Tables::build(&ingested.runs).runs;
+        // The tables show 6 significant digits.
+        let last = evals(&ranks[0])[3].1;
+        let near = |got: Option<f64>, want: f64| got.is_some_and(|g| ((g - want) / want).abs() < 1e-5);
+        assert_eq!(rows.len(), 1, "{:?}", ingested.problems);
+        assert!(near(rows[0].eval_loss, last) && near(rows[0].perplexity, last.exp()), "{:?} for {last}", rows[0]);
+    }
+    // Training with evaluation reads only the first nine tenths of the text: other samples, other
+    // losses than without it.
+    let plain =
+        train(1, &tmp.path().join("plain"), &on_text(&[TINY_FP32, &["--stage", "0", "--micro-batch", "4"]].concat()));
+    assert!(evals(&plain[0]).is_empty());
+    assert_ne!(losses(&plain[0]), losses(&reference[0]));
+}
+
 #[test]
 fn copy_engines_are_refused_without_gpus() {
     let tmp = tempfile::tempdir().unwrap();

@@ -243,7 +243,7 @@ fn run_logged(
 /// The samples this rank trains on: seeded, or from `--data`.
 fn training_data(cfg: &RunConfig, ident: &Identity, device: Device) -> Result<data::Data, Failure> {
     let task = data::Task::of(cfg);
-    let source = data::Source::open(cfg.data.as_deref(), cfg.model.spec().vocab(), &task)
+    let source = data::Source::open(cfg.data.as_deref(), cfg.model.spec().vocab(), &task, cfg.eval_every.is_some())
         .map_err(|e| Failure::Io(e.to_string()))?;
     Ok(data::Data::new(
         source,

@@ -68,6 +68,11 @@ pub struct Args {
     /// Train on this text file (byte-level tokens) instead of seeded synthetic tokens.
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// Evaluate every N steps and after the last: the mean loss over one global batch of held-out
+    /// samples (the last tenth of --data, which training then leaves alone; else seeded samples
+    /// training never draws), logged as an `eval` record.
+    #[arg(long)]
+    pub eval_every: Option<u32>,
     /// auto (CUDA when a GPU is visible), cpu or cuda.
     #[arg(long, default_value = "auto", value_parser = parse::<DeviceRequest>)]
     pub device: DeviceRequest,
@@ -130,6 +135,7 @@ impl Args {
             warmup: self.warmup,
             seed: self.seed,
             data: self.data.clone(),
+            eval_every: self.eval_every,
             device: self.device,
             optim: self.optim,
             engine: self.engine,
@@ -171,6 +177,7 @@ mod tests {
             warmup: 1,
             seed: 9,
             data: Some("/data/with space.txt".into()),
+            eval_every: Some(3),
             device: DeviceRequest::Cpu,
             optim: OptimConfig { lr: 1.5e-4, beta1: 0.8, beta2: 0.99, eps: 1e-6, weight_decay: 0.0 },
             engine: EngineConfig {

@@ -17,6 +17,11 @@
 //! The synthetic targets are learnable functions of the inputs, so the loss can fall: T5 learns to
 //! copy; the MLP's blocks can represent a permutation of the features followed by `abs` (GELU units
 //! approximate `relu(z) + relu(-z)`).
+//!
+//! Evaluation (`--eval-every`) reads held-out samples, numbered like the training ones within one
+//! global batch that is the same at every evaluation. Synthetic ones are hashed from a stream of
+//! their own; a text's are drawn from its last tenth, which training then never reads
+//! ([`HELD_OUT_SHARE`]).
 
 use std::path::{Path, PathBuf};
 
@@ -59,9 +64,29 @@ impl Task {
 }
 
 pub enum Source {
-    Synthetic { vocab: u64 },
-    Text { bytes: Vec<u8> },
+    Synthetic {
+        vocab: u64,
+    },
+    /// A text; training samples lie in `bytes[..train_end]`, held-out ones after it.
+    Text {
+        bytes: Vec<u8>,
+        train_end: usize,
+    },
 }
+
+/// With evaluation, the share of a text (its end) held out of training: 1/10.
+pub const HELD_OUT_SHARE: usize = 10;
+
+/// Which samples a micro-batch holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Train,
+    HeldOut,
+}
+
+/// Salts the hashes of held-out samples, so that they are not the training samples of the same
+/// number.
+const HELD_OUT_STREAM: u64 = 0x6576_616c_5f73_6574;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
@@ -69,6 +94,8 @@ pub enum DataError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("--data {path} has {len} bytes; samples of {need} tokens need more")]
     TooShort { path: PathBuf, len: usize, need: usize },
+    #[error("--data {path} has {len} bytes; with --eval-every its last tenth is held out, and each part needs more than {need} bytes")]
+    TooShortToHoldOut { path: PathBuf, len: usize, need: usize },
     #[error("--data needs a vocabulary of at least 256 tokens (model has {0})")]
     SmallVocab(u64),
     #[error("--data {path} is not a regular file (a FIFO, device or folder cannot be read as a text)")]
@@ -119,7 +146,9 @@ fn uniform(h: u64) -> f32 {
 }
 
 impl Source {
-    pub fn open(data: Option<&Path>, vocab: u64, task: &Task) -> Result<Source, DataError> {
+    /// The samples of a run: seeded, or read from the text `data` (with its last tenth held out
+    /// of training when `hold_out`).
+    pub fn open(data: Option<&Path>, vocab: u64, task: &Task, hold_out: bool) -> Result<Source, DataError> {
         let Some(path) = data else { return Ok(Source::Synthetic { vocab }) };
         if vocab < 256 {
             return Err(DataError::SmallVocab(vocab));
@@ -135,10 +164,15 @@ impl Source {
         }
         let bytes = std::fs::read(path).map_err(|source| DataError::Read { path: path.into(), source })?;
         let need = task.tokens();
-        if bytes.len() <= need {
-            return Err(DataError::TooShort { path: path.into(), len: bytes.len(), need });
+        let len = bytes.len();
+        if len <= need {
+            return Err(DataError::TooShort { path: path.into(), len, need });
         }
-        Ok(Source::Text { bytes })
+        let train_end = if hold_out { len - len / HELD_OUT_SHARE } else { len };
+        if train_end <= need || (hold_out && len - train_end <= need) {
+            return Err(DataError::TooShortToHoldOut { path: path.into(), len, need });
+        }
+        Ok(Source::Text { bytes, train_end })
     }
 }
 
@@ -157,8 +191,9 @@ impl Data {
         Self { source, task, seed, micro_batch, world, grad_accum, rank, device }
     }
 
-    /// The tokens of the sample with hash `key` ([`Task::tokens`] of them): inputs, then targets.
-    fn tokens(&self, key: u64, out: &mut Vec<i64>) {
+    /// The tokens of the sample with hash `key` ([`Task::tokens`] of them) of `part`: inputs, then
+    /// targets.
+    fn tokens(&self, key: u64, part: Part, out: &mut Vec<i64>) {
         let n = self.task.tokens();
         match &self.source {
             Source::Synthetic { vocab } => {
@@ -173,9 +208,13 @@ impl Data {
                     out.push(out[start + j % inputs]);
                 }
             }
-            Source::Text { bytes, .. } => {
-                let span = (bytes.len() - n) as u64;
-                let start = (key % span) as usize;
+            Source::Text { bytes, train_end } => {
+                // A sample starts where all of its bytes lie inside its part.
+                let (from, to) = match part {
+                    Part::Train => (0, *train_end),
+                    Part::HeldOut => (*train_end, bytes.len()),
+                };
+                let start = from + (key % (to - from - n) as u64) as usize;
                 out.extend(bytes[start..start + n].iter().map(|&b| i64::from(b)));
             }
         }
@@ -195,20 +234,39 @@ impl Data {
     /// memory is an error, not an abort.
     pub fn batch(&self, step: u64, micro: usize) -> Result<Batch, BatchError> {
         let global = (self.world * self.grad_accum * self.micro_batch) as u64;
-        let first = step * global + ((micro * self.world + self.rank) * self.micro_batch) as u64;
+        self.samples(step * global + self.offset(micro), Part::Train)
+    }
+
+    /// Micro-batch `micro` of this rank's share of the held-out global batch: the same samples at
+    /// every evaluation.
+    pub fn held_out_batch(&self, micro: usize) -> Result<Batch, BatchError> {
+        self.samples(self.offset(micro), Part::HeldOut)
+    }
+
+    /// Where this rank's micro-batch `micro` starts within a global batch.
+    fn offset(&self, micro: usize) -> u64 {
+        ((micro * self.world + self.rank) * self.micro_batch) as u64
+    }
+
+    /// The micro-batch of the `micro_batch` samples of `part` numbered from `first`.
+    fn samples(&self, first: u64, part: Part) -> Result<Batch, BatchError> {
         let b = self.micro_batch as i64;
         let on_device = |t: Tensor| t.f_contiguous()?.f_to_device(self.device);
         // The sample hashes, made after the sample buffers so that a micro-batch too large fails
         // on those before anything is computed.
         let keys = || -> Result<Vec<u64>, BatchError> {
             let mut keys = host_vec::<u64>(self.micro_batch, 1)?;
-            keys.extend((0..self.micro_batch as u64).map(|i| mix(self.seed ^ mix(first + i))));
+            let seed = match part {
+                Part::Train => self.seed,
+                Part::HeldOut => mix(self.seed ^ HELD_OUT_STREAM),
+            };
+            keys.extend((0..self.micro_batch as u64).map(|i| mix(seed ^ mix(first + i))));
             Ok(keys)
         };
         match self.task {
             Task::NextToken { seq_len } => {
                 let tokens = host_vec::<i64>(self.micro_batch, self.task.tokens())?;
-                let (all, t) = (self.token_matrix(&keys()?, tokens)?, seq_len as i64);
+                let (all, t) = (self.token_matrix(&keys()?, part, tokens)?, seq_len as i64);
                 Ok(Batch {
                     input: on_device(all.f_narrow(1, 0, t)?)?,
                     target: on_device(all.f_narrow(1, 1, t)?)?,
@@ -217,7 +275,7 @@ impl Data {
             }
             Task::Seq2Seq { seq_len, target_len } => {
                 let tokens = host_vec::<i64>(self.micro_batch, self.task.tokens())?;
-                let (all, t, t2) = (self.token_matrix(&keys()?, tokens)?, seq_len as i64, target_len as i64);
+                let (all, t, t2) = (self.token_matrix(&keys()?, part, tokens)?, seq_len as i64, target_len as i64);
                 let target = all.f_narrow(1, t, t2)?;
                 let start = Tensor::f_zeros([b, 1], (Kind::Int64, Device::Cpu))?;
                 let decoder_input = Tensor::f_cat(&[&start, &target.f_narrow(1, 0, t2 - 1)?], 1)?;
@@ -244,9 +302,9 @@ impl Data {
 
     /// The tokens of the samples with hash `keys`, `[keys, Task::tokens]` (int64, on the host),
     /// written into `tokens` (reserved by the caller).
-    fn token_matrix(&self, keys: &[u64], mut tokens: Vec<i64>) -> Result<Tensor, tch::TchError> {
+    fn token_matrix(&self, keys: &[u64], part: Part, mut tokens: Vec<i64>) -> Result<Tensor, tch::TchError> {
         for &key in keys {
-            self.tokens(key, &mut tokens);
+            self.tokens(key, part, &mut tokens);
         }
         Tensor::from_slice(&tokens).f_view([keys.len() as i64, self.task.tokens() as i64])
     }
@@ -267,7 +325,7 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let task = Task::NextToken { seq_len: 8 };
         for p in [fifo.as_path(), Path::new("/dev/zero"), d.path()] {
-            match Source::open(Some(p), 50257, &task) {
+            match Source::open(Some(p), 50257, &task, false) {
                 Err(DataError::NotAFile { .. }) => {}
                 Err(e) => panic!("{}: {e}", p.display()),
                 Ok(_) => panic!("{}: read", p.display()),
@@ -333,7 +391,9 @@ mod tests {
     fn t5_text_targets_are_the_following_bytes() {
         let bytes: Vec<u8> = (0..=255).collect();
         let task = Task::Seq2Seq { seq_len: 4, target_len: 3 };
-        let b = Data::new(Source::Text { bytes }, task, 1, 3, 1, 1, 0, Device::Cpu).batch(2, 0).unwrap();
+        let b = Data::new(Source::Text { train_end: bytes.len(), bytes }, task, 1, 3, 1, 1, 0, Device::Cpu)
+            .batch(2, 0)
+            .unwrap();
         let (input, target) =
             (Vec::<i64>::try_from(b.input.view([-1])).unwrap(), Vec::<i64>::try_from(b.target.view([-1])).unwrap());
         for s in 0..3 {
@@ -357,5 +417,72 @@ mod tests {
         // Any split of the global batch sees the same vectors.
         let halves = [split(2, 0, 2).batch(1, 0).unwrap().input, split(2, 1, 2).batch(1, 0).unwrap().input];
         assert!(b.input.equal(&Tensor::cat(&halves, 0)));
+    }
+
+    /// With evaluation a text's last tenth is held out: training reads only the part before it
+    /// and evaluation only that part, whatever the step, micro-step or rank.
+    #[test]
+    fn held_out_text_is_never_trained_on() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("text.txt");
+        // 900 bytes of 'a', then 100 of 'z': the held-out tenth is exactly the 'z's.
+        let mut text = vec![b'a'; 900];
+        text.extend([b'z'; 100]);
+        std::fs::write(&path, &text).unwrap();
+        let task = Task::NextToken { seq_len: 16 };
+        let open = |hold_out| Source::open(Some(&path), 50257, &task, hold_out).unwrap();
+        let text_data = |source, world, rank| Data::new(source, task, 5, 4, world, 2, rank, Device::Cpu);
+        let all =
+            |t: Tensor, byte: u8| Vec::<i64>::try_from(t.view([-1])).unwrap().iter().all(|&x| x == i64::from(byte));
+        for (world, rank) in [(1, 0), (2, 1)] {
+            for step in 0..20 {
+                for micro in 0..2 {
+                    assert!(all(text_data(open(true), world, rank).batch(step, micro).unwrap().input, b'a'));
+                }
+            }
+            for micro in 0..2 {
+                let b = text_data(open(true), world, rank).held_out_batch(micro).unwrap();
+                assert!(all(b.input, b'z') && all(b.target, b'z'), "micro {micro}");
+            }
+        }
+        // Without evaluation the whole text is read, as before: some sample reaches the 'z's.
+        let reaches = (0..50).any(|step| !all(text_data(open(false), 1, 0).batch(step, 0).unwrap().target, b'a'));
+        assert!(reaches, "training without evaluation reads the whole text");
+    }
+
+    /// The held-out batch is one global batch, the same at every evaluation, split over ranks and
+    /// micro-steps like a training batch, and none of its synthetic samples is a training sample.
+    #[test]
+    fn the_held_out_batch_is_fixed_and_not_trained_on() {
+        let held = data(1, 0, 4, 1).held_out_batch(0).unwrap().input;
+        assert!(held.equal(&data(1, 0, 4, 1).held_out_batch(0).unwrap().input));
+        let halves =
+            [data(2, 0, 2, 1).held_out_batch(0).unwrap().input, data(2, 1, 2, 1).held_out_batch(0).unwrap().input];
+        assert!(held.equal(&Tensor::cat(&halves, 0)));
+        for step in 0..8 {
+            let train = data(1, 0, 4, 1).batch(step, 0).unwrap().input;
+            for i in 0..4 {
+                assert!(!held.get(i).equal(&train.get(i)), "held-out sample {i} is step {step}'s");
+            }
+        }
+    }
+
+    /// A text that cannot hold a sample on both sides of the held-out cut is refused with
+    /// evaluation, and read without it.
+    #[test]
+    fn a_text_too_short_to_hold_out_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("short.txt");
+        std::fs::write(&path, vec![b'x'; 100]).unwrap();
+        let task = Task::NextToken { seq_len: 16 };
+        match Source::open(Some(&path), 50257, &task, true) {
+            Err(e @ DataError::TooShortToHoldOut { .. }) => {
+                assert!(e.to_string().contains("--eval-every"), "{e}");
+                assert!(e.to_string().contains("100 bytes"), "{e}");
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a 10-byte held-out part for 17-byte samples"),
+        }
+        Source::open(Some(&path), 50257, &task, false).unwrap();
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tch::Tensor;
-use zerobench_schema::log::{ModuleProfile, Profile, Record, Step, Summary};
+use zerobench_schema::log::{Eval, ModuleProfile, Profile, Record, Step, Summary};
 use zerobench_schema::{RunConfig, SCHEMA_VERSION};
 
 use crate::data::Data;
@@ -73,15 +73,17 @@ impl Trainer<'_> {
         self.engine.set_timeline(self.observe.timeline.clone());
         self.engine.set_clock(&self.clock);
         let mut writer = self.writer()?;
-        // When the previous step's work had all completed.
+        // When the previous step's work had all completed, and how long the evaluation after it
+        // took (not part of the loop's overhead).
         let mut previous_end: Option<Instant> = None;
+        let mut eval_ms = 0.0;
 
         for step in 0..self.cfg.steps {
             let traced = self.observe.trace && step >= self.cfg.warmup && step < self.cfg.warmup + TRACE_STEPS;
             let record = traced || self.observe.profile_step == Some(step);
             self.timeline().record_step(record.then_some(step));
             let t0 = Instant::now();
-            let overhead_ms = previous_end.map_or(0.0, |e| ms_between(e, t0));
+            let overhead_ms = previous_end.map_or(0.0, |e| (ms_between(e, t0) - eval_ms).max(0.0));
 
             // All of the step's data goes to the device now, while the device is idle after the
             // last step's synchronisation, so no copy stalls the host in the middle of the step.
@@ -163,12 +165,67 @@ impl Trainer<'_> {
             if !outcome.loss.is_finite() && !outcome.skipped {
                 return Err(Failure::Internal(format!("loss became {} at step {step}", outcome.loss)));
             }
+            eval_ms = 0.0;
+            if let Some(every) = self.cfg.eval_every {
+                if (step + 1) % every == 0 || step + 1 == self.cfg.steps {
+                    let eval = self.evaluate(step, samples)?;
+                    eval_ms = eval.eval_ms;
+                    writer.send(Record::Eval(eval)).map_err(|e| Failure::Io(e.to_string()))?;
+                }
+            }
         }
         writer.finish().map_err(|e| Failure::Io(e.to_string()))?;
         // The run's step time: per step the slowest rank, then the median (ingest's rule).
         self.engine.max_over_ranks(&mut measured)?;
         progress.summary = summarize(&measured, tokens, last_loss, peak_allocated);
         Ok(())
+    }
+
+    /// The mean loss over the held-out global batch after `step`: forward only, through the
+    /// engine's hooks (stage 3 gathers and releases as in training), no gradient, no update. Its
+    /// timers, collectives and trace are kept out of the next step's record.
+    fn evaluate(&mut self, step: u32, samples: u64) -> Result<Eval, Failure> {
+        let start = Instant::now();
+        self.timeline().record_step(None);
+        let mut total: Option<Tensor> = None;
+        {
+            let _guard = tch::no_grad_guard();
+            let n = self.model.segments().len();
+            for micro in 0..self.cfg.grad_accum as usize {
+                let batch = self.data.held_out_batch(micro)?;
+                let mut outputs: Vec<Tensor> = Vec::new();
+                for s in 0..n {
+                    self.engine.before(s)?;
+                    let unit = self.model.segments()[s].unit;
+                    outputs = self.model.forward(s, self.engine.params(unit), &outputs, &batch)?;
+                    self.engine.after(s)?;
+                }
+                let loss = outputs[0].f_to_kind(tch::Kind::Float)?;
+                total = Some(match total {
+                    Some(t) => t.f_add(&loss)?,
+                    None => loss,
+                });
+                self.engine.end_eval_forward()?;
+            }
+        }
+        let mean = match total {
+            Some(t) => t.f_div_scalar(f64::from(self.cfg.grad_accum))?,
+            None => unreachable!("validation keeps --grad-accum at least 1"),
+        };
+        let loss = self.engine.mean_over_ranks(&mean)?;
+        // Whatever the evaluation left on the clock and the counters is not the next step's.
+        self.clock.finish()?;
+        self.clock.take()?;
+        self.engine.take_comm_stats()?;
+        Ok(Eval {
+            v: SCHEMA_VERSION,
+            ts: now_ts(),
+            rank: self.rank,
+            step,
+            loss,
+            samples,
+            eval_ms: ms_between(start, Instant::now()),
+        })
     }
 
     /// The log thread of this run: step records get NVML's readings there.

@@ -26,6 +26,8 @@
 //!   resolution of the sum.
 //! * The head's three GEMMs run in the forward phase (the logged forward time grows and the
 //!   backward time shrinks by the same work).
+//! * An evaluation (`--eval-every`, forward only under `no_grad`) gets the same loss and pays for
+//!   the two gradient GEMMs too; its time is in no step's.
 //!
 //! The vocabulary is padded to a multiple of 64 inside the GEMMs (GPT-2's 50257 makes them
 //! several times slower unaligned); the padding columns never reach the loss.

@@ -261,7 +261,7 @@ mod tests {
                 ..zerobench_schema::RunConfig::new(preset, zerobench_schema::ZeroStage::Z0)
             };
             let task = crate::data::Task::of(&cfg);
-            let source = crate::data::Source::open(None, preset.spec().vocab(), &task).unwrap();
+            let source = crate::data::Source::open(None, preset.spec().vocab(), &task, false).unwrap();
             crate::data::Data::new(source, task, 1, 2, 1, 1, 0, tch::Device::Cpu).batch(0, 0).unwrap()
         };
         for preset in [ModelPreset::Tiny, ModelPreset::TinyT5, ModelPreset::TinyLlama, ModelPreset::Mlp] {

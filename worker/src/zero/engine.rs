@@ -773,17 +773,41 @@ impl Engine {
                 st.current = 0;
             }
         }
-        if self.stage == ZeroStage::Z3 {
-            for s in 0..self.slot_owner.len() {
-                if let Some(u) = self.slot_owner[s] {
-                    self.release(u)?;
-                }
-            }
-        }
+        self.release_gathered()?;
         if self.offload != Offload::None && !self.last_micro() {
             self.settle_landed()?;
         }
         Ok(())
+    }
+
+    /// After an evaluation's forward pass (no backward, so no gradient was harvested): stage 3
+    /// releases the units it gathered, and hpZ forgets the secondary partitions it filled, so the
+    /// next step gathers exactly as it would have without the evaluation.
+    pub fn end_eval_forward(&mut self) -> Result<(), EngineError> {
+        self.release_gathered()?;
+        if let Some(h) = &mut self.hpz {
+            h.fresh.fill(false);
+        }
+        Ok(())
+    }
+
+    /// Stage 3: releases every gathered unit (nothing in the other stages).
+    fn release_gathered(&mut self) -> Result<(), EngineError> {
+        for s in 0..self.slot_owner.len() {
+            if let Some(u) = self.slot_owner[s] {
+                self.release(u)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The mean over ranks of a scalar each rank computed (evaluation's loss), on the host.
+    pub fn mean_over_ranks(&mut self, value: &Tensor) -> Result<f64, EngineError> {
+        let _guard = tch::no_grad_guard();
+        let buf = value.f_detach()?.f_to_kind(Kind::Float)?.f_reshape([1])?;
+        self.comm.reduce_control(&buf)?;
+        let sum = Vec::<f32>::try_from(&buf.f_to_device(Device::Cpu)?)?;
+        Ok(f64::from(sum[0]) / self.world as f64)
     }
 
     /// The optimizer step: agree on the loss (and, in fp16, on whether any gradient overflowed),
