@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU AdamW benchmark of issue 7: parameters updated per second by the Rust AdamW that
+# The CPU AdamW benchmark (docs/results/cpu-adamw.md): parameters updated per second by the Rust AdamW that
 # ZeRO-Offload runs, against this host's memory bandwidth (STREAM triad), in the same run.
 # Writes bench/results/cpu-adamw-<host>.json (override with OUT=...). Target: >= 70% of the bound.
 #   bench/cpu-adamw/run.sh [PARAMS] [THREADS]

@@ -18,7 +18,7 @@ bytes per second each GPU's side stream moved while compute ran. Progress goes t
 
 Limits: one Python thread launches both GPUs' work op by op, so a single measurement varies by
 about +-10% on the shared H200 hosts; only the median over many repetitions means anything, and
-differences of a few percent stay within the noise (docs/benchmarks.md quotes three calls).
+differences of a few percent stay within the noise (docs/results/collectives.md quotes three calls).
 
   python3 bench/gpu/interference.py [--iters 20] [--mb 4] [--blocks 6] [--reps 7]
 """

@@ -1,5 +1,5 @@
 """Turns the result archives of bench/gpu/run.sh into bench/results/gpu-<date>.json and the
-Markdown tables of docs/benchmarks.md.
+Markdown tables of docs/results/ (correctness.md, collectives.md, per-module.md).
 
     python3 bench/gpu/report.py PRIMARY.tar.gz [CONTEXT.tar.gz] --json OUT.json --md OUT.md
 

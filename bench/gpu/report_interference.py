@@ -1,5 +1,5 @@
 """Turns archives of the `interference` phase of bench/gpu/run.sh into one JSON result and the
-Markdown tables of docs/benchmarks.md (issue 3: why gpt2-xl loses throughput per GPU on 2 GPUs).
+Markdown tables of docs/results/collectives.md (why gpt2-xl loses throughput per GPU on 2 GPUs).
 
     python3 bench/gpu/report_interference.py ARCHIVE.tar.gz [...] [--extra CALL.jsonl ...] \
         --json OUT.json --md OUT.md

@@ -1,6 +1,6 @@
 """Turns the archives of the `offload`, `offload1`, `faults` and `fits` phases of bench/gpu/run.sh
-into one JSON result and the Markdown tables of docs/benchmarks.md (issue 7) and
-docs/reliability.md (issue 6).
+into one JSON result and the Markdown tables of docs/results/offload-and-hpz.md and largest-model.md and
+docs/reliability.md.
 
     python3 bench/gpu/report_offload.py ARCHIVE.tar.gz [ARCHIVE.tar.gz ...] --json OUT.json --md OUT.md
 
@@ -21,7 +21,7 @@ import statistics
 
 from common import gib, host_date, median, read_archive, run_parts
 
-# DeepSpeed 0.19.8, CPU offload, gpt2-xl micro-batch 4, sequence 1024 (issue 7): tokens/s per run.
+# DeepSpeed 0.19.8, CPU offload, gpt2-xl micro-batch 4, sequence 1024: tokens/s per run.
 DEEPSPEED_OFFLOAD = {1: 4726, 2: 2984 * 2}
 # Until the commit after these measurements ("optimizer label for offload runs"), the worker logged
 # the device's AdamW as `setup.optimizer` even when offload ran the update on the host's CPU.

@@ -1,6 +1,6 @@
 """Reads the archive of `bench/gpu/run.sh step-time` (one GPU: zerobench gpt2 and gpt2-xl at stages
 0-3, the PyTorch references eager and torch.compile on the same shapes, in the same call) and writes
-the JSON of bench/results and the Markdown table of docs/benchmarks.md.
+the JSON of bench/results and the Markdown tables of docs/results/one-gpu.md and two-gpus.md.
 
     python3 bench/gpu/report_step.py ARCHIVE.tar.gz --json OUT.json --md OUT.md
 

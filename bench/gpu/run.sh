@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU benchmarks, run on a GPU host from the repository root with the binaries built
-# here (see docs/benchmarks.md):
+# here (see docs/results/reproducing.md):
 #
 #   bench/gpu/run.sh PHASE... [--bin DIR] [--out DIR]
 #

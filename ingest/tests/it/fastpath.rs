@@ -186,7 +186,7 @@ fn unknown_kinds_come_out_sorted() {
 
 /// A log of mutated lines through the whole reader: nothing panics, every line is counted.
 /// `ZEROBENCH_FUZZ_LINES` sets the number of lines (20 000 by default; 1 000 000 for the
-/// reliability figures of docs/ingest.md).
+/// reliability figures of docs/testing.md).
 #[test]
 fn a_fuzzed_log_never_panics() {
     let n: usize = std::env::var("ZEROBENCH_FUZZ_LINES").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
