@@ -299,8 +299,8 @@ pub struct RunConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<PathBuf>,
     /// Evaluate every this many steps and after the last: the mean loss, forward only, over one
-    /// global batch of held-out samples (the last tenth of `data`, which training then leaves
-    /// alone; otherwise seeded samples training never draws). Absent: no evaluation.
+    /// global batch of held-out samples (the end of `data`: its last tenth, or one sample if more;
+    /// training then leaves it alone; otherwise seeded samples training never draws). Absent: no evaluation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_every: Option<u32>,
     #[serde(default)]
@@ -533,7 +533,7 @@ impl RunConfig {
         diff("offload_ratio", self.host_share().to_string(), 1.0f64.to_string());
         let after = |v: Option<u32>| v.map_or_else(|| "None".to_string(), |v| v.to_string());
         diff("delayed_update_after", after(self.delayed_update_after), after(None));
-        // With a text, evaluation holds its last tenth out of training: a different run.
+        // With a text, evaluation holds its end out of training: a different run.
         diff("eval_every", after(self.eval_every), after(None));
         let unset = || "None".to_string();
         let defaults = knob_texts(&OptimConfig::DEFAULT, &EngineConfig::DEFAULT);

@@ -449,7 +449,7 @@ fn evaluation_holds_out_text_and_every_split_agrees_on_its_loss() {
         assert_eq!(rows.len(), 1, "{:?}", ingested.problems);
         assert!(near(rows[0].eval_loss, last) && near(rows[0].perplexity, last.exp()), "{:?} for {last}", rows[0]);
     }
-    // Training with evaluation reads only the first nine tenths of the text: other samples, other
+    // Training with evaluation reads only the text before its held-out end: other samples, other
     // losses than without it.
     let plain =
         train(1, &tmp.path().join("plain"), &on_text(&[TINY_FP32, &["--stage", "0", "--micro-batch", "4"]].concat()));

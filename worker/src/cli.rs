@@ -69,7 +69,7 @@ pub struct Args {
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Evaluate every N steps and after the last: the mean loss over one global batch of held-out
-    /// samples (the last tenth of --data, which training then leaves alone; else seeded samples
+    /// samples (the end of --data: its last tenth, or one sample if more; training then leaves it alone; else seeded samples
     /// training never draws), logged as an `eval` record.
     #[arg(long)]
     pub eval_every: Option<u32>,

@@ -20,8 +20,8 @@
 //!
 //! Evaluation (`--eval-every`) reads held-out samples, numbered like the training ones within one
 //! global batch that is the same at every evaluation. Synthetic ones are hashed from a stream of
-//! their own; a text's are drawn from its last tenth, which training then never reads
-//! ([`HELD_OUT_SHARE`]).
+//! their own; a text's are drawn from its end (its last tenth, or one sample's bytes if that is
+//! more: [`held_out_bytes`]), which training then never reads.
 
 use std::path::{Path, PathBuf};
 
@@ -74,8 +74,11 @@ pub enum Source {
     },
 }
 
-/// With evaluation, the share of a text (its end) held out of training: 1/10.
-pub const HELD_OUT_SHARE: usize = 10;
+/// With evaluation, the bytes at the end of a `len`-byte text held out of training: its last
+/// tenth, or one sample of `need` tokens if that is more (a short text still evaluates).
+pub fn held_out_bytes(len: usize, need: usize) -> usize {
+    (len / 10).max(need + 1)
+}
 
 /// Which samples a micro-batch holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +97,7 @@ pub enum DataError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("--data {path} has {len} bytes; samples of {need} tokens need more")]
     TooShort { path: PathBuf, len: usize, need: usize },
-    #[error("--data {path} has {len} bytes; with --eval-every its last tenth is held out, and each part needs more than {need} bytes")]
+    #[error("--data {path} has {len} bytes; with --eval-every its end is held out, and each part needs more than {need} bytes")]
     TooShortToHoldOut { path: PathBuf, len: usize, need: usize },
     #[error("--data needs a vocabulary of at least 256 tokens (model has {0})")]
     SmallVocab(u64),
@@ -146,8 +149,8 @@ fn uniform(h: u64) -> f32 {
 }
 
 impl Source {
-    /// The samples of a run: seeded, or read from the text `data` (with its last tenth held out
-    /// of training when `hold_out`).
+    /// The samples of a run: seeded, or read from the text `data` (with its end held out of
+    /// training when `hold_out`: [`held_out_bytes`]).
     pub fn open(data: Option<&Path>, vocab: u64, task: &Task, hold_out: bool) -> Result<Source, DataError> {
         let Some(path) = data else { return Ok(Source::Synthetic { vocab }) };
         if vocab < 256 {
@@ -168,8 +171,8 @@ impl Source {
         if len <= need {
             return Err(DataError::TooShort { path: path.into(), len, need });
         }
-        let train_end = if hold_out { len - len / HELD_OUT_SHARE } else { len };
-        if train_end <= need || (hold_out && len - train_end <= need) {
+        let train_end = if hold_out { len.saturating_sub(held_out_bytes(len, need)) } else { len };
+        if train_end <= need {
             return Err(DataError::TooShortToHoldOut { path: path.into(), len, need });
         }
         Ok(Source::Text { bytes, train_end })
@@ -467,21 +470,33 @@ mod tests {
         }
     }
 
-    /// A text that cannot hold a sample on both sides of the held-out cut is refused with
-    /// evaluation, and read without it.
+    /// A short text holds out one sample's bytes (more than its tenth), and evaluation reads only
+    /// those; one that cannot hold a sample on both sides of the cut is refused with evaluation,
+    /// and read without it.
     #[test]
-    fn a_text_too_short_to_hold_out_is_refused() {
+    fn a_short_text_holds_out_one_sample_or_is_refused() {
         let d = tempfile::tempdir().unwrap();
-        let path = d.path().join("short.txt");
-        std::fs::write(&path, vec![b'x'; 100]).unwrap();
         let task = Task::NextToken { seq_len: 16 };
+        // 100 bytes: a tenth is 10, a sample 17, so the last 18 bytes are held out.
+        let path = d.path().join("short.txt");
+        let mut text = vec![b'a'; 82];
+        text.extend([b'z'; 18]);
+        std::fs::write(&path, &text).unwrap();
+        let data = Data::new(Source::open(Some(&path), 50257, &task, true).unwrap(), task, 1, 3, 1, 1, 0, Device::Cpu);
+        let held = Vec::<i64>::try_from(data.held_out_batch(0).unwrap().input.view([-1])).unwrap();
+        assert!(held.iter().all(|&t| t == i64::from(b'z')), "{held:?}");
+        let train = Vec::<i64>::try_from(data.batch(3, 0).unwrap().target.view([-1])).unwrap();
+        assert!(train.iter().all(|&t| t == i64::from(b'a')), "{train:?}");
+
+        let path = d.path().join("shorter.txt");
+        std::fs::write(&path, vec![b'x'; 30]).unwrap();
         match Source::open(Some(&path), 50257, &task, true) {
             Err(e @ DataError::TooShortToHoldOut { .. }) => {
                 assert!(e.to_string().contains("--eval-every"), "{e}");
-                assert!(e.to_string().contains("100 bytes"), "{e}");
+                assert!(e.to_string().contains("30 bytes"), "{e}");
             }
             Err(e) => panic!("{e}"),
-            Ok(_) => panic!("a 10-byte held-out part for 17-byte samples"),
+            Ok(_) => panic!("12 training bytes for 17-byte samples"),
         }
         Source::open(Some(&path), 50257, &task, false).unwrap();
     }
