@@ -9,6 +9,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin  # MPI for the worker (pulls libpmix2 for srun --mpi=pmix)
   slurm-wlm munge             # the local test cluster (slurm/local-cluster.sh)
   pdsh                        # the DeepSpeed-style launch method
+  openssh-server openssh-client  # pdsh over ssh, tested against a private sshd on a free port
   python3 python3-pip         # pip download of the libtorch wheels
 )
 

@@ -469,6 +469,11 @@ fn pdsh(
         PdshRcmd::Ssh => sh(&node_sh).into_owned(),
         PdshRcmd::Exec => node_sh,
     };
+    if let Some(port) = spec.launch.ssh_port {
+        s.push_str("# The hosts' ssh port, after any ssh arguments the environment already gives pdsh.\n");
+        let _ =
+            writeln!(s, "export PDSH_SSH_ARGS_APPEND=\"${{PDSH_SSH_ARGS_APPEND:+$PDSH_SSH_ARGS_APPEND }}-p {port}\"");
+    }
     s.push_str("# DeepSpeed style: pdsh starts node.sh once per host with its node rank (%n); node.sh\n");
     s.push_str("# starts that host's ranks. -S returns the largest remote exit code (pdsh returns 0 without it).\n");
     let w: Vec<Word> = ["pdsh", "-S", "-R", rcmd, "-f", "1024", "-w", &wlist, "bash", &node_sh, "%n"]

@@ -207,6 +207,9 @@ pub struct Launch {
     /// Rendezvous port of the pdsh and torchrun methods (`MASTER_PORT`); derived from the run id
     /// (and the Slurm job id, for torchrun) when absent.
     pub master_port: Option<u16>,
+    /// pdsh over ssh: the hosts' ssh port (DeepSpeed's `--ssh_port`), passed to ssh through
+    /// `PDSH_SSH_ARGS_APPEND`; absent: ssh's own (22, or the user's ssh configuration).
+    pub ssh_port: Option<u16>,
     /// The worker program, a path or a name on `PATH` where the ranks run.
     pub worker: Text,
 }
@@ -219,6 +222,7 @@ impl Default for Launch {
             mpi_impl: MpiImpl::default(),
             pdsh_rcmd: PdshRcmd::default(),
             master_port: None,
+            ssh_port: None,
             worker: builtin("zerobench-worker"),
         }
     }
@@ -747,6 +751,16 @@ impl Spec {
         if !self.launch.method.rendezvous_by_env() && self.launch.master_port.is_some() {
             return Err(self.error_at("launch.master_port", "only the pdsh and torchrun methods use a rendezvous port"));
         }
+        if self.launch.ssh_port.is_some()
+            && (self.launch.method, self.launch.pdsh_rcmd) != (Method::Pdsh, PdshRcmd::Ssh)
+        {
+            return Err(
+                self.error_at("launch.ssh_port", "only the pdsh method over ssh (pdsh_rcmd: ssh) uses an ssh port")
+            );
+        }
+        if self.launch.ssh_port == Some(0) {
+            return Err(self.error_at("launch.ssh_port", "must be a port number from 1 to 65535"));
+        }
         for (b, block) in self.sweep.iter().enumerate() {
             self.check_block(b, block)?;
         }
@@ -1107,8 +1121,29 @@ mod tests {
             parse("cluster: {allocation: '42'}\nsweep: {models: tiny}\n").unwrap().cluster.allocation,
             Some(Allocation::Job(42))
         );
+        // The ssh port belongs to pdsh over ssh (the pdsh cases: `ssh_port_is_pdsh_over_ssh_only`).
+        let e = err("launch:\n  method: srun\n  ssh_port: 2222\nsweep:\n  models: tiny\n");
+        assert!(e.starts_with("s.yaml:3:3: launch.ssh_port: only the pdsh method over ssh"), "{e}");
         let e = err("cluster:\n  hostfile: /nonexistent/hf\nsweep:\n  models: tiny\n");
         assert!(e.contains("cluster.hostfile: /nonexistent/hf: cannot read"), "{e}");
+    }
+
+    /// `launch.ssh_port` goes with pdsh over ssh only, and is a port number.
+    #[test]
+    fn ssh_port_is_pdsh_over_ssh_only() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("hosts"), "a slots=1\nb slots=1\n").unwrap();
+        let load = |launch: &str| {
+            let text = format!("cluster: {{hostfile: hosts}}\nlaunch: {launch}\nsweep: {{models: tiny}}\n");
+            Spec::parse(&text, &d.path().join("s.yaml")).map_err(|e| e.to_string())
+        };
+        assert_eq!(load("{method: pdsh, ssh_port: 2222}").unwrap().launch.ssh_port, Some(2222));
+        let e = load("{method: pdsh, pdsh_rcmd: exec, ssh_port: 2222}").unwrap_err();
+        assert!(e.contains("launch.ssh_port: only the pdsh method over ssh (pdsh_rcmd: ssh)"), "{e}");
+        let e = load("{method: pdsh, ssh_port: 0}").unwrap_err();
+        assert!(e.contains("launch.ssh_port: must be a port number from 1 to 65535"), "{e}");
+        let e = load("{method: pdsh, ssh_port: 70000}").unwrap_err();
+        assert!(e.contains("launch.ssh_port"), "{e}");
     }
 
     /// The torchrun method: srun steps meeting at a rendezvous port, in an allocation too.

@@ -103,3 +103,136 @@ fn hosts_outside_the_allocation_are_refused() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(dir.path().join("rank3").exists());
 }
+
+/// A private sshd on a free port of this host (its own host key, one authorised client key,
+/// listening on 127.0.0.1 only), stopped when dropped.
+struct Sshd {
+    child: std::process::Child,
+    port: u16,
+    key: std::path::PathBuf,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts an sshd for root, or `None` (skipped, or failed under `ZEROBENCH_REQUIRE_SLURM`) where
+/// there is none or this is not root (sshd separates privileges only as root).
+fn sshd() -> Option<Sshd> {
+    if !installed(Command::new("/usr/sbin/sshd").arg("-h")) || !installed(Command::new("ssh-keygen").arg("-?")) {
+        return None;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        crate::support::skip("sshd needs root here");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    for key in ["host_key", "client_key"] {
+        let o =
+            Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", ""]).arg("-f").arg(p(key)).output().unwrap();
+        assert!(o.status.success(), "ssh-keygen: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    std::fs::copy(p("client_key.pub"), p("authorized_keys")).unwrap();
+    // The privilege separation directory sshd insists on.
+    std::fs::create_dir_all("/run/sshd").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = format!(
+        "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPidFile {}\n\
+         PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n\
+         StrictModes no\nUsePAM no\n",
+        p("host_key").display(),
+        p("authorized_keys").display(),
+        p("sshd.pid").display()
+    );
+    std::fs::write(p("sshd_config"), config).unwrap();
+    let log = p("sshd.log");
+    let child = Command::new("/usr/sbin/sshd")
+        .arg("-D")
+        .arg("-e")
+        .arg("-f")
+        .arg(p("sshd_config"))
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let sshd = Sshd { child, port, key: p("client_key"), log, _dir: dir };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "sshd did not listen: {}", std::fs::read_to_string(&sshd.log).unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(sshd)
+}
+
+/// pdsh over a real ssh, on a custom port (`launch.ssh_port`, DeepSpeed's `--ssh_port`): node.sh
+/// arrives through sshd with nothing of the submitting shell, starts the node's two ranks, and
+/// they meet through the environment rendezvous. Tiny at stage 3 on the two ranks trains the same
+/// model as stage 0 on one MPI rank. (One node: two "nodes" that are this host under two names
+/// would be one host to the ranks, which find their local ranks by host name; the node ranks of
+/// several hosts are `node_ranks_and_rank_environment`'s.)
+#[test]
+fn pdsh_over_ssh_on_a_custom_port_trains_like_mpi() {
+    if !have_pdsh() {
+        return;
+    }
+    let Some(sshd) = sshd() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let text = crate::support::repo("tests/data/declaration-of-independence.txt");
+    std::fs::write(dir.path().join("hosts"), "127.0.0.1 slots=2\n").unwrap();
+    let master_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let spec = dir.path().join("s.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "cluster:\n  hostfile: hosts\n  env: {{LD_LIBRARY_PATH: {:?}}}\nlaunch:\n  method: pdsh\n  pdsh_rcmd: ssh\n  ssh_port: {}\n  master_port: {master_port}\n  worker: {:?}\n\
+             worker: {{seq_len: 64, lr: 0.001, steps: 20, device: cpu, data: {:?}}}\n\
+             sweep:\n  models: tiny\n  stages: 3\n  precision: fp32\n  nodes: 1\n  ranks_per_node: 2\n  micro_batches: 3\n",
+            std::env::var("LD_LIBRARY_PATH").unwrap_or_default(),
+            sshd.port,
+            crate::support::worker().to_str().unwrap(),
+            text.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let plan = Plan::build(Spec::load(&spec).unwrap()).unwrap();
+    let run = render(&plan, &dir.path().join("runs")).unwrap().remove(0);
+    let sbatch = std::fs::read_to_string(run.join("job.sbatch")).unwrap();
+    let port_line =
+        format!("export PDSH_SSH_ARGS_APPEND=\"${{PDSH_SSH_ARGS_APPEND:+$PDSH_SSH_ARGS_APPEND }}-p {}\"", sshd.port);
+    assert!(sbatch.contains(&port_line), "{sbatch}");
+    // The client's key and a throwaway known-hosts file; the port comes from the job.
+    let client = format!(
+        "-i {} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes",
+        sshd.key.display()
+    );
+    let o = Command::new("bash").arg(run.join("job.sbatch")).env("PDSH_SSH_ARGS_APPEND", client).output().unwrap();
+    let log = std::fs::read_to_string(&sshd.log).unwrap();
+    assert!(
+        o.status.success(),
+        "{}{}\nsshd:\n{log}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(log.matches("Accepted publickey for root").count(), 1, "one ssh session for the node:\n{log}");
+    let ranks: Vec<_> =
+        (0..2).map(|r| crate::support::records(&run.join("logs").join(format!("rank{r}.jsonl")))).collect();
+    for recs in &ranks {
+        let Some(zerobench_schema::log::Record::Start(s)) = recs.first() else { panic!("no start record") };
+        assert_eq!((s.world_size, s.nodes, s.rank_source.as_str()), (2, 1, "env"), "{s:?}");
+    }
+    let reference = crate::support::losses(
+        &crate::support::train(
+            1,
+            &dir.path().join("ref"),
+            &crate::support::on_text(&[crate::support::TINY_FP32, &["--stage", "0", "--micro-batch", "6"]].concat()),
+        )[0],
+    );
+    let diff = crate::support::max_rel_diff(&crate::support::losses(&ranks[0]), &reference);
+    assert!(diff <= 1e-5, "stage 3 over pdsh and ssh: relative loss difference {diff:e}");
+}

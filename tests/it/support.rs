@@ -68,7 +68,7 @@ pub fn write_script(path: &Path, body: &str) {
 /// Skips a test whose environment is missing, with a message; fails it instead where
 /// `ZEROBENCH_REQUIRE_SLURM` says the environment is complete (`scripts/test.sh` as root, after
 /// `scripts/setup-system.sh` installed Slurm and pdsh), so a broken setup cannot pass silently.
-fn skip(missing: &str) {
+pub fn skip(missing: &str) {
     assert!(std::env::var_os("ZEROBENCH_REQUIRE_SLURM").is_none(), "ZEROBENCH_REQUIRE_SLURM is set but {missing}");
     eprintln!("SKIPPED: {missing}");
 }
