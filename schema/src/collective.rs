@@ -164,4 +164,26 @@ mod tests {
         assert_eq!(CommKey::from_name(b"p2p"), None);
         assert_eq!(CommKey::from_name(b"all_gather_grou"), None);
     }
+
+    /// A kind's name is its key on the world's communicator, as docs/log-schema.md lists them.
+    #[test]
+    fn kind_names_are_the_world_keys() {
+        let names: Vec<&str> = CollectiveKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names, ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "d2h", "h2d", "d2d"]);
+        for kind in CollectiveKind::ALL {
+            assert_eq!(kind.name(), CommKey { kind, group: false }.name());
+        }
+    }
+
+    /// Seven kinds, each on the world and on the group: fourteen keys, each once.
+    #[test]
+    fn every_kind_has_a_world_and_a_group_key() {
+        assert_eq!(CommKey::COUNT, 14);
+        for kind in CollectiveKind::ALL {
+            for group in [false, true] {
+                let n = CommKey::ALL.iter().filter(|k| **k == CommKey { kind, group }).count();
+                assert_eq!(n, 1, "{kind:?} group={group}");
+            }
+        }
+    }
 }

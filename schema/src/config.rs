@@ -836,4 +836,181 @@ mod tests {
         let bad = s.replacen("\"steps\"", "\"stepz\"", 1);
         assert!(serde_json::from_str::<RunConfig>(&bad).is_err());
     }
+
+    /// Mixed precision keeps an fp32 master copy (4 of its 12 optimizer bytes); fp32 updates the
+    /// parameters themselves and keeps only Adam's two moments.
+    #[test]
+    fn only_mixed_precision_keeps_a_master_copy() {
+        assert!(Precision::Bf16.has_master_copy());
+        assert!(Precision::Fp16.has_master_copy());
+        assert!(!Precision::Fp32.has_master_copy());
+        for p in Precision::ALL {
+            let master = if p.has_master_copy() { 4 } else { 0 };
+            assert_eq!(p.optimizer_bytes(), master + 8, "{p}");
+        }
+    }
+
+    /// Parameter offload is what stage 3 is for: accepted there, refused on every other stage.
+    #[test]
+    fn optimizer_and_params_offload_is_accepted_on_stage_3_only() {
+        for stage in ZeroStage::ALL {
+            let mut c = RunConfig::new(ModelPreset::Tiny, stage);
+            c.offload = Offload::OptimizerParams;
+            match stage {
+                ZeroStage::Z3 => c.validate(Some(4)).unwrap(),
+                _ => assert_eq!(c.validate(Some(4)).unwrap_err().field, "offload", "stage {stage}"),
+            }
+        }
+    }
+
+    /// The learning rate, Adam's epsilon and the bucket size must be finite and above 0; the weight
+    /// decay finite and at least 0. Each refusal names its flag.
+    #[test]
+    fn optimizer_and_bucket_settings_refuse_zero_negative_and_non_finite() {
+        let base = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z1);
+        type Set = fn(&mut RunConfig, f64);
+        let knobs: [(&str, Set, &[f64], &[f64]); 4] = [
+            ("lr", |c, v| c.optim.lr = v, &[0.0, -1e-3, f64::NAN, f64::INFINITY], &[1e-9, 3e-4, 10.0]),
+            ("eps", |c, v| c.optim.eps = v, &[0.0, -1e-8, f64::NAN, f64::INFINITY], &[1e-30, 1e-8]),
+            ("weight-decay", |c, v| c.optim.weight_decay = v, &[-0.1, -1e-12, f64::NAN, f64::INFINITY], &[0.0, 0.1]),
+            ("bucket-mb", |c, v| c.engine.bucket_mb = v, &[0.0, -32.0, f64::NAN, f64::INFINITY], &[0.5, 32.0]),
+        ];
+        for (flag, set, bad, good) in knobs {
+            for &v in bad {
+                let mut c = base.clone();
+                set(&mut c, v);
+                assert_eq!(c.validate(None).unwrap_err().field, flag, "{flag} = {v}");
+            }
+            for &v in good {
+                let mut c = base.clone();
+                set(&mut c, v);
+                assert_eq!(c.validate(None), Ok(()), "{flag} = {v}");
+            }
+        }
+    }
+
+    /// hpZ groups belong to stage 3, hold at least one rank and must tile the world exactly.
+    #[test]
+    fn hpz_needs_stage_3_and_a_group_size_dividing_the_world() {
+        let mut c = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z3);
+        for (g, world) in [(1, 8), (2, 8), (4, 8), (8, 8), (8, 16)] {
+            c.engine.hpz = Some(g);
+            assert_eq!(c.validate(Some(world)), Ok(()), "groups of {g} on {world} ranks");
+        }
+        for (g, world) in [(3, 8), (16, 8), (5, 16)] {
+            c.engine.hpz = Some(g);
+            assert_eq!(c.validate(Some(world)).unwrap_err().field, "hpz", "groups of {g} on {world} ranks");
+            // Before the world size is known only the group itself is checked.
+            assert_eq!(c.validate(None), Ok(()), "groups of {g}");
+        }
+        c.engine.hpz = Some(0);
+        assert_eq!(c.validate(None).unwrap_err().field, "hpz");
+        assert_eq!(c.validate(Some(8)).unwrap_err().field, "hpz");
+        for stage in [ZeroStage::Z0, ZeroStage::Z1, ZeroStage::Z2] {
+            let mut c = RunConfig::new(ModelPreset::Tiny, stage);
+            c.engine.hpz = Some(2);
+            assert_eq!(c.validate(Some(8)).unwrap_err().field, "hpz", "stage {stage}");
+        }
+    }
+
+    /// The fp16 loss scale starts at 2^power: 2^60 is the largest start allowed.
+    #[test]
+    fn loss_scale_power_is_at_most_60() {
+        let mut c = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z2);
+        c.precision = Precision::Fp16;
+        for p in [0, 16, 60] {
+            c.engine.loss_scale_power = p;
+            assert_eq!(c.validate(None), Ok(()), "2^{p}");
+        }
+        for p in [61, 64, u32::MAX] {
+            c.engine.loss_scale_power = p;
+            assert_eq!(c.validate(None).unwrap_err().field, "loss-scale-power", "2^{p}");
+        }
+    }
+
+    /// 3 sequences × 5 micro-steps × 4 ranks = 60 sequences a step; at GPT-2's 1024 tokens,
+    /// 61,440 tokens.
+    #[test]
+    fn global_batch_multiplies_micro_batch_accumulation_and_ranks() {
+        let mut c = RunConfig::new(ModelPreset::Gpt2, ZeroStage::Z1);
+        c.micro_batch = 3;
+        c.grad_accum = 5;
+        assert_eq!(c.seq_len, 1024);
+        assert_eq!(c.global_batch(4), 60);
+        assert_eq!(c.tokens_per_step(4), 61_440);
+        assert_eq!(c.global_batch(1), 15);
+        assert_eq!(c.tokens_per_step(1), 15_360);
+        c.seq_len = 7;
+        assert_eq!(c.tokens_per_step(4), 420);
+    }
+
+    /// A run's FLOPs per token are its model's at the run's lengths: GPT-2 124M at 1024 tokens is
+    /// nanoGPT's `6·N + 12·L·d·T` (N without the 1024 × 768 learned positions); T5-small at 512
+    /// input tokens trains with its default target of 128 unless the run names another.
+    #[test]
+    fn run_flops_per_token_are_its_models_at_its_lengths() {
+        let gpt2 = RunConfig::new(ModelPreset::Gpt2, ZeroStage::Z0);
+        let n = 124_439_808.0 - 1024.0 * 768.0;
+        assert_eq!(gpt2.train_flops_per_token(), 6.0 * n + 12.0 * 12.0 * 768.0 * 1024.0);
+        let mut t5 = RunConfig::new(ModelPreset::T5Small, ZeroStage::Z0);
+        let close = |got: f64, want: f64| assert!((got - want).abs() <= 1e-12 * want, "{got} vs {want}");
+        // See models.rs's `t5_flops_with_a_shorter_target_count_the_decoder_per_target_token`.
+        close(t5.train_flops_per_token(), 214_654_080.0);
+        t5.target_len = Some(512);
+        close(t5.train_flops_per_token(), 6.0 * 60_506_624.0 + 12.0 * 6.0 * 512.0 * 512.0 * 3.0);
+    }
+
+    /// The flags the launcher renders for a run: every setting, in the worker's spelling, with the
+    /// optimizer and engine defaults written out (floats in their shortest decimal form).
+    #[test]
+    fn worker_args_spell_out_every_setting() {
+        let mut c = RunConfig::new(ModelPreset::Gpt2, ZeroStage::Z2);
+        c.micro_batch = 8;
+        c.grad_accum = 4;
+        c.seed = 7;
+        c.eval_every = Some(50);
+        let want = [
+            "--model",
+            "gpt2",
+            "--stage",
+            "2",
+            "--offload",
+            "none",
+            "--precision",
+            "bf16",
+            "--micro-batch",
+            "8",
+            "--seq-len",
+            "1024",
+            "--grad-accum",
+            "4",
+            "--steps",
+            "10",
+            "--warmup",
+            "2",
+            "--seed",
+            "7",
+            "--eval-every",
+            "50",
+            "--device",
+            "auto",
+            "--lr",
+            "0.0003",
+            "--beta1",
+            "0.9",
+            "--beta2",
+            "0.95",
+            "--eps",
+            "0.00000001",
+            "--weight-decay",
+            "0.1",
+            "--bucket-mb",
+            "32",
+            "--prefetch",
+            "1",
+            "--loss-scale-power",
+            "16",
+        ];
+        assert_eq!(c.to_worker_args(), want);
+    }
 }

@@ -260,4 +260,76 @@ mod tests {
         assert_eq!(read_tail(&p, 10).unwrap().len(), 10);
         assert!(output_verdict(&dir.path().join("missing.out")).is_err());
     }
+
+    /// A node failure in either spelling is a failure, not the cancellation the line also states.
+    #[test]
+    fn node_failures_in_either_spelling_are_failures() {
+        let at = "ON n1 CANCELLED AT 2026-01-01T00:00:00";
+        for why in ["NODE FAIL", "NODE_FAIL", "NODE FAILURE"] {
+            let line = format!("slurmstepd: error: *** JOB 12 {at} DUE TO {why} ***\n");
+            assert_eq!(JobState::from_job_output(&line), Some(JobState::Failed), "{why}");
+        }
+    }
+
+    /// The job's timeout, then its step's plain cancellation (which the timeout caused): a timeout.
+    #[test]
+    fn a_cancellation_after_a_timeout_keeps_the_timeout() {
+        let at = "ON n1 CANCELLED AT 2026-01-01T00:00:00";
+        let text = format!("*** JOB 12 {at} DUE TO TIME LIMIT ***\n*** STEP 12.0 {at} ***\n");
+        assert_eq!(JobState::from_job_output(&text), Some(JobState::Timeout));
+    }
+
+    fn local(
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        timed_out: bool,
+        interrupted_by: Option<&str>,
+    ) -> LocalRecord {
+        LocalRecord {
+            exit_code,
+            signal,
+            timed_out,
+            interrupted_by: interrupted_by.map(String::from),
+            seconds: 2.5,
+            finished_at: 1_700_000_000,
+        }
+    }
+
+    /// An interruption wins over everything, then the time limit, then a signal, then the exit code.
+    #[test]
+    fn local_records_map_to_job_states() {
+        use JobState::*;
+        let cases = [
+            (local(Some(0), None, true, Some("SIGINT")), Some(Cancelled)),
+            (local(Some(0), Some(9), true, None), Some(Timeout)),
+            (local(Some(0), Some(9), false, None), Some(Failed)),
+            (local(Some(0), None, false, None), Some(Completed)),
+            (local(Some(1), None, false, None), Some(Failed)),
+            (local(None, None, false, None), None),
+        ];
+        for (record, want) in cases {
+            assert_eq!(record.job_state(), want, "{record:?}");
+        }
+    }
+
+    /// What `zerobench local` and `zerobench status` print for how a local run ended.
+    #[test]
+    fn local_records_describe_how_the_run_ended() {
+        let cases = [
+            (
+                LocalRecord { seconds: 12.34, ..local(Some(130), None, false, Some("SIGINT")) },
+                "stopped after 12.3 s: zerobench local got SIGINT",
+            ),
+            (
+                LocalRecord { seconds: 600.4, ..local(Some(143), None, true, None) },
+                "stopped at the time limit after 600 s",
+            ),
+            (local(Some(1), None, false, None), "exit 1 after 2.5 s"),
+            (local(None, Some(9), false, None), "killed by signal 9 after 2.5 s"),
+            (local(None, None, false, None), "ended after 2.5 s"),
+        ];
+        for (record, want) in cases {
+            assert_eq!(record.describe(), want);
+        }
+    }
 }

@@ -507,6 +507,7 @@ pub fn explain(line: &[u8]) -> Option<String> {
         "setup" => why::<Setup>(line),
         "step" => why::<Step>(line),
         "profile" => why::<Profile>(line),
+        "eval" => why::<Eval>(line),
         "end" => why::<End>(line),
         "error" => why::<ErrorRecord>(line),
         _ => None,
@@ -666,9 +667,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn start_carries_the_config() {
-        let start = Start {
+    fn start() -> Start {
+        Start {
             v: SCHEMA_VERSION,
             ts: 0.0,
             run_id: "r".into(),
@@ -700,9 +700,105 @@ mod tests {
             comm_backend: "mpi".into(),
             versions: Versions::default(),
             slurm: None,
-        };
+        }
+    }
+
+    #[test]
+    fn start_carries_the_config() {
+        let start = start();
         let line = serde_json::to_string(&Record::Start(start.clone())).unwrap();
         assert_eq!(validate_line(line.as_bytes()).unwrap(), Record::Start(start));
+    }
+    /// A plus sign is not a digit: `rank+5.jsonl` is not rank 5's log (Rust's integer parsing
+    /// would take the `+`).
+    #[test]
+    fn a_signed_number_is_not_a_rank() {
+        for bad in ["rank+5.jsonl", "rank_+5.jsonl", "rank-+5.jsonl"] {
+            assert_eq!(rank_from_name(bad), None, "{bad}");
+        }
+    }
+
+    /// Records of every kind, with distinct ranks 0-6 in declaration order.
+    fn one_of_each() -> Vec<Record> {
+        let setup = Setup {
+            v: SCHEMA_VERSION,
+            ts: 1.0,
+            rank: 1,
+            model_state: ModelStateBytes::default(),
+            model_state_expected: ModelStateBytes::default(),
+            padded_params: 0,
+            buffers_bytes: BTreeMap::new(),
+            host_state_bytes: 0,
+            host_state_expected_bytes: None,
+            optimizer: None,
+            host_state_setup_ms: None,
+            memory: MemorySample::default(),
+            setup_ms: 1.0,
+        };
+        let profile = Profile { v: SCHEMA_VERSION, ts: 2.0, rank: 3, step: 3, modules: vec![] };
+        let eval = Eval { v: SCHEMA_VERSION, ts: 3.0, rank: 4, step: 3, loss: 2.4, samples: 4, eval_ms: 5.0 };
+        let end = End {
+            v: SCHEMA_VERSION,
+            ts: 4.0,
+            rank: 5,
+            status: RunStatus::Ok,
+            steps_completed: 4,
+            exit_code: 0,
+            summary: None,
+        };
+        let error = ErrorRecord {
+            v: SCHEMA_VERSION,
+            ts: 5.0,
+            rank: 6,
+            class: ErrorClass::Oom,
+            message: "out of memory".into(),
+            step: Some(3),
+            requested_bytes: None,
+            memory: None,
+        };
+        vec![
+            Record::Start(start()),
+            Record::Setup(setup),
+            Record::Step(Step { rank: 2, ..step() }),
+            Record::Profile(profile),
+            Record::Eval(eval),
+            Record::End(end),
+            Record::Error(error),
+        ]
+    }
+
+    /// `event()` is the `event` key each record is written with, and `rank()` the rank it carries.
+    #[test]
+    fn every_record_names_its_event_and_rank() {
+        let events = ["start", "setup", "step", "profile", "eval", "end", "error"];
+        for (i, (rec, event)) in one_of_each().iter().zip(events).enumerate() {
+            assert_eq!(rec.event(), event);
+            assert_eq!(serde_json::to_value(rec).unwrap()["event"], event);
+            assert_eq!(rec.rank(), i as u32, "{event}");
+        }
+    }
+
+    /// A malformed field is explained by its name in the records `explain` knows.
+    #[test]
+    fn explain_names_the_bad_field_of_each_record_kind() {
+        for event in ["start", "setup", "step", "profile", "eval", "end", "error"] {
+            let line = format!(r#"{{"event":"{event}","v":{SCHEMA_VERSION},"ts":"noon"}}"#);
+            assert!(parse_line(line.as_bytes()).is_err(), "{event}");
+            let why = explain(line.as_bytes()).unwrap_or_else(|| panic!("{event}: not explained"));
+            assert!(
+                why.starts_with(r#"field ts: invalid type: string "noon", expected f64 (column "#),
+                "{event}: {why}"
+            );
+        }
+    }
+
+    /// A writer may spell an absent optional field as `null`: the strict check takes it.
+    #[test]
+    fn a_null_optional_field_passes_the_strict_check() {
+        let line = serde_json::to_string(&Record::Step(step())).unwrap();
+        assert!(!line.contains("power_w"), "{line}");
+        let with_null = line.replacen(r#""loss":2.5"#, r#""loss":2.5,"power_w":null"#, 1);
+        assert_eq!(validate_line(with_null.as_bytes()).unwrap(), Record::Step(step()));
     }
 }
 

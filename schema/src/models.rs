@@ -439,4 +439,95 @@ mod tests {
         let n = 124_439_808.0 - 1024.0 * 768.0;
         assert_eq!(f, 6.0 * n + 12.0 * 12.0 * 768.0 * 1024.0);
     }
+
+    /// The family a spec reports is the `family` tag it is serialized with.
+    #[test]
+    fn family_names_are_the_serialized_tags() {
+        let cases = [
+            (ModelPreset::Gpt2, "gpt2"),
+            (ModelPreset::Tiny, "gpt2"),
+            (ModelPreset::T5Small, "t5"),
+            (ModelPreset::Mistral7b, "llama"),
+            (ModelPreset::Mlp, "mlp"),
+        ];
+        for (p, family) in cases {
+            assert_eq!(p.spec().family(), family, "{p}");
+        }
+        for p in ModelPreset::ALL {
+            assert_eq!(serde_json::to_value(p.spec()).unwrap()["family"], p.spec().family(), "{p}");
+        }
+    }
+
+    /// T5-small's 6 + 6 layers: embed, encoder.0-5 (units 1-6), embed again for the decoder,
+    /// decoder.0-5 (units 7-12), then the tied head.
+    #[test]
+    fn t5_segments_use_the_shared_embedding_three_times() {
+        let want = [0, 1, 2, 3, 4, 5, 6, 0, 7, 8, 9, 10, 11, 12, 0];
+        assert_eq!(ModelPreset::T5Small.spec().segment_units(), want);
+        assert_eq!(ModelPreset::Gpt2.spec().segment_units(), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0]);
+    }
+
+    /// Layers (T5: encoder plus decoder), hidden size and vocabulary of the published presets.
+    #[test]
+    fn layers_width_and_vocab_of_the_presets() {
+        let cases = [
+            (ModelPreset::Gpt2, 12, 768, 50257),
+            (ModelPreset::Gpt2Xl, 48, 1600, 50257),
+            (ModelPreset::T5Small, 12, 512, 32128),
+            (ModelPreset::T5Base, 24, 768, 32128),
+            (ModelPreset::Mistral7b, 32, 4096, 32000),
+            (ModelPreset::Mlp, 4, 512, 0),
+        ];
+        for (p, layers, d_model, vocab) in cases {
+            let s = p.spec();
+            assert_eq!((s.layers(), s.d_model(), s.vocab()), (layers, d_model, vocab), "{p}");
+        }
+    }
+
+    /// T5-small at 512 input tokens and 128 target tokens (r = 1/4 target token per input token),
+    /// by hand. Encoder layers: 4·512·512 + 2·512·2048 + 2·512 = 3,146,752 each, plus 256 relative
+    /// buckets: 18,880,768; with the final norm 18,881,280. Decoder layers: 8·512·512 +
+    /// 2·512·2048 + 3·512 = 4,195,840 each, plus 256: 25,175,296; its cross-attention keys and
+    /// values (2·6·512·512 = 3,145,728) act on every input token, the rest with the final norm and
+    /// the tied head (32128·512) on every target token: 38,479,616. So 6·(18,881,280 + 3,145,728 +
+    /// 38,479,616 / 4) = 189,881,472, plus attention 12·6·512·(512 + 128 / 4 + 128) = 24,772,608.
+    #[test]
+    fn t5_flops_with_a_shorter_target_count_the_decoder_per_target_token() {
+        let got = ModelPreset::T5Small.spec().train_flops_per_input_token(512, 128);
+        let want = 189_881_472.0 + 24_772_608.0;
+        assert!((got - want).abs() <= 1e-12 * want, "{got} vs {want}");
+    }
+
+    /// Mistral 7B's LM head is untied, so its input embedding (32000 × 4096) is a lookup and out of
+    /// N: 6·(7,241,732,096 − 131,072,000) + 12·32·4096·1024 at 1024 tokens.
+    #[test]
+    fn llama_flops_leave_out_the_untied_input_embedding() {
+        let n = 7_241_732_096.0 - 32_000.0 * 4096.0;
+        let want = 6.0 * n + 12.0 * 32.0 * 4096.0 * 1024.0;
+        assert_eq!(want, 44_274_573_312.0);
+        assert_eq!(ModelPreset::Mistral7b.spec().train_flops_per_token(1024, None), want);
+    }
+
+    /// The MLP has no attention: 6 FLOPs per parameter per input vector, whatever the "length".
+    #[test]
+    fn mlp_flops_are_six_per_parameter() {
+        for len in [1, 64] {
+            assert_eq!(ModelPreset::Mlp.spec().train_flops_per_token(len, None), 6.0 * 8_398_848.0);
+        }
+    }
+
+    #[test]
+    fn a_spec_displays_its_family_and_parameter_count() {
+        assert_eq!(ModelPreset::Gpt2.spec().to_string(), "gpt2 (124439808 parameters)");
+        assert_eq!(ModelPreset::T5Small.spec().to_string(), "t5 (60506624 parameters)");
+    }
+
+    #[test]
+    fn preset_names_parse_to_presets_and_others_to_none() {
+        assert_eq!(ModelPreset::from_name("gpt2-xl"), Some(ModelPreset::Gpt2Xl));
+        assert_eq!(ModelPreset::from_name("t5-11b"), Some(ModelPreset::T5_11b));
+        assert_eq!(ModelPreset::from_name("mlp"), Some(ModelPreset::Mlp));
+        assert_eq!(ModelPreset::from_name("gpt3"), None);
+        assert_eq!(ModelPreset::from_name(""), None);
+    }
 }

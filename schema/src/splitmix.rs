@@ -58,4 +58,23 @@ mod tests {
         assert_eq!(unit(0), 0.0);
         assert!(unit(u64::MAX) < 1.0);
     }
+
+    /// The top 53 bits over 2^53: the top bit alone is one half, all of them 1 − 2^-53.
+    #[test]
+    fn unit_takes_the_top_53_bits() {
+        assert_eq!(unit(1 << 63), 0.5);
+        assert_eq!(unit(1 << 11), 1.0 / 9_007_199_254_740_992.0);
+        assert_eq!(unit((1 << 11) - 1), 0.0);
+        assert_eq!(unit(u64::MAX), 1.0 - 1.0 / 9_007_199_254_740_992.0);
+    }
+
+    /// Draws from seed 1234567 follow the reference sequence: its first value's top 53 bits are
+    /// 3153236189995295; its first three values modulo 10, 1000 and 7 are 7, 973 and 3.
+    #[test]
+    fn draws_follow_the_reference_sequence() {
+        let u = SplitMix64(1_234_567).unit();
+        assert_eq!(u, 3_153_236_189_995_295.0 / 9_007_199_254_740_992.0);
+        let mut g = SplitMix64(1_234_567);
+        assert_eq!([g.below(10), g.below(1000), g.below(7)], [7, 973, 3]);
+    }
 }
