@@ -32,6 +32,15 @@ pub fn row_cells<T: Serialize>(row: &T) -> Result<(Vec<&'static str>, Vec<String
     Ok((fields.names, fields.cells))
 }
 
+/// Methods of the row serializer for what is not a struct: each refuses.
+macro_rules! not_a_row {
+    ($($name:ident($($arg:ty),*)),* $(,)?) => {
+        $(fn $name(self, $(_: $arg),*) -> Result<(), RowError> {
+            Err(nested("row that is not a struct"))
+        })*
+    };
+}
+
 #[derive(Default)]
 struct Fields {
     names: Vec<&'static str>,
@@ -66,62 +75,20 @@ impl<'a> ser::Serializer for &'a mut Fields {
     fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, RowError> {
         Ok(self)
     }
-    fn serialize_bool(self, _: bool) -> Result<(), RowError> {
-        Err(nested("row that is not a struct"))
-    }
-    fn serialize_i8(self, _: i8) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_i16(self, _: i16) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_i32(self, _: i32) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_i64(self, _: i64) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_u8(self, _: u8) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_u16(self, _: u16) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_u32(self, _: u32) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_u64(self, _: u64) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_f32(self, _: f32) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_f64(self, _: f64) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_char(self, _: char) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_str(self, _: &str) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_bytes(self, _: &[u8]) -> Result<(), RowError> {
-        self.serialize_bool(false)
+    not_a_row! {
+        serialize_bool(bool), serialize_i8(i8), serialize_i16(i16), serialize_i32(i32), serialize_i64(i64),
+        serialize_u8(u8), serialize_u16(u16), serialize_u32(u32), serialize_u64(u64), serialize_f32(f32),
+        serialize_f64(f64), serialize_char(char), serialize_str(&str), serialize_bytes(&[u8]),
+        serialize_unit_struct(&'static str), serialize_unit_variant(&'static str, u32, &'static str),
     }
     fn serialize_none(self) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_some<V: ?Sized + Serialize>(self, _: &V) -> Result<(), RowError> {
-        self.serialize_bool(false)
+        Err(nested("row that is not a struct"))
     }
     fn serialize_unit(self) -> Result<(), RowError> {
-        self.serialize_bool(false)
+        Err(nested("row that is not a struct"))
     }
-    fn serialize_unit_struct(self, _: &'static str) -> Result<(), RowError> {
-        self.serialize_bool(false)
-    }
-    fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> Result<(), RowError> {
-        self.serialize_bool(false)
+    fn serialize_some<V: ?Sized + Serialize>(self, _: &V) -> Result<(), RowError> {
+        Err(nested("row that is not a struct"))
     }
     fn serialize_newtype_struct<V: ?Sized + Serialize>(self, _: &'static str, v: &V) -> Result<(), RowError> {
         v.serialize(self)
@@ -133,7 +100,7 @@ impl<'a> ser::Serializer for &'a mut Fields {
         _: &'static str,
         _: &V,
     ) -> Result<(), RowError> {
-        self.serialize_bool(false)
+        Err(nested("row that is not a struct"))
     }
     fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, RowError> {
         Err(nested("row that is not a struct"))
