@@ -300,6 +300,10 @@ mod tests {
         assert_eq!(first_host_unit(&units, 0.2001), 2);
         assert_eq!(first_host_unit(&units, 0.6), 1);
         assert_eq!(first_host_unit(&units, 1e-9), 3);
+        // Past the whole model (validation refuses it; a caller may not): everything on the host,
+        // never a unit before the first.
+        assert_eq!(first_host_unit(&units, 1.5), 0);
+        assert_eq!(first_host_unit(&[], 1.0), 0);
         let spec = ModelPreset::Gpt2Xl.spec();
         assert_eq!(host_params(&spec, 4, 1.0), padded_params(&spec, 4));
         let half = host_params(&spec, 4, 0.5) as f64 / padded_params(&spec, 4) as f64;
