@@ -67,4 +67,37 @@ mod tests {
         }
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 3, "no temporary file left");
     }
+
+    /// A temporary name already taken, by a file or by a link, is passed over (never opened, so a
+    /// link's target keeps its bytes); with all of them taken the write fails and says so.
+    #[test]
+    fn taken_temporary_names_are_passed_over() {
+        let d = tempfile::tempdir().unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let p = d.path().join("run.json");
+        let tmp = |n: usize| d.path().join(format!(".run.json.{}.{n}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, tmp(0)).unwrap();
+        std::fs::write(tmp(1), "someone's").unwrap();
+        write(&p, b"{}").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(std::fs::read_to_string(tmp(1)).unwrap(), "someone's");
+        for n in 2..100 {
+            std::fs::write(tmp(n), "").unwrap();
+        }
+        let e = write(&p, b"[]").unwrap_err().to_string();
+        assert!(e.contains("no free temporary name"), "{e}");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{}", "the file keeps its bytes");
+    }
+
+    /// Any other failure to create the temporary file is reported as it is, naming the file,
+    /// not retried under other names.
+    #[test]
+    fn other_failures_are_reported_at_once() {
+        let d = tempfile::tempdir().unwrap();
+        let e = write(&d.path().join("missing").join("job.sbatch"), b"x").unwrap_err().to_string();
+        assert!(e.contains("No such file or directory") && e.contains(".job.sbatch."), "{e}");
+        assert!(!e.contains("no free temporary name"), "{e}");
+    }
 }

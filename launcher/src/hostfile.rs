@@ -291,6 +291,21 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Each format's name is its serde name and its run-folder file's suffix, and parses back;
+    /// any other name is refused with the three that exist.
+    #[test]
+    fn format_names_parse_back_and_name_their_files() {
+        let names: Vec<String> = HostfileFormat::ALL.iter().map(ToString::to_string).collect();
+        assert_eq!(names, ["deepspeed", "openmpi", "mpich"]);
+        for f in HostfileFormat::ALL {
+            assert_eq!(f.as_str().parse::<HostfileFormat>(), Ok(f));
+            assert_eq!(serde_json::to_string(&f).unwrap(), format!("\"{}\"", f.as_str()));
+            assert_eq!(f.file_name(), format!("hostfile.{f}"));
+        }
+        let e = "slurm".parse::<HostfileFormat>().unwrap_err();
+        assert_eq!(e, "unknown hostfile format 'slurm' (expected deepspeed, openmpi or mpich)");
+    }
+
     fn parse(text: &str, f: HostfileFormat) -> Result<Hostfile, HostfileError> {
         Hostfile::parse(text, f, Path::new("hf"))
     }
@@ -333,6 +348,9 @@ mod tests {
         assert_eq!(kind("a slots=2 max_slots=8\n", d).2, K::MaxSlotsNotDeepspeed);
         assert_eq!(kind("a slots=2 extra\n", d).2, K::Trailing("extra".into()));
         assert_eq!(kind("a slots=-1\n", d).2, K::BadSlots("-1".into()));
+        // A sign is not a digit, though Rust's parser would take it; the column is the value's.
+        assert_eq!(kind("a slots=+4\n", d), (1, 9, K::BadSlots("+4".into())));
+        assert_eq!(kind("a slots=2 max_slots=x\n", HostfileFormat::Openmpi), (1, 21, K::BadMaxSlots("x".into())));
         assert_eq!(kind("a slots=99999999999\n", d).2, K::BadSlots("99999999999".into()));
         assert_eq!(kind("a;rm slots=1\n", d).2, K::BadHost("a;rm".into()));
         assert_eq!(kind("a slots=2 max_slots=1\n", HostfileFormat::Openmpi).2, K::MaxBelowSlots { slots: 2, max: 1 });

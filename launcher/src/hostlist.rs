@@ -340,6 +340,9 @@ mod tests {
         // (hi - lo) would let n[0-1048576] through.
         assert_eq!(expand("n[0-1048575]").unwrap().len(), MAX_HOSTS);
         assert!(matches!(expand("n[0-1048576]"), Err(e) if e.to_string().contains("more than")));
+        // The same from 1: a length that added lo instead of subtracting it would refuse this.
+        assert_eq!(expand("n[1-1048576]").unwrap().len(), MAX_HOSTS);
+        assert!(matches!(expand("n[1-1048577]"), Err(e) if e.to_string().contains("more than")));
         assert_eq!(expand("n[7-7]").unwrap(), ["n7"]);
         assert_eq!(expand("n[1-3],m[0-1]").unwrap().len(), 5);
     }
@@ -367,6 +370,13 @@ mod tests {
             assert_eq!(&e.kind, kind, "{expr}");
         }
         assert_eq!(expand("a,n[1-3").unwrap_err().offset, 3);
+        // An error inside a later item is placed in the whole expression: at the 'x'.
+        assert_eq!(expand("a,n[1-x]").unwrap_err().offset, 6);
+        // And inside a later bracket group of an item: at the 'y'.
+        assert_eq!(expand("n[1-2]x[3-y]").unwrap_err().offset, 10);
+        assert_eq!(expand("a,n[1-2]x[3-y]").unwrap_err().offset, 12);
+        // Separators next to each other, or at either end, make no empty names.
+        assert_eq!(expand(",a,,b ,").unwrap(), ["a", "b"]);
     }
 
     #[test]
