@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use zerobench_launcher::render::render;
 use zerobench_launcher::{Plan, Spec};
 
-use crate::support::{installed, write_script};
+use crate::support::{
+    free_port, installed, losses, max_rel_diff, on_text, records, repo, skip, train, worker, write_script, TINY_FP32,
+};
 
 fn have_pdsh() -> bool {
     installed(Command::new("pdsh").arg("-V"))
@@ -129,7 +131,7 @@ fn sshd() -> Option<Sshd> {
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        crate::support::skip("sshd needs root here");
+        skip("sshd needs root here");
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -142,7 +144,7 @@ fn sshd() -> Option<Sshd> {
     std::fs::copy(p("client_key.pub"), p("authorized_keys")).unwrap();
     // The privilege separation directory sshd insists on.
     std::fs::create_dir_all("/run/sshd").unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let config = format!(
         "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPidFile {}\n\
          PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n\
@@ -183,9 +185,9 @@ fn pdsh_over_ssh_on_a_custom_port_trains_like_mpi() {
     }
     let Some(sshd) = sshd() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let text = crate::support::repo("tests/data/declaration-of-independence.txt");
+    let text = repo("tests/data/declaration-of-independence.txt");
     std::fs::write(dir.path().join("hosts"), "127.0.0.1 slots=2\n").unwrap();
-    let master_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let master_port = free_port();
     let spec = dir.path().join("s.yaml");
     std::fs::write(
         &spec,
@@ -195,7 +197,7 @@ fn pdsh_over_ssh_on_a_custom_port_trains_like_mpi() {
              sweep:\n  models: tiny\n  stages: 3\n  precision: fp32\n  nodes: 1\n  ranks_per_node: 2\n  micro_batches: 3\n",
             std::env::var("LD_LIBRARY_PATH").unwrap_or_default(),
             sshd.port,
-            crate::support::worker().to_str().unwrap(),
+            worker().to_str().unwrap(),
             text.to_str().unwrap()
         ),
     )
@@ -220,19 +222,14 @@ fn pdsh_over_ssh_on_a_custom_port_trains_like_mpi() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert_eq!(log.matches("Accepted publickey for root").count(), 1, "one ssh session for the node:\n{log}");
-    let ranks: Vec<_> =
-        (0..2).map(|r| crate::support::records(&run.join("logs").join(format!("rank{r}.jsonl")))).collect();
+    let ranks: Vec<_> = (0..2).map(|r| records(&run.join("logs").join(format!("rank{r}.jsonl")))).collect();
     for recs in &ranks {
         let Some(zerobench_schema::log::Record::Start(s)) = recs.first() else { panic!("no start record") };
         assert_eq!((s.world_size, s.nodes, s.rank_source.as_str()), (2, 1, "env"), "{s:?}");
     }
-    let reference = crate::support::losses(
-        &crate::support::train(
-            1,
-            &dir.path().join("ref"),
-            &crate::support::on_text(&[crate::support::TINY_FP32, &["--stage", "0", "--micro-batch", "6"]].concat()),
-        )[0],
+    let reference = losses(
+        &train(1, &dir.path().join("ref"), &on_text(&[TINY_FP32, &["--stage", "0", "--micro-batch", "6"]].concat()))[0],
     );
-    let diff = crate::support::max_rel_diff(&crate::support::losses(&ranks[0]), &reference);
+    let diff = max_rel_diff(&losses(&ranks[0]), &reference);
     assert!(diff <= 1e-5, "stage 3 over pdsh and ssh: relative loss difference {diff:e}");
 }

@@ -11,14 +11,9 @@ use std::time::{Duration, Instant};
 use zerobench_schema::log::Record;
 
 use crate::support::{
-    assert_ok, assert_traffic, bin, losses, max_rel_diff, on_text, records, run, stderr, stdout, steps, train, worker,
-    TINY_FP32,
+    assert_ok, assert_traffic, bin, free_port, losses, max_rel_diff, on_text, records, run, stderr, stdout, steps,
+    train, worker, TINY_FP32,
 };
-
-/// A TCP port nobody listens on now (the OS's choice; free again once the probe closes).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// `program` as rank `rank` of `world`, meeting at 127.0.0.1:`port`.
 fn rank_cmd(program: &Path, rank: usize, world: usize, port: u16) -> Command {

@@ -92,6 +92,11 @@ pub fn installed(probe: &mut Command) -> bool {
     ok
 }
 
+/// A TCP port nobody listens on now (the OS's choice; free again once the probe closes).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
 /// `mpirun` for `n` ranks on this host, allowed to run as root and to put more ranks than cores.
 pub fn mpirun(n: usize) -> Command {
     let mut c = Command::new("mpirun");

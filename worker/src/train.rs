@@ -187,7 +187,7 @@ impl Trainer<'_> {
     fn evaluate(&mut self, step: u32, samples: u64) -> Result<Eval, Failure> {
         let start = Instant::now();
         self.timeline().record_step(None);
-        let mut total: Option<Tensor> = None;
+        let mut losses = Vec::with_capacity(self.cfg.grad_accum as usize);
         {
             let _guard = tch::no_grad_guard();
             let n = self.model.segments().len();
@@ -200,18 +200,11 @@ impl Trainer<'_> {
                     outputs = self.model.forward(s, self.engine.params(unit), &outputs, &batch)?;
                     self.engine.after(s)?;
                 }
-                let loss = outputs[0].f_to_kind(tch::Kind::Float)?;
-                total = Some(match total {
-                    Some(t) => t.f_add(&loss)?,
-                    None => loss,
-                });
+                losses.push(outputs[0].f_to_kind(tch::Kind::Float)?);
                 self.engine.end_eval_forward()?;
             }
         }
-        let mean = match total {
-            Some(t) => t.f_div_scalar(f64::from(self.cfg.grad_accum))?,
-            None => unreachable!("validation keeps --grad-accum at least 1"),
-        };
+        let mean = Tensor::f_stack(&losses, 0)?.f_mean(tch::Kind::Float)?;
         let loss = self.engine.mean_over_ranks(&mean)?;
         // Whatever the evaluation left on the clock and the counters is not the next step's.
         self.clock.finish()?;

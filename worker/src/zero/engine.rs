@@ -785,10 +785,16 @@ impl Engine {
     /// next step gathers exactly as it would have without the evaluation.
     pub fn end_eval_forward(&mut self) -> Result<(), EngineError> {
         self.release_gathered()?;
+        self.forget_secondary();
+        Ok(())
+    }
+
+    /// hpZ: no secondary partition holds the current parameters any more, so each unit's next
+    /// gather goes over all ranks and fills it again.
+    fn forget_secondary(&mut self) {
         if let Some(h) = &mut self.hpz {
             h.fresh.fill(false);
         }
-        Ok(())
     }
 
     /// Stage 3: releases every gathered unit (nothing in the other stages).
@@ -839,9 +845,7 @@ impl Engine {
             None => true,
         };
         // The parameters change (or, skipped, the next step gathers them anew anyway).
-        if let Some(h) = &mut self.hpz {
-            h.fresh.fill(false);
-        }
+        self.forget_secondary();
         if apply {
             self.updates += 1;
             let grad_scale = scale.map_or(1.0, |s| 1.0 / s);
