@@ -1,6 +1,7 @@
 //! Compiles the two small native helpers of the worker:
 //! * `shim/torch_shim.cpp` against the libtorch headers in `$LIBTORCH` (what tch lacks), the same
-//!   way torch-sys compiles its own C++ (C++17, the cxx11 ABI);
+//!   way torch-sys compiles its own C++ (C++17, the cxx11 ABI), with c10d's Gloo process group
+//!   enabled and the Gloo headers it needs from `shim/third_party/gloo`;
 //! * `shim/mpi_shim.c` against the MPI headers that `mpicc` reports.
 
 use std::env;
@@ -10,6 +11,7 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-changed=shim/torch_shim.cpp");
     println!("cargo:rerun-if-changed=shim/mpi_shim.c");
+    println!("cargo:rerun-if-changed=shim/third_party/gloo");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
 
     let libtorch = PathBuf::from(
@@ -21,6 +23,9 @@ fn main() {
         .file("shim/torch_shim.cpp")
         .include(libtorch.join("include"))
         .include(libtorch.join("include/torch/csrc/api/include"))
+        .include("shim/third_party/gloo")
+        // What libtorch_cpu is built with: without it ProcessGroupGloo.hpp declares nothing.
+        .define("USE_C10D_GLOO", None)
         .flag("-std=c++17")
         .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
         .flag("-DGLOG_USE_GLOG_EXPORT")

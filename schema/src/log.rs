@@ -130,8 +130,8 @@ pub struct Start {
     pub config: RunConfig,
     pub model: ModelInfo,
     pub device: DeviceInfo,
-    /// `mpi` (CPU tensors over MPI), `tcp` (CPU tensors over the worker's TCP ring), `nccl` (GPU
-    /// tensors) or `none` (one rank).
+    /// `mpi` (CPU tensors over MPI), `gloo` (CPU tensors over c10d's Gloo, for ranks that met at a
+    /// TCP store; logs of earlier builds say `tcp`), `nccl` (GPU tensors) or `none` (one rank).
     pub comm_backend: String,
     pub versions: Versions,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,5 +1,5 @@
 //! Checks the CPU collectives against closed forms, rsmpi-style: run it under several rank counts,
-//! over MPI (`mpirun -np N target/release/examples/collectives`) or over TCP (N processes with
+//! over MPI (`mpirun -np N target/release/examples/collectives`) or over Gloo (N processes with
 //! `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` set, as the worker's `--rendezvous env`
 //! reads them); every rank asserts, and the process exits non-zero on the first wrong value. The
 //! end-to-end tests run it with 1 to 4 ranks each way.

@@ -13,10 +13,15 @@
 // * zb_store_*: c10d's TCPStore, the rendezvous of ranks launched with the environment convention
 //   (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): rank 0 hosts it, every rank connects, and ranks
 //   publish and wait for small values under keys, each wait bounded by the store's timeout.
+// * zb_gloo_*: c10d's ProcessGroupGloo over that store, the CPU collectives of those ranks. Its
+//   header needs Gloo's, which the wheel lacks: third_party/gloo holds them, and says why they
+//   match the Gloo compiled into libtorch_cpu.
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
 
@@ -155,5 +160,61 @@ int zb_store_get(void* store, const char* key, uint8_t* buf, size_t cap, size_t*
 }
 
 void zb_store_close(void* store) { delete static_cast<StorePtr*>(store); }
+
+// A process group is handed to Rust like the store; zb_gloo_close drops it (and its connections).
+using GlooPtr = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
+
+static c10d::ProcessGroupGloo& group_of(void* pg) { return **static_cast<GlooPtr*>(pg); }
+
+// The group of `size` ranks (this one `rank`) that meet under `prefix` in `store`, each listening
+// on `host`'s address. Connecting is bounded by `connect_ms`, every collective after it by
+// `op_ms`.
+int zb_gloo_open(void* store, const char* prefix, const char* host, int rank, int size, int64_t connect_ms,
+                 int64_t op_ms, void** out) {
+  return guarded([&] {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, *static_cast<StorePtr*>(store));
+    auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(connect_ms));
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+    // The worker waits for each collective before it issues the next: one thread runs them all.
+    opts->threads = 1;
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, opts);
+    pg->setTimeout(std::chrono::milliseconds(op_ms));
+    *out = new GlooPtr(std::move(pg));
+  });
+}
+
+int zb_gloo_all_reduce(void* pg, at::Tensor* buf) {
+  return guarded([&] {
+    std::vector<at::Tensor> v{*buf};
+    group_of(pg).allreduce(v)->wait();
+  });
+}
+
+// `output` may be this rank's slice of `input`.
+int zb_gloo_reduce_scatter(void* pg, at::Tensor* input, at::Tensor* output) {
+  return guarded([&] {
+    at::Tensor in = *input, out = *output;
+    group_of(pg)._reduce_scatter_base(out, in)->wait();
+  });
+}
+
+// `input` may be this rank's slice of `output`.
+int zb_gloo_all_gather(void* pg, at::Tensor* input, at::Tensor* output) {
+  return guarded([&] {
+    at::Tensor in = *input, out = *output;
+    group_of(pg)._allgather_base(out, in)->wait();
+  });
+}
+
+int zb_gloo_broadcast(void* pg, at::Tensor* buf, int root) {
+  return guarded([&] {
+    std::vector<at::Tensor> v{*buf};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    group_of(pg).broadcast(v, opts)->wait();
+  });
+}
+
+void zb_gloo_close(void* pg) { delete static_cast<GlooPtr*>(pg); }
 
 }  // extern "C"

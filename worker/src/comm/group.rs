@@ -16,7 +16,7 @@ use mpi::topology::{Color, Communicator, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Root};
 
 use super::CommError;
-use crate::runtime::shim::TcpStore;
+use crate::runtime::shim::{GlooGroup, TcpStore};
 
 /// The ranks of a run, or of a group of it, for host-side exchanges.
 pub enum HostGroup {
@@ -85,10 +85,10 @@ pub struct StoreGroup {
     rank: usize,
     size: usize,
     seq: u64,
-    /// The address of this host the other ranks reach it at, for the CPU collectives' ring.
-    pub(super) advertise: IpAddr,
-    /// How long setting up a ring may wait for the other ranks.
-    pub(super) timeout: Duration,
+    /// The address of this host the other ranks reach it at, for the CPU collectives.
+    advertise: IpAddr,
+    /// How long connecting the CPU collectives may wait for the other ranks.
+    timeout: Duration,
 }
 
 /// Host names are exchanged padded to this many bytes (POSIX's HOST_NAME_MAX is 255).
@@ -100,9 +100,17 @@ fn store_err(op: &'static str, e: impl std::fmt::Display) -> CommError {
 
 impl StoreGroup {
     /// The group of all `size` ranks of the run, this one being `rank`, reachable at
-    /// `advertise`; `timeout` bounds setting up its ring.
+    /// `advertise`; `timeout` bounds connecting its CPU collectives.
     pub fn world(store: Arc<RunStore>, rank: usize, size: usize, advertise: IpAddr, timeout: Duration) -> Self {
         Self { store, name: "world".into(), rank, size, seq: 0, advertise, timeout }
+    }
+
+    /// The group's c10d Gloo process group, meeting under the group's own keys in the run's
+    /// store; each of its collectives may wait `op`.
+    pub(super) fn gloo(&self, op: Duration) -> Result<GlooGroup, CommError> {
+        let prefix = format!("{}/gloo", self.name);
+        GlooGroup::open(&self.store.store, &prefix, &self.advertise.to_string(), self.rank, self.size, self.timeout, op)
+            .map_err(|e| store_err("gloo setup", first_line(&e.0)))
     }
 
     fn key(&mut self, who: &str) -> (String, u64) {

@@ -16,12 +16,12 @@
 //! stream, so a copy of a reduced gradient is ordered after its reduce-scatter and a copy of updated
 //! parameters before their all-gather, without extra synchronisation.
 
+pub mod gloo;
 pub mod group;
 pub mod mpi;
 pub mod nccl;
 pub mod peer_copy;
 pub mod stats;
-pub mod tcp;
 
 use std::time::Instant;
 
@@ -75,11 +75,11 @@ pub enum CommError {
     Failed { op: &'static str, message: String },
 }
 
-/// The collectives of CPU ranks: MPI's, or the TCP ring's for ranks that met at a store.
+/// The collectives of CPU ranks: MPI's, or c10d Gloo's for ranks that met at a store.
 pub fn cpu_collectives(host: group::HostGroup) -> Result<Box<dyn Collectives>, CommError> {
     Ok(match host {
         group::HostGroup::Mpi(c) => Box::new(mpi::MpiCollectives::new(c)),
-        group::HostGroup::Store(g) => Box::new(tcp::TcpCollectives::connect(g)?),
+        group::HostGroup::Store(g) => Box::new(gloo::GlooCollectives::connect(g)?),
     })
 }
 
@@ -176,7 +176,7 @@ pub(crate) fn is_rank_slice(a: &Tensor, whole: &Tensor, rank: usize, world: usiz
         && a.data_ptr() as usize == whole.data_ptr() as usize + rank * n * Elem::of(a, "").map_or(0, Elem::size)
 }
 
-/// What a transport whose calls complete before they return (MPI, TCP on CPUs) keeps of them:
+/// What a transport whose calls complete before they return (MPI, Gloo on CPUs) keeps of them:
 /// every call is drawn on the timeline, counted, and all of it is exposed to computation.
 #[derive(Default)]
 pub(crate) struct Blocking {

@@ -6,7 +6,7 @@
 //! * `env`: [`RANK`], [`WORLD_SIZE`], [`MASTER_ADDR`] and [`MASTER_PORT`] say who this rank is
 //!   and where rank 0 (or torchrun's agent, [`AGENT_STORE`]) hosts a c10d `TCPStore`; every rank
 //!   connects to it, and the store carries what the ranks exchange before they communicate: host
-//!   names (for local ranks), the CPU collectives' ring addresses ([`crate::comm::tcp`]) and
+//!   names (for local ranks), the keys c10d's Gloo process group connects by ([`crate::comm::gloo`]) and
 //!   NCCL's unique id.
 //! * `auto` (default): `mpi` when an MPI launcher started this process ([`MPI_LAUNCHED`]), else
 //!   `env` when [`WORLD_SIZE`] or [`MASTER_ADDR`] is set, else a single process.

@@ -40,6 +40,21 @@ extern "C" {
     fn zb_store_set(store: *mut c_void, key: *const c_char, data: *const u8, len: usize) -> c_int;
     fn zb_store_get(store: *mut c_void, key: *const c_char, buf: *mut u8, cap: usize, len: *mut usize) -> c_int;
     fn zb_store_close(store: *mut c_void);
+    fn zb_gloo_open(
+        store: *mut c_void,
+        prefix: *const c_char,
+        host: *const c_char,
+        rank: c_int,
+        size: c_int,
+        connect_ms: i64,
+        op_ms: i64,
+        out: *mut *mut c_void,
+    ) -> c_int;
+    fn zb_gloo_all_reduce(pg: *mut c_void, buf: CTensor) -> c_int;
+    fn zb_gloo_reduce_scatter(pg: *mut c_void, input: CTensor, output: CTensor) -> c_int;
+    fn zb_gloo_all_gather(pg: *mut c_void, input: CTensor, output: CTensor) -> c_int;
+    fn zb_gloo_broadcast(pg: *mut c_void, buf: CTensor, root: c_int) -> c_int;
+    fn zb_gloo_close(pg: *mut c_void);
 }
 
 /// A C++ exception caught by the shim.
@@ -125,6 +140,10 @@ unsafe impl Send for TcpStore {}
 // SAFETY: as above: every method of TCPStore may be called from any thread.
 unsafe impl Sync for TcpStore {}
 
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 fn c_string(what: &str, s: &str) -> Result<CString, ShimError> {
     CString::new(s).map_err(|_| ShimError(format!("{what} {s:?} holds a NUL byte")))
 }
@@ -135,10 +154,9 @@ impl TcpStore {
     pub fn open(host: &str, port: u16, server: bool, world: u32, timeout: Duration) -> Result<Self, ShimError> {
         let host = c_string("host", host)?;
         let world = c_int::try_from(world).map_err(|_| ShimError(format!("{world} ranks are too many")))?;
-        let ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
         let mut out = std::ptr::null_mut();
         // SAFETY: `host` is NUL-terminated and outlives the call; `out` is a valid out-pointer.
-        check(unsafe { zb_store_open(host.as_ptr(), port, c_int::from(server), world, ms, &mut out) })?;
+        check(unsafe { zb_store_open(host.as_ptr(), port, c_int::from(server), world, millis(timeout), &mut out) })?;
         Ok(Self(out))
     }
 
@@ -165,5 +183,72 @@ impl Drop for TcpStore {
     fn drop(&mut self) {
         // SAFETY: the pointer came from zb_store_open and is dropped once.
         unsafe { zb_store_close(self.0) }
+    }
+}
+
+/// c10d's `ProcessGroupGloo`: collectives on CPU tensors between ranks that met at a [`TcpStore`].
+/// Each call returns once the collective has completed on this rank.
+pub struct GlooGroup(*mut c_void);
+
+// SAFETY: the pointer is owned; ProcessGroupGloo queues work from any thread under its own lock.
+unsafe impl Send for GlooGroup {}
+
+fn rank_int(what: &str, v: usize) -> Result<c_int, ShimError> {
+    c_int::try_from(v).map_err(|_| ShimError(format!("{what} {v} is too large")))
+}
+
+impl GlooGroup {
+    /// Connects the `size` ranks of a group (this one `rank`), which meet under `prefix` in
+    /// `store` and listen on `host`'s address. Connecting may take `connect`, each collective
+    /// after it `op`.
+    pub fn open(
+        store: &TcpStore,
+        prefix: &str,
+        host: &str,
+        rank: usize,
+        size: usize,
+        connect: Duration,
+        op: Duration,
+    ) -> Result<Self, ShimError> {
+        let (prefix, host) = (c_string("store prefix", prefix)?, c_string("host", host)?);
+        let (rank, size) = (rank_int("rank", rank)?, rank_int("group size", size)?);
+        let mut out = std::ptr::null_mut();
+        // SAFETY: a live store; NUL-terminated strings that outlive the call; a valid out-pointer.
+        check(unsafe {
+            zb_gloo_open(store.0, prefix.as_ptr(), host.as_ptr(), rank, size, millis(connect), millis(op), &mut out)
+        })?;
+        Ok(Self(out))
+    }
+
+    /// `buf` := the sum over ranks of `buf` (a contiguous CPU tensor).
+    pub fn all_reduce(&mut self, buf: &Tensor) -> Result<(), ShimError> {
+        // SAFETY: a live group and a live tensor.
+        check(unsafe { zb_gloo_all_reduce(self.0, buf.as_ptr() as CTensor) })
+    }
+
+    /// `output` := this rank's slice of the sum over ranks of `input`; `output` may be that slice.
+    pub fn reduce_scatter(&mut self, input: &Tensor, output: &Tensor) -> Result<(), ShimError> {
+        // SAFETY: a live group and live tensors.
+        check(unsafe { zb_gloo_reduce_scatter(self.0, input.as_ptr() as CTensor, output.as_ptr() as CTensor) })
+    }
+
+    /// `output` := every rank's `input` in rank order; `input` may be this rank's slice of it.
+    pub fn all_gather(&mut self, input: &Tensor, output: &Tensor) -> Result<(), ShimError> {
+        // SAFETY: a live group and live tensors.
+        check(unsafe { zb_gloo_all_gather(self.0, input.as_ptr() as CTensor, output.as_ptr() as CTensor) })
+    }
+
+    /// `buf` := `buf` of rank `root`.
+    pub fn broadcast(&mut self, buf: &Tensor, root: usize) -> Result<(), ShimError> {
+        let root = rank_int("root", root)?;
+        // SAFETY: a live group and a live tensor.
+        check(unsafe { zb_gloo_broadcast(self.0, buf.as_ptr() as CTensor, root) })
+    }
+}
+
+impl Drop for GlooGroup {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from zb_gloo_open and is dropped once.
+        unsafe { zb_gloo_close(self.0) }
     }
 }
