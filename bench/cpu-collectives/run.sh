@@ -3,7 +3,7 @@
 # this host, 1 thread each, stages 2 and 3, launched over MPI (`mpirun`) and with the environment
 # convention (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: c10d's Gloo). BASELINE_WORKER=PATH adds
 # a third row per stage from another build of the worker launched the same way (an earlier
-# commit's, to compare an engine change). Each row is the median over steps 2.. of rank 0's
+# commit's, to compare an engine change; BASELINE_NAME says which in the result). Each row is the median over steps 2.. of rank 0's
 # step time and of each collective's time, with its bytes (nccl-tests' convention).
 # Writes bench/results/cpu-collectives.json (override with OUT=...).
 set -euo pipefail
@@ -37,7 +37,7 @@ for stage in 2 3; do
   fi
 done
 
-python3 - "$work" "$out" "${BASELINE_WORKER:-}" <<'PY'
+python3 - "$work" "$out" "${BASELINE_NAME:-${BASELINE_WORKER:-}}" <<'PY'
 import datetime, json, os, platform, statistics, subprocess, sys
 work, out, baseline = sys.argv[1:4]
 git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
@@ -69,7 +69,7 @@ json.dump({
     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     "host": platform.node(), "cpu": cpu, "cores": os.cpu_count(),
     "commit": git("rev-parse", "--short", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else ""),
-    "baseline_worker": baseline or None,
+    "baseline": baseline or None,
     "rows": rows,
 }, open(out, "w"), indent=1)
 for r in rows:

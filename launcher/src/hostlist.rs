@@ -134,15 +134,18 @@ fn expand_item(item: &str, out: &mut Vec<String>) -> Result<(), (usize, Hostlist
         push_checked(out, rest.to_string())?;
         return Ok(());
     }
-    let total = groups
-        .iter()
-        .try_fold(1u64, |acc, g| acc.checked_mul(g.iter().map(Range::len).sum::<u64>()))
+    let total = names_in(&groups)
         .filter(|&n| n <= (MAX_HOSTS - out.len().min(MAX_HOSTS)) as u64)
         .ok_or((0, HostlistErrorKind::TooMany))?;
     out.reserve(total as usize);
     let mut name = String::new();
-    cartesian(&literals, &groups, 0, &mut name, out);
-    Ok(())
+    cartesian(&literals, &groups, 0, &mut name, out)
+}
+
+/// How many names the bracket groups of one item expand to (`None` past `u64`): an item past
+/// the limit is refused from this count before any name is made.
+fn names_in(groups: &[Vec<Range>]) -> Option<u64> {
+    groups.iter().try_fold(1u64, |acc, g| acc.checked_mul(g.iter().map(Range::len).sum::<u64>()))
 }
 
 fn push_checked(out: &mut Vec<String>, name: String) -> Result<(), (usize, HostlistErrorKind)> {
@@ -153,11 +156,18 @@ fn push_checked(out: &mut Vec<String>, name: String) -> Result<(), (usize, Hostl
     Ok(())
 }
 
-/// Appends every combination of the groups from `level` on, the leftmost varying slowest.
-fn cartesian(literals: &[&str], groups: &[Vec<Range>], level: usize, name: &mut String, out: &mut Vec<String>) {
+/// Appends every combination of the groups from `level` on, the leftmost varying slowest. The
+/// count checked before is checked again name by name: the limit holds even if that count were
+/// wrong, and an expansion past it stops at the limit rather than running out of memory.
+fn cartesian(
+    literals: &[&str],
+    groups: &[Vec<Range>],
+    level: usize,
+    name: &mut String,
+    out: &mut Vec<String>,
+) -> Result<(), (usize, HostlistErrorKind)> {
     if level == groups.len() {
-        out.push(name.clone());
-        return;
+        return push_checked(out, name.clone());
     }
     let keep = name.len();
     for r in &groups[level] {
@@ -165,10 +175,11 @@ fn cartesian(literals: &[&str], groups: &[Vec<Range>], level: usize, name: &mut 
             name.truncate(keep);
             name.push_str(literals[level]);
             let _ = write!(name, "{v:0width$}", width = r.width);
-            cartesian(literals, groups, level + 1, name, out);
+            cartesian(literals, groups, level + 1, name, out)?;
         }
     }
     name.truncate(keep);
+    Ok(())
 }
 
 fn parse_bracket(body: &str) -> Result<Vec<Range>, (usize, HostlistErrorKind)> {
@@ -332,6 +343,24 @@ mod tests {
         for (expr, want) in cases {
             assert_eq!(ex(expr).join(" "), *want, "{expr}");
         }
+    }
+
+    #[test]
+    fn an_items_count_is_the_number_of_names_it_expands_to() {
+        // The count refuses an item before expanding it; a range length off by one (or zero for a
+        // single number) would let a too-large item start expanding, stopped only by the name-by-
+        // name check.
+        let g = |b: &str| parse_bracket(b).unwrap();
+        for (groups, expr) in [
+            (vec![g("0-1048575")], "n[0-1048575]"),
+            (vec![g("7")], "n[7]"),
+            (vec![g("1-3,5"), g("01-02")], "r[1-3,5]n[01-02]"),
+            (vec![g("10-12"), g("3"), g("0-1")], "a[10-12]b[3]c[0-1]"),
+        ] {
+            assert_eq!(names_in(&groups), Some(expand(expr).unwrap().len() as u64), "{expr}");
+        }
+        assert_eq!(names_in(&[g("0-4294967295"), g("0-4294967295")]), None, "past u64");
+        assert_eq!(names_in(&[]), Some(1), "an item without brackets is one name");
     }
 
     #[test]
