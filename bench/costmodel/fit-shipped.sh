@@ -5,7 +5,8 @@
 #   bench/costmodel/fit-shipped.sh [KIND...]     (after `make build`; default: h200 h100)
 #
 # The sweeps are bench/gpu/run.sh's `costmodel` phase (bench/gpu/costmodel-runs.txt): on one 2×H200
-# host twice, 12 steps (4 warm-up) and 30 steps (10 warm-up); on one 2×H100 host once, 30 steps.
+# host twice, 12 steps (4 warm-up) and 30 steps (10 warm-up), and on another 2×H200 host once, 30
+# steps; on one 2×H100 host once, 30 steps.
 # Their runs of the set `fit` are fitted on; those of `holdout` (other presets, micro-batches,
 # sequence lengths) never are.
 set -euo pipefail
@@ -14,7 +15,7 @@ BIN=${BIN:-target/release}
 ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE (under bench/results/raw)
   case $1 in
-    h200) echo "short:gpu-2026-11-24-costmodel-short long:gpu-2026-11-24-costmodel" ;;
+    h200) echo "short:gpu-2026-11-24-costmodel-short long:gpu-2026-11-24-costmodel again:gpu-2026-11-26-costmodel" ;;
     h100) echo "long:gpu-2026-11-25-h100-costmodel" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
