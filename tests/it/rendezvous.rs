@@ -79,7 +79,7 @@ fn gloo_collectives_hold_closed_forms_on_2_to_4_ranks() {
 #[test]
 fn env_ranks_train_the_same_model_as_mpi_ranks_at_every_stage() {
     let tmp = tempfile::tempdir().unwrap();
-    for (n, mb) in [(2, "3"), (3, "2")] {
+    for (n, mb) in [(2, "3"), (3, "2"), (4, "1")] {
         for stage in ["0", "1", "2", "3"] {
             let args = on_text(&[TINY_FP32, &["--stage", stage, "--micro-batch", mb]].concat());
             let mpi = train(n, &tmp.path().join(format!("mpi_z{stage}_n{n}")), &args);

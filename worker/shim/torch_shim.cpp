@@ -13,6 +13,9 @@
 // * zb_store_*: c10d's TCPStore, the rendezvous of ranks launched with the environment convention
 //   (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): rank 0 hosts it, every rank connects, and ranks
 //   publish and wait for small values under keys, each wait bounded by the store's timeout.
+// * zb_host_empty: an uninitialised CPU tensor whose memory (from 2 MiB up) is aligned to 2 MiB and
+//   advised into transparent huge pages, freed with the tensor; offload page-locks it (see
+//   runtime/pinned.rs for why).
 // * zb_gloo_*: c10d's ProcessGroupGloo over that store, the CPU collectives of those ranks. Its
 //   header needs Gloo's, which the wheel lacks: third_party/gloo holds them, and says why they
 //   match the Gloo compiled into libtorch_cpu.
@@ -24,6 +27,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
+
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -160,6 +165,27 @@ int zb_store_get(void* store, const char* key, uint8_t* buf, size_t cap, size_t*
 }
 
 void zb_store_close(void* store) { delete static_cast<StorePtr*>(store); }
+
+int zb_host_empty(int64_t n, int scalar_type, void** out) {
+  return guarded([&] {
+    const auto dtype = static_cast<at::ScalarType>(scalar_type);
+    const size_t bytes = static_cast<size_t>(n) * c10::elementSize(dtype);
+    constexpr size_t kHuge = size_t{2} << 20;
+    if (bytes < kHuge) {
+      *out = new at::Tensor(at::empty({n}, at::TensorOptions().dtype(dtype)));
+      return;
+    }
+    void* p = nullptr;
+    if (posix_memalign(&p, kHuge, bytes) != 0) {
+      // The words of libtorch's CPU allocator, which the worker reports as an out-of-memory result.
+      throw std::runtime_error("zb_host_empty: can't allocate memory: you tried to allocate " + std::to_string(bytes) +
+                               " bytes");
+    }
+    // Advice only: where huge pages are off the memory stays in 4 KiB pages and works the same.
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+    *out = new at::Tensor(at::from_blob(p, {n}, [](void* q) { std::free(q); }, at::TensorOptions().dtype(dtype)));
+  });
+}
 
 // A process group is handed to Rust like the store; zb_gloo_close drops it (and its connections).
 using GlooPtr = c10::intrusive_ptr<c10d::ProcessGroupGloo>;

@@ -164,6 +164,7 @@ impl From<EngineError> for Failure {
             EngineError::Shim(s) => Failure::from_torch_message(&s.0),
             EngineError::Offload(msg) => Failure::from_torch_message(&msg),
             EngineError::Pin(PinError::Torch(t)) => t.into(),
+            EngineError::Pin(PinError::Alloc(s)) => Failure::from_torch_message(&s.0),
             EngineError::Pin(e @ PinError::Register { bytes, source })
                 if source.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY =>
             {

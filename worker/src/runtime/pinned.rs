@@ -1,23 +1,28 @@
-//! Page-locked host memory of exactly the requested size.
+//! Page-locked host memory of exactly the requested size, locked at memory speed.
 //!
 //! libtorch's `pin_memory` allocates through its caching host allocator, which rounds every block
 //! up to a power of two (up to twice the bytes asked for) and copies the tensor into it: mistral-7b's
 //! 116 GB of offloaded states did not finish setting up in 90 s on a 128 GB host. Here a host tensor
-//! is allocated at its exact size by the ordinary CPU allocator and page-locked in place with
-//! `cuMemHostRegister`, so the host-memory check before set-up (`host_memory`) is what is used.
-//! Locking runs at about 2 GB/s per process on the H200 hosts (t5-11b's 181 GB: 72-86 s of set-up,
-//! bench/results/gpu-2026-11-22-x2-offload.json, raw/gpu-2026-11-24-offload-setup.tar.gz), on one
-//! thread. `worker/examples/pin_bench.rs` measured the alternatives on a 32-core H200 host (4 GiB,
-//! raw/gpu-2026-11-24-rendezvous.tar.gz): faulting the pages in from every core before registering
-//! reached 12 GB/s there, but inside the worker (tensor by tensor, after the model is built) it was
-//! slower than this (1.6 against 2.3 GB/s for gpt2-xl's 25 GB) and is not used; registering ranges
-//! from several threads reached 3.0 GB/s and breaks copies that span two ranges
-//! (CUDA_ERROR_INVALID_VALUE); `cuMemHostAlloc` 2.8 GB/s.
+//! is allocated at its exact size and page-locked in place with `cuMemHostRegister`, so the
+//! host-memory check before set-up (`host_memory`) is what is used.
+//!
+//! Registering fresh memory is the kernel faulting in every 4 KiB page on one thread: about 3 GB/s
+//! on the H200 hosts (t5-11b's 181 GB took 72-86 s of set-up). `worker/examples/pin_bench.rs`
+//! measured the alternatives on a 16-core H200 host (4 and 16 GiB,
+//! bench/results/gpu-2026-11-26-pin-bench.jsonl): registering ranges from several threads, 3.1 GB/s
+//! (and a copy spanning two ranges is refused); `cuMemHostAlloc`, 2.8 GB/s; writing every page from
+//! all cores first, 8-9 GB/s; memory aligned to 2 MiB and advised into transparent huge pages
+//! (which these hosts give only on `madvise`), 5-6 GB/s, and **20 GB/s with every page written from
+//! all cores first**, 512 times fewer faults on as many cores. So [`host_empty`] allocates that way
+//! (through the shim, which gives the tensor its memory and frees it) and [`pin_all`] writes every
+//! page from the rank's threads before registering. Copies run at the same 55 GB/s either way.
 
 use cudarc::driver::{sys, DriverError};
+use rayon::prelude::*;
 use tch::{Device, Kind, TchError, Tensor};
 
 use super::cuda::Gpu;
+use super::shim::{self, ShimError};
 
 /// A host tensor registered with CUDA (copies to and from it are asynchronous DMA). The
 /// registration ends when this is dropped; it holds a handle on the storage so the memory cannot
@@ -39,19 +44,37 @@ impl Drop for Pinned {
 pub enum PinError {
     #[error(transparent)]
     Torch(#[from] TchError),
+    #[error("allocating host memory: {0}")]
+    Alloc(#[from] ShimError),
     #[error("CUDA context for page-locking host memory: {0}")]
     Context(DriverError),
     #[error("page-locking {bytes} bytes of host memory: {source}")]
     Register { bytes: usize, source: DriverError },
 }
 
-/// An uninitialised host tensor of exactly `n` elements.
-pub fn host_empty(n: i64, kind: Kind) -> Result<Tensor, TchError> {
-    Tensor::f_empty([n], (kind, Device::Cpu))
+/// An uninitialised host tensor of exactly `n` elements, in transparent huge pages from 2 MiB up.
+pub fn host_empty(n: i64, kind: Kind) -> Result<Tensor, PinError> {
+    Ok(shim::host_empty(n, kind)?)
 }
 
-/// Page-locks every (contiguous, CPU) tensor of `tensors` in place.
+/// Pieces of the prefault, so that every thread gets work however the tensors' sizes are spread.
+const PREFAULT_PIECE: usize = 64 << 20;
+
+/// Page-locks every (contiguous, CPU) tensor of `tensors` in place, after writing every page of
+/// them from the rank's threads (zeros: the tensors are fresh, their contents not yet set).
 pub fn pin_all(gpu: &Gpu, tensors: &[&Tensor]) -> Result<Vec<Pinned>, PinError> {
+    let pieces: Vec<(usize, usize)> = tensors
+        .iter()
+        .flat_map(|t| {
+            let (addr, bytes) = (t.data_ptr() as usize, t.numel() * t.kind().elt_size_in_bytes());
+            (0..bytes).step_by(PREFAULT_PIECE).map(move |off| (addr + off, PREFAULT_PIECE.min(bytes - off)))
+        })
+        .collect();
+    pieces.par_iter().for_each(|&(addr, len)| {
+        // SAFETY: `len` bytes inside a live tensor of `tensors`, which nothing else reads or
+        // writes during this call; the pieces are disjoint.
+        unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len) }
+    });
     gpu.ctx.bind_to_thread().map_err(PinError::Context)?;
     tensors.iter().filter_map(|t| register(t.shallow_clone()).transpose()).collect()
 }
@@ -69,4 +92,36 @@ fn register(t: Tensor) -> Result<Option<Pinned>, PinError> {
         .result()
         .map_err(fail)?;
     Ok(Some(Pinned { keep: t }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failure::Failure;
+
+    const HUGE: usize = 2 << 20;
+
+    #[test]
+    fn host_tensors_from_2_mib_up_start_on_a_huge_page_and_hold_what_is_written() {
+        for (n, kind) in [(3_000_017i64, Kind::Float), (1_048_577, Kind::BFloat16), (1_048_576, Kind::Half)] {
+            let t = host_empty(n, kind).unwrap();
+            assert_eq!((t.size(), t.kind(), t.device()), (vec![n], kind, Device::Cpu));
+            assert_eq!(t.data_ptr() as usize % HUGE, 0, "{n} {kind:?} is not on a 2 MiB boundary");
+            let _ = t.shallow_clone().fill_(1.5);
+            assert_eq!(t.sum(Kind::Double).double_value(&[]), 1.5 * n as f64);
+        }
+        // Below a huge page: an ordinary tensor, still exactly `n` elements.
+        let small = host_empty(1000, Kind::Float).unwrap();
+        assert_eq!(small.size(), vec![1000]);
+    }
+
+    #[test]
+    fn a_host_tensor_too_large_for_memory_is_an_out_of_memory_result() {
+        let e = host_empty(1 << 60, Kind::Float).unwrap_err();
+        match Failure::from(crate::zero::engine::EngineError::Pin(e)) {
+            Failure::Oom { requested_bytes, .. } => assert_eq!(requested_bytes, Some(4 << 60)),
+            f => panic!("not an out-of-memory result: {f:?}"),
+        }
+        assert!(host_empty(10, Kind::Int64).is_err(), "only offload's element types");
+    }
 }

@@ -3,7 +3,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::time::Duration;
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
@@ -40,6 +40,7 @@ extern "C" {
     fn zb_store_set(store: *mut c_void, key: *const c_char, data: *const u8, len: usize) -> c_int;
     fn zb_store_get(store: *mut c_void, key: *const c_char, buf: *mut u8, cap: usize, len: *mut usize) -> c_int;
     fn zb_store_close(store: *mut c_void);
+    fn zb_host_empty(n: i64, scalar_type: c_int, out: *mut *mut c_void) -> c_int;
     fn zb_gloo_open(
         store: *mut c_void,
         prefix: *const c_char,
@@ -129,6 +130,24 @@ pub fn cuda_reset_peak(device: usize) -> Result<(), ShimError> {
 pub fn mpi_in_place() -> *mut c_void {
     // SAFETY: returns a constant.
     unsafe { zb_mpi_in_place() }
+}
+
+/// An uninitialised CPU tensor of `n` elements of `kind` (fp32, bf16 or fp16) whose memory, from
+/// 2 MiB up, starts on a 2 MiB boundary and is advised into transparent huge pages
+/// (`MADV_HUGEPAGE`); it is freed with the tensor.
+pub fn host_empty(n: i64, kind: Kind) -> Result<Tensor, ShimError> {
+    // c10::ScalarType's values, which tch keeps private.
+    let scalar_type = match kind {
+        Kind::Half => 5,
+        Kind::Float => 6,
+        Kind::BFloat16 => 15,
+        k => return Err(ShimError(format!("host tensors of {k:?} are not offloaded"))),
+    };
+    let mut out = std::ptr::null_mut();
+    // SAFETY: `out` is a valid out-pointer.
+    check(unsafe { zb_host_empty(n, scalar_type, &mut out) })?;
+    // SAFETY: the shim returns a heap-allocated `at::Tensor`, which tch owns and frees from here.
+    Ok(unsafe { Tensor::from_ptr(out.cast()) })
 }
 
 /// A client of c10d's `TCPStore` (and, on rank 0, its server): a key-value store every rank of an
