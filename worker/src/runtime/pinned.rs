@@ -9,13 +9,16 @@
 //! Registering fresh memory is the kernel faulting in every 4 KiB page on one thread: about 3 GB/s
 //! on the H200 hosts (t5-11b's 181 GB took 72-86 s of set-up). `worker/examples/pin_bench.rs`
 //! measured the alternatives on a 16-core H200 host (4 and 16 GiB,
-//! bench/results/gpu-2026-11-26-pin-bench.jsonl): registering ranges from several threads, 3.1 GB/s
+//! bench/results/gpu-2026-11-26-offload-setup.json): registering ranges from several threads, 3.1 GB/s
 //! (and a copy spanning two ranges is refused); `cuMemHostAlloc`, 2.8 GB/s; writing every page from
 //! all cores first, 8-9 GB/s; memory aligned to 2 MiB and advised into transparent huge pages
 //! (which these hosts give only on `madvise`), 5-6 GB/s, and **20 GB/s with every page written from
 //! all cores first**, 512 times fewer faults on as many cores. So [`host_empty`] allocates that way
 //! (through the shim, which gives the tensor its memory and frees it) and [`pin_all`] faults in
-//! every page from the rank's threads before registering, keeping what they hold. Copies run at the same 55 GB/s either way.
+//! every page from the rank's threads before registering, keeping what they hold. In the worker on
+//! a 2×H200 host that locks gpt2-xl's 24.9 GB at 8.8 GB/s and t5-11b's 181 GB at 7.9 GB/s (2.9 and
+//! 2.8 GB/s before); writing zeros over the pages instead reached 10.4 GB/s in another call, but
+//! loses what a tensor held before it was locked. Copies run at the same 55 GB/s either way.
 
 use cudarc::driver::{sys, DriverError};
 use std::sync::atomic::{AtomicU8, Ordering};
