@@ -404,8 +404,22 @@ mod tests {
         // And inside a later bracket group of an item: at the 'y'.
         assert_eq!(expand("n[1-2]x[3-y]").unwrap_err().offset, 10);
         assert_eq!(expand("a,n[1-2]x[3-y]").unwrap_err().offset, 12);
+        // And inside a later element of one bracket, past elements of different lengths: at the
+        // 'x' both times.
+        assert_eq!(expand("n[1-2,5-x]").unwrap_err().offset, 8);
+        assert_eq!(expand("n[1,22,x]").unwrap_err().offset, 7);
         // Separators next to each other, or at either end, make no empty names.
         assert_eq!(expand(",a,,b ,").unwrap(), ["a", "b"]);
+    }
+
+    #[test]
+    fn numbers_of_up_to_18_digits_are_taken_as_written() {
+        // 18 digits is the widest number accepted, whatever its value; 19 are refused even where
+        // the value fits u64 (leading zeros), as they do not fit Slurm's widths.
+        assert_eq!(expand("n[000000000000000001]").unwrap(), ["n000000000000000001"]);
+        assert_eq!(expand("n[999999999999999999]").unwrap(), ["n999999999999999999"]);
+        let e = expand("n[0000000000000000001]").unwrap_err();
+        assert_eq!(e.kind, HostlistErrorKind::Overflow("0000000000000000001".into()));
     }
 
     #[test]
