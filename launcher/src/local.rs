@@ -222,6 +222,50 @@ mod tests {
     }
 
     #[test]
+    fn signals_are_named() {
+        for (sig, name) in [(SIGINT, "SIGINT"), (SIGTERM, "SIGTERM"), (SIGHUP, "SIGHUP"), (9, "signal 9")] {
+            assert_eq!(signal_name(sig as usize), name);
+        }
+    }
+
+    #[test]
+    fn a_run_within_its_limit_ends_as_it_exits() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("job.sbatch"), "sleep 0.3\nexit 3\n").unwrap();
+        let rec = run_one(d.path(), Some(Duration::from_secs(20)), &AtomicUsize::new(0)).unwrap();
+        assert_eq!((rec.exit_code, rec.timed_out, rec.interrupted_by), (Some(3), false, None));
+    }
+
+    #[test]
+    fn a_signal_to_zerobench_stops_the_run_and_is_recorded() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("job.sbatch"), "sleep 30\n").unwrap();
+        let t = Instant::now();
+        let rec = run_one(d.path(), None, &AtomicUsize::new(SIGINT as usize)).unwrap();
+        assert_eq!(rec.interrupted_by.as_deref(), Some("SIGINT"), "{rec:?}");
+        assert!(!rec.timed_out && t.elapsed() < Duration::from_secs(5), "{rec:?} in {:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_failed_run_carries_what_its_logs_say_and_a_done_one_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let error = r#"{"event":"error","v":2,"ts":1.0,"rank":0,"class":"oom","message":"out of memory at step 3"}"#;
+        let mut runs = Vec::new();
+        for (id, code) in [("failed", 1), ("done", 0)] {
+            let dir = d.path().join(id);
+            std::fs::create_dir_all(dir.join(crate::render::LOG_DIR)).unwrap();
+            // Both logs say the same: only the run that failed reports it.
+            std::fs::write(dir.join(crate::render::LOG_DIR).join("rank0.jsonl"), format!("{error}\n")).unwrap();
+            std::fs::write(dir.join("job.sbatch"), format!("exit {code}\n")).unwrap();
+            runs.push((id.to_string(), dir));
+        }
+        let run = run_local(&runs, &LocalOptions::default(), &mut NoProgress).unwrap();
+        let failure = |i: usize| run.results[i].failure.clone();
+        assert!(failure(0).is_some_and(|f| f.contains("out of memory at step 3")), "{:?}", failure(0));
+        assert_eq!(failure(1), None);
+    }
+
+    #[test]
     fn a_run_over_its_limit_is_stopped_with_its_children() {
         let d = tempfile::tempdir().unwrap();
         let marker = d.path().join("survived");

@@ -144,6 +144,16 @@ mod tests {
     }
 
     #[test]
+    fn an_alias_is_a_value_and_an_item() {
+        // An alias stands where a value or an item would: the key after it is still a key, and
+        // the item after it is the next item.
+        let idx = KeyIndex::build("base: &b 1\nx: *b\ny: 2\nlist: [*b, 3]\n");
+        assert_eq!(idx.find("y"), Some(Pos { line: 3, column: 1 }));
+        assert_eq!(idx.find("list[1]"), Some(Pos { line: 4, column: 12 }));
+        assert!(idx.contains("list[0]") && !idx.contains("list[2]"));
+    }
+
+    #[test]
     fn broken_text_gives_an_empty_index() {
         assert_eq!(KeyIndex::build("a: [1, 2\n").find("a"), Some(Pos { line: 1, column: 1 }));
         assert_eq!(KeyIndex::build(": : :").find("x"), None);
