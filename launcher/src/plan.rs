@@ -678,6 +678,55 @@ mod tests {
     }
 
     #[test]
+    fn shortest_between_takes_the_fewest_digits_inside_the_interval() {
+        assert_eq!(shortest_between(0.123, 0.2), 0.2);
+        assert_eq!(shortest_between(0.2449, 0.2456), 0.245);
+        assert_eq!(shortest_between(0.0, 0.031), 0.01);
+        // None of up to six digits lies inside: the upper end itself.
+        assert_eq!(shortest_between(0.12345671, 0.12345672), 0.12345672);
+    }
+
+    /// The proposal on two GPUs in fp32 (world and precision enter the rates): the units it puts
+    /// on the host hold at least the balance, one unit fewer would not, and it is the shortest
+    /// decimal that selects them.
+    #[test]
+    fn the_proposed_offload_ratio_is_the_smallest_share_of_units_past_the_balance() {
+        let p = plan("cluster: {gpus_per_node: 2}\nsweep:\n  models: gpt2-xl\n  stages: 2\n  offload: optimizer\n  micro_batches: 4\n  ranks_per_node: 2\n  precision: fp32\n").unwrap();
+        let r = &p.runs[0];
+        let ratio = r.proposed_offload_ratio.expect("a proposal");
+        let model = ModelPreset::Gpt2Xl.spec();
+        let psi = zerobench_schema::memory::padded_params(&model, 2) as f64;
+        let part = psi / 2.0;
+        // fp32: 4-byte parameters copied both ways.
+        let (h, g) = (part * (28.0 / 158e9 + 8.0 / 54e9), part * 28.0 / 3.48e12);
+        let c = 4.0 * 1024.0 * r.config.train_flops_per_token() / 4.7e14;
+        let balance = (c + g) / (h + g);
+        let units: Vec<f64> =
+            model.units().iter().map(|u| zerobench_schema::memory::padded_unit(u.params, 2) as f64 / psi).collect();
+        let host = zerobench_schema::memory::host_params(&model, 2, ratio) as f64 / psi;
+        // The earliest unit it takes is the one whose share, added last, crossed the balance.
+        let mut taken = 0.0;
+        let first = units.iter().rev().find(|&&u| {
+            taken += u;
+            taken >= host - 1e-12
+        });
+        let first = *first.expect("the host share is a sum of units");
+        assert!(host >= balance && host - first < balance, "{ratio}: host {host}, balance {balance}");
+        // Two decimals always fit between two sums of units that differ by a block (1/49).
+        assert!(((ratio * 100.0).round() - ratio * 100.0).abs() < 1e-9, "{ratio}");
+    }
+
+    /// On a cluster without GPUs, `gpu_memory` says nothing about a run's fit.
+    #[test]
+    fn gpu_memory_without_gpus_leaves_the_fit_unknown() {
+        let p = plan("cluster: {gpu_memory: 1GiB}\nsweep:\n  models: gpt2-xl\n  stages: 0\n").unwrap();
+        assert_eq!(p.runs[0].fit, Fit::Unknown);
+        let p =
+            plan("cluster: {gpus_per_node: 1, gpu_memory: 1GiB}\nsweep:\n  models: gpt2-xl\n  stages: 0\n").unwrap();
+        assert!(matches!(p.runs[0].fit, Fit::TooBig { .. }), "{:?}", p.runs[0].fit);
+    }
+
+    #[test]
     fn offloaded_states_beyond_cluster_mem_are_flagged() {
         let yaml = |mem: &str| {
             format!("cluster: {{gpus_per_node: 2, mem: {mem}}}\nsweep:\n  models: t5-11b\n  stages: 3\n  offload: optimizer\n  ranks_per_node: 2\n")
@@ -691,6 +740,14 @@ mod tests {
             "{:?}",
             r.warnings
         );
+        // The need is every rank's states on the node: the warning says how much.
+        let said = crate::values::human_bytes(need);
+        assert!(r.warnings.iter().any(|w| w.contains(&format!("need {said} of host memory"))), "{:?}", r.warnings);
+        // Exactly enough is enough.
+        let p = plan(&yaml(&format!("{need}B"))).unwrap();
+        assert!(p.runs[0].warnings.iter().all(|w| !w.contains("cluster.mem")), "{:?}", p.runs[0].warnings);
+        let p = plan(&yaml(&format!("{}B", need - 1))).unwrap();
+        assert!(p.runs[0].warnings.iter().any(|w| w.contains("cluster.mem")), "{:?}", p.runs[0].warnings);
         let p = plan(&yaml("512GiB")).unwrap();
         assert!(p.runs[0].warnings.iter().all(|w| !w.contains("cluster.mem")), "{:?}", p.runs[0].warnings);
         // Per CPU: 2 ranks × 8 CPUs × 4 GiB = 64 GiB, too little; × 32 GiB = 512 GiB is enough.
