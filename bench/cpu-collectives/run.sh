@@ -3,8 +3,9 @@
 # this host, 1 thread each, stages 2 and 3, launched over MPI (`mpirun`) and with the environment
 # convention (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: c10d's Gloo). BASELINE_WORKER=PATH adds
 # a third row per stage from another build of the worker launched the same way (an earlier
-# commit's, to compare an engine change; BASELINE_NAME says which in the result). Each row is the median over steps 2.. of rank 0's
-# step time and of each collective's time, with its bytes (nccl-tests' convention).
+# commit's, to compare an engine change; BASELINE_NAME says which in the result). Each row is the
+# median over steps 2.. of rank 0's step time and of each collective's time, with its bytes
+# (nccl-tests' convention).
 # Writes bench/results/cpu-collectives.json (override with OUT=...).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

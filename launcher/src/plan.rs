@@ -629,13 +629,10 @@ mod tests {
         let p = plan(&spec_text("")).unwrap();
         assert_eq!(p.runs[0].proposed_offload_ratio, None, "no offload, no ratio");
         let free = p.runs[1].proposed_offload_ratio.expect("a GPU offload run gets a proposal");
-        // By hand: per parameter the host spends 28 B / 158 GB/s + 4 B / 54 GB/s, the GPU
-        // 28 B / 3.48 TB/s; 4096 tokens of 1.03e10 FLOP at 4.7e14 FLOP/s.
+        // bf16: 2-byte parameters copied each way; 4096 tokens of 1.03e10 FLOP.
         let model = ModelPreset::Gpt2Xl.spec();
         let psi = zerobench_schema::memory::padded_params(&model, 1) as f64;
-        let (h, g) = (psi * (28.0 / 158e9 + 4.0 / 54e9), psi * 28.0 / 3.48e12);
-        let c = 4096.0 * p.runs[1].config.train_flops_per_token() / 4.7e14;
-        let balance = (c + g) / (h + g);
+        let balance = balance_by_hand(&p.runs[1].config, 1, 2.0, 4096.0);
         assert!(balance > 0.1 && balance < 1.0, "{balance}");
         // The run it proposes holds at least the balance on the host, rounded up to whole units:
         // by less than one block (1/49 of gpt2-xl). The ratio is the shortest decimal that takes
@@ -686,6 +683,18 @@ mod tests {
         assert_eq!(shortest_between(0.12345671, 0.12345672), 0.12345672);
     }
 
+    /// The share of a rank's partition whose host update takes as long as the GPU's work, by hand
+    /// (the rates of `propose_offload_ratio`'s doc, written out): per parameter the host spends
+    /// 28 B / 158 GB/s on AdamW and copies `param_bytes` each way at 54 GB/s, the GPU 28 B /
+    /// 3.48 TB/s on its AdamW; the rank computes `tokens` at 4.7e14 FLOP/s.
+    fn balance_by_hand(config: &RunConfig, world: u32, param_bytes: f64, tokens: f64) -> f64 {
+        let part =
+            zerobench_schema::memory::padded_params(&config.model.spec(), u64::from(world)) as f64 / f64::from(world);
+        let (h, g) = (part * (28.0 / 158e9 + 2.0 * param_bytes / 54e9), part * 28.0 / 3.48e12);
+        let c = tokens * config.train_flops_per_token() / 4.7e14;
+        (c + g) / (h + g)
+    }
+
     /// The proposal on two GPUs in fp32 (world and precision enter the rates): the units it puts
     /// on the host hold at least the balance, one unit fewer would not, and it is the shortest
     /// decimal that selects them.
@@ -696,11 +705,8 @@ mod tests {
         let ratio = r.proposed_offload_ratio.expect("a proposal");
         let model = ModelPreset::Gpt2Xl.spec();
         let psi = zerobench_schema::memory::padded_params(&model, 2) as f64;
-        let part = psi / 2.0;
-        // fp32: 4-byte parameters copied both ways.
-        let (h, g) = (part * (28.0 / 158e9 + 8.0 / 54e9), part * 28.0 / 3.48e12);
-        let c = 4.0 * 1024.0 * r.config.train_flops_per_token() / 4.7e14;
-        let balance = (c + g) / (h + g);
+        // fp32: 4-byte parameters copied each way; 4 × 1024 tokens per rank.
+        let balance = balance_by_hand(&r.config, 2, 4.0, 4.0 * 1024.0);
         let units: Vec<f64> =
             model.units().iter().map(|u| zerobench_schema::memory::padded_unit(u.params, 2) as f64 / psi).collect();
         let host = zerobench_schema::memory::host_params(&model, 2, ratio) as f64 / psi;

@@ -20,9 +20,9 @@
 //! 2.8 GB/s before); writing zeros over the pages instead reached 10.4 GB/s in another call, but
 //! loses what a tensor held before it was locked. Copies run at the same 55 GB/s either way.
 
-use cudarc::driver::{sys, DriverError};
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use cudarc::driver::{sys, DriverError};
 use rayon::prelude::*;
 use tch::{Device, Kind, TchError, Tensor};
 
