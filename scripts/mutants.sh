@@ -7,7 +7,8 @@
 #   scripts/mutants.sh [PACKAGE...]          # default: zerobench-schema zerobench-launcher zerobench-ingest
 #   MUTANTS_SHARD=0/4 scripts/mutants.sh ... # a quarter of them (cargo-mutants --shard)
 #
-# Writes mutants.out/ (cargo-mutants' own report) and bench/results/mutants-<package>.json: the
+# Writes mutants.out/ (cargo-mutants' own report) and bench/results/mutants-<package>.json (with a
+# shard, mutants-<package>-shard<K>.json, so that shards run one after another keep their results): the
 # counts, the share caught among the viable mutants, and every surviving mutant with whether
 # bench/mutants-accepted.txt accepts it (equivalent mutants and the like, one line of reason each).
 set -euo pipefail
@@ -16,17 +17,20 @@ command -v cargo-mutants >/dev/null || { echo "cargo-mutants is not installed: c
 packages=("$@")
 [ ${#packages[@]} -gt 0 ] || packages=(zerobench-schema zerobench-launcher zerobench-ingest)
 for p in "${packages[@]}"; do
-  out="mutants.out/$p"
-  mkdir -p "$out"
+  out="mutants.out/$p" result="bench/results/mutants-$p.json"
   shard=()
-  [ -n "${MUTANTS_SHARD:-}" ] && shard=(--shard "$MUTANTS_SHARD")
+  if [ -n "${MUTANTS_SHARD:-}" ]; then
+    shard=(--shard "$MUTANTS_SHARD")
+    out="$out-shard${MUTANTS_SHARD%%/*}" result="bench/results/mutants-$p-shard${MUTANTS_SHARD%%/*}.json"
+  fi
+  mkdir -p "$out"
   # Debug builds and the library's and integration tests only (no doctests): about 2 s a mutant.
   # Exit 2 (mutants survived) and 3 (some timed out) are findings, not failures of the script.
   rc=0
   cargo mutants -p "$p" --output "$out" --no-shuffle "${shard[@]}" \
     --cargo-test-arg=--lib --cargo-test-arg=--tests || rc=$?
   [ "$rc" = 0 ] || [ "$rc" = 2 ] || [ "$rc" = 3 ] || exit "$rc"
-  python3 - "$out/mutants.out/outcomes.json" "$p" "${MUTANTS_SHARD:-all}" > "bench/results/mutants-$p.json" <<'PY'
+  python3 - "$out/mutants.out/outcomes.json" "$p" "${MUTANTS_SHARD:-all}" > "$result" <<'PY'
 import datetime, json, re, socket, sys
 path, package, shard = sys.argv[1:4]
 o = json.load(open(path))
@@ -56,5 +60,5 @@ print(json.dumps({
     "caught_share_with_accepted": (viable - unaccepted) / viable if viable else None,
     "missed": missed}, indent=1))
 PY
-  echo "$p: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["counts"], "caught", d["caught_share_of_viable"])' "bench/results/mutants-$p.json")"
+  echo "$p: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["counts"], "caught", d["caught_share_of_viable"])' "$result")"
 done
