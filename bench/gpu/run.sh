@@ -77,9 +77,18 @@ RUNS=${RUNS:-/tmp/zerobench-bench/runs}
 mkdir -p "$RUNS" "$OUTDIR"
 log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" | tee -a "$OUTDIR/bench.log" >&2; }
 
+# DeepSpeed for the references: the hosts have none and no internet, so its wheel and those of its
+# pure-Python needs come in $BIN/ds when carried (docs/results/reproducing.md says how to make them).
+if [ -d "$BIN/ds" ] && ! python3 -c 'import deepspeed' 2>/dev/null; then
+  site=/tmp/zerobench-bench/site
+  python3 -m pip install -q --no-index --no-deps --target "$site" "$BIN"/ds/*.whl > /dev/null 2>&1 \
+    && export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
 {
   echo "date: $(date -u +%FT%TZ)"; echo "host: $(hostname)"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", ".".join(map(str, torch.cuda.nccl.version())))'
+  python3 -c 'import deepspeed; print("deepspeed", deepspeed.__version__)' 2>/dev/null || echo "deepspeed: not installed"
   nproc; mpirun --version | head -1
 } > "$OUTDIR/host.txt" 2>&1
 cat "$OUTDIR/host.txt" >&2

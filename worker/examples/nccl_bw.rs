@@ -74,7 +74,7 @@ fn main() {
         let dev_buf = Tensor::ones([elems], (Kind::BFloat16, dev));
         // Page-locked as the engine's offload state is.
         let host = pinned::host_empty(elems, Kind::BFloat16).expect("host buffer");
-        let _pin = pinned::pin_all(&gpu, &[&host]).expect("page-locked");
+        let _pin = pinned::pin_all(&gpu, &[&host], pinned::Contents::Keep).expect("page-locked");
         for kind in [CollectiveKind::DeviceToHost, CollectiveKind::HostToDevice] {
             let run = |c: &mut NcclCollectives| {
                 let p = match kind {
@@ -83,7 +83,11 @@ fn main() {
                         landed.wait().expect("landed");
                         p
                     }
-                    _ => c.copy_to_device(&host, &dev_buf).expect("copy"),
+                    _ => {
+                        let (p, read) = c.copy_to_device(&host, &dev_buf).expect("copy");
+                        read.wait().expect("read");
+                        p
+                    }
                 };
                 c.wait(p).expect("wait");
             };

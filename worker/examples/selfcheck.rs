@@ -13,6 +13,12 @@
 //!   compilers contract multiply-adds.
 //! * `pinned_round_trip`: a page-locked host buffer of an odd size, copied to the device and back
 //!   through the engine's copies (`NcclCollectives::copy_to_device` / `copy_to_host`), bit-exact.
+//! * `upload_order`: host-to-device copies run on a stream of their own; a copy on the
+//!   communication stream issued right after one, reading what it writes (256 MiB), sees every
+//!   uploaded value, and the host source overwritten once the upload's `HostCopy` has been waited
+//!   for does not reach the device.
+//! * `host_state_setup`: offload's host state set up page-locked over memory dirtied and freed
+//!   first: master weights and bf16 parameters equal to the shard, moments and gradients zero.
 //! * `event_clock`: CUDA events on the compute stream against the host clock around the same
 //!   synchronised work (bf16 matrix products, about 30 ms): the events may not exceed the host's
 //!   interval and must cover at least 90% of it.
@@ -42,6 +48,7 @@ use zerobench_worker::metrics::clock::{StepClock, StepPhase};
 use zerobench_worker::metrics::gpu_monitor::GpuMonitor;
 use zerobench_worker::runtime::{cuda, device, identity, pinned};
 use zerobench_worker::zero::adamw::{step_cpu, AdamW, Shard};
+use zerobench_worker::zero::offload::HostState;
 
 /// Largest difference allowed between the kernel's and the CPU's fp32 master weights and moments,
 /// in units in the last place of the tensor's largest element.
@@ -170,15 +177,70 @@ fn pinned_round_trip(r: &mut Report, gpu: &Arc<cuda::Gpu>, comm: &mut NcclCollec
     host_in.shallow_clone().copy_(&src);
     let host_out = pinned::host_empty(n, Kind::BFloat16).expect("host buffer");
     let _ = host_out.shallow_clone().fill_(0.0);
-    let _pins = pinned::pin_all(gpu, &[&host_in, &host_out]).expect("page-locked");
+    let _pins = pinned::pin_all(gpu, &[&host_in, &host_out], pinned::Contents::Keep).expect("page-locked");
     let dev = Tensor::zeros([n], (Kind::BFloat16, Device::Cuda(0)));
-    let p = comm.copy_to_device(&host_in, &dev).expect("h2d");
+    let (p, read) = comm.copy_to_device(&host_in, &dev).expect("h2d");
+    read.wait().expect("read");
     comm.wait(p).expect("wait");
     let (p, landed) = comm.copy_to_host(&dev, &host_out).expect("d2h");
     comm.wait(p).expect("wait");
     landed.wait().expect("landed");
     let mismatches = u16s(&src).iter().zip(u16s(&host_out)).filter(|(a, b)| **a != *b).count();
     r.check("pinned_round_trip", mismatches == 0, json!({"elements": n, "mismatches": mismatches}));
+}
+
+/// An upload runs on a stream of its own: an operation on the communication stream issued right
+/// after it that reads what it writes must still see the uploaded values, and once the upload's
+/// `HostCopy` is waited for the host source may be overwritten without the device seeing it.
+/// 256 MiB, so that a copy that did not wait would read the buffer mid-upload.
+fn upload_order(r: &mut Report, gpu: &Arc<cuda::Gpu>, comm: &mut NcclCollectives) {
+    let n = 128 << 20;
+    let src = Tensor::randn([n], (Kind::BFloat16, Device::Cpu)).contiguous();
+    let host = pinned::host_empty(n, Kind::BFloat16).expect("host buffer");
+    host.shallow_clone().copy_(&src);
+    let _pins = pinned::pin_all(gpu, &[&host], pinned::Contents::Keep).expect("page-locked");
+    let dev = Tensor::zeros([n], (Kind::BFloat16, Device::Cuda(0)));
+    let dup = Tensor::zeros([n], (Kind::BFloat16, Device::Cuda(0)));
+    let (up, read) = comm.copy_to_device(&host, &dev).expect("h2d");
+    // Reads `dev` on the communication stream: it must wait for the upload.
+    let copied = comm.copy_device(&dev, &dup).expect("d2d");
+    read.wait().expect("read");
+    let _ = host.shallow_clone().fill_(0.0);
+    comm.wait(copied).expect("wait");
+    comm.wait(up).expect("wait");
+    let expect = src.to_device(Device::Cuda(0));
+    let count = |t: &Tensor| t.ne_tensor(&expect).sum(Kind::Int64).int64_value(&[]);
+    let (uploaded, copied) = (count(&dev), count(&dup));
+    r.check(
+        "upload_order",
+        uploaded == 0 && copied == 0,
+        json!({"elements": n, "mismatches_uploaded": uploaded, "mismatches_copied_after": copied}),
+    );
+}
+
+/// Offload's host state set up page-locked (its pages faulted in by writing zeros, over memory
+/// first dirtied and freed so that the allocator may hand it back unzeroed): the master weights
+/// and the bf16 parameters hold the shard, the moments, gradient and accumulator are zero.
+fn host_state_setup(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    let n = 50_000_017i64;
+    for _ in 0..2 {
+        let dirty = pinned::host_empty(n, Kind::Float).expect("host buffer");
+        let _ = dirty.shallow_clone().fill_(7.0);
+    }
+    let shard = Tensor::randn([n], (Kind::Float, Device::Cuda(0)));
+    let state = HostState::new(&shard, Kind::BFloat16, true, true, Some(gpu)).expect("host state");
+    let host_shard = shard.to_device(Device::Cpu);
+    let nonzero = |t: &Tensor| t.count_nonzero(0).int64_value(&[]);
+    let moments = [&state.exp_avg, &state.exp_avg_sq, &state.grad].into_iter().chain(&state.grad_acc);
+    let nonzero_left = moments.map(nonzero).sum::<i64>();
+    let master_ok = state.master.equal(&host_shard);
+    let param_ok = state.param.as_ref().is_some_and(|p| p.equal(&host_shard.to_kind(Kind::BFloat16)));
+    r.check(
+        "host_state_setup",
+        nonzero_left == 0 && master_ok && param_ok,
+        json!({"elements": n, "nonzero_moments_and_gradients": nonzero_left, "master_equal": master_ok,
+               "param_equal": param_ok}),
+    );
 }
 
 /// `count` bf16 matrix products of `a` with itself (about 1.1 TFLOP each at 8192).
@@ -302,6 +364,8 @@ fn main() {
     let mut r = Report { failed: 0, checks: 0 };
     adamw(&mut r, &gpu);
     pinned_round_trip(&mut r, &gpu, &mut comm);
+    upload_order(&mut r, &gpu, &mut comm);
+    host_state_setup(&mut r, &gpu);
     event_clock(&mut r, &gpu);
     step_clock(&mut r, &gpu);
     nvml(&mut r, &gpu);

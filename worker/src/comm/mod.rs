@@ -32,8 +32,10 @@ use crate::metrics::timeline::{Mark, SharedTimeline, SpanInfo, Track};
 
 pub use stats::{CollectiveKind, StepComm};
 
-/// A device-to-host copy that host code (the CPU optimizer) waits for, from any thread.
-#[must_use = "wait for the copy before reading the host buffer"]
+/// A copy between the device and host memory that host code (the CPU optimizer) waits for, from
+/// any thread: until a download has landed in its host buffer, or an upload has read its host
+/// buffer.
+#[must_use = "wait for the copy before using the host buffer"]
 pub enum HostCopy {
     /// Completed before the call returned.
     Done,
@@ -47,7 +49,9 @@ impl HostCopy {
         match self {
             HostCopy::Done => Ok(()),
             HostCopy::Event(g, e) => {
-                let r = g.synchronize_event(e).map_err(|err| CommError::Failed { op: "d2h", message: err.to_string() });
+                let r = g
+                    .synchronize_event(e)
+                    .map_err(|err| CommError::Failed { op: "host copy", message: err.to_string() });
                 g.recycle(e);
                 r
             }
@@ -104,9 +108,12 @@ pub trait Collectives {
     /// communication already issued; `Pending` orders computation after it (before `src` is
     /// overwritten), `HostCopy` lets host code wait for `dst`.
     fn copy_to_host(&mut self, src: &Tensor, dst: &Tensor) -> Result<(Pending, HostCopy), CommError>;
-    /// Copies the (pinned) host tensor `src` into the device tensor `dst`, ordered like a
-    /// collective (after the computation issued so far, before the communication issued next).
-    fn copy_to_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError>;
+    /// Copies the (pinned) host tensor `src` into the device tensor `dst`, after the computation
+    /// issued so far and before any communication issued next that touches `dst`; it need not
+    /// wait for the communication already issued (on a GPU it has a stream of its own).
+    /// `Pending` orders computation after it; `HostCopy` lets host code wait until `src` has been
+    /// read, before overwriting it.
+    fn copy_to_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<(Pending, HostCopy), CommError>;
     /// Copies one device tensor into another on the communication stream, after the
     /// communication already issued (hpZ keeps a slice of a just-gathered unit this way).
     fn copy_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError>;

@@ -221,8 +221,9 @@ impl Collectives for MpiCollectives {
         Ok((p, HostCopy::Done))
     }
 
-    fn copy_to_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
-        self.calls.host_copy(CollectiveKind::HostToDevice, src, dst)
+    fn copy_to_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<(Pending, HostCopy), CommError> {
+        let p = self.calls.host_copy(CollectiveKind::HostToDevice, src, dst)?;
+        Ok((p, HostCopy::Done))
     }
 
     fn copy_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {

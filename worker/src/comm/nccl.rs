@@ -9,6 +9,12 @@
 //! exposed communication: events recorded just before and just after each wait bracket it, and
 //! the step clock reads them once the step has ended.
 //!
+//! Host-to-device copies run on a stream of their own (`Gpu::upload`), so that offload's
+//! parameters go up while gradients go down on the communication stream. A later operation on
+//! the communication stream that touches memory an upload still writes waits for that upload
+//! first ([`NcclCollectives::after_uploads`]), which keeps the order the engine relies on (a
+//! copy from the host, then the all-gather of what it wrote).
+//!
 //! The engine passes only persistent buffers (gradient buckets, gather slots, parameter and
 //! gradient shards), so libtorch's caching allocator can never hand their memory to another
 //! kernel while NCCL still uses it.
@@ -55,6 +61,15 @@ pub struct NcclCollectives {
     /// too or only all-gathers.
     peer_copy: Option<PeerCopy>,
     peer_copy_reductions: bool,
+    /// Uploads that may still be running: the device bytes each writes, by `Pending` id.
+    uploads: Vec<(std::ops::Range<usize>, usize)>,
+}
+
+/// Which stream an operation runs on.
+#[derive(Clone, Copy)]
+enum Lane {
+    Comm,
+    Upload,
 }
 
 /// Bytes of each inbox slot of the copy-engine transport (the largest piece it moves at once).
@@ -164,6 +179,7 @@ impl NcclCollectives {
             timeline: None,
             peer_copy,
             peer_copy_reductions: copy_engines == Some(CopyEngines::All),
+            uploads: Vec::new(),
         })
     }
 
@@ -181,21 +197,51 @@ impl NcclCollectives {
         }
     }
 
-    /// Orders a collective after the compute stream's work, runs `launch` on the communication
-    /// stream between timing events, and returns its `Pending`.
+    /// Makes the communication stream wait for every upload still running that writes memory
+    /// of `touched` (device tensors the next operation there reads or writes), and forgets the
+    /// uploads that have finished.
+    fn after_uploads(&mut self, op: &'static str, touched: &[&Tensor]) -> Result<(), CommError> {
+        let g = Arc::clone(&self.gpu);
+        // An upload no longer listed in `ops` has been accounted, so it has completed.
+        self.uploads.retain(|(_, id)| self.ops.get(id).is_some_and(|o| !g.is_done(o.end)));
+        for (range, id) in &self.uploads {
+            let overlaps = touched.iter().any(|t| {
+                let lo = t.data_ptr() as usize;
+                let hi = lo + t.numel() * t.kind().elt_size_in_bytes();
+                lo < range.end && range.start < hi
+            });
+            if overlaps {
+                g.wait(&g.comm, self.ops[id].end).map_err(|e| cuda_err(op, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Orders an operation after the compute stream's work, runs `launch` on `lane`'s stream
+    /// between timing events, and returns its `Pending`. On the communication stream it first
+    /// waits for the uploads that write memory of `touched` (see [`Self::after_uploads`]).
     fn issue(
         &mut self,
         kind: CollectiveKind,
         bytes: usize,
+        lane: Lane,
+        touched: &[&Tensor],
         launch: impl FnOnce(ncclsys::cudaStream_t) -> Result<(), CommError>,
     ) -> Result<Pending, CommError> {
         let op = kind.name();
+        if let Lane::Comm = lane {
+            self.after_uploads(op, touched)?;
+        }
         let g = &self.gpu;
+        let stream = match lane {
+            Lane::Comm => &g.comm,
+            Lane::Upload => &g.upload,
+        };
         let ready = g.mark(&g.compute).map_err(|e| cuda_err(op, e))?;
-        g.wait(&g.comm, ready).map_err(|e| cuda_err(op, e))?;
-        let start = g.mark(&g.comm).map_err(|e| cuda_err(op, e))?;
-        launch(g.comm.cu_stream() as ncclsys::cudaStream_t)?;
-        let end = g.mark(&g.comm).map_err(|e| cuda_err(op, e))?;
+        g.wait(stream, ready).map_err(|e| cuda_err(op, e))?;
+        let start = g.mark(stream).map_err(|e| cuda_err(op, e))?;
+        launch(stream.cu_stream() as ncclsys::cudaStream_t)?;
+        let end = g.mark(stream).map_err(|e| cuda_err(op, e))?;
         // `ready` has been consumed by the wait: the stream holds its own reference to the
         // recorded work, so the event may be reused.
         g.recycle(ready);
@@ -211,10 +257,11 @@ impl NcclCollectives {
         &mut self,
         kind: CollectiveKind,
         bytes: usize,
+        touched: &[&Tensor],
         run: impl FnOnce(&mut PeerCopy) -> Result<(), CommError>,
     ) -> Result<Pending, CommError> {
         let mut pc = self.peer_copy.take().expect("called with the copy-engine transport");
-        let pending = self.issue(kind, bytes, |_| run(&mut pc));
+        let pending = self.issue(kind, bytes, Lane::Comm, touched, |_| run(&mut pc));
         self.peer_copy = Some(pc);
         pending
     }
@@ -241,12 +288,12 @@ impl Collectives for NcclCollectives {
             // A reduce-scatter into this rank's slice, then an all-gather of the slices, in place.
             let (whole, m) = (Self::ptr(buf) as u64, n / self.world);
             let mine = whole + (self.rank * m * e.size()) as u64;
-            return self.through_peer_copy(CollectiveKind::AllReduce, n * e.size(), |pc| {
+            return self.through_peer_copy(CollectiveKind::AllReduce, n * e.size(), &[buf], |pc| {
                 pc.reduce_scatter(whole, mine, m, e)?;
                 pc.all_gather(mine, whole, m, e)
             });
         }
-        self.issue(CollectiveKind::AllReduce, n * e.size(), |s| {
+        self.issue(CollectiveKind::AllReduce, n * e.size(), Lane::Comm, &[buf], |s| {
             // SAFETY: a contiguous device tensor of `n` elements of type `e`, kept alive by the
             // engine until the collective is waited on.
             unsafe { nccl::all_reduce(p, p, n, Self::dtype(e), ncclsys::ncclRedOp_t::ncclSum, comm, s) }
@@ -266,12 +313,12 @@ impl Collectives for NcclCollectives {
             });
         }
         if self.peer_copy_reductions {
-            return self.through_peer_copy(CollectiveKind::ReduceScatter, n * e.size(), |pc| {
+            return self.through_peer_copy(CollectiveKind::ReduceScatter, n * e.size(), &[input, output], |pc| {
                 pc.reduce_scatter(Self::ptr(input) as u64, Self::ptr(output) as u64, m, e)
             });
         }
         let (i, o, comm) = (Self::ptr(input), Self::ptr(output), self.comm);
-        self.issue(CollectiveKind::ReduceScatter, n * e.size(), |s| {
+        self.issue(CollectiveKind::ReduceScatter, n * e.size(), Lane::Comm, &[input, output], |s| {
             // SAFETY: contiguous device tensors of the checked sizes; NCCL allows the output to be
             // the rank's slice of the input.
             unsafe { nccl::reduce_scatter(i, o, m, Self::dtype(e), ncclsys::ncclRedOp_t::ncclSum, comm, s) }
@@ -291,12 +338,12 @@ impl Collectives for NcclCollectives {
             });
         }
         if self.peer_copy.is_some() {
-            return self.through_peer_copy(CollectiveKind::AllGather, m * e.size(), |pc| {
+            return self.through_peer_copy(CollectiveKind::AllGather, m * e.size(), &[input, output], |pc| {
                 pc.all_gather(Self::ptr(input) as u64, Self::ptr(output) as u64, n, e)
             });
         }
         let (i, o, comm) = (Self::ptr(input), Self::ptr(output), self.comm);
-        self.issue(CollectiveKind::AllGather, m * e.size(), |s| {
+        self.issue(CollectiveKind::AllGather, m * e.size(), Lane::Comm, &[input, output], |s| {
             // SAFETY: as for reduce-scatter; the input may be the rank's slice of the output.
             unsafe { nccl::all_gather(i, o, n, Self::dtype(e), comm, s) }.map(|_| ()).map_err(|err| nccl_err(OP, err))
         })
@@ -306,7 +353,7 @@ impl Collectives for NcclCollectives {
         const OP: &str = "broadcast";
         let (e, n) = flat(buf, OP)?;
         let (p, comm) = (Self::ptr(buf), self.comm);
-        self.issue(CollectiveKind::Broadcast, n * e.size(), |s| {
+        self.issue(CollectiveKind::Broadcast, n * e.size(), Lane::Comm, &[buf], |s| {
             // SAFETY: a contiguous device tensor of `n` elements.
             unsafe { nccl::broadcast(p, p, n, Self::dtype(e), root as c_int, comm, s) }
                 .map(|_| ())
@@ -338,6 +385,7 @@ impl Collectives for NcclCollectives {
 
     fn barrier(&mut self) -> Result<(), CommError> {
         self.gpu.comm.synchronize().map_err(|e| cuda_err("barrier", e))?;
+        self.gpu.upload.synchronize().map_err(|e| cuda_err("barrier", e))?;
         self.host.barrier()
     }
 
@@ -349,7 +397,7 @@ impl Collectives for NcclCollectives {
             return Err(CommError::BadTensor { op: OP, reason: format!("{n} device elements into {m} host elements") });
         }
         let (s, d, bytes) = (Self::ptr(src) as u64, Self::ptr(dst), n * e.size());
-        let p = self.issue(CollectiveKind::DeviceToHost, bytes, |stream| {
+        let p = self.issue(CollectiveKind::DeviceToHost, bytes, Lane::Comm, &[src], |stream| {
             // SAFETY: a contiguous device tensor and a pinned host tensor of `bytes`, both kept alive
             // by the engine until the copy is waited on.
             unsafe { cudarc::driver::sys::cuMemcpyDtoHAsync_v2(d, s, bytes, stream as _) }
@@ -361,7 +409,7 @@ impl Collectives for NcclCollectives {
         Ok((p, HostCopy::Event(Arc::clone(g), landed)))
     }
 
-    fn copy_to_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
+    fn copy_to_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<(Pending, HostCopy), CommError> {
         const OP: &str = "h2d";
         let (e, n) = flat(src, OP)?;
         let (eo, m) = flat(dst, OP)?;
@@ -369,13 +417,19 @@ impl Collectives for NcclCollectives {
             return Err(CommError::BadTensor { op: OP, reason: format!("{n} host elements into {m} device elements") });
         }
         let (s, d, bytes) = (Self::ptr(src), Self::ptr(dst) as u64, n * e.size());
-        self.issue(CollectiveKind::HostToDevice, bytes, |stream| {
+        let p = self.issue(CollectiveKind::HostToDevice, bytes, Lane::Upload, &[], |stream| {
             // SAFETY: a pinned host tensor and a contiguous device tensor of `bytes`, alive until
             // the copy is waited on.
             unsafe { cudarc::driver::sys::cuMemcpyHtoDAsync_v2(d, s, bytes, stream as _) }
                 .result()
                 .map_err(|err| CommError::Failed { op: OP, message: err.to_string() })
-        })
+        })?;
+        if let Some(id) = p.0 {
+            self.uploads.push((d as usize..d as usize + bytes, id));
+        }
+        let g = &self.gpu;
+        let read = g.mark(&g.upload).map_err(|err| cuda_err(OP, err))?;
+        Ok((p, HostCopy::Event(Arc::clone(g), read)))
     }
 
     fn copy_device(&mut self, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
@@ -386,7 +440,7 @@ impl Collectives for NcclCollectives {
             return Err(CommError::BadTensor { op: OP, reason: format!("{n} elements into {m}") });
         }
         let (s, d, bytes) = (Self::ptr(src) as u64, Self::ptr(dst) as u64, n * e.size());
-        self.issue(CollectiveKind::DeviceToDevice, bytes, |stream| {
+        self.issue(CollectiveKind::DeviceToDevice, bytes, Lane::Comm, &[src, dst], |stream| {
             // SAFETY: contiguous device tensors of `bytes`, alive until the copy is waited on.
             unsafe { cudarc::driver::sys::cuMemcpyDtoDAsync_v2(d, s, bytes, stream as _) }
                 .result()

@@ -23,6 +23,9 @@ pub struct Gpu {
     pub compute: Arc<CudaStream>,
     /// Where collectives run.
     pub comm: Arc<CudaStream>,
+    /// Where host-to-device copies run (offload's parameters), beside `comm`: the link carries
+    /// both directions at once, so an upload need not queue behind gradients going down.
+    pub upload: Arc<CudaStream>,
     free_events: Mutex<Vec<Event>>,
 }
 
@@ -35,7 +38,8 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let compute = ctx.default_stream();
         let comm = ctx.new_stream()?;
-        Ok(Arc::new(Self { ctx, compute, comm, free_events: Mutex::new(Vec::new()) }))
+        let upload = ctx.new_stream()?;
+        Ok(Arc::new(Self { ctx, compute, comm, upload, free_events: Mutex::new(Vec::new()) }))
     }
 
     /// An event, reused from the pool when one is free.

@@ -68,21 +68,33 @@ const PAGE: usize = 4096;
 /// Pieces of the prefault, so that every thread gets work however the tensors' sizes are spread.
 const PREFAULT_PIECE: usize = 64 << 20;
 
+/// What faulting a tensor's pages in does to what it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contents {
+    /// Kept: one byte of each page gets a write that changes nothing (tensors that hold data).
+    Keep,
+    /// Zeroed: every byte is written with 0, which faults the pages in as fast as any write and
+    /// leaves nothing to clear afterwards (fresh tensors that start at zero or are overwritten).
+    Zero,
+}
+
 /// Page-locks every (contiguous, CPU) tensor of `tensors` in place, after faulting in every page
-/// of them from the rank's threads ([`fault_in`]).
-pub fn pin_all(gpu: &Gpu, tensors: &[&Tensor]) -> Result<Vec<Pinned>, PinError> {
-    fault_in(tensors);
+/// of them from the rank's threads ([`fault_in`]), keeping or zeroing what they hold.
+pub fn pin_all(gpu: &Gpu, tensors: &[&Tensor], contents: Contents) -> Result<Vec<Pinned>, PinError> {
+    fault_in(tensors, contents);
     gpu.ctx.bind_to_thread().map_err(PinError::Context)?;
     tensors.iter().filter_map(|t| register(t.shallow_clone()).transpose()).collect()
 }
 
-/// Faults in every page of the (contiguous, CPU) `tensors` from the rayon pool's threads, keeping
-/// their contents: one byte of each page gets an atomic compare-and-swap of 0 for 0, which changes
-/// no byte but is a write access (x86-64's `lock cmpxchg` writes even when the comparison fails).
-/// It must be a write and nothing else: a first read maps the shared (huge) zero page, and the
-/// write after it splits that into 4 KiB pages (tried on 2×H200: 6.7 GB/s for t5-11b's states);
-/// an atomic `fetch_or(0)` is compiled to a load (tried: 2.6 GB/s, as with no faulting in).
-pub(crate) fn fault_in(tensors: &[&Tensor]) {
+/// Faults in every page of the (contiguous, CPU) `tensors` from the rayon pool's threads.
+///
+/// [`Contents::Keep`]: one byte of each page gets an atomic compare-and-swap of 0 for 0, which
+/// changes no byte but is a write access (x86-64's `lock cmpxchg` writes even when the comparison
+/// fails). It must be a write and nothing else: a first read maps the shared (huge) zero page, and
+/// the write after it splits that into 4 KiB pages (tried on 2×H200: 6.7 GB/s for t5-11b's
+/// states); an atomic `fetch_or(0)` is compiled to a load (tried: 2.6 GB/s, as with no faulting
+/// in). [`Contents::Zero`]: every byte is written with 0.
+pub(crate) fn fault_in(tensors: &[&Tensor], contents: Contents) {
     let pieces: Vec<(usize, usize)> = tensors
         .iter()
         .flat_map(|t| {
@@ -91,6 +103,12 @@ pub(crate) fn fault_in(tensors: &[&Tensor]) {
         })
         .collect();
     pieces.par_iter().for_each(|&(addr, len)| {
+        if contents == Contents::Zero {
+            // SAFETY: `len` bytes inside a live tensor of `tensors`, which nothing else accesses
+            // during this call; the pieces are disjoint.
+            unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len) };
+            return;
+        }
         // One byte per page from the piece's first, and its last byte (the piece need not start
         // on a page boundary).
         for page in (addr..addr + len).step_by(PAGE).chain(std::iter::once(addr + len - 1)) {
@@ -139,6 +157,22 @@ mod tests {
     }
 
     #[test]
+    fn faulting_in_fresh_tensors_zeroes_every_byte() {
+        let tensors: Vec<Tensor> = [(40_000_003i64, Kind::Float), (5_000, Kind::BFloat16)]
+            .into_iter()
+            .map(|(n, kind)| {
+                let t = host_empty(n, kind).unwrap();
+                let _ = t.shallow_clone().fill_(1.5);
+                t
+            })
+            .collect();
+        fault_in(&tensors.iter().collect::<Vec<_>>(), Contents::Zero);
+        for t in &tensors {
+            assert_eq!(t.count_nonzero(0).int64_value(&[]), 0, "zeroing left bytes of {:?}", t.size());
+        }
+    }
+
+    #[test]
     fn faulting_in_keeps_every_byte() {
         // Sizes across the piece length and page boundaries; the small one does not start on one.
         let tensors: Vec<Tensor> = [(40_000_003i64, Kind::BFloat16), (5_000, Kind::Float), (1, Kind::Half)]
@@ -150,7 +184,7 @@ mod tests {
             })
             .collect();
         let before: Vec<Tensor> = tensors.iter().map(Tensor::copy).collect();
-        fault_in(&tensors.iter().collect::<Vec<_>>());
+        fault_in(&tensors.iter().collect::<Vec<_>>(), Contents::Keep);
         for (t, b) in tensors.iter().zip(&before) {
             assert!(t.equal(b), "faulting in changed a tensor of {:?}", t.size());
         }

@@ -62,6 +62,10 @@ struct Unit {
     /// all-gather (after a copy from the host with offload), stage 3's copy of the shard from the
     /// host.
     refreshing: Option<Pending>,
+    /// Offload: the last copy of the unit's host parameters to the device, which the next host
+    /// update waits for before it overwrites them (the copy runs beside the communication stream,
+    /// so the gradient copy the update also waits for no longer orders it).
+    param_upload: HostCopy,
 }
 
 /// How a unit's parameters are kept between uses, by stage family.
@@ -589,10 +593,11 @@ impl Engine {
             Some(shard) => self.comm.all_gather(shard, &dst)?,
             None => {
                 // Parameter offload: the shard comes from the host into this rank's slice of the
-                // slot, and is all-gathered in place (both on the communication stream, in order).
+                // slot, and is all-gathered in place (the all-gather waits for the copy).
                 let len = n / self.world as i64;
                 let mine = dst.f_narrow(0, self.rank as i64 * len, len)?;
-                let _copied = self.comm.copy_to_device(unit.optim.host().param_source(), &mine)?;
+                let (_copied, read) = self.comm.copy_to_device(unit.optim.host().param_source(), &mine)?;
+                unit.param_upload = read;
                 self.comm.all_gather(&mine, &dst)?
             }
         };
@@ -731,6 +736,7 @@ impl Engine {
                 unit: u,
                 priority: self.schedule.first_use[u],
                 landed: copy,
+                uploaded: std::mem::replace(&mut self.units[u].param_upload, HostCopy::Done),
                 accumulate,
                 optim: self.optim.cfg,
                 t: self.updates + 1,
@@ -932,11 +938,15 @@ impl Engine {
     fn step_on_host(&mut self, grad_scale: f64) -> Result<(), EngineError> {
         let on_host = |u: &Unit| matches!(u.optim, OptimState::Host(_));
         if !self.pipelined {
-            for u in (0..self.units.len()).filter(|&u| on_host(&self.units[u])) {
+            for u in 0..self.units.len() {
+                if !on_host(&self.units[u]) {
+                    continue;
+                }
                 let update = Update {
                     unit: u,
                     priority: self.schedule.first_use[u],
                     landed: HostCopy::Done,
+                    uploaded: std::mem::replace(&mut self.units[u].param_upload, HostCopy::Done),
                     accumulate: false,
                     optim: self.optim.cfg,
                     t: self.updates,
@@ -1001,12 +1011,15 @@ impl Engine {
             Partition::Whole => {
                 let r = unit.layout.shard_range(self.owners, self.owner);
                 let mine = unit.base.f_narrow(0, r.start as i64, r.len() as i64)?;
-                let copied = self.comm.copy_to_device(src, &mine)?;
-                // The all-gather runs after the copy on the same stream.
+                let (copied, read) = self.comm.copy_to_device(src, &mine)?;
+                unit.param_upload = read;
+                // The all-gather waits for the copy (it reads what the copy writes).
                 unit.refreshing = Some(if self.world > 1 { self.comm.all_gather(&mine, &unit.base)? } else { copied });
             }
             Partition::Sharded { shard: ParamShard::Device(shard), .. } => {
-                unit.refreshing = Some(self.comm.copy_to_device(src, shard)?);
+                let (copied, read) = self.comm.copy_to_device(src, shard)?;
+                unit.param_upload = read;
+                unit.refreshing = Some(copied);
             }
             Partition::Sharded { shard: ParamShard::Host, .. } => {}
         }
@@ -1105,7 +1118,8 @@ impl UnitBuild<'_> {
             // The parameters exist as views; their memory appears only while gathered.
             shim::storage_release(&base)?;
         }
-        let unit = Unit { layout, base, params, partition, grads, optim, refreshing: None };
+        let unit =
+            Unit { layout, base, params, partition, grads, optim, refreshing: None, param_upload: HostCopy::Done };
         Ok((unit, host_setup))
     }
 }

@@ -29,7 +29,7 @@ use zerobench_schema::config::OptimConfig;
 use super::adamw::{step_cpu, AdamW, Shard};
 use crate::comm::HostCopy;
 use crate::runtime::cuda::Gpu;
-use crate::runtime::pinned::{self, host_empty, PinError, Pinned};
+use crate::runtime::pinned::{self, host_empty, Contents, PinError, Pinned};
 
 /// One unit's shard in host memory.
 pub struct HostState {
@@ -70,16 +70,20 @@ impl HostState {
             param: if mixed { Some(host_empty(n, kind)?) } else { None },
             pins: Vec::new(),
         };
-        if let Some(gpu) = pin {
-            // Locked before they are written, so the initial copy from the device is a DMA.
-            state.pins = pinned::pin_all(gpu, &state.tensors())?;
+        match pin {
+            // Locked before they are written, so the initial copy from the device is a DMA; the
+            // pages are faulted in by writing zeros, so the moments and gradients start at zero
+            // with no second pass over them.
+            Some(gpu) => state.pins = pinned::pin_all(gpu, &state.tensors(), Contents::Zero)?,
+            None => {
+                for t in [&state.exp_avg, &state.exp_avg_sq, &state.grad].into_iter().chain(&state.grad_acc) {
+                    let _ = t.shallow_clone().f_zero_()?;
+                }
+            }
         }
         state.master.shallow_clone().f_copy_(shard_f32)?;
         if let Some(p) = &state.param {
             p.shallow_clone().f_copy_(&state.master)?;
-        }
-        for t in [&state.exp_avg, &state.exp_avg_sq, &state.grad].into_iter().chain(&state.grad_acc) {
-            let _ = t.shallow_clone().f_zero_()?;
         }
         Ok(state)
     }
@@ -147,6 +151,9 @@ pub struct Update {
     pub priority: usize,
     /// The gradient copy to wait for (`HostCopy::Done` once it has been waited for already).
     pub landed: HostCopy,
+    /// The last copy of the unit's parameters to the device, which must have read them before
+    /// the update overwrites them.
+    pub uploaded: HostCopy,
     /// Whether the landed shard must first be added to the accumulator (the last micro-step of
     /// an accumulating step; the earlier ones were added as they landed).
     pub accumulate: bool,
@@ -279,6 +286,7 @@ fn drive(shared: &Shared, tx: &Sender<(usize, Result<(), String>)>) {
 
 fn run(h: &HostState, u: Update) -> Result<(), String> {
     u.landed.wait().map_err(|e| e.to_string())?;
+    u.uploaded.wait().map_err(|e| e.to_string())?;
     if u.accumulate {
         h.accumulate(false).map_err(|e| e.to_string())?;
     }
@@ -307,6 +315,7 @@ mod tests {
             unit,
             priority,
             landed: HostCopy::Done,
+            uploaded: HostCopy::Done,
             accumulate: false,
             optim: OptimConfig::default(),
             t: 1,
