@@ -50,6 +50,11 @@ pub fn tree(root: i32) -> Vec<(i32, u64)> {
 }
 
 fn signal(pid: i32, sig: libc::c_int) {
+    // kill(2) with 0 or a negative pid signals a whole process group, and -1 every process the
+    // user may signal (this shell, its terminal, everything else): only ever one process.
+    if pid <= 0 {
+        return;
+    }
     // SAFETY: kill(2) has no memory-safety preconditions; `pid` is positive (one process).
     unsafe {
         libc::kill(pid, sig);
