@@ -24,9 +24,9 @@
 //! the compute-precision parameter shard the CPU writes and the device copies back (pΨ/N).
 //!
 //! **Twin-Flow** (`offload_ratio` R < 1, after DeepSpeed ZeRO-Offload++) keeps only part of the
-//! partition on the host: whole units, spread evenly through the model from its last unit
-//! ([`host_units`]), Ψh of the Ψ padded elements. The other units keep the states they have
-//! without offload (optimizer kΨd/N, stages 2-3 their pΨd/N gradient shard, stage 3 with `optimizer+params` its
+//! partition on the host: whole units, taken from the end of forward order ([`first_host_unit`]),
+//! Ψh of the Ψ padded elements. The other units keep the states they have without offload
+//! (optimizer kΨd/N, stages 2-3 their pΨd/N gradient shard, stage 3 with `optimizer+params` its
 //! pΨd/N parameter shard, Ψd = Ψ − Ψh); the host terms above hold for Ψh.
 
 use schemars::JsonSchema;
@@ -79,33 +79,27 @@ pub fn model_state_bytes(stage: ZeroStage, precision: Precision, psi: u64, world
     }
 }
 
-/// Twin-Flow: which units (by index, forward order) keep their optimizer on the host when the
-/// host's share is `ratio`. Walking from the last unit back (the order backward produces their
-/// gradients), a unit goes to the host whenever the host would otherwise hold less than `ratio` of
-/// the elements walked so far. The host so holds at least `ratio` of the padded elements (it does
-/// after every unit walked), at most one unit more, and its units are spread evenly through
-/// backward: their gradients go down to the host, and their parameters come back, beside the
-/// whole of backward rather than all in its first part, where they slowed each other and the
-/// host's updates down and made the computation wait. The last unit is always on the host (its
-/// update starts first). Ratio 1 (or more) puts every unit there.
-pub fn host_units(padded_units: &[u64], ratio: f64) -> Vec<bool> {
-    let mut on_host = vec![false; padded_units.len()];
-    let (mut seen, mut host) = (0u64, 0u64);
-    for (i, &elems) in padded_units.iter().enumerate().rev() {
-        seen += elems;
-        if (host as f64) < ratio * seen as f64 {
-            on_host[i] = true;
-            host += elems;
-        }
+/// Twin-Flow: the index of the first unit (in forward order) whose optimizer lives on the host
+/// when the host's share is `ratio`; every later unit is on the host too. The host takes the
+/// fewest units from the end of forward order that hold at least `ratio` of the padded elements:
+/// backward produces their gradients first, so their host updates start earliest, and the next
+/// forward starts with the units the device updated. Ratio 1 gives 0 (everything on the host).
+pub fn first_host_unit(padded_units: &[u64], ratio: f64) -> usize {
+    let total: u64 = padded_units.iter().sum();
+    let want = ratio * total as f64;
+    let (mut first, mut host) = (padded_units.len(), 0u64);
+    while first > 0 && (host as f64) < want {
+        first -= 1;
+        host += padded_units[first];
     }
-    on_host
+    first
 }
 
 /// Ψh: the padded elements whose optimizer lives on the host with offload ratio `ratio` (all of
 /// [`padded_params`] at 1).
 pub fn host_params(spec: &ModelSpec, world: u64, ratio: f64) -> u64 {
     let units: Vec<u64> = spec.units().iter().map(|u| padded_unit(u.params, world)).collect();
-    units.iter().zip(host_units(&units, ratio)).filter(|(_, on_host)| *on_host).map(|(u, _)| u).sum()
+    units[first_host_unit(&units, ratio)..].iter().sum()
 }
 
 /// Model states of one rank split between the device and the host.
@@ -297,38 +291,19 @@ mod tests {
         );
     }
 
-    /// The host takes whole units, walked from the last, whenever its share of those walked would
-    /// fall below the ratio: at least the ratio, at most a unit more, spread through the model.
+    /// The host takes whole units from the end of forward order until it holds the ratio.
     #[test]
-    fn the_host_takes_units_spread_from_the_last_up_to_the_ratio() {
-        let host = |units: &[u64], ratio| -> Vec<usize> {
-            host_units(units, ratio).iter().enumerate().filter(|(_, h)| **h).map(|(i, _)| i).collect()
-        };
+    fn the_host_takes_the_last_units_up_to_the_ratio() {
         let units = [400, 200, 200, 200];
-        assert_eq!(host(&units, 1.0), [0, 1, 2, 3]);
-        assert_eq!(host(&units, 0.2), [3]);
-        // 200 of 200, 200 of 400, 200 of 600 (at least 0.3), then 200 of 1000 is short: unit 0 too.
-        assert_eq!(host(&units, 0.3), [0, 3]);
-        // 200 of 600 is short of 0.34: unit 1; then 400 of 1000 is enough.
-        assert_eq!(host(&units, 0.34), [1, 3]);
-        assert_eq!(host(&units, 1e-9), [3]);
-        assert_eq!(host(&units, 0.0), Vec::<usize>::new());
-        // Past the whole model (validation refuses it; a caller may not): everything on the host.
-        assert_eq!(host(&units, 1.5), [0, 1, 2, 3]);
-        assert!(host_units(&[], 1.0).is_empty());
-        // Evenly spread over equal units: every fourth at a quarter, every other at a half.
-        let blocks = [100u64; 12];
-        assert_eq!(host(&blocks, 0.25), [3, 7, 11]);
-        assert_eq!(host(&blocks, 0.5), [1, 3, 5, 7, 9, 11]);
-        // At least the ratio, at most one unit more, at every ratio.
-        for r in 1..100 {
-            let ratio = f64::from(r) / 100.0;
-            let units = [37u64, 500, 120, 120, 120, 120, 9, 300];
-            let total: u64 = units.iter().sum();
-            let held: u64 = units.iter().zip(host_units(&units, ratio)).filter(|(_, h)| *h).map(|(u, _)| u).sum();
-            assert!(held as f64 >= ratio * total as f64, "{ratio}: {held} of {total}");
-            assert!(held as f64 - ratio * total as f64 <= 500.0, "{ratio}: {held} of {total}");
-        }
+        assert_eq!(first_host_unit(&units, 1.0), 0);
+        assert_eq!(first_host_unit(&units, 0.2), 3);
+        assert_eq!(first_host_unit(&units, 0.2001), 2);
+        assert_eq!(first_host_unit(&units, 0.6), 1);
+        assert_eq!(first_host_unit(&units, 1e-9), 3);
+        // Past the whole model (validation refuses it; a caller may not): everything on the host,
+        // never a unit before the first.
+        assert_eq!(first_host_unit(&units, 1.5), 0);
+        assert_eq!(first_host_unit(&[], 1.0), 0);
         let spec = ModelPreset::Gpt2Xl.spec();
         assert_eq!(host_params(&spec, 4, 1.0), padded_params(&spec, 4));
         let half = host_params(&spec, 4, 0.5) as f64 / padded_params(&spec, 4) as f64;

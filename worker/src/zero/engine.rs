@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tch::{Device, Kind, TchError, Tensor};
 use zerobench_schema::config::{Offload, Precision, RunConfig, ZeroStage};
-use zerobench_schema::memory::{host_units, ModelStateBytes};
+use zerobench_schema::memory::{first_host_unit, ModelStateBytes};
 
 use super::adamw::{AdamW, Shard};
 use super::layout::UnitLayout;
@@ -278,20 +278,20 @@ impl Engine {
         let (owners, owner) = if stage == ZeroStage::Z0 { (1, 0) } else { (world, rank) };
 
         let layouts: Vec<UnitLayout> = model.units().iter().map(|d| UnitLayout::new(d, world)).collect();
-        // Offload: the units `on_host` keeps keep their optimizer on the host, the others on the
-        // device (all on the host unless `offload_ratio` says less; see `host_units`).
-        let on_host = match cfg.offload {
-            Offload::None => vec![false; layouts.len()],
+        // Offload: the units from `first_host` on keep their optimizer on the host, the others on
+        // the device (all on the host unless `offload_ratio` says less; see `first_host_unit`).
+        let first_host = match cfg.offload {
+            Offload::None => layouts.len(),
             Offload::Optimizer | Offload::OptimizerParams => {
                 let padded: Vec<u64> = layouts.iter().map(|l| l.padded as u64).collect();
-                host_units(&padded, cfg.host_share())
+                first_host_unit(&padded, cfg.host_share())
             }
         };
         let mut host_setup = std::time::Duration::ZERO;
         let mut units = Vec::with_capacity(layouts.len());
         let build = UnitBuild { cfg, kind, device, owners, owner, gpu: gpu.as_deref() };
-        for (i, ((def, layout), offloaded)) in model.units().iter().zip(layouts).zip(on_host).enumerate() {
-            let (unit, setup) = build.unit(def, i, layout, offloaded)?;
+        for (i, (def, layout)) in model.units().iter().zip(layouts).enumerate() {
+            let (unit, setup) = build.unit(def, i, layout, i >= first_host)?;
             host_setup += setup;
             units.push(unit);
         }
@@ -306,8 +306,7 @@ impl Engine {
             // Validation keeps hpZ to stage 3.
             _ => None,
         };
-        let any_on_host = units.iter().any(|u| matches!(u.optim, OptimState::Host(_)));
-        let host_setup_ms = any_on_host.then_some(host_setup.as_secs_f64() * 1e3);
+        let host_setup_ms = (first_host < units.len()).then_some(host_setup.as_secs_f64() * 1e3);
         let segment_units: Vec<usize> = model.segments().iter().map(|s| s.unit).collect();
         let schedule = Schedule::new(&segment_units, units.len());
         let largest = units.iter().map(|u| u.layout.padded).max().unwrap_or(0);

@@ -10,8 +10,8 @@
 //!
 //! With offload ([`offload`]) the optimizer state (and in stage 3 optionally the parameter shard)
 //! lives in pinned host memory and the CPU updates it: for every unit, or with an offload ratio
-//! below 1 for units spread through the model (`memory::host_units`), the device updating the
-//! others at the same time. With the delayed update a step's host updates overlap the next step.
+//! below 1 for the last units only (`memory::first_host_unit`), the device updating the others at
+//! the same time. With the delayed update a step's host updates overlap the next step.
 //!
 //! Every unit is padded to a multiple of world size × [`SHARD_ALIGN_ELEMS`] elements and every
 //! rank owns the same contiguous slice of every unit, so the per-rank model states equal the ZeRO

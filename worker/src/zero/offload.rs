@@ -13,8 +13,8 @@
 //! fp16 needs every gradient before any update (an overflow anywhere skips the step), so there the
 //! updates start only after backward.
 //!
-//! With an offload ratio below 1 only the units `memory::host_units` picks are here; the engine
-//! updates the others on the device at the same time. With the delayed update the engine
+//! With an offload ratio below 1 only the units from `memory::first_host_unit` on are here; the
+//! engine updates the others on the device at the same time. With the delayed update the engine
 //! waits for a unit's update only at its next harvest (see `Engine::harvest`), so the update of
 //! step t overlaps step t + 1's forward and backward.
 
