@@ -72,8 +72,10 @@ done
 . bench/gpu/host-env.sh
 W=$BIN/zerobench-worker
 GPUS=$(nvidia-smi -L | wc -l)
-# Raw runs stay outside OUT (which brings back few files); each phase packs them into OUT.
+# Raw runs stay outside OUT (which brings back few files); each phase packs them into OUT. A
+# RUNS of your own must end in /runs (the reports find the logs under runs/ in the archive).
 RUNS=${RUNS:-/tmp/zerobench-bench/runs}
+[ "$(basename "$RUNS")" = runs ] || { echo "RUNS must end in /runs: $RUNS" >&2; exit 2; }
 mkdir -p "$RUNS" "$OUTDIR"
 log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" | tee -a "$OUTDIR/bench.log" >&2; }
 

@@ -15,10 +15,12 @@
 //! (which these hosts give only on `madvise`), 5-6 GB/s, and **20 GB/s with every page written from
 //! all cores first**, 512 times fewer faults on as many cores. So [`host_empty`] allocates that way
 //! (through the shim, which gives the tensor its memory and frees it) and [`pin_all`] faults in
-//! every page from the rank's threads before registering, keeping what they hold. In the worker on
-//! a 2×H200 host that locks gpt2-xl's 24.9 GB at 8.8 GB/s and t5-11b's 181 GB at 7.9 GB/s (2.9 and
-//! 2.8 GB/s before); writing zeros over the pages instead reached 10.4 GB/s in another call, but
-//! loses what a tensor held before it was locked. Copies run at the same 55 GB/s either way.
+//! every page from the rank's threads before registering: by writing zeros where the tensors are
+//! fresh (offload's host state, [`Contents::Zero`]), else by a write that changes nothing
+//! ([`Contents::Keep`]). On a 2×H100 host, in one call (docs/results/offload-and-hpz.md), t5-11b's
+//! 181 GB locked at 22.5-22.9 GB/s zero-filled against 18.9 GB/s kept (2.8 GB/s before either);
+//! the first large allocation on a freshly started host is slower either way (6-7 GB/s: the
+//! virtual machine backs its memory on first touch). Copies run at 55 GB/s either way.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
