@@ -1,6 +1,9 @@
 //! Fitting the coefficients of [`crate::terms`] from measured runs of one GPU kind and precision,
-//! by non-negative least squares on relative errors (each run's row divided by its measurement, so
-//! a 10 ms run counts as much as a 1 s one, as the targets are stated in percent).
+//! on relative errors (each run's row divided by its measurement, so a 10 ms run counts as much as
+//! a 1 s one, as the targets are stated in percent). Step times are fitted by non-negative least
+//! absolute deviations ([`nnls_l1`]): the targets are mean absolute errors, and launch-bound runs
+//! repeat with one run in three or so far slower than the others (a busy host), which squared
+//! errors let pull the prediction for all of them. Memory, which repeats exactly, by least squares.
 //!
 //! A micro-step's time is the longer of its host and device bounds plus a share of the shorter,
 //! which is not linear: for each share on a grid, the fit alternates between assigning each run to
@@ -11,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::nnls::nnls;
+use crate::nnls::{nnls, nnls_l1};
 use crate::observation::Observation;
 use crate::price::{eval, micro_ms, peak_allocated, step_parts, Bound, GIB, UNHIDDEN};
 use crate::terms::{memory_terms, reserved_terms, step_terms, Part, Term};
@@ -121,7 +124,7 @@ fn fit_terms(
     if rows.is_empty() {
         return BTreeMap::new();
     }
-    names.into_iter().zip(nnls(&rows, &b)).collect()
+    names.into_iter().zip(nnls_l1(&rows, &b)).collect()
 }
 
 /// The micro-step's host and device bounds (see the module documentation).
@@ -142,7 +145,7 @@ fn fit_micro(idx: &[usize], runs: &[&Observation], works: &[Work], target: &[f64
 /// Grid steps of the unhidden share between 0 (the longer bound alone) and 1 (both added).
 const UNHIDDEN_STEPS: u32 = 10;
 
-/// The bounds' coefficients for one unhidden share, and their squared relative error.
+/// The bounds' coefficients for one unhidden share, and their summed absolute relative error.
 fn fit_bounds(terms: &[Vec<Term>], target: &[f64], start: &[bool], unhidden: f64) -> (f64, BTreeMap<String, f64>) {
     let names = names_of(terms);
     let mut launch_bound = start.to_vec();
@@ -167,11 +170,11 @@ fn fit_bounds(terms: &[Vec<Term>], target: &[f64], start: &[bool], unhidden: f64
             })
             .collect();
         let ones = vec![1.0; rows.len()];
-        let mut coef: BTreeMap<String, f64> = names.iter().cloned().zip(nnls(&rows, &ones)).collect();
+        let mut coef: BTreeMap<String, f64> = names.iter().cloned().zip(nnls_l1(&rows, &ones)).collect();
         coef.insert(UNHIDDEN.to_string(), unhidden);
         let mut f = Vec::new();
         let micro: Vec<(f64, Bound)> = terms.iter().map(|ts| micro_ms(&coef, ts, &mut f)).collect();
-        let err: f64 = micro.iter().zip(target).map(|((m, _), y)| (m / y.max(1e-3) - 1.0).powi(2)).sum();
+        let err: f64 = micro.iter().zip(target).map(|((m, _), y)| (m / y.max(1e-3) - 1.0).abs()).sum();
         let next: Vec<bool> = micro.iter().map(|(_, b)| *b == Bound::Launch).collect();
         if best.as_ref().is_none_or(|(e, _)| err < *e) {
             best = Some((err, coef));
