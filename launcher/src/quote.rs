@@ -139,6 +139,8 @@ mod tests {
         assert_eq!(sh_arg("--model"), "--model");
         assert_eq!(sh_arg("--mpi=pmix"), "--mpi=pmix");
         assert_eq!(sh_arg("--x=$(id)"), "'--x=$(id)'");
+        // A lone `-` is not an option: quoted like any other word starting with `-`.
+        assert_eq!(sh_arg("-"), "'-'");
         assert_eq!(sbatch_value("x", "gpu").unwrap(), "gpu");
         assert_eq!(sbatch_value("x", "/a b/\"c\"#d\\").unwrap(), r##""/a b/\"c\"#d\\""##);
         assert!(sbatch_value("x", "a\nb").is_err());

@@ -44,6 +44,14 @@ pub enum HostCopy {
 }
 
 impl HostCopy {
+    /// Gives the copy's event back unwaited, where a later copy on the same stream supersedes it
+    /// (a copy dropped instead keeps its event out of the pool for good).
+    pub fn release(self) {
+        if let HostCopy::Event(g, e) = self {
+            g.recycle(e);
+        }
+    }
+
     /// Blocks the calling thread until the copy has landed.
     pub fn wait(self) -> Result<(), CommError> {
         match self {

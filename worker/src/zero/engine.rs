@@ -597,7 +597,9 @@ impl Engine {
                 let len = n / self.world as i64;
                 let mine = dst.f_narrow(0, self.rank as i64 * len, len)?;
                 let (_copied, read) = self.comm.copy_to_device(unit.optim.host().param_source(), &mine)?;
-                unit.param_upload = read;
+                // Forward and backward both gather the unit: the later upload, on the same stream,
+                // supersedes the earlier one.
+                std::mem::replace(&mut unit.param_upload, read).release();
                 self.comm.all_gather(&mine, &dst)?
             }
         };
@@ -1012,13 +1014,13 @@ impl Engine {
                 let r = unit.layout.shard_range(self.owners, self.owner);
                 let mine = unit.base.f_narrow(0, r.start as i64, r.len() as i64)?;
                 let (copied, read) = self.comm.copy_to_device(src, &mine)?;
-                unit.param_upload = read;
+                std::mem::replace(&mut unit.param_upload, read).release();
                 // The all-gather waits for the copy (it reads what the copy writes).
                 unit.refreshing = Some(if self.world > 1 { self.comm.all_gather(&mine, &unit.base)? } else { copied });
             }
             Partition::Sharded { shard: ParamShard::Device(shard), .. } => {
                 let (copied, read) = self.comm.copy_to_device(src, shard)?;
-                unit.param_upload = read;
+                std::mem::replace(&mut unit.param_upload, read).release();
                 unit.refreshing = Some(copied);
             }
             Partition::Sharded { shard: ParamShard::Host, .. } => {}
