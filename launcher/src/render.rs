@@ -887,6 +887,104 @@ mod tests {
         assert!(per_cpu.contains("#SBATCH --mem-per-cpu=4096M\n") && !per_cpu.contains("--mem="), "{per_cpu}");
     }
 
+    /// The spec of a 2-node run over one of the repository's hostfiles.
+    fn hostfile_spec(method: &str, mpi_impl: &str, hostfile: &str, format: &str) -> String {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hostfiles").join(hostfile);
+        format!(
+            "cluster:\n  hostfile: {}\n  hostfile_format: {format}\n  modules: [gcc/12, 'cuda/12 x']\n  env: {{OMP_NUM_THREADS: '2'}}\nlaunch:\n  method: {method}\n  mpi_impl: {mpi_impl}\nsweep:\n  models: tiny\n  stages: 1\n  nodes: 2\n  ranks_per_node: 1\n",
+            path.display()
+        )
+    }
+
+    /// Each launcher gets the hostfile in its own format, and the job asks Slurm for exactly the
+    /// hostfile's hosts and refuses to reach any outside its allocation.
+    #[test]
+    fn hostfile_runs_get_their_launchers_format_the_nodelist_and_the_guard() {
+        for (method, imp, file) in [
+            ("pdsh", "openmpi", "hostfile.deepspeed"),
+            ("mpirun", "openmpi", "hostfile.openmpi"),
+            ("mpirun", "mpich", "hostfile.mpich"),
+        ] {
+            let out = tempfile::tempdir().unwrap();
+            let yaml = hostfile_spec(method, imp, "openmpi.txt", "openmpi");
+            let plan = Plan::build(Spec::parse(&yaml, Path::new("s.yaml")).unwrap()).unwrap();
+            let dir = render(&plan, out.path()).unwrap().remove(0);
+            let names: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("hostfile"))
+                .collect();
+            assert_eq!(names, [file], "{method} {imp}");
+            let job = std::fs::read_to_string(dir.join("job.sbatch")).unwrap();
+            assert!(job.contains("#SBATCH --nodelist=\"worker-[0-1]\"\n"), "{job}");
+            assert!(job.contains("allocated=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\")"), "{job}");
+            assert!(job.contains("  for host in worker-0 worker-1; do\n"), "{job}");
+        }
+        let job = job_of("sweep: {models: tiny}\n");
+        assert!(!job.contains("--nodelist") && !job.contains("scontrol"), "{job}");
+    }
+
+    #[test]
+    fn modules_are_loaded_and_variables_exported_in_order() {
+        let job = job_of(&hostfile_spec("mpirun", "openmpi", "openmpi.txt", "openmpi"));
+        assert!(job.contains("module load gcc/12\nmodule load 'cuda/12 x'\nexport OMP_NUM_THREADS=2\n"), "{job}");
+    }
+
+    #[test]
+    fn gpus_per_node_is_asked_for_only_when_there_are_gpus() {
+        assert!(job_of("cluster: {gpus_per_node: 2}\nsweep: {models: tiny}\n").contains("#SBATCH --gpus-per-node=2\n"));
+        assert!(!job_of("sweep: {models: tiny}\n").contains("--gpus-per-node"));
+    }
+
+    /// Options wrap onto continuation lines once a line passes 60 characters; the first word and
+    /// words that are not options never start one.
+    #[test]
+    fn long_commands_wrap_before_options() {
+        let words = |ws: &[&str]| ws.iter().map(|w| Word::lit(*w)).collect::<Vec<_>>();
+        let mut s = String::new();
+        command(&mut s, &words(&["--prog", "--a", "b"]));
+        assert_eq!(s, "--prog --a b\n");
+        // 60 characters exactly do not wrap; one more does, and only before an option.
+        let w59 = "x".repeat(59);
+        let mut s = String::new();
+        command(&mut s, &words(&["p", &w59[..58], "--c", "d"]));
+        assert_eq!(s, format!("p {} --c d\n", &w59[..58]));
+        let mut s = String::new();
+        command(&mut s, &words(&["p", &w59, "value", "--c", "d"]));
+        assert_eq!(s, format!("p {w59} value \\\n  --c d\n"));
+    }
+
+    /// torchrun's method is an srun step without MPI whose tasks take their ranks from Slurm's
+    /// variables; srun's own method keeps the spec's MPI plugin and runs the worker directly.
+    #[test]
+    fn srun_steps_take_ranks_from_slurm_or_from_mpi() {
+        let torchrun = job_of("launch: {method: torchrun}\nsweep: {models: tiny, nodes: 2, ranks_per_node: 2}\n");
+        assert!(torchrun.contains("srun --mpi=none --nodes=2 --ntasks-per-node=2"), "{torchrun}");
+        assert!(
+            torchrun.contains("bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID MASTER_ADDR=$(scontrol show hostnames \"$SLURM_STEP_NODELIST\" | head -n 1) MASTER_PORT=$((29500 + (SLURM_JOB_ID + "),
+            "{torchrun}"
+        );
+        assert!(torchrun.contains(" exec \"$@\"' zerobench-rank zerobench-worker"), "{torchrun}");
+        let pinned = job_of("launch: {method: torchrun, master_port: 29600}\nsweep: {models: tiny, nodes: 2}\n");
+        assert!(pinned.contains("MASTER_PORT=29600 exec"), "{pinned}");
+        let srun = job_of("launch: {method: srun}\nsweep: {models: tiny, nodes: 2, ranks_per_node: 2}\n");
+        assert!(srun.contains("srun --mpi=pmix --nodes=2"), "{srun}");
+        assert!(!srun.contains("RANK="), "{srun}");
+    }
+
+    /// MPICH's Hydra gets the hostfile with -f and the spec's variables with -genvlist; without
+    /// variables there is no -genvlist.
+    #[test]
+    fn mpich_gets_its_hostfile_and_the_variables_to_pass() {
+        let job = job_of(&hostfile_spec("mpirun", "mpich", "openmpi.txt", "openmpi"));
+        assert!(
+            job.contains("mpiexec -n 2 -ppn 1 -f \"$run_dir/hostfile.mpich\" -genvlist OMP_NUM_THREADS zerobench-worker"),
+            "{job}"
+        );
+        let bare = job_of("launch: {method: mpirun, mpi_impl: mpich}\nsweep: {models: tiny, nodes: 2, ranks_per_node: 2}\n");
+        assert!(bare.contains("mpiexec -n 4 -ppn 2 zerobench-worker"), "{bare}");
+    }
+
     #[test]
     fn open_mpi_ranks_get_the_cores_they_are_given() {
         let local = job_of("launch: {method: local}\nsweep: {models: tiny, ranks_per_node: 2}\n");
