@@ -961,7 +961,8 @@ mod tests {
         let torchrun = job_of("launch: {method: torchrun}\nsweep: {models: tiny, nodes: 2, ranks_per_node: 2}\n");
         assert!(torchrun.contains("srun --mpi=none --nodes=2 --ntasks-per-node=2"), "{torchrun}");
         assert!(
-            torchrun.contains("bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID MASTER_ADDR=$(scontrol show hostnames \"$SLURM_STEP_NODELIST\" | head -n 1) MASTER_PORT=$((29500 + (SLURM_JOB_ID + "),
+            // 552: FNV-1a of the run id tiny_z0_offnone_mb1_2x2, modulo 3000 (computed apart).
+            torchrun.contains("bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID MASTER_ADDR=$(scontrol show hostnames \"$SLURM_STEP_NODELIST\" | head -n 1) MASTER_PORT=$((29500 + (SLURM_JOB_ID + 552) % 3000)) exec"),
             "{torchrun}"
         );
         assert!(torchrun.contains(" exec \"$@\"' zerobench-rank zerobench-worker"), "{torchrun}");
@@ -978,11 +979,134 @@ mod tests {
     fn mpich_gets_its_hostfile_and_the_variables_to_pass() {
         let job = job_of(&hostfile_spec("mpirun", "mpich", "openmpi.txt", "openmpi"));
         assert!(
-            job.contains("mpiexec -n 2 -ppn 1 -f \"$run_dir/hostfile.mpich\" -genvlist OMP_NUM_THREADS zerobench-worker"),
+            job.contains(
+                "mpiexec -n 2 -ppn 1 -f \"$run_dir/hostfile.mpich\" -genvlist OMP_NUM_THREADS zerobench-worker"
+            ),
             "{job}"
         );
-        let bare = job_of("launch: {method: mpirun, mpi_impl: mpich}\nsweep: {models: tiny, nodes: 2, ranks_per_node: 2}\n");
+        let bare =
+            job_of("launch: {method: mpirun, mpi_impl: mpich}\nsweep: {models: tiny, nodes: 2, ranks_per_node: 2}\n");
         assert!(bare.contains("mpiexec -n 4 -ppn 2 zerobench-worker"), "{bare}");
+    }
+
+    /// pdsh starts node.sh on every host of the hostfile; node.sh exports the rendezvous (the
+    /// port derived from the run id) and starts the host's ranks, each GPU host's slots visible.
+    #[test]
+    fn pdsh_starts_node_sh_on_each_host_with_the_rendezvous() {
+        for gpus in [0, 1] {
+            let out = tempfile::tempdir().unwrap();
+            let yaml = hostfile_spec("pdsh", "openmpi", "deepspeed.txt", "deepspeed")
+                .replace("cluster:\n", &format!("cluster:\n  gpus_per_node: {gpus}\n"));
+            let plan = Plan::build(Spec::parse(&yaml, Path::new("s.yaml")).unwrap()).unwrap();
+            let dir = render(&plan, out.path()).unwrap().remove(0);
+            assert_eq!(plan.runs[0].id, "tiny_z1_offnone_mb1_2x1");
+            let job = std::fs::read_to_string(dir.join("job.sbatch")).unwrap();
+            let node_sh = dir.join("node.sh").to_string_lossy().into_owned();
+            assert!(
+                job.contains(&format!("pdsh -S -R ssh -f 1024 -w 'worker-[0-1]' bash {} %n", sh(&sh(&node_sh)))),
+                "{job}"
+            );
+            let node = std::fs::read_to_string(dir.join("node.sh")).unwrap();
+            // 30146 = 29500 + FNV-1a of the run id modulo 1000 (computed apart).
+            assert!(
+                node.contains(
+                    "export MASTER_ADDR=worker-0 MASTER_PORT=30146 WORLD_SIZE=2 LOCAL_SIZE=1 NODE_RANK=\"$node_rank\""
+                ),
+                "{node}"
+            );
+            assert!(node.contains("  0) slots=(0) ;;  # worker-0\n  1) slots=(0) ;;  # worker-1\n"), "{node}");
+            assert_eq!(node.contains("export CUDA_VISIBLE_DEVICES"), gpus > 0, "{node}");
+        }
+    }
+
+    #[test]
+    fn what_rendering_did_is_described() {
+        assert_eq!(Rendered::New.describe(), "new");
+        assert_eq!(Rendered::Unchanged.describe(), "unchanged");
+        assert_eq!(Rendered::Refreshed.describe(), "re-rendered");
+        assert_eq!(
+            Rendered::Replaced { old: "/o/.replaced/x-1".into() }.describe(),
+            "replaced; the old run is in /o/.replaced/x-1"
+        );
+    }
+
+    /// A folder without run.json is rendered again when nothing ran there and refused when
+    /// something did; a run.json that cannot be read is an error naming it.
+    #[test]
+    fn a_folder_without_a_readable_run_json() {
+        let out = tempfile::tempdir().unwrap();
+        let plan =
+            Plan::build(Spec::parse("sweep: {models: tiny, stages: 1}\n", Path::new("s.yaml")).unwrap()).unwrap();
+        let dir = out.path().join(&plan.runs[0].id);
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(render_with(&plan, out.path(), OnChange::Refuse).unwrap()[0].1, Rendered::Refreshed);
+        std::fs::remove_file(dir.join("run.json")).unwrap();
+        std::fs::write(dir.join("local.json"), "{}").unwrap();
+        let e = render_with(&plan, out.path(), OnChange::Refuse).unwrap_err().to_string();
+        assert!(e.contains("it has no readable run.json"), "{e}");
+        std::fs::remove_file(dir.join("local.json")).unwrap();
+        std::fs::create_dir(dir.join("run.json")).unwrap();
+        let e = render_with(&plan, out.path(), OnChange::Refuse).unwrap_err().to_string();
+        assert!(e.contains("run.json") && !e.contains("no readable"), "{e}");
+    }
+
+    /// What changed is shown whole up to 80 characters, and cut to 77 and "..." beyond.
+    #[test]
+    fn a_changed_value_is_shown_whole_up_to_80_characters() {
+        let out = tempfile::tempdir().unwrap();
+        let plan = |v: &str| {
+            let yaml = format!("cluster: {{env: {{V: '{v}'}}}}\nsweep: {{models: tiny, stages: 1}}\n");
+            Plan::build(Spec::parse(&yaml, Path::new("s.yaml")).unwrap()).unwrap()
+        };
+        let (a78, b78, b79) = ("a".repeat(78), "b".repeat(78), "b".repeat(79));
+        let dir = render(&plan(&a78), out.path()).unwrap().remove(0);
+        std::fs::write(dir.join("local.json"), "{}").unwrap();
+        let e = render(&plan(&b78), out.path()).unwrap_err().to_string();
+        assert!(e.contains(&format!("cluster.env.V = \"{a78}\", the spec now gives \"{b78}\"")), "{e}");
+        let e = render(&plan(&b79), out.path()).unwrap_err().to_string();
+        assert!(e.contains(&format!("the spec now gives \"{}...", "b".repeat(76))), "{e}");
+        assert!(!e.contains(&b79), "{e}");
+    }
+
+    /// Moving aside never overwrites: the same name in the same second gets `-1`, `-2`, ...
+    #[test]
+    fn moving_aside_never_overwrites() {
+        // Three moves within one second (tried again if they straddle one).
+        for _ in 0..5 {
+            let tmp = tempfile::tempdir().unwrap();
+            let keep = tmp.path().join("keep");
+            let mut went = Vec::new();
+            for i in 0..3 {
+                let from = tmp.path().join(format!("d{i}"));
+                std::fs::create_dir(&from).unwrap();
+                std::fs::write(from.join("f"), i.to_string()).unwrap();
+                went.push(move_aside(&from, &keep, "run").unwrap());
+            }
+            for (i, p) in went.iter().enumerate() {
+                assert_eq!(std::fs::read_to_string(p.join("f")).unwrap(), i.to_string());
+            }
+            let names: Vec<String> =
+                went.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+            let stamp = names[0]["run-".len()..].split('-').next().unwrap().to_string();
+            if names.iter().all(|n| n.starts_with(&format!("run-{stamp}"))) {
+                assert_eq!(names, [format!("run-{stamp}"), format!("run-{stamp}-1"), format!("run-{stamp}-2")]);
+                return;
+            }
+        }
+        panic!("five tries each straddled a second");
+    }
+
+    /// The run folders of an output folder are those holding a run.json, sorted.
+    #[test]
+    fn run_dirs_are_the_folders_with_a_run_json() {
+        let out = tempfile::tempdir().unwrap();
+        for d in ["b", "a", "c"] {
+            std::fs::create_dir(out.path().join(d)).unwrap();
+        }
+        std::fs::write(out.path().join("b/run.json"), "{}").unwrap();
+        std::fs::write(out.path().join("a/run.json"), "{}").unwrap();
+        std::fs::write(out.path().join("note.txt"), "").unwrap();
+        assert_eq!(run_dirs(out.path()).unwrap(), [out.path().join("a"), out.path().join("b")]);
     }
 
     #[test]

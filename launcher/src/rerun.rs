@@ -80,3 +80,72 @@ pub fn rerun_decision(dir: &Path, prior: &RunState, retry_failed: bool) -> Resul
         st => Rerun::Ended(st),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An attempt's logs, records and job output move into `.attempts/attempt-*/`, contents
+    /// intact; the rendered files and anything else stay.
+    #[test]
+    fn an_attempt_is_set_aside_whole_and_nothing_else() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        std::fs::create_dir(dir.join(LOG_DIR)).unwrap();
+        std::fs::write(dir.join(LOG_DIR).join("rank0.jsonl"), "{}\n").unwrap();
+        let moved = [LOCAL_RECORD, LOCAL_OUTPUT, SLURM_RECORD, "run-123.out", "run-123.err"];
+        let kept = ["run.json", "job.sbatch", "notes.txt", "out.txt"];
+        for name in moved.iter().chain(&kept) {
+            std::fs::write(dir.join(name), name).unwrap();
+        }
+        let attempt = set_aside_attempt(dir).unwrap();
+        assert!(attempt.starts_with(dir.join(ATTEMPTS_DIR)) && attempt.is_dir(), "{}", attempt.display());
+        assert_eq!(std::fs::read_to_string(attempt.join(LOG_DIR).join("rank0.jsonl")).unwrap(), "{}\n");
+        for name in moved {
+            assert_eq!(std::fs::read_to_string(attempt.join(name)).unwrap(), name);
+            assert!(!dir.join(name).exists(), "{name} left behind");
+        }
+        for name in kept {
+            assert_eq!(std::fs::read_to_string(dir.join(name)).unwrap(), name, "{name} moved");
+        }
+        assert!(!dir.join(LOG_DIR).exists() && !dir.join(".attempt-in-progress").exists());
+    }
+
+    fn state(dir: &Path, state: State) -> RunState {
+        let job_id = Some("42".to_string());
+        RunState { id: "r".into(), dir: dir.to_path_buf(), state, job_id, source: "none", detail: String::new() }
+    }
+
+    /// Never run: run. Finished or with Slurm: left alone. Ended badly: left alone, unless asked,
+    /// and then run with the earlier attempt set aside. A folder that was never submitted but
+    /// holds logs ran outside zerobench's records: it counts as ended.
+    #[test]
+    fn a_run_folder_runs_again_only_when_it_should() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let decide = |st: State, retry: bool| rerun_decision(dir, &state(dir, st), retry).unwrap();
+        assert_eq!(decide(State::Unsubmitted, false), Rerun::Run);
+        assert_eq!(decide(State::Done, true), Rerun::Finished);
+        assert_eq!(decide(State::Pending, true), Rerun::WithSlurm { job_id: Some("42".into()) });
+        assert_eq!(decide(State::Running, true), Rerun::WithSlurm { job_id: Some("42".into()) });
+        for st in [State::Failed, State::Oom, State::Cancelled, State::Timeout, State::Unknown] {
+            assert_eq!(decide(st, false), Rerun::Ended(st));
+        }
+        std::fs::write(dir.join(LOCAL_RECORD), "{}").unwrap();
+        assert_eq!(decide(State::Unsubmitted, false), Rerun::Ended(State::Unsubmitted));
+        assert_eq!(decide(State::Failed, true), Rerun::Run);
+        assert!(!dir.join(LOCAL_RECORD).exists(), "the earlier attempt was set aside");
+        assert_eq!(std::fs::read_dir(dir.join(ATTEMPTS_DIR)).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn why_a_run_is_left_alone_is_said() {
+        assert_eq!(Rerun::Run.to_string(), "");
+        assert_eq!(Rerun::Finished.to_string(), "finished earlier; kept as it is");
+        assert_eq!(Rerun::WithSlurm { job_id: None }.to_string(), "submitted to Slurm (job ?); left to it");
+        assert_eq!(
+            Rerun::Ended(State::Oom).to_string(),
+            format!("ended {} earlier; --retry-failed runs it again", State::Oom)
+        );
+    }
+}

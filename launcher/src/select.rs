@@ -201,6 +201,16 @@ mod tests {
         v.iter().map(|(h, s)| (h.to_string(), s.to_vec())).collect()
     }
 
+    /// `zerobench hostfile` reports the slots selected as the ranks the hostfile gives.
+    #[test]
+    fn total_slots_counts_every_selected_slot() {
+        let all = Resources::select(&hf(), Filter::None).unwrap();
+        assert_eq!(all.total_slots(), 8);
+        assert_eq!(all.total_slots(), all.ranks().len());
+        let some = Resources::select(&hf(), Filter::Include("worker-0:0,2@worker-1:3")).unwrap();
+        assert_eq!(some.total_slots(), 3);
+    }
+
     /// The table of DeepSpeed bugs in the reference, with the expected (fixed) results.
     #[test]
     fn fixes_deepspeeds_include_bugs() {

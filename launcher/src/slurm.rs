@@ -114,6 +114,22 @@ mod tests {
         assert!(matches!(e, Error::Slurm { code: 1, .. }));
     }
 
+    /// A command killed by a signal has no exit code: -1, never a code it could have exited with.
+    #[test]
+    fn a_command_killed_by_a_signal_gives_code_minus_one() {
+        let out = run(Command::new("sh").args(["-c", "kill -9 $$"]), Duration::from_secs(10)).unwrap();
+        assert_eq!(out.code, -1);
+        assert!(!out.ok());
+        assert!(run_ok(&mut Command::new("true"), Duration::from_secs(10)).unwrap().ok());
+    }
+
+    #[test]
+    fn messages_name_the_command_line() {
+        assert_eq!(describe(Command::new("sbatch").args(["--parsable", "job.sbatch"])), "sbatch --parsable job.sbatch");
+        let e = run_ok(Command::new("sh").args(["-c", "echo no >&2; exit 2"]), Duration::from_secs(10)).unwrap_err();
+        assert!(e.to_string().contains("sh -c echo no >&2; exit 2"), "{e}");
+    }
+
     #[test]
     fn a_hanging_command_is_killed() {
         let t = Instant::now();

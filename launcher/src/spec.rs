@@ -991,6 +991,15 @@ fn yaml_error(path: &Path, index: &KeyIndex, e: &serde_yaml::Error) -> SpecError
 mod tests {
     use super::*;
 
+    /// A method's text is the name the spec gives it, both ways.
+    #[test]
+    fn methods_are_written_as_the_spec_names_them() {
+        for name in ["srun", "mpirun", "pdsh", "torchrun", "local"] {
+            let m: Method = serde_json::from_str(&format!("\"{name}\"")).unwrap();
+            assert_eq!((m.as_str(), m.to_string()), (name, name.to_string()));
+        }
+    }
+
     /// Values a script cannot run with are refused at their key: an env name the script sets
     /// itself, an env value past the kernel's limit, a module name with a line break.
     #[test]
