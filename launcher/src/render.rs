@@ -1044,7 +1044,7 @@ mod tests {
         std::fs::write(dir.join("local.json"), "{}").unwrap();
         let e = render_with(&plan, out.path(), OnChange::Refuse).unwrap_err().to_string();
         assert!(e.contains("it has no readable run.json"), "{e}");
-        std::fs::remove_file(dir.join("local.json")).unwrap();
+        // Unreadable (a folder), beside results: an error reading it, not "no readable run.json".
         std::fs::create_dir(dir.join("run.json")).unwrap();
         let e = render_with(&plan, out.path(), OnChange::Refuse).unwrap_err().to_string();
         assert!(e.contains("run.json") && !e.contains("no readable"), "{e}");
