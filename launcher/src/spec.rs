@@ -991,6 +991,52 @@ fn yaml_error(path: &Path, index: &KeyIndex, e: &serde_yaml::Error) -> SpecError
 mod tests {
     use super::*;
 
+    /// Rules between keys: the local method takes no hostfile (also when a spec is switched to
+    /// it), an allocation decides the hosts (no hostfile, no nodelist), ranks times CPUs per
+    /// rank fit a node's CPUs exactly, and an empty axis says what an axis takes.
+    #[test]
+    fn keys_that_exclude_each_other_are_refused() {
+        let hf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hostfiles/openmpi.txt");
+        let with_hostfile = format!(
+            "cluster: {{hostfile: {}, hostfile_format: openmpi}}\nlaunch: {{method: mpirun}}\nsweep: {{models: tiny}}\n",
+            hf.display()
+        );
+        let mut s = Spec::parse(&with_hostfile, Path::new("s.yaml")).unwrap();
+        let e = s.set_method(Method::Local).unwrap_err().to_string();
+        assert!(e.contains("cluster.hostfile: the local method runs on this host only; remove the hostfile"), "{e}");
+        let e = err(&with_hostfile.replace("method: mpirun", "method: local"));
+        assert!(e.contains("the local method runs on this host only"), "{e}");
+        let e = err("cluster: {allocation: current, nodelist: 'n[1-2]'}\nsweep: {models: tiny}\n");
+        assert!(e.contains("the allocation decides the hosts: remove hostfile and nodelist"), "{e}");
+        let cpus = |r: u32| {
+            format!("cluster: {{cpus_per_node: 8, cpus_per_task: 4}}\nsweep: {{models: tiny, ranks_per_node: {r}}}\n")
+        };
+        assert!(parse(&cpus(2)).is_ok(), "8 CPUs for 2 ranks of 4");
+        assert!(err(&cpus(3)).contains("3 ranks × cluster.cpus_per_task 4 = 12 CPUs, but cluster.cpus_per_node is 8"));
+        assert!(err("sweep: {models: ~}\n").contains("expected a value or a list of values"));
+    }
+
+    /// Flow nesting is counted outside quotes and comments (a comment ends with its line), and
+    /// the refusal names the line and column of the bracket one level too deep.
+    #[test]
+    fn nesting_depth_counts_brackets_outside_quotes_and_comments_by_line() {
+        let deep = "[".repeat(MAX_FLOW_DEPTH + 1);
+        let e = err(&format!("sweep:\n  models: tiny\n# {deep}\nx: {deep}\n"));
+        assert!(
+            e.starts_with(&format!("s.yaml:4:{}: ", 3 + MAX_FLOW_DEPTH + 1)) && e.contains("nested more than"),
+            "{e}"
+        );
+        let quoted = parse(&format!("cluster: {{partition: '{deep}'}}\nsweep: {{models: tiny}}\n"));
+        assert!(quoted.err().is_none_or(|e| !e.to_string().contains("nested more than")));
+        let commented = parse(&format!("sweep: {{models: tiny}} # {deep}\n"));
+        assert!(commented.err().is_none_or(|e| !e.to_string().contains("nested more than")));
+        // A '#' inside a word does not start a comment (YAML's rule): the brackets after it count.
+        assert!(err(&format!("sweep: {{models: tiny}}\nx: a#{deep}\n")).contains("nested more than"));
+        // Many collections side by side are one level each.
+        let flat = parse(&format!("sweep: {{models: tiny}}\nx: [{}]\n", vec!["[]"; MAX_FLOW_DEPTH + 1].join(", ")));
+        assert!(flat.err().is_none_or(|e| !e.to_string().contains("nested more than")));
+    }
+
     /// A method's text is the name the spec gives it, both ways.
     #[test]
     fn methods_are_written_as_the_spec_names_them() {
