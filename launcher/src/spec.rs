@@ -1030,6 +1030,9 @@ mod tests {
         assert!(quoted.err().is_none_or(|e| !e.to_string().contains("nested more than")));
         let commented = parse(&format!("sweep: {{models: tiny}} # {deep}\n"));
         assert!(commented.err().is_none_or(|e| !e.to_string().contains("nested more than")));
+        // A quote ends at its closing quote: the brackets after it count.
+        assert!(err(&format!("cluster: {{partition: 'x'}}\nsweep: {{models: tiny}}\nx: {deep}\n"))
+            .contains("nested more than"));
         // A '#' inside a word does not start a comment (YAML's rule): the brackets after it count.
         assert!(err(&format!("sweep: {{models: tiny}}\nx: a#{deep}\n")).contains("nested more than"));
         // Many collections side by side are one level each.
