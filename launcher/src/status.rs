@@ -450,6 +450,30 @@ fn output_verdict(dir: &Path, job_id: &str) -> Option<State> {
 mod tests {
     use super::*;
 
+    /// A state's text (the table's column, `Display`) is its name in status's JSON.
+    #[test]
+    fn states_read_the_same_in_the_table_and_the_json() {
+        use State::*;
+        for st in [Unsubmitted, Pending, Running, Done, Oom, Failed, Cancelled, Timeout, Unknown] {
+            let json = serde_json::to_value(st).unwrap();
+            assert_eq!(json.as_str(), Some(st.as_str()));
+            assert_eq!(st.to_string(), st.as_str());
+        }
+        assert_eq!(Unsubmitted.as_str(), "unsubmitted");
+    }
+
+    /// A record that is not JSON is passed over (with a warning); a readable one is read.
+    #[test]
+    fn records_are_read_when_they_parse() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("r.json");
+        std::fs::write(&p, "{\"a\": 1}").unwrap();
+        assert_eq!(read_json::<serde_json::Value>(&p), Some(serde_json::json!({"a": 1})));
+        std::fs::write(&p, "{not json").unwrap();
+        assert_eq!(read_json::<serde_json::Value>(&p), None);
+        assert_eq!(read_json::<serde_json::Value>(&d.path().join("none.json")), None);
+    }
+
     /// A FIFO under a rank log's name is skipped (reading it would wait forever), and a large
     /// log is read at its head and tail only.
     #[test]

@@ -12,8 +12,8 @@
 //! Host-to-device copies run on a stream of their own (`Gpu::upload`), so that offload's
 //! parameters go up while gradients go down on the communication stream. A later operation on
 //! the communication stream that touches memory an upload still writes waits for that upload
-//! first ([`NcclCollectives::after_uploads`]), which keeps the order the engine relies on (a
-//! copy from the host, then the all-gather of what it wrote).
+//! first (`after_uploads`), which keeps the order the engine relies on (a copy from the host,
+//! then the all-gather of what it wrote).
 //!
 //! The engine passes only persistent buffers (gradient buckets, gather slots, parameter and
 //! gradient shards), so libtorch's caching allocator can never hand their memory to another
