@@ -9,15 +9,8 @@
 # survivor's outcome now.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# A mutant may turn a process id into 0 or -1 (the launcher signals process trees), and kill(2)
-# then signals a group or every process of the user. Run in a PID namespace of our own where the
-# system allows one, so such a signal reaches only the tests.
-if [ -z "${ZB_MUTANTS_NS:-}" ]; then
-  for ns in "unshare --pid --fork --mount-proc" "unshare --user --map-root-user --pid --fork --mount-proc"; do
-    if $ns true 2>/dev/null; then exec env ZB_MUTANTS_NS=1 $ns "$0" "$@"; fi
-  done
-  echo "mutants: no PID namespace here; running without one" >&2
-fi
+# In a PID namespace of its own, so that a mutant signalling pid -1 reaches only the tests.
+[ -n "${ZB_IN_PID_NAMESPACE:-}" ] || exec scripts/in-pid-namespace.sh "$0" "$@"
 result=${1:?usage: scripts/mutants-recheck.sh RESULT.json}
 command -v cargo-mutants >/dev/null || { echo "cargo-mutants is not installed: cargo install cargo-mutants --locked" >&2; exit 2; }
 package=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["package"])' "$result")
