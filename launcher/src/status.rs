@@ -483,13 +483,30 @@ mod tests {
         // SAFETY: mkfifo(3) with a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         assert_eq!(read_logs(d.path()).ranks_seen, 0);
+        // Numbered lines of 21 bytes, which do not divide the head or the tail: the part must be
+        // whole lines, the file's first ones and then its last ones, and no more than both sizes.
         let big = d.path().join("rank1.jsonl");
-        let line = b"{\"not\": \"a record\"}\n";
-        let n = (LOG_HEAD + LOG_TAIL) as usize * 2 / line.len();
-        std::fs::write(&big, line.repeat(n)).unwrap();
-        let part = head_and_tail(&big).unwrap();
-        assert!(part.len() as u64 <= LOG_HEAD + LOG_TAIL && part.ends_with(b"}\n"), "{}", part.len());
-        assert!(part.split(|b| *b == b'\n').filter(|l| !l.is_empty()).all(|l| l == &line[..line.len() - 1]));
+        let line = |i: usize| format!("{{\"n\": {i:013}}}\n");
+        let n = (LOG_HEAD + LOG_TAIL) as usize * 2 / line(0).len();
+        std::fs::write(&big, (0..n).map(line).collect::<String>()).unwrap();
+        let part = String::from_utf8(head_and_tail(&big).unwrap()).unwrap();
+        assert!(part.len() as u64 <= LOG_HEAD + LOG_TAIL, "{}", part.len());
+        let numbers: Vec<usize> = part
+            .lines()
+            .map(|l| l.strip_prefix("{\"n\": ").and_then(|r| r.strip_suffix('}')).unwrap().parse().unwrap())
+            .collect();
+        let head = numbers.iter().take_while(|&&k| k < n / 2).count();
+        assert_eq!(numbers[..head], (0..head).collect::<Vec<_>>()[..], "the head is the first lines");
+        assert_eq!(
+            numbers[head..],
+            (n - (numbers.len() - head)..n).collect::<Vec<_>>()[..],
+            "the tail is the last lines"
+        );
+        assert!(head as u64 * 21 > LOG_HEAD - 21 && (numbers.len() - head) as u64 * 21 > LOG_TAIL - 42);
+        // A file within both sizes is read whole.
+        let small = d.path().join("rank2.jsonl");
+        std::fs::write(&small, (0..1000).map(line).collect::<String>()).unwrap();
+        assert_eq!(head_and_tail(&small).unwrap().len(), 1000 * 21);
     }
 
     #[test]
