@@ -19,8 +19,8 @@
 //! fresh (offload's host state, [`Contents::Zero`]), else by a write that changes nothing
 //! ([`Contents::Keep`]). On a 2×H100 host, in one call (docs/results/offload-and-hpz.md), t5-11b's
 //! 181 GB locked at 22.5-22.9 GB/s zero-filled against 18.9 GB/s kept (2.8 GB/s before either);
-//! the first large allocation on a freshly started host is slower either way (6-7 GB/s: the
-//! virtual machine backs its memory on first touch). Copies run at 55 GB/s either way.
+//! the first large allocation on a freshly started host is slower either way (6-7 GB/s; most
+//! likely the virtual machine backing its memory on first touch). Copies run at 55 GB/s either way.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
