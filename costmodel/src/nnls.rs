@@ -34,21 +34,27 @@ const L1_FLOOR: f64 = 1e-3;
 /// figure its targets are stated in; and a run far off its repeats (a host that was busy) counts
 /// as one run's error instead of pulling the fit for every run like it.
 pub fn nnls_l1(a: &[Vec<f64>], b: &[f64]) -> Vec<f64> {
+    // |Ax − b| row by row: the round's cost (their sum) and the next round's weights.
+    let residuals = |x: &[f64]| -> Vec<f64> {
+        a.iter().zip(b).map(|(r, y)| (r.iter().zip(x).map(|(p, q)| p * q).sum::<f64>() - y).abs()).collect()
+    };
     let mut x = nnls(a, b);
-    let residual = |x: &[f64], r: &[f64], y: f64| (r.iter().zip(x).map(|(p, q)| p * q).sum::<f64>() - y).abs();
-    let cost = |x: &[f64]| a.iter().zip(b).map(|(r, y)| residual(x, r, *y)).sum::<f64>();
-    let mut best = (cost(&x), x.clone());
-    for _ in 0..L1_ROUNDS {
-        let w: Vec<f64> = a.iter().zip(b).map(|(r, y)| 1.0 / residual(&x, r, *y).max(L1_FLOOR).sqrt()).collect();
+    let mut best: Option<(f64, Vec<f64>)> = None;
+    for round in 0..=L1_ROUNDS {
+        let r = residuals(&x);
+        let cost: f64 = r.iter().sum();
+        if best.as_ref().is_none_or(|(c, _)| cost < *c) {
+            best = Some((cost, x.clone()));
+        }
+        if round == L1_ROUNDS {
+            break;
+        }
+        let w: Vec<f64> = r.iter().map(|e| 1.0 / e.max(L1_FLOOR).sqrt()).collect();
         let rows: Vec<Vec<f64>> = a.iter().zip(&w).map(|(r, w)| r.iter().map(|v| v * w).collect()).collect();
         let rhs: Vec<f64> = b.iter().zip(&w).map(|(y, w)| y * w).collect();
         x = nnls(&rows, &rhs);
-        let c = cost(&x);
-        if c < best.0 {
-            best = (c, x.clone());
-        }
     }
-    best.1
+    best.map_or(x, |(_, x)| x)
 }
 
 fn active_set(a: &[Vec<f64>], b: &[f64], cols: usize) -> Vec<f64> {
