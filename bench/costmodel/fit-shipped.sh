@@ -6,7 +6,8 @@
 #
 # The sweeps are bench/gpu/run.sh's `costmodel` phase (bench/gpu/costmodel-runs.txt): on one 2×H200
 # host twice, 12 steps (4 warm-up) and 30 steps (10 warm-up), and on another 2×H200 host once, 30
-# steps; on one 2×H100 host once, 30 steps.
+# steps; on one 2×H100 host once, 30 steps (one-GPU runs two at a time), and on a 1×H100 host twice,
+# 30 steps, one run at a time (its held-out runs were run once, with the first sweep).
 # Their runs of the set `fit` are fitted on; those of `holdout` (other presets, micro-batches,
 # sequence lengths) never are.
 set -euo pipefail
@@ -16,7 +17,7 @@ ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE (under bench/results/raw)
   case $1 in
     h200) echo "short:gpu-2026-11-24-costmodel-short long:gpu-2026-11-24-costmodel again:gpu-2026-11-26-costmodel" ;;
-    h100) echo "long:gpu-2026-11-25-h100-costmodel" ;;
+    h100) echo "long:gpu-2026-11-25-h100-costmodel one:gpu-2026-11-26-h100x1-costmodel-1 two:gpu-2026-11-26-h100x1-costmodel-2" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
 }
@@ -29,7 +30,8 @@ for kind in "${kinds[@]}"; do
   for s in $list; do
     mkdir -p "$work/${s%%:*}"
     tar -xzf "bench/results/raw/${s#*:}.tar.gz" -C "$work/${s%%:*}"
-    fits+=("${s%%:*}/runs/cm-fit") holdouts+=("${s%%:*}/runs/cm-holdout")
+    fits+=("${s%%:*}/runs/cm-fit")
+    [ ! -d "$work/${s%%:*}/runs/cm-holdout" ] || holdouts+=("${s%%:*}/runs/cm-holdout")
     sources+=("bench/results/raw/${s#*:}.tar.gz")
   done
   (cd "$work" && "$ZB" fit "${fits[@]}" --out model.json --validate) > "$work/fit.md"

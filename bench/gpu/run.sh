@@ -54,6 +54,7 @@
 #   costmodel    the cost model's sweep (bench/gpu/costmodel-runs.txt): the runs `zerobench fit`
 #                is fitted on (runs/cm-fit) and the held-out runs it is checked against
 #                (runs/cm-holdout); one-GPU runs go two at a time, one per GPU, when there are two
+#                (CM_SETS="fit" or "holdout" runs one set)
 #
 # Every worker log and JSON line lands in OUT (default $OUT, else bench-out/); `results.tar.gz`
 # packs them for the trip back.
@@ -291,7 +292,8 @@ print(json.dumps({"benchmark": "bench/gpu/run.sh same-speed", "commit": commit, 
 PY
       log "same-speed: $(python3 -c 'import json,sys; print([(c["case"], c["ratio_new_over_base"]) for c in json.load(open(sys.argv[1]))["cases"]])' "$OUTDIR/same-speed.json")" ;;
     costmodel)
-      # Each line of the list: SET LANE NAME NP WORKER-ARGS... (bench/gpu/costmodel-runs.txt). Lane
+      # Each line of the list: SET LANE NAME NP WORKER-ARGS... (bench/gpu/costmodel-runs.txt); CM_SETS
+      # picks the sets (default "fit holdout"), so that one GPU can run them in two calls. Lane
       # "any" runs are one-GPU runs without host work: with two GPUs two of them run at once, one
       # per GPU (their hosts' 32 cores are enough for both). "serial" runs (offload: host-bound;
       # several GPUs) run alone afterwards.
@@ -299,7 +301,7 @@ PY
       lane() {  # lane GPU N K: every K-th "any" run from the N-th, on GPU
         local i=0 set ln name np
         while read -r set ln name np rest; do
-          case "$set" in fit|holdout) ;; *) continue ;; esac
+          case " ${CM_SETS:-fit holdout} " in *" $set "*) ;; *) continue ;; esac
           [ "$ln" = any ] || continue
           i=$((i + 1)); [ $(( (i - 1) % $3 )) -eq "$2" ] || continue
           # shellcheck disable=SC2086
@@ -308,7 +310,7 @@ PY
       }
       if [ "$GPUS" -ge 2 ]; then lane 0 0 2 & lane 1 1 2 & wait; else lane 0 0 1; fi
       while read -r set ln name np rest; do
-        case "$set" in fit|holdout) ;; *) continue ;; esac
+        case " ${CM_SETS:-fit holdout} " in *" $set "*) ;; *) continue ;; esac
         [ "$ln" = serial ] && [ "$np" -le "$GPUS" ] || continue
         # shellcheck disable=SC2086
         WORKER_TIMEOUT=240 worker "cm-$set/$name" "$np" $rest --steps "${CM_STEPS:-30}" --warmup "${CM_WARMUP:-10}" < /dev/null
