@@ -6,6 +6,8 @@
 #
 #   scripts/mutants.sh [PACKAGE...]          # default: zerobench-schema zerobench-launcher zerobench-ingest
 #   MUTANTS_SHARD=0/4 scripts/mutants.sh ... # a quarter of them (cargo-mutants --shard)
+#   MUTANTS_SHARDING=round-robin              # every 4th mutant instead of a consecutive quarter:
+#                                             # a sample spread over the whole crate
 #
 # Writes mutants.out/ (cargo-mutants' own report) and bench/results/mutants-<package>.json (with a
 # shard, mutants-<package>-shard<K>.json, so that shards run one after another keep their results): the
@@ -24,6 +26,10 @@ for p in "${packages[@]}"; do
   if [ -n "${MUTANTS_SHARD:-}" ]; then
     shard=(--shard "$MUTANTS_SHARD")
     out="$out-shard${MUTANTS_SHARD%%/*}" result="bench/results/mutants-$p-shard${MUTANTS_SHARD%%/*}.json"
+    if [ "${MUTANTS_SHARDING:-slice}" = round-robin ]; then
+      shard+=(--sharding round-robin)
+      out="$out-of${MUTANTS_SHARD##*/}-rr" result="${result%.json}-of${MUTANTS_SHARD##*/}-round-robin.json"
+    fi
   fi
   mkdir -p "$out"
   # Debug builds and the library's and integration tests only (no doctests): about 2 s a mutant.
@@ -32,7 +38,7 @@ for p in "${packages[@]}"; do
   cargo mutants -p "$p" --output "$out" --no-shuffle "${shard[@]}" \
     --cargo-test-arg=--lib --cargo-test-arg=--tests || rc=$?
   [ "$rc" = 0 ] || [ "$rc" = 2 ] || [ "$rc" = 3 ] || exit "$rc"
-  python3 - "$out/mutants.out/outcomes.json" "$p" "${MUTANTS_SHARD:-all}" > "$result" <<'PY'
+  python3 - "$out/mutants.out/outcomes.json" "$p" "${MUTANTS_SHARD:-all}${MUTANTS_SHARD:+ ${MUTANTS_SHARDING:-slice}}" > "$result" <<'PY'
 import datetime, json, re, socket, sys
 path, package, shard = sys.argv[1:4]
 o = json.load(open(path))

@@ -301,7 +301,7 @@ struct Logs {
     ends: BTreeMap<u32, RunStatus>,
     /// Rank → its last step, for every rank that wrote `start`.
     started: BTreeMap<u32, Option<u32>>,
-    /// The first failure: `rank N: class: message`.
+    /// The first error (`rank N: class: message`), else the first `end` that was not ok.
     failure: Option<String>,
     ranks_seen: usize,
     last_step: Option<u32>,
@@ -376,6 +376,9 @@ fn read_logs(dir: &Path) -> Logs {
         .filter(|p| p.file_name().and_then(|n| n.to_str()).and_then(rank_from_name).is_some())
         .collect();
     files.sort();
+    // A rank's error says why; a failed `end` only that it ended so (the ranks a failure stopped
+    // end failed too, and a lower rank's log is read first), so it is the detail only without one.
+    let mut bad_end = None;
     for f in files {
         let Some(text) = head_and_tail(&f) else { continue };
         logs.ranks_seen += 1;
@@ -399,8 +402,8 @@ fn read_logs(dir: &Path) -> Logs {
                             s.step_ms_median, s.tokens_per_s, s.final_loss
                         ));
                     }
-                    if e.status != RunStatus::Ok && logs.failure.is_none() {
-                        logs.failure = Some(format!("rank {}: ended {} (exit {})", e.rank, e.status, e.exit_code));
+                    if e.status != RunStatus::Ok && bad_end.is_none() {
+                        bad_end = Some(format!("rank {}: ended {} (exit {})", e.rank, e.status, e.exit_code));
                     }
                 }
                 Record::Error(e) if logs.failure.is_none() => {
@@ -410,6 +413,7 @@ fn read_logs(dir: &Path) -> Logs {
             }
         }
     }
+    logs.failure = logs.failure.or(bad_end);
     // A rank that stopped without an `end` while others ended is the one that died (killed,
     // crashed or lost with its node): the others' errors only say they were stopped.
     let dead: Vec<String> = logs
@@ -449,6 +453,8 @@ fn output_verdict(dir: &Path, job_id: &str) -> Option<State> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusty_fork::rusty_fork_test;
+    use zerobench_schema::log::Summary;
 
     /// A state's text (the table's column, `Display`) is its name in status's JSON.
     #[test]
@@ -507,6 +513,176 @@ mod tests {
         let small = d.path().join("rank2.jsonl");
         std::fs::write(&small, (0..1000).map(line).collect::<String>()).unwrap();
         assert_eq!(head_and_tail(&small).unwrap().len(), 1000 * 21);
+    }
+
+    /// Rank logs of `run` for the run folder `dir`, rank 0's `end` carrying `summary` when given.
+    fn write_logs(dir: &Path, run: &zerobench_ingest::synth::SynthRun, summary: Option<Summary>, extra: &[Record]) {
+        let logs = dir.join(LOG_DIR);
+        run.write(&logs).unwrap();
+        if summary.is_none() && extra.is_empty() {
+            return;
+        }
+        for rank in 0..run.world_size {
+            let mut recs = run.records(rank);
+            for r in &mut recs {
+                if let (Record::End(e), 0) = (r, rank) {
+                    e.summary = summary;
+                }
+            }
+            recs.extend(extra.iter().filter(|r| r.rank() == rank).cloned());
+            let text: String = recs.iter().map(|r| serde_json::to_string(r).unwrap() + "\n").collect();
+            std::fs::write(logs.join(format!("rank{rank}.jsonl")), text).unwrap();
+        }
+    }
+
+    fn stub(dir: &Path, name: &str, body: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    // In a process of its own: it puts stub `squeue`, `sacct` and `scontrol` first on PATH.
+    rusty_fork_test! {
+        /// Each source places the runs the earlier ones could not: squeue (an array task listed
+        /// as a range), then sacct (asked only about the rest; a job it was not asked about is
+        /// ignored), then scontrol (whose output counts only when it succeeds), then the run
+        /// folder: the job's output file, the ranks' logs, `local.json`. Details come from the
+        /// logs (the first failure, progress, rank 0's summary) or the local record.
+        #[test]
+        fn each_source_places_the_runs_the_earlier_ones_could_not() {
+            use zerobench_ingest::synth::{Fate, SynthRun};
+            use zerobench_schema::job::LocalRecord;
+            use zerobench_schema::log::{ErrorClass, ErrorRecord, SCHEMA_VERSION};
+            let tmp = tempfile::tempdir().unwrap();
+            let bin = tmp.path().join("bin");
+            std::fs::create_dir(&bin).unwrap();
+            let asked = tmp.path().join("asked");
+            stub(&bin, "squeue", "echo '101|RUNNING'; echo '102_[3-4%1]|PENDING'; echo '555|RUNNING'");
+            stub(&bin, "sacct", &format!("echo \"$*\" >> {}\nprintf '103|COMPLETED\\n999|FAILED\\n'", asked.display()));
+            stub(
+                &bin,
+                "scontrol",
+                "case $4 in\n  104) echo 'JobId=104 JobName=r JobState=TIMEOUT Reason=TimeLimit' ;;\n  \
+                 105) echo 'JobId=105 JobState=COMPLETED'; exit 1 ;;\n  \
+                 *) echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1 ;;\nesac",
+            );
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            std::env::set_var("PATH", std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(&path))).unwrap());
+
+            let spec = crate::spec::Spec::parse(
+                "cluster: {gpus_per_node: 2, gpu_memory: 16GiB}\nsweep:\n  models: tiny\n  stages: [0, 1, 2, 3]\n  micro_batches: [1, 2, 4]\n",
+                Path::new("s.yaml"),
+            )
+            .unwrap();
+            let plan = crate::plan::Plan::build(spec).unwrap();
+            let dirs = crate::render::render(&plan, &tmp.path().join("out")).unwrap();
+            assert_eq!(dirs.len(), 12);
+            let synth = |i: usize, fate: Fate| {
+                let r = &plan.runs[i];
+                SynthRun { fate, ..SynthRun::new(&r.id, r.config.clone(), r.world_size(), 12.5) }
+            };
+            let steps = plan.runs[0].config.steps;
+            let job = |i: usize, id: &str| {
+                let rec = SlurmRecord {
+                    job_id: id.into(),
+                    array_job_id: None,
+                    array_task_id: None,
+                    dependency: None,
+                    submitted_at: 1,
+                    script: dirs[i].join("job.sbatch"),
+                };
+                std::fs::write(dirs[i].join(SLURM_RECORD), serde_json::to_string(&rec).unwrap()).unwrap();
+            };
+            let summary =
+                Summary { steps, step_ms_median: 12.5, tokens_per_s: 4096.0, final_loss: 2.25, peak_allocated_bytes: None };
+            let said = "median step 12.5 ms, 4096 tokens/s, final loss 2.2500";
+            let local = |i: usize, code: i32| {
+                let rec: LocalRecord = serde_json::from_value(serde_json::json!({"exit_code": code, "seconds": 3.0})).unwrap();
+                std::fs::write(dirs[i].join(LOCAL_RECORD), serde_json::to_string(&rec).unwrap()).unwrap();
+                rec.describe()
+            };
+            job(0, "101");
+            write_logs(&dirs[0], &synth(0, Fate::Killed { after: 3 }), None, &[]);
+            job(1, "102_3");
+            job(2, "103");
+            write_logs(&dirs[2], &synth(2, Fate::Ok), Some(summary), &[]);
+            job(3, "104");
+            job(4, "105");
+            std::fs::write(dirs[4].join("r-105.out"), "slurmstepd: error: *** JOB 105 ON vm CANCELLED AT 2026-01-01T00:00:00 ***\n")
+                .unwrap();
+            job(5, "106");
+            write_logs(&dirs[5], &synth(5, Fate::Oom { rank: 1, step: 2 }), None, &[]);
+            job(6, "107");
+            write_logs(&dirs[7], &synth(7, Fate::Ok), Some(summary), &[]);
+            let exited_0 = local(7, 0);
+            let exited_1 = local(8, 1);
+            // Two ranks report errors: the first rank's is the one shown.
+            let second = Record::Error(ErrorRecord {
+                v: SCHEMA_VERSION,
+                ts: 9.0,
+                rank: 1,
+                class: ErrorClass::Terminated,
+                message: "stopped".into(),
+                step: None,
+                requested_bytes: None,
+                memory: None,
+            });
+            write_logs(&dirs[9], &synth(9, Fate::Failed { rank: 0, step: 2 }), None, &[second]);
+            write_logs(&dirs[10], &synth(10, Fate::Ok), None, &[]);
+
+            let rows = status(&dirs).unwrap();
+            let got: Vec<(State, &str, &str)> = rows.iter().map(|r| (r.state, r.source, r.detail.as_str())).collect();
+            let after = format!("2/2 rank logs, 2 ended, step {}", steps - 1);
+            assert_eq!(
+                got,
+                [
+                    (State::Running, "squeue", "2/2 rank logs, 0 ended, step 2"),
+                    (State::Pending, "squeue", ""),
+                    (State::Done, "sacct", said),
+                    (State::Timeout, "scontrol", ""),
+                    (State::Cancelled, "output", ""),
+                    (State::Oom, "logs", "rank 1: oom: CUDA out of memory. Tried to allocate 2.00 GiB"),
+                    (State::Unknown, "none", ""),
+                    (State::Done, "local", said),
+                    (State::Failed, "local", exited_1.as_str()),
+                    (State::Failed, "logs", "rank 0: comm: NCCL error: remote process exited"),
+                    (State::Done, "logs", after.as_str()),
+                    (State::Unsubmitted, "none", ""),
+                ]
+            );
+            assert_ne!(exited_0, said);
+            let ids: Vec<Option<&str>> = rows.iter().map(|r| r.job_id.as_deref()).collect();
+            assert_eq!(&ids[..8], [Some("101"), Some("102_3"), Some("103"), Some("104"), Some("105"), Some("106"), Some("107"), None]);
+            // sacct was asked once, about the jobs squeue did not know.
+            assert_eq!(std::fs::read_to_string(&asked).unwrap(), "-n -P -X -o JobID,State -j 103,104,105,106,107\n");
+        }
+    }
+
+    /// A run whose rank 1 started and stopped without an `end` while rank 0 ended is reported with
+    /// that rank, even when rank 1's `start` sits in a log too large to read whole (its head) and
+    /// rank 0's `end` at the end of one (its tail).
+    #[test]
+    fn a_rank_that_stopped_is_found_at_either_end_of_a_large_log() {
+        let d = tempfile::tempdir().unwrap();
+        let config =
+            zerobench_schema::RunConfig::new(zerobench_schema::ModelPreset::Tiny, zerobench_schema::ZeroStage::Z0);
+        let run = zerobench_ingest::synth::SynthRun::new("r", config, 2, 1.0);
+        let start = |rank: u32| serde_json::to_string(&run.records(rank)[0]).unwrap() + "\n";
+        let end = |rank: u32| {
+            format!(
+                "{{\"event\":\"end\",\"v\":1,\"ts\":1.0,\"rank\":{rank},\"status\":\"ok\",\"steps_completed\":0,\"exit_code\":0}}\n"
+            )
+        };
+        // Lines that are not records (skipped) pad each log past what is read whole.
+        let pad = "x".repeat(1023) + "\n";
+        let padding = pad.repeat(((LOG_HEAD + LOG_TAIL) / 1024 + 16) as usize);
+        std::fs::write(d.path().join("rank0.jsonl"), start(0) + &padding + &end(0)).unwrap();
+        std::fs::write(d.path().join("rank1.jsonl"), start(1) + &padding).unwrap();
+        let logs = read_logs(d.path());
+        assert_eq!(logs.ends.keys().copied().collect::<Vec<_>>(), [0]);
+        assert_eq!(logs.failure.as_deref(), Some("rank 1 (before its first step) stopped without an end record"));
+        assert_eq!(logs.verdict(2), Some(State::Failed));
     }
 
     #[test]
