@@ -373,3 +373,52 @@ impl StepSlots {
         self.slots[i].merge(slot);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerobench_schema::memory::ModelStateBytes;
+
+    /// A log with several `end` records (a rank that ended, was restarted into the same file
+    /// and ended again) keeps the worst, whichever comes first.
+    #[test]
+    fn the_worst_end_of_a_rank_is_kept_in_either_order() {
+        let end = |status, steps_completed| EndInfo { status, steps_completed, exit_code: 0 };
+        for (a, b) in
+            [(end(RunStatus::Ok, 10), end(RunStatus::Oom, 3)), (end(RunStatus::Oom, 3), end(RunStatus::Ok, 10))]
+        {
+            let mut r = RankAcc::default();
+            r.add_end(a);
+            r.add_end(b);
+            assert_eq!(r.end.map(|e| e.status), Some(RunStatus::Oom), "{a:?} then {b:?}");
+        }
+    }
+
+    /// Merging two ranges of a rank's log keeps the larger model states, in either order.
+    #[test]
+    fn merged_states_do_not_depend_on_the_order() {
+        let states = |params_bytes, host_bytes| StateBytes {
+            device: ModelStateBytes { params_bytes, grads_bytes: 2, optimizer_bytes: 3 },
+            host_bytes,
+        };
+        let (small, large) = (states(10, 0), states(10, 5));
+        for (a, b) in [(small, large), (large, small)] {
+            let mut x = RankAcc { states: Some(a), ..RankAcc::default() };
+            x.merge(&RankAcc { states: Some(b), ..RankAcc::default() });
+            assert_eq!(x.states, Some(large), "{a:?} with {b:?}");
+        }
+    }
+
+    /// Messages longer than [`MAX_MESSAGE`] characters are cut there (and marked); shorter ones
+    /// are kept whole.
+    #[test]
+    fn long_error_messages_are_cut() {
+        let error =
+            |message: String| ErrorInfo { step: None, class: ErrorClass::Internal, message, requested_bytes: None };
+        let mut r = RankAcc::default();
+        r.add_error(error("é".repeat(MAX_MESSAGE)));
+        r.add_error(error("x".repeat(MAX_MESSAGE + 1)));
+        let kept: Vec<&str> = r.errors.iter().map(|e| e.message.as_str()).collect();
+        assert_eq!(kept, ["x".repeat(MAX_MESSAGE) + "…", "é".repeat(MAX_MESSAGE)]);
+    }
+}

@@ -121,8 +121,10 @@ fn throughput(row: &mut RunRow, measured: &[&StepSlot], acc: &RunAcc, start: &St
     // Wall time: the longest sum of one rank's own step times (steps end with a synchronisation,
     // so each rank's sum is the elapsed time). Adding up the slowest rank of every step instead
     // would count every rank's hiccups and overstate the time.
+    // Every measured step adds its time to its rank's sum, so there is no other source to fall
+    // back on: a run whose measured steps took no time has no throughput.
     let wall_ns = acc.ranks.values().map(|r| r.measured_ns).max().unwrap_or(0);
-    let secs = if wall_ns > 0 { wall_ns as f64 / 1e9 } else { fsum(measured.iter().map(|s| s.step_ms)) / 1e3 };
+    let secs = wall_ns as f64 / 1e9;
     if measured.is_empty() || secs <= 0.0 {
         return;
     }

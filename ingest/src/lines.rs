@@ -225,6 +225,8 @@ mod tests {
     #[test]
     fn long_lines_are_skipped_not_kept() {
         assert_eq!(collect(b"abcdef\nab\nabcdefgh", 0, u64::MAX, 4), ["1:toolong:6", "2:ab", "3:toolong:8"]);
+        // An over-long line whose newline comes inside a later read counts all of its bytes.
+        assert_eq!(collect(b"abcdefgh\nab\n", 0, u64::MAX, 4), ["1:toolong:8", "2:ab"]);
     }
 
     #[test]

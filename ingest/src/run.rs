@@ -387,3 +387,36 @@ pub fn step_figures(row: &mut RunRow, steps: &[StepTimes]) {
         row.exposed_comm_frac = share(&exposed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shares are sums over the measured steps divided by their total; steps that took no time
+    /// have no shares (not NaN), whether or not the log has their communication.
+    #[test]
+    fn shares_need_time() {
+        let steps = |step: [f64; 2], comm: [f64; 2]| -> Vec<StepTimes> {
+            (0..2)
+                .map(|i| StepTimes {
+                    step: step[i],
+                    forward: step[i] / 2.0,
+                    backward: step[i] / 4.0,
+                    optimizer: 0.0,
+                    comm: Some(comm[i]),
+                    exposed_comm: Some(comm[i] / 2.0),
+                })
+                .collect()
+        };
+        let row = |s: &[StepTimes]| {
+            let mut r = RunRow::new("r".into(), Source::Zerobench, "d".into(), "gpt2".into(), Status::Ok);
+            step_figures(&mut r, s);
+            r
+        };
+        let r = row(&steps([10.0, 30.0], [2.0, 6.0]));
+        assert_eq!((r.forward_frac, r.comm_frac, r.exposed_comm_frac), (Some(0.5), Some(0.2), Some(0.1)));
+        let r = row(&steps([0.0, 0.0], [0.0, 0.0]));
+        assert_eq!((r.forward_frac, r.comm_frac, r.exposed_comm_frac), (None, None, None));
+        assert_eq!(r.step_ms_median, Some(0.0));
+    }
+}

@@ -157,6 +157,20 @@ mod tests {
         assert_eq!(state_in_json(&serde_json::json!({"job_state": ["NODE_FAIL"]})), Some(JobState::Failed));
     }
 
+    /// A side file over [`MAX_SIDE_FILE`] is refused unread (a sparse file: nothing is written);
+    /// one of exactly that size is read.
+    #[test]
+    fn side_files_over_the_limit_are_not_read() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("run.json");
+        let f = std::fs::File::create(&p).unwrap();
+        f.set_len(MAX_SIDE_FILE + 1).unwrap();
+        let e = read_small(&p).unwrap_err();
+        assert!(e.contains(&format!("{} bytes is more than a side file may have", MAX_SIDE_FILE + 1)), "{e}");
+        f.set_len(MAX_SIDE_FILE).unwrap();
+        assert_eq!(read_small(&p).unwrap().len() as u64, MAX_SIDE_FILE);
+    }
+
     #[test]
     fn local_records() {
         let s = |v: serde_json::Value| state_in_local_json(&v);

@@ -346,6 +346,20 @@ mod tests {
 
     use super::*;
 
+    /// `write` answers the bytes it wrote, the half line of a killed run included.
+    #[test]
+    fn the_bytes_written_are_counted() {
+        let d = tempfile::tempdir().unwrap();
+        let cfg = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z1);
+        for (i, fate) in [Fate::Ok, Fate::Killed { after: 2 }].into_iter().enumerate() {
+            let dir = d.path().join(i.to_string());
+            let bytes = SynthRun { fate, ..SynthRun::new("r", cfg.clone(), 2, 10.0) }.write(&dir).unwrap();
+            let on_disk: u64 =
+                (0..2).map(|r| std::fs::metadata(dir.join(format!("rank{r}.jsonl"))).unwrap().len()).sum();
+            assert_eq!(bytes, on_disk);
+        }
+    }
+
     /// The start record carries the FLOPs per token the worker writes: for T5, at the target
     /// length of the configuration (a quarter of the input when it names none).
     #[test]

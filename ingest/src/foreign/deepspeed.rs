@@ -427,6 +427,17 @@ mod tests {
         assert_eq!((d.allocated_gib, d.reserved_gib), (Some(7.75), Some(9.0)));
     }
 
+    /// Every line the reader recognises is counted once, the configuration's lines included.
+    #[test]
+    fn recognised_lines_are_counted() {
+        let log = include_str!("../../tests/fixtures/foreign/004-mlp-zero2-offload-bf16/deepspeed.log");
+        let mut d = DeepSpeed::default();
+        let recognised = log.lines().filter(|l| d.line(l)).count() as u64;
+        assert!(recognised > 10, "{recognised}");
+        assert_eq!(d.lines, recognised);
+        assert_eq!(d.config.offload_optimizer, Some(true));
+    }
+
     #[test]
     fn units() {
         assert_eq!(ms("287.7 ms"), Some(287.7));

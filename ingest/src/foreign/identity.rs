@@ -253,6 +253,25 @@ mod tests {
         assert_eq!(from_path(root, Path::new("/elsewhere/z2")), Hints::default());
     }
 
+    /// DeepSpeed offloads parameters at stage 3 only: below it, an optimizer kept on the GPU
+    /// means no offload at all; at stage 3 the parameters' line must say.
+    #[test]
+    fn offload_from_deepspeed_config() {
+        use super::super::deepspeed::Config;
+        let offload = |stage, offload_param| {
+            from_deepspeed(&Config {
+                stage: Some(stage),
+                offload_optimizer: Some(false),
+                offload_param,
+                ..Config::default()
+            })
+            .offload
+        };
+        assert_eq!(offload(2, None), Some(Offload::None));
+        assert_eq!(offload(3, None), None);
+        assert_eq!(offload(3, Some(false)), Some(Offload::None));
+    }
+
     #[test]
     fn run_json_flat_and_nested() {
         let v =

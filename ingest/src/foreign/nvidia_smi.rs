@@ -214,6 +214,15 @@ impl GpuSamples {
 mod tests {
     use super::*;
 
+    /// A header is a CSV line of at least two lower-case fields of which one is `memory.used`.
+    #[test]
+    fn headers() {
+        assert!(header(&["index", "memory.used [MiB]"]).is_some());
+        assert_eq!(header(&["memory.used [MiB]"]), None);
+        assert_eq!(header(&["index", "name"]), None);
+        assert_eq!(header(&["index", "Memory Used"]), None);
+    }
+
     #[test]
     fn unix_time() {
         assert_eq!(timestamp("1970/01/01 00:00:01.5"), Some(1.5));

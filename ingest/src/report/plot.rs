@@ -307,6 +307,59 @@ mod tests {
         assert!(failed[0].to_string().contains("step-breakdown.svg"), "{}", failed[0]);
     }
 
+    /// Each bar is its parts laid end to end: in the drawing, the segments of one bar are as
+    /// wide as their parts (to the pixel) and each starts where the one before it ends.
+    #[test]
+    fn breakdown_bars_stack_their_parts() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("b.svg");
+        let parts = [40.0, 50.0, 5.0, 10.0, 20.0];
+        draw_breakdown(&path, "t", &[("r".to_string(), parts)]).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        let attr = |tag: &str, name: &str| -> f64 {
+            let at = tag.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+            tag[at..].split('"').next().unwrap().parse().unwrap()
+        };
+        // The bar's segments: filled rectangles of one height, left to right.
+        let rects: Vec<&str> = svg.split("<rect").skip(1).filter(|t| !t.contains("fill=\"#FFFFFF\"")).collect();
+        let tallest = rects.iter().map(|t| attr(t, "height")).fold(0.0, f64::max);
+        let mut bar: Vec<(f64, f64)> =
+            rects.iter().filter(|t| attr(t, "height") == tallest).map(|t| (attr(t, "x"), attr(t, "width"))).collect();
+        bar.sort_by(|a, b| a.0.total_cmp(&b.0));
+        assert_eq!(bar.len(), parts.len(), "{svg}");
+        let px_per_ms = bar.iter().map(|b| b.1).sum::<f64>() / parts.iter().sum::<f64>();
+        for (k, (x, w)) in bar.iter().enumerate() {
+            assert!((w - parts[k] * px_per_ms).abs() <= 1.5, "part {k}: {w} px for {} ms", parts[k]);
+            if k > 0 {
+                assert!((x - (bar[k - 1].0 + bar[k - 1].1)).abs() <= 1.5, "part {k} starts at {x}: {bar:?}");
+            }
+        }
+    }
+
+    /// Only runs with a positive, finite measurement and prediction are points of the log-log
+    /// plot: one point here, from three rows.
+    #[test]
+    fn predicted_points_are_positive() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("p.svg");
+        let row = |step_ms, predicted_step_ms| crate::predicted::PredictedRow {
+            step_ms: Some(step_ms),
+            predicted_step_ms: Some(predicted_step_ms),
+            ..Default::default()
+        };
+        predicted_vs_measured(&path, &[row(10.0, 11.0), row(0.0, 5.0), row(5.0, f64::INFINITY)]).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().matches("<circle").count(), 1);
+    }
+
+    /// A plot's legend names a configuration by stage and offload; unknown parts say so.
+    #[test]
+    fn configuration_labels() {
+        use zerobench_schema::{Offload, ZeroStage};
+        assert_eq!(config_label(Some(ZeroStage::Z2), Some(Offload::None)), "zero2");
+        assert_eq!(config_label(Some(ZeroStage::Z3), Some(Offload::OptimizerParams)), "zero3+optimizer+params");
+        assert_eq!(config_label(None, None), "zero?+offload?");
+    }
+
     #[test]
     fn long_labels_get_short_distinct_file_names() {
         let (a, b) = (slug(&"a".repeat(300)), slug(&format!("{}b", "a".repeat(299))));

@@ -36,6 +36,10 @@ fn every_table_of_the_fixture_set() {
             serde_json::from_slice(&std::fs::read(out.join(format!("{name}.json"))).unwrap()).unwrap();
         assert_eq!(json["schema_version"], 1);
     }
+    // Without a cost model there are no predictions, and no empty table of them.
+    for ext in ["csv", "md", "json"] {
+        assert!(!out.join(format!("predicted.{ext}")).exists(), "predicted.{ext}");
+    }
     let latency_csv = std::fs::read_to_string(out.join("latency.csv")).unwrap();
     insta::assert_snapshot!("latency.csv", latency_csv);
     let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
