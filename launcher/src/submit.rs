@@ -98,7 +98,8 @@ fn sbatch(script: &Path, deps: &[String], opts: &SubmitOptions) -> Result<String
     if !deps.is_empty() {
         cmd.arg(format!("--dependency={}", deps.join(",")));
     }
-    // The job starts in the run folder's parent whatever the caller's cwd is.
+    // The job starts in its script's folder (the run folder; an array's in the output folder)
+    // whatever the caller's cwd is.
     if let Some(parent) = script.parent() {
         cmd.current_dir(parent);
     }
@@ -258,6 +259,143 @@ fn submit_arrays(root: &Path, records: &[(PathBuf, RunRecord)], opts: &SubmitOpt
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusty_fork::rusty_fork_test;
+
+    /// A rendered sweep of four runs in two resource groups (one node, two nodes), and a stub
+    /// `sbatch` first on PATH that answers job ids from 101 on (`id;cluster`, as `--parsable`
+    /// does on a federation) and records each call's folder and arguments in `calls`. Set PATH
+    /// only in a process of its own.
+    fn sweep_and_stub(tmp: &Path) -> (Vec<PathBuf>, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = tmp.join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let (counter, calls) = (tmp.join("counter"), tmp.join("calls"));
+        std::fs::write(
+            bin.join("sbatch"),
+            format!(
+                "#!/bin/sh\nn=$(cat {c} 2>/dev/null || echo 100); n=$((n + 1)); echo $n > {c}\necho \"$PWD $*\" >> {calls}\n\
+                 if [ \"$1\" = --test-only ]; then echo \"sbatch: Job $n to start at 2030-01-01T00:00:00 using 4 processors\" >&2; \
+                 else echo \"$n;cluster\"; fi\n",
+                c = counter.display(),
+                calls = calls.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(bin.join("sbatch"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::set_var(
+            "PATH",
+            std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&path))).unwrap(),
+        );
+        let spec = crate::spec::Spec::parse(
+            "cluster: {gpus_per_node: 2, gpu_memory: 16GiB}\nsweep:\n  models: tiny\n  stages: [0, 3]\n  nodes: [1, 2]\n",
+            Path::new("s.yaml"),
+        )
+        .unwrap();
+        let plan = crate::plan::Plan::build(spec).unwrap();
+        let dirs = crate::render::render(&plan, &tmp.join("out")).unwrap();
+        (dirs, calls)
+    }
+
+    fn record(dir: &Path) -> Option<SlurmRecord> {
+        let text = std::fs::read_to_string(dir.join(SLURM_RECORD)).ok()?;
+        Some(serde_json::from_str(&text).unwrap())
+    }
+
+    rusty_fork_test! {
+        /// One job per run, started in its run folder, each after the one before (`--chain`)
+        /// and after the given dependency; each run folder records its job. `--test-only` records nothing, chains
+        /// nothing and answers what sbatch said.
+        #[test]
+        fn runs_are_submitted_one_job_each() {
+            let tmp = tempfile::tempdir().unwrap();
+            let (dirs, calls) = sweep_and_stub(tmp.path());
+            let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+            let opts = SubmitOptions { chain: true, dependency: Some("afterok:7".into()), ..SubmitOptions::default() };
+            let jobs: Vec<String> = submit(tmp.path(), &dirs, &opts).unwrap().into_iter().map(|s| s.job).collect();
+            assert_eq!(jobs, ["101", "102", "103", "104"]);
+            let mut expected = String::new();
+            for (i, d) in dirs.iter().enumerate() {
+                let dep = if i == 0 { "afterok:7".to_string() } else { format!("afterok:7,afterany:{}", 100 + i) };
+                expected += &format!("{} --parsable --dependency={dep} {}\n", d.display(), d.join("job.sbatch").display());
+                let r = record(d).unwrap();
+                assert_eq!((r.job_id.as_str(), r.dependency.as_deref(), r.array_job_id), (jobs[i].as_str(), Some(dep.as_str()), None));
+                assert!(r.submitted_at >= before && r.submitted_at <= before + 600, "{}", r.submitted_at);
+                assert_eq!(r.script, d.join("job.sbatch"));
+                std::fs::remove_file(d.join(SLURM_RECORD)).unwrap();
+            }
+            assert_eq!(std::fs::read_to_string(&calls).unwrap(), expected);
+            let opts = SubmitOptions { chain: true, test_only: true, ..SubmitOptions::default() };
+            let answers: Vec<String> = submit(tmp.path(), &dirs, &opts).unwrap().into_iter().map(|s| s.job).collect();
+            assert_eq!(answers[1], "Job 106 to start at 2030-01-01T00:00:00 using 4 processors");
+            assert!(dirs.iter().all(|d| record(d).is_none()));
+            let last = std::fs::read_to_string(&calls).unwrap().lines().last().unwrap().to_string();
+            assert_eq!(last, format!("{} --test-only {}", dirs[3].display(), dirs[3].join("job.sbatch").display()));
+        }
+    }
+
+    rusty_fork_test! {
+        /// `--array`: one job array per group of runs asking for the same resources (here, by
+        /// node count), its script running each run folder's job; each run records its task. A
+        /// chain makes the second array wait for the first; the first has no dependency.
+        #[test]
+        fn runs_with_the_same_resources_share_a_job_array() {
+            let tmp = tempfile::tempdir().unwrap();
+            let (dirs, calls) = sweep_and_stub(tmp.path());
+            let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+            let opts = SubmitOptions { array: true, chain: true, ..SubmitOptions::default() };
+            let subs = submit(tmp.path(), &dirs, &opts).unwrap();
+            let root = tmp.path();
+            let script = |k: usize| root.join(format!("zerobench-array-{k}.sbatch"));
+            assert_eq!(
+                std::fs::read_to_string(&calls).unwrap(),
+                format!(
+                    "{r} --parsable {} \n{r} --parsable --dependency=afterany:101 {}\n",
+                    script(0).display(),
+                    script(1).display(),
+                    r = root.display()
+                )
+                .replace(" \n", "\n")
+            );
+            // Each group: its runs' nodes agree, and differ from the other group's.
+            let nodes = |d: &Path| read_record(d).unwrap().run.nodes;
+            let mut by_job: BTreeMap<String, Vec<(u32, usize)>> = BTreeMap::new();
+            for s in &subs {
+                let r = record(&s.dir).unwrap();
+                let (job, task) = s.job.split_once('_').unwrap();
+                assert_eq!(r.job_id, s.job);
+                assert_eq!((r.array_job_id.as_deref(), r.array_task_id), (Some(job), Some(task.parse().unwrap())));
+                assert_eq!(r.dependency.as_deref(), (job == "102").then_some("afterany:101"));
+                assert!(r.submitted_at >= before, "{}", r.submitted_at);
+                let k = if job == "101" { 0 } else { 1 };
+                assert_eq!(r.script, script(k));
+                let text = std::fs::read_to_string(script(k)).unwrap();
+                let i = dirs.iter().position(|d| *d == s.dir).unwrap();
+                assert!(text.contains(&format!("  {}  # {}", crate::quote::sh(&s.dir.to_string_lossy()), s.id)), "{text}");
+                by_job.entry(job.to_string()).or_default().push((nodes(&s.dir), i));
+            }
+            assert_eq!(by_job.len(), 2);
+            for (job, runs) in &by_job {
+                assert_eq!(runs.len(), 2, "{job}: {runs:?}");
+                assert_eq!(runs[0].0, runs[1].0, "{job}: {runs:?}");
+                let k = if job == "101" { 0 } else { 1 };
+                let text = std::fs::read_to_string(script(k)).unwrap();
+                assert!(text.starts_with("#!/bin/bash\n") && text.contains("#SBATCH --array=0-1\n"), "{text}");
+                assert!(text.contains(&format!("#SBATCH --nodes={}\n", runs[0].0)), "{text}");
+            }
+            assert_ne!(by_job["101"][0].0, by_job["102"][0].0);
+            // --test-only: the arrays are asked about, not chained, and nothing is recorded.
+            for d in &dirs {
+                std::fs::remove_file(d.join(SLURM_RECORD)).unwrap();
+            }
+            let opts = SubmitOptions { array: true, chain: true, test_only: true, ..SubmitOptions::default() };
+            let subs = submit(tmp.path(), &dirs, &opts).unwrap();
+            assert_eq!(subs[0].job, "Job 103 to start at 2030-01-01T00:00:00 using 4 processors");
+            assert!(dirs.iter().all(|d| record(d).is_none()));
+            let text = std::fs::read_to_string(&calls).unwrap();
+            assert!(text.lines().skip(2).all(|l| l.contains(" --test-only ") && !l.contains("--dependency")), "{text}");
+        }
+    }
 
     #[test]
     fn dependency_values() {

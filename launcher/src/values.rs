@@ -247,6 +247,10 @@ mod tests {
         for bad in ["", "a b", "a;b", "a\nb", "$(x)", "a'b", "ü"] {
             assert!(bad.parse::<SlurmName>().is_err(), "{bad:?}");
         }
+        // Up to 64 characters.
+        assert!("a".repeat(64).parse::<SlurmName>().is_ok());
+        let e = "a".repeat(65).parse::<SlurmName>().unwrap_err();
+        assert!(e.contains("must be 1 to 64 characters"), "{e}");
     }
 
     #[test]
