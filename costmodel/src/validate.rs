@@ -56,13 +56,36 @@ pub struct GroupError {
 
 /// Over groups of configurations that differ only in the stage (same model, batch, sequence,
 /// accumulation, offload, GPUs): how often the stage predicted fastest is the fastest measured,
-/// exactly and within [`STAGE_TIE`]; over all groups, and over those whose every run kept the GPU
+/// exactly and within [`STAGE_TIE`]; over all groups, over those whose every run kept the GPU
 /// busy (device-bound: repeats agree within ~1%, so the measured order means something; in
-/// launch-bound groups repeats differ by more than the stages do).
+/// launch-bound groups repeats differ by more than the stages do), and over those whose repeats
+/// decide which stage is fastest ([`decides`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StageChoice {
     pub all: ChoiceCount,
     pub device_bound: ChoiceCount,
+    /// Models fitted before this count existed read as none.
+    #[serde(default)]
+    pub decided: ChoiceCount,
+}
+
+/// Repeats each stage of a group needs before the group can count as decided.
+pub const DECIDING_REPEATS: usize = 3;
+
+/// Whether the measured repeats of a group (per stage) say which stage is fastest: each stage has
+/// at least [`DECIDING_REPEATS`] runs and every run of the fastest stage (by median) is faster
+/// than every run of each other stage. With three runs against three, such a complete separation
+/// arises by chance with probability 1/20 when the two stages take the same time (a one-sided rank
+/// test at 5%); groups whose repeats overlap are left undecided, whatever their medians.
+pub fn decides(measured: &[&[f64]]) -> bool {
+    if measured.len() < 2 || measured.iter().any(|m| m.len() < DECIDING_REPEATS) {
+        return false;
+    }
+    let Some(f) = (0..measured.len()).min_by(|&a, &b| median(measured[a]).total_cmp(&median(measured[b]))) else {
+        return false;
+    };
+    let top = measured[f].iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    measured.iter().enumerate().filter(|(j, _)| *j != f).all(|(_, m)| m.iter().all(|&x| x > top))
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -197,6 +220,9 @@ fn stage_choice(held: &[(&Observation, f64, f64)]) -> StageChoice {
         if *device_bound {
             out.device_bound.add(exact, within);
         }
+        if decides(&stages.values().map(|(m, _)| m.as_slice()).collect::<Vec<_>>()) {
+            out.decided.add(exact, within);
+        }
     }
     out
 }
@@ -227,4 +253,23 @@ fn percentiles(mut v: Vec<f64>) -> [f64; 2] {
 /// FNV-1a: a fixed hash, so folds are the same on every machine and run.
 fn fnv(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group is decided when each stage has three runs or more and the fastest stage's runs
+    /// are all faster than all of the others'.
+    #[test]
+    fn repeats_decide_a_group_only_when_they_separate_it() {
+        let (a, b, c) = ([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [3.5, 8.0, 9.0]);
+        assert!(decides(&[&a, &b]));
+        assert!(decides(&[&b, &a, &c]), "the fastest need not come first");
+        assert!(!decides(&[&a, &[2.5, 8.0, 9.0]]), "overlapping repeats");
+        assert!(!decides(&[&a[..2], &b[..2]]), "two repeats each");
+        assert!(!decides(&[&a, &b[..2]]), "one stage with two repeats");
+        assert!(!decides(&[&a]), "one stage");
+        assert!(!decides(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 1.0]]), "equal times");
+    }
 }

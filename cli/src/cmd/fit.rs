@@ -172,7 +172,8 @@ fn report(out: &mut dyn Write, model: &CostModel, detail: bool) -> anyhow::Resul
             out,
             "{} {}: {} runs of {} configurations; {}-fold validation: step time {:.1}% mean absolute error \
              ({:.1}% over {} device-bound runs, {:.1}% over {} launch-bound), peak allocated {:.1}%; \
-             fastest stage right in {}/{} groups ({} within {:.0}%), in {}/{} device-bound groups ({} within)",
+             fastest stage right in {}/{} groups ({} within {:.0}%), in {}/{} device-bound groups ({} within), \
+             in {}/{} groups whose repeats decide it",
             f.gpu,
             f.precision,
             f.runs.len(),
@@ -190,7 +191,9 @@ fn report(out: &mut dyn Write, model: &CostModel, detail: bool) -> anyhow::Resul
             zerobench_costmodel::validate::STAGE_TIE * 100.0,
             v.stage_choice.device_bound.right,
             v.stage_choice.device_bound.groups,
-            v.stage_choice.device_bound.right_within_tie
+            v.stage_choice.device_bound.right_within_tie,
+            v.stage_choice.decided.right,
+            v.stage_choice.decided.groups
         )?;
         if !detail {
             continue;
