@@ -262,6 +262,12 @@ mod tests {
         assert_eq!(secs("2-0"), Some(172800));
         assert_eq!(secs("1-02:03"), Some(93780));
         assert_eq!(secs("1-00:00:01"), Some(86401));
+        assert_eq!(secs("01:02:03"), Some(3723));
+        assert_eq!(secs("1-02:03:04"), Some(93784));
+        assert_eq!(secs("2-3"), Some(183_600));
+        // Seven digits a number at most (a week of minutes is five).
+        assert_eq!(secs("9999999"), Some(599_999_940));
+        assert_eq!("1-02:03".parse::<TimeLimit>().unwrap().as_str(), "1-02:03");
         assert_eq!(secs("0"), None);
         for bad in ["", "1:2:3:4", "x", "1-", "-1", "1--2", "1h", "1-1:1:1:1", "99999999"] {
             assert!(bad.parse::<TimeLimit>().is_err(), "{bad}");
@@ -280,6 +286,9 @@ mod tests {
         assert_eq!("1.5G".parse::<ByteSize>().unwrap().0, 3 << 29);
         assert!("80 parsecs".parse::<ByteSize>().is_err());
         assert!("0GB".parse::<ByteSize>().is_err());
+        // Shown as tables show bytes.
+        assert_eq!("1.5G".parse::<ByteSize>().unwrap().to_string(), human_bytes(3 << 29));
+        assert_eq!(human_bytes(3 << 29), "1.50 GiB");
         assert_eq!(human_bytes(3 << 29), "1.50 GiB");
     }
 }
