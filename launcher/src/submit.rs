@@ -98,8 +98,7 @@ fn sbatch(script: &Path, deps: &[String], opts: &SubmitOptions) -> Result<String
     if !deps.is_empty() {
         cmd.arg(format!("--dependency={}", deps.join(",")));
     }
-    // The job starts in its script's folder (the run folder; an array's in the output folder)
-    // whatever the caller's cwd is.
+    // The job starts in its script's folder (a run's, or an array's output folder), whatever the cwd.
     if let Some(parent) = script.parent() {
         cmd.current_dir(parent);
     }
