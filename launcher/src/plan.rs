@@ -815,6 +815,13 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("more than 100000 runs"), "{e}");
+        // Exactly the limit is allowed: 50 × 50 × 40 runs.
+        let forty = (1..=40).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+        let p = plan(&format!(
+            "sweep:\n  models: tiny\n  stages: 0\n  micro_batches: [{list}]\n  nodes: [{list}]\n  ranks_per_node: [{forty}]\n"
+        ))
+        .unwrap();
+        assert_eq!(p.runs.len(), MAX_RUNS);
     }
 
     /// Every worker key is one of `RunConfig`'s fields, and a spec setting every one of them away
