@@ -656,6 +656,9 @@ mod tests {
             assert_eq!(&ids[..8], [Some("101"), Some("102_3"), Some("103"), Some("104"), Some("105"), Some("106"), Some("107"), None]);
             // sacct was asked once, about the jobs squeue did not know.
             assert_eq!(std::fs::read_to_string(&asked).unwrap(), "-n -P -X -o JobID,State -j 103,104,105,106,107\n");
+            // Asked about one job, sacct's line for it is taken and the other job's is not.
+            let one = status(&dirs[2..3]).unwrap();
+            assert_eq!((one[0].state, one[0].source), (State::Done, "sacct"));
         }
     }
 
