@@ -334,6 +334,25 @@ mod tests {
     }
 
     rusty_fork_test! {
+        /// An answer that is not a job id (sbatch without `--parsable`, or nothing) is an error
+        /// naming the command, and no run records a job.
+        #[test]
+        fn an_answer_that_is_not_a_job_id_is_an_error() {
+            use std::os::unix::fs::PermissionsExt;
+            let tmp = tempfile::tempdir().unwrap();
+            let (dirs, _) = sweep_and_stub(tmp.path());
+            let sbatch = tmp.path().join("bin").join("sbatch");
+            for answer in ["Submitted batch job 12", ""] {
+                std::fs::write(&sbatch, format!("#!/bin/sh\necho '{answer}'\n")).unwrap();
+                std::fs::set_permissions(&sbatch, std::fs::Permissions::from_mode(0o755)).unwrap();
+                let e = submit(tmp.path(), &dirs[..1], &SubmitOptions::default()).unwrap_err().to_string();
+                assert!(e.contains("sbatch --parsable") && e.contains("unexpected answer"), "{e}");
+                assert!(record(&dirs[0]).is_none());
+            }
+        }
+    }
+
+    rusty_fork_test! {
         /// `--array`: one job array per group of runs asking for the same resources (here, by
         /// node count), its script running each run folder's job; each run records its task. A
         /// chain makes the second array wait for the first; the first has no dependency.
