@@ -57,6 +57,7 @@ demo: build
 # Mutation testing of schema, launcher and ingest (hours on 2 cores; not part of `make test`).
 mutants:
 	scripts/mutants.sh
+	python3 scripts/mutants-summary.py > bench/results/mutants-summary.json
 
 clean-cache:
 	rm -rf $(CACHE)
