@@ -283,7 +283,6 @@ fn key_of_flag(spec: &Spec, b: usize, e: &ConfigError, knobs: &[Knob]) -> String
     match field.as_str() {
         "delayed_update" => "worker.delayed_update_after".to_string(),
         "world_size" => spec.sweep_key(b, "nodes"),
-        "seq_len" if !spec.worker.sets("seq_len") => spec.sweep_key(b, "models"),
         f => match sweep_axis_of(f) {
             Some(axis) => spec.sweep_key(b, axis),
             None => format!("worker.{f}"),
