@@ -316,9 +316,13 @@ mod tests {
             let mut expected = String::new();
             for (i, d) in dirs.iter().enumerate() {
                 let dep = if i == 0 { "afterok:7".to_string() } else { format!("afterok:7,afterany:{}", 100 + i) };
-                expected += &format!("{} --parsable --dependency={dep} {}\n", d.display(), d.join("job.sbatch").display());
+                let script = d.join("job.sbatch");
+                expected += &format!("{} --parsable --dependency={dep} {}\n", d.display(), script.display());
                 let r = record(d).unwrap();
-                assert_eq!((r.job_id.as_str(), r.dependency.as_deref(), r.array_job_id), (jobs[i].as_str(), Some(dep.as_str()), None));
+                assert_eq!(
+                    (r.job_id.as_str(), r.dependency.as_deref(), r.array_job_id),
+                    (jobs[i].as_str(), Some(dep.as_str()), None)
+                );
                 assert!(r.submitted_at >= before && r.submitted_at <= before + 600, "{}", r.submitted_at);
                 assert_eq!(r.script, d.join("job.sbatch"));
                 std::fs::remove_file(d.join(SLURM_RECORD)).unwrap();
@@ -389,7 +393,8 @@ mod tests {
                 assert_eq!(r.script, script(k));
                 let text = std::fs::read_to_string(script(k)).unwrap();
                 let i = dirs.iter().position(|d| *d == s.dir).unwrap();
-                assert!(text.contains(&format!("  {}  # {}", crate::quote::sh(&s.dir.to_string_lossy()), s.id)), "{text}");
+                let line = format!("  {}  # {}", crate::quote::sh(&s.dir.to_string_lossy()), s.id);
+                assert!(text.contains(&line), "{text}");
                 by_job.entry(job.to_string()).or_default().push((nodes(&s.dir), i));
             }
             assert_eq!(by_job.len(), 2);
