@@ -74,9 +74,10 @@ pub const DECIDING_REPEATS: usize = 3;
 
 /// Whether the measured repeats of a group (per stage) say which stage is fastest: each stage has
 /// at least [`DECIDING_REPEATS`] runs and every run of the fastest stage (by median) is faster
-/// than every run of each other stage. With three runs against three, such a complete separation
-/// arises by chance with probability 1/20 when the two stages take the same time (a one-sided rank
-/// test at 5%); groups whose repeats overlap are left undecided, whatever their medians.
+/// than every run of each other stage. When two stages take the same time, three runs against
+/// three separate so by chance with probability 2/20 (either stage below the other; a rank test
+/// at 10%), and less often with more stages; groups whose repeats overlap are left undecided,
+/// whatever their medians.
 pub fn decides(measured: &[&[f64]]) -> bool {
     if measured.len() < 2 || measured.iter().any(|m| m.len() < DECIDING_REPEATS) {
         return false;
