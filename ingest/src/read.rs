@@ -348,3 +348,16 @@ impl LineCtx<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The statistics of several files or ranges add field by field.
+    #[test]
+    fn read_stats_add_up() {
+        let mut a = ReadStats { files: 1, bytes: 100, lines: 10, bad_lines: 1 };
+        a.add(&ReadStats { files: 2, bytes: 50, lines: 5, bad_lines: 3 });
+        assert_eq!(a, ReadStats { files: 3, bytes: 150, lines: 15, bad_lines: 4 });
+    }
+}

@@ -419,4 +419,21 @@ mod tests {
         assert_eq!((r.forward_frac, r.comm_frac, r.exposed_comm_frac), (None, None, None));
         assert_eq!(r.step_ms_median, Some(0.0));
     }
+
+    /// A bar is the median step split by the phases' shares; shares that add up to more than the
+    /// whole (version 1 timed the optimizer past the step's end) are scaled to it.
+    #[test]
+    fn breakdowns_add_up_to_the_step() {
+        let mut r = RunRow::new("r".into(), Source::Zerobench, "d".into(), "gpt2".into(), Status::Ok);
+        (r.step_ms_median, r.log_version) = (Some(10.0), Some(2));
+        (r.forward_frac, r.backward_frac, r.exposed_comm_frac, r.optimizer_frac) =
+            (Some(0.3), Some(0.5), Some(0.1), None);
+        assert_eq!(r.breakdown().unwrap().parts().map(|x| (x * 1e9).round() / 1e9), [3.0, 5.0, 1.0, 0.0, 1.0]);
+        (r.forward_frac, r.backward_frac, r.optimizer_frac) = (Some(0.6), Some(0.6), Some(0.2));
+        let b = r.breakdown().unwrap();
+        assert_eq!(
+            b.parts().map(|x| (x * 1e9).round() / 1e9),
+            [4.0, 4.0, 2.0 / 3.0, 4.0 / 3.0, 0.0].map(|x: f64| (x * 1e9).round() / 1e9)
+        );
+    }
 }

@@ -438,6 +438,28 @@ mod tests {
         assert_eq!(d.config.offload_optimizer, Some(true));
     }
 
+    /// The configuration block's keys, each to its field; a stage above 3 is no stage.
+    #[test]
+    fn configuration_lines() {
+        let mut c = Config::default();
+        for (k, v) in [
+            ("zero_optimization_stage", "2"),
+            ("train_micro_batch_size_per_gpu", "8"),
+            ("gradient_accumulation_steps", "4"),
+            ("world_size", "16"),
+            ("bf16_enabled", "True"),
+            ("fp16_enabled", "false"),
+        ] {
+            config_line(&mut c, k, v);
+        }
+        assert_eq!(
+            (c.stage, c.micro_batch, c.grad_accum, c.world_size, c.bf16, c.fp16),
+            (Some(2), Some(8), Some(4), Some(16), Some(true), Some(false))
+        );
+        config_line(&mut c, "zero_optimization_stage", "4");
+        assert_eq!(c.stage, None);
+    }
+
     #[test]
     fn units() {
         assert_eq!(ms("287.7 ms"), Some(287.7));

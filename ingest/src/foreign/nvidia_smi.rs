@@ -223,6 +223,24 @@ mod tests {
         assert_eq!(header(&["index", "Memory Used"]), None);
     }
 
+    /// A run's share of a shared log: the samples within its span, and only the GPUs with one;
+    /// a GPU with memory samples there and no power samples is kept.
+    #[test]
+    fn samples_within_a_span() {
+        let gpu = |used: Vec<(Option<f64>, f64)>, power: Vec<(Option<f64>, f64)>| GpuSamples {
+            used,
+            power,
+            ..Default::default()
+        };
+        let mut smi = NvidiaSmi::default();
+        smi.gpus.insert("0".into(), gpu(vec![(Some(10.0), 1.0), (Some(20.0), 2.0)], vec![]));
+        smi.gpus.insert("1".into(), gpu(vec![(Some(30.0), 3.0)], vec![(Some(30.0), 300.0)]));
+        let part = smi.within(5.0, 15.0).unwrap();
+        assert_eq!(part.gpus.keys().collect::<Vec<_>>(), ["0"]);
+        assert_eq!(part.gpus["0"].used, [(Some(10.0), 1.0)]);
+        assert_eq!(smi.within(25.0, 35.0).unwrap().gpus.keys().collect::<Vec<_>>(), ["1"]);
+    }
+
     #[test]
     fn unix_time() {
         assert_eq!(timestamp("1970/01/01 00:00:01.5"), Some(1.5));
