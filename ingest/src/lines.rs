@@ -239,5 +239,14 @@ mod tests {
                 a.iter().chain(b.iter()).map(|s| s.split_once(':').unwrap().1.to_string()).collect();
             assert_eq!(joined, ["one", "two", "three", "", "five", "partial:six"], "cut at {cut}");
         }
+        // Three ranges, the middle one starting inside lines longer than a read.
+        for a in 0..=data.len() as u64 {
+            for b in a..=data.len() as u64 {
+                let parts = [collect(data, 0, a, 100), collect(data, a, b, 100), collect(data, b, u64::MAX, 100)];
+                let joined: Vec<String> =
+                    parts.iter().flatten().map(|s| s.split_once(':').unwrap().1.to_string()).collect();
+                assert_eq!(joined, ["one", "two", "three", "", "five", "partial:six"], "cuts at {a} and {b}");
+            }
+        }
     }
 }

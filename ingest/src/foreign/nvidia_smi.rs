@@ -239,6 +239,10 @@ mod tests {
         assert_eq!(part.gpus.keys().collect::<Vec<_>>(), ["0"]);
         assert_eq!(part.gpus["0"].used, [(Some(10.0), 1.0)]);
         assert_eq!(smi.within(25.0, 35.0).unwrap().gpus.keys().collect::<Vec<_>>(), ["1"]);
+        assert_eq!(smi.span(), Some((10.0, 30.0)));
+        // A sample without a time stamp: no span, and no share can be cut.
+        smi.gpus.get_mut("1").unwrap().power.push((None, 250.0));
+        assert_eq!((smi.span(), smi.within(0.0, 100.0)), (None, None));
     }
 
     #[test]
