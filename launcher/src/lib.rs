@@ -22,6 +22,8 @@ pub mod slurm;
 pub mod spec;
 pub mod status;
 pub mod submit;
+#[cfg(test)]
+mod testkit;
 pub mod time;
 pub mod values;
 

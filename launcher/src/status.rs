@@ -453,6 +453,7 @@ fn output_verdict(dir: &Path, job_id: &str) -> Option<State> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::{first_on_path, render_sweep, stub};
     use rusty_fork::rusty_fork_test;
     use zerobench_schema::log::Summary;
 
@@ -535,13 +536,6 @@ mod tests {
         }
     }
 
-    fn stub(dir: &Path, name: &str, body: &str) {
-        use std::os::unix::fs::PermissionsExt;
-        let p = dir.join(name);
-        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-
     // In a process of its own: it puts stub `squeue`, `sacct` and `scontrol` first on PATH.
     rusty_fork_test! {
         /// Each source places the runs the earlier ones could not: squeue (an array task listed
@@ -567,17 +561,12 @@ mod tests {
                  105) echo 'JobId=105 JobState=COMPLETED'; exit 1 ;;\n  \
                  *) echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1 ;;\nesac",
             );
-            let path = std::env::var_os("PATH").unwrap_or_default();
-            let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(&path))).unwrap();
-            std::env::set_var("PATH", path);
+            first_on_path(&bin);
 
-            let spec = crate::spec::Spec::parse(
+            let (plan, dirs) = render_sweep(
                 "cluster: {gpus_per_node: 2, gpu_memory: 16GiB}\nsweep:\n  models: tiny\n  stages: [0, 1, 2, 3]\n  micro_batches: [1, 2, 4]\n",
-                Path::new("s.yaml"),
-            )
-            .unwrap();
-            let plan = crate::plan::Plan::build(spec).unwrap();
-            let dirs = crate::render::render(&plan, &tmp.path().join("out")).unwrap();
+                &tmp.path().join("out"),
+            );
             assert_eq!(dirs.len(), 12);
             let synth = |i: usize, fate: Fate| {
                 let r = &plan.runs[i];

@@ -258,6 +258,7 @@ fn submit_arrays(root: &Path, records: &[(PathBuf, RunRecord)], opts: &SubmitOpt
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::{first_on_path, render_sweep, stub};
     use rusty_fork::rusty_fork_test;
 
     /// A rendered sweep of four runs in two resource groups (one node, two nodes), and a stub
@@ -265,35 +266,28 @@ mod tests {
     /// does on a federation) and records each call's folder and arguments in `calls`. Set PATH
     /// only in a process of its own.
     fn sweep_and_stub(tmp: &Path) -> (Vec<PathBuf>, PathBuf) {
-        use std::os::unix::fs::PermissionsExt;
         let bin = tmp.join("bin");
         std::fs::create_dir(&bin).unwrap();
         let (counter, calls) = (tmp.join("counter"), tmp.join("calls"));
-        std::fs::write(
-            bin.join("sbatch"),
-            format!(
-                "#!/bin/sh\nn=$(cat {c} 2>/dev/null || echo 100); n=$((n + 1)); echo $n > {c}\necho \"$PWD $*\" >> {calls}\n\
+        stub(
+            &bin,
+            "sbatch",
+            &format!(
+                "n=$(cat {c} 2>/dev/null || echo 100); n=$((n + 1)); echo $n > {c}\necho \"$PWD $*\" >> {calls}\n\
                  if [ \"$1\" = --test-only ]; then echo \"sbatch: Job $n to start at 2030-01-01T00:00:00 using 4 processors\" >&2; \
-                 else echo \"$n;cluster\"; fi\n",
+                 else echo \"$n;cluster\"; fi",
                 c = counter.display(),
                 calls = calls.display()
             ),
-        )
-        .unwrap();
-        std::fs::set_permissions(bin.join("sbatch"), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let path = std::env::var_os("PATH").unwrap_or_default();
-        std::env::set_var(
-            "PATH",
-            std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&path))).unwrap(),
         );
-        let spec = crate::spec::Spec::parse(
-            "cluster: {gpus_per_node: 2, gpu_memory: 16GiB}\nsweep:\n  models: tiny\n  stages: [0, 3]\n  nodes: [1, 2]\n",
-            Path::new("s.yaml"),
-        )
-        .unwrap();
-        let plan = crate::plan::Plan::build(spec).unwrap();
-        let dirs = crate::render::render(&plan, &tmp.join("out")).unwrap();
-        (dirs, calls)
+        first_on_path(&bin);
+        let yaml = "cluster: {gpus_per_node: 2, gpu_memory: 16GiB}\nsweep:\n  models: tiny\n  stages: [0, 3]\n  nodes: [1, 2]\n";
+        (render_sweep(yaml, &tmp.join("out")).1, calls)
+    }
+
+    /// Unix seconds by the standard library, not by [`unix_now`], so that a wrong `unix_now` shows.
+    fn clock() -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
     }
 
     fn record(dir: &Path) -> Option<SlurmRecord> {
@@ -303,13 +297,13 @@ mod tests {
 
     rusty_fork_test! {
         /// One job per run, started in its run folder, each after the one before (`--chain`)
-        /// and after the given dependency; each run folder records its job. `--test-only` records nothing, chains
-        /// nothing and answers what sbatch said.
+        /// and after the given dependency; each run folder records its job. `--test-only`
+        /// records nothing, chains nothing and answers what sbatch said.
         #[test]
         fn runs_are_submitted_one_job_each() {
             let tmp = tempfile::tempdir().unwrap();
             let (dirs, calls) = sweep_and_stub(tmp.path());
-            let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+            let before = clock();
             let opts = SubmitOptions { chain: true, dependency: Some("afterok:7".into()), ..SubmitOptions::default() };
             let jobs: Vec<String> = submit(tmp.path(), &dirs, &opts).unwrap().into_iter().map(|s| s.job).collect();
             assert_eq!(jobs, ["101", "102", "103", "104"]);
@@ -342,13 +336,10 @@ mod tests {
         /// naming the command, and no run records a job.
         #[test]
         fn an_answer_that_is_not_a_job_id_is_an_error() {
-            use std::os::unix::fs::PermissionsExt;
             let tmp = tempfile::tempdir().unwrap();
             let (dirs, _) = sweep_and_stub(tmp.path());
-            let sbatch = tmp.path().join("bin").join("sbatch");
             for answer in ["Submitted batch job 12", ""] {
-                std::fs::write(&sbatch, format!("#!/bin/sh\necho '{answer}'\n")).unwrap();
-                std::fs::set_permissions(&sbatch, std::fs::Permissions::from_mode(0o755)).unwrap();
+                stub(&tmp.path().join("bin"), "sbatch", &format!("echo '{answer}'"));
                 let e = submit(tmp.path(), &dirs[..1], &SubmitOptions::default()).unwrap_err().to_string();
                 assert!(e.contains("sbatch --parsable") && e.contains("unexpected answer"), "{e}");
                 assert!(record(&dirs[0]).is_none());
@@ -364,7 +355,7 @@ mod tests {
         fn runs_with_the_same_resources_share_a_job_array() {
             let tmp = tempfile::tempdir().unwrap();
             let (dirs, calls) = sweep_and_stub(tmp.path());
-            let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+            let before = clock();
             let opts = SubmitOptions { array: true, chain: true, ..SubmitOptions::default() };
             let subs = submit(tmp.path(), &dirs, &opts).unwrap();
             let root = tmp.path();
