@@ -9,14 +9,15 @@
 # survivor's outcome now.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# In a PID namespace of its own, so that a mutant signalling pid -1 reaches only the tests.
-[ -n "${ZB_IN_PID_NAMESPACE:-}" ] || exec scripts/in-pid-namespace.sh "$0" "$@"
+. scripts/mutants-common.sh
+mutants_prepare "$0" "$@"
 result=${1:?usage: scripts/mutants-recheck.sh RESULT.json}
-command -v cargo-mutants >/dev/null || { echo "cargo-mutants is not installed: cargo install cargo-mutants --locked" >&2; exit 2; }
 package=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["package"])' "$result")
 mapfile -t res < <(python3 - "$result" <<'PY'
 import json, re, sys
-accepted = {l.partition(" # ")[0].strip() for l in open("bench/mutants-accepted.txt") if l.strip() and not l.startswith("#")}
+sys.path.insert(0, "scripts")
+from mutants_common import accepted
+accepted = accepted()
 for m in json.load(open(sys.argv[1]))["missed"]:
     if m["mutant"] not in accepted:
         print("--re=^" + re.escape(m["mutant"]) + "$")
@@ -24,16 +25,13 @@ PY
 )
 [ ${#res[@]} -gt 0 ] || { echo "$result: no survivor to recheck"; exit 0; }
 out="mutants.out/recheck-$(basename "$result" .json)"
-rc=0
-cargo mutants -p "$package" --output "$out" --no-shuffle "${res[@]}" \
-  --cargo-test-arg=--lib --cargo-test-arg=--tests || rc=$?
-[ "$rc" = 0 ] || [ "$rc" = 2 ] || [ "$rc" = 3 ] || exit "$rc"
+mutants_run "$package" "$out" "${res[@]}"
 python3 - "$out/mutants.out/outcomes.json" "$package" "$result" > "${result%.json}-recheck.json" <<'PY'
 import datetime, json, socket, sys
+sys.path.insert(0, "scripts")
+from mutants_common import outcomes
 path, package, rechecked = sys.argv[1:4]
-o = json.load(open(path))
-rows = [{"mutant": r["scenario"]["Mutant"]["name"], "outcome": r["summary"]}
-        for r in o["outcomes"] if isinstance(r["scenario"], dict)]
+rows = [{"mutant": name, "outcome": s} for name, s in outcomes(path)]
 counts = {}
 for r in rows:
     counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1

@@ -17,20 +17,14 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mutants_common import accepted  # noqa: E402
+
 RESULTS = "bench/results"
 
 
-def accepted_names():
-    names = set()
-    for line in open("bench/mutants-accepted.txt"):
-        line = line.strip()
-        if line and not line.startswith("#"):
-            names.add(line.partition(" # ")[0].strip())
-    return names
-
-
 def main():
-    accepted = accepted_names()
+    accepted_now = accepted()
     rows = []
     for path in sorted(glob.glob(f"{RESULTS}/mutants-zerobench-*.json")):
         if path.endswith("-recheck.json") or path.endswith("mutants-summary.json"):
@@ -46,9 +40,9 @@ def main():
         if os.path.exists(recheck_path):
             r = json.load(open(recheck_path))
             since = {o["mutant"] for o in r["outcomes"] if o["outcome"] == "CaughtMutant"}
-        acc = [m for m in survivors if m in accepted]
-        caught_since = [m for m in survivors if m not in accepted and m in since]
-        left = [m for m in survivors if m not in accepted and m not in since]
+        acc = [m for m in survivors if m in accepted_now]
+        caught_since = [m for m in survivors if m not in accepted_now and m in since]
+        left = [m for m in survivors if m not in accepted_now and m not in since]
         caught_now = c.get("CaughtMutant", 0) + len(caught_since)
         rows.append({
             "result": os.path.basename(path),

@@ -15,9 +15,8 @@
 # bench/mutants-accepted.txt accepts it (equivalent mutants and the like, one line of reason each).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# In a PID namespace of its own, so that a mutant signalling pid -1 reaches only the tests.
-[ -n "${ZB_IN_PID_NAMESPACE:-}" ] || exec scripts/in-pid-namespace.sh "$0" "$@"
-command -v cargo-mutants >/dev/null || { echo "cargo-mutants is not installed: cargo install cargo-mutants --locked" >&2; exit 2; }
+. scripts/mutants-common.sh
+mutants_prepare "$0" "$@"
 packages=("$@")
 [ ${#packages[@]} -gt 0 ] || packages=(zerobench-schema zerobench-launcher zerobench-ingest)
 for p in "${packages[@]}"; do
@@ -32,30 +31,17 @@ for p in "${packages[@]}"; do
     fi
   fi
   mkdir -p "$out"
-  # Debug builds and the library's and integration tests only (no doctests): about 2 s a mutant.
-  # Exit 2 (mutants survived) and 3 (some timed out) are findings, not failures of the script.
-  rc=0
-  cargo mutants -p "$p" --output "$out" --no-shuffle "${shard[@]}" \
-    --cargo-test-arg=--lib --cargo-test-arg=--tests || rc=$?
-  [ "$rc" = 0 ] || [ "$rc" = 2 ] || [ "$rc" = 3 ] || exit "$rc"
+  mutants_run "$p" "$out" "${shard[@]}"
   python3 - "$out/mutants.out/outcomes.json" "$p" "${MUTANTS_SHARD:-all}${MUTANTS_SHARD:+ ${MUTANTS_SHARDING:-slice}}" > "$result" <<'PY'
-import datetime, json, re, socket, sys
+import datetime, json, socket, sys
+sys.path.insert(0, "scripts")
+from mutants_common import accepted, outcomes
 path, package, shard = sys.argv[1:4]
-o = json.load(open(path))
-accepted = {}
-for line in open("bench/mutants-accepted.txt"):
-    line = line.strip()
-    if line and not line.startswith("#"):
-        name, _, why = line.partition(" # ")
-        accepted[name.strip()] = why.strip()
+accepted = accepted()
 counts, missed = {}, []
-for r in o["outcomes"]:
-    if r["scenario"] == "Baseline":
-        continue
-    s = r["summary"]
+for name, s in outcomes(path):
     counts[s] = counts.get(s, 0) + 1
     if s == "MissedMutant":
-        name = r["scenario"]["Mutant"]["name"] if isinstance(r["scenario"], dict) else str(r["scenario"])
         missed.append({"mutant": name, "accepted": accepted.get(name)})
 caught = counts.get("CaughtMutant", 0)
 viable = caught + counts.get("MissedMutant", 0) + counts.get("Timeout", 0)

@@ -1,0 +1,19 @@
+# Sourced by scripts/mutants.sh and scripts/mutants-recheck.sh: the steps both take.
+
+# mutants_prepare "$0" "$@": re-runs the script in a PID namespace of its own (a mutant signalling
+# pid -1 then reaches only the tests) and checks that cargo-mutants is there.
+mutants_prepare() {
+  [ -n "${ZB_IN_PID_NAMESPACE:-}" ] || exec scripts/in-pid-namespace.sh "$@"
+  command -v cargo-mutants >/dev/null || { echo "cargo-mutants is not installed: cargo install cargo-mutants --locked" >&2; exit 2; }
+}
+
+# mutants_run PACKAGE OUT [ARG...]: cargo-mutants over PACKAGE's library and integration tests
+# (debug builds, no doctests), its report in OUT. Exit 2 (mutants survived) and 3 (some timed
+# out) are findings, not failures of the script.
+mutants_run() {
+  local package=$1 out=$2 rc=0
+  shift 2
+  cargo mutants -p "$package" --output "$out" --no-shuffle "$@" \
+    --cargo-test-arg=--lib --cargo-test-arg=--tests || rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 2 ] || [ "$rc" = 3 ] || exit "$rc"
+}
