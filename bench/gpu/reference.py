@@ -2,10 +2,12 @@
 zerobench's presets: vocabulary 50257, 1024 positions, pre-LN blocks with biases, tanh GELU, causal
 scaled-dot-product attention, tied LM head) trained in bf16 with fused AdamW, on one GPU eagerly
 (`--mode eager`) or through torch.compile (`--mode compile`), with DDP (`--mode ddp`) or with
-FSDP2's `fully_shard` per block (`--mode fsdp2`), or through DeepSpeed's ZeRO stage 2 with the
-optimizer offloaded to the host (`--mode deepspeed-offload`: DeepSpeed's recommended ZeRO-Offload
-configuration, bf16, DeepSpeedCPUAdam on pinned memory, overlap_comm and contiguous_gradients;
-run through torchrun).
+FSDP2's `fully_shard` per block (`--mode fsdp2`), through DeepSpeed's ZeRO at a stage
+(`--mode deepspeed --stage N`: bf16, DeepSpeed's own AdamW (FusedAdam, JIT-built on first use),
+overlap_comm and contiguous_gradients, its default bucket sizes), or through DeepSpeed's ZeRO
+stage 2 with the optimizer offloaded to the host (`--mode deepspeed-offload`: DeepSpeed's
+recommended ZeRO-Offload configuration, bf16, DeepSpeedCPUAdam on pinned memory, overlap_comm and
+contiguous_gradients). The DeepSpeed modes run through torchrun.
 
 The LM head is padded exactly as zerobench pads its own (worker/src/model/ops.rs, `lm_loss`): the
 50257-row weight gets zero rows up to a multiple of 64 (50304) inside the product and the extra
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -84,7 +87,9 @@ class GPT(nn.Module):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["eager", "compile", "ddp", "fsdp2", "deepspeed-offload"], required=True)
+    ap.add_argument("--mode", choices=["eager", "compile", "ddp", "fsdp2", "deepspeed", "deepspeed-offload"],
+                    required=True)
+    ap.add_argument("--stage", type=int, choices=[0, 1, 2, 3], default=2, help="ZeRO stage of --mode deepspeed")
     ap.add_argument("--no-pad-head", dest="pad_head", action="store_false")
     ap.add_argument("--model", choices=list(PRESETS), default="gpt2")
     ap.add_argument("--micro-batch", type=int, default=16)
@@ -116,25 +121,45 @@ def main():
             fully_shard(blk, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
         autocast = False
-    if a.mode == "deepspeed-offload":
+    if a.mode in ("deepspeed", "deepspeed-offload"):
         import deepspeed
 
-        config = {
-            "train_micro_batch_size_per_gpu": a.micro_batch,
-            "gradient_accumulation_steps": 1,
-            "bf16": {"enabled": True},
-            "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
-            "zero_optimization": {
+        if a.mode == "deepspeed":
+            zero = {"stage": a.stage, "overlap_comm": True, "contiguous_gradients": True}
+        else:
+            zero = {
                 "stage": 2,
                 "offload_optimizer": {"device": "cpu", "pin_memory": True},
                 "overlap_comm": True,
                 "contiguous_gradients": True,
                 "reduce_bucket_size": 5e8,
                 "allgather_bucket_size": 5e8,
-            },
+            }
+        config = {
+            "train_micro_batch_size_per_gpu": a.micro_batch,
+            "gradient_accumulation_steps": 1,
+            "bf16": {"enabled": True},
+            "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+            "zero_optimization": zero,
             "steps_per_print": 1 << 30,
         }
-        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        client = None
+        if a.mode == "deepspeed":
+            # DeepSpeed's own AdamW is FusedAdam, JIT-built with nvcc; where that build fails,
+            # torch's fused AdamW (as fast) is given instead, and the result says which ran.
+            try:
+                from deepspeed.ops.op_builder import FusedAdamBuilder
+
+                # DeepSpeed 0.19.8 cannot parse an architecture with a suffix ("9.0a") in
+                # TORCH_CUDA_ARCH_LIST; without the list it builds for this GPU.
+                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+                FusedAdamBuilder().load()
+            except Exception as e:  # noqa: BLE001 - any build failure falls back
+                print(f"FusedAdam unavailable ({e}); torch's fused AdamW instead", file=sys.stderr)
+                del config["optimizer"]
+                client = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), optimizer=client,
+                                               config=config)
         gen = torch.Generator(device=dev).manual_seed(1234 + rank)
 
         def ds_step():
@@ -180,13 +205,16 @@ def main():
     tokens = a.micro_batch * a.seq_len
     if rank == 0:
         print(json.dumps({
-            "impl": f"pytorch-{a.mode}", "model": a.model, "micro_batch": a.micro_batch, "seq_len": a.seq_len,
+            "impl": f"deepspeed-z{a.stage}" if a.mode == "deepspeed" else f"pytorch-{a.mode}", "model": a.model, "micro_batch": a.micro_batch, "seq_len": a.seq_len,
             "gpus": world, "params": params, "vocab": VOCAB, "head_rows": head_rows, "steps": len(times), "step_ms_median": med * 1e3,
             "tokens_per_s_per_gpu": tokens / med, "final_loss": float(loss),
             "peak_allocated_bytes": torch.cuda.max_memory_allocated(dev),
             "peak_reserved_bytes": torch.cuda.max_memory_reserved(dev),
             "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
             "gpu": torch.cuda.get_device_name(dev),
+            **({"deepspeed": deepspeed.__version__, "zero_optimization": config["zero_optimization"],
+                "optimizer": f"{type(engine.optimizer).__name__}"
+                             f"({type(getattr(engine, 'basic_optimizer', None)).__name__})"} if opt is None else {}),
         }), flush=True)
     if distributed:
         dist.destroy_process_group()

@@ -1,6 +1,9 @@
 """Reads the archive of `bench/gpu/run.sh step-time` (one GPU: zerobench gpt2 and gpt2-xl at stages
-0-3, the PyTorch references eager and torch.compile on the same shapes, in the same call) and writes
-the JSON of bench/results and the Markdown tables of docs/results/one-gpu.md and two-gpus.md.
+0-3, the PyTorch references eager and torch.compile and DeepSpeed at stages 0-3 on the same shapes,
+in the same call) and writes the JSON of bench/results and the Markdown tables of
+docs/results/one-gpu.md and two-gpus.md. Each zerobench run is compared with eager and
+torch.compile, and with DeepSpeed at its own stage (throughput and peak allocated memory); the
+JSON's `targets` holds the one-GPU targets these ratios are held to.
 
     python3 bench/gpu/report_step.py ARCHIVE.tar.gz --json OUT.json --md OUT.md
 
@@ -18,6 +21,7 @@ Checks per zerobench run, over consecutive measured steps:
 import argparse
 import io
 import json
+import os
 import re
 import statistics
 
@@ -75,17 +79,36 @@ def reference_row(name, r):
         "mfu": round(r["tokens_per_s_per_gpu"] * fpt / (PEAK_TFLOPS * 1e12), 4),
         "peak_allocated_bytes": r["peak_allocated_bytes"], "peak_reserved_bytes": r["peak_reserved_bytes"],
         "torch": r["torch"], "gpu": r["gpu"],
+        **{k: r[k] for k in ("deepspeed", "optimizer", "zero_optimization") if k in r},
     }
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("archive")
-    ap.add_argument("--json", required=True)
-    ap.add_argument("--md", required=True)
-    a = ap.parse_args()
+# The one-GPU targets: throughput against torch.compile (stage 0, every stage) and peak allocated
+# memory against DeepSpeed at the same stage.
+TARGETS = {"gpt2": (1.0, 0.95), "gpt2-xl": (1.25, 1.15)}
 
-    host, logs, files = read_archive(a.archive)
+
+def targets(ratios, call):
+    """Each target a call's ratios measure, with its value and whether it is met."""
+    out = []
+    for model, (stage0, every) in TARGETS.items():
+        one = [x for x in ratios if x["model"] == model and x["gpus"] == 1]
+        compile_ = {x["stage"]: x["tokens_per_s_ratio"] for x in one if x["versus"] == "pytorch-compile"}
+        ds = {x["stage"]: x["peak_allocated_ratio"] for x in one if x["versus"].startswith("deepspeed-")}
+        if compile_:
+            out.append({"call": call, "model": model, "target": f"stage 0 >= {stage0}x torch.compile",
+                        "value": compile_.get(0), "met": compile_.get(0, 0) >= stage0})
+            out.append({"call": call, "model": model, "target": f"every stage >= {every}x torch.compile",
+                        "value": min(compile_.values()), "met": len(compile_) == 4 and min(compile_.values()) >= every})
+        if ds:
+            out.append({"call": call, "model": model, "target": "peak allocated <= DeepSpeed's at every stage",
+                        "value": max(ds.values()), "met": len(ds) == 4 and max(ds.values()) <= 1.0})
+    return out
+
+
+def one_call(path):
+    """The rows, references and ratios of one archive: every ratio is between runs of one call."""
+    host, logs, files = read_archive(path)
     rows = [zerobench_row(n, r) for n, r in sorted(logs.items()) if re.match(r"gpt2(-xl)?_z\d_mb\d+_\d+gpu$", n)]
     refs = []
     for name, text in files.items():
@@ -100,7 +123,7 @@ def main():
                 "per_gpu_over_own_stage_0_on_1_gpu": round(r["tokens_per_s_per_gpu"] / one_gpu[r["model"]]["tokens_per_s_per_gpu"], 3)}
                for r in rows if r["gpus"] > 1 and r["model"] in one_gpu]
     for r in rows:
-        for impl in ("pytorch-eager", "pytorch-compile", "pytorch-ddp", "pytorch-fsdp2"):
+        for impl in ("pytorch-eager", "pytorch-compile", "pytorch-ddp", "pytorch-fsdp2", f"deepspeed-z{r['stage']}"):
             ref = by_ref.get((r["model"], impl, r["gpus"]))
             if ref:
                 ratios.append({"model": r["model"], "stage": r["stage"], "gpus": r["gpus"], "versus": impl,
@@ -111,31 +134,39 @@ def main():
         "overhead_median_at_most_1pct": all(r["overhead_share"]["median"] <= 0.01 for r in rows),
         "phases_sum_within_1pct": all(r["phases_vs_step_max_deviation"] <= 0.01 for r in rows),
     }
-    out = {"benchmark": "bench/gpu/run.sh step-time", "date": host_date(host), "host": host.strip().splitlines(),
-           "step_time_definition": "schema version 2: start of the step's work to completion of all of it (device synchronised); per step the slowest rank, median over measured steps",
-           "checks": checks, "zerobench": rows, "references": refs, "ratios": ratios, "scaling": scaling}
-    with open(a.json, "w") as f:
-        json.dump(out, f, indent=1)
+    call = os.path.basename(path)
+    return {"archive": call, "date": host_date(host), "host": host.strip().splitlines(), "checks": checks,
+            "targets": targets(ratios, call), "zerobench": rows, "references": refs, "ratios": ratios, "scaling": scaling}
 
+
+def markdown(c):
     md = io.StringIO()
+    rows, refs, ratios, scaling = c["zerobench"], c["references"], c["ratios"], c["scaling"]
     v = rows[0]["versions"] if rows else {}
-    md.write(f"Measured {out['date']} on one {rows[0]['gpu'] if rows else '?'} (driver {v.get('gpu_driver')}, libtorch "
-             f"{v.get('libtorch')}; references torch {refs[0]['torch'] if refs else '?'}), sequence 1024, bf16, in one call.\n\n")
+    md.write(f"`{c['archive']}`: measured {c['date']} on one {rows[0]['gpu'] if rows else '?'} (driver {v.get('gpu_driver')}, "
+             f"libtorch {v.get('libtorch')}; references torch {refs[0]['torch'] if refs else '?'}), sequence 1024, bf16, "
+             "in one call.\n\n")
     md.write("| model | system | stage | GPUs | step ms | tokens/s/GPU | MFU | peak alloc GiB | vs the references of its GPU count |\n")
     md.write("|---|---|---|---|---|---|---|---|---|\n")
     for model in ("gpt2", "gpt2-xl"):
         for r in sorted((x for x in rows if x["model"] == model), key=lambda x: (x["gpus"], x["stage"])):
-            vs = ", ".join(f"{x['tokens_per_s_ratio']}× {x['versus'][8:]}" for x in ratios
-                           if (x["model"], x["stage"], x["gpus"]) == (model, r["stage"], r["gpus"]))
+            vs = ", ".join(f"{x['tokens_per_s_ratio']}× {x['versus'].removeprefix('pytorch-')}"
+                           + (f" (memory {x['peak_allocated_ratio']}×)" if x["versus"].startswith("deepspeed-") else "")
+                           for x in ratios if (x["model"], x["stage"], x["gpus"]) == (model, r["stage"], r["gpus"]))
             md.write(f"| {model} (mb {r['micro_batch']}) | zerobench | {r['stage']} | {r['gpus']} | {r['step_ms_median']:.1f} | "
                      f"{r['tokens_per_s_per_gpu']:,} | {r['mfu']:.1%} | {gib(r['peak_allocated_bytes'])} | {vs or '—'} |\n")
         for r in sorted((x for x in refs if x["model"] == model), key=lambda x: (x["gpus"], x["impl"])):
-            md.write(f"| {model} (mb {r['micro_batch']}) | {r['impl']} (head {r['head_rows']} rows) | — | {r['gpus']} | {r['step_ms_median']:.1f} | "
-                     f"{r['tokens_per_s_per_gpu']:,} | {r['mfu']:.1%} | {gib(r['peak_allocated_bytes'])} | |\n")
+            what = f"{r['impl']} ({r['optimizer']})" if "optimizer" in r else r["impl"]
+            md.write(f"| {model} (mb {r['micro_batch']}) | {what}, head {r['head_rows']} rows | — | {r['gpus']} | "
+                     f"{r['step_ms_median']:.1f} | {r['tokens_per_s_per_gpu']:,} | {r['mfu']:.1%} | {gib(r['peak_allocated_bytes'])} | |\n")
     if scaling:
         md.write("\n| model | stage | GPUs | per-GPU throughput / own stage 0 on 1 GPU |\n|---|---|---|---|\n")
         for x in scaling:
             md.write(f"| {x['model']} | {x['stage']} | {x['gpus']} | {x['per_gpu_over_own_stage_0_on_1_gpu']} |\n")
+    if c["targets"]:
+        md.write("\n| model | target | value | met |\n|---|---|---|---|\n")
+        for t in c["targets"]:
+            md.write(f"| {t['model']} | {t['target']} | {t['value']} | {'yes' if t['met'] else '**no**'} |\n")
     md.write("\n| zerobench run | step ms | overhead ms (share) | record interval / (step + overhead): median [min, max] | "
              "phases vs step, largest deviation | forward | backward | exposed comm | optimizer | other |\n")
     md.write("|---|---|---|---|---|---|---|---|---|---|\n")
@@ -145,10 +176,37 @@ def main():
                  f"{iv['median']:.4f} [{iv['min']:.4f}, {iv['max']:.4f}] | {r['phases_vs_step_max_deviation']:.2%} | "
                  f"{r['forward_ms_median']:.2f} | {r['backward_ms_median']:.2f} | {r['exposed_comm_ms_median']:.2f} | "
                  f"{r['optimizer_ms_median']:.2f} | {r['other_ms_median']:.2f} |\n")
+    return md.getvalue()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("archive", nargs="+", help="one archive per call; ratios are taken within a call only")
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--md", required=True)
+    a = ap.parse_args()
+
+    calls = [one_call(p) for p in a.archive]
+    # A target is met only where every call that measures it meets it.
+    verdicts = {}
+    for t in (t for c in calls for t in c["targets"]):
+        verdicts.setdefault((t["model"], t["target"]), []).append(t)
+    out = {"benchmark": "bench/gpu/run.sh step-time",
+           "step_time_definition": "schema version 2: start of the step's work to completion of all of it (device synchronised); per step the slowest rank, median over measured steps",
+           "targets": [{"model": m, "target": t, "met": all(x["met"] for x in ts), "values": [x["value"] for x in ts],
+                        "calls": [x["call"] for x in ts]} for (m, t), ts in verdicts.items()],
+           "calls": calls}
+    if len(calls) == 1:
+        # One call: its fields at the top, as the results of a single call have always been laid out.
+        out = {**{k: v for k, v in calls[0].items() if k != "targets"}, **out}
+        del out["calls"]
+    with open(a.json, "w") as f:
+        json.dump(out, f, indent=1)
+    text = "\n\n".join(markdown(c) for c in calls)
     with open(a.md, "w") as f:
-        f.write(md.getvalue())
-    print(md.getvalue())
-    print(json.dumps(checks))
+        f.write(text)
+    print(text)
+    print(json.dumps([(t["model"], t["target"], t["met"]) for t in out["targets"]]))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@
 #                step-time definition, NVML) and every collective at odd sizes (nccl_bw); writes
 #                selfcheck.json naming the commit (from $BIN/COMMIT)
 #   step-time    one GPU: zerobench gpt2 (micro-batch 16) and gpt2-xl (micro-batch 4) at stages 0-3,
-#                and the PyTorch references (eager, torch.compile; head padded as zerobench pads
-#                it) on the same shapes, in one call (bench/gpu/report_step.py reads it)
+#                and the references (PyTorch eager and torch.compile, DeepSpeed at stages 0-3; head
+#                padded as zerobench pads it) on the same shapes, in one call (STEP_MODELS and
+#                STEP_REFS pick; bench/gpu/report_step.py reads it)
 #   correctness  2 GPUs, stages 0-3, gpt2 on the shipped text: loss curves to compare
 #   gpt2         zerobench stages 0-3 on 1 and 2 GPUs, gpt2, micro-batch 16, sequence 1024
 #   gpt2-xl      the same for gpt2-xl, micro-batch 4
@@ -540,16 +541,22 @@ print(json.dumps({"benchmark": "bench/gpu/run.sh selfcheck", "commit": commit, "
 PY
       log "selfcheck passed: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["passed"])' "$OUTDIR/selfcheck.json")" ;;
     step-time)
-      for m in "gpt2 16" "gpt2-xl 4"; do
-        set -- $m
+      # STEP_MODELS picks the models (default both), STEP_REFS the references (default all: eager,
+      # torch.compile, DeepSpeed at stages 0-3), so that one model's rows fit one call.
+      for m in ${STEP_MODELS:-gpt2 gpt2-xl}; do
+        case $m in gpt2) mb=16 ;; gpt2-xl) mb=4 ;; *) log "step-time: no micro-batch for $m"; continue ;; esac
         for s in 0 1 2 3; do
-          worker "$1_z${s}_mb$2_1gpu" 1 --model "$1" --stage "$s" --micro-batch "$2" --seq-len 1024 --steps 20 --warmup 4
+          worker "${m}_z${s}_mb${mb}_1gpu" 1 --model "$m" --stage "$s" --micro-batch "$mb" --seq-len 1024 --steps 20 --warmup 4
         done
-      done
-      for m in "gpt2 16" "gpt2-xl 4"; do
-        set -- $m
-        for mode in eager compile; do
-          reference "ref_$1_${mode}_1gpu" 1 --mode "$mode" --model "$1" --micro-batch "$2" --steps 20 --warmup 4
+        for ref in ${STEP_REFS:-eager compile deepspeed}; do
+          case $ref in
+            deepspeed)
+              for s in 0 1 2 3; do
+                reference "ref_${m}_deepspeed-z${s}_1gpu" 1 --mode deepspeed --stage "$s" --model "$m" --micro-batch "$mb" \
+                  --steps 20 --warmup 4
+              done ;;
+            *) reference "ref_${m}_${ref}_1gpu" 1 --mode "$ref" --model "$m" --micro-batch "$mb" --steps 20 --warmup 4 ;;
+          esac
         done
       done ;;
     eager)
