@@ -14,13 +14,14 @@ mutants_prepare "$0" "$@"
 result=${1:?usage: scripts/mutants-recheck.sh RESULT.json}
 package=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["package"])' "$result")
 mapfile -t res < <(python3 - "$result" <<'PY'
-import json, re, sys
+import json, sys
 sys.path.insert(0, "scripts")
-from mutants_common import accepted
+from mutants_common import accepted, placeless_pattern
 accepted = accepted()
 for m in json.load(open(sys.argv[1]))["missed"]:
     if m["mutant"] not in accepted:
-        print("--re=^" + re.escape(m["mutant"]) + "$")
+        # Found by file, column, change and function: lines added above it move its line.
+        print("--re=" + placeless_pattern(m["mutant"]))
 PY
 )
 [ ${#res[@]} -gt 0 ] || { echo "$result: no survivor to recheck"; exit 0; }

@@ -6,10 +6,12 @@ bench/results/ with its recheck (scripts/mutants-recheck.sh) where there is one.
 
 Per result: the viable mutants (caught, missed or timed out), those caught when it ran, its
 survivors now accepted as equivalent (bench/mutants-accepted.txt), those caught when rechecked on a
-later tree, and those left: not caught, not accepted, or not rechecked (a survivor whose name no
-longer matches a mutant of the tree, its line having moved, counts as left; so does a mutant that
-timed out, the tests having neither passed nor failed). "caught now" is caught when it ran plus
-caught since; its share is over the viable mutants less the accepted ones.
+later tree, and those left: not caught, not accepted, or not rechecked (a mutant that timed out
+counts as left, the tests having neither passed nor failed). A recheck finds a survivor by its
+file, column, change and function, wherever its line is now; the survivor counts as caught since
+only if every mutant so found was caught, and one no longer found counts as left.
+"caught now" is caught when it ran plus caught since; its share is over the viable mutants less
+the accepted ones.
 """
 import datetime
 import glob
@@ -18,7 +20,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mutants_common import accepted  # noqa: E402
+from mutants_common import accepted, caught_placeless, placeless  # noqa: E402
 
 RESULTS = "bench/results"
 
@@ -39,10 +41,10 @@ def main():
         since = set()
         if os.path.exists(recheck_path):
             r = json.load(open(recheck_path))
-            since = {o["mutant"] for o in r["outcomes"] if o["outcome"] == "CaughtMutant"}
+            since = caught_placeless(r["outcomes"])
         acc = [m for m in survivors if m in accepted_now]
-        caught_since = [m for m in survivors if m not in accepted_now and m in since]
-        left = [m for m in survivors if m not in accepted_now and m not in since]
+        caught_since = [m for m in survivors if m not in accepted_now and placeless(m) in since]
+        left = [m for m in survivors if m not in accepted_now and placeless(m) not in since]
         caught_now = c.get("CaughtMutant", 0) + len(caught_since)
         rows.append({
             "result": os.path.basename(path),

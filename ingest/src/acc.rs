@@ -401,8 +401,15 @@ mod tests {
             device: ModelStateBytes { params_bytes, grads_bytes: 2, optimizer_bytes: 3 },
             host_bytes,
         };
+        // Ordered by every byte: 100 on the device alone is more than 10 there and 5 on the host.
         let (small, large) = (states(10, 0), states(10, 5));
-        for (a, b) in [(small, large), (large, small)] {
+        let (spread, device_only) = (states(5, 5), states(95, 0));
+        for (a, b, large) in [
+            (small, large, large),
+            (large, small, large),
+            (spread, device_only, device_only),
+            (device_only, spread, device_only),
+        ] {
             let mut x = RankAcc { states: Some(a), ..RankAcc::default() };
             x.merge(&RankAcc { states: Some(b), ..RankAcc::default() });
             assert_eq!(x.states, Some(large), "{a:?} with {b:?}");
@@ -420,5 +427,23 @@ mod tests {
         r.add_error(error("x".repeat(MAX_MESSAGE + 1)));
         let kept: Vec<&str> = r.errors.iter().map(|e| e.message.as_str()).collect();
         assert_eq!(kept, ["x".repeat(MAX_MESSAGE) + "…", "é".repeat(MAX_MESSAGE)]);
+    }
+
+    /// Two ranks with the same step time: the lower one is the slowest, and its phases are kept,
+    /// whichever slot is merged into the other.
+    #[test]
+    fn equal_step_times_name_the_lower_rank_in_either_order() {
+        let slot = |rank, forward_ms| StepSlot {
+            ranks: 1,
+            step_ms: 10.0,
+            slowest_rank: rank,
+            forward_ms,
+            ..StepSlot::default()
+        };
+        for (a, b) in [(slot(0, 3.0), slot(1, 4.0)), (slot(1, 4.0), slot(0, 3.0))] {
+            let mut m = a;
+            m.merge(&b);
+            assert_eq!((m.ranks, m.slowest_rank, m.forward_ms), (2, 0, 3.0), "{a:?} with {b:?}");
+        }
     }
 }

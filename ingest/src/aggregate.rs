@@ -167,7 +167,8 @@ fn memory(row: &mut RunRow, acc: &RunAcc) {
 
 /// Energy per token: each rank's energy counter difference between its first and last measured
 /// step, over the global tokens of the steps in between (first excluded, last included), summed
-/// over ranks. Only when every rank has the counter.
+/// over ranks. Only when every rank has a counter that advanced: one that stood still or went
+/// back over steps that took time (a GPU that does not count energy, a reset) is no reading.
 fn energy(row: &mut RunRow, acc: &RunAcc) {
     if acc.ranks.is_empty() {
         return;
@@ -176,7 +177,7 @@ fn energy(row: &mut RunRow, acc: &RunAcc) {
     let mut power = 0.0;
     for a in acc.ranks.values() {
         let (Some((s0, e0)), Some((s1, e1))) = (a.energy_first, a.energy_last) else { return };
-        if s1 <= s0 || e1 < e0 {
+        if s1 <= s0 || e1 <= e0 {
             return;
         }
         let Some(window) = acc.slots.slots.get(s0 as usize + 1..=s1 as usize) else { return };

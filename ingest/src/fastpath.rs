@@ -596,6 +596,8 @@ mod tests {
             // A duplicate key, a leading zero.
             ("\"rank\":1,", "\"rank\":1,\"rank\":1,"),
             ("\"tokens\":32768", "\"tokens\":032768"),
+            // Bytes just past '9' after digits: not digits, however eight of them are read.
+            ("\"tokens\":32768", "\"tokens\":9999999;;"),
             // Fields the schema requires though ingest does not use them.
             ("\"ts\":1767225602.0992,", ""),
             ("\"warmup\":false,", ""),
@@ -615,6 +617,21 @@ mod tests {
             assert_ne!(bad, text);
             assert!(parse_step(bad.as_bytes()).is_none(), "{bad}");
         }
+        // Keys in another order, and a negative value in a field the scan skips: read in place,
+        // to the same values.
+        let swapped = text.replacen("\"rank\":1,\"step\":2,", "\"step\":2,\"rank\":1,", 1);
+        let negative = text.replacen("\"ts\":1767225602.0992", "\"ts\":-1.5", 1);
+        for other in [swapped, negative] {
+            assert_ne!(other, text);
+            let s = parse_step(other.as_bytes()).unwrap_or_else(|| panic!("fast path refused {other}"));
+            assert_eq!((s.rank, s.step, s.step_ms), (1, 2, 49.34823223709721), "{other}");
+        }
+        // An unused number past an f64's range by its digits alone (10^309 written out): refused.
+        let huge = text.replacen("\"ts\":1767225602.0992", &format!("\"ts\":1{}", "0".repeat(309)), 1);
+        assert!(parse_step(huge.as_bytes()).is_none());
+        // Twenty significant digits, more than a u64 holds: still the correctly rounded value.
+        let long = text.replacen("\"step_ms\":49.34823223709721", "\"step_ms\":9999999999999999.9999", 1);
+        assert_eq!(parse_step(long.as_bytes()).map(|s| s.step_ms), Some(1e16));
         // Without the comm map, without the memory sample.
         for (cut, closing) in [(",\"comm\":{", "}}"), (",\"memory\":{", "}")] {
             let at = text.find(cut).unwrap();

@@ -249,4 +249,64 @@ mod tests {
             }
         }
     }
+
+    /// Over-long lines at the start, in the middle and at the end of a file: two ranges cut
+    /// anywhere still see each line once, the skipped ones with all of their bytes.
+    #[test]
+    fn ranges_tile_a_file_of_long_lines() {
+        let data = b"abcdefghij\nab\nabcdefgh\ncd\nefghijklm";
+        for cut in 0..=data.len() as u64 {
+            let parts = [collect(data, 0, cut, 4), collect(data, cut, u64::MAX, 4)];
+            let joined: Vec<String> =
+                parts.iter().flatten().map(|s| s.split_once(':').unwrap().1.to_string()).collect();
+            assert_eq!(joined, ["toolong:10", "ab", "toolong:8", "cd", "toolong:9"], "cut at {cut}");
+        }
+    }
+
+    /// The window holds at most one line and one read: reading a file of many lines does not
+    /// grow it with the file.
+    #[test]
+    fn the_window_does_not_grow_with_the_file() {
+        let data: Vec<u8> = (0..2000).flat_map(|i| format!("line {i}\n").into_bytes()).collect();
+        let (max_line, block) = (100, 64);
+        let mut win = Window::new(max_line + block);
+        let lines = for_each_line_in(&mut win, Cursor::new(&data), 0, u64::MAX, max_line, block, |_, _| {
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(lines, 2000);
+        assert!(win.buf.len() <= max_line + block, "{} bytes held", win.buf.len());
+    }
+
+    /// A read interrupted by a signal is tried again; any other error ends the reading with it.
+    #[test]
+    fn interrupted_reads_are_retried_and_errors_returned() {
+        struct Flaky<R> {
+            inner: R,
+            fail: Option<io::ErrorKind>,
+        }
+        impl<R: Read> Read for Flaky<R> {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                match self.fail {
+                    Some(io::ErrorKind::Interrupted) => {
+                        self.fail = None;
+                        Err(io::ErrorKind::Interrupted.into())
+                    }
+                    Some(kind) => Err(kind.into()),
+                    None => self.inner.read(buf),
+                }
+            }
+        }
+        impl<R: Seek> Seek for Flaky<R> {
+            fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+                self.inner.seek(pos)
+            }
+        }
+        let read = |fail| {
+            let src = Flaky { inner: Cursor::new(b"a\nb\n".to_vec()), fail: Some(fail) };
+            for_each_line(src, 0, u64::MAX, 10, 4, |_, _| ControlFlow::Continue(()))
+        };
+        assert_eq!(read(io::ErrorKind::Interrupted).unwrap(), 2);
+        assert_eq!(read(io::ErrorKind::PermissionDenied).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+    }
 }

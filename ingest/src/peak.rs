@@ -102,7 +102,7 @@ mod tests {
         assert_eq!(u.lookup(Some("NVIDIA GeForce RTX 4090"), None), Some(165.0));
         assert_eq!(u.lookup(Some("NVIDIA A100"), None), Some(312.0));
         assert_eq!(PeakTable::parse("2.5").unwrap().lookup(Some("cpu"), None), Some(2.5));
-        for bad in ["", "x", "h100", "h100=", "=5", "h100=-1", "0", "nan"] {
+        for bad in ["", "x", "h100", "h100=", "=5", "h100=-1", "h100=0", "0", "nan"] {
             assert!(PeakTable::parse(bad).is_err(), "{bad}");
         }
     }

@@ -264,6 +264,8 @@ mod tests {
         assert_eq!(missing_ranges(3, [0, 1, 2]), []);
         // Ranks at or past the world size are not holes (plan reports them on their own).
         assert_eq!(missing_ranges(2, [5]), [(0, 1)]);
+        // The largest rank a log can claim, with the largest world: still past it.
+        assert_eq!(missing_ranges(u32::MAX, [u32::MAX]), [(0, u32::MAX - 1)]);
         let huge = missing_ranges(u32::MAX, [0, 2]);
         assert_eq!(huge, [(1, 1), (3, u32::MAX - 1)]);
         assert_eq!(range_count(&huge), u64::from(u32::MAX) - 2);

@@ -35,3 +35,31 @@ impl PredictedRow {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rounding keeps every field and cuts only the figures, to six significant digits.
+    #[test]
+    fn rounding_cuts_figures_and_keeps_the_rest() {
+        let row = PredictedRow {
+            run_id: "r".into(),
+            gpus: Some(2),
+            step_ms: Some(123.456_789),
+            predicted_step_ms: Some(0.012_345_678),
+            step_error_pct: Some(-12.345_678_9),
+            peak_allocated_bytes: Some(123_456_789),
+            memory_error_pct: Some(1.0),
+            notes: "n".into(),
+            ..PredictedRow::default()
+        };
+        let want = PredictedRow {
+            step_ms: Some(123.457),
+            predicted_step_ms: Some(0.012_345_7),
+            step_error_pct: Some(-12.345_7),
+            ..row.clone()
+        };
+        assert_eq!(row.round(), want);
+    }
+}

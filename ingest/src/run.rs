@@ -436,4 +436,16 @@ mod tests {
             [4.0, 4.0, 2.0 / 3.0, 4.0 / 3.0, 0.0].map(|x: f64| (x * 1e9).round() / 1e9)
         );
     }
+
+    /// A rank's model states: the device's three parts and what the host keeps.
+    #[test]
+    fn state_bytes_add_the_host() {
+        let mut r = RunRow::new("r".into(), Source::Zerobench, "d".into(), "gpt2".into(), Status::Ok);
+        (r.state_params_bytes, r.state_grads_bytes, r.state_optimizer_bytes) = (Some(1), Some(2), Some(4));
+        assert_eq!(r.state_bytes(), Some(7));
+        r.host_state_bytes = Some(8);
+        assert_eq!(r.state_bytes(), Some(15));
+        r.state_grads_bytes = None;
+        assert_eq!(r.state_bytes(), None);
+    }
 }

@@ -241,3 +241,25 @@ pub fn scaling_pivot(rows: &[ScalingRow]) -> zerobench_table::Table {
     let header = if out.is_empty() { Vec::new() } else { out.remove(0) };
     zerobench_table::Table { name: "scaling-pivot", header, rows: out }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::{RunRow, Status};
+
+    /// A baseline that did no work (a foreign log reporting 0 samples/s) gives no speedup rather
+    /// than an infinite one; a working baseline gives the ratio.
+    #[test]
+    fn a_baseline_of_no_throughput_gives_no_speedup() {
+        let report = |gpus: u32, sps: f64| {
+            let mut row = RunRow::new(format!("g{gpus}"), Source::Foreign, "d".into(), "gpt2".into(), Status::Ok);
+            (row.gpus, row.samples_per_s) = (Some(gpus), Some(sps));
+            RunReport { row, collectives: Vec::new(), memory_phases: Vec::new() }
+        };
+        let speedups = |base: f64| -> Vec<f64> {
+            scaling(&[report(1, base), report(2, 30.0)]).iter().map(|r| r.speedup).collect()
+        };
+        assert_eq!(speedups(0.0), [0.0, 0.0]);
+        assert_eq!(speedups(20.0), [1.0, 1.5]);
+    }
+}

@@ -373,4 +373,72 @@ mod tests {
             assert_eq!(start.model.train_flops_per_token, Some(cfg.train_flops_per_token()));
         }
     }
+
+    /// The figures the module doc states, which ingest's tests read back: warm-up steps 1.8×
+    /// slower, steady ones within the jitter, one timestamp per step time, collectives at a bus
+    /// bandwidth of 150 GB/s less up to 10 %, the memory margins above model state, and an OOM
+    /// reported by the failing rank alone while the others end failed.
+    #[test]
+    fn synthetic_figures_follow_their_stated_shape() {
+        const MIB: u64 = 1 << 20;
+        let mut cfg = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z3);
+        (cfg.steps, cfg.warmup) = (6, 2);
+        let run = SynthRun { fate: Fate::Oom { rank: 1, step: 4 }, ..SynthRun::new("r", cfg.clone(), 2, 100.0) };
+        for rank in 0..2 {
+            let (mut steps, mut errors) = (0, 0);
+            for rec in run.records(rank) {
+                match rec {
+                    Record::Start(s) => {
+                        assert_eq!(s.comm_backend, "nccl");
+                        assert!(!s.versions.zerobench.is_empty() && !s.versions.libtorch.is_empty());
+                    }
+                    Record::Setup(s) => {
+                        let state = s.model_state.total();
+                        assert_eq!(s.memory.reserved_bytes, Some(state + 64 * MIB));
+                        assert_eq!(s.memory.nvml_used_bytes, Some(state + 600 * MIB));
+                        assert_eq!(s.memory.rss_bytes, 2 << 30);
+                    }
+                    Record::Step(s) => {
+                        steps += 1;
+                        assert_eq!(s.ts, 1_767_225_602.0 + f64::from(s.step) * 0.1);
+                        assert_eq!(s.warmup, s.step < 2);
+                        // The five phases are the step (exposed communication is small here).
+                        let phases = s.forward_ms + s.backward_ms + s.optimizer_ms + s.exposed_comm_ms + s.other_ms;
+                        assert!((phases - s.step_ms).abs() < 1e-9 * s.step_ms, "{phases} of {}", s.step_ms);
+                        let median = if s.step < 2 { 180.0 } else { 100.0 };
+                        assert!((s.step_ms / median - 1.0).abs() <= 0.05, "step {}: {} ms", s.step, s.step_ms);
+                        assert_eq!(s.comm.len(), 2);
+                        for c in s.comm.values() {
+                            let bus = c.bus_gbps.unwrap();
+                            assert!(bus > 150.0 / 1.1 && bus <= 150.0, "{bus} GB/s");
+                        }
+                        let peak = s.memory.peak_allocated_bytes.unwrap();
+                        assert_eq!(s.memory.reserved_bytes, Some(peak + 256 * MIB));
+                        assert!(s.memory.rss_bytes >= 2 << 30);
+                    }
+                    Record::Error(e) => {
+                        errors += 1;
+                        assert_eq!((e.rank, e.class, e.step), (1, ErrorClass::Oom, Some(4)));
+                    }
+                    Record::End(e) => {
+                        let want = if rank == 1 { (RunStatus::Oom, 3) } else { (RunStatus::Failed, 1) };
+                        assert_eq!((e.status, e.exit_code, e.steps_completed), (want.0, want.1, 4));
+                    }
+                    Record::Profile(_) | Record::Eval(_) => panic!("not written by synth"),
+                }
+            }
+            assert_eq!((steps, errors), (4, u32::from(rank == 1)));
+        }
+        // A failed rank: its error alone, every rank's end failed.
+        let failed = SynthRun { fate: Fate::Failed { rank: 0, step: 3 }, ..run.clone() };
+        for rank in 0..2 {
+            let records = failed.records(rank);
+            let errors =
+                records.iter().filter(|r| matches!(r, Record::Error(e) if e.class == ErrorClass::Comm)).count();
+            assert_eq!(errors, usize::from(rank == 0), "rank {rank}");
+            assert!(matches!(records.last(), Some(Record::End(e)) if e.status == RunStatus::Failed));
+        }
+        let Record::Start(alone) = &SynthRun::new("one", cfg, 1, 100.0).records(0)[0] else { panic!("no start") };
+        assert_eq!(alone.comm_backend, "none");
+    }
 }

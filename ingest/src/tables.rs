@@ -384,4 +384,25 @@ mod tests {
         check::<MemoryPhaseRow>("memory-phases");
         check::<crate::predicted::PredictedRow>("predicted");
     }
+
+    /// A block's rows go by model size, not by name: gpt2-medium before gpt2-large before
+    /// gpt2-xl, and a model no preset names last.
+    #[test]
+    fn pivot_rows_go_by_model_size() {
+        let report = |model: &str| RunReport {
+            row: RunRow {
+                run_id: model.into(),
+                model: model.into(),
+                stage: Some(ZeroStage::Z2),
+                micro_batch: Some(4),
+                ..RunRow::default()
+            },
+            collectives: Vec::new(),
+            memory_phases: Vec::new(),
+        };
+        let runs: Vec<RunReport> = ["gpt2-xl", "my-model", "gpt2-large", "gpt2-medium"].map(report).into();
+        let pivot = Pivot::build("latency", PivotMetric::StepMsMedian, &runs);
+        let order: Vec<&str> = pivot.blocks[0].rows.iter().map(|r| r.model.as_str()).collect();
+        assert_eq!(order, ["gpt2-medium", "gpt2-large", "gpt2-xl", "my-model"]);
+    }
 }

@@ -1215,4 +1215,12 @@ mod tests {
         let e = err("launch:\n  method: srun\n  master_port: 29611\nsweep:\n  models: tiny\n");
         assert!(e.contains("launch.master_port: only the pdsh and torchrun methods use a rendezvous port"), "{e}");
     }
+
+    /// serde_yaml's "path: " prefix is dropped only when it is the key's path: a value that holds
+    /// ": " itself stays whole in its message.
+    #[test]
+    fn a_value_with_a_colon_stays_whole_in_its_error() {
+        let e = err("cluster:\n  partition: 'a:b: c'\nsweep:\n  models: tiny\n");
+        assert!(e.starts_with("s.yaml:2:") && e.contains("'a:b: c' contains ':'"), "{e}");
+    }
 }

@@ -468,4 +468,76 @@ mod tests {
         assert_eq!(scaled("60.51 M"), Some(60.51e6));
         assert_eq!(ms("fast"), None);
     }
+
+    /// A profiler block ends at its closing rule: the lines after it are read as what they are
+    /// (a memory report here), not as profile lines; the configuration's lines count as read.
+    #[test]
+    fn lines_after_a_profile_block_are_read_on_their_own() {
+        let mut d = DeepSpeed::default();
+        let lines = [
+            "-------------------------- DeepSpeed Flops Profiler --------------------------",
+            "Profile Summary at step 2:",
+            "world size:                                                             3",
+            "batch size per GPU:                                                     32",
+            "------------------------------------------------------------------------------",
+            "[INFO] after step MA 1.5 GB         Max_MA 2.0 GB         CA 8.0 GB         Max_CA 8 GB",
+            "[2024-01-01 10:00:00,000] [INFO] [config.py:1000:print]   train_micro_batch_size_per_gpu  8",
+            "[2024-01-01 10:00:00,000] [INFO] [config.py:1000:print]   zero_optimization_stage ....... 2",
+        ];
+        let recognised = lines.iter().filter(|l| d.line(l)).count() as u64;
+        assert_eq!(recognised, 6, "the opening rule and the closing one are not the reader's");
+        assert_eq!(d.lines, recognised);
+        let profile = d.profile.as_ref().expect("a finished profile");
+        assert_eq!((profile.step, profile.world_size, profile.batch_per_gpu), (Some(2), Some(3), Some(32)));
+        assert_eq!(d.allocated_gib, Some(2.0));
+        assert_eq!((d.config.micro_batch, d.config.stage), (Some(8), Some(2)));
+    }
+
+    /// A wall-clock breakdown needs both a forward and a backward time; either alone is no step.
+    #[test]
+    fn breakdowns_need_forward_and_backward() {
+        assert!(breakdown(" fwd_microstep: 10.5 | bwd_microstep: 20.0 | step_microstep: 3.0").is_some());
+        assert!(breakdown(" fwd_microstep: 10.5 | step_microstep: 3.0").is_none());
+        assert!(breakdown(" bwd_microstep: 20.0 | step_microstep: 3.0").is_none());
+    }
+
+    /// Precision from the optimizer's creation line and from the newer precision-config objects.
+    #[test]
+    fn precision_from_every_form_deepspeed_prints() {
+        let creating = |line: &str| {
+            let mut d = DeepSpeed::default();
+            assert!(d.line(line), "{line}");
+            (d.config.stage, d.config.bf16, d.config.fp16)
+        };
+        assert_eq!(creating("[INFO] Creating torch.float16 ZeRO stage 1 optimizer"), (Some(1), None, Some(true)));
+        assert_eq!(creating("[INFO] Creating torch.bfloat16 ZeRO stage 2 optimizer"), (Some(2), Some(true), None));
+        assert_eq!(creating("[INFO] Creating fp32 ZeRO stage 3 optimizer"), (Some(3), Some(false), Some(false)));
+        let mut c = Config::default();
+        config_line(&mut c, "bf16_config", "enabled=True immediate_grad_update=False");
+        config_line(&mut c, "fp16_config", "enabled=False auto_cast=False");
+        assert_eq!((c.bf16, c.fp16), (Some(true), Some(false)));
+    }
+
+    /// The profiler's throughput line.
+    #[test]
+    fn profile_samples_per_second() {
+        let mut p = Profile::default();
+        profile_line(&mut p, "samples/second:                                                         196.88  ");
+        assert_eq!(p.samples_per_s, Some(196.88));
+    }
+
+    /// The FLOP rate comes from its own line only: other keys the profiler prints, before or after
+    /// it, leave it alone.
+    #[test]
+    fn flops_rate_from_its_own_line() {
+        let mut p = Profile::default();
+        for line in [
+            "fwd flops of model = fwd flops per GPU * mp_size:                       382.64 G",
+            "FLOPS per GPU = 3 * fwd flops per GPU / iter latency:                   2.35 TFLOPS",
+            "fwd+bwd FLOPS per GPU = 3 * fwd flops per GPU / (fwd+bwd latency):      3.3 TFLOPS",
+        ] {
+            profile_line(&mut p, line);
+        }
+        assert_eq!(p.tflops_per_gpu, Some(2.35));
+    }
 }

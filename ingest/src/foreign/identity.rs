@@ -287,4 +287,29 @@ mod tests {
         assert_eq!(h.offload, Some(Offload::Optimizer));
         assert_eq!(h.world_size, Some(2));
     }
+
+    /// A hand-written run.json, key by key (it is no RunConfig): DeepSpeed's names too.
+    #[test]
+    fn run_json_key_by_key() {
+        let v = serde_json::json!({"model": "gpt2", "zero_stage": 2, "train_micro_batch_size_per_gpu": 8,
+                                   "gradient_accumulation_steps": 4, "precision": "fp16", "offload": "optimizer"});
+        let h = from_run_json(&v);
+        assert_eq!(
+            (h.model.as_deref(), h.stage, h.micro_batch, h.grad_accum, h.precision, h.offload),
+            (Some("gpt2"), Some(ZeroStage::Z2), Some(8), Some(4), Some(Precision::Fp16), Some(Offload::Optimizer))
+        );
+    }
+
+    /// Precision from DeepSpeed's bf16 and fp16 flags: either on names it, both off is fp32,
+    /// anything else is not known.
+    #[test]
+    fn precision_from_deepspeed_flags() {
+        use super::super::deepspeed::Config;
+        let precision = |bf16, fp16| from_deepspeed(&Config { bf16, fp16, ..Config::default() }).precision;
+        assert_eq!(precision(Some(true), Some(false)), Some(Precision::Bf16));
+        assert_eq!(precision(Some(false), Some(true)), Some(Precision::Fp16));
+        assert_eq!(precision(None, Some(true)), Some(Precision::Fp16));
+        assert_eq!(precision(Some(false), Some(false)), Some(Precision::Fp32));
+        assert_eq!(precision(Some(false), None), None);
+    }
 }

@@ -221,6 +221,9 @@ mod tests {
         assert_eq!(header(&["memory.used [MiB]"]), None);
         assert_eq!(header(&["index", "name"]), None);
         assert_eq!(header(&["index", "Memory Used"]), None);
+        // Fields with dots and underscores, as nvidia-smi names them; the bus id names the GPU.
+        let c = header(&["pci.bus_id", "memory.used [MiB]", "power.draw [W]"]).expect("a header");
+        assert_eq!((c.n, c.index, c.used, c.power), (3, Some(0), Some(1), Some(2)));
     }
 
     /// A run's share of a shared log: the samples within its span, and only the GPUs with one;
@@ -250,5 +253,18 @@ mod tests {
         assert_eq!(timestamp("1970/01/01 00:00:01.5"), Some(1.5));
         assert_eq!(timestamp("2024/03/20 16:22:18.301").map(|t| t.round()), Some(1_710_951_738.0));
         assert_eq!(timestamp("yesterday"), None);
+    }
+
+    /// Every line of a log is counted, its header included; without time stamps, a GPU's power is
+    /// the mean of its samples.
+    #[test]
+    fn lines_are_counted_and_untimed_power_is_the_mean() {
+        let mut smi = NvidiaSmi::default();
+        for line in ["index, memory.used [MiB], power.draw [W]", "0, 1000 MiB, 100.0 W", "0, 1200 MiB, 200.0 W"] {
+            assert!(smi.line(line), "{line}");
+        }
+        assert_eq!(smi.lines, 3);
+        assert_eq!(smi.gpus["0"].mean_power_w(), Some(150.0));
+        assert_eq!(smi.gpus["0"].max_used_mib, Some(1200.0));
     }
 }

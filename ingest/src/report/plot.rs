@@ -49,8 +49,7 @@ fn predicted_vs_measured(path: &Path, rows: &[crate::predicted::PredictedRow]) -
         .filter_map(|r| Some((r.step_ms?, r.predicted_step_ms?)))
         .filter(|(m, p)| *m > 0.0 && *p > 0.0 && m.is_finite() && p.is_finite())
         .collect();
-    let lo = points.iter().flat_map(|(m, p)| [*m, *p]).fold(f64::INFINITY, f64::min).min(1.0) * 0.8;
-    let hi = points.iter().flat_map(|(m, p)| [*m, *p]).fold(0.0f64, f64::max).max(lo * 2.0) * 1.25;
+    let (lo, hi) = log_range(points.iter().flat_map(|(m, p)| [*m, *p]));
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
@@ -64,12 +63,25 @@ fn predicted_vs_measured(path: &Path, rows: &[crate::predicted::PredictedRow]) -
     for (k, style) in
         [(1.0, BLACK.stroke_width(1)), (1.1, BLACK.mix(0.4).stroke_width(1)), (0.9, BLACK.mix(0.4).stroke_width(1))]
     {
-        chart.draw_series(LineSeries::new([(lo, lo * k), (hi, hi * k)], style)).map_err(|e| e.to_string())?;
+        chart.draw_series(LineSeries::new(ratio_line(lo, hi, k), style)).map_err(|e| e.to_string())?;
     }
     chart
         .draw_series(points.iter().map(|&p| Circle::new(p, 4, Palette99::pick(0).to_rgba().filled())))
         .map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())
+}
+
+/// Both axes of the predicted-against-measured plot: from 20% below the smallest value (and
+/// below 1 ms) to 25% above the largest, at least a factor of two wide.
+fn log_range(values: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
+    let lo = values.clone().fold(f64::INFINITY, f64::min).min(1.0) * 0.8;
+    let hi = values.fold(0.0f64, f64::max).max(lo * 2.0) * 1.25;
+    (lo, hi)
+}
+
+/// The ends of the line predicted = `k` × measured across `[lo, hi]`.
+fn ratio_line(lo: f64, hi: f64, k: f64) -> [(f64, f64); 2] {
+    [(lo, lo * k), (hi, hi * k)]
 }
 
 /// Longest file-name form of a label: file systems take 255 bytes per name.
@@ -99,10 +111,8 @@ type Charts<K> = BTreeMap<K, BTreeMap<String, Vec<(f64, f64)>>>;
 
 fn line_chart(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Series) -> Result<(), String> {
     let xs = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
-    let ys = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.1));
     let x_max = xs.fold(1.0f64, f64::max);
-    // Headroom above the data for the legend, one row per series.
-    let y_max = ys.fold(0.0f64, f64::max).max(1e-9) * (1.1 + 0.07 * series.len() as f64);
+    let y_max = y_top(series);
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
@@ -130,6 +140,13 @@ fn line_chart(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Ser
         .draw()
         .map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())
+}
+
+/// The top of a line chart's y axis: 10% above the data, and 7% more for each row of the
+/// legend (one per series), which sits in the upper left corner.
+fn y_top(series: &Series) -> f64 {
+    let data = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.1)).fold(0.0f64, f64::max);
+    data.max(1e-9) * (1.1 + 0.07 * series.len() as f64)
 }
 
 fn config_label(stage: Option<zerobench_schema::ZeroStage>, offload: Option<zerobench_schema::Offload>) -> String {
@@ -167,7 +184,21 @@ fn throughput(tables: &Tables, out: &Path, failed: &mut Vec<ReportError>) -> Vec
 }
 
 fn memory(tables: &Tables, out: &Path, failed: &mut Vec<ReportError>) -> Vec<PathBuf> {
-    // By model and micro-batch, then by stage and offload: GiB against GPUs.
+    let mut written = Vec::new();
+    for ((model, mbs), series) in memory_charts(tables) {
+        let path = out.join(format!("memory-{}-mbs{mbs}.svg", slug(model)));
+        let title = format!("{model}, micro-batch {mbs}: peak memory per GPU");
+        match line_chart(&path, &title, "GPUs", "GiB", &series) {
+            Ok(()) => written.push(path),
+            Err(e) => failed.push(err(&path)(e)),
+        }
+    }
+    written
+}
+
+/// The memory plots' lines: by model and micro-batch, then by stage and offload, each run's peak
+/// memory per GPU in GiB against its GPUs, in order of GPUs.
+fn memory_charts(tables: &Tables) -> BTreeMap<(&str, u32), Series> {
     let mut charts: Charts<(&str, u32)> = Charts::new();
     for r in tables.runs.iter().filter(|r| r.status == Status::Ok) {
         let (Some(m), Some(g), Some(bytes)) =
@@ -178,23 +209,19 @@ fn memory(tables: &Tables, out: &Path, failed: &mut Vec<ReportError>) -> Vec<Pat
         let point = (f64::from(g), bytes as f64 / (1u64 << 30) as f64);
         charts.entry((&r.model, m)).or_default().entry(config_label(r.stage, r.offload)).or_default().push(point);
     }
-    let mut written = Vec::new();
-    for ((model, mbs), series) in charts {
-        let path = out.join(format!("memory-{}-mbs{mbs}.svg", slug(model)));
-        let series: Series = series
-            .into_iter()
-            .map(|(n, mut p)| {
-                p.sort_by(|a, b| a.0.total_cmp(&b.0));
-                (n, p)
-            })
-            .collect();
-        let title = format!("{model}, micro-batch {mbs}: peak memory per GPU");
-        match line_chart(&path, &title, "GPUs", "GiB", &series) {
-            Ok(()) => written.push(path),
-            Err(e) => failed.push(err(&path)(e)),
-        }
-    }
-    written
+    charts
+        .into_iter()
+        .map(|(key, series)| {
+            let series = series
+                .into_iter()
+                .map(|(n, mut p)| {
+                    p.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    (n, p)
+                })
+                .collect();
+            (key, series)
+        })
+        .collect()
 }
 
 /// Runs drawn in the breakdown at most, so that the bars stay readable.
@@ -365,5 +392,67 @@ mod tests {
         let (a, b) = (slug(&"a".repeat(300)), slug(&format!("{}b", "a".repeat(299))));
         assert!(a.len() < 100 && b.len() < 100 && a != b, "{a} {b}");
         assert_eq!(slug("t5-large"), "t5-large");
+    }
+
+    /// The predicted plot's axes hold every point with room on both sides, and each reference
+    /// line is predicted = k × measured at both of its ends.
+    #[test]
+    fn predicted_axes_hold_every_point_and_lines_keep_their_slope() {
+        for values in [vec![5.0, 8.0, 120.0, 90.0], vec![0.3], vec![2.0, 2.0]] {
+            let (lo, hi) = log_range(values.iter().copied());
+            let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = values.iter().copied().fold(0.0, f64::max);
+            assert!(lo <= 0.8 * min.min(1.0) && hi >= 1.25 * max && hi >= 2.0 * lo, "{values:?}: {lo}..{hi}");
+            for k in [0.9, 1.0, 1.1] {
+                let [(x0, y0), (x1, y1)] = ratio_line(lo, hi, k);
+                assert_eq!((x0, x1), (lo, hi));
+                assert!((y0 / x0 - k).abs() < 1e-12 && (y1 / x1 - k).abs() < 1e-12, "k = {k}: {y0}, {y1}");
+            }
+        }
+    }
+
+    /// A line chart's y axis ends 10% above its highest point, and 7% higher per legend row.
+    #[test]
+    fn line_charts_leave_room_for_the_legend() {
+        let series =
+            |n: usize| -> Series { (0..n).map(|i| (format!("s{i}"), vec![(1.0, 50.0), (2.0, 100.0)])).collect() };
+        for n in [1, 3] {
+            let want = 100.0 * (1.1 + 0.07 * n as f64);
+            assert!((y_top(&series(n)) - want).abs() < 1e-9, "{n} series: {}", y_top(&series(n)));
+        }
+    }
+
+    /// The memory plot's points: peak GiB per GPU against GPUs, from the runs that finished ok,
+    /// in order of GPUs.
+    #[test]
+    fn memory_points_are_gib_against_gpus() {
+        use zerobench_schema::{Offload, ZeroStage};
+        let report = |gpus: u32, gib: u64, status| {
+            let mut row = RunRow::new(format!("g{gpus}"), Source::Zerobench, "d".into(), "gpt2".into(), status);
+            (row.gpus, row.micro_batch, row.stage, row.offload) =
+                (Some(gpus), Some(4), Some(ZeroStage::Z2), Some(Offload::None));
+            row.peak_allocated_bytes = Some(gib << 30);
+            RunReport { row, collectives: Vec::new(), memory_phases: Vec::new() }
+        };
+        let runs = [report(4, 3, Status::Ok), report(2, 6, Status::Ok), report(8, 1, Status::Failed)];
+        let tables = Tables::build(&runs);
+        let charts = memory_charts(&tables);
+        assert_eq!(charts.len(), 1);
+        assert_eq!(charts[&("gpt2", 4)], [("zero2".to_string(), vec![(2.0, 6.0), (4.0, 3.0)])]);
+    }
+
+    /// The breakdown is 300 pixels high for a few bars and grows by 28 per bar past them.
+    #[test]
+    fn the_breakdown_grows_with_its_bars() {
+        let d = tempfile::tempdir().unwrap();
+        for (bars, height) in [(1, 300), (20, 680)] {
+            let path = d.path().join(format!("b{bars}.svg"));
+            let rows: Vec<(String, [f64; 5])> = (0..bars).map(|i| (format!("r{i}"), [1.0; 5])).collect();
+            draw_breakdown(&path, "t", &rows).unwrap();
+            let svg = std::fs::read_to_string(&path).unwrap();
+            assert!(svg.contains(&format!("height=\"{height}\"")), "{bars} bars: {}", &svg[..200.min(svg.len())]);
+            // The legend: a 15 × 10 swatch per part.
+            assert_eq!(svg.matches("width=\"15\" height=\"10\"").count(), PARTS.len(), "{svg}");
+        }
     }
 }

@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::Path;
 
-use zerobench_ingest::synth::Fate;
+use zerobench_ingest::synth::{Fate, SynthRun};
 use zerobench_ingest::{ingest, NoProgress, Options, Problem, ProblemKind, Status};
 use zerobench_schema::{ModelPreset, ZeroStage, SCHEMA_VERSION};
 
@@ -134,7 +134,9 @@ fn unreadable_files_and_dangling_links_are_reported() {
     assert_eq!(got.runs.len(), 1);
     assert_eq!(got.runs[0].row.status, Status::Ok);
     assert!(
-        got.problems.iter().any(|p| p.path.ends_with("bad/rank0.jsonl") && matches!(p.kind, ProblemKind::Io { .. })),
+        // With the system's reason, not only its kind.
+        got.problems.iter().any(|p| p.path.ends_with("bad/rank0.jsonl")
+            && matches!(&p.kind, ProblemKind::Io { message } if message.contains("No such file or directory"))),
         "{:#?}",
         got.problems
     );
@@ -407,4 +409,109 @@ fn links_out_of_the_input_are_reported_not_followed() {
         got.problems.iter().filter(|p| matches!(p.kind, ProblemKind::LinkOutside { .. })).collect();
     assert_eq!(outside.len(), 2, "{:#?}", got.problems);
     assert!(outside.iter().any(|p| p.path.ends_with("slash")) && outside.iter().any(|p| p.path.ends_with("up")));
+}
+
+/// Rewrites each line of a log with `f`; `None` drops the line.
+fn edit_lines(path: &Path, f: impl Fn(serde_json::Value) -> Option<serde_json::Value>) {
+    let text = fs::read_to_string(path).unwrap();
+    let out: String = text
+        .lines()
+        .filter_map(|l| f(serde_json::from_str(l).unwrap()))
+        .map(|v| format!("{}\n", serde_json::to_string(&v).unwrap()))
+        .collect();
+    fs::write(path, out).unwrap();
+}
+
+fn is_step(v: &serde_json::Value, step: u64) -> bool {
+    v["event"] == "step" && v["step"] == step
+}
+
+/// A step that no rank wrote is a gap: not a partial step, not a measured one.
+#[test]
+fn a_step_no_rank_wrote_is_neither_partial_nor_measured() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    for rank in 0..2 {
+        edit_lines(&dir.join(format!("rank{rank}.jsonl")), |v| (!is_step(&v, 3)).then_some(v));
+    }
+    let row = &read(tmp.path()).runs[0].row;
+    // 6 steps, 2 of them warm-up; step 3 missing.
+    assert_eq!((row.warmup_steps, row.steps_measured, row.partial_steps), (2, 3, 0));
+}
+
+/// An energy counter that went back (a reset GPU, a wrapped counter) or stood still (a GPU that
+/// does not count) gives no energy figures rather than a negative or a zero one.
+#[test]
+fn an_energy_counter_that_went_back_or_stood_still_gives_no_energy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    let before = read(tmp.path()).runs[0].row.clone();
+    assert!(before.energy_j_per_token.is_some_and(|e| e > 0.0) && before.avg_power_w_per_gpu.is_some());
+    // The reading at the first measured step (2): the last one set below it, then equal to it.
+    let at_step_2 = fs::read_to_string(dir.join("rank1.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|l| is_step(l, 2))
+        .and_then(|l| l["energy_j"].as_f64())
+        .unwrap();
+    for last in [0.5, at_step_2] {
+        edit_lines(&dir.join("rank1.jsonl"), |mut v| {
+            if is_step(&v, 5) {
+                v["energy_j"] = serde_json::json!(last);
+            }
+            Some(v)
+        });
+        let row = &read(tmp.path()).runs[0].row;
+        assert_eq!((row.energy_j_per_token, row.avg_power_w_per_gpu), (None, None), "last reading {last}");
+    }
+}
+
+/// Two logs that both claim rank 0 of a run: the first by name is read, the second reported,
+/// and the run's facts (its GPU here) come from the one read.
+#[test]
+fn of_two_logs_of_one_rank_the_run_is_the_first_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r");
+    let mut first = run("r", ModelPreset::Gpt2, ZeroStage::Z1, 4, 2, 50.0);
+    first.gpu = "GPU A".into();
+    first.write(&dir).unwrap();
+    let other = tmp.path().join("other");
+    SynthRun { gpu: "GPU B".into(), ..first.clone() }.write_ranks(&other, [0]).unwrap();
+    fs::rename(other.join("rank0.jsonl"), dir.join("rank_0.jsonl")).unwrap();
+    fs::remove_dir(&other).unwrap();
+    let got = read(tmp.path());
+    assert_eq!(got.runs.len(), 1);
+    assert_eq!(got.runs[0].row.gpu.as_deref(), Some("GPU A"));
+    let duplicate: Vec<&Problem> = got.problems.iter().filter(|p| p.path.ends_with("rank_0.jsonl")).collect();
+    assert_eq!(duplicate.len(), 1, "{:?}", got.problems);
+}
+
+/// Steps that took no time (a clock that did not move): the collectives keep their time, and
+/// no share of a step is made up by dividing by zero.
+#[test]
+fn steps_of_no_time_have_no_collective_share() {
+    let tmp = tempfile::tempdir().unwrap();
+    run("zero", ModelPreset::Gpt2, ZeroStage::Z2, 4, 2, 0.0).write(tmp.path()).unwrap();
+    let got = read(tmp.path());
+    assert_eq!(got.runs[0].row.step_ms_mean, Some(0.0));
+    let comm = &got.runs[0].collectives;
+    assert!(!comm.is_empty());
+    assert!(comm.iter().all(|c| c.ms_per_step > 0.0 && c.step_frac.is_none()), "{comm:#?}");
+}
+
+/// Steps skipped for a loss-scale overflow are counted, once per step.
+#[test]
+fn skipped_steps_are_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    for rank in 0..2 {
+        edit_lines(&dir.join(format!("rank{rank}.jsonl")), |mut v| {
+            if is_step(&v, 3) || is_step(&v, 4) {
+                v["skipped"] = serde_json::json!(true);
+            }
+            Some(v)
+        });
+    }
+    assert_eq!(read(tmp.path()).runs[0].row.skipped_steps, 2);
 }

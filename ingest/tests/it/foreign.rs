@@ -173,3 +173,68 @@ fn identity_only_from_folders_below_the_root() {
         ("t5-small".to_string(), Some(ZeroStage::Z1), None, None, None, None)
     );
 }
+
+/// Text beside the logs that no reader recognises is not a run: notes in a `.txt` file, and a
+/// Trainer summary quoted in a file whose extension no log has (`.md`).
+#[test]
+fn text_no_reader_recognises_is_not_a_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("notes");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "tried zero-3 on 4 GPUs, see the other folder\n").unwrap();
+    std::fs::write(
+        dir.join("summary.md"),
+        "{'train_runtime': 742.5369, 'train_samples_per_second': 227.686, 'train_steps_per_second': 7.119, \
+         'train_loss': 0.16859441952772136, 'epoch': 3.0}\n",
+    )
+    .unwrap();
+    let got = read(tmp.path());
+    assert!(got.runs.is_empty(), "{:?}", got.runs.iter().map(|r| &r.row.run_id).collect::<Vec<_>>());
+    // The same quote in a log file is a run: the line is one a reader recognises.
+    std::fs::copy(dir.join("summary.md"), dir.join("train.log")).unwrap();
+    assert_eq!(read(tmp.path()).runs.len(), 1);
+}
+
+/// The folder ingest writes into, inside a folder it reads, is skipped (its CSV tables would
+/// otherwise be read as logs); the runs beside it are read. Given as a folder to read, it is read.
+#[test]
+fn the_output_folder_is_skipped_below_a_root_not_as_one() {
+    use zerobench_ingest::{ingest, NoProgress, Options};
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    crate::common::run("r", zerobench_schema::ModelPreset::Gpt2, ZeroStage::Z1, 4, 2, 50.0)
+        .write(&root.join("r"))
+        .unwrap();
+    let out = root.join("report");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::copy(foreign_fixtures().join("001-t5-small-no-ds/train.log"), out.join("train.log")).unwrap();
+    let opts = Options { skip: vec![out.clone()], ..Options::default() };
+    let got = ingest(&[root.to_path_buf()], &opts, &NoProgress);
+    let ids: Vec<&str> = got.runs.iter().map(|r| r.row.run_id.as_str()).collect();
+    assert_eq!(ids, ["r"]);
+    let alone = ingest(std::slice::from_ref(&out), &opts, &NoProgress);
+    assert_eq!(alone.runs.len(), 1);
+}
+
+/// The FLOPs profiler's world size names the GPU count where nothing else does (the folder's
+/// name here says nothing); a Trainer that reports no steps per second gives no step time.
+#[test]
+fn gpus_from_the_profiler_and_no_step_time_from_no_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (profiled, stalled) = (tmp.path().join("run-a"), tmp.path().join("run-b"));
+    let fixture = foreign_fixtures().join("001-ds-zero1-t5small-3gpus");
+    for dir in [&profiled, &stalled] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::copy(fixture.join("zprofiler_result.txt"), profiled.join("zprofiler_result.txt")).unwrap();
+    std::fs::write(
+        stalled.join("train.log"),
+        "{'train_runtime': 922.0487, 'train_samples_per_second': 183.358, 'train_steps_per_second': 0.0, \
+         'train_loss': 0.23240086172713714, 'epoch': 3.0}\n",
+    )
+    .unwrap();
+    let got = read(tmp.path());
+    let by_id = |id: &str| &got.runs.iter().find(|r| r.row.run_id == id).unwrap_or_else(|| panic!("no {id}")).row;
+    assert_eq!(by_id("run-a").gpus, Some(3));
+    assert_eq!(by_id("run-b").step_ms_median, None);
+}

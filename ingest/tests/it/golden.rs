@@ -57,3 +57,37 @@ fn every_table_of_the_fixture_set() {
 fn redact_json(v: serde_json::Value, root: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&redact(&v.to_string(), root)).unwrap()
 }
+
+/// Progress is told the bytes to read once, before reading, and is then advanced by exactly
+/// that many: worker logs and foreign logs alike.
+#[test]
+fn progress_adds_up_to_the_bytes_announced() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use zerobench_ingest::{ingest, Options, Progress};
+    #[derive(Default)]
+    struct Count {
+        total: AtomicU64,
+        starts: AtomicU64,
+        done: AtomicU64,
+    }
+    impl Progress for Count {
+        fn start(&self, total_bytes: u64) {
+            self.total.store(total_bytes, Ordering::SeqCst);
+            self.starts.fetch_add(1, Ordering::SeqCst);
+        }
+        fn advance(&self, bytes: u64) {
+            self.done.fetch_add(bytes, Ordering::SeqCst);
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("logs");
+    golden_set(&root);
+    let count = Count::default();
+    let got = ingest(&[root], &Options::default(), &count);
+    let (total, done) = (count.total.load(Ordering::SeqCst), count.done.load(Ordering::SeqCst));
+    assert_eq!(count.starts.load(Ordering::SeqCst), 1);
+    assert_eq!(total, done);
+    // Every byte read is announced, of both kinds of log.
+    assert!(got.runs.iter().any(|r| r.row.source == zerobench_ingest::Source::Foreign));
+    assert_eq!(total, got.stats.bytes);
+}

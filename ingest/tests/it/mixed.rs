@@ -353,3 +353,24 @@ fn runs_differing_in_offload_ratio_or_delayed_update_are_never_pooled() {
         ]
     );
 }
+
+/// Logs whose names and contents say nothing of their configuration, beside a DeepSpeed log that
+/// does, are grouped by their names without digits: `trainer0.log` and `trainer1.log` (two
+/// ranks' consoles) are one run, `eval.log` another.
+#[test]
+fn unnamed_logs_group_by_their_names_without_digits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("logs/f");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mixed/gpt2-medium-flat");
+    std::fs::copy(fixtures.join("ds_engine_z2_mbs8.log"), dir.join("ds_engine_z2_mbs8.log")).unwrap();
+    let trainer = "{'train_runtime': 742.5369, 'train_samples_per_second': 227.686, 'train_steps_per_second': \
+                   7.119, 'train_loss': 0.16859441952772136, 'epoch': 3.0}\n";
+    for name in ["trainer0.log", "trainer1.log", "eval.log"] {
+        std::fs::write(dir.join(name), trainer).unwrap();
+    }
+    let got = read(&tmp.path().join("logs"));
+    let mut ids: Vec<&str> = got.runs.iter().map(|r| r.row.run_id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["f/ds_engine_z2_mbs8", "f/eval", "f/trainer0"]);
+}
