@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
+use zerobench_schema::fnv::fnv1a;
 
 use crate::coefficients::{fit_coefficients, predict_with};
 use crate::observation::{Observation, DEVICE_BOUND_UTIL_PCT};
@@ -124,7 +125,7 @@ pub fn validate(runs: &[&Observation]) -> (Validation, [f64; 2], [f64; 2]) {
     let groups: BTreeSet<String> = runs.iter().map(|o| o.stage_group_key()).collect();
     let k = FOLDS.min(groups.len()).max(1);
     // Folds by a hash of the configuration, so they do not follow the sweep's order.
-    let fold_of = |o: &Observation| (fnv(&o.stage_group_key()) % k as u64) as usize;
+    let fold_of = |o: &Observation| (fnv1a(o.stage_group_key().as_bytes()) % k as u64) as usize;
     let mut held = Vec::new();
     for fold in 0..k {
         let train: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(o) != fold).collect();
@@ -249,11 +250,6 @@ fn percentiles(mut v: Vec<f64>) -> [f64; 2] {
     v.sort_by(f64::total_cmp);
     let at = |q: f64| v[((q * (v.len() - 1) as f64).round() as usize).min(v.len() - 1)];
     [at(0.05), at(0.95)]
-}
-
-/// FNV-1a: a fixed hash, so folds are the same on every machine and run.
-fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 #[cfg(test)]

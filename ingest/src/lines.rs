@@ -309,4 +309,16 @@ mod tests {
         assert_eq!(read(io::ErrorKind::Interrupted).unwrap(), 2);
         assert_eq!(read(io::ErrorKind::PermissionDenied).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
     }
+
+    /// A line of exactly the limit is kept, also when a read ends right after its last byte.
+    #[test]
+    fn a_line_at_the_limit_is_kept() {
+        let mut got = Vec::new();
+        for_each_line(Cursor::new(b"abcd\nab\n"), 0, u64::MAX, 4, 4, |_, l| {
+            got.push(matches!(l, Line::Full(b) if b.len() <= 4));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(got, [true, true]);
+    }
 }

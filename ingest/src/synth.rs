@@ -395,6 +395,7 @@ mod tests {
                     Record::Setup(s) => {
                         let state = s.model_state.total();
                         assert_eq!(s.memory.reserved_bytes, Some(state + 64 * MIB));
+                        assert_eq!(s.memory.peak_reserved_bytes, s.memory.reserved_bytes);
                         assert_eq!(s.memory.nvml_used_bytes, Some(state + 600 * MIB));
                         assert_eq!(s.memory.rss_bytes, 2 << 30);
                     }
@@ -429,6 +430,21 @@ mod tests {
             }
             assert_eq!((steps, errors), (4, u32::from(rank == 1)));
         }
+        // Two nodes of two ranks: each rank's place on its node, and a process of its own.
+        let two_nodes = SynthRun { nodes: 2, ..SynthRun::new("n", cfg.clone(), 4, 100.0) };
+        let starts: Vec<Start> = (0..4)
+            .map(|rank| match &two_nodes.records(rank)[0] {
+                Record::Start(s) => s.clone(),
+                _ => panic!("no start"),
+            })
+            .collect();
+        for (rank, s) in (0u32..).zip(&starts) {
+            assert_eq!(
+                (s.local_rank, s.device.index, s.node_rank, s.local_size),
+                (rank % 2, Some(rank % 2), rank / 2, 2)
+            );
+        }
+        assert_eq!(starts.iter().map(|s| s.pid).collect::<std::collections::BTreeSet<_>>().len(), 4);
         // A failed rank: its error alone, every rank's end failed.
         let failed = SynthRun { fate: Fate::Failed { rank: 0, step: 3 }, ..run.clone() };
         for rank in 0..2 {

@@ -443,7 +443,7 @@ fn master_port(spec: &crate::spec::Spec, run: &Run) -> u16 {
 
 /// FNV-1a of the run id: a stable number per run, for rendezvous ports.
 fn run_hash(run: &Run) -> u64 {
-    run.id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    zerobench_schema::fnv::fnv1a(run.id.as_bytes())
 }
 
 fn pdsh(

@@ -22,6 +22,7 @@
 pub mod collective;
 pub mod config;
 pub mod fields;
+pub mod fnv;
 pub mod job;
 pub mod launch;
 pub mod log;

@@ -540,4 +540,18 @@ mod tests {
         }
         assert_eq!(p.tflops_per_gpu, Some(2.35));
     }
+
+    /// Each of the ways PyTorch reports running out of device memory is an OOM on its own.
+    #[test]
+    fn every_out_of_memory_phrase() {
+        for line in [
+            "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            "torch.OutOfMemoryError: Tried to allocate 2.00 GiB",
+            "RuntimeError: CUDA error: out of memory",
+        ] {
+            let mut d = DeepSpeed::default();
+            assert!(d.line(line), "{line}");
+            assert_eq!(d.oom.as_deref(), Some(line), "{line}");
+        }
+    }
 }

@@ -281,8 +281,9 @@ mod tests {
             (h.stage, h.micro_batch, h.world_size, h.seq_len),
             (Some(ZeroStage::Z1), Some(32), Some(3), Some(512))
         );
-        let v = serde_json::json!({"run_id": "r1", "world_size": 2, "config": {"model": "gpt2", "stage": 3, "offload": "optimizer"}});
+        let v = serde_json::json!({"run_id": "r1", "world_size": 2, "nodes": 2, "config": {"model": "gpt2", "stage": 3, "offload": "optimizer"}});
         let h = from_run_json(&v);
+        assert_eq!((h.run_id.as_deref(), h.nodes), (Some("r1"), Some(2)));
         assert_eq!(h.model.as_deref(), Some("gpt2"));
         assert_eq!(h.offload, Some(Offload::Optimizer));
         assert_eq!(h.world_size, Some(2));

@@ -96,8 +96,8 @@ fn slug(s: &str) -> String {
     if t.len() <= MAX_SLUG {
         return t;
     }
-    // FNV-1a: stable across builds, unlike the standard library's hasher.
-    let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    // A fixed hash: the same file name on every machine and in every build.
+    let h = zerobench_schema::fnv::fnv1a(s.as_bytes());
     format!("{}-{h:016x}", &t[..MAX_SLUG])
 }
 

@@ -515,3 +515,32 @@ fn skipped_steps_are_counted() {
     }
     assert_eq!(read(tmp.path()).runs[0].row.skipped_steps, 2);
 }
+
+/// Steps that carried no tokens give no energy per token rather than an infinite one.
+#[test]
+fn steps_without_tokens_give_no_energy_per_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    for rank in 0..2 {
+        edit_lines(&dir.join(format!("rank{rank}.jsonl")), |mut v| {
+            if v["event"] == "step" {
+                v["tokens"] = serde_json::json!(0);
+            }
+            Some(v)
+        });
+    }
+    assert_eq!(read(tmp.path()).runs[0].row.energy_j_per_token, None);
+}
+
+/// Hidden folders below a root hold what is not current (replaced runs, earlier attempts) and
+/// are not read; a hidden folder given as the root is.
+#[test]
+fn hidden_folders_are_read_only_as_roots() {
+    let tmp = tempfile::tempdir().unwrap();
+    one_run(tmp.path(), "current");
+    let old = tmp.path().join(".replaced");
+    one_run(&old, "earlier");
+    let ids = |root: &Path| -> Vec<String> { read(root).runs.iter().map(|r| r.row.run_id.clone()).collect() };
+    assert_eq!(ids(tmp.path()), ["current"]);
+    assert_eq!(ids(&old), ["earlier"]);
+}

@@ -374,3 +374,17 @@ fn unnamed_logs_group_by_their_names_without_digits() {
     ids.sort();
     assert_eq!(ids, ["f/ds_engine_z2_mbs8", "f/eval", "f/trainer0"]);
 }
+
+/// A folder with a run.json is one run, whatever its logs' names say: the DeepSpeed logs of two
+/// configurations beside it are read as that run's.
+#[test]
+fn a_run_json_makes_its_folder_one_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("logs/f");
+    copy_mixed(&dir);
+    std::fs::remove_file(dir.join("hf_trainer_gpt2.log")).unwrap();
+    std::fs::write(dir.join("run.json"), r#"{"run_id": "declared", "model": "gpt2-medium", "stage": 2}"#).unwrap();
+    let got = read(&tmp.path().join("logs"));
+    let ids: Vec<&str> = got.runs.iter().map(|r| r.row.run_id.as_str()).collect();
+    assert_eq!(ids, ["declared"]);
+}
