@@ -391,6 +391,7 @@ mod tests {
                     Record::Start(s) => {
                         assert_eq!(s.comm_backend, "nccl");
                         assert!(!s.versions.zerobench.is_empty() && !s.versions.libtorch.is_empty());
+                        assert!(s.slurm.as_ref().is_some_and(|j| !j.job_id.is_empty()));
                     }
                     Record::Setup(s) => {
                         let state = s.model_state.total();

@@ -312,5 +312,41 @@ mod tests {
         assert_eq!(precision(None, Some(true)), Some(Precision::Fp16));
         assert_eq!(precision(Some(false), Some(false)), Some(Precision::Fp32));
         assert_eq!(precision(Some(false), None), None);
+        let h =
+            from_deepspeed(&Config { stage: Some(2), micro_batch: Some(8), grad_accum: Some(4), ..Config::default() });
+        assert_eq!((h.stage, h.micro_batch, h.grad_accum), (Some(ZeroStage::Z2), Some(8), Some(4)));
+    }
+
+    /// The launcher's own run.json: every hint from its configuration and placement, T5's
+    /// target length included; another format version is read key by key instead.
+    #[test]
+    fn the_launchers_run_json_whole() {
+        use zerobench_schema::{ModelPreset, RunConfig};
+        let mut config = RunConfig::new(ModelPreset::T5Small, ZeroStage::Z3);
+        (config.offload, config.precision, config.micro_batch, config.grad_accum, config.seq_len, config.target_len) =
+            (Offload::Optimizer, Precision::Fp16, 6, 3, 256, Some(64));
+        let record = |format: u32| {
+            serde_json::json!({"format": format, "id": "t5-z3", "nodes": 2, "world_size": 8,
+                               "config": serde_json::to_value(&config).unwrap(), "cluster": {"partition": "gpu"}})
+        };
+        let h = from_run_json(&record(zerobench_schema::job::RUN_RECORD_VERSION));
+        assert_eq!(
+            (h.run_id.as_deref(), h.world_size, h.nodes, h.model.as_deref()),
+            (Some("t5-z3"), Some(8), Some(2), Some("t5-small"))
+        );
+        assert_eq!(
+            (h.stage, h.offload, h.precision, h.micro_batch, h.grad_accum, h.seq_len, h.target_len),
+            (
+                Some(ZeroStage::Z3),
+                Some(Offload::Optimizer),
+                Some(Precision::Fp16),
+                Some(6),
+                Some(3),
+                Some(256),
+                Some(64)
+            )
+        );
+        let other = from_run_json(&record(99));
+        assert_eq!((other.world_size, other.nodes, other.stage), (Some(8), Some(2), Some(ZeroStage::Z3)));
     }
 }

@@ -364,7 +364,7 @@ mod tests {
     }
 
     /// Only runs with a positive, finite measurement and prediction are points of the log-log
-    /// plot: one point here, from three rows.
+    /// plot: two points here, from four rows.
     #[test]
     fn predicted_points_are_positive() {
         let d = tempfile::tempdir().unwrap();
@@ -374,8 +374,9 @@ mod tests {
             predicted_step_ms: Some(predicted_step_ms),
             ..Default::default()
         };
-        predicted_vs_measured(&path, &[row(10.0, 11.0), row(0.0, 5.0), row(5.0, f64::INFINITY)]).unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap().matches("<circle").count(), 1);
+        predicted_vs_measured(&path, &[row(10.0, 11.0), row(0.0, 5.0), row(5.0, f64::INFINITY), row(20.0, 19.0)])
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().matches("<circle").count(), 2);
     }
 
     /// A plot's legend names a configuration by stage and offload; unknown parts say so.
@@ -453,6 +454,26 @@ mod tests {
             assert!(svg.contains(&format!("height=\"{height}\"")), "{bars} bars: {}", &svg[..200.min(svg.len())]);
             // The legend: a 15 × 10 swatch per part.
             assert_eq!(svg.matches("width=\"15\" height=\"10\"").count(), PARTS.len(), "{svg}");
+        }
+    }
+
+    /// Past 40 runs the breakdown draws the first 40 and says so in its title.
+    #[test]
+    fn a_long_breakdown_says_it_is_cut() {
+        let d = tempfile::tempdir().unwrap();
+        for (runs, cut) in [(40, false), (41, true)] {
+            let rows: Vec<RunRow> = (0..runs)
+                .map(|i| {
+                    let mut r = RunRow::new(format!("r{i}"), Source::Zerobench, "d".into(), "gpt2".into(), Status::Ok);
+                    (r.step_ms_median, r.forward_frac) = (Some(10.0), Some(0.5));
+                    r
+                })
+                .collect();
+            let out = d.path().join(runs.to_string());
+            std::fs::create_dir_all(&out).unwrap();
+            let path = breakdown(&rows, &out).unwrap().expect("a breakdown");
+            let svg = std::fs::read_to_string(path).unwrap();
+            assert_eq!(svg.contains(&format!("the first 40 of {runs} runs")), cut, "{runs} runs");
         }
     }
 }

@@ -544,3 +544,24 @@ fn hidden_folders_are_read_only_as_roots() {
     assert_eq!(ids(tmp.path()), ["current"]);
     assert_eq!(ids(&old), ["earlier"]);
 }
+
+/// Collectives logged with no time give no bandwidth rather than an infinite one.
+#[test]
+fn collectives_of_no_time_have_no_bandwidth() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    for rank in 0..2 {
+        edit_lines(&dir.join(format!("rank{rank}.jsonl")), |mut v| {
+            if let Some(comm) = v.get_mut("comm").and_then(|c| c.as_object_mut()) {
+                for c in comm.values_mut() {
+                    c["ms"] = serde_json::json!(0.0);
+                    c["bus_gbps"] = serde_json::Value::Null;
+                }
+            }
+            Some(v)
+        });
+    }
+    let got = read(tmp.path());
+    let comm = &got.runs[0].collectives;
+    assert!(!comm.is_empty() && comm.iter().all(|c| c.bytes_per_step > 0.0 && c.algbw_gbps.is_none()), "{comm:#?}");
+}
