@@ -150,3 +150,11 @@ pub fn golden_set(root: &Path) {
 
     copy_dir(&foreign_fixtures(), &root.join("foreign"));
 }
+
+/// A Hugging Face Trainer's closing summary line, with `steps_per_s` as its steps per second.
+pub fn trainer_summary(steps_per_s: f64) -> String {
+    format!(
+        "{{'train_runtime': 742.5369, 'train_samples_per_second': 227.686, 'train_steps_per_second': {steps_per_s:?}, \
+         'train_loss': 0.16859441952772136, 'epoch': 3.0}}\n"
+    )
+}

@@ -422,6 +422,13 @@ fn edit_lines(path: &Path, f: impl Fn(serde_json::Value) -> Option<serde_json::V
     fs::write(path, out).unwrap();
 }
 
+/// [`edit_lines`] over both ranks' logs of a run of [`one_run`].
+fn edit_ranks(dir: &Path, f: impl Fn(serde_json::Value) -> Option<serde_json::Value>) {
+    for rank in 0..2 {
+        edit_lines(&dir.join(format!("rank{rank}.jsonl")), &f);
+    }
+}
+
 fn is_step(v: &serde_json::Value, step: u64) -> bool {
     v["event"] == "step" && v["step"] == step
 }
@@ -431,9 +438,7 @@ fn is_step(v: &serde_json::Value, step: u64) -> bool {
 fn a_step_no_rank_wrote_is_neither_partial_nor_measured() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = one_run(tmp.path(), "r");
-    for rank in 0..2 {
-        edit_lines(&dir.join(format!("rank{rank}.jsonl")), |v| (!is_step(&v, 3)).then_some(v));
-    }
+    edit_ranks(&dir, |v| (!is_step(&v, 3)).then_some(v));
     let row = &read(tmp.path()).runs[0].row;
     // 6 steps, 2 of them warm-up; step 3 missing.
     assert_eq!((row.warmup_steps, row.steps_measured, row.partial_steps), (2, 3, 0));
@@ -505,14 +510,12 @@ fn steps_of_no_time_have_no_collective_share() {
 fn skipped_steps_are_counted() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = one_run(tmp.path(), "r");
-    for rank in 0..2 {
-        edit_lines(&dir.join(format!("rank{rank}.jsonl")), |mut v| {
-            if is_step(&v, 3) || is_step(&v, 4) {
-                v["skipped"] = serde_json::json!(true);
-            }
-            Some(v)
-        });
-    }
+    edit_ranks(&dir, |mut v| {
+        if is_step(&v, 3) || is_step(&v, 4) {
+            v["skipped"] = serde_json::json!(true);
+        }
+        Some(v)
+    });
     assert_eq!(read(tmp.path()).runs[0].row.skipped_steps, 2);
 }
 
@@ -521,14 +524,12 @@ fn skipped_steps_are_counted() {
 fn steps_without_tokens_give_no_energy_per_token() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = one_run(tmp.path(), "r");
-    for rank in 0..2 {
-        edit_lines(&dir.join(format!("rank{rank}.jsonl")), |mut v| {
-            if v["event"] == "step" {
-                v["tokens"] = serde_json::json!(0);
-            }
-            Some(v)
-        });
-    }
+    edit_ranks(&dir, |mut v| {
+        if v["event"] == "step" {
+            v["tokens"] = serde_json::json!(0);
+        }
+        Some(v)
+    });
     assert_eq!(read(tmp.path()).runs[0].row.energy_j_per_token, None);
 }
 
@@ -550,17 +551,15 @@ fn hidden_folders_are_read_only_as_roots() {
 fn collectives_of_no_time_have_no_bandwidth() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = one_run(tmp.path(), "r");
-    for rank in 0..2 {
-        edit_lines(&dir.join(format!("rank{rank}.jsonl")), |mut v| {
-            if let Some(comm) = v.get_mut("comm").and_then(|c| c.as_object_mut()) {
-                for c in comm.values_mut() {
-                    c["ms"] = serde_json::json!(0.0);
-                    c["bus_gbps"] = serde_json::Value::Null;
-                }
+    edit_ranks(&dir, |mut v| {
+        if let Some(comm) = v.get_mut("comm").and_then(|c| c.as_object_mut()) {
+            for c in comm.values_mut() {
+                c["ms"] = serde_json::json!(0.0);
+                c["bus_gbps"] = serde_json::Value::Null;
             }
-            Some(v)
-        });
-    }
+        }
+        Some(v)
+    });
     let got = read(tmp.path());
     let comm = &got.runs[0].collectives;
     assert!(!comm.is_empty() && comm.iter().all(|c| c.bytes_per_step > 0.0 && c.algbw_gbps.is_none()), "{comm:#?}");

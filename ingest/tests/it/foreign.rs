@@ -5,7 +5,7 @@ use zerobench_ingest::tables::Tables;
 use zerobench_ingest::{RunRow, Source, Status};
 use zerobench_schema::{Offload, Precision, ZeroStage};
 
-use crate::common::{foreign_fixtures, read};
+use crate::common::{foreign_fixtures, read, trainer_summary};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -182,12 +182,7 @@ fn text_no_reader_recognises_is_not_a_run() {
     let dir = tmp.path().join("notes");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("notes.txt"), "tried zero-3 on 4 GPUs, see the other folder\n").unwrap();
-    std::fs::write(
-        dir.join("summary.md"),
-        "{'train_runtime': 742.5369, 'train_samples_per_second': 227.686, 'train_steps_per_second': 7.119, \
-         'train_loss': 0.16859441952772136, 'epoch': 3.0}\n",
-    )
-    .unwrap();
+    std::fs::write(dir.join("summary.md"), trainer_summary(7.119)).unwrap();
     let got = read(tmp.path());
     assert!(got.runs.is_empty(), "{:?}", got.runs.iter().map(|r| &r.row.run_id).collect::<Vec<_>>());
     // The same quote in a log file is a run: the line is one a reader recognises.
@@ -227,12 +222,7 @@ fn gpus_from_the_profiler_and_no_step_time_from_no_steps() {
         std::fs::create_dir_all(dir).unwrap();
     }
     std::fs::copy(fixture.join("zprofiler_result.txt"), profiled.join("zprofiler_result.txt")).unwrap();
-    std::fs::write(
-        stalled.join("train.log"),
-        "{'train_runtime': 922.0487, 'train_samples_per_second': 183.358, 'train_steps_per_second': 0.0, \
-         'train_loss': 0.23240086172713714, 'epoch': 3.0}\n",
-    )
-    .unwrap();
+    std::fs::write(stalled.join("train.log"), trainer_summary(0.0)).unwrap();
     let got = read(tmp.path());
     let by_id = |id: &str| &got.runs.iter().find(|r| r.row.run_id == id).unwrap_or_else(|| panic!("no {id}")).row;
     assert_eq!(by_id("run-a").gpus, Some(3));

@@ -364,10 +364,8 @@ fn unnamed_logs_group_by_their_names_without_digits() {
     std::fs::create_dir_all(&dir).unwrap();
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mixed/gpt2-medium-flat");
     std::fs::copy(fixtures.join("ds_engine_z2_mbs8.log"), dir.join("ds_engine_z2_mbs8.log")).unwrap();
-    let trainer = "{'train_runtime': 742.5369, 'train_samples_per_second': 227.686, 'train_steps_per_second': \
-                   7.119, 'train_loss': 0.16859441952772136, 'epoch': 3.0}\n";
     for name in ["trainer0.log", "trainer1.log", "eval.log"] {
-        std::fs::write(dir.join(name), trainer).unwrap();
+        std::fs::write(dir.join(name), crate::common::trainer_summary(7.119)).unwrap();
     }
     let got = read(&tmp.path().join("logs"));
     let mut ids: Vec<&str> = got.runs.iter().map(|r| r.row.run_id.as_str()).collect();
