@@ -596,6 +596,8 @@ mod tests {
             // A duplicate key, a leading zero.
             ("\"rank\":1,", "\"rank\":1,\"rank\":1,"),
             ("\"tokens\":32768", "\"tokens\":032768"),
+            // A key left open: the name, one more byte and the colon.
+            ("\"rank\":1,", "\"rankX:1,"),
             // Bytes just past '9' after digits: not digits, however eight of them are read.
             ("\"tokens\":32768", "\"tokens\":9999999;;"),
             // Fields the schema requires though ingest does not use them.
