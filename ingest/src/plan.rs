@@ -270,6 +270,8 @@ mod tests {
         assert_eq!(huge, [(1, 1), (3, u32::MAX - 1)]);
         assert_eq!(range_count(&huge), u64::from(u32::MAX) - 2);
         assert_eq!(describe_ranges(&huge), "1,3-4294967294");
+        let eight: Vec<(u32, u32)> = (0..8).map(|i| (2 * i, 2 * i)).collect();
+        assert_eq!(describe_ranges(&eight), "0,2,4,6,8,10,12,14");
         let many: Vec<(u32, u32)> = (0..10).map(|i| (2 * i, 2 * i)).collect();
         assert_eq!(describe_ranges(&many), "0,2,4,6,8,10,12,14,and 2 more ranges");
     }

@@ -181,3 +181,15 @@ impl From<&MemorySample> for MemLine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Durations from 0 to the bound itself are plausible; below 0 or past it they are not.
+    #[test]
+    fn the_bound_itself_is_plausible() {
+        assert!(plausible(0.0).is_ok() && plausible(MAX_MS).is_ok());
+        assert!(plausible(-1e-9).is_err() && plausible(MAX_MS * (1.0 + 1e-12)).is_err());
+    }
+}

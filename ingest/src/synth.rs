@@ -397,6 +397,7 @@ mod tests {
                         let state = s.model_state.total();
                         assert_eq!(s.memory.reserved_bytes, Some(state + 64 * MIB));
                         assert_eq!(s.memory.peak_reserved_bytes, s.memory.reserved_bytes);
+                        assert!(s.buffers_bytes.values().all(|b| *b >= 1 << 20));
                         assert_eq!(s.memory.nvml_used_bytes, Some(state + 600 * MIB));
                         assert_eq!(s.memory.rss_bytes, 2 << 30);
                     }
@@ -421,6 +422,9 @@ mod tests {
                     Record::Error(e) => {
                         errors += 1;
                         assert_eq!((e.rank, e.class, e.step), (1, ErrorClass::Oom, Some(4)));
+                        // At the device's limit: more allocated than the 2 GiB it asked for is free.
+                        let allocated = e.memory.and_then(|m| m.allocated_bytes).unwrap();
+                        assert!(allocated > 70 << 30 && e.requested_bytes == Some(2 << 30), "{allocated}");
                     }
                     Record::End(e) => {
                         let want = if rank == 1 { (RunStatus::Oom, 3) } else { (RunStatus::Failed, 1) };

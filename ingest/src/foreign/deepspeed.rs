@@ -464,6 +464,7 @@ mod tests {
     fn units() {
         assert_eq!(ms("287.7 ms"), Some(287.7));
         assert_eq!(ms("1.5 s"), Some(1500.0));
+        assert_eq!(ms("250 us"), Some(0.25));
         assert_eq!(scaled("6.38 TFLOPS"), Some(6.38e12));
         assert_eq!(scaled("60.51 M"), Some(60.51e6));
         assert_eq!(ms("fast"), None);
@@ -553,5 +554,18 @@ mod tests {
             assert!(d.line(line), "{line}");
             assert_eq!(d.oom.as_deref(), Some(line), "{line}");
         }
+    }
+
+    /// A profile block that ends the file, without its closing rule, is complete once reading
+    /// ends.
+    #[test]
+    fn a_profile_at_the_end_of_a_file() {
+        let mut d = DeepSpeed::default();
+        for line in ["Profile Summary at step 5:", "world size:                             2"] {
+            assert!(d.line(line));
+        }
+        assert_eq!(d.profile, None);
+        d.finish();
+        assert_eq!(d.profile.as_ref().map(|p| (p.step, p.world_size)), Some((Some(5), Some(2))));
     }
 }

@@ -97,4 +97,15 @@ mod tests {
         );
         assert_eq!(h.lines, 2);
     }
+
+    /// Two files of one run: their lines and results together, the later evaluation kept.
+    #[test]
+    fn merged_files_keep_every_result() {
+        let (mut a, mut b) = (HfTrainer::default(), HfTrainer::default());
+        assert!(a.line("{'train_runtime': 10.5, 'train_samples_per_second': 3.2, 'epoch': 1.0}"));
+        assert!(b.line("{'train_runtime': 11.5, 'train_samples_per_second': 3.0, 'epoch': 1.0}"));
+        assert!(b.line("{'eval_loss': 0.05, 'epoch': 1.0}"));
+        a.merge(&b);
+        assert_eq!((a.lines, a.results.len(), a.eval_loss), (3, 2, Some(0.05)));
+    }
 }

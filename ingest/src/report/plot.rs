@@ -399,6 +399,8 @@ mod tests {
     /// line is predicted = k × measured at both of its ends.
     #[test]
     fn predicted_axes_hold_every_point_and_lines_keep_their_slope() {
+        // One point below 1 ms: from 20% below it to a factor of 2.5 above that.
+        assert_eq!(log_range([0.3].into_iter()), (0.24, 0.6));
         for values in [vec![5.0, 8.0, 120.0, 90.0], vec![0.3], vec![2.0, 2.0]] {
             let (lo, hi) = log_range(values.iter().copied());
             let min = values.iter().copied().fold(f64::INFINITY, f64::min);

@@ -564,3 +564,22 @@ fn collectives_of_no_time_have_no_bandwidth() {
     let comm = &got.runs[0].collectives;
     assert!(!comm.is_empty() && comm.iter().all(|c| c.bytes_per_step > 0.0 && c.algbw_gbps.is_none()), "{comm:#?}");
 }
+
+/// An evaluation's loss is the run's held-out loss, and its exponential the perplexity: the latest
+/// evaluation's, whichever rank logged it.
+#[test]
+fn the_latest_evaluation_is_the_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    let eval = |step: u32, loss: f64| {
+        format!(
+            r#"{{"event":"eval","v":{SCHEMA_VERSION},"ts":1767225610.0,"rank":0,"step":{step},"loss":{loss:?},"samples":32,"eval_ms":12.5}}"#
+        )
+        .into_bytes()
+    };
+    // start, setup, 6 steps: the evaluations after steps 3 and 5.
+    insert_lines(&dir.join("rank0.jsonl"), 8, &[&eval(3, 3.0), &eval(5, 2.0)]);
+    let row = &read(tmp.path()).runs[0].row;
+    assert_eq!(row.eval_loss, Some(2.0));
+    assert_eq!(row.perplexity, Some(2.0f64.exp()));
+}

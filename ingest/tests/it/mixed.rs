@@ -278,8 +278,18 @@ fn duplicate_run_ids_are_reported_and_told_apart() {
     let rows = Tables::build(&got.runs).runs;
     let ids: Vec<String> = rows.iter().map(|r| r.run_id.clone()).collect();
     assert_eq!(ids, [format!("same@{}", a.join("same").display()), format!("same@{}", b.join("same").display())]);
-    let dups = got.problems.iter().filter(|p| matches!(p.kind, ProblemKind::DuplicateRunId { .. })).count();
-    assert_eq!(dups, 2, "{:?}", got.problems);
+    // Each folder's problem names the other folder.
+    let dups: Vec<(String, String)> = got
+        .problems
+        .iter()
+        .filter_map(|p| match &p.kind {
+            ProblemKind::DuplicateRunId { other, .. } => Some((p.path.display().to_string(), other.clone())),
+            _ => None,
+        })
+        .collect();
+    let (da, db) = (a.join("same").display().to_string(), b.join("same").display().to_string());
+    assert_eq!(dups.len(), 2, "{:?}", got.problems);
+    assert!(dups.contains(&(da.clone(), db.clone())) && dups.contains(&(db, da)), "{dups:?}");
 }
 
 /// Every bar of the step breakdown adds up to its run's median step within 1%: zerobench runs,
