@@ -46,6 +46,6 @@ python3 - "$out/mutants.out/outcomes.json" "$package" > "bench/results/mutants-$
 import json, sys
 sys.path.insert(0, "scripts")
 from mutants_common import result
-print(json.dumps(result(sys.argv[1], sys.argv[2], "remainder"), indent=1))
+print(json.dumps(result(sys.argv[1], sys.argv[2], "remainder", "scripts/mutants-remainder.sh"), indent=1))
 PY
 echo "$package remainder: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["counts"], "caught", d["caught_share_of_viable"])' "bench/results/mutants-$package-remainder.json")"

@@ -11,8 +11,9 @@
 #
 # Writes mutants.out/ (cargo-mutants' own report) and bench/results/mutants-<package>.json (with a
 # shard, mutants-<package>-shard<K>.json, so that shards run one after another keep their results): the
-# counts, the share caught among the viable mutants, and every surviving mutant with whether
-# bench/mutants-accepted.txt accepts it (equivalent mutants and the like, one line of reason each).
+# counts, the share caught among the viable mutants, every surviving mutant with whether
+# bench/mutants-accepted.txt accepts it (equivalent mutants and the like, one line of reason each),
+# and every mutant that ran (scripts/mutants-remainder.sh reads it).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/mutants-common.sh
@@ -33,26 +34,10 @@ for p in "${packages[@]}"; do
   mkdir -p "$out"
   mutants_run "$p" "$out" "${shard[@]}"
   python3 - "$out/mutants.out/outcomes.json" "$p" "${MUTANTS_SHARD:-all}${MUTANTS_SHARD:+ ${MUTANTS_SHARDING:-slice}}" > "$result" <<'PY'
-import datetime, json, socket, sys
+import json, sys
 sys.path.insert(0, "scripts")
-from mutants_common import accepted, outcomes
-path, package, shard = sys.argv[1:4]
-accepted = accepted()
-counts, missed = {}, []
-for name, s in outcomes(path):
-    counts[s] = counts.get(s, 0) + 1
-    if s == "MissedMutant":
-        missed.append({"mutant": name, "accepted": accepted.get(name)})
-caught = counts.get("CaughtMutant", 0)
-viable = caught + counts.get("MissedMutant", 0) + counts.get("Timeout", 0)
-unaccepted = sum(1 for m in missed if m["accepted"] is None)
-print(json.dumps({
-    "benchmark": "scripts/mutants.sh", "package": package, "shard": shard,
-    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    "host": socket.gethostname(), "counts": counts,
-    "caught_share_of_viable": caught / viable if viable else None,
-    "caught_share_with_accepted": (viable - unaccepted) / viable if viable else None,
-    "missed": missed}, indent=1))
+from mutants_common import result
+print(json.dumps(result(*sys.argv[1:4]), indent=1))
 PY
   echo "$p: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["counts"], "caught", d["caught_share_of_viable"])' "$result")"
 done

@@ -51,7 +51,7 @@ def caught_placeless(rows):
     return {k for k, caught in seen.items() if caught}
 
 
-def result(outcomes_path, package, shard):
+def result(outcomes_path, package, shard, benchmark="scripts/mutants.sh"):
     """The result file of one cargo-mutants run (mutants.sh, mutants-remainder.sh): the counts,
     the share caught among the viable mutants, every survivor with whether it is accepted, and the
     name of every mutant that ran (so that later runs can tell which mutants none has covered)."""
@@ -69,7 +69,7 @@ def result(outcomes_path, package, shard):
     viable = caught + counts.get("MissedMutant", 0) + counts.get("Timeout", 0)
     unaccepted = sum(1 for m in missed if m["accepted"] is None)
     return {
-        "benchmark": "scripts/mutants.sh", "package": package, "shard": shard,
+        "benchmark": benchmark, "package": package, "shard": shard,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(), "counts": counts,
         "caught_share_of_viable": caught / viable if viable else None,
