@@ -572,6 +572,8 @@ mod tests {
         assert_eq!(decimal_to_f64(9_007_199_254_740_993, 0), Some(9_007_199_254_740_992.0));
         assert_eq!(decimal_to_f64(12_345_678_901_234_567, -17), Some(0.123_456_789_012_345_67));
         assert_eq!(decimal_to_f64(1, 23), None);
+        // Rounding up that carries into the next power of two: 1 − 10^-19 is 1.0.
+        assert_eq!(decimal_to_f64(9_999_999_999_999_999_999, -19), Some(1.0));
     }
 
     #[test]

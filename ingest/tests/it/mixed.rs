@@ -396,3 +396,39 @@ fn a_run_json_makes_its_folder_one_run() {
     let ids: Vec<&str> = got.runs.iter().map(|r| r.row.run_id.as_str()).collect();
     assert_eq!(ids, ["declared"]);
 }
+
+/// Two DeepSpeed runs of one folder whose time spans touch (one ends the second the other
+/// starts) overlap: a shared nvidia-smi log's sample at that second could be either's, so the log
+/// is given to neither and that is reported.
+#[test]
+fn runs_whose_spans_touch_share_no_gpu_samples() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("logs/f");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = |at: &str, key: &str, value: u32| {
+        format!("[2024-01-01 {at},000] [INFO] [config.py:1000:print]   {key} ....... {value}\n")
+    };
+    for (name, stage, from, to) in [("ds_a.log", 2, "10:00:00", "10:05:00"), ("ds_b.log", 3, "10:05:00", "10:10:00")] {
+        let text = config(from, "zero_optimization_stage", stage) + &config(to, "train_micro_batch_size_per_gpu", 8);
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    std::fs::write(
+        dir.join("nvidia-smi.csv"),
+        "timestamp, index, memory.used [MiB], power.draw [W]\n\
+         2024/01/01 10:02:00.000, 0, 1000 MiB, 100.0 W\n\
+         2024/01/01 10:07:00.000, 0, 2000 MiB, 200.0 W\n",
+    )
+    .unwrap();
+    let got = read(&tmp.path().join("logs"));
+    assert_eq!(got.runs.len(), 2, "{:?}", got.runs.iter().map(|r| &r.row.run_id).collect::<Vec<_>>());
+    let ambiguous = got.problems.iter().filter(|p| matches!(p.kind, ProblemKind::Ambiguous { .. })).count();
+    assert_eq!(ambiguous, 1, "{:#?}", got.problems);
+    // A second apart, the spans are disjoint and each run gets its own sample.
+    std::fs::write(
+        dir.join("ds_b.log"),
+        config("10:05:01", "zero_optimization_stage", 3) + &config("10:10:00", "train_micro_batch_size_per_gpu", 8),
+    )
+    .unwrap();
+    let got = read(&tmp.path().join("logs"));
+    assert!(got.problems.iter().all(|p| !matches!(p.kind, ProblemKind::Ambiguous { .. })), "{:#?}", got.problems);
+}
