@@ -405,4 +405,15 @@ mod tests {
         let order: Vec<&str> = pivot.blocks[0].rows.iter().map(|r| r.model.as_str()).collect();
         assert_eq!(order, ["gpt2-medium", "gpt2-large", "gpt2-xl", "my-model"]);
     }
+
+    /// A run's peak memory in GiB: allocated, else NVML's used bytes, else the process's RSS.
+    #[test]
+    fn memory_falls_back_in_order() {
+        let mut row = RunRow { peak_rss_bytes: Some(1 << 30), ..RunRow::default() };
+        assert_eq!(memory_of(&row), Some((1.0, MemoryKind::Rss)));
+        row.peak_nvml_used_bytes = Some(3 << 30);
+        assert_eq!(memory_of(&row), Some((3.0, MemoryKind::Nvml)));
+        row.peak_allocated_bytes = Some(5 << 29);
+        assert_eq!(memory_of(&row), Some((2.5, MemoryKind::Allocated)));
+    }
 }

@@ -568,4 +568,19 @@ mod tests {
         d.finish();
         assert_eq!(d.profile.as_ref().map(|p| (p.step, p.world_size)), Some((Some(5), Some(2))));
     }
+
+    /// Memory reports past the first MAX_MEMORY_PHASES still count for the peak but are not kept.
+    #[test]
+    fn memory_phases_are_bounded() {
+        let mut d = DeepSpeed::default();
+        for i in 0..MAX_MEMORY_PHASES + 5 {
+            let line = format!(
+                "[INFO] step {i} MA 1.0 GB         Max_MA {}.0 GB         CA 2.0 GB         Max_CA 2 GB",
+                i + 1
+            );
+            assert!(d.line(&line));
+        }
+        assert_eq!(d.memory_phases.len(), MAX_MEMORY_PHASES);
+        assert_eq!(d.allocated_gib, Some((MAX_MEMORY_PHASES + 5) as f64));
+    }
 }

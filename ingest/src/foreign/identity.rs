@@ -270,6 +270,8 @@ mod tests {
         assert_eq!(offload(2, None), Some(Offload::None));
         assert_eq!(offload(3, None), None);
         assert_eq!(offload(3, Some(false)), Some(Offload::None));
+        let optimizer = Config { stage: Some(2), offload_optimizer: Some(true), ..Config::default() };
+        assert_eq!(from_deepspeed(&optimizer).offload, Some(Offload::Optimizer));
         let both =
             Config { stage: Some(3), offload_optimizer: Some(true), offload_param: Some(true), ..Config::default() };
         assert_eq!(from_deepspeed(&both).offload, Some(Offload::OptimizerParams));
