@@ -9,7 +9,8 @@ survivors now accepted as equivalent (bench/mutants-accepted.txt), those caught 
 later tree, and those left: not caught, not accepted, or not rechecked (a mutant that timed out
 counts as left, the tests having neither passed nor failed). A recheck finds a survivor by its
 file, column, change and function, wherever its line is now; the survivor counts as caught since
-only if every mutant so found was caught, and one no longer found counts as left.
+only if every mutant so found was caught. One the recheck no longer found (its code changed or
+moved since) counts as left, and is listed apart ("not found now").
 "caught now" is caught when it ran plus caught since; its share is over the viable mutants less
 the accepted ones.
 """
@@ -38,13 +39,16 @@ def main():
         survivors = [m["mutant"] for m in d["missed"]]
         timeouts = c.get("Timeout", 0)
         recheck_path = path[: -len(".json")] + "-recheck.json"
-        since = set()
+        since, found = set(), None
         if os.path.exists(recheck_path):
             r = json.load(open(recheck_path))
             since = caught_placeless(r["outcomes"])
+            found = {placeless(o["mutant"]) for o in r["outcomes"]}
         acc = [m for m in survivors if m in accepted_now]
         caught_since = [m for m in survivors if m not in accepted_now and placeless(m) in since]
         left = [m for m in survivors if m not in accepted_now and placeless(m) not in since]
+        # Left because the recheck found no such mutant: its code was changed or moved since.
+        gone = [m for m in left if found is not None and placeless(m) not in found]
         caught_now = c.get("CaughtMutant", 0) + len(caught_since)
         rows.append({
             "result": os.path.basename(path),
@@ -59,18 +63,20 @@ def main():
             "caught_since": len(caught_since),
             "recheck": os.path.basename(recheck_path) if os.path.exists(recheck_path) else None,
             "left": len(left) + timeouts,
-            "left_missed": left,
+            "left_missed": [m for m in left if m not in gone],
+            "left_not_found": gone,
             "caught_now": caught_now,
             "caught_now_share": round(caught_now / (viable - len(acc)), 4) if viable > len(acc) else None,
         })
     packages = {}
     for r in rows:
         p = packages.setdefault(r["package"], {"viable": 0, "accepted": 0, "caught_when_run": 0, "caught_now": 0,
-                                               "timeouts": 0, "left": 0, "results": 0})
+                                               "timeouts": 0, "left": 0, "not_found": 0, "results": 0})
         p["results"] += 1
         for k in ("viable", "accepted", "caught_when_run", "caught_now", "timeouts"):
             p[k] += r[k]
         p["left"] += r["left"]
+        p["not_found"] += len(r["left_not_found"])
     for p in packages.values():
         p["caught_when_run_share"] = round(p["caught_when_run"] / p["viable"], 4) if p["viable"] else None
         p["caught_now_share"] = round(p["caught_now"] / (p["viable"] - p["accepted"]), 4) if p["viable"] else None
@@ -78,15 +84,17 @@ def main():
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "packages": packages, "results": rows}, sys.stdout, indent=1)
     print(file=sys.stdout)
-    print("| result | viable | caught when run | accepted | caught since | left | caught now |", file=sys.stderr)
+    print("| result | viable | caught when run | accepted | caught since | left (not found now) | caught now |",
+          file=sys.stderr)
     print("|---|---|---|---|---|---|---|", file=sys.stderr)
     for r in rows:
         share = f"{r['caught_now_share']:.3f}" if r["caught_now_share"] is not None else "-"
         print(f"| {r['result']} | {r['viable']} | {r['caught_when_run']} | {r['accepted']} | {r['caught_since']} | "
-              f"{r['left']} | {r['caught_now']} ({share}) |", file=sys.stderr)
+              f"{r['left']} ({len(r['left_not_found'])}) | {r['caught_now']} ({share}) |", file=sys.stderr)
     for name, p in packages.items():
         print(f"| **{name}** ({p['results']} results) | {p['viable']} | {p['caught_when_run']} | {p['accepted']} | "
-              f"{p['caught_now'] - p['caught_when_run']} | {p['left']} | {p['caught_now']} ({p['caught_now_share']:.3f}) |",
+              f"{p['caught_now'] - p['caught_when_run']} | {p['left']} ({p['not_found']}) | {p['caught_now']} "
+              f"({p['caught_now_share']:.3f}) |",
               file=sys.stderr)
 
 

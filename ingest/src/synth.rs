@@ -417,6 +417,7 @@ mod tests {
                         }
                         let peak = s.memory.peak_allocated_bytes.unwrap();
                         assert_eq!(s.memory.reserved_bytes, Some(peak + 256 * MIB));
+                        assert_eq!(s.memory.peak_reserved_bytes, s.memory.reserved_bytes);
                         assert!(s.memory.rss_bytes >= 2 << 30);
                     }
                     Record::Error(e) => {

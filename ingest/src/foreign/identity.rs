@@ -298,12 +298,14 @@ mod tests {
     #[test]
     fn run_json_key_by_key() {
         let v = serde_json::json!({"model": "gpt2", "zero_stage": 2, "train_micro_batch_size_per_gpu": 8,
-                                   "gradient_accumulation_steps": 4, "precision": "fp16", "offload": "optimizer"});
+                                   "gradient_accumulation_steps": 4, "precision": "fp16", "offload": "optimizer",
+                                   "seq_len": 512, "target_len": 128});
         let h = from_run_json(&v);
         assert_eq!(
             (h.model.as_deref(), h.stage, h.micro_batch, h.grad_accum, h.precision, h.offload),
             (Some("gpt2"), Some(ZeroStage::Z2), Some(8), Some(4), Some(Precision::Fp16), Some(Offload::Optimizer))
         );
+        assert_eq!((h.seq_len, h.target_len), (Some(512), Some(128)));
     }
 
     /// Precision from DeepSpeed's bf16 and fp16 flags: either on names it, both off is fp32,
