@@ -644,4 +644,20 @@ mod tests {
             assert!(parse_step(bad.as_bytes()).is_none(), "{bad}");
         }
     }
+
+    /// Eight bytes are a word of digits exactly when each is '0' to '9': every byte value in
+    /// every place of an otherwise valid word.
+    #[test]
+    fn eight_digits_takes_digits_only() {
+        let mut word = *b"12345678";
+        for place in 0..8 {
+            for b in 0..=255u8 {
+                word[place] = b;
+                let cur = Cur { b: &word, i: 0 };
+                assert_eq!(cur.eight_digits().is_some(), b.is_ascii_digit(), "byte {b:#04x} in place {place}");
+            }
+            word[place] = b'1' + place as u8;
+        }
+        assert_eq!(eight_digit_value(Cur { b: b"12345678", i: 0 }.eight_digits().unwrap()), 12_345_678);
+    }
 }

@@ -424,8 +424,12 @@ mod tests {
                         errors += 1;
                         assert_eq!((e.rank, e.class, e.step), (1, ErrorClass::Oom, Some(4)));
                         // At the device's limit: more allocated than the 2 GiB it asked for is free.
-                        let allocated = e.memory.and_then(|m| m.allocated_bytes).unwrap();
+                        let m = e.memory.unwrap();
+                        let allocated = m.allocated_bytes.unwrap();
                         assert!(allocated > 70 << 30 && e.requested_bytes == Some(2 << 30), "{allocated}");
+                        assert!(
+                            m.reserved_bytes >= m.peak_allocated_bytes && m.peak_allocated_bytes >= Some(allocated)
+                        );
                     }
                     Record::End(e) => {
                         let want = if rank == 1 { (RunStatus::Oom, 3) } else { (RunStatus::Failed, 1) };

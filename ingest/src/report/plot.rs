@@ -364,7 +364,7 @@ mod tests {
     }
 
     /// Only runs with a positive, finite measurement and prediction are points of the log-log
-    /// plot: two points here, from four rows.
+    /// plot: two points here, from five rows.
     #[test]
     fn predicted_points_are_positive() {
         let d = tempfile::tempdir().unwrap();
@@ -374,8 +374,11 @@ mod tests {
             predicted_step_ms: Some(predicted_step_ms),
             ..Default::default()
         };
-        predicted_vs_measured(&path, &[row(10.0, 11.0), row(0.0, 5.0), row(5.0, f64::INFINITY), row(20.0, 19.0)])
-            .unwrap();
+        predicted_vs_measured(
+            &path,
+            &[row(10.0, 11.0), row(0.0, 5.0), row(5.0, f64::INFINITY), row(7.0, 0.0), row(20.0, 19.0)],
+        )
+        .unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap().matches("<circle").count(), 2);
     }
 

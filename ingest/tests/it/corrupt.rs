@@ -583,3 +583,14 @@ fn the_latest_evaluation_is_the_runs() {
     assert_eq!(row.eval_loss, Some(2.0));
     assert_eq!(row.perplexity, Some(2.0f64.exp()));
 }
+
+/// A step some rank did not log is partial only after the warm-up: during it, the step is a
+/// warm-up step whoever logged it.
+#[test]
+fn only_measured_steps_are_partial() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    edit_lines(&dir.join("rank1.jsonl"), |v| (!(is_step(&v, 0) || is_step(&v, 1) || is_step(&v, 4))).then_some(v));
+    let row = &read(tmp.path()).runs[0].row;
+    assert_eq!((row.warmup_steps, row.partial_steps, row.steps_measured), (2, 1, 3));
+}
