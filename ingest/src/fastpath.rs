@@ -598,6 +598,9 @@ mod tests {
             // A duplicate key, a leading zero.
             ("\"rank\":1,", "\"rank\":1,\"rank\":1,"),
             ("\"tokens\":32768", "\"tokens\":032768"),
+            // A number past u64 in a field that is one; a duplicate key in the memory sample.
+            ("\"tokens\":32768", "\"tokens\":99999999999999999999"),
+            ("\"rss_bytes\":2147491840", "\"rss_bytes\":2147491840,\"rss_bytes\":1"),
             // A key left open: the name, one more byte and the colon.
             ("\"rank\":1,", "\"rankX:1,"),
             // Bytes just past '9' after digits: not digits, however eight of them are read.
@@ -633,6 +636,9 @@ mod tests {
         // An unused number past an f64's range by its digits alone (10^309 written out): refused.
         let huge = text.replacen("\"ts\":1767225602.0992", &format!("\"ts\":1{}", "0".repeat(309)), 1);
         assert!(parse_step(huge.as_bytes()).is_none());
+        // A negative figure that is read: the loss.
+        let negative_loss = text.replacen("\"loss\":8.333333333333334", "\"loss\":-2.5", 1);
+        assert_eq!(parse_step(negative_loss.as_bytes()).map(|s| s.loss), Some(-2.5));
         // Twenty significant digits, more than a u64 holds: still the correctly rounded value.
         let long = text.replacen("\"step_ms\":49.34823223709721", "\"step_ms\":9999999999999999.9999", 1);
         assert_eq!(parse_step(long.as_bytes()).map(|s| s.step_ms), Some(1e16));

@@ -414,6 +414,8 @@ mod tests {
                         for c in s.comm.values() {
                             let bus = c.bus_gbps.unwrap();
                             assert!(bus > 150.0 / 1.1 && bus <= 150.0, "{bus} GB/s");
+                            // The largest call moves one unit's share.
+                            assert!(c.max_bytes >= c.bytes / c.calls && c.max_bytes <= c.bytes, "{c:?}");
                         }
                         let peak = s.memory.peak_allocated_bytes.unwrap();
                         assert_eq!(s.memory.reserved_bytes, Some(peak + 256 * MIB));
@@ -430,6 +432,7 @@ mod tests {
                         assert!(
                             m.reserved_bytes >= m.peak_allocated_bytes && m.peak_allocated_bytes >= Some(allocated)
                         );
+                        assert!(m.peak_reserved_bytes >= m.reserved_bytes);
                     }
                     Record::End(e) => {
                         let want = if rank == 1 { (RunStatus::Oom, 3) } else { (RunStatus::Failed, 1) };

@@ -594,3 +594,33 @@ fn only_measured_steps_are_partial() {
     let row = &read(tmp.path()).runs[0].row;
     assert_eq!((row.warmup_steps, row.partial_steps, row.steps_measured), (2, 1, 3));
 }
+
+/// A run whose measured steps are all partial (a rank logged the warm-up only) has no
+/// throughput: no step was measured on every rank.
+#[test]
+fn partial_steps_alone_give_no_throughput() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    edit_lines(&dir.join("rank1.jsonl"), |v| {
+        (v["event"] != "step" || v["step"].as_u64().is_some_and(|s| s < 2)).then_some(v)
+    });
+    let row = &read(tmp.path()).runs[0].row;
+    assert_eq!((row.steps_measured, row.partial_steps), (0, 4));
+    assert_eq!((row.tokens_per_s, row.samples_per_s), (None, None));
+}
+
+/// Only a Slurm job's output (`*.out`) beside a run says how the job ended: a note quoting a
+/// time-limit cancellation does not make a killed run a timed-out one.
+#[test]
+fn only_job_output_files_tell_the_job_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut r = run("killed", ModelPreset::Gpt2, ZeroStage::Z2, 4, 2, 50.0);
+    r.fate = Fate::Killed { after: 4 };
+    let dir = tmp.path().join("killed");
+    r.write(&dir.join("logs")).unwrap();
+    let cancelled = "slurmstepd: error: *** JOB 4243 ON node0 CANCELLED AT 2026-11-20T10:00:00 DUE TO TIME LIMIT ***\n";
+    fs::write(dir.join("notes.txt"), cancelled).unwrap();
+    assert_eq!(read(tmp.path()).runs[0].row.status, Status::Incomplete);
+    fs::write(dir.join("killed-4243.out"), cancelled).unwrap();
+    assert_eq!(read(tmp.path()).runs[0].row.status, Status::Timeout);
+}
