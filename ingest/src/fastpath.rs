@@ -639,6 +639,9 @@ mod tests {
         // A negative figure that is read: the loss.
         let negative_loss = text.replacen("\"loss\":8.333333333333334", "\"loss\":-2.5", 1);
         assert_eq!(parse_step(negative_loss.as_bytes()).map(|s| s.loss), Some(-2.5));
+        // An exponent, as serde_json writes small figures.
+        let small = text.replacen("\"loss\":8.333333333333334", "\"loss\":1.5e-7", 1);
+        assert_eq!(parse_step(small.as_bytes()).map(|s| s.loss), Some(1.5e-7));
         // Twenty significant digits, more than a u64 holds: still the correctly rounded value.
         let long = text.replacen("\"step_ms\":49.34823223709721", "\"step_ms\":9999999999999999.9999", 1);
         assert_eq!(parse_step(long.as_bytes()).map(|s| s.step_ms), Some(1e16));

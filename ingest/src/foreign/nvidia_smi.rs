@@ -267,4 +267,12 @@ mod tests {
         assert_eq!(smi.gpus["0"].mean_power_w(), Some(150.0));
         assert_eq!(smi.gpus["0"].max_used_mib, Some(1200.0));
     }
+
+    /// Samples that all share one time stamp span no time: their mean power, not a division by
+    /// zero.
+    #[test]
+    fn samples_of_one_instant_give_their_mean() {
+        let g = GpuSamples { power: vec![(Some(5.0), 100.0), (Some(5.0), 300.0)], ..Default::default() };
+        assert_eq!(g.mean_power_w(), Some(200.0));
+    }
 }

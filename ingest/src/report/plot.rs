@@ -396,6 +396,7 @@ mod tests {
         let (a, b) = (slug(&"a".repeat(300)), slug(&format!("{}b", "a".repeat(299))));
         assert!(a.len() < 100 && b.len() < 100 && a != b, "{a} {b}");
         assert_eq!(slug("t5-large"), "t5-large");
+        assert_eq!(slug("llama 3.2/8b (hf)"), "llama_3.2_8b__hf");
     }
 
     /// The predicted plot's axes hold every point with room on both sides, and each reference

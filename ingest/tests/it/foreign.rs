@@ -228,3 +228,29 @@ fn gpus_from_the_profiler_and_no_step_time_from_no_steps() {
     assert_eq!(by_id("run-a").gpus, Some(3));
     assert_eq!(by_id("run-b").step_ms_median, None);
 }
+
+/// DeepSpeed's step breakdowns: the first two are warm-up and left out, unless leaving them out
+/// would leave none (a log that printed every few hundred steps). A run.json that is no JSON
+/// object is reported, not read.
+#[test]
+fn few_breakdowns_are_all_kept_and_a_bad_run_json_is_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds-run");
+    std::fs::create_dir_all(&dir).unwrap();
+    let breakdown = |fwd: f64| {
+        format!(
+            "[2024-01-01 10:00:00,000] [INFO] [logging.py:128:log_dist] [Rank 0] time (ms) | fwd_microstep: {fwd:.2} \
+             | bwd_microstep: 20.00 | step_microstep: 5.00\n"
+        )
+    };
+    std::fs::write(dir.join("train.log"), breakdown(10.0) + &breakdown(10.0)).unwrap();
+    std::fs::write(dir.join("run.json"), "[1, 2]").unwrap();
+    let got = read(tmp.path());
+    assert_eq!(got.runs.len(), 1);
+    assert_eq!(got.runs[0].row.step_ms_median, Some(35.0));
+    assert!(
+        got.problems.iter().any(|p| p.to_string().contains("run.json is not a JSON object")),
+        "{:#?}",
+        got.problems
+    );
+}
