@@ -645,6 +645,9 @@ mod tests {
         // Twenty significant digits, more than a u64 holds: still the correctly rounded value.
         let long = text.replacen("\"step_ms\":49.34823223709721", "\"step_ms\":9999999999999999.9999", 1);
         assert_eq!(parse_step(long.as_bytes()).map(|s| s.step_ms), Some(1e16));
+        // Twelve digits before the point and eight after: twenty, read without overflow.
+        let wide = text.replacen("\"step_ms\":49.34823223709721", "\"step_ms\":999999999999.99999999", 1);
+        assert_eq!(parse_step(wide.as_bytes()).map(|s| s.step_ms), Some(999_999_999_999.999_999_99));
         // Without the comm map, without the memory sample.
         for (cut, closing) in [(",\"comm\":{", "}}"), (",\"memory\":{", "}")] {
             let at = text.find(cut).unwrap();
