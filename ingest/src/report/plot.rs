@@ -458,6 +458,8 @@ mod tests {
             draw_breakdown(&path, "t", &rows).unwrap();
             let svg = std::fs::read_to_string(&path).unwrap();
             assert!(svg.contains(&format!("height=\"{height}\"")), "{bars} bars: {}", &svg[..200.min(svg.len())]);
+            // Each bar is named on the axis.
+            assert!((0..bars).all(|i| svg.contains(&format!(">\nr{i}\n</text>"))), "{svg}");
             // The legend: a 15 × 10 swatch per part.
             assert_eq!(svg.matches("width=\"15\" height=\"10\"").count(), PARTS.len(), "{svg}");
         }
