@@ -583,4 +583,26 @@ mod tests {
         assert_eq!(d.memory_phases.len(), MAX_MEMORY_PHASES);
         assert_eq!(d.allocated_gib, Some((MAX_MEMORY_PHASES + 5) as f64));
     }
+
+    /// Offload from the stage-1/2 optimizer's line (either answer) and from the ZeRO config
+    /// object (the optimizer's and the parameters' devices each to their own field).
+    #[test]
+    fn offload_from_every_form_deepspeed_prints() {
+        for (answer, on) in [("True", true), ("False", false)] {
+            let mut d = DeepSpeed::default();
+            assert!(d.line(&format!(
+                "[2024-01-01 10:00:00,000] [INFO] [stage_1_and_2.py:150:__init__] CPU Offload: {answer}"
+            )));
+            assert_eq!(d.config.offload_optimizer, Some(on));
+        }
+        let mut c = Config::default();
+        config_line(
+            &mut c,
+            "zero_config",
+            "stage=2 offload_optimizer=DeepSpeedZeroOffloadOptimizerConfig(device='cpu', pin_memory=True)",
+        );
+        assert_eq!((c.offload_optimizer, c.offload_param), (Some(true), Some(false)));
+        config_line(&mut c, "zero_config", "stage=3 offload_param=DeepSpeedZeroOffloadParamConfig(device='nvme')");
+        assert_eq!((c.offload_optimizer, c.offload_param), (Some(false), Some(true)));
+    }
 }

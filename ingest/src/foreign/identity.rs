@@ -239,6 +239,8 @@ mod tests {
         assert_eq!(h.precision, Some(Precision::Bf16));
         assert_eq!(h.model.as_deref(), Some("t5-large"));
         assert_eq!(from_path(none, Path::new("gpt2-xl-run")).model.as_deref(), Some("gpt2-xl"));
+        // Dashes and underscores alike are left out when names are compared.
+        assert_eq!(from_path(none, Path::new("gpt2_xl_run")).model.as_deref(), Some("gpt2-xl"));
         assert_eq!(from_path(none, Path::new("plain")), Hints::default());
     }
 

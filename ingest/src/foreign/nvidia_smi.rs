@@ -275,4 +275,12 @@ mod tests {
         let g = GpuSamples { power: vec![(Some(5.0), 100.0), (Some(5.0), 300.0)], ..Default::default() };
         assert_eq!(g.mean_power_w(), Some(200.0));
     }
+
+    /// Time weighting needs every sample's time: with one untimed, the mean of all is taken.
+    #[test]
+    fn one_untimed_sample_gives_the_plain_mean() {
+        let g =
+            GpuSamples { power: vec![(Some(0.0), 100.0), (Some(10.0), 100.0), (None, 400.0)], ..Default::default() };
+        assert_eq!(g.mean_power_w(), Some(200.0));
+    }
 }

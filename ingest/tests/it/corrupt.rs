@@ -624,3 +624,13 @@ fn only_job_output_files_tell_the_job_state() {
     fs::write(dir.join("killed-4243.out"), cancelled).unwrap();
     assert_eq!(read(tmp.path()).runs[0].row.status, Status::Timeout);
 }
+
+/// What was read is counted: every rank's file and every line of it.
+#[test]
+fn files_and_lines_read_are_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    one_run(tmp.path(), "r");
+    let stats = read(tmp.path()).stats;
+    // start, setup, 6 steps and end, on each of 2 ranks.
+    assert_eq!((stats.files, stats.lines, stats.bad_lines), (2, 18, 0));
+}

@@ -254,3 +254,23 @@ fn few_breakdowns_are_all_kept_and_a_bad_run_json_is_reported() {
         got.problems
     );
 }
+
+/// A Trainer that reports no samples per second, beside an nvidia-smi log: the GPUs' power is
+/// kept, and there is no energy per token rather than an infinite one.
+#[test]
+fn no_throughput_gives_no_energy_per_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("hf-run");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("run.json"), r#"{"model": "gpt2", "seq_len": 512, "world_size": 1}"#).unwrap();
+    std::fs::write(
+        dir.join("train.log"),
+        "{'train_runtime': 10.0, 'train_samples_per_second': 0.0, 'train_steps_per_second': 0.0, 'epoch': 1.0}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("gpu.csv"), "index, memory.used [MiB], power.draw [W]\n0, 1000 MiB, 300.0 W\n").unwrap();
+    let got = read(tmp.path());
+    assert_eq!(got.runs.len(), 1, "{:#?}", got.problems);
+    let row = &got.runs[0].row;
+    assert_eq!((row.tokens_per_s, row.avg_power_w_per_gpu, row.energy_j_per_token), (Some(0.0), Some(300.0), None));
+}
