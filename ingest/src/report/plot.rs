@@ -110,9 +110,7 @@ type Series = Vec<(String, Vec<(f64, f64)>)>;
 type Charts<K> = BTreeMap<K, BTreeMap<String, Vec<(f64, f64)>>>;
 
 fn line_chart(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Series) -> Result<(), String> {
-    let xs = series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
-    let x_max = xs.fold(1.0f64, f64::max);
-    let y_max = y_top(series);
+    let (x_max, y_max) = (x_end(series), y_top(series));
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
@@ -120,7 +118,7 @@ fn line_chart(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Ser
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d(0.0..x_max * 1.05, 0.0..y_max)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
         .map_err(|e| e.to_string())?;
     chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw().map_err(|e| e.to_string())?;
     for (i, (name, points)) in series.iter().enumerate() {
@@ -140,6 +138,11 @@ fn line_chart(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Ser
         .draw()
         .map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())
+}
+
+/// The end of a line chart's x axis: 5% past its largest value, and past 1 (one GPU) at least.
+fn x_end(series: &Series) -> f64 {
+    series.iter().flat_map(|(_, p)| p.iter().map(|q| q.0)).fold(1.0f64, f64::max) * 1.05
 }
 
 /// The top of a line chart's y axis: 10% above the data, and 7% more for each row of the
@@ -483,5 +486,35 @@ mod tests {
             let svg = std::fs::read_to_string(path).unwrap();
             assert_eq!(svg.contains(&format!("the first 40 of {runs} runs")), cut, "{runs} runs");
         }
+    }
+
+    /// A line chart's x axis ends 5% past its largest value, and past one GPU at least.
+    #[test]
+    fn line_charts_end_past_the_last_point() {
+        let series = |xs: &[f64]| -> Series { vec![("s".into(), xs.iter().map(|x| (*x, 1.0)).collect())] };
+        assert!((x_end(&series(&[1.0, 2.0, 8.0])) - 8.4).abs() < 1e-12);
+        assert!((x_end(&series(&[0.5])) - 1.05).abs() < 1e-12);
+    }
+
+    /// The throughput plot names a series by stage, offload, micro-batch and, where runs have one,
+    /// their variant.
+    #[test]
+    fn throughput_series_name_their_variant() {
+        use zerobench_schema::{Offload, ZeroStage};
+        let report = |gpus: u32, variant: &str| {
+            let mut row =
+                RunRow::new(format!("g{gpus}{variant}"), Source::Zerobench, "d".into(), "gpt2".into(), Status::Ok);
+            (row.gpus, row.micro_batch, row.stage, row.offload) =
+                (Some(gpus), Some(4), Some(ZeroStage::Z3), Some(Offload::None));
+            (row.samples_per_s, row.variant) = (Some(10.0 * f64::from(gpus)), variant.to_string());
+            RunReport { row, collectives: Vec::new(), memory_phases: Vec::new() }
+        };
+        let runs = [report(1, ""), report(2, ""), report(1, "hpz2"), report(2, "hpz2")];
+        let d = tempfile::tempdir().unwrap();
+        let mut failed = Vec::new();
+        let written = throughput(&Tables::build(&runs), d.path(), &mut failed);
+        assert!(failed.is_empty() && written.len() == 1, "{failed:?}");
+        let svg = std::fs::read_to_string(&written[0]).unwrap();
+        assert!(svg.contains(">\nzero3 mbs=4\n</text>") && svg.contains(">\nzero3 mbs=4 hpz2\n</text>"), "{svg}");
     }
 }
