@@ -8,44 +8,54 @@
 #
 # A mutant counts as run when a result's "ran" list holds one with the same file, column, change
 # and function (its line may have moved); where the tree now has more mutants of that name than
-# the results ran, all of them run again. Writes bench/results/mutants-PACKAGE-remainder.json, in the
-# form of scripts/mutants.sh's results.
+# the results ran (earlier remainders included), all of them run again. Writes
+# bench/results/mutants-PACKAGE-remainder.json (then -remainder2.json, ...), in the form of
+# scripts/mutants.sh's results.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/mutants-common.sh
 mutants_prepare "$0" "$@"
 package=${1:?usage: scripts/mutants-remainder.sh PACKAGE}
-list=$(mktemp)
-trap 'rm -f "$list"' EXIT
+list=$(mktemp) keys=$(mktemp)
+trap 'rm -f "$list" "$keys"' EXIT
 cargo mutants -p "$package" --list > "$list"
-mapfile -t res < <(python3 - "$package" "$list" <<'PY'
+mapfile -t res < <(python3 - "$package" "$list" "$keys" <<'PY'
 import collections, glob, json, sys
 sys.path.insert(0, "scripts")
 from mutants_common import placeless, placeless_pattern
-package, listed = sys.argv[1:3]
+package, listed, keys = sys.argv[1:4]
 ran = collections.Counter()
 for path in glob.glob(f"bench/results/mutants-{package}*.json"):
-    if path.endswith("-recheck.json") or path.endswith("-remainder.json"):
+    if path.endswith("-recheck.json"):
         continue
     d = json.load(open(path))
     if "ran" not in d:
         sys.exit(f"{path} has no list of the mutants it ran")
     ran.update(placeless(m) for m in d["ran"])
 now = collections.Counter(placeless(l.strip()) for l in open(listed) if l.strip())
-for key, n in sorted(now.items()):
-    if n > ran[key]:
-        name = next(l.strip() for l in open(listed) if placeless(l.strip()) == key)
-        print("--re=" + placeless_pattern(name))
+with open(keys, "w") as k:
+    for key, n in sorted(now.items()):
+        if n > ran[key]:
+            name = next(l.strip() for l in open(listed) if placeless(l.strip()) == key)
+            print("--re=" + placeless_pattern(name))
+            print(key, file=k)
 PY
 )
 [ ${#res[@]} -gt 0 ] || { echo "$package: every mutant has run"; exit 0; }
 echo "$package: ${#res[@]} mutant names left to run"
-out="mutants.out/$package-remainder"
+# An earlier remainder's result stays: this one is -remainder2.json, -remainder3.json, ...
+n=""
+while [ -e "bench/results/mutants-$package-remainder$n.json" ]; do n=$(( ${n:-1} + 1 )); done
+result="bench/results/mutants-$package-remainder$n.json"
+out="mutants.out/$package-remainder$n"
 mutants_run "$package" "$out" "${res[@]}"
-python3 - "$out/mutants.out/outcomes.json" "$package" > "bench/results/mutants-$package-remainder.json" <<'PY'
+# Only the outcomes asked for: cargo-mutants 27.1 runs its "delete field" mutants whatever --re
+# says, and those ran in the shards already.
+python3 - "$out/mutants.out/outcomes.json" "$package" "$keys" > "$result" <<'PY'
 import json, sys
 sys.path.insert(0, "scripts")
 from mutants_common import result
-print(json.dumps(result(sys.argv[1], sys.argv[2], "remainder", "scripts/mutants-remainder.sh"), indent=1))
+keys = {l.rstrip("\n") for l in open(sys.argv[3])}
+print(json.dumps(result(sys.argv[1], sys.argv[2], "remainder", "scripts/mutants-remainder.sh", keys), indent=1))
 PY
-echo "$package remainder: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["counts"], "caught", d["caught_share_of_viable"])' "bench/results/mutants-$package-remainder.json")"
+echo "$package remainder: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["counts"], "caught", d["caught_share_of_viable"])' "$result")"

@@ -51,16 +51,19 @@ def caught_placeless(rows):
     return {k for k, caught in seen.items() if caught}
 
 
-def result(outcomes_path, package, shard, benchmark="scripts/mutants.sh"):
+def result(outcomes_path, package, shard, benchmark="scripts/mutants.sh", keys=None):
     """The result file of one cargo-mutants run (mutants.sh, mutants-remainder.sh): the counts,
     the share caught among the viable mutants, every survivor with whether it is accepted, and the
-    name of every mutant that ran (so that later runs can tell which mutants none has covered)."""
+    name of every mutant that ran (so that later runs can tell which mutants none has covered).
+    With `keys`, only the mutants whose placeless names are among them count."""
     import datetime
     import socket
 
     acc = accepted()
     counts, missed, ran = {}, [], []
     for name, s in outcomes(outcomes_path):
+        if keys is not None and placeless(name) not in keys:
+            continue
         ran.append(name)
         counts[s] = counts.get(s, 0) + 1
         if s == "MissedMutant":
