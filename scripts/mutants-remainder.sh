@@ -32,12 +32,16 @@ for path in glob.glob(f"bench/results/mutants-{package}*.json"):
     if "ran" not in d:
         sys.exit(f"{path} has no list of the mutants it ran")
     ran.update(placeless(m) for m in d["ran"])
-now = collections.Counter(placeless(l.strip()) for l in open(listed) if l.strip())
+# The tree's mutants by placeless name: how many, and the first one's name (for its pattern).
+now, first = collections.Counter(), {}
+for name in (l.strip() for l in open(listed)):
+    if name:
+        now[placeless(name)] += 1
+        first.setdefault(placeless(name), name)
 with open(keys, "w") as k:
     for key, n in sorted(now.items()):
         if n > ran[key]:
-            name = next(l.strip() for l in open(listed) if placeless(l.strip()) == key)
-            print("--re=" + placeless_pattern(name))
+            print("--re=" + placeless_pattern(first[key]))
             print(key, file=k)
 PY
 )

@@ -1,5 +1,6 @@
-"""What the mutants scripts (mutants.sh, mutants-recheck.sh, mutants-summary.py) read alike:
-the accepted survivors and cargo-mutants' outcomes."""
+"""What the mutants scripts (mutants.sh, mutants-recheck.sh, mutants-remainder.sh,
+mutants-summary.py) share: the accepted survivors, cargo-mutants' outcomes, a mutant's name
+without its line, and the result file of a run."""
 import json
 import re
 
