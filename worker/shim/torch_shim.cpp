@@ -19,10 +19,15 @@
 // * zb_gloo_*: c10d's ProcessGroupGloo over that store, the CPU collectives of those ranks. Its
 //   header needs Gloo's, which the wheel lacks: third_party/gloo holds them, and says why they
 //   match the Gloo compiled into libtorch_cpu.
+// * zb_ln_linear / zb_ln_gelu_mlp: a layer norm followed by a linear layer, and a layer norm
+//   followed by an MLP with tanh GELU, as autograd functions (tch has none) whose backward
+//   recomputes the normalised input and the GELU's output instead of keeping them from the
+//   forward pass (model/recompute.rs says what that saves and costs).
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -41,6 +46,83 @@
 
 namespace {
 thread_local std::string last_error;
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// `t` as a matrix of its last dimension's rows (a view where `t` is contiguous).
+at::Tensor rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
+
+// `t`'s sizes with the last one replaced by `last`.
+std::vector<int64_t> with_last(const at::Tensor& t, int64_t last) {
+  auto sizes = t.sizes().vec();
+  sizes.back() = last;
+  return sizes;
+}
+
+// The normalised input, as the forward pass computed it (the same kernel on the same input gives
+// the same bits), with its mean and reciprocal standard deviation.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm(const at::Tensor& x, const at::Tensor& gamma,
+                                                    const at::Tensor& beta, double eps) {
+  return at::native_layer_norm(x, {x.size(-1)}, gamma, beta, eps);
+}
+
+// linear(layer_norm(x)): keeps x (which the residual stream keeps anyway), not the normalised x.
+struct LnLinear : torch::autograd::Function<LnLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
+                            const at::Tensor& w, const at::Tensor& b, double eps) {
+    auto xn = std::get<0>(norm(x, gamma, beta, eps));
+    ctx->save_for_backward({x, gamma, beta, w});
+    ctx->saved_data["eps"] = eps;
+    return at::addmm(b, rows(xn), w.t()).view(with_last(x, w.size(0)));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const auto &x = s[0], &gamma = s[1], &beta = s[2], &w = s[3];
+    auto [xn, mean, rstd] = norm(x, gamma, beta, ctx->saved_data["eps"].toDouble());
+    auto gy = rows(grads[0]);
+    auto gw = gy.t().mm(rows(xn));
+    xn.reset();
+    auto gb = gy.sum(0);
+    auto gxn = gy.mm(w).view(x.sizes());
+    auto [gx, ggamma, gbeta] = at::native_layer_norm_backward(gxn, x, {x.size(-1)}, mean, rstd, gamma, beta,
+                                                              {true, true, true});
+    return {gx, ggamma, gbeta, gw, gb, at::Tensor()};
+  }
+};
+
+// w2·gelu_tanh(w1·layer_norm(x) + b1) + b2: keeps x and the GELU's input, not the normalised x
+// or the GELU's output (four times x's size).
+struct LnGeluMlp : torch::autograd::Function<LnGeluMlp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
+                            const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2,
+                            double eps) {
+    auto h = at::addmm(b1, rows(std::get<0>(norm(x, gamma, beta, eps))), w1.t());
+    auto y = at::addmm(b2, at::gelu(h, "tanh"), w2.t());
+    ctx->save_for_backward({x, gamma, beta, w1, w2, h});
+    ctx->saved_data["eps"] = eps;
+    return y.view(with_last(x, w2.size(0)));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const auto &x = s[0], &gamma = s[1], &beta = s[2], &w1 = s[3], &w2 = s[4], &h = s[5];
+    auto gy = rows(grads[0]);
+    auto gw2 = gy.t().mm(at::gelu(h, "tanh"));
+    auto gb2 = gy.sum(0);
+    auto gh = at::gelu_backward(gy.mm(w2), h, "tanh");
+    auto gb1 = gh.sum(0);
+    auto [xn, mean, rstd] = norm(x, gamma, beta, ctx->saved_data["eps"].toDouble());
+    auto gw1 = gh.t().mm(rows(xn));
+    xn.reset();
+    auto gxn = gh.mm(w1).view(x.sizes());
+    gh.reset();
+    auto [gx, ggamma, gbeta] = at::native_layer_norm_backward(gxn, x, {x.size(-1)}, mean, rstd, gamma, beta,
+                                                              {true, true, true});
+    return {gx, ggamma, gbeta, gw1, gb1, gw2, gb2, at::Tensor()};
+  }
+};
 
 template <typename F>
 int guarded(F f) {
@@ -242,5 +324,15 @@ int zb_gloo_broadcast(void* pg, at::Tensor* buf, int root) {
 }
 
 void zb_gloo_close(void* pg) { delete static_cast<GlooPtr*>(pg); }
+
+int zb_ln_linear(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, at::Tensor* b, double eps,
+                 void** out) {
+  return guarded([&] { *out = new at::Tensor(LnLinear::apply(*x, *gamma, *beta, *w, *b, eps)); });
+}
+
+int zb_ln_gelu_mlp(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w1, at::Tensor* b1, at::Tensor* w2,
+                   at::Tensor* b2, double eps, void** out) {
+  return guarded([&] { *out = new at::Tensor(LnGeluMlp::apply(*x, *gamma, *beta, *w1, *b1, *w2, *b2, eps)); });
+}
 
 }  // extern "C"

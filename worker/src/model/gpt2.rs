@@ -1,6 +1,7 @@
 //! GPT-2 (Radford et al. 2019) as in Hugging Face's `GPT2LMHeadModel`: learned positions, pre-LN
 //! blocks, causal scaled-dot-product attention, tanh-approximated GELU, LM head tied to the token
-//! embedding. Linear weights are stored `[out, in]` (HF's Conv1D stores the transpose; the
+//! embedding. The layer norms and the MLP recompute what their backward pass needs
+//! (`super::recompute`). Linear weights are stored `[out, in]` (HF's Conv1D stores the transpose; the
 //! parameter count is the same).
 //!
 //! Units: `embed` (token and position embeddings, final layer norm) and one per block.
@@ -12,6 +13,7 @@ use zerobench_schema::models::Gpt2Dims;
 
 use super::lm_head::lm_loss;
 use super::ops::{dim, merge_heads, split_heads};
+use super::recompute::{ln_gelu_mlp, ln_linear};
 use super::{Batch, Init, Model, ParamDef, Segment, Shape, UnitDef};
 
 pub struct Gpt2 {
@@ -74,14 +76,12 @@ impl Gpt2 {
 
     fn block(&self, p: &[Tensor], x: &Tensor) -> Result<Vec<Tensor>, TchError> {
         let (c, nh) = (dim(self.dims.d_model), dim(self.dims.n_head));
-        let h = x.f_layer_norm([c], Some(&p[0]), Some(&p[1]), LN_EPS, true)?;
-        let qkv = h.f_linear(&p[2], Some(&p[3]))?;
+        let qkv = ln_linear(x, &p[0], &p[1], &p[2], &p[3], LN_EPS)?;
         let parts = qkv.f_split(c, 2)?;
         let (q, k, v) = (split_heads(&parts[0], nh)?, split_heads(&parts[1], nh)?, split_heads(&parts[2], nh)?);
         let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)?;
         let x = x.f_add(&merge_heads(&y)?.f_linear(&p[4], Some(&p[5]))?)?;
-        let h = x.f_layer_norm([c], Some(&p[6]), Some(&p[7]), LN_EPS, true)?;
-        let h = h.f_linear(&p[8], Some(&p[9]))?.f_gelu("tanh")?.f_linear(&p[10], Some(&p[11]))?;
+        let h = ln_gelu_mlp(&x, [&p[6], &p[7], &p[8], &p[9], &p[10], &p[11]], LN_EPS)?;
         Ok(vec![x.f_add(&h)?])
     }
 

@@ -80,7 +80,9 @@ pub fn lm_loss_chunked(h: &Tensor, w: &Tensor, target: &Tensor, chunk_bytes: i64
             let rows_loss = cross_entropy_grad_in_place(&mut logits, &tc, v, &scale)?;
             loss = loss.f_add(&rows_loss.f_sum(Kind::Float)?)?;
             g_h.f_narrow(0, start, len)?.f_copy_(&logits.f_mm(&wd)?)?;
-            g_w = g_w.f_add(&logits.f_tr()?.f_mm(&hc)?.f_to_kind(Kind::Float)?)?;
+            // In place, without an fp32 copy of the product: a new sum beside the old one would
+            // double the largest thing the head holds (gpt2-xl: 322 MB each).
+            let _ = g_w.f_add_(&logits.f_tr()?.f_mm(&hc)?)?;
             start += len;
         }
         (loss.f_mul(&scale)?, g_h, g_w.f_to_kind(wd.kind())?)

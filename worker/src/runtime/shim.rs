@@ -56,6 +56,27 @@ extern "C" {
     fn zb_gloo_all_gather(pg: *mut c_void, input: CTensor, output: CTensor) -> c_int;
     fn zb_gloo_broadcast(pg: *mut c_void, buf: CTensor, root: c_int) -> c_int;
     fn zb_gloo_close(pg: *mut c_void);
+    fn zb_ln_linear(
+        x: CTensor,
+        gamma: CTensor,
+        beta: CTensor,
+        w: CTensor,
+        b: CTensor,
+        eps: f64,
+        out: *mut CTensor,
+    ) -> c_int;
+    #[allow(clippy::too_many_arguments)]
+    fn zb_ln_gelu_mlp(
+        x: CTensor,
+        gamma: CTensor,
+        beta: CTensor,
+        w1: CTensor,
+        b1: CTensor,
+        w2: CTensor,
+        b2: CTensor,
+        eps: f64,
+        out: *mut CTensor,
+    ) -> c_int;
 }
 
 /// A C++ exception caught by the shim.
@@ -146,8 +167,52 @@ pub fn host_empty(n: i64, kind: Kind) -> Result<Tensor, ShimError> {
     let mut out = std::ptr::null_mut();
     // SAFETY: `out` is a valid out-pointer.
     check(unsafe { zb_host_empty(n, scalar_type, &mut out) })?;
-    // SAFETY: the shim returns a heap-allocated `at::Tensor`, which tch owns and frees from here.
-    Ok(unsafe { Tensor::from_ptr(out.cast()) })
+    // SAFETY: on success the shim wrote a new tensor there.
+    Ok(unsafe { owned(out) })
+}
+
+/// The tensor a shim call left in `out`.
+///
+/// # Safety
+/// `out` must be what the shim wrote on success: a heap-allocated `at::Tensor`, which tch owns and
+/// frees from here.
+unsafe fn owned(out: CTensor) -> Tensor {
+    // SAFETY: as the caller promises.
+    unsafe { Tensor::from_ptr(out.cast()) }
+}
+
+/// `linear(layer_norm(x, gamma, beta, eps), w, b)` over the last dimension, as one autograd node
+/// whose backward recomputes the normalised `x` (see `model::recompute`).
+pub fn ln_linear(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f64,
+) -> Result<Tensor, ShimError> {
+    let p = |t: &Tensor| t.as_ptr() as CTensor;
+    let mut out = std::ptr::null_mut();
+    // SAFETY: live tensors and a valid out-pointer.
+    check(unsafe { zb_ln_linear(p(x), p(gamma), p(beta), p(w), p(b), eps, &mut out) })?;
+    // SAFETY: on success the shim wrote a new tensor there.
+    Ok(unsafe { owned(out) })
+}
+
+/// A layer norm's parameters and an MLP's: `[gamma, beta, w1, b1, w2, b2]`.
+pub type LnMlpParams<'a> = [&'a Tensor; 6];
+
+/// `linear(gelu_tanh(linear(layer_norm(x, gamma, beta, eps), w1, b1)), w2, b2)` over the last
+/// dimension, as one autograd node whose backward recomputes the normalised `x` and the GELU's
+/// output (see `model::recompute`).
+pub fn ln_gelu_mlp(x: &Tensor, params: LnMlpParams<'_>, eps: f64) -> Result<Tensor, ShimError> {
+    let p = |t: &Tensor| t.as_ptr() as CTensor;
+    let [gamma, beta, w1, b1, w2, b2] = params;
+    let mut out = std::ptr::null_mut();
+    // SAFETY: live tensors and a valid out-pointer.
+    check(unsafe { zb_ln_gelu_mlp(p(x), p(gamma), p(beta), p(w1), p(b1), p(w2), p(b2), eps, &mut out) })?;
+    // SAFETY: on success the shim wrote a new tensor there.
+    Ok(unsafe { owned(out) })
 }
 
 /// A client of c10d's `TCPStore` (and, on rank 0, its server): a key-value store every rank of an
