@@ -55,7 +55,7 @@
 #   costmodel    the cost model's sweep (bench/gpu/costmodel-runs.txt): the runs `zerobench fit`
 #                is fitted on (runs/cm-fit) and the held-out runs it is checked against
 #                (runs/cm-holdout); one-GPU runs go two at a time, one per GPU, when there are two
-#                (CM_SETS="fit" or "holdout" runs one set)
+#                (CM_SETS="fit" or "holdout" runs one set; CM_MATCH='gpt2*' the runs so named)
 #
 # Every worker log and JSON line lands in OUT (default $OUT, else bench-out/); `results.tar.gz`
 # packs them for the trip back.
@@ -294,7 +294,8 @@ PY
       log "same-speed: $(python3 -c 'import json,sys; print([(c["case"], c["ratio_new_over_base"]) for c in json.load(open(sys.argv[1]))["cases"]])' "$OUTDIR/same-speed.json")" ;;
     costmodel)
       # Each line of the list: SET LANE NAME NP WORKER-ARGS... (bench/gpu/costmodel-runs.txt); CM_SETS
-      # picks the sets (default "fit holdout"), so that one GPU can run them in two calls. Lane
+      # picks the sets (default "fit holdout"), so that one GPU can run them in two calls; CM_MATCH
+      # (a shell pattern, default *) picks runs by name, e.g. 'gpt2*' for one family. Lane
       # "any" runs are one-GPU runs without host work: with two GPUs two of them run at once, one
       # per GPU (their hosts' 32 cores are enough for both). "serial" runs (offload: host-bound;
       # several GPUs) run alone afterwards.
@@ -303,6 +304,8 @@ PY
         local i=0 set ln name np
         while read -r set ln name np rest; do
           case " ${CM_SETS:-fit holdout} " in *" $set "*) ;; *) continue ;; esac
+          # shellcheck disable=SC2254
+          case $name in ${CM_MATCH:-*}) ;; *) continue ;; esac
           [ "$ln" = any ] || continue
           i=$((i + 1)); [ $(( (i - 1) % $3 )) -eq "$2" ] || continue
           # shellcheck disable=SC2086
@@ -312,6 +315,8 @@ PY
       if [ "$GPUS" -ge 2 ]; then lane 0 0 2 & lane 1 1 2 & wait; else lane 0 0 1; fi
       while read -r set ln name np rest; do
         case " ${CM_SETS:-fit holdout} " in *" $set "*) ;; *) continue ;; esac
+        # shellcheck disable=SC2254
+        case $name in ${CM_MATCH:-*}) ;; *) continue ;; esac
         [ "$ln" = serial ] && [ "$np" -le "$GPUS" ] || continue
         # shellcheck disable=SC2086
         WORKER_TIMEOUT=240 worker "cm-$set/$name" "$np" $rest --steps "${CM_STEPS:-30}" --warmup "${CM_WARMUP:-10}" < /dev/null
