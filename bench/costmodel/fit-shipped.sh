@@ -7,7 +7,9 @@
 # The sweeps are bench/gpu/run.sh's `costmodel` phase (bench/gpu/costmodel-runs.txt): on one 2×H200
 # host twice, 12 steps (4 warm-up) and 30 steps (10 warm-up), and on another 2×H200 host once, 30
 # steps; on one 2×H100 host once, 30 steps (one-GPU runs two at a time), and on a 1×H100 host twice,
-# 30 steps, one run at a time (its held-out runs were run once, with the first sweep).
+# 30 steps, one run at a time (its held-out runs were run once, with the first sweep); GPT-2's runs
+# again on a 2×H100 host after its blocks began recomputing in backward (121ccdb), which supersede
+# the GPT-2 runs of the H100 sweeps before it.
 # Their runs of the set `fit` are fitted on; those of `holdout` (other presets, micro-batches,
 # sequence lengths) never are.
 set -euo pipefail
@@ -17,8 +19,14 @@ ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE (under bench/results/raw)
   case $1 in
     h200) echo "short:gpu-2026-11-24-costmodel-short long:gpu-2026-11-24-costmodel again:gpu-2026-11-26-costmodel" ;;
-    h100) echo "long:gpu-2026-11-25-h100-costmodel one:gpu-2026-11-26-h100x1-costmodel-1 two:gpu-2026-11-26-h100x1-costmodel-2" ;;
+    h100) echo "long:gpu-2026-11-25-h100-costmodel one:gpu-2026-11-26-h100x1-costmodel-1 two:gpu-2026-11-26-h100x1-costmodel-2 gpt2:gpu-2026-11-26-h100x2-costmodel-gpt2" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
+  esac
+}
+superseded() {  # runs a sweep measured again after an engine change, as NAME:PATTERN: the runs
+  # whose names match PATTERN in the sweeps listed before NAME are neither fitted on nor held out
+  case $1 in
+    h100) echo "gpt2:gpt2*" ;;
   esac
 }
 kinds=("$@")
@@ -33,6 +41,15 @@ for kind in "${kinds[@]}"; do
     fits+=("${s%%:*}/runs/cm-fit")
     [ ! -d "$work/${s%%:*}/runs/cm-holdout" ] || holdouts+=("${s%%:*}/runs/cm-holdout")
     sources+=("bench/results/raw/${s#*:}.tar.gz")
+  done
+  read -r -a sups <<< "$(superseded "$kind")"
+  for sup in "${sups[@]}"; do
+    for s in $list; do
+      [ "${s%%:*}" != "${sup%%:*}" ] || break
+      for set in cm-fit cm-holdout; do
+        [ ! -d "$work/${s%%:*}/runs/$set" ] || (cd "$work/${s%%:*}/runs/$set" && shopt -s nullglob && rm -rf -- ${sup#*:})
+      done
+    done
   done
   (cd "$work" && "$ZB" fit "${fits[@]}" --out model.json --validate) > "$work/fit.md"
   cp "$work/model.json" "costmodel/models/$kind.json"
