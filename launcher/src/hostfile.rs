@@ -54,13 +54,9 @@ impl HostfileFormat {
         }
     }
 
-    /// The file name a run folder uses for this format.
-    pub fn file_name(self) -> &'static str {
-        match self {
-            HostfileFormat::Deepspeed => "hostfile.deepspeed",
-            HostfileFormat::Openmpi => "hostfile.openmpi",
-            HostfileFormat::Mpich => "hostfile.mpich",
-        }
+    /// The file name a run folder uses for this format: `hostfile.` and the format's name.
+    pub fn file_name(self) -> String {
+        format!("hostfile.{}", self.as_str())
     }
 }
 
@@ -73,10 +69,11 @@ impl fmt::Display for HostfileFormat {
 impl FromStr for HostfileFormat {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|f| f.as_str() == s)
-            .ok_or_else(|| format!("unknown hostfile format '{s}' (expected deepspeed, openmpi or mpich)"))
+        Self::ALL.into_iter().find(|f| f.as_str() == s).ok_or_else(|| {
+            let (last, rest) = Self::ALL.split_last().expect("three formats");
+            let rest: Vec<&str> = rest.iter().map(|f| f.as_str()).collect();
+            format!("unknown hostfile format '{s}' (expected {} or {last})", rest.join(", "))
+        })
     }
 }
 
@@ -300,8 +297,9 @@ mod tests {
         for f in HostfileFormat::ALL {
             assert_eq!(f.as_str().parse::<HostfileFormat>(), Ok(f));
             assert_eq!(serde_json::to_string(&f).unwrap(), format!("\"{}\"", f.as_str()));
-            assert_eq!(f.file_name(), format!("hostfile.{f}"));
         }
+        let files: Vec<String> = HostfileFormat::ALL.iter().map(|f| f.file_name()).collect();
+        assert_eq!(files, ["hostfile.deepspeed", "hostfile.openmpi", "hostfile.mpich"]);
         let e = "slurm".parse::<HostfileFormat>().unwrap_err();
         assert_eq!(e, "unknown hostfile format 'slurm' (expected deepspeed, openmpi or mpich)");
     }

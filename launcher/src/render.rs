@@ -378,7 +378,7 @@ fn mpich(s: &mut String, c: &Cluster, run: &Run, worker: &[Word], hostfile: Opti
         Word::lit(run.ranks_per_node.to_string()),
     ];
     if let Some(f) = hostfile {
-        w.extend([Word::lit("-f"), Word::InRunDir(f.file_name().into())]);
+        w.extend([Word::lit("-f"), Word::InRunDir(f.file_name())]);
     }
     let env_names: Vec<&str> = c.env.keys().map(|k| k.as_str()).collect();
     if !env_names.is_empty() {
@@ -424,7 +424,7 @@ fn openmpi(s: &mut String, c: &Cluster, run: &Run, worker: &[Word], placement: P
         };
         w.extend([Word::lit("--map-by"), Word::lit(map)]);
         if let Some(f) = hostfile {
-            w.extend([Word::lit("--hostfile"), Word::InRunDir(f.file_name().into())]);
+            w.extend([Word::lit("--hostfile"), Word::InRunDir(f.file_name())]);
         }
     }
     // Open MPI forwards only OMPI_* to remote ranks: name the spec's variables.
@@ -730,7 +730,7 @@ pub fn write_run(dir: &Path, files: &RunFiles) -> Result<(), Error> {
         write("node.sh", node)?;
     }
     if let Some((format, text)) = &files.hostfile {
-        write(format.file_name(), text)?;
+        write(&format.file_name(), text)?;
     }
     write("run.json", &files.run_json())
 }
