@@ -105,6 +105,18 @@ impl Unit {
         }
     }
 
+    /// Offload: records a new upload of the parameters, which supersedes the last one (both on
+    /// the same stream: the new one finishes after it).
+    fn uploading(&mut self, read: HostCopy) {
+        std::mem::replace(&mut self.param_upload, read).release();
+    }
+
+    /// Offload: the last upload of the parameters, for the host update to wait for before it
+    /// overwrites them.
+    fn take_upload(&mut self) -> HostCopy {
+        std::mem::replace(&mut self.param_upload, HostCopy::Done)
+    }
+
     /// This rank's parameter shard on the device, where stage 3 keeps one there.
     fn device_param_shard(&self) -> Option<&Tensor> {
         match &self.partition {
@@ -599,7 +611,7 @@ impl Engine {
                 let (_copied, read) = self.comm.copy_to_device(unit.optim.host().param_source(), &mine)?;
                 // Forward and backward both gather the unit: the later upload, on the same stream,
                 // supersedes the earlier one.
-                std::mem::replace(&mut unit.param_upload, read).release();
+                unit.uploading(read);
                 self.comm.all_gather(&mine, &dst)?
             }
         };
@@ -738,7 +750,7 @@ impl Engine {
                 unit: u,
                 priority: self.schedule.first_use[u],
                 landed: copy,
-                uploaded: std::mem::replace(&mut self.units[u].param_upload, HostCopy::Done),
+                uploaded: self.units[u].take_upload(),
                 accumulate,
                 optim: self.optim.cfg,
                 t: self.updates + 1,
@@ -948,7 +960,7 @@ impl Engine {
                     unit: u,
                     priority: self.schedule.first_use[u],
                     landed: HostCopy::Done,
-                    uploaded: std::mem::replace(&mut self.units[u].param_upload, HostCopy::Done),
+                    uploaded: self.units[u].take_upload(),
                     accumulate: false,
                     optim: self.optim.cfg,
                     t: self.updates,
@@ -1014,13 +1026,13 @@ impl Engine {
                 let r = unit.layout.shard_range(self.owners, self.owner);
                 let mine = unit.base.f_narrow(0, r.start as i64, r.len() as i64)?;
                 let (copied, read) = self.comm.copy_to_device(src, &mine)?;
-                std::mem::replace(&mut unit.param_upload, read).release();
+                unit.uploading(read);
                 // The all-gather waits for the copy (it reads what the copy writes).
                 unit.refreshing = Some(if self.world > 1 { self.comm.all_gather(&mine, &unit.base)? } else { copied });
             }
             Partition::Sharded { shard: ParamShard::Device(shard), .. } => {
                 let (copied, read) = self.comm.copy_to_device(src, shard)?;
-                std::mem::replace(&mut unit.param_upload, read).release();
+                unit.uploading(read);
                 unit.refreshing = Some(copied);
             }
             Partition::Sharded { shard: ParamShard::Host, .. } => {}
