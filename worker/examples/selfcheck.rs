@@ -32,6 +32,16 @@
 //!   ignored targets, several chunks: in fp32 the loss within 1e-5 and both gradients within 1e-4
 //!   relative (normwise); in bf16 and fp16 within 2e-3 for the loss and 2e-2 for the gradients
 //!   (16-bit rounding of the gradients, summed over chunks). The kernel must be the one used.
+//! * `recompute`: GPT-2's recomputing nodes (`model::recompute`) against the operations they
+//!   stand for, composed on the same GPU, for one block's shapes in fp32 and bf16: the outputs
+//!   and every input's gradient within 1e-5 (fp32) or 2e-2 (bf16) relative (normwise). What each
+//!   node keeps for its backward pass (what its forward pass leaves allocated once the allocator
+//!   has settled every free, less its output) must equal what the same operations leave when run
+//!   without autograd holding only the output and, for the MLP, the GELU's input; the composed
+//!   operations must keep more. The result records how much more, beside the bytes of the tensors
+//!   recomputed (the normalised input, the layer norm's statistics, the GELU's output): in bf16
+//!   the plain operations hold 1 MiB more than their tensors at this shape, which the node's
+//!   figure shares.
 //!
 //! `mpirun -np 1 target/release/examples/selfcheck`
 
@@ -352,6 +362,118 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     }
 }
 
+/// Allocated bytes on the GPU now.
+fn allocated() -> i64 {
+    zerobench_worker::runtime::shim::cuda_stats(0).expect("allocator statistics").allocated
+}
+
+fn recompute(r: &mut Report) {
+    use zerobench_worker::model::recompute::{ln_gelu_mlp, ln_linear};
+    let cuda = Device::Cuda(0);
+    let (b, t, d, eps) = (2i64, 512i64, 256i64, 1e-5);
+    for (kind, tol) in [(Kind::Float, 1e-5), (Kind::BFloat16, 2e-2)] {
+        tch::manual_seed(12);
+        // x, then the parameters as the engine keeps them (views of one flat buffer, each a leaf):
+        // gamma, beta, w1 [4d, d], b1, w2 [d, 4d], b2, the attention's qkv weight [3d, d] and bias.
+        let shapes: [&[i64]; 8] = [&[d], &[d], &[4 * d, d], &[4 * d], &[d, 4 * d], &[d], &[3 * d, d], &[3 * d]];
+        let scales = [1.0, 0.1, 0.05, 0.1, 0.05, 0.1, 0.05, 0.1];
+        let total: i64 = shapes.iter().map(|s| s.iter().product::<i64>()).sum();
+        let flat = Tensor::zeros([total], (kind, cuda));
+        let mut at = 0;
+        let mut ins = vec![(Tensor::randn([b, t, d], (Kind::Float, cuda))).to_kind(kind).set_requires_grad(true)];
+        for (shape, scale) in shapes.iter().zip(scales) {
+            let n: i64 = shape.iter().product();
+            let view = flat.narrow(0, at, n).view(*shape);
+            view.detach().copy_(&(Tensor::randn(*shape, (Kind::Float, cuda)) * scale).to_kind(kind));
+            ins.push(view.set_requires_grad(true));
+            at += n;
+        }
+        let twins: Vec<Tensor> = ins.iter().map(|x| x.detach().copy().set_requires_grad(true)).collect();
+        let g = (Tensor::randn([b, t, d], (Kind::Float, cuda))).to_kind(kind);
+        let g3 = (Tensor::randn([b, t, 3 * d], (Kind::Float, cuda))).to_kind(kind);
+        let composed_norm = |x: &[Tensor]| x[0].layer_norm([d], Some(&x[1]), Some(&x[2]), eps, true);
+        let composed_mlp =
+            |x: &[Tensor]| composed_norm(x).linear(&x[3], Some(&x[4])).gelu("tanh").linear(&x[5], Some(&x[6]));
+        let composed_qkv = |x: &[Tensor]| composed_norm(x).linear(&x[7], Some(&x[8]));
+        let ours_mlp =
+            |x: &[Tensor]| ln_gelu_mlp(&x[0], [&x[1], &x[2], &x[3], &x[4], &x[5], &x[6]], eps).expect("node");
+        let ours_qkv = |x: &[Tensor]| ln_linear(&x[0], &x[1], &x[2], &x[7], &x[8], eps).expect("node");
+        // Once each first: cuBLAS's workspace and the allocator's pools are in place before anything
+        // is measured.
+        let _ = (ours_mlp(&ins), composed_mlp(&twins), ours_qkv(&ins), composed_qkv(&twins));
+        // What stays allocated once the allocator has settled every free (emptying its cache
+        // waits for the device and takes back every block freed, whichever stream used it).
+        let settled = || {
+            zerobench_worker::runtime::shim::cuda_empty_cache().expect("empty the cache");
+            allocated()
+        };
+        // `f` returns the output first and, after it, anything else to hold alive while measured.
+        let kept = |f: &dyn Fn() -> Vec<Tensor>| {
+            let before = settled();
+            let mut held = f();
+            let bytes = settled() - before - (held[0].numel() as i64 * kind.elt_size_in_bytes() as i64);
+            (bytes, held.swap_remove(0))
+        };
+        // The same operations without autograd, holding only what the node is to keep (the GELU's
+        // input) beside the output.
+        let plain_mlp = |x: &[Tensor]| {
+            tch::no_grad(|| {
+                let h =
+                    x[4].addmm(&x[0].layer_norm([d], Some(&x[1]), Some(&x[2]), eps, true).view([-1, d]), &x[3].tr());
+                vec![x[6].addmm(&h.gelu("tanh"), &x[5].tr()), h]
+            })
+        };
+        let plain_qkv = |x: &[Tensor]| {
+            tch::no_grad(|| {
+                vec![x[8].addmm(&x[0].layer_norm([d], Some(&x[1]), Some(&x[2]), eps, true).view([-1, d]), &x[7].tr())]
+            })
+        };
+        let rel = |a: &Tensor, b: &Tensor| {
+            let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
+            (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[]).max(1e-30)
+        };
+        let elt = kind.elt_size_in_bytes() as i64;
+        let stats = 2 * b * t * 4; // the layer norm's mean and reciprocal deviation, fp32
+        type Forward<'a> = &'a dyn Fn(&[Tensor]) -> Tensor;
+        type Plain<'a> = &'a dyn Fn(&[Tensor]) -> Vec<Tensor>;
+        for (node, ours, theirs, plain, grad, recomputed) in [
+            (
+                "ln_gelu_mlp",
+                &ours_mlp as Forward,
+                &composed_mlp as Forward,
+                &plain_mlp as Plain,
+                &g,
+                b * t * d * elt + stats + b * t * 4 * d * elt,
+            ),
+            ("ln_linear", &ours_qkv, &composed_qkv, &plain_qkv, &g3, b * t * d * elt + stats),
+        ] {
+            let (kept_plain, _) = kept(&|| plain(&ins));
+            let (kept_ours, y_ours) = kept(&|| vec![ours(&ins)]);
+            let (kept_theirs, y_theirs) = kept(&|| vec![theirs(&twins)]);
+            let value = rel(&y_ours, &y_theirs);
+            zerobench_worker::runtime::shim::backward(&[&y_ours], &[grad]).expect("backward");
+            zerobench_worker::runtime::shim::backward(&[&y_theirs], &[grad]).expect("backward");
+            let used: &[usize] = if node == "ln_linear" { &[0, 1, 2, 7, 8] } else { &[0, 1, 2, 3, 4, 5, 6] };
+            let grads: Vec<f64> = used.iter().map(|&i| rel(&ins[i].grad(), &twins[i].grad())).collect();
+            let worst = grads.iter().copied().fold(value, f64::max);
+            let saved = kept_theirs - kept_ours;
+            let ok = worst <= tol && kept_ours == kept_plain && saved > 0;
+            r.check(
+                "recompute",
+                ok,
+                json!({"node": node, "kind": format!("{kind:?}"), "tokens": b * t, "d_model": d,
+                       "output_relative_error": value, "grad_relative_errors": grads, "bound": tol,
+                       "kept_bytes": {"node": kept_ours, "plain_operations_holding_what_the_node_keeps": kept_plain,
+                                      "composed": kept_theirs, "less": saved, "recomputed_tensors": recomputed}}),
+            );
+            for &i in used {
+                zerobench_worker::runtime::shim::clear_grad(&ins[i]).expect("clear");
+                zerobench_worker::runtime::shim::clear_grad(&twins[i]).expect("clear");
+            }
+        }
+    }
+}
+
 fn main() {
     // Before MPI starts, as the worker does: MPI may initialise CUDA.
     cuda::bind_local_gpu(identity::local_rank_hint().unwrap_or(0));
@@ -368,6 +490,7 @@ fn main() {
     step_clock(&mut r, &gpu);
     nvml(&mut r, &gpu);
     lm_head(&mut r, &gpu);
+    recompute(&mut r);
     println!("{}", json!({"summary": {"checks": r.checks, "failed": r.failed, "gpu": gpu.describe().0}}));
     drop(comm);
     // MPI_Finalize runs when the universe drops; `exit` would skip it and mpirun would fail the run.

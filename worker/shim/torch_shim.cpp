@@ -8,8 +8,9 @@
 //   nothing. ZeRO-3 frees a block's parameters between forward and backward this way: shape,
 //   strides and the autograd version counter stay as they are, so saved tensors stay valid once the
 //   storage points at the re-gathered parameters again.
-// * zb_cuda_*: the CUDA caching allocator's statistics, through c10's device-allocator interface,
-//   so this file needs only libc10 at link time and runs on hosts without CUDA.
+// * zb_cuda_*: the CUDA caching allocator's statistics, and emptying its cache, through c10's
+//   device-allocator interface, so this file needs only libc10 at link time and runs on hosts
+//   without CUDA.
 // * zb_store_*: c10d's TCPStore, the rendezvous of ranks launched with the environment convention
 //   (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): rank 0 hosts it, every rank connects, and ranks
 //   publish and wait for small values under keys, each wait bounded by the store's timeout.
@@ -199,6 +200,13 @@ int zb_cuda_stats(int device, zb_cuda_stats* out) {
     out->alloc_retries = s.num_alloc_retries;
     out->ooms = s.num_ooms;
   });
+}
+
+// Gives the allocator's cached free blocks back to CUDA, after waiting for the frees still pending
+// on any stream: the self-check reads what a forward pass leaves allocated once every free has
+// settled.
+int zb_cuda_empty_cache() {
+  return guarded([&] { c10::getDeviceAllocator(c10::kCUDA)->emptyCache(); });
 }
 
 int zb_cuda_reset_peak(int device) {

@@ -28,6 +28,7 @@ extern "C" {
     fn zb_storage_release(t: CTensor) -> c_int;
     fn zb_cuda_stats(device: c_int, out: *mut CudaStats) -> c_int;
     fn zb_cuda_reset_peak(device: c_int) -> c_int;
+    fn zb_cuda_empty_cache() -> c_int;
     fn zb_mpi_in_place() -> *mut c_void;
     fn zb_store_open(
         host: *const c_char,
@@ -130,6 +131,12 @@ pub unsafe fn storage_set(t: &Tensor, data: *mut c_void, nbytes: usize) -> Resul
 pub fn storage_release(t: &Tensor) -> Result<(), ShimError> {
     // SAFETY: a live tensor; views keep their metadata, only the data pointer goes.
     check(unsafe { zb_storage_release(t.as_ptr() as CTensor) })
+}
+
+/// Gives the CUDA caching allocator's free blocks back to the driver (`emptyCache`).
+pub fn cuda_empty_cache() -> Result<(), ShimError> {
+    // SAFETY: no arguments; the allocator's own lock guards it.
+    check(unsafe { zb_cuda_empty_cache() })
 }
 
 /// The caching allocator's statistics for a CUDA device.
