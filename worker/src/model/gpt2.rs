@@ -1,8 +1,8 @@
 //! GPT-2 (Radford et al. 2019) as in Hugging Face's `GPT2LMHeadModel`: learned positions, pre-LN
 //! blocks, causal scaled-dot-product attention, tanh-approximated GELU, LM head tied to the token
 //! embedding. The layer norms and the MLP recompute what their backward pass needs
-//! (`super::recompute`). Linear weights are stored `[out, in]` (HF's Conv1D stores the transpose; the
-//! parameter count is the same).
+//! (`super::recompute`). Linear weights are stored `[out, in]` (HF's Conv1D stores the transpose;
+//! the parameter count is the same).
 //!
 //! Units: `embed` (token and position embeddings, final layer norm) and one per block.
 //! Segments: `embed` (unit 0), `block.i` (unit i + 1), `head` (unit 0 again: final layer norm,
