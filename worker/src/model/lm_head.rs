@@ -23,7 +23,9 @@
 //!   that follow, as autograd rounds it.
 //! * The weight's gradient is the sum over chunks of 16-bit GEMM results, added in fp32, where
 //!   autograd rounds one GEMM over all tokens: a few chunks' extra roundings, well within bf16's
-//!   resolution of the sum.
+//!   resolution of the sum. A single chunk's product is the gradient as it is: no fp32 sum is
+//!   held (gpt2-xl at micro-batch 4: 0.30 GiB less at the peak, measured on one H100,
+//!   `bench/results/gpu-2026-11-26-head-single-chunk-h100x1.json`).
 //! * The head's three GEMMs run in the forward phase (the logged forward time grows and the
 //!   backward time shrinks by the same work).
 //! * An evaluation (`--eval-every`, forward only under `no_grad`) gets the same loss and pays for
@@ -69,7 +71,11 @@ pub fn lm_loss_chunked(h: &Tensor, w: &Tensor, target: &Tensor, chunk_bytes: i64
         // 1 / the targets counted, on the device: reading it on the host would stall the queue.
         let scale = t.f_ne(IGNORE_INDEX)?.f_sum(Kind::Float)?.f_clamp_min(1.0)?.f_reciprocal()?;
         let g_h = Tensor::f_empty_like(&hd)?;
-        let mut g_w = Tensor::f_zeros([v_pad, d], (Kind::Float, hd.device()))?;
+        // The weight's gradient: a single chunk's 16-bit product as it is (its fp32 sum of one
+        // term would round back to the same bits), else the fp32 sum of the chunks' products,
+        // started from the first (no zeroed buffer to add it to).
+        let single = rows >= n;
+        let mut g_w: Option<Tensor> = None;
         let mut loss = Tensor::f_zeros([], (Kind::Float, hd.device()))?;
         let mut start = 0;
         while start < n {
@@ -80,12 +86,24 @@ pub fn lm_loss_chunked(h: &Tensor, w: &Tensor, target: &Tensor, chunk_bytes: i64
             let rows_loss = cross_entropy_grad_in_place(&mut logits, &tc, v, &scale)?;
             loss = loss.f_add(&rows_loss.f_sum(Kind::Float)?)?;
             g_h.f_narrow(0, start, len)?.f_copy_(&logits.f_mm(&wd)?)?;
-            // In place, without an fp32 copy of the product: a new sum beside the old one would
-            // double the largest thing the head holds (gpt2-xl: 322 MB each).
-            let _ = g_w.f_add_(&logits.f_tr()?.f_mm(&hc)?)?;
+            let part = logits.f_tr()?.f_mm(&hc)?;
+            g_w = Some(match g_w.take() {
+                None if single => part,
+                None => part.f_to_kind(Kind::Float)?,
+                // In place, without an fp32 copy of the product: a new sum beside the old one
+                // would double the largest thing the head holds.
+                Some(mut sum) => {
+                    let _ = sum.f_add_(&part)?;
+                    sum
+                }
+            });
             start += len;
         }
-        (loss.f_mul(&scale)?, g_h, g_w.f_to_kind(wd.kind())?)
+        let g_w = match g_w {
+            Some(g) => g.f_to_kind(wd.kind())?,
+            None => Tensor::f_zeros([v_pad, d], (wd.kind(), hd.device()))?,
+        };
+        (loss.f_mul(&scale)?, g_h, g_w)
     };
     let through_h = h2.f_mul(&g_h)?.f_sum(Kind::Float)?;
     let through_w = w_pad.f_mul(&g_w)?.f_sum(Kind::Float)?;
@@ -201,16 +219,35 @@ mod tests {
     fn chunked_head_in_bf16_is_within_its_rounding() {
         let (h, w, t) = leaves(Kind::BFloat16);
         let (want, want_h, want_w) = grads(plain(&h, &w, &t), &h, &w);
-        let (h2, w2) = (h.detach().set_requires_grad(true), w.detach().set_requires_grad(true));
-        let (got, got_h, got_w) = grads(lm_loss_chunked(&h2, &w2, &t, 64 * 2 * 4).unwrap(), &h2, &w2);
-        assert!((got - want).abs() < 1e-3 * want.abs(), "loss {got} vs {want}");
         let rel = |a: &Tensor, b: &Tensor| {
             let a = a.to_kind(Kind::Float);
             let b = b.to_kind(Kind::Float);
             (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[])
         };
-        assert!(rel(&got_h, &want_h) < 1e-2, "dL/dh off by {}", rel(&got_h, &want_h));
-        assert!(rel(&got_w, &want_w) < 1e-2, "dL/dw off by {}", rel(&got_w, &want_w));
+        // Chunks of two tokens (the weight's gradient summed in fp32), and one chunk (the 16-bit
+        // product as it is).
+        for chunk_bytes in [64 * 2 * 4, i64::MAX] {
+            let (h2, w2) = (h.detach().set_requires_grad(true), w.detach().set_requires_grad(true));
+            let (got, got_h, got_w) = grads(lm_loss_chunked(&h2, &w2, &t, chunk_bytes).unwrap(), &h2, &w2);
+            assert!((got - want).abs() < 1e-3 * want.abs(), "{chunk_bytes}: loss {got} vs {want}");
+            assert!(rel(&got_h, &want_h) < 1e-2, "{chunk_bytes}: dL/dh off by {}", rel(&got_h, &want_h));
+            assert!(rel(&got_w, &want_w) < 1e-2, "{chunk_bytes}: dL/dw off by {}", rel(&got_w, &want_w));
+            assert_eq!(got_w.kind(), Kind::BFloat16);
+        }
+    }
+
+    /// A micro-batch without tokens: loss 0, and zero gradients of the weight's shape and kind.
+    #[test]
+    fn no_tokens_give_zero_loss_and_gradients() {
+        let (_, w, _) = leaves(Kind::BFloat16);
+        let h = Tensor::zeros([0, 16], (Kind::BFloat16, Device::Cpu)).set_requires_grad(true);
+        let t = Tensor::zeros([0], (Kind::Int64, Device::Cpu));
+        let (loss, g_h, g_w) = grads(lm_loss(&h, &w, &t).unwrap(), &h, &w);
+        assert_eq!(loss, 0.0);
+        assert_eq!(g_h.size(), [0, 16]);
+        assert_eq!(g_w.size(), [70, 16]);
+        assert_eq!(g_w.kind(), Kind::BFloat16);
+        assert_eq!(g_w.abs().sum(Kind::Float).double_value(&[]), 0.0);
     }
 
     /// Under a loss scale the gradients scale with it, as autograd's would.
