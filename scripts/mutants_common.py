@@ -1,8 +1,10 @@
 """What the mutants scripts (mutants.sh, mutants-recheck.sh, mutants-remainder.sh,
 mutants-summary.py) share: the accepted survivors, cargo-mutants' outcomes, a mutant's name
 without its line, and the result file of a run."""
+import datetime
 import json
 import re
+import socket
 
 ACCEPTED = "bench/mutants-accepted.txt"
 
@@ -57,9 +59,6 @@ def result(outcomes_path, package, shard, benchmark="scripts/mutants.sh", keys=N
     the share caught among the viable mutants, every survivor with whether it is accepted, and the
     name of every mutant that ran (so that later runs can tell which mutants none has covered).
     With `keys`, only the mutants whose placeless names are among them count."""
-    import datetime
-    import socket
-
     acc = accepted()
     counts, missed, ran = {}, [], []
     for name, s in outcomes(outcomes_path):

@@ -300,13 +300,15 @@ PY
       # per GPU (their hosts' 32 cores are enough for both). "serial" runs (offload: host-bound;
       # several GPUs) run alone afterwards.
       mkdir -p "$RUNS/cm-fit" "$RUNS/cm-holdout"
+      picked() {  # picked SET NAME: whether CM_SETS and CM_MATCH take the run
+        case " ${CM_SETS:-fit holdout} " in *" $1 "*) ;; *) return 1 ;; esac
+        # shellcheck disable=SC2254
+        case $2 in ${CM_MATCH:-*}) return 0 ;; *) return 1 ;; esac
+      }
       lane() {  # lane GPU N K: every K-th "any" run from the N-th, on GPU
         local i=0 set ln name np
         while read -r set ln name np rest; do
-          case " ${CM_SETS:-fit holdout} " in *" $set "*) ;; *) continue ;; esac
-          # shellcheck disable=SC2254
-          case $name in ${CM_MATCH:-*}) ;; *) continue ;; esac
-          [ "$ln" = any ] || continue
+          picked "$set" "$name" && [ "$ln" = any ] || continue
           i=$((i + 1)); [ $(( (i - 1) % $3 )) -eq "$2" ] || continue
           # shellcheck disable=SC2086
           WORKER_ENV="CUDA_VISIBLE_DEVICES=$1" WORKER_TIMEOUT=180 worker "cm-$set/$name" "$np" $rest --steps "${CM_STEPS:-30}" --warmup "${CM_WARMUP:-10}" < /dev/null
@@ -314,10 +316,7 @@ PY
       }
       if [ "$GPUS" -ge 2 ]; then lane 0 0 2 & lane 1 1 2 & wait; else lane 0 0 1; fi
       while read -r set ln name np rest; do
-        case " ${CM_SETS:-fit holdout} " in *" $set "*) ;; *) continue ;; esac
-        # shellcheck disable=SC2254
-        case $name in ${CM_MATCH:-*}) ;; *) continue ;; esac
-        [ "$ln" = serial ] && [ "$np" -le "$GPUS" ] || continue
+        picked "$set" "$name" && [ "$ln" = serial ] && [ "$np" -le "$GPUS" ] || continue
         # shellcheck disable=SC2086
         WORKER_TIMEOUT=240 worker "cm-$set/$name" "$np" $rest --steps "${CM_STEPS:-30}" --warmup "${CM_WARMUP:-10}" < /dev/null
       done < bench/gpu/costmodel-runs.txt ;;

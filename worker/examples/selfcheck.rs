@@ -317,6 +317,12 @@ fn nvml(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     );
 }
 
+/// ‖a − b‖ / ‖b‖ in fp32 (normwise: elements that cancel to nearly zero do not dominate it).
+fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
+    (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[]).max(1e-30)
+}
+
 fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     use zerobench_worker::model::lm_head::{cuda_kernel_installed, install_cuda, lm_loss_chunked, IGNORE_INDEX};
     install_cuda(gpu);
@@ -340,10 +346,6 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
             0.0,
         );
         plain.backward();
-        let rel = |a: &Tensor, b: &Tensor| {
-            let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
-            (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[]).max(1e-30)
-        };
         // 3000 tokens in chunks of 1024 or so (several chunks, the last a short one: the weight's
         // gradient summed in fp32), and in one chunk (its 16-bit product as it is).
         for (chunks, chunk_bytes) in [(3, 1024 * 50304 * kind.elt_size_in_bytes() as i64), (1, i64::MAX)] {
@@ -352,7 +354,7 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
             fused.backward();
             let (lp, lf) = (plain.double_value(&[]), fused.double_value(&[]));
             let loss_err = (lp - lf).abs() / lp.abs();
-            let (gh, gw) = (rel(&h2.grad(), &h1.grad()), rel(&w2.grad(), &w1.grad()));
+            let (gh, gw) = (relative_error(&h2.grad(), &h1.grad()), relative_error(&w2.grad(), &w1.grad()));
             let ok = cuda_kernel_installed() && loss_err <= loss_tol && gh <= grad_tol && gw <= grad_tol;
             r.check(
                 "lm_head",
@@ -397,6 +399,7 @@ fn recompute(r: &mut Report) {
         let g = (Tensor::randn([b, t, d], (Kind::Float, cuda))).to_kind(kind);
         let g3 = (Tensor::randn([b, t, 3 * d], (Kind::Float, cuda))).to_kind(kind);
         let composed_norm = |x: &[Tensor]| x[0].layer_norm([d], Some(&x[1]), Some(&x[2]), eps, true);
+        let normed_rows = |x: &[Tensor]| composed_norm(x).view([-1, d]);
         let composed_mlp =
             |x: &[Tensor]| composed_norm(x).linear(&x[3], Some(&x[4])).gelu("tanh").linear(&x[5], Some(&x[6]));
         let composed_qkv = |x: &[Tensor]| composed_norm(x).linear(&x[7], Some(&x[8]));
@@ -423,43 +426,35 @@ fn recompute(r: &mut Report) {
         // input) beside the output.
         let plain_mlp = |x: &[Tensor]| {
             tch::no_grad(|| {
-                let h =
-                    x[4].addmm(&x[0].layer_norm([d], Some(&x[1]), Some(&x[2]), eps, true).view([-1, d]), &x[3].tr());
+                let h = x[4].addmm(&normed_rows(x), &x[3].tr());
                 vec![x[6].addmm(&h.gelu("tanh"), &x[5].tr()), h]
             })
         };
-        let plain_qkv = |x: &[Tensor]| {
-            tch::no_grad(|| {
-                vec![x[8].addmm(&x[0].layer_norm([d], Some(&x[1]), Some(&x[2]), eps, true).view([-1, d]), &x[7].tr())]
-            })
-        };
-        let rel = |a: &Tensor, b: &Tensor| {
-            let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
-            (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[]).max(1e-30)
-        };
+        let plain_qkv = |x: &[Tensor]| tch::no_grad(|| vec![x[8].addmm(&normed_rows(x), &x[7].tr())]);
         let elt = kind.elt_size_in_bytes() as i64;
         let stats = 2 * b * t * 4; // the layer norm's mean and reciprocal deviation, fp32
         type Forward<'a> = &'a dyn Fn(&[Tensor]) -> Tensor;
         type Plain<'a> = &'a dyn Fn(&[Tensor]) -> Vec<Tensor>;
-        for (node, ours, theirs, plain, grad, recomputed) in [
+        // Each node, the inputs it takes (indices into `ins`), and the bytes of what it recomputes.
+        for (node, ours, theirs, plain, grad, used, recomputed) in [
             (
                 "ln_gelu_mlp",
                 &ours_mlp as Forward,
                 &composed_mlp as Forward,
                 &plain_mlp as Plain,
                 &g,
+                &[0, 1, 2, 3, 4, 5, 6][..],
                 b * t * d * elt + stats + b * t * 4 * d * elt,
             ),
-            ("ln_linear", &ours_qkv, &composed_qkv, &plain_qkv, &g3, b * t * d * elt + stats),
+            ("ln_linear", &ours_qkv, &composed_qkv, &plain_qkv, &g3, &[0, 1, 2, 7, 8][..], b * t * d * elt + stats),
         ] {
             let (kept_plain, _) = kept(&|| plain(&ins));
             let (kept_ours, y_ours) = kept(&|| vec![ours(&ins)]);
             let (kept_theirs, y_theirs) = kept(&|| vec![theirs(&twins)]);
-            let value = rel(&y_ours, &y_theirs);
+            let value = relative_error(&y_ours, &y_theirs);
             zerobench_worker::runtime::shim::backward(&[&y_ours], &[grad]).expect("backward");
             zerobench_worker::runtime::shim::backward(&[&y_theirs], &[grad]).expect("backward");
-            let used: &[usize] = if node == "ln_linear" { &[0, 1, 2, 7, 8] } else { &[0, 1, 2, 3, 4, 5, 6] };
-            let grads: Vec<f64> = used.iter().map(|&i| rel(&ins[i].grad(), &twins[i].grad())).collect();
+            let grads: Vec<f64> = used.iter().map(|&i| relative_error(&ins[i].grad(), &twins[i].grad())).collect();
             let worst = grads.iter().copied().fold(value, f64::max);
             let saved = kept_theirs - kept_ours;
             let ok = worst <= tol && kept_ours == kept_plain && saved > 0;

@@ -21,34 +21,16 @@
 //! The recomputation runs the forward pass's kernels on the same inputs, so it gives the same
 //! bits; the gradients are the products and reductions autograd computes for the composed
 //! operations (tested against them below, values and every gradient). tch has no custom autograd
-//! functions: the nodes are C++ (`torch::autograd::Function`) in the shim.
+//! functions: the nodes are C++ (`torch::autograd::Function`) in the shim, whose safe wrappers
+//! this module names for the models.
 
-use tch::{TchError, Tensor};
-
-use crate::runtime::shim;
-
-/// `linear(layer_norm(x, gamma, beta, eps), w, b)` over the last dimension.
-pub fn ln_linear(
-    x: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
-    w: &Tensor,
-    b: &Tensor,
-    eps: f64,
-) -> Result<Tensor, TchError> {
-    shim::ln_linear(x, gamma, beta, w, b, eps).map_err(|e| TchError::Torch(e.0))
-}
-
-/// `linear(gelu_tanh(linear(layer_norm(x, gamma, beta, eps), w1, b1)), w2, b2)` over the last
-/// dimension; `params` is `[gamma, beta, w1, b1, w2, b2]`.
-pub fn ln_gelu_mlp(x: &Tensor, params: shim::LnMlpParams<'_>, eps: f64) -> Result<Tensor, TchError> {
-    shim::ln_gelu_mlp(x, params, eps).map_err(|e| TchError::Torch(e.0))
-}
+pub use crate::runtime::shim::{ln_gelu_mlp, ln_linear, LnMlpParams};
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tch::{Device, Kind};
+    use crate::runtime::shim;
+    use tch::{Device, Kind, Tensor};
 
     const EPS: f64 = 1e-5;
 
@@ -59,19 +41,6 @@ mod tests {
         shapes.iter().map(|s| Tensor::randn(*s, (Kind::Double, Device::Cpu)).set_requires_grad(true)).collect()
     }
 
-    /// Copies of `ts` that are fresh leaves, so each side collects its own gradients.
-    fn twins(ts: &[Tensor]) -> Vec<Tensor> {
-        ts.iter().map(|t| t.detach().copy().set_requires_grad(true)).collect()
-    }
-
-    /// Backward from `y` with a fixed, non-uniform upstream gradient; the gradients of `ts`.
-    fn grads(y: &Tensor, ts: &[Tensor]) -> Vec<Tensor> {
-        tch::manual_seed(99);
-        let g = Tensor::randn(y.size(), (Kind::Double, Device::Cpu));
-        shim::backward(&[y], &[&g]).unwrap();
-        ts.iter().map(|t| t.grad()).collect()
-    }
-
     fn assert_close(what: &str, got: &Tensor, want: &Tensor) {
         assert_eq!(got.size(), want.size(), "{what}: shape");
         let err = (got - want).abs().max().double_value(&[]);
@@ -79,57 +48,78 @@ mod tests {
         assert!(err <= 1e-12 * scale, "{what}: off by {err} (largest value {scale})");
     }
 
+    /// The node against the composed operations on leaves of `shapes` (x first, then the inputs
+    /// `names` name): the output, then, after backward from `upstream` (the output's shape
+    /// and a fixed seed when `None`), every input's gradient.
+    fn matches_composed(
+        shapes: &[&[i64]],
+        names: &[&str],
+        upstream: Option<Tensor>,
+        node: impl Fn(&[Tensor]) -> Tensor,
+        composed: impl Fn(&[Tensor]) -> Tensor,
+    ) {
+        let ours = leaves(shapes, 1);
+        // Fresh leaves of the same values, so each side collects its own gradients.
+        let theirs: Vec<Tensor> = ours.iter().map(|t| t.detach().copy().set_requires_grad(true)).collect();
+        let (y, want) = (node(&ours), composed(&theirs));
+        assert_close("value", &y, &want);
+        let g = upstream.unwrap_or_else(|| {
+            tch::manual_seed(99);
+            Tensor::randn(y.size(), (Kind::Double, Device::Cpu))
+        });
+        shim::backward(&[&y], &[&g]).unwrap();
+        shim::backward(&[&want], &[&g]).unwrap();
+        for (name, (a, b)) in names.iter().zip(ours.iter().zip(&theirs)) {
+            assert_close(name, &a.grad(), &b.grad());
+        }
+    }
+
+    fn composed_ln_linear(t: &[Tensor]) -> Tensor {
+        t[0].layer_norm([8], Some(&t[1]), Some(&t[2]), EPS, false).linear(&t[3], Some(&t[4]))
+    }
+
     #[test]
     fn ln_linear_matches_the_composed_operations_and_their_gradients() {
         // x: [batch 2, seq 3, d 8]; w: [5, 8].
-        let ours = leaves(&[&[2, 3, 8], &[8], &[8], &[5, 8], &[5]], 1);
-        let theirs = twins(&ours);
-        let y = ln_linear(&ours[0], &ours[1], &ours[2], &ours[3], &ours[4], EPS).unwrap();
-        let t = &theirs;
-        let want = t[0].layer_norm([8], Some(&t[1]), Some(&t[2]), EPS, false).linear(&t[3], Some(&t[4]));
-        assert_close("value", &y, &want);
-        let (g, gw) = (grads(&y, &ours), grads(&want, theirs.as_slice()));
-        for (name, (a, b)) in ["x", "gamma", "beta", "w", "b"].iter().zip(g.iter().zip(&gw)) {
-            assert_close(name, a, b);
-        }
+        matches_composed(
+            &[&[2, 3, 8], &[8], &[8], &[5, 8], &[5]],
+            &["x", "gamma", "beta", "w", "b"],
+            None,
+            |t| ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap(),
+            composed_ln_linear,
+        );
     }
 
     #[test]
     fn ln_gelu_mlp_matches_the_composed_operations_and_their_gradients() {
         // x: [2, 3, 8]; the MLP widens to 16 and returns to 8.
-        let ours = leaves(&[&[2, 3, 8], &[8], &[8], &[16, 8], &[16], &[8, 16], &[8]], 2);
-        let theirs = twins(&ours);
-        let o = &ours;
-        let y = ln_gelu_mlp(&o[0], [&o[1], &o[2], &o[3], &o[4], &o[5], &o[6]], EPS).unwrap();
-        let t = &theirs;
-        let want = t[0]
-            .layer_norm([8], Some(&t[1]), Some(&t[2]), EPS, false)
-            .linear(&t[3], Some(&t[4]))
-            .gelu("tanh")
-            .linear(&t[5], Some(&t[6]));
-        assert_close("value", &y, &want);
-        let (g, gw) = (grads(&y, &ours), grads(&want, theirs.as_slice()));
-        for (name, (a, b)) in ["x", "gamma", "beta", "w1", "b1", "w2", "b2"].iter().zip(g.iter().zip(&gw)) {
-            assert_close(name, a, b);
-        }
+        matches_composed(
+            &[&[2, 3, 8], &[8], &[8], &[16, 8], &[16], &[8, 16], &[8]],
+            &["x", "gamma", "beta", "w1", "b1", "w2", "b2"],
+            None,
+            |t| ln_gelu_mlp(&t[0], [&t[1], &t[2], &t[3], &t[4], &t[5], &t[6]], EPS).unwrap(),
+            |t| {
+                t[0].layer_norm([8], Some(&t[1]), Some(&t[2]), EPS, false)
+                    .linear(&t[3], Some(&t[4]))
+                    .gelu("tanh")
+                    .linear(&t[5], Some(&t[6]))
+            },
+        );
     }
 
     #[test]
     fn the_nodes_take_an_upstream_gradient_that_is_not_contiguous() {
         // The engine hands each segment its upstream gradient as the next segment produced it.
-        let ours = leaves(&[&[3, 2, 8], &[8], &[8], &[5, 8], &[5]], 3);
-        let theirs = twins(&ours);
-        let y = ln_linear(&ours[0], &ours[1], &ours[2], &ours[3], &ours[4], EPS).unwrap();
-        let t = &theirs;
-        let want = t[0].layer_norm([8], Some(&t[1]), Some(&t[2]), EPS, false).linear(&t[3], Some(&t[4]));
         tch::manual_seed(5);
         let g = Tensor::randn([2, 3, 5], (Kind::Double, Device::Cpu)).transpose(0, 1);
         assert!(!g.is_contiguous());
-        shim::backward(&[&y], &[&g]).unwrap();
-        shim::backward(&[&want], &[&g]).unwrap();
-        for (name, (a, b)) in ["x", "gamma", "beta", "w", "b"].iter().zip(ours.iter().zip(&theirs)) {
-            assert_close(name, &a.grad(), &b.grad());
-        }
+        matches_composed(
+            &[&[3, 2, 8], &[8], &[8], &[5, 8], &[5]],
+            &["x", "gamma", "beta", "w", "b"],
+            Some(g),
+            |t| ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap(),
+            composed_ln_linear,
+        );
     }
 
     #[test]

@@ -85,6 +85,13 @@ extern "C" {
 #[error("{0}")]
 pub struct ShimError(pub String);
 
+/// Model code returns tch's error: a shim call inside it reports its message that way.
+impl From<ShimError> for tch::TchError {
+    fn from(e: ShimError) -> Self {
+        tch::TchError::Torch(e.0)
+    }
+}
+
 fn check(rc: c_int) -> Result<(), ShimError> {
     if rc == 0 {
         Ok(())
@@ -189,7 +196,7 @@ unsafe fn owned(out: CTensor) -> Tensor {
 }
 
 /// `linear(layer_norm(x, gamma, beta, eps), w, b)` over the last dimension, as one autograd node
-/// whose backward recomputes the normalised `x` (see `model::recompute`).
+/// whose backward recomputes the normalised `x` (`model::recompute` says why).
 pub fn ln_linear(
     x: &Tensor,
     gamma: &Tensor,
