@@ -47,7 +47,9 @@ pub fn buckets(
 }
 
 /// The additive attention bias `[1, heads, q_len, k_len]` from the learned `table`
-/// (`[num_buckets, heads]`), in the table's dtype.
+/// (`[num_buckets, heads]`), in the table's dtype, contiguous: SDPA's fused kernels take a mask
+/// only with its last dimension at stride 1, and the table's lookup leaves the heads last (with a
+/// strided mask, SDPA falls back to its composed fp32 path, about twenty kernels per call).
 pub fn bias(
     table: &Tensor,
     q_len: i64,
@@ -57,7 +59,7 @@ pub fn bias(
 ) -> Result<Tensor, TchError> {
     let num_buckets = table.size()[0];
     let b = buckets(q_len, k_len, bidirectional, num_buckets, max_distance, table.device())?;
-    Tensor::f_embedding(table, &b, -1, false, false)?.f_permute([2, 0, 1])?.f_unsqueeze(0)
+    Tensor::f_embedding(table, &b, -1, false, false)?.f_permute([2, 0, 1])?.f_contiguous()?.f_unsqueeze(0)
 }
 
 #[cfg(test)]
@@ -128,6 +130,8 @@ mod tests {
         let table = Tensor::arange(32 * 3, (Kind::Float, Device::Cpu)).view([32, 3]);
         let b = bias(&table, 4, 6, true, 128).unwrap();
         assert_eq!(b.size(), [1, 3, 4, 6]);
+        // The layout SDPA's fused kernels need of a mask.
+        assert_eq!(b.stride()[3], 1, "{:?}", b.stride());
         // Query 1, key 3: offset +2, bucket 18; head 2 reads table[18][2].
         assert_eq!(b.double_value(&[0, 2, 1, 3]), (18 * 3 + 2) as f64);
     }
