@@ -9,14 +9,19 @@
 #   $CACHE/libtorch/lib also holds libcudart.so.13 and libcupti.so.13, which libtorch_cpu.so needs
 #   even on CPU-only hosts (from nvidia-cuda-runtime / nvidia-cuda-cupti), and NVRTC
 #   (nvidia-cuda-nvrtc), with which the tests compile the worker's CUDA kernels without a GPU.
+#   $CACHE/libtorch/cuda-include    the CUDA runtime's headers (nvidia-cuda-runtime, and the crt/
+#   ones they include from nvidia-cuda-crt), which the headers of libc10_cuda include (the
+#   worker's shim uses its streams and caching allocator).
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
 CUDART_VERSION=13.0.96
 CUPTI_VERSION=13.0.85
 NVRTC_VERSION=13.0.88
-# What a finished unpack holds; a cache made before NVRTC was added is unpacked again.
-COMPLETE="$TORCH_VERSION nvrtc-$NVRTC_VERSION"
+CRT_VERSION=13.0.88
+# What a finished unpack holds; a cache made before NVRTC or the CUDA headers were added is
+# unpacked again.
+COMPLETE="$TORCH_VERSION nvrtc-$NVRTC_VERSION cuda-include-$CUDART_VERSION-$CRT_VERSION"
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${1:-${ZEROBENCH_CACHE:-$repo/.cache}}
@@ -38,7 +43,7 @@ mkdir -p "$wheels"
 log "downloading torch==$TORCH_VERSION and the CUDA runtime wheels into $wheels"
 python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$wheels" \
   "torch==$TORCH_VERSION" "nvidia-cuda-runtime==$CUDART_VERSION" "nvidia-cuda-cupti==$CUPTI_VERSION" \
-  "nvidia-cuda-nvrtc==$NVRTC_VERSION"
+  "nvidia-cuda-nvrtc==$NVRTC_VERSION" "nvidia-cuda-crt==$CRT_VERSION"
 
 tmp=$(mktemp -d "$cache/unpack.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -51,6 +56,14 @@ for w in "$wheels"/nvidia_cuda_runtime-"$CUDART_VERSION"-*.whl "$wheels"/nvidia_
 done
 # The CUDA wheels keep their libraries under nvidia/cu13/lib (or nvidia/*/lib): flatten them beside libtorch.
 find "$tmp/nv" -name '*.so*' -type f -exec cp -n {} "$tmp/torch/lib/" \;
+for w in "$wheels"/nvidia_cuda_runtime-"$CUDART_VERSION"-*.whl "$wheels"/nvidia_cuda_crt-"$CRT_VERSION"-*.whl; do
+  unzip -q -o "$w" '*/include/*' -d "$tmp/nvinc"
+done
+inc=$(dirname "$(find "$tmp/nvinc" -name cuda_runtime_api.h | head -n1)")
+for h in cuda_runtime_api.h crt/host_defines.h; do
+  [ -f "$inc/$h" ] || { log "missing $h after unpacking the CUDA header wheels"; exit 1; }
+done
+mv "$inc" "$tmp/torch/cuda-include"
 for lib in libcudart.so.13 libcupti.so.13 libnvrtc.so.13; do
   [ -e "$tmp/torch/lib/$lib" ] || { log "missing $lib after unpacking the CUDA wheels"; exit 1; }
 done

@@ -1,7 +1,8 @@
 //! Compiles the two small native helpers of the worker:
 //! * `shim/torch_shim.cpp` against the libtorch headers in `$LIBTORCH` (what tch lacks), the same
 //!   way torch-sys compiles its own C++ (C++17, the cxx11 ABI), with c10d's Gloo process group
-//!   enabled and the Gloo headers it needs from `shim/third_party/gloo`;
+//!   enabled and the Gloo headers it needs from `shim/third_party/gloo`, and the CUDA runtime's
+//!   headers for libc10_cuda's;
 //! * `shim/mpi_shim.c` against the MPI headers that `mpicc` reports.
 
 use std::env;
@@ -23,6 +24,8 @@ fn main() {
         .file("shim/torch_shim.cpp")
         .include(libtorch.join("include"))
         .include(libtorch.join("include/torch/csrc/api/include"))
+        // libc10_cuda's headers include the CUDA runtime's (`make setup` unpacks them).
+        .include(libtorch.join("cuda-include"))
         .include("shim/third_party/gloo")
         // What libtorch_cpu is built with: without it ProcessGroupGloo.hpp declares nothing.
         .define("USE_C10D_GLOO", None)
@@ -34,6 +37,7 @@ fn main() {
         .compile("zb_torch_shim");
     println!("cargo:rustc-link-search=native={}", libtorch.join("lib").display());
     println!("cargo:rustc-link-lib=dylib=c10");
+    println!("cargo:rustc-link-lib=dylib=c10_cuda");
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
 
     let mut mpi = cc::Build::new();

@@ -1,7 +1,8 @@
 """The PyTorch reference zerobench is compared with: a nanoGPT-style GPT-2 (same shapes as
 zerobench's presets: vocabulary 50257, 1024 positions, pre-LN blocks with biases, tanh GELU, causal
 scaled-dot-product attention, tied LM head) trained in bf16 with fused AdamW, on one GPU eagerly
-(`--mode eager`) or through torch.compile (`--mode compile`), with DDP (`--mode ddp`) or with
+(`--mode eager`) or through torch.compile (`--mode compile`, and `--mode compile-reduce-overhead`,
+which replays forward and backward from CUDA graphs), with DDP (`--mode ddp`) or with
 FSDP2's `fully_shard` per block (`--mode fsdp2`), through DeepSpeed's ZeRO at a stage
 (`--mode deepspeed --stage N`: bf16, DeepSpeed's own AdamW (FusedAdam, JIT-built on first use),
 overlap_comm and contiguous_gradients, its default bucket sizes), or through DeepSpeed's ZeRO
@@ -87,7 +88,8 @@ class GPT(nn.Module):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["eager", "compile", "ddp", "fsdp2", "deepspeed", "deepspeed-offload"],
+    ap.add_argument("--mode", choices=["eager", "compile", "compile-reduce-overhead", "ddp", "fsdp2", "deepspeed",
+                                       "deepspeed-offload"],
                     required=True)
     ap.add_argument("--stage", type=int, choices=[0, 1, 2, 3], default=2, help="ZeRO stage of --mode deepspeed")
     ap.add_argument("--no-pad-head", dest="pad_head", action="store_false")
@@ -98,7 +100,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     a = ap.parse_args()
 
-    distributed = a.mode not in ("eager", "compile")
+    distributed = a.mode not in ("eager", "compile", "compile-reduce-overhead")
     if distributed:
         dist.init_process_group("nccl")
         rank, world, local = dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"])
@@ -175,9 +177,16 @@ def main():
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     if a.mode == "compile":
         model = torch.compile(model)
+    elif a.mode == "compile-reduce-overhead":
+        # torch.compile replaying forward and backward from CUDA graphs (what zerobench's
+        # --cuda-graph does; the optimizer step stays outside the graphs there too).
+        model = torch.compile(model, mode="reduce-overhead")
     gen = torch.Generator(device=dev).manual_seed(1234 + rank)
 
     def step():
+        if a.mode == "compile-reduce-overhead":
+            # A new iteration: the graphs may overwrite the last one's outputs.
+            torch.compiler.cudagraph_mark_step_begin()
         data = torch.randint(0, VOCAB, (a.micro_batch, a.seq_len + 1), device=dev, generator=gen)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             loss = model(data[:, :-1], data[:, 1:])

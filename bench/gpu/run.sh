@@ -13,7 +13,14 @@
 #   step-time    one GPU: zerobench gpt2 (micro-batch 16) and gpt2-xl (micro-batch 4) at stages 0-3,
 #                and the references (PyTorch eager and torch.compile, DeepSpeed at stages 0-3; head
 #                padded as zerobench pads it) on the same shapes, in one call (STEP_MODELS and
-#                STEP_REFS pick; bench/gpu/report_step.py reads it)
+#                STEP_REFS pick, STEP_REFS=compile-reduce-overhead adds torch.compile's CUDA graphs;
+#                STEP_GRAPH=1 adds zerobench's --cuda-graph at stages 0-2; bench/gpu/report_step.py
+#                reads it)
+#   cuda-graph   one GPU, --cuda-graph against eager: t5-large micro-batch 1 (sequence 512) and gpt2
+#                micro-batch 4 with the worker in BASE_BIN, this build eager and this build replaying
+#                graphs, alternating, twice each; then the losses of graphs against eager (gpt2
+#                stages 0-2, accumulation, t5-small; a second eager run gives the run-to-run
+#                spread); bench/gpu/report_graph.py reads it
 #   correctness  2 GPUs, stages 0-3, gpt2 on the shipped text: loss curves to compare
 #   gpt2         zerobench stages 0-3 on 1 and 2 GPUs, gpt2, micro-batch 16, sequence 1024
 #   gpt2-xl      the same for gpt2-xl, micro-batch 4
@@ -114,7 +121,7 @@ worker() {
 reference() {
   local name=$1 np=$2; shift 2
   local t0=$SECONDS
-  if [ "$np" = 1 ] && [ "$1" = "--mode" ] && { [ "$2" = eager ] || [ "$2" = compile ]; }; then
+  if [ "$np" = 1 ] && [ "$1" = "--mode" ] && [[ "$2" =~ ^(eager|compile|compile-reduce-overhead)$ ]]; then
     timeout "${WORKER_TIMEOUT:-900}" python3 bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
   else
     timeout "${WORKER_TIMEOUT:-900}" torchrun --standalone --nproc_per_node="$np" bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
@@ -256,6 +263,37 @@ print(json.dumps({"benchmark": "bench/gpu/run.sh same-losses", "commit": commit,
                   "all_identical": all(r["identical"] for r in out)}, indent=1))
 PY
       log "same-losses: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["all_identical"], [(c["case"], c["identical"], c["max_abs_diff"]) for c in d["cases"]])' "$OUTDIR/same-losses.json")" ;;
+    cuda-graph)
+      : "${BASE_BIN:?cuda-graph compares with the worker in BASE_BIN}"
+      t5=(--model t5-large --stage 0 --micro-batch 1 --seq-len 512 --steps 25 --warmup 5)
+      g4=(--model gpt2 --stage 0 --micro-batch 4 --seq-len 1024 --steps 25 --warmup 5)
+      for rep in 1 2; do
+        for which in base eager graph; do
+          bin=$BIN; [ "$which" = base ] && bin=$BASE_BIN
+          extra=(); [ "$which" = graph ] && extra=(--cuda-graph)
+          W=$bin/zerobench-worker worker "graph_t5-large_${which}_${rep}" 1 "${t5[@]}" "${extra[@]}"
+          W=$bin/zerobench-worker worker "graph_gpt2-mb4_${which}_${rep}" 1 "${g4[@]}" "${extra[@]}"
+        done
+      done
+      # Losses: every step of a replayed run against an eager one, and two eager runs against each
+      # other (kernels that add with atomics differ run to run).
+      same=(--model gpt2 --micro-batch 4 --seq-len 1024 --steps 12 --warmup 3)
+      for c in "z0|--stage 0" "z1|--stage 1" "z2|--stage 2" "z1-ga2|--stage 1 --grad-accum 2"; do
+        IFS='|' read -r name args <<< "$c"
+        for which in eager eager2 graph; do
+          extra=(); [ "$which" = graph ] && extra=(--cuda-graph)
+          # shellcheck disable=SC2086
+          worker "losses_gpt2-${name}_${which}" 1 "${same[@]}" $args "${extra[@]}"
+        done
+      done
+      for which in eager eager2 graph; do
+        extra=(); [ "$which" = graph ] && extra=(--cuda-graph)
+        worker "losses_t5-small-z0_${which}" 1 --model t5-small --stage 0 --micro-batch 4 --seq-len 512 --steps 12 \
+          --warmup 3 "${extra[@]}"
+      done
+      python3 bench/gpu/report_graph.py "$RUNS" "$OUTDIR/host.txt" "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" \
+        "$(cat "$BASE_BIN/COMMIT" 2>/dev/null || echo unknown)" > "$OUTDIR/cuda-graph.json"
+      log "cuda-graph: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print([(s["case"], s["graph_over_base"]) for s in d["speed"]])' "$OUTDIR/cuda-graph.json")" ;;
     same-speed)
       : "${BASE_BIN:?same-speed compares with the worker in BASE_BIN}"
       np=$(( GPUS < 2 ? GPUS : 2 ))
@@ -552,6 +590,13 @@ PY
         for s in 0 1 2 3; do
           worker "${m}_z${s}_mb${mb}_1gpu" 1 --model "$m" --stage "$s" --micro-batch "$mb" --seq-len 1024 --steps 20 --warmup 4
         done
+        # STEP_GRAPH=1: stages 0-2 again with --cuda-graph (stage 3 cannot replay).
+        if [ "${STEP_GRAPH:-0}" = 1 ]; then
+          for s in 0 1 2; do
+            worker "${m}_z${s}_mb${mb}_1gpu_graph" 1 --model "$m" --stage "$s" --micro-batch "$mb" --seq-len 1024 \
+              --steps 20 --warmup 4 --cuda-graph
+          done
+        fi
         for ref in ${STEP_REFS:-eager compile deepspeed}; do
           case $ref in
             deepspeed)

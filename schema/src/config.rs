@@ -305,6 +305,11 @@ pub struct RunConfig {
     pub eval_every: Option<u32>,
     #[serde(default)]
     pub device: DeviceRequest,
+    /// One GPU: from the last warmup step on, each micro-step's forward and backward are replayed
+    /// from CUDA graphs captured once, so the host launches two graphs instead of every kernel
+    /// (the optimizer step stays eager). The same computation, in the same order.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cuda_graph: bool,
     #[serde(default)]
     pub optim: OptimConfig,
     #[serde(default)]
@@ -370,6 +375,7 @@ impl RunConfig {
             data: None,
             eval_every: None,
             device: DeviceRequest::Auto,
+            cuda_graph: false,
             optim: OptimConfig::DEFAULT,
             engine: EngineConfig::DEFAULT,
         }
@@ -502,6 +508,9 @@ impl RunConfig {
         if self.engine.copy_engines.is_some() && self.device == DeviceRequest::Cpu {
             return Err(ConfigError::new("copy-engines", "moves data between GPUs; not with --device cpu"));
         }
+        if self.cuda_graph {
+            self.validate_cuda_graph(world_size)?;
+        }
         if self.engine.loss_scale_power > 60 {
             return Err(ConfigError::new("loss-scale-power", "must be at most 60"));
         }
@@ -509,6 +518,30 @@ impl RunConfig {
             if n == 0 {
                 return Err(ConfigError::new("world-size", "must be at least 1"));
             }
+        }
+        Ok(())
+    }
+
+    /// What `--cuda-graph` needs: every step the same work on one GPU, decided before it runs.
+    fn validate_cuda_graph(&self, world_size: Option<u32>) -> Result<(), ConfigError> {
+        let refuse = |why: &str| Err(ConfigError::new("cuda-graph", why.to_string()));
+        if self.device == DeviceRequest::Cpu {
+            return refuse("replays GPU work; not with --device cpu");
+        }
+        if world_size.is_some_and(|n| n > 1) {
+            return refuse("captures one GPU's step; not with more than one rank");
+        }
+        if self.stage == ZeroStage::Z3 {
+            return refuse("not with stage 3: its gathers and releases repoint parameters on the host");
+        }
+        if self.offload != Offload::None {
+            return refuse("not with --offload: the host's updates and copies are not part of the device's work");
+        }
+        if self.precision == Precision::Fp16 {
+            return refuse("not with fp16: the loss scale changes between steps, and a graph fixes it");
+        }
+        if self.warmup < 2 {
+            return refuse("needs --warmup 2 or more: an eager step first, then the step that captures");
         }
         Ok(())
     }
@@ -535,6 +568,8 @@ impl RunConfig {
         diff("delayed_update_after", after(self.delayed_update_after), after(None));
         // With a text, evaluation holds its end out of training: a different run.
         diff("eval_every", after(self.eval_every), after(None));
+        // The same computation, launched another way: a different speed.
+        diff("cuda_graph", self.cuda_graph.to_string(), false.to_string());
         let unset = || "None".to_string();
         let defaults = knob_texts(&OptimConfig::DEFAULT, &EngineConfig::DEFAULT);
         for ((name, value), (_, default)) in self.knobs().into_iter().zip(defaults) {
@@ -628,6 +663,9 @@ impl RunConfig {
         if let Some(n) = self.delayed_update_after {
             a.extend(["--delayed-update".into(), "--delayed-update-after".into(), n.to_string()]);
         }
+        if self.cuda_graph {
+            a.push("--cuda-graph".into());
+        }
         a
     }
 }
@@ -682,6 +720,30 @@ mod tests {
         ] {
             assert_eq!(bad.validate(None).unwrap_err().field, "delayed-update", "{bad:?}");
         }
+    }
+
+    /// CUDA graphs need one GPU's eager stages 0-2 in bf16 or fp32 and two warmup steps; every
+    /// refusal names the flag, and the flag reaches the variant and the worker's arguments.
+    #[test]
+    fn cuda_graph_rules_name_the_flag() {
+        let mut c = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z2);
+        c.cuda_graph = true;
+        c.validate(Some(1)).unwrap();
+        assert!(c.to_worker_args().contains(&"--cuda-graph".to_string()));
+        assert_eq!(c.variant(), "cuda_graph=true");
+        for bad in [
+            RunConfig { device: DeviceRequest::Cpu, ..c.clone() },
+            RunConfig { stage: ZeroStage::Z3, ..c.clone() },
+            RunConfig { offload: Offload::Optimizer, ..c.clone() },
+            RunConfig { precision: Precision::Fp16, ..c.clone() },
+            RunConfig { warmup: 1, ..c.clone() },
+        ] {
+            assert_eq!(bad.validate(Some(1)).unwrap_err().field, "cuda-graph", "{bad:?}");
+        }
+        assert_eq!(c.validate(Some(2)).unwrap_err().field, "cuda-graph");
+        c.cuda_graph = false;
+        assert!(!c.to_worker_args().contains(&"--cuda-graph".to_string()));
+        assert_eq!(c.variant(), "");
     }
 
     /// The host's share lies in (0, 1] and needs offload; every refusal names the flag.

@@ -33,7 +33,7 @@ fn main() {
             .expect("the ranks meet");
     let (rank, n) = (host.rank(), host.size());
     let dev = device::select(zerobench_schema::DeviceRequest::Cuda).expect("a GPU");
-    let gpu = cuda::Gpu::new(0).expect("CUDA context");
+    let gpu = cuda::Gpu::new(0, cuda::ComputeStream::Legacy).expect("CUDA context");
     let args: Vec<String> = std::env::args().skip(1).collect();
     let copy_engines = args.iter().any(|a| a == "--copy-engines").then_some(CopyEngines::All);
     let label = if copy_engines.is_some() { "zerobench-ce" } else { "zerobench" };

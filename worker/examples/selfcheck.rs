@@ -43,6 +43,12 @@
 //!   recomputed (the normalised input, the layer norm's statistics, the GELU's output): in bf16
 //!   the plain operations hold 1 MiB more than their tensors at this shape, which the node's
 //!   figure shares.
+//! * `cuda_graph`: a forward and backward through autograd (its device thread included) captured
+//!   with `runtime::graph` on a stream of the rank's own, replayed on three new inputs written
+//!   where the graph reads: loss and gradient bit-identical to the same operations run eagerly,
+//!   and nothing allocated by a replay. A capture whose work reads a value back to the host fails
+//!   with an error, and the stream captures and replays again afterwards. Runs last: it makes
+//!   libtorch compute on that stream from then on.
 //!
 //! `mpirun -np 1 target/release/examples/selfcheck`
 
@@ -474,12 +480,72 @@ fn recompute(r: &mut Report) {
     }
 }
 
+fn cuda_graph(r: &mut Report) {
+    use zerobench_worker::runtime::graph::GraphPool;
+    let cuda = Device::Cuda(0);
+    let gpu = cuda::Gpu::new(0, cuda::ComputeStream::Own).expect("CUDA context with a stream of its own");
+    let allocated = || zerobench_worker::runtime::shim::cuda_stats(0).expect("allocator statistics").allocated;
+    tch::manual_seed(21);
+    let x = Tensor::randn([512, 384], (Kind::Float, cuda));
+    let w = (Tensor::randn([384, 256], (Kind::Float, cuda)) * 0.05).set_requires_grad(true);
+    let step = |x: &Tensor, w: &Tensor| -> Result<Tensor, tch::TchError> {
+        let loss = x.f_matmul(w)?.f_tanh()?.f_square()?.f_sum(Kind::Float)?;
+        loss.f_backward()?;
+        loss.f_detach()
+    };
+    // One eager step first, as the worker's warm-up does (cuBLAS's workspace on this stream).
+    let _ = step(&x, &w).expect("eager step");
+    zerobench_worker::runtime::shim::clear_grad(&w).expect("clear");
+    gpu.synchronize().expect("sync");
+    let mut pool = GraphPool::new(Arc::clone(&gpu));
+    let captured = pool.capture(|| step(&x, &w));
+    let Ok((graph, loss)) = captured else {
+        r.check("cuda_graph", false, json!({"capture": captured.err().map(|e| e.to_string())}));
+        return;
+    };
+    let grad = w.grad();
+    let (mut worst_loss, mut worst_grad, mut grew) = (0.0f64, 0.0f64, 0i64);
+    for k in 0..3 {
+        let fresh = Tensor::randn([512, 384], (Kind::Float, cuda));
+        x.shallow_clone().copy_(&fresh);
+        let before = allocated();
+        pool.replay(&graph).expect("replay");
+        gpu.synchronize().expect("sync");
+        grew = grew.max(allocated() - before);
+        let twin = w.detach().copy().set_requires_grad(true);
+        let want = step(&fresh, &twin).expect("eager twin");
+        worst_loss = worst_loss.max((&loss - &want).abs().max().double_value(&[]));
+        worst_grad = worst_grad.max((&grad - twin.grad()).abs().max().double_value(&[]));
+        let _ = k;
+    }
+    // A capture that reads a value back to the host cannot hold: it fails, and leaves the stream
+    // able to capture again.
+    let bad = pool.capture(|| step(&x, &w).and_then(|l| l.f_double_value(&[])));
+    let again = pool.capture(|| x.f_mul_scalar(2.0));
+    let recovered = match &again {
+        Ok((g, doubled)) => {
+            pool.replay(g).expect("replay");
+            gpu.synchronize().expect("sync");
+            doubled.equal(&(&x * 2.0))
+        }
+        Err(_) => false,
+    };
+    let ok = worst_loss == 0.0 && worst_grad == 0.0 && grew == 0 && bad.is_err() && recovered;
+    r.check(
+        "cuda_graph",
+        ok,
+        json!({"replays": 3, "loss_max_abs_diff": worst_loss, "grad_max_abs_diff": worst_grad,
+               "allocated_by_replay_bytes": grew, "host_read_capture": bad.err().map(|e| e.to_string()),
+               "capture_after_failure": recovered}),
+    );
+}
+
 fn main() {
     // Before MPI starts, as the worker does: MPI may initialise CUDA.
     cuda::bind_local_gpu(identity::local_rank_hint().unwrap_or(0));
     let universe = mpi::initialize().expect("MPI");
     let _ = device::select(zerobench_schema::DeviceRequest::Cuda).expect("a GPU");
-    let gpu = cuda::Gpu::new(0).expect("CUDA context");
+    let gpu = cuda::Gpu::new(0, cuda::ComputeStream::Legacy).expect("CUDA context");
     let mut comm = NcclCollectives::new(HostGroup::Mpi(universe.world()), Arc::clone(&gpu), None, None).expect("NCCL");
     let mut r = Report { failed: 0, checks: 0 };
     adamw(&mut r, &gpu);
@@ -491,6 +557,7 @@ fn main() {
     nvml(&mut r, &gpu);
     lm_head(&mut r, &gpu);
     recompute(&mut r);
+    cuda_graph(&mut r);
     println!("{}", json!({"summary": {"checks": r.checks, "failed": r.failed, "gpu": gpu.describe().0}}));
     drop(comm);
     // MPI_Finalize runs when the universe drops; `exit` would skip it and mpirun would fail the run.

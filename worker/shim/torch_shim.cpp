@@ -8,9 +8,9 @@
 //   nothing. ZeRO-3 frees a block's parameters between forward and backward this way: shape,
 //   strides and the autograd version counter stay as they are, so saved tensors stay valid once the
 //   storage points at the re-gathered parameters again.
-// * zb_cuda_*: the CUDA caching allocator's statistics, and emptying its cache, through c10's
-//   device-allocator interface, so this file needs only libc10 at link time and runs on hosts
-//   without CUDA.
+// * zb_cuda_stats / zb_cuda_reset_peak / zb_cuda_empty_cache: the CUDA caching allocator's
+//   statistics, and emptying its cache, through c10's device-allocator interface. Like everything
+//   here they run on hosts without a GPU (libc10_cuda loads there; only calling into CUDA fails).
 // * zb_store_*: c10d's TCPStore, the rendezvous of ranks launched with the environment convention
 //   (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): rank 0 hosts it, every rank connects, and ranks
 //   publish and wait for small values under keys, each wait bounded by the store's timeout.
@@ -24,11 +24,21 @@
 //   followed by an MLP with tanh GELU, as autograd functions (tch has none) whose backward
 //   recomputes the normalised input and the GELU's output instead of keeping them from the
 //   forward pass (model/recompute.rs says what that saves and costs).
+// * zb_cuda_set_stream / zb_cuda_pool_*: libtorch's current stream on this thread, and the CUDA
+//   caching allocator's private pools: while a step is captured into a CUDA graph, everything the
+//   capture stream allocates comes from a pool that nothing else uses, so the memory a replay
+//   writes stays the graph's (what at::cuda::CUDAGraph does; that class lives in libtorch_cuda,
+//   which the worker loads at run time, while libc10_cuda is linked like libc10).
+// * zb_profiler_start / zb_profiler_stop: libtorch's own profiler (Kineto: every operator on the
+//   host, every CUDA kernel and copy through CUPTI) around one step, saved as a Chrome trace.
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -207,6 +217,52 @@ int zb_cuda_stats(int device, zb_cuda_stats* out) {
 // settled.
 int zb_cuda_empty_cache() {
   return guarded([&] { c10::getDeviceAllocator(c10::kCUDA)->emptyCache(); });
+}
+
+// libtorch's current stream on the calling thread becomes `stream` (a CUstream of this process's
+// context on device `device`): its operators run there from now on.
+int zb_cuda_set_stream(void* stream, int device) {
+  return guarded([&] {
+    c10::cuda::setCurrentCUDAStream(
+        c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device)));
+  });
+}
+
+// From now on, what libtorch allocates on `stream` comes from private pool `pool` (created on first
+// use, one more use each call) until zb_cuda_pool_end.
+int zb_cuda_pool_begin(int device, uint64_t pool, void* stream) {
+  return guarded([&] {
+    const auto s = static_cast<cudaStream_t>(stream);
+    c10::cuda::CUDACachingAllocator::beginAllocateToPool(
+        static_cast<c10::DeviceIndex>(device), {0, pool}, [s](cudaStream_t t) { return t == s; });
+  });
+}
+
+int zb_cuda_pool_end(int device, uint64_t pool) {
+  return guarded([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(static_cast<c10::DeviceIndex>(device), {0, pool}); });
+}
+
+// Gives up one use of pool `pool`; after the last, its free blocks return to the allocator.
+int zb_cuda_pool_release(int device, uint64_t pool) {
+  return guarded([&] { c10::cuda::CUDACachingAllocator::releasePool(static_cast<c10::DeviceIndex>(device), {0, pool}); });
+}
+
+// Starts libtorch's profiler on this thread (the autograd engine carries it into its device
+// threads): host operators, plus CUDA kernels and copies when `cuda` is set.
+int zb_profiler_start(int cuda) {
+  return guarded([&] {
+    namespace prof = torch::profiler::impl;
+    std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
+    if (cuda) activities.insert(prof::ActivityType::CUDA);
+    const prof::ProfilerConfig config(prof::ProfilerState::KINETO, /*report_input_shapes=*/true);
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    torch::autograd::profiler::enableProfiler(config, activities);
+  });
+}
+
+// Stops the profiler started by zb_profiler_start and writes its Chrome trace to `path`.
+int zb_profiler_stop(const char* path) {
+  return guarded([&] { torch::autograd::profiler::disableProfiler()->save(path); });
 }
 
 int zb_cuda_reset_peak(int device) {

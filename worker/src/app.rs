@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use crate::comm::group::HostGroup;
 use crate::comm::nccl::NcclCollectives;
+use crate::comm::solo::SoloCollectives;
 use crate::comm::{self, Collectives};
 use crate::failure::{Failure, Refused};
 use crate::logfile::{now_ts, RankLog};
@@ -26,7 +27,7 @@ use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::metrics::memory::MemoryProbe;
 use crate::metrics::timeline::{write_chrome_trace, Timeline};
 use crate::model::Model;
-use crate::runtime::cuda::Gpu;
+use crate::runtime::cuda::{ComputeStream, Gpu};
 use crate::runtime::guard::Guard;
 use crate::runtime::identity::{self, Identity};
 use crate::runtime::rendezvous;
@@ -233,8 +234,16 @@ fn run_logged(
         guard,
         probe: &probe,
         monitor,
+        gpu: gpu.clone(),
         clock: StepClock::new(gpu.clone()),
-        observe: Observe { timeline, trace: args.trace, profile_step: args.profile_step },
+        observe: Observe {
+            timeline,
+            trace: args.trace,
+            profile_step: args.profile_step,
+            torch_profile: args
+                .torch_profile
+                .then(|| args.log_dir.join(format!("torch-profile-rank{}.json", ident.rank))),
+        },
         rank: ident.rank,
     };
     trainer.run(progress)
@@ -285,8 +294,10 @@ fn open_device(
             Refused::LocalRank { hint: gpu_hint, local_rank: ident.local_rank, local_size: ident.local_size }.into()
         );
     }
+    let stream = if cfg.cuda_graph { ComputeStream::Own } else { ComputeStream::Legacy };
     let gpu = match device {
-        Device::Cuda(i) => Some(Gpu::new(i).map_err(|e| Failure::Internal(format!("CUDA context: {e}")))?),
+        Device::Cuda(i) => Some(Gpu::new(i, stream).map_err(|e| Failure::Internal(format!("CUDA context: {e}")))?),
+        _ if cfg.cuda_graph => return Err(Refused::CudaGraphWithoutGpu.into()),
         _ => None,
     };
     if let Some(g) = &gpu {
@@ -307,6 +318,8 @@ fn communicators(cfg: &RunConfig, host: HostGroup, gpu: Option<&Arc<Gpu>>) -> Re
         return Err(Refused::CopyEnginesWithoutGpu.into());
     }
     let comm: Box<dyn Collectives> = match gpu {
+        // One rank (`validate` saw the world), whose collectives the graphs capture as copies.
+        Some(_) if cfg.cuda_graph => Box::new(SoloCollectives),
         Some(g) => Box::new(NcclCollectives::new(host, Arc::clone(g), cfg.engine.comm_ctas, cfg.engine.copy_engines)?),
         None => comm::cpu_collectives(host)?,
     };

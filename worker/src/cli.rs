@@ -95,6 +95,16 @@ pub struct Args {
     /// Log a per-module breakdown (parameters, FLOPs, forward and backward time) of this step.
     #[arg(long)]
     pub profile_step: Option<u32>,
+    /// With --profile-step: record that step with libtorch's profiler too (every operator on the
+    /// host, every CUDA kernel and copy) into <log-dir>/torch-profile-rank<N>.json, a Chrome trace.
+    /// The profiler slows the step it records.
+    #[arg(long, requires = "profile_step")]
+    pub torch_profile: bool,
+    /// One GPU: replay each micro-step's forward and backward from CUDA graphs captured at the
+    /// last warmup step (stages 0-2, bf16 or fp32, no offload). Phases are timed per graph, so
+    /// --trace and --profile-step, which time each segment, are not available with it.
+    #[arg(long, conflicts_with_all = ["trace", "profile_step"])]
+    pub cuda_graph: bool,
     /// How the ranks find each other: `mpi` (mpirun, srun --mpi=pmix), `env` (RANK, WORLD_SIZE,
     /// MASTER_ADDR, MASTER_PORT, as torchrun and DeepSpeed set them; rank 0 hosts a TCP store),
     /// or `auto`: MPI if an MPI launcher started this process, else env if WORLD_SIZE or
@@ -137,6 +147,7 @@ impl Args {
             data: self.data.clone(),
             eval_every: self.eval_every,
             device: self.device,
+            cuda_graph: self.cuda_graph,
             optim: self.optim,
             engine: self.engine,
         }
@@ -179,6 +190,8 @@ mod tests {
             data: Some("/data/with space.txt".into()),
             eval_every: Some(3),
             device: DeviceRequest::Cpu,
+            // Not a valid run with the rest (this test only parses flags).
+            cuda_graph: true,
             optim: OptimConfig { lr: 1.5e-4, beta1: 0.8, beta2: 0.99, eps: 1e-6, weight_decay: 0.0 },
             engine: EngineConfig {
                 bucket_mb: 12.5,

@@ -59,6 +59,8 @@ pub enum Refused {
     LocalRank { hint: Option<u32>, local_rank: u32, local_size: u32 },
     #[error("--copy-engines moves data between GPUs, and this run has none")]
     CopyEnginesWithoutGpu,
+    #[error("--cuda-graph replays GPU work, and this run found no GPU")]
+    CudaGraphWithoutGpu,
 }
 
 impl From<ConfigError> for Failure {

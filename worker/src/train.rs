@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use cudarc::driver::CudaGraph;
 use tch::Tensor;
 use zerobench_schema::log::{Eval, ModuleProfile, Profile, Record, Step, Summary};
 use zerobench_schema::{RunConfig, SCHEMA_VERSION};
@@ -22,6 +23,8 @@ use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::metrics::memory::MemoryProbe;
 use crate::metrics::timeline::{Resolved, SharedTimeline, SpanInfo, Track};
 use crate::model::{Batch, Model, Shape};
+use crate::runtime::cuda::Gpu;
+use crate::runtime::graph::{GraphError, GraphPool};
 use crate::runtime::guard::Guard;
 use crate::runtime::shim;
 use crate::zero::{Engine, Schedule};
@@ -44,6 +47,8 @@ pub struct Observe {
     pub timeline: SharedTimeline,
     pub trace: bool,
     pub profile_step: Option<u32>,
+    /// Where libtorch's profiler writes its trace of the profiled step, when asked.
+    pub torch_profile: Option<std::path::PathBuf>,
 }
 
 pub struct Trainer<'a> {
@@ -55,6 +60,8 @@ pub struct Trainer<'a> {
     pub guard: &'a Guard,
     pub probe: &'a MemoryProbe,
     pub monitor: Option<Arc<GpuMonitor>>,
+    /// The rank's GPU, when it has one.
+    pub gpu: Option<Arc<Gpu>>,
     pub clock: SharedClock,
     pub observe: Observe,
     pub rank: u32,
@@ -77,11 +84,18 @@ impl Trainer<'_> {
         // took (not part of the loop's overhead).
         let mut previous_end: Option<Instant> = None;
         let mut eval_ms = 0.0;
+        // `--cuda-graph`: the graphs of a step, once captured.
+        let mut graphs: Option<StepGraphs> = None;
 
         for step in 0..self.cfg.steps {
             let traced = self.observe.trace && step >= self.cfg.warmup && step < self.cfg.warmup + TRACE_STEPS;
-            let record = traced || self.observe.profile_step == Some(step);
+            let profiled = self.observe.profile_step == Some(step);
+            let record = traced || profiled;
             self.timeline().record_step(record.then_some(step));
+            let torch_profile = self.observe.torch_profile.clone().filter(|_| profiled);
+            if torch_profile.is_some() {
+                shim::profiler_start(progress.cuda_device.is_some()).map_err(|e| Failure::Internal(e.0))?;
+            }
             let t0 = Instant::now();
             let overhead_ms = previous_end.map_or(0.0, |e| (ms_between(e, t0) - eval_ms).max(0.0));
 
@@ -93,12 +107,24 @@ impl Trainer<'_> {
                 .collect::<Result<Vec<_>, _>>()?;
             self.span(Track::Copy, || "batch to device", copy_start, SpanInfo::default())?;
 
-            for (micro, batch) in batches.iter().enumerate() {
-                self.engine.begin_micro(micro);
-                let loss = self.micro_step(&schedule, batch)?;
-                self.clock.start(StepPhase::Backward)?;
-                self.engine.end_micro(&loss)?;
-                self.clock.stop()?;
+            // From the last warmup step on, a `--cuda-graph` run replays the micro-steps' forward
+            // and backward from graphs captured at that step.
+            if self.cfg.cuda_graph && step + 1 == self.cfg.warmup {
+                graphs = Some(self.capture(&schedule, &batches)?);
+            }
+            match &graphs {
+                Some(g) => self.replay(g, &batches)?,
+                None => {
+                    for (micro, batch) in batches.iter().enumerate() {
+                        self.engine.begin_micro(micro);
+                        self.clock.start(StepPhase::Forward)?;
+                        let activations = self.forward(batch)?;
+                        self.clock.stop()?;
+                        self.clock.start(StepPhase::Backward)?;
+                        self.backward(&schedule, activations)?;
+                        self.clock.stop()?;
+                    }
+                }
             }
             self.clock.start(StepPhase::Optimizer)?;
             let opt_start = self.mark()?;
@@ -110,11 +136,18 @@ impl Trainer<'_> {
             let t1 = self.clock.finish()?;
             previous_end = Some(t1);
             let step_ms = ms_between(t0, t1);
+            if let Some(path) = &torch_profile {
+                shim::profiler_stop(path).map_err(|e| Failure::Io(format!("{}: {}", path.display(), e.0)))?;
+            }
 
             // From here on the loop's own cost: the next step's `overhead_ms`.
             let phases = self.clock.take()?;
             let comm = self.engine.take_comm_stats()?;
-            let memory = self.probe.sample();
+            let mut memory = self.probe.sample();
+            if let Some(g) = &graphs {
+                // A replay allocates nothing: what its tensors took at the capture is its peak.
+                memory.peak_allocated_bytes = memory.peak_allocated_bytes.max(g.peak_allocated);
+            }
             if let Some(p) = memory.peak_allocated_bytes {
                 peak_allocated = Some(peak_allocated.map_or(p, |q: u64| q.max(p)));
             }
@@ -262,15 +295,12 @@ impl Trainer<'_> {
         Ok(())
     }
 
-    /// Forward through every segment, then backward in reverse, with the engine's hooks around
-    /// each. Returns the micro-batch's mean loss (detached).
-    fn micro_step(&mut self, schedule: &Schedule, batch: &Batch) -> Result<Tensor, Failure> {
+    /// Forward through every segment, with the engine's hooks around each; what backward needs.
+    fn forward(&mut self, batch: &Batch) -> Result<Activations, Failure> {
         let n = self.model.segments().len();
         // inputs[s]: the leaves segment s started from; outputs[s]: what it produced.
         let mut inputs: Vec<Vec<Tensor>> = Vec::with_capacity(n);
         let mut outputs: Vec<Vec<Tensor>> = Vec::with_capacity(n);
-
-        self.clock.start(StepPhase::Forward)?;
         for s in 0..n {
             self.engine.before(s)?;
             let start = self.mark()?;
@@ -286,9 +316,14 @@ impl Trainer<'_> {
             inputs.push(leaves);
             outputs.push(out);
         }
-        self.clock.stop()?;
+        Ok(Activations { inputs, outputs })
+    }
 
-        self.clock.start(StepPhase::Backward)?;
+    /// Backward through the segments in reverse, with the engine's hooks around each, then the
+    /// engine's end of the micro-step (its loss added to the step's, every reduction complete).
+    fn backward(&mut self, schedule: &Schedule, activations: Activations) -> Result<(), Failure> {
+        let Activations { mut inputs, mut outputs } = activations;
+        let n = outputs.len();
         let loss = outputs[n - 1][0].detach();
         for s in (0..n).rev() {
             let i = schedule.backward_index(s);
@@ -319,8 +354,59 @@ impl Trainer<'_> {
                 inputs[s + 1].clear();
             }
         }
-        self.clock.stop()?;
-        Ok(loss)
+        self.engine.end_micro(&loss)?;
+        Ok(())
+    }
+
+    /// `--cuda-graph`: captures each micro-step's forward and its backward into a graph of their
+    /// own (run by [`Self::replay`], not here), reading the step's batches where they are now.
+    fn capture(&mut self, schedule: &Schedule, batches: &[Batch]) -> Result<StepGraphs, Failure> {
+        let gpu = self.gpu.clone().ok_or(Failure::Config(crate::failure::Refused::CudaGraphWithoutGpu))?;
+        let failed = |e: GraphError| Failure::Internal(format!("--cuda-graph: {e}"));
+        // The device idle, every earlier free settled, before the pool takes allocations.
+        gpu.synchronize().map_err(|e| Failure::Internal(format!("--cuda-graph: {e}")))?;
+        let started = Instant::now();
+        let mut pool = GraphPool::new(gpu.clone());
+        let mut micro = Vec::with_capacity(batches.len());
+        for (m, batch) in batches.iter().enumerate() {
+            self.engine.begin_micro(m);
+            let (forward, activations) = pool.capture(|| self.forward(batch)).map_err(failed)?;
+            let (backward, ()) = pool.capture(|| self.backward(schedule, activations)).map_err(failed)?;
+            micro.push((forward, backward));
+        }
+        let loss_sum = self.engine.loss_sum().ok_or_else(|| Failure::Internal("no loss was captured".into()))?;
+        let peak_allocated = match self.probe.cuda_device() {
+            Some(d) => shim::cuda_stats(d).ok().and_then(|s| u64::try_from(s.peak_allocated).ok()),
+            None => None,
+        };
+        tracing::info!(graphs = 2 * micro.len(), ms = ms_between(started, Instant::now()), "captured the step");
+        Ok(StepGraphs {
+            micro,
+            batches: batches.iter().map(Batch::shallow_clone).collect(),
+            loss_sum,
+            peak_allocated,
+            pool,
+        })
+    }
+
+    /// Runs a step's micro-steps from the graphs: `batches` copied where the graphs read, each
+    /// forward and backward a launch, timed as the eager phases are.
+    fn replay(&mut self, graphs: &StepGraphs, batches: &[Batch]) -> Result<(), Failure> {
+        let failed = |e: GraphError| Failure::Internal(format!("--cuda-graph: {e}"));
+        for (m, ((forward, backward), (fixed, batch))) in
+            graphs.micro.iter().zip(graphs.batches.iter().zip(batches)).enumerate()
+        {
+            self.engine.begin_micro(m);
+            fixed.copy_from(batch)?;
+            self.clock.start(StepPhase::Forward)?;
+            graphs.pool.replay(forward).map_err(failed)?;
+            self.clock.stop()?;
+            self.clock.start(StepPhase::Backward)?;
+            graphs.pool.replay(backward).map_err(failed)?;
+            self.clock.stop()?;
+        }
+        self.engine.set_loss_sum(graphs.loss_sum.shallow_clone());
+        Ok(())
     }
 
     /// Per-kind module times of a profiled step, from its compute spans.
@@ -367,6 +453,25 @@ impl Trainer<'_> {
         }
         Profile { v: SCHEMA_VERSION, ts: now_ts(), rank: self.rank, step, modules }
     }
+}
+
+/// What a micro-step's forward leaves for its backward.
+struct Activations {
+    /// The leaves each segment started from (the previous one's outputs, detached).
+    inputs: Vec<Vec<Tensor>>,
+    /// What each segment produced.
+    outputs: Vec<Vec<Tensor>>,
+}
+
+/// A step captured for `--cuda-graph`: per micro-step a forward and a backward graph, the batches
+/// they read, the summed loss they write. The graphs drop before their pool.
+struct StepGraphs {
+    micro: Vec<(CudaGraph, CudaGraph)>,
+    batches: Vec<Batch>,
+    loss_sum: Tensor,
+    /// The allocator's peak over the capture: what a replay's tensors take.
+    peak_allocated: Option<u64>,
+    pool: GraphPool,
 }
 
 fn ms_between(a: Instant, b: Instant) -> f64 {

@@ -21,6 +21,7 @@ pub mod group;
 pub mod mpi;
 pub mod nccl;
 pub mod peer_copy;
+pub mod solo;
 pub mod stats;
 
 use std::time::Instant;

@@ -14,6 +14,11 @@ impl MemoryProbe {
         Self { cuda_device }
     }
 
+    /// The CUDA device sampled, if any.
+    pub fn cuda_device(&self) -> Option<usize> {
+        self.cuda_device
+    }
+
     /// A sample; allocator peaks are reset afterwards so the next sample's peaks cover the interval
     /// in between (one step).
     pub fn sample(&self) -> MemorySample {

@@ -87,6 +87,46 @@ pub struct Batch {
     pub decoder_input: Option<Tensor>,
 }
 
+impl Batch {
+    /// The same tensors (the storage shared).
+    pub fn shallow_clone(&self) -> Batch {
+        Batch {
+            input: self.input.shallow_clone(),
+            target: self.target.shallow_clone(),
+            decoder_input: self.decoder_input.as_ref().map(Tensor::shallow_clone),
+        }
+    }
+
+    /// Writes `other`'s values into this batch's tensors (of the same shapes), in stream order;
+    /// nothing where a tensor is the very same memory.
+    pub fn copy_from(&self, other: &Batch) -> Result<(), TchError> {
+        let pairs = [
+            (Some(&self.input), Some(&other.input)),
+            (Some(&self.target), Some(&other.target)),
+            (self.decoder_input.as_ref(), other.decoder_input.as_ref()),
+        ];
+        for pair in pairs {
+            match pair {
+                (None, None) => {}
+                (Some(dst), Some(src)) => {
+                    if dst.size() != src.size() || dst.kind() != src.kind() {
+                        return Err(TchError::Shape(format!(
+                            "a batch of {:?} into one of {:?}",
+                            src.size(),
+                            dst.size()
+                        )));
+                    }
+                    if dst.data_ptr() != src.data_ptr() {
+                        dst.shallow_clone().f_copy_(src)?;
+                    }
+                }
+                _ => return Err(TchError::Shape("a batch with a decoder input and one without".into())),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The data a FLOP count is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {

@@ -1,13 +1,27 @@
 //! The CUDA side of a rank: libtorch's compute stream, a stream for communication, and events.
 //!
-//! libtorch runs every kernel on the device's legacy default stream. cudarc's `CudaContext`
-//! retains the same primary context, so events recorded through the driver API on the null stream
-//! order against libtorch's work. Communication runs on a non-blocking stream of its own; the two
-//! are ordered with events only where data flows between them.
+//! libtorch runs every kernel on the device's legacy default stream, unless the run replays its
+//! steps from CUDA graphs: a graph can only be captured from a stream other than the legacy one,
+//! so the compute stream is then one of the rank's own, made libtorch's current stream on the
+//! main thread (the autograd engine runs each backward operator on its forward's stream, so
+//! backward follows). cudarc's `CudaContext` retains the same primary context, so events recorded
+//! through the driver API on the compute stream order against libtorch's work. Communication runs
+//! on a non-blocking stream of its own; the two are ordered with events only where data flows
+//! between them.
 
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
+
+use super::shim;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("CUDA: {0}")]
+    Cuda(#[from] DriverError),
+    #[error("libtorch's stream: {0}")]
+    Torch(String),
+}
 
 /// A CUDA event from the pool. Timing is enabled so every event can serve as a timestamp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,11 +30,22 @@ pub struct Event(sys::CUevent);
 // SAFETY: CUDA events are plain handles usable from any thread bound to their context.
 unsafe impl Send for Event {}
 
+/// Which stream libtorch computes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputeStream {
+    /// The legacy default stream, libtorch's own choice.
+    Legacy,
+    /// A non-blocking stream of the rank's own: CUDA graphs capture from it.
+    Own,
+}
+
 /// The GPU this rank computes on.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
-    /// libtorch's stream: the legacy default stream.
+    /// libtorch's stream on the main thread (see [`ComputeStream`]).
     pub compute: Arc<CudaStream>,
+    /// libtorch's index of this device.
+    pub ordinal: usize,
     /// Where collectives run.
     pub comm: Arc<CudaStream>,
     /// Where host-to-device copies run (offload's parameters), beside `comm`: the link carries
@@ -30,16 +55,24 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// Attaches to the primary context of CUDA device `ordinal` (as libtorch numbers it).
-    pub fn new(ordinal: usize) -> Result<Arc<Self>, DriverError> {
+    /// Attaches to the primary context of CUDA device `ordinal` (as libtorch numbers it), with
+    /// libtorch computing on `stream` from now on (on this thread).
+    pub fn new(ordinal: usize, stream: ComputeStream) -> Result<Arc<Self>, GpuError> {
         let ctx = CudaContext::new(ordinal)?;
         // cudarc's per-slice event tracking is for its own allocations, which we do not use.
         // SAFETY: no cudarc slices exist yet.
         unsafe { ctx.disable_event_tracking() };
-        let compute = ctx.default_stream();
+        let compute = match stream {
+            ComputeStream::Legacy => ctx.default_stream(),
+            ComputeStream::Own => {
+                let s = ctx.new_stream()?;
+                shim::cuda_set_stream(&s, ordinal).map_err(|e| GpuError::Torch(e.0))?;
+                s
+            }
+        };
         let comm = ctx.new_stream()?;
         let upload = ctx.new_stream()?;
-        Ok(Arc::new(Self { ctx, compute, comm, upload, free_events: Mutex::new(Vec::new()) }))
+        Ok(Arc::new(Self { ctx, compute, ordinal, comm, upload, free_events: Mutex::new(Vec::new()) }))
     }
 
     /// An event, reused from the pool when one is free.

@@ -29,6 +29,12 @@ extern "C" {
     fn zb_cuda_stats(device: c_int, out: *mut CudaStats) -> c_int;
     fn zb_cuda_reset_peak(device: c_int) -> c_int;
     fn zb_cuda_empty_cache() -> c_int;
+    fn zb_cuda_set_stream(stream: *mut c_void, device: c_int) -> c_int;
+    fn zb_cuda_pool_begin(device: c_int, pool: u64, stream: *mut c_void) -> c_int;
+    fn zb_cuda_pool_end(device: c_int, pool: u64) -> c_int;
+    fn zb_cuda_pool_release(device: c_int, pool: u64) -> c_int;
+    fn zb_profiler_start(cuda: c_int) -> c_int;
+    fn zb_profiler_stop(path: *const c_char) -> c_int;
     fn zb_mpi_in_place() -> *mut c_void;
     fn zb_store_open(
         host: *const c_char,
@@ -144,6 +150,52 @@ pub fn storage_release(t: &Tensor) -> Result<(), ShimError> {
 pub fn cuda_empty_cache() -> Result<(), ShimError> {
     // SAFETY: no arguments; the allocator's own lock guards it.
     check(unsafe { zb_cuda_empty_cache() })
+}
+
+/// libtorch's current stream on the calling thread becomes `stream`, a stream of this process's
+/// context on CUDA device `device`.
+pub fn cuda_set_stream(stream: &cudarc::driver::CudaStream, device: usize) -> Result<(), ShimError> {
+    let dev = c_int::try_from(device).expect("small device index");
+    // SAFETY: a live stream of this process's context; libtorch only records the handle (the
+    // rank's `Gpu` keeps the stream alive as long as libtorch computes on it).
+    check(unsafe { zb_cuda_set_stream(stream.cu_stream().cast(), dev) })
+}
+
+/// What libtorch allocates on `stream` comes from the private pool `pool` until
+/// [`cuda_pool_end`]; each call is one use of the pool, given back by [`cuda_pool_release`].
+pub fn cuda_pool_begin(device: usize, pool: u64, stream: &cudarc::driver::CudaStream) -> Result<(), ShimError> {
+    let dev = c_int::try_from(device).expect("small device index");
+    // SAFETY: the handle is only compared with the streams libtorch allocates on.
+    check(unsafe { zb_cuda_pool_begin(dev, pool, stream.cu_stream().cast()) })
+}
+
+/// Ends [`cuda_pool_begin`]: allocations go to the allocator's shared pools again.
+pub fn cuda_pool_end(device: usize, pool: u64) -> Result<(), ShimError> {
+    let dev = c_int::try_from(device).expect("small device index");
+    // SAFETY: no pointers.
+    check(unsafe { zb_cuda_pool_end(dev, pool) })
+}
+
+/// Gives back one use of private pool `pool`; after the last its memory is the allocator's again.
+pub fn cuda_pool_release(device: usize, pool: u64) -> Result<(), ShimError> {
+    let dev = c_int::try_from(device).expect("small device index");
+    // SAFETY: no pointers.
+    check(unsafe { zb_cuda_pool_release(dev, pool) })
+}
+
+/// Starts libtorch's profiler (Kineto) on this thread: every operator on the host, and with
+/// `cuda` every CUDA kernel and copy.
+pub fn profiler_start(cuda: bool) -> Result<(), ShimError> {
+    // SAFETY: no pointers; libtorch keeps the profiler's state.
+    check(unsafe { zb_profiler_start(c_int::from(cuda)) })
+}
+
+/// Stops the profiler [`profiler_start`] started and writes its Chrome trace to `path`.
+pub fn profiler_stop(path: &std::path::Path) -> Result<(), ShimError> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| ShimError(format!("a NUL byte in {}", path.display())))?;
+    // SAFETY: `c` is a NUL-terminated string that outlives the call.
+    check(unsafe { zb_profiler_stop(c.as_ptr()) })
 }
 
 /// The caching allocator's statistics for a CUDA device.

@@ -800,6 +800,18 @@ impl Engine {
         Ok(())
     }
 
+    /// The step's loss summed over its micro-steps so far, on the device (what `end_micro` adds
+    /// to). A captured step keeps the tensor its graphs write.
+    pub fn loss_sum(&self) -> Option<Tensor> {
+        self.loss_acc.as_ref().map(Tensor::shallow_clone)
+    }
+
+    /// Replayed graphs wrote the step's summed loss into `sum` (the tensor [`Self::loss_sum`] gave
+    /// at their capture): the optimizer step reads it from there.
+    pub fn set_loss_sum(&mut self, sum: Tensor) {
+        self.loss_acc = Some(sum);
+    }
+
     /// After an evaluation's forward pass (no backward, so no gradient was harvested): stage 3
     /// releases the units it gathered, and hpZ forgets the secondary partitions it filled, so the
     /// next step gathers exactly as it would have without the evaluation.

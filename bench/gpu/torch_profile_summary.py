@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Summarises a trace written by `zerobench-worker --profile-step N --torch-profile`.
+
+    bench/gpu/torch_profile_summary.py LOGDIR/torch-profile-rank0.json [--top 15] [--json]
+
+Prints, for the profiled step: its span; per host thread the operators at the top of the call
+stack (count, time); the CUDA runtime calls (launches, synchronisations, copies); the kernels
+(count, summed time, the time the GPU had at least one kernel running, the largest by summed
+time); and the gaps of the GPU longer than 50 us (time the device waited for the host).
+"""
+import argparse
+import collections
+import json
+import sys
+
+
+def union_ms(intervals):
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total / 1e3
+
+
+def top_level(events):
+    """Events not nested inside another of the same thread."""
+    out = []
+    by_tid = collections.defaultdict(list)
+    for e in events:
+        by_tid[e["tid"]].append(e)
+    for tid, evs in by_tid.items():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        end = -1.0
+        for e in evs:
+            if e["ts"] >= end:
+                out.append(e)
+                end = e["ts"] + e["dur"]
+    return out
+
+
+def summarise(path, top):
+    with open(path) as f:
+        trace = json.load(f)
+    evs = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    cat = collections.defaultdict(list)
+    for e in evs:
+        cat[e.get("cat", "")].append(e)
+    t0 = min(e["ts"] for e in evs)
+    t1 = max(e["ts"] + e["dur"] for e in evs)
+    ops = top_level(cat["cpu_op"])
+    threads = collections.defaultdict(lambda: [0, 0.0])
+    for e in ops:
+        threads[e["tid"]][0] += 1
+        threads[e["tid"]][1] += e["dur"] / 1e3
+    op_names = collections.defaultdict(lambda: [0, 0.0])
+    for e in ops:
+        op_names[e["name"]][0] += 1
+        op_names[e["name"]][1] += e["dur"] / 1e3
+    runtime = collections.defaultdict(lambda: [0, 0.0])
+    for e in cat["cuda_runtime"] + cat["cuda_driver"]:
+        runtime[e["name"]][0] += 1
+        runtime[e["name"]][1] += e["dur"] / 1e3
+    kernels = cat["kernel"] + cat["gpu_memcpy"] + cat["gpu_memset"]
+    by_kernel = collections.defaultdict(lambda: [0, 0.0])
+    for e in kernels:
+        by_kernel[e["name"][:90]][0] += 1
+        by_kernel[e["name"][:90]][1] += e["dur"] / 1e3
+    ks = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels)
+    gaps, end = [], None
+    for s, e in ks:
+        if end is not None and s - end > 50:
+            gaps.append((s - end) / 1e3)
+        end = e if end is None else max(end, e)
+    return {
+        "span_ms": (t1 - t0) / 1e3,
+        "threads": {str(k): {"top_ops": v[0], "ms": round(v[1], 3)} for k, v in threads.items()},
+        "top_ops": sorted(([k, v[0], round(v[1], 3)] for k, v in op_names.items()), key=lambda r: -r[2])[:top],
+        "runtime": sorted(([k, v[0], round(v[1], 3)] for k, v in runtime.items()), key=lambda r: -r[2])[:top],
+        "kernels": len(kernels),
+        "kernel_ms": round(sum(e["dur"] for e in kernels) / 1e3, 3),
+        "gpu_busy_ms": round(union_ms(ks), 3),
+        "gaps_over_50us": len(gaps),
+        "gap_ms": round(sum(gaps), 3),
+        "top_kernels": sorted(([k, v[0], round(v[1], 3)] for k, v in by_kernel.items()), key=lambda r: -r[2])[:top],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace", nargs="+")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    for path in a.trace:
+        s = summarise(path, a.top)
+        if a.json:
+            print(json.dumps({"trace": path, **s}))
+            continue
+        print(f"== {path}")
+        print(f"span {s['span_ms']:.2f} ms; kernels {s['kernels']}, {s['kernel_ms']:.2f} ms summed, "
+              f"GPU busy {s['gpu_busy_ms']:.2f} ms; {s['gaps_over_50us']} gaps > 50 us, {s['gap_ms']:.2f} ms")
+        for tid, t in s["threads"].items():
+            print(f"  thread {tid}: {t['top_ops']} top-level operators, {t['ms']:.2f} ms")
+        for title, rows in (("operators", s["top_ops"]), ("runtime", s["runtime"]), ("kernels", s["top_kernels"])):
+            print(f"  {title}:")
+            for name, n, ms in rows:
+                print(f"    {ms:9.3f} ms {n:6d}  {name}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
