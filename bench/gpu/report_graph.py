@@ -46,18 +46,25 @@ def speed(runs, case):
 
 
 def losses(runs, case):
-    curves = {}
+    """Every step's loss (warm-up included: the capture step and the first replays too), and the
+    held-out losses where the run evaluates."""
+    curves, evals = {}, {}
     for which in ("eager", "eager2", "graph"):
-        parts = load(runs, f"losses_{case}_{which}")
-        # Every step's loss, warm-up steps included: the capture step and the first replays too.
-        curves[which] = [r["loss"] for r in json_lines(open(f"{runs}/losses_{case}_{which}/rank0.jsonl").read())
-                         if r.get("event") == "step"] if parts else None
-    def gap(a, b):
-        if not curves[a] or not curves[b] or len(curves[a]) != len(curves[b]):
+        path = f"{runs}/losses_{case}_{which}/rank0.jsonl"
+        recs = json_lines(open(path).read()) if os.path.exists(path) else []
+        curves[which] = [r["loss"] for r in recs if r.get("event") == "step"] or None
+        evals[which] = [r["loss"] for r in recs if r.get("event") == "eval"] or None
+
+    def gap(series, a, b):
+        if not series[a] or not series[b] or len(series[a]) != len(series[b]):
             return None
-        return max(abs(x - y) for x, y in zip(curves[a], curves[b]))
-    return {"case": case, "steps": len(curves["eager"] or []), "graph_vs_eager_max_abs": gap("graph", "eager"),
-            "eager_vs_eager_max_abs": gap("eager2", "eager"), "curves": curves}
+        return max(abs(x - y) for x, y in zip(series[a], series[b]))
+    out = {"case": case, "steps": len(curves["eager"] or []), "graph_vs_eager_max_abs": gap(curves, "graph", "eager"),
+           "eager_vs_eager_max_abs": gap(curves, "eager2", "eager"), "curves": curves}
+    if any(evals.values()):
+        out.update({"evals": evals, "eval_graph_vs_eager_max_abs": gap(evals, "graph", "eager"),
+                    "eval_eager_vs_eager_max_abs": gap(evals, "eager2", "eager")})
+    return out
 
 
 def main():
