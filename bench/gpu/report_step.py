@@ -1,9 +1,10 @@
 """Reads the archive of `bench/gpu/run.sh step-time` (one GPU: zerobench gpt2 and gpt2-xl at stages
-0-3, the PyTorch references eager and torch.compile and DeepSpeed at stages 0-3 on the same shapes,
-in the same call) and writes the JSON of bench/results and the Markdown tables of
-docs/results/one-gpu.md and two-gpus.md. Each zerobench run is compared with eager and
-torch.compile, and with DeepSpeed at its own stage (throughput and peak allocated memory); the
-JSON's `targets` holds the one-GPU targets these ratios are held to.
+0-3, with `STEP_GRAPH=1` also at stages 0-2 with `--cuda-graph`; the PyTorch references eager,
+torch.compile by default and with CUDA graphs (reduce-overhead), and DeepSpeed at stages 0-3 on the
+same shapes, in the same call) and writes the JSON of bench/results and the Markdown tables of
+docs/results/one-gpu.md and two-gpus.md. Each zerobench run is compared with every reference of
+its GPU count, and with DeepSpeed at its own stage (throughput and peak allocated memory); the
+JSON's `targets` holds the one-GPU targets, each side at its best mode (`targets`).
 
     python3 bench/gpu/report_step.py ARCHIVE.tar.gz --json OUT.json --md OUT.md
 
