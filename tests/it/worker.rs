@@ -469,3 +469,70 @@ fn copy_engines_are_refused_without_gpus() {
         assert!(stderr.contains("--copy-engines") && stderr.contains(says), "{stderr}");
     }
 }
+
+/// `--cuda-graph` replays GPU work: refused on a CPU (asked for, and found by `auto` on a host
+/// without a GPU, with an `error` record), and beside the per-segment timers of `--trace` and
+/// `--profile-step`; each refusal names the flag.
+#[test]
+fn cuda_graphs_are_refused_without_gpus_and_beside_segment_timers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: [(&str, &[&str], &str); 4] = [
+        ("cpu", &["--device", "cpu"], "not with --device cpu"),
+        ("auto", &["--device", "auto"], "found no GPU"),
+        ("trace", &["--device", "cpu", "--trace"], "--trace"),
+        ("profile", &["--device", "cpu", "--profile-step", "2"], "--profile-step"),
+    ];
+    for (name, extra, says) in cases {
+        if name == "auto" && std::path::Path::new("/dev/nvidia0").exists() {
+            continue; // a GPU host: auto finds it
+        }
+        let out = run(Command::new(worker())
+            .args(["--model", "tiny", "--stage", "0", "--steps", "4", "--warmup", "2", "--cuda-graph"])
+            .args(extra)
+            .arg("--log-dir")
+            .arg(tmp.path().join(name)));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert!(stderr.contains("--cuda-graph") && stderr.contains(says), "{name}: {stderr}");
+    }
+    let log = std::fs::read_to_string(tmp.path().join("auto/rank0.jsonl")).unwrap_or_default();
+    if !std::path::Path::new("/dev/nvidia0").exists() {
+        assert!(log.contains("\"class\":\"config\"") && log.contains("found no GPU"), "{log}");
+    }
+}
+
+/// `--torch-profile` writes libtorch's trace of the profiled step (its operators, as Chrome trace
+/// events) beside the log, and asks for `--profile-step`.
+#[test]
+fn torch_profile_traces_the_profiled_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("p");
+    let out = run(Command::new(worker())
+        .args(["--model", "tiny", "--stage", "0", "--steps", "3", "--warmup", "1", "--device", "cpu", "--threads", "1"])
+        .args(["--profile-step", "1", "--torch-profile", "--log-dir"])
+        .arg(&dir));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(dir.join("torch-profile-rank0.json")).expect("the trace");
+    let trace: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let ops: Vec<&str> = trace["traceEvents"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["cat"] == "cpu_op")
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    // The model's products, and the backward pass (the autograd engine's nodes).
+    assert!(
+        ops.iter().any(|n| n.starts_with("aten::addmm") || n.starts_with("aten::mm")),
+        "{:?}",
+        &ops[..ops.len().min(20)]
+    );
+    assert!(ops.iter().any(|n| n.starts_with("autograd::engine::evaluate_function")), "no backward operators");
+
+    let alone = run(Command::new(worker())
+        .args(["--model", "tiny", "--stage", "0", "--device", "cpu", "--torch-profile", "--log-dir"])
+        .arg(tmp.path().join("alone")));
+    let stderr = String::from_utf8_lossy(&alone.stderr);
+    assert_eq!(alone.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--profile-step"), "{stderr}");
+}

@@ -212,6 +212,25 @@ mod tests {
     use super::*;
     use zerobench_schema::ModelPreset;
 
+    /// A replayed step's batch lands in the captured one's tensors: values copied, the same
+    /// memory left alone, another shape or a missing decoder input refused.
+    #[test]
+    fn a_batch_copies_into_another() {
+        let ids = |v: &[i64]| Tensor::from_slice(v).view([1, -1]);
+        let fixed = Batch { input: ids(&[0, 0, 0]), target: ids(&[0, 0]), decoder_input: Some(ids(&[0, 0])) };
+        let fresh = Batch { input: ids(&[1, 2, 3]), target: ids(&[4, 5]), decoder_input: Some(ids(&[6, 7])) };
+        fixed.copy_from(&fresh).unwrap();
+        assert!(fixed.input.equal(&fresh.input) && fixed.target.equal(&fresh.target));
+        assert!(fixed.decoder_input.as_ref().unwrap().equal(fresh.decoder_input.as_ref().unwrap()));
+        let same = fixed.shallow_clone();
+        fixed.copy_from(&same).unwrap();
+        assert_eq!(same.input.data_ptr(), fixed.input.data_ptr());
+        let longer = Batch { input: ids(&[1, 2, 3, 4]), ..fresh.shallow_clone() };
+        assert!(fixed.copy_from(&longer).is_err());
+        let without = Batch { decoder_input: None, ..fresh.shallow_clone() };
+        assert!(fixed.copy_from(&without).is_err());
+    }
+
     /// The worker's models have exactly the parameters the schema's closed forms give, unit by
     /// unit, so memory predictions and logs agree with what trains; every unit is used by a
     /// segment, the segments use the units in the schema's order, and the first segment reads the
