@@ -69,6 +69,13 @@ impl From<ConfigError> for Failure {
     }
 }
 
+/// A step that could not be captured or replayed (`--cuda-graph`).
+impl From<crate::runtime::graph::GraphError> for Failure {
+    fn from(e: crate::runtime::graph::GraphError) -> Self {
+        Failure::Internal(format!("--cuda-graph: {e}"))
+    }
+}
+
 impl Failure {
     pub fn class(&self) -> ErrorClass {
         match self {

@@ -24,7 +24,7 @@ use crate::metrics::memory::MemoryProbe;
 use crate::metrics::timeline::{Resolved, SharedTimeline, SpanInfo, Track};
 use crate::model::{Batch, Model, Shape};
 use crate::runtime::cuda::Gpu;
-use crate::runtime::graph::{GraphError, GraphPool};
+use crate::runtime::graph::GraphPool;
 use crate::runtime::guard::Guard;
 use crate::runtime::shim;
 use crate::zero::{Engine, Schedule};
@@ -362,7 +362,6 @@ impl Trainer<'_> {
     /// own (run by [`Self::replay`], not here), reading the step's batches where they are now.
     fn capture(&mut self, schedule: &Schedule, batches: &[Batch]) -> Result<StepGraphs, Failure> {
         let gpu = self.gpu.clone().ok_or(Failure::Config(crate::failure::Refused::CudaGraphWithoutGpu))?;
-        let failed = |e: GraphError| Failure::Internal(format!("--cuda-graph: {e}"));
         // The device idle, every earlier free settled, before the pool takes allocations.
         gpu.synchronize().map_err(|e| Failure::Internal(format!("--cuda-graph: {e}")))?;
         let started = Instant::now();
@@ -370,8 +369,8 @@ impl Trainer<'_> {
         let mut micro = Vec::with_capacity(batches.len());
         for (m, batch) in batches.iter().enumerate() {
             self.engine.begin_micro(m);
-            let (forward, activations) = pool.capture(|| self.forward(batch)).map_err(failed)?;
-            let (backward, ()) = pool.capture(|| self.backward(schedule, activations)).map_err(failed)?;
+            let (forward, activations) = pool.capture(|| self.forward(batch))?;
+            let (backward, ()) = pool.capture(|| self.backward(schedule, activations))?;
             micro.push((forward, backward));
         }
         let loss_sum = self.engine.loss_sum().ok_or_else(|| Failure::Internal("no loss was captured".into()))?;
@@ -392,17 +391,16 @@ impl Trainer<'_> {
     /// Runs a step's micro-steps from the graphs: `batches` copied where the graphs read, each
     /// forward and backward a launch, timed as the eager phases are.
     fn replay(&mut self, graphs: &StepGraphs, batches: &[Batch]) -> Result<(), Failure> {
-        let failed = |e: GraphError| Failure::Internal(format!("--cuda-graph: {e}"));
         for (m, ((forward, backward), (fixed, batch))) in
             graphs.micro.iter().zip(graphs.batches.iter().zip(batches)).enumerate()
         {
             self.engine.begin_micro(m);
             fixed.copy_from(batch)?;
             self.clock.start(StepPhase::Forward)?;
-            graphs.pool.replay(forward).map_err(failed)?;
+            graphs.pool.replay(forward)?;
             self.clock.stop()?;
             self.clock.start(StepPhase::Backward)?;
-            graphs.pool.replay(backward).map_err(failed)?;
+            graphs.pool.replay(backward)?;
             self.clock.stop()?;
         }
         self.engine.set_loss_sum(graphs.loss_sum.shallow_clone());

@@ -30,9 +30,6 @@ pub enum GraphError {
     Capture(String),
     #[error("the caching allocator's pool: {0}")]
     Pool(String),
-    /// The captured work itself failed (before CUDA noticed anything).
-    #[error("{0}")]
-    Work(String),
 }
 
 /// A private pool of the caching allocator and the graphs captured into it.
@@ -50,11 +47,12 @@ impl GraphPool {
 
     /// Captures what `work` issues on the compute stream (from any thread, as the autograd engine
     /// does) into a graph, without running it; `work`'s result comes back beside it. Tensors
-    /// `work` allocates live in this pool.
-    pub fn capture<T, E: std::fmt::Display>(
+    /// `work` allocates live in this pool. Where `work` fails, its own error comes back (an
+    /// allocation that does not fit stays an out-of-memory error, say).
+    pub fn capture<T, E: From<GraphError>>(
         &mut self,
         work: impl FnOnce() -> Result<T, E>,
-    ) -> Result<(CudaGraph, T), GraphError> {
+    ) -> Result<(CudaGraph, T), E> {
         // Before the capture starts, so that no free of the autograd engine's threads records an
         // event on a stream that already captures (at::cuda::CUDAGraph's order).
         shim::cuda_pool_begin(self.gpu.ordinal, self.id, &self.gpu.compute).map_err(|e| GraphError::Pool(e.0))?;
@@ -67,10 +65,10 @@ impl GraphPool {
     }
 
     /// The capture itself, always ended once begun so the stream leaves capture mode.
-    fn capture_on_stream<T, E: std::fmt::Display>(
+    fn capture_on_stream<T, E: From<GraphError>>(
         &self,
         work: impl FnOnce() -> Result<T, E>,
-    ) -> Result<(CudaGraph, T), GraphError> {
+    ) -> Result<(CudaGraph, T), E> {
         let stream = &self.gpu.compute;
         let capture_err = |e: cudarc::driver::DriverError| GraphError::Capture(e.to_string());
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL).map_err(capture_err)?;
@@ -78,10 +76,10 @@ impl GraphPool {
         // libtorch's allocations during the capture are not graph allocations, so the flag
         // changes nothing for them; cudarc wants one.
         let ended = stream.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
-        let value = value.map_err(|e| GraphError::Work(e.to_string()))?;
+        let value = value?;
         match ended.map_err(capture_err)? {
             Some(graph) => Ok((graph, value)),
-            None => Err(GraphError::Capture("nothing was captured".into())),
+            None => Err(GraphError::Capture("nothing was captured".into()).into()),
         }
     }
 
