@@ -1,5 +1,7 @@
 //! The training loop: micro-steps of segment-by-segment forward and backward around the engine's
-//! hooks, one optimizer step, one `step` record (and, when asked, a trace and a profile).
+//! hooks, one optimizer step, one `step` record (and, when asked, a trace and a profile). With
+//! `--cuda-graph` the micro-steps' forward and backward passes are captured at the last warm-up
+//! step and replayed from then on (`runtime::graph`); the optimizer step stays eager.
 //!
 //! A step's time is what a user's training loop pays: from the start of its work to the
 //! completion of all of it, the device synchronised at the end (`StepClock::finish`). What the
