@@ -265,32 +265,30 @@ PY
       log "same-losses: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["all_identical"], [(c["case"], c["identical"], c["max_abs_diff"]) for c in d["cases"]])' "$OUTDIR/same-losses.json")" ;;
     cuda-graph)
       : "${BASE_BIN:?cuda-graph compares with the worker in BASE_BIN}"
+      replayed() { [ "$1" != graph ] || echo --cuda-graph; }  # replayed WHICH: its flag, if any
       t5=(--model t5-large --stage 0 --micro-batch 1 --seq-len 512 --steps 25 --warmup 5)
       g4=(--model gpt2 --stage 0 --micro-batch 4 --seq-len 1024 --steps 25 --warmup 5)
       for rep in 1 2; do
         for which in base eager graph; do
           bin=$BIN; [ "$which" = base ] && bin=$BASE_BIN
-          extra=(); [ "$which" = graph ] && extra=(--cuda-graph)
-          W=$bin/zerobench-worker worker "graph_t5-large_${which}_${rep}" 1 "${t5[@]}" "${extra[@]}"
-          W=$bin/zerobench-worker worker "graph_gpt2-mb4_${which}_${rep}" 1 "${g4[@]}" "${extra[@]}"
+          # shellcheck disable=SC2046
+          W=$bin/zerobench-worker worker "graph_t5-large_${which}_${rep}" 1 "${t5[@]}" $(replayed "$which")
+          # shellcheck disable=SC2046
+          W=$bin/zerobench-worker worker "graph_gpt2-mb4_${which}_${rep}" 1 "${g4[@]}" $(replayed "$which")
         done
       done
       # Losses: every step of a replayed run against an eager one, and two eager runs against each
       # other (kernels that add with atomics differ run to run).
-      same=(--model gpt2 --micro-batch 4 --seq-len 1024 --steps 12 --warmup 3)
-      for c in "z0|--stage 0" "z1|--stage 1" "z2|--stage 2" "z1-ga2|--stage 1 --grad-accum 2" \
-        "z0-text-eval|--stage 0 --eval-every 4 --data tests/data/declaration-of-independence.txt"; do
+      gpt2="--model gpt2 --micro-batch 4 --seq-len 1024 --steps 12 --warmup 3"
+      for c in "gpt2-z0|$gpt2 --stage 0" "gpt2-z1|$gpt2 --stage 1" "gpt2-z2|$gpt2 --stage 2" \
+        "gpt2-z1-ga2|$gpt2 --stage 1 --grad-accum 2" \
+        "gpt2-z0-text-eval|$gpt2 --stage 0 --eval-every 4 --data tests/data/declaration-of-independence.txt" \
+        "t5-small-z0|--model t5-small --stage 0 --micro-batch 4 --seq-len 512 --steps 12 --warmup 3"; do
         IFS='|' read -r name args <<< "$c"
         for which in eager eager2 graph; do
-          extra=(); [ "$which" = graph ] && extra=(--cuda-graph)
-          # shellcheck disable=SC2086
-          worker "losses_gpt2-${name}_${which}" 1 "${same[@]}" $args "${extra[@]}"
+          # shellcheck disable=SC2046,SC2086
+          worker "losses_${name}_${which}" 1 $args $(replayed "$which")
         done
-      done
-      for which in eager eager2 graph; do
-        extra=(); [ "$which" = graph ] && extra=(--cuda-graph)
-        worker "losses_t5-small-z0_${which}" 1 --model t5-small --stage 0 --micro-batch 4 --seq-len 512 --steps 12 \
-          --warmup 3 "${extra[@]}"
       done
       python3 bench/gpu/report_graph.py "$RUNS" "$OUTDIR/host.txt" "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" \
         "$(cat "$BASE_BIN/COMMIT" 2>/dev/null || echo unknown)" > "$OUTDIR/cuda-graph.json"

@@ -480,35 +480,9 @@ fn recompute(r: &mut Report) {
     }
 }
 
-/// What a captured piece of work fails with in `cuda_graph`: libtorch's error, or the capture's.
-#[derive(Debug)]
-enum Captured {
-    Torch(tch::TchError),
-    Graph(zerobench_worker::runtime::graph::GraphError),
-}
-
-impl std::fmt::Display for Captured {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Captured::Torch(e) => write!(f, "{e}"),
-            Captured::Graph(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl From<zerobench_worker::runtime::graph::GraphError> for Captured {
-    fn from(e: zerobench_worker::runtime::graph::GraphError) -> Self {
-        Captured::Graph(e)
-    }
-}
-
-impl From<tch::TchError> for Captured {
-    fn from(e: tch::TchError) -> Self {
-        Captured::Torch(e)
-    }
-}
-
 fn cuda_graph(r: &mut Report) {
+    // The worker's own failure type: libtorch's errors and the capture's convert into it.
+    use zerobench_worker::failure::Failure;
     use zerobench_worker::runtime::graph::GraphPool;
     let cuda = Device::Cuda(0);
     let gpu = cuda::Gpu::new(0, cuda::ComputeStream::Own).expect("CUDA context with a stream of its own");
@@ -516,7 +490,7 @@ fn cuda_graph(r: &mut Report) {
     tch::manual_seed(21);
     let x = Tensor::randn([512, 384], (Kind::Float, cuda));
     let w = (Tensor::randn([384, 256], (Kind::Float, cuda)) * 0.05).set_requires_grad(true);
-    let step = |x: &Tensor, w: &Tensor| -> Result<Tensor, Captured> {
+    let step = |x: &Tensor, w: &Tensor| -> Result<Tensor, Failure> {
         let loss = x.f_matmul(w)?.f_tanh()?.f_square()?.f_sum(Kind::Float)?;
         loss.f_backward()?;
         Ok(loss.f_detach()?)
@@ -549,7 +523,7 @@ fn cuda_graph(r: &mut Report) {
     // A capture that reads a value back to the host cannot hold: it fails, and leaves the stream
     // able to capture again.
     let bad = pool.capture(|| step(&x, &w).and_then(|l| Ok(l.f_double_value(&[])?)));
-    let again = pool.capture(|| Ok::<_, Captured>(x.f_mul_scalar(2.0)?));
+    let again = pool.capture(|| Ok::<_, Failure>(x.f_mul_scalar(2.0)?));
     let recovered = match &again {
         Ok((g, doubled)) => {
             pool.replay(g).expect("replay");

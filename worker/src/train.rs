@@ -94,8 +94,8 @@ impl Trainer<'_> {
             let profiled = self.observe.profile_step == Some(step);
             let record = traced || profiled;
             self.timeline().record_step(record.then_some(step));
-            let torch_profile = self.observe.torch_profile.clone().filter(|_| profiled);
-            if torch_profile.is_some() {
+            let torch_profile = profiled && self.observe.torch_profile.is_some();
+            if torch_profile {
                 shim::profiler_start(progress.cuda_device.is_some()).map_err(|e| Failure::Internal(e.0))?;
             }
             let t0 = Instant::now();
@@ -138,7 +138,7 @@ impl Trainer<'_> {
             let t1 = self.clock.finish()?;
             previous_end = Some(t1);
             let step_ms = ms_between(t0, t1);
-            if let Some(path) = &torch_profile {
+            if let Some(path) = self.observe.torch_profile.as_ref().filter(|_| torch_profile) {
                 shim::profiler_stop(path).map_err(|e| Failure::Io(format!("{}: {}", path.display(), e.0)))?;
             }
 

@@ -184,6 +184,17 @@ pub(crate) fn flat(t: &Tensor, op: &'static str) -> Result<(Elem, usize), CommEr
     Ok((e, t.numel()))
 }
 
+/// Checks that `src` can be copied into `dst` (both contiguous, of one element type and length)
+/// and returns that type and length.
+pub(crate) fn matching(src: &Tensor, dst: &Tensor, op: &'static str) -> Result<(Elem, usize), CommError> {
+    let (e, n) = flat(src, op)?;
+    let (eo, m) = flat(dst, op)?;
+    if e != eo || n != m {
+        return Err(CommError::BadTensor { op, reason: format!("{n} elements into {m}") });
+    }
+    Ok((e, n))
+}
+
 /// Whether `a` is exactly the `rank`-th of `world` equal slices of `whole`.
 pub(crate) fn is_rank_slice(a: &Tensor, whole: &Tensor, rank: usize, world: usize) -> bool {
     let n = a.numel();
@@ -233,11 +244,7 @@ impl Blocking {
 
     /// On a CPU rank "device" and "host" memory are the same: a plain copy, timed like the rest.
     pub fn host_copy(&mut self, kind: CollectiveKind, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
-        let (e, n) = flat(src, kind.name())?;
-        let (eo, m) = flat(dst, kind.name())?;
-        if e != eo || n != m {
-            return Err(CommError::BadTensor { op: kind.name(), reason: format!("{n} elements into {m}") });
-        }
+        let (e, n) = matching(src, dst, kind.name())?;
         let (s, d) = (src.data_ptr(), dst.data_ptr());
         self.timed(kind, n * e.size(), || {
             // SAFETY: contiguous CPU tensors of the same size and type; distinct buffers.

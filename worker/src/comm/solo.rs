@@ -7,7 +7,7 @@
 
 use tch::Tensor;
 
-use super::{flat, Collectives, CommError, HostCopy, Pending, StepComm};
+use super::{flat, matching, Collectives, CommError, HostCopy, Pending, StepComm};
 use crate::metrics::clock::SharedClock;
 use crate::metrics::timeline::SharedTimeline;
 
@@ -16,11 +16,7 @@ pub struct SoloCollectives;
 
 /// `dst` := `src`, unless they are the same memory.
 fn copy(op: &'static str, src: &Tensor, dst: &Tensor) -> Result<Pending, CommError> {
-    let (e, n) = flat(src, op)?;
-    let (eo, m) = flat(dst, op)?;
-    if e != eo || n != m {
-        return Err(CommError::BadTensor { op, reason: format!("{n} elements into {m}") });
-    }
+    matching(src, dst, op)?;
     if src.data_ptr() != dst.data_ptr() {
         let mut d = dst.shallow_clone();
         d.f_copy_(src).map_err(|err| CommError::Failed { op, message: err.to_string() })?;

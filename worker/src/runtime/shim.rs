@@ -155,7 +155,7 @@ pub fn cuda_empty_cache() -> Result<(), ShimError> {
 /// libtorch's current stream on the calling thread becomes `stream`, a stream of this process's
 /// context on CUDA device `device`.
 pub fn cuda_set_stream(stream: &cudarc::driver::CudaStream, device: usize) -> Result<(), ShimError> {
-    let dev = c_int::try_from(device).expect("small device index");
+    let dev = device_index(device);
     // SAFETY: a live stream of this process's context; libtorch only records the handle (the
     // rank's `Gpu` keeps the stream alive as long as libtorch computes on it).
     check(unsafe { zb_cuda_set_stream(stream.cu_stream().cast(), dev) })
@@ -164,21 +164,21 @@ pub fn cuda_set_stream(stream: &cudarc::driver::CudaStream, device: usize) -> Re
 /// What libtorch allocates on `stream` comes from the private pool `pool` until
 /// [`cuda_pool_end`]; each call is one use of the pool, given back by [`cuda_pool_release`].
 pub fn cuda_pool_begin(device: usize, pool: u64, stream: &cudarc::driver::CudaStream) -> Result<(), ShimError> {
-    let dev = c_int::try_from(device).expect("small device index");
+    let dev = device_index(device);
     // SAFETY: the handle is only compared with the streams libtorch allocates on.
     check(unsafe { zb_cuda_pool_begin(dev, pool, stream.cu_stream().cast()) })
 }
 
 /// Ends [`cuda_pool_begin`]: allocations go to the allocator's shared pools again.
 pub fn cuda_pool_end(device: usize, pool: u64) -> Result<(), ShimError> {
-    let dev = c_int::try_from(device).expect("small device index");
+    let dev = device_index(device);
     // SAFETY: no pointers.
     check(unsafe { zb_cuda_pool_end(dev, pool) })
 }
 
 /// Gives back one use of private pool `pool`; after the last its memory is the allocator's again.
 pub fn cuda_pool_release(device: usize, pool: u64) -> Result<(), ShimError> {
-    let dev = c_int::try_from(device).expect("small device index");
+    let dev = device_index(device);
     // SAFETY: no pointers.
     check(unsafe { zb_cuda_pool_release(dev, pool) })
 }
@@ -198,17 +198,22 @@ pub fn profiler_stop(path: &std::path::Path) -> Result<(), ShimError> {
     check(unsafe { zb_profiler_stop(c.as_ptr()) })
 }
 
+/// A CUDA device index as the shim takes it.
+fn device_index(device: usize) -> c_int {
+    c_int::try_from(device).expect("small device index")
+}
+
 /// The caching allocator's statistics for a CUDA device.
 pub fn cuda_stats(device: usize) -> Result<CudaStats, ShimError> {
     let mut s = CudaStats::default();
-    let dev = c_int::try_from(device).expect("small device index");
+    let dev = device_index(device);
     // SAFETY: `s` is a valid out-pointer.
     check(unsafe { zb_cuda_stats(dev, &mut s) })?;
     Ok(s)
 }
 
 pub fn cuda_reset_peak(device: usize) -> Result<(), ShimError> {
-    let dev = c_int::try_from(device).expect("small device index");
+    let dev = device_index(device);
     // SAFETY: plain call.
     check(unsafe { zb_cuda_reset_peak(dev) })
 }
