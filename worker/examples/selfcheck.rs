@@ -380,11 +380,22 @@ fn allocated() -> i64 {
     zerobench_worker::runtime::shim::cuda_stats(0).expect("allocator statistics").allocated
 }
 
-fn recompute(r: &mut Report) {
+fn recompute(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     use zerobench_worker::model::recompute::{ln_gelu_mlp, ln_linear};
+    use zerobench_worker::model::recompute_cuda;
+    recompute_cuda::install(gpu);
     let cuda = Device::Cuda(0);
-    let (b, t, d, eps) = (2i64, 512i64, 256i64, 1e-5);
-    for (kind, tol) in [(Kind::Float, 1e-5), (Kind::BFloat16, 2e-2)] {
+    let eps = 1e-5;
+    // Widths of the kernels' vector lengths and of gpt2 and gpt2-xl; row counts that leave the
+    // last block rows and warps partly empty.
+    for (kind, tol, b, t, d) in [
+        (Kind::Float, 1e-5, 2i64, 512i64, 256i64),
+        (Kind::BFloat16, 2e-2, 2, 512, 256),
+        (Kind::BFloat16, 2e-2, 3, 1367, 768),
+        (Kind::Half, 2e-2, 2, 701, 768),
+        (Kind::BFloat16, 2e-2, 2, 1001, 1600),
+        (Kind::Float, 1e-5, 1, 333, 1600),
+    ] {
         tch::manual_seed(12);
         // x, then the parameters as the engine keeps them (views of one flat buffer, each a leaf):
         // gamma, beta, w1 [4d, d], b1, w2 [d, 4d], b2, the attention's qkv weight [3d, d] and bias.
@@ -454,6 +465,7 @@ fn recompute(r: &mut Report) {
             ),
             ("ln_linear", &ours_qkv, &composed_qkv, &plain_qkv, &g3, &[0, 1, 2, 7, 8][..], b * t * d * elt + stats),
         ] {
+            let (ran_before, declined_before) = recompute_cuda::calls();
             let (kept_plain, _) = kept(&|| plain(&ins));
             let (kept_ours, y_ours) = kept(&|| vec![ours(&ins)]);
             let (kept_theirs, y_theirs) = kept(&|| vec![theirs(&twins)]);
@@ -463,11 +475,22 @@ fn recompute(r: &mut Report) {
             let grads: Vec<f64> = used.iter().map(|&i| relative_error(&ins[i].grad(), &twins[i].grad())).collect();
             let worst = grads.iter().copied().fold(value, f64::max);
             let saved = kept_theirs - kept_ours;
-            let ok = worst <= tol && kept_ours == kept_plain && saved > 0;
+            // The layer norm's kernel and the bias gradients' (two in the MLP, the second with the
+            // GELU's gradient), none left to libtorch.
+            let (ran, declined) = recompute_cuda::calls();
+            let (ran, declined) = (ran - ran_before, declined - declined_before);
+            let kernels_expected = if node == "ln_gelu_mlp" { 3 } else { 2 };
+            let ok = worst <= tol
+                && kept_ours == kept_plain
+                && saved > 0
+                && recompute_cuda::installed()
+                && ran == kernels_expected
+                && declined == 0;
             r.check(
                 "recompute",
                 ok,
                 json!({"node": node, "kind": format!("{kind:?}"), "tokens": b * t, "d_model": d,
+                       "backward_kernels": {"ran": ran, "declined": declined, "expected": kernels_expected},
                        "output_relative_error": value, "grad_relative_errors": grads, "bound": tol,
                        "kept_bytes": {"node": kept_ours, "plain_operations_holding_what_the_node_keeps": kept_plain,
                                       "composed": kept_theirs, "less": saved, "recomputed_tensors": recomputed}}),
@@ -558,7 +581,7 @@ fn main() {
     step_clock(&mut r, &gpu);
     nvml(&mut r, &gpu);
     lm_head(&mut r, &gpu);
-    recompute(&mut r);
+    recompute(&mut r, &gpu);
     cuda_graph(&mut r);
     println!("{}", json!({"summary": {"checks": r.checks, "failed": r.failed, "gpu": gpu.describe().0}}));
     drop(comm);

@@ -47,6 +47,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstdint>
@@ -69,6 +70,57 @@ std::vector<int64_t> with_last(const at::Tensor& t, int64_t last) {
   auto sizes = t.sizes().vec();
   sizes.back() = last;
   return sizes;
+}
+
+// The worker's own CUDA kernels for the nodes' backward reductions (model/recompute_cuda.rs),
+// registered once by zb_set_backward_kernels before any backward pass. Each gets libtorch's current
+// stream and returns 0 when it computed its outputs, 1 when it does not take these tensors (the node
+// then uses libtorch's operations), -1 on an error (its message written to `err`).
+struct zb_backward_kernels {
+  int (*ln_backward)(at::Tensor* dy, at::Tensor* x, at::Tensor* mean, at::Tensor* rstd, at::Tensor* gamma,
+                     at::Tensor* dx, at::Tensor* dgamma, at::Tensor* dbeta, void* stream, char* err, size_t cap);
+  int (*col_sum)(at::Tensor* x, at::Tensor* out, void* stream, char* err, size_t cap);
+  // g is overwritten with gelu_tanh'(h) * g before its columns are summed.
+  int (*gelu_backward_col_sum)(at::Tensor* g, at::Tensor* h, at::Tensor* out, void* stream, char* err, size_t cap);
+};
+std::atomic<const zb_backward_kernels*> backward_kernels{nullptr};
+
+// Calls kernel `f` of the registered ones (when there are any and `on` is a CUDA tensor) with
+// `args`: whether it computed the outputs.
+template <typename F, typename... A>
+bool ran(F zb_backward_kernels::*f, const at::Tensor& on, A*... args) {
+  const auto* k = backward_kernels.load();
+  if (!k || !on.is_cuda() || !(k->*f)) return false;
+  char err[512] = "";
+  const int rc = (k->*f)(args..., c10::cuda::getCurrentCUDAStream(on.device().index()).stream(), err, sizeof err);
+  if (rc < 0) throw std::runtime_error(std::string("a backward kernel: ") + err);
+  return rc == 0;
+}
+
+// The bias gradient of a linear layer whose output gradient is `gy` (rows).
+at::Tensor bias_grad(at::Tensor gy) {
+  auto out = at::empty({gy.size(1)}, gy.options());
+  return ran(&zb_backward_kernels::col_sum, gy, &gy, &out) ? out : gy.sum(0);
+}
+
+// The GELU's input gradient from its output gradient `g` (rows, a temporary it may overwrite) and
+// input `h`, with the bias gradient of the linear layer that computed `h`.
+std::tuple<at::Tensor, at::Tensor> gelu_backward_and_bias(at::Tensor g, at::Tensor h) {
+  auto out = at::empty({g.size(1)}, g.options());
+  if (ran(&zb_backward_kernels::gelu_backward_col_sum, g, &g, &h, &out)) return {g, out};
+  auto gh = at::gelu_backward(g, h, "tanh");
+  return {gh, gh.sum(0)};
+}
+
+// A layer norm's input, weight and bias gradients.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_backward(at::Tensor gxn, at::Tensor x, at::Tensor mean,
+                                                           at::Tensor rstd, at::Tensor gamma, const at::Tensor& beta) {
+  auto gx = at::empty_like(x, at::MemoryFormat::Contiguous);
+  auto ggamma = at::empty_like(gamma, at::MemoryFormat::Contiguous);
+  auto gbeta = at::empty_like(beta, at::MemoryFormat::Contiguous);
+  if (ran(&zb_backward_kernels::ln_backward, x, &gxn, &x, &mean, &rstd, &gamma, &gx, &ggamma, &gbeta))
+    return {gx, ggamma, gbeta};
+  return at::native_layer_norm_backward(gxn, x, {x.size(-1)}, mean, rstd, gamma, beta, {true, true, true});
 }
 
 // The normalised input, as the forward pass computed it (the same kernel on the same input gives
@@ -95,10 +147,9 @@ struct LnLinear : torch::autograd::Function<LnLinear> {
     auto gy = rows(grads[0]);
     auto gw = gy.t().mm(rows(xn));
     xn.reset();
-    auto gb = gy.sum(0);
+    auto gb = bias_grad(gy);
     auto gxn = gy.mm(w).view(x.sizes());
-    auto [gx, ggamma, gbeta] = at::native_layer_norm_backward(gxn, x, {x.size(-1)}, mean, rstd, gamma, beta,
-                                                              {true, true, true});
+    auto [gx, ggamma, gbeta] = ln_backward(gxn, x, mean, rstd, gamma, beta);
     return {gx, ggamma, gbeta, gw, gb, at::Tensor()};
   }
 };
@@ -121,16 +172,14 @@ struct LnGeluMlp : torch::autograd::Function<LnGeluMlp> {
     const auto &x = s[0], &gamma = s[1], &beta = s[2], &w1 = s[3], &w2 = s[4], &h = s[5];
     auto gy = rows(grads[0]);
     auto gw2 = gy.t().mm(at::gelu(h, "tanh"));
-    auto gb2 = gy.sum(0);
-    auto gh = at::gelu_backward(gy.mm(w2), h, "tanh");
-    auto gb1 = gh.sum(0);
+    auto gb2 = bias_grad(gy);
+    auto [gh, gb1] = gelu_backward_and_bias(gy.mm(w2), rows(h));
     auto [xn, mean, rstd] = norm(x, gamma, beta, ctx->saved_data["eps"].toDouble());
     auto gw1 = gh.t().mm(rows(xn));
     xn.reset();
     auto gxn = gh.mm(w1).view(x.sizes());
     gh.reset();
-    auto [gx, ggamma, gbeta] = at::native_layer_norm_backward(gxn, x, {x.size(-1)}, mean, rstd, gamma, beta,
-                                                              {true, true, true});
+    auto [gx, ggamma, gbeta] = ln_backward(gxn, x, mean, rstd, gamma, beta);
     return {gx, ggamma, gbeta, gw1, gb1, gw2, gb2, at::Tensor()};
   }
 };
@@ -388,6 +437,11 @@ int zb_gloo_broadcast(void* pg, at::Tensor* buf, int root) {
 }
 
 void zb_gloo_close(void* pg) { delete static_cast<GlooPtr*>(pg); }
+
+// Registers the backward kernels (copied; nullptr members stay libtorch's operations).
+int zb_set_backward_kernels(const zb_backward_kernels* k) {
+  return guarded([&] { backward_kernels.store(new zb_backward_kernels(*k)); });
+}
 
 int zb_ln_linear(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, at::Tensor* b, double eps,
                  void** out) {

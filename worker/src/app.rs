@@ -302,6 +302,7 @@ fn open_device(
     };
     if let Some(g) = &gpu {
         crate::model::lm_head::install_cuda(g);
+        crate::model::recompute_cuda::install(g);
     }
     Ok((device, gpu))
 }

@@ -14,7 +14,8 @@
 //! * `gpt2`, `t5`, `llama`, `mlp`: the families of `ModelSpec`.
 //! * `ops`: RMS norm and attention heads; `lm_head` (and its kernel, `lm_head_cuda`): the LM head
 //!   and its loss, a chunk of tokens at a time; `recompute`: GPT-2's layer norms and MLP as nodes
-//!   that recompute their normalised inputs and GELU outputs in the backward pass; `relpos`: T5's
+//!   that recompute their normalised inputs and GELU outputs in the backward pass (and
+//!   `recompute_cuda`, their gradients' reductions as kernels); `relpos`: T5's
 //!   position buckets; `rope`: rotary embeddings.
 
 pub mod gpt2;
@@ -24,6 +25,7 @@ pub mod lm_head_cuda;
 pub mod mlp;
 pub mod ops;
 pub mod recompute;
+pub mod recompute_cuda;
 pub mod relpos;
 pub mod rope;
 pub mod t5;

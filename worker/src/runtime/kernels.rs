@@ -62,6 +62,18 @@ mod tests {
             ("adamw", crate::zero::adamw_cuda::SOURCE),
             ("peer_copy", crate::comm::peer_copy::SOURCE),
             ("cross_entropy", crate::model::lm_head_cuda::SOURCE),
+            ("backward reductions", crate::model::recompute_cuda::SOURCE),
+            // The layer norm's kernel at the GPT-2 presets' widths and at its limit.
+            ("layer norm 768", &format!("#define COLS 768\n{}", crate::model::recompute_cuda::LN_SOURCE)),
+            ("layer norm 1600", &format!("#define COLS 1600\n{}", crate::model::recompute_cuda::LN_SOURCE)),
+            (
+                "layer norm 4096",
+                &format!(
+                    "#define COLS {}\n{}",
+                    crate::model::recompute_cuda::MAX_COLS,
+                    crate::model::recompute_cuda::LN_SOURCE
+                ),
+            ),
         ] {
             let ptx = super::compile(source, (9, 0)).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(ptx.to_src().contains(".entry"), "{name}: no kernel in the PTX");

@@ -16,8 +16,38 @@ pub struct CudaStats {
     pub ooms: i64,
 }
 
-// The shim's functions take `at::Tensor*`, which is what tch's `Tensor::as_ptr` returns.
-type CTensor = *mut c_void;
+/// An `at::Tensor*`, which the shim's functions take and tch's `Tensor::as_ptr` returns.
+pub type CTensor = *mut c_void;
+
+/// The shim's `zb_backward_kernels`: kernels its backward nodes call on CUDA tensors with
+/// libtorch's current stream, each returning 0 when it computed its outputs, 1 when it declines
+/// the tensors (the node then uses libtorch's operations) and -1 with a message in the buffer
+/// (`err`, `cap` bytes) when it failed (`model::recompute_cuda`).
+/// The layer norm's backward kernel, as [`BackwardKernelFns::ln_backward`] describes it.
+pub type LnBackwardFn = unsafe extern "C" fn(
+    CTensor,
+    CTensor,
+    CTensor,
+    CTensor,
+    CTensor,
+    CTensor,
+    CTensor,
+    CTensor,
+    *mut c_void,
+    *mut c_char,
+    usize,
+) -> c_int;
+
+#[repr(C)]
+pub struct BackwardKernelFns {
+    /// `(dy, x, mean, rstd, gamma, dx, dgamma, dbeta, stream, err, cap)`.
+    pub ln_backward: Option<LnBackwardFn>,
+    /// `(x, out, stream, err, cap)`: `out` = the sums of `x`'s columns.
+    pub col_sum: Option<unsafe extern "C" fn(CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int>,
+    /// `(g, h, out, stream, err, cap)`: `g` = `gelu_tanh'(h) · g`, then `out` = its column sums.
+    pub gelu_backward_col_sum:
+        Option<unsafe extern "C" fn(CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int>,
+}
 
 extern "C" {
     fn zb_last_error() -> *const c_char;
@@ -63,6 +93,7 @@ extern "C" {
     fn zb_gloo_all_gather(pg: *mut c_void, input: CTensor, output: CTensor) -> c_int;
     fn zb_gloo_broadcast(pg: *mut c_void, buf: CTensor, root: c_int) -> c_int;
     fn zb_gloo_close(pg: *mut c_void);
+    fn zb_set_backward_kernels(k: *const BackwardKernelFns) -> c_int;
     fn zb_ln_linear(
         x: CTensor,
         gamma: CTensor,
@@ -268,6 +299,13 @@ pub fn ln_linear(
     check(unsafe { zb_ln_linear(p(x), p(gamma), p(beta), p(w), p(b), eps, &mut out) })?;
     // SAFETY: on success the shim wrote a new tensor there.
     Ok(unsafe { owned(out) })
+}
+
+/// Hands the backward nodes of [`ln_linear`] and [`ln_gelu_mlp`] kernels of the worker's own
+/// (the shim copies the table; set once, before any backward pass).
+pub fn set_backward_kernels(k: BackwardKernelFns) {
+    // SAFETY: a valid table; the shim only copies it (and cannot fail beyond allocating).
+    let _ = unsafe { zb_set_backward_kernels(&k) };
 }
 
 /// A layer norm's parameters and an MLP's: `[gamma, beta, w1, b1, w2, b2]`.

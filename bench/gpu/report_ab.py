@@ -1,0 +1,63 @@
+"""Reads the runs of `bench/gpu/run.sh step-ab` (this build and BASE_BIN alternating on one GPU)
+and prints, per configuration, every run's step time (the median of its measured steps), forward
+and backward time, peak allocated memory and losses, and the new build's median over the base's.
+
+    python3 bench/gpu/report_ab.py RUNS HOST.txt NEW_COMMIT BASE_COMMIT > step-ab.json
+
+Run names are `ab_<case>_<new|base>_<round>`. A ratio is only taken where both builds have every
+round; a failed run shows as null."""
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+from common import json_lines
+
+
+def summary(run_dir):
+    f = os.path.join(run_dir, "rank0.jsonl")
+    if not os.path.exists(f):
+        return None
+    recs = json_lines(open(f).read())
+    steps = [r for r in recs if r["event"] == "step" and not r.get("warmup")]
+    if not steps:
+        return None
+    med = lambda key: round(statistics.median(r[key] for r in steps), 3)
+    return {
+        "step_ms": med("step_ms"),
+        "forward_ms": med("forward_ms"),
+        "backward_ms": med("backward_ms"),
+        "peak_allocated_gib": round(max(r["memory"]["peak_allocated_bytes"] for r in steps) / 2**30, 3),
+        "losses": [r["loss"] for r in recs if r["event"] == "step"],
+    }
+
+
+def main():
+    runs, host, new_commit, base_commit = sys.argv[1:5]
+    names = [os.path.basename(d) for d in glob.glob(os.path.join(runs, "ab_*")) if os.path.isdir(d)]
+    parsed = [m.groups() for n in names if (m := re.fullmatch(r"ab_(.+)_(new|base)_(\d+)", n))]
+    cases = []
+    for case in sorted({c for c, _, _ in parsed}):
+        rounds = sorted({int(r) for c, _, r in parsed if c == case})
+        side = {w: [summary(os.path.join(runs, f"ab_{case}_{w}_{r}")) for r in rounds] for w in ("new", "base")}
+        complete = all(s is not None for w in side for s in side[w])
+        ratio = None
+        if complete:
+            ratio = round(statistics.median(s["step_ms"] for s in side["new"])
+                          / statistics.median(s["step_ms"] for s in side["base"]), 4)
+        worst_loss = None
+        if complete:
+            worst_loss = max(abs(a - b) for n, b_ in zip(side["new"], side["base"])
+                             for a, b in zip(n["losses"], b_["losses"]))
+        cases.append({"case": case, "rounds": rounds, "new": side["new"], "base": side["base"],
+                      "new_over_base": ratio, "largest_loss_difference": worst_loss})
+    print(json.dumps({"benchmark": "bench/gpu/run.sh step-ab", "commit": new_commit, "base_commit": base_commit,
+                      "host": open(host).read().strip().splitlines(),
+                      "step_time": "median of the measured steps (20 steps, 4 warm-up), sequence 1024, bf16",
+                      "cases": cases}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,553 @@
+//! The memory-bound reductions of [`super::recompute`]'s backward passes as CUDA kernels, compiled
+//! at start with NVRTC and called by the shim's autograd nodes on CUDA tensors: the layer norm's
+//! input gradient together with its weight and bias gradients, the linear layers' bias gradients
+//! (column sums), and the GELU's gradient together with the bias gradient of the linear layer
+//! before it.
+//!
+//! libtorch computes a layer norm's weight and bias gradients in a kernel of their own that reads
+//! the upstream gradient and the input again, and each bias gradient is a reduction over the rows
+//! of a gradient some other kernel has just written. On gpt2 at micro-batch 16 (one H100, one
+//! profiled step) the layer norms' weight gradients took 2.0 ms and the bias gradients' reductions
+//! 2.0 ms, a fifth and a half of the memory's bandwidth for what they read. Here:
+//!
+//! * `ln_backward_*`: one warp per row; every lane keeps its columns' sums of `dy·x̂` and `dy` in
+//!   registers over the rows it visits, so `dy` and `x` are read once for all three gradients.
+//!   Each block adds its warps' sums in shared memory and writes one row of fp32 partial sums. The
+//!   row length is a compile-time constant (the kernel is compiled per model width), so the
+//!   per-lane arrays stay in registers.
+//! * `col_sum_*` and `gelu_backward_col_sum_*`: 16-byte loads down the rows, fp32 sums per column
+//!   (of the 16-bit values as they are stored, as libtorch sums them), one row of partial sums per
+//!   block row; the GELU variant writes `gelu'(h)·g` over `g` as it goes.
+//! * `reduce_parts_*`: the partial sums' rows added into the gradients' precision.
+//!
+//! Every kernel runs on the compute stream, which is libtorch's current stream in the autograd
+//! engine's device thread (the shim passes it; a call on any other stream, or on tensors these
+//! kernels do not take, is declined, and the node uses libtorch's operations instead).
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
+use tch::{Kind, Tensor};
+
+use crate::runtime::cuda::Gpu;
+use crate::runtime::kernels;
+use crate::runtime::shim::{self, BackwardKernelFns, CTensor};
+
+/// The kernels that do not depend on the row length, after [`kernels`]' shared conversions. Each
+/// is instantiated for bf16, fp16 and fp32 (suffixes `bf16`, `f16`, `f32`), 16 bytes per load: 8
+/// 16-bit values or 4 fp32 ones.
+pub(crate) const SOURCE: &str = r#"
+#define GELU_BETA 0.7978845608028654f   /* sqrt(2 / pi) */
+#define GELU_KAPPA 0.044715f
+/* The tanh GELU's derivative times g, as libtorch's gelu_backward computes it in fp32. */
+__device__ __forceinline__ float gelu_grad(float g, float x) {
+  float x2 = x * x;
+  float t = tanhf(GELU_BETA * (x + GELU_KAPPA * x2 * x));
+  float left = 0.5f * x, right = 1.f + t;
+  return g * (0.5f * right + left * (1.f - t * t) * GELU_BETA * (1.f + 3.f * GELU_KAPPA * x2));
+}
+
+/* Block (32, 8): lane x sums vector column blockIdx.x * 32 + x over rows y, y + 8 * gridDim.y, ...
+   of block row blockIdx.y; part[blockIdx.y][cols] gets the block's sums. With GELU, h holds the
+   GELU's input and x (g) is overwritten with gelu'(h)·g, whose stored values are summed. */
+#define COL_SUM(NAME, T, VEC, N, LOAD, STORE, GELU)                                                   \
+extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ x, const T* __restrict__ h,   \
+    float* __restrict__ part, long long rows, long long nv) {                                         \
+  __shared__ float sm[8][32 * N];                                                                     \
+  long long c = (long long)blockIdx.x * 32 + threadIdx.x;                                             \
+  float acc[N];                                                                                       \
+  _Pragma("unroll") for (int k = 0; k < N; ++k) acc[k] = 0.f;                                         \
+  if (c < nv) {                                                                                       \
+    VEC* xv = reinterpret_cast<VEC*>(x);                                                              \
+    const VEC* hv = reinterpret_cast<const VEC*>(h);                                                  \
+    long long step = (long long)gridDim.y * 8;                                                        \
+    for (long long r = (long long)blockIdx.y * 8 + threadIdx.y; r < rows; r += step) {                \
+      VEC raw = xv[r * nv + c];                                                                       \
+      T* e = reinterpret_cast<T*>(&raw);                                                              \
+      if (GELU) {                                                                                     \
+        VEC hr = hv[r * nv + c];                                                                      \
+        const T* he = reinterpret_cast<const T*>(&hr);                                                \
+        _Pragma("unroll") for (int k = 0; k < N; ++k) e[k] = STORE(gelu_grad(LOAD(e[k]), LOAD(he[k]))); \
+        xv[r * nv + c] = raw;                                                                         \
+      }                                                                                               \
+      _Pragma("unroll") for (int k = 0; k < N; ++k) acc[k] += LOAD(e[k]);                             \
+    }                                                                                                 \
+  }                                                                                                   \
+  _Pragma("unroll") for (int k = 0; k < N; ++k) sm[threadIdx.y][threadIdx.x * N + k] = acc[k];        \
+  __syncthreads();                                                                                    \
+  long long cols = nv * N;                                                                            \
+  for (int e = threadIdx.y * 32 + threadIdx.x; e < 32 * N; e += 256) {                                \
+    float s = 0.f;                                                                                    \
+    _Pragma("unroll") for (int y = 0; y < 8; ++y) s += sm[y][e];                                      \
+    long long col = (long long)blockIdx.x * 32 * N + e;                                               \
+    if (col < cols) part[(long long)blockIdx.y * cols + col] = s;                                     \
+  }                                                                                                   \
+}
+
+/* Block (32, 8): column c of the nparts rows of part (cols each) summed; columns below split go
+   to out0, the rest to out1. */
+#define REDUCE(NAME, T, STORE)                                                                        \
+extern "C" __global__ void NAME(const float* __restrict__ part, long long nparts, long long cols,     \
+    long long split, T* __restrict__ out0, T* __restrict__ out1) {                                    \
+  __shared__ float sm[8][33];                                                                         \
+  long long c = (long long)blockIdx.x * 32 + threadIdx.x;                                             \
+  float s = 0.f;                                                                                      \
+  if (c < cols) for (long long p = threadIdx.y; p < nparts; p += 8) s += part[p * cols + c];          \
+  sm[threadIdx.y][threadIdx.x] = s;                                                                   \
+  __syncthreads();                                                                                    \
+  if (threadIdx.y == 0 && c < cols) {                                                                 \
+    float t = 0.f;                                                                                    \
+    _Pragma("unroll") for (int y = 0; y < 8; ++y) t += sm[y][threadIdx.x];                            \
+    if (c < split) out0[c] = STORE(t); else out1[c - split] = STORE(t);                               \
+  }                                                                                                   \
+}
+
+COL_SUM(col_sum_bf16, unsigned short, uint4, 8, bf2f, f2bf, false)
+COL_SUM(col_sum_f16, unsigned short, uint4, 8, h2f, f2h, false)
+COL_SUM(col_sum_f32, float, float4, 4, f2f, f2f, false)
+COL_SUM(gelu_backward_col_sum_bf16, unsigned short, uint4, 8, bf2f, f2bf, true)
+COL_SUM(gelu_backward_col_sum_f16, unsigned short, uint4, 8, h2f, f2h, true)
+COL_SUM(gelu_backward_col_sum_f32, float, float4, 4, f2f, f2f, true)
+REDUCE(reduce_parts_bf16, unsigned short, f2bf)
+REDUCE(reduce_parts_f16, unsigned short, f2h)
+REDUCE(reduce_parts_f32, float, f2f)
+"#;
+
+/// The layer norm's backward pass, after `#define COLS <row length>` (a multiple of 8, at most
+/// [`MAX_COLS`]) and [`kernels`]' conversions. Blocks of 8 warps, a warp per row; `part` gets one
+/// row of `2 · COLS` fp32 sums per block (`dy·x̂`, then `dy`).
+pub(crate) const LN_SOURCE: &str = r#"
+#define LN_BACKWARD(NAME, T, VEC, N, LOAD, STORE)                                                     \
+extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ dy,                     \
+    const T* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,          \
+    const T* __restrict__ gamma, T* __restrict__ dx, float* __restrict__ part, long long rows) {      \
+  constexpr int NV = COLS / N;                /* vectors per row */                                   \
+  constexpr int VPL = (NV + 31) / 32;         /* vectors per lane */                                  \
+  __shared__ float g_s[COLS];                 /* gamma, [k][vector] so lanes read distinct banks */   \
+  __shared__ float acc[2 * COLS];                                                                     \
+  for (int i = threadIdx.x; i < COLS; i += blockDim.x) {                                              \
+    g_s[(i % N) * NV + i / N] = LOAD(gamma[i]);                                                       \
+    acc[i] = 0.f; acc[COLS + i] = 0.f;                                                                \
+  }                                                                                                   \
+  __syncthreads();                                                                                    \
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;                      \
+  float dg[VPL][N], db[VPL][N];                                                                       \
+  _Pragma("unroll") for (int v = 0; v < VPL; ++v)                                                     \
+    _Pragma("unroll") for (int k = 0; k < N; ++k) { dg[v][k] = 0.f; db[v][k] = 0.f; }                 \
+  for (long long r = (long long)blockIdx.x * warps + warp; r < rows; r += (long long)gridDim.x * warps) { \
+    const VEC* xr = reinterpret_cast<const VEC*>(x + r * COLS);                                       \
+    const VEC* dr = reinterpret_cast<const VEC*>(dy + r * COLS);                                      \
+    VEC xa[VPL], da[VPL];                                                                             \
+    _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
+      int c = lane + v * 32;                                                                          \
+      if (c < NV) { xa[v] = xr[c]; da[v] = dr[c]; }                                                   \
+    }                                                                                                 \
+    float mu = mean[r], rs = rstd[r], s1 = 0.f, s2 = 0.f;                                             \
+    _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
+      int c = lane + v * 32;                                                                          \
+      if (c < NV) {                                                                                   \
+        const T* xe = reinterpret_cast<const T*>(&xa[v]);                                            \
+        const T* de = reinterpret_cast<const T*>(&da[v]);                                            \
+        _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
+          float xh = (LOAD(xe[k]) - mu) * rs, d = LOAD(de[k]), dyg = d * g_s[k * NV + c];             \
+          s1 += dyg * xh; s2 += dyg;                                                                  \
+          dg[v][k] += d * xh; db[v][k] += d;                                                          \
+        }                                                                                             \
+      }                                                                                               \
+    }                                                                                                 \
+    _Pragma("unroll") for (int off = 16; off > 0; off >>= 1) {                                        \
+      s1 += __shfl_xor_sync(0xffffffffu, s1, off);                                                    \
+      s2 += __shfl_xor_sync(0xffffffffu, s2, off);                                                    \
+    }                                                                                                 \
+    s1 *= 1.f / COLS; s2 *= 1.f / COLS;                                                               \
+    VEC* outr = reinterpret_cast<VEC*>(dx + r * COLS);                                                \
+    _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
+      int c = lane + v * 32;                                                                          \
+      if (c < NV) {                                                                                   \
+        const T* xe = reinterpret_cast<const T*>(&xa[v]);                                            \
+        const T* de = reinterpret_cast<const T*>(&da[v]);                                            \
+        VEC o;                                                                                        \
+        T* oe = reinterpret_cast<T*>(&o);                                                             \
+        _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
+          float xh = (LOAD(xe[k]) - mu) * rs, dyg = LOAD(de[k]) * g_s[k * NV + c];                    \
+          oe[k] = STORE(rs * (dyg - s2 - xh * s1));                                                   \
+        }                                                                                             \
+        outr[c] = o;                                                                                  \
+      }                                                                                               \
+    }                                                                                                 \
+  }                                                                                                   \
+  _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                   \
+    int c = lane + v * 32;                                                                            \
+    if (c < NV) {                                                                                     \
+      _Pragma("unroll") for (int k = 0; k < N; ++k) {                                                 \
+        atomicAdd(&acc[c * N + k], dg[v][k]);                                                         \
+        atomicAdd(&acc[COLS + c * N + k], db[v][k]);                                                  \
+      }                                                                                               \
+    }                                                                                                 \
+  }                                                                                                   \
+  __syncthreads();                                                                                    \
+  for (int i = threadIdx.x; i < 2 * COLS; i += blockDim.x) part[(long long)blockIdx.x * 2 * COLS + i] = acc[i]; \
+}
+
+LN_BACKWARD(ln_backward_bf16, unsigned short, uint4, 8, bf2f, f2bf)
+LN_BACKWARD(ln_backward_f16, unsigned short, uint4, 8, h2f, f2h)
+LN_BACKWARD(ln_backward_f32, float, float4, 4, f2f, f2f)
+"#;
+
+/// The widest row the layer norm's kernel takes: its shared memory holds `3 · COLS` floats.
+pub const MAX_COLS: i64 = 4096;
+
+/// Threads per block of every kernel here.
+const THREADS: u32 = 256;
+
+/// The three precisions, in the order of each kernel's instances.
+#[derive(Clone, Copy)]
+enum Precision {
+    Bf16 = 0,
+    F16 = 1,
+    F32 = 2,
+}
+
+impl Precision {
+    const SUFFIX: [&'static str; 3] = ["bf16", "f16", "f32"];
+
+    fn of(kind: Kind) -> Option<Self> {
+        match kind {
+            Kind::BFloat16 => Some(Self::Bf16),
+            Kind::Half => Some(Self::F16),
+            Kind::Float => Some(Self::F32),
+            _ => None,
+        }
+    }
+
+    /// Elements per 16-byte load.
+    fn vector(self) -> i64 {
+        match self {
+            Self::Bf16 | Self::F16 => 8,
+            Self::F32 => 4,
+        }
+    }
+}
+
+/// One kernel in each precision.
+struct Instances([CudaFunction; 3]);
+
+impl Instances {
+    fn load(module: &Arc<CudaModule>, name: &str) -> Result<Self, BackwardKernelError> {
+        let f = |p: usize| module.load_function(&format!("{name}_{}", Precision::SUFFIX[p]));
+        Ok(Self([f(0)?, f(1)?, f(2)?]))
+    }
+
+    fn get(&self, p: Precision) -> &CudaFunction {
+        &self.0[p as usize]
+    }
+}
+
+/// The layer norm's kernels for one row length, with how many of their blocks fit on the GPU at
+/// once (the grid: every block then writes one row of partial sums).
+struct LnKernels {
+    _module: Arc<CudaModule>,
+    funcs: Instances,
+    grid: [u32; 3],
+}
+
+pub struct BackwardKernels {
+    gpu: Arc<Gpu>,
+    _module: Arc<CudaModule>,
+    col_sum: Instances,
+    gelu_col_sum: Instances,
+    reduce: Instances,
+    sms: u32,
+    /// Compiled on first use per row length (the first backward pass of a width).
+    ln: Mutex<HashMap<i64, Arc<LnKernels>>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackwardKernelError {
+    #[error("the backward kernels: {0}")]
+    Kernel(#[from] kernels::KernelError),
+    #[error("CUDA: {0}")]
+    Cuda(#[from] cudarc::driver::DriverError),
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+}
+
+/// What a kernel does with the tensors it is given.
+enum Outcome {
+    Done,
+    /// Not tensors these kernels take (layout, precision, stream): libtorch's operations run.
+    Declined,
+}
+
+impl BackwardKernels {
+    /// Compiles the kernels that do not depend on a row length for this GPU's architecture.
+    pub fn new(gpu: Arc<Gpu>) -> Result<Self, BackwardKernelError> {
+        let module = kernels::load(&gpu, SOURCE)?;
+        let sms =
+            gpu.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok(Self {
+            col_sum: Instances::load(&module, "col_sum")?,
+            gelu_col_sum: Instances::load(&module, "gelu_backward_col_sum")?,
+            reduce: Instances::load(&module, "reduce_parts")?,
+            _module: module,
+            sms: u32::try_from(sms).unwrap_or(132),
+            ln: Mutex::new(HashMap::new()),
+            gpu,
+        })
+    }
+
+    fn ln_kernels(&self, cols: i64) -> Result<Arc<LnKernels>, BackwardKernelError> {
+        let mut cache = self.ln.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = cache.get(&cols) {
+            return Ok(Arc::clone(k));
+        }
+        let module = kernels::load(&self.gpu, &format!("#define COLS {cols}\n{LN_SOURCE}"))?;
+        let funcs = Instances::load(&module, "ln_backward")?;
+        let mut grid = [0; 3];
+        for (p, g) in grid.iter_mut().enumerate() {
+            *g = funcs.0[p].occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)?.max(1) * self.sms;
+        }
+        let k = Arc::new(LnKernels { _module: module, funcs, grid });
+        cache.insert(cols, Arc::clone(&k));
+        Ok(k)
+    }
+
+    /// Whether `stream` (the caller's current CUDA stream) is the one these kernels run on.
+    fn on_compute_stream(&self, stream: *mut c_void) -> bool {
+        self.gpu.compute.cu_stream() as *mut c_void == stream
+    }
+
+    /// `dx`, `dgamma`, `dbeta` of `y = layer_norm(x) · gamma + beta` over rows of `cols`, from
+    /// `dy`, `x` and the forward pass's per-row mean and reciprocal deviation (fp32).
+    #[allow(clippy::too_many_arguments)]
+    fn ln_backward(
+        &self,
+        dy: &Tensor,
+        x: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+        gamma: &Tensor,
+        dx: &Tensor,
+        dgamma: &Tensor,
+        dbeta: &Tensor,
+    ) -> Result<Outcome, BackwardKernelError> {
+        let Some(p) = Precision::of(x.kind()) else { return Ok(Outcome::Declined) };
+        let cols = *x.size().last().unwrap_or(&0);
+        let rows = if cols > 0 { x.numel() as i64 / cols } else { 0 };
+        let same = |t: &Tensor, kind: Kind, n: i64| t.kind() == kind && t.is_contiguous() && t.numel() as i64 == n;
+        let n = rows * cols;
+        if rows == 0
+            || cols % p.vector() != 0
+            || cols > MAX_COLS
+            || ![dy, x, dx].iter().all(|t| same(t, x.kind(), n) && aligned(t))
+            || ![gamma, dgamma, dbeta].iter().all(|t| same(t, x.kind(), cols))
+            || ![mean, rstd].iter().all(|t| same(t, Kind::Float, rows))
+        {
+            return Ok(Outcome::Declined);
+        }
+        let k = self.ln_kernels(cols)?;
+        let grid = k.grid[p as usize];
+        let part = Tensor::f_empty([i64::from(grid), 2 * cols], (Kind::Float, x.device()))?;
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let (dyp, xp, mp, rp, gp, dxp, pp) = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(gamma), ptr(dx), ptr(&part));
+        let mut launch = self.gpu.compute.launch_builder(k.funcs.get(p));
+        launch.arg(&dyp).arg(&xp).arg(&mp).arg(&rp).arg(&gp).arg(&dxp).arg(&pp).arg(&rows);
+        // SAFETY: contiguous device tensors of the kernel's types and sizes, 16-byte aligned where
+        // loaded by vector (checked above), alive until the kernel has run: libtorch frees them in
+        // stream order, on this stream.
+        unsafe { launch.launch(cfg) }?;
+        self.reduce(p, &part, i64::from(grid), 2 * cols, cols, dgamma, dbeta)?;
+        Ok(Outcome::Done)
+    }
+
+    /// `out` = the column sums of `x` (rows of `out.numel()`); with `gelu_input`, `x` is first
+    /// replaced by `gelu_tanh'(gelu_input) · x`.
+    fn col_sum(&self, x: &Tensor, gelu_input: Option<&Tensor>, out: &Tensor) -> Result<Outcome, BackwardKernelError> {
+        let Some(p) = Precision::of(x.kind()) else { return Ok(Outcome::Declined) };
+        let cols = out.numel() as i64;
+        let rows = if cols > 0 { x.numel() as i64 / cols } else { 0 };
+        let ok = |t: &Tensor| t.kind() == x.kind() && t.is_contiguous() && aligned(t) && t.numel() == x.numel();
+        if rows == 0
+            || x.numel() as i64 != rows * cols
+            || cols % p.vector() != 0
+            || !ok(x)
+            || !gelu_input.is_none_or(ok)
+            || out.kind() != x.kind()
+            || !out.is_contiguous()
+        {
+            return Ok(Outcome::Declined);
+        }
+        let nv = cols / p.vector();
+        let blocks_x = u32::try_from((nv + 31) / 32).unwrap_or(u32::MAX);
+        // About eight blocks per multiprocessor, and at least 64 rows per block row.
+        let blocks_y =
+            (8 * self.sms).div_ceil(blocks_x).min(u32::try_from((rows + 63) / 64).unwrap_or(u32::MAX)).max(1);
+        let part = Tensor::f_empty([i64::from(blocks_y), cols], (Kind::Float, x.device()))?;
+        let cfg = LaunchConfig { grid_dim: (blocks_x, blocks_y, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+        let (func, hp) = match gelu_input {
+            Some(h) => (self.gelu_col_sum.get(p), ptr(h)),
+            None => (self.col_sum.get(p), 0),
+        };
+        let (xp, pp) = (ptr(x), ptr(&part));
+        let mut launch = self.gpu.compute.launch_builder(func);
+        launch.arg(&xp).arg(&hp).arg(&pp).arg(&rows).arg(&nv);
+        // SAFETY: as in `ln_backward`; `h` is not read without the GELU.
+        unsafe { launch.launch(cfg) }?;
+        self.reduce(p, &part, i64::from(blocks_y), cols, cols, out, out)?;
+        Ok(Outcome::Done)
+    }
+
+    /// Adds the `nparts` rows of `part` (`cols` fp32 each): columns below `split` into `out0`, the
+    /// rest into `out1`.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &self,
+        p: Precision,
+        part: &Tensor,
+        nparts: i64,
+        cols: i64,
+        split: i64,
+        out0: &Tensor,
+        out1: &Tensor,
+    ) -> Result<(), BackwardKernelError> {
+        let blocks = u32::try_from((cols + 31) / 32).unwrap_or(u32::MAX);
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+        let (pp, o0, o1) = (ptr(part), ptr(out0), ptr(out1));
+        let mut launch = self.gpu.compute.launch_builder(self.reduce.get(p));
+        launch.arg(&pp).arg(&nparts).arg(&cols).arg(&split).arg(&o0).arg(&o1);
+        // SAFETY: `part` holds `nparts · cols` floats; `out0` `split` and `out1` `cols - split`
+        // values of the kernel's precision (the callers' checks).
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+fn ptr(t: &Tensor) -> u64 {
+    t.data_ptr() as u64
+}
+
+/// 16-byte loads need 16-byte aligned rows (the row lengths are whole vectors).
+fn aligned(t: &Tensor) -> bool {
+    t.data_ptr() as usize % 16 == 0
+}
+
+static KERNELS: OnceLock<BackwardKernels> = OnceLock::new();
+
+/// Calls that ran a kernel, and calls declined (libtorch's operations ran), since start.
+static RAN: AtomicU64 = AtomicU64::new(0);
+static DECLINED: AtomicU64 = AtomicU64::new(0);
+
+/// How many backward reductions ran as these kernels, and how many were declined, since start
+/// (the GPU self-check holds that GPT-2's nodes use the kernels).
+pub fn calls() -> (u64, u64) {
+    (RAN.load(Ordering::Relaxed), DECLINED.load(Ordering::Relaxed))
+}
+
+/// Whether the kernels are compiled and registered with the shim's backward nodes.
+pub fn installed() -> bool {
+    KERNELS.get().is_some()
+}
+
+/// Compiles the kernels for this rank's GPU and hands them to the shim's backward nodes; without
+/// them (or if NVRTC fails) the nodes use libtorch's operations, with the same results up to the
+/// order of the fp32 sums.
+pub fn install(gpu: &Arc<Gpu>) {
+    if installed() {
+        return;
+    }
+    match BackwardKernels::new(Arc::clone(gpu)) {
+        Ok(k) => {
+            if KERNELS.set(k).is_ok() {
+                shim::set_backward_kernels(BackwardKernelFns {
+                    ln_backward: Some(ln_backward_cb),
+                    col_sum: Some(col_sum_cb),
+                    gelu_backward_col_sum: Some(gelu_backward_col_sum_cb),
+                });
+            }
+        }
+        Err(e) => tracing::warn!("{e}; the layer norms' and biases' gradients use libtorch's operations"),
+    }
+}
+
+/// Runs `f` on the installed kernels for the shim: 0 when the kernel ran, 1 when it declined,
+/// -1 with the message in `err` (NUL-terminated, at most `cap` bytes) when it failed.
+fn answer(
+    stream: *mut c_void,
+    err: *mut c_char,
+    cap: usize,
+    f: impl FnOnce(&BackwardKernels) -> Result<Outcome, BackwardKernelError>,
+) -> c_int {
+    let declined = || {
+        DECLINED.fetch_add(1, Ordering::Relaxed);
+        1
+    };
+    let Some(k) = KERNELS.get().filter(|k| k.on_compute_stream(stream)) else { return declined() };
+    let message = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(k))) {
+        Ok(Ok(Outcome::Done)) => {
+            RAN.fetch_add(1, Ordering::Relaxed);
+            return 0;
+        }
+        Ok(Ok(Outcome::Declined)) => return declined(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "a backward kernel panicked".to_string(),
+    };
+    if cap > 0 && !err.is_null() {
+        let n = message.len().min(cap - 1);
+        // SAFETY: the shim passes a buffer of `cap` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(message.as_ptr(), err.cast::<u8>(), n);
+            *err.add(n) = 0;
+        }
+    }
+    -1
+}
+
+/// A tensor the shim lends for the call (tch's own handle on the same tensor).
+///
+/// # Safety
+/// `t` must point at a live `at::Tensor`.
+unsafe fn lent(t: CTensor) -> Tensor {
+    // SAFETY: as the caller promises; the clone is a new handle, dropped here.
+    unsafe { Tensor::clone_from_ptr(t.cast()) }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn ln_backward_cb(
+    dy: CTensor,
+    x: CTensor,
+    mean: CTensor,
+    rstd: CTensor,
+    gamma: CTensor,
+    dx: CTensor,
+    dgamma: CTensor,
+    dbeta: CTensor,
+    stream: *mut c_void,
+    err: *mut c_char,
+    cap: usize,
+) -> c_int {
+    answer(stream, err, cap, |k| {
+        // SAFETY: the shim passes live tensors.
+        let t = |p| unsafe { lent(p) };
+        k.ln_backward(&t(dy), &t(x), &t(mean), &t(rstd), &t(gamma), &t(dx), &t(dgamma), &t(dbeta))
+    })
+}
+
+unsafe extern "C" fn col_sum_cb(x: CTensor, out: CTensor, stream: *mut c_void, err: *mut c_char, cap: usize) -> c_int {
+    // SAFETY: the shim passes live tensors.
+    answer(stream, err, cap, |k| k.col_sum(&unsafe { lent(x) }, None, &unsafe { lent(out) }))
+}
+
+unsafe extern "C" fn gelu_backward_col_sum_cb(
+    g: CTensor,
+    h: CTensor,
+    out: CTensor,
+    stream: *mut c_void,
+    err: *mut c_char,
+    cap: usize,
+) -> c_int {
+    // SAFETY: the shim passes live tensors.
+    answer(stream, err, cap, |k| k.col_sum(&unsafe { lent(g) }, Some(&unsafe { lent(h) }), &unsafe { lent(out) }))
+}
