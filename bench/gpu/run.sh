@@ -58,7 +58,7 @@
 #                spread)
 #   step-ab      one GPU: the step-time targets' configurations (AB_CASES, MODEL:MICRO_BATCH:STAGE:eager|graph)
 #                with this build and the one in BASE_BIN alternating (AB_REPS rounds); AB_PROFILE=1
-#                adds a profiled gpt2 step of each; writes step-ab.json (bench/gpu/report_ab.py)
+#                adds a profiled gpt2 and gpt2-xl step of each; writes step-ab.json (bench/gpu/report_ab.py)
 #   same-speed   a refactor's check of speed: device-bound runs (gpt2-xl micro-batch 4 at stages 1-3
 #                on 2 GPUs, stage 2 with optimizer offload on 1), the worker in --bin and the one in
 #                BASE_BIN alternating, twice each; writes same-speed.json
@@ -300,7 +300,7 @@ PY
       : "${BASE_BIN:?step-ab compares with the worker in BASE_BIN}"
       # One GPU, this build and BASE_BIN alternating (AB_REPS rounds, default 2): the step-time
       # targets' configurations, eager and replaying graphs; AB_PROFILE=1 adds one profiled step
-      # of gpt2 stage 0 with each (--torch-profile). bench/gpu/report_ab.py reads it.
+      # of gpt2 and gpt2-xl at stage 0 with each (--torch-profile). bench/gpu/report_ab.py reads it.
       for rep in $(seq "${AB_REPS:-2}"); do
         for c in ${AB_CASES:-gpt2:16:0:eager gpt2:16:0:graph gpt2:16:3:eager gpt2-xl:4:0:graph gpt2-xl:4:3:eager}; do
           IFS=: read -r m mb s mode <<< "$c"
@@ -313,10 +313,12 @@ PY
         done
       done
       if [ "${AB_PROFILE:-0}" = 1 ]; then
-        for which in new base; do
-          bin=$BIN; [ "$which" = base ] && bin=$BASE_BIN
-          W=$bin/zerobench-worker worker "abprof_gpt2-mb16-z0_${which}" 1 --model gpt2 --stage 0 --micro-batch 16 \
-            --seq-len 1024 --steps 10 --warmup 5 --profile-step 8 --torch-profile
+        for m in gpt2:16 gpt2-xl:4; do
+          for which in new base; do
+            bin=$BIN; [ "$which" = base ] && bin=$BASE_BIN
+            W=$bin/zerobench-worker worker "abprof_${m%:*}-mb${m#*:}-z0_${which}" 1 --model "${m%:*}" --stage 0 \
+              --micro-batch "${m#*:}" --seq-len 1024 --steps 10 --warmup 5 --profile-step 8 --torch-profile
+          done
         done
       fi
       python3 bench/gpu/report_ab.py "$RUNS" "$OUTDIR/host.txt" "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" \

@@ -117,27 +117,28 @@ REDUCE(reduce_parts_f32, float, f2f)
 "#;
 
 /// The layer norm's backward pass, after `#define COLS <row length>` (a multiple of 8, at most
-/// [`MAX_COLS`]) and [`kernels`]' conversions. Blocks of 8 warps, a warp per row; `part` gets one
-/// row of `2 · COLS` fp32 sums per block (`dy·x̂`, then `dy`).
+/// [`MAX_COLS`]) and [`kernels`]' conversions. `WARPS` warps per block, a warp per row; every warp
+/// adds its rows' `dy·x̂` and `dy` into a slice of shared memory of its own (dynamic: `(1 + 2 ·
+/// WARPS) · COLS` floats, with gamma), so the sums take no registers and come out in the same
+/// order every run; `part` gets one row of `2 · COLS` fp32 sums per block (`dy·x̂`, then `dy`).
+/// Shared arrays are laid out `[k][vector]` so that a warp's lanes hit distinct banks.
 pub(crate) const LN_SOURCE: &str = r#"
+#define WARPS (COLS <= 1024 ? 8 : 4)
 #define LN_BACKWARD(NAME, T, VEC, N, LOAD, STORE)                                                     \
-extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ dy,                     \
+extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restrict__ dy,              \
     const T* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,          \
     const T* __restrict__ gamma, T* __restrict__ dx, float* __restrict__ part, long long rows) {      \
   constexpr int NV = COLS / N;                /* vectors per row */                                   \
   constexpr int VPL = (NV + 31) / 32;         /* vectors per lane */                                  \
-  __shared__ float g_s[COLS];                 /* gamma, [k][vector] so lanes read distinct banks */   \
-  __shared__ float acc[2 * COLS];                                                                     \
-  for (int i = threadIdx.x; i < COLS; i += blockDim.x) {                                              \
-    g_s[(i % N) * NV + i / N] = LOAD(gamma[i]);                                                       \
-    acc[i] = 0.f; acc[COLS + i] = 0.f;                                                                \
-  }                                                                                                   \
+  extern __shared__ float sm[];                                                                       \
+  float* g_s = sm;                                                                                    \
+  for (int i = threadIdx.x; i < COLS; i += blockDim.x) g_s[(i % N) * NV + i / N] = LOAD(gamma[i]);    \
+  for (int i = threadIdx.x; i < 2 * WARPS * COLS; i += blockDim.x) sm[COLS + i] = 0.f;                \
   __syncthreads();                                                                                    \
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;                      \
-  float dg[VPL][N], db[VPL][N];                                                                       \
-  _Pragma("unroll") for (int v = 0; v < VPL; ++v)                                                     \
-    _Pragma("unroll") for (int k = 0; k < N; ++k) { dg[v][k] = 0.f; db[v][k] = 0.f; }                 \
-  for (long long r = (long long)blockIdx.x * warps + warp; r < rows; r += (long long)gridDim.x * warps) { \
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                               \
+  float* dg = sm + COLS + warp * 2 * COLS;                                                            \
+  float* db = dg + COLS;                                                                              \
+  for (long long r = (long long)blockIdx.x * WARPS + warp; r < rows; r += (long long)gridDim.x * WARPS) { \
     const VEC* xr = reinterpret_cast<const VEC*>(x + r * COLS);                                       \
     const VEC* dr = reinterpret_cast<const VEC*>(dy + r * COLS);                                      \
     VEC xa[VPL], da[VPL];                                                                             \
@@ -154,7 +155,7 @@ extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ dy,
         _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
           float xh = (LOAD(xe[k]) - mu) * rs, d = LOAD(de[k]), dyg = d * g_s[k * NV + c];             \
           s1 += dyg * xh; s2 += dyg;                                                                  \
-          dg[v][k] += d * xh; db[v][k] += d;                                                          \
+          dg[k * NV + c] += d * xh; db[k * NV + c] += d;                                              \
         }                                                                                             \
       }                                                                                               \
     }                                                                                                 \
@@ -179,17 +180,14 @@ extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ dy,
       }                                                                                               \
     }                                                                                                 \
   }                                                                                                   \
-  _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                   \
-    int c = lane + v * 32;                                                                            \
-    if (c < NV) {                                                                                     \
-      _Pragma("unroll") for (int k = 0; k < N; ++k) {                                                 \
-        atomicAdd(&acc[c * N + k], dg[v][k]);                                                         \
-        atomicAdd(&acc[COLS + c * N + k], db[v][k]);                                                  \
-      }                                                                                               \
-    }                                                                                                 \
-  }                                                                                                   \
   __syncthreads();                                                                                    \
-  for (int i = threadIdx.x; i < 2 * COLS; i += blockDim.x) part[(long long)blockIdx.x * 2 * COLS + i] = acc[i]; \
+  /* Column col = c * N + k sits at k * NV + c of each half; warps added in order. */                 \
+  for (int i = threadIdx.x; i < 2 * COLS; i += blockDim.x) {                                          \
+    int half = i / COLS, col = i % COLS, j = half * COLS + (col % N) * NV + col / N;                  \
+    float s = 0.f;                                                                                    \
+    for (int w = 0; w < WARPS; ++w) s += sm[COLS + w * 2 * COLS + j];                                 \
+    part[(long long)blockIdx.x * 2 * COLS + i] = s;                                                   \
+  }                                                                                                   \
 }
 
 LN_BACKWARD(ln_backward_bf16, unsigned short, uint4, 8, bf2f, f2bf)
@@ -197,11 +195,25 @@ LN_BACKWARD(ln_backward_f16, unsigned short, uint4, 8, h2f, f2h)
 LN_BACKWARD(ln_backward_f32, float, float4, 4, f2f, f2f)
 "#;
 
-/// The widest row the layer norm's kernel takes: its shared memory holds `3 · COLS` floats.
-pub const MAX_COLS: i64 = 4096;
+/// Warps per block of the layer norm's kernel (its `WARPS`): each holds `2 · COLS` floats of
+/// shared memory, so wide rows get fewer.
+fn ln_warps(cols: i64) -> u32 {
+    if cols <= 1024 {
+        8
+    } else {
+        4
+    }
+}
 
-/// Threads per block of every kernel here.
-const THREADS: u32 = 256;
+/// The layer norm kernel's dynamic shared memory: gamma and every warp's sums, fp32.
+fn ln_shared_bytes(cols: i64) -> u32 {
+    ((1 + 2 * i64::from(ln_warps(cols))) * cols * 4) as u32
+}
+
+/// The widest row the layer norm's kernel takes: every lane holds its columns of a row of `x` and
+/// `dy` in registers, which at 2048 columns take 167-210 of them without spilling (at 4096 they
+/// spill); its shared memory is then `9 · COLS` floats (72 KiB).
+pub const MAX_COLS: i64 = 2048;
 
 /// The three precisions, in the order of each kernel's instances.
 #[derive(Clone, Copy)]
@@ -306,9 +318,15 @@ impl BackwardKernels {
         }
         let module = kernels::load(&self.gpu, &format!("#define COLS {cols}\n{LN_SOURCE}"))?;
         let funcs = Instances::load(&module, "ln_backward")?;
+        let (threads, shared) = (ln_warps(cols) * 32, ln_shared_bytes(cols));
         let mut grid = [0; 3];
-        for (p, g) in grid.iter_mut().enumerate() {
-            *g = funcs.0[p].occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)?.max(1) * self.sms;
+        for (f, g) in funcs.0.iter().zip(grid.iter_mut()) {
+            // Above 48 KiB a block's dynamic shared memory must be allowed explicitly.
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared as i32,
+            )?;
+            *g = f.occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)?.max(1) * self.sms;
         }
         let k = Arc::new(LnKernels { _module: module, funcs, grid });
         cache.insert(cols, Arc::clone(&k));
@@ -351,7 +369,11 @@ impl BackwardKernels {
         let k = self.ln_kernels(cols)?;
         let grid = k.grid[p as usize];
         let part = Tensor::f_empty([i64::from(grid), 2 * cols], (Kind::Float, x.device()))?;
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (ln_warps(cols) * 32, 1, 1),
+            shared_mem_bytes: ln_shared_bytes(cols),
+        };
         let (dyp, xp, mp, rp, gp, dxp, pp) = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(gamma), ptr(dx), ptr(&part));
         let mut launch = self.gpu.compute.launch_builder(k.funcs.get(p));
         launch.arg(&dyp).arg(&xp).arg(&mp).arg(&rp).arg(&gp).arg(&dxp).arg(&pp).arg(&rows);

@@ -67,7 +67,7 @@ mod tests {
             ("layer norm 768", &format!("#define COLS 768\n{}", crate::model::recompute_cuda::LN_SOURCE)),
             ("layer norm 1600", &format!("#define COLS 1600\n{}", crate::model::recompute_cuda::LN_SOURCE)),
             (
-                "layer norm 4096",
+                "layer norm at its limit",
                 &format!(
                     "#define COLS {}\n{}",
                     crate::model::recompute_cuda::MAX_COLS,
