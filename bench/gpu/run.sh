@@ -300,15 +300,17 @@ PY
       : "${BASE_BIN:?step-ab compares with the worker in BASE_BIN}"
       # One GPU, this build and BASE_BIN alternating (AB_REPS rounds, default 2): the step-time
       # targets' configurations, eager and replaying graphs; AB_PROFILE=1 adds one profiled step
-      # of gpt2 and gpt2-xl at stage 0 with each (--torch-profile). bench/gpu/report_ab.py reads it.
+      # of gpt2 and gpt2-xl at stage 0 with each (--torch-profile). AB_ARGS adds worker arguments
+      # (--data FILE: losses on text), AB_STEPS sets the steps (default 20). bench/gpu/report_ab.py reads it.
       for rep in $(seq "${AB_REPS:-2}"); do
         for c in ${AB_CASES:-gpt2:16:0:eager gpt2:16:0:graph gpt2:16:3:eager gpt2-xl:4:0:graph gpt2-xl:4:3:eager}; do
           IFS=: read -r m mb s mode <<< "$c"
           flag=(); [ "$mode" = graph ] && flag=(--cuda-graph)
           for which in new base; do
             bin=$BIN; [ "$which" = base ] && bin=$BASE_BIN
+            # shellcheck disable=SC2086
             W=$bin/zerobench-worker worker "ab_${m}-mb${mb}-z${s}-${mode}_${which}_${rep}" 1 --model "$m" --stage "$s" \
-              --micro-batch "$mb" --seq-len 1024 --steps 20 --warmup 4 "${flag[@]}"
+              --micro-batch "$mb" --seq-len 1024 --steps "${AB_STEPS:-20}" --warmup 4 "${flag[@]}" ${AB_ARGS:-}
           done
         done
       done

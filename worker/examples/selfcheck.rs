@@ -375,6 +375,44 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     }
 }
 
+/// The attention's output projection (`recompute::linear`) against libtorch's linear layer on the
+/// GPU, values and gradients, its bias gradient from the column-sum kernel.
+fn linear_node(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    use zerobench_worker::model::{recompute::linear, recompute_cuda};
+    recompute_cuda::install(gpu);
+    let cuda = Device::Cuda(0);
+    for (kind, tol, rows, d_in, d_out) in [
+        (Kind::Float, 1e-5, 4101i64, 768i64, 768i64),
+        (Kind::BFloat16, 2e-2, 4101, 768, 768),
+        (Kind::BFloat16, 2e-2, 999, 1600, 4800),
+    ] {
+        tch::manual_seed(13);
+        let leaf = |shape: &[i64], scale: f64| {
+            (Tensor::randn(shape, (Kind::Float, cuda)) * scale).to_kind(kind).set_requires_grad(true)
+        };
+        let ins = [leaf(&[1, rows, d_in], 1.0), leaf(&[d_out, d_in], 0.05), leaf(&[d_out], 0.1)];
+        let twins: Vec<Tensor> = ins.iter().map(|x| x.detach().copy().set_requires_grad(true)).collect();
+        let g = Tensor::randn([1, rows, d_out], (Kind::Float, cuda)).to_kind(kind);
+        let (ran_before, declined_before) = recompute_cuda::calls();
+        let ours = linear(&ins[0], &ins[1], &ins[2]).expect("node");
+        let theirs = twins[0].linear(&twins[1], Some(&twins[2]));
+        zerobench_worker::runtime::shim::backward(&[&ours], &[&g]).expect("backward");
+        zerobench_worker::runtime::shim::backward(&[&theirs], &[&g]).expect("backward");
+        let (ran, declined) = recompute_cuda::calls();
+        let value = relative_error(&ours, &theirs);
+        let grads: Vec<f64> = ins.iter().zip(&twins).map(|(a, b)| relative_error(&a.grad(), &b.grad())).collect();
+        let worst = grads.iter().copied().fold(value, f64::max);
+        let kernels = (ran - ran_before, declined - declined_before);
+        r.check(
+            "linear_node",
+            worst <= tol && kernels == (1, 0),
+            json!({"kind": format!("{kind:?}"), "rows": rows, "in": d_in, "out": d_out,
+                   "output_relative_error": value, "grad_relative_errors": {"x": grads[0], "w": grads[1], "b": grads[2]},
+                   "bound": tol, "backward_kernels": {"ran": kernels.0, "declined": kernels.1, "expected": 1}}),
+        );
+    }
+}
+
 /// Allocated bytes on the GPU now.
 fn allocated() -> i64 {
     zerobench_worker::runtime::shim::cuda_stats(0).expect("allocator statistics").allocated
@@ -475,11 +513,11 @@ fn recompute(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
             let grads: Vec<f64> = used.iter().map(|&i| relative_error(&ins[i].grad(), &twins[i].grad())).collect();
             let worst = grads.iter().copied().fold(value, f64::max);
             let saved = kept_theirs - kept_ours;
-            // The layer norm's kernel and the bias gradients' (two in the MLP, the second with the
-            // GELU's gradient), none left to libtorch.
+            // The layer norm's kernels (forward, recomputed, backward) and the bias gradients' (two
+            // in the MLP, the second with the GELU's gradient), none left to libtorch.
             let (ran, declined) = recompute_cuda::calls();
             let (ran, declined) = (ran - ran_before, declined - declined_before);
-            let kernels_expected = if node == "ln_gelu_mlp" { 3 } else { 2 };
+            let kernels_expected = if node == "ln_gelu_mlp" { 5 } else { 4 };
             let ok = worst <= tol
                 && kept_ours == kept_plain
                 && saved > 0
@@ -582,6 +620,7 @@ fn main() {
     nvml(&mut r, &gpu);
     lm_head(&mut r, &gpu);
     recompute(&mut r, &gpu);
+    linear_node(&mut r, &gpu);
     cuda_graph(&mut r);
     println!("{}", json!({"summary": {"checks": r.checks, "failed": r.failed, "gpu": gpu.describe().0}}));
     drop(comm);

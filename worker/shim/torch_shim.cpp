@@ -20,6 +20,10 @@
 // * zb_gloo_*: c10d's ProcessGroupGloo over that store, the CPU collectives of those ranks. Its
 //   header needs Gloo's, which the wheel lacks: third_party/gloo holds them, and says why they
 //   match the Gloo compiled into libtorch_cpu.
+// * zb_linear: a linear layer as an autograd function whose bias gradient is the worker's kernel.
+// * zb_set_backward_kernels: the worker's own CUDA kernels for these nodes (layer norm forward and
+//   backward, bias gradients), called with libtorch's current stream; without them, or where they
+//   decline the tensors, the nodes use libtorch's operations.
 // * zb_ln_linear / zb_ln_gelu_mlp: a layer norm followed by a linear layer, and a layer norm
 //   followed by an MLP with tanh GELU, as autograd functions (tch has none) whose backward
 //   recomputes the normalised input and the GELU's output instead of keeping them from the
@@ -77,6 +81,8 @@ std::vector<int64_t> with_last(const at::Tensor& t, int64_t last) {
 // stream and returns 0 when it computed its outputs, 1 when it does not take these tensors (the node
 // then uses libtorch's operations), -1 on an error (its message written to `err`).
 struct zb_backward_kernels {
+  int (*ln_forward)(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, double eps, at::Tensor* y, at::Tensor* mean,
+                    at::Tensor* rstd, void* stream, char* err, size_t cap);
   int (*ln_backward)(at::Tensor* dy, at::Tensor* x, at::Tensor* mean, at::Tensor* rstd, at::Tensor* gamma,
                      at::Tensor* dx, at::Tensor* dgamma, at::Tensor* dbeta, void* stream, char* err, size_t cap);
   int (*col_sum)(at::Tensor* x, at::Tensor* out, void* stream, char* err, size_t cap);
@@ -88,7 +94,7 @@ std::atomic<const zb_backward_kernels*> backward_kernels{nullptr};
 // Calls kernel `f` of the registered ones (when there are any and `on` is a CUDA tensor) with
 // `args`: whether it computed the outputs.
 template <typename F, typename... A>
-bool ran(F zb_backward_kernels::*f, const at::Tensor& on, A*... args) {
+bool ran(F zb_backward_kernels::*f, const at::Tensor& on, A... args) {
   const auto* k = backward_kernels.load();
   if (!k || !on.is_cuda() || !(k->*f)) return false;
   char err[512] = "";
@@ -125,10 +131,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_backward(at::Tensor gxn, at::T
 
 // The normalised input, as the forward pass computed it (the same kernel on the same input gives
 // the same bits), with its mean and reciprocal standard deviation.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm(const at::Tensor& x, const at::Tensor& gamma,
-                                                    const at::Tensor& beta, double eps) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm(at::Tensor x, at::Tensor gamma, at::Tensor beta, double eps) {
+  auto y = at::empty_like(x, at::MemoryFormat::Contiguous);
+  auto stats = with_last(x, 1);
+  auto mean = at::empty(stats, x.options().dtype(at::kFloat));
+  auto rstd = at::empty(stats, x.options().dtype(at::kFloat));
+  if (ran(&zb_backward_kernels::ln_forward, x, &x, &gamma, &beta, eps, &y, &mean, &rstd)) return {y, mean, rstd};
   return at::native_layer_norm(x, {x.size(-1)}, gamma, beta, eps);
 }
+
+// linear(x) = x·wᵀ + b, as libtorch's addmm, whose bias gradient goes through bias_grad (the
+// worker's column sum on CUDA: libtorch's reduction read gpt2's attention output gradient at a
+// third of the memory's bandwidth).
+struct Linear : torch::autograd::Function<Linear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    ctx->save_for_backward({x, w});
+    return at::addmm(b, rows(x), w.t()).view(with_last(x, w.size(0)));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const auto &x = s[0], &w = s[1];
+    auto gy = rows(grads[0]);
+    return {gy.mm(w).view(x.sizes()), gy.t().mm(rows(x)), bias_grad(gy)};
+  }
+};
 
 // linear(layer_norm(x)): keeps x (which the residual stream keeps anyway), not the normalised x.
 struct LnLinear : torch::autograd::Function<LnLinear> {
@@ -441,6 +468,10 @@ void zb_gloo_close(void* pg) { delete static_cast<GlooPtr*>(pg); }
 // Registers the backward kernels (copied; nullptr members stay libtorch's operations).
 int zb_set_backward_kernels(const zb_backward_kernels* k) {
   return guarded([&] { backward_kernels.store(new zb_backward_kernels(*k)); });
+}
+
+int zb_linear(at::Tensor* x, at::Tensor* w, at::Tensor* b, void** out) {
+  return guarded([&] { *out = new at::Tensor(Linear::apply(*x, *w, *b)); });
 }
 
 int zb_ln_linear(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, at::Tensor* b, double eps,

@@ -24,7 +24,10 @@
 //! functions: the nodes are C++ (`torch::autograd::Function`) in the shim, whose safe wrappers
 //! this module names for the models.
 
-pub use crate::runtime::shim::{ln_gelu_mlp, ln_linear, LnMlpParams};
+/// The attention's output projection goes through a node of the shim too (`linear`): it
+/// recomputes nothing, but its bias gradient is the same column-sum kernel as the nodes' on CUDA
+/// (`super::recompute_cuda`).
+pub use crate::runtime::shim::{linear, ln_gelu_mlp, ln_linear, LnMlpParams};
 
 #[cfg(test)]
 mod tests {
@@ -104,6 +107,17 @@ mod tests {
                     .gelu("tanh")
                     .linear(&t[5], Some(&t[6]))
             },
+        );
+    }
+
+    #[test]
+    fn linear_matches_the_composed_operation_and_its_gradients() {
+        matches_composed(
+            &[&[2, 3, 8], &[5, 8], &[5]],
+            &["x", "w", "b"],
+            None,
+            |t| linear(&t[0], &t[1], &t[2]).unwrap(),
+            |t| t[0].linear(&t[1], Some(&t[2])),
         );
     }
 

@@ -10,6 +10,9 @@
 //! profiled step) the layer norms' weight gradients took 2.0 ms and the bias gradients' reductions
 //! 2.0 ms, a fifth and a half of the memory's bandwidth for what they read. Here:
 //!
+//! * `ln_forward_*`: the layer norm itself, one warp per row held in registers (libtorch's kernel
+//!   reached 1.3 TB/s on gpt2's rows); the nodes run it in the forward pass and again to recompute
+//!   the normalised input, so both give the same bits.
 //! * `ln_backward_*`: one warp per row; every lane keeps its columns' sums of `dy·x̂` and `dy` in
 //!   registers over the rows it visits, so `dy` and `x` are read once for all three gradients.
 //!   Each block adds its warps' sums in shared memory and writes one row of fp32 partial sums. The
@@ -116,7 +119,8 @@ REDUCE(reduce_parts_f16, unsigned short, f2h)
 REDUCE(reduce_parts_f32, float, f2f)
 "#;
 
-/// The layer norm's backward pass, after `#define COLS <row length>` (a multiple of 8, at most
+/// The layer norm's forward pass (which the nodes also run to recompute it) and backward pass, after
+/// `#define COLS <row length>` (a multiple of 8, at most
 /// [`MAX_COLS`]) and [`kernels`]' conversions. `WARPS` warps per block, a warp per row; every warp
 /// adds its rows' `dy·x̂` and `dy` into a slice of shared memory of its own (dynamic: `(1 + 2 ·
 /// WARPS) · COLS` floats, with gamma), so the sums take no registers and come out in the same
@@ -190,6 +194,63 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
   }                                                                                                   \
 }
 
+/* The forward pass (and its recomputation): a warp per row of x, held in registers; mean and
+   variance in two passes over them (fp32), y = (x - mean) * rstd * gamma + beta. */
+#define LN_FORWARD(NAME, T, VEC, N, LOAD, STORE)                                                      \
+extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ x,                      \
+    const T* __restrict__ gamma, const T* __restrict__ beta, float eps, T* __restrict__ y,            \
+    float* __restrict__ mean, float* __restrict__ rstd, long long rows) {                             \
+  constexpr int NV = COLS / N;                                                                        \
+  constexpr int VPL = (NV + 31) / 32;                                                                 \
+  __shared__ float g_s[COLS], b_s[COLS];                                                              \
+  for (int i = threadIdx.x; i < COLS; i += blockDim.x) {                                              \
+    g_s[(i % N) * NV + i / N] = LOAD(gamma[i]);                                                       \
+    b_s[(i % N) * NV + i / N] = LOAD(beta[i]);                                                        \
+  }                                                                                                   \
+  __syncthreads();                                                                                    \
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;                      \
+  for (long long r = (long long)blockIdx.x * warps + warp; r < rows; r += (long long)gridDim.x * warps) { \
+    const VEC* xr = reinterpret_cast<const VEC*>(x + r * COLS);                                       \
+    VEC xa[VPL];                                                                                      \
+    float s = 0.f;                                                                                    \
+    _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
+      int c = lane + v * 32;                                                                          \
+      if (c < NV) {                                                                                   \
+        xa[v] = xr[c];                                                                                \
+        const T* xe = reinterpret_cast<const T*>(&xa[v]);                                            \
+        _Pragma("unroll") for (int k = 0; k < N; ++k) s += LOAD(xe[k]);                               \
+      }                                                                                               \
+    }                                                                                                 \
+    _Pragma("unroll") for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off); \
+    float mu = s * (1.f / COLS), q = 0.f;                                                             \
+    _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
+      int c = lane + v * 32;                                                                          \
+      if (c < NV) {                                                                                   \
+        const T* xe = reinterpret_cast<const T*>(&xa[v]);                                            \
+        _Pragma("unroll") for (int k = 0; k < N; ++k) { float d = LOAD(xe[k]) - mu; q += d * d; }     \
+      }                                                                                               \
+    }                                                                                                 \
+    _Pragma("unroll") for (int off = 16; off > 0; off >>= 1) q += __shfl_xor_sync(0xffffffffu, q, off); \
+    float rs = rsqrtf(q * (1.f / COLS) + eps);                                                        \
+    if (lane == 0) { mean[r] = mu; rstd[r] = rs; }                                                    \
+    VEC* yr = reinterpret_cast<VEC*>(y + r * COLS);                                                   \
+    _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
+      int c = lane + v * 32;                                                                          \
+      if (c < NV) {                                                                                   \
+        const T* xe = reinterpret_cast<const T*>(&xa[v]);                                            \
+        VEC o;                                                                                        \
+        T* oe = reinterpret_cast<T*>(&o);                                                             \
+        _Pragma("unroll") for (int k = 0; k < N; ++k)                                                 \
+          oe[k] = STORE((LOAD(xe[k]) - mu) * rs * g_s[k * NV + c] + b_s[k * NV + c]);                 \
+        yr[c] = o;                                                                                    \
+      }                                                                                               \
+    }                                                                                                 \
+  }                                                                                                   \
+}
+
+LN_FORWARD(ln_forward_bf16, unsigned short, uint4, 8, bf2f, f2bf)
+LN_FORWARD(ln_forward_f16, unsigned short, uint4, 8, h2f, f2h)
+LN_FORWARD(ln_forward_f32, float, float4, 4, f2f, f2f)
 LN_BACKWARD(ln_backward_bf16, unsigned short, uint4, 8, bf2f, f2bf)
 LN_BACKWARD(ln_backward_f16, unsigned short, uint4, 8, h2f, f2h)
 LN_BACKWARD(ln_backward_f32, float, float4, 4, f2f, f2f)
@@ -262,6 +323,8 @@ impl Instances {
 /// once (the grid: every block then writes one row of partial sums).
 struct LnKernels {
     _module: Arc<CudaModule>,
+    forward: Instances,
+    forward_grid: [u32; 3],
     funcs: Instances,
     grid: [u32; 3],
 }
@@ -318,6 +381,11 @@ impl BackwardKernels {
         }
         let module = kernels::load(&self.gpu, &format!("#define COLS {cols}\n{LN_SOURCE}"))?;
         let funcs = Instances::load(&module, "ln_backward")?;
+        let forward = Instances::load(&module, "ln_forward")?;
+        let mut forward_grid = [0; 3];
+        for (f, g) in forward.0.iter().zip(forward_grid.iter_mut()) {
+            *g = f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)?.max(1) * self.sms;
+        }
         let (threads, shared) = (ln_warps(cols) * 32, ln_shared_bytes(cols));
         let mut grid = [0; 3];
         for (f, g) in funcs.0.iter().zip(grid.iter_mut()) {
@@ -328,7 +396,7 @@ impl BackwardKernels {
             )?;
             *g = f.occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)?.max(1) * self.sms;
         }
-        let k = Arc::new(LnKernels { _module: module, funcs, grid });
+        let k = Arc::new(LnKernels { _module: module, forward, forward_grid, funcs, grid });
         cache.insert(cols, Arc::clone(&k));
         Ok(k)
     }
@@ -336,6 +404,45 @@ impl BackwardKernels {
     /// Whether `stream` (the caller's current CUDA stream) is the one these kernels run on.
     fn on_compute_stream(&self, stream: *mut c_void) -> bool {
         self.gpu.compute.cu_stream() as *mut c_void == stream
+    }
+
+    /// `y = layer_norm(x) · gamma + beta` over rows of `cols`, with each row's mean and reciprocal
+    /// standard deviation (fp32).
+    #[allow(clippy::too_many_arguments)]
+    fn ln_forward(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        beta: &Tensor,
+        eps: f64,
+        y: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+    ) -> Result<Outcome, BackwardKernelError> {
+        let Some(p) = Precision::of(x.kind()) else { return Ok(Outcome::Declined) };
+        let cols = *x.size().last().unwrap_or(&0);
+        let rows = if cols > 0 { x.numel() as i64 / cols } else { 0 };
+        let same = |t: &Tensor, kind: Kind, n: i64| t.kind() == kind && t.is_contiguous() && t.numel() as i64 == n;
+        if rows == 0
+            || cols % p.vector() != 0
+            || cols > MAX_COLS
+            || ![x, y].iter().all(|t| same(t, x.kind(), rows * cols) && aligned(t))
+            || ![gamma, beta].iter().all(|t| same(t, x.kind(), cols))
+            || ![mean, rstd].iter().all(|t| same(t, Kind::Float, rows))
+        {
+            return Ok(Outcome::Declined);
+        }
+        let k = self.ln_kernels(cols)?;
+        let grid = k.forward_grid[p as usize];
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (xp, gp, bp, yp, mp, rp) = (ptr(x), ptr(gamma), ptr(beta), ptr(y), ptr(mean), ptr(rstd));
+        let eps = eps as f32;
+        let mut launch = self.gpu.compute.launch_builder(k.forward.get(p));
+        launch.arg(&xp).arg(&gp).arg(&bp).arg(&eps).arg(&yp).arg(&mp).arg(&rp).arg(&rows);
+        // SAFETY: contiguous device tensors of the kernel's types and sizes, 16-byte aligned where
+        // loaded by vector (checked above), alive until the kernel has run (stream order).
+        unsafe { launch.launch(cfg) }?;
+        Ok(Outcome::Done)
     }
 
     /// `dx`, `dgamma`, `dbeta` of `y = layer_norm(x) · gamma + beta` over rows of `cols`, from
@@ -484,6 +591,7 @@ pub fn install(gpu: &Arc<Gpu>) {
         Ok(k) => {
             if KERNELS.set(k).is_ok() {
                 shim::set_backward_kernels(BackwardKernelFns {
+                    ln_forward: Some(ln_forward_cb),
                     ln_backward: Some(ln_backward_cb),
                     col_sum: Some(col_sum_cb),
                     gelu_backward_col_sum: Some(gelu_backward_col_sum_cb),
@@ -534,6 +642,26 @@ fn answer(
 unsafe fn lent(t: CTensor) -> Tensor {
     // SAFETY: as the caller promises; the clone is a new handle, dropped here.
     unsafe { Tensor::clone_from_ptr(t.cast()) }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn ln_forward_cb(
+    x: CTensor,
+    gamma: CTensor,
+    beta: CTensor,
+    eps: f64,
+    y: CTensor,
+    mean: CTensor,
+    rstd: CTensor,
+    stream: *mut c_void,
+    err: *mut c_char,
+    cap: usize,
+) -> c_int {
+    answer(stream, err, cap, |k| {
+        // SAFETY: the shim passes live tensors.
+        let t = |p| unsafe { lent(p) };
+        k.ln_forward(&t(x), &t(gamma), &t(beta), eps, &t(y), &t(mean), &t(rstd))
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -38,8 +38,24 @@ pub type LnBackwardFn = unsafe extern "C" fn(
     usize,
 ) -> c_int;
 
+/// The layer norm's forward kernel: `(x, gamma, beta, eps, y, mean, rstd, stream, err, cap)`.
+pub type LnForwardFn = unsafe extern "C" fn(
+    CTensor,
+    CTensor,
+    CTensor,
+    f64,
+    CTensor,
+    CTensor,
+    CTensor,
+    *mut c_void,
+    *mut c_char,
+    usize,
+) -> c_int;
+
 #[repr(C)]
 pub struct BackwardKernelFns {
+    /// The layer norm (forward and recomputed): `y`, `mean`, `rstd` from `x`, `gamma`, `beta`.
+    pub ln_forward: Option<LnForwardFn>,
     /// `(dy, x, mean, rstd, gamma, dx, dgamma, dbeta, stream, err, cap)`.
     pub ln_backward: Option<LnBackwardFn>,
     /// `(x, out, stream, err, cap)`: `out` = the sums of `x`'s columns.
@@ -94,6 +110,7 @@ extern "C" {
     fn zb_gloo_broadcast(pg: *mut c_void, buf: CTensor, root: c_int) -> c_int;
     fn zb_gloo_close(pg: *mut c_void);
     fn zb_set_backward_kernels(k: *const BackwardKernelFns) -> c_int;
+    fn zb_linear(x: CTensor, w: CTensor, b: CTensor, out: *mut CTensor) -> c_int;
     fn zb_ln_linear(
         x: CTensor,
         gamma: CTensor,
@@ -281,6 +298,17 @@ pub fn host_empty(n: i64, kind: Kind) -> Result<Tensor, ShimError> {
 unsafe fn owned(out: CTensor) -> Tensor {
     // SAFETY: as the caller promises.
     unsafe { Tensor::from_ptr(out.cast()) }
+}
+
+/// `x·wᵀ + b` over the last dimension, as one autograd node whose bias gradient is the worker's
+/// column-sum kernel on CUDA (`model::recompute_cuda`).
+pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor, ShimError> {
+    let p = |t: &Tensor| t.as_ptr() as CTensor;
+    let mut out = std::ptr::null_mut();
+    // SAFETY: live tensors and a valid out-pointer.
+    check(unsafe { zb_linear(p(x), p(w), p(b), &mut out) })?;
+    // SAFETY: on success the shim wrote a new tensor there.
+    Ok(unsafe { owned(out) })
 }
 
 /// `linear(layer_norm(x, gamma, beta, eps), w, b)` over the last dimension, as one autograd node
