@@ -413,6 +413,41 @@ fn linear_node(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     }
 }
 
+/// Rows the layer norm's kernels do not take (wider than `MAX_COLS`): the node falls back to
+/// libtorch's layer norm for its forward, recomputed and backward passes (three calls declined)
+/// and still takes the bias kernel, with the composed operations' results.
+fn declined_falls_back(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    use zerobench_worker::model::{recompute::ln_linear, recompute_cuda};
+    recompute_cuda::install(gpu);
+    let cuda = Device::Cuda(0);
+    let (rows, d, out, eps) = (300i64, recompute_cuda::MAX_COLS + 8, 64i64, 1e-5);
+    tch::manual_seed(14);
+    let leaf = |shape: &[i64], scale: f64| {
+        (Tensor::randn(shape, (Kind::Float, cuda)) * scale).to_kind(Kind::BFloat16).set_requires_grad(true)
+    };
+    let ins = [leaf(&[1, rows, d], 1.0), leaf(&[d], 1.0), leaf(&[d], 0.1), leaf(&[out, d], 0.05), leaf(&[out], 0.1)];
+    let twins: Vec<Tensor> = ins.iter().map(|x| x.detach().copy().set_requires_grad(true)).collect();
+    let g = Tensor::randn([1, rows, out], (Kind::Float, cuda)).to_kind(Kind::BFloat16);
+    let (ran_before, declined_before) = recompute_cuda::calls();
+    let ours = ln_linear(&ins[0], &ins[1], &ins[2], &ins[3], &ins[4], eps).expect("node");
+    let theirs =
+        twins[0].layer_norm([d], Some(&twins[1]), Some(&twins[2]), eps, true).linear(&twins[3], Some(&twins[4]));
+    zerobench_worker::runtime::shim::backward(&[&ours], &[&g]).expect("backward");
+    zerobench_worker::runtime::shim::backward(&[&theirs], &[&g]).expect("backward");
+    let (ran, declined) = recompute_cuda::calls();
+    let kernels = (ran - ran_before, declined - declined_before);
+    let value = relative_error(&ours, &theirs);
+    let grads: Vec<f64> = ins.iter().zip(&twins).map(|(a, b)| relative_error(&a.grad(), &b.grad())).collect();
+    let worst = grads.iter().copied().fold(value, f64::max);
+    r.check(
+        "declined_falls_back",
+        worst <= 2e-2 && kernels == (1, 3),
+        json!({"kind": "BFloat16", "rows": rows, "d_model": d, "max_cols": recompute_cuda::MAX_COLS,
+               "output_relative_error": value, "grad_relative_errors": grads, "bound": 2e-2,
+               "backward_kernels": {"ran": kernels.0, "declined": kernels.1, "expected": [1, 3]}}),
+    );
+}
+
 /// Allocated bytes on the GPU now.
 fn allocated() -> i64 {
     zerobench_worker::runtime::shim::cuda_stats(0).expect("allocator statistics").allocated
@@ -621,6 +656,7 @@ fn main() {
     lm_head(&mut r, &gpu);
     recompute(&mut r, &gpu);
     linear_node(&mut r, &gpu);
+    declined_falls_back(&mut r, &gpu);
     cuda_graph(&mut r);
     println!("{}", json!({"summary": {"checks": r.checks, "failed": r.failed, "gpu": gpu.describe().0}}));
     drop(comm);
