@@ -408,7 +408,7 @@ fn linear_node(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
             worst <= tol && kernels == (1, 0),
             json!({"kind": format!("{kind:?}"), "rows": rows, "in": d_in, "out": d_out,
                    "output_relative_error": value, "grad_relative_errors": {"x": grads[0], "w": grads[1], "b": grads[2]},
-                   "bound": tol, "backward_kernels": {"ran": kernels.0, "declined": kernels.1, "expected": 1}}),
+                   "bound": tol, "node_kernels": {"ran": kernels.0, "declined": kernels.1, "expected": 1}}),
         );
     }
 }
@@ -444,7 +444,7 @@ fn declined_falls_back(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
         worst <= 2e-2 && kernels == (1, 3),
         json!({"kind": "BFloat16", "rows": rows, "d_model": d, "max_cols": recompute_cuda::MAX_COLS,
                "output_relative_error": value, "grad_relative_errors": grads, "bound": 2e-2,
-               "backward_kernels": {"ran": kernels.0, "declined": kernels.1, "expected": [1, 3]}}),
+               "node_kernels": {"ran": kernels.0, "declined": kernels.1, "expected": [1, 3]}}),
     );
 }
 
@@ -563,7 +563,7 @@ fn recompute(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
                 "recompute",
                 ok,
                 json!({"node": node, "kind": format!("{kind:?}"), "tokens": b * t, "d_model": d,
-                       "backward_kernels": {"ran": ran, "declined": declined, "expected": kernels_expected},
+                       "node_kernels": {"ran": ran, "declined": declined, "expected": kernels_expected},
                        "output_relative_error": value, "grad_relative_errors": grads, "bound": tol,
                        "kept_bytes": {"node": kept_ours, "plain_operations_holding_what_the_node_keeps": kept_plain,
                                       "composed": kept_theirs, "less": saved, "recomputed_tensors": recomputed}}),

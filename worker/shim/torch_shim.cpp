@@ -21,9 +21,9 @@
 //   header needs Gloo's, which the wheel lacks: third_party/gloo holds them, and says why they
 //   match the Gloo compiled into libtorch_cpu.
 // * zb_linear: a linear layer as an autograd function whose bias gradient is the worker's kernel.
-// * zb_set_backward_kernels: the worker's own CUDA kernels for these nodes (layer norm forward and
-//   backward, bias gradients), called with libtorch's current stream; without them, or where they
-//   decline the tensors, the nodes use libtorch's operations.
+// * zb_set_node_kernels: the worker's own CUDA kernels for these nodes (layer norm forward and
+//   backward, bias and GELU gradients), called with libtorch's current stream; without them, or
+//   where they decline the tensors, the nodes use libtorch's operations.
 // * zb_ln_linear / zb_ln_gelu_mlp: a layer norm followed by a linear layer, and a layer norm
 //   followed by an MLP with tanh GELU, as autograd functions (tch has none) whose backward
 //   recomputes the normalised input and the GELU's output instead of keeping them from the
@@ -76,11 +76,12 @@ std::vector<int64_t> with_last(const at::Tensor& t, int64_t last) {
   return sizes;
 }
 
-// The worker's own CUDA kernels for the nodes' backward reductions (model/recompute_cuda.rs),
-// registered once by zb_set_backward_kernels before any backward pass. Each gets libtorch's current
-// stream and returns 0 when it computed its outputs, 1 when it does not take these tensors (the node
-// then uses libtorch's operations), -1 on an error (its message written to `err`).
-struct zb_backward_kernels {
+// The worker's own CUDA kernels for the nodes' layer norms and gradient reductions
+// (model/recompute_cuda.rs), registered once by zb_set_node_kernels before any forward pass. Each
+// gets libtorch's current stream and returns 0 when it computed its outputs, 1 when it does not take
+// these tensors (the node then uses libtorch's operations), -1 on an error (its message written to
+// `err`).
+struct zb_node_kernels {
   int (*ln_forward)(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, double eps, at::Tensor* y, at::Tensor* mean,
                     at::Tensor* rstd, void* stream, char* err, size_t cap);
   int (*ln_backward)(at::Tensor* dy, at::Tensor* x, at::Tensor* mean, at::Tensor* rstd, at::Tensor* gamma,
@@ -89,31 +90,41 @@ struct zb_backward_kernels {
   // g is overwritten with gelu_tanh'(h) * g before its columns are summed.
   int (*gelu_backward_col_sum)(at::Tensor* g, at::Tensor* h, at::Tensor* out, void* stream, char* err, size_t cap);
 };
-std::atomic<const zb_backward_kernels*> backward_kernels{nullptr};
+std::atomic<const zb_node_kernels*> node_kernels{nullptr};
 
-// Calls kernel `f` of the registered ones (when there are any and `on` is a CUDA tensor) with
-// `args`: whether it computed the outputs.
+// The registered kernels when there are any and `on` is a CUDA tensor (outputs are allocated for
+// them only then).
+const zb_node_kernels* kernels_for(const at::Tensor& on) {
+  const auto* k = node_kernels.load();
+  return k && on.is_cuda() ? k : nullptr;
+}
+
+// Calls kernel `f` of `k` with `args` on `on`'s current stream: whether it computed the outputs.
 template <typename F, typename... A>
-bool ran(F zb_backward_kernels::*f, const at::Tensor& on, A... args) {
-  const auto* k = backward_kernels.load();
-  if (!k || !on.is_cuda() || !(k->*f)) return false;
+bool ran(const zb_node_kernels* k, F zb_node_kernels::*f, const at::Tensor& on, A... args) {
+  if (!(k->*f)) return false;
   char err[512] = "";
   const int rc = (k->*f)(args..., c10::cuda::getCurrentCUDAStream(on.device().index()).stream(), err, sizeof err);
-  if (rc < 0) throw std::runtime_error(std::string("a backward kernel: ") + err);
+  if (rc < 0) throw std::runtime_error(std::string("a layer-norm or gradient kernel: ") + err);
   return rc == 0;
 }
 
 // The bias gradient of a linear layer whose output gradient is `gy` (rows).
 at::Tensor bias_grad(at::Tensor gy) {
-  auto out = at::empty({gy.size(1)}, gy.options());
-  return ran(&zb_backward_kernels::col_sum, gy, &gy, &out) ? out : gy.sum(0);
+  if (const auto* k = kernels_for(gy)) {
+    auto out = at::empty({gy.size(1)}, gy.options());
+    if (ran(k, &zb_node_kernels::col_sum, gy, &gy, &out)) return out;
+  }
+  return gy.sum(0);
 }
 
 // The GELU's input gradient from its output gradient `g` (rows, a temporary it may overwrite) and
 // input `h`, with the bias gradient of the linear layer that computed `h`.
 std::tuple<at::Tensor, at::Tensor> gelu_backward_and_bias(at::Tensor g, at::Tensor h) {
-  auto out = at::empty({g.size(1)}, g.options());
-  if (ran(&zb_backward_kernels::gelu_backward_col_sum, g, &g, &h, &out)) return {g, out};
+  if (const auto* k = kernels_for(g)) {
+    auto out = at::empty({g.size(1)}, g.options());
+    if (ran(k, &zb_node_kernels::gelu_backward_col_sum, g, &g, &h, &out)) return {g, out};
+  }
   auto gh = at::gelu_backward(g, h, "tanh");
   return {gh, gh.sum(0)};
 }
@@ -121,22 +132,25 @@ std::tuple<at::Tensor, at::Tensor> gelu_backward_and_bias(at::Tensor g, at::Tens
 // A layer norm's input, weight and bias gradients.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_backward(at::Tensor gxn, at::Tensor x, at::Tensor mean,
                                                            at::Tensor rstd, at::Tensor gamma, const at::Tensor& beta) {
-  auto gx = at::empty_like(x, at::MemoryFormat::Contiguous);
-  auto ggamma = at::empty_like(gamma, at::MemoryFormat::Contiguous);
-  auto gbeta = at::empty_like(beta, at::MemoryFormat::Contiguous);
-  if (ran(&zb_backward_kernels::ln_backward, x, &gxn, &x, &mean, &rstd, &gamma, &gx, &ggamma, &gbeta))
-    return {gx, ggamma, gbeta};
+  if (const auto* k = kernels_for(x)) {
+    auto gx = at::empty_like(x, at::MemoryFormat::Contiguous);
+    auto ggamma = at::empty_like(gamma, at::MemoryFormat::Contiguous);
+    auto gbeta = at::empty_like(beta, at::MemoryFormat::Contiguous);
+    if (ran(k, &zb_node_kernels::ln_backward, x, &gxn, &x, &mean, &rstd, &gamma, &gx, &ggamma, &gbeta))
+      return {gx, ggamma, gbeta};
+  }
   return at::native_layer_norm_backward(gxn, x, {x.size(-1)}, mean, rstd, gamma, beta, {true, true, true});
 }
 
 // The normalised input, as the forward pass computed it (the same kernel on the same input gives
 // the same bits), with its mean and reciprocal standard deviation.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm(at::Tensor x, at::Tensor gamma, at::Tensor beta, double eps) {
-  auto y = at::empty_like(x, at::MemoryFormat::Contiguous);
-  auto stats = with_last(x, 1);
-  auto mean = at::empty(stats, x.options().dtype(at::kFloat));
-  auto rstd = at::empty(stats, x.options().dtype(at::kFloat));
-  if (ran(&zb_backward_kernels::ln_forward, x, &x, &gamma, &beta, eps, &y, &mean, &rstd)) return {y, mean, rstd};
+  if (const auto* k = kernels_for(x)) {
+    auto y = at::empty_like(x, at::MemoryFormat::Contiguous);
+    auto mean = at::empty(with_last(x, 1), x.options().dtype(at::kFloat));
+    auto rstd = at::empty(with_last(x, 1), x.options().dtype(at::kFloat));
+    if (ran(k, &zb_node_kernels::ln_forward, x, &x, &gamma, &beta, eps, &y, &mean, &rstd)) return {y, mean, rstd};
+  }
   return at::native_layer_norm(x, {x.size(-1)}, gamma, beta, eps);
 }
 
@@ -465,9 +479,9 @@ int zb_gloo_broadcast(void* pg, at::Tensor* buf, int root) {
 
 void zb_gloo_close(void* pg) { delete static_cast<GlooPtr*>(pg); }
 
-// Registers the backward kernels (copied; nullptr members stay libtorch's operations).
-int zb_set_backward_kernels(const zb_backward_kernels* k) {
-  return guarded([&] { backward_kernels.store(new zb_backward_kernels(*k)); });
+// Registers the nodes' kernels (copied; nullptr members stay libtorch's operations).
+int zb_set_node_kernels(const zb_node_kernels* k) {
+  return guarded([&] { node_kernels.store(new zb_node_kernels(*k)); });
 }
 
 int zb_linear(at::Tensor* x, at::Tensor* w, at::Tensor* b, void** out) {

@@ -1,31 +1,33 @@
-//! The memory-bound reductions of [`super::recompute`]'s backward passes as CUDA kernels, compiled
-//! at start with NVRTC and called by the shim's autograd nodes on CUDA tensors: the layer norm's
-//! input gradient together with its weight and bias gradients, the linear layers' bias gradients
-//! (column sums), and the GELU's gradient together with the bias gradient of the linear layer
-//! before it.
+//! The layer norms and the memory-bound gradient reductions of [`super::recompute`]'s nodes as
+//! CUDA kernels, compiled at start with NVRTC and called by the shim's autograd nodes on CUDA
+//! tensors: the layer norm (forward, recomputed and backward, its input gradient together with its
+//! weight and bias gradients), the linear layers' bias gradients (column sums), and the GELU's
+//! gradient together with the bias gradient of the linear layer before it.
 //!
 //! libtorch computes a layer norm's weight and bias gradients in a kernel of their own that reads
 //! the upstream gradient and the input again, and each bias gradient is a reduction over the rows
 //! of a gradient some other kernel has just written. On gpt2 at micro-batch 16 (one H100, one
 //! profiled step) the layer norms' weight gradients took 2.0 ms and the bias gradients' reductions
-//! 2.0 ms, a fifth and a half of the memory's bandwidth for what they read. Here:
+//! 2.0 ms, a fifth and a half of the memory's bandwidth for what they read, and the layer norm's
+//! forward kernel ran at 1.3 TB/s. Here (docs/results/one-gpu.md has the measurements):
 //!
-//! * `ln_forward_*`: the layer norm itself, one warp per row held in registers (libtorch's kernel
-//!   reached 1.3 TB/s on gpt2's rows); the nodes run it in the forward pass and again to recompute
-//!   the normalised input, so both give the same bits.
-//! * `ln_backward_*`: one warp per row; every lane keeps its columns' sums of `dy·x̂` and `dy` in
-//!   registers over the rows it visits, so `dy` and `x` are read once for all three gradients.
-//!   Each block adds its warps' sums in shared memory and writes one row of fp32 partial sums. The
-//!   row length is a compile-time constant (the kernel is compiled per model width), so the
-//!   per-lane arrays stay in registers.
+//! * `ln_forward_*`: the layer norm, one warp per row held in registers, mean and variance in two
+//!   passes over them; the nodes run it in the forward pass and again to recompute the normalised
+//!   input, so both give the same bits.
+//! * `ln_backward_*`: one warp per row, so `dy` and `x` are read once for all three gradients;
+//!   every warp adds its rows' `dy·x̂` and `dy` into shared memory of its own (no registers held
+//!   for them: at gpt2-xl's width per-lane sums spilled), and the block adds its warps' sums in
+//!   warp order into one row of fp32 partial sums, so they come out the same every run. The row
+//!   length is a compile-time constant (compiled per model width on first use).
 //! * `col_sum_*` and `gelu_backward_col_sum_*`: 16-byte loads down the rows, fp32 sums per column
 //!   (of the 16-bit values as they are stored, as libtorch sums them), one row of partial sums per
 //!   block row; the GELU variant writes `gelu'(h)·g` over `g` as it goes.
-//! * `reduce_parts_*`: the partial sums' rows added into the gradients' precision.
+//! * `reduce_parts_*`: the partial sums' rows added, in order, into the gradients' precision.
 //!
-//! Every kernel runs on the compute stream, which is libtorch's current stream in the autograd
-//! engine's device thread (the shim passes it; a call on any other stream, or on tensors these
-//! kernels do not take, is declined, and the node uses libtorch's operations instead).
+//! Every kernel runs on the compute stream, which is libtorch's current stream in the forward
+//! pass and in the autograd engine's device thread (the shim passes it; a call on any other
+//! stream, or on tensors these kernels do not take, is declined, and the node uses libtorch's
+//! operations instead).
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
@@ -37,7 +39,7 @@ use tch::{Kind, Tensor};
 
 use crate::runtime::cuda::Gpu;
 use crate::runtime::kernels;
-use crate::runtime::shim::{self, BackwardKernelFns, CTensor};
+use crate::runtime::shim::{self, CTensor, NodeKernelFns};
 
 /// The kernels that do not depend on the row length, after [`kernels`]' shared conversions. Each
 /// is instantiated for bf16, fp16 and fp32 (suffixes `bf16`, `f16`, `f32`), 16 bytes per load: 8
@@ -309,7 +311,7 @@ impl Precision {
 struct Instances([CudaFunction; 3]);
 
 impl Instances {
-    fn load(module: &Arc<CudaModule>, name: &str) -> Result<Self, BackwardKernelError> {
+    fn load(module: &Arc<CudaModule>, name: &str) -> Result<Self, NodeKernelError> {
         let f = |p: usize| module.load_function(&format!("{name}_{}", Precision::SUFFIX[p]));
         Ok(Self([f(0)?, f(1)?, f(2)?]))
     }
@@ -325,24 +327,24 @@ struct LnKernels {
     _module: Arc<CudaModule>,
     forward: Instances,
     forward_grid: [u32; 3],
-    funcs: Instances,
-    grid: [u32; 3],
+    backward: Instances,
+    backward_grid: [u32; 3],
 }
 
-pub struct BackwardKernels {
+pub struct NodeKernels {
     gpu: Arc<Gpu>,
     _module: Arc<CudaModule>,
     col_sum: Instances,
     gelu_col_sum: Instances,
     reduce: Instances,
     sms: u32,
-    /// Compiled on first use per row length (the first backward pass of a width).
+    /// Compiled on first use per row length (the first forward pass of a width).
     ln: Mutex<HashMap<i64, Arc<LnKernels>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum BackwardKernelError {
-    #[error("the backward kernels: {0}")]
+pub enum NodeKernelError {
+    #[error("the layer-norm and gradient kernels: {0}")]
     Kernel(#[from] kernels::KernelError),
     #[error("CUDA: {0}")]
     Cuda(#[from] cudarc::driver::DriverError),
@@ -357,9 +359,9 @@ enum Outcome {
     Declined,
 }
 
-impl BackwardKernels {
+impl NodeKernels {
     /// Compiles the kernels that do not depend on a row length for this GPU's architecture.
-    pub fn new(gpu: Arc<Gpu>) -> Result<Self, BackwardKernelError> {
+    pub fn new(gpu: Arc<Gpu>) -> Result<Self, NodeKernelError> {
         let module = kernels::load(&gpu, SOURCE)?;
         let sms =
             gpu.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
@@ -374,21 +376,21 @@ impl BackwardKernels {
         })
     }
 
-    fn ln_kernels(&self, cols: i64) -> Result<Arc<LnKernels>, BackwardKernelError> {
+    fn ln_kernels(&self, cols: i64) -> Result<Arc<LnKernels>, NodeKernelError> {
         let mut cache = self.ln.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(k) = cache.get(&cols) {
             return Ok(Arc::clone(k));
         }
         let module = kernels::load(&self.gpu, &format!("#define COLS {cols}\n{LN_SOURCE}"))?;
-        let funcs = Instances::load(&module, "ln_backward")?;
+        let backward = Instances::load(&module, "ln_backward")?;
         let forward = Instances::load(&module, "ln_forward")?;
         let mut forward_grid = [0; 3];
         for (f, g) in forward.0.iter().zip(forward_grid.iter_mut()) {
             *g = f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)?.max(1) * self.sms;
         }
         let (threads, shared) = (ln_warps(cols) * 32, ln_shared_bytes(cols));
-        let mut grid = [0; 3];
-        for (f, g) in funcs.0.iter().zip(grid.iter_mut()) {
+        let mut backward_grid = [0; 3];
+        for (f, g) in backward.0.iter().zip(backward_grid.iter_mut()) {
             // Above 48 KiB a block's dynamic shared memory must be allowed explicitly.
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -396,7 +398,7 @@ impl BackwardKernels {
             )?;
             *g = f.occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)?.max(1) * self.sms;
         }
-        let k = Arc::new(LnKernels { _module: module, forward, forward_grid, funcs, grid });
+        let k = Arc::new(LnKernels { _module: module, forward, forward_grid, backward, backward_grid });
         cache.insert(cols, Arc::clone(&k));
         Ok(k)
     }
@@ -418,17 +420,11 @@ impl BackwardKernels {
         y: &Tensor,
         mean: &Tensor,
         rstd: &Tensor,
-    ) -> Result<Outcome, BackwardKernelError> {
-        let Some(p) = Precision::of(x.kind()) else { return Ok(Outcome::Declined) };
-        let cols = *x.size().last().unwrap_or(&0);
-        let rows = if cols > 0 { x.numel() as i64 / cols } else { 0 };
-        let same = |t: &Tensor, kind: Kind, n: i64| t.kind() == kind && t.is_contiguous() && t.numel() as i64 == n;
-        if rows == 0
-            || cols % p.vector() != 0
-            || cols > MAX_COLS
-            || ![x, y].iter().all(|t| same(t, x.kind(), rows * cols) && aligned(t))
-            || ![gamma, beta].iter().all(|t| same(t, x.kind(), cols))
-            || ![mean, rstd].iter().all(|t| same(t, Kind::Float, rows))
+    ) -> Result<Outcome, NodeKernelError> {
+        let Some((p, rows, cols)) = ln_rows(x) else { return Ok(Outcome::Declined) };
+        if ![x, y].iter().all(|t| holds(t, x.kind(), rows * cols) && aligned(t))
+            || ![gamma, beta].iter().all(|t| holds(t, x.kind(), cols))
+            || ![mean, rstd].iter().all(|t| holds(t, Kind::Float, rows))
         {
             return Ok(Outcome::Declined);
         }
@@ -458,23 +454,16 @@ impl BackwardKernels {
         dx: &Tensor,
         dgamma: &Tensor,
         dbeta: &Tensor,
-    ) -> Result<Outcome, BackwardKernelError> {
-        let Some(p) = Precision::of(x.kind()) else { return Ok(Outcome::Declined) };
-        let cols = *x.size().last().unwrap_or(&0);
-        let rows = if cols > 0 { x.numel() as i64 / cols } else { 0 };
-        let same = |t: &Tensor, kind: Kind, n: i64| t.kind() == kind && t.is_contiguous() && t.numel() as i64 == n;
-        let n = rows * cols;
-        if rows == 0
-            || cols % p.vector() != 0
-            || cols > MAX_COLS
-            || ![dy, x, dx].iter().all(|t| same(t, x.kind(), n) && aligned(t))
-            || ![gamma, dgamma, dbeta].iter().all(|t| same(t, x.kind(), cols))
-            || ![mean, rstd].iter().all(|t| same(t, Kind::Float, rows))
+    ) -> Result<Outcome, NodeKernelError> {
+        let Some((p, rows, cols)) = ln_rows(x) else { return Ok(Outcome::Declined) };
+        if ![dy, x, dx].iter().all(|t| holds(t, x.kind(), rows * cols) && aligned(t))
+            || ![gamma, dgamma, dbeta].iter().all(|t| holds(t, x.kind(), cols))
+            || ![mean, rstd].iter().all(|t| holds(t, Kind::Float, rows))
         {
             return Ok(Outcome::Declined);
         }
         let k = self.ln_kernels(cols)?;
-        let grid = k.grid[p as usize];
+        let grid = k.backward_grid[p as usize];
         let part = Tensor::f_empty([i64::from(grid), 2 * cols], (Kind::Float, x.device()))?;
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
@@ -482,7 +471,7 @@ impl BackwardKernels {
             shared_mem_bytes: ln_shared_bytes(cols),
         };
         let (dyp, xp, mp, rp, gp, dxp, pp) = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(gamma), ptr(dx), ptr(&part));
-        let mut launch = self.gpu.compute.launch_builder(k.funcs.get(p));
+        let mut launch = self.gpu.compute.launch_builder(k.backward.get(p));
         launch.arg(&dyp).arg(&xp).arg(&mp).arg(&rp).arg(&gp).arg(&dxp).arg(&pp).arg(&rows);
         // SAFETY: contiguous device tensors of the kernel's types and sizes, 16-byte aligned where
         // loaded by vector (checked above), alive until the kernel has run: libtorch frees them in
@@ -494,7 +483,7 @@ impl BackwardKernels {
 
     /// `out` = the column sums of `x` (rows of `out.numel()`); with `gelu_input`, `x` is first
     /// replaced by `gelu_tanh'(gelu_input) · x`.
-    fn col_sum(&self, x: &Tensor, gelu_input: Option<&Tensor>, out: &Tensor) -> Result<Outcome, BackwardKernelError> {
+    fn col_sum(&self, x: &Tensor, gelu_input: Option<&Tensor>, out: &Tensor) -> Result<Outcome, NodeKernelError> {
         let Some(p) = Precision::of(x.kind()) else { return Ok(Outcome::Declined) };
         let cols = out.numel() as i64;
         let rows = if cols > 0 { x.numel() as i64 / cols } else { 0 };
@@ -541,7 +530,7 @@ impl BackwardKernels {
         split: i64,
         out0: &Tensor,
         out1: &Tensor,
-    ) -> Result<(), BackwardKernelError> {
+    ) -> Result<(), NodeKernelError> {
         let blocks = u32::try_from((cols + 31) / 32).unwrap_or(u32::MAX);
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
         let (pp, o0, o1) = (ptr(part), ptr(out0), ptr(out1));
@@ -554,6 +543,21 @@ impl BackwardKernels {
     }
 }
 
+/// The precision and the rows and row length of `x` (over its last dimension) when the layer
+/// norm's kernels take them: a precision they have, rows of whole 16-byte vectors, at most
+/// [`MAX_COLS`] long, at least one row.
+fn ln_rows(x: &Tensor) -> Option<(Precision, i64, i64)> {
+    let p = Precision::of(x.kind())?;
+    let cols = *x.size().last()?;
+    let rows = if cols > 0 { x.numel() as i64 / cols } else { 0 };
+    (rows > 0 && cols % p.vector() == 0 && cols <= MAX_COLS).then_some((p, rows, cols))
+}
+
+/// Whether `t` is a contiguous tensor of `n` elements of `kind`.
+fn holds(t: &Tensor, kind: Kind, n: i64) -> bool {
+    t.kind() == kind && t.is_contiguous() && t.numel() as i64 == n
+}
+
 fn ptr(t: &Tensor) -> u64 {
     t.data_ptr() as u64
 }
@@ -563,7 +567,7 @@ fn aligned(t: &Tensor) -> bool {
     t.data_ptr() as usize % 16 == 0
 }
 
-static KERNELS: OnceLock<BackwardKernels> = OnceLock::new();
+static KERNELS: OnceLock<NodeKernels> = OnceLock::new();
 
 /// Calls that ran a kernel, and calls declined (libtorch's operations ran), since start.
 static RAN: AtomicU64 = AtomicU64::new(0);
@@ -587,10 +591,10 @@ pub fn install(gpu: &Arc<Gpu>) {
     if installed() {
         return;
     }
-    match BackwardKernels::new(Arc::clone(gpu)) {
+    match NodeKernels::new(Arc::clone(gpu)) {
         Ok(k) => {
             if KERNELS.set(k).is_ok() {
-                shim::set_backward_kernels(BackwardKernelFns {
+                shim::set_node_kernels(NodeKernelFns {
                     ln_forward: Some(ln_forward_cb),
                     ln_backward: Some(ln_backward_cb),
                     col_sum: Some(col_sum_cb),
@@ -608,7 +612,7 @@ fn answer(
     stream: *mut c_void,
     err: *mut c_char,
     cap: usize,
-    f: impl FnOnce(&BackwardKernels) -> Result<Outcome, BackwardKernelError>,
+    f: impl FnOnce(&NodeKernels) -> Result<Outcome, NodeKernelError>,
 ) -> c_int {
     let declined = || {
         DECLINED.fetch_add(1, Ordering::Relaxed);
@@ -622,7 +626,7 @@ fn answer(
         }
         Ok(Ok(Outcome::Declined)) => return declined(),
         Ok(Err(e)) => e.to_string(),
-        Err(_) => "a backward kernel panicked".to_string(),
+        Err(_) => "a layer-norm or gradient kernel panicked".to_string(),
     };
     if cap > 0 && !err.is_null() {
         let n = message.len().min(cap - 1);

@@ -19,11 +19,7 @@ pub struct CudaStats {
 /// An `at::Tensor*`, which the shim's functions take and tch's `Tensor::as_ptr` returns.
 pub type CTensor = *mut c_void;
 
-/// The shim's `zb_backward_kernels`: kernels its backward nodes call on CUDA tensors with
-/// libtorch's current stream, each returning 0 when it computed its outputs, 1 when it declines
-/// the tensors (the node then uses libtorch's operations) and -1 with a message in the buffer
-/// (`err`, `cap` bytes) when it failed (`model::recompute_cuda`).
-/// The layer norm's backward kernel, as [`BackwardKernelFns::ln_backward`] describes it.
+/// The layer norm's backward kernel, as [`NodeKernelFns::ln_backward`] describes it.
 pub type LnBackwardFn = unsafe extern "C" fn(
     CTensor,
     CTensor,
@@ -52,8 +48,12 @@ pub type LnForwardFn = unsafe extern "C" fn(
     usize,
 ) -> c_int;
 
+/// The shim's `zb_node_kernels`: kernels its nodes ([`linear`], [`ln_linear`], [`ln_gelu_mlp`])
+/// call on CUDA tensors with libtorch's current stream, each returning 0 when it computed its
+/// outputs, 1 when it declines the tensors (the node then uses libtorch's operations) and -1 with
+/// a message in the buffer (`err`, `cap` bytes) when it failed (`model::recompute_cuda`).
 #[repr(C)]
-pub struct BackwardKernelFns {
+pub struct NodeKernelFns {
     /// The layer norm (forward and recomputed): `y`, `mean`, `rstd` from `x`, `gamma`, `beta`.
     pub ln_forward: Option<LnForwardFn>,
     /// `(dy, x, mean, rstd, gamma, dx, dgamma, dbeta, stream, err, cap)`.
@@ -109,7 +109,7 @@ extern "C" {
     fn zb_gloo_all_gather(pg: *mut c_void, input: CTensor, output: CTensor) -> c_int;
     fn zb_gloo_broadcast(pg: *mut c_void, buf: CTensor, root: c_int) -> c_int;
     fn zb_gloo_close(pg: *mut c_void);
-    fn zb_set_backward_kernels(k: *const BackwardKernelFns) -> c_int;
+    fn zb_set_node_kernels(k: *const NodeKernelFns) -> c_int;
     fn zb_linear(x: CTensor, w: CTensor, b: CTensor, out: *mut CTensor) -> c_int;
     fn zb_ln_linear(
         x: CTensor,
@@ -329,11 +329,11 @@ pub fn ln_linear(
     Ok(unsafe { owned(out) })
 }
 
-/// Hands the backward nodes of [`ln_linear`] and [`ln_gelu_mlp`] kernels of the worker's own
-/// (the shim copies the table; set once, before any backward pass).
-pub fn set_backward_kernels(k: BackwardKernelFns) {
+/// Hands the nodes [`linear`], [`ln_linear`] and [`ln_gelu_mlp`] kernels of the worker's own (the
+/// shim copies the table; set once, before any forward pass).
+pub fn set_node_kernels(k: NodeKernelFns) {
     // SAFETY: a valid table; the shim only copies it (and cannot fail beyond allocating).
-    let _ = unsafe { zb_set_backward_kernels(&k) };
+    let _ = unsafe { zb_set_node_kernels(&k) };
 }
 
 /// A layer norm's parameters and an MLP's: `[gamma, beta, w1, b1, w2, b2]`.
