@@ -87,8 +87,10 @@ struct zb_node_kernels {
   int (*ln_backward)(at::Tensor* dy, at::Tensor* x, at::Tensor* mean, at::Tensor* rstd, at::Tensor* gamma,
                      at::Tensor* dx, at::Tensor* dgamma, at::Tensor* dbeta, void* stream, char* err, size_t cap);
   int (*col_sum)(at::Tensor* x, at::Tensor* out, void* stream, char* err, size_t cap);
-  // g is overwritten with gelu_tanh'(h) * g before its columns are summed.
-  int (*gelu_backward_col_sum)(at::Tensor* g, at::Tensor* h, at::Tensor* out, void* stream, char* err, size_t cap);
+  int (*gelu_forward)(at::Tensor* h, at::Tensor* a, void* stream, char* err, size_t cap);
+  // act gets gelu_tanh(h), and g is overwritten with gelu_tanh'(h) * g before its columns are summed.
+  int (*gelu_backward_col_sum)(at::Tensor* g, at::Tensor* h, at::Tensor* act, at::Tensor* out, void* stream,
+                               char* err, size_t cap);
 };
 std::atomic<const zb_node_kernels*> node_kernels{nullptr};
 
@@ -118,15 +120,26 @@ at::Tensor bias_grad(at::Tensor gy) {
   return gy.sum(0);
 }
 
-// The GELU's input gradient from its output gradient `g` (rows, a temporary it may overwrite) and
-// input `h`, with the bias gradient of the linear layer that computed `h`.
-std::tuple<at::Tensor, at::Tensor> gelu_backward_and_bias(at::Tensor g, at::Tensor h) {
+// The tanh GELU of the MLP's forward pass (rows).
+at::Tensor gelu_tanh(at::Tensor h) {
+  if (const auto* k = kernels_for(h)) {
+    auto a = at::empty_like(h, at::MemoryFormat::Contiguous);
+    if (ran(k, &zb_node_kernels::gelu_forward, h, &h, &a)) return a;
+  }
+  return at::gelu(h, "tanh");
+}
+
+// From the GELU's output gradient `g` (rows, a temporary it may overwrite) and input `h`: the
+// GELU's output recomputed (as `gelu_tanh` computes it), its input gradient, and the bias gradient of
+// the linear layer that computed `h`; on CUDA in one pass over `h`.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gelu_recompute_backward_and_bias(at::Tensor g, at::Tensor h) {
   if (const auto* k = kernels_for(g)) {
+    auto act = at::empty_like(h, at::MemoryFormat::Contiguous);
     auto out = at::empty({g.size(1)}, g.options());
-    if (ran(k, &zb_node_kernels::gelu_backward_col_sum, g, &g, &h, &out)) return {g, out};
+    if (ran(k, &zb_node_kernels::gelu_backward_col_sum, g, &g, &h, &act, &out)) return {act, g, out};
   }
   auto gh = at::gelu_backward(g, h, "tanh");
-  return {gh, gh.sum(0)};
+  return {gelu_tanh(h), gh, gh.sum(0)};
 }
 
 // A layer norm's input, weight and bias gradients.
@@ -202,7 +215,7 @@ struct LnGeluMlp : torch::autograd::Function<LnGeluMlp> {
                             const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2,
                             double eps) {
     auto h = at::addmm(b1, rows(std::get<0>(norm(x, gamma, beta, eps))), w1.t());
-    auto y = at::addmm(b2, at::gelu(h, "tanh"), w2.t());
+    auto y = at::addmm(b2, gelu_tanh(h), w2.t());
     ctx->save_for_backward({x, gamma, beta, w1, w2, h});
     ctx->saved_data["eps"] = eps;
     return y.view(with_last(x, w2.size(0)));
@@ -212,9 +225,10 @@ struct LnGeluMlp : torch::autograd::Function<LnGeluMlp> {
     auto s = ctx->get_saved_variables();
     const auto &x = s[0], &gamma = s[1], &beta = s[2], &w1 = s[3], &w2 = s[4], &h = s[5];
     auto gy = rows(grads[0]);
-    auto gw2 = gy.t().mm(at::gelu(h, "tanh"));
     auto gb2 = bias_grad(gy);
-    auto [gh, gb1] = gelu_backward_and_bias(gy.mm(w2), rows(h));
+    auto [act, gh, gb1] = gelu_recompute_backward_and_bias(gy.mm(w2), rows(h));
+    auto gw2 = gy.t().mm(act);
+    act.reset();
     auto [xn, mean, rstd] = norm(x, gamma, beta, ctx->saved_data["eps"].toDouble());
     auto gw1 = gh.t().mm(rows(xn));
     xn.reset();

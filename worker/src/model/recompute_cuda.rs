@@ -19,9 +19,12 @@
 //!   for them: at gpt2-xl's width per-lane sums spilled), and the block adds its warps' sums in
 //!   warp order into one row of fp32 partial sums, so they come out the same every run. The row
 //!   length is a compile-time constant (compiled per model width on first use).
+//! * `gelu_forward_*`: the MLP's tanh GELU in the forward pass.
 //! * `col_sum_*` and `gelu_backward_col_sum_*`: 16-byte loads down the rows, fp32 sums per column
 //!   (of the 16-bit values as they are stored, as libtorch sums them), one row of partial sums per
-//!   block row; the GELU variant writes `gelu'(h)·g` over `g` as it goes.
+//!   block row; the GELU variant writes `gelu'(h)·g` over `g` as it goes and, in the same pass,
+//!   the recomputed `gelu(h)` the second layer's weight gradient needs (with the same function
+//!   as the forward kernel: the same bits), so `h` is read once in the backward pass.
 //! * `reduce_parts_*`: the partial sums' rows added, in order, into the gradients' precision.
 //!
 //! Every kernel runs on the compute stream, which is libtorch's current stream in the forward
@@ -55,12 +58,35 @@ __device__ __forceinline__ float gelu_grad(float g, float x) {
   return g * (0.5f * right + left * (1.f - t * t) * GELU_BETA * (1.f + 3.f * GELU_KAPPA * x2));
 }
 
+/* The tanh GELU, as libtorch's gelu computes it in fp32. */
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.f + tanhf(GELU_BETA * (x + GELU_KAPPA * (x * x * x))));
+}
+
+/* a = gelu(h) over nv vectors: the MLP's forward pass and, fused below, its recomputation use
+   this one function, so both give the same bits. */
+#define GELU_FORWARD(NAME, T, VEC, N, LOAD, STORE)                                                    \
+extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ h, T* __restrict__ a,   \
+    long long nv) {                                                                                   \
+  const VEC* hv = reinterpret_cast<const VEC*>(h);                                                    \
+  VEC* av = reinterpret_cast<VEC*>(a);                                                                \
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nv;                        \
+       i += (long long)gridDim.x * blockDim.x) {                                                      \
+    VEC raw = hv[i], o;                                                                               \
+    const T* he = reinterpret_cast<const T*>(&raw);                                                   \
+    T* oe = reinterpret_cast<T*>(&o);                                                                 \
+    _Pragma("unroll") for (int k = 0; k < N; ++k) oe[k] = STORE(gelu(LOAD(he[k])));                   \
+    av[i] = o;                                                                                        \
+  }                                                                                                   \
+}
+
 /* Block (32, 8): lane x sums vector column blockIdx.x * 32 + x over rows y, y + 8 * gridDim.y, ...
    of block row blockIdx.y; part[blockIdx.y][cols] gets the block's sums. With GELU, h holds the
-   GELU's input and x (g) is overwritten with gelu'(h)·g, whose stored values are summed. */
+   GELU's input: act gets gelu(h) (the recomputed activation) and x (g) is overwritten with
+   gelu'(h)·g, whose stored values are summed. */
 #define COL_SUM(NAME, T, VEC, N, LOAD, STORE, GELU)                                                   \
 extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ x, const T* __restrict__ h,   \
-    float* __restrict__ part, long long rows, long long nv) {                                         \
+    T* __restrict__ act, float* __restrict__ part, long long rows, long long nv) {                   \
   __shared__ float sm[8][32 * N];                                                                     \
   long long c = (long long)blockIdx.x * 32 + threadIdx.x;                                             \
   float acc[N];                                                                                       \
@@ -73,9 +99,15 @@ extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ x, const 
       VEC raw = xv[r * nv + c];                                                                       \
       T* e = reinterpret_cast<T*>(&raw);                                                              \
       if (GELU) {                                                                                     \
-        VEC hr = hv[r * nv + c];                                                                      \
+        VEC hr = hv[r * nv + c], ar;                                                                  \
         const T* he = reinterpret_cast<const T*>(&hr);                                                \
-        _Pragma("unroll") for (int k = 0; k < N; ++k) e[k] = STORE(gelu_grad(LOAD(e[k]), LOAD(he[k]))); \
+        T* ae = reinterpret_cast<T*>(&ar);                                                            \
+        _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
+          float hk = LOAD(he[k]);                                                                     \
+          ae[k] = STORE(gelu(hk));                                                                    \
+          e[k] = STORE(gelu_grad(LOAD(e[k]), hk));                                                    \
+        }                                                                                             \
+        reinterpret_cast<VEC*>(act)[r * nv + c] = ar;                                                 \
         xv[r * nv + c] = raw;                                                                         \
       }                                                                                               \
       _Pragma("unroll") for (int k = 0; k < N; ++k) acc[k] += LOAD(e[k]);                             \
@@ -110,6 +142,9 @@ extern "C" __global__ void NAME(const float* __restrict__ part, long long nparts
   }                                                                                                   \
 }
 
+GELU_FORWARD(gelu_forward_bf16, unsigned short, uint4, 8, bf2f, f2bf)
+GELU_FORWARD(gelu_forward_f16, unsigned short, uint4, 8, h2f, f2h)
+GELU_FORWARD(gelu_forward_f32, float, float4, 4, f2f, f2f)
 COL_SUM(col_sum_bf16, unsigned short, uint4, 8, bf2f, f2bf, false)
 COL_SUM(col_sum_f16, unsigned short, uint4, 8, h2f, f2h, false)
 COL_SUM(col_sum_f32, float, float4, 4, f2f, f2f, false)
@@ -335,6 +370,7 @@ pub struct NodeKernels {
     gpu: Arc<Gpu>,
     _module: Arc<CudaModule>,
     col_sum: Instances,
+    gelu_forward: Instances,
     gelu_col_sum: Instances,
     reduce: Instances,
     sms: u32,
@@ -367,6 +403,7 @@ impl NodeKernels {
             gpu.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok(Self {
             col_sum: Instances::load(&module, "col_sum")?,
+            gelu_forward: Instances::load(&module, "gelu_forward")?,
             gelu_col_sum: Instances::load(&module, "gelu_backward_col_sum")?,
             reduce: Instances::load(&module, "reduce_parts")?,
             _module: module,
@@ -481,9 +518,27 @@ impl NodeKernels {
         Ok(Outcome::Done)
     }
 
-    /// `out` = the column sums of `x` (rows of `out.numel()`); with `gelu_input`, `x` is first
-    /// replaced by `gelu_tanh'(gelu_input) · x`.
-    fn col_sum(&self, x: &Tensor, gelu_input: Option<&Tensor>, out: &Tensor) -> Result<Outcome, NodeKernelError> {
+    /// `a = gelu_tanh(h)`, elementwise.
+    fn gelu_forward(&self, h: &Tensor, a: &Tensor) -> Result<Outcome, NodeKernelError> {
+        let Some(p) = Precision::of(h.kind()) else { return Ok(Outcome::Declined) };
+        let n = h.numel() as i64;
+        if n == 0 || n % p.vector() != 0 || ![h, a].iter().all(|t| holds(t, h.kind(), n) && aligned(t)) {
+            return Ok(Outcome::Declined);
+        }
+        let nv = n / p.vector();
+        let blocks = u32::try_from((nv + 255) / 256).unwrap_or(u32::MAX).min(self.sms * 16);
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (hp, ap) = (ptr(h), ptr(a));
+        let mut launch = self.gpu.compute.launch_builder(self.gelu_forward.get(p));
+        launch.arg(&hp).arg(&ap).arg(&nv);
+        // SAFETY: as in `ln_forward`.
+        unsafe { launch.launch(cfg) }?;
+        Ok(Outcome::Done)
+    }
+
+    /// `out` = the column sums of `x` (rows of `out.numel()`); with `gelu` = `(h, act)`, `act`
+    /// gets `gelu_tanh(h)` and `x` is first replaced by `gelu_tanh'(h) · x`.
+    fn col_sum(&self, x: &Tensor, gelu: Option<(&Tensor, &Tensor)>, out: &Tensor) -> Result<Outcome, NodeKernelError> {
         let Some(p) = Precision::of(x.kind()) else { return Ok(Outcome::Declined) };
         let cols = out.numel() as i64;
         let rows = if cols > 0 { x.numel() as i64 / cols } else { 0 };
@@ -492,7 +547,7 @@ impl NodeKernels {
             || x.numel() as i64 != rows * cols
             || cols % p.vector() != 0
             || !ok(x)
-            || !gelu_input.is_none_or(ok)
+            || !gelu.is_none_or(|(h, act)| ok(h) && ok(act))
             || out.kind() != x.kind()
             || !out.is_contiguous()
         {
@@ -505,14 +560,14 @@ impl NodeKernels {
             (8 * self.sms).div_ceil(blocks_x).min(u32::try_from((rows + 63) / 64).unwrap_or(u32::MAX)).max(1);
         let part = Tensor::f_empty([i64::from(blocks_y), cols], (Kind::Float, x.device()))?;
         let cfg = LaunchConfig { grid_dim: (blocks_x, blocks_y, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
-        let (func, hp) = match gelu_input {
-            Some(h) => (self.gelu_col_sum.get(p), ptr(h)),
-            None => (self.col_sum.get(p), 0),
+        let (func, hp, actp) = match gelu {
+            Some((h, act)) => (self.gelu_col_sum.get(p), ptr(h), ptr(act)),
+            None => (self.col_sum.get(p), 0, 0),
         };
         let (xp, pp) = (ptr(x), ptr(&part));
         let mut launch = self.gpu.compute.launch_builder(func);
-        launch.arg(&xp).arg(&hp).arg(&pp).arg(&rows).arg(&nv);
-        // SAFETY: as in `ln_backward`; `h` is not read without the GELU.
+        launch.arg(&xp).arg(&hp).arg(&actp).arg(&pp).arg(&rows).arg(&nv);
+        // SAFETY: as in `ln_backward`; `h` and `act` are not touched without the GELU.
         unsafe { launch.launch(cfg) }?;
         self.reduce(p, &part, i64::from(blocks_y), cols, cols, out, out)?;
         Ok(Outcome::Done)
@@ -598,6 +653,7 @@ pub fn install(gpu: &Arc<Gpu>) {
                     ln_forward: Some(ln_forward_cb),
                     ln_backward: Some(ln_backward_cb),
                     col_sum: Some(col_sum_cb),
+                    gelu_forward: Some(gelu_forward_cb),
                     gelu_backward_col_sum: Some(gelu_backward_col_sum_cb),
                 });
             }
@@ -694,14 +750,30 @@ unsafe extern "C" fn col_sum_cb(x: CTensor, out: CTensor, stream: *mut c_void, e
     answer(stream, err, cap, |k| k.col_sum(&unsafe { lent(x) }, None, &unsafe { lent(out) }))
 }
 
-unsafe extern "C" fn gelu_backward_col_sum_cb(
-    g: CTensor,
+unsafe extern "C" fn gelu_forward_cb(
     h: CTensor,
-    out: CTensor,
+    a: CTensor,
     stream: *mut c_void,
     err: *mut c_char,
     cap: usize,
 ) -> c_int {
     // SAFETY: the shim passes live tensors.
-    answer(stream, err, cap, |k| k.col_sum(&unsafe { lent(g) }, Some(&unsafe { lent(h) }), &unsafe { lent(out) }))
+    answer(stream, err, cap, |k| k.gelu_forward(&unsafe { lent(h) }, &unsafe { lent(a) }))
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn gelu_backward_col_sum_cb(
+    g: CTensor,
+    h: CTensor,
+    act: CTensor,
+    out: CTensor,
+    stream: *mut c_void,
+    err: *mut c_char,
+    cap: usize,
+) -> c_int {
+    answer(stream, err, cap, |k| {
+        // SAFETY: the shim passes live tensors.
+        let t = |p| unsafe { lent(p) };
+        k.col_sum(&t(g), Some((&t(h), &t(act))), &t(out))
+    })
 }

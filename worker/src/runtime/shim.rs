@@ -34,6 +34,10 @@ pub type LnBackwardFn = unsafe extern "C" fn(
     usize,
 ) -> c_int;
 
+/// The GELU's fused backward kernel, as [`NodeKernelFns::gelu_backward_col_sum`] describes it.
+pub type GeluBackwardFn =
+    unsafe extern "C" fn(CTensor, CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
+
 /// The layer norm's forward kernel: `(x, gamma, beta, eps, y, mean, rstd, stream, err, cap)`.
 pub type LnForwardFn = unsafe extern "C" fn(
     CTensor,
@@ -60,9 +64,11 @@ pub struct NodeKernelFns {
     pub ln_backward: Option<LnBackwardFn>,
     /// `(x, out, stream, err, cap)`: `out` = the sums of `x`'s columns.
     pub col_sum: Option<unsafe extern "C" fn(CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int>,
-    /// `(g, h, out, stream, err, cap)`: `g` = `gelu_tanh'(h) · g`, then `out` = its column sums.
-    pub gelu_backward_col_sum:
-        Option<unsafe extern "C" fn(CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int>,
+    /// `(h, a, stream, err, cap)`: `a` = `gelu_tanh(h)`.
+    pub gelu_forward: Option<unsafe extern "C" fn(CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int>,
+    /// `(g, h, act, out, stream, err, cap)`: `act` = `gelu_tanh(h)`, `g` = `gelu_tanh'(h) · g`,
+    /// then `out` = its column sums.
+    pub gelu_backward_col_sum: Option<GeluBackwardFn>,
 }
 
 extern "C" {
