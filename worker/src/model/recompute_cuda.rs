@@ -628,20 +628,20 @@ static KERNELS: OnceLock<NodeKernels> = OnceLock::new();
 static RAN: AtomicU64 = AtomicU64::new(0);
 static DECLINED: AtomicU64 = AtomicU64::new(0);
 
-/// How many backward reductions ran as these kernels, and how many were declined, since start
-/// (the GPU self-check holds that GPT-2's nodes use the kernels).
+/// How many of the nodes' calls ran these kernels, and how many were declined, since start (the
+/// GPU self-check holds that GPT-2's nodes use the kernels).
 pub fn calls() -> (u64, u64) {
     (RAN.load(Ordering::Relaxed), DECLINED.load(Ordering::Relaxed))
 }
 
-/// Whether the kernels are compiled and registered with the shim's backward nodes.
+/// Whether the kernels are compiled and registered with the shim's nodes.
 pub fn installed() -> bool {
     KERNELS.get().is_some()
 }
 
-/// Compiles the kernels for this rank's GPU and hands them to the shim's backward nodes; without
-/// them (or if NVRTC fails) the nodes use libtorch's operations, with the same results up to the
-/// order of the fp32 sums.
+/// Compiles the kernels for this rank's GPU and hands them to the shim's nodes; without them (or if
+/// NVRTC fails) the nodes use libtorch's operations, with the same results up to the order of the
+/// fp32 sums.
 pub fn install(gpu: &Arc<Gpu>) {
     if installed() {
         return;
@@ -658,7 +658,7 @@ pub fn install(gpu: &Arc<Gpu>) {
                 });
             }
         }
-        Err(e) => tracing::warn!("{e}; the layer norms' and biases' gradients use libtorch's operations"),
+        Err(e) => tracing::warn!("{e}; GPT-2's layer norms, GELU and bias gradients use libtorch's operations"),
     }
 }
 

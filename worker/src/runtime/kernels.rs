@@ -62,7 +62,7 @@ mod tests {
             ("adamw", crate::zero::adamw_cuda::SOURCE),
             ("peer_copy", crate::comm::peer_copy::SOURCE),
             ("cross_entropy", crate::model::lm_head_cuda::SOURCE),
-            ("backward reductions", crate::model::recompute_cuda::SOURCE),
+            ("node kernels", crate::model::recompute_cuda::SOURCE),
             // The layer norm's kernel at the GPT-2 presets' widths and at its limit.
             ("layer norm 768", &format!("#define COLS 768\n{}", crate::model::recompute_cuda::LN_SOURCE)),
             ("layer norm 1600", &format!("#define COLS 1600\n{}", crate::model::recompute_cuda::LN_SOURCE)),
