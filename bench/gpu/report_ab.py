@@ -64,7 +64,7 @@ def main():
                       "base_rounds_largest_loss_difference": spread})
     print(json.dumps({"benchmark": "bench/gpu/run.sh step-ab", "commit": new_commit, "base_commit": base_commit,
                       "host": open(host).read().strip().splitlines(),
-                      "step_time": "median of the measured steps (20 steps, 4 warm-up), sequence 1024, bf16",
+                      "step_time": "median of the measured steps (AB_STEPS, default 20, of which 4 warm-up), sequence 1024",
                       "cases": cases}, indent=1))
 
 
