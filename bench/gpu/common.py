@@ -69,6 +69,23 @@ def median(steps, key):
     return statistics.median(value(r) for r in steps)
 
 
+def build_summary(log):
+    """What a comparison of two builds reads from a run's records: its measured steps' count, the
+    medians of step, forward and backward time, the peak allocated GiB, and every step's loss
+    (warm-up ones too: the first steps show where two builds part). None without measured steps."""
+    steps = [r for r in log if r["event"] == "step" and not r.get("warmup")]
+    if not steps:
+        return None
+    return {
+        "steps": len(steps),
+        "step_ms": round(median(steps, "step_ms"), 3),
+        "forward_ms": round(median(steps, "forward_ms"), 3),
+        "backward_ms": round(median(steps, "backward_ms"), 3),
+        "peak_allocated_gib": round(max(r["memory"]["peak_allocated_bytes"] for r in steps) / 2**30, 3),
+        "losses": [r["loss"] for r in log if r["event"] == "step"],
+    }
+
+
 def host_date(host):
     """The date line of an archive's host.txt."""
     return re.search(r"date: (\S+)", host).group(1)

@@ -14,22 +14,7 @@ dates, which the output keeps. A run in one archive and not the other is listed,
 import argparse
 import json
 
-from common import host_date, median, read_archive
-
-
-def summary(log):
-    steps = [r for r in log if r["event"] == "step" and not r.get("warmup")]
-    if not steps:
-        return None
-    every = [r for r in log if r["event"] == "step"]
-    return {
-        "steps": len(steps),
-        "step_ms": round(median(steps, "step_ms"), 3),
-        "forward_ms": round(median(steps, "forward_ms"), 3),
-        "backward_ms": round(median(steps, "backward_ms"), 3),
-        "peak_allocated_gib": round(max(r["memory"]["peak_allocated_bytes"] for r in steps) / 2**30, 3),
-        "losses": [r["loss"] for r in every],
-    }
+from common import build_summary, host_date, read_archive
 
 
 def compare(new, base):
@@ -50,7 +35,7 @@ def one_call(new_path, base_path, new_build, base_build):
     (new_host, new_logs, _), (base_host, base_logs, _) = read_archive(new_path), read_archive(base_path)
     rows, unmatched = [], sorted(set(new_logs) ^ set(base_logs))
     for run in sorted(set(new_logs) & set(base_logs)):
-        n, b = summary(new_logs[run]), summary(base_logs[run])
+        n, b = build_summary(new_logs[run]), build_summary(base_logs[run])
         if n is None or b is None:
             unmatched.append(run)
             continue

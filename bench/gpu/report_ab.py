@@ -13,25 +13,12 @@ import re
 import statistics
 import sys
 
-from common import json_lines
+from common import build_summary, json_lines
 
 
 def summary(run_dir):
     f = os.path.join(run_dir, "rank0.jsonl")
-    if not os.path.exists(f):
-        return None
-    recs = json_lines(open(f).read())
-    steps = [r for r in recs if r["event"] == "step" and not r.get("warmup")]
-    if not steps:
-        return None
-    med = lambda key: round(statistics.median(r[key] for r in steps), 3)
-    return {
-        "step_ms": med("step_ms"),
-        "forward_ms": med("forward_ms"),
-        "backward_ms": med("backward_ms"),
-        "peak_allocated_gib": round(max(r["memory"]["peak_allocated_bytes"] for r in steps) / 2**30, 3),
-        "losses": [r["loss"] for r in recs if r["event"] == "step"],
-    }
+    return build_summary(json_lines(open(f).read())) if os.path.exists(f) else None
 
 
 def largest_difference(runs_a, runs_b):

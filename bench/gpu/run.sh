@@ -120,6 +120,10 @@ worker() {
   log "$name: rc=$rc in $((SECONDS - t0)) s: $(tail -n 1 "$RUNS/$name.out")"
 }
 
+# build_worker WHICH: the worker a phase comparing two builds runs for WHICH ("base": BASE_BIN's,
+# anything else: this build's).
+build_worker() { if [ "$1" = base ]; then echo "$BASE_BIN/zerobench-worker"; else echo "$BIN/zerobench-worker"; fi; }
+
 # reference NAME NP ARGS...: one PyTorch reference run.
 reference() {
   local name=$1 np=$2; shift 2
@@ -273,11 +277,10 @@ PY
       g4=(--model gpt2 --stage 0 --micro-batch 4 --seq-len 1024 --steps 25 --warmup 5)
       for rep in 1 2; do
         for which in base eager graph; do
-          bin=$BIN; [ "$which" = base ] && bin=$BASE_BIN
           # shellcheck disable=SC2046
-          W=$bin/zerobench-worker worker "graph_t5-large_${which}_${rep}" 1 "${t5[@]}" $(replayed "$which")
+          W=$(build_worker "$which") worker "graph_t5-large_${which}_${rep}" 1 "${t5[@]}" $(replayed "$which")
           # shellcheck disable=SC2046
-          W=$bin/zerobench-worker worker "graph_gpt2-mb4_${which}_${rep}" 1 "${g4[@]}" $(replayed "$which")
+          W=$(build_worker "$which") worker "graph_gpt2-mb4_${which}_${rep}" 1 "${g4[@]}" $(replayed "$which")
         done
       done
       # Losses: every step of a replayed run against an eager one, and two eager runs against each
@@ -307,9 +310,8 @@ PY
           IFS=: read -r m mb s mode <<< "$c"
           flag=(); [ "$mode" = graph ] && flag=(--cuda-graph)
           for which in new base; do
-            bin=$BIN; [ "$which" = base ] && bin=$BASE_BIN
             # shellcheck disable=SC2086
-            W=$bin/zerobench-worker worker "ab_${m}-mb${mb}-z${s}-${mode}_${which}_${rep}" 1 --model "$m" --stage "$s" \
+            W=$(build_worker "$which") worker "ab_${m}-mb${mb}-z${s}-${mode}_${which}_${rep}" 1 --model "$m" --stage "$s" \
               --micro-batch "$mb" --seq-len 1024 --steps "${AB_STEPS:-20}" --warmup 4 "${flag[@]}" ${AB_ARGS:-}
           done
         done
@@ -317,8 +319,7 @@ PY
       if [ "${AB_PROFILE:-0}" = 1 ]; then
         for m in gpt2:16 gpt2-xl:4; do
           for which in new base; do
-            bin=$BIN; [ "$which" = base ] && bin=$BASE_BIN
-            W=$bin/zerobench-worker worker "abprof_${m%:*}-mb${m#*:}-z0_${which}" 1 --model "${m%:*}" --stage 0 \
+            W=$(build_worker "$which") worker "abprof_${m%:*}-mb${m#*:}-z0_${which}" 1 --model "${m%:*}" --stage 0 \
               --micro-batch "${m#*:}" --seq-len 1024 --steps 10 --warmup 5 --profile-step 8 --torch-profile
           done
         done
@@ -334,9 +335,8 @@ PY
         for c in "${cases[@]}"; do
           IFS='|' read -r name g args <<< "$c"
           for which in new base; do
-            bin=$BIN; [ "$which" = base ] && bin=$BASE_BIN
             # shellcheck disable=SC2086
-            W=$bin/zerobench-worker worker "speed_${name}_${which}_${rep}" "$g" --model gpt2-xl --micro-batch 4 \
+            W=$(build_worker "$which") worker "speed_${name}_${which}_${rep}" "$g" --model gpt2-xl --micro-batch 4 \
               --seq-len 1024 --steps 15 --warmup 3 $args
           done
         done

@@ -168,8 +168,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm(at::Tensor x, at::Tensor gam
 }
 
 // linear(x) = x·wᵀ + b, as libtorch's addmm, whose bias gradient goes through bias_grad (the
-// worker's column sum on CUDA: libtorch's reduction read gpt2's attention output gradient at a
-// third of the memory's bandwidth).
+// worker's column sum on CUDA: libtorch's bias reductions ran at about two fifths of the memory's
+// bandwidth on gpt2, docs/results/one-gpu.md).
 struct Linear : torch::autograd::Function<Linear> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
     ctx->save_for_backward({x, w});

@@ -10,11 +10,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use tch::{Kind, Tensor};
 
 use crate::runtime::cuda::Gpu;
-use crate::runtime::kernels;
+use crate::runtime::kernels::{self, Instances, Precision};
 
 /// Threads per row.
 const THREADS: u32 = 512;
@@ -90,9 +90,7 @@ CE(cross_entropy_f32, float, float4, 4, f2f, f2f)
 pub struct FusedCrossEntropy {
     gpu: Arc<Gpu>,
     _module: Arc<CudaModule>,
-    bf16: CudaFunction,
-    f16: CudaFunction,
-    f32: CudaFunction,
+    cross_entropy: Instances,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -114,25 +112,14 @@ impl FusedCrossEntropy {
     /// Compiles the kernels for this GPU's architecture.
     pub fn new(gpu: Arc<Gpu>) -> Result<Self, CrossEntropyError> {
         let module = kernels::load(&gpu, SOURCE)?;
-        Ok(Self {
-            bf16: module.load_function("cross_entropy_bf16")?,
-            f16: module.load_function("cross_entropy_f16")?,
-            f32: module.load_function("cross_entropy_f32")?,
-            _module: module,
-            gpu,
-        })
+        Ok(Self { cross_entropy: Instances::load(&module, "cross_entropy")?, _module: module, gpu })
     }
 
     /// Each row's cross-entropy (fp32), the logits replaced by their gradient.
     pub fn run(&self, logits: &Tensor, target: &Tensor, v: i64, scale: &Tensor) -> Result<Tensor, CrossEntropyError> {
         let (rows, v_pad) = logits.size2()?;
-        let func = match logits.kind() {
-            Kind::BFloat16 => &self.bf16,
-            Kind::Half => &self.f16,
-            Kind::Float => &self.f32,
-            _ => return Err(CrossEntropyError::Layout),
-        };
-        let vector = 16 / logits.kind().elt_size_in_bytes() as i64;
+        let p = Precision::of(logits.kind()).ok_or(CrossEntropyError::Layout)?;
+        let (func, vector) = (self.cross_entropy.get(p), p.vector());
         if !logits.is_contiguous()
             || v_pad % vector != 0
             || logits.data_ptr() as usize % 16 != 0

@@ -8,8 +8,8 @@
 //! the upstream gradient and the input again, and each bias gradient is a reduction over the rows
 //! of a gradient some other kernel has just written. On gpt2 at micro-batch 16 (one H100, one
 //! profiled step) the layer norms' weight gradients took 2.0 ms and the bias gradients' reductions
-//! 2.0 ms, a fifth and a half of the memory's bandwidth for what they read, and the layer norm's
-//! forward kernel ran at 1.3 TB/s. Here (docs/results/one-gpu.md has the measurements):
+//! 2.0 ms, a fifth and two fifths of the memory's bandwidth for what they read, and the layer norm's
+//! forward kernel ran at 1.4 TB/s. Here (docs/results/one-gpu.md has the measurements):
 //!
 //! * `ln_forward_*`: the layer norm, one warp per row held in registers, mean and variance in two
 //!   passes over them; the nodes run it in the forward pass and again to recompute the normalised
@@ -37,11 +37,11 @@ use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use tch::{Kind, Tensor};
 
 use crate::runtime::cuda::Gpu;
-use crate::runtime::kernels;
+use crate::runtime::kernels::{self, Instances, Precision};
 use crate::runtime::shim::{self, CTensor, NodeKernelFns};
 
 /// The kernels that do not depend on the row length, after [`kernels`]' shared conversions. Each
@@ -155,6 +155,10 @@ REDUCE(reduce_parts_bf16, unsigned short, f2bf)
 REDUCE(reduce_parts_f16, unsigned short, f2h)
 REDUCE(reduce_parts_f32, float, f2f)
 "#;
+
+/// The kernels of [`SOURCE`], each in every precision: column sums, the GELU, the GELU's gradient
+/// with column sums, the partial sums' reduction.
+pub(crate) const INSTANCES: &[&str; 4] = &["col_sum", "gelu_forward", "gelu_backward_col_sum", "reduce_parts"];
 
 /// The layer norm's forward pass (which the nodes also run to recompute it) and backward pass, after
 /// `#define COLS <row length>` (a multiple of 8, at most
@@ -293,6 +297,9 @@ LN_BACKWARD(ln_backward_f16, unsigned short, uint4, 8, h2f, f2h)
 LN_BACKWARD(ln_backward_f32, float, float4, 4, f2f, f2f)
 "#;
 
+/// The kernels of [`LN_SOURCE`], forward then backward.
+pub(crate) const LN_INSTANCES: &[&str; 2] = &["ln_forward", "ln_backward"];
+
 /// Warps per block of the layer norm's kernel (its `WARPS`): each holds `2 · COLS` floats of
 /// shared memory, so wide rows get fewer.
 fn ln_warps(cols: i64) -> u32 {
@@ -312,49 +319,6 @@ fn ln_shared_bytes(cols: i64) -> u32 {
 /// `dy` in registers, which at 2048 columns take 167-210 of them without spilling (at 4096 they
 /// spill); its shared memory is then `9 · COLS` floats (72 KiB).
 pub const MAX_COLS: i64 = 2048;
-
-/// The three precisions, in the order of each kernel's instances.
-#[derive(Clone, Copy)]
-enum Precision {
-    Bf16 = 0,
-    F16 = 1,
-    F32 = 2,
-}
-
-impl Precision {
-    const SUFFIX: [&'static str; 3] = ["bf16", "f16", "f32"];
-
-    fn of(kind: Kind) -> Option<Self> {
-        match kind {
-            Kind::BFloat16 => Some(Self::Bf16),
-            Kind::Half => Some(Self::F16),
-            Kind::Float => Some(Self::F32),
-            _ => None,
-        }
-    }
-
-    /// Elements per 16-byte load.
-    fn vector(self) -> i64 {
-        match self {
-            Self::Bf16 | Self::F16 => 8,
-            Self::F32 => 4,
-        }
-    }
-}
-
-/// One kernel in each precision.
-struct Instances([CudaFunction; 3]);
-
-impl Instances {
-    fn load(module: &Arc<CudaModule>, name: &str) -> Result<Self, NodeKernelError> {
-        let f = |p: usize| module.load_function(&format!("{name}_{}", Precision::SUFFIX[p]));
-        Ok(Self([f(0)?, f(1)?, f(2)?]))
-    }
-
-    fn get(&self, p: Precision) -> &CudaFunction {
-        &self.0[p as usize]
-    }
-}
 
 /// The layer norm's kernels for one row length, with how many of their blocks fit on the GPU at
 /// once (the grid: every block then writes one row of partial sums).
@@ -399,15 +363,14 @@ impl NodeKernels {
     /// Compiles the kernels that do not depend on a row length for this GPU's architecture.
     pub fn new(gpu: Arc<Gpu>) -> Result<Self, NodeKernelError> {
         let module = kernels::load(&gpu, SOURCE)?;
-        let sms =
-            gpu.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let [col_sum, gelu_forward, gelu_col_sum, reduce] = INSTANCES.map(|name| Instances::load(&module, name));
         Ok(Self {
-            col_sum: Instances::load(&module, "col_sum")?,
-            gelu_forward: Instances::load(&module, "gelu_forward")?,
-            gelu_col_sum: Instances::load(&module, "gelu_backward_col_sum")?,
-            reduce: Instances::load(&module, "reduce_parts")?,
+            col_sum: col_sum?,
+            gelu_forward: gelu_forward?,
+            gelu_col_sum: gelu_col_sum?,
+            reduce: reduce?,
             _module: module,
-            sms: u32::try_from(sms).unwrap_or(132),
+            sms: kernels::multiprocessors(&gpu)?,
             ln: Mutex::new(HashMap::new()),
             gpu,
         })
@@ -419,15 +382,15 @@ impl NodeKernels {
             return Ok(Arc::clone(k));
         }
         let module = kernels::load(&self.gpu, &format!("#define COLS {cols}\n{LN_SOURCE}"))?;
-        let backward = Instances::load(&module, "ln_backward")?;
-        let forward = Instances::load(&module, "ln_forward")?;
+        let [forward, backward] = LN_INSTANCES.map(|name| Instances::load(&module, name));
+        let (forward, backward) = (forward?, backward?);
         let mut forward_grid = [0; 3];
-        for (f, g) in forward.0.iter().zip(forward_grid.iter_mut()) {
+        for (f, g) in forward.all().iter().zip(forward_grid.iter_mut()) {
             *g = f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)?.max(1) * self.sms;
         }
         let (threads, shared) = (ln_warps(cols) * 32, ln_shared_bytes(cols));
         let mut backward_grid = [0; 3];
-        for (f, g) in backward.0.iter().zip(backward_grid.iter_mut()) {
+        for (f, g) in backward.all().iter().zip(backward_grid.iter_mut()) {
             // Above 48 KiB a block's dynamic shared memory must be allowed explicitly.
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -5,8 +5,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaModule, DriverError};
+use cudarc::driver::{CudaFunction, CudaModule, DriverError};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+
+use tch::Kind;
 
 use super::cuda::Gpu;
 
@@ -52,6 +54,62 @@ pub fn load(gpu: &Gpu, source: &str) -> Result<Arc<CudaModule>, KernelError> {
     Ok(gpu.ctx.load_module(compile(source, arch)?)?)
 }
 
+/// The precisions every kernel of the worker is instantiated for, in the order of [`Instances`];
+/// the instances' names end in `_bf16`, `_f16` and `_f32`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    Bf16 = 0,
+    F16 = 1,
+    F32 = 2,
+}
+
+impl Precision {
+    pub const SUFFIX: [&'static str; 3] = ["bf16", "f16", "f32"];
+
+    /// The precision of tensors of `kind`, if the kernels have one.
+    pub fn of(kind: Kind) -> Option<Self> {
+        match kind {
+            Kind::BFloat16 => Some(Self::Bf16),
+            Kind::Half => Some(Self::F16),
+            Kind::Float => Some(Self::F32),
+            _ => None,
+        }
+    }
+
+    /// Elements per 16-byte load.
+    pub fn vector(self) -> i64 {
+        match self {
+            Self::Bf16 | Self::F16 => 8,
+            Self::F32 => 4,
+        }
+    }
+}
+
+/// One kernel of a module in each [`Precision`].
+pub struct Instances([CudaFunction; 3]);
+
+impl Instances {
+    /// `name_bf16`, `name_f16` and `name_f32` of `module`.
+    pub fn load(module: &Arc<CudaModule>, name: &str) -> Result<Self, DriverError> {
+        let f = |p: usize| module.load_function(&format!("{name}_{}", Precision::SUFFIX[p]));
+        Ok(Self([f(0)?, f(1)?, f(2)?]))
+    }
+
+    pub fn get(&self, p: Precision) -> &CudaFunction {
+        &self.0[p as usize]
+    }
+
+    pub fn all(&self) -> &[CudaFunction; 3] {
+        &self.0
+    }
+}
+
+/// `gpu`'s streaming multiprocessors, which the kernels size their grids by.
+pub fn multiprocessors(gpu: &Gpu) -> Result<u32, DriverError> {
+    let n = gpu.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    Ok(u32::try_from(n).unwrap_or(1))
+}
+
 #[cfg(test)]
 mod tests {
     /// Every kernel source of the worker compiles (NVRTC needs no GPU; `make setup` puts it
@@ -77,6 +135,28 @@ mod tests {
         ] {
             let ptx = super::compile(source, (9, 0)).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(ptx.to_src().contains(".entry"), "{name}: no kernel in the PTX");
+        }
+    }
+
+    /// Every kernel the worker loads with [`super::Instances`] is an entry of its module in each
+    /// precision (a name `Instances::load` builds and the source does not define would only fail
+    /// on a GPU).
+    #[test]
+    fn every_instance_is_in_its_module() {
+        let ln = format!("#define COLS 768\n{}", crate::model::recompute_cuda::LN_SOURCE);
+        for (source, names) in [
+            (crate::zero::adamw_cuda::SOURCE, &["adamw"][..]),
+            (crate::model::lm_head_cuda::SOURCE, &["cross_entropy"][..]),
+            (crate::model::recompute_cuda::SOURCE, crate::model::recompute_cuda::INSTANCES),
+            (ln.as_str(), crate::model::recompute_cuda::LN_INSTANCES),
+        ] {
+            let ptx = super::compile(source, (9, 0)).unwrap().to_src();
+            for name in names {
+                for suffix in super::Precision::SUFFIX {
+                    let entry = format!(".entry {name}_{suffix}(");
+                    assert!(ptx.contains(&entry), "{name}_{suffix} is not an entry of its module");
+                }
+            }
         }
     }
 }

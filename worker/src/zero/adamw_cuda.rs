@@ -6,11 +6,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
-use tch::{Kind, Tensor};
+use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
+use tch::Tensor;
 
 use crate::runtime::cuda::Gpu;
-use crate::runtime::kernels;
+use crate::runtime::kernels::{self, Instances, Precision};
 
 /// The kernels, after [`kernels`]' shared conversions.
 pub(crate) const SOURCE: &str = r#"
@@ -53,9 +53,7 @@ pub struct Coeffs {
 pub struct FusedAdamW {
     gpu: Arc<Gpu>,
     _module: Arc<CudaModule>,
-    bf16: CudaFunction,
-    f16: CudaFunction,
-    f32: CudaFunction,
+    adamw: Instances,
     max_blocks: u32,
 }
 
@@ -71,14 +69,10 @@ impl FusedAdamW {
     /// Compiles the kernels for this GPU's architecture.
     pub fn new(gpu: Arc<Gpu>) -> Result<Self, FusedError> {
         let module = kernels::load(&gpu, SOURCE)?;
-        let sms =
-            gpu.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok(Self {
-            bf16: module.load_function("adamw_bf16")?,
-            f16: module.load_function("adamw_f16")?,
-            f32: module.load_function("adamw_f32")?,
+            adamw: Instances::load(&module, "adamw")?,
             _module: module,
-            max_blocks: u32::try_from(sms).unwrap_or(132) * 16,
+            max_blocks: kernels::multiprocessors(&gpu)? * 16,
             gpu,
         })
     }
@@ -97,11 +91,8 @@ impl FusedAdamW {
         if n == 0 {
             return Ok(());
         }
-        let func = match grad.kind() {
-            Kind::BFloat16 => &self.bf16,
-            Kind::Half => &self.f16,
-            _ => &self.f32,
-        };
+        // The gradient's precision picks the instance; fp32 for anything else, as before.
+        let func = self.adamw.get(Precision::of(grad.kind()).unwrap_or(Precision::F32));
         let ptr = |t: &Tensor| t.data_ptr() as u64;
         let (p, mp, vp, gp) = (ptr(master), ptr(m), ptr(v), ptr(grad));
         let op = out.map_or(0, ptr);
