@@ -120,6 +120,9 @@ worker() {
   log "$name: rc=$rc in $((SECONDS - t0)) s: $(tail -n 1 "$RUNS/$name.out")"
 }
 
+# commit_of DIR: the commit a carried build was made at (its COMMIT file), or "unknown".
+commit_of() { cat "$1/COMMIT" 2>/dev/null || echo unknown; }
+
 # build_worker WHICH: the worker a phase comparing two builds runs for WHICH ("base": BASE_BIN's,
 # anything else: this build's).
 build_worker() { if [ "$1" = base ]; then echo "$BASE_BIN/zerobench-worker"; else echo "$BIN/zerobench-worker"; fi; }
@@ -246,8 +249,8 @@ PY
         # shellcheck disable=SC2086
         W=$BASE_BIN/zerobench-worker worker "same_${name}_base2" "$np" --model gpt2 "${text[@]}" ${c#*|}
       done
-      python3 - "$RUNS" "$OUTDIR/host.txt" "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" \
-        "$(cat "$BASE_BIN/COMMIT" 2>/dev/null || echo unknown)" > "$OUTDIR/same-losses.json" <<'PY'
+      python3 - "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" \
+        "$(commit_of "$BASE_BIN")" > "$OUTDIR/same-losses.json" <<'PY'
 import glob, json, os, sys
 runs, host, commit, base = sys.argv[1:5]
 def losses(d):
@@ -296,8 +299,8 @@ PY
           worker "losses_${name}_${which}" 1 $args $(replayed "$which")
         done
       done
-      python3 bench/gpu/report_graph.py "$RUNS" "$OUTDIR/host.txt" "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" \
-        "$(cat "$BASE_BIN/COMMIT" 2>/dev/null || echo unknown)" > "$OUTDIR/cuda-graph.json"
+      python3 bench/gpu/report_graph.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" \
+        "$(commit_of "$BASE_BIN")" > "$OUTDIR/cuda-graph.json"
       log "cuda-graph: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print([(s["case"], s["graph_over_base"]) for s in d["speed"]])' "$OUTDIR/cuda-graph.json")" ;;
     step-ab)
       : "${BASE_BIN:?step-ab compares with the worker in BASE_BIN}"
@@ -324,8 +327,8 @@ PY
           done
         done
       fi
-      python3 bench/gpu/report_ab.py "$RUNS" "$OUTDIR/host.txt" "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" \
-        "$(cat "$BASE_BIN/COMMIT" 2>/dev/null || echo unknown)" > "$OUTDIR/step-ab.json"
+      python3 bench/gpu/report_ab.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" \
+        "$(commit_of "$BASE_BIN")" > "$OUTDIR/step-ab.json"
       log "step-ab: $(python3 -c 'import json,sys; print([(c["case"], c["new_over_base"]) for c in json.load(open(sys.argv[1]))["cases"]])' "$OUTDIR/step-ab.json")" ;;
     same-speed)
       : "${BASE_BIN:?same-speed compares with the worker in BASE_BIN}"
@@ -341,8 +344,8 @@ PY
           done
         done
       done
-      python3 - "$RUNS" "$OUTDIR/host.txt" "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" \
-        "$(cat "$BASE_BIN/COMMIT" 2>/dev/null || echo unknown)" > "$OUTDIR/same-speed.json" <<'PY'
+      python3 - "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" \
+        "$(commit_of "$BASE_BIN")" > "$OUTDIR/same-speed.json" <<'PY'
 import glob, json, os, statistics, sys
 runs, host, commit, base = sys.argv[1:5]
 def step_ms(d):
@@ -601,7 +604,7 @@ PY
         > "$RUNS/selfcheck_collectives.jsonl" 2> "$RUNS/selfcheck_collectives.err"
       crc=$?
       log "nccl_bw at odd sizes on $np GPU(s) rc=$crc"
-      python3 - "$RUNS" "$OUTDIR/host.txt" "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" "$crc" "$np" "$src" > "$OUTDIR/selfcheck.json" <<'PY'
+      python3 - "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" "$crc" "$np" "$src" > "$OUTDIR/selfcheck.json" <<'PY'
 import json, sys
 runs, host, commit, crc, np, src = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 lines = [json.loads(l) for l in open(f"{runs}/selfcheck.jsonl") if l.startswith("{")]
