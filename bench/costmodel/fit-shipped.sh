@@ -13,7 +13,10 @@
 # after T5's position bias let SDPA take a fused kernel and the cross-entropy kernel moved 16 bytes
 # per load, which changed every family's step (and T5's memory); and GPT-2's runs once more on a
 # 2×H100 host (9dd1533) after its layer norms, bias gradients and GELU gradient became the worker's
-# own kernels (GPT-2's steps 3-9% shorter), which supersede that sweep's GPT-2 runs.
+# own kernels (GPT-2's steps 3-9% shorter), which supersede that sweep's GPT-2 runs; and the
+# one-GPU runs without host work once more on another 2×H100 host (5a3944b), one at a time, as
+# repeats: their launch-bound steps took 1.1-2× the earlier hosts' (the builds' steps are equal on
+# one host: bench/results/gpu-2026-11-26-launch-bound-builds-h100x1.json).
 # Their runs of the set `fit` are fitted on; those of `holdout` (other presets, micro-batches,
 # sequence lengths) never are.
 set -euo pipefail
@@ -23,7 +26,7 @@ ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE (under bench/results/raw)
   case $1 in
     h200) echo "short:gpu-2026-11-24-costmodel-short long:gpu-2026-11-24-costmodel again:gpu-2026-11-26-costmodel" ;;
-    h100) echo "all:gpu-2026-11-26-h100x2-costmodel-1858462 gpt2:gpu-2026-11-26-h100x2-costmodel-gpt2-9dd1533" ;;
+    h100) echo "all:gpu-2026-11-26-h100x2-costmodel-1858462 gpt2:gpu-2026-11-26-h100x2-costmodel-gpt2-9dd1533 alone:gpu-2026-11-26-h100x2-costmodel-alone-5a3944b" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
 }
@@ -52,7 +55,7 @@ for kind in "${kinds[@]}"; do
     for s in $list; do
       [ "${s%%:*}" != "${sup%%:*}" ] || break
       for set in cm-fit cm-holdout; do
-        [ ! -d "$work/${s%%:*}/runs/$set" ] || (cd "$work/${s%%:*}/runs/$set" && shopt -s nullglob && rm -rf -- ${sup#*:})
+        [ ! -d "$work/${s%%:*}/runs/$set" ] || (cd "$work/${s%%:*}/runs/$set" && shopt -s nullglob && rm -rf -- ${sup#*:} ${sup#*:}.out)
       done
     done
   done

@@ -64,8 +64,13 @@
 #                BASE_BIN alternating, twice each; writes same-speed.json
 #   costmodel    the cost model's sweep (bench/gpu/costmodel-runs.txt): the runs `zerobench fit`
 #                is fitted on (runs/cm-fit) and the held-out runs it is checked against
-#                (runs/cm-holdout); one-GPU runs go two at a time, one per GPU, when there are two
-#                (CM_SETS="fit" or "holdout" runs one set; CM_MATCH='gpt2*' the runs so named)
+#                (runs/cm-holdout); one-GPU runs one at a time (CM_PARALLEL=2: two at once on two
+#                GPUs; CM_SETS="fit" or "holdout" runs one set, CM_MATCH='gpt2*' the runs so named,
+#                CM_LANES=any the one-GPU runs without host work)
+#   binding      how steady launch-bound steps are (NOISE_RUNS, one-GPU costmodel runs by name): each
+#                run NOISE_REPS times alone, two at once (one per GPU, as costmodel runs them) free on
+#                the host, and two at once each bound to its GPU's local CPUs (taskset); writes
+#                binding.json (bench/gpu/report_binding.py)
 #
 # Every worker log and JSON line lands in OUT (default $OUT, else bench-out/); `results.tar.gz`
 # packs them for the trip back.
@@ -109,13 +114,13 @@ cat "$OUTDIR/host.txt" >&2
 
 # worker NAME NP ARGS...: one zerobench run; failures are logged, not fatal to the sweep.
 # WORKER_ENV="NAME=VALUE ..." adds variables to every rank's environment; a run is stopped after
-# WORKER_TIMEOUT seconds (default 900).
+# WORKER_TIMEOUT seconds (default 900); WORKER_WRAP="COMMAND ARGS" runs the worker under it (taskset).
 worker() {
   local name=$1 np=$2; shift 2
   local t0=$SECONDS xs=() kv
   for kv in ${WORKER_ENV:-}; do xs+=(-x "${kv%%=*}"); done
   env ${WORKER_ENV:-} timeout "${WORKER_TIMEOUT:-900}" mpirun -np "$np" "${xs[@]}" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS \
-    --bind-to none "$W" --device cuda --log-dir "$RUNS/$name" --run-id "$name" "$@" > "$RUNS/$name.out" 2>&1
+    --bind-to none ${WORKER_WRAP:-} "$W" --device cuda --log-dir "$RUNS/$name" --run-id "$name" "$@" > "$RUNS/$name.out" 2>&1
   local rc=$?
   log "$name: rc=$rc in $((SECONDS - t0)) s: $(tail -n 1 "$RUNS/$name.out")"
 }
@@ -365,31 +370,64 @@ print(json.dumps({"benchmark": "bench/gpu/run.sh same-speed", "commit": commit, 
                   "cases": out}, indent=1))
 PY
       log "same-speed: $(python3 -c 'import json,sys; print([(c["case"], c["ratio_new_over_base"]) for c in json.load(open(sys.argv[1]))["cases"]])' "$OUTDIR/same-speed.json")" ;;
+    binding)
+      # gpu_cpus I: the CPUs local to GPU I (its PCI device's local_cpulist), or all of them.
+      gpu_cpus() {
+        local bus
+        bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i "$1" | tr 'A-F' 'a-f')
+        cat "/sys/bus/pci/devices/${bus#0000}/local_cpulist" 2>/dev/null || echo "0-$(( $(nproc) - 1 ))"
+      }
+      { lscpu | grep -E '^(Model name|CPU\(s\)|NUMA)'; nvidia-smi topo -m; for g in 0 1; do echo "gpu$g local: $(gpu_cpus $g)"; done; } \
+        > "$RUNS/topology.txt" 2>&1
+      noise_lane() {  # noise_lane GPU MODE REP: every NOISE_RUNS run on GPU, MODE free or bound
+        local name np rest wrap=""
+        [ "$2" = bound ] && wrap="taskset -c $(gpu_cpus "$1")"
+        for want in ${NOISE_RUNS:-gpt2_z0_mb4_s1024_1gpu gpt2_z0_mb1_s256_1gpu gpt2-medium_z0_mb1_s1024_1gpu t5-small_z0_mb4_s256_1gpu}; do
+          while read -r _ _ name np rest; do
+            [ "$name" = "$want" ] || continue
+            # shellcheck disable=SC2086
+            WORKER_WRAP=$wrap WORKER_ENV="CUDA_VISIBLE_DEVICES=$1" WORKER_TIMEOUT=180 worker "bind-$2/${name}_gpu$1_$3" "$np" $rest \
+              --steps 30 --warmup 10 < /dev/null
+          done < <(grep -v '^#' bench/gpu/costmodel-runs.txt)
+        done
+      }
+      mkdir -p "$RUNS/bind-alone" "$RUNS/bind-free" "$RUNS/bind-bound"
+      for rep in $(seq "${NOISE_REPS:-3}"); do
+        noise_lane 0 alone "$rep"
+        if [ "$GPUS" -ge 2 ]; then
+          for mode in free bound; do noise_lane 0 "$mode" "$rep" & noise_lane 1 "$mode" "$rep" & wait; done
+        fi
+      done
+      python3 bench/gpu/report_binding.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" > "$OUTDIR/binding.json"
+      log "binding: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUTDIR/binding.json")" ;;
     costmodel)
       # Each line of the list: SET LANE NAME NP WORKER-ARGS... (bench/gpu/costmodel-runs.txt); CM_SETS
       # picks the sets (default "fit holdout"), so that one GPU can run them in two calls; CM_MATCH
-      # (a shell pattern, default *) picks runs by name, e.g. 'gpt2*' for one family. Lane
-      # "any" runs are one-GPU runs without host work: with two GPUs two of them run at once, one
-      # per GPU (their hosts' 32 cores are enough for both). "serial" runs (offload: host-bound;
+      # (a shell pattern, default *) picks runs by name, e.g. 'gpt2*' for one family, and CM_LANES
+      # the lanes (default "any serial"). Lane "any" runs are one-GPU runs without host work; they
+      # run one at a time, or two at once, one per GPU, with CM_PARALLEL=2 on two GPUs: faster,
+      # but launch-bound steps then differ by 36% between runs of one configuration on a 32-core
+      # 2×H100 host, against 7.5% alone (`binding` phase). "serial" runs (offload: host-bound;
       # several GPUs) run alone afterwards.
       mkdir -p "$RUNS/cm-fit" "$RUNS/cm-holdout"
-      picked() {  # picked SET NAME: whether CM_SETS and CM_MATCH take the run
+      picked() {  # picked SET NAME LANE: whether CM_SETS, CM_MATCH and CM_LANES take the run
         case " ${CM_SETS:-fit holdout} " in *" $1 "*) ;; *) return 1 ;; esac
+        case " ${CM_LANES:-any serial} " in *" $3 "*) ;; *) return 1 ;; esac
         # shellcheck disable=SC2254
         case $2 in ${CM_MATCH:-*}) return 0 ;; *) return 1 ;; esac
       }
       lane() {  # lane GPU N K: every K-th "any" run from the N-th, on GPU
         local i=0 set ln name np
         while read -r set ln name np rest; do
-          picked "$set" "$name" && [ "$ln" = any ] || continue
+          picked "$set" "$name" "$ln" && [ "$ln" = any ] || continue
           i=$((i + 1)); [ $(( (i - 1) % $3 )) -eq "$2" ] || continue
           # shellcheck disable=SC2086
           WORKER_ENV="CUDA_VISIBLE_DEVICES=$1" WORKER_TIMEOUT=180 worker "cm-$set/$name" "$np" $rest --steps "${CM_STEPS:-30}" --warmup "${CM_WARMUP:-10}" < /dev/null
         done < bench/gpu/costmodel-runs.txt
       }
-      if [ "$GPUS" -ge 2 ]; then lane 0 0 2 & lane 1 1 2 & wait; else lane 0 0 1; fi
+      if [ "$GPUS" -ge 2 ] && [ "${CM_PARALLEL:-1}" = 2 ]; then lane 0 0 2 & lane 1 1 2 & wait; else lane 0 0 1; fi
       while read -r set ln name np rest; do
-        picked "$set" "$name" && [ "$ln" = serial ] && [ "$np" -le "$GPUS" ] || continue
+        picked "$set" "$name" "$ln" && [ "$ln" = serial ] && [ "$np" -le "$GPUS" ] || continue
         # shellcheck disable=SC2086
         WORKER_TIMEOUT=240 worker "cm-$set/$name" "$np" $rest --steps "${CM_STEPS:-30}" --warmup "${CM_WARMUP:-10}" < /dev/null
       done < bench/gpu/costmodel-runs.txt ;;
