@@ -4,9 +4,11 @@
 #
 #   bench/costmodel/fit-shipped.sh [KIND...]     (after `make build`; default: h200 h100)
 #
-# The sweeps are bench/gpu/run.sh's `costmodel` phase (bench/gpu/costmodel-runs.txt): on one 2×H200
-# host twice, 12 steps (4 warm-up) and 30 steps (10 warm-up), and on another 2×H200 host once, 30
-# steps; on one 2×H100 host once, 30 steps (one-GPU runs two at a time), and on a 1×H100 host twice,
+# The sweeps are bench/gpu/run.sh's `costmodel` phase (bench/gpu/costmodel-runs.txt). H200: one
+# sweep on a 2×H200 host at 5a3944b, 30 steps (10 warm-up), one-GPU runs two at a time; the three
+# earlier H200 sweeps (gpu-2026-11-24-costmodel-short, -11-24-costmodel, -11-26-costmodel, committed
+# beside it) measured builds before GPT-2's recomputation and kernels, T5's fused attention and
+# the vectorised loss, and are no longer fitted. H100: on one 2×H100 host once, 30 steps (one-GPU runs two at a time), and on a 1×H100 host twice,
 # 30 steps, one run at a time (its held-out runs were run once, with the first sweep); GPT-2's runs
 # again on a 2×H100 host after its blocks began recomputing in backward (121ccdb), which superseded
 # the GPT-2 runs of the H100 sweeps before it; then every run again on a 2×H100 host (1858462)
@@ -25,7 +27,7 @@ BIN=${BIN:-target/release}
 ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE (under bench/results/raw)
   case $1 in
-    h200) echo "short:gpu-2026-11-24-costmodel-short long:gpu-2026-11-24-costmodel again:gpu-2026-11-26-costmodel" ;;
+    h200) echo "now:gpu-2026-11-26-h200x2-costmodel-5a3944b" ;;
     h100) echo "all:gpu-2026-11-26-h100x2-costmodel-1858462 gpt2:gpu-2026-11-26-h100x2-costmodel-gpt2-9dd1533 alone:gpu-2026-11-26-h100x2-costmodel-alone-5a3944b" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
