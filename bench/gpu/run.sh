@@ -68,7 +68,7 @@
 #                GPUs; CM_SETS="fit" or "holdout" runs one set, CM_MATCH='gpt2*' the runs so named,
 #                CM_LANES=any the one-GPU runs without host work)
 #   binding      how steady launch-bound steps are (NOISE_RUNS, one-GPU costmodel runs by name): each
-#                run NOISE_REPS times alone, two at once (one per GPU, as costmodel runs them) free on
+#                run NOISE_REPS times alone, two at once (one per GPU, as costmodel's CM_PARALLEL=2 runs them) free on
 #                the host, and two at once each bound to its GPU's local CPUs (taskset); writes
 #                binding.json (bench/gpu/report_binding.py)
 #
