@@ -61,13 +61,13 @@ fn the_shipped_model_predicts_from_a_fresh_build() {
         assert!(p.get(key).is_some(), "{key} missing: {p}");
     }
     // Measured on an H200 for this configuration (held out of the fit; bench/results/
-    // costmodel-h200.json): 48.2-48.7 ms, 12.9 GiB allocated.
+    // costmodel-h200.json): 46.9 ms, 10.3 GiB allocated.
     let step = p["step_ms"].as_f64().unwrap();
     assert!((40.0..60.0).contains(&step), "{p}");
     let lo_hi = p["step_ms_interval"].as_array().unwrap();
     assert!(lo_hi[0].as_f64().unwrap() <= step && step <= lo_hi[1].as_f64().unwrap(), "{p}");
     let gib = p["peak_allocated_bytes"].as_f64().unwrap() / f64::from(1u32 << 30);
-    assert!((12.0..14.0).contains(&gib), "{p}");
+    assert!((9.5..11.0).contains(&gib), "{p}");
     assert_eq!(p["fits"], true);
     assert_eq!(p["extrapolated"].as_array().unwrap().len(), 0, "{p}");
     // The text form says the same.
