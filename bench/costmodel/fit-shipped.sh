@@ -8,8 +8,9 @@
 # sweep on a 2×H200 host at 5a3944b, 30 steps (10 warm-up), one-GPU runs two at a time; the three
 # earlier H200 sweeps (gpu-2026-11-24-costmodel-short, -11-24-costmodel, -11-26-costmodel, committed
 # beside it) measured builds before GPT-2's recomputation and kernels, T5's fused attention and
-# the vectorised loss, and are no longer fitted. H100: on one 2×H100 host once, 30 steps (one-GPU runs two at a time), and on a 1×H100 host twice,
-# 30 steps, one run at a time (its held-out runs were run once, with the first sweep); GPT-2's runs
+# the vectorised loss, and are no longer fitted. H100: on one 2×H100 host once, 30 steps (one-GPU
+# runs two at a time), and on a 1×H100 host twice, 30 steps, one run at a time (its held-out runs
+# were run once, with the first sweep); GPT-2's runs
 # again on a 2×H100 host after its blocks began recomputing in backward (121ccdb), which superseded
 # the GPT-2 runs of the H100 sweeps before it; then every run again on a 2×H100 host (1858462)
 # after T5's position bias let SDPA take a fused kernel and the cross-entropy kernel moved 16 bytes

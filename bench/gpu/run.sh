@@ -68,9 +68,9 @@
 #                GPUs; CM_SETS="fit" or "holdout" runs one set, CM_MATCH='gpt2*' the runs so named,
 #                CM_LANES=any the one-GPU runs without host work)
 #   binding      how steady launch-bound steps are (NOISE_RUNS, one-GPU costmodel runs by name): each
-#                run NOISE_REPS times alone, two at once (one per GPU, as costmodel's CM_PARALLEL=2 runs them) free on
-#                the host, and two at once each bound to its GPU's local CPUs (taskset); writes
-#                binding.json (bench/gpu/report_binding.py)
+#                run NOISE_REPS times alone, two at once (one per GPU, as costmodel's CM_PARALLEL=2
+#                runs them) free on the host, and two at once each bound to its GPU's local CPUs
+#                (taskset); writes binding.json (bench/gpu/report_binding.py)
 #
 # Every worker log and JSON line lands in OUT (default $OUT, else bench-out/); `results.tar.gz`
 # packs them for the trip back.
@@ -379,7 +379,8 @@ PY
       }
       { lscpu | grep -E '^(Model name|CPU\(s\)|NUMA)'; nvidia-smi topo -m; for g in 0 1; do echo "gpu$g local: $(gpu_cpus $g)"; done; } \
         > "$RUNS/topology.txt" 2>&1
-      noise_lane() {  # noise_lane GPU MODE REP: every NOISE_RUNS run on GPU, MODE free or bound
+      noise_lane() {  # noise_lane GPU MODE REP: every NOISE_RUNS run on GPU; MODE alone or free (no
+        # binding; the caller runs one lane or two at once) or bound (to the GPU's local CPUs)
         local name np rest wrap=""
         [ "$2" = bound ] && wrap="taskset -c $(gpu_cpus "$1")"
         for want in ${NOISE_RUNS:-gpt2_z0_mb4_s1024_1gpu gpt2_z0_mb1_s256_1gpu gpt2-medium_z0_mb1_s1024_1gpu t5-small_z0_mb4_s256_1gpu}; do
