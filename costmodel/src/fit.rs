@@ -210,6 +210,29 @@ mod tests {
     }
 
     #[test]
+    fn a_family_that_never_kept_the_gpu_busy_has_no_device_terms_of_its_own() {
+        let device_terms = ["t5.device_ms", "t5.ms_per_gflop", "t5.ms_per_gact"];
+        let t5 = |o: &Observation| o.query.config.model.spec().family() == "t5";
+        // Every T5 run below 90% utilisation: its device bound was never what set a step.
+        let mut runs = sweep();
+        runs.iter_mut().filter(|o| t5(o)).for_each(|o| o.gpu_util_pct = Some(60.0));
+        let f = &fit(&runs).unwrap().fits[0];
+        for name in device_terms {
+            assert!(!f.step.contains_key(name), "{name} fitted: {:?}", f.step);
+        }
+        assert!(f.step.contains_key("t5.launch_ms") && f.step.contains_key("gpt2.ms_per_gflop"), "{:?}", f.step);
+        // A T5 prediction prices them as the other families' and says so.
+        let q = &runs.iter().find(|o| t5(o)).unwrap().query.clone();
+        let p = f.predict(q);
+        assert!(p.extrapolated.iter().any(|e| e.contains("t5: its device bound not fitted")), "{:?}", p.extrapolated);
+        // Runs that do not say (no utilisation logged) keep the family's terms, as do busy ones.
+        runs.iter_mut().filter(|o| t5(o)).for_each(|o| o.gpu_util_pct = None);
+        let f = &fit(&runs).unwrap().fits[0];
+        assert!(device_terms.iter().any(|n| f.step.contains_key(*n)), "{:?}", f.step);
+        assert!(f.predict(q).extrapolated.is_empty());
+    }
+
+    #[test]
     fn too_few_configurations_and_no_runs_are_errors() {
         assert!(matches!(fit(&[]), Err(FitError::NoRuns)));
         let one = observe(ModelPreset::Gpt2, ZeroStage::Z0, 4, 1024, 1, Offload::None);

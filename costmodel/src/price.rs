@@ -40,9 +40,19 @@ pub(crate) fn eval(coef: &BTreeMap<String, f64>, terms: &[Term], part: Part, fla
                         .filter(|(k, _)| family_of(k).is_some() && k.ends_with(suffix))
                         .map(|(_, v)| *v)
                         .collect();
+                    let partly = coef.keys().any(|k| family_of(k) == Some(fam));
                     note(
                         flags,
-                        format!("{fam}: no run of this family was fitted; its terms are the mean of the others'"),
+                        if partly {
+                            // Fitted but for these terms: its device bound, when none of its runs kept
+                            // the GPU busy (crate::coefficients).
+                            format!(
+                                "{fam}: its device bound not fitted (none of its runs kept the GPU busy); \
+                                 the other families' mean"
+                            )
+                        } else {
+                            format!("{fam}: no run of this family was fitted; its terms are the mean of the others'")
+                        },
                     );
                     if others.is_empty() {
                         0.0
