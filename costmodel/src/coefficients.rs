@@ -133,7 +133,8 @@ fn fit_terms(
 /// measurement of its device bound: its device terms are left unfitted, and prediction prices them
 /// as the other families' mean (flagged), rather than let the host's noise set them (tiny-llama's
 /// steps of 5-9 ms on an H100 fitted 80 µs per GFLOP, 40 times gpt2's, and predicted its largest
-/// batch at twice its time).
+/// batch at twice its time). Its host terms are fitted with its device bound at zero; in prediction
+/// the borrowed device bound adds its unhidden share, which the validation's errors include.
 fn fit_micro(idx: &[usize], runs: &[&Observation], works: &[Work], target: &[f64]) -> BTreeMap<String, f64> {
     let sub_runs: Vec<&Observation> = idx.iter().map(|&i| runs[i]).collect();
     let sub_works: Vec<Work> = idx.iter().map(|&i| works[i].clone()).collect();
