@@ -66,6 +66,9 @@ fn the_shipped_model_predicts_from_a_fresh_build() {
     assert!((40.0..60.0).contains(&step), "{p}");
     let lo_hi = p["step_ms_interval"].as_array().unwrap();
     assert!(lo_hi[0].as_f64().unwrap() <= step && step <= lo_hi[1].as_f64().unwrap(), "{p}");
+    // Device-bound, so the interval is the device-bound held-out runs' (46.9 ms measured lies in it).
+    assert_eq!(p["step_ms_interval_of"], "device_bound", "{p}");
+    assert!(lo_hi[0].as_f64().unwrap() <= 46.9 && 46.9 <= lo_hi[1].as_f64().unwrap(), "{p}");
     let gib = p["peak_allocated_bytes"].as_f64().unwrap() / f64::from(1u32 << 30);
     assert!((9.5..11.0).contains(&gib), "{p}");
     assert_eq!(p["fits"], true);
@@ -73,6 +76,7 @@ fn the_shipped_model_predicts_from_a_fresh_build() {
     // The text form says the same.
     let o = zerobench(&["predict", "--gpu", "h200", "--model", "gpt2-medium", "--stage", "2", "--micro-batch", "8"]);
     assert!(text(&o.stdout).starts_with("step "), "{}", text(&o.stdout));
+    assert!(text(&o.stdout).contains("of held-out device-bound runs"), "{}", text(&o.stdout));
 }
 
 #[test]

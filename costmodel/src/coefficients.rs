@@ -281,9 +281,11 @@ fn names_of(terms: &[Vec<Term>]) -> Vec<String> {
     names
 }
 
-/// Predicted step ms and peak allocated bytes of a query from bare coefficients (validation).
-pub(crate) fn predict_with(c: &Coefficients, q: &Query) -> (f64, f64) {
+/// Predicted step ms, the bound that sets it, and peak allocated bytes of a query from bare
+/// coefficients (validation).
+pub(crate) fn predict_with(c: &Coefficients, q: &Query) -> (f64, Bound, f64) {
     let w = Work::of(q);
     let mut flags = Vec::new();
-    (step_parts(&c.step, &w, &mut flags).step_ms, peak_allocated(&c.memory, &w, &mut flags))
+    let s = step_parts(&c.step, &w, &mut flags);
+    (s.step_ms, s.bound, peak_allocated(&c.memory, &w, &mut flags))
 }

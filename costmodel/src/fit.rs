@@ -43,7 +43,7 @@ pub fn fit(obs: &[Observation]) -> Result<CostModel, FitError> {
             return Err(FitError::TooFewConfigurations { gpu, precision, configurations, runs: runs.len() });
         }
         let coef = fit_coefficients(&runs);
-        let (validation, step_interval, memory_interval) = validate(&runs);
+        let (validation, intervals) = validate(&runs);
         let mut range = Range::default();
         for o in &runs {
             range.cover(&Work::of(&o.query), &o.query);
@@ -57,8 +57,9 @@ pub fn fit(obs: &[Observation]) -> Result<CostModel, FitError> {
             memory: coef.memory,
             reserved: coef.reserved,
             range,
-            step_interval,
-            memory_interval,
+            step_interval: intervals.step,
+            step_interval_by_bound: Some(intervals.step_by_bound),
+            memory_interval: intervals.memory,
             validation,
             runs: runs
                 .iter()
@@ -230,6 +231,37 @@ mod tests {
         let f = &fit(&runs).unwrap().fits[0];
         assert!(device_terms.iter().any(|n| f.step.contains_key(*n)), "{:?}", f.step);
         assert!(f.predict(q).extrapolated.is_empty());
+    }
+
+    #[test]
+    fn predictions_take_the_interval_of_their_bound() {
+        // Launch-bound runs up to 15% off either way (a host's noise, by a hash of the run);
+        // device-bound ones exact.
+        let mut runs = sweep();
+        for o in &mut runs {
+            if step_parts(&truth(), &Work::of(&o.query), &mut Vec::new()).bound == crate::Bound::Launch {
+                let u = (zerobench_schema::fnv::fnv1a(o.run_id.as_bytes()) % 1001) as f64 / 1000.0;
+                o.step_ms *= 0.85 + 0.3 * u;
+            }
+        }
+        let f = &fit(&runs).unwrap().fits[0];
+        let by = f.step_interval_by_bound.as_ref().unwrap();
+        let (l, d) = (by.launch.unwrap(), by.device.unwrap());
+        assert!(l[1] - l[0] > 0.1, "launch-bound {l:?}");
+        assert!(d[1] - d[0] < 0.5 * (l[1] - l[0]), "device-bound {d:?} against launch-bound {l:?}");
+        let bound_of = |o: &Observation| f.predict(&o.query);
+        let p = runs.iter().map(bound_of).find(|p| p.bound == crate::Bound::Launch).unwrap();
+        assert_eq!(p.step_ms_interval_of, crate::IntervalOf::LaunchBound);
+        assert!((p.step_ms_interval[1] / p.step_ms - 1.0 - l[1]).abs() < 1e-9, "{p:?}");
+        let p = runs.iter().map(bound_of).find(|p| p.bound == crate::Bound::Device).unwrap();
+        assert_eq!(p.step_ms_interval_of, crate::IntervalOf::DeviceBound);
+        // A model file from before the intervals per bound gives every prediction the overall one.
+        let mut json: serde_json::Value = serde_json::to_value(f).unwrap();
+        json.as_object_mut().unwrap().remove("step_interval_by_bound");
+        let old: crate::Fit = serde_json::from_value(json).unwrap();
+        let p = old.predict(&runs[0].query);
+        assert_eq!(p.step_ms_interval_of, crate::IntervalOf::All);
+        assert!((p.step_ms_interval[0] / p.step_ms - 1.0 - f.step_interval[0]).abs() < 1e-9, "{p:?}");
     }
 
     #[test]

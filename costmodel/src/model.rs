@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use zerobench_schema::config::{Offload, Precision};
 
 use crate::price::{peak_allocated, peak_reserved, step_parts, Bound};
-use crate::validate::Validation;
+use crate::validate::{BoundIntervals, Validation};
 use crate::work::{Query, Work};
 
 /// The file's format name and version; readers refuse others.
@@ -42,6 +42,10 @@ pub struct Fit {
     /// Relative errors of held-out predictions (measured / predicted − 1), 5th and 95th
     /// percentiles: the interval a prediction is given with.
     pub step_interval: [f64; 2],
+    /// The same over the held-out runs predicted launch-bound and device-bound, where there were
+    /// enough of them (files written before it have none: every prediction takes `step_interval`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_interval_by_bound: Option<BoundIntervals>,
     pub memory_interval: [f64; 2],
     pub validation: Validation,
     /// The runs fitted on.
@@ -85,6 +89,8 @@ pub struct Prediction {
     pub gpu: String,
     pub step_ms: f64,
     pub step_ms_interval: [f64; 2],
+    /// Which held-out runs' errors `step_ms_interval` spans.
+    pub step_ms_interval_of: IntervalOf,
     pub tokens_per_s_per_gpu: f64,
     pub mfu: Option<f64>,
     pub peak_allocated_bytes: u64,
@@ -102,6 +108,18 @@ pub struct Prediction {
     pub comm_ms: f64,
     /// Terms extrapolated beyond the fitted runs, each with why.
     pub extrapolated: Vec<String>,
+}
+
+/// The held-out runs a prediction's step interval comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IntervalOf {
+    /// Those predicted launch-bound, as this one is.
+    LaunchBound,
+    /// Those predicted device-bound, as this one is.
+    DeviceBound,
+    /// All of them (too few of this one's bound, or a model file without intervals per bound).
+    All,
 }
 
 /// Errors of model files and queries.
@@ -167,12 +185,17 @@ impl Fit {
         let flops = q.config.train_flops_per_token() * tokens;
         let tokens_per_s = tokens / (s.step_ms / 1e3);
         let mfu = self.peak_tflops.map(|p| flops / (s.step_ms / 1e3) / (p * 1e12));
-        let [lo, hi] = self.step_interval;
+        let (of, [lo, hi]) = match self.step_interval_by_bound.as_ref().and_then(|b| b.of(s.bound)) {
+            Some(i) if s.bound == Bound::Launch => (IntervalOf::LaunchBound, i),
+            Some(i) => (IntervalOf::DeviceBound, i),
+            None => (IntervalOf::All, self.step_interval),
+        };
         let [mlo, mhi] = self.memory_interval;
         Prediction {
             gpu: self.gpu.clone(),
             step_ms: s.step_ms,
             step_ms_interval: [s.step_ms * (1.0 + lo), s.step_ms * (1.0 + hi)],
+            step_ms_interval_of: of,
             tokens_per_s_per_gpu: tokens_per_s,
             mfu,
             peak_allocated_bytes: alloc.round() as u64,

@@ -11,9 +11,40 @@ use zerobench_schema::fnv::fnv1a;
 
 use crate::coefficients::{fit_coefficients, predict_with};
 use crate::observation::{Observation, DEVICE_BOUND_UTIL_PCT};
+use crate::price::Bound;
 
 /// Folds, at most (fewer when there are fewer configurations).
 pub const FOLDS: usize = 5;
+
+/// Held-out runs a bound needs before it gets an interval of its own.
+pub const MIN_INTERVAL_RUNS: usize = 10;
+
+/// The 5th-95th percentile intervals of held-out step errors (measured / predicted − 1) of the
+/// runs predicted launch-bound and of those predicted device-bound: the host sets the first, whose
+/// repeats and hosts differ by far more, so one interval for both would be too wide for one and too
+/// narrow for the other. None for a bound with fewer than [`MIN_INTERVAL_RUNS`] held-out runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BoundIntervals {
+    pub launch: Option<[f64; 2]>,
+    pub device: Option<[f64; 2]>,
+}
+
+impl BoundIntervals {
+    pub fn of(&self, bound: Bound) -> Option<[f64; 2]> {
+        match bound {
+            Bound::Launch => self.launch,
+            Bound::Device => self.device,
+        }
+    }
+}
+
+/// What [`validate`] gives the fit besides its report: the intervals predictions are given with.
+pub struct Intervals {
+    /// Over every held-out run.
+    pub step: [f64; 2],
+    pub step_by_bound: BoundIntervals,
+    pub memory: [f64; 2],
+}
 
 /// A stage counts as the right choice when its measured time is within this of the fastest
 /// stage's: closer than that, repeats of one configuration disagree (docs/cost-model.md).
@@ -120,13 +151,14 @@ type Pair = (Vec<f64>, Vec<f64>);
 
 /// Validates by k-fold and returns the report and the 5th-95th percentile intervals of the
 /// relative errors (measured / predicted − 1) of step time and memory.
-pub fn validate(runs: &[&Observation]) -> (Validation, [f64; 2], [f64; 2]) {
+pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
     let configs: BTreeSet<String> = runs.iter().map(|o| o.config_key()).collect();
     let groups: BTreeSet<String> = runs.iter().map(|o| o.stage_group_key()).collect();
     let k = FOLDS.min(groups.len()).max(1);
     // Folds by a hash of the configuration, so they do not follow the sweep's order.
     let fold_of = |o: &Observation| (fnv1a(o.stage_group_key().as_bytes()) % k as u64) as usize;
     let mut held = Vec::new();
+    let mut bounds = Vec::new();
     for fold in 0..k {
         let train: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(o) != fold).collect();
         let test: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(o) == fold).collect();
@@ -135,8 +167,9 @@ pub fn validate(runs: &[&Observation]) -> (Validation, [f64; 2], [f64; 2]) {
         }
         let coef = fit_coefficients(&train);
         for o in test {
-            let (step, mem) = predict_with(&coef, &o.query);
+            let (step, bound, mem) = predict_with(&coef, &o.query);
             held.push((o, step, mem));
+            bounds.push(bound);
         }
     }
     let ape = |m: f64, p: f64| ((p - m) / m).abs() * 100.0;
@@ -155,6 +188,12 @@ pub fn validate(runs: &[&Observation]) -> (Validation, [f64; 2], [f64; 2]) {
     let rel = |m: f64, p: f64| m / p - 1.0;
     let step_interval = percentiles(held.iter().map(|(o, s, _)| rel(o.step_ms, *s)).collect());
     let memory_interval = percentiles(held.iter().map(|(o, _, m)| rel(o.peak_allocated_bytes as f64, *m)).collect());
+    let bound_interval = |b: Bound| {
+        let v: Vec<f64> =
+            held.iter().zip(&bounds).filter(|(_, x)| **x == b).map(|((o, s, _), _)| rel(o.step_ms, *s)).collect();
+        (v.len() >= MIN_INTERVAL_RUNS).then(|| percentiles(v))
+    };
+    let step_by_bound = BoundIntervals { launch: bound_interval(Bound::Launch), device: bound_interval(Bound::Device) };
     let class = |device: bool| {
         let v: Vec<f64> = held
             .iter()
@@ -197,7 +236,7 @@ pub fn validate(runs: &[&Observation]) -> (Validation, [f64; 2], [f64; 2]) {
             })
             .collect(),
     };
-    (validation, step_interval, memory_interval)
+    (validation, Intervals { step: step_interval, step_by_bound, memory: memory_interval })
 }
 
 fn stage_choice(held: &[(&Observation, f64, f64)]) -> StageChoice {

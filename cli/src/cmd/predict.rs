@@ -86,9 +86,14 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
 
 fn print(out: &mut dyn Write, p: &Prediction) -> anyhow::Result<()> {
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    let of = match p.step_ms_interval_of {
+        zerobench_costmodel::IntervalOf::LaunchBound => "held-out launch-bound runs",
+        zerobench_costmodel::IntervalOf::DeviceBound => "held-out device-bound runs",
+        zerobench_costmodel::IntervalOf::All => "held-out runs",
+    };
     writeln!(
         out,
-        "step {:.1} ms (90% of held-out runs: {:.1}-{:.1}), {:.0} tokens/s per GPU{}",
+        "step {:.1} ms (90% of {of}: {:.1}-{:.1}), {:.0} tokens/s per GPU{}",
         p.step_ms,
         p.step_ms_interval[0],
         p.step_ms_interval[1],
