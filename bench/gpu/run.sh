@@ -377,7 +377,7 @@ PY
         bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i "$1" | tr 'A-F' 'a-f')
         cat "/sys/bus/pci/devices/${bus#0000}/local_cpulist" 2>/dev/null || echo "0-$(( $(nproc) - 1 ))"
       }
-      { lscpu | grep -E '^(Model name|CPU\(s\)|NUMA)'; nvidia-smi topo -m; for g in 0 1; do echo "gpu$g local: $(gpu_cpus $g)"; done; } \
+      { lscpu | grep -E '^(Model name|CPU\(s\)|NUMA)'; nvidia-smi topo -m; for g in $(seq 0 $((GPUS - 1))); do echo "gpu$g local: $(gpu_cpus "$g")"; done; } \
         > "$RUNS/topology.txt" 2>&1
       noise_lane() {  # noise_lane GPU MODE REP: every NOISE_RUNS run on GPU; MODE alone or free (no
         # binding; the caller runs one lane or two at once) or bound (to the GPU's local CPUs)

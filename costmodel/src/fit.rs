@@ -249,11 +249,11 @@ mod tests {
         let (l, d) = (by.launch.unwrap(), by.device.unwrap());
         assert!(l[1] - l[0] > 0.1, "launch-bound {l:?}");
         assert!(d[1] - d[0] < 0.5 * (l[1] - l[0]), "device-bound {d:?} against launch-bound {l:?}");
-        let bound_of = |o: &Observation| f.predict(&o.query);
-        let p = runs.iter().map(bound_of).find(|p| p.bound == crate::Bound::Launch).unwrap();
+        let predict = |o: &Observation| f.predict(&o.query);
+        let p = runs.iter().map(predict).find(|p| p.bound == crate::Bound::Launch).unwrap();
         assert_eq!(p.step_ms_interval_of, crate::IntervalOf::LaunchBound);
         assert!((p.step_ms_interval[1] / p.step_ms - 1.0 - l[1]).abs() < 1e-9, "{p:?}");
-        let p = runs.iter().map(bound_of).find(|p| p.bound == crate::Bound::Device).unwrap();
+        let p = runs.iter().map(predict).find(|p| p.bound == crate::Bound::Device).unwrap();
         assert_eq!(p.step_ms_interval_of, crate::IntervalOf::DeviceBound);
         // A model file from before the intervals per bound gives every prediction the overall one.
         let mut json: serde_json::Value = serde_json::to_value(f).unwrap();

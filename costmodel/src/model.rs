@@ -122,6 +122,15 @@ pub enum IntervalOf {
     All,
 }
 
+impl From<Bound> for IntervalOf {
+    fn from(b: Bound) -> Self {
+        match b {
+            Bound::Launch => Self::LaunchBound,
+            Bound::Device => Self::DeviceBound,
+        }
+    }
+}
+
 /// Errors of model files and queries.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -186,8 +195,7 @@ impl Fit {
         let tokens_per_s = tokens / (s.step_ms / 1e3);
         let mfu = self.peak_tflops.map(|p| flops / (s.step_ms / 1e3) / (p * 1e12));
         let (of, [lo, hi]) = match self.step_interval_by_bound.as_ref().and_then(|b| b.of(s.bound)) {
-            Some(i) if s.bound == Bound::Launch => (IntervalOf::LaunchBound, i),
-            Some(i) => (IntervalOf::DeviceBound, i),
+            Some(i) => (IntervalOf::from(s.bound), i),
             None => (IntervalOf::All, self.step_interval),
         };
         let [mlo, mhi] = self.memory_interval;

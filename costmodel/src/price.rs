@@ -40,18 +40,21 @@ pub(crate) fn eval(coef: &BTreeMap<String, f64>, terms: &[Term], part: Part, fla
                         .filter(|(k, _)| family_of(k).is_some() && k.ends_with(suffix))
                         .map(|(_, v)| *v)
                         .collect();
-                    let partly = coef.keys().any(|k| family_of(k) == Some(fam));
+                    let fitted = coef.keys().any(|k| family_of(k) == Some(fam));
                     note(
                         flags,
-                        if partly {
-                            // Fitted but for these terms: its device bound, when none of its runs kept
-                            // the GPU busy (crate::coefficients).
-                            format!(
+                        match (fitted, t.part) {
+                            (false, _) => {
+                                format!(
+                                    "{fam}: no run of this family was fitted; its terms are the mean of the others'"
+                                )
+                            }
+                            // Left unfitted when none of its runs kept the GPU busy (crate::coefficients).
+                            (true, Part::Device) => format!(
                                 "{fam}: its device bound not fitted (none of its runs kept the GPU busy); \
                                  the other families' mean"
-                            )
-                        } else {
-                            format!("{fam}: no run of this family was fitted; its terms are the mean of the others'")
+                            ),
+                            (true, _) => format!("{fam}{suffix}: not fitted for this family; the other families' mean"),
                         },
                     );
                     if others.is_empty() {

@@ -149,6 +149,15 @@ pub struct HeldOut {
 /// Measured and predicted values (or step and memory errors) collected side by side.
 type Pair = (Vec<f64>, Vec<f64>);
 
+/// A held-out run and what the fit that never saw it predicted: step ms, the bound that set it,
+/// peak allocated bytes.
+struct Held<'a> {
+    run: &'a Observation,
+    step: f64,
+    bound: Bound,
+    mem: f64,
+}
+
 /// Validates by k-fold and returns the report and the 5th-95th percentile intervals of the
 /// relative errors (measured / predicted − 1) of step time and memory.
 pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
@@ -158,7 +167,6 @@ pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
     // Folds by a hash of the configuration, so they do not follow the sweep's order.
     let fold_of = |o: &Observation| (fnv1a(o.stage_group_key().as_bytes()) % k as u64) as usize;
     let mut held = Vec::new();
-    let mut bounds = Vec::new();
     for fold in 0..k {
         let train: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(o) != fold).collect();
         let test: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(o) == fold).collect();
@@ -168,17 +176,16 @@ pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
         let coef = fit_coefficients(&train);
         for o in test {
             let (step, bound, mem) = predict_with(&coef, &o.query);
-            held.push((o, step, mem));
-            bounds.push(bound);
+            held.push(Held { run: o, step, bound, mem });
         }
     }
     let ape = |m: f64, p: f64| ((p - m) / m).abs() * 100.0;
     let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
-    let steps: Vec<f64> = held.iter().map(|(o, s, _)| ape(o.step_ms, *s)).collect();
-    let mems: Vec<f64> = held.iter().map(|(o, _, m)| ape(o.peak_allocated_bytes as f64, *m)).collect();
+    let steps: Vec<f64> = held.iter().map(|h| ape(h.run.step_ms, h.step)).collect();
+    let mems: Vec<f64> = held.iter().map(|h| ape(h.run.peak_allocated_bytes as f64, h.mem)).collect();
     let mut groups: BTreeMap<(String, u8, String, u32), Pair> = BTreeMap::new();
-    for ((o, _, _), (s, m)) in held.iter().zip(steps.iter().zip(&mems)) {
-        let c = &o.query.config;
+    for (h, (s, m)) in held.iter().zip(steps.iter().zip(&mems)) {
+        let (o, c) = (h.run, &h.run.query.config);
         let g = groups
             .entry((c.model.spec().family().to_string(), c.stage.index(), c.offload.to_string(), o.query.gpus))
             .or_default();
@@ -186,11 +193,10 @@ pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
         g.1.push(*m);
     }
     let rel = |m: f64, p: f64| m / p - 1.0;
-    let step_interval = percentiles(held.iter().map(|(o, s, _)| rel(o.step_ms, *s)).collect());
-    let memory_interval = percentiles(held.iter().map(|(o, _, m)| rel(o.peak_allocated_bytes as f64, *m)).collect());
+    let step_interval = percentiles(held.iter().map(|h| rel(h.run.step_ms, h.step)).collect());
+    let memory_interval = percentiles(held.iter().map(|h| rel(h.run.peak_allocated_bytes as f64, h.mem)).collect());
     let bound_interval = |b: Bound| {
-        let v: Vec<f64> =
-            held.iter().zip(&bounds).filter(|(_, x)| **x == b).map(|((o, s, _), _)| rel(o.step_ms, *s)).collect();
+        let v: Vec<f64> = held.iter().filter(|h| h.bound == b).map(|h| rel(h.run.step_ms, h.step)).collect();
         (v.len() >= MIN_INTERVAL_RUNS).then(|| percentiles(v))
     };
     let step_by_bound = BoundIntervals { launch: bound_interval(Bound::Launch), device: bound_interval(Bound::Device) };
@@ -198,7 +204,7 @@ pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
         let v: Vec<f64> = held
             .iter()
             .zip(&steps)
-            .filter(|((o, _, _), _)| o.gpu_util_pct.is_some_and(|u| u >= DEVICE_BOUND_UTIL_PCT) == device)
+            .filter(|(h, _)| h.run.gpu_util_pct.is_some_and(|u| u >= DEVICE_BOUND_UTIL_PCT) == device)
             .map(|(_, s)| *s)
             .collect();
         ClassError { runs: v.len() as u32, step_mape_pct: mean(&v) }
@@ -226,24 +232,24 @@ pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
         stage_choice: stage_choice(&held),
         held_out: held
             .iter()
-            .map(|(o, s, m)| HeldOut {
-                run_id: o.run_id.clone(),
-                configuration: o.config_key(),
-                step_ms: o.step_ms,
-                predicted_step_ms: *s,
-                peak_allocated_bytes: o.peak_allocated_bytes,
-                predicted_peak_allocated_bytes: m.round() as u64,
+            .map(|h| HeldOut {
+                run_id: h.run.run_id.clone(),
+                configuration: h.run.config_key(),
+                step_ms: h.run.step_ms,
+                predicted_step_ms: h.step,
+                peak_allocated_bytes: h.run.peak_allocated_bytes,
+                predicted_peak_allocated_bytes: h.mem.round() as u64,
             })
             .collect(),
     };
     (validation, Intervals { step: step_interval, step_by_bound, memory: memory_interval })
 }
 
-fn stage_choice(held: &[(&Observation, f64, f64)]) -> StageChoice {
+fn stage_choice(held: &[Held]) -> StageChoice {
     // Per group, per stage: measured and predicted step times over its repeats, and whether every
     // run of the group was device-bound.
     let mut by: BTreeMap<String, (BTreeMap<u8, Pair>, bool)> = BTreeMap::new();
-    for (o, s, _) in held {
+    for Held { run: o, step: s, .. } in held {
         let c = &o.query.config;
         let g = by.entry(o.stage_group_key()).or_insert_with(|| (BTreeMap::new(), true));
         g.1 &= o.gpu_util_pct.is_some_and(|u| u >= DEVICE_BOUND_UTIL_PCT);
