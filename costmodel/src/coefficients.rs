@@ -132,7 +132,7 @@ fn fit_terms(
 /// runs kept the GPU busy (NVML utilisation under [`DEVICE_BOUND_UTIL_PCT`] in every one) has no
 /// measurement of its device bound: its device terms are left unfitted, and prediction prices them
 /// as the other families' mean (flagged), rather than let the host's noise set them (tiny-llama's
-/// steps of 5-9 ms on an H100 fitted 80 µs per GFLOP, 40 times gpt2's, and predicted its largest
+/// steps of 5-9 ms on an H100 fitted 80 µs per GFLOP, 50 times gpt2's, and predicted its largest
 /// batch at twice its time). Its host terms are fitted with its device bound at zero; in prediction
 /// the borrowed device bound adds its unhidden share, which the validation's errors include.
 fn fit_micro(idx: &[usize], runs: &[&Observation], works: &[Work], target: &[f64]) -> BTreeMap<String, f64> {
