@@ -49,6 +49,10 @@
 #                through `zerobench local`, then `zerobench ingest` over its run folders
 #   rendezvous   2 GPUs, ranks started by RANK/WORLD_SIZE/MASTER_ADDR (no MPI): collectives and the
 #                copy engines through the TCP store, and gpt2 stage 3's losses against mpirun's
+#   first-touch  examples/pin_bench first-touch FT_GIB (default 20): six fresh regions of host
+#                memory faulted in by writing zeros, by a write per page and by the kernel
+#                (MADV_POPULATE_WRITE), then page-locked, on memory the process never had and again
+#                on memory it had back (run it first on a freshly started host: 6 x FT_GIB of it)
 #   offload-setup  how long offload takes to set up (host_state_setup_ms, setup_ms): gpt2-xl stage 2
 #                and t5-11b stage 3 with everything on the host, one GPU, two steps
 #   same-losses  a refactor's check: the same configurations (every stage, accumulation, offload
@@ -221,6 +225,9 @@ PY
       done
       wait
       log "env_no_local_rank: $(tail -n 1 "$RUNS/env_no_local_rank.r1.out" | cut -c1-300)" ;;
+    first-touch)
+      "$BIN/examples/pin_bench" first-touch "${FT_GIB:-20}" > "$RUNS/first_touch.jsonl" 2> "$RUNS/first_touch.err"
+      log "first-touch: $(tr '\n' ' ' < "$RUNS/first_touch.jsonl") $(tail -c 500 "$RUNS/first_touch.err")" ;;
     offload-setup)
       worker setup_gpt2-xl_z2_optimizer_1gpu 1 --model gpt2-xl --stage 2 --offload optimizer --micro-batch 4 \
         --seq-len 1024 --steps 3 --warmup 1

@@ -73,8 +73,8 @@ fn main() {
         let elems = (bytes / 2) as i64;
         let dev_buf = Tensor::ones([elems], (Kind::BFloat16, dev));
         // Page-locked as the engine's offload state is.
-        let host = pinned::host_empty(elems, Kind::BFloat16).expect("host buffer");
-        let _pin = pinned::pin_all(&gpu, &[&host], pinned::Contents::Keep).expect("page-locked");
+        let host = pinned::host_zeros(elems, Kind::BFloat16).expect("host buffer");
+        let _pin = pinned::pin_all(&gpu, &[&host]).expect("page-locked");
         for kind in [CollectiveKind::DeviceToHost, CollectiveKind::HostToDevice] {
             let run = |c: &mut NcclCollectives| {
                 let p = match kind {

@@ -20,6 +20,16 @@
 //! The first line says what the host's transparent huge pages are set to.
 //!
 //! `target/release/examples/pin_bench [GIB...]` (default 4); it needs a GPU and says so without.
+//!
+//! `pin_bench first-touch GIB` compares how offload's fresh host state can be faulted in, on memory
+//! the process has never had: six regions of `GIB` each, mapped as the engine maps them (anonymous,
+//! 2 MiB-aligned, `MADV_HUGEPAGE`) and kept until the end, faulted in from all threads in 64 MiB
+//! pieces in the order zero, touch, populate, populate, touch, zero, then registered; then the same
+//! once more after all six are unmapped (memory the process has had back). `zero` writes every
+//! byte with 0, `touch` gives one byte per page a compare-and-swap of 0 for 0, `populate` asks the
+//! kernel to fault the range in writable (`MADV_POPULATE_WRITE`, Linux 5.14) without a write from
+//! user space. On a virtual machine that backs guest memory on its first touch, the first pass is
+//! what a freshly started host pays.
 
 use std::alloc::{alloc, dealloc, Layout};
 use std::ffi::c_void;
@@ -185,9 +195,143 @@ fn json(r: &Result<f64, String>) -> String {
     }
 }
 
+/// How `first-touch` faults a fresh region in before registering it.
+#[derive(Clone, Copy, Debug)]
+enum Touch {
+    Zero,
+    Cas,
+    Populate,
+}
+
+impl Touch {
+    fn name(self) -> &'static str {
+        match self {
+            Touch::Zero => "zero",
+            Touch::Cas => "touch",
+            Touch::Populate => "populate",
+        }
+    }
+
+    /// Faults in `len` bytes at `addr` (a piece of a live mapping nothing else accesses).
+    fn apply(self, addr: usize, len: usize) {
+        use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+        match self {
+            // SAFETY: `len` bytes of a live private mapping; this piece is touched by one thread.
+            Touch::Zero => unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len) },
+            Touch::Cas => {
+                for page in (addr..addr + len).step_by(PAGE) {
+                    // SAFETY: a byte of a live private mapping, touched by this thread only.
+                    let byte = unsafe { AtomicU8::from_ptr(page as *mut u8) };
+                    let _ = byte.compare_exchange(0, 0, Relaxed, Relaxed);
+                }
+            }
+            Touch::Populate => {
+                // SAFETY: advice on pages of a live mapping; it writes nothing.
+                let rc = unsafe { libc::madvise(addr as *mut c_void, len, libc::MADV_POPULATE_WRITE) };
+                assert_eq!(rc, 0, "madvise(MADV_POPULATE_WRITE): {}", std::io::Error::last_os_error());
+            }
+        }
+    }
+}
+
+/// An anonymous mapping of `bytes` (a multiple of 2 MiB) on a 2 MiB boundary, advised into huge
+/// pages, unmapped on drop.
+struct Region {
+    addr: usize,
+    bytes: usize,
+}
+
+impl Region {
+    fn map(bytes: usize) -> Region {
+        let span = bytes + HUGE;
+        // SAFETY: a new private anonymous mapping; the slack around the aligned part is unmapped
+        // below, the rest in Drop.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert!(p != libc::MAP_FAILED, "mapping {span} bytes: {}", std::io::Error::last_os_error());
+            let start = p as usize;
+            let addr = start.next_multiple_of(HUGE);
+            if addr > start {
+                libc::munmap(p, addr - start);
+            }
+            let tail = start + span - (addr + bytes);
+            if tail > 0 {
+                libc::munmap((addr + bytes) as *mut c_void, tail);
+            }
+            assert_eq!(libc::madvise(addr as *mut c_void, bytes, libc::MADV_HUGEPAGE), 0, "madvise(MADV_HUGEPAGE)");
+            Region { addr, bytes }
+        }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unregistered before this is dropped.
+        unsafe { libc::munmap(self.addr as *mut c_void, self.bytes) };
+    }
+}
+
+/// The `first-touch` mode (see the module doc): one JSON line per region and pass.
+fn first_touch(ctx: &CudaContext, gib: f64) {
+    const PIECE: usize = 64 << 20;
+    const ORDER: [Touch; 6] = [Touch::Zero, Touch::Cas, Touch::Populate, Touch::Populate, Touch::Cas, Touch::Zero];
+    let bytes = ((gib * (1u64 << 30) as f64) as usize).next_multiple_of(HUGE);
+    let threads = rayon::current_num_threads();
+    for memory in ["never-had", "had-back"] {
+        let mut kept = Vec::new();
+        for (i, touch) in ORDER.into_iter().enumerate() {
+            let region = Region::map(bytes);
+            let t = Instant::now();
+            let pieces: Vec<usize> = (0..bytes).step_by(PIECE).collect();
+            pieces.par_iter().for_each(|&off| touch.apply(region.addr + off, PIECE.min(bytes - off)));
+            let touch_s = t.elapsed().as_secs_f64();
+            ctx.bind_to_thread().expect("CUDA context");
+            let t = Instant::now();
+            // SAFETY: a live mapping, unregistered below before it is unmapped.
+            check(
+                unsafe {
+                    sys::cuMemHostRegister_v2(region.addr as *mut c_void, bytes, sys::CU_MEMHOSTREGISTER_PORTABLE)
+                },
+                "cuMemHostRegister",
+            );
+            let register_s = t.elapsed().as_secs_f64();
+            println!(
+                "{{\"mode\":\"first-touch\",\"memory\":\"{memory}\",\"order\":{i},\"touch\":\"{}\",\"bytes\":{bytes},\"threads\":{threads},\"touch_s\":{touch_s:.3},\"register_s\":{register_s:.3},\"lock_gbps\":{:.2},\"anon_huge_mib\":{}}}",
+                touch.name(),
+                bytes as f64 / (touch_s + register_s) / 1e9,
+                anon_huge_mib()
+            );
+            kept.push(region);
+        }
+        for region in &kept {
+            // SAFETY: registered above.
+            let _ = unsafe { sys::cuMemHostUnregister(region.addr as *mut c_void) };
+        }
+    }
+}
+
 fn main() {
-    let sizes: Vec<f64> =
-        std::env::args().skip(1).map(|a| a.parse().unwrap_or_else(|_| panic!("sizes in GiB, not {a:?}"))).collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let first_touch_gib = match args.first().map(String::as_str) {
+        Some("first-touch") => Some(
+            args.get(1)
+                .and_then(|a| a.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("first-touch GIB, not {:?}", args.get(1))),
+        ),
+        _ => None,
+    };
+    let sizes: Vec<f64> = if first_touch_gib.is_some() {
+        Vec::new()
+    } else {
+        args.iter().map(|a| a.parse().unwrap_or_else(|_| panic!("sizes in GiB, not {a:?}"))).collect()
+    };
     let sizes = if sizes.is_empty() { vec![4.0] } else { sizes };
     // SAFETY: only tries to load the driver library by its names (cudarc panics on first use
     // when it is absent, so ask first).
@@ -205,6 +349,10 @@ fn main() {
     let threads = rayon::current_num_threads();
     let thp = |f: &str| std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{f}")).unwrap_or_default();
     println!("{{\"thp_enabled\":{:?},\"thp_defrag\":{:?}}}", thp("enabled").trim(), thp("defrag").trim());
+    if let Some(gib) = first_touch_gib {
+        first_touch(&ctx, gib);
+        return;
+    }
     for gib in sizes {
         let bytes = ((gib * (1u64 << 30) as f64) as usize).next_multiple_of(HUGE);
         for m in Method::ALL {

@@ -190,11 +190,11 @@ fn adamw(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
 fn pinned_round_trip(r: &mut Report, gpu: &Arc<cuda::Gpu>, comm: &mut NcclCollectives) {
     let n = 3_000_017i64;
     let src = Tensor::randn([n], (Kind::BFloat16, Device::Cpu)).contiguous();
-    let host_in = pinned::host_empty(n, Kind::BFloat16).expect("host buffer");
+    let host_in = pinned::host_zeros(n, Kind::BFloat16).expect("host buffer");
     host_in.shallow_clone().copy_(&src);
-    let host_out = pinned::host_empty(n, Kind::BFloat16).expect("host buffer");
+    let host_out = pinned::host_zeros(n, Kind::BFloat16).expect("host buffer");
     let _ = host_out.shallow_clone().fill_(0.0);
-    let _pins = pinned::pin_all(gpu, &[&host_in, &host_out], pinned::Contents::Keep).expect("page-locked");
+    let _pins = pinned::pin_all(gpu, &[&host_in, &host_out]).expect("page-locked");
     let dev = Tensor::zeros([n], (Kind::BFloat16, Device::Cuda(0)));
     let (p, read) = comm.copy_to_device(&host_in, &dev).expect("h2d");
     read.wait().expect("read");
@@ -213,9 +213,9 @@ fn pinned_round_trip(r: &mut Report, gpu: &Arc<cuda::Gpu>, comm: &mut NcclCollec
 fn upload_order(r: &mut Report, gpu: &Arc<cuda::Gpu>, comm: &mut NcclCollectives) {
     let n = 128 << 20;
     let src = Tensor::randn([n], (Kind::BFloat16, Device::Cpu)).contiguous();
-    let host = pinned::host_empty(n, Kind::BFloat16).expect("host buffer");
+    let host = pinned::host_zeros(n, Kind::BFloat16).expect("host buffer");
     host.shallow_clone().copy_(&src);
-    let _pins = pinned::pin_all(gpu, &[&host], pinned::Contents::Keep).expect("page-locked");
+    let _pins = pinned::pin_all(gpu, &[&host]).expect("page-locked");
     let dev = Tensor::zeros([n], (Kind::BFloat16, Device::Cuda(0)));
     let dup = Tensor::zeros([n], (Kind::BFloat16, Device::Cuda(0)));
     let (up, read) = comm.copy_to_device(&host, &dev).expect("h2d");

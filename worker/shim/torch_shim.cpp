@@ -14,8 +14,9 @@
 // * zb_store_*: c10d's TCPStore, the rendezvous of ranks launched with the environment convention
 //   (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): rank 0 hosts it, every rank connects, and ranks
 //   publish and wait for small values under keys, each wait bounded by the store's timeout.
-// * zb_host_empty: an uninitialised CPU tensor whose memory (from 2 MiB up) is aligned to 2 MiB and
-//   advised into transparent huge pages, freed with the tensor; offload page-locks it (see
+// * zb_host_zeros: a CPU tensor of zeros whose memory (from 2 MiB up) is a fresh anonymous mapping
+//   aligned to 2 MiB and advised into transparent huge pages, unmapped with the tensor: the kernel
+//   gives it zeroed on first touch, so nothing writes it before offload page-locks it (see
 //   runtime/pinned.rs for why).
 // * zb_gloo_*: c10d's ProcessGroupGloo over that store, the CPU collectives of those ranks. Its
 //   header needs Gloo's, which the wheel lacks: third_party/gloo holds them, and says why they
@@ -416,24 +417,33 @@ int zb_store_get(void* store, const char* key, uint8_t* buf, size_t cap, size_t*
 
 void zb_store_close(void* store) { delete static_cast<StorePtr*>(store); }
 
-int zb_host_empty(int64_t n, int scalar_type, void** out) {
+int zb_host_zeros(int64_t n, int scalar_type, void** out) {
   return guarded([&] {
     const auto dtype = static_cast<at::ScalarType>(scalar_type);
     const size_t bytes = static_cast<size_t>(n) * c10::elementSize(dtype);
     constexpr size_t kHuge = size_t{2} << 20;
     if (bytes < kHuge) {
-      *out = new at::Tensor(at::empty({n}, at::TensorOptions().dtype(dtype)));
+      *out = new at::Tensor(at::zeros({n}, at::TensorOptions().dtype(dtype)));
       return;
     }
-    void* p = nullptr;
-    if (posix_memalign(&p, kHuge, bytes) != 0) {
+    // One huge page of slack so that an aligned start exists; the slack is given back at once.
+    const size_t span = bytes + kHuge;
+    void* map = span < bytes ? MAP_FAILED
+                             : mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) {
       // The words of libtorch's CPU allocator, which the worker reports as an out-of-memory result.
-      throw std::runtime_error("zb_host_empty: can't allocate memory: you tried to allocate " + std::to_string(bytes) +
+      throw std::runtime_error("zb_host_zeros: can't allocate memory: you tried to allocate " + std::to_string(bytes) +
                                " bytes");
     }
+    const auto start = reinterpret_cast<uintptr_t>(map);
+    const uintptr_t aligned = (start + kHuge - 1) & ~(kHuge - 1);
+    if (aligned > start) munmap(map, aligned - start);
+    if (start + span > aligned + bytes) munmap(reinterpret_cast<void*>(aligned + bytes), start + span - (aligned + bytes));
+    void* p = reinterpret_cast<void*>(aligned);
     // Advice only: where huge pages are off the memory stays in 4 KiB pages and works the same.
     (void)madvise(p, bytes, MADV_HUGEPAGE);
-    *out = new at::Tensor(at::from_blob(p, {n}, [](void* q) { std::free(q); }, at::TensorOptions().dtype(dtype)));
+    *out = new at::Tensor(
+        at::from_blob(p, {n}, [bytes](void* q) { munmap(q, bytes); }, at::TensorOptions().dtype(dtype)));
   });
 }
 

@@ -174,13 +174,11 @@ impl From<EngineError> for Failure {
             EngineError::Offload(msg) => Failure::from_torch_message(&msg),
             EngineError::Pin(PinError::Torch(t)) => t.into(),
             EngineError::Pin(PinError::Alloc(s)) => Failure::from_torch_message(&s.0),
-            EngineError::Pin(e @ PinError::Register { bytes, source })
-                if source.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY =>
-            {
-                Failure::Oom { message: e.to_string(), requested_bytes: Some(bytes as u64) }
-            }
-            EngineError::Pin(e @ (PinError::Register { .. } | PinError::Context(_))) => {
-                Failure::Internal(e.to_string())
+            EngineError::Pin(e @ (PinError::Register { .. } | PinError::Context(_) | PinError::FaultIn { .. })) => {
+                match e.out_of_memory_bytes() {
+                    Some(bytes) => Failure::Oom { message: e.to_string(), requested_bytes: Some(bytes as u64) },
+                    None => Failure::Internal(e.to_string()),
+                }
             }
         }
     }

@@ -13,15 +13,20 @@
 //! (and a copy spanning two ranges is refused); `cuMemHostAlloc`, 2.8 GB/s; writing every page from
 //! all cores first, 8-9 GB/s; memory aligned to 2 MiB and advised into transparent huge pages
 //! (which these hosts give only on `madvise`), 5-6 GB/s, and **20 GB/s with every page written from
-//! all cores first**, 512 times fewer faults on as many cores. So [`host_empty`] allocates that way
-//! (through the shim, which gives the tensor its memory and frees it) and [`pin_all`] faults in
-//! every page from the rank's threads before registering: by writing zeros where the tensors are
-//! fresh (offload's host state, [`Contents::Zero`]), else by a write that changes nothing
-//! ([`Contents::Keep`]). On a 2×H100 host, in one call (docs/results/offload-and-hpz.md), t5-11b's
-//! 181 GB locked at 22.5-22.9 GB/s zero-filled against 18.9 GB/s kept (2.8 GB/s before either);
-//! the first large allocation on a freshly started host is slower either way (6-7 GB/s; most
-//! likely the virtual machine backing its memory on first touch). Copies run at 55 GB/s either way.
+//! all cores first**, 512 times fewer faults on as many cores. So [`host_zeros`] maps that way
+//! (through the shim, which gives the tensor its memory and unmaps it) and [`pin_all`] faults in
+//! every page from the rank's threads before registering. On a 2×H100 host, in one call
+//! (docs/results/offload-and-hpz.md), t5-11b's 181 GB locked at 22.5-22.9 GB/s faulted in by
+//! writing zeros, against 18.9 GB/s by a write per page that changes nothing (2.8 GB/s before
+//! either); the first large allocation on a freshly started host was slower either way (6-7 GB/s;
+//! most likely the virtual machine backing its memory on first touch). The pages are now faulted
+//! in by the kernel (`MADV_POPULATE_WRITE`, Linux 5.14), which writes nothing from user space:
+//! host state fresh from [`host_zeros`] is zero already, the kernel's own zeroing of each new page
+//! is the only pass over it, and tensors that hold data keep it. Kernels without that advice fall
+//! back to the write per page. Copies run at 55 GB/s either way.
 
+use std::ffi::c_void;
+use std::io;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use cudarc::driver::{sys, DriverError};
@@ -57,11 +62,25 @@ pub enum PinError {
     Context(DriverError),
     #[error("page-locking {bytes} bytes of host memory: {source}")]
     Register { bytes: usize, source: DriverError },
+    #[error("faulting in {bytes} bytes of host memory: {source}")]
+    FaultIn { bytes: usize, source: io::Error },
 }
 
-/// An uninitialised host tensor of exactly `n` elements, in transparent huge pages from 2 MiB up.
-pub fn host_empty(n: i64, kind: Kind) -> Result<Tensor, PinError> {
-    Ok(shim::host_empty(n, kind)?)
+impl PinError {
+    /// The bytes asked for, where the error is the host or the driver out of memory.
+    pub fn out_of_memory_bytes(&self) -> Option<usize> {
+        match self {
+            PinError::Register { bytes, source } if source.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => Some(*bytes),
+            PinError::FaultIn { bytes, source } if source.raw_os_error() == Some(libc::ENOMEM) => Some(*bytes),
+            _ => None,
+        }
+    }
+}
+
+/// A host tensor of exactly `n` zeros, in transparent huge pages from 2 MiB up, whose pages the
+/// kernel zeroes as they are first faulted in.
+pub fn host_zeros(n: i64, kind: Kind) -> Result<Tensor, PinError> {
+    Ok(shim::host_zeros(n, kind)?)
 }
 
 /// The smallest page: touching one byte in each faults them all in.
@@ -70,33 +89,51 @@ const PAGE: usize = 4096;
 /// Pieces of the prefault, so that every thread gets work however the tensors' sizes are spread.
 const PREFAULT_PIECE: usize = 64 << 20;
 
-/// What faulting a tensor's pages in does to what it holds.
+/// How a piece of a tensor is faulted in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Contents {
-    /// Kept: one byte of each page gets a write that changes nothing (tensors that hold data).
-    Keep,
-    /// Zeroed: every byte is written with 0, which faults the pages in as fast as any write and
-    /// leaves nothing to clear afterwards (fresh tensors that start at zero or are overwritten).
-    Zero,
+enum FaultBy {
+    /// The kernel faults the range in writable (`MADV_POPULATE_WRITE`, Linux 5.14) and nothing
+    /// is written from user space.
+    Populate,
+    /// One byte of each page gets an atomic compare-and-swap of 0 for 0, which changes no byte
+    /// but is a write access (x86-64's `lock cmpxchg` writes even when the comparison fails). It
+    /// must be a write: a first read maps the shared (huge) zero page, and the write after it
+    /// splits that into 4 KiB pages (tried on 2×H200: 6.7 GB/s for t5-11b's states); an atomic
+    /// `fetch_or(0)` is compiled to a load (tried: 2.6 GB/s, as with no faulting in).
+    Write,
+}
+
+impl FaultBy {
+    /// [`FaultBy::Populate`] where the kernel knows the advice, else [`FaultBy::Write`]. The
+    /// kernel checks the advice before the length, so an empty range asks without touching memory.
+    fn of_this_kernel() -> FaultBy {
+        static BY: std::sync::OnceLock<FaultBy> = std::sync::OnceLock::new();
+        *BY.get_or_init(|| {
+            let mut probe = [0u8; 2 * PAGE];
+            let page = (probe.as_mut_ptr() as usize).next_multiple_of(PAGE);
+            match populate(page, 0) {
+                Ok(()) => FaultBy::Populate,
+                Err(_) => FaultBy::Write,
+            }
+        })
+    }
 }
 
 /// Page-locks every (contiguous, CPU) tensor of `tensors` in place, after faulting in every page
-/// of them from the rank's threads ([`fault_in`]), keeping or zeroing what they hold.
-pub fn pin_all(gpu: &Gpu, tensors: &[&Tensor], contents: Contents) -> Result<Vec<Pinned>, PinError> {
-    fault_in(tensors, contents);
+/// of them from the rank's threads ([`fault_in`]); what they hold is kept.
+pub fn pin_all(gpu: &Gpu, tensors: &[&Tensor]) -> Result<Vec<Pinned>, PinError> {
+    fault_in(tensors)?;
     gpu.ctx.bind_to_thread().map_err(PinError::Context)?;
     tensors.iter().filter_map(|t| register(t.shallow_clone()).transpose()).collect()
 }
 
-/// Faults in every page of the (contiguous, CPU) `tensors` from the rayon pool's threads.
-///
-/// [`Contents::Keep`]: one byte of each page gets an atomic compare-and-swap of 0 for 0, which
-/// changes no byte but is a write access (x86-64's `lock cmpxchg` writes even when the comparison
-/// fails). It must be a write and nothing else: a first read maps the shared (huge) zero page, and
-/// the write after it splits that into 4 KiB pages (tried on 2×H200: 6.7 GB/s for t5-11b's
-/// states); an atomic `fetch_or(0)` is compiled to a load (tried: 2.6 GB/s, as with no faulting
-/// in). [`Contents::Zero`]: every byte is written with 0.
-pub(crate) fn fault_in(tensors: &[&Tensor], contents: Contents) {
+/// Faults in every page of the (contiguous, CPU) `tensors` writable, from the rayon pool's
+/// threads, changing no byte.
+pub(crate) fn fault_in(tensors: &[&Tensor]) -> Result<(), PinError> {
+    fault_in_by(tensors, FaultBy::of_this_kernel())
+}
+
+fn fault_in_by(tensors: &[&Tensor], by: FaultBy) -> Result<(), PinError> {
     let pieces: Vec<(usize, usize)> = tensors
         .iter()
         .flat_map(|t| {
@@ -104,22 +141,37 @@ pub(crate) fn fault_in(tensors: &[&Tensor], contents: Contents) {
             (0..bytes).step_by(PREFAULT_PIECE).map(move |off| (addr + off, PREFAULT_PIECE.min(bytes - off)))
         })
         .collect();
-    pieces.par_iter().for_each(|&(addr, len)| {
-        if contents == Contents::Zero {
-            // SAFETY: `len` bytes inside a live tensor of `tensors`, which nothing else accesses
-            // during this call; the pieces are disjoint.
-            unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len) };
-            return;
+    pieces.par_iter().try_for_each(|&(addr, len)| match by {
+        FaultBy::Populate => populate(addr, len).map_err(|source| PinError::FaultIn { bytes: len, source }),
+        FaultBy::Write => {
+            write_each_page(addr, len);
+            Ok(())
         }
-        // One byte per page from the piece's first, and its last byte (the piece need not start
-        // on a page boundary).
-        for page in (addr..addr + len).step_by(PAGE).chain(std::iter::once(addr + len - 1)) {
-            // SAFETY: a byte inside a live tensor of `tensors`, which nothing else accesses
-            // during this call; each byte is touched by one thread.
-            let byte = unsafe { AtomicU8::from_ptr(page as *mut u8) };
-            let _ = byte.compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
-        }
-    });
+    })
+}
+
+/// `MADV_POPULATE_WRITE` over the pages holding `len` bytes at `addr` (the advice takes whole
+/// pages; the pages around a piece belong to the same live allocation, and the advice changes no
+/// byte of them).
+fn populate(addr: usize, len: usize) -> Result<(), io::Error> {
+    let start = addr / PAGE * PAGE;
+    let end = (addr + len).next_multiple_of(PAGE);
+    // SAFETY: advice on mapped pages of a live tensor; it faults them in and writes nothing.
+    match unsafe { libc::madvise(start as *mut c_void, end - start, libc::MADV_POPULATE_WRITE) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// [`FaultBy::Write`] over `len` bytes at `addr`: one byte per page from the first, and the last
+/// byte (the piece need not start on a page boundary).
+fn write_each_page(addr: usize, len: usize) {
+    for page in (addr..addr + len).step_by(PAGE).chain(std::iter::once(addr + len - 1)) {
+        // SAFETY: a byte inside a live tensor being faulted in, which nothing else accesses
+        // during the fault-in; each byte is touched by one thread.
+        let byte = unsafe { AtomicU8::from_ptr(page as *mut u8) };
+        let _ = byte.compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
 }
 
 fn register(t: Tensor) -> Result<Option<Pinned>, PinError> {
@@ -144,61 +196,139 @@ mod tests {
 
     const HUGE: usize = 2 << 20;
 
+    fn bytes_of(t: &Tensor) -> usize {
+        t.numel() * t.kind().elt_size_in_bytes()
+    }
+
+    /// How many of the pages holding `t` are resident (`mincore`).
+    fn resident_pages(t: &Tensor) -> (usize, usize) {
+        let start = t.data_ptr() as usize / PAGE * PAGE;
+        let end = (t.data_ptr() as usize + bytes_of(t)).next_multiple_of(PAGE);
+        let mut vec = vec![0u8; (end - start) / PAGE];
+        // SAFETY: the pages of a live tensor; `vec` has one byte per page.
+        assert_eq!(unsafe { libc::mincore(start as *mut c_void, end - start, vec.as_mut_ptr()) }, 0);
+        (vec.iter().filter(|&&b| b & 1 == 1).count(), vec.len())
+    }
+
+    /// The private anonymous bytes (`Anonymous:` in smaps) of the mapping that holds `addr`:
+    /// pages written or faulted in writable, not the shared zero page a read maps.
+    fn anonymous_bytes_at(addr: usize) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ').filter(|(r, _)| r.contains('-') && !r.ends_with(':')) {
+                let (lo, hi) = range.split_once('-').unwrap();
+                let (lo, hi) = (usize::from_str_radix(lo, 16).unwrap(), usize::from_str_radix(hi, 16).unwrap());
+                inside = (lo..hi).contains(&addr);
+            } else if let Some(kb) = line.strip_prefix("Anonymous:").filter(|_| inside) {
+                return kb.trim().trim_end_matches("kB").trim().parse::<usize>().unwrap() * 1024;
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
     #[test]
     fn host_tensors_from_2_mib_up_start_on_a_huge_page_and_hold_what_is_written() {
         for (n, kind) in [(3_000_017i64, Kind::Float), (1_048_577, Kind::BFloat16), (1_048_576, Kind::Half)] {
-            let t = host_empty(n, kind).unwrap();
+            let t = host_zeros(n, kind).unwrap();
             assert_eq!((t.size(), t.kind(), t.device()), (vec![n], kind, Device::Cpu));
             assert_eq!(t.data_ptr() as usize % HUGE, 0, "{n} {kind:?} is not on a 2 MiB boundary");
             let _ = t.shallow_clone().fill_(1.5);
             assert_eq!(t.sum(Kind::Double).double_value(&[]), 1.5 * n as f64);
         }
         // Below a huge page: an ordinary tensor, still exactly `n` elements.
-        let small = host_empty(1000, Kind::Float).unwrap();
+        let small = host_zeros(1000, Kind::Float).unwrap();
         assert_eq!(small.size(), vec![1000]);
     }
 
     #[test]
-    fn faulting_in_fresh_tensors_zeroes_every_byte() {
-        let tensors: Vec<Tensor> = [(40_000_003i64, Kind::Float), (5_000, Kind::BFloat16)]
-            .into_iter()
-            .map(|(n, kind)| {
-                let t = host_empty(n, kind).unwrap();
-                let _ = t.shallow_clone().fill_(1.5);
-                t
-            })
-            .collect();
-        fault_in(&tensors.iter().collect::<Vec<_>>(), Contents::Zero);
-        for t in &tensors {
-            assert_eq!(t.count_nonzero(0).int64_value(&[]), 0, "zeroing left bytes of {:?}", t.size());
+    fn host_tensors_are_untouched_zeros_until_faulted_in_and_then_all_resident() {
+        let big = host_zeros(40_000_003, Kind::Float).unwrap();
+        let small = host_zeros(5_000, Kind::BFloat16).unwrap();
+        // Nothing wrote the mapping: no page is there yet (a write of zeros would fault them all).
+        assert_eq!(resident_pages(&big).0, 0, "host_zeros touched its memory");
+        fault_in(&[&big, &small]).unwrap();
+        let (resident, pages) = resident_pages(&big);
+        assert_eq!(resident, pages, "pages left out");
+        // Faulted in writable: private pages of the process, not the zero page a read maps.
+        assert!(anonymous_bytes_at(big.data_ptr() as usize) >= bytes_of(&big), "faulted in by a read");
+        for t in [&big, &small] {
+            assert_eq!(t.count_nonzero(0).int64_value(&[]), 0, "{:?} is not all zeros", t.size());
         }
     }
 
     #[test]
-    fn faulting_in_keeps_every_byte() {
-        // Sizes across the piece length and page boundaries; the small one does not start on one.
-        let tensors: Vec<Tensor> = [(40_000_003i64, Kind::BFloat16), (5_000, Kind::Float), (1, Kind::Half)]
-            .into_iter()
-            .map(|(n, kind)| {
-                let t = host_empty(n, kind).unwrap();
-                t.shallow_clone().copy_(&Tensor::randn([n], (Kind::Float, Device::Cpu)).to_kind(kind));
-                t
-            })
-            .collect();
-        let before: Vec<Tensor> = tensors.iter().map(Tensor::copy).collect();
-        fault_in(&tensors.iter().collect::<Vec<_>>(), Contents::Keep);
-        for (t, b) in tensors.iter().zip(&before) {
-            assert!(t.equal(b), "faulting in changed a tensor of {:?}", t.size());
+    fn faulting_in_keeps_every_byte_either_way() {
+        for by in [FaultBy::Populate, FaultBy::Write] {
+            // Sizes across the piece length and page boundaries; the small ones do not start on one.
+            let tensors: Vec<Tensor> = [(40_000_003i64, Kind::BFloat16), (5_000, Kind::Float), (1, Kind::Half)]
+                .into_iter()
+                .map(|(n, kind)| {
+                    let t = host_zeros(n, kind).unwrap();
+                    t.shallow_clone().copy_(&Tensor::randn([n], (Kind::Float, Device::Cpu)).to_kind(kind));
+                    t
+                })
+                .collect();
+            let before: Vec<Tensor> = tensors.iter().map(Tensor::copy).collect();
+            fault_in_by(&tensors.iter().collect::<Vec<_>>(), by).unwrap();
+            for (t, b) in tensors.iter().zip(&before) {
+                assert!(t.equal(b), "{by:?} changed a tensor of {:?}", t.size());
+            }
+        }
+    }
+
+    #[test]
+    fn the_kernel_is_asked_whether_it_populates() {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut v = release.split(|c: char| !c.is_ascii_digit()).filter_map(|x| x.parse::<u32>().ok());
+        let (major, minor) = (v.next().unwrap(), v.next().unwrap());
+        let expected = if (major, minor) >= (5, 14) { FaultBy::Populate } else { FaultBy::Write };
+        assert_eq!(FaultBy::of_this_kernel(), expected, "kernel {release}");
+    }
+
+    #[test]
+    fn writing_each_page_faults_fresh_memory_in_writable() {
+        let t = host_zeros(40_000_003, Kind::Float).unwrap();
+        fault_in_by(&[&t], FaultBy::Write).unwrap();
+        assert_eq!(resident_pages(&t).0, resident_pages(&t).1);
+        assert!(anonymous_bytes_at(t.data_ptr() as usize) >= bytes_of(&t), "faulted in by a read");
+    }
+
+    #[test]
+    fn memory_that_cannot_be_faulted_in_writable_is_an_error_naming_its_bytes() {
+        const LEN: usize = 1 << 20;
+        // SAFETY: a new read-only anonymous mapping, unmapped at the end; the tensor over it is
+        // dropped first and never written.
+        unsafe {
+            let p =
+                libc::mmap(std::ptr::null_mut(), LEN, libc::PROT_READ, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+            assert_ne!(p, libc::MAP_FAILED);
+            let t = Tensor::from_blob(p.cast(), &[LEN as i64], &[1], Kind::Uint8, Device::Cpu);
+            let e = fault_in(&[&t]).unwrap_err();
+            drop(t);
+            libc::munmap(p, LEN);
+            assert!(matches!(e, PinError::FaultIn { bytes: LEN, .. }), "{e:?}");
+            assert!(e.to_string().starts_with("faulting in 1048576 bytes of host memory: "), "{e}");
+            match Failure::from(crate::zero::engine::EngineError::Pin(e)) {
+                Failure::Internal(m) => assert!(m.starts_with("faulting in 1048576 bytes"), "{m}"),
+                f => panic!("not an internal failure: {f:?}"),
+            }
+        }
+        // The kernel out of memory while faulting in is an out-of-memory result with the bytes.
+        let e = PinError::FaultIn { bytes: 1 << 40, source: io::Error::from_raw_os_error(libc::ENOMEM) };
+        match Failure::from(crate::zero::engine::EngineError::Pin(e)) {
+            Failure::Oom { requested_bytes, .. } => assert_eq!(requested_bytes, Some(1 << 40)),
+            f => panic!("not an out-of-memory result: {f:?}"),
         }
     }
 
     #[test]
     fn a_host_tensor_too_large_for_memory_is_an_out_of_memory_result() {
-        let e = host_empty(1 << 60, Kind::Float).unwrap_err();
+        let e = host_zeros(1 << 60, Kind::Float).unwrap_err();
         match Failure::from(crate::zero::engine::EngineError::Pin(e)) {
             Failure::Oom { requested_bytes, .. } => assert_eq!(requested_bytes, Some(4 << 60)),
             f => panic!("not an out-of-memory result: {f:?}"),
         }
-        assert!(host_empty(10, Kind::Int64).is_err(), "only offload's element types");
+        assert!(host_zeros(10, Kind::Int64).is_err(), "only offload's element types");
     }
 }

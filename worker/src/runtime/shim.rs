@@ -99,7 +99,7 @@ extern "C" {
     fn zb_store_set(store: *mut c_void, key: *const c_char, data: *const u8, len: usize) -> c_int;
     fn zb_store_get(store: *mut c_void, key: *const c_char, buf: *mut u8, cap: usize, len: *mut usize) -> c_int;
     fn zb_store_close(store: *mut c_void);
-    fn zb_host_empty(n: i64, scalar_type: c_int, out: *mut *mut c_void) -> c_int;
+    fn zb_host_zeros(n: i64, scalar_type: c_int, out: *mut *mut c_void) -> c_int;
     fn zb_gloo_open(
         store: *mut c_void,
         prefix: *const c_char,
@@ -278,10 +278,11 @@ pub fn mpi_in_place() -> *mut c_void {
     unsafe { zb_mpi_in_place() }
 }
 
-/// An uninitialised CPU tensor of `n` elements of `kind` (fp32, bf16 or fp16) whose memory, from
-/// 2 MiB up, starts on a 2 MiB boundary and is advised into transparent huge pages
-/// (`MADV_HUGEPAGE`); it is freed with the tensor.
-pub fn host_empty(n: i64, kind: Kind) -> Result<Tensor, ShimError> {
+/// A CPU tensor of `n` zeros of `kind` (fp32, bf16 or fp16) whose memory, from 2 MiB up, is a
+/// fresh anonymous mapping starting on a 2 MiB boundary, advised into transparent huge pages
+/// (`MADV_HUGEPAGE`) and not yet touched: the kernel zeroes each page as it is first faulted in.
+/// It is unmapped with the tensor.
+pub fn host_zeros(n: i64, kind: Kind) -> Result<Tensor, ShimError> {
     // c10::ScalarType's values, which tch keeps private.
     let scalar_type = match kind {
         Kind::Half => 5,
@@ -291,7 +292,7 @@ pub fn host_empty(n: i64, kind: Kind) -> Result<Tensor, ShimError> {
     };
     let mut out = std::ptr::null_mut();
     // SAFETY: `out` is a valid out-pointer.
-    check(unsafe { zb_host_empty(n, scalar_type, &mut out) })?;
+    check(unsafe { zb_host_zeros(n, scalar_type, &mut out) })?;
     // SAFETY: on success the shim wrote a new tensor there.
     Ok(unsafe { owned(out) })
 }

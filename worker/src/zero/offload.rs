@@ -29,7 +29,7 @@ use zerobench_schema::config::OptimConfig;
 use super::adamw::{step_cpu, AdamW, Shard};
 use crate::comm::HostCopy;
 use crate::runtime::cuda::Gpu;
-use crate::runtime::pinned::{self, host_empty, Contents, PinError, Pinned};
+use crate::runtime::pinned::{self, host_zeros, PinError, Pinned};
 
 /// One unit's shard in host memory.
 pub struct HostState {
@@ -62,24 +62,18 @@ impl HostState {
     ) -> Result<Self, PinError> {
         let n = i64::try_from(shard_f32.numel()).expect("fits");
         let mut state = Self {
-            master: host_empty(n, Kind::Float)?,
-            exp_avg: host_empty(n, Kind::Float)?,
-            exp_avg_sq: host_empty(n, Kind::Float)?,
-            grad: host_empty(n, kind)?,
-            grad_acc: if accumulate { Some(host_empty(n, Kind::Float)?) } else { None },
-            param: if mixed { Some(host_empty(n, kind)?) } else { None },
+            master: host_zeros(n, Kind::Float)?,
+            exp_avg: host_zeros(n, Kind::Float)?,
+            exp_avg_sq: host_zeros(n, Kind::Float)?,
+            grad: host_zeros(n, kind)?,
+            grad_acc: if accumulate { Some(host_zeros(n, Kind::Float)?) } else { None },
+            param: if mixed { Some(host_zeros(n, kind)?) } else { None },
             pins: Vec::new(),
         };
-        match pin {
-            // Locked before they are written, so the initial copy from the device is a DMA; the
-            // pages are faulted in by writing zeros, so the moments and gradients start at zero
-            // with no second pass over them.
-            Some(gpu) => state.pins = pinned::pin_all(gpu, &state.tensors(), Contents::Zero)?,
-            None => {
-                for t in [&state.exp_avg, &state.exp_avg_sq, &state.grad].into_iter().chain(&state.grad_acc) {
-                    let _ = t.shallow_clone().f_zero_()?;
-                }
-            }
+        // The moments and gradients start at zero as `host_zeros` gives them. Locked before they
+        // are written, so the initial copy from the device is a DMA.
+        if let Some(gpu) = pin {
+            state.pins = pinned::pin_all(gpu, &state.tensors())?;
         }
         state.master.shallow_clone().f_copy_(shard_f32)?;
         if let Some(p) = &state.param {
