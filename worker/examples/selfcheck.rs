@@ -237,9 +237,10 @@ fn upload_order(r: &mut Report, gpu: &Arc<cuda::Gpu>, comm: &mut NcclCollectives
 
 /// Offload's host state set up page-locked (its pages faulted in by writing zeros): the master
 /// weights and the bf16 parameters hold the shard, the moments, gradient and accumulator are zero.
-/// Memory this large comes fresh from the kernel, already zero, so this cannot tell the zero-fill
-/// from no fill; that it writes zeros over what a tensor held is the unit test
-/// `faulting_in_fresh_tensors_zeroes_every_byte`'s to show.
+/// The state comes from fresh mappings the kernel gives zeroed; that nothing writes them before
+/// the fault-in and that the fault-in changes no byte are the unit tests
+/// `host_tensors_are_untouched_zeros_until_faulted_in_and_then_all_resident` and
+/// `faulting_in_keeps_every_byte_either_way` (`runtime::pinned`).
 fn host_state_setup(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     let n = 50_000_017i64;
     let shard = Tensor::randn([n], (Kind::Float, Device::Cuda(0)));
