@@ -31,6 +31,7 @@
 use std::ffi::c_void;
 use std::io;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Instant;
 
 use cudarc::driver::{sys, DriverError};
 use rayon::prelude::*;
@@ -125,9 +126,20 @@ impl FaultBy {
 /// Page-locks every (contiguous, CPU) tensor of `tensors` in place, after faulting in every page
 /// of them from the rank's threads ([`fault_in`]); what they hold is kept.
 pub fn pin_all(gpu: &Gpu, tensors: &[&Tensor]) -> Result<Vec<Pinned>, PinError> {
+    let t = Instant::now();
     fault_in(tensors)?;
+    let fault_in_ms = t.elapsed().as_secs_f64() * 1e3;
     gpu.ctx.bind_to_thread().map_err(PinError::Context)?;
-    tensors.iter().filter_map(|t| register(t.shallow_clone()).transpose()).collect()
+    let pins = tensors.iter().filter_map(|t| register(t.shallow_clone()).transpose()).collect();
+    let bytes: usize = tensors.iter().map(|t| t.numel() * t.kind().elt_size_in_bytes()).sum();
+    tracing::debug!(
+        bytes,
+        tensors = tensors.len(),
+        fault_in_ms,
+        register_ms = t.elapsed().as_secs_f64() * 1e3 - fault_in_ms,
+        "page-locked"
+    );
+    pins
 }
 
 /// Faults in every page of the (contiguous, CPU) `tensors` writable, from the rayon pool's

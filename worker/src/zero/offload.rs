@@ -75,10 +75,13 @@ impl HostState {
         if let Some(gpu) = pin {
             state.pins = pinned::pin_all(gpu, &state.tensors())?;
         }
+        let t = std::time::Instant::now();
         state.master.shallow_clone().f_copy_(shard_f32)?;
+        let master_ms = t.elapsed().as_secs_f64() * 1e3;
         if let Some(p) = &state.param {
             p.shallow_clone().f_copy_(&state.master)?;
         }
+        tracing::debug!(master_ms, param_ms = t.elapsed().as_secs_f64() * 1e3 - master_ms, "host state filled");
         Ok(state)
     }
 
