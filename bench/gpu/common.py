@@ -14,6 +14,24 @@ def archive_files(path):
                 yield m.name, tar.extractfile(m).read().decode(errors="replace")
 
 
+def call_folders(path):
+    """An archive of device calls laid out TOP/CALL/...: per call (by folder name, sorted) its
+    notes.txt, its first host.txt as lines, and every file's text by its path below CALL/."""
+    calls = {}
+    for name, text in sorted(archive_files(path)):
+        parts = name.split("/")
+        if len(parts) < 3:
+            continue
+        call = calls.setdefault(parts[1], {"notes": None, "host": None, "files": {}})
+        rel = "/".join(parts[2:])
+        if rel == "notes.txt":
+            call["notes"] = text.strip()
+        elif parts[-1] == "host.txt" and call["host"] is None:
+            call["host"] = text.strip().splitlines()
+        call["files"][rel] = text
+    return calls
+
+
 def read_archive(path):
     """A result archive as the reports read it: host.txt's text, the log of every run by run name,
     and every other file's text by member name (in archive order).

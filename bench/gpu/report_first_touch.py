@@ -12,41 +12,36 @@ at COMMIT. Run 1 is the first offload run of the call: where nothing ran before 
 started machine, its t5-11b set-up pays the machine's first touch of every byte; later runs reuse
 memory that earlier ones had.
 """
-import json, re, statistics, sys, tarfile
+import json, re, statistics, sys
+
+from common import call_folders
 
 LINE = re.compile(r'\] (setup_\S+): "host_state_bytes":(\d+) "host_state_setup_ms":([\d.]+) "setup_ms":([\d.]+)')
 
-tar = tarfile.open(sys.argv[1])
-files = {m.name: m for m in tar.getmembers() if m.isfile()}
-read = lambda name: tar.extractfile(files[name]).read().decode()
-
 calls = {}
-for name in sorted(files):
-    parts = name.split("/")
-    if len(parts) < 3:
-        continue
-    call = calls.setdefault(parts[1], {"notes": None, "first_touch": [], "setup": [], "host": None, "uptime": None})
-    if parts[-1] == "notes.txt":
-        call["notes"] = read(name).strip()
-    elif parts[-1] == "free.txt":
-        call["uptime"] = next((l.strip() for l in read(name).splitlines() if " up " in l), None)
-    elif parts[-1] == "host.txt" and call["host"] is None:
-        call["host"] = read(name).strip().splitlines()
-    elif parts[-1] == "first_touch.jsonl":
-        call["first_touch"] = [json.loads(l) for l in read(name).splitlines()
-                               if l.startswith("{") and '"mode":"first-touch"' in l]
-    elif parts[-1] == "bench.log" and parts[-2][0].isdigit() and "first-touch" not in parts[-2]:
-        seq, commit = parts[-2].split("-", 1)
-        seen = set()
-        for m in LINE.finditer(read(name)):
-            if m.group(1) in seen:  # the phase prints its summary once more at the end
-                continue
-            seen.add(m.group(1))
-            b, ms = int(m.group(2)), float(m.group(3))
-            call["setup"].append({"seq": int(seq), "commit": commit, "run": m.group(1),
-                                  "memory": "first offload run" if seq == "1" else "reused",
-                                  "host_state_bytes": b, "host_state_setup_ms": round(ms, 1),
-                                  "setup_ms": round(float(m.group(4)), 1), "lock_gb_per_s": round(b / ms / 1e6, 2)})
+for cname, folder in call_folders(sys.argv[1]).items():
+    call = calls[cname] = {"notes": folder["notes"], "host": folder["host"], "uptime": None,
+                           "first_touch": [], "setup": []}
+    for rel, text in folder["files"].items():
+        parts = rel.split("/")
+        if rel == "free.txt":
+            call["uptime"] = next((l.strip() for l in text.splitlines() if " up " in l), None)
+        elif parts[-1] == "first_touch.jsonl":
+            call["first_touch"] = [json.loads(l) for l in text.splitlines()
+                                   if l.startswith("{") and '"mode":"first-touch"' in l]
+        elif parts[-1] == "bench.log" and len(parts) == 2 and parts[0][0].isdigit() and "first-touch" not in parts[0]:
+            seq, commit = parts[0].split("-", 1)
+            seen = set()
+            for m in LINE.finditer(text):
+                if m.group(1) in seen:  # the phase prints its summary once more at the end
+                    continue
+                seen.add(m.group(1))
+                b, ms = int(m.group(2)), float(m.group(3))
+                call["setup"].append({"seq": int(seq), "commit": commit, "run": m.group(1),
+                                      "memory": "first offload run" if seq == "1" else "reused",
+                                      "host_state_bytes": b, "host_state_setup_ms": round(ms, 1),
+                                      "setup_ms": round(float(m.group(4)), 1),
+                                      "lock_gb_per_s": round(b / ms / 1e6, 2)})
 
 summary = {}
 for cname, call in calls.items():

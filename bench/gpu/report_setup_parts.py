@@ -10,47 +10,38 @@ N-BUILD.debug: the gpt2-xl run's `page-locked` records (bytes, fault_in_ms, regi
 and `host state filled` records (master_ms, param_ms per unit). Each row sums them over the units
 beside the run's logged host_state_setup_ms.
 """
-import json, re, statistics, sys, tarfile
+import json, re, statistics, sys
+
+from common import call_folders
 
 SETUP = re.compile(r'\] (setup_gpt2-xl\S+): "host_state_bytes":(\d+) "host_state_setup_ms":([\d.]+) "setup_ms":([\d.]+)')
 FIELD = re.compile(r"(\w+)=([\d.]+)")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-tar = tarfile.open(sys.argv[1])
-files = {m.name: m for m in tar.getmembers() if m.isfile()}
-read = lambda name: tar.extractfile(files[name]).read().decode()
-
 calls = {}
-for name in sorted(files):
-    parts = name.split("/")
-    if len(parts) < 3:
-        continue
-    call = calls.setdefault(parts[1], {"notes": None, "host": None, "runs": {}})
-    if parts[-1] == "notes.txt":
-        call["notes"] = read(name).strip()
-    elif parts[-1] == "host.txt" and call["host"] is None:
-        call["host"] = read(name).strip().splitlines()
-    elif parts[-1].endswith(".debug"):
-        run = call["runs"].setdefault(parts[-1][:-len(".debug")], {})
-        sums = dict.fromkeys(["units", "bytes", "fault_in_ms", "register_ms", "master_ms", "param_ms"], 0)
-        for line in ANSI.sub("", read(name)).splitlines():
-            d = dict(FIELD.findall(line))
-            if "page-locked" in line:
-                sums["units"] += 1
-                sums["bytes"] += int(d["bytes"])
-                sums["fault_in_ms"] += float(d["fault_in_ms"])
-                sums["register_ms"] += float(d["register_ms"])
-            elif "host state filled" in line:
-                sums["master_ms"] += float(d["master_ms"])
-                sums["param_ms"] += float(d["param_ms"])
-        run.update({k: round(v, 1) for k, v in sums.items()})
-        run["fault_in_gb_per_s"] = round(sums["bytes"] / sums["fault_in_ms"] / 1e6, 1)
-        run["register_gb_per_s"] = round(sums["bytes"] / sums["register_ms"] / 1e6, 1)
-    elif parts[-1] == "bench.log":
-        m = SETUP.search(read(name))
-        if m:
-            run = call["runs"].setdefault(parts[-2], {})
-            run.update({"build": parts[-2].split("-", 1)[1], "host_state_setup_ms": round(float(m.group(3)), 1),
+for cname, folder in call_folders(sys.argv[1]).items():
+    call = calls[cname] = {"notes": folder["notes"], "host": folder["host"], "runs": {}}
+    for rel, text in folder["files"].items():
+        parts = rel.split("/")
+        if len(parts) == 1 and rel.endswith(".debug"):
+            run = call["runs"].setdefault(rel[:-len(".debug")], {})
+            sums = dict.fromkeys(["units", "bytes", "fault_in_ms", "register_ms", "master_ms", "param_ms"], 0)
+            for line in ANSI.sub("", text).splitlines():
+                d = dict(FIELD.findall(line))
+                if "page-locked" in line:
+                    sums["units"] += 1
+                    sums["bytes"] += int(d["bytes"])
+                    sums["fault_in_ms"] += float(d["fault_in_ms"])
+                    sums["register_ms"] += float(d["register_ms"])
+                elif "host state filled" in line:
+                    sums["master_ms"] += float(d["master_ms"])
+                    sums["param_ms"] += float(d["param_ms"])
+            run.update({k: round(v, 1) for k, v in sums.items()})
+            run["fault_in_gb_per_s"] = round(sums["bytes"] / sums["fault_in_ms"] / 1e6, 1)
+            run["register_gb_per_s"] = round(sums["bytes"] / sums["register_ms"] / 1e6, 1)
+        elif len(parts) == 2 and parts[1] == "bench.log" and (m := SETUP.search(text)):
+            run = call["runs"].setdefault(parts[0], {})
+            run.update({"build": parts[0].split("-", 1)[1], "host_state_setup_ms": round(float(m.group(3)), 1),
                         "setup_ms": round(float(m.group(4)), 1),
                         "lock_gb_per_s": round(int(m.group(2)) / float(m.group(3)) / 1e6, 2)})
 
