@@ -50,6 +50,7 @@
 #include <torch/version.h>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -435,15 +436,18 @@ int zb_host_zeros(int64_t n, int scalar_type, void** out) {
       throw std::runtime_error("zb_host_zeros: can't allocate memory: you tried to allocate " + std::to_string(bytes) +
                                " bytes");
     }
+    // The mapping's own length, whole pages: the slack after it starts on a page boundary.
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t len = (bytes + page - 1) / page * page;
     const auto start = reinterpret_cast<uintptr_t>(map);
     const uintptr_t aligned = (start + kHuge - 1) & ~(kHuge - 1);
     if (aligned > start) munmap(map, aligned - start);
-    if (start + span > aligned + bytes) munmap(reinterpret_cast<void*>(aligned + bytes), start + span - (aligned + bytes));
+    if (start + span > aligned + len) munmap(reinterpret_cast<void*>(aligned + len), start + span - (aligned + len));
     void* p = reinterpret_cast<void*>(aligned);
     // Advice only: where huge pages are off the memory stays in 4 KiB pages and works the same.
-    (void)madvise(p, bytes, MADV_HUGEPAGE);
+    (void)madvise(p, len, MADV_HUGEPAGE);
     *out = new at::Tensor(
-        at::from_blob(p, {n}, [bytes](void* q) { munmap(q, bytes); }, at::TensorOptions().dtype(dtype)));
+        at::from_blob(p, {n}, [len](void* q) { munmap(q, len); }, at::TensorOptions().dtype(dtype)));
   });
 }
 

@@ -133,9 +133,8 @@ pub fn pin_all(gpu: &Gpu, tensors: &[&Tensor]) -> Result<Vec<Pinned>, PinError> 
     let fault_in_ms = t.elapsed().as_secs_f64() * 1e3;
     gpu.ctx.bind_to_thread().map_err(PinError::Context)?;
     let pins = tensors.iter().filter_map(|t| register(t.shallow_clone()).transpose()).collect();
-    let bytes: usize = tensors.iter().map(|t| t.numel() * t.kind().elt_size_in_bytes()).sum();
     tracing::debug!(
-        bytes,
+        bytes = tensors.iter().map(|t| t.numel() * t.kind().elt_size_in_bytes()).sum::<usize>(),
         tensors = tensors.len(),
         fault_in_ms,
         register_ms = t.elapsed().as_secs_f64() * 1e3 - fault_in_ms,
@@ -151,6 +150,7 @@ pub(crate) fn fault_in(tensors: &[&Tensor]) -> Result<(), PinError> {
 }
 
 fn fault_in_by(tensors: &[&Tensor], by: FaultBy) -> Result<(), PinError> {
+    let bytes = tensors.iter().map(|t| t.numel() * t.kind().elt_size_in_bytes()).sum();
     let pieces: Vec<(usize, usize)> = tensors
         .iter()
         .flat_map(|t| {
@@ -159,7 +159,8 @@ fn fault_in_by(tensors: &[&Tensor], by: FaultBy) -> Result<(), PinError> {
         })
         .collect();
     pieces.par_iter().try_for_each(|&(addr, len)| match by {
-        FaultBy::Populate => populate(addr, len).map_err(|source| PinError::FaultIn { bytes: len, source }),
+        // The error names all that was being faulted in: an out-of-memory result's request.
+        FaultBy::Populate => populate(addr, len).map_err(|source| PinError::FaultIn { bytes, source }),
         FaultBy::Write => {
             write_each_page(addr, len);
             Ok(())
@@ -259,6 +260,16 @@ mod tests {
     }
 
     #[test]
+    fn a_host_tensor_maps_its_pages_and_no_more() {
+        // 12,000,068 bytes: not whole pages, so the mapping's slack starts at the page after them.
+        let t = host_zeros(3_000_017, Kind::Float).unwrap();
+        let end = (t.data_ptr() as usize + bytes_of(&t)).next_multiple_of(PAGE);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let after = format!("{end:08x}-");
+        assert!(!maps.lines().any(|l| l.starts_with(&after)), "the slack after the tensor is still mapped");
+    }
+
+    #[test]
     fn host_tensors_are_untouched_zeros_until_faulted_in_and_then_all_resident() {
         let big = host_zeros(40_000_003, Kind::Float).unwrap();
         let small = host_zeros(5_000, Kind::BFloat16).unwrap();
@@ -314,6 +325,9 @@ mod tests {
     #[test]
     fn memory_that_cannot_be_faulted_in_writable_is_an_error_naming_its_bytes() {
         const LEN: usize = 1 << 20;
+        // Beside a tensor that can be: the error names all that was being faulted in.
+        let writable = host_zeros(3 << 20, Kind::Float).unwrap();
+        let all = LEN + (12 << 20);
         // SAFETY: a new read-only anonymous mapping, unmapped at the end; the tensor over it is
         // dropped first and never written.
         unsafe {
@@ -321,13 +335,14 @@ mod tests {
                 libc::mmap(std::ptr::null_mut(), LEN, libc::PROT_READ, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
             assert_ne!(p, libc::MAP_FAILED);
             let t = Tensor::from_blob(p.cast(), &[LEN as i64], &[1], Kind::Uint8, Device::Cpu);
-            let e = fault_in(&[&t]).unwrap_err();
+            let e = fault_in(&[&writable, &t]).unwrap_err();
             drop(t);
             libc::munmap(p, LEN);
-            assert!(matches!(e, PinError::FaultIn { bytes: LEN, .. }), "{e:?}");
-            assert!(e.to_string().starts_with("faulting in 1048576 bytes of host memory: "), "{e}");
+            assert!(matches!(e, PinError::FaultIn { bytes, .. } if bytes == all), "{e:?}");
+            let head = format!("faulting in {all} bytes of host memory: ");
+            assert!(e.to_string().starts_with(&head), "{e}");
             match Failure::from(crate::zero::engine::EngineError::Pin(e)) {
-                Failure::Internal(m) => assert!(m.starts_with("faulting in 1048576 bytes"), "{m}"),
+                Failure::Internal(m) => assert!(m.starts_with(&head), "{m}"),
                 f => panic!("not an internal failure: {f:?}"),
             }
         }
