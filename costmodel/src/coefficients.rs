@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::nnls::{nnls, nnls_l1};
-use crate::observation::{Observation, DEVICE_BOUND_UTIL_PCT};
+use crate::observation::Observation;
 use crate::price::{eval, micro_ms, peak_allocated, step_parts, Bound, GIB, UNHIDDEN};
 use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
 use crate::work::{Query, Work};
@@ -129,7 +129,7 @@ fn fit_terms(
 }
 
 /// The micro-step's host and device bounds (see the module documentation). A family none of whose
-/// runs kept the GPU busy (NVML utilisation under [`DEVICE_BOUND_UTIL_PCT`] in every one) has no
+/// runs kept the GPU busy (NVML utilisation under [`DEVICE_BOUND_UTIL_PCT`](crate::observation::DEVICE_BOUND_UTIL_PCT) in every one) has no
 /// measurement of its device bound: its device terms are left unfitted, and prediction prices them
 /// as the other families' mean (flagged), rather than let the host's noise set them (tiny-llama's
 /// steps of 5-9 ms on an H100 fitted 80 µs per GFLOP, 50 times gpt2's, and predicted its largest
@@ -141,7 +141,8 @@ fn fit_micro(idx: &[usize], runs: &[&Observation], works: &[Work], target: &[f64
     let busy: BTreeSet<&str> = sub_runs
         .iter()
         .zip(&sub_works)
-        .filter(|(o, _)| o.gpu_util_pct.is_none_or(|u| u >= DEVICE_BOUND_UTIL_PCT))
+        // A run that does not say counts as busy: the family keeps its terms.
+        .filter(|(o, _)| o.kept_gpu_busy().unwrap_or(true))
         .map(|(_, w)| w.family)
         .collect();
     let terms: Vec<Vec<Term>> = sub_works

@@ -28,6 +28,12 @@ pub struct Observation {
 pub const DEVICE_BOUND_UTIL_PCT: f64 = 90.0;
 
 impl Observation {
+    /// Whether the run kept the GPU busy ([`DEVICE_BOUND_UTIL_PCT`] or more): None where no
+    /// utilisation was logged.
+    pub fn kept_gpu_busy(&self) -> Option<bool> {
+        self.gpu_util_pct.map(|u| u >= DEVICE_BOUND_UTIL_PCT)
+    }
+
     /// The configuration this run is one repeat of.
     pub fn config_key(&self) -> String {
         format!("{} z{}", self.stage_group_key(), self.query.config.stage.index())

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use zerobench_schema::fnv::fnv1a;
 
 use crate::coefficients::{fit_coefficients, predict_with};
-use crate::observation::{Observation, DEVICE_BOUND_UTIL_PCT};
+use crate::observation::Observation;
 use crate::price::Bound;
 
 /// Folds, at most (fewer when there are fewer configurations).
@@ -58,7 +58,7 @@ pub struct Validation {
     /// Mean absolute percentage errors over every held-out run.
     pub step_mape_pct: f64,
     pub memory_mape_pct: f64,
-    /// Step-time error of the runs that kept the GPU busy ([`DEVICE_BOUND_UTIL_PCT`] or more) and
+    /// Step-time error of the runs that kept the GPU busy ([`DEVICE_BOUND_UTIL_PCT`](crate::observation::DEVICE_BOUND_UTIL_PCT) or more) and
     /// of the rest (launch-bound; their repeats differ by ~15%), with how many runs each.
     pub device_bound: ClassError,
     pub launch_bound: ClassError,
@@ -204,7 +204,7 @@ pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
         let v: Vec<f64> = held
             .iter()
             .zip(&steps)
-            .filter(|(h, _)| h.run.gpu_util_pct.is_some_and(|u| u >= DEVICE_BOUND_UTIL_PCT) == device)
+            .filter(|(h, _)| h.run.kept_gpu_busy().unwrap_or(false) == device)
             .map(|(_, s)| *s)
             .collect();
         ClassError { runs: v.len() as u32, step_mape_pct: mean(&v) }
@@ -252,7 +252,7 @@ fn stage_choice(held: &[Held]) -> StageChoice {
     for Held { run: o, step: s, .. } in held {
         let c = &o.query.config;
         let g = by.entry(o.stage_group_key()).or_insert_with(|| (BTreeMap::new(), true));
-        g.1 &= o.gpu_util_pct.is_some_and(|u| u >= DEVICE_BOUND_UTIL_PCT);
+        g.1 &= o.kept_gpu_busy().unwrap_or(false);
         let e = g.0.entry(c.stage.index()).or_default();
         e.0.push(o.step_ms);
         e.1.push(*s);

@@ -37,6 +37,8 @@ use std::time::Instant;
 
 use cudarc::driver::{sys, CudaContext};
 use rayon::prelude::*;
+use tch::Kind;
+use zerobench_worker::runtime::pinned;
 
 const PAGE: usize = 4096;
 /// A transparent huge page on x86-64.
@@ -212,69 +214,16 @@ impl Touch {
         }
     }
 
-    /// Faults in `len` bytes at `addr` (a piece of a live mapping nothing else accesses).
+    /// Faults in `len` bytes at `addr` (a piece of a live mapping nothing else accesses), the
+    /// last two as the engine does (`runtime::pinned`).
     fn apply(self, addr: usize, len: usize) {
-        use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
         match self {
             // SAFETY: `len` bytes of a live private mapping; this piece is touched by one thread.
             Touch::Zero => unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len) },
-            Touch::Cas => {
-                for page in (addr..addr + len).step_by(PAGE) {
-                    // SAFETY: a byte of a live private mapping, touched by this thread only.
-                    let byte = unsafe { AtomicU8::from_ptr(page as *mut u8) };
-                    let _ = byte.compare_exchange(0, 0, Relaxed, Relaxed);
-                }
-            }
-            Touch::Populate => {
-                // SAFETY: advice on pages of a live mapping; it writes nothing.
-                let rc = unsafe { libc::madvise(addr as *mut c_void, len, libc::MADV_POPULATE_WRITE) };
-                assert_eq!(rc, 0, "madvise(MADV_POPULATE_WRITE): {}", std::io::Error::last_os_error());
-            }
+            // SAFETY: as above.
+            Touch::Cas => unsafe { pinned::write_each_page(addr, len) },
+            Touch::Populate => pinned::populate(addr, len).expect("madvise(MADV_POPULATE_WRITE)"),
         }
-    }
-}
-
-/// An anonymous mapping of `bytes` (a multiple of 2 MiB) on a 2 MiB boundary, advised into huge
-/// pages, unmapped on drop.
-struct Region {
-    addr: usize,
-    bytes: usize,
-}
-
-impl Region {
-    fn map(bytes: usize) -> Region {
-        let span = bytes + HUGE;
-        // SAFETY: a new private anonymous mapping; the slack around the aligned part is unmapped
-        // below, the rest in Drop.
-        unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                span,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert!(p != libc::MAP_FAILED, "mapping {span} bytes: {}", std::io::Error::last_os_error());
-            let start = p as usize;
-            let addr = start.next_multiple_of(HUGE);
-            if addr > start {
-                libc::munmap(p, addr - start);
-            }
-            let tail = start + span - (addr + bytes);
-            if tail > 0 {
-                libc::munmap((addr + bytes) as *mut c_void, tail);
-            }
-            assert_eq!(libc::madvise(addr as *mut c_void, bytes, libc::MADV_HUGEPAGE), 0, "madvise(MADV_HUGEPAGE)");
-            Region { addr, bytes }
-        }
-    }
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unregistered before this is dropped.
-        unsafe { libc::munmap(self.addr as *mut c_void, self.bytes) };
     }
 }
 
@@ -287,18 +236,18 @@ fn first_touch(ctx: &CudaContext, gib: f64) {
     for memory in ["never-had", "had-back"] {
         let mut kept = Vec::new();
         for (i, touch) in ORDER.into_iter().enumerate() {
-            let region = Region::map(bytes);
+            // Mapped as the engine maps its host state (fresh, 2 MiB-aligned, huge pages).
+            let region = pinned::host_zeros(i64::try_from(bytes / 4).expect("size"), Kind::Float).expect("mapping");
+            let addr = region.data_ptr() as usize;
             let t = Instant::now();
             let pieces: Vec<usize> = (0..bytes).step_by(PIECE).collect();
-            pieces.par_iter().for_each(|&off| touch.apply(region.addr + off, PIECE.min(bytes - off)));
+            pieces.par_iter().for_each(|&off| touch.apply(addr + off, PIECE.min(bytes - off)));
             let touch_s = t.elapsed().as_secs_f64();
             ctx.bind_to_thread().expect("CUDA context");
             let t = Instant::now();
-            // SAFETY: a live mapping, unregistered below before it is unmapped.
+            // SAFETY: a live mapping (`region`), unregistered below before it is unmapped.
             check(
-                unsafe {
-                    sys::cuMemHostRegister_v2(region.addr as *mut c_void, bytes, sys::CU_MEMHOSTREGISTER_PORTABLE)
-                },
+                unsafe { sys::cuMemHostRegister_v2(addr as *mut c_void, bytes, sys::CU_MEMHOSTREGISTER_PORTABLE) },
                 "cuMemHostRegister",
             );
             let register_s = t.elapsed().as_secs_f64();
@@ -312,7 +261,7 @@ fn first_touch(ctx: &CudaContext, gib: f64) {
         }
         for region in &kept {
             // SAFETY: registered above.
-            let _ = unsafe { sys::cuMemHostUnregister(region.addr as *mut c_void) };
+            let _ = unsafe { sys::cuMemHostUnregister(region.data_ptr()) };
         }
     }
 }

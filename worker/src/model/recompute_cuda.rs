@@ -505,14 +505,14 @@ impl NodeKernels {
         let Some(p) = Precision::of(x.kind()) else { return Ok(Outcome::Declined) };
         let cols = out.numel() as i64;
         let rows = if cols > 0 { x.numel() as i64 / cols } else { 0 };
-        let ok = |t: &Tensor| t.kind() == x.kind() && t.is_contiguous() && aligned(t) && t.numel() == x.numel();
+        let n = x.numel() as i64;
+        let ok = |t: &Tensor| holds(t, x.kind(), n) && aligned(t);
         if rows == 0
-            || x.numel() as i64 != rows * cols
+            || n != rows * cols
             || cols % p.vector() != 0
             || !ok(x)
             || !gelu.is_none_or(|(h, act)| ok(h) && ok(act))
-            || out.kind() != x.kind()
-            || !out.is_contiguous()
+            || !holds(out, x.kind(), cols)
         {
             return Ok(Outcome::Declined);
         }

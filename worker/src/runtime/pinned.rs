@@ -134,7 +134,7 @@ pub fn pin_all(gpu: &Gpu, tensors: &[&Tensor]) -> Result<Vec<Pinned>, PinError> 
     gpu.ctx.bind_to_thread().map_err(PinError::Context)?;
     let pins = tensors.iter().filter_map(|t| register(t.shallow_clone()).transpose()).collect();
     tracing::debug!(
-        bytes = tensors.iter().map(|t| t.numel() * t.kind().elt_size_in_bytes()).sum::<usize>(),
+        bytes = tensors.iter().map(|t| bytes_of(t)).sum::<usize>(),
         tensors = tensors.len(),
         fault_in_ms,
         register_ms = t.elapsed().as_secs_f64() * 1e3 - fault_in_ms,
@@ -150,11 +150,11 @@ pub(crate) fn fault_in(tensors: &[&Tensor]) -> Result<(), PinError> {
 }
 
 fn fault_in_by(tensors: &[&Tensor], by: FaultBy) -> Result<(), PinError> {
-    let bytes = tensors.iter().map(|t| t.numel() * t.kind().elt_size_in_bytes()).sum();
+    let bytes = tensors.iter().map(|t| bytes_of(t)).sum();
     let pieces: Vec<(usize, usize)> = tensors
         .iter()
         .flat_map(|t| {
-            let (addr, bytes) = (t.data_ptr() as usize, t.numel() * t.kind().elt_size_in_bytes());
+            let (addr, bytes) = (t.data_ptr() as usize, bytes_of(t));
             (0..bytes).step_by(PREFAULT_PIECE).map(move |off| (addr + off, PREFAULT_PIECE.min(bytes - off)))
         })
         .collect();
@@ -162,31 +162,42 @@ fn fault_in_by(tensors: &[&Tensor], by: FaultBy) -> Result<(), PinError> {
         // The error names all that was being faulted in: an out-of-memory result's request.
         FaultBy::Populate => populate(addr, len).map_err(|source| PinError::FaultIn { bytes, source }),
         FaultBy::Write => {
-            write_each_page(addr, len);
+            // SAFETY: a piece of a live tensor of `tensors`, which nothing else accesses during
+            // this call; the pieces are disjoint.
+            unsafe { write_each_page(addr, len) };
             Ok(())
         }
     })
 }
 
-/// `MADV_POPULATE_WRITE` over the pages holding `len` bytes at `addr` (the advice takes whole
-/// pages; the pages around a piece belong to the same live allocation, and the advice changes no
-/// byte of them).
-fn populate(addr: usize, len: usize) -> Result<(), io::Error> {
+/// The bytes a tensor's elements take.
+pub(crate) fn bytes_of(t: &Tensor) -> usize {
+    t.numel() * t.kind().elt_size_in_bytes()
+}
+
+/// `MADV_POPULATE_WRITE` over the pages holding `len` bytes at `addr`: the kernel faults them in
+/// writable and no byte changes (the advice takes whole pages; those around a tensor's bytes belong
+/// to the same live allocation). An unmapped or read-only range is an error.
+/// `examples/pin_bench` times it as the engine calls it.
+pub fn populate(addr: usize, len: usize) -> Result<(), io::Error> {
     let start = addr / PAGE * PAGE;
     let end = (addr + len).next_multiple_of(PAGE);
-    // SAFETY: advice on mapped pages of a live tensor; it faults them in and writes nothing.
+    // SAFETY: advice only: it faults pages in and writes nothing; the kernel checks the range.
     match unsafe { libc::madvise(start as *mut c_void, end - start, libc::MADV_POPULATE_WRITE) } {
         0 => Ok(()),
         _ => Err(io::Error::last_os_error()),
     }
 }
 
-/// [`FaultBy::Write`] over `len` bytes at `addr`: one byte per page from the first, and the last
-/// byte (the piece need not start on a page boundary).
-fn write_each_page(addr: usize, len: usize) {
+/// [`FaultBy::Write`] over `len` (> 0) bytes at `addr`: one byte per page from the first, and the
+/// last byte (the range need not start on a page boundary). `examples/pin_bench` times it as the
+/// engine calls it.
+///
+/// # Safety
+/// The range is live, writable memory that no other thread accesses during the call.
+pub unsafe fn write_each_page(addr: usize, len: usize) {
     for page in (addr..addr + len).step_by(PAGE).chain(std::iter::once(addr + len - 1)) {
-        // SAFETY: a byte inside a live tensor being faulted in, which nothing else accesses
-        // during the fault-in; each byte is touched by one thread.
+        // SAFETY: a byte of the range, which the caller guarantees; one compare-and-swap each.
         let byte = unsafe { AtomicU8::from_ptr(page as *mut u8) };
         let _ = byte.compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
     }
@@ -194,7 +205,7 @@ fn write_each_page(addr: usize, len: usize) {
 
 fn register(t: Tensor) -> Result<Option<Pinned>, PinError> {
     assert!(t.device() == Device::Cpu && t.is_contiguous(), "only contiguous host tensors are page-locked");
-    let bytes = t.numel() * t.kind().elt_size_in_bytes();
+    let bytes = bytes_of(&t);
     if bytes == 0 {
         return Ok(None); // nothing to lock, and CUDA refuses a zero-length range
     }
@@ -213,10 +224,6 @@ mod tests {
     use crate::failure::Failure;
 
     const HUGE: usize = 2 << 20;
-
-    fn bytes_of(t: &Tensor) -> usize {
-        t.numel() * t.kind().elt_size_in_bytes()
-    }
 
     /// How many of the pages holding `t` are resident (`mincore`).
     fn resident_pages(t: &Tensor) -> (usize, usize) {

@@ -34,6 +34,9 @@ pub type LnBackwardFn = unsafe extern "C" fn(
     usize,
 ) -> c_int;
 
+/// A kernel of one input and one output tensor: `(input, output, stream, err, cap)`.
+pub type TwoTensorFn = unsafe extern "C" fn(CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
+
 /// The GELU's fused backward kernel, as [`NodeKernelFns::gelu_backward_col_sum`] describes it.
 pub type GeluBackwardFn =
     unsafe extern "C" fn(CTensor, CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
@@ -63,9 +66,9 @@ pub struct NodeKernelFns {
     /// `(dy, x, mean, rstd, gamma, dx, dgamma, dbeta, stream, err, cap)`.
     pub ln_backward: Option<LnBackwardFn>,
     /// `(x, out, stream, err, cap)`: `out` = the sums of `x`'s columns.
-    pub col_sum: Option<unsafe extern "C" fn(CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int>,
+    pub col_sum: Option<TwoTensorFn>,
     /// `(h, a, stream, err, cap)`: `a` = `gelu_tanh(h)`.
-    pub gelu_forward: Option<unsafe extern "C" fn(CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int>,
+    pub gelu_forward: Option<TwoTensorFn>,
     /// `(g, h, act, out, stream, err, cap)`: `act` = `gelu_tanh(h)`, `g` = `gelu_tanh'(h) · g`,
     /// then `out` = its column sums.
     pub gelu_backward_col_sum: Option<GeluBackwardFn>,

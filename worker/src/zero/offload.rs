@@ -104,13 +104,7 @@ impl HostState {
     }
 
     pub fn bytes(&self) -> u64 {
-        let b = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
-        b(&self.master)
-            + b(&self.exp_avg)
-            + b(&self.exp_avg_sq)
-            + b(&self.grad)
-            + self.grad_acc.as_ref().map_or(0, b)
-            + self.param.as_ref().map_or(0, b)
+        self.tensors().into_iter().map(|t| pinned::bytes_of(t) as u64).sum()
     }
 
     /// Adds the landed shard into the accumulator (or starts it, at the first micro-step).
