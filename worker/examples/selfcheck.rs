@@ -193,7 +193,6 @@ fn pinned_round_trip(r: &mut Report, gpu: &Arc<cuda::Gpu>, comm: &mut NcclCollec
     let host_in = pinned::host_zeros(n, Kind::BFloat16).expect("host buffer");
     host_in.shallow_clone().copy_(&src);
     let host_out = pinned::host_zeros(n, Kind::BFloat16).expect("host buffer");
-    let _ = host_out.shallow_clone().fill_(0.0);
     let _pins = pinned::pin_all(gpu, &[&host_in, &host_out]).expect("page-locked");
     let dev = Tensor::zeros([n], (Kind::BFloat16, Device::Cuda(0)));
     let (p, read) = comm.copy_to_device(&host_in, &dev).expect("h2d");
@@ -235,7 +234,7 @@ fn upload_order(r: &mut Report, gpu: &Arc<cuda::Gpu>, comm: &mut NcclCollectives
     );
 }
 
-/// Offload's host state set up page-locked (its pages faulted in by writing zeros): the master
+/// Offload's host state set up page-locked (its pages faulted in by the kernel): the master
 /// weights and the bf16 parameters hold the shard, the moments, gradient and accumulator are zero.
 /// The state comes from fresh mappings the kernel gives zeroed; that nothing writes them before
 /// the fault-in and that the fault-in changes no byte are the unit tests
