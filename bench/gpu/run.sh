@@ -71,6 +71,10 @@
 #                (runs/cm-holdout); one-GPU runs one at a time (CM_PARALLEL=2: two at once on two
 #                GPUs; CM_SETS="fit" or "holdout" runs one set, CM_MATCH='gpt2*' the runs so named,
 #                CM_LANES=any the one-GPU runs without host work)
+#   launch-cpu   one GPU: launch-bound configurations, a device-bound one and an offloaded one
+#                (LC_CASES, MODEL:MICRO_BATCH:SEQ:STAGE[:OFFLOAD]) with --launch-cpu none and auto
+#                alternating (LC_REPS rounds, default 3, the order turned each round); writes
+#                launch-cpu.json (bench/gpu/report_launch_cpu.py)
 #   binding      how steady launch-bound steps are (NOISE_RUNS, one-GPU costmodel runs by name): each
 #                run NOISE_REPS times alone, two at once (one per GPU, as costmodel's CM_PARALLEL=2
 #                runs them) free on the host, and two at once each bound to its GPU's local CPUs
@@ -377,6 +381,21 @@ print(json.dumps({"benchmark": "bench/gpu/run.sh same-speed", "commit": commit, 
                   "cases": out}, indent=1))
 PY
       log "same-speed: $(python3 -c 'import json,sys; print([(c["case"], c["ratio_new_over_base"]) for c in json.load(open(sys.argv[1]))["cases"]])' "$OUTDIR/same-speed.json")" ;;
+    launch-cpu)
+      mkdir -p "$RUNS/lc"
+      for rep in $(seq "${LC_REPS:-3}"); do
+        for c in ${LC_CASES:-gpt2:1:256:0 gpt2:16:1024:0 gpt2:4:1024:3 t5-small:1:256:0 t5-large:1:1024:0 tiny-llama:4:1024:0 gpt2-medium:16:1024:0 gpt2-medium:4:1024:2:optimizer}; do
+          IFS=: read -r m mb s z off <<< "$c"
+          extra=(); [ -z "$off" ] || extra=(--offload "$off")
+          order="none auto"; [ $((rep % 2)) = 1 ] || order="auto none"
+          for lc in $order; do
+            WORKER_TIMEOUT=180 worker "lc/${m}_z${z}_mb${mb}_s${s}${off:+_offload-$off}_${lc}_${rep}" 1 --model "$m" \
+              --stage "$z" --micro-batch "$mb" --seq-len "$s" --steps "${LC_STEPS:-60}" --warmup 10 --launch-cpu "$lc" "${extra[@]}"
+          done
+        done
+      done
+      python3 bench/gpu/report_launch_cpu.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" > "$OUTDIR/launch-cpu.json"
+      log "launch-cpu: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUTDIR/launch-cpu.json")" ;;
     binding)
       # gpu_cpus I: the CPUs local to GPU I (its PCI device's local_cpulist), or all of them.
       gpu_cpus() {

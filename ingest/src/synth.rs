@@ -216,6 +216,7 @@ impl SynthRun {
                 total_memory_bytes: Some(80 << 30),
                 cuda_visible_devices: None,
                 threads: 4,
+                launch_cpu: None,
             },
             comm_backend: if self.world_size > 1 { "nccl".into() } else { "none".into() },
             versions: Versions { zerobench: "0.1.0".into(), libtorch: "2.11.0".into(), ..Versions::default() },

@@ -165,6 +165,11 @@ pub struct DeviceInfo {
     pub cuda_visible_devices: Option<String>,
     /// Intra-op threads libtorch uses on this rank.
     pub threads: u32,
+    /// The CPU this rank's launching threads (the main thread and libtorch's autograd thread)
+    /// share from the first backward pass on (`--launch-cpu`); absent where they run free (CPU
+    /// runs, `--launch-cpu none`, logs of versions before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_cpu: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -696,6 +701,7 @@ mod tests {
                 total_memory_bytes: None,
                 cuda_visible_devices: None,
                 threads: 1,
+                launch_cpu: None,
             },
             comm_backend: "mpi".into(),
             versions: Versions::default(),

@@ -255,6 +255,8 @@ fn bad_flags_fail_before_any_work_and_name_the_flag() {
         (&["--model", "mlp", "--stage", "1", "--data", "text.txt"], "--data"),
         (&["--model", "tiny", "--stage", "0", "--threads", "0"], "--threads"),
         (&["--model", "tiny", "--stage", "0", "--threads", "100000"], "--threads"),
+        (&["--model", "tiny", "--stage", "0", "--launch-cpu", "first"], "--launch-cpu"),
+        (&["--model", "tiny", "--stage", "0", "--device", "cpu", "--launch-cpu", "0"], "--launch-cpu"),
         (&["--model", "tiny", "--stage", "0", "--beta1", "2"], "--beta1"),
         (&["--model", "tiny", "--stage", "0", "--beta2", "1"], "--beta2"),
         (&["--model", "tiny", "--stage", "0", "--eps", "0"], "--eps"),

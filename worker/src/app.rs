@@ -27,6 +27,7 @@ use crate::metrics::gpu_monitor::GpuMonitor;
 use crate::metrics::memory::MemoryProbe;
 use crate::metrics::timeline::{write_chrome_trace, Timeline};
 use crate::model::Model;
+use crate::runtime::cpus::{CpuError, LaunchCpu};
 use crate::runtime::cuda::{ComputeStream, Gpu};
 use crate::runtime::guard::Guard;
 use crate::runtime::identity::{self, Identity};
@@ -43,6 +44,9 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
         if threads as usize > most {
             return Err(Refused::Threads { threads, most }.into());
         }
+    }
+    if let (DeviceRequest::Cpu, LaunchCpu::Cpu(cpu)) = (cfg.device, args.launch_cpu) {
+        return Err(Refused::LaunchCpuWithoutGpu(cpu).into());
     }
     // Refuse what the worker cannot build before any rank starts communicating.
     let model = model::build(&cfg.model.spec()).map_err(Refused::Model)?;
@@ -192,13 +196,14 @@ fn run_logged(
     let (comm, group) = communicators(cfg, host, gpu.as_ref())?;
     let monitor = gpu.as_ref().and_then(|g| g.uuid()).and_then(|u| GpuMonitor::open(&u)).map(Arc::new);
     let threads = set_threads(args, cfg, ident, gpu.is_some());
+    let launch_cpu = launch_cpu(args.launch_cpu, ident, gpu.is_some())?;
     let cuda_index = match device {
         Device::Cuda(i) => Some(i),
         _ => None,
     };
     progress.cuda_device = cuda_index;
     guard.set_cuda_device(cuda_index);
-    let start = start_record(&rank, gpu.as_ref(), cuda_index, visible, threads, comm.backend());
+    let start = start_record(&rank, gpu.as_ref(), cuda_index, visible, threads, launch_cpu, comm.backend());
     log.write(&Record::Start(start)).map_err(|e| Failure::Io(e.to_string()))?;
     let data = training_data(cfg, ident, device)?;
     let expected = expected_states(cfg, ident);
@@ -234,6 +239,7 @@ fn run_logged(
         guard,
         probe: &probe,
         monitor,
+        launch_cpu,
         gpu: gpu.clone(),
         clock: StepClock::new(gpu.clone()),
         observe: Observe {
@@ -345,13 +351,27 @@ fn set_threads(args: &cli::Args, cfg: &RunConfig, ident: &Identity, on_gpu: bool
     threads
 }
 
-/// The rank's `start` record: who it is, what it runs, on what, with which versions.
+/// The CPU a GPU rank's launching threads are pinned to from its first backward pass, if any.
+fn launch_cpu(choice: LaunchCpu, ident: &Identity, on_gpu: bool) -> Result<Option<usize>, Failure> {
+    match (on_gpu, choice) {
+        (false, LaunchCpu::Cpu(cpu)) => Err(Refused::LaunchCpuWithoutGpu(cpu).into()),
+        (false, _) => Ok(None),
+        (true, choice) => runtime::cpus::launch_cpu(choice, ident.local_rank, ident.local_size).map_err(|e| match e {
+            e @ CpuError::NotAllowed { .. } => Refused::LaunchCpu(e).into(),
+            e => Failure::Internal(e.to_string()),
+        }),
+    }
+}
+
+/// The rank's `start` record: who it is, what it runs, on what (with its intra-op threads and
+/// the CPU of its launching threads), with which versions.
 fn start_record(
     rank: &Rank<'_>,
     gpu: Option<&Arc<Gpu>>,
     cuda_index: Option<usize>,
     visible: Option<String>,
     threads: u32,
+    launch_cpu: Option<usize>,
     backend: &str,
 ) -> Start {
     let (cfg, ident) = (rank.cfg, rank.ident);
@@ -389,6 +409,7 @@ fn start_record(
             total_memory_bytes,
             cuda_visible_devices: if on_gpu { visible } else { None },
             threads,
+            launch_cpu: launch_cpu.map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
         },
         comm_backend: backend.into(),
         versions: Versions {

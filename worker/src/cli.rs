@@ -13,6 +13,7 @@ use clap::Parser;
 use zerobench_schema::config::{EngineConfig, OptimConfig};
 use zerobench_schema::{DeviceRequest, ModelPreset, Offload, Precision, RunConfig, ZeroStage};
 
+use crate::runtime::cpus::LaunchCpu;
 use crate::runtime::launch_env::Rendezvous;
 
 /// One rank of a zerobench run: trains a model with a ZeRO stage and logs what it costs.
@@ -89,6 +90,11 @@ pub struct Args {
     /// cores the launcher bound this rank to, else this host's cores divided among its ranks].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
+    /// The CPU this rank's launching threads (this one and libtorch's autograd thread) share from
+    /// the first backward pass on, on a GPU: `auto`, the last CPU of the rank's share of those it
+    /// may run on; `none`, free on all of them; or a CPU number [default: auto].
+    #[arg(long, default_value = "auto")]
+    pub launch_cpu: LaunchCpu,
     /// Write a Chrome/Perfetto trace of the first measured steps to <log-dir>/trace-rank<N>.json.
     #[arg(long)]
     pub trace: bool,

@@ -14,6 +14,7 @@ use zerobench_schema::log::ErrorClass;
 use zerobench_schema::ConfigError;
 
 use crate::comm::CommError;
+use crate::runtime::cpus::CpuError;
 use crate::runtime::device::DeviceError;
 use crate::runtime::launch_env;
 use crate::runtime::pinned::PinError;
@@ -44,6 +45,11 @@ pub enum Refused {
     Threads { threads: u32, most: usize },
     #[error("invalid --model: {0}")]
     Model(String),
+    /// A `--launch-cpu` this rank may not run on.
+    #[error(transparent)]
+    LaunchCpu(CpuError),
+    #[error("--launch-cpu {0} places the threads that launch a GPU's work, and this run has no GPU")]
+    LaunchCpuWithoutGpu(usize),
     /// The launch's flags or environment (not the ranks failing to reach each other).
     #[error(transparent)]
     Launch(JoinError),
@@ -191,7 +197,7 @@ mod tests {
     /// Every refusal is a config failure (exit 2) and says what to change.
     #[test]
     fn refusals_exit_2_and_say_why() {
-        let cases: [(Refused, &str); 4] = [
+        let cases: [(Refused, &str); 5] = [
             (ConfigError::new("warmup", "leaves no step").into(), "invalid --warmup: leaves no step"),
             (Refused::Threads { threads: 99, most: 8 }, "--threads 99 is more than 4 per core of this host (8)"),
             (
@@ -202,6 +208,7 @@ mod tests {
                 Refused::LocalRank { hint: Some(0), local_rank: 1, local_size: 2 },
                 "the launcher gave local rank 0 (LOCAL_RANK), but this is rank 1",
             ),
+            (Refused::LaunchCpuWithoutGpu(3), "--launch-cpu 3 places the threads that launch a GPU's work"),
         ];
         for (refused, says) in cases {
             let f = Failure::from(refused);

@@ -62,6 +62,8 @@ pub struct Trainer<'a> {
     pub guard: &'a Guard,
     pub probe: &'a MemoryProbe,
     pub monitor: Option<Arc<GpuMonitor>>,
+    /// The CPU the launching threads move to after the first backward pass (runtime::cpus).
+    pub launch_cpu: Option<usize>,
     /// The rank's GPU, when it has one.
     pub gpu: Option<Arc<Gpu>>,
     pub clock: SharedClock,
@@ -127,6 +129,9 @@ impl Trainer<'_> {
                         self.clock.stop()?;
                     }
                 }
+            }
+            if step == 0 {
+                self.pin_launch_threads()?;
             }
             self.clock.start(StepPhase::Optimizer)?;
             let opt_start = self.mark()?;
@@ -254,6 +259,15 @@ impl Trainer<'_> {
             samples,
             eval_ms: ms_between(start, Instant::now()),
         })
+    }
+
+    /// Moves this thread and libtorch's autograd thread, which the first backward pass started,
+    /// onto the launch CPU (runtime::cpus says why).
+    fn pin_launch_threads(&self) -> Result<(), Failure> {
+        let Some(cpu) = self.launch_cpu else { return Ok(()) };
+        let autograd = crate::runtime::cpus::pin_launch_threads(cpu).map_err(|e| Failure::Internal(e.to_string()))?;
+        tracing::debug!(cpu, autograd_threads = autograd, "launching threads pinned");
+        Ok(())
     }
 
     /// The log thread of this run: step records get NVML's readings there.

@@ -1,4 +1,5 @@
-//! How many threads a rank computes with (libtorch's intra-op pool, the CPU AdamW of offload).
+//! Where a rank's threads run: how many threads it computes with (libtorch's intra-op pool, the
+//! CPU AdamW of offload), and the one CPU its launching threads share on a GPU.
 //!
 //! A launcher either gives each rank cores of its own (`srun --cpus-per-task`, Open MPI's
 //! `--map-by ...:PE=N`: the rank's CPU affinity is a subset of the host) or leaves every rank free
@@ -7,6 +8,154 @@
 //! cores in every rank would oversubscribe them. A Slurm job confined to its CPUs without
 //! per-task binding looks like the first case to every rank (a subset of the host, the same one);
 //! inside a step, `SLURM_CPUS_PER_TASK` caps each rank at its share then.
+//!
+//! **The launching threads.** A GPU step is launched from two threads: this one (forward, the
+//! optimizer) and libtorch's autograd thread for the GPU, which runs every backward pass. The
+//! trainer calls backward once per segment, so each step hands over between the two threads twice
+//! per segment. Left free, the other thread is usually asleep on another CPU, and on a virtual
+//! machine waking it costs far more than a switch on one CPU: one H100 VM ran gpt2 at micro-batch
+//! 1 in 16.5-21.9 ms per step with the two free and 12.6-12.9 ms once both were moved onto one CPU
+//! mid-run (docs/worker.md). So from the first backward pass on, both run on one CPU of the rank's
+//! share ([`LaunchCpu`]). Threads created before that (the log writer, the rayon pool, offload's
+//! host thread, NCCL's) keep the rank's whole affinity; libtorch's intra-op pool is started
+//! before the pinning so that its threads do too (a thread inherits its creator's affinity).
+
+use std::io;
+use std::str::FromStr;
+
+/// The prefix of libtorch's autograd threads' names (`pt_autograd_<device>`, one per visible
+/// GPU, started by the first backward pass that touches a GPU).
+pub const AUTOGRAD_THREAD_PREFIX: &str = "pt_autograd_";
+
+/// `--launch-cpu`: where a GPU rank's launching threads run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchCpu {
+    /// One CPU of the rank's share: the last of its slice of the CPUs it may run on.
+    Auto,
+    /// Free on every CPU the rank may run on, as any other thread.
+    Free,
+    /// This CPU, which must be one the rank may run on.
+    Cpu(usize),
+}
+
+impl FromStr for LaunchCpu {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "none" => Ok(Self::Free),
+            n => n.parse().map(Self::Cpu).map_err(|_| format!("'{n}' is not auto, none or a CPU number")),
+        }
+    }
+}
+
+/// Why the launching threads could not be given their CPU.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    #[error("--launch-cpu {cpu} is not among the CPUs this rank may run on ({allowed})")]
+    NotAllowed { cpu: usize, allowed: String },
+    #[error("cannot read this process's CPU affinity")]
+    NoAffinity,
+    #[error("no thread named {prefix}* in this process to pin: has libtorch renamed its autograd threads?")]
+    NoThread { prefix: &'static str },
+    #[error("cannot list this process's threads: {0}")]
+    Threads(io::Error),
+    #[error("cannot pin thread {tid} to CPU {cpu}: {source}")]
+    Pin { tid: i32, cpu: usize, source: io::Error },
+}
+
+/// The CPU a GPU rank's launching threads are to run on, or None when left free: the rank's
+/// slice of the CPUs it may run on, by local rank (ranks free on a host get different CPUs; ranks
+/// bound to cores of their own get one of theirs), and of that slice the last CPU (the first
+/// CPUs of a host take most interrupts).
+pub fn launch_cpu(choice: LaunchCpu, local_rank: u32, local_size: u32) -> Result<Option<usize>, CpuError> {
+    let allowed = affinity_set().ok_or(CpuError::NoAffinity)?;
+    choose(choice, &allowed, local_rank, local_size)
+}
+
+fn choose(choice: LaunchCpu, allowed: &[usize], local_rank: u32, local_size: u32) -> Result<Option<usize>, CpuError> {
+    match choice {
+        LaunchCpu::Free => Ok(None),
+        LaunchCpu::Cpu(cpu) if allowed.contains(&cpu) => Ok(Some(cpu)),
+        LaunchCpu::Cpu(cpu) => Err(CpuError::NotAllowed { cpu, allowed: ranges(allowed) }),
+        LaunchCpu::Auto => {
+            let (n, size) = (allowed.len(), local_size.max(1) as usize);
+            let end = ((local_rank as usize % size + 1) * n / size).max(1);
+            Ok(allowed.get(end - 1).copied())
+        }
+    }
+}
+
+/// Pins the calling thread and libtorch's autograd threads to `cpu`; returns how many autograd
+/// threads it found. Call it after a backward pass on the GPU (which starts them).
+pub fn pin_launch_threads(cpu: usize) -> Result<usize, CpuError> {
+    // The intra-op pool starts with its first parallel region, from this thread: start it now,
+    // while this thread may still run anywhere, or its threads would all share `cpu`.
+    let _ = tch::Tensor::ones([1 << 17], (tch::Kind::Float, tch::Device::Cpu)).sum(tch::Kind::Float);
+    pin_named(AUTOGRAD_THREAD_PREFIX, cpu)
+}
+
+/// Pins the calling thread and every thread of this process whose name starts with `prefix`.
+fn pin_named(prefix: &'static str, cpu: usize) -> Result<usize, CpuError> {
+    let named: Vec<i32> = std::fs::read_dir("/proc/self/task")
+        .map_err(CpuError::Threads)?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|tid: &i32| {
+            std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .collect();
+    if named.is_empty() {
+        return Err(CpuError::NoThread { prefix });
+    }
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() };
+    for &tid in named.iter().chain([&me]) {
+        pin(tid, cpu)?;
+    }
+    Ok(named.len())
+}
+
+fn pin(tid: i32, cpu: usize) -> Result<(), CpuError> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays within it for cpu < CPU_SETSIZE,
+    // which every CPU this process may run on is.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(CpuError::Pin { tid, cpu, source: io::Error::last_os_error() })
+    }
+}
+
+/// The CPUs this process may run on, in increasing order.
+fn affinity_set() -> Option<Vec<usize>> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it for this thread, and
+    // CPU_ISSET reads within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
+            .then(|| (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect())
+    }
+}
+
+/// "0-3,8" for [0, 1, 2, 3, 8].
+fn ranges(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j { cpus[i].to_string() } else { format!("{}-{}", cpus[i], cpus[j]) });
+        i = j + 1;
+    }
+    out.join(",")
+}
 
 /// The rank's default thread count.
 pub fn default_threads(local_size: u32) -> u32 {
@@ -47,7 +196,7 @@ fn online_cpus() -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::threads_for;
+    use super::*;
 
     #[test]
     fn ranks_free_on_the_host_share_its_cores() {
@@ -73,5 +222,94 @@ mod tests {
     fn a_cpu_quota_without_binding_is_shared() {
         // A container limited to 4 CPUs of a free 32-core host.
         assert_eq!(threads_for(Some(32), Some(32), 4, 2, None), 2);
+    }
+
+    #[test]
+    fn the_launch_cpu_is_the_last_of_the_ranks_share() {
+        let host: Vec<usize> = (0..16).collect();
+        assert_eq!(choose(LaunchCpu::Auto, &host, 0, 1).unwrap(), Some(15));
+        assert_eq!(choose(LaunchCpu::Auto, &host, 0, 2).unwrap(), Some(7));
+        assert_eq!(choose(LaunchCpu::Auto, &host, 1, 2).unwrap(), Some(15));
+        // Bound to cores of its own by the launcher: one of them, whatever its local rank.
+        assert_eq!(choose(LaunchCpu::Auto, &[8, 9, 10, 11], 1, 2).unwrap(), Some(11));
+        // Not contiguous, fewer CPUs than ranks: still one the rank may run on.
+        assert_eq!(choose(LaunchCpu::Auto, &[2, 3, 8, 9], 0, 2).unwrap(), Some(3));
+        assert_eq!(choose(LaunchCpu::Auto, &[2, 3], 0, 4).unwrap(), Some(2));
+        assert_eq!(choose(LaunchCpu::Auto, &[2, 3], 3, 4).unwrap(), Some(3));
+        assert_eq!(choose(LaunchCpu::Free, &host, 0, 1).unwrap(), None);
+        assert_eq!(choose(LaunchCpu::Cpu(4), &host, 0, 1).unwrap(), Some(4));
+    }
+
+    #[test]
+    fn a_launch_cpu_the_rank_may_not_run_on_is_refused() {
+        let e = choose(LaunchCpu::Cpu(5), &[0, 1, 2, 3, 8], 0, 1).unwrap_err();
+        assert_eq!(e.to_string(), "--launch-cpu 5 is not among the CPUs this rank may run on (0-3,8)");
+    }
+
+    #[test]
+    fn launch_cpu_parses_auto_none_and_numbers() {
+        assert_eq!("auto".parse::<LaunchCpu>(), Ok(LaunchCpu::Auto));
+        assert_eq!("none".parse::<LaunchCpu>(), Ok(LaunchCpu::Free));
+        assert_eq!("7".parse::<LaunchCpu>(), Ok(LaunchCpu::Cpu(7)));
+        assert!("-1".parse::<LaunchCpu>().is_err());
+        assert!("all".parse::<LaunchCpu>().is_err());
+    }
+
+    fn affinity_of(tid: i32) -> Vec<usize> {
+        // SAFETY: as in affinity_set, for another thread of this process.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
+            (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+        }
+    }
+
+    /// The named threads and the caller end up on the one CPU; other threads keep theirs.
+    #[test]
+    fn pinning_moves_the_named_threads_and_the_caller_only() {
+        use std::sync::mpsc::{channel, Sender};
+        let cpu = *affinity_set().unwrap().last().unwrap();
+        // Each thread sends its id, then waits until its sender of `stop` is dropped.
+        let spawn = |name: &str| -> (i32, Sender<()>, std::thread::JoinHandle<()>) {
+            let (tid_tx, tid_rx) = channel();
+            let (stop, wait) = channel::<()>();
+            let t = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || {
+                    // SAFETY: gettid has no preconditions.
+                    tid_tx.send(unsafe { libc::gettid() }).unwrap();
+                    let _ = wait.recv();
+                })
+                .unwrap();
+            (tid_rx.recv().unwrap(), stop, t)
+        };
+        let (named, stop_a, a) = spawn("zbtest_pin_a");
+        let (other, stop_b, b) = spawn("zbtest_other");
+        let other_before = affinity_of(other);
+        let pinned = std::thread::spawn(move || {
+            let n = pin_named("zbtest_pin", cpu).unwrap();
+            // SAFETY: gettid has no preconditions.
+            (n, affinity_of(unsafe { libc::gettid() }))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(pinned, (1, vec![cpu]), "one named thread, and the caller on the CPU");
+        assert_eq!(affinity_of(named), vec![cpu]);
+        assert_eq!(affinity_of(other), other_before);
+        drop((stop_a, stop_b));
+        a.join().unwrap();
+        b.join().unwrap();
+    }
+
+    #[test]
+    fn pinning_without_the_named_threads_is_an_error() {
+        let e = pin_named("zbtest_nobody", 0).unwrap_err();
+        assert!(e.to_string().starts_with("no thread named zbtest_nobody* in this process"), "{e}");
+    }
+
+    #[test]
+    fn ranges_are_written_compactly() {
+        assert_eq!(ranges(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(ranges(&[]), "");
     }
 }
