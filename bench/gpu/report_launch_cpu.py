@@ -1,13 +1,13 @@
 """Reads the runs of `bench/gpu/run.sh launch-cpu` and prints, per configuration, the steps with the
-launching threads free (`--launch-cpu none`) and on one CPU (`--launch-cpu auto`).
+launching threads free (`--launch-cpu none`) and on one CPU (`--launch-cpu auto`, or a CPU number).
 
     python3 bench/gpu/report_launch_cpu.py RUNS HOST.txt COMMIT > launch-cpu.json
 
-Run folders are `lc/<configuration>_<none|auto>_<round>`; the two settings alternate within each
+Run folders are `lc/<configuration>_<none|auto|CPU>_<round>`; the settings take turns within each
 round. Per configuration and setting: every run's median step (of its measured steps) and its
 coefficient of variation over them, the median of the runs' medians, and the spread between runs
-(largest median over smallest, minus one). Per configuration: auto over none (median over median)
-and the range of the paired ratios, round by round. A run that failed shows as null."""
+(largest median over smallest, minus one). Per configuration and setting other than none: its
+median over none's, and the range of the paired ratios, round by round. A run that failed shows as null."""
 import glob
 import json
 import os
@@ -17,7 +17,6 @@ import sys
 
 from common import json_lines
 
-SETTINGS = ("none", "auto")
 
 
 def run_summary(run_dir):
@@ -37,37 +36,40 @@ def run_summary(run_dir):
 
 def main():
     runs, host, commit = sys.argv[1:4]
-    cases = {}
+    cases, settings = {}, set()
     for d in sorted(glob.glob(os.path.join(runs, "lc", "*"))):
-        m = re.fullmatch(r"(.+)_(none|auto)_(\d+)", os.path.basename(d))
+        m = re.fullmatch(r"(.+)_(none|auto|\d+)_(\d+)", os.path.basename(d))
         if not m or not os.path.isdir(d):
             continue
         name, setting, rnd = m.groups()
+        settings.add(setting)
         cases.setdefault(name, {}).setdefault(setting, {})[int(rnd)] = run_summary(d)
-    table, ratios = [], []
+    # none first, then auto, then CPU numbers
+    settings = sorted(settings, key=lambda s: (s != "none", s != "auto", int(s) if s.isdigit() else 0))
+    table = []
     for name, by in sorted(cases.items()):
         row = {"configuration": name}
-        for setting in SETTINGS:
+        for setting in settings:
             rs = by.get(setting, {})
             meds = [r["step_ms"] for r in rs.values() if r["step_ms"] is not None]
             row[setting] = {"runs": {str(k): v for k, v in sorted(rs.items())},
                             "median_step_ms": round(statistics.median(meds), 3) if meds else None,
                             "spread": round(max(meds) / min(meds) - 1, 4) if len(meds) > 1 else None,
                             "failed": len(rs) - len(meds)}
-        a, n = row["auto"]["median_step_ms"], row["none"]["median_step_ms"]
-        paired = [by["auto"][k]["step_ms"] / by["none"][k]["step_ms"]
-                  for k in sorted(set(by.get("auto", {})) & set(by.get("none", {})))
-                  if by["auto"][k]["step_ms"] and by["none"][k]["step_ms"]]
-        row["auto_over_none"] = round(a / n, 4) if a and n else None
-        row["paired_range"] = [round(min(paired), 4), round(max(paired), 4)] if paired else None
-        if row["auto_over_none"] is not None:
-            ratios.append(row["auto_over_none"])
+        n = row.get("none", {}).get("median_step_ms")
+        for setting in settings[1:]:
+            a = row[setting]["median_step_ms"]
+            paired = [by[setting][k]["step_ms"] / by["none"][k]["step_ms"]
+                      for k in sorted(set(by.get(setting, {})) & set(by.get("none", {})))
+                      if by[setting][k]["step_ms"] and by["none"][k]["step_ms"]]
+            row[setting]["over_none"] = round(a / n, 4) if a and n else None
+            row[setting]["paired_over_none"] = [round(min(paired), 4), round(max(paired), 4)] if paired else None
         table.append(row)
-    spreads = {s: [r[s]["spread"] for r in table if r[s]["spread"] is not None] for s in SETTINGS}
+    spreads = {s: [r[s]["spread"] for r in table if r[s]["spread"] is not None] for s in settings}
     summary = {"configurations": len(table),
-               "auto_over_none": {r["configuration"]: r["auto_over_none"] for r in table},
+               "over_none": {s: {r["configuration"]: r[s]["over_none"] for r in table} for s in settings[1:]},
                "mean_spread": {s: round(statistics.mean(v), 4) if v else None for s, v in spreads.items()},
-               "failed_runs": sum(r[s]["failed"] for r in table for s in SETTINGS)}
+               "failed_runs": sum(r[s]["failed"] for r in table for s in settings)}
     print(json.dumps({"benchmark": "bench/gpu/run.sh launch-cpu", "commit": commit,
                       "host": open(host).read().strip().splitlines(),
                       "step_time": "median of each run's measured steps (LC_STEPS, default 60, 10 warm-up)",

@@ -72,8 +72,9 @@
 #                GPUs; CM_SETS="fit" or "holdout" runs one set, CM_MATCH='gpt2*' the runs so named,
 #                CM_LANES=any the one-GPU runs without host work)
 #   launch-cpu   one GPU: launch-bound configurations, a device-bound one and an offloaded one
-#                (LC_CASES, MODEL:MICRO_BATCH:SEQ:STAGE[:OFFLOAD]) with --launch-cpu none and auto
-#                alternating (LC_REPS rounds, default 3, the order turned each round); writes
+#                (LC_CASES, MODEL:MICRO_BATCH:SEQ:STAGE[:OFFLOAD]) with each --launch-cpu of
+#                LC_SETTINGS (default "none auto"; a CPU number too) in turn (LC_REPS rounds,
+#                default 3, the order turned each round); writes
 #                launch-cpu.json (bench/gpu/report_launch_cpu.py)
 #   binding      how steady launch-bound steps are (NOISE_RUNS, one-GPU costmodel runs by name): each
 #                run NOISE_REPS times alone, two at once (one per GPU, as costmodel's CM_PARALLEL=2
@@ -387,7 +388,7 @@ PY
         for c in ${LC_CASES:-gpt2:1:256:0 gpt2:16:1024:0 gpt2:4:1024:3 t5-small:1:256:0 t5-large:1:1024:0 tiny-llama:4:1024:0 gpt2-medium:16:1024:0 gpt2-medium:4:1024:2:optimizer}; do
           IFS=: read -r m mb s z off <<< "$c"
           extra=(); [ -z "$off" ] || extra=(--offload "$off")
-          order="none auto"; [ $((rep % 2)) = 1 ] || order="auto none"
+          order=${LC_SETTINGS:-none auto}; [ $((rep % 2)) = 1 ] || order=$(tr ' ' '\n' <<< "$order" | tac | xargs)
           for lc in $order; do
             WORKER_TIMEOUT=180 worker "lc/${m}_z${z}_mb${mb}_s${s}${off:+_offload-$off}_${lc}_${rep}" 1 --model "$m" \
               --stage "$z" --micro-batch "$mb" --seq-len "$s" --steps "${LC_STEPS:-60}" --warmup 10 --launch-cpu "$lc" "${extra[@]}"
