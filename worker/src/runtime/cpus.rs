@@ -20,7 +20,6 @@
 //! host thread, NCCL's) keep the rank's whole affinity; libtorch's intra-op pool is started
 //! before the pinning so that its threads do too (a thread inherits its creator's affinity).
 
-use std::collections::BTreeMap;
 use std::io;
 use std::str::FromStr;
 
@@ -31,7 +30,7 @@ pub const AUTOGRAD_THREAD_PREFIX: &str = "pt_autograd_";
 /// `--launch-cpu`: where a GPU rank's launching threads run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LaunchCpu {
-    /// One CPU of the rank's share of those it may run on: the least busy since the host started.
+    /// One CPU of the rank's share: the last of its slice of the CPUs it may run on.
     Auto,
     /// Free on every CPU the rank may run on, as any other thread.
     Free,
@@ -66,55 +65,26 @@ pub enum CpuError {
     Pin { tid: i32, cpu: usize, source: io::Error },
 }
 
-/// The CPU a GPU rank's launching threads are to run on, or None when left free. `auto` takes the
-/// rank's slice of the CPUs it may run on, by local rank (ranks free on a host get different
-/// CPUs; ranks bound to cores of their own get one of theirs), and of that slice the CPU least
-/// busy since the host started (`/proc/stat`): the host's daemons and interrupts keep to the same
-/// CPUs, and a launching thread that shares a CPU with them waits behind them (one H100 host's
-/// last CPU had been busy 19.5% of the time, the others 0.7-7.5%).
+/// The CPU a GPU rank's launching threads are to run on, or None when left free: the rank's
+/// slice of the CPUs it may run on, by local rank (ranks free on a host get different CPUs; ranks
+/// bound to cores of their own get one of theirs), and of that slice the last CPU (the first
+/// CPUs of a host take most interrupts).
 pub fn launch_cpu(choice: LaunchCpu, local_rank: u32, local_size: u32) -> Result<Option<usize>, CpuError> {
     let allowed = affinity_set().ok_or(CpuError::NoAffinity)?;
-    let busy = std::fs::read_to_string("/proc/stat").map(|s| busy_fractions(&s)).unwrap_or_default();
-    choose(choice, &allowed, &busy, local_rank, local_size)
+    choose(choice, &allowed, local_rank, local_size)
 }
 
-/// `busy`: each CPU's busy fraction since boot; a CPU it lacks counts as the busiest, and of
-/// CPUs equally busy the later is taken.
-fn choose(
-    choice: LaunchCpu,
-    allowed: &[usize],
-    busy: &BTreeMap<usize, f64>,
-    local_rank: u32,
-    local_size: u32,
-) -> Result<Option<usize>, CpuError> {
+fn choose(choice: LaunchCpu, allowed: &[usize], local_rank: u32, local_size: u32) -> Result<Option<usize>, CpuError> {
     match choice {
         LaunchCpu::Free => Ok(None),
         LaunchCpu::Cpu(cpu) if allowed.contains(&cpu) => Ok(Some(cpu)),
         LaunchCpu::Cpu(cpu) => Err(CpuError::NotAllowed { cpu, allowed: ranges(allowed) }),
-        LaunchCpu::Auto if allowed.is_empty() => Ok(None),
         LaunchCpu::Auto => {
             let (n, size) = (allowed.len(), local_size.max(1) as usize);
-            let r = local_rank as usize % size;
-            let start = (r * n / size).min(n - 1);
-            let share = &allowed[start..((r + 1) * n / size).clamp(start + 1, n)];
-            let of = |c: &usize| busy.get(c).copied().unwrap_or(f64::INFINITY);
-            Ok(share.iter().rev().min_by(|a, b| of(a).total_cmp(&of(b))).copied())
+            let end = ((local_rank as usize % size + 1) * n / size).max(1);
+            Ok(allowed.get(end - 1).copied())
         }
     }
-}
-
-/// Each CPU's busy fraction since boot from `/proc/stat`'s `cpuN` lines: all but idle and
-/// iowait, over user, nice, system, idle, iowait, irq, softirq and steal.
-fn busy_fractions(stat: &str) -> BTreeMap<usize, f64> {
-    stat.lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let cpu = f.next()?.strip_prefix("cpu")?.parse().ok()?;
-            let t: Vec<u64> = f.take(8).map(|x| x.parse().ok()).collect::<Option<_>>()?;
-            let total: u64 = t.iter().sum();
-            (t.len() == 8 && total > 0).then(|| (cpu, (total - t[3] - t[4]) as f64 / total as f64))
-        })
-        .collect()
 }
 
 /// Pins the calling thread and libtorch's autograd threads to `cpu`; returns how many autograd
@@ -254,49 +224,25 @@ mod tests {
         assert_eq!(threads_for(Some(32), Some(32), 4, 2, None), 2);
     }
 
-    /// Without busy times every CPU ties: the last of the rank's share.
     #[test]
-    fn the_launch_cpu_is_one_of_the_ranks_share() {
+    fn the_launch_cpu_is_the_last_of_the_ranks_share() {
         let host: Vec<usize> = (0..16).collect();
-        let none = BTreeMap::new();
-        let pick = |allowed: &[usize], r, size| choose(LaunchCpu::Auto, allowed, &none, r, size).unwrap();
-        assert_eq!(pick(&host, 0, 1), Some(15));
-        assert_eq!(pick(&host, 0, 2), Some(7));
-        assert_eq!(pick(&host, 1, 2), Some(15));
+        assert_eq!(choose(LaunchCpu::Auto, &host, 0, 1).unwrap(), Some(15));
+        assert_eq!(choose(LaunchCpu::Auto, &host, 0, 2).unwrap(), Some(7));
+        assert_eq!(choose(LaunchCpu::Auto, &host, 1, 2).unwrap(), Some(15));
         // Bound to cores of its own by the launcher: one of them, whatever its local rank.
-        assert_eq!(pick(&[8, 9, 10, 11], 1, 2), Some(11));
+        assert_eq!(choose(LaunchCpu::Auto, &[8, 9, 10, 11], 1, 2).unwrap(), Some(11));
         // Not contiguous, fewer CPUs than ranks: still one the rank may run on.
-        assert_eq!(pick(&[2, 3, 8, 9], 0, 2), Some(3));
-        assert_eq!(pick(&[2, 3], 0, 4), Some(2));
-        assert_eq!(pick(&[2, 3], 3, 4), Some(3));
-        assert_eq!(pick(&[], 0, 1), None);
-        assert_eq!(choose(LaunchCpu::Free, &host, &none, 0, 1).unwrap(), None);
-        assert_eq!(choose(LaunchCpu::Cpu(4), &host, &none, 0, 1).unwrap(), Some(4));
-    }
-
-    /// Of the rank's share, the CPU least busy since boot; equally busy, the later one.
-    #[test]
-    fn the_launch_cpu_is_the_least_busy_of_the_share() {
-        let stat = "cpu  10 0 10 80 0 0 0 0 0 0\n\
-                    cpu0 5 0 5 90 0 0 0 0 0 0\n\
-                    cpu1 1 0 1 98 0 0 0 0 0 0\n\
-                    cpu2 1 0 0 98 0 0 1 0 0 0\n\
-                    cpu3 30 0 0 60 10 0 0 0 0 0\n\
-                    intr 12345 0 0\n";
-        let busy = busy_fractions(stat);
-        assert_eq!(busy.len(), 4, "the all-CPU line and others are not CPUs: {busy:?}");
-        assert!((busy[&3] - 0.3).abs() < 1e-12, "iowait is idle time");
-        let pick = |r, size| choose(LaunchCpu::Auto, &[0, 1, 2, 3], &busy, r, size).unwrap();
-        assert_eq!(pick(0, 1), Some(2), "cpu1 and cpu2 tie at 2%: the later");
-        assert_eq!(pick(0, 2), Some(1));
-        assert_eq!(pick(1, 2), Some(2));
-        // A CPU /proc/stat does not list counts as the busiest.
-        assert_eq!(choose(LaunchCpu::Auto, &[3, 7], &busy, 0, 1).unwrap(), Some(3));
+        assert_eq!(choose(LaunchCpu::Auto, &[2, 3, 8, 9], 0, 2).unwrap(), Some(3));
+        assert_eq!(choose(LaunchCpu::Auto, &[2, 3], 0, 4).unwrap(), Some(2));
+        assert_eq!(choose(LaunchCpu::Auto, &[2, 3], 3, 4).unwrap(), Some(3));
+        assert_eq!(choose(LaunchCpu::Free, &host, 0, 1).unwrap(), None);
+        assert_eq!(choose(LaunchCpu::Cpu(4), &host, 0, 1).unwrap(), Some(4));
     }
 
     #[test]
     fn a_launch_cpu_the_rank_may_not_run_on_is_refused() {
-        let e = choose(LaunchCpu::Cpu(5), &[0, 1, 2, 3, 8], &BTreeMap::new(), 0, 1).unwrap_err();
+        let e = choose(LaunchCpu::Cpu(5), &[0, 1, 2, 3, 8], 0, 1).unwrap_err();
         assert_eq!(e.to_string(), "--launch-cpu 5 is not among the CPUs this rank may run on (0-3,8)");
     }
 
