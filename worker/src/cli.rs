@@ -91,9 +91,11 @@ pub struct Args {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
     /// The CPU this rank's launching threads (this one and libtorch's autograd thread) share from
-    /// the first backward pass on, on a GPU: `auto`, the last CPU of the rank's share of those it
-    /// may run on; `none`, free on all of them; or a CPU number [default: auto].
-    #[arg(long, default_value = "auto")]
+    /// the first backward pass on, on a GPU: `none`, free on every CPU the rank may run on;
+    /// `auto`, the last CPU of the rank's share of them; or a CPU number. One CPU shortens
+    /// launch-bound steps on virtual machines, and makes runs of one configuration differ more
+    /// [default: none].
+    #[arg(long, default_value = "none")]
     pub launch_cpu: LaunchCpu,
     /// Write a Chrome/Perfetto trace of the first measured steps to <log-dir>/trace-rank<N>.json.
     #[arg(long)]

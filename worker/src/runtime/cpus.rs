@@ -9,16 +9,19 @@
 //! per-task binding looks like the first case to every rank (a subset of the host, the same one);
 //! inside a step, `SLURM_CPUS_PER_TASK` caps each rank at its share then.
 //!
-//! **The launching threads.** A GPU step is launched from two threads: this one (forward, the
-//! optimizer) and libtorch's autograd thread for the GPU, which runs every backward pass. The
-//! trainer calls backward once per segment, so each step hands over between the two threads twice
-//! per segment. Left free, the other thread is usually asleep on another CPU, and on a virtual
-//! machine waking it costs far more than a switch on one CPU: one H100 VM ran gpt2 at micro-batch
-//! 1 in 16.5-21.9 ms per step with the two free and 12.6-12.9 ms once both were moved onto one CPU
-//! mid-run (docs/worker.md). So from the first backward pass on, both run on one CPU of the rank's
-//! share ([`LaunchCpu`]). Threads created before that (the log writer, the rayon pool, offload's
-//! host thread, NCCL's) keep the rank's whole affinity; libtorch's intra-op pool is started
-//! before the pinning so that its threads do too (a thread inherits its creator's affinity).
+//! **The launching threads** (`--launch-cpu`). A GPU step is launched from two threads: this one
+//! (forward, the optimizer) and libtorch's autograd thread for the GPU, which runs every backward
+//! pass. The trainer calls backward once per segment, so each step hands over between the two
+//! threads twice per segment. Left free, the other thread is usually asleep on another CPU, and on
+//! a virtual machine waking it costs more than a switch on one CPU. `--launch-cpu auto` puts both
+//! on one CPU of the rank's share from the first backward pass on. Measured on 1×H100 VMs
+//! (docs/worker.md): launch-bound steps took 0.65-1.04× as long as free (median of runs, per
+//! configuration), device-bound and offloaded ones 0.98-1.00×; but runs of one configuration
+//! spread twice as far (largest median over smallest 1.23 against 1.12), since a thread pinned to a
+//! CPU the hypervisor is slow to run cannot move off it. Measurements have to repeat, so the
+//! default is `none`. Threads created before the pinning (the log writer, the rayon pool,
+//! offload's host thread, NCCL's) keep the rank's whole affinity; libtorch's intra-op pool is
+//! started first so that its threads do too (a thread inherits its creator's affinity).
 
 use std::io;
 use std::str::FromStr;
