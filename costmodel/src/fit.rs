@@ -210,6 +210,29 @@ mod tests {
         assert_eq!((c.right_within_tie, c.groups > 10), (c.groups, true), "{c:?}");
     }
 
+    /// Repeats 10% either side of each configuration: the error per configuration (against its
+    /// median, which is the truth) stays well below the repeats' own spread, which is exactly
+    /// theirs whatever the fit.
+    #[test]
+    fn the_error_per_configuration_sets_the_repeats_spread_apart() {
+        let mut runs = Vec::new();
+        for o in sweep() {
+            for (i, f) in [0.9, 1.0, 1.1].into_iter().enumerate() {
+                let mut r = o.clone();
+                r.run_id = format!("{}-{i}", o.run_id);
+                r.step_ms *= f;
+                runs.push(r);
+            }
+        }
+        let v = &fit(&runs).unwrap().fits[0].validation;
+        let c = &v.by_configuration;
+        assert_eq!((c.configurations as usize, c.repeated), (runs.len() / 3, c.configurations));
+        assert!(c.step_mape_pct < c.repeat_floor_pct / 2.0, "{c:?}");
+        let floor = (0.1 / 0.9 + 0.1 / 1.1) / 3.0 * 100.0;
+        assert!((c.repeat_floor_pct - floor).abs() < 1e-9, "{} vs {floor}", c.repeat_floor_pct);
+        assert!(v.step_mape_pct >= c.repeat_floor_pct - 1.0, "per run {} below the floor", v.step_mape_pct);
+    }
+
     #[test]
     fn a_family_that_never_kept_the_gpu_busy_has_no_device_terms_of_its_own() {
         let device_terms = ["t5.device_ms", "t5.ms_per_gflop", "t5.ms_per_gact"];

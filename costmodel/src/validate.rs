@@ -62,6 +62,9 @@ pub struct Validation {
     /// of the rest (launch-bound; their repeats differ by ~15%), with how many runs each.
     pub device_bound: ClassError,
     pub launch_bound: ClassError,
+    /// Models fitted before this figure existed read as zero.
+    #[serde(default)]
+    pub by_configuration: ConfigurationError,
     pub groups: Vec<GroupError>,
     pub stage_choice: StageChoice,
     pub held_out: Vec<HeldOut>,
@@ -72,6 +75,19 @@ pub struct Validation {
 pub struct ClassError {
     pub runs: u32,
     pub step_mape_pct: f64,
+}
+
+/// Step-time error per configuration instead of per run: each configuration's median over its
+/// held-out repeats against its prediction; and the repeats' own spread, the per-run error left
+/// when every configuration's median is predicted exactly (the mean over runs of |run − its
+/// configuration's median| / run), which no prediction of a configuration goes below.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConfigurationError {
+    pub configurations: u32,
+    /// Configurations with more than one held-out run.
+    pub repeated: u32,
+    pub step_mape_pct: f64,
+    pub repeat_floor_pct: f64,
 }
 
 /// Errors of one family, stage, offload setting and GPU count.
@@ -210,6 +226,7 @@ pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
         ClassError { runs: v.len() as u32, step_mape_pct: mean(&v) }
     };
     let validation = Validation {
+        by_configuration: by_configuration(&held),
         device_bound: class(true),
         launch_bound: class(false),
         folds: k as u32,
@@ -243,6 +260,26 @@ pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
             .collect(),
     };
     (validation, Intervals { step: step_interval, step_by_bound, memory: memory_interval })
+}
+
+fn by_configuration(held: &[Held]) -> ConfigurationError {
+    // Per configuration: its runs' measured steps, and the prediction (one per configuration).
+    let mut by: BTreeMap<String, (Vec<f64>, f64)> = BTreeMap::new();
+    for h in held {
+        by.entry(h.run.config_key()).or_insert_with(|| (Vec::new(), h.step)).0.push(h.run.step_ms);
+    }
+    let n_runs: usize = by.values().map(|(m, _)| m.len()).sum();
+    if by.is_empty() || n_runs == 0 {
+        return ConfigurationError::default();
+    }
+    let config_ape: f64 = by.values().map(|(m, p)| ((p - median(m)) / median(m)).abs()).sum();
+    let floor: f64 = by.values().flat_map(|(m, _)| m.iter().map(|&x| ((x - median(m)) / x).abs())).sum();
+    ConfigurationError {
+        configurations: by.len() as u32,
+        repeated: by.values().filter(|(m, _)| m.len() > 1).count() as u32,
+        step_mape_pct: config_ape / by.len() as f64 * 100.0,
+        repeat_floor_pct: floor / n_runs as f64 * 100.0,
+    }
 }
 
 fn stage_choice(held: &[Held]) -> StageChoice {

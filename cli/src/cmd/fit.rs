@@ -171,7 +171,8 @@ fn report(out: &mut dyn Write, model: &CostModel, detail: bool) -> anyhow::Resul
         writeln!(
             out,
             "{} {}: {} runs of {} configurations; {}-fold validation: step time {:.1}% mean absolute error \
-             ({:.1}% over {} device-bound runs, {:.1}% over {} launch-bound), peak allocated {:.1}%; \
+             ({:.1}% over {} device-bound runs, {:.1}% over {} launch-bound; {:.1}% per configuration, against \
+             the median of its runs{}), peak allocated {:.1}%; \
              fastest stage right in {}/{} groups ({} within {:.0}%), in {}/{} device-bound groups ({} within), \
              in {}/{} groups whose repeats decide it",
             f.gpu,
@@ -184,6 +185,8 @@ fn report(out: &mut dyn Write, model: &CostModel, detail: bool) -> anyhow::Resul
             v.device_bound.runs,
             v.launch_bound.step_mape_pct,
             v.launch_bound.runs,
+            v.by_configuration.step_mape_pct,
+            repeats(&v.by_configuration),
             v.memory_mape_pct,
             v.stage_choice.all.right,
             v.stage_choice.all.groups,
@@ -226,4 +229,16 @@ fn report(out: &mut dyn Write, model: &CostModel, detail: bool) -> anyhow::Resul
         writeln!(out)?;
     }
     Ok(())
+}
+
+/// What the repeats of the validated configurations say on their own: how far a run lies from
+/// its configuration's median, which no prediction of a configuration goes below per run.
+fn repeats(c: &zerobench_costmodel::validate::ConfigurationError) -> String {
+    match c.repeated {
+        0 => "; each measured once".to_string(),
+        n => format!(
+            "; the {n} configurations measured more than once lie {:.1}% per run from their medians",
+            c.repeat_floor_pct
+        ),
+    }
 }
