@@ -104,6 +104,17 @@ def build_summary(log):
     }
 
 
+def runs_of_a_setting(medians, runs):
+    """A configuration's runs under one setting, as the noise reports give them: the runs
+    (`runs`), the median of their medians (`medians`, a failed run's None left out), the spread
+    between them (largest over smallest, minus one) and how many failed."""
+    ok = [m for m in medians if m is not None]
+    return {"runs": runs,
+            "median_step_ms": round(statistics.median(ok), 3) if ok else None,
+            "spread": round(max(ok) / min(ok) - 1, 4) if len(ok) > 1 else None,
+            "failed": len(medians) - len(ok)}
+
+
 def host_date(host):
     """The date line of an archive's host.txt."""
     return re.search(r"date: (\S+)", host).group(1)

@@ -15,7 +15,7 @@ import re
 import statistics
 import sys
 
-from common import json_lines
+from common import json_lines, runs_of_a_setting
 
 MODES = ("alone", "free", "bound")
 
@@ -49,12 +49,8 @@ def main():
         row = {"run": name}
         for mode, rs in modes.items():
             ok = [r for r in rs if r["step_ms"] is not None]
-            meds = [r["step_ms"] for r in ok]
-            row[mode] = {"runs": rs,
-                         "median_step_ms": round(statistics.median(meds), 3) if meds else None,
-                         "spread": round(max(meds) / min(meds) - 1, 4) if len(meds) > 1 else None,
-                         "mean_cv": round(statistics.mean(r["cv"] for r in ok), 4) if ok else None,
-                         "failed": len(rs) - len(ok)}
+            row[mode] = runs_of_a_setting([r["step_ms"] for r in rs], rs)
+            row[mode]["mean_cv"] = round(statistics.mean(r["cv"] for r in ok), 4) if ok else None
         table.append(row)
     summary = {}
     for mode in MODES:

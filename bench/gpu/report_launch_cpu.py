@@ -15,7 +15,7 @@ import re
 import statistics
 import sys
 
-from common import json_lines
+from common import json_lines, runs_of_a_setting
 
 
 
@@ -51,11 +51,8 @@ def main():
         row = {"configuration": name}
         for setting in settings:
             rs = by.get(setting, {})
-            meds = [r["step_ms"] for r in rs.values() if r["step_ms"] is not None]
-            row[setting] = {"runs": {str(k): v for k, v in sorted(rs.items())},
-                            "median_step_ms": round(statistics.median(meds), 3) if meds else None,
-                            "spread": round(max(meds) / min(meds) - 1, 4) if len(meds) > 1 else None,
-                            "failed": len(rs) - len(meds)}
+            row[setting] = runs_of_a_setting([r["step_ms"] for r in rs.values()],
+                                             {str(k): v for k, v in sorted(rs.items())})
         n = row.get("none", {}).get("median_step_ms")
         for setting in settings[1:]:
             a = row[setting]["median_step_ms"]

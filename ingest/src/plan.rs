@@ -202,20 +202,6 @@ pub fn describe_ranges(ranges: &[(u32, u32)]) -> String {
 /// Ranges of missing ranks named in a message or a table cell; the rest are counted.
 const LISTED_RANGES: usize = 8;
 
-pub fn compress_ranks(ranks: &[u32]) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < ranks.len() {
-        let mut j = i;
-        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
-            j += 1;
-        }
-        out.push(if i == j { ranks[i].to_string() } else { format!("{}-{}", ranks[i], ranks[j]) });
-        i = j + 1;
-    }
-    out.join(",")
-}
-
 /// The first start record near the top of a rank log. A start-looking line that cannot be read
 /// is reported here (phase two skips start records).
 fn read_start(path: &Path) -> Result<Option<Start>, Problem> {
@@ -274,12 +260,5 @@ mod tests {
         assert_eq!(describe_ranges(&eight), "0,2,4,6,8,10,12,14");
         let many: Vec<(u32, u32)> = (0..10).map(|i| (2 * i, 2 * i)).collect();
         assert_eq!(describe_ranges(&many), "0,2,4,6,8,10,12,14,and 2 more ranges");
-    }
-
-    #[test]
-    fn rank_ranges() {
-        assert_eq!(compress_ranks(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
-        assert_eq!(compress_ranks(&[3]), "3");
-        assert_eq!(compress_ranks(&[]), "");
     }
 }

@@ -13,9 +13,10 @@
 use std::collections::BTreeMap;
 
 use zerobench_schema::log::{ErrorClass, RunStatus};
+use zerobench_schema::ranges::ranges;
 
 use crate::acc::RankAcc;
-use crate::plan::{compress_ranks, describe_ranges, missing_ranges};
+use crate::plan::{describe_ranges, missing_ranges};
 use crate::run::Status;
 use crate::side::JobState;
 
@@ -51,12 +52,8 @@ pub fn decide(ranks: &BTreeMap<u32, RankAcc>, world_size: u32, job: Option<JobSt
     }
     let why = match (missing.is_empty(), unended.is_empty()) {
         (false, true) => format!("no log for ranks {}", describe_ranges(&missing)),
-        (true, false) => format!("no end record from ranks {}", compress_ranks(&unended)),
-        _ => format!(
-            "no log for ranks {}; no end record from ranks {}",
-            describe_ranges(&missing),
-            compress_ranks(&unended)
-        ),
+        (true, false) => format!("no end record from ranks {}", ranges(&unended)),
+        _ => format!("no log for ranks {}; no end record from ranks {}", describe_ranges(&missing), ranges(&unended)),
     };
     match job {
         Some(JobState::OutOfMemory) => (Status::Oom, Some(format!("the job was killed for its memory; {why}"))),

@@ -14,6 +14,7 @@
 //! * [`collective`]: the collective kinds of a step record's `comm` map and their bus-bandwidth factors.
 //! * [`launch`]: the environment variables torchrun-style launchers give each rank.
 //! * [`job`]: a batch job's state from Slurm's names and slurmstepd's output, for status and ingest.
+//! * [`ranges`]: sorted numbers (ranks, CPUs) written as runs, "0-2,5", for messages.
 //! * [`stats`]: quantiles (numpy's linear interpolation), as the logs' medians and the tables use them.
 //!
 //! It needs no libtorch, MPI or CUDA (serde, schemars and thiserror only; clap behind the `cli`
@@ -28,6 +29,7 @@ pub mod launch;
 pub mod log;
 pub mod memory;
 pub mod models;
+pub mod ranges;
 pub mod schedule;
 pub mod splitmix;
 pub mod stats;

@@ -26,6 +26,8 @@
 use std::io;
 use std::str::FromStr;
 
+use zerobench_schema::ranges::ranges;
+
 /// The prefix of libtorch's autograd threads' names (`pt_autograd_<device>`, one per visible
 /// GPU, started by the first backward pass that touches a GPU).
 pub const AUTOGRAD_THREAD_PREFIX: &str = "pt_autograd_";
@@ -143,21 +145,6 @@ fn affinity_set() -> Option<Vec<usize>> {
         (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
             .then(|| (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect())
     }
-}
-
-/// "0-3,8" for [0, 1, 2, 3, 8].
-fn ranges(cpus: &[usize]) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < cpus.len() {
-        let mut j = i;
-        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
-            j += 1;
-        }
-        out.push(if i == j { cpus[i].to_string() } else { format!("{}-{}", cpus[i], cpus[j]) });
-        i = j + 1;
-    }
-    out.join(",")
 }
 
 /// The rank's default thread count.
@@ -308,11 +295,5 @@ mod tests {
     fn pinning_without_the_named_threads_is_an_error() {
         let e = pin_named("zbtest_nobody", 0).unwrap_err();
         assert!(e.to_string().starts_with("no thread named zbtest_nobody* in this process"), "{e}");
-    }
-
-    #[test]
-    fn ranges_are_written_compactly() {
-        assert_eq!(ranges(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
-        assert_eq!(ranges(&[]), "");
     }
 }
