@@ -17,9 +17,9 @@
 //! on one CPU of the rank's share from the first backward pass on. Measured on 1×H100 VMs
 //! (docs/worker.md): launch-bound steps took 0.65-1.04× as long as free (median of runs, per
 //! configuration), device-bound and offloaded ones 0.98-1.00×; but runs of one configuration
-//! spread twice as far (largest median over smallest 1.23 against 1.12), since a thread pinned to a
-//! CPU the hypervisor is slow to run cannot move off it. Measurements have to repeat, so the
-//! default is `none`. Threads created before the pinning (the log writer, the rayon pool,
+//! spread up to twice as far (largest median over smallest 1.14-1.23 against 1.11-1.13), likely
+//! because a thread pinned to a CPU the hypervisor is slow to run cannot move off it. Measurements
+//! have to repeat, so the default is `none`. Threads created before the pinning (the log writer, the rayon pool,
 //! offload's host thread, NCCL's) keep the rank's whole affinity; libtorch's intra-op pool is
 //! started first so that its threads do too (a thread inherits its creator's affinity).
 
