@@ -3,6 +3,10 @@
 //
 // * zb_backward: autograd backward from several outputs with given output gradients (tch's
 //   run_backward hard-wires ones_like), so the engine can run backward segment by segment.
+// * zb_run_in_backward: call a function from inside a backward pass, on the thread that runs the
+//   device's backward passes (libtorch's autograd thread for a GPU; the caller for the CPU): the
+//   trainer runs its backward segment by segment from there, each segment's backward a reentrant
+//   one on that same thread, instead of handing every segment over to that thread and back.
 // * zb_clear_grad: drop a parameter's .grad (tch's zero_grad keeps the memory).
 // * zb_storage_set / zb_storage_release: point a tensor's storage at memory the engine owns, or at
 //   nothing. ZeRO-3 frees a block's parameters between forward and backward this way: shape,
@@ -241,6 +245,30 @@ struct LnGeluMlp : torch::autograd::Function<LnGeluMlp> {
   }
 };
 
+typedef int (*zb_in_backward_fn)(void* data);
+
+// x -> x.clone(), whose backward calls fn(data) with gradients on and passes the gradient
+// through. fn's failure becomes an exception, which autograd carries back to the thread that called
+// backward.
+struct InBackward : torch::autograd::Function<InBackward> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t fn, int64_t data) {
+    ctx->saved_data["fn"] = fn;
+    ctx->saved_data["data"] = data;
+    return x.clone();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto fn = reinterpret_cast<zb_in_backward_fn>(ctx->saved_data["fn"].toInt());
+    // Backward runs its nodes with gradients off; fn builds graphs (the loss scaling) and runs
+    // backward passes of its own, as the caller's thread would, with them on.
+    at::AutoGradMode grad_mode(true);
+    if (fn(reinterpret_cast<void*>(ctx->saved_data["data"].toInt())) != 0) {
+      throw std::runtime_error("the function run inside backward failed");
+    }
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
 template <typename F>
 int guarded(F f) {
   try {
@@ -271,6 +299,16 @@ int zb_backward(at::Tensor** outputs, at::Tensor** grads, int n) {
       gs.push_back(*grads[i]);
     }
     torch::autograd::backward(outs, gs, /*retain_graph=*/false, /*create_graph=*/false);
+  });
+}
+
+int zb_run_in_backward(int device, zb_in_backward_fn fn, void* data) {
+  return guarded([&] {
+    auto opts = at::TensorOptions().dtype(at::kFloat);
+    opts = device < 0 ? opts.device(at::kCPU) : opts.device(at::Device(at::kCUDA, device));
+    auto x = at::zeros({1}, opts).requires_grad_(true);
+    auto y = InBackward::apply(x, reinterpret_cast<int64_t>(fn), reinterpret_cast<int64_t>(data));
+    torch::autograd::backward({y}, {at::ones_like(y)}, /*retain_graph=*/false, /*create_graph=*/false);
   });
 }
 

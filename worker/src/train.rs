@@ -337,10 +337,27 @@ impl Trainer<'_> {
 
     /// Backward through the segments in reverse, with the engine's hooks around each, then the
     /// engine's end of the micro-step (its loss added to the step's, every reduction complete).
+    /// The segments' backward passes all run from inside one backward pass, on the thread that
+    /// runs the device's (shim::run_in_backward): two hand-overs per micro-step, not per segment.
     fn backward(&mut self, schedule: &Schedule, activations: Activations) -> Result<(), Failure> {
+        let loss = activations.outputs.last().and_then(|o| o.first()).map(Tensor::detach);
+        let mut activations = Some(activations);
+        let mut done = Ok(());
+        shim::run_in_backward(self.probe.cuda_device(), &mut || {
+            if let Some(a) = activations.take() {
+                done = self.backward_segments(schedule, a);
+            }
+        })
+        .map_err(|e| Failure::from_torch_message(&e.0))?;
+        done?;
+        let loss = loss.ok_or_else(|| Failure::Internal("a micro-step without a loss".into()))?;
+        self.engine.end_micro(&loss)?;
+        Ok(())
+    }
+
+    fn backward_segments(&mut self, schedule: &Schedule, activations: Activations) -> Result<(), Failure> {
         let Activations { mut inputs, mut outputs } = activations;
         let n = outputs.len();
-        let loss = outputs[n - 1][0].detach();
         for s in (0..n).rev() {
             let i = schedule.backward_index(s);
             self.engine.before(i)?;
@@ -370,7 +387,6 @@ impl Trainer<'_> {
                 inputs[s + 1].clear();
             }
         }
-        self.engine.end_micro(&loss)?;
         Ok(())
     }
 

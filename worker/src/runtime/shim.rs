@@ -78,6 +78,7 @@ extern "C" {
     fn zb_last_error() -> *const c_char;
     fn zb_torch_version() -> *const c_char;
     fn zb_backward(outputs: *const CTensor, grads: *const CTensor, n: c_int) -> c_int;
+    fn zb_run_in_backward(device: c_int, f: unsafe extern "C" fn(*mut c_void) -> c_int, data: *mut c_void) -> c_int;
     fn zb_clear_grad(t: CTensor) -> c_int;
     fn zb_storage_set(t: CTensor, data: *mut c_void, nbytes: usize) -> c_int;
     fn zb_storage_release(t: CTensor) -> c_int;
@@ -179,6 +180,40 @@ pub fn backward(outputs: &[&Tensor], grads: &[&Tensor]) -> Result<(), ShimError>
     let n = c_int::try_from(o.len()).expect("few outputs");
     // SAFETY: the pointers are live tch tensors for the duration of the call.
     check(unsafe { zb_backward(o.as_ptr(), g.as_ptr(), n) })
+}
+
+/// Runs `f` inside a backward pass on `device` (a CUDA index; None: the CPU), on the thread that
+/// runs that device's backward passes: libtorch's autograd thread for a GPU, this thread for the
+/// CPU. Backward passes `f` starts run there too, one after another, each a reentrant backward
+/// on that thread rather than a hand-over to it and back (on a virtual machine, waking a thread
+/// on another CPU is slow: docs/worker.md). This thread waits until `f` has returned; a panic in
+/// `f` is resumed here.
+pub fn run_in_backward(device: Option<usize>, f: &mut dyn FnMut()) -> Result<(), ShimError> {
+    struct Call<'a> {
+        f: &'a mut dyn FnMut(),
+        panic: Option<Box<dyn std::any::Any + Send>>,
+    }
+    unsafe extern "C" fn trampoline(data: *mut c_void) -> c_int {
+        // SAFETY: `data` is the `Call` below, alive until zb_run_in_backward returns, and only
+        // this function touches it meanwhile: the calling thread is blocked in that call.
+        let call = unsafe { &mut *data.cast::<Call>() };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (call.f)())) {
+            Ok(()) => 0,
+            Err(p) => {
+                call.panic = Some(p);
+                -1
+            }
+        }
+    }
+    let mut call = Call { f, panic: None };
+    let device = device.map_or(-1, |d| c_int::try_from(d).unwrap_or(c_int::MAX));
+    // SAFETY: `call` outlives the call, which returns only after the backward pass (and so `f`)
+    // has finished; `f` runs on one thread at a time, with this one waiting for it.
+    let rc = unsafe { zb_run_in_backward(device, trampoline, (&mut call as *mut Call).cast()) };
+    if let Some(p) = call.panic {
+        std::panic::resume_unwind(p);
+    }
+    check(rc)
 }
 
 /// Drops the tensor's `.grad`, releasing its memory.
@@ -481,5 +516,34 @@ impl Drop for GlooGroup {
     fn drop(&mut self) {
         // SAFETY: the pointer came from zb_gloo_open and is dropped once.
         unsafe { zb_gloo_close(self.0) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Kind;
+
+    /// The function runs inside a backward pass with gradients on: it can build a graph and run
+    /// a backward pass of its own, whose gradients land.
+    #[test]
+    fn a_function_run_in_backward_can_run_backward_itself() {
+        let w = Tensor::from_slice(&[2.0f32, 3.0]).set_requires_grad(true);
+        let mut ran = false;
+        run_in_backward(None, &mut || {
+            let y = (&w * &w).sum(Kind::Float);
+            y.backward();
+            ran = true;
+        })
+        .unwrap();
+        assert!(ran);
+        assert_eq!(Vec::<f32>::try_from(w.grad()).unwrap(), [4.0, 6.0]);
+    }
+
+    #[test]
+    fn a_panic_in_backward_reaches_the_caller() {
+        let r = std::panic::catch_unwind(|| run_in_backward(None, &mut || panic!("inside")));
+        let p = r.unwrap_err();
+        assert_eq!(p.downcast_ref::<&str>(), Some(&"inside"));
     }
 }
