@@ -11,17 +11,18 @@
 //!
 //! **The launching threads** (`--launch-cpu`). A GPU step is launched from two threads: this one
 //! (forward, the optimizer) and libtorch's autograd thread for the GPU, which runs every backward
-//! pass. The trainer calls backward once per segment, so each step hands over between the two
-//! threads twice per segment. Left free, the other thread is usually asleep on another CPU, and on
-//! a virtual machine waking it costs more than a switch on one CPU. `--launch-cpu auto` puts both
-//! on one CPU of the rank's share from the first backward pass on. Measured on 1×H100 VMs
-//! (docs/worker.md): launch-bound steps took 0.65-1.04× as long as free (median of runs, per
-//! configuration), device-bound and offloaded ones 0.98-1.00×; but runs of one configuration
-//! spread up to twice as far (largest median over smallest 1.14-1.23 against 1.11-1.13), likely
-//! because a thread pinned to a CPU the hypervisor is slow to run cannot move off it. Measurements
-//! have to repeat, so the default is `none`. Threads created before the pinning (the log writer, the rayon pool,
-//! offload's host thread, NCCL's) keep the rank's whole affinity; libtorch's intra-op pool is
-//! started first so that its threads do too (a thread inherits its creator's affinity).
+//! pass. The trainer hands its backward to that thread once per micro-step (train.rs runs the
+//! segments from there), and each hand-over wakes a thread that is usually asleep on another CPU:
+//! slow on a virtual machine. `--launch-cpu auto` puts both threads on one CPU of the rank's share
+//! from the first backward pass on. Measured on 1×H100 VMs while the trainer still handed over
+//! every segment (docs/worker.md): launch-bound steps took 0.65-1.04× as long as free (median of
+//! runs, per configuration), device-bound and offloaded ones 0.98-1.00×; but runs of one
+//! configuration spread up to twice as far (largest median over smallest 1.14-1.23 against
+//! 1.11-1.13), likely because a thread pinned to a CPU the hypervisor is slow to run cannot move
+//! off it. Measurements have to repeat, so the default is `none`. Threads created before the
+//! pinning (the log writer, the rayon pool, offload's host thread, NCCL's) keep the rank's whole
+//! affinity; libtorch's intra-op pool is started first so that its threads do too (a thread
+//! inherits its creator's affinity).
 
 use std::io;
 use std::str::FromStr;
