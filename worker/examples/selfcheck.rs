@@ -43,6 +43,9 @@
 //!   recomputed (the normalised input, the layer norm's statistics, the GELU's output): in bf16
 //!   the plain operations hold 1 MiB more than their tensors at this shape, which the node's
 //!   figure shares.
+//! * `in_backward`: `shim::run_in_backward` on the GPU runs its function on libtorch's autograd
+//!   thread (`pt_autograd_*`), not the caller's, and a backward pass the function runs there
+//!   (reentrant, as the trainer's segments) lands the right gradients on the GPU.
 //! * `cuda_graph`: a forward and backward through autograd (its device thread included) captured
 //!   with `runtime::graph` on a stream of the rank's own, replayed on three new inputs written
 //!   where the graph reads: loss and gradient bit-identical to the same operations run eagerly,
@@ -63,7 +66,7 @@ use zerobench_worker::comm::nccl::NcclCollectives;
 use zerobench_worker::comm::Collectives;
 use zerobench_worker::metrics::clock::{StepClock, StepPhase};
 use zerobench_worker::metrics::gpu_monitor::GpuMonitor;
-use zerobench_worker::runtime::{cuda, device, identity, pinned};
+use zerobench_worker::runtime::{cuda, device, identity, pinned, shim};
 use zerobench_worker::zero::adamw::{step_cpu, AdamW, Shard};
 use zerobench_worker::zero::offload::HostState;
 
@@ -639,6 +642,25 @@ fn cuda_graph(r: &mut Report) {
     );
 }
 
+fn in_backward(r: &mut Report) {
+    let dev = Device::Cuda(0);
+    let w = Tensor::from_slice(&[1.5f32, -2.0, 3.0]).to_device(dev).set_requires_grad(true);
+    let mut seen: Option<(String, std::thread::ThreadId)> = None;
+    let run = shim::run_in_backward(Some(0), &mut || {
+        (&w * &w).sum(Kind::Float).backward();
+        let name = std::fs::read_to_string("/proc/thread-self/comm").unwrap_or_default();
+        seen = Some((name.trim().to_string(), std::thread::current().id()));
+    });
+    let grad = f32s(&w.grad());
+    let (thread, elsewhere) = seen.map_or((String::new(), false), |(n, id)| (n, id != std::thread::current().id()));
+    let ok = run.is_ok() && thread.starts_with("pt_autograd_") && elsewhere && grad == [3.0, -4.0, 6.0];
+    r.check(
+        "in_backward",
+        ok,
+        json!({"error": run.err().map(|e| e.0), "thread": thread, "not_the_caller": elsewhere, "grad": grad}),
+    );
+}
+
 fn main() {
     // Before MPI starts, as the worker does: MPI may initialise CUDA.
     cuda::bind_local_gpu(identity::local_rank_hint().unwrap_or(0));
@@ -658,6 +680,7 @@ fn main() {
     recompute(&mut r, &gpu);
     linear_node(&mut r, &gpu);
     declined_falls_back(&mut r, &gpu);
+    in_backward(&mut r);
     cuda_graph(&mut r);
     println!("{}", json!({"summary": {"checks": r.checks, "failed": r.failed, "gpu": gpu.describe().0}}));
     drop(comm);

@@ -540,6 +540,16 @@ mod tests {
         assert_eq!(Vec::<f32>::try_from(w.grad()).unwrap(), [4.0, 6.0]);
     }
 
+    /// On the CPU the backward pass, and so the function, runs on the calling thread (for a GPU,
+    /// on libtorch's autograd thread: the GPU self-check's concern).
+    #[test]
+    fn on_the_cpu_the_function_runs_on_the_calling_thread() {
+        let me = std::thread::current().id();
+        let mut ran_on = None;
+        run_in_backward(None, &mut || ran_on = Some(std::thread::current().id())).unwrap();
+        assert_eq!(ran_on, Some(me));
+    }
+
     #[test]
     fn a_panic_in_backward_reaches_the_caller() {
         let r = std::panic::catch_unwind(|| run_in_backward(None, &mut || panic!("inside")));
