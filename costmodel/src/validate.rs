@@ -268,17 +268,20 @@ fn by_configuration(held: &[Held]) -> ConfigurationError {
     for h in held {
         by.entry(h.run.config_key()).or_insert_with(|| (Vec::new(), h.step)).0.push(h.run.step_ms);
     }
-    let n_runs: usize = by.values().map(|(m, _)| m.len()).sum();
-    if by.is_empty() || n_runs == 0 {
+    if by.is_empty() {
         return ConfigurationError::default();
     }
-    let config_ape: f64 = by.values().map(|(m, p)| ((p - median(m)) / median(m)).abs()).sum();
-    let floor: f64 = by.values().flat_map(|(m, _)| m.iter().map(|&x| ((x - median(m)) / x).abs())).sum();
+    let (mut config_ape, mut floor) = (0.0, 0.0);
+    for (m, p) in by.values() {
+        let med = median(m);
+        config_ape += ((p - med) / med).abs();
+        floor += m.iter().map(|&x| ((x - med) / x).abs()).sum::<f64>();
+    }
     ConfigurationError {
         configurations: by.len() as u32,
         repeated: by.values().filter(|(m, _)| m.len() > 1).count() as u32,
         step_mape_pct: config_ape / by.len() as f64 * 100.0,
-        repeat_floor_pct: floor / n_runs as f64 * 100.0,
+        repeat_floor_pct: floor / held.len() as f64 * 100.0,
     }
 }
 

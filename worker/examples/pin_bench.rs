@@ -268,20 +268,15 @@ fn first_touch(ctx: &CudaContext, gib: f64) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let first_touch_gib = match args.first().map(String::as_str) {
-        Some("first-touch") => Some(
-            args.get(1)
-                .and_then(|a| a.parse::<f64>().ok())
-                .unwrap_or_else(|| panic!("first-touch GIB, not {:?}", args.get(1))),
-        ),
-        _ => None,
+    let gib = |a: &String| a.parse::<f64>().unwrap_or_else(|_| panic!("sizes in GiB, not {a:?}"));
+    // `first-touch GIB`, or the sizes to lock (default 4 GiB).
+    let (first_touch_gib, sizes) = match args.split_first() {
+        Some((mode, rest)) if mode == "first-touch" => {
+            (Some(rest.first().map_or_else(|| panic!("first-touch GIB"), gib)), vec![])
+        }
+        _ if args.is_empty() => (None, vec![4.0]),
+        _ => (None, args.iter().map(gib).collect()),
     };
-    let sizes: Vec<f64> = if first_touch_gib.is_some() {
-        Vec::new()
-    } else {
-        args.iter().map(|a| a.parse().unwrap_or_else(|_| panic!("sizes in GiB, not {a:?}"))).collect()
-    };
-    let sizes = if sizes.is_empty() { vec![4.0] } else { sizes };
     // SAFETY: only tries to load the driver library by its names (cudarc panics on first use
     // when it is absent, so ask first).
     if !unsafe { sys::is_culib_present() } {

@@ -645,20 +645,18 @@ fn cuda_graph(r: &mut Report) {
 fn in_backward(r: &mut Report) {
     let dev = Device::Cuda(0);
     let w = Tensor::from_slice(&[1.5f32, -2.0, 3.0]).to_device(dev).set_requires_grad(true);
-    let mut seen: Option<(String, std::thread::ThreadId)> = None;
-    let run = shim::run_in_backward(Some(0), &mut || {
+    let run = shim::run_in_backward(Some(0), || {
         (&w * &w).sum(Kind::Float).backward();
         let name = std::fs::read_to_string("/proc/thread-self/comm").unwrap_or_default();
-        seen = Some((name.trim().to_string(), std::thread::current().id()));
+        (name.trim().to_string(), std::thread::current().id())
     });
     let grad = f32s(&w.grad());
-    let (thread, elsewhere) = seen.map_or((String::new(), false), |(n, id)| (n, id != std::thread::current().id()));
-    let ok = run.is_ok() && thread.starts_with("pt_autograd_") && elsewhere && grad == [3.0, -4.0, 6.0];
-    r.check(
-        "in_backward",
-        ok,
-        json!({"error": run.err().map(|e| e.0), "thread": thread, "not_the_caller": elsewhere, "grad": grad}),
-    );
+    let (thread, elsewhere, error) = match run {
+        Ok((name, id)) => (name, id != std::thread::current().id(), None),
+        Err(e) => (String::new(), false, Some(e.0)),
+    };
+    let ok = error.is_none() && thread.starts_with("pt_autograd_") && elsewhere && grad == [3.0, -4.0, 6.0];
+    r.check("in_backward", ok, json!({"error": error, "thread": thread, "not_the_caller": elsewhere, "grad": grad}));
 }
 
 fn main() {

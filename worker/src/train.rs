@@ -340,17 +340,10 @@ impl Trainer<'_> {
     /// The segments' backward passes all run from inside one backward pass, on the thread that
     /// runs the device's (shim::run_in_backward): two hand-overs per micro-step, not per segment.
     fn backward(&mut self, schedule: &Schedule, activations: Activations) -> Result<(), Failure> {
-        let loss = activations.outputs.last().and_then(|o| o.first()).map(Tensor::detach);
-        let mut activations = Some(activations);
-        let mut done = Ok(());
-        shim::run_in_backward(self.probe.cuda_device(), &mut || {
-            if let Some(a) = activations.take() {
-                done = self.backward_segments(schedule, a);
-            }
-        })
-        .map_err(|e| Failure::from_torch_message(&e.0))?;
-        done?;
-        let loss = loss.ok_or_else(|| Failure::Internal("a micro-step without a loss".into()))?;
+        let loss = activations.outputs[activations.outputs.len() - 1][0].detach();
+        let device = self.probe.cuda_device();
+        shim::run_in_backward(device, || self.backward_segments(schedule, activations))
+            .map_err(|e| Failure::from_torch_message(&e.0))??;
         self.engine.end_micro(&loss)?;
         Ok(())
     }

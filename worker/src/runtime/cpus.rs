@@ -73,10 +73,10 @@ pub enum CpuError {
 
 /// The CPU a GPU rank's launching threads are to run on, or None when left free: the rank's
 /// slice of the CPUs it may run on, by local rank (ranks free on a host get different CPUs; ranks
-/// bound to cores of their own get one of theirs), and of that slice the last CPU (the first
-/// CPUs of a host take most interrupts).
+/// bound to cores of their own get one of theirs), and of that slice the last CPU (on the H100
+/// host whose /proc/stat was read, CPU 0 handled most soft interrupts and CPU 15 none).
 pub fn launch_cpu(choice: LaunchCpu, local_rank: u32, local_size: u32) -> Result<Option<usize>, CpuError> {
-    let allowed = affinity_set().ok_or(CpuError::NoAffinity)?;
+    let allowed = affinity_of(0).ok_or(CpuError::NoAffinity)?;
     choose(choice, &allowed, local_rank, local_size)
 }
 
@@ -137,13 +137,13 @@ fn pin(tid: i32, cpu: usize) -> Result<(), CpuError> {
     }
 }
 
-/// The CPUs this process may run on, in increasing order.
-fn affinity_set() -> Option<Vec<usize>> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it for this thread, and
-    // CPU_ISSET reads within it.
+/// The CPUs thread `tid` of this process (0: the calling thread) may run on, in increasing order.
+fn affinity_of(tid: i32) -> Option<Vec<usize>> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it, and CPU_ISSET reads
+    // within it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
+        (libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
             .then(|| (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect())
     }
 }
@@ -152,7 +152,7 @@ fn affinity_set() -> Option<Vec<usize>> {
 pub fn default_threads(local_size: u32) -> u32 {
     let usable = std::thread::available_parallelism().map_or(1, |n| n.get()); // affinity and CPU quota
     let per_task = std::env::var("SLURM_CPUS_PER_TASK").ok().and_then(|v| v.trim().parse().ok());
-    threads_for(affinity_count(), online_cpus(), usable, local_size, per_task)
+    threads_for(affinity_of(0).map(|cpus| cpus.len()), online_cpus(), usable, local_size, per_task)
 }
 
 /// `affinity`: CPUs this process may run on; `online`: the host's; `usable`: what the standard
@@ -168,15 +168,6 @@ fn threads_for(
     let n = if own_cores { usable } else { usable / local_size.max(1) as usize };
     let n = per_task.map_or(n, |c| n.min(c));
     u32::try_from(n.max(1)).unwrap_or(u32::MAX)
-}
-
-fn affinity_count() -> Option<usize> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it for this process.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
-            .then(|| usize::try_from(libc::CPU_COUNT(&set)).unwrap_or(0))
-    }
 }
 
 fn online_cpus() -> Option<usize> {
@@ -246,20 +237,11 @@ mod tests {
         assert!("all".parse::<LaunchCpu>().is_err());
     }
 
-    fn affinity_of(tid: i32) -> Vec<usize> {
-        // SAFETY: as in affinity_set, for another thread of this process.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            assert_eq!(libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
-            (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
-        }
-    }
-
     /// The named threads and the caller end up on the one CPU; other threads keep theirs.
     #[test]
     fn pinning_moves_the_named_threads_and_the_caller_only() {
         use std::sync::mpsc::{channel, Sender};
-        let cpu = *affinity_set().unwrap().last().unwrap();
+        let cpu = *affinity_of(0).unwrap().last().unwrap();
         // Each thread sends its id, then waits until its sender of `stop` is dropped.
         let spawn = |name: &str| -> (i32, Sender<()>, std::thread::JoinHandle<()>) {
             let (tid_tx, tid_rx) = channel();
@@ -276,17 +258,17 @@ mod tests {
         };
         let (named, stop_a, a) = spawn("zbtest_pin_a");
         let (other, stop_b, b) = spawn("zbtest_other");
-        let other_before = affinity_of(other);
+        let other_before = affinity_of(other).unwrap();
         let pinned = std::thread::spawn(move || {
             let n = pin_named("zbtest_pin", cpu).unwrap();
             // SAFETY: gettid has no preconditions.
-            (n, affinity_of(unsafe { libc::gettid() }))
+            (n, affinity_of(unsafe { libc::gettid() }).unwrap())
         })
         .join()
         .unwrap();
         assert_eq!(pinned, (1, vec![cpu]), "one named thread, and the caller on the CPU");
-        assert_eq!(affinity_of(named), vec![cpu]);
-        assert_eq!(affinity_of(other), other_before);
+        assert_eq!(affinity_of(named).unwrap(), vec![cpu]);
+        assert_eq!(affinity_of(other).unwrap(), other_before);
         drop((stop_a, stop_b));
         a.join().unwrap();
         b.join().unwrap();

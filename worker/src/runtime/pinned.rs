@@ -325,7 +325,8 @@ mod tests {
     fn writing_each_page_faults_fresh_memory_in_writable() {
         let t = host_zeros(40_000_003, Kind::Float).unwrap();
         fault_in_by(&[&t], FaultBy::Write).unwrap();
-        assert_eq!(resident_pages(&t).0, resident_pages(&t).1);
+        let (resident, pages) = resident_pages(&t);
+        assert_eq!(resident, pages, "pages left out");
         assert!(anonymous_bytes_at(t.data_ptr() as usize) >= bytes_of(&t), "faulted in by a read");
     }
 

@@ -184,36 +184,46 @@ pub fn backward(outputs: &[&Tensor], grads: &[&Tensor]) -> Result<(), ShimError>
 
 /// Runs `f` inside a backward pass on `device` (a CUDA index; None: the CPU), on the thread that
 /// runs that device's backward passes: libtorch's autograd thread for a GPU, this thread for the
-/// CPU. Backward passes `f` starts run there too, one after another, each a reentrant backward
-/// on that thread rather than a hand-over to it and back (on a virtual machine, waking a thread
-/// on another CPU is slow: docs/worker.md). This thread waits until `f` has returned; a panic in
-/// `f` is resumed here.
-pub fn run_in_backward(device: Option<usize>, f: &mut dyn FnMut()) -> Result<(), ShimError> {
-    struct Call<'a> {
-        f: &'a mut dyn FnMut(),
-        panic: Option<Box<dyn std::any::Any + Send>>,
+/// CPU, and returns what `f` returned. Backward passes `f` starts run there too, one after
+/// another, each a reentrant backward on that thread rather than a hand-over to it and back (on a
+/// virtual machine, waking a thread on another CPU is slow: docs/worker.md). This thread waits
+/// until `f` has returned; a panic in `f` is resumed here.
+pub fn run_in_backward<F: FnOnce() -> R, R>(device: Option<usize>, f: F) -> Result<R, ShimError> {
+    /// The function, then what it returned or the panic it raised.
+    enum Call<F, R> {
+        Ready(F),
+        Returned(R),
+        Panicked(Box<dyn std::any::Any + Send>),
+        Running,
     }
-    unsafe extern "C" fn trampoline(data: *mut c_void) -> c_int {
+    unsafe extern "C" fn trampoline<F: FnOnce() -> R, R>(data: *mut c_void) -> c_int {
         // SAFETY: `data` is the `Call` below, alive until zb_run_in_backward returns, and only
         // this function touches it meanwhile: the calling thread is blocked in that call.
-        let call = unsafe { &mut *data.cast::<Call>() };
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (call.f)())) {
-            Ok(()) => 0,
+        let call = unsafe { &mut *data.cast::<Call<F, R>>() };
+        let Call::Ready(f) = std::mem::replace(call, Call::Running) else { return -1 };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            Ok(r) => {
+                *call = Call::Returned(r);
+                0
+            }
             Err(p) => {
-                call.panic = Some(p);
+                *call = Call::Panicked(p);
                 -1
             }
         }
     }
-    let mut call = Call { f, panic: None };
+    let mut call = Call::Ready(f);
     let device = device.map_or(-1, |d| c_int::try_from(d).unwrap_or(c_int::MAX));
     // SAFETY: `call` outlives the call, which returns only after the backward pass (and so `f`)
     // has finished; `f` runs on one thread at a time, with this one waiting for it.
-    let rc = unsafe { zb_run_in_backward(device, trampoline, (&mut call as *mut Call).cast()) };
-    if let Some(p) = call.panic {
-        std::panic::resume_unwind(p);
+    let rc = unsafe { zb_run_in_backward(device, trampoline::<F, R>, (&mut call as *mut Call<F, R>).cast()) };
+    match call {
+        Call::Panicked(p) => std::panic::resume_unwind(p),
+        Call::Returned(r) => check(rc).map(|()| r),
+        Call::Ready(_) | Call::Running => Err(check(rc)
+            .err()
+            .unwrap_or_else(|| ShimError("the backward pass returned without running the function".into()))),
     }
-    check(rc)
 }
 
 /// Drops the tensor's `.grad`, releasing its memory.
@@ -529,14 +539,11 @@ mod tests {
     #[test]
     fn a_function_run_in_backward_can_run_backward_itself() {
         let w = Tensor::from_slice(&[2.0f32, 3.0]).set_requires_grad(true);
-        let mut ran = false;
-        run_in_backward(None, &mut || {
-            let y = (&w * &w).sum(Kind::Float);
-            y.backward();
-            ran = true;
-        })
-        .unwrap();
-        assert!(ran);
+        let ran = run_in_backward(None, || {
+            (&w * &w).sum(Kind::Float).backward();
+            "ran"
+        });
+        assert_eq!(ran.unwrap(), "ran");
         assert_eq!(Vec::<f32>::try_from(w.grad()).unwrap(), [4.0, 6.0]);
     }
 
@@ -544,15 +551,21 @@ mod tests {
     /// on libtorch's autograd thread: the GPU self-check's concern).
     #[test]
     fn on_the_cpu_the_function_runs_on_the_calling_thread() {
-        let me = std::thread::current().id();
-        let mut ran_on = None;
-        run_in_backward(None, &mut || ran_on = Some(std::thread::current().id())).unwrap();
-        assert_eq!(ran_on, Some(me));
+        let ran_on = run_in_backward(None, || std::thread::current().id()).unwrap();
+        assert_eq!(ran_on, std::thread::current().id());
+    }
+
+    /// What the function returns comes back as it was: the trainer's failures keep their class.
+    #[test]
+    fn what_the_function_returns_reaches_the_caller_unchanged() {
+        let r: Result<Result<u8, std::io::ErrorKind>, ShimError> =
+            run_in_backward(None, || Err(std::io::ErrorKind::OutOfMemory));
+        assert_eq!(r.unwrap(), Err(std::io::ErrorKind::OutOfMemory));
     }
 
     #[test]
     fn a_panic_in_backward_reaches_the_caller() {
-        let r = std::panic::catch_unwind(|| run_in_backward(None, &mut || panic!("inside")));
+        let r = std::panic::catch_unwind(|| run_in_backward(None, || -> u8 { panic!("inside") }));
         let p = r.unwrap_err();
         assert_eq!(p.downcast_ref::<&str>(), Some(&"inside"));
     }
