@@ -60,7 +60,7 @@
 #                worker in --bin and the one in BASE_BIN, every step's loss compared; writes
 #                same-losses.json (a second run of BASE_BIN on two of them gives the run-to-run
 #                spread)
-#   step-ab      one GPU: the step-time targets' configurations (AB_CASES, MODEL:MICRO_BATCH:STAGE:eager|graph)
+#   step-ab      one GPU (AB_GPUS: more): the step-time targets' configurations (AB_CASES, MODEL:MICRO_BATCH:STAGE:eager|graph)
 #                with this build and the one in BASE_BIN alternating (AB_REPS rounds); AB_PROFILE=1
 #                adds a profiled gpt2 and gpt2-xl step of each; writes step-ab.json (bench/gpu/report_ab.py)
 #   same-speed   a refactor's check of speed: device-bound runs (gpt2-xl micro-batch 4 at stages 1-3
@@ -324,14 +324,16 @@ PY
       # One GPU, this build and BASE_BIN alternating (AB_REPS rounds, default 2): the step-time
       # targets' configurations, eager and replaying graphs; AB_PROFILE=1 adds one profiled step
       # of gpt2 and gpt2-xl at stage 0 with each (--torch-profile). AB_ARGS adds worker arguments
-      # (--data FILE: losses on text), AB_STEPS sets the steps (default 20). bench/gpu/report_ab.py reads it.
+      # (--data FILE: losses on text), AB_STEPS sets the steps (default 20), AB_GPUS the ranks (default
+      # 1; a case then names its GPU count). bench/gpu/report_ab.py reads it.
+      abg=${AB_GPUS:-1}; abn=""; [ "$abg" = 1 ] || abn="-${abg}gpu"
       for rep in $(seq "${AB_REPS:-2}"); do
         for c in ${AB_CASES:-gpt2:16:0:eager gpt2:16:0:graph gpt2:16:3:eager gpt2-xl:4:0:graph gpt2-xl:4:3:eager}; do
           IFS=: read -r m mb s mode <<< "$c"
           flag=(); [ "$mode" = graph ] && flag=(--cuda-graph)
           for which in new base; do
             # shellcheck disable=SC2086
-            W=$(build_worker "$which") worker "ab_${m}-mb${mb}-z${s}-${mode}_${which}_${rep}" 1 --model "$m" --stage "$s" \
+            W=$(build_worker "$which") worker "ab_${m}-mb${mb}-z${s}-${mode}${abn}_${which}_${rep}" "$abg" --model "$m" --stage "$s" \
               --micro-batch "$mb" --seq-len 1024 --steps "${AB_STEPS:-20}" --warmup 4 "${flag[@]}" ${AB_ARGS:-}
           done
         done
