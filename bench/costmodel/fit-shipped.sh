@@ -4,22 +4,15 @@
 #
 #   bench/costmodel/fit-shipped.sh [KIND...]     (after `make build`; default: h200 h100)
 #
-# The sweeps are bench/gpu/run.sh's `costmodel` phase (bench/gpu/costmodel-runs.txt). H200: one
-# sweep on a 2×H200 host at 5a3944b, 30 steps (10 warm-up), one-GPU runs two at a time; the three
-# earlier H200 sweeps (gpu-2026-11-24-costmodel-short, -11-24-costmodel, -11-26-costmodel, committed
-# beside it) measured builds before GPT-2's recomputation and kernels, T5's fused attention and
-# the vectorised loss, and are no longer fitted. H100: on one 2×H100 host once, 30 steps (one-GPU
-# runs two at a time), and on a 1×H100 host twice, 30 steps, one run at a time (its held-out runs
-# were run once, with the first sweep); GPT-2's runs
-# again on a 2×H100 host after its blocks began recomputing in backward (121ccdb), which superseded
-# the GPT-2 runs of the H100 sweeps before it; then every run again on a 2×H100 host (1858462)
-# after T5's position bias let SDPA take a fused kernel and the cross-entropy kernel moved 16 bytes
-# per load, which changed every family's step (and T5's memory); and GPT-2's runs once more on a
-# 2×H100 host (9dd1533) after its layer norms, bias gradients and GELU gradient became the worker's
-# own kernels (GPT-2's steps 3-9% shorter), which supersede that sweep's GPT-2 runs; and the
-# one-GPU runs without host work once more on another 2×H100 host (5a3944b), one at a time, as
-# repeats: their launch-bound steps took 1.1-2× the earlier hosts' (the builds' steps are equal on
-# one host: bench/results/gpu-2026-11-26-launch-bound-builds-h100x1.json).
+# The sweeps are bench/gpu/run.sh's `costmodel` phase (bench/gpu/costmodel-runs.txt), 30 steps of
+# which 10 warm-up. H200: one sweep on a 2×H200 host at 5a3944b, one-GPU runs two at a time; the
+# three earlier H200 sweeps (gpu-2026-11-24-costmodel-short, -11-24-costmodel, -11-26-costmodel,
+# committed beside it) measured builds before GPT-2's recomputation and kernels, T5's fused
+# attention and the vectorised loss, and are no longer fitted. H100: two sweeps at 35b4299, after
+# the trainer's segment loop moved onto libtorch's autograd thread (launch-bound steps 0.87-0.93×):
+# every run on a 2×H100 host, and the one-GPU runs without host work again on a 1×H100 host, as
+# repeats; both one run at a time. The H100 sweeps before them (1858462, 9dd1533, 5a3944b; committed
+# beside them) measured builds whose launch-bound steps have changed since and are no longer fitted.
 # Their runs of the set `fit` are fitted on; those of `holdout` (other presets, micro-batches,
 # sequence lengths) never are.
 set -euo pipefail
@@ -29,15 +22,8 @@ ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE (under bench/results/raw)
   case $1 in
     h200) echo "now:gpu-2026-11-26-h200x2-costmodel-5a3944b" ;;
-    h100) echo "all:gpu-2026-11-26-h100x2-costmodel-1858462 gpt2:gpu-2026-11-26-h100x2-costmodel-gpt2-9dd1533 alone:gpu-2026-11-26-h100x2-costmodel-alone-5a3944b" ;;
+    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299 x1:gpu-2026-11-27-h100x1-costmodel-35b4299" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
-  esac
-}
-superseded() {  # runs a sweep measured again after an engine change, as NAME:PATTERN: the runs
-  # whose names match PATTERN in the sweeps listed before NAME are neither fitted on nor held out
-  case $1 in
-    h100) echo "gpt2:gpt2*" ;;
-    *) echo "" ;;
   esac
 }
 kinds=("$@")
@@ -52,15 +38,6 @@ for kind in "${kinds[@]}"; do
     fits+=("${s%%:*}/runs/cm-fit")
     [ ! -d "$work/${s%%:*}/runs/cm-holdout" ] || holdouts+=("${s%%:*}/runs/cm-holdout")
     sources+=("bench/results/raw/${s#*:}.tar.gz")
-  done
-  read -r -a sups <<< "$(superseded "$kind")"
-  for sup in "${sups[@]}"; do
-    for s in $list; do
-      [ "${s%%:*}" != "${sup%%:*}" ] || break
-      for set in cm-fit cm-holdout; do
-        [ ! -d "$work/${s%%:*}/runs/$set" ] || (cd "$work/${s%%:*}/runs/$set" && shopt -s nullglob && rm -rf -- ${sup#*:} ${sup#*:}.out)
-      done
-    done
   done
   (cd "$work" && "$ZB" fit "${fits[@]}" --out model.json --validate) > "$work/fit.md"
   cp "$work/model.json" "costmodel/models/$kind.json"

@@ -7,6 +7,7 @@ usage: report.py ZEROBENCH MODEL.json HOLDOUT_RUNS.csv FIT_REPORT.md KIND SOURCE
 import csv
 import datetime
 import json
+import statistics
 import subprocess
 import sys
 
@@ -24,6 +25,7 @@ for r in csv.DictReader(open(runs_csv)):
     p = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
     step, mem = float(r["step_ms_median"]), int(r["peak_allocated_bytes"])
     rows.append({
+        "configuration": " ".join(args[2:-3]),
         "run": r["run_id"], "dir": r["dir"], "gpu_util_pct": float(r["gpu_util_pct_mean"] or "nan"),
         "step_ms": step, "predicted_step_ms": round(p["step_ms"], 2),
         "step_error_pct": round((p["step_ms"] / step - 1) * 100, 1),
@@ -41,6 +43,23 @@ def mape(key, sel):
     return round(sum(v) / len(v), 1) if v else None
 
 
+def by_configuration(rows):
+    """Each configuration's median over its runs (on several hosts) against its prediction, and the
+    runs' own spread: the mean over runs of |run - its configuration's median| / run, the per-run
+    error left to a prediction of every median exactly (as `zerobench fit --validate` gives it)."""
+    groups = {}
+    for x in rows:
+        groups.setdefault(x["configuration"], []).append(x)
+    errors, spread = [], []
+    for xs in groups.values():
+        med = statistics.median(x["step_ms"] for x in xs)
+        errors.append(abs(xs[0]["predicted_step_ms"] / med - 1) * 100)
+        spread += [abs(x["step_ms"] - med) / x["step_ms"] * 100 for x in xs]
+    return {"configurations": len(groups), "repeated": sum(len(xs) > 1 for xs in groups.values()),
+            "step_mape_pct": round(statistics.mean(errors), 1) if errors else None,
+            "repeat_floor_pct": round(statistics.mean(spread), 1) if spread else None}
+
+
 device = [x for x in rows if x["gpu_util_pct"] >= 90]
 launch = [x for x in rows if not x["gpu_util_pct"] >= 90]
 v = fit["validation"]
@@ -50,14 +69,16 @@ print(json.dumps({
     "gpu": fit["gpu"],
     "sources": sources,
     "validation": {k: v[k] for k in ("folds", "configurations", "runs", "step_mape_pct", "memory_mape_pct",
-                                     "device_bound", "launch_bound", "stage_choice", "groups")},
+                                     "device_bound", "launch_bound", "by_configuration", "stage_choice",
+                                     "groups")},
     "held_out": {
         "summary": {"runs": len(rows), "step_mape_pct": mape("step_error_pct", rows),
                     "device_bound_step_mape_pct": mape("step_error_pct", device), "device_bound_runs": len(device),
                     "launch_bound_step_mape_pct": mape("step_error_pct", launch), "launch_bound_runs": len(launch),
                     "memory_mape_pct": mape("memory_error_pct", rows),
                     # The interval is the k-fold errors' 5th-95th percentiles: about 90% should fall in it.
-                    "step_in_interval": sum(x["in_interval"] for x in rows)},
+                    "step_in_interval": sum(x["in_interval"] for x in rows),
+                    "by_configuration": by_configuration(rows)},
         "runs": rows,
         "not_completed": incomplete,
     },

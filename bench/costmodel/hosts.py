@@ -1,0 +1,81 @@
+"""How much the same configurations' step times move between two cost-model sweeps (two hosts, or
+two builds): the one-GPU runs without host work that both sweeps completed, each sweep's median
+step time over the other's, apart for runs that kept the GPU busy (>= 90% in both: device-bound)
+and the rest (launch-bound).
+
+    python3 bench/costmodel/hosts.py ZEROBENCH --a ARCHIVE... --b ARCHIVE... [--label-a A --label-b B]
+
+Each side is one or more `bench/gpu/run.sh costmodel` archives; where two archives of one side hold
+a run of the same name, the later one's stands (a sweep measured again after a change). Step time
+and GPU use are `zerobench ingest`'s. Prints one JSON document: per class the number of runs, the
+median, smallest and largest ratio b/a, the mean |ln(b/a)| (symmetric: 0.10 is about 10% either
+way), and the runs at either end."""
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import tarfile
+import tempfile
+
+BUSY_PCT = 90  # as `zerobench fit` splits runs (costmodel::observation::DEVICE_BOUND_UTIL_PCT)
+
+
+def side(zb, archives, work, tag):
+    """Run name -> ingest row, for one side's archives (later archives' runs stand)."""
+    runs = {}
+    for i, archive in enumerate(archives):
+        d = os.path.join(work, f"{tag}{i}")
+        os.makedirs(d)
+        with tarfile.open(archive) as t:
+            t.extractall(d, filter="data")
+        sets = [s for s in ("runs/cm-fit", "runs/cm-holdout") if os.path.isdir(os.path.join(d, s))]
+        # Exit 1: runs that did not complete (out of memory) are listed, not measured.
+        p = subprocess.run([zb, "ingest", *sets, "--out", "ingest", "--format", "csv", "-q"], cwd=d,
+                           capture_output=True, text=True)
+        if p.returncode not in (0, 1):
+            raise SystemExit(f"{archive}: zerobench ingest failed ({p.returncode}): {p.stderr.strip()}")
+        for r in csv.DictReader(open(os.path.join(d, "ingest", "runs.csv"))):
+            if r["step_ms_median"] and r["gpus"] == "1" and r["offload"] == "none":
+                runs[r["run_id"]] = r
+    return runs
+
+
+def summary(pairs):
+    if not pairs:
+        return {"runs": 0}
+    ratios = sorted(pairs)
+    r = [x for x, _ in ratios]
+    return {"runs": len(r), "median": round(statistics.median(r), 3), "min": round(r[0], 3),
+            "max": round(r[-1], 3), "mean_abs_log": round(statistics.mean(abs(math.log(x)) for x in r), 3),
+            "lowest": [{"run": k, "ratio": round(x, 3)} for x, k in ratios[:3]],
+            "highest": [{"run": k, "ratio": round(x, 3)} for x, k in ratios[-3:]]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("zerobench")
+    ap.add_argument("--a", nargs="+", required=True)
+    ap.add_argument("--b", nargs="+", required=True)
+    ap.add_argument("--label-a", default="a")
+    ap.add_argument("--label-b", default="b")
+    args = ap.parse_args()
+    zb = os.path.abspath(args.zerobench)
+    with tempfile.TemporaryDirectory() as work:
+        a, b = side(zb, args.a, work, "a"), side(zb, args.b, work, "b")
+    device, launch = [], []
+    for k in sorted(set(a) & set(b)):
+        ratio = float(b[k]["step_ms_median"]) / float(a[k]["step_ms_median"])
+        busy = min(float(a[k]["gpu_util_pct_mean"] or 0), float(b[k]["gpu_util_pct_mean"] or 0)) >= BUSY_PCT
+        (device if busy else launch).append((ratio, k))
+    print(json.dumps({
+        "benchmark": "bench/costmodel/hosts.py: one-GPU runs without host work, sweep b's median step over sweep a's",
+        "a": {"label": args.label_a, "archives": args.a}, "b": {"label": args.label_b, "archives": args.b},
+        "only_in_a": sorted(set(a) - set(b)), "only_in_b": sorted(set(b) - set(a)),
+        "device_bound": summary(device), "launch_bound": summary(launch)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
