@@ -9,7 +9,7 @@ Each side is one or more `bench/gpu/run.sh costmodel` archives; where two archiv
 a run of the same name, the later one's stands (a sweep measured again after a change). Step time
 and GPU use are `zerobench ingest`'s. Prints one JSON document: per class the number of runs, the
 median, smallest and largest ratio b/a, the mean |ln(b/a)| (symmetric: 0.10 is about 10% either
-way), and the runs at either end."""
+way), the runs at either end, and each side's CPU models where its logs record them."""
 import argparse
 import csv
 import json
@@ -43,6 +43,10 @@ def side(zb, archives, work, tag):
     return runs
 
 
+def cpu_models(runs):
+    return sorted({r["host_cpu"] for r in runs.values() if r.get("host_cpu")})
+
+
 def summary(pairs):
     if not pairs:
         return {"runs": 0}
@@ -72,7 +76,9 @@ def main():
         (device if busy else launch).append((ratio, k))
     print(json.dumps({
         "benchmark": "bench/costmodel/hosts.py: one-GPU runs without host work, sweep b's median step over sweep a's",
-        "a": {"label": args.label_a, "archives": args.a}, "b": {"label": args.label_b, "archives": args.b},
+        # The hosts' CPU models, where the logs record them (`start.machine`, newer builds).
+        "a": {"label": args.label_a, "archives": args.a, "cpu_models": cpu_models(a)},
+        "b": {"label": args.label_b, "archives": args.b, "cpu_models": cpu_models(b)},
         "only_in_a": sorted(set(a) - set(b)), "only_in_b": sorted(set(b) - set(a)),
         "device_bound": summary(device), "launch_bound": summary(launch)}, indent=1))
 

@@ -55,6 +55,7 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     row.gpus = Some(world);
     row.nodes = Some(start.nodes);
     row.gpu = Some(start.device.name.clone());
+    row.host_cpu = start.machine.as_ref().map(|m| m.cpu_model.clone());
     row.status_detail = detail;
     row.log_version = Some(start.v);
     row.ranks_read = acc.ranks.len() as u32;

@@ -82,6 +82,8 @@ pub struct RunRow {
     pub gpus: Option<u32>,
     pub nodes: Option<u32>,
     pub gpu: Option<String>,
+    /// The host's CPU model (rank 0's; zerobench runs whose logs record it).
+    pub host_cpu: Option<String>,
     pub status: Status,
     pub status_detail: Option<String>,
     /// The schema version of a zerobench run's logs (`None` for foreign runs). Version 1's

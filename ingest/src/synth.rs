@@ -13,8 +13,8 @@ use std::path::Path;
 
 use zerobench_schema::collective::CollectiveKind;
 use zerobench_schema::log::{
-    CommStats, DeviceInfo, End, ErrorClass, ErrorRecord, MemorySample, ModelInfo, Record, RunStatus, Setup, SlurmInfo,
-    Start, Step, Versions, SCHEMA_VERSION,
+    CommStats, DeviceInfo, End, ErrorClass, ErrorRecord, Machine, MemorySample, ModelInfo, Record, RunStatus, Setup,
+    SlurmInfo, Start, Step, Versions, SCHEMA_VERSION,
 };
 use zerobench_schema::memory::{model_state_for, padded_params, ModelStateBytes};
 use zerobench_schema::splitmix::SplitMix64;
@@ -200,6 +200,7 @@ impl SynthRun {
             nodes: self.nodes,
             rank_source: "env:RANK".into(),
             host: format!("node{}", rank / per_node),
+            machine: Some(Machine { cpu_model: "Synthetic CPU".into(), cpus: 32, memory_bytes: Some(256 << 30) }),
             pid: 1000 + rank,
             config: self.config.clone(),
             model: ModelInfo {

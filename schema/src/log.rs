@@ -126,6 +126,11 @@ pub struct Start {
     /// through RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT), `env:RANK` or `single` (one process).
     pub rank_source: String,
     pub host: String,
+    /// What the host is: its CPU model, CPUs and memory. Offload's host work and the launching of
+    /// small steps run at the host's speed, so two hosts of one GPU kind differ there. Absent from
+    /// logs of versions before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<Machine>,
     pub pid: u32,
     pub config: RunConfig,
     pub model: ModelInfo,
@@ -136,6 +141,18 @@ pub struct Start {
     pub versions: Versions,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<SlurmInfo>,
+}
+
+/// The host a rank runs on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Machine {
+    /// `model name` of /proc/cpuinfo (the architecture where there is none).
+    pub cpu_model: String,
+    /// CPUs online on the host (not only those this rank may run on).
+    pub cpus: u32,
+    /// `MemTotal` of /proc/meminfo; absent where it cannot be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -685,6 +702,7 @@ mod tests {
             nodes: 1,
             rank_source: "mpi".into(),
             host: "h".into(),
+            machine: None,
             pid: 1,
             config: RunConfig::new(ModelPreset::Tiny, ZeroStage::Z2),
             model: ModelInfo {

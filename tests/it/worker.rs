@@ -148,6 +148,11 @@ fn logs_follow_the_schema_from_start_to_end() {
                 assert_eq!((s.rank, s.world_size, s.local_rank, s.local_size), (r as u32, 2, r as u32, 2));
                 assert_eq!(s.rank_source, "mpi");
                 assert_eq!(s.comm_backend, "mpi");
+                // The host as the kernel describes it: every online CPU, not only the rank's.
+                let m = s.machine.as_ref().expect("start.machine");
+                let usable = std::thread::available_parallelism().unwrap().get() as u32;
+                assert!(m.cpus >= usable && !m.cpu_model.is_empty(), "{m:?}");
+                assert!(m.memory_bytes.is_some_and(|b| b > 1 << 30), "{m:?}");
                 assert_eq!(e.status, RunStatus::Ok);
                 assert_eq!(e.steps_completed, 5);
                 assert!(e.summary.is_some());

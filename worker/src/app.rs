@@ -393,6 +393,7 @@ fn start_record(
         nodes: ident.nodes,
         rank_source: ident.source.to_string(),
         host: identity::hostname(),
+        machine: Some(identity::machine()),
         pid: std::process::id(),
         config: cfg.clone(),
         model: ModelInfo {
