@@ -73,7 +73,7 @@ fn main() {
         "{}",
         serde_json::json!({
             "benchmark": "cpu-adamw",
-            "cpu": zerobench_worker::runtime::device::cpu_name(),
+            "cpu": zerobench_worker::runtime::machine::cpu_name(),
             "threads": threads,
             "params": n,
             "avx2_fma": implementation == "rust-cpu-avx2",

@@ -379,7 +379,7 @@ fn start_record(
     let on_gpu = cuda_index.is_some();
     let (device_name, total_memory_bytes) = match gpu {
         Some(g) => g.describe(),
-        None => (runtime::device::cpu_name(), None),
+        None => (runtime::machine::cpu_name(), None),
     };
     Start {
         v: SCHEMA_VERSION,
@@ -393,7 +393,7 @@ fn start_record(
         nodes: ident.nodes,
         rank_source: ident.source.to_string(),
         host: identity::hostname(),
-        machine: Some(identity::machine()),
+        machine: Some(runtime::machine::machine()),
         pid: std::process::id(),
         config: cfg.clone(),
         model: ModelInfo {

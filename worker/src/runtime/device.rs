@@ -47,16 +47,3 @@ pub fn select(request: DeviceRequest) -> Result<Device, DeviceError> {
     }
     Ok(Device::Cuda(0))
 }
-
-/// A human-readable name of the CPU, for the `start` record.
-pub fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|v| v.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
-}

@@ -14,24 +14,12 @@ use crate::failure::Failure;
 /// Bytes the node can still give: `MemAvailable`, capped by this process's cgroup (v2) limit
 /// less its usage, as Slurm's `--mem` sets it. `None` where neither can be read.
 pub fn available_bytes() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| meminfo_bytes(&t, "MemAvailable"));
+    let meminfo = super::machine::meminfo("MemAvailable");
     let cgroup = cgroup_dir().and_then(|d| cgroup_headroom(&d));
     match (meminfo, cgroup) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
-}
-
-/// The host's memory (`MemTotal`), for the `start` record. `None` where it cannot be read.
-pub fn total_bytes() -> Option<u64> {
-    std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| meminfo_bytes(&t, "MemTotal"))
-}
-
-/// The field `key` (`MemAvailable`, `MemTotal`) of a `/proc/meminfo` text, in bytes.
-fn meminfo_bytes(meminfo: &str, key: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.strip_prefix(key).is_some_and(|rest| rest.starts_with(':')))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 /// This process's cgroup v2 folder (the `0::/path` line of `/proc/self/cgroup`).
@@ -81,21 +69,6 @@ pub fn check(per_rank: u64, ranks_on_node: u32, available: Option<u64>) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn meminfo_fields_are_read_in_bytes() {
-        let text = "MemTotal:       24000000 kB\nMemFree:        1000 kB\nMemAvailable:   20000000 kB\n";
-        assert_eq!(meminfo_bytes(text, "MemAvailable"), Some(20_000_000 * 1024));
-        assert_eq!(meminfo_bytes(text, "MemTotal"), Some(24_000_000 * 1024));
-        assert_eq!(meminfo_bytes("MemTotal: 1 kB\n", "MemAvailable"), None);
-        // A key is the whole name before the colon, not a prefix of another.
-        assert_eq!(meminfo_bytes("MemAvailableX: 5 kB\n", "MemAvailable"), None);
-    }
-
-    #[test]
-    fn this_host_has_memory() {
-        assert!(total_bytes().is_some_and(|b| b > 0));
-    }
 
     #[test]
     fn cgroup_headroom_is_max_less_current_and_none_when_unlimited() {

@@ -18,7 +18,7 @@
 use std::env;
 
 use mpi::topology::{Color, Communicator, SimpleCommunicator};
-use zerobench_schema::log::{Machine, SlurmInfo};
+use zerobench_schema::log::SlurmInfo;
 
 use super::launch_env::{self, EnvLaunch, RendezvousError, Vars, LOCAL_RANK, RANK, WORLD_SIZE};
 
@@ -171,17 +171,6 @@ pub fn node_name() -> String {
     env::var("SLURMD_NODENAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(hostname)
 }
 
-/// What this host is, for the `start` record: its CPU model, CPUs online and memory.
-pub fn machine() -> Machine {
-    // SAFETY: sysconf reads a system value.
-    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    // -1 (unknown) never happens on Linux; the CPUs this rank may use are then the best lower bound.
-    let cpus = u32::try_from(online).ok().filter(|&n| n > 0).unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
-    });
-    Machine { cpu_model: super::device::cpu_name(), cpus, memory_bytes: super::host_memory::total_bytes() }
-}
-
 /// This host's name.
 pub fn hostname() -> String {
     let mut buf = [0u8; 256];
@@ -200,15 +189,6 @@ mod tests {
 
     fn launch(rank: u32, world_size: u32) -> EnvLaunch {
         EnvLaunch { rank, world_size, master_addr: "a".into(), master_port: 29500, agent_store: false }
-    }
-
-    #[test]
-    fn the_machine_has_at_least_the_cpus_this_process_may_use() {
-        let m = machine();
-        let usable = std::thread::available_parallelism().expect("CPUs").get();
-        assert!(m.cpus as usize >= usable, "{} online, {usable} usable", m.cpus);
-        assert!(!m.cpu_model.is_empty());
-        assert!(m.memory_bytes.is_some_and(|b| b > 0));
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod host_memory;
 pub mod identity;
 pub mod kernels;
 pub mod launch_env;
+pub mod machine;
 pub mod pinned;
 pub mod rendezvous;
 pub mod shim;
