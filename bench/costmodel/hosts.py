@@ -29,9 +29,14 @@ def side(zb, archives, work, tag):
     for i, archive in enumerate(archives):
         d = os.path.join(work, f"{tag}{i}")
         os.makedirs(d)
-        with tarfile.open(archive) as t:
-            t.extractall(d, filter="data")
+        try:
+            with tarfile.open(archive) as t:
+                t.extractall(d, filter="data")
+        except (OSError, tarfile.TarError) as e:
+            raise SystemExit(f"hosts.py: {archive}: not a readable archive: {e}")
         sets = [s for s in ("runs/cm-fit", "runs/cm-holdout") if os.path.isdir(os.path.join(d, s))]
+        if not sets:
+            raise SystemExit(f"hosts.py: {archive}: no runs/cm-fit or runs/cm-holdout (not a costmodel sweep)")
         # Exit 1: runs that did not complete (out of memory) are listed, not measured.
         p = subprocess.run([zb, "ingest", *sets, "--out", "ingest", "--format", "csv", "-q"], cwd=d,
                            capture_output=True, text=True)
