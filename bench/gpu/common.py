@@ -1,6 +1,7 @@
 """What the bench/gpu/report*.py scripts share: reading a result archive of
 bench/gpu/run.sh, the parts of a rank log a summary needs, and number formats."""
 import json
+import os
 import re
 import statistics
 import tarfile
@@ -102,6 +103,22 @@ def build_summary(log):
         "peak_allocated_gib": round(max(r["memory"]["peak_allocated_bytes"] for r in steps) / 2**30, 3),
         "losses": [r["loss"] for r in log if r["event"] == "step"],
     }
+
+
+def rank0_records(run_dir):
+    """The records of a run folder's rank 0 log; none where the run left no log."""
+    f = os.path.join(run_dir, "rank0.jsonl")
+    return json_lines(open(f).read()) if os.path.exists(f) else []
+
+
+def steadiness(recs):
+    """A run's measured steps as the noise reports give them: the median step (ms) and the
+    coefficient of variation over the steps; both None without measured steps."""
+    steps = [r["step_ms"] for r in recs if r["event"] == "step" and not r["warmup"]]
+    if not steps:
+        return {"step_ms": None, "cv": None}
+    return {"step_ms": round(statistics.median(steps), 3),
+            "cv": round(statistics.pstdev(steps) / statistics.mean(steps), 4)}
 
 
 def runs_of_a_setting(medians, runs):

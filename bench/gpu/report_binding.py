@@ -15,17 +15,9 @@ import re
 import statistics
 import sys
 
-from common import json_lines, runs_of_a_setting
+from common import rank0_records, runs_of_a_setting, steadiness
 
 MODES = ("alone", "free", "bound")
-
-
-def run_steps(run_dir):
-    f = os.path.join(run_dir, "rank0.jsonl")
-    if not os.path.exists(f):
-        return None
-    steps = [r["step_ms"] for r in json_lines(open(f).read()) if r["event"] == "step" and not r["warmup"]]
-    return steps or None
 
 
 def main():
@@ -36,13 +28,7 @@ def main():
         if not m or not os.path.isdir(d):
             continue
         mode, name, gpu, rnd = m.groups()
-        steps = run_steps(d)
-        run = {"gpu": int(gpu), "round": int(rnd)}
-        if steps:
-            run |= {"step_ms": round(statistics.median(steps), 3),
-                    "cv": round(statistics.pstdev(steps) / statistics.mean(steps), 4)}
-        else:
-            run |= {"step_ms": None, "cv": None}
+        run = {"gpu": int(gpu), "round": int(rnd)} | steadiness(rank0_records(d))
         cases.setdefault(name, {}).setdefault(mode, []).append(run)
     table = []
     for name, modes in sorted(cases.items()):

@@ -15,23 +15,16 @@ import re
 import statistics
 import sys
 
-from common import json_lines, runs_of_a_setting
-
+from common import rank0_records, runs_of_a_setting, steadiness
 
 
 def run_summary(run_dir):
-    f = os.path.join(run_dir, "rank0.jsonl")
-    recs = json_lines(open(f).read()) if os.path.exists(f) else []
-    measured = [r for r in recs if r["event"] == "step" and not r["warmup"]]
-    steps = [r["step_ms"] for r in measured]
-    util = [r["gpu_util_pct"] for r in measured if r.get("gpu_util_pct") is not None]
+    recs = rank0_records(run_dir)
+    util = [r["gpu_util_pct"] for r in recs
+            if r["event"] == "step" and not r["warmup"] and r.get("gpu_util_pct") is not None]
     start = next((r for r in recs if r["event"] == "start"), {})
-    if not steps:
-        return {"step_ms": None, "cv": None, "gpu_util_pct": None, "launch_cpu": None}
-    return {"step_ms": round(statistics.median(steps), 3),
-            "cv": round(statistics.pstdev(steps) / statistics.mean(steps), 4),
-            "gpu_util_pct": statistics.median(util) if util else None,
-            "launch_cpu": start.get("device", {}).get("launch_cpu")}
+    return steadiness(recs) | {"gpu_util_pct": statistics.median(util) if util else None,
+                               "launch_cpu": start.get("device", {}).get("launch_cpu")}
 
 
 def main():

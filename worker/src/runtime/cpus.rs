@@ -170,7 +170,8 @@ fn threads_for(
     u32::try_from(n.max(1)).unwrap_or(u32::MAX)
 }
 
-fn online_cpus() -> Option<usize> {
+/// The CPUs online on this host (not only this process's).
+pub fn online_cpus() -> Option<usize> {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     usize::try_from(n).ok().filter(|&n| n > 0)

@@ -6,12 +6,10 @@ use zerobench_schema::log::Machine;
 
 /// This host, as the kernel describes it.
 pub fn machine() -> Machine {
-    // SAFETY: sysconf reads a system value.
-    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    // -1 (unknown) never happens on Linux; the CPUs this rank may use are then the best lower bound.
-    let cpus = u32::try_from(online).ok().filter(|&n| n > 0).unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
-    });
+    // Unknown never happens on Linux; the CPUs this rank may use are then the best lower bound.
+    let cpus = super::cpus::online_cpus()
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX));
     Machine { cpu_model: cpu_name(), cpus, memory_bytes: total_memory_bytes() }
 }
 
