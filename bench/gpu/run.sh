@@ -76,6 +76,12 @@
 #                LC_SETTINGS (default "none auto"; a CPU number too) in turn (LC_REPS rounds,
 #                default 3, the order turned each round); writes
 #                launch-cpu.json (bench/gpu/report_launch_cpu.py)
+#   offload-builds  offload's step time across builds: gpt2-xl micro-batch 4, stage 2, optimizer on
+#                the host, one GPU, with the worker of each carried build folder in OB_BUILDS (the first
+#                the base) in turn, OB_REPS rounds (default 3, the order turned each round); each run's
+#                huge-page share of resident memory read mid-run; then this host's CPU AdamW
+#                (examples/cpu_adamw of --bin); writes offload-builds.json
+#                (bench/gpu/report_offload_builds.py)
 #   binding      how steady launch-bound steps are (NOISE_RUNS, one-GPU costmodel runs by name): each
 #                run NOISE_REPS times alone, two at once (one per GPU, as costmodel's CM_PARALLEL=2
 #                runs them) free on the host, and two at once each bound to its GPU's local CPUs
@@ -384,6 +390,25 @@ print(json.dumps({"benchmark": "bench/gpu/run.sh same-speed", "commit": commit, 
                   "cases": out}, indent=1))
 PY
       log "same-speed: $(python3 -c 'import json,sys; print([(c["case"], c["ratio_new_over_base"]) for c in json.load(open(sys.argv[1]))["cases"]])' "$OUTDIR/same-speed.json")" ;;
+    offload-builds)
+      : "${OB_BUILDS:?offload-builds runs the worker of each build folder in OB_BUILDS}"
+      commits=()
+      for b in $OB_BUILDS; do commits+=("$(commit_of "$b")"); done
+      for rep in $(seq "${OB_REPS:-3}"); do
+        order=$OB_BUILDS; [ $((rep % 2)) = 1 ] || order=$(tr ' ' '\n' <<< "$order" | tac | xargs)
+        for b in $order; do
+          c=$(commit_of "$b"); name="ob_gpt2-xl_z2_mb4_offload-optimizer_${c:0:7}_${rep}"
+          # The huge-page share of the worker's resident memory, read once its steps run.
+          ( sleep "${OB_SAMPLE_S:-11}"; pid=$(pgrep -n -f "zerobench-worker .*--run-id $name( |$)") \
+              && grep -E '^(Rss|AnonHugePages):' "/proc/$pid/smaps_rollup" > "$RUNS/$name.smaps" ) &
+          W=$b/zerobench-worker worker "$name" 1 --model gpt2-xl --stage 2 --offload optimizer --micro-batch 4 \
+            --seq-len 1024 --steps 20 --warmup 5
+          wait
+        done
+      done
+      "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
+      python3 bench/gpu/report_offload_builds.py "$RUNS" "$OUTDIR/host.txt" "${commits[@]}" > "$OUTDIR/offload-builds.json"
+      log "offload-builds: $(python3 -c 'import json,sys; print([(b["build"][:7], b["median_step_ms"], b["over_first"]) for c in json.load(open(sys.argv[1]))["configurations"] for b in c["builds"]])' "$OUTDIR/offload-builds.json")" ;;
     launch-cpu)
       mkdir -p "$RUNS/lc"
       for rep in $(seq "${LC_REPS:-3}"); do
