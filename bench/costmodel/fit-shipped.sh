@@ -8,10 +8,13 @@
 # which 10 warm-up. H200: one sweep on a 2×H200 host at 5a3944b, one-GPU runs two at a time; the
 # three earlier H200 sweeps (gpu-2026-11-24-costmodel-short, -11-24-costmodel, -11-26-costmodel,
 # committed beside it) measured builds before GPT-2's recomputation and kernels, T5's fused
-# attention and the vectorised loss, and are no longer fitted. H100: two sweeps at 35b4299, after
-# the trainer's segment loop moved onto libtorch's autograd thread (launch-bound steps 0.87-0.93×):
-# every run on a 2×H100 host, and the one-GPU runs without host work again on a 1×H100 host, as
-# repeats; both one run at a time. The H100 sweeps before them (1858462, 9dd1533, 5a3944b; committed
+# attention and the vectorised loss, and are no longer fitted. H100: four sweeps after the trainer's
+# segment loop moved onto libtorch's autograd thread (launch-bound steps 0.87-0.93×), one run at a
+# time: at 35b4299 every run on a 2×H100 host and the one-GPU runs without host work again on a
+# 1×H100 host; at 691c208 (the same worker, whose start record also names the host) the one-GPU
+# runs and the offloaded ones with new held-out configurations on a second 1×H100 host, and the
+# offloaded runs with 11 new offloaded configurations on a third. A configuration's runs on several
+# hosts are fitted as repeats. The H100 sweeps before them (1858462, 9dd1533, 5a3944b; committed
 # beside them) measured builds whose launch-bound steps have changed since and are no longer fitted.
 # Their runs of the set `fit` are fitted on; those of `holdout` (other presets, micro-batches,
 # sequence lengths) never are.
@@ -22,7 +25,7 @@ ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE (under bench/results/raw)
   case $1 in
     h200) echo "now:gpu-2026-11-26-h200x2-costmodel-5a3944b" ;;
-    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299 x1:gpu-2026-11-27-h100x1-costmodel-35b4299" ;;
+    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299 x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208 x1c:gpu-2026-11-27-h100x1c-costmodel-offload-691c208" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
 }
