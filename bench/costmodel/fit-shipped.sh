@@ -18,6 +18,9 @@
 # beside them) measured builds whose launch-bound steps have changed since and are no longer fitted.
 # Their runs of the set `fit` are fitted on; those of `holdout` (other presets, micro-batches,
 # sequence lengths) never are.
+#
+# H100 also has three rounds on a second 2×H100 host at 691c208: the offloaded and 2-GPU runs,
+# then the 2-GPU runs twice more (repeat-2/, repeat-3/ in its archive).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BIN=${BIN:-target/release}
@@ -25,7 +28,7 @@ ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE (under bench/results/raw)
   case $1 in
     h200) echo "now:gpu-2026-11-26-h200x2-costmodel-5a3944b" ;;
-    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299 x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208 x1c:gpu-2026-11-27-h100x1c-costmodel-offload-691c208" ;;
+    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299 x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208 x1c:gpu-2026-11-27-h100x1c-costmodel-offload-691c208 x2b:gpu-2026-11-27-h100x2b-costmodel-serial-691c208" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
 }
@@ -38,8 +41,10 @@ for kind in "${kinds[@]}"; do
   for s in $list; do
     mkdir -p "$work/${s%%:*}"
     tar -xzf "bench/results/raw/${s#*:}.tar.gz" -C "$work/${s%%:*}"
-    fits+=("${s%%:*}/runs/cm-fit")
-    [ ! -d "$work/${s%%:*}/runs/cm-holdout" ] || holdouts+=("${s%%:*}/runs/cm-holdout")
+    # An archive holds one sweep (runs/) or, where a host ran the list again, its repeats too
+    # (repeat-N/runs/): every set folder in it counts.
+    while read -r d; do fits+=("$d"); done < <(cd "$work" && find "${s%%:*}" -type d -name cm-fit | sort)
+    while read -r d; do holdouts+=("$d"); done < <(cd "$work" && find "${s%%:*}" -type d -name cm-holdout | sort)
     sources+=("bench/results/raw/${s#*:}.tar.gz")
   done
   (cd "$work" && "$ZB" fit "${fits[@]}" --out model.json --validate) > "$work/fit.md"
