@@ -130,11 +130,16 @@ fn fit_terms(
 
 /// The micro-step's host and device bounds (see the module documentation). A family none of whose
 /// runs kept the GPU busy (NVML utilisation under [`DEVICE_BOUND_UTIL_PCT`](crate::observation::DEVICE_BOUND_UTIL_PCT) in every one) has no
-/// measurement of its device bound: its device terms are left unfitted, and prediction prices them
-/// as the other families' mean (flagged), rather than let the host's noise set them (tiny-llama's
-/// steps of 5-9 ms on an H100 fitted 80 µs per GFLOP, 50 times gpt2's, and predicted its largest
-/// batch at twice its time). Its host terms are fitted with its device bound at zero; in prediction
-/// the borrowed device bound adds its unhidden share, which the validation's errors include.
+/// measurement of its device bound: its device terms are left unfitted, rather than let the host's
+/// noise set them (tiny-llama's steps of 5-9 ms on an H100 fitted 80 µs per GFLOP, 50 times gpt2's,
+/// and predicted its largest batch at twice its time). Prediction prices them as the donor's
+/// (flagged): the family with the most busy runs among those the bounds are fitted on (one GPU, no
+/// offload), whose device terms are the best measured, named
+/// by the coefficient [`DEVICE_DONOR`]`<family>` (its value the count). Not the fitted families'
+/// mean: once T5's device terms were fitted (a fixed 25 ms per micro-step against gpt2's 6), the
+/// mean priced tiny-llama's 6 ms steps at 16. Its host terms are fitted with its device bound at
+/// zero; in prediction the borrowed device bound adds its unhidden share, which the validation's
+/// errors include.
 fn fit_micro(idx: &[usize], runs: &[&Observation], works: &[Work], target: &[f64]) -> BTreeMap<String, f64> {
     let sub_runs: Vec<&Observation> = idx.iter().map(|&i| runs[i]).collect();
     let sub_works: Vec<Work> = idx.iter().map(|&i| works[i].clone()).collect();
@@ -160,11 +165,34 @@ fn fit_micro(idx: &[usize], runs: &[&Observation], works: &[Work], target: &[f64
         .collect();
     let start = initial_bounds(&sub_runs, &sub_works);
     // The unhidden share is searched on a grid; for each, the bounds' coefficients by alternation.
-    (0..=UNHIDDEN_STEPS)
+    let mut coef = (0..=UNHIDDEN_STEPS)
         .map(|k| fit_bounds(&terms, target, &start, f64::from(k) / f64::from(UNHIDDEN_STEPS)))
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, c)| c)
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if sub_works.iter().any(|w| !busy.contains(w.family)) {
+        if let Some((donor, n)) = device_donor(&sub_runs, &sub_works) {
+            coef.insert(format!("{DEVICE_DONOR}{donor}"), n as f64);
+        }
+    }
+    coef
+}
+
+/// The prefix of the coefficient that names the family whose device terms a family without its own
+/// borrows (see [`fit_micro`]).
+pub(crate) const DEVICE_DONOR: &str = "device_donor.";
+
+/// The family with the most runs that kept the GPU busy (or do not say), and how many; ties go to
+/// the first name. None when no run did.
+fn device_donor<'a>(runs: &[&Observation], works: &'a [Work]) -> Option<(&'a str, usize)> {
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    for (o, w) in runs.iter().zip(works) {
+        if o.kept_gpu_busy().unwrap_or(true) {
+            *count.entry(w.family).or_default() += 1;
+        }
+    }
+    // max_by_key keeps the last of equals: reversed, the first name wins a tie.
+    count.into_iter().rev().max_by_key(|&(_, n)| n)
 }
 
 /// Grid steps of the unhidden share between 0 (the longer bound alone) and 1 (both added).

@@ -98,6 +98,11 @@ mod tests {
             ("t5.device_ms", 4.0),
             ("t5.ms_per_gflop", 0.0025),
             ("t5.ms_per_gact", 2.0),
+            ("llama.launch_ms", 2.0),
+            ("llama.launch_ms_per_unit", 0.7),
+            ("llama.device_ms", 0.5),
+            ("llama.ms_per_gflop", 0.0019),
+            ("llama.ms_per_gact", 4.0),
             ("stage3.ms_per_gparam_gathered", 1.5),
             ("optimizer.ms_per_gparam", 8.8),
             ("offload.ms_per_gparam", 150.0),
@@ -122,6 +127,8 @@ mod tests {
             ("gpt2.mem_gib_per_gact", 20.0),
             ("t5.mem_gib", 0.3),
             ("t5.mem_gib_per_gact", 30.0),
+            ("llama.mem_gib", 0.1),
+            ("llama.mem_gib_per_gact", 20.0),
             ("mem_gib_per_gparam_largest", 0.0),
         ]
         .into_iter()
@@ -254,6 +261,58 @@ mod tests {
         let f = &fit(&runs).unwrap().fits[0];
         assert!(device_terms.iter().any(|n| f.step.contains_key(*n)), "{:?}", f.step);
         assert!(f.predict(q).extrapolated.is_empty());
+    }
+
+    /// A family without device terms of its own borrows those of the family with the most busy
+    /// runs, not a mean that a slow family (here T5, made 4 times slower per FLOP) drags.
+    #[test]
+    fn a_family_without_device_terms_borrows_the_best_measured_familys() {
+        let mut runs = sweep();
+        let mut slow_t5 = truth();
+        *slow_t5.get_mut("t5.ms_per_gflop").unwrap() *= 4.0;
+        *slow_t5.get_mut("t5.device_ms").unwrap() *= 4.0;
+        for o in runs.iter_mut().filter(|o| o.query.config.model.spec().family() == "t5") {
+            o.step_ms = step_parts(&slow_t5, &Work::of(&o.query), &mut Vec::new()).step_ms;
+        }
+        let llama: Vec<Observation> = [(1, 256), (4, 256), (4, 1024), (16, 512)]
+            .into_iter()
+            .flat_map(|(mb, seq)| [ZeroStage::Z0, ZeroStage::Z3].map(|z| (mb, seq, z)))
+            .map(|(mb, seq, z)| {
+                let mut o = observe(ModelPreset::TinyLlama, z, mb, seq, 1, Offload::None);
+                o.gpu_util_pct = Some(10.0);
+                o
+            })
+            .collect();
+        runs.extend(llama.iter().cloned());
+        let f = &fit(&runs).unwrap().fits[0];
+        // Counted over the runs the bounds are fitted on: one GPU, no offload.
+        let gpt2_busy = runs
+            .iter()
+            .filter(|o| o.query.config.model.spec().family() == "gpt2")
+            .filter(|o| o.query.gpus == 1 && o.query.config.offload == Offload::None)
+            .count();
+        assert_eq!(f.step.get("device_donor.gpt2"), Some(&(gpt2_busy as f64)), "{:?}", f.step);
+        assert!(!f.step.contains_key("llama.ms_per_gflop"), "{:?}", f.step);
+        // The llama prediction prices its device bound with gpt2's coefficients, and says so.
+        let q = &llama[5].query;
+        let p = f.predict(q);
+        assert!(
+            p.extrapolated.iter().any(|e| e.contains("llama: its device bound not fitted") && e.contains("gpt2's")),
+            "{:?}",
+            p.extrapolated
+        );
+        let mut as_gpt2 = f.step.clone();
+        for suffix in [".device_ms", ".ms_per_gflop", ".ms_per_gact"] {
+            as_gpt2.insert(format!("llama{suffix}"), f.step[&format!("gpt2{suffix}")]);
+        }
+        let want = step_parts(&as_gpt2, &Work::of(q), &mut Vec::new()).step_ms;
+        assert!((p.step_ms - want).abs() < 1e-9, "{} vs {want}", p.step_ms);
+        // A model file from before the donor (no such coefficient) still prices it, as the mean.
+        let mut old = f.clone();
+        old.step.remove("device_donor.gpt2");
+        let p_old = old.predict(q);
+        assert!(p_old.extrapolated.iter().any(|e| e.contains("the other families' mean")), "{:?}", p_old.extrapolated);
+        assert!(p_old.step_ms > p.step_ms, "the slow T5 should pull the mean up: {} vs {}", p_old.step_ms, p.step_ms);
     }
 
     #[test]

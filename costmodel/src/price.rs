@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::coefficients::DEVICE_DONOR;
 use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
 use crate::work::Work;
 
@@ -22,8 +23,10 @@ pub enum Bound {
     Device,
 }
 
-/// Evaluates terms against coefficients. A family coefficient the model lacks takes the mean of
-/// the fitted families' (flagged); any other missing coefficient counts 0 (flagged when its
+/// Evaluates terms against coefficients. A device coefficient of a family whose device bound was
+/// not fitted takes the donor family's ([`DEVICE_DONOR`]; models fitted before it named one, the
+/// fitted families' mean); any other family coefficient the model lacks takes the mean of the
+/// fitted families' (both flagged); any other missing coefficient counts 0 (flagged when its
 /// quantity is not 0).
 pub(crate) fn eval(coef: &BTreeMap<String, f64>, terms: &[Term], part: Part, flags: &mut Vec<String>) -> f64 {
     terms
@@ -41,23 +44,35 @@ pub(crate) fn eval(coef: &BTreeMap<String, f64>, terms: &[Term], part: Part, fla
                         .map(|(_, v)| *v)
                         .collect();
                     let fitted = coef.keys().any(|k| family_of(k) == Some(fam));
+                    let donor = coef
+                        .keys()
+                        .find_map(|k| k.strip_prefix(DEVICE_DONOR))
+                        .filter(|d| coef.contains_key(&format!("{d}{suffix}")));
                     note(
                         flags,
-                        match (fitted, t.part) {
-                            (false, _) => {
+                        match (fitted, t.part, donor) {
+                            (false, _, _) => {
                                 format!(
                                     "{fam}: no run of this family was fitted; its terms are the mean of the others'"
                                 )
                             }
                             // Left unfitted when none of its runs kept the GPU busy (crate::coefficients).
-                            (true, Part::Device) => format!(
+                            (true, Part::Device, Some(d)) => format!(
+                                "{fam}: its device bound not fitted (none of its runs kept the GPU busy); \
+                                 {d}'s, the family with the most busy runs"
+                            ),
+                            (true, Part::Device, None) => format!(
                                 "{fam}: its device bound not fitted (none of its runs kept the GPU busy); \
                                  the other families' mean"
                             ),
-                            (true, _) => format!("{fam}{suffix}: not fitted for this family; the other families' mean"),
+                            (true, _, _) => {
+                                format!("{fam}{suffix}: not fitted for this family; the other families' mean")
+                            }
                         },
                     );
-                    if others.is_empty() {
+                    if let (true, Part::Device, Some(d)) = (fitted, t.part, donor) {
+                        coef[&format!("{d}{suffix}")] * t.x
+                    } else if others.is_empty() {
                         0.0
                     } else {
                         others.iter().sum::<f64>() / others.len() as f64 * t.x
