@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::nnls::{nnls, nnls_l1};
 use crate::observation::Observation;
 use crate::price::{eval, micro_ms, peak_allocated, step_parts, Bound, GIB, UNHIDDEN};
-use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
+use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term, DEVICE_DONOR};
 use crate::work::{Query, Work};
 
 /// Coefficients of one fit, before validation.
@@ -177,10 +177,6 @@ fn fit_micro(idx: &[usize], runs: &[&Observation], works: &[Work], target: &[f64
     }
     coef
 }
-
-/// The prefix of the coefficient that names the family whose device terms a family without its own
-/// borrows (see [`fit_micro`]).
-pub(crate) const DEVICE_DONOR: &str = "device_donor.";
 
 /// The family with the most runs that kept the GPU busy (or do not say), and how many; ties go to
 /// the first name. None when no run did.

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::coefficients::DEVICE_DONOR;
-use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
+use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term, DEVICE_DONOR};
 use crate::work::Work;
 
 /// Bytes in a GiB: memory terms are fitted in GiB.
