@@ -256,6 +256,26 @@ fn bad_inputs_to_fit_are_clear_errors() {
     ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("not a zerobench cost model"), "{}", text(&o.stderr));
+    // A model of the version before attention was priced apart: refused, naming both versions.
+    let mut v1: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(m).unwrap()).unwrap();
+    v1["version"] = 1.into();
+    std::fs::write(&x, v1.to_string()).unwrap();
+    let o = zerobench(&[
+        "predict",
+        "--cost-model",
+        x.to_str().unwrap(),
+        "--gpu",
+        "h200",
+        "--model",
+        "gpt2",
+        "--stage",
+        "0",
+        "--micro-batch",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = text(&o.stderr);
+    assert!(err.contains("version 1;") && err.contains("version 2"), "{err}");
 }
 
 #[test]

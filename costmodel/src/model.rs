@@ -13,7 +13,9 @@ use crate::work::{Query, Work};
 
 /// The file's format name and version; readers refuse others.
 pub const FORMAT: &str = "zerobench-cost-model";
-pub const VERSION: u32 = 1;
+/// Version 2 prices attention's FLOPs apart from the dense products (`ms_per_gflop_attn`); a
+/// version-1 model has no such coefficient and would price attention at nothing, so it is refused.
+pub const VERSION: u32 = 2;
 
 /// The model file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

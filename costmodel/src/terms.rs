@@ -6,7 +6,8 @@
 //! step = G · (max(host, device) + u · min(host, device) + gathers) + optimizer + offload + comm
 //! host   = launch_ms[f] + launch_ms_per_unit[f] · units + launch_ms_per_unit_kd · units · d/1000
 //!          + stage3.launch_ms_per_unit · units·[stage 3]
-//! device = device_ms[f] + ms_per_gflop[f] · GFLOP + ms_per_gact[f] · Gact + head.ms_per_gvocab · Gvocab
+//! device = device_ms[f] + ms_per_gflop[f] · GFLOP_dense + ms_per_gflop_attn[f] · GFLOP_attn
+//!          + ms_per_gact[f] · Gact + head.ms_per_gvocab · Gvocab
 //! gathers = stage3.ms_per_gparam_gathered · Ggathered
 //! optimizer = optimizer.ms_per_gparam · Gparams on the device
 //! offload   = offload.ms_per_gparam · Gparams on the host
@@ -17,7 +18,9 @@
 //! f is the model family. A micro-step has two bounds: the host issuing its kernels (a fixed set
 //! per unit, more and larger small ones as the width d grows, so small models at small batches run
 //! at the launch rate whatever their size) and the GPU executing them (matrix FLOPs at an achieved
-//! rate, `ms_per_gflop` being its inverse; bandwidth-bound elementwise work over the activations;
+//! rate, `ms_per_gflop` being its inverse, and attention's quadratic FLOPs at a rate of their own,
+//! since attention kernels (flash attention for GPT-2, T5's with its position bias) run at another
+//! speed than the dense products; bandwidth-bound elementwise work over the activations;
 //! the head's logits). It takes the longer plus the share u (`micro.unhidden_share`, fitted on a
 //! grid from 0 to 1) of the shorter that the longer does not hide, plus stage 3's gathers.
 //! Communication is what the second GPU costs beyond the halved
@@ -77,7 +80,8 @@ pub fn step_terms(w: &Work) -> Vec<Term> {
         t("stage3.launch_ms_per_unit".into(), Part::Host, s3 * w.units),
         t("launch_ms_per_unit_kd".into(), Part::Host, w.units * w.kd_model),
         t(format!("{f}.device_ms"), Part::Device, 1.0),
-        t(format!("{f}.ms_per_gflop"), Part::Device, w.gflop),
+        t(format!("{f}.ms_per_gflop"), Part::Device, w.gflop - w.gflop_attn),
+        t(format!("{f}.ms_per_gflop_attn"), Part::Device, w.gflop_attn),
         t(format!("{f}.ms_per_gact"), Part::Device, w.gact),
         t("head.ms_per_gvocab".into(), Part::Device, w.gvocab),
         t("stage3.ms_per_gparam_gathered".into(), Part::Micro, w.ggathered),

@@ -32,6 +32,9 @@ pub struct Work {
     pub micro_tokens: f64,
     /// Training FLOPs per micro-step, in units of 1e9.
     pub gflop: f64,
+    /// Of which attention's scores and weighted sums (`ModelSpec::attention_flops_per_input_token`),
+    /// in units of 1e9.
+    pub gflop_attn: f64,
     /// Activation elements per micro-step: tokens × layers × d_model (T5: input plus target tokens
     /// over each stack), in units of 1e9: what the bandwidth-bound kernels (norms, activations,
     /// dropout, residual adds) stream.
@@ -70,6 +73,7 @@ impl Work {
         let target = f64::from(c.target_len_or_default());
         let tokens = b * t;
         let gflop = spec.train_flops_per_input_token(c.seq_len, c.target_len_or_default()) * tokens / 1e9;
+        let gflop_attn = spec.attention_flops_per_input_token(c.seq_len, c.target_len_or_default()) * tokens / 1e9;
         let d = spec.d_model() as f64;
         let (gact, gvocab) = if spec.is_encoder_decoder() {
             let per_stack = spec.layers() as f64 / 2.0;
@@ -114,6 +118,7 @@ impl Work {
             micro_steps: f64::from(c.grad_accum.max(1)),
             micro_tokens: tokens,
             gflop,
+            gflop_attn,
             gact,
             gvocab,
             kd_model: d / 1000.0,

@@ -329,16 +329,14 @@ impl ModelSpec {
     /// `seq_len` input tokens of its encoder, per input token: the encoder's parameters act on
     /// every input token, the decoder's on every target token (but its cross-attention keys and
     /// values, which project the encoder's output, on every input token), the tied LM head on every
-    /// target token; attention is the encoder's over T·T, the decoder's over T'·T' and T'·T
-    /// (cross). The other families have no target length and ignore it.
+    /// target token; plus [`Self::attention_flops_per_input_token`]. The other families have no
+    /// target length and ignore it.
     pub fn train_flops_per_input_token(&self, seq_len: u32, target_len: u32) -> f64 {
         let t = f64::from(seq_len);
         let n = self.param_count() as f64;
+        let attention = self.attention_flops_per_input_token(seq_len, target_len);
         match *self {
-            ModelSpec::Gpt2(d) => {
-                let n = n - (d.n_positions * d.d_model) as f64;
-                6.0 * n + 12.0 * (d.n_layer * d.d_model) as f64 * t
-            }
+            ModelSpec::Gpt2(d) => 6.0 * (n - (d.n_positions * d.d_model) as f64) + attention,
             ModelSpec::T5(d) => {
                 let (c, inner, l) = ((d.d_model) as f64, (d.n_head * d.d_kv) as f64, d.n_layer as f64);
                 let units = self.units();
@@ -346,17 +344,33 @@ impl ModelSpec {
                     units.iter().filter(|u| u.name.starts_with(prefix)).map(|u| u.params as f64).sum()
                 };
                 // Per input token: r target tokens.
-                let (t2, r) = (f64::from(target_len), f64::from(target_len) / t);
+                let r = f64::from(target_len) / t;
                 let cross_kv = 2.0 * l * c * inner;
                 let encoder = sum("encoder.") + c;
                 let decoder = sum("decoder.") - cross_kv + c + (d.vocab * d.d_model) as f64;
-                6.0 * (encoder + cross_kv + decoder * r) + 12.0 * l * inner * (t + t2 * r + t2)
+                6.0 * (encoder + cross_kv + decoder * r) + attention
             }
-            ModelSpec::Llama(d) => {
-                let n = n - (d.vocab * d.d_model) as f64;
-                6.0 * n + 12.0 * (d.n_layer * d.d_model) as f64 * t
-            }
+            ModelSpec::Llama(d) => 6.0 * (n - (d.vocab * d.d_model) as f64) + attention,
             ModelSpec::Mlp(_) => 6.0 * n,
+        }
+    }
+
+    /// The part of [`Self::train_flops_per_input_token`] that attention's scores and weighted sums
+    /// take (forward and backward: 12 FLOPs per layer, per attended pair, per unit of the
+    /// attention's width): quadratic in the sequence, and run by attention kernels rather than the
+    /// dense matrix products. GPT-2 and Llama: 12·L·d·T per token; T5: the encoder's over T·T, the
+    /// decoder's over T'·T' and T'·T (cross), per input token; the MLP has none.
+    pub fn attention_flops_per_input_token(&self, seq_len: u32, target_len: u32) -> f64 {
+        let t = f64::from(seq_len);
+        match *self {
+            ModelSpec::Gpt2(d) => 12.0 * (d.n_layer * d.d_model) as f64 * t,
+            ModelSpec::T5(d) => {
+                let (inner, l) = ((d.n_head * d.d_kv) as f64, d.n_layer as f64);
+                let (t2, r) = (f64::from(target_len), f64::from(target_len) / t);
+                12.0 * l * inner * (t + t2 * r + t2)
+            }
+            ModelSpec::Llama(d) => 12.0 * (d.n_layer * d.d_model) as f64 * t,
+            ModelSpec::Mlp(_) => 0.0,
         }
     }
 }
@@ -506,6 +520,25 @@ mod tests {
         let want = 6.0 * n + 12.0 * 32.0 * 4096.0 * 1024.0;
         assert_eq!(want, 44_274_573_312.0);
         assert_eq!(ModelPreset::Mistral7b.spec().train_flops_per_token(1024, None), want);
+    }
+
+    /// Attention's share is the quadratic term of each family's count, by hand: GPT-2's
+    /// 12·L·d·T, T5-small's 12·6·512·(512 + 128/4 + 128) at a 128-token target, Mistral's
+    /// 12·32·4096·T; the MLP has none.
+    #[test]
+    fn attention_flops_are_the_quadratic_terms() {
+        let gpt2 = ModelPreset::Gpt2.spec();
+        assert_eq!(gpt2.attention_flops_per_input_token(1024, 256), 12.0 * 12.0 * 768.0 * 1024.0);
+        assert_eq!(ModelPreset::T5Small.spec().attention_flops_per_input_token(512, 128), 24_772_608.0);
+        assert_eq!(
+            ModelPreset::Mistral7b.spec().attention_flops_per_input_token(1024, 256),
+            12.0 * 32.0 * 4096.0 * 1024.0
+        );
+        assert_eq!(ModelPreset::Mlp.spec().attention_flops_per_input_token(64, 16), 0.0);
+        // What is left is linear in the sequence: twice as long, the same per token.
+        let dense =
+            |t: u32| gpt2.train_flops_per_input_token(t, t / 4) - gpt2.attention_flops_per_input_token(t, t / 4);
+        assert_eq!(dense(512), dense(1024));
     }
 
     /// The MLP has no attention: 6 FLOPs per parameter per input vector, whatever the "length".
