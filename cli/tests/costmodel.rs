@@ -223,56 +223,36 @@ fn bad_inputs_to_fit_are_clear_errors() {
     // Without --gpu each kind gets its own fit; a name matching both is then ambiguous to predict.
     let o = zerobench(&["fit", two.to_str().unwrap(), "--out", m, "--overwrite"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
-    let o = zerobench(&[
-        "predict",
-        "--cost-model",
-        m,
-        "--gpu",
-        "nvidia",
-        "--model",
-        "gpt2",
-        "--stage",
-        "0",
-        "--micro-batch",
-        "1",
-    ]);
+    // gpt2 at stage 0, micro-batch 1, on GPU kind `gpu` with the model file `model`.
+    let predict = |model: &str, gpu: &str| {
+        zerobench(&[
+            "predict",
+            "--cost-model",
+            model,
+            "--gpu",
+            gpu,
+            "--model",
+            "gpt2",
+            "--stage",
+            "0",
+            "--micro-batch",
+            "1",
+        ])
+    };
+    let o = predict(m, "nvidia");
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("matches several fits"), "{}", text(&o.stderr));
-    // A file that is not a model.
-    std::fs::write(tmp.path().join("x.json"), r#"{"format":"other","version":7}"#).unwrap();
+    // A file that is not a model, and a model of the version before attention was priced apart:
+    // both refused, the second naming both versions.
     let x = tmp.path().join("x.json");
-    let o = zerobench(&[
-        "predict",
-        "--cost-model",
-        x.to_str().unwrap(),
-        "--gpu",
-        "h200",
-        "--model",
-        "gpt2",
-        "--stage",
-        "0",
-        "--micro-batch",
-        "1",
-    ]);
+    std::fs::write(&x, r#"{"format":"other","version":7}"#).unwrap();
+    let o = predict(x.to_str().unwrap(), "h200");
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("not a zerobench cost model"), "{}", text(&o.stderr));
-    // A model of the version before attention was priced apart: refused, naming both versions.
     let mut v1: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(m).unwrap()).unwrap();
     v1["version"] = 1.into();
     std::fs::write(&x, v1.to_string()).unwrap();
-    let o = zerobench(&[
-        "predict",
-        "--cost-model",
-        x.to_str().unwrap(),
-        "--gpu",
-        "h200",
-        "--model",
-        "gpt2",
-        "--stage",
-        "0",
-        "--micro-batch",
-        "1",
-    ]);
+    let o = predict(x.to_str().unwrap(), "h200");
     assert_eq!(o.status.code(), Some(2));
     let err = text(&o.stderr);
     assert!(err.contains("version 1;") && err.contains("version 2"), "{err}");
