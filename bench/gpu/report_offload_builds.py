@@ -14,10 +14,9 @@ import glob
 import json
 import os
 import re
-import statistics
 import sys
 
-from common import host_date, rank0_records, runs_of_a_setting, steadiness
+from common import host_date, median, rank0_records, runs_of_a_setting, steadiness
 
 
 def huge_share(smaps):
@@ -31,7 +30,7 @@ def huge_share(smaps):
 def run_summary(run_dir):
     recs = rank0_records(run_dir)
     steps = [r for r in recs if r["event"] == "step" and not r["warmup"]]
-    med = lambda f: round(statistics.median(f(r) for r in steps), 3) if steps else None
+    med = lambda f: round(median(steps, f), 3) if steps else None
     return steadiness(recs) | {
         "optimizer_ms": med(lambda r: r["optimizer_ms"]),
         "d2h_ms": med(lambda r: r["comm"]["d2h"]["ms"]),
@@ -59,7 +58,7 @@ def main():
                                                   {str(k): v for k, v in sorted(rs.items())})
             paired = [rs[k]["step_ms"] / base[k]["step_ms"] for k in sorted(set(rs) & set(base))
                       if rs[k]["step_ms"] and base[k]["step_ms"]]
-            b = runs_of_a_setting([r["step_ms"] for r in base.values()], {})["median_step_ms"]
+            b = rows[0]["median_step_ms"] if rows else row["median_step_ms"]  # the first build's
             row["over_first"] = round(row["median_step_ms"] / b, 4) if row["median_step_ms"] and b else None
             row["paired_over_first"] = [round(min(paired), 4), round(max(paired), 4)] if paired else None
             rows.append(row)

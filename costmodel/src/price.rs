@@ -36,46 +36,9 @@ pub(crate) fn eval(coef: &BTreeMap<String, f64>, terms: &[Term], part: Part, fla
             None if t.x == 0.0 => 0.0,
             None => match family_of(&t.name) {
                 Some(fam) => {
-                    let suffix = &t.name[fam.len()..];
-                    let others: Vec<f64> = coef
-                        .iter()
-                        .filter(|(k, _)| family_of(k).is_some() && k.ends_with(suffix))
-                        .map(|(_, v)| *v)
-                        .collect();
-                    let fitted = coef.keys().any(|k| family_of(k) == Some(fam));
-                    let donor = coef
-                        .keys()
-                        .find_map(|k| k.strip_prefix(DEVICE_DONOR))
-                        .filter(|d| coef.contains_key(&format!("{d}{suffix}")));
-                    note(
-                        flags,
-                        match (fitted, t.part, donor) {
-                            (false, _, _) => {
-                                format!(
-                                    "{fam}: no run of this family was fitted; its terms are the mean of the others'"
-                                )
-                            }
-                            // Left unfitted when none of its runs kept the GPU busy (crate::coefficients).
-                            (true, Part::Device, Some(d)) => format!(
-                                "{fam}: its device bound not fitted (none of its runs kept the GPU busy); \
-                                 {d}'s, the family with the most busy runs"
-                            ),
-                            (true, Part::Device, None) => format!(
-                                "{fam}: its device bound not fitted (none of its runs kept the GPU busy); \
-                                 the other families' mean"
-                            ),
-                            (true, _, _) => {
-                                format!("{fam}{suffix}: not fitted for this family; the other families' mean")
-                            }
-                        },
-                    );
-                    if let (true, Part::Device, Some(d)) = (fitted, t.part, donor) {
-                        coef[&format!("{d}{suffix}")] * t.x
-                    } else if others.is_empty() {
-                        0.0
-                    } else {
-                        others.iter().sum::<f64>() / others.len() as f64 * t.x
-                    }
+                    let (c, why) = borrowed(coef, fam, &t.name[fam.len()..], t.part);
+                    note(flags, why);
+                    c * t.x
                 }
                 None => {
                     note(flags, format!("{}: not fitted (no run needed it); counted as 0", t.name));
@@ -86,6 +49,39 @@ pub(crate) fn eval(coef: &BTreeMap<String, f64>, terms: &[Term], part: Part, fla
         // An empty sum is -0.0; a term that is not there prices 0.
         .sum::<f64>()
         + 0.0
+}
+
+/// The coefficient family `fam` borrows for its missing term `fam{suffix}` of `part`, and the flag
+/// that says so: the donor's for a device term where the model names one, else the mean of the
+/// fitted families' (0 where none has it).
+fn borrowed(coef: &BTreeMap<String, f64>, fam: &str, suffix: &str, part: Part) -> (f64, String) {
+    let fitted = coef.keys().any(|k| family_of(k) == Some(fam));
+    let donor = coef
+        .keys()
+        .find_map(|k| k.strip_prefix(DEVICE_DONOR))
+        .and_then(|d| Some((d, *coef.get(&format!("{d}{suffix}"))?)));
+    let mean = || {
+        let others: Vec<f64> =
+            coef.iter().filter(|(k, _)| family_of(k).is_some() && k.ends_with(suffix)).map(|(_, v)| *v).collect();
+        if others.is_empty() {
+            0.0
+        } else {
+            others.iter().sum::<f64>() / others.len() as f64
+        }
+    };
+    // A fitted family's device terms are left unfitted when none of its runs kept the GPU busy
+    // (crate::coefficients).
+    const UNBUSY: &str = "its device bound not fitted (none of its runs kept the GPU busy)";
+    match (fitted, part, donor) {
+        (false, _, _) => {
+            (mean(), format!("{fam}: no run of this family was fitted; its terms are the mean of the others'"))
+        }
+        (true, Part::Device, Some((d, c))) => {
+            (c, format!("{fam}: {UNBUSY}; {d}'s, the family with the most busy runs"))
+        }
+        (true, Part::Device, None) => (mean(), format!("{fam}: {UNBUSY}; the other families' mean")),
+        (true, _, _) => (mean(), format!("{fam}{suffix}: not fitted for this family; the other families' mean")),
+    }
 }
 
 fn note(flags: &mut Vec<String>, s: String) {
