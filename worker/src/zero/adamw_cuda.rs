@@ -2,11 +2,12 @@
 //! single pass over the shard that reads the gradient, master weights and moments and writes them
 //! back together with the compute-precision copy of the parameters (28 bytes per parameter in
 //! bf16, against about three times that for the same update composed of libtorch operations).
-//! It runs on the compute stream, in libtorch's order.
+//! It runs on the stream it is given: the compute stream, in libtorch's order, or with
+//! `--update-at backward` a stream of its own beside backward.
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaModule, CudaStream, LaunchConfig, PushKernelArg};
 use tch::Tensor;
 
 use crate::runtime::cuda::Gpu;
@@ -77,9 +78,16 @@ impl FusedAdamW {
         })
     }
 
-    /// One update of a shard (see `adamw::Shard` for the roles of the tensors).
+    /// The stream updates run on in libtorch's order.
+    pub fn compute(&self) -> &CudaStream {
+        &self.gpu.compute
+    }
+
+    /// One update of a shard on `stream` (see `adamw::Shard` for the roles of the tensors).
+    #[allow(clippy::too_many_arguments)]
     pub fn step(
         &self,
+        stream: &CudaStream,
         k: &Coeffs,
         master: &Tensor,
         m: &Tensor,
@@ -100,7 +108,6 @@ impl FusedAdamW {
         let threads = 256u32;
         let blocks = u32::try_from(n.div_ceil(threads as usize)).unwrap_or(u32::MAX).min(self.max_blocks);
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-        let stream = &self.gpu.compute;
         let mut launch = stream.launch_builder(func);
         launch
             .arg(&p)
