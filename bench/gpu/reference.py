@@ -79,40 +79,17 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
         for blk in self.blocks:
             x = blk(x)
-        return self.head_loss(x, self.wte.weight, targets)
-
-    def head_loss(self, x, w, targets):
+        w = self.wte.weight
         if self.head_rows > VOCAB:
             w = F.pad(w, (0, 0, 0, self.head_rows - VOCAB))
         logits = F.linear(self.ln_f(x), w)[..., :VOCAB]
         return F.cross_entropy(logits.reshape(-1, VOCAB).float(), targets.reshape(-1))
 
 
-def update_in_backward(model, dev, **adamw):
-    """zerobench's `--update-at backward`, given to the reference: each parameter is updated by a
-    fused AdamW of its own as soon as its gradient is accumulated (PyTorch's optimizer-in-backward
-    recipe, `register_post_accumulate_grad_hook`), on a second stream beside the rest of backward,
-    and its gradient is freed then. Returns the stream, which the step waits for at its end."""
-    side = torch.cuda.Stream(dev)
-    opts = {p: torch.optim.AdamW([p], fused=True, **adamw) for p in model.parameters()}
-
-    def hook(p):
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            opts[p].step()
-        # The allocator may reuse the gradient's memory only after the update has read it.
-        p.grad.record_stream(side)
-        p.grad = None
-
-    for p in model.parameters():
-        p.register_post_accumulate_grad_hook(hook)
-    return side
-
-
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["eager", "compile", "compile-reduce-overhead", "eager-in-backward",
-                                       "compile-in-backward", "ddp", "fsdp2", "deepspeed", "deepspeed-offload"],
+    ap.add_argument("--mode", choices=["eager", "compile", "compile-reduce-overhead", "ddp", "fsdp2", "deepspeed",
+                                       "deepspeed-offload"],
                     required=True)
     ap.add_argument("--stage", type=int, choices=[0, 1, 2, 3], default=2, help="ZeRO stage of --mode deepspeed")
     ap.add_argument("--no-pad-head", dest="pad_head", action="store_false")
@@ -123,8 +100,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     a = ap.parse_args()
 
-    distributed = a.mode not in ("eager", "compile", "compile-reduce-overhead", "eager-in-backward",
-                                 "compile-in-backward")
+    distributed = a.mode not in ("eager", "compile", "compile-reduce-overhead")
     if distributed:
         dist.init_process_group("nccl")
         rank, world, local = dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"])
@@ -197,18 +173,8 @@ def main():
 
         step_fn = ds_step
         opt = None
-    elif a.mode.endswith("-in-backward"):
-        side = update_in_backward(model, dev, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
-        opt = None
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-    if a.mode == "compile-in-backward":
-        # Compiled whole, backward is one node and every gradient arrives at its end, leaving the
-        # updates nothing to overlap: each block and the head are compiled apart (regional
-        # compilation), so that gradients arrive block by block as in eager.
-        for blk in model.blocks:
-            blk.compile()
-        model.head_loss = torch.compile(model.head_loss)
     if a.mode == "compile":
         model = torch.compile(model)
     elif a.mode == "compile-reduce-overhead":
@@ -225,14 +191,11 @@ def main():
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             loss = model(data[:, :-1], data[:, 1:])
         loss.backward()
-        if opt is None:
-            torch.cuda.current_stream(dev).wait_stream(side)
-        else:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
         return loss
 
-    if a.mode not in ("deepspeed", "deepspeed-offload"):
+    if opt is not None:
         step_fn = step
     times = []
     for i in range(a.steps):
@@ -262,8 +225,7 @@ def main():
             "gpu": torch.cuda.get_device_name(dev),
             **({"deepspeed": deepspeed.__version__, "zero_optimization": config["zero_optimization"],
                 "optimizer": f"{type(engine.optimizer).__name__}"
-                             f"({type(getattr(engine, 'basic_optimizer', None)).__name__})"}
-               if a.mode in ("deepspeed", "deepspeed-offload") else {}),
+                             f"({type(getattr(engine, 'basic_optimizer', None)).__name__})"} if opt is None else {}),
         }), flush=True)
     if distributed:
         dist.destroy_process_group()

@@ -1,8 +1,7 @@
 """Reads the archive of `bench/gpu/run.sh step-time` (one GPU: zerobench gpt2 and gpt2-xl at stages
-0-3, with `STEP_GRAPH=1` also at stages 0-2 with `--cuda-graph` and with `STEP_BACKWARD=1` at stages
-0-3 with `--update-at backward`; the PyTorch references eager, torch.compile by default and with
-CUDA graphs (reduce-overhead), both with the optimizer in backward (`*-in-backward`), and DeepSpeed
-at stages 0-3 on the same shapes, in the same call) and writes the JSON of bench/results and the Markdown tables of
+0-3, with `STEP_GRAPH=1` also at stages 0-2 with `--cuda-graph`; the PyTorch references eager,
+torch.compile by default and with CUDA graphs (reduce-overhead), and DeepSpeed at stages 0-3 on the
+same shapes, in the same call) and writes the JSON of bench/results and the Markdown tables of
 docs/results/one-gpu.md and two-gpus.md. Each zerobench run is compared with every reference of
 its GPU count, and with DeepSpeed at its own stage (throughput and peak allocated memory); the
 JSON's `targets` holds the one-GPU targets, each side at its best mode (`targets`).
@@ -55,9 +54,7 @@ def zerobench_row(name, recs):
     tokens = steps[0]["tokens"] / start["world_size"]
     tps = tokens / (step_ms / 1e3)
     return {
-        "impl": "zerobench", "cuda_graph": bool(cfg.get("cuda_graph", False)),
-        # What ran (the setup record), not what was asked; logs before the flag updated at the step.
-        "update_at": setup.get("optimizer_update", "step"), "run": name, "model": cfg["model"],
+        "impl": "zerobench", "cuda_graph": bool(cfg.get("cuda_graph", False)), "run": name, "model": cfg["model"],
         "stage": cfg["stage"], "gpus": start["world_size"],
         "micro_batch": cfg["micro_batch"], "seq_len": cfg["seq_len"], "steps": len(steps),
         "step_ms_median": round(step_ms, 3), "overhead_ms_median": round(median(steps, "overhead_ms"), 4),
@@ -91,20 +88,17 @@ def reference_row(name, r):
 # The one-GPU targets: throughput against torch.compile (stage 0, every stage) and peak allocated
 # memory against DeepSpeed at the same stage.
 TARGETS = {"gpt2": (1.0, 0.95), "gpt2-xl": (1.25, 1.15)}
-# torch.compile's modes; the faster of those measured is the target's reference.
-COMPILED = ("pytorch-compile", "pytorch-compile-reduce-overhead", "pytorch-compile-in-backward")
 
 
 def targets(rows, refs, call):
     """Each target a call's runs measure, with its value and whether it is met. Each side at its
-    best: zerobench eager, replaying CUDA graphs or updating in backward, torch.compile by default,
-    with CUDA graphs (mode reduce-overhead) or compiled per block with the optimizer in backward,
-    whichever is faster; memory the larger of zerobench's modes."""
+    best: zerobench eager or replaying CUDA graphs, torch.compile by default or with CUDA graphs
+    (mode reduce-overhead), whichever is faster; memory the larger of zerobench's modes."""
     out = []
     for model, (stage0, every) in TARGETS.items():
         one = [r for r in rows if r["model"] == model and r["gpus"] == 1]
         compiled = [r["tokens_per_s_per_gpu"] for r in refs if r["model"] == model and r["gpus"] == 1
-                    and r["impl"] in COMPILED]
+                    and r["impl"] in ("pytorch-compile", "pytorch-compile-reduce-overhead")]
         stages = sorted({r["stage"] for r in one})
         best = {s: max(r["tokens_per_s_per_gpu"] for r in one if r["stage"] == s) for s in stages}
         if compiled:
@@ -128,7 +122,7 @@ def targets(rows, refs, call):
 def one_call(path):
     """The rows, references and ratios of one archive: every ratio is between runs of one call."""
     host, logs, files = read_archive(path)
-    rows = [zerobench_row(n, r) for n, r in sorted(logs.items()) if re.match(r"gpt2(-xl)?_z\d_mb\d+_\d+gpu(_graph|_bwd)?$", n)]
+    rows = [zerobench_row(n, r) for n, r in sorted(logs.items()) if re.match(r"gpt2(-xl)?_z\d_mb\d+_\d+gpu(_graph)?$", n)]
     refs = []
     for name, text in files.items():
         if m := re.search(r"runs/(ref_[^/]+)\.json$", name):
@@ -137,18 +131,17 @@ def one_call(path):
     refs.sort(key=lambda r: (r["model"], r["impl"]))
     by_ref = {(r["model"], r["impl"], r["gpus"]): r for r in refs}
     ratios = []
-    one_gpu = {r["model"]: r for r in rows
-               if r["gpus"] == 1 and r["stage"] == 0 and not r["cuda_graph"] and r["update_at"] == "step"}
+    one_gpu = {r["model"]: r for r in rows if r["gpus"] == 1 and r["stage"] == 0 and not r["cuda_graph"]}
     scaling = [{"model": r["model"], "stage": r["stage"], "gpus": r["gpus"],
                 "per_gpu_over_own_stage_0_on_1_gpu": round(r["tokens_per_s_per_gpu"] / one_gpu[r["model"]]["tokens_per_s_per_gpu"], 3)}
                for r in rows if r["gpus"] > 1 and r["model"] in one_gpu]
     for r in rows:
-        for impl in ("pytorch-eager", "pytorch-eager-in-backward", *COMPILED, "pytorch-ddp", "pytorch-fsdp2",
-                     f"deepspeed-z{r['stage']}"):
+        for impl in ("pytorch-eager", "pytorch-compile", "pytorch-compile-reduce-overhead", "pytorch-ddp",
+                     "pytorch-fsdp2", f"deepspeed-z{r['stage']}"):
             ref = by_ref.get((r["model"], impl, r["gpus"]))
             if ref:
                 ratios.append({"model": r["model"], "stage": r["stage"], "gpus": r["gpus"], "cuda_graph": r["cuda_graph"],
-                               "update_at": r["update_at"], "versus": impl,
+                               "versus": impl,
                                "tokens_per_s_ratio": round(r["tokens_per_s_per_gpu"] / ref["tokens_per_s_per_gpu"], 3),
                                "peak_allocated_ratio": round(r["peak_allocated_bytes"] / ref["peak_allocated_bytes"], 3)})
     checks = {
@@ -171,15 +164,12 @@ def markdown(c):
     md.write("| model | system | stage | GPUs | step ms | tokens/s/GPU | MFU | peak alloc GiB | vs the references of its GPU count |\n")
     md.write("|---|---|---|---|---|---|---|---|---|\n")
     for model in ("gpt2", "gpt2-xl"):
-        for r in sorted((x for x in rows if x["model"] == model),
-                        key=lambda x: (x["gpus"], x["stage"], x["cuda_graph"], x["update_at"] != "step")):
+        for r in sorted((x for x in rows if x["model"] == model), key=lambda x: (x["gpus"], x["stage"], x["cuda_graph"])):
             vs = ", ".join(f"{x['tokens_per_s_ratio']}× {x['versus'].removeprefix('pytorch-')}"
                            + (f" (memory {x['peak_allocated_ratio']}×)" if x["versus"].startswith("deepspeed-") else "")
                            for x in ratios
-                           if (x["model"], x["stage"], x["gpus"], x["cuda_graph"], x["update_at"])
-                           == (model, r["stage"], r["gpus"], r["cuda_graph"], r["update_at"]))
-            system = "zerobench" + (" --cuda-graph" if r["cuda_graph"] else "") + (
-                f" --update-at {r['update_at']}" if r["update_at"] != "step" else "")
+                           if (x["model"], x["stage"], x["gpus"], x["cuda_graph"]) == (model, r["stage"], r["gpus"], r["cuda_graph"]))
+            system = "zerobench --cuda-graph" if r["cuda_graph"] else "zerobench"
             md.write(f"| {model} (mb {r['micro_batch']}) | {system} | {r['stage']} | {r['gpus']} | {r['step_ms_median']:.1f} | "
                      f"{r['tokens_per_s_per_gpu']:,} | {r['mfu']:.1%} | {gib(r['peak_allocated_bytes'])} | {vs or '—'} |\n")
         for r in sorted((x for x in refs if x["model"] == model), key=lambda x: (x["gpus"], x["impl"])):

@@ -14,9 +14,7 @@
 #                and the references (PyTorch eager and torch.compile, DeepSpeed at stages 0-3; head
 #                padded as zerobench pads it) on the same shapes, in one call (STEP_MODELS and
 #                STEP_REFS pick, STEP_REFS=compile-reduce-overhead adds torch.compile's CUDA graphs;
-#                STEP_GRAPH=1 adds zerobench's --cuda-graph at stages 0-2, STEP_BACKWARD=1 its
-#                --update-at backward at stages 0-3 (STEP_REFS eager-in-backward and
-#                compile-in-backward: the references' own); bench/gpu/report_step.py
+#                STEP_GRAPH=1 adds zerobench's --cuda-graph at stages 0-2; bench/gpu/report_step.py
 #                reads it)
 #   cuda-graph   one GPU, --cuda-graph against eager: t5-large micro-batch 1 (sequence 512) and gpt2
 #                micro-batch 4 with the worker in BASE_BIN, this build eager and this build replaying
@@ -62,9 +60,6 @@
 #                worker in --bin and the one in BASE_BIN, every step's loss compared; writes
 #                same-losses.json (a second run of BASE_BIN on two of them gives the run-to-run
 #                spread)
-#   update-at    one GPU: gpt2, tiny-llama and t5-small at every stage, with accumulation and in fp32,
-#                trained with --update-at step and backward; update-at.json says whether the
-#                losses are bit-identical
 #   step-ab      one GPU (AB_GPUS: more): the step-time targets' configurations (AB_CASES, MODEL:MICRO_BATCH:STAGE:eager|graph)
 #                with this build and the one in BASE_BIN alternating (AB_REPS rounds); AB_PROFILE=1
 #                adds a profiled gpt2 and gpt2-xl step of each; writes step-ab.json (bench/gpu/report_ab.py)
@@ -156,7 +151,7 @@ build_worker() { if [ "$1" = base ]; then echo "$BASE_BIN/zerobench-worker"; els
 reference() {
   local name=$1 np=$2; shift 2
   local t0=$SECONDS
-  if [ "$np" = 1 ] && [ "$1" = "--mode" ] && [[ "$2" =~ ^(eager|compile|compile-reduce-overhead|eager-in-backward|compile-in-backward)$ ]]; then
+  if [ "$np" = 1 ] && [ "$1" = "--mode" ] && [[ "$2" =~ ^(eager|compile|compile-reduce-overhead)$ ]]; then
     timeout "${WORKER_TIMEOUT:-900}" python3 bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
   else
     timeout "${WORKER_TIMEOUT:-900}" torchrun --standalone --nproc_per_node="$np" bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
@@ -252,44 +247,6 @@ PY
       for r in setup_gpt2-xl_z2_optimizer_1gpu setup_t5-11b_z3_optimizer+params_1gpu; do
         log "$r: $(grep -o '"host_state_bytes":[0-9]*\|"host_state_setup_ms":[0-9.]*\|"setup_ms":[0-9.]*' "$RUNS/$r/rank0.jsonl" | tr '\n' ' ')"
       done ;;
-    update-at)
-      # One GPU, one build: each case trained with the updates at the step and in backward, on the
-      # shipped text; the losses must be bit-identical (the same kernel on the same values).
-      text=(--micro-batch 8 --seq-len 256 --steps 12 --warmup 2 --data tests/data/declaration-of-independence.txt)
-      cases=(
-        "z0|--model gpt2 --stage 0" "z1|--model gpt2 --stage 1" "z2|--model gpt2 --stage 2" "z3|--model gpt2 --stage 3"
-        "z0-accum|--model gpt2 --stage 0 --grad-accum 2" "z2-accum|--model gpt2 --stage 2 --grad-accum 2"
-        "z3-accum|--model gpt2 --stage 3 --grad-accum 2" "z0-fp32|--model gpt2 --stage 0 --precision fp32"
-        "z2-llama|--model tiny-llama --stage 2" "z1-t5|--model t5-small --stage 1"
-      )
-      for c in "${cases[@]}"; do
-        name=${c%%|*}
-        for at in step backward; do
-          # shellcheck disable=SC2086
-          worker "upd_${name}_${at}" 1 "${text[@]}" ${c#*|} --update-at "$at"
-        done
-      done
-      python3 - "$RUNS" "$(commit_of "$BIN")" > "$OUTDIR/update-at.json" <<'PY'
-import glob, json, os, sys
-runs, commit = sys.argv[1:3]
-def records(d):
-    f = f"{runs}/{d}/rank0.jsonl"
-    return [json.loads(l) for l in open(f)] if os.path.exists(f) else []
-out = []
-for d in sorted(glob.glob(f"{runs}/upd_*_step")):
-    name = os.path.basename(d)[len("upd_"):-len("_step")]
-    a, b = records(f"upd_{name}_step"), records(f"upd_{name}_backward")
-    la = [r["loss"] for r in a if r.get("event") == "step"]
-    lb = [r["loss"] for r in b if r.get("event") == "step"]
-    ran = [next((r.get("optimizer_update") for r in recs if r.get("event") == "setup"), None) for recs in (a, b)]
-    ms = [sorted(r["step_ms"] for r in recs if r.get("event") == "step" and not r.get("warmup")) for recs in (a, b)]
-    out.append({"case": name, "steps": len(lb), "identical": bool(la) and la == lb, "ran": ran,
-                "max_abs_diff": max((abs(x - y) for x, y in zip(la, lb)), default=None),
-                "median_step_ms": [m[len(m) // 2] if m else None for m in ms]})
-print(json.dumps({"benchmark": "update-at", "commit": commit, "cases": out,
-                  "all_identical": all(c["identical"] for c in out)}, indent=1))
-PY
-      ;;
     same-losses)
       : "${BASE_BIN:?same-losses compares with the worker in BASE_BIN}"
       text=(--micro-batch 8 --seq-len 256 --steps 12 --warmup 2 --data tests/data/declaration-of-independence.txt)
@@ -766,13 +723,6 @@ PY
           for s in 0 1 2; do
             worker "${m}_z${s}_mb${mb}_1gpu_graph" 1 --model "$m" --stage "$s" --micro-batch "$mb" --seq-len 1024 \
               --steps 20 --warmup 4 --cuda-graph
-          done
-        fi
-        # STEP_BACKWARD=1: stages 0-3 again with the updates in backward.
-        if [ "${STEP_BACKWARD:-0}" = 1 ]; then
-          for s in 0 1 2 3; do
-            worker "${m}_z${s}_mb${mb}_1gpu_bwd" 1 --model "$m" --stage "$s" --micro-batch "$mb" --seq-len 1024 \
-              --steps 20 --warmup 4 --update-at backward
           done
         fi
         for ref in ${STEP_REFS:-eager compile deepspeed}; do

@@ -238,7 +238,6 @@ impl SynthRun {
             buffers_bytes: BTreeMap::from([("grad_bucket".to_string(), 32u64 << 20)]),
             host_state_bytes: 0,
             host_state_expected_bytes: None,
-            optimizer_update: None,
             host_state_setup_ms: None,
             optimizer: Some("cuda-fused".into()),
             memory: MemorySample {

@@ -850,7 +850,6 @@ mod tests {
                 hpz: Some(1),
                 comm_ctas: Some(8),
                 copy_engines: None,
-                update_at: Some(zerobench_schema::config::UpdateAt::Backward),
             },
             ..base.clone()
         };

@@ -162,19 +162,6 @@ pub enum CopyEngines {
 }
 text_enum!(CopyEngines, "copy-engines", { AllGather => "all-gather", All => "all" });
 
-/// When the optimizer updates a unit (`--update-at`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum UpdateAt {
-    /// After backward, every unit in turn, once the step's loss is known.
-    Step,
-    /// As soon as the unit's gradient is final, on a stream of its own beside the rest of
-    /// backward. Only where nothing can skip the step and nothing waits on other ranks: one GPU,
-    /// bf16 or fp32, no offload, no `--cuda-graph`; elsewhere the updates run at `step`.
-    Backward,
-}
-text_enum!(UpdateAt, "update-at", { Step => "step", Backward => "backward" });
-
 /// AdamW hyper-parameters. Under the `cli` feature they are also the worker's flags (`--lr`,
 /// `--weight-decay`, ...), with [`OptimConfig::DEFAULT`] as their defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -246,11 +233,6 @@ pub struct EngineConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "cli", arg(long))]
     pub copy_engines: Option<CopyEngines>,
-    /// When the optimizer updates each unit: `backward` or `step` (see [`UpdateAt`]); absent is
-    /// `step`. The setup record names what ran.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub update_at: Option<UpdateAt>,
 }
 
 fn default_loss_scale_power() -> u32 {
@@ -266,7 +248,6 @@ impl EngineConfig {
         hpz: None,
         comm_ctas: None,
         copy_engines: None,
-        update_at: None,
     };
 }
 
@@ -530,9 +511,6 @@ impl RunConfig {
         if self.cuda_graph {
             self.validate_cuda_graph(world_size)?;
         }
-        if self.engine.update_at == Some(UpdateAt::Backward) {
-            self.validate_update_in_backward(world_size)?;
-        }
         if self.engine.loss_scale_power > 60 {
             return Err(ConfigError::new("loss-scale-power", "must be at most 60"));
         }
@@ -540,28 +518,6 @@ impl RunConfig {
             if n == 0 {
                 return Err(ConfigError::new("world-size", "must be at least 1"));
             }
-        }
-        Ok(())
-    }
-
-    /// What `--update-at backward` needs: an update that is certain before the loss is known, of a
-    /// gradient final on this rank alone, on a GPU, issued eagerly (see [`UpdateAt::Backward`]).
-    fn validate_update_in_backward(&self, world_size: Option<u32>) -> Result<(), ConfigError> {
-        let refuse = |why: &str| Err(ConfigError::new("update-at", why.to_string()));
-        if self.device == DeviceRequest::Cpu {
-            return refuse("backward runs the updates beside backward on a GPU; not with --device cpu");
-        }
-        if world_size.is_some_and(|n| n > 1) {
-            return refuse("backward needs each gradient final on one rank; not with more than one rank");
-        }
-        if self.offload != Offload::None {
-            return refuse("backward updates on the GPU; not with --offload");
-        }
-        if self.precision == Precision::Fp16 {
-            return refuse("backward is not with fp16: the loss scale may skip the step once every gradient is seen");
-        }
-        if self.cuda_graph {
-            return refuse("backward is not with --cuda-graph: a graph would fix the update's step number");
         }
         Ok(())
     }
@@ -790,29 +746,6 @@ mod tests {
         assert_eq!(c.variant(), "");
     }
 
-    #[test]
-    fn update_in_backward_rules_name_the_flag() {
-        let mut c = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z3);
-        c.engine.update_at = Some(UpdateAt::Backward);
-        c.validate(Some(1)).unwrap();
-        let args = c.to_worker_args();
-        assert!(args.windows(2).any(|w| w == ["--update-at", "backward"]), "{args:?}");
-        assert_eq!(c.variant(), "update_at=backward");
-        for bad in [
-            RunConfig { device: DeviceRequest::Cpu, ..c.clone() },
-            RunConfig { offload: Offload::Optimizer, ..c.clone() },
-            RunConfig { precision: Precision::Fp16, ..c.clone() },
-            RunConfig { cuda_graph: true, stage: ZeroStage::Z2, ..c.clone() },
-        ] {
-            assert_eq!(bad.validate(Some(1)).unwrap_err().field, "update-at", "{bad:?}");
-        }
-        assert_eq!(c.validate(Some(2)).unwrap_err().field, "update-at");
-        // `step` is what every run did before: allowed everywhere.
-        c.engine.update_at = Some(UpdateAt::Step);
-        c.validate(Some(4)).unwrap();
-        assert_eq!(c.variant(), "update_at=step");
-    }
-
     /// The host's share lies in (0, 1] and needs offload; every refusal names the flag.
     #[test]
     fn offload_ratio_rules_name_the_flag() {
@@ -912,7 +845,6 @@ mod tests {
         base.engine.hpz = Some(2);
         base.engine.comm_ctas = Some(4);
         base.engine.copy_engines = Some(CopyEngines::AllGather);
-        base.engine.update_at = Some(UpdateAt::Backward);
         let json = serde_json::to_value(&base).unwrap();
         let mut seen = 0;
         for (key, value) in json.as_object().unwrap() {
@@ -935,7 +867,6 @@ mod tests {
                     serde_json::Value::Number(n) if n.is_u64() => serde_json::json!(n.as_u64().unwrap() + 1),
                     serde_json::Value::Number(n) => serde_json::json!(n.as_f64().unwrap() * 1.5 + 0.01),
                     serde_json::Value::String(_) if name == "copy_engines" => serde_json::json!("all"),
-                    serde_json::Value::String(_) if name == "update_at" => serde_json::json!("step"),
                     serde_json::Value::String(s) => serde_json::json!(format!("{s}.other")),
                     other => panic!("{name}: a field of kind {other} the test does not know how to change"),
                 };

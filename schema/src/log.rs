@@ -244,11 +244,6 @@ pub struct Setup {
     /// from its earliest logs.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer: Option<String>,
-    /// When the device's updates ran: `backward` (each unit's as soon as its gradient was final,
-    /// beside the rest of backward) or `step` (after backward). Absent from logs before
-    /// `--update-at`, whose updates all ran at `step`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub optimizer_update: Option<crate::config::UpdateAt>,
     /// Offload: milliseconds of `setup_ms` spent allocating the host states and, on a GPU,
     /// page-locking them. (Added within version 1; absent without offload and from earlier logs.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -760,7 +755,6 @@ mod tests {
             host_state_bytes: 0,
             host_state_expected_bytes: None,
             optimizer: None,
-            optimizer_update: None,
             host_state_setup_ms: None,
             memory: MemorySample::default(),
             setup_ms: 1.0,

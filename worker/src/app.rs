@@ -10,7 +10,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use tch::Device;
-use zerobench_schema::config::UpdateAt;
 use zerobench_schema::log::{DeviceInfo, End, ErrorRecord, ModelInfo, RunStatus, Setup, Start, Versions};
 use zerobench_schema::memory::{host_params, model_state_split, padded_params, StateSplit};
 use zerobench_schema::{DeviceRequest, Offload, Record, RunConfig, SCHEMA_VERSION};
@@ -224,7 +223,6 @@ fn run_logged(
         host_state_bytes: engine.host_state_bytes(),
         host_state_expected_bytes: Some(expected.host_bytes),
         optimizer: Some(engine.optimizer_implementation()),
-        optimizer_update: Some(engine.update_at()),
         host_state_setup_ms: engine.host_setup_ms(),
         memory: probe.sample(),
         setup_ms: t_setup.elapsed().as_secs_f64() * 1e3,
@@ -306,7 +304,6 @@ fn open_device(
     let gpu = match device {
         Device::Cuda(i) => Some(Gpu::new(i, stream).map_err(|e| Failure::Internal(format!("CUDA context: {e}")))?),
         _ if cfg.cuda_graph => return Err(Refused::CudaGraphWithoutGpu.into()),
-        _ if cfg.engine.update_at == Some(UpdateAt::Backward) => return Err(Refused::UpdateInBackwardWithoutGpu.into()),
         _ => None,
     };
     if let Some(g) = &gpu {

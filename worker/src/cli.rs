@@ -166,7 +166,7 @@ impl Args {
 mod tests {
     use super::*;
     use clap::CommandFactory;
-    use zerobench_schema::config::{CopyEngines, UpdateAt};
+    use zerobench_schema::config::CopyEngines;
     use zerobench_schema::fields::field_names;
 
     fn parse_config(cfg: &RunConfig) -> RunConfig {
@@ -208,7 +208,6 @@ mod tests {
                 hpz: Some(2),
                 comm_ctas: Some(8),
                 copy_engines: Some(CopyEngines::All),
-                update_at: Some(UpdateAt::Backward),
             },
             ..base.clone()
         };

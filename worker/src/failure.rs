@@ -67,8 +67,6 @@ pub enum Refused {
     CopyEnginesWithoutGpu,
     #[error("--cuda-graph replays GPU work, and this run found no GPU")]
     CudaGraphWithoutGpu,
-    #[error("--update-at backward runs the updates beside backward on a GPU, and this run found none")]
-    UpdateInBackwardWithoutGpu,
 }
 
 impl From<ConfigError> for Failure {
@@ -180,7 +178,6 @@ impl From<EngineError> for Failure {
             EngineError::Comm(c) => c.into(),
             EngineError::Shim(s) => Failure::from_torch_message(&s.0),
             EngineError::Offload(msg) => Failure::from_torch_message(&msg),
-            EngineError::Cuda(e) => Failure::from_torch_message(&e.to_string()),
             EngineError::Pin(PinError::Torch(t)) => t.into(),
             EngineError::Pin(PinError::Alloc(s)) => Failure::from_torch_message(&s.0),
             EngineError::Pin(e @ (PinError::Register { .. } | PinError::Context(_) | PinError::FaultIn { .. })) => {
@@ -200,7 +197,7 @@ mod tests {
     /// Every refusal is a config failure (exit 2) and says what to change.
     #[test]
     fn refusals_exit_2_and_say_why() {
-        let cases: [(Refused, &str); 6] = [
+        let cases: [(Refused, &str); 5] = [
             (ConfigError::new("warmup", "leaves no step").into(), "invalid --warmup: leaves no step"),
             (Refused::Threads { threads: 99, most: 8 }, "--threads 99 is more than 4 per core of this host (8)"),
             (
@@ -212,7 +209,6 @@ mod tests {
                 "the launcher gave local rank 0 (LOCAL_RANK), but this is rank 1",
             ),
             (Refused::LaunchCpuWithoutGpu(3), "--launch-cpu 3 places the threads that launch a GPU's work"),
-            (Refused::UpdateInBackwardWithoutGpu, "--update-at backward runs the updates beside backward on a GPU"),
         ];
         for (refused, says) in cases {
             let f = Failure::from(refused);

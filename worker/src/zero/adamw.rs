@@ -18,7 +18,6 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
 use rayon::prelude::*;
 use tch::{Device, Kind, TchError, Tensor};
 use zerobench_schema::config::OptimConfig;
@@ -98,25 +97,11 @@ impl AdamW {
             }
             _ => match &self.fused {
                 Some(f) => f
-                    .step(f.compute(), &k, s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.param_out)
+                    .step(&k, s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.param_out)
                     .map_err(|e| TchError::Torch(e.to_string())),
                 None => step_tensor_ops(&k, s),
             },
         }
-    }
-
-    /// Whether updates of device shards can run on a stream of their own ([`Self::step_beside`]):
-    /// only the fused kernel can be launched on a stream libtorch does not know.
-    pub fn can_step_beside(&self) -> bool {
-        self.fused.is_some()
-    }
-
-    /// Applies update number `t` to a device shard on `stream`, which the caller has ordered after
-    /// the shard's gradient.
-    pub fn step_beside(&self, stream: &CudaStream, t: u64, s: &Shard<'_>) -> Result<(), TchError> {
-        let f = self.fused.as_ref().ok_or_else(|| TchError::Torch("no fused AdamW to launch beside".into()))?;
-        f.step(stream, &self.coeffs(t, 1.0), s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.param_out)
-            .map_err(|e| TchError::Torch(e.to_string()))
     }
 }
 

@@ -2,12 +2,11 @@
 //! single pass over the shard that reads the gradient, master weights and moments and writes them
 //! back together with the compute-precision copy of the parameters (28 bytes per parameter in
 //! bf16, against about three times that for the same update composed of libtorch operations).
-//! It runs on the stream it is given: the compute stream, in libtorch's order, or with
-//! `--update-at backward` a stream of its own beside backward.
+//! It runs on the compute stream, in libtorch's order.
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use tch::Tensor;
 
 use crate::runtime::cuda::Gpu;
@@ -78,16 +77,9 @@ impl FusedAdamW {
         })
     }
 
-    /// The stream updates run on in libtorch's order.
-    pub fn compute(&self) -> &CudaStream {
-        &self.gpu.compute
-    }
-
-    /// One update of a shard on `stream` (see `adamw::Shard` for the roles of the tensors).
-    #[allow(clippy::too_many_arguments)]
+    /// One update of a shard (see `adamw::Shard` for the roles of the tensors).
     pub fn step(
         &self,
-        stream: &CudaStream,
         k: &Coeffs,
         master: &Tensor,
         m: &Tensor,
@@ -108,6 +100,7 @@ impl FusedAdamW {
         let threads = 256u32;
         let blocks = u32::try_from(n.div_ceil(threads as usize)).unwrap_or(u32::MAX).min(self.max_blocks);
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let stream = &self.gpu.compute;
         let mut launch = stream.launch_builder(func);
         launch
             .arg(&p)

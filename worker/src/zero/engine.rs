@@ -6,9 +6,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DriverError};
 use tch::{Device, Kind, TchError, Tensor};
-use zerobench_schema::config::{Offload, Precision, RunConfig, UpdateAt, ZeroStage};
+use zerobench_schema::config::{Offload, Precision, RunConfig, ZeroStage};
 use zerobench_schema::memory::{first_host_unit, ModelStateBytes};
 
 use super::adamw::{AdamW, Shard};
@@ -34,8 +33,6 @@ pub enum EngineError {
     Offload(String),
     #[error(transparent)]
     Pin(#[from] PinError),
-    #[error("CUDA: {0}")]
-    Cuda(#[from] DriverError),
 }
 
 /// The compute dtype of a precision.
@@ -221,18 +218,6 @@ struct Staging {
     staged: Vec<(usize, usize)>,
 }
 
-/// `--update-at backward`: the stream each unit's update runs on as soon as its gradient is final,
-/// beside the rest of backward, and which units this step's backward has updated. The update is
-/// memory-bound and backward's matrix products are not, so the two share the GPU. It needs the
-/// update to be certain before the loss is known (no fp16 loss scale to skip it), the gradient to
-/// be final on this rank alone (one rank), the update on the device (no offload) and issued
-/// eagerly (no graph capture).
-struct BackwardUpdates {
-    gpu: Arc<Gpu>,
-    stream: Arc<CudaStream>,
-    done: Vec<bool>,
-}
-
 /// What a step did.
 #[derive(Debug, Clone, Copy)]
 pub struct StepOutcome {
@@ -284,8 +269,6 @@ pub struct Engine {
     hpz: Option<Hpz>,
     /// Offload: milliseconds spent allocating (and on a GPU page-locking) the host states.
     host_setup_ms: Option<f64>,
-    /// `--update-at backward`, where it applies.
-    in_backward: Option<BackwardUpdates>,
 }
 
 impl Engine {
@@ -368,21 +351,6 @@ impl Engine {
             (Vec::new(), Vec::new())
         };
 
-        let optim = AdamW::new(cfg.optim, gpu.clone());
-        // `RunConfig::validate` and the worker have refused `backward` where it cannot apply.
-        let in_backward = match (cfg.engine.update_at, gpu) {
-            (Some(UpdateAt::Backward), Some(gpu)) if optim.can_step_beside() => {
-                let stream = gpu.ctx.new_stream()?;
-                Some(BackwardUpdates { gpu, stream, done: vec![false; units.len()] })
-            }
-            (Some(UpdateAt::Backward), _) => {
-                return Err(EngineError::Offload(
-                    "--update-at backward needs the fused AdamW kernel, which NVRTC could not build".into(),
-                ))
-            }
-            _ => None,
-        };
-
         Ok(Self {
             stage,
             kind,
@@ -394,7 +362,7 @@ impl Engine {
             owner,
             units,
             schedule,
-            optim,
+            optim: AdamW::new(cfg.optim, gpu),
             scaler: (cfg.precision == Precision::Fp16).then(|| LossScaler::new(cfg.engine.loss_scale_power)),
             updates: 0,
             bucket_elems,
@@ -415,7 +383,6 @@ impl Engine {
             delayed: Vec::new(),
             hpz,
             host_setup_ms,
-            in_backward,
         })
     }
 
@@ -436,15 +403,6 @@ impl Engine {
             0 => device.to_string(),
             n if n == self.units.len() || host == device => host.to_string(),
             _ => format!("{host}+{device}"),
-        }
-    }
-
-    /// When the device's updates run (the setup record's `optimizer_update`).
-    pub fn update_at(&self) -> UpdateAt {
-        if self.in_backward.is_some() {
-            UpdateAt::Backward
-        } else {
-            UpdateAt::Step
         }
     }
 
@@ -756,12 +714,11 @@ impl Engine {
     fn flush_reduction(&mut self) -> Result<(), EngineError> {
         match &mut self.reduction {
             Reduction::Buckets(bk) if !bk.units.is_empty() => {
-                let flushed = bk.units.clone();
                 let landed = bk.flush(self.stage, &self.units, self.comm.as_mut())?;
                 for (u, copy) in landed {
                     self.landed_grads(u, copy);
                 }
-                self.update_in_backward(&flushed)
+                Ok(())
             }
             Reduction::Staged(st) if !st.staged.is_empty() => self.flush_staged(),
             _ => Ok(()),
@@ -773,55 +730,13 @@ impl Engine {
     fn flush_staged(&mut self) -> Result<(), EngineError> {
         let (world, rank, accumulate) = (self.world, self.rank, self.micro > 0);
         let Reduction::Staged(st) = &mut self.reduction else { return Ok(()) };
-        let flushed: Vec<usize> = st.staged.iter().map(|&(u, _)| u).collect();
         let landed = st.flush(&self.units, self.comm.as_mut(), world, rank, accumulate)?;
         let next = st.current;
         for (u, copy) in landed {
             self.landed_grads(u, copy);
         }
-        self.update_in_backward(&flushed)?;
         let Reduction::Staged(st) = &mut self.reduction else { return Ok(()) };
         st.drain(next, &self.units, self.comm.as_mut(), world, rank)
-    }
-
-    /// `--update-at backward`: at the step's last micro-step, updates `units`, whose reductions
-    /// were just issued, on the update stream. Computation first waits for those reductions (over
-    /// one rank a copy at most) and, in stages 2-3, adds what it accumulates, so that the update
-    /// stream need only follow the computation stream.
-    fn update_in_backward(&mut self, units: &[usize]) -> Result<(), EngineError> {
-        if self.in_backward.is_none() || !self.last_micro() {
-            return Ok(());
-        }
-        match &mut self.reduction {
-            Reduction::Buckets(bk) => {
-                for p in std::mem::take(&mut bk.reductions) {
-                    self.comm.wait(p)?;
-                }
-            }
-            Reduction::Staged(st) => {
-                let flushed = 1 - st.current;
-                st.drain(flushed, &self.units, self.comm.as_mut(), self.world, self.rank)?;
-            }
-        }
-        let Some(b) = &mut self.in_backward else { return Ok(()) };
-        // Called on libtorch's autograd thread, where cudarc's context may not be current.
-        b.gpu.ctx.bind_to_thread()?;
-        let ready = b.gpu.mark(&b.gpu.compute)?;
-        b.gpu.wait(&b.stream, ready)?;
-        // The wait holds what was recorded: the event can be recorded again.
-        b.gpu.recycle(ready);
-        for &u in units {
-            let unit = &self.units[u];
-            let OptimState::Device { master, master_is_param, exp_avg, exp_avg_sq } = &unit.optim else {
-                unreachable!("no unit is offloaded when updates run in backward")
-            };
-            let param_out = device_param_out(unit, *master_is_param, self.owners, self.owner)?;
-            let Some(grad) = unit.grads.device_shard() else { unreachable!("device optimizers read a device shard") };
-            let shard = Shard { master, exp_avg, exp_avg_sq, grad, param_out: param_out.as_ref() };
-            self.optim.step_beside(&b.stream, self.updates + 1, &shard)?;
-            b.done[u] = true;
-        }
-        Ok(())
     }
 
     /// Offload: a unit's gradient shard is on its way to the host. At the last micro-step its
@@ -943,12 +858,6 @@ impl Engine {
             // fp16: every gradient shard on the host before the overflow check.
             self.settle_landed()?;
         }
-        if let Some(b) = &self.in_backward {
-            // The updates issued in backward are part of the step: what follows waits for them.
-            let done = b.gpu.mark(&b.stream)?;
-            b.gpu.wait(&b.gpu.compute, done)?;
-            b.gpu.recycle(done);
-        }
         // [loss, overflow] is built where the loss is (the GPU, or the CPU), summed over ranks
         // there, and copied to the host once: the one point per step where the host waits for
         // the device.
@@ -1023,16 +932,18 @@ impl Engine {
     fn step_on_device(&mut self, grad_scale: f64) -> Result<(), EngineError> {
         let gather = matches!(self.stage, ZeroStage::Z1 | ZeroStage::Z2) && self.world > 1;
         for i in 0..self.units.len() {
-            if let Some(b) = &mut self.in_backward {
-                if std::mem::replace(&mut b.done[i], false) {
-                    continue; // updated in backward
-                }
-            }
             let u = &self.units[i];
             let OptimState::Device { master, master_is_param, exp_avg, exp_avg_sq } = &u.optim else {
                 continue; // updated on the host
             };
-            let param_out = device_param_out(u, *master_is_param, self.owners, self.owner)?;
+            let param_out = if *master_is_param {
+                None
+            } else if let Some(s) = u.device_param_shard() {
+                Some(s.shallow_clone())
+            } else {
+                let r = u.layout.shard_range(self.owners, self.owner);
+                Some(u.base.f_narrow(0, r.start as i64, r.len() as i64)?)
+            };
             let Some(grad) = u.grads.device_shard() else { unreachable!("device optimizers read a device shard") };
             let shard = Shard { master, exp_avg, exp_avg_sq, grad, param_out: param_out.as_ref() };
             self.optim.step(self.updates, grad_scale, &shard)?;
@@ -1362,19 +1273,6 @@ impl Staging {
         }
         Ok(())
     }
-}
-
-/// Where a device update writes the unit's parameters in the compute precision: nowhere when the
-/// fp32 master is the parameter, else stage 3's device shard or this rank's range of the unit.
-fn device_param_out(u: &Unit, master_is_param: bool, owners: usize, owner: usize) -> Result<Option<Tensor>, TchError> {
-    if master_is_param {
-        return Ok(None);
-    }
-    if let Some(s) = u.device_param_shard() {
-        return Ok(Some(s.shallow_clone()));
-    }
-    let r = u.layout.shard_range(owners, owner);
-    Ok(Some(u.base.f_narrow(0, r.start as i64, r.len() as i64)?))
 }
 
 fn total_padded(units: &[Unit]) -> usize {
