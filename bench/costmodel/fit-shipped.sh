@@ -22,7 +22,10 @@
 # H100 also has three rounds on a second 2×H100 host at 691c208: the offloaded and 2-GPU runs,
 # then the 2-GPU runs twice more (repeat-2/, repeat-3/ in its archive); and two rounds on a fourth
 # 1×H100 host of T5 configurations that keep the GPU busy, with t5-3b held out; and two rounds on
-# a third 2×H100 host of ten more 2-GPU configurations.
+# a third 2×H100 host of ten more 2-GPU configurations. Last, the offloaded runs on three more 1×H100
+# hosts at 5d597be and 016c111 (the same engine; their setup records add a host AdamW rate measured
+# at setup, which the model does not use: bench/costmodel/host_rate.py), with the host's
+# examples/cpu_adamw in runs/cpu_adamw.json.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BIN=${BIN:-target/release}
@@ -30,7 +33,7 @@ ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE (under bench/results/raw)
   case $1 in
     h200) echo "now:gpu-2026-11-26-h200x2-costmodel-5a3944b" ;;
-    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299 x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208 x1c:gpu-2026-11-27-h100x1c-costmodel-offload-691c208 x2b:gpu-2026-11-27-h100x2b-costmodel-serial-691c208 x1d:gpu-2026-11-27-h100x1d-costmodel-t5-691c208 x2c:gpu-2026-11-27-h100x2c-costmodel-2gpu-691c208" ;;
+    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299 x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208 x1c:gpu-2026-11-27-h100x1c-costmodel-offload-691c208 x2b:gpu-2026-11-27-h100x2b-costmodel-serial-691c208 x1d:gpu-2026-11-27-h100x1d-costmodel-t5-691c208 x2c:gpu-2026-11-27-h100x2c-costmodel-2gpu-691c208 x1e:gpu-2026-11-27-h100x1e-costmodel-offload-5d597be x1f:gpu-2026-11-27-h100x1f-costmodel-offload-016c111 x1g:gpu-2026-11-27-h100x1g-costmodel-offload-016c111" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
 }

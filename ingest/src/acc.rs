@@ -221,8 +221,6 @@ pub struct RankAcc {
     pub mem: MemPeaks,
     /// The model states the rank's setup record holds.
     pub states: Option<StateBytes>,
-    /// Offload: the host's AdamW rate the rank's setup record measured, G parameters/s.
-    pub host_adamw_gparams_per_s: Option<f64>,
     /// Measured steps by NVML GPU utilisation, 0..=100 percent (a histogram: bounded whatever
     /// the number of steps, and merged by adding).
     pub util: Option<Box<[u64; 101]>>,
@@ -339,8 +337,6 @@ impl RankAcc {
         }
         // One setup record per rank; should a log hold two, the larger, whatever the order read.
         self.states = self.states.into_iter().chain(o.states).max_by_key(StateBytes::key);
-        self.host_adamw_gparams_per_s =
-            self.host_adamw_gparams_per_s.into_iter().chain(o.host_adamw_gparams_per_s).reduce(f64::min);
         if let Some(e) = o.end {
             self.add_end(e);
         }

@@ -164,8 +164,6 @@ fn memory(row: &mut RunRow, acc: &RunAcc) {
         row.state_optimizer_bytes = Some(s.device.optimizer_bytes);
         row.host_state_bytes = Some(s.host_bytes);
     }
-    // The slowest rank's host sets the pace of the updates.
-    row.host_adamw_gparams_per_s = acc.ranks.values().filter_map(|a| a.host_adamw_gparams_per_s).reduce(f64::min);
 }
 
 /// Energy per token: each rank's energy counter difference between its first and last measured

@@ -312,7 +312,6 @@ impl LineCtx<'_> {
                 self.out.rank.mem.add(&MemLine::from(&s.memory));
                 self.out.rank.states =
                     Some(crate::acc::StateBytes { device: s.model_state, host_bytes: s.host_state_bytes });
-                self.out.rank.host_adamw_gparams_per_s = s.host_adamw_gparams_per_s;
             }
             Record::Step(s) => self.step(&StepLine::from(&s))?,
             Record::Eval(e) => self.out.rank.add_eval(e.step, e.loss),

@@ -135,9 +135,6 @@ pub struct RunRow {
     pub state_grads_bytes: Option<u64>,
     pub state_optimizer_bytes: Option<u64>,
     pub host_state_bytes: Option<u64>,
-    /// Offload: the host's AdamW rate the setup records measured, billions of parameters per
-    /// second (the slowest rank's).
-    pub host_adamw_gparams_per_s: Option<f64>,
     pub energy_j_per_token: Option<f64>,
     pub avg_power_w_per_gpu: Option<f64>,
     /// NVML GPU utilisation over the measured steps of every rank: mean, and the 10th percentile
@@ -302,7 +299,6 @@ impl RunRow {
             &mut self.avg_power_w_per_gpu,
             &mut self.gpu_util_pct_mean,
             &mut self.gpu_util_pct_p10,
-            &mut self.host_adamw_gparams_per_s,
             &mut self.final_loss,
             &mut self.eval_loss,
             &mut self.perplexity,

@@ -239,7 +239,6 @@ impl SynthRun {
             host_state_bytes: 0,
             host_state_expected_bytes: None,
             host_state_setup_ms: None,
-            host_adamw_gparams_per_s: None,
             optimizer: Some("cuda-fused".into()),
             memory: MemorySample {
                 allocated_bytes: Some(state),

@@ -248,11 +248,6 @@ pub struct Setup {
     /// page-locking them. (Added within version 1; absent without offload and from earlier logs.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_state_setup_ms: Option<f64>,
-    /// Offload on a GPU: this rank's host AdamW rate, billions of parameters per second, measured
-    /// at setup on a scratch shard with every rank of the run measuring at once (as their updates
-    /// run in a step). (Added within version 2; absent without offload and from earlier logs.)
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_adamw_gparams_per_s: Option<f64>,
     pub memory: MemorySample,
     pub setup_ms: f64,
 }
@@ -761,7 +756,6 @@ mod tests {
             host_state_expected_bytes: None,
             optimizer: None,
             host_state_setup_ms: None,
-            host_adamw_gparams_per_s: None,
             memory: MemorySample::default(),
             setup_ms: 1.0,
         };

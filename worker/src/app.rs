@@ -224,7 +224,6 @@ fn run_logged(
         host_state_expected_bytes: Some(expected.host_bytes),
         optimizer: Some(engine.optimizer_implementation()),
         host_state_setup_ms: engine.host_setup_ms(),
-        host_adamw_gparams_per_s: engine.host_adamw_rate().map(|r| (r / 1e9 * 1000.0).round() / 1000.0),
         memory: probe.sample(),
         setup_ms: t_setup.elapsed().as_secs_f64() * 1e3,
     };

@@ -221,35 +221,6 @@ fn update_slices<G: Float16Or32, O: Float16Or32>(k: &Coeffs, s: &Shard<'_>) {
     }
 }
 
-/// Parameters in the scratch shard [`host_rate`] updates: large enough to stream from memory
-/// rather than the caches (1 GiB of state) and to take over 10 ms a pass, small enough that setup
-/// barely notices. (Half of it measured 3.6-5.0 G parameters/s over the runs of one host.)
-pub const HOST_RATE_PARAMS: usize = 1 << 26;
-
-/// Passes [`host_rate`] takes the best of.
-const HOST_RATE_PASSES: u64 = 5;
-
-/// This host's AdamW rate in parameters per second, as the offloaded updates run it: the best of
-/// [`HOST_RATE_PASSES`] updates of a fresh scratch shard of `n` parameters with `kind` gradients and parameters,
-/// over the rayon pool the host updates run on (`ZeRO-Offload`'s bound, which the cost model
-/// scales the host's update by).
-pub fn host_rate(n: usize, kind: Kind) -> f64 {
-    let f32s = |v: f64| Tensor::full([n as i64], v, (Kind::Float, Device::Cpu));
-    let (master, m, v) = (f32s(0.5), f32s(0.0), f32s(0.0));
-    let grad = Tensor::full([n as i64], 0.01, (kind, Device::Cpu));
-    let out = (kind != Kind::Float).then(|| Tensor::zeros([n as i64], (kind, Device::Cpu)));
-    let shard = Shard { master: &master, exp_avg: &m, exp_avg_sq: &v, grad: &grad, param_out: out.as_ref() };
-    let cfg = OptimConfig::default();
-    let best = (1..=HOST_RATE_PASSES)
-        .map(|t| {
-            let t0 = std::time::Instant::now();
-            step_cpu(&AdamW::coeffs_for(&cfg, t, 1.0), &shard);
-            t0.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min);
-    n as f64 / best.max(1e-9)
-}
-
 /// Whether this CPU has AVX2 and FMA (8-wide f32 arithmetic): the chunks are then run by a copy of
 /// the loop compiled for them. The default x86-64 target stops at SSE2.
 fn wide_simd() -> bool {
@@ -344,17 +315,6 @@ fn step_tensor_ops(k: &Coeffs, s: &Shard<'_>) -> Result<(), TchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The host's rate is a finite positive number of parameters per second, for every gradient
-    /// precision, and no faster than a shard could be read in the time measured.
-    #[test]
-    fn the_host_rate_is_a_rate() {
-        for kind in [Kind::BFloat16, Kind::Half, Kind::Float] {
-            let r = host_rate(1 << 16, kind);
-            // 10^13 parameters per second would be 280 TB/s of memory traffic.
-            assert!(r.is_finite() && r > 0.0 && r < 1e13, "{kind:?}: {r}");
-        }
-    }
 
     /// The Rust loop and the libtorch composition agree, and both follow PyTorch's formula, checked
     /// against a hand computation for one element.

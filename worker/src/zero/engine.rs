@@ -269,8 +269,6 @@ pub struct Engine {
     hpz: Option<Hpz>,
     /// Offload: milliseconds spent allocating (and on a GPU page-locking) the host states.
     host_setup_ms: Option<f64>,
-    /// Offload on a GPU: the host's AdamW rate measured at setup, parameters per second.
-    host_rate: Option<f64>,
 }
 
 impl Engine {
@@ -321,16 +319,6 @@ impl Engine {
             _ => None,
         };
         let host_setup_ms = (first_host < units.len()).then_some(host_setup.as_secs_f64() * 1e3);
-        let mut comm = comm;
-        let host_rate = match (&host_setup_ms, &gpu) {
-            (Some(_), Some(_)) => {
-                // Every rank at once, as their updates run in a step: ranks of a host share its
-                // memory bandwidth.
-                comm.barrier()?;
-                Some(super::adamw::host_rate(super::adamw::HOST_RATE_PARAMS, kind))
-            }
-            _ => None,
-        };
         let segment_units: Vec<usize> = model.segments().iter().map(|s| s.unit).collect();
         let schedule = Schedule::new(&segment_units, units.len());
         let largest = units.iter().map(|u| u.layout.padded).max().unwrap_or(0);
@@ -395,7 +383,6 @@ impl Engine {
             delayed: Vec::new(),
             hpz,
             host_setup_ms,
-            host_rate,
         })
     }
 
@@ -417,12 +404,6 @@ impl Engine {
             n if n == self.units.len() || host == device => host.to_string(),
             _ => format!("{host}+{device}"),
         }
-    }
-
-    /// Offload on a GPU: the host's AdamW rate measured at setup, parameters per second (see
-    /// [`super::adamw::host_rate`]).
-    pub fn host_adamw_rate(&self) -> Option<f64> {
-        self.host_rate
     }
 
     /// Offload: milliseconds spent allocating and page-locking the host states (`None` without

@@ -1,0 +1,77 @@
+"""Does the host's AdamW rate explain why offloaded steps differ between hosts of one GPU kind?
+
+Reads sweeps of the offloaded cost-model runs (`bench/gpu/run.sh costmodel` with
+CM_LANES=serial, the same 16 configurations on each host), each archive holding the host's
+`examples/cpu_adamw` output (runs/cpu_adamw.json: one JSON line per size measured, the last
+taken) and, in the builds that logged it, each run's `host_adamw_gparams_per_s` from its setup
+record (that build's measurement at setup). For every configuration the step times and rates are
+taken as deviations from the configuration's mean over hosts (in logs), and the step's deviation is
+regressed on the host's slowness (minus the log rate): a slope of 1 would be a step that scales
+with the host's update, 0 one that does not. Prints JSON.
+
+    python3 bench/costmodel/host_rate.py ARCHIVE.tar.gz...
+"""
+import io
+import json
+import math
+import statistics
+import sys
+import tarfile
+
+
+def read(path):
+    runs, cpu = {}, None
+    with tarfile.open(path) as tar:
+        for m in tar.getmembers():
+            if m.name.endswith("runs/cpu_adamw.json"):
+                lines = [json.loads(l) for l in tar.extractfile(m).read().decode().splitlines() if l.startswith("{")]
+                cpu = lines[-1]["adamw_params_per_s"] / 1e9
+            elif m.name.endswith("rank0.jsonl") and "/cm-" in m.name:
+                recs = [json.loads(l) for l in io.TextIOWrapper(tar.extractfile(m))]
+                setup = next(r for r in recs if r.get("event") == "setup")
+                steps = [r["step_ms"] for r in recs if r.get("event") == "step" and not r.get("warmup")]
+                runs[m.name.split("/")[-2]] = {"step_ms": statistics.median(steps),
+                                               "setup_rate": setup.get("host_adamw_gparams_per_s")}
+    return runs, cpu
+
+
+def fit(xs, ys):
+    """Correlation, least-squares slope through the origin of deviations, and the rms (%) left."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(xs, ys))
+    sxx, syy = sum((a - mx) ** 2 for a in xs), sum((b - my) ** 2 for b in ys)
+    slope = sxy / sxx
+    rms = lambda s: round(100 * math.sqrt(statistics.fmean([(y - s * x) ** 2 for x, y in zip(xs, ys)])), 2)
+    return {"correlation": round(sxy / math.sqrt(sxx * syy), 3), "slope": round(slope, 3),
+            "rms_left_pct": rms(slope), "rms_left_pct_at_slope_1": rms(1.0)}
+
+
+def main():
+    hosts = {p.rsplit("/", 1)[-1]: read(p) for p in sys.argv[1:]}
+    names = sorted(set.intersection(*(set(r) for r, _ in hosts.values())))
+    ys, by_cpu, by_setup, rows = [], [], [], []
+    for n in names:
+        steps = [math.log(hosts[h][0][n]["step_ms"]) for h in hosts]
+        cpus = [-math.log(hosts[h][1]) for h in hosts]
+        setups = [hosts[h][0][n]["setup_rate"] for h in hosts]
+        ys += [s - statistics.fmean(steps) for s in steps]
+        by_cpu += [c - statistics.fmean(cpus) for c in cpus]
+        if all(setups):
+            logs = [-math.log(s) for s in setups]
+            by_setup += [(s - statistics.fmean(logs), y) for s, y in zip(logs, ys[-len(hosts):])]
+        rows.append({"configuration": n, "step_ms": {h: round(hosts[h][0][n]["step_ms"], 1) for h in hosts},
+                     "setup_rate": {h: hosts[h][0][n]["setup_rate"] for h in hosts}})
+    out = {
+        "benchmark": "offloaded steps across hosts against the host's AdamW rate (bench/costmodel/host_rate.py)",
+        "hosts": {h: {"cpu_adamw_gparams_per_s": round(c, 3)} for h, (_, c) in hosts.items()},
+        "configurations": len(names),
+        "step_deviation_rms_pct": round(100 * math.sqrt(statistics.fmean([y * y for y in ys])), 2),
+        "by_cpu_adamw": fit(by_cpu, ys),
+        "by_setup_rate": fit([x for x, _ in by_setup], [y for _, y in by_setup]) if by_setup else None,
+        "rows": rows,
+    }
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
