@@ -4,35 +4,45 @@ Reads sweeps of the offloaded cost-model runs (`bench/gpu/run.sh costmodel` with
 CM_LANES=serial, the same 16 configurations on each host), each archive holding the host's
 `examples/cpu_adamw` output (runs/cpu_adamw.json: one JSON line per size measured, the last
 taken) and, in the builds that logged it, each run's `host_adamw_gparams_per_s` from its setup
-record (that build's measurement at setup). For every configuration the step times and rates are
-taken as deviations from the configuration's mean over hosts (in logs), and the step's deviation is
+record (that build's measurement at setup). Step times are `zerobench ingest`'s (as
+bench/costmodel/hosts.py reads them). For every configuration the step times and rates are taken
+as deviations from the configuration's mean over hosts (in logs), and the step's deviation is
 regressed on the host's slowness (minus the log rate): a slope of 1 would be a step that scales
 with the host's update, 0 one that does not. Prints JSON.
 
-    python3 bench/costmodel/host_rate.py ARCHIVE.tar.gz...
+    python3 bench/costmodel/host_rate.py ZEROBENCH ARCHIVE.tar.gz...
 """
-import io
 import json
 import math
+import os
 import statistics
 import sys
 import tarfile
+import tempfile
+
+from hosts import side
 
 
-def read(path):
-    runs, cpu = {}, None
-    with tarfile.open(path) as tar:
-        for m in tar.getmembers():
-            if m.name.endswith("runs/cpu_adamw.json"):
-                lines = [json.loads(l) for l in tar.extractfile(m).read().decode().splitlines() if l.startswith("{")]
-                cpu = lines[-1]["adamw_params_per_s"] / 1e9
-            elif m.name.endswith("rank0.jsonl") and "/cm-" in m.name:
-                recs = [json.loads(l) for l in io.TextIOWrapper(tar.extractfile(m))]
-                setup = next(r for r in recs if r.get("event") == "setup")
-                steps = [r["step_ms"] for r in recs if r.get("event") == "step" and not r.get("warmup")]
-                runs[m.name.split("/")[-2]] = {"step_ms": statistics.median(steps),
-                                               "setup_rate": setup.get("host_adamw_gparams_per_s")}
-    return runs, cpu
+def cpu_adamw(archive):
+    """The host's AdamW rate from the archive's runs/cpu_adamw.json, G parameters/s."""
+    with tarfile.open(archive) as tar:
+        m = next(m for m in tar.getmembers() if m.name.endswith("runs/cpu_adamw.json"))
+        lines = [json.loads(l) for l in tar.extractfile(m).read().decode().splitlines() if l.startswith("{")]
+    return lines[-1]["adamw_params_per_s"] / 1e9
+
+
+def setup_rate(row):
+    """The rate rank 0's setup record measured, where its build logged one."""
+    with open(os.path.join(row["dir"], "rank0.jsonl")) as f:
+        setup = next(r for r in map(json.loads, f) if r.get("event") == "setup")
+    return setup.get("host_adamw_gparams_per_s")
+
+
+def read(zb, archive, work, tag):
+    """Configuration -> (median step ms, setup rate), and the host's cpu_adamw rate."""
+    rows = side(zb, [archive], work, tag, keep=lambda r: r["offload"] != "none")
+    runs = {os.path.basename(name): (float(r["step_ms_median"]), setup_rate(r)) for name, r in rows.items()}
+    return runs, cpu_adamw(archive)
 
 
 def fit(xs, ys):
@@ -47,20 +57,22 @@ def fit(xs, ys):
 
 
 def main():
-    hosts = {p.rsplit("/", 1)[-1]: read(p) for p in sys.argv[1:]}
+    zb, archives = os.path.abspath(sys.argv[1]), sys.argv[2:]
+    with tempfile.TemporaryDirectory() as work:
+        hosts = {p.rsplit("/", 1)[-1]: read(zb, p, work, f"h{i}") for i, p in enumerate(archives)}
     names = sorted(set.intersection(*(set(r) for r, _ in hosts.values())))
     ys, by_cpu, by_setup, rows = [], [], [], []
     for n in names:
-        steps = [math.log(hosts[h][0][n]["step_ms"]) for h in hosts]
+        steps = [math.log(hosts[h][0][n][0]) for h in hosts]
         cpus = [-math.log(hosts[h][1]) for h in hosts]
-        setups = [hosts[h][0][n]["setup_rate"] for h in hosts]
+        setups = [hosts[h][0][n][1] for h in hosts]
         ys += [s - statistics.fmean(steps) for s in steps]
         by_cpu += [c - statistics.fmean(cpus) for c in cpus]
         if all(setups):
             logs = [-math.log(s) for s in setups]
             by_setup += [(s - statistics.fmean(logs), y) for s, y in zip(logs, ys[-len(hosts):])]
-        rows.append({"configuration": n, "step_ms": {h: round(hosts[h][0][n]["step_ms"], 1) for h in hosts},
-                     "setup_rate": {h: hosts[h][0][n]["setup_rate"] for h in hosts}})
+        rows.append({"configuration": n, "step_ms": {h: round(hosts[h][0][n][0], 1) for h in hosts},
+                     "setup_rate": {h: hosts[h][0][n][1] for h in hosts}})
     out = {
         "benchmark": "offloaded steps across hosts against the host's AdamW rate (bench/costmodel/host_rate.py)",
         "hosts": {h: {"cpu_adamw_gparams_per_s": round(c, 3)} for h, (_, c) in hosts.items()},

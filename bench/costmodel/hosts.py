@@ -23,8 +23,13 @@ import tempfile
 BUSY_PCT = 90  # as `zerobench fit` splits runs (costmodel::observation::DEVICE_BOUND_UTIL_PCT)
 
 
-def side(zb, archives, work, tag):
-    """Run name -> ingest row, for one side's archives (later archives' runs stand)."""
+def one_gpu_without_host_work(row):
+    return row["gpus"] == "1" and row["offload"] == "none"
+
+
+def side(zb, archives, work, tag, keep=one_gpu_without_host_work):
+    """Run name -> ingest row, for one side's archives (later archives' runs stand): the completed
+    runs `keep` takes, each row's `dir` made a path under `work` (its logs, while `work` lasts)."""
     runs = {}
     for i, archive in enumerate(archives):
         d = os.path.join(work, f"{tag}{i}")
@@ -43,7 +48,8 @@ def side(zb, archives, work, tag):
         if p.returncode not in (0, 1):
             raise SystemExit(f"{archive}: zerobench ingest failed ({p.returncode}): {p.stderr.strip()}")
         for r in csv.DictReader(open(os.path.join(d, "ingest", "runs.csv"))):
-            if r["step_ms_median"] and r["gpus"] == "1" and r["offload"] == "none":
+            if r["step_ms_median"] and keep(r):
+                r["dir"] = os.path.join(d, r["dir"])
                 runs[r["run_id"]] = r
     return runs
 

@@ -10,7 +10,7 @@ pub fn machine() -> Machine {
     let cpus = super::cpus::online_cpus()
         .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
         .map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX));
-    Machine { cpu_model: cpu_name(), cpus, memory_bytes: total_memory_bytes() }
+    Machine { cpu_model: cpu_name(), cpus, memory_bytes: meminfo("MemTotal") }
 }
 
 /// A human-readable name of the CPU: /proc/cpuinfo's `model name`, else the architecture.
@@ -24,11 +24,6 @@ pub fn cpu_name() -> String {
                 .map(|v| v.trim().to_string())
         })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
-}
-
-/// The host's memory (`MemTotal`); `None` where it cannot be read.
-fn total_memory_bytes() -> Option<u64> {
-    meminfo("MemTotal")
 }
 
 /// The field `key` (`MemAvailable`, `MemTotal`) of /proc/meminfo, in bytes.
