@@ -217,7 +217,7 @@ mod tests {
         assert!(f.validation.step_mape_pct < 1.0, "{}", f.validation.step_mape_pct);
         assert!(f.validation.memory_mape_pct < 0.5, "{}", f.validation.memory_mape_pct);
         let c = &f.validation.stage_choice.all;
-        assert_eq!((c.right_within_tie, c.groups > 10), (c.groups, true), "{c:?}");
+        assert_eq!((c.right_within_tie, c.shown_slower, c.groups > 10), (c.groups, 0, true), "{c:?}");
     }
 
     /// Repeats 10% either side of each configuration: the error per configuration (against its

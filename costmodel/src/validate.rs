@@ -137,18 +137,40 @@ pub fn decides(measured: &[&[f64]]) -> bool {
     measured.iter().enumerate().filter(|(j, _)| *j != f).all(|(_, m)| m.iter().all(|&x| x > top))
 }
 
+/// How the stage a model predicts fastest fares against the measured stages of a set of groups.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChoiceCount {
     pub groups: u32,
+    /// The chosen stage is the fastest measured (by the median of its runs).
     pub right: u32,
+    /// Within [`STAGE_TIE`] of it.
     pub right_within_tie: u32,
+    /// The chosen stage is not the fastest, and the repeats of the two say so: every run of the
+    /// fastest is faster than every run of the chosen one, with [`DECIDING_REPEATS`] runs each or
+    /// more ([`decides`]). The other misses are stages the repeats cannot tell apart, or have too
+    /// few runs to. Models fitted before this count existed read as none.
+    #[serde(default)]
+    pub shown_slower: u32,
+    /// What choosing by the model costs: the chosen stage's measured median over the fastest
+    /// stage's, minus 1, in percent; the mean and the largest over the groups.
+    #[serde(default)]
+    pub regret_pct_mean: f64,
+    #[serde(default)]
+    pub regret_pct_max: f64,
 }
 
 impl ChoiceCount {
-    fn add(&mut self, exact: bool, within: bool) {
+    /// Adds a group: the measured runs of the stage chosen and of the fastest stage (the same
+    /// runs when the choice is right).
+    fn add(&mut self, chosen: &[f64], fastest: &[f64]) {
+        let (c, f) = (median(chosen), median(fastest));
+        let regret = (c / f - 1.0) * 100.0;
         self.groups += 1;
-        self.right += u32::from(exact);
-        self.right_within_tie += u32::from(within);
+        self.right += u32::from(c <= f);
+        self.right_within_tie += u32::from(c <= f * (1.0 + STAGE_TIE));
+        self.shown_slower += u32::from(c > f && decides(&[fastest, chosen]));
+        self.regret_pct_mean += (regret - self.regret_pct_mean) / f64::from(self.groups);
+        self.regret_pct_max = self.regret_pct_max.max(regret);
     }
 }
 
@@ -299,16 +321,16 @@ fn stage_choice(held: &[Held]) -> StageChoice {
     }
     let mut out = StageChoice::default();
     for (stages, device_bound) in by.values().filter(|(s, _)| s.len() >= 2) {
-        let med: Vec<(u8, f64, f64)> = stages.iter().map(|(s, (m, p))| (*s, median(m), median(p))).collect();
-        let best_measured = med.iter().map(|x| x.1).fold(f64::INFINITY, f64::min);
-        let Some(chosen) = med.iter().min_by(|a, b| a.2.total_cmp(&b.2)) else { continue };
-        let (exact, within) = (chosen.1 <= best_measured, chosen.1 <= best_measured * (1.0 + STAGE_TIE));
-        out.all.add(exact, within);
+        let by_median = |pick: fn(&Pair) -> &Vec<f64>| {
+            stages.values().min_by(|a, b| median(pick(a)).total_cmp(&median(pick(b)))).map(|p| p.0.as_slice())
+        };
+        let (Some(chosen), Some(fastest)) = (by_median(|p| &p.1), by_median(|p| &p.0)) else { continue };
+        out.all.add(chosen, fastest);
         if *device_bound {
-            out.device_bound.add(exact, within);
+            out.device_bound.add(chosen, fastest);
         }
         if decides(&stages.values().map(|(m, _)| m.as_slice()).collect::<Vec<_>>()) {
-            out.decided.add(exact, within);
+            out.decided.add(chosen, fastest);
         }
     }
     out
@@ -340,6 +362,29 @@ fn percentiles(mut v: Vec<f64>) -> [f64; 2] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each group counts as right or not by the medians, as shown slower only when the chosen
+    /// stage's repeats separate from the fastest's, and adds its cost to the mean and the largest.
+    #[test]
+    fn a_choice_counts_its_cost_and_whether_the_repeats_show_it_slower() {
+        let mut c = ChoiceCount::default();
+        let fastest = [10.0, 10.2, 9.9];
+        c.add(&fastest, &fastest);
+        assert_eq!((c.groups, c.right, c.right_within_tie, c.shown_slower, c.regret_pct_max), (1, 1, 1, 0, 0.0));
+        // 1% slower by the medians, runs overlapping the fastest's: a miss within the tie, not shown.
+        c.add(&[10.1, 9.8, 10.3], &fastest);
+        assert_eq!((c.groups, c.right, c.right_within_tie, c.shown_slower), (2, 1, 2, 0));
+        // 10% slower and every run slower: shown.
+        c.add(&[11.0, 11.1, 10.9], &fastest);
+        assert_eq!((c.groups, c.right, c.right_within_tie, c.shown_slower), (3, 1, 2, 1));
+        // Separated, but two runs of the chosen stage cannot show it.
+        c.add(&[12.0, 12.0], &fastest);
+        assert_eq!((c.groups, c.right, c.shown_slower), (4, 1, 1));
+        let want = [0.0, 1.0, 10.0, 20.0];
+        let mean = want.iter().sum::<f64>() / 4.0;
+        assert!((c.regret_pct_mean - mean).abs() < 1e-9, "{} vs {mean}", c.regret_pct_mean);
+        assert!((c.regret_pct_max - 20.0).abs() < 1e-9, "{}", c.regret_pct_max);
+    }
 
     /// A group is decided when each stage has three runs or more and the fastest stage's runs
     /// are all faster than all of the others'.

@@ -173,8 +173,9 @@ fn report(out: &mut dyn Write, model: &CostModel, detail: bool) -> anyhow::Resul
             "{} {}: {} runs of {} configurations; {}-fold validation: step time {:.1}% mean absolute error \
              ({:.1}% over {} device-bound runs, {:.1}% over {} launch-bound; {:.1}% per configuration, against \
              the median of its runs{}), peak allocated {:.1}%; \
-             fastest stage right in {}/{} groups ({} within {:.0}%), in {}/{} device-bound groups ({} within), \
-             in {}/{} groups whose repeats decide it",
+             fastest stage right in {}/{} groups ({} within {:.0}%; the repeats show the choice slower in {}; \
+             choosing by the model costs {:.1}% on average, at most {:.1}%), in {}/{} device-bound groups \
+             ({} within), in {}/{} groups whose repeats decide it",
             f.gpu,
             f.precision,
             f.runs.len(),
@@ -192,6 +193,9 @@ fn report(out: &mut dyn Write, model: &CostModel, detail: bool) -> anyhow::Resul
             v.stage_choice.all.groups,
             v.stage_choice.all.right_within_tie,
             zerobench_costmodel::validate::STAGE_TIE * 100.0,
+            v.stage_choice.all.shown_slower,
+            v.stage_choice.all.regret_pct_mean,
+            v.stage_choice.all.regret_pct_max,
             v.stage_choice.device_bound.right,
             v.stage_choice.device_bound.groups,
             v.stage_choice.device_bound.right_within_tie,
