@@ -8,7 +8,9 @@ record (that build's measurement at setup). Step times are `zerobench ingest`'s 
 bench/costmodel/hosts.py reads them). For every configuration the step times and rates are taken
 as deviations from the configuration's mean over hosts (in logs), and the step's deviation is
 regressed on the host's slowness (minus the log rate): a slope of 1 would be a step that scales
-with the host's update, 0 one that does not. Prints JSON.
+with the host's update, 0 one that does not. The same for the rate of each run's copies to the
+host and back, as its step records give them (under load, beside the step's other work). Prints
+JSON.
 
     python3 bench/costmodel/host_rate.py ZEROBENCH ARCHIVE.tar.gz...
 """
@@ -38,10 +40,22 @@ def setup_rate(row):
     return setup.get("host_adamw_gparams_per_s")
 
 
+def copy_rates(row):
+    """The medians over rank 0's measured steps of its gradient copies' rate to the host and its
+    parameter copies' rate back (`comm.d2h` / `comm.h2d` bus GB/s): the copies as they ran beside
+    the step's other work, which is what a host's copy speed can cost a step."""
+    with open(os.path.join(row["dir"], "rank0.jsonl")) as f:
+        steps = [r for r in map(json.loads, f) if r.get("event") == "step" and not r.get("warmup")]
+    rate = lambda way: statistics.median(r["comm"][way]["bus_gbps"] for r in steps)
+    return rate("d2h"), rate("h2d")
+
+
 def read(zb, archive, work, tag):
-    """Configuration -> (median step ms, setup rate), and the host's cpu_adamw rate."""
+    """Configuration -> (median step ms, setup rate, (d2h, h2d) GB/s), and the host's cpu_adamw
+    rate."""
     rows = side(zb, [archive], work, tag, keep=lambda r: r["offload"] != "none")
-    runs = {os.path.basename(name): (float(r["step_ms_median"]), setup_rate(r)) for name, r in rows.items()}
+    runs = {os.path.basename(name): (float(r["step_ms_median"]), setup_rate(r), copy_rates(r))
+            for name, r in rows.items()}
     return runs, cpu_adamw(archive)
 
 
@@ -61,25 +75,35 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         hosts = {p.rsplit("/", 1)[-1]: read(zb, p, work, f"h{i}") for i, p in enumerate(archives)}
     names = sorted(set.intersection(*(set(r) for r, _ in hosts.values())))
-    ys, by_cpu, by_setup, rows = [], [], [], []
+    ys, by_cpu, by_setup, by_copy, rows = [], [], [], {"d2h": [], "h2d": []}, []
     for n in names:
         steps = [math.log(hosts[h][0][n][0]) for h in hosts]
         cpus = [-math.log(hosts[h][1]) for h in hosts]
         setups = [hosts[h][0][n][1] for h in hosts]
         ys += [s - statistics.fmean(steps) for s in steps]
         by_cpu += [c - statistics.fmean(cpus) for c in cpus]
+        for i, way in enumerate(by_copy):
+            slow = [-math.log(hosts[h][0][n][2][i]) for h in hosts]
+            by_copy[way] += [c - statistics.fmean(slow) for c in slow]
         if all(setups):
             logs = [-math.log(s) for s in setups]
             by_setup += [(s - statistics.fmean(logs), y) for s, y in zip(logs, ys[-len(hosts):])]
         rows.append({"configuration": n, "step_ms": {h: round(hosts[h][0][n][0], 1) for h in hosts},
-                     "setup_rate": {h: hosts[h][0][n][1] for h in hosts}})
+                     "setup_rate": {h: hosts[h][0][n][1] for h in hosts},
+                     "copy_gbps_d2h_h2d": {h: [round(x, 1) for x in hosts[h][0][n][2]] for h in hosts}})
     out = {
-        "benchmark": "offloaded steps across hosts against the host's AdamW rate (bench/costmodel/host_rate.py)",
-        "hosts": {h: {"cpu_adamw_gparams_per_s": round(c, 3)} for h, (_, c) in hosts.items()},
+        "benchmark": "offloaded steps across hosts against the host's AdamW rate and its copies' "
+                     "(bench/costmodel/host_rate.py)",
+        "hosts": {h: {"cpu_adamw_gparams_per_s": round(c, 3),
+                      "copy_gbps_d2h_h2d_median": [round(statistics.median(r[2][i] for r in runs.values()), 1)
+                                                   for i in range(2)]}
+                  for h, (runs, c) in hosts.items()},
         "configurations": len(names),
         "step_deviation_rms_pct": round(100 * math.sqrt(statistics.fmean([y * y for y in ys])), 2),
         "by_cpu_adamw": fit(by_cpu, ys),
         "by_setup_rate": fit([x for x, _ in by_setup], [y for _, y in by_setup]) if by_setup else None,
+        "by_d2h_rate": fit(by_copy["d2h"], ys),
+        "by_h2d_rate": fit(by_copy["h2d"], ys),
         "rows": rows,
     }
     print(json.dumps(out, indent=1))
