@@ -178,6 +178,7 @@ impl From<EngineError> for Failure {
             EngineError::Comm(c) => c.into(),
             EngineError::Shim(s) => Failure::from_torch_message(&s.0),
             EngineError::Offload(msg) => Failure::from_torch_message(&msg),
+            EngineError::Clock(c) => c.into(),
             EngineError::Pin(PinError::Torch(t)) => t.into(),
             EngineError::Pin(PinError::Alloc(s)) => Failure::from_torch_message(&s.0),
             EngineError::Pin(e @ (PinError::Register { .. } | PinError::Context(_) | PinError::FaultIn { .. })) => {

@@ -136,7 +136,8 @@ impl Trainer<'_> {
             self.clock.start(StepPhase::Optimizer)?;
             let opt_start = self.mark()?;
             let outcome = self.engine.step()?;
-            // Offload's host updates and the parameters' all-gathers belong to this step.
+            // The parameters' all-gathers and copies back belong to this step; offload's host
+            // updates run on into the next step's forward, which waits for each at its unit.
             self.engine.finish_step()?;
             self.span(Track::Optimizer, || "optimizer step", opt_start, SpanInfo::default())?;
             self.clock.stop()?;
@@ -214,6 +215,8 @@ impl Trainer<'_> {
                 }
             }
         }
+        // Nothing of the last update left running: the parameters are the trained ones.
+        self.engine.settle()?;
         writer.finish().map_err(|e| Failure::Io(e.to_string()))?;
         // The run's step time: per step the slowest rank, then the median (ingest's rule).
         self.engine.max_over_ranks(&mut measured)?;

@@ -55,7 +55,9 @@ pub struct PhaseTimes {
     pub backward_ms: f64,
     /// Every wait of computation for communication, in whichever phase it happened.
     pub exposed_comm_ms: f64,
-    /// The optimizer phase without its waits for communication.
+    /// The optimizer phase without its waits for communication, plus every wait of computation
+    /// for the host's optimizer (offload) in the other phases: the next step's forward waits for
+    /// a unit's host update at the unit's first use, and the delayed update at its harvest.
     pub optimizer_ms: f64,
 }
 
@@ -65,11 +67,13 @@ impl PhaseTimes {
     }
 }
 
-/// What a span measured: a phase, or a wait for communication issued while `in_phase` was open.
+/// What a span measured: a phase, a wait for communication, or a wait for the host's optimizer
+/// (offload), each issued while `in_phase` was open.
 #[derive(Debug, Clone, Copy)]
 enum SpanKind {
     Phase(StepPhase),
     Exposed { in_phase: Option<StepPhase> },
+    HostUpdate { in_phase: Option<StepPhase> },
 }
 
 #[derive(Default)]
@@ -137,6 +141,19 @@ impl StepClock {
         s.spans.push((SpanKind::Exposed { in_phase }, a, b));
     }
 
+    /// Runs `wait`, a wait of computation for the host's optimizer, and charges the time the
+    /// clock sees pass (on a GPU, the compute stream's: its idling, if the wait starved it) to
+    /// the optimizer, out of the phase open.
+    pub fn host_update_wait<T>(&self, wait: impl FnOnce() -> T) -> Result<T, ClockError> {
+        let a = self.mark()?;
+        let out = wait();
+        let b = self.mark()?;
+        let mut s = self.state();
+        let in_phase = s.open.map(|(p, _)| p);
+        s.spans.push((SpanKind::HostUpdate { in_phase }, a, b));
+        Ok(out)
+    }
+
     /// Ends the step: waits until every stream of the device has finished the work issued so far,
     /// then reads the host clock. The step's time is measured up to this instant.
     pub fn finish(&self) -> Result<Instant, ClockError> {
@@ -152,22 +169,30 @@ impl StepClock {
         let spans = std::mem::take(&mut self.state().spans);
         let mut phase = [0.0f64; 3];
         let mut waited = [0.0f64; 3];
-        let mut exposed = 0.0;
+        let (mut exposed, mut host_update) = (0.0, 0.0);
         for (kind, a, b) in spans {
             let ms = self.elapsed_ms(a, b)?;
-            match kind {
-                SpanKind::Phase(p) => phase[slot(p)] += ms,
-                SpanKind::Exposed { in_phase } => {
-                    exposed += ms;
-                    if let Some(p) = in_phase {
-                        waited[slot(p)] += ms;
-                    }
+            let (total, in_phase) = match kind {
+                SpanKind::Phase(p) => {
+                    phase[slot(p)] += ms;
+                    continue;
                 }
+                SpanKind::Exposed { in_phase } => (&mut exposed, in_phase),
+                SpanKind::HostUpdate { in_phase } => (&mut host_update, in_phase),
+            };
+            *total += ms;
+            if let Some(p) = in_phase {
+                waited[slot(p)] += ms;
             }
         }
         // A wait lies inside its phase's span; rounding of the two clocks aside, never longer.
         let net = |i: usize| (phase[i] - waited[i]).max(0.0);
-        Ok(PhaseTimes { forward_ms: net(0), backward_ms: net(1), exposed_comm_ms: exposed, optimizer_ms: net(2) })
+        Ok(PhaseTimes {
+            forward_ms: net(0),
+            backward_ms: net(1),
+            exposed_comm_ms: exposed,
+            optimizer_ms: net(2) + host_update,
+        })
     }
 
     fn elapsed_ms(&self, a: Mark, b: Mark) -> Result<f64, ClockError> {
@@ -209,6 +234,40 @@ mod tests {
         assert_eq!(p.sum(), 34.0);
         // Taken: the next step starts empty.
         assert_eq!(c.take().unwrap(), PhaseTimes::default());
+    }
+
+    /// A wait for the host's update leaves the phase it happened in for the optimizer's; outside
+    /// every phase it is the optimizer's and taken out of none. The sum still covers the step.
+    #[test]
+    fn a_wait_for_the_host_update_is_the_optimizers() {
+        let c = StepClock::new(None);
+        let t = Instant::now();
+        c.state().spans.push((SpanKind::Phase(StepPhase::Forward), at(t, 0), at(t, 10)));
+        c.state().spans.push((SpanKind::HostUpdate { in_phase: Some(StepPhase::Forward) }, at(t, 1), at(t, 7)));
+        c.state().spans.push((SpanKind::Exposed { in_phase: Some(StepPhase::Forward) }, at(t, 7), at(t, 8)));
+        c.state().spans.push((SpanKind::Phase(StepPhase::Optimizer), at(t, 10), at(t, 12)));
+        c.state().spans.push((SpanKind::HostUpdate { in_phase: None }, at(t, 12), at(t, 15)));
+        let p = c.take().unwrap();
+        assert_eq!(p, PhaseTimes { forward_ms: 3.0, backward_ms: 0.0, exposed_comm_ms: 1.0, optimizer_ms: 11.0 });
+        assert_eq!(p.sum(), 15.0);
+    }
+
+    /// `host_update_wait` runs the wait between its two marks and charges it to the phase open.
+    #[test]
+    fn host_update_wait_runs_the_wait_inside_its_span() {
+        let c = StepClock::new(None);
+        c.start(StepPhase::Forward).unwrap();
+        let got = c
+            .host_update_wait(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                7
+            })
+            .unwrap();
+        c.stop().unwrap();
+        assert_eq!(got, 7, "the wait's result comes back");
+        let p = c.take().unwrap();
+        assert!(p.optimizer_ms >= 20.0, "{p:?}");
+        assert!(p.forward_ms < 5.0, "{p:?}");
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::layout::UnitLayout;
 use super::loss_scale::LossScaler;
 use super::offload::{HostState, HostUpdates, Update};
 use crate::comm::{Collectives, CommError, HostCopy, Pending, StepComm};
+use crate::metrics::clock::{ClockError, SharedClock};
 use crate::model::{init_unit, Model, UnitDef};
 use crate::runtime::cuda::Gpu;
 use crate::runtime::pinned::PinError;
@@ -33,6 +34,8 @@ pub enum EngineError {
     Offload(String),
     #[error(transparent)]
     Pin(#[from] PinError),
+    #[error(transparent)]
+    Clock(#[from] ClockError),
 }
 
 /// The compute dtype of a precision.
@@ -259,7 +262,9 @@ pub struct Engine {
     pipelined: bool,
     host_updates: HostUpdates,
     /// Offload: units updated on the host whose parameters are not yet copied back, in forward
-    /// order; the next forward copies each back just before it needs it.
+    /// order; the next forward (or evaluation) waits for each unit's update and copies it back
+    /// just before it needs it (`before`), so the host's updates run beside that forward's first
+    /// units.
     deferred: VecDeque<usize>,
     /// Delayed update: after how many exact updates the host's updates are delayed.
     delay_after: Option<u64>,
@@ -269,6 +274,8 @@ pub struct Engine {
     hpz: Option<Hpz>,
     /// Offload: milliseconds spent allocating (and on a GPU page-locking) the host states.
     host_setup_ms: Option<f64>,
+    /// Where waits for the host's updates are charged (the optimizer's time), when set.
+    clock: Option<SharedClock>,
 }
 
 impl Engine {
@@ -383,6 +390,7 @@ impl Engine {
             delayed: Vec::new(),
             hpz,
             host_setup_ms,
+            clock: None,
         })
     }
 
@@ -489,8 +497,10 @@ impl Engine {
         self.comm.set_timeline(timeline);
     }
 
-    /// Reports every wait for communication (the world's and the hpZ group's) to `clock`.
-    pub fn set_clock(&mut self, clock: &crate::metrics::clock::SharedClock) {
+    /// Reports every wait for communication (the world's and the hpZ group's) to `clock`, and
+    /// charges every wait for the host's updates to `clock`'s optimizer time.
+    pub fn set_clock(&mut self, clock: &SharedClock) {
+        self.clock = Some(Arc::clone(clock));
         self.comm.set_clock(std::sync::Arc::clone(clock));
         if let Some(g) = self.hpz.as_mut().map(|h| &mut h.group) {
             g.set_clock(std::sync::Arc::clone(clock));
@@ -523,7 +533,12 @@ impl Engine {
     /// Before the segment at schedule position `i` runs: its unit's parameters must be in place.
     pub fn before(&mut self, i: usize) -> Result<(), EngineError> {
         let u = self.schedule.positions[i].unit;
-        // (Parameters refreshed after the last step are in place: `finish_step` waited for them.)
+        // Offload: the last step's host update of this unit, if still running, is waited for and
+        // its parameters copied back now, at their first use (stage 3 gathers from them below).
+        self.refresh_until(u)?;
+        if let Some(p) = self.units[u].refreshing.take() {
+            self.comm.wait(p)?;
+        }
         if self.stage == ZeroStage::Z3 {
             if !self.units[u].gathered() {
                 self.gather(u, Some(u))?;
@@ -660,7 +675,7 @@ impl Engine {
         // all-gather them; every rank harvests in the same order).
         if let Some(i) = self.delayed.iter().position(|&v| v == u) {
             self.delayed.swap_remove(i);
-            self.host_updates.wait_for(u).map_err(EngineError::Offload)?;
+            self.wait_for_update(u)?;
             self.refresh_from_host(u)?;
         }
         let _guard = tch::no_grad_guard();
@@ -958,9 +973,9 @@ impl Engine {
     }
 
     /// Offload: the host updates (already running when pipelined) go on in the background, the
-    /// rest in forward order; the step returns without waiting for them, and `finish_step` copies
-    /// each unit back as soon as its update is done, in forward order, while later units are
-    /// still being updated.
+    /// rest in forward order; the step returns without waiting for them, and the next forward
+    /// copies each unit back as soon as it needs it (`before`), in forward order, while later
+    /// units are still being updated.
     fn step_on_host(&mut self, grad_scale: f64) -> Result<(), EngineError> {
         let on_host = |u: &Unit| matches!(u.optim, OptimState::Host(_));
         if !self.pipelined {
@@ -1002,7 +1017,7 @@ impl Engine {
             return Ok(());
         }
         while let Some(v) = self.deferred.pop_front() {
-            self.host_updates.wait_for(v).map_err(EngineError::Offload)?;
+            self.wait_for_update(v)?;
             self.refresh_from_host(v)?;
             if v == u {
                 break;
@@ -1011,14 +1026,34 @@ impl Engine {
         Ok(())
     }
 
-    /// The end of a step's work: offload's host updates done and copied back, and computation
-    /// made to wait for the parameter all-gathers the step issued. The training loop calls it last
-    /// in every step and then synchronises the device, so a step's time covers all of its work and
-    /// the next step starts from nothing in flight (the definition of `step_ms`).
-    pub fn finish_step(&mut self) -> Result<(), EngineError> {
+    /// Offload: blocks until the host's update of unit `u` is done; the time is the optimizer's
+    /// on the step clock, when there is one.
+    fn wait_for_update(&mut self, u: usize) -> Result<(), EngineError> {
+        let updates = &mut self.host_updates;
+        let done = match &self.clock {
+            Some(c) => c.host_update_wait(|| updates.wait_for(u))?,
+            None => updates.wait_for(u),
+        };
+        done.map_err(EngineError::Offload)
+    }
+
+    /// Offload: every host update of the last step done and its parameters copied back and in
+    /// place; for whatever reads the parameters outside a forward pass (the end of training).
+    pub fn settle(&mut self) -> Result<(), EngineError> {
         if let Some(&last) = self.deferred.back() {
             self.refresh_until(last)?;
         }
+        self.finish_step()
+    }
+
+    /// The end of a step's work on the device: computation made to wait for the parameter
+    /// all-gathers and copies back the step issued. The training loop calls it last in every step
+    /// and then synchronises the device, so a step's time covers all of its device work (the
+    /// definition of `step_ms`). Offload's host updates are not waited for here: the next forward
+    /// waits for each unit's at the unit's first use (`before`), so the host's tail of step t
+    /// runs beside step t + 1's first units and is that step's time (its optimizer's, for the
+    /// part computation waits). Exact either way: no unit computes before its update is back.
+    pub fn finish_step(&mut self) -> Result<(), EngineError> {
         for u in 0..self.units.len() {
             if let Some(p) = self.units[u].refreshing.take() {
                 self.comm.wait(p)?;
