@@ -539,6 +539,16 @@ impl Engine {
         if let Some(p) = self.units[u].refreshing.take() {
             self.comm.wait(p)?;
         }
+        // And the next units whose updates are already done are copied back now, ahead of their
+        // use, so that their copies run beside this unit's computation. Always the front of
+        // `deferred`: the copies back (and their all-gathers) keep the order every rank shares,
+        // whenever each rank's host finishes.
+        while let Some(&v) = self.deferred.front() {
+            if !self.host_updates.is_done(v) {
+                break;
+            }
+            self.refresh_until(v)?;
+        }
         if self.stage == ZeroStage::Z3 {
             if !self.units[u].gathered() {
                 self.gather(u, Some(u))?;

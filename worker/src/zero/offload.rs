@@ -226,6 +226,15 @@ impl HostUpdates {
         self.queue().sealed = true;
     }
 
+    /// Whether unit `unit`'s update has run, without waiting: its result is then kept for
+    /// [`Self::wait_for`], which returns at once.
+    pub fn is_done(&mut self, unit: usize) -> bool {
+        while let Ok((u, r)) = self.rx.try_recv() {
+            self.done.insert(u, r);
+        }
+        self.done.contains_key(&unit)
+    }
+
     /// Waits until unit `unit`'s update has run (it must have been spawned).
     pub fn wait_for(&mut self, unit: usize) -> Result<(), String> {
         loop {
@@ -344,6 +353,26 @@ mod tests {
         for s in &states {
             assert!(s.master.max().double_value(&[]) < 1.0);
         }
+    }
+
+    /// `is_done` says no before an update has run and never blocks; once it says yes the result
+    /// is kept, and `wait_for` returns it.
+    #[test]
+    fn is_done_polls_without_taking_the_result() {
+        let states: Vec<HostState> = (0..2).map(|_| state(1 << 10)).collect();
+        let mut updates = HostUpdates::new().expect("driver thread");
+        assert!(!updates.is_done(0), "nothing spawned");
+        updates.spawn(&states[0], update(0, 0));
+        updates.seal();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !updates.is_done(0) {
+            assert!(std::time::Instant::now() < deadline, "the update never ran");
+            std::thread::yield_now();
+        }
+        assert!(updates.is_done(0), "still done: the result is kept");
+        assert!(!updates.is_done(1), "unit 1 was never spawned");
+        updates.wait_for(0).expect("the kept result");
+        assert!(states[0].master.max().double_value(&[]) < 1.0, "it ran");
     }
 
     /// Dropping with updates still queued returns (they are dropped, the running one finishes).
