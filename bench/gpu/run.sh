@@ -76,6 +76,19 @@
 #                LC_SETTINGS (default "none auto"; a CPU number too) in turn (LC_REPS rounds,
 #                default 3, the order turned each round); writes
 #                launch-cpu.json (bench/gpu/report_launch_cpu.py)
+#   offload-threads  how many threads the host's AdamW should use beside offload's copies: the
+#                host's AdamW rate (examples/cpu_adamw) with each pool size of OT_POOLS (default:
+#                all cores but one, half of them, a quarter), then gpt2-xl micro-batch 4, stage 2,
+#                one GPU, at offload ratio OT_RATIO (default 0.24) exact and with the delayed update,
+#                with each pool size (--threads one more) in OT_REPS rounds (default 2, the order
+#                turned each round), and the run without offload; writes offload-threads.json
+#                (bench/gpu/report_offload_threads.py)
+#   offload-ab   offload's step time and losses with this build and the one in BASE_BIN
+#                alternating: gpt2-xl micro-batch 4, one GPU, each case of OA_CASES
+#                (STAGE:OFFLOAD:RATIO[:delayed], default the plan's ratio and all on the host at
+#                stage 2, and stage 3 with the optimizer and with parameters too) in OA_REPS rounds
+#                (default 2, the order turned each round), after a run without offload per build;
+#                writes offload-ab.json (bench/gpu/report_offload_ab.py)
 #   offload-builds  offload's step time across builds: gpt2-xl micro-batch 4, stage 2, optimizer on
 #                the host, one GPU, with the worker of each carried build folder in OB_BUILDS (the first
 #                the base) in turn, OB_REPS rounds (default 3, the order turned each round); each run's
@@ -409,6 +422,45 @@ PY
       "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
       python3 bench/gpu/report_offload_builds.py "$RUNS" "$OUTDIR/host.txt" "${commits[@]}" > "$OUTDIR/offload-builds.json"
       log "offload-builds: $(python3 -c 'import json,sys; print([(b["build"][:7], b["median_step_ms"], b["over_first"]) for c in json.load(open(sys.argv[1]))["configurations"] for b in c["builds"]])' "$OUTDIR/offload-builds.json")" ;;
+    offload-ab)
+      : "${BASE_BIN:?offload-ab compares this build with the one in BASE_BIN}"
+      for b in base new; do
+        W=$(build_worker "$b") worker "oa_none_${b}_1" 1 --model gpt2-xl --stage 2 --micro-batch 4 --steps 12 --warmup 4
+      done
+      for rep in $(seq "${OA_REPS:-2}"); do
+        builds="base new"; [ $((rep % 2)) = 1 ] || builds="new base"
+        for c in ${OA_CASES:-2:optimizer:0.24 2:optimizer:1 3:optimizer:1 3:optimizer+params:1}; do
+          IFS=: read -r z off r mode <<< "$c"
+          extra=(); [ "$mode" != delayed ] || extra=(--delayed-update --delayed-update-after 4)
+          for b in $builds; do
+            W=$(build_worker "$b") worker "oa_z${z}_${off}_r${r}${mode:+_$mode}_${b}_${rep}" 1 --model gpt2-xl --stage "$z" \
+              --offload "$off" --offload-ratio "$r" --micro-batch 4 --steps 12 --warmup 4 "${extra[@]}"
+          done
+        done
+      done
+      python3 bench/gpu/report_offload_ab.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BASE_BIN")" "$(commit_of "$BIN")" \
+        > "$OUTDIR/offload-ab.json"
+      log "offload-ab: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUTDIR/offload-ab.json")" ;;
+    offload-threads)
+      # The worker's AdamW pool is --threads minus one (the launching thread keeps a core).
+      pools=${OT_POOLS:-"$(( $(nproc) - 1 )) $(( $(nproc) / 2 )) $(( $(nproc) / 4 ))"}
+      for p in $pools; do "$BIN/examples/cpu_adamw" 200000000 "$p" > "$RUNS/cpu_adamw_p$p.json" 2>&1; done
+      log "cpu_adamw: $(cat "$RUNS"/cpu_adamw_p*.json | tr '\n' ' ')"
+      mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies.jsonl" 2>&1
+      log "copies: $(grep -h '2[dh]' "$RUNS/copies.jsonl" | tr '\n' ' ')"
+      worker ot_none_1 1 --model gpt2-xl --stage 2 --micro-batch 4 --steps 12 --warmup 4
+      for rep in $(seq "${OT_REPS:-2}"); do
+        order=$pools; [ $((rep % 2)) = 1 ] || order=$(tr ' ' '\n' <<< "$order" | tac | xargs)
+        for p in $order; do
+          for mode in exact delayed; do
+            extra=(); [ "$mode" = exact ] || extra=(--delayed-update --delayed-update-after 4)
+            worker "ot_${mode}_p${p}_${rep}" 1 --model gpt2-xl --stage 2 --offload optimizer \
+              --offload-ratio "${OT_RATIO:-0.24}" --micro-batch 4 --steps 12 --warmup 4 --threads $((p + 1)) "${extra[@]}"
+          done
+        done
+      done
+      python3 bench/gpu/report_offload_threads.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" > "$OUTDIR/offload-threads.json"
+      log "offload-threads: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUTDIR/offload-threads.json")" ;;
     launch-cpu)
       mkdir -p "$RUNS/lc"
       for rep in $(seq "${LC_REPS:-3}"); do

@@ -272,8 +272,11 @@ pub struct Step {
     pub tokens: u64,
     pub samples: u64,
     /// Wall time of the whole step on this rank: from the start of its work to the completion of
-    /// all of it, on every stream and thread (compute, communication, copies, the host's offload
-    /// updates); the device is synchronised at the step's end, as a user's training loop is.
+    /// all of its device work, on every stream (compute, communication, copies); the device is
+    /// synchronised at the step's end, as a user's training loop is. With offload the host's
+    /// updates of the step's last units may still run then: the next step's forward waits for
+    /// each at its unit, so their time is in the next step's (consecutive steps never overlap,
+    /// and the interval between step records stays `step_ms + overhead_ms`).
     pub step_ms: f64,
     /// Forward computation, without the time it waited for communication. The five phases
     /// `forward_ms`, `backward_ms`, `exposed_comm_ms`, `optimizer_ms` and `other_ms` are disjoint
@@ -281,7 +284,8 @@ pub struct Step {
     pub forward_ms: f64,
     /// Backward computation (its reductions issued), without the time it waited for communication.
     pub backward_ms: f64,
-    /// The optimizer step, its device work and the step's final synchronisation included.
+    /// The optimizer step, its device work and the step's final synchronisation included, plus
+    /// the time computation waited for offload's host updates in the other phases.
     pub optimizer_ms: f64,
     /// Sum of the durations of this step's collectives (they overlap computation, so this is not
     /// a phase).

@@ -1,0 +1,113 @@
+"""Reads the runs of `bench/gpu/run.sh offload-ab` and prints, per offload case, both builds' step
+times (median of each run's measured steps, then over the rounds), the new build's over the base's
+round by round, where the step's time went, and whether the two builds' losses are the same at every
+step of every round (and their largest difference). gpt2-xl's losses differ between runs of one
+build on the GPU, so the row without offload gives the runs' own difference; `same-losses` checks
+bit-identity on a model and text that repeat exactly.
+
+    python3 bench/gpu/report_offload_ab.py RUNS HOST.txt BASE-COMMIT NEW-COMMIT > offload-ab.json
+
+Run folders are `oa_<case>_<base|new>_<round>` and `oa_none_<build>_1` (no offload). A failed run
+shows as null, and its round is left out of the ratios.
+
+Per case also the GPU's part of bench/gpu/report_ratio.py's bound: the run without offload's
+forward and backward plus its optimizer phase times the share of the parameters the device updates
+(the build's own run without offload). Where RUNS holds the host's `cpu_adamw.json` and
+`copies.jsonl` from the same call, the host's update (parameters on the host over its AdamW rate)
+and the transfers (2 bytes per host parameter each way over the slower copy direction) join it,
+and the bound is the largest of the three."""
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+from common import host_date, median, rank0_records
+
+
+def run(run_dir):
+    recs = rank0_records(run_dir)
+    steps = [r for r in recs if r["event"] == "step" and not r["warmup"]]
+    if not steps:
+        return None
+    med = lambda k: round(median(steps, k), 3)
+    start = next(r for r in recs if r["event"] == "start")
+    setup = next(r for r in recs if r["event"] == "setup")
+    padded = setup["padded_params"]
+    on_device = setup["model_state"]["optimizer_bytes"] / 12 if start["config"]["offload"] != "none" else padded
+    return {"device_params": on_device, "host_params": padded - on_device, "step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "backward_ms": med("backward_ms"),
+            "exposed_comm_ms": med("exposed_comm_ms"), "optimizer_ms": med("optimizer_ms"),
+            "peak_allocated_gib": round(max(r["memory"]["peak_allocated_bytes"] for r in steps) / 2**30, 3),
+            "losses": [r["loss"] for r in recs if r["event"] == "step"]}
+
+
+def host_rates(runs_dir):
+    """The host's AdamW rate (parameters/s) and slower pinned copy direction (GB/s) measured in
+    the same call, where they were."""
+    try:
+        adamw = [json.loads(l) for l in open(os.path.join(runs_dir, "cpu_adamw.json")) if l.startswith("{")][-1]
+        copies = [json.loads(l) for l in open(os.path.join(runs_dir, "copies.jsonl"))
+                  if l.startswith("{") and re.search(r'"op":"(d2h|h2d)"', l)]
+        return adamw["adamw_params_per_s"], min(c["gbps"] for c in copies)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def bound(run, none, rates):
+    """The step's bound for `run` against the same build's run without offload (see above)."""
+    gpu = none["forward_ms"] + none["backward_ms"] + none["optimizer_ms"] * run["device_params"] / none["device_params"]
+    out = {"gpu_ms": round(gpu, 3)}
+    if rates:
+        out["host_adamw_ms"] = round(run["host_params"] / rates[0] * 1e3, 3)
+        out["transfer_ms"] = round(2 * run["host_params"] / (rates[1] * 1e9) * 1e3, 3)
+        out["bound_ms"] = max(out.values())
+    return out
+
+
+def main():
+    runs_dir, host, base_commit, new_commit = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3], sys.argv[4]
+    rates = host_rates(runs_dir)
+    found = {}
+    for d in glob.glob(os.path.join(runs_dir, "oa_*")):
+        m = re.search(r"oa_(.+)_(base|new)_(\d+)$", d)
+        if m and os.path.isdir(d):
+            found.setdefault(m.group(1), {}).setdefault(m.group(2), {})[int(m.group(3))] = run(d)
+    summary, cases = [], {}
+    for case in sorted(found):
+        by = found[case]
+        rounds = sorted(set(by.get("base", {})) | set(by.get("new", {})))
+        paired = [r for r in rounds if by.get("base", {}).get(r) and by.get("new", {}).get(r)]
+        ratios = [round(by["new"][r]["step_ms"] / by["base"][r]["step_ms"], 4) for r in paired]
+        same = all(by["new"][r]["losses"] == by["base"][r]["losses"] for r in paired) if paired else None
+        diff = max((abs(a - b) for r in paired for a, b in zip(by["new"][r]["losses"], by["base"][r]["losses"])),
+                   default=None)
+        med = lambda b: round(statistics.median(by[b][r]["step_ms"] for r in rounds if by.get(b, {}).get(r)), 3) \
+            if any(by.get(b, {}).get(r) for r in rounds) else None
+        row = {"case": case, "base_step_ms": med("base"), "new_step_ms": med("new"),
+               "new_over_base_by_round": ratios, "identical_losses": same, "largest_loss_difference": diff,
+               "failed": sum(1 for b in ("base", "new") for r in rounds if not by.get(b, {}).get(r))}
+        for b in ("base", "new"):
+            none = found.get("none", {}).get(b, {}).get(1)
+            first = next((by[b][r] for r in rounds if by.get(b, {}).get(r)), None)
+            if case != "none" and none and first and row[f"{b}_step_ms"]:
+                bd = row[f"{b}_bound"] = bound(first, none, rates)
+                # Without the host's rates only the GPU's part is known: the step over it is an
+                # upper limit of the step over the bound, and exactly that where the GPU's part is
+                # the largest.
+                key = "step_over_bound" if "bound_ms" in bd else "step_over_gpu_part"
+                row[f"{b}_{key}"] = round(row[f"{b}_step_ms"] / bd.get("bound_ms", bd["gpu_ms"]), 4)
+        summary.append(row)
+        cases[case] = {b: {str(r): v for r, v in sorted(by.get(b, {}).items())} for b in ("base", "new")}
+    print(json.dumps({
+        "benchmark": "offload-ab: offload's step time with two builds alternating; gpt2-xl, micro-batch 4, "
+                     "sequence 1024, bf16, one GPU (bench/gpu/report_offload_ab.py)",
+        "date": host_date(host), "host": host.strip().splitlines(),
+        "builds": {"base": base_commit, "new": new_commit},
+        "host_rates": {"adamw_params_per_s": rates[0], "copy_gbps_slower": rates[1]} if rates else None,
+        "summary": summary, "cases": cases,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()

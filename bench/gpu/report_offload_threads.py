@@ -1,0 +1,112 @@
+"""Reads the runs of `bench/gpu/run.sh offload-threads` and prints, per size of the host AdamW's
+thread pool, offload's step time, how fast its copies ran beside the host's update, and the step
+over its bound.
+
+    python3 bench/gpu/report_offload_threads.py RUNS HOST.txt COMMIT > offload-threads.json
+
+Run folders are `ot_<exact|delayed>_p<pool>_<round>` and `ot_none_1` (no offload). Per run: the
+median step, backward, exposed communication and optimizer phases, and the median rate of the
+gradients' copies to the host (`comm.d2h`) and the parameters' back (`comm.h2d`) as the step
+records give them (beside the step's other work). The bound is bench/gpu/report_ratio.py's:
+
+    bound = max(GPU compute + the GPU's share of the update, the host's share of the update, transfers)
+
+with the host's update at the fastest pool's measured AdamW rate (`cpu_adamw_p<pool>.json`), so a
+pool that updates slower is held to the same bound, and transfers over the pinned copy bandwidth
+measured alone (`copies.jsonl`). Per (mode, pool): the median over rounds. A failed run shows as
+null."""
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+from common import host_date, median, rank0_records, run_parts
+
+
+def last_json(path):
+    lines = [l for l in open(path).read().splitlines() if l.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+def copies(path):
+    out = {}
+    for line in open(path).read().splitlines():
+        if line.startswith("{") and re.search(r'"op":"(d2h|h2d)"', line):
+            c = json.loads(line)
+            out[c["op"]] = c["gbps"]
+    return out
+
+
+def run(run_dir):
+    recs = rank0_records(run_dir)
+    if not any(r["event"] == "step" and not r["warmup"] for r in recs):
+        return None
+    start, setup, steps = run_parts(recs)
+    cfg = start["config"]
+    padded = setup["padded_params"]
+    on_device = setup["model_state"]["optimizer_bytes"] / 12 if cfg["offload"] != "none" else padded
+    med = lambda f: round(median(steps, f), 3)
+
+    def rate(way):
+        """Over the steps that copied that way (a delayed run's first exact steps may not)."""
+        v = [r["comm"][way]["bus_gbps"] for r in steps if way in r["comm"]]
+        return round(statistics.median(v), 2) if v else None
+    return {"step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "backward_ms": med("backward_ms"),
+            "exposed_comm_ms": med("exposed_comm_ms"), "optimizer_ms": med("optimizer_ms"),
+            "d2h_gbps": rate("d2h"), "h2d_gbps": rate("h2d"), "host_params": padded - on_device,
+            "device_params": on_device, "final_loss": steps[-1]["loss"]}
+
+
+def main():
+    runs_dir, host = sys.argv[1], open(sys.argv[2]).read()
+    commit = sys.argv[3]
+    adamw = {}
+    for f in glob.glob(os.path.join(runs_dir, "cpu_adamw_p*.json")):
+        pool = int(re.search(r"_p(\d+)\.json$", f).group(1))
+        adamw[pool] = last_json(f)
+    bw = copies(os.path.join(runs_dir, "copies.jsonl"))
+    base = run(os.path.join(runs_dir, "ot_none_1"))
+    rate = max((a["adamw_params_per_s"] for a in adamw.values() if a), default=None)
+    rows = []
+    for d in sorted(glob.glob(os.path.join(runs_dir, "ot_*_p*_*"))):
+        if not os.path.isdir(d):
+            continue
+        mode, pool, rnd = re.search(r"ot_(\w+?)_p(\d+)_(\d+)$", d).groups()
+        r = run(d)
+        row = {"run": os.path.basename(d), "mode": mode, "pool": int(pool), "round": int(rnd), "result": r}
+        if r and base and rate and bw:
+            gpu = base["forward_ms"] + base["backward_ms"] + base["optimizer_ms"] * r["device_params"] / base["device_params"]
+            host_ms = r["host_params"] / rate * 1e3
+            transfer_ms = 2 * r["host_params"] / (min(bw.values()) * 1e9) * 1e3
+            bound = max(gpu, host_ms, transfer_ms)
+            row["bound"] = {"gpu_ms": round(gpu, 3), "host_adamw_ms": round(host_ms, 3),
+                            "transfer_ms": round(transfer_ms, 3), "bound_ms": round(bound, 3),
+                            "step_over_bound": round(r["step_ms"] / bound, 4)}
+        rows.append(row)
+    summary = []
+    for mode, pool in sorted({(r["mode"], r["pool"]) for r in rows}):
+        ok = [r for r in rows if (r["mode"], r["pool"]) == (mode, pool) and r["result"]]
+        m = lambda f: round(statistics.median(f(r) for r in ok), 3) if ok else None
+        a = adamw.get(pool)
+        summary.append({"mode": mode, "pool": pool, "runs": len(ok),
+                        "failed": sum(1 for r in rows if (r["mode"], r["pool"]) == (mode, pool) and not r["result"]),
+                        "host_adamw_gparams_per_s": round(a["adamw_params_per_s"] / 1e9, 3) if a else None,
+                        "step_ms": m(lambda r: r["result"]["step_ms"]),
+                        "exposed_comm_ms": m(lambda r: r["result"]["exposed_comm_ms"]),
+                        "d2h_gbps": m(lambda r: r["result"]["d2h_gbps"]),
+                        "h2d_gbps": m(lambda r: r["result"]["h2d_gbps"]),
+                        "step_over_bound": m(lambda r: r["bound"]["step_over_bound"]) if ok and all("bound" in r for r in ok) else None,
+                        "step_ms_by_round": [r["result"]["step_ms"] for r in ok]})
+    print(json.dumps({
+        "benchmark": "offload-threads: the host AdamW's pool size beside offload's copies; gpt2-xl, micro-batch 4, "
+                     "sequence 1024, stage 2, bf16, one GPU (bench/gpu/report_offload_threads.py)",
+        "date": host_date(host), "host": host.strip().splitlines(), "commit": commit,
+        "copy_gbps_alone": bw, "cpu_adamw": {str(k): v for k, v in sorted(adamw.items())},
+        "no_offload": base, "summary": summary, "runs": rows,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
