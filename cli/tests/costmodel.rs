@@ -242,20 +242,23 @@ fn bad_inputs_to_fit_are_clear_errors() {
     let o = predict(m, "nvidia");
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("matches several fits"), "{}", text(&o.stderr));
-    // A file that is not a model, and a model of the version before attention was priced apart:
-    // both refused, the second naming both versions.
+    // A file that is not a model, and models of earlier versions (before attention was priced
+    // apart; before the device donor had a field of its own): all refused, the older ones naming
+    // both versions.
     let x = tmp.path().join("x.json");
     std::fs::write(&x, r#"{"format":"other","version":7}"#).unwrap();
     let o = predict(x.to_str().unwrap(), "h200");
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("not a zerobench cost model"), "{}", text(&o.stderr));
-    let mut v1: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(m).unwrap()).unwrap();
-    v1["version"] = 1.into();
-    std::fs::write(&x, v1.to_string()).unwrap();
-    let o = predict(x.to_str().unwrap(), "h200");
-    assert_eq!(o.status.code(), Some(2));
-    let err = text(&o.stderr);
-    assert!(err.contains("version 1;") && err.contains("version 2"), "{err}");
+    for old in [1, 2] {
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(m).unwrap()).unwrap();
+        v["version"] = old.into();
+        std::fs::write(&x, v.to_string()).unwrap();
+        let o = predict(x.to_str().unwrap(), "h200");
+        assert_eq!(o.status.code(), Some(2));
+        let err = text(&o.stderr);
+        assert!(err.contains(&format!("version {old};")) && err.contains("version 3"), "{err}");
+    }
 }
 
 #[test]

@@ -15,16 +15,19 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::model::DeviceDonor;
 use crate::nnls::{nnls, nnls_l1};
 use crate::observation::Observation;
 use crate::price::{eval, micro_ms, peak_allocated, step_parts, Bound, GIB, UNHIDDEN};
-use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term, DEVICE_DONOR};
+use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
 use crate::work::{Query, Work};
 
 /// Coefficients of one fit, before validation.
 #[derive(Debug, Clone)]
 pub(crate) struct Coefficients {
     pub step: BTreeMap<String, f64>,
+    /// Whose device terms a family without its own borrows ([`fit_micro`]).
+    pub device_donor: Option<DeviceDonor>,
     pub memory: BTreeMap<String, f64>,
     pub reserved: BTreeMap<String, f64>,
 }
@@ -32,14 +35,15 @@ pub(crate) struct Coefficients {
 /// The coefficients for runs of one GPU kind and precision.
 pub(crate) fn fit_coefficients(runs: &[&Observation]) -> Coefficients {
     let works: Vec<Work> = runs.iter().map(|o| Work::of(&o.query)).collect();
-    Coefficients { step: fit_step(runs, &works), memory: fit_memory(runs, &works), reserved: fit_reserved(runs) }
+    let (step, device_donor) = fit_step(runs, &works);
+    Coefficients { step, device_donor, memory: fit_memory(runs, &works), reserved: fit_reserved(runs) }
 }
 
 /// The step coefficients, fitted in stages so that each is fitted on the measurement that isolates
 /// it: the optimizer on the logged optimizer phase; the micro-step's bounds on one-GPU runs without
 /// offload (their step less the optimizer); offload's and communication's terms on what their runs
 /// add to the step beyond the compute and optimizer already fitted.
-fn fit_step(runs: &[&Observation], works: &[Work]) -> BTreeMap<String, f64> {
+fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Option<DeviceDonor>) {
     let all: Vec<usize> = (0..runs.len()).collect();
     let mut coef = BTreeMap::new();
     // 1. The optimizer on the GPU.
@@ -51,7 +55,7 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> BTreeMap<String, f64> {
     let optimizer = |coef: &BTreeMap<String, f64>, w: &Work| {
         let mut f = Vec::new();
         let t = only(step_terms(w), "optimizer.");
-        eval(coef, &t, Part::Step, &mut f)
+        eval(coef, None, &t, Part::Step, &mut f)
     };
     // 2. The micro-step: one GPU, no offload.
     let single: Vec<usize> = all
@@ -63,12 +67,14 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> BTreeMap<String, f64> {
         .iter()
         .map(|&i| ((runs[i].step_ms - optimizer(&coef, &works[i])) / works[i].micro_steps).max(0.0))
         .collect();
-    coef.extend(fit_micro(&single, runs, works, &micro_target));
+    let (micro, device_donor) = fit_micro(&single, runs, works, &micro_target);
+    coef.extend(micro);
+    let donor = DeviceDonor::family_of(device_donor.as_ref());
     // 3. Offload and 4. communication, on what their runs add.
     let extra = |coef: &BTreeMap<String, f64>, i: usize| {
         let mut f = Vec::new();
         let w = &works[i];
-        let (micro, _) = micro_ms(coef, &step_terms(w), &mut f);
+        let (micro, _) = micro_ms(coef, donor, &step_terms(w), &mut f);
         runs[i].step_ms - w.micro_steps * micro - optimizer(coef, w)
     };
     let offloaded: Vec<usize> = all
@@ -89,10 +95,10 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> BTreeMap<String, f64> {
     // Offload's terms are fitted already; on several GPUs only communication's are new.
     let offload_done = |i: usize| {
         let mut f = Vec::new();
-        extra(&fitted, i) - eval(&fitted, &only(step_terms(&works[i]), "offload"), Part::Step, &mut f)
+        extra(&fitted, i) - eval(&fitted, donor, &only(step_terms(&works[i]), "offload"), Part::Step, &mut f)
     };
     coef.extend(fit_terms(&several, works, &|w| only(comm_and_offload(w), "comm."), &offload_done));
-    coef
+    (coef, device_donor)
 }
 
 /// The terms whose names start with `prefix`.
@@ -134,13 +140,18 @@ fn fit_terms(
 /// noise set them (tiny-llama's steps of 5-9 ms on an H100 fitted 80 µs per GFLOP, 50 times gpt2's,
 /// and predicted its largest batch at twice its time). Prediction prices them as the donor's
 /// (flagged): the family with the most busy runs among those the bounds are fitted on (one GPU, no
-/// offload), whose device terms are the best measured, named
-/// by the coefficient [`DEVICE_DONOR`]`<family>` (its value the count). Not the fitted families'
+/// offload), whose device terms are the best measured, named with that count in the fit's
+/// [`DeviceDonor`] (none when every family has its own). Not the fitted families'
 /// mean: once T5's device terms were fitted (a fixed 25 ms per micro-step against gpt2's 6), the
 /// mean priced tiny-llama's 6 ms steps at 16. Its host terms are fitted with its device bound at
 /// zero; in prediction the borrowed device bound adds its unhidden share, which the validation's
 /// errors include.
-fn fit_micro(idx: &[usize], runs: &[&Observation], works: &[Work], target: &[f64]) -> BTreeMap<String, f64> {
+fn fit_micro(
+    idx: &[usize],
+    runs: &[&Observation],
+    works: &[Work],
+    target: &[f64],
+) -> (BTreeMap<String, f64>, Option<DeviceDonor>) {
     let sub_runs: Vec<&Observation> = idx.iter().map(|&i| runs[i]).collect();
     let sub_works: Vec<Work> = idx.iter().map(|&i| works[i].clone()).collect();
     let busy: BTreeSet<&str> = sub_runs
@@ -165,17 +176,18 @@ fn fit_micro(idx: &[usize], runs: &[&Observation], works: &[Work], target: &[f64
         .collect();
     let start = initial_bounds(&sub_runs, &sub_works);
     // The unhidden share is searched on a grid; for each, the bounds' coefficients by alternation.
-    let mut coef = (0..=UNHIDDEN_STEPS)
+    let coef = (0..=UNHIDDEN_STEPS)
         .map(|k| fit_bounds(&terms, target, &start, f64::from(k) / f64::from(UNHIDDEN_STEPS)))
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, c)| c)
         .unwrap_or_default();
-    if sub_works.iter().any(|w| !busy.contains(w.family)) {
-        if let Some((donor, n)) = device_donor(&sub_runs, &sub_works) {
-            coef.insert(format!("{DEVICE_DONOR}{donor}"), n as f64);
-        }
-    }
-    coef
+    let donor = if sub_works.iter().any(|w| !busy.contains(w.family)) {
+        device_donor(&sub_runs, &sub_works)
+            .map(|(family, n)| DeviceDonor { family: family.to_string(), busy_runs: n as u32 })
+    } else {
+        None
+    };
+    (coef, donor)
 }
 
 /// The family with the most runs that kept the GPU busy (or do not say), and how many; ties go to
@@ -222,7 +234,8 @@ fn fit_bounds(terms: &[Vec<Term>], target: &[f64], start: &[bool], unhidden: f64
         let mut coef: BTreeMap<String, f64> = names.iter().cloned().zip(nnls_l1(&rows, &ones)).collect();
         coef.insert(UNHIDDEN.to_string(), unhidden);
         let mut f = Vec::new();
-        let micro: Vec<(f64, Bound)> = terms.iter().map(|ts| micro_ms(&coef, ts, &mut f)).collect();
+        // No donor: a family without busy runs has no device terms here at all.
+        let micro: Vec<(f64, Bound)> = terms.iter().map(|ts| micro_ms(&coef, None, ts, &mut f)).collect();
         let err: f64 = micro.iter().zip(target).map(|((m, _), y)| (m / y.max(1e-3) - 1.0).abs()).sum();
         let next: Vec<bool> = micro.iter().map(|(_, b)| *b == Bound::Launch).collect();
         if best.as_ref().is_none_or(|(e, _)| err < *e) {
@@ -311,6 +324,6 @@ fn names_of(terms: &[Vec<Term>]) -> Vec<String> {
 pub(crate) fn predict_with(c: &Coefficients, q: &Query) -> (f64, Bound, f64) {
     let w = Work::of(q);
     let mut flags = Vec::new();
-    let s = step_parts(&c.step, &w, &mut flags);
+    let s = step_parts(&c.step, DeviceDonor::family_of(c.device_donor.as_ref()), &w, &mut flags);
     (s.step_ms, s.bound, peak_allocated(&c.memory, &w, &mut flags))
 }

@@ -54,6 +54,7 @@ pub fn fit(obs: &[Observation]) -> Result<CostModel, FitError> {
             device_memory_bytes: runs.iter().filter_map(|o| o.device_memory_bytes).min(),
             peak_tflops: runs.iter().find_map(|o| o.peak_tflops),
             step: coef.step,
+            device_donor: coef.device_donor,
             memory: coef.memory,
             reserved: coef.reserved,
             range,
@@ -145,13 +146,13 @@ mod tests {
         let query = Query { config: c, gpus, nodes: 1 };
         let w = Work::of(&query);
         let mut flags = Vec::new();
-        let step = step_parts(&truth(), &w, &mut flags).step_ms;
+        let step = step_parts(&truth(), None, &w, &mut flags).step_ms;
         let peak = peak_allocated(&memory_truth(), &w, &mut flags);
         assert!(flags.is_empty(), "{flags:?}");
         let mut f = Vec::new();
-        let optimizer = eval(&truth(), &step_terms(&w), Part::Step, &mut f)
-            - eval(&truth(), &only(step_terms(&w), "comm."), Part::Step, &mut f)
-            - eval(&truth(), &only(step_terms(&w), "offload"), Part::Step, &mut f);
+        let optimizer = eval(&truth(), None, &step_terms(&w), Part::Step, &mut f)
+            - eval(&truth(), None, &only(step_terms(&w), "comm."), Part::Step, &mut f)
+            - eval(&truth(), None, &only(step_terms(&w), "offload"), Part::Step, &mut f);
         Observation {
             run_id: format!("{model}-z{}-mb{mb}-s{seq}-{gpus}-{offload}", stage.index()),
             gpu: "GPU".into(),
@@ -275,7 +276,7 @@ mod tests {
         *slow_t5.get_mut("t5.ms_per_gflop").unwrap() *= 4.0;
         *slow_t5.get_mut("t5.device_ms").unwrap() *= 4.0;
         for o in runs.iter_mut().filter(|o| o.query.config.model.spec().family() == "t5") {
-            o.step_ms = step_parts(&slow_t5, &Work::of(&o.query), &mut Vec::new()).step_ms;
+            o.step_ms = step_parts(&slow_t5, None, &Work::of(&o.query), &mut Vec::new()).step_ms;
         }
         let llama: Vec<Observation> = [(1, 256), (4, 256), (4, 1024), (16, 512)]
             .into_iter()
@@ -294,7 +295,10 @@ mod tests {
             .filter(|o| o.query.config.model.spec().family() == "gpt2")
             .filter(|o| o.query.gpus == 1 && o.query.config.offload == Offload::None)
             .count();
-        assert_eq!(f.step.get("device_donor.gpt2"), Some(&(gpt2_busy as f64)), "{:?}", f.step);
+        assert_eq!(
+            f.device_donor,
+            Some(crate::model::DeviceDonor { family: "gpt2".into(), busy_runs: gpt2_busy as u32 })
+        );
         assert!(!f.step.contains_key("llama.ms_per_gflop"), "{:?}", f.step);
         // The llama prediction prices its device bound with gpt2's coefficients, and says so.
         let q = &llama[5].query;
@@ -305,14 +309,14 @@ mod tests {
             p.extrapolated
         );
         let mut as_gpt2 = f.step.clone();
-        for suffix in [".device_ms", ".ms_per_gflop", ".ms_per_gact"] {
+        for suffix in [".device_ms", ".ms_per_gflop", ".ms_per_gflop_attn", ".ms_per_gact"] {
             as_gpt2.insert(format!("llama{suffix}"), f.step[&format!("gpt2{suffix}")]);
         }
-        let want = step_parts(&as_gpt2, &Work::of(q), &mut Vec::new()).step_ms;
+        let want = step_parts(&as_gpt2, None, &Work::of(q), &mut Vec::new()).step_ms;
         assert!((p.step_ms - want).abs() < 1e-9, "{} vs {want}", p.step_ms);
-        // A model file from before the donor (no such coefficient) still prices it, as the mean.
+        // A fit without a donor prices it as the fitted families' mean.
         let mut old = f.clone();
-        old.step.remove("device_donor.gpt2");
+        old.device_donor = None;
         let p_old = old.predict(q);
         assert!(p_old.extrapolated.iter().any(|e| e.contains("the other families' mean")), "{:?}", p_old.extrapolated);
         assert!(p_old.step_ms > p.step_ms, "the slow T5 should pull the mean up: {} vs {}", p_old.step_ms, p.step_ms);
@@ -324,7 +328,7 @@ mod tests {
         // device-bound ones exact.
         let mut runs = sweep();
         for o in &mut runs {
-            if step_parts(&truth(), &Work::of(&o.query), &mut Vec::new()).bound == crate::Bound::Launch {
+            if step_parts(&truth(), None, &Work::of(&o.query), &mut Vec::new()).bound == crate::Bound::Launch {
                 let u = (zerobench_schema::fnv::fnv1a(o.run_id.as_bytes()) % 1001) as f64 / 1000.0;
                 o.step_ms *= 0.85 + 0.3 * u;
             }

@@ -26,7 +26,7 @@ pub mod validate;
 pub mod work;
 
 pub use fit::{fit, FitError};
-pub use model::{CostModel, Fit, IntervalOf, ModelError, Prediction};
+pub use model::{CostModel, DeviceDonor, Fit, IntervalOf, ModelError, Prediction};
 pub use observation::Observation;
 pub use price::Bound;
 pub use work::Query;

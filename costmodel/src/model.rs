@@ -15,7 +15,10 @@ use crate::work::{Query, Work};
 pub const FORMAT: &str = "zerobench-cost-model";
 /// Version 2 prices attention's FLOPs apart from the dense products (`ms_per_gflop_attn`); a
 /// version-1 model has no such coefficient and would price attention at nothing, so it is refused.
-pub const VERSION: u32 = 2;
+/// Version 3 names the device donor in its own field ([`Fit::device_donor`]); version 2 kept it
+/// as a pseudo-coefficient `device_donor.<family>` among the step's, which this build would not
+/// see (and a version-2 reader would not see the field), pricing such families differently.
+pub const VERSION: u32 = 3;
 
 /// The model file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,6 +39,9 @@ pub struct Fit {
     pub peak_tflops: Option<f64>,
     /// Step-time coefficients (ms per unit of their quantity; see [`crate::terms`]).
     pub step: BTreeMap<String, f64>,
+    /// The family whose device coefficients a family without its own borrows, when one has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_donor: Option<DeviceDonor>,
     /// Peak-allocated coefficients (GiB).
     pub memory: BTreeMap<String, f64>,
     /// Reserved-beyond-allocated coefficients.
@@ -52,6 +58,23 @@ pub struct Fit {
     pub validation: Validation,
     /// The runs fitted on.
     pub runs: Vec<FittedRun>,
+}
+
+/// A family none of whose runs kept the GPU busy has no device bound of its own; prediction prices
+/// it with this family's device coefficients (flagged): the family with the most busy runs among
+/// those the micro-step's bounds are fitted on (`crate::coefficients`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceDonor {
+    pub family: String,
+    /// Its runs that kept the GPU busy, of those the bounds are fitted on.
+    pub busy_runs: u32,
+}
+
+impl DeviceDonor {
+    /// The donor family's name, as pricing takes it (`crate::price::eval`).
+    pub(crate) fn family_of(donor: Option<&DeviceDonor>) -> Option<&str> {
+        donor.map(|d| d.family.as_str())
+    }
 }
 
 /// What the fit has seen: a query outside it is flagged.
@@ -189,7 +212,7 @@ impl Fit {
         let w = Work::of(q);
         let mut flags = Vec::new();
         self.range.flag(&w, q, &mut flags);
-        let s = step_parts(&self.step, &w, &mut flags);
+        let s = step_parts(&self.step, DeviceDonor::family_of(self.device_donor.as_ref()), &w, &mut flags);
         let alloc = peak_allocated(&self.memory, &w, &mut flags);
         let reserved = peak_reserved(&self.reserved, alloc, &mut flags);
         let tokens = w.micro_tokens * w.micro_steps;

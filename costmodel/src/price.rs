@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term, DEVICE_DONOR};
+use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
 use crate::work::Work;
 
 /// Bytes in a GiB: memory terms are fitted in GiB.
@@ -23,11 +23,17 @@ pub enum Bound {
 }
 
 /// Evaluates terms against coefficients. A device coefficient of a family whose device bound was
-/// not fitted takes the donor family's ([`DEVICE_DONOR`]; models fitted before it named one, the
-/// fitted families' mean); any other family coefficient the model lacks takes the mean of the
-/// fitted families' (both flagged); any other missing coefficient counts 0 (flagged when its
-/// quantity is not 0).
-pub(crate) fn eval(coef: &BTreeMap<String, f64>, terms: &[Term], part: Part, flags: &mut Vec<String>) -> f64 {
+/// not fitted takes the `donor` family's ([`crate::DeviceDonor`]; without one, the fitted
+/// families' mean); any other family coefficient the model lacks takes the mean of the fitted
+/// families' (both flagged); any other missing coefficient counts 0 (flagged when its quantity is
+/// not 0).
+pub(crate) fn eval(
+    coef: &BTreeMap<String, f64>,
+    donor: Option<&str>,
+    terms: &[Term],
+    part: Part,
+    flags: &mut Vec<String>,
+) -> f64 {
     terms
         .iter()
         .filter(|t| t.part == part)
@@ -36,7 +42,7 @@ pub(crate) fn eval(coef: &BTreeMap<String, f64>, terms: &[Term], part: Part, fla
             None if t.x == 0.0 => 0.0,
             None => match family_of(&t.name) {
                 Some(fam) => {
-                    let (c, why) = borrowed(coef, fam, &t.name[fam.len()..], t.part);
+                    let (c, why) = borrowed(coef, donor, fam, &t.name[fam.len()..], t.part);
                     note(flags, why);
                     c * t.x
                 }
@@ -54,12 +60,9 @@ pub(crate) fn eval(coef: &BTreeMap<String, f64>, terms: &[Term], part: Part, fla
 /// The coefficient family `fam` borrows for its missing term `fam{suffix}` of `part`, and the flag
 /// that says so: the donor's for a device term where the model names one, else the mean of the
 /// fitted families' (0 where none has it).
-fn borrowed(coef: &BTreeMap<String, f64>, fam: &str, suffix: &str, part: Part) -> (f64, String) {
+fn borrowed(coef: &BTreeMap<String, f64>, donor: Option<&str>, fam: &str, suffix: &str, part: Part) -> (f64, String) {
     let fitted = coef.keys().any(|k| family_of(k) == Some(fam));
-    let donor = coef
-        .keys()
-        .find_map(|k| k.strip_prefix(DEVICE_DONOR))
-        .and_then(|d| Some((d, *coef.get(&format!("{d}{suffix}"))?)));
+    let donor = donor.and_then(|d| Some((d, *coef.get(&format!("{d}{suffix}"))?)));
     let mean = || {
         let others: Vec<f64> =
             coef.iter().filter(|(k, _)| family_of(k).is_some() && k.ends_with(suffix)).map(|(_, v)| *v).collect();
@@ -106,10 +109,15 @@ pub const UNHIDDEN: &str = "micro.unhidden_share";
 
 /// One micro-step: the longer of its bounds plus the unhidden share of the shorter, plus what runs
 /// on top of both.
-pub(crate) fn micro_ms(coef: &BTreeMap<String, f64>, terms: &[Term], flags: &mut Vec<String>) -> (f64, Bound) {
-    let host = eval(coef, terms, Part::Host, flags);
-    let device = eval(coef, terms, Part::Device, flags);
-    let on_top = eval(coef, terms, Part::Micro, flags);
+pub(crate) fn micro_ms(
+    coef: &BTreeMap<String, f64>,
+    donor: Option<&str>,
+    terms: &[Term],
+    flags: &mut Vec<String>,
+) -> (f64, Bound) {
+    let host = eval(coef, donor, terms, Part::Host, flags);
+    let device = eval(coef, donor, terms, Part::Device, flags);
+    let on_top = eval(coef, donor, terms, Part::Micro, flags);
     let unhidden = coef.get(UNHIDDEN).copied().unwrap_or(0.0);
     if host > device {
         (host + unhidden * device + on_top, Bound::Launch)
@@ -118,13 +126,18 @@ pub(crate) fn micro_ms(coef: &BTreeMap<String, f64>, terms: &[Term], flags: &mut
     }
 }
 
-pub(crate) fn step_parts(coef: &BTreeMap<String, f64>, w: &Work, flags: &mut Vec<String>) -> StepParts {
+pub(crate) fn step_parts(
+    coef: &BTreeMap<String, f64>,
+    donor: Option<&str>,
+    w: &Work,
+    flags: &mut Vec<String>,
+) -> StepParts {
     let terms = step_terms(w);
-    let (micro, bound) = micro_ms(coef, &terms, flags);
+    let (micro, bound) = micro_ms(coef, donor, &terms, flags);
     let part = |prefix: &str, flags: &mut Vec<String>| {
         let sel: Vec<Term> =
             terms.iter().filter(|t| t.part == Part::Step && t.name.starts_with(prefix)).cloned().collect();
-        eval(coef, &sel, Part::Step, flags)
+        eval(coef, donor, &sel, Part::Step, flags)
     };
     let optimizer_ms = part("optimizer.", flags);
     let offload_ms = part("offload", flags);
@@ -142,9 +155,9 @@ pub(crate) fn step_parts(coef: &BTreeMap<String, f64>, w: &Work, flags: &mut Vec
 
 /// Peak allocated bytes (exact states and buffers plus the fitted rest).
 pub(crate) fn peak_allocated(coef: &BTreeMap<String, f64>, w: &Work, flags: &mut Vec<String>) -> f64 {
-    w.device_state_bytes as f64 + eval(coef, &memory_terms(w), Part::Step, flags) * GIB
+    w.device_state_bytes as f64 + eval(coef, None, &memory_terms(w), Part::Step, flags) * GIB
 }
 
 pub(crate) fn peak_reserved(coef: &BTreeMap<String, f64>, allocated: f64, flags: &mut Vec<String>) -> f64 {
-    allocated + eval(coef, &reserved_terms(allocated / GIB), Part::Step, flags) * GIB
+    allocated + eval(coef, None, &reserved_terms(allocated / GIB), Part::Step, flags) * GIB
 }

@@ -58,11 +58,6 @@ pub struct Term {
     pub x: f64,
 }
 
-/// The prefix of the coefficient that names the family whose device terms a family without its own
-/// borrows (`device_donor.gpt2`; its value is how many busy runs the donor had; see
-/// `crate::coefficients::fit_micro`). It multiplies no quantity.
-pub const DEVICE_DONOR: &str = "device_donor.";
-
 /// Whether a coefficient belongs to one model family (named `family.…`).
 pub fn family_of(name: &str) -> Option<&str> {
     let head = name.split('.').next()?;
