@@ -11,6 +11,10 @@ import statistics
 import subprocess
 import sys
 
+# The columns of ingest's runs table that name a configuration, as `zerobench predict` is given it:
+# runs that agree on all of them are repeats of one configuration.
+CONFIGURATION = ("model", "stage", "micro_batch", "seq_len", "gpus", "grad_accum", "offload")
+
 zerobench, model, runs_csv, fit_md, kind = sys.argv[1:6]
 sources = sys.argv[6:]
 fit = json.load(open(model))["fits"][0]
@@ -19,13 +23,13 @@ for r in csv.DictReader(open(runs_csv)):
     if not r["step_ms_median"]:
         incomplete.append({"run": r["run_id"], "status": r.get("status", "")})
         continue
-    args = [zerobench, "predict", "--gpu", kind, "--model", r["model"], "--stage", r["stage"],
-            "--micro-batch", r["micro_batch"], "--seq-len", r["seq_len"], "--gpus", r["gpus"],
-            "--grad-accum", r["grad_accum"], "--offload", r["offload"], "--json", "--cost-model", model]
+    args = [zerobench, "predict", "--gpu", kind, "--json", "--cost-model", model]
+    for k in CONFIGURATION:
+        args += ["--" + k.replace("_", "-"), r[k]]
     p = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
     step, mem = float(r["step_ms_median"]), int(r["peak_allocated_bytes"])
     rows.append({
-        "configuration": " ".join(args[2:-3]),
+        "configuration": " ".join(f"{k}={r[k]}" for k in CONFIGURATION),
         "run": r["run_id"], "dir": r["dir"], "gpu_util_pct": float(r["gpu_util_pct_mean"] or "nan"),
         "step_ms": step, "predicted_step_ms": round(p["step_ms"], 2),
         "step_error_pct": round((p["step_ms"] / step - 1) * 100, 1),
@@ -46,7 +50,9 @@ def mape(key, sel):
 def by_configuration(rows):
     """Each configuration's median over its runs (on several hosts) against its prediction, and the
     runs' own spread: the mean over runs of |run - its configuration's median| / run, the per-run
-    error left to a prediction of every median exactly (as `zerobench fit --validate` gives it)."""
+    error left to a prediction of every median exactly. The same definitions as
+    `zerobench fit --validate` applies to its k-fold predictions (costmodel/src/validate.rs,
+    `ConfigurationError`); the CLI gives them for held-out runs nowhere, hence this copy."""
     groups = {}
     for x in rows:
         groups.setdefault(x["configuration"], []).append(x)
