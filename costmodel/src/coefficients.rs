@@ -15,10 +15,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::model::DeviceDonor;
 use crate::nnls::{nnls, nnls_l1};
 use crate::observation::Observation;
-use crate::price::{eval, micro_ms, peak_allocated, step_parts, Bound, GIB, UNHIDDEN};
+use crate::price::{eval, micro_ms, peak_allocated, step_parts, Bound, DeviceDonor, GIB, UNHIDDEN};
 use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
 use crate::work::{Query, Work};
 

@@ -295,10 +295,7 @@ mod tests {
             .filter(|o| o.query.config.model.spec().family() == "gpt2")
             .filter(|o| o.query.gpus == 1 && o.query.config.offload == Offload::None)
             .count();
-        assert_eq!(
-            f.device_donor,
-            Some(crate::model::DeviceDonor { family: "gpt2".into(), busy_runs: gpt2_busy as u32 })
-        );
+        assert_eq!(f.device_donor, Some(crate::DeviceDonor { family: "gpt2".into(), busy_runs: gpt2_busy as u32 }));
         assert!(!f.step.contains_key("llama.ms_per_gflop"), "{:?}", f.step);
         // The llama prediction prices its device bound with gpt2's coefficients, and says so.
         let q = &llama[5].query;

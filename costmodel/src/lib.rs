@@ -26,9 +26,9 @@ pub mod validate;
 pub mod work;
 
 pub use fit::{fit, FitError};
-pub use model::{CostModel, DeviceDonor, Fit, IntervalOf, ModelError, Prediction};
+pub use model::{CostModel, Fit, IntervalOf, ModelError, Prediction};
 pub use observation::Observation;
-pub use price::Bound;
+pub use price::{Bound, DeviceDonor};
 pub use work::Query;
 
 /// The models shipped with zerobench: fitted on the committed GPU sweeps

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use zerobench_schema::config::{Offload, Precision};
 
-use crate::price::{peak_allocated, peak_reserved, step_parts, Bound};
+use crate::price::{peak_allocated, peak_reserved, step_parts, Bound, DeviceDonor};
 use crate::validate::{BoundIntervals, Validation};
 use crate::work::{Query, Work};
 
@@ -58,23 +58,6 @@ pub struct Fit {
     pub validation: Validation,
     /// The runs fitted on.
     pub runs: Vec<FittedRun>,
-}
-
-/// A family none of whose runs kept the GPU busy has no device bound of its own; prediction prices
-/// it with this family's device coefficients (flagged): the family with the most busy runs among
-/// those the micro-step's bounds are fitted on (`crate::coefficients`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceDonor {
-    pub family: String,
-    /// Its runs that kept the GPU busy, of those the bounds are fitted on.
-    pub busy_runs: u32,
-}
-
-impl DeviceDonor {
-    /// The donor family's name, as pricing takes it (`crate::price::eval`).
-    pub(crate) fn family_of(donor: Option<&DeviceDonor>) -> Option<&str> {
-        donor.map(|d| d.family.as_str())
-    }
 }
 
 /// What the fit has seen: a query outside it is flagged.

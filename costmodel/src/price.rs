@@ -22,8 +22,25 @@ pub enum Bound {
     Device,
 }
 
+/// A family none of whose runs kept the GPU busy has no device bound of its own; prediction prices
+/// it with this family's device coefficients (flagged): the family with the most busy runs among
+/// those the micro-step's bounds are fitted on (`crate::coefficients`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceDonor {
+    pub family: String,
+    /// Its runs that kept the GPU busy, of those the bounds are fitted on.
+    pub busy_runs: u32,
+}
+
+impl DeviceDonor {
+    /// The donor family's name, as pricing takes it ([`eval`]).
+    pub(crate) fn family_of(donor: Option<&DeviceDonor>) -> Option<&str> {
+        donor.map(|d| d.family.as_str())
+    }
+}
+
 /// Evaluates terms against coefficients. A device coefficient of a family whose device bound was
-/// not fitted takes the `donor` family's ([`crate::DeviceDonor`]; without one, the fitted
+/// not fitted takes the `donor` family's ([`DeviceDonor`]; without one, the fitted
 /// families' mean); any other family coefficient the model lacks takes the mean of the fitted
 /// families' (both flagged); any other missing coefficient counts 0 (flagged when its quantity is
 /// not 0).
