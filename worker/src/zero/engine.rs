@@ -501,9 +501,9 @@ impl Engine {
     /// charges every wait for the host's updates to `clock`'s optimizer time.
     pub fn set_clock(&mut self, clock: &SharedClock) {
         self.clock = Some(Arc::clone(clock));
-        self.comm.set_clock(std::sync::Arc::clone(clock));
+        self.comm.set_clock(Arc::clone(clock));
         if let Some(g) = self.hpz.as_mut().map(|h| &mut h.group) {
-            g.set_clock(std::sync::Arc::clone(clock));
+            g.set_clock(Arc::clone(clock));
         }
     }
 
