@@ -139,3 +139,41 @@ def host_date(host):
 
 def gib(b):
     return f"{b / 2**30:.2f}"
+
+
+def offload_split(start, setup):
+    """(parameters the device updates, parameters the host updates) of a run, from its `start` and
+    `setup` records: the optimizer states on the device are 12 bytes per parameter it updates."""
+    padded = setup["padded_params"]
+    on_device = setup["model_state"]["optimizer_bytes"] / 12 if start["config"]["offload"] != "none" else padded
+    return on_device, padded - on_device
+
+
+def copy_rates(text):
+    """The pinned copies' GB/s by direction ({"d2h": ..., "h2d": ...}) from nccl_bw's copies.jsonl."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("{") and re.search(r'"op":"(d2h|h2d)"', line):
+            c = json.loads(line)
+            out[c["op"]] = c["gbps"]
+    return out
+
+
+def offload_bound(device_params, host_params, base, adamw_params_per_s=None, copy_gbps=None):
+    """The bound an offloaded step is held to (docs/results/offload-and-hpz.md):
+
+        max(GPU compute + the GPU's share of the update, the host's share of the update, transfers)
+
+    GPU compute is `base`'s (the run without offload: forward_ms, backward_ms, optimizer_ms,
+    device_params) forward and backward, its update that run's optimizer phase times the share of
+    the parameters the device updates; the host's update its parameters over the host's AdamW
+    rate; transfers 2 bytes per host parameter each way over the slower copy direction (GB/s),
+    the two directions on their own copy engines. Without the host's rates only the GPU's part
+    is known, and the result has no `bound_ms`."""
+    gpu = base["forward_ms"] + base["backward_ms"] + base["optimizer_ms"] * device_params / base["device_params"]
+    out = {"gpu_ms": gpu}
+    if adamw_params_per_s and copy_gbps:
+        out["host_adamw_ms"] = host_params / adamw_params_per_s * 1e3
+        out["transfer_ms"] = 2 * host_params / (copy_gbps * 1e9) * 1e3
+        out["bound_ms"] = max(out.values())
+    return out

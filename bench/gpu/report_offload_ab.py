@@ -23,7 +23,7 @@ import re
 import statistics
 import sys
 
-from common import host_date, median, rank0_records
+from common import copy_rates, host_date, median, offload_bound, offload_split, rank0_records
 
 
 def run(run_dir):
@@ -34,9 +34,8 @@ def run(run_dir):
     med = lambda k: round(median(steps, k), 3)
     start = next(r for r in recs if r["event"] == "start")
     setup = next(r for r in recs if r["event"] == "setup")
-    padded = setup["padded_params"]
-    on_device = setup["model_state"]["optimizer_bytes"] / 12 if start["config"]["offload"] != "none" else padded
-    return {"device_params": on_device, "host_params": padded - on_device, "step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "backward_ms": med("backward_ms"),
+    on_device, on_host = offload_split(start, setup)
+    return {"device_params": on_device, "host_params": on_host, "step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "backward_ms": med("backward_ms"),
             "exposed_comm_ms": med("exposed_comm_ms"), "optimizer_ms": med("optimizer_ms"),
             "peak_allocated_gib": round(max(r["memory"]["peak_allocated_bytes"] for r in steps) / 2**30, 3),
             "losses": [r["loss"] for r in recs if r["event"] == "step"]}
@@ -47,22 +46,16 @@ def host_rates(runs_dir):
     the same call, where they were."""
     try:
         adamw = [json.loads(l) for l in open(os.path.join(runs_dir, "cpu_adamw.json")) if l.startswith("{")][-1]
-        copies = [json.loads(l) for l in open(os.path.join(runs_dir, "copies.jsonl"))
-                  if l.startswith("{") and re.search(r'"op":"(d2h|h2d)"', l)]
-        return adamw["adamw_params_per_s"], min(c["gbps"] for c in copies)
+        copies = copy_rates(open(os.path.join(runs_dir, "copies.jsonl")).read())
+        return adamw["adamw_params_per_s"], min(copies.values())
     except (OSError, IndexError, ValueError):
         return None
 
 
 def bound(run, none, rates):
     """The step's bound for `run` against the same build's run without offload (see above)."""
-    gpu = none["forward_ms"] + none["backward_ms"] + none["optimizer_ms"] * run["device_params"] / none["device_params"]
-    out = {"gpu_ms": round(gpu, 3)}
-    if rates:
-        out["host_adamw_ms"] = round(run["host_params"] / rates[0] * 1e3, 3)
-        out["transfer_ms"] = round(2 * run["host_params"] / (rates[1] * 1e9) * 1e3, 3)
-        out["bound_ms"] = max(out.values())
-    return out
+    b = offload_bound(run["device_params"], run["host_params"], none, *(rates or ()))
+    return {k: round(v, 3) for k, v in b.items()}
 
 
 def main():

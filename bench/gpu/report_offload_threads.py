@@ -22,7 +22,7 @@ import re
 import statistics
 import sys
 
-from common import host_date, median, rank0_records, run_parts
+from common import copy_rates, host_date, median, offload_bound, offload_split, rank0_records, run_parts
 
 
 def last_json(path):
@@ -30,23 +30,12 @@ def last_json(path):
     return json.loads(lines[-1]) if lines else None
 
 
-def copies(path):
-    out = {}
-    for line in open(path).read().splitlines():
-        if line.startswith("{") and re.search(r'"op":"(d2h|h2d)"', line):
-            c = json.loads(line)
-            out[c["op"]] = c["gbps"]
-    return out
-
-
 def run(run_dir):
     recs = rank0_records(run_dir)
     if not any(r["event"] == "step" and not r["warmup"] for r in recs):
         return None
     start, setup, steps = run_parts(recs)
-    cfg = start["config"]
-    padded = setup["padded_params"]
-    on_device = setup["model_state"]["optimizer_bytes"] / 12 if cfg["offload"] != "none" else padded
+    on_device, on_host = offload_split(start, setup)
     med = lambda f: round(median(steps, f), 3)
 
     def rate(way):
@@ -55,7 +44,7 @@ def run(run_dir):
         return round(statistics.median(v), 2) if v else None
     return {"step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "backward_ms": med("backward_ms"),
             "exposed_comm_ms": med("exposed_comm_ms"), "optimizer_ms": med("optimizer_ms"),
-            "d2h_gbps": rate("d2h"), "h2d_gbps": rate("h2d"), "host_params": padded - on_device,
+            "d2h_gbps": rate("d2h"), "h2d_gbps": rate("h2d"), "host_params": on_host,
             "device_params": on_device, "final_loss": steps[-1]["loss"]}
 
 
@@ -66,7 +55,7 @@ def main():
     for f in glob.glob(os.path.join(runs_dir, "cpu_adamw_p*.json")):
         pool = int(re.search(r"_p(\d+)\.json$", f).group(1))
         adamw[pool] = last_json(f)
-    bw = copies(os.path.join(runs_dir, "copies.jsonl"))
+    bw = copy_rates(open(os.path.join(runs_dir, "copies.jsonl")).read())
     base = run(os.path.join(runs_dir, "ot_none_1"))
     rate = max((a["adamw_params_per_s"] for a in adamw.values() if a), default=None)
     rows = []
@@ -77,13 +66,8 @@ def main():
         r = run(d)
         row = {"run": os.path.basename(d), "mode": mode, "pool": int(pool), "round": int(rnd), "result": r}
         if r and base and rate and bw:
-            gpu = base["forward_ms"] + base["backward_ms"] + base["optimizer_ms"] * r["device_params"] / base["device_params"]
-            host_ms = r["host_params"] / rate * 1e3
-            transfer_ms = 2 * r["host_params"] / (min(bw.values()) * 1e9) * 1e3
-            bound = max(gpu, host_ms, transfer_ms)
-            row["bound"] = {"gpu_ms": round(gpu, 3), "host_adamw_ms": round(host_ms, 3),
-                            "transfer_ms": round(transfer_ms, 3), "bound_ms": round(bound, 3),
-                            "step_over_bound": round(r["step_ms"] / bound, 4)}
+            b = offload_bound(r["device_params"], r["host_params"], base, rate, min(bw.values()))
+            row["bound"] = {k: round(v, 3) for k, v in b.items()} | {"step_over_bound": round(r["step_ms"] / b["bound_ms"], 4)}
         rows.append(row)
     summary = []
     for mode, pool in sorted({(r["mode"], r["pool"]) for r in rows}):

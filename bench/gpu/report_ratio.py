@@ -18,7 +18,7 @@ import json
 import re
 import sys
 
-from common import host_date, median, read_archive, run_parts
+from common import copy_rates, host_date, median, offload_bound, offload_split, read_archive, run_parts
 
 path = sys.argv[1]
 host, logs, files = read_archive(path)
@@ -26,10 +26,7 @@ adamw = json.loads(next(t for n, t in files.items() if n.endswith("cpu_adamw.jso
 copies = {}
 for n, t in files.items():
     if n.endswith("copies.jsonl"):
-        for line in t.splitlines():
-            if line.startswith("{") and ("\"op\":\"d2h\"" in line or "\"op\":\"h2d\"" in line):
-                c = json.loads(line)
-                copies[c["op"]] = c["gbps"]
+        copies.update(copy_rates(t))
 pin = [json.loads(l) for n, t in files.items() if n.endswith("pin_bench.jsonl") for l in t.splitlines() if l.startswith("{")]
 ds = {}
 for n, t in files.items():
@@ -43,12 +40,11 @@ rows = {}
 for name, recs in sorted(logs.items()):
     start, setup, steps = run_parts(recs)
     cfg = start["config"]
-    padded = setup["padded_params"]
-    on_device = setup["model_state"]["optimizer_bytes"] / 12 if cfg["offload"] != "none" else padded
+    on_device, on_host = offload_split(start, setup)
     rows[name] = {
         "run": name, "offload": cfg["offload"], "offload_ratio": cfg.get("offload_ratio", 1.0 if cfg["offload"] != "none" else None),
         "delayed_update_after": cfg.get("delayed_update_after"), "gpus": start["world_size"],
-        "host_params": padded - on_device, "device_params": on_device,
+        "host_params": on_host, "device_params": on_device,
         "step_ms": median(steps, "step_ms"), "forward_ms": median(steps, "forward_ms"),
         "backward_ms": median(steps, "backward_ms"), "optimizer_ms": median(steps, "optimizer_ms"),
         "tokens_per_s_per_gpu": median(steps, lambda r: r["tokens"] / (r["step_ms"] / 1e3)) / start["world_size"],
@@ -62,12 +58,11 @@ bw = min(copies.get("h2d", 0), copies.get("d2h", 0)) or None
 for r in rows.values():
     if r["offload"] == "none":
         continue
-    gpu = base["forward_ms"] + base["backward_ms"] + base["optimizer_ms"] * r["device_params"] / base["device_params"]
-    host_ms = r["host_params"] / rate * 1e3
-    transfer_ms = 2 * r["host_params"] / (bw * 1e9) * 1e3 if bw else None
-    bound = max(gpu, host_ms, transfer_ms or 0)
-    r["bound"] = {"gpu_ms": gpu, "host_adamw_ms": host_ms, "transfer_ms": transfer_ms, "bound_ms": bound,
-                  "step_over_bound": r["step_ms"] / bound, "target": 1.1}
+    b = offload_bound(r["device_params"], r["host_params"], base, rate, bw)
+    if "bound_ms" not in b:  # no copy bandwidth measured: the bound of the GPU and the host alone
+        b = {**b, "host_adamw_ms": r["host_params"] / rate * 1e3, "transfer_ms": None}
+        b["bound_ms"] = max(b["gpu_ms"], b["host_adamw_ms"])
+    r["bound"] = {**b, "step_over_bound": r["step_ms"] / b["bound_ms"], "target": 1.1}
     r["host_state_lock_gbps"] = r["host_state_bytes"] / (r["host_state_setup_ms"] / 1e3) / 1e9 if r.get("host_state_setup_ms") else None
 print(json.dumps({
     "benchmark": "offload ratio (Twin-Flow) and delayed update: gpt2-xl, micro-batch 4, sequence 1024, stage 2, bf16",
