@@ -70,6 +70,12 @@ def fit(xs, ys):
             "rms_left_pct": rms(slope), "rms_left_pct_at_slope_1": rms(1.0)}
 
 
+def deviations(values):
+    """Each value less their mean: one configuration's spread over the hosts."""
+    m = statistics.fmean(values)
+    return [v - m for v in values]
+
+
 def main():
     zb, archives = os.path.abspath(sys.argv[1]), sys.argv[2:]
     with tempfile.TemporaryDirectory() as work:
@@ -80,14 +86,12 @@ def main():
         steps = [math.log(hosts[h][0][n][0]) for h in hosts]
         cpus = [-math.log(hosts[h][1]) for h in hosts]
         setups = [hosts[h][0][n][1] for h in hosts]
-        ys += [s - statistics.fmean(steps) for s in steps]
-        by_cpu += [c - statistics.fmean(cpus) for c in cpus]
+        ys += deviations(steps)
+        by_cpu += deviations(cpus)
         for i, way in enumerate(by_copy):
-            slow = [-math.log(hosts[h][0][n][2][i]) for h in hosts]
-            by_copy[way] += [c - statistics.fmean(slow) for c in slow]
+            by_copy[way] += deviations([-math.log(hosts[h][0][n][2][i]) for h in hosts])
         if all(setups):
-            logs = [-math.log(s) for s in setups]
-            by_setup += [(s - statistics.fmean(logs), y) for s, y in zip(logs, ys[-len(hosts):])]
+            by_setup += list(zip(deviations([-math.log(s) for s in setups]), ys[-len(hosts):]))
         rows.append({"configuration": n, "step_ms": {h: round(hosts[h][0][n][0], 1) for h in hosts},
                      "setup_rate": {h: hosts[h][0][n][1] for h in hosts},
                      "copy_gbps_d2h_h2d": {h: [round(x, 1) for x in hosts[h][0][n][2]] for h in hosts}})

@@ -13,7 +13,8 @@ shows as null, and its round is left out of the ratios.
 Per case also the GPU's part of bench/gpu/report_ratio.py's bound: the run without offload's
 forward and backward plus its optimizer phase times the share of the parameters the device updates
 (the build's own run without offload). Where RUNS holds the host's `cpu_adamw.json` and
-`copies.jsonl` from the same call, the host's update (parameters on the host over its AdamW rate)
+`copies.jsonl` from the same call (the phase measures them after the runs; earlier calls did
+not), the host's update (parameters on the host over its AdamW rate)
 and the transfers (2 bytes per host parameter each way over the slower copy direction) join it,
 and the bound is the largest of the three."""
 import glob

@@ -88,7 +88,8 @@
 #                (STAGE:OFFLOAD:RATIO[:delayed], default the plan's ratio and all on the host at
 #                stage 2, and stage 3 with the optimizer and with parameters too) in OA_REPS rounds
 #                (default 2, the order turned each round), after a run without offload per build;
-#                writes offload-ab.json (bench/gpu/report_offload_ab.py)
+#                then the host's AdamW rate and pinned copies for the bound (carry cpu_adamw and
+#                nccl_bw in --bin's examples/); writes offload-ab.json (bench/gpu/report_offload_ab.py)
 #   offload-builds  offload's step time across builds: gpt2-xl micro-batch 4, stage 2, optimizer on
 #                the host, one GPU, with the worker of each carried build folder in OB_BUILDS (the first
 #                the base) in turn, OB_REPS rounds (default 3, the order turned each round); each run's
@@ -438,6 +439,8 @@ PY
           done
         done
       done
+      "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
+      mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies.jsonl" 2>&1
       python3 bench/gpu/report_offload_ab.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BASE_BIN")" "$(commit_of "$BIN")" \
         > "$OUTDIR/offload-ab.json"
       log "offload-ab: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUTDIR/offload-ab.json")" ;;

@@ -68,7 +68,7 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
         .collect();
     let (micro, device_donor) = fit_micro(&single, runs, works, &micro_target);
     coef.extend(micro);
-    let donor = DeviceDonor::family_of(device_donor.as_ref());
+    let donor = device_donor.as_ref();
     // 3. Offload and 4. communication, on what their runs add.
     let extra = |coef: &BTreeMap<String, f64>, i: usize| {
         let mut f = Vec::new();
@@ -323,6 +323,6 @@ fn names_of(terms: &[Vec<Term>]) -> Vec<String> {
 pub(crate) fn predict_with(c: &Coefficients, q: &Query) -> (f64, Bound, f64) {
     let w = Work::of(q);
     let mut flags = Vec::new();
-    let s = step_parts(&c.step, DeviceDonor::family_of(c.device_donor.as_ref()), &w, &mut flags);
+    let s = step_parts(&c.step, c.device_donor.as_ref(), &w, &mut flags);
     (s.step_ms, s.bound, peak_allocated(&c.memory, &w, &mut flags))
 }

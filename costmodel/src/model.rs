@@ -195,7 +195,7 @@ impl Fit {
         let w = Work::of(q);
         let mut flags = Vec::new();
         self.range.flag(&w, q, &mut flags);
-        let s = step_parts(&self.step, DeviceDonor::family_of(self.device_donor.as_ref()), &w, &mut flags);
+        let s = step_parts(&self.step, self.device_donor.as_ref(), &w, &mut flags);
         let alloc = peak_allocated(&self.memory, &w, &mut flags);
         let reserved = peak_reserved(&self.reserved, alloc, &mut flags);
         let tokens = w.micro_tokens * w.micro_steps;

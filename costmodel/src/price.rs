@@ -32,13 +32,6 @@ pub struct DeviceDonor {
     pub busy_runs: u32,
 }
 
-impl DeviceDonor {
-    /// The donor family's name, as pricing takes it ([`eval`]).
-    pub(crate) fn family_of(donor: Option<&DeviceDonor>) -> Option<&str> {
-        donor.map(|d| d.family.as_str())
-    }
-}
-
 /// Evaluates terms against coefficients. A device coefficient of a family whose device bound was
 /// not fitted takes the `donor` family's ([`DeviceDonor`]; without one, the fitted
 /// families' mean); any other family coefficient the model lacks takes the mean of the fitted
@@ -46,7 +39,7 @@ impl DeviceDonor {
 /// not 0).
 pub(crate) fn eval(
     coef: &BTreeMap<String, f64>,
-    donor: Option<&str>,
+    donor: Option<&DeviceDonor>,
     terms: &[Term],
     part: Part,
     flags: &mut Vec<String>,
@@ -77,9 +70,15 @@ pub(crate) fn eval(
 /// The coefficient family `fam` borrows for its missing term `fam{suffix}` of `part`, and the flag
 /// that says so: the donor's for a device term where the model names one, else the mean of the
 /// fitted families' (0 where none has it).
-fn borrowed(coef: &BTreeMap<String, f64>, donor: Option<&str>, fam: &str, suffix: &str, part: Part) -> (f64, String) {
+fn borrowed(
+    coef: &BTreeMap<String, f64>,
+    donor: Option<&DeviceDonor>,
+    fam: &str,
+    suffix: &str,
+    part: Part,
+) -> (f64, String) {
     let fitted = coef.keys().any(|k| family_of(k) == Some(fam));
-    let donor = donor.and_then(|d| Some((d, *coef.get(&format!("{d}{suffix}"))?)));
+    let donor = donor.and_then(|d| Some((d.family.as_str(), *coef.get(&format!("{}{suffix}", d.family))?)));
     let mean = || {
         let others: Vec<f64> =
             coef.iter().filter(|(k, _)| family_of(k).is_some() && k.ends_with(suffix)).map(|(_, v)| *v).collect();
@@ -128,7 +127,7 @@ pub const UNHIDDEN: &str = "micro.unhidden_share";
 /// on top of both.
 pub(crate) fn micro_ms(
     coef: &BTreeMap<String, f64>,
-    donor: Option<&str>,
+    donor: Option<&DeviceDonor>,
     terms: &[Term],
     flags: &mut Vec<String>,
 ) -> (f64, Bound) {
@@ -145,7 +144,7 @@ pub(crate) fn micro_ms(
 
 pub(crate) fn step_parts(
     coef: &BTreeMap<String, f64>,
-    donor: Option<&str>,
+    donor: Option<&DeviceDonor>,
     w: &Work,
     flags: &mut Vec<String>,
 ) -> StepParts {
