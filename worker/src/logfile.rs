@@ -83,22 +83,19 @@ impl RankLog {
 
     /// Writes the last records of a rank that is being stopped from another thread: waits at
     /// most `patience` for a write in progress to finish, so the process can still exit when the
-    /// main thread is stuck holding the lock.
+    /// main thread is stuck holding the lock. The file stays locked afterwards, so that nothing
+    /// queued elsewhere (the background writer's step records) lands after them: the caller ends
+    /// the process, and any other writer blocks until it does.
     pub fn write_last(&self, recs: &[Record], patience: Duration) {
         let deadline = Instant::now() + patience;
         let bytes: Vec<u8> = recs.iter().flat_map(line).collect();
         loop {
-            match self.file.try_lock() {
-                Ok(mut f) => {
-                    let _ = Self::put(&mut f, &bytes);
-                    return;
-                }
-                Err(TryLockError::Poisoned(p)) => {
-                    let _ = Self::put(&mut p.into_inner(), &bytes);
-                    return;
-                }
+            let mut f = match self.file.try_lock() {
+                Ok(f) => f,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
                 Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
                 }
                 Err(TryLockError::WouldBlock) => {
                     // Another handle in append mode: the line lands after whatever is there.
@@ -107,7 +104,10 @@ impl RankLog {
                     }
                     return;
                 }
-            }
+            };
+            let _ = Self::put(&mut f, &bytes);
+            std::mem::forget(f);
+            return;
         }
     }
 
@@ -229,6 +229,23 @@ mod tests {
             })
             .collect();
         assert_eq!(steps, (0..100).collect::<Vec<_>>());
+    }
+
+    /// Once the last records are written, nothing else is: a record sent to the background
+    /// writer afterwards stays queued (its thread blocks on the file, until the process ends).
+    #[test]
+    fn nothing_lands_after_the_last_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = RankLog::create(dir.path(), 0, false).unwrap();
+        let mut w = log.background(|_| {}).unwrap();
+        log.write_last(&[end(1)], Duration::from_secs(2));
+        w.send(end(2)).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let text = std::fs::read_to_string(dir.path().join("rank0.jsonl")).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(log.file.try_lock().is_err(), "the file stays locked");
+        // The writer thread is blocked for good: leave it (and the test process ends it).
+        std::mem::forget(w);
     }
 
     #[test]
