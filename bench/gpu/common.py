@@ -111,6 +111,35 @@ def rank0_records(run_dir):
     return json_lines(open(f).read()) if os.path.exists(f) else []
 
 
+def last_json(path):
+    """The last JSON line of a file (an example program's result after its log lines); None
+    where it has none."""
+    lines = [l for l in open(path).read().splitlines() if l.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+def offload_run(run_dir):
+    """An offloaded run as the offload reports give it: the median step and phases over its
+    measured steps, the median rate of the gradients' copies to the host (`comm.d2h`) and the
+    parameters' back (`comm.h2d`) as the step records give them (beside the step's other work),
+    the parameters each side updates and the last loss; None where the run has no measured step."""
+    recs = rank0_records(run_dir)
+    if not any(r["event"] == "step" and not r["warmup"] for r in recs):
+        return None
+    start, setup, steps = run_parts(recs)
+    on_device, on_host = offload_split(start, setup)
+    med = lambda f: round(median(steps, f), 3)
+
+    def rate(way):
+        """Over the steps that copied that way (a delayed run's first exact steps may not)."""
+        v = [r["comm"][way]["bus_gbps"] for r in steps if way in r["comm"]]
+        return round(statistics.median(v), 2) if v else None
+    return {"step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "backward_ms": med("backward_ms"),
+            "exposed_comm_ms": med("exposed_comm_ms"), "optimizer_ms": med("optimizer_ms"),
+            "d2h_gbps": rate("d2h"), "h2d_gbps": rate("h2d"), "host_params": on_host,
+            "device_params": on_device, "final_loss": steps[-1]["loss"]}
+
+
 def steadiness(recs):
     """A run's measured steps as the noise reports give them: the median step (ms) and the
     coefficient of variation over the steps; both None without measured steps."""
@@ -142,11 +171,14 @@ def gib(b):
 
 
 def offload_split(start, setup):
-    """(parameters the device updates, parameters the host updates) of a run, from its `start` and
-    `setup` records: the optimizer states on the device are 12 bytes per parameter it updates."""
-    padded = setup["padded_params"]
-    on_device = setup["model_state"]["optimizer_bytes"] / 12 if start["config"]["offload"] != "none" else padded
-    return on_device, padded - on_device
+    """(parameters the rank's device updates, parameters its host updates) of a run, per rank, from
+    its `start` and `setup` records: the optimizer states on the device are 12 bytes per parameter
+    it updates, and an offloaded rank (stage 1 on) updates its partition, the padded parameters
+    over the ranks."""
+    on_device = setup["model_state"]["optimizer_bytes"] / 12
+    if start["config"]["offload"] == "none":
+        return on_device, 0
+    return on_device, setup["padded_params"] / start["world_size"] - on_device
 
 
 def copy_rates(text):
@@ -159,21 +191,21 @@ def copy_rates(text):
     return out
 
 
-def offload_bound(device_params, host_params, base, adamw_params_per_s=None, copy_gbps=None):
+def offload_bound(device_params, host_params, base, adamw_params_per_s=None, copy_gbps=None, ranks_on_host=1):
     """The bound an offloaded step is held to (docs/results/offload-and-hpz.md):
 
         max(GPU compute + the GPU's share of the update, the host's share of the update, transfers)
 
     GPU compute is `base`'s (the run without offload: forward_ms, backward_ms, optimizer_ms,
     device_params) forward and backward, its update that run's optimizer phase times the share of
-    the parameters the device updates; the host's update its parameters over the host's AdamW
-    rate; transfers 2 bytes per host parameter each way over the slower copy direction (GB/s),
+    the parameters the device updates; the host's update its parameters, times the ranks whose
+    updates share the host's cores (`ranks_on_host`), over the host's AdamW rate; transfers 2 bytes per host parameter each way over the slower copy direction (GB/s),
     the two directions on their own copy engines. Without the host's rates only the GPU's part
     is known, and the result has no `bound_ms`."""
     gpu = base["forward_ms"] + base["backward_ms"] + base["optimizer_ms"] * device_params / base["device_params"]
     out = {"gpu_ms": gpu}
     if adamw_params_per_s and copy_gbps:
-        out["host_adamw_ms"] = host_params / adamw_params_per_s * 1e3
+        out["host_adamw_ms"] = host_params * ranks_on_host / adamw_params_per_s * 1e3
         out["transfer_ms"] = 2 * host_params / (copy_gbps * 1e9) * 1e3
         out["bound_ms"] = max(out.values())
     return out

@@ -22,30 +22,7 @@ import re
 import statistics
 import sys
 
-from common import copy_rates, host_date, median, offload_bound, offload_split, rank0_records, run_parts
-
-
-def last_json(path):
-    lines = [l for l in open(path).read().splitlines() if l.startswith("{")]
-    return json.loads(lines[-1]) if lines else None
-
-
-def run(run_dir):
-    recs = rank0_records(run_dir)
-    if not any(r["event"] == "step" and not r["warmup"] for r in recs):
-        return None
-    start, setup, steps = run_parts(recs)
-    on_device, on_host = offload_split(start, setup)
-    med = lambda f: round(median(steps, f), 3)
-
-    def rate(way):
-        """Over the steps that copied that way (a delayed run's first exact steps may not)."""
-        v = [r["comm"][way]["bus_gbps"] for r in steps if way in r["comm"]]
-        return round(statistics.median(v), 2) if v else None
-    return {"step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "backward_ms": med("backward_ms"),
-            "exposed_comm_ms": med("exposed_comm_ms"), "optimizer_ms": med("optimizer_ms"),
-            "d2h_gbps": rate("d2h"), "h2d_gbps": rate("h2d"), "host_params": on_host,
-            "device_params": on_device, "final_loss": steps[-1]["loss"]}
+from common import copy_rates, host_date, last_json, offload_bound, offload_run as run
 
 
 def main():

@@ -52,15 +52,16 @@ for name, recs in sorted(logs.items()):
         "host_state_bytes": setup.get("host_state_bytes"), "host_state_setup_ms": setup.get("host_state_setup_ms"),
         "final_loss": steps[-1]["loss"], "optimizer": setup.get("optimizer"),
     }
-base = next(r for r in rows.values() if r["offload"] == "none")
+# Each GPU count against its own run without offload.
+bases = {r["gpus"]: r for r in rows.values() if r["offload"] == "none"}
 rate = adamw["adamw_params_per_s"]
 bw = min(copies.get("h2d", 0), copies.get("d2h", 0)) or None
 for r in rows.values():
     if r["offload"] == "none":
         continue
-    b = offload_bound(r["device_params"], r["host_params"], base, rate, bw)
+    b = offload_bound(r["device_params"], r["host_params"], bases[r["gpus"]], rate, bw, r["gpus"])
     if "bound_ms" not in b:  # no copy bandwidth measured: the bound of the GPU and the host alone
-        b = {**b, "host_adamw_ms": r["host_params"] / rate * 1e3, "transfer_ms": None}
+        b = {**b, "host_adamw_ms": r["host_params"] * r["gpus"] / rate * 1e3, "transfer_ms": None}
         b["bound_ms"] = max(b["gpu_ms"], b["host_adamw_ms"])
     r["bound"] = {**b, "step_over_bound": r["step_ms"] / b["bound_ms"], "target": 1.1}
     r["host_state_lock_gbps"] = r["host_state_bytes"] / (r["host_state_setup_ms"] / 1e3) / 1e9 if r.get("host_state_setup_ms") else None

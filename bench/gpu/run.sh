@@ -40,8 +40,9 @@
 #   faults       a rank killed, a rank frozen, a configuration that does not fit
 #   offload1     the one-GPU offload runs alone
 #   offload-ratio  gpt2-xl stage 2, micro-batch 4, on 1 and 2 GPUs: no offload, and --offload
-#                optimizer at ratios 1, `zerobench plan`'s proposal and RATIOS (default 0.75 0.5
-#                0.25), and the delayed update at ratios 1 and the proposal; then the
+#                optimizer at ratios 1, `zerobench plan`'s proposal for exact steps and RATIOS
+#                (default 0.75 0.5 0.25), and the delayed update at ratios 1 and the plan's proposal
+#                for it; then the
 #                page-locking microbenchmark (examples/pin_bench)
 #   fits         the largest preset each stage and offload setting fits on one GPU (sequence 512)
 #   verify       2 GPUs: fp16 (dynamic loss scaling) and tiny-llama on the shipped text, stages 0 and 3
@@ -83,6 +84,11 @@
 #                with each pool size (--threads one more) in OT_REPS rounds (default 2, the order
 #                turned each round), and the run without offload; writes offload-threads.json
 #                (bench/gpu/report_offload_threads.py)
+#   offload-ratios  Twin-Flow's ratio around the plan's proposal: gpt2-xl micro-batch 4, stage 2,
+#                on OR_GPUS GPUs (default 1), the optimizer on the host at each ratio of OR_RATIOS
+#                (default 0.12 0.16 0.2 0.24 0.3) exact and with the delayed update (OR_MODES), OR_REPS rounds (default 2,
+#                the order turned each round), after the run without offload and the host's AdamW
+#                rate and pinned copies; writes offload-ratios.json (bench/gpu/report_offload_ratios.py)
 #   offload-ab   offload's step time and losses with this build and the one in BASE_BIN
 #                alternating: gpt2-xl micro-batch 4, one GPU, each case of OA_CASES
 #                (STAGE:OFFLOAD:RATIO[:delayed], default the plan's ratio and all on the host at
@@ -464,6 +470,24 @@ PY
       done
       python3 bench/gpu/report_offload_threads.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" > "$OUTDIR/offload-threads.json"
       log "offload-threads: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUTDIR/offload-threads.json")" ;;
+    offload-ratios)
+      "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
+      mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies.jsonl" 2>&1
+      log "copies: $(grep -h '2[dh]' "$RUNS/copies.jsonl" | tr '\n' ' ')"
+      worker or_none_1 "${OR_GPUS:-1}" --model gpt2-xl --stage 2 --micro-batch 4 --steps 12 --warmup 4
+      ratios=${OR_RATIOS:-0.12 0.16 0.2 0.24 0.3}
+      for rep in $(seq "${OR_REPS:-2}"); do
+        order=$ratios; [ $((rep % 2)) = 1 ] || order=$(tr ' ' '\n' <<< "$order" | tac | xargs)
+        for r in $order; do
+          for mode in ${OR_MODES:-exact delayed}; do
+            extra=(); [ "$mode" = exact ] || extra=(--delayed-update --delayed-update-after 4)
+            worker "or_${mode}_r${r}_${rep}" "${OR_GPUS:-1}" --model gpt2-xl --stage 2 --offload optimizer \
+              --offload-ratio "$r" --micro-batch 4 --steps 12 --warmup 4 "${extra[@]}"
+          done
+        done
+      done
+      python3 bench/gpu/report_offload_ratios.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" > "$OUTDIR/offload-ratios.json"
+      log "offload-ratios: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUTDIR/offload-ratios.json")" ;;
     launch-cpu)
       mkdir -p "$RUNS/lc"
       for rep in $(seq "${LC_REPS:-3}"); do
@@ -675,16 +699,21 @@ PY
         mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
         printf 'cluster: {gpus_per_node: %s, gpu_memory: %sMiB}\nsweep:\n  models: gpt2-xl\n  stages: 2\n  offload: optimizer\n  micro_batches: 4\n  gpus_per_node: %s\n' \
           "$g" "$mem" "$g" > "$RUNS/ratio-plan-${g}gpu.yaml"
-        proposed=$("$BIN/zerobench" plan --json "$RUNS/ratio-plan-${g}gpu.yaml" \
-          | python3 -c 'import json, sys; print(json.load(sys.stdin)[0].get("proposed_offload_ratio", ""))')
-        log "offload-ratio: plan proposes ${proposed:-nothing} on $g GPU(s)"
+        # The plan proposes less for exact steps than for the delayed update (launcher/src/plan.rs).
+        propose() {
+          "$BIN/zerobench" plan --json "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)[0].get("proposed_offload_ratio", ""))'
+        }
+        proposed=$(propose "$RUNS/ratio-plan-${g}gpu.yaml")
+        { echo "worker: {delayed_update_after: 3}"; cat "$RUNS/ratio-plan-${g}gpu.yaml"; } > "$RUNS/ratio-plan-delayed-${g}gpu.yaml"
+        proposed_delayed=$(propose "$RUNS/ratio-plan-delayed-${g}gpu.yaml")
+        log "offload-ratio: plan proposes ${proposed:-nothing} exact, ${proposed_delayed:-nothing} delayed on $g GPU(s)"
         worker "ratio_gpt2-xl_z2_none_${g}gpu" "$g" --model gpt2-xl --stage 2 --micro-batch 4 --steps 8 --warmup 3
         for r in 1 $proposed ${RATIOS:-0.75 0.5 0.25}; do
           worker "ratio_gpt2-xl_z2_optimizer_r${r}_${g}gpu" "$g" --model gpt2-xl --stage 2 --offload optimizer \
             --offload-ratio "$r" --micro-batch 4 --steps 8 --warmup 3
         done
-        # The delayed update from the first measured step on, all on the host and at the proposal.
-        for r in 1 $proposed; do
+        # The delayed update from the first measured step on, all on the host and at its proposal.
+        for r in 1 $proposed_delayed; do
           worker "ratio_gpt2-xl_z2_optimizer_r${r}_delayed_${g}gpu" "$g" --model gpt2-xl --stage 2 --offload optimizer \
             --offload-ratio "$r" --delayed-update --delayed-update-after 3 --micro-batch 4 --steps 8 --warmup 3
         done

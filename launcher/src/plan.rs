@@ -417,10 +417,17 @@ pub const GPU_TRAIN_FLOP_PER_S: f64 = 4.7e14;
 
 /// Twin-Flow's ratio for an offloaded run: the host's share R of each rank's optimizer
 /// partition (Ψ/N elements) at which the host's work, R × (AdamW + copying the gradient down and
-/// the parameters up), takes as long as the GPU's, forward and backward plus AdamW on the other
-/// 1 − R; then the smallest share of whole units ([`host_params`]) at least that large whose
-/// device memory (`device_need` of the share) fits `gpu_memory` when declared. `None` when even
+/// the parameters up), takes as long as the GPU's window beside it plus AdamW on the other 1 − R;
+/// then the smallest share of whole units ([`host_params`]) at least that large whose device
+/// memory (`device_need` of the share) fits `gpu_memory` when declared. `None` when even
 /// everything on the host does not fit. An estimate from the rates above: measure around it.
+///
+/// The window: with the delayed update the host's update of step t runs beside step t + 1's
+/// forward and backward, the whole compute. In exact steps the host's units (the last ones, whose
+/// gradients land first) are updated from the backward on, and the next forward waits for them;
+/// measured on gpt2-xl (one H100, a 16-core host), exact steps stay near the bound up to about
+/// the share whose update takes as long as the backward ([`BACKWARD_SHARE`](zerobench_schema::models::BACKWARD_SHARE) of the compute) and
+/// the GPU's update, and grow past it, where delayed steps still hold.
 fn propose_offload_ratio(
     config: &RunConfig,
     world: u32,
@@ -434,7 +441,12 @@ fn propose_offload_ratio(
     let gpu_update = partition * ADAMW_BYTES_PER_PARAM / GPU_ADAMW_BYTES_PER_S;
     let tokens = config.tokens_per_step(world) as f64 / f64::from(world);
     let compute = tokens * config.train_flops_per_token() / GPU_TRAIN_FLOP_PER_S;
-    let balance = ((compute + gpu_update) / (host + gpu_update)).min(1.0);
+    let window = if config.delayed_update_after.is_some() {
+        compute
+    } else {
+        zerobench_schema::models::BACKWARD_SHARE * compute
+    };
+    let balance = ((window + gpu_update) / (host + gpu_update)).min(1.0);
     // The shares whole units can give, smallest first (the last unit, the last two, ...), each
     // as the shortest decimal ratio that selects exactly those units.
     let units: Vec<u64> =
@@ -682,16 +694,43 @@ mod tests {
         assert_eq!(shortest_between(0.12345671, 0.12345672), 0.12345672);
     }
 
-    /// The share of a rank's partition whose host update takes as long as the GPU's work, by hand
+    /// The share of a rank's partition whose host update takes as long as the GPU's window, by hand
     /// (the rates of `propose_offload_ratio`'s doc, written out): per parameter the host spends
     /// 28 B / 158 GB/s on AdamW and copies `param_bytes` each way at 54 GB/s, the GPU 28 B /
-    /// 3.48 TB/s on its AdamW; the rank computes `tokens` at 4.7e14 FLOP/s.
+    /// 3.48 TB/s on its AdamW; the rank computes `tokens` at 4.7e14 FLOP/s, of which the window is
+    /// all with the delayed update and the backward's two thirds in exact steps.
     fn balance_by_hand(config: &RunConfig, world: u32, param_bytes: f64, tokens: f64) -> f64 {
         let part =
             zerobench_schema::memory::padded_params(&config.model.spec(), u64::from(world)) as f64 / f64::from(world);
         let (h, g) = (part * (28.0 / 158e9 + 2.0 * param_bytes / 54e9), part * 28.0 / 3.48e12);
         let c = tokens * config.train_flops_per_token() / 4.7e14;
-        (c + g) / (h + g)
+        let window = if config.delayed_update_after.is_some() { c } else { c * 2.0 / 3.0 };
+        (window + g) / (h + g)
+    }
+
+    /// Exact steps wait for the host's units in the next forward, so their proposal balances the
+    /// host against the backward only and puts less on the host than the delayed update's, which
+    /// balances it against the whole compute. On gpt2-xl (one GPU, bf16) they are the ratios
+    /// measured near the bound: about 0.18 exact, 0.24 delayed.
+    #[test]
+    fn exact_steps_get_a_smaller_ratio_than_the_delayed_update() {
+        let spec = |worker: &str| {
+            format!("{worker}cluster: {{gpus_per_node: 1}}\nsweep:\n  models: gpt2-xl\n  stages: 2\n  offload: optimizer\n  micro_batches: 4\n")
+        };
+        let exact = plan(&spec("")).unwrap();
+        let delayed = plan(&spec("worker: {delayed_update_after: 4}\n")).unwrap();
+        let model = ModelPreset::Gpt2Xl.spec();
+        let psi = zerobench_schema::memory::padded_params(&model, 1) as f64;
+        let mut shares = Vec::new();
+        for p in [&exact, &delayed] {
+            let r = &p.runs[0];
+            let ratio = r.proposed_offload_ratio.expect("a proposal");
+            let balance = balance_by_hand(&r.config, 1, 2.0, 4096.0);
+            let host = zerobench_schema::memory::host_params(&model, 1, ratio) as f64 / psi;
+            assert!(host >= balance && host < balance + 1.0 / 40.0, "{ratio} takes {host} against {balance}");
+            shares.push(ratio);
+        }
+        assert!(shares[0] > 0.15 && shares[0] < 0.2 && shares[1] > 0.22 && shares[1] < 0.27, "{shares:?}");
     }
 
     /// The proposal on two GPUs in fp32 (world and precision enter the rates): the units it puts

@@ -1,0 +1,70 @@
+"""Reads the runs of `bench/gpu/run.sh offload-ratios` and prints, per offload ratio and mode (exact,
+delayed update), offload's step time, where it went, and the step over its bound.
+
+    python3 bench/gpu/report_offload_ratios.py RUNS HOST.txt COMMIT > offload-ratios.json
+
+Run folders are `or_<exact|delayed>_r<ratio>_<round>` and `or_none_1` (no offload). Per run: the
+median step and phases over its measured steps (common.offload_run). The bound is
+bench/gpu/report_ratio.py's:
+
+    bound = max(GPU compute + the GPU's share of the update, the host's share of the update, transfers)
+
+per rank, with the host's update of every rank (one host) at the AdamW rate measured in the same
+call (`cpu_adamw.json`) and each rank's transfers over the pinned copy bandwidth measured alone
+(`copies.jsonl`). Per (mode, ratio): the median over
+rounds, and which of the bound's three terms is the largest. A failed run shows as null."""
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+from common import copy_rates, host_date, last_json, offload_bound, offload_run, rank0_records
+
+
+def main():
+    runs_dir, host, commit = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3]
+    adamw = last_json(os.path.join(runs_dir, "cpu_adamw.json"))
+    bw = copy_rates(open(os.path.join(runs_dir, "copies.jsonl")).read())
+    base = offload_run(os.path.join(runs_dir, "or_none_1"))
+    rate = adamw["adamw_params_per_s"] if adamw else None
+    gpus = next((r["world_size"] for r in rank0_records(os.path.join(runs_dir, "or_none_1")) if r["event"] == "start"), None)
+    rows = []
+    for d in sorted(glob.glob(os.path.join(runs_dir, "or_*_r*_*"))):
+        if not os.path.isdir(d):
+            continue
+        mode, ratio, rnd = re.search(r"or_(\w+?)_r([\d.]+)_(\d+)$", d).groups()
+        r = offload_run(d)
+        row = {"run": os.path.basename(d), "mode": mode, "ratio": float(ratio), "round": int(rnd), "result": r}
+        if r and base and rate and bw:
+            b = offload_bound(r["device_params"], r["host_params"], base, rate, min(bw.values()), gpus or 1)
+            row["bound"] = {k: round(v, 3) for k, v in b.items()} | {"step_over_bound": round(r["step_ms"] / b["bound_ms"], 4)}
+        rows.append(row)
+    summary = []
+    for mode, ratio in sorted({(r["mode"], r["ratio"]) for r in rows}):
+        mine = [r for r in rows if (r["mode"], r["ratio"]) == (mode, ratio)]
+        ok = [r for r in mine if r["result"]]
+        m = lambda f: round(statistics.median(f(r) for r in ok), 3) if ok else None
+        bounded = ok and all("bound" in r for r in ok)
+        terms = ("gpu_ms", "host_adamw_ms", "transfer_ms")
+        summary.append({"mode": mode, "ratio": ratio, "runs": len(ok), "failed": len(mine) - len(ok),
+                        "step_ms": m(lambda r: r["result"]["step_ms"]),
+                        "forward_ms": m(lambda r: r["result"]["forward_ms"]),
+                        "backward_ms": m(lambda r: r["result"]["backward_ms"]),
+                        "optimizer_ms": m(lambda r: r["result"]["optimizer_ms"]),
+                        "bound_ms": m(lambda r: r["bound"]["bound_ms"]) if bounded else None,
+                        "bound_term": max(terms, key=lambda t: ok[0]["bound"][t]) if bounded else None,
+                        "step_over_bound": m(lambda r: r["bound"]["step_over_bound"]) if bounded else None,
+                        "step_ms_by_round": [r["result"]["step_ms"] for r in ok]})
+    print(json.dumps({
+        "benchmark": "offload-ratios: Twin-Flow's ratio, exact and with the delayed update; gpt2-xl, micro-batch 4, "
+                     "sequence 1024, stage 2, bf16 (bench/gpu/report_offload_ratios.py)",
+        "date": host_date(host), "host": host.strip().splitlines(), "commit": commit,
+        "gpus": gpus,
+        "copy_gbps_alone": bw, "cpu_adamw": adamw, "no_offload": base, "summary": summary, "runs": rows,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
