@@ -8,32 +8,33 @@
 # which 10 warm-up. H200: one sweep on a 2×H200 host at 5a3944b, one-GPU runs two at a time; the
 # three earlier H200 sweeps (gpu-2026-11-24-costmodel-short, -11-24-costmodel, -11-26-costmodel,
 # committed beside it) measured builds before GPT-2's recomputation and kernels, T5's fused
-# attention and the vectorised loss, and are no longer fitted. H100: four sweeps after the trainer's
+# attention and the vectorised loss, and are no longer fitted. H100: sweeps after the trainer's
 # segment loop moved onto libtorch's autograd thread (launch-bound steps 0.87-0.93×), one run at a
 # time: at 35b4299 every run on a 2×H100 host and the one-GPU runs without host work again on a
 # 1×H100 host; at 691c208 (the same worker, whose start record also names the host) the one-GPU
-# runs and the offloaded ones with new held-out configurations on a second 1×H100 host, and the
-# offloaded runs with 11 new offloaded configurations on a third. A configuration's runs on several
-# hosts are fitted as repeats. The H100 sweeps before them (1858462, 9dd1533, 5a3944b; committed
-# beside them) measured builds whose launch-bound steps have changed since and are no longer fitted.
-# Their runs of the set `fit` are fitted on; those of `holdout` (other presets, micro-batches,
-# sequence lengths) never are.
+# runs with new held-out configurations on a second 1×H100 host; three rounds of the 2-GPU runs on
+# a second 2×H100 host (repeat-2/, repeat-3/ in its archive); two rounds on a fourth 1×H100 host of
+# T5 configurations that keep the GPU busy, with t5-3b held out; two rounds on a third 2×H100 host
+# of ten more 2-GPU configurations. A configuration's runs on several hosts are fitted as repeats.
+# The H100 sweeps before them (1858462, 9dd1533, 5a3944b; committed beside them) measured builds
+# whose launch-bound steps have changed since and are no longer fitted. Their runs of the set `fit`
+# are fitted on; those of `holdout` (other presets, micro-batches, sequence lengths) never are.
 #
-# H100 also has three rounds on a second 2×H100 host at 691c208: the offloaded and 2-GPU runs,
-# then the 2-GPU runs twice more (repeat-2/, repeat-3/ in its archive); and two rounds on a fourth
-# 1×H100 host of T5 configurations that keep the GPU busy, with t5-3b held out; and two rounds on
-# a third 2×H100 host of ten more 2-GPU configurations. Last, the offloaded runs on three more 1×H100
-# hosts at 5d597be and 016c111 (the same engine; their setup records add a host AdamW rate measured
-# at setup, which the model does not use: bench/costmodel/host_rate.py), with the host's
-# examples/cpu_adamw in runs/cpu_adamw.json.
+# Offload on the H100: the 16 offloaded runs at 9f0fd0c (the next forward waits for each unit's
+# host update at its first use) on three more 1×H100 hosts, each with the host's examples/cpu_adamw
+# in runs/cpu_adamw.json, and bench/gpu/run.sh offload-ratios on the same hosts (gpt2-xl at ratios
+# below 1, exact and delayed). The offloaded runs of the earlier archives (marked `old-offload`,
+# and the archives h100x1c/x1e/x1f/x1g, which hold nothing else) measured exact steps that waited
+# for all of the host's updates and are left out. The H200 sweep's offloaded runs are of that
+# engine too; no H200 sweep of the current one exists.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BIN=${BIN:-target/release}
 ZB=$PWD/$BIN/zerobench
-sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE (under bench/results/raw)
+sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE[:MARK] (under bench/results/raw)
   case $1 in
     h200) echo "now:gpu-2026-11-26-h200x2-costmodel-5a3944b" ;;
-    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299 x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208 x1c:gpu-2026-11-27-h100x1c-costmodel-offload-691c208 x2b:gpu-2026-11-27-h100x2b-costmodel-serial-691c208 x1d:gpu-2026-11-27-h100x1d-costmodel-t5-691c208 x2c:gpu-2026-11-27-h100x2c-costmodel-2gpu-691c208 x1e:gpu-2026-11-27-h100x1e-costmodel-offload-5d597be x1f:gpu-2026-11-27-h100x1f-costmodel-offload-016c111 x1g:gpu-2026-11-27-h100x1g-costmodel-offload-016c111" ;;
+    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299:old-offload x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208:old-offload x2b:gpu-2026-11-27-h100x2b-costmodel-serial-691c208:old-offload x1d:gpu-2026-11-27-h100x1d-costmodel-t5-691c208 x2c:gpu-2026-11-27-h100x2c-costmodel-2gpu-691c208 x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
 }
@@ -44,13 +45,27 @@ for kind in "${kinds[@]}"; do
   work=$(mktemp -d)
   fits=() holdouts=() sources=()
   for s in $list; do
-    mkdir -p "$work/${s%%:*}"
-    tar -xzf "bench/results/raw/${s#*:}.tar.gz" -C "$work/${s%%:*}"
+    IFS=: read -r name archive mark <<< "$s"
+    mkdir -p "$work/$name"
+    tar -xzf "bench/results/raw/$archive.tar.gz" -C "$work/$name"
+    # `old-offload`: the archive's offloaded runs measured the engine before the next forward
+    # waited for each unit's host update (839bcdb; exact offloaded steps then took up to a third
+    # longer) and are left out, fitted and held out alike.
+    if [ "$mark" = old-offload ]; then
+      find "$work/$name" -depth -path '*/cm-*/*offload*' -exec rm -rf {} +
+    fi
     # An archive holds one sweep (runs/) or, where a host ran the list again, its repeats too
     # (repeat-N/runs/): every set folder in it counts.
-    while read -r d; do fits+=("$d"); done < <(cd "$work" && find "${s%%:*}" -type d -name cm-fit | sort)
-    while read -r d; do holdouts+=("$d"); done < <(cd "$work" && find "${s%%:*}" -type d -name cm-holdout | sort)
-    sources+=("bench/results/raw/${s#*:}.tar.gz")
+    # `ratios`: bench/gpu/run.sh offload-ratios (gpt2-xl at offload ratios below 1, exact and with
+    # the delayed update): its offloaded runs are fitted; not its run without offload, which would
+    # weigh one stage of its stage-choice group with another host's repeats.
+    if [ "$mark" = ratios ]; then
+      rm -rf "$work/$name"/runs/or_none_*
+      fits+=("$name/runs")
+    fi
+    while read -r d; do fits+=("$d"); done < <(cd "$work" && find "$name" -type d -name cm-fit | sort)
+    while read -r d; do holdouts+=("$d"); done < <(cd "$work" && find "$name" -type d -name cm-holdout | sort)
+    sources+=("bench/results/raw/$archive.tar.gz")
   done
   (cd "$work" && "$ZB" fit "${fits[@]}" --out model.json --validate) > "$work/fit.md"
   cp "$work/model.json" "costmodel/models/$kind.json"

@@ -17,7 +17,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::nnls::{nnls, nnls_l1};
 use crate::observation::Observation;
-use crate::price::{eval, micro_ms, peak_allocated, step_parts, Bound, DeviceDonor, GIB, UNHIDDEN};
+use crate::price::{
+    eval, exposed_offload_ms, micro_ms, offload_window_ms, peak_allocated, step_part, step_parts, Bound, DeviceDonor,
+    GIB, OFFLOAD_HIDDEN, UNHIDDEN,
+};
 use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
 use crate::work::{Query, Work};
 
@@ -45,9 +48,13 @@ pub(crate) fn fit_coefficients(runs: &[&Observation]) -> Coefficients {
 fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Option<DeviceDonor>) {
     let all: Vec<usize> = (0..runs.len()).collect();
     let mut coef = BTreeMap::new();
-    // 1. The optimizer on the GPU.
-    let opt: Vec<usize> =
-        all.iter().copied().filter(|&i| works[i].gparams_device > 0.0 && runs[i].optimizer_ms.is_some()).collect();
+    // 1. The optimizer on the GPU, on runs without offload: an offloaded run's optimizer phase
+    // also holds its waits for the host's update.
+    let opt: Vec<usize> = all
+        .iter()
+        .copied()
+        .filter(|&i| works[i].offload == zerobench_schema::config::Offload::None && runs[i].optimizer_ms.is_some())
+        .collect();
     coef.extend(fit_terms(&opt, works, &|w| only(step_terms(w), "optimizer."), &|i| {
         runs[i].optimizer_ms.unwrap_or(0.0)
     }));
@@ -70,11 +77,15 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
     coef.extend(micro);
     let donor = device_donor.as_ref();
     // 3. Offload and 4. communication, on what their runs add.
-    let extra = |coef: &BTreeMap<String, f64>, i: usize| {
+    let compute_and_optimizer = |coef: &BTreeMap<String, f64>, i: usize| {
         let mut f = Vec::new();
         let w = &works[i];
         let (micro, _) = micro_ms(coef, donor, &step_terms(w), &mut f);
-        runs[i].step_ms - w.micro_steps * micro - optimizer(coef, w)
+        (w.micro_steps * micro, optimizer(coef, w))
+    };
+    let extra = |coef: &BTreeMap<String, f64>, i: usize| {
+        let (compute, optimizer) = compute_and_optimizer(coef, i);
+        runs[i].step_ms - compute - optimizer
     };
     let offloaded: Vec<usize> = all
         .iter()
@@ -82,7 +93,16 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
         .filter(|&i| works[i].offload != zerobench_schema::config::Offload::None && works[i].gpus == 1)
         .collect();
     let fitted = coef.clone();
-    coef.extend(fit_terms(&offloaded, works, &|w| only(step_terms(w), "offload"), &|i| extra(&fitted, i)));
+    let offload_run = |i: usize| {
+        let (compute, optimizer) = compute_and_optimizer(&fitted, i);
+        OffloadRun {
+            extra: extra(&fitted, i),
+            window: offload_window_ms(&works[i], compute, optimizer),
+            step: runs[i].step_ms,
+        }
+    };
+    let offload_runs: Vec<OffloadRun> = offloaded.iter().map(|&i| offload_run(i)).collect();
+    coef.extend(fit_offload(&offloaded, works, &offload_runs));
     let several: Vec<usize> = all.iter().copied().filter(|&i| works[i].gpus > 1).collect();
     let fitted = coef.clone();
     let comm_and_offload = |w: &Work| {
@@ -94,7 +114,13 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
     // Offload's terms are fitted already; on several GPUs only communication's are new.
     let offload_done = |i: usize| {
         let mut f = Vec::new();
-        extra(&fitted, i) - eval(&fitted, donor, &only(step_terms(&works[i]), "offload"), Part::Step, &mut f)
+        let (compute, optimizer) = compute_and_optimizer(&fitted, i);
+        let host = step_part(&fitted, donor, &step_terms(&works[i]), "offload", &mut f);
+        let exposed = match works[i].offload {
+            zerobench_schema::config::Offload::None => 0.0,
+            _ => exposed_offload_ms(&fitted, host, offload_window_ms(&works[i], compute, optimizer)),
+        };
+        runs[i].step_ms - compute - optimizer - exposed
     };
     coef.extend(fit_terms(&several, works, &|w| only(comm_and_offload(w), "comm."), &offload_done));
     (coef, device_donor)
@@ -103,6 +129,62 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
 /// The terms whose names start with `prefix`.
 pub(crate) fn only(terms: Vec<Term>, prefix: &str) -> Vec<Term> {
     terms.into_iter().filter(|t| t.name.starts_with(prefix)).collect()
+}
+
+/// An offloaded run as offload's fit takes it: what its step adds beyond the fitted compute and
+/// optimizer (`extra`), the GPU's window its host update can hide behind, and its step.
+struct OffloadRun {
+    extra: f64,
+    window: f64,
+    step: f64,
+}
+
+/// Grid steps of offload's hidden share between 0 (the host's update after the GPU's work) and 1
+/// (beside all of its window).
+const HIDDEN_STEPS: u32 = 20;
+
+/// Offload's terms and hidden share (`OFFLOAD_HIDDEN`): the step waits for the host's update less
+/// the hidden share of the GPU's window, never below 0, which is not linear. For each share on a
+/// grid the fit alternates between taking the runs whose host update outlasts that share (the
+/// others wait for nothing, whatever the terms) and fitting the terms on them, and keeps the share
+/// and terms with the smallest summed relative error of the step.
+fn fit_offload(idx: &[usize], works: &[Work], runs: &[OffloadRun]) -> BTreeMap<String, f64> {
+    if idx.is_empty() {
+        return BTreeMap::new();
+    }
+    let terms = |w: &Work| only(step_terms(w), "offload");
+    let mut best: Option<(f64, BTreeMap<String, f64>)> = None;
+    for k in 0..=HIDDEN_STEPS {
+        let share = f64::from(k) / f64::from(HIDDEN_STEPS);
+        let mut waits = vec![true; idx.len()];
+        for _ in 0..30 {
+            let waiting: Vec<usize> = idx.iter().zip(&waits).filter(|(_, &w)| w).map(|(&i, _)| i).collect();
+            let by_work: BTreeMap<usize, &OffloadRun> = idx.iter().copied().zip(runs).collect();
+            let target = |i: usize| by_work[&i].extra + share * by_work[&i].window;
+            let mut coef = fit_terms(&waiting, works, &terms, &target);
+            coef.insert(OFFLOAD_HIDDEN.to_string(), share);
+            let mut f = Vec::new();
+            let host: Vec<f64> =
+                idx.iter().map(|&i| eval(&coef, None, &terms(&works[i]), Part::Step, &mut f)).collect();
+            let err: f64 = runs
+                .iter()
+                .zip(&host)
+                .map(|(r, &h)| {
+                    let priced = r.step - r.extra + exposed_offload_ms(&coef, h, r.window);
+                    (priced / r.step - 1.0).abs()
+                })
+                .sum();
+            if best.as_ref().is_none_or(|(e, _)| err < *e) {
+                best = Some((err, coef));
+            }
+            let next: Vec<bool> = runs.iter().zip(&host).map(|(r, &h)| h > share * r.window).collect();
+            if next == waits || !next.iter().any(|&w| w) {
+                break;
+            }
+            waits = next;
+        }
+    }
+    best.map(|(_, c)| c).unwrap_or_default()
 }
 
 /// NNLS of `target(i)` on the (per-step) terms of the runs `idx`, on relative errors.

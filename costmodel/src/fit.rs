@@ -80,7 +80,7 @@ pub fn fit(obs: &[Observation]) -> Result<CostModel, FitError> {
 mod tests {
     use super::*;
     use crate::coefficients::only;
-    use crate::price::{eval, peak_allocated, step_parts, UNHIDDEN};
+    use crate::price::{eval, peak_allocated, step_parts, OFFLOAD_HIDDEN, UNHIDDEN};
     use crate::terms::{step_terms, Part};
     use crate::work::Query;
     use zerobench_schema::config::{Offload, RunConfig, ZeroStage};
@@ -110,6 +110,7 @@ mod tests {
             ("stage3.ms_per_gparam_gathered", 1.5),
             ("optimizer.ms_per_gparam", 8.8),
             ("offload.ms_per_gparam", 150.0),
+            (OFFLOAD_HIDDEN, 0.6),
             ("comm.ms", 1.0),
             ("comm.stage0.ms_per_gb", 2.0),
             ("comm.stage1.ms_per_gb", 3.0),
@@ -143,6 +144,22 @@ mod tests {
     fn observe(model: ModelPreset, stage: ZeroStage, mb: u32, seq: u32, gpus: u32, offload: Offload) -> Observation {
         let mut c = RunConfig::new(model, stage);
         (c.micro_batch, c.seq_len, c.offload) = (mb, seq, offload);
+        observe_config(c, gpus)
+    }
+
+    /// gpt2-xl, stage 2, micro-batch 4, one GPU, with the optimizer's `ratio` on the host, exact or
+    /// with the delayed update.
+    fn observe_ratio(ratio: f64, delayed: bool) -> Observation {
+        let mut c = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z2);
+        (c.micro_batch, c.offload, c.offload_ratio) = (4, Offload::Optimizer, Some(ratio));
+        c.delayed_update_after = delayed.then_some(3);
+        let mut o = observe_config(c, 1);
+        o.run_id = format!("{}-r{ratio}-{}", o.run_id, if delayed { "delayed" } else { "exact" });
+        o
+    }
+
+    fn observe_config(c: RunConfig, gpus: u32) -> Observation {
+        let (model, stage, mb, seq, offload) = (c.model, c.stage, c.micro_batch, c.seq_len, c.offload);
         let query = Query { config: c, gpus, nodes: 1 };
         let w = Work::of(&query);
         let mut flags = Vec::new();
@@ -189,16 +206,27 @@ mod tests {
             }
             v.push(observe(m, ZeroStage::Z2, 4, long, 1, Offload::Optimizer));
         }
+        // Part of the optimizer on the host: the host's share hidden in part (0.5) and whole (0.1:
+        // the step waits for none of it), exact and delayed.
+        for ratio in [0.1, 0.5] {
+            for delayed in [false, true] {
+                v.push(observe_ratio(ratio, delayed));
+            }
+        }
         v
     }
 
     #[test]
     fn the_fit_recovers_what_generated_the_runs() {
         let runs = sweep();
+        // The sweep's partial offload has runs that wait for part of the host's update and runs
+        // that wait for none of it.
+        let exposed = |o: &Observation| step_parts(&truth(), None, &Work::of(&o.query), &mut Vec::new()).offload_ms;
+        assert!(exposed(&observe_ratio(0.1, true)) == 0.0 && exposed(&observe_ratio(0.5, false)) > 5.0);
         let model = fit(&runs).unwrap();
         let f = &model.fits[0];
         // The terms each stage of the fit isolates come back exactly.
-        for name in ["optimizer.ms_per_gparam", "offload.ms_per_gparam", UNHIDDEN] {
+        for name in ["optimizer.ms_per_gparam", "offload.ms_per_gparam", OFFLOAD_HIDDEN, UNHIDDEN] {
             let (got, want) = (f.step[name], truth()[name]);
             assert!((got - want).abs() <= 1e-6 * want.max(1.0), "{name}: {got} vs {want}");
         }
@@ -207,6 +235,8 @@ mod tests {
             observe(ModelPreset::Gpt2Large, ZeroStage::Z1, 8, 512, 1, Offload::None),
             observe(ModelPreset::T5Base, ZeroStage::Z3, 2, 384, 2, Offload::None),
             observe(ModelPreset::Gpt2Large, ZeroStage::Z2, 4, 1024, 1, Offload::Optimizer),
+            observe_ratio(0.3, false),
+            observe_ratio(0.3, true),
         ];
         for o in runs.iter().chain(&unseen) {
             let p = f.predict(&o.query);

@@ -71,6 +71,9 @@ pub struct Range {
     /// Whether a run kept part of an offloaded optimizer on the GPU (`offload_ratio` below 1).
     #[serde(default)]
     pub partial_offload: bool,
+    /// Whether an offloaded run used the delayed update.
+    #[serde(default)]
+    pub delayed_update: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -246,6 +249,7 @@ impl Range {
         self.max_nodes = self.max_nodes.max(w.nodes);
         self.offloads.insert(w.offload);
         self.partial_offload |= w.offload != Offload::None && w.gparams_device > 0.0;
+        self.delayed_update |= w.delayed_update;
     }
 
     fn flag(&self, w: &Work, q: &Query, flags: &mut Vec<String>) {
@@ -280,8 +284,15 @@ impl Range {
         }
         if w.offload != Offload::None && w.gparams_device > 0.0 && !self.partial_offload {
             flags.push(
-                "offload: a ratio below 1 not fitted; host and GPU updates are priced one after the other, \
-                 though they overlap"
+                "offload: a ratio below 1 not fitted; the host's share is priced beside the GPU's work as \
+                 whole-host runs hide it"
+                    .to_string(),
+            );
+        }
+        if w.delayed_update && !self.delayed_update {
+            flags.push(
+                "offload: the delayed update not fitted; the host's update is priced beside the next step's \
+                 compute as exact runs hide it beside the backward"
                     .to_string(),
             );
         }

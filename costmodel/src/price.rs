@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use zerobench_schema::config::Offload;
+use zerobench_schema::models::BACKWARD_SHARE;
+
 use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
 use crate::work::Work;
 
@@ -142,6 +145,37 @@ pub(crate) fn micro_ms(
     }
 }
 
+/// The coefficient of the GPU's window ([`offload_window_ms`]) that the host's share of an
+/// offloaded update hides behind (fitted on a grid from 0 to 1).
+pub const OFFLOAD_HIDDEN: &str = "offload.hidden_share";
+
+/// The GPU's work an offloaded step's host update can run beside: with the delayed update the
+/// whole compute of the next step; in exact steps the backward, from which the host's units
+/// (the last ones, whose gradients land first) are updated, [`BACKWARD_SHARE`] of the compute;
+/// and in both the GPU's own share of the update.
+pub(crate) fn offload_window_ms(w: &Work, compute_ms: f64, optimizer_ms: f64) -> f64 {
+    let share = if w.delayed_update { 1.0 } else { BACKWARD_SHARE };
+    share * compute_ms + optimizer_ms
+}
+
+/// The part of the host's update (`host_ms`, offload's terms) the step waits for: what the hidden
+/// share of the GPU's window does not cover, never below 0.
+pub(crate) fn exposed_offload_ms(coef: &BTreeMap<String, f64>, host_ms: f64, window_ms: f64) -> f64 {
+    (host_ms - coef.get(OFFLOAD_HIDDEN).copied().unwrap_or(0.0) * window_ms).max(0.0)
+}
+
+/// The sum of the per-step terms whose names start with `prefix`.
+pub(crate) fn step_part(
+    coef: &BTreeMap<String, f64>,
+    donor: Option<&DeviceDonor>,
+    terms: &[Term],
+    prefix: &str,
+    flags: &mut Vec<String>,
+) -> f64 {
+    let sel: Vec<Term> = terms.iter().filter(|t| t.part == Part::Step && t.name.starts_with(prefix)).cloned().collect();
+    eval(coef, donor, &sel, Part::Step, flags)
+}
+
 pub(crate) fn step_parts(
     coef: &BTreeMap<String, f64>,
     donor: Option<&DeviceDonor>,
@@ -150,15 +184,17 @@ pub(crate) fn step_parts(
 ) -> StepParts {
     let terms = step_terms(w);
     let (micro, bound) = micro_ms(coef, donor, &terms, flags);
-    let part = |prefix: &str, flags: &mut Vec<String>| {
-        let sel: Vec<Term> =
-            terms.iter().filter(|t| t.part == Part::Step && t.name.starts_with(prefix)).cloned().collect();
-        eval(coef, donor, &sel, Part::Step, flags)
-    };
-    let optimizer_ms = part("optimizer.", flags);
-    let offload_ms = part("offload", flags);
-    let comm_ms = part("comm.", flags);
+    let optimizer_ms = step_part(coef, donor, &terms, "optimizer.", flags);
+    let comm_ms = step_part(coef, donor, &terms, "comm.", flags);
     let compute_ms = w.micro_steps * micro;
+    let offload_ms = match w.offload {
+        Offload::None => 0.0,
+        _ => exposed_offload_ms(
+            coef,
+            step_part(coef, donor, &terms, "offload", flags),
+            offload_window_ms(w, compute_ms, optimizer_ms),
+        ),
+    };
     StepParts {
         step_ms: compute_ms + optimizer_ms + offload_ms + comm_ms,
         compute_ms,
@@ -176,4 +212,31 @@ pub(crate) fn peak_allocated(coef: &BTreeMap<String, f64>, w: &Work, flags: &mut
 
 pub(crate) fn peak_reserved(coef: &BTreeMap<String, f64>, allocated: f64, flags: &mut Vec<String>) -> f64 {
     allocated + eval(coef, None, &reserved_terms(allocated / GIB), Part::Step, flags) * GIB
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::work::Query;
+    use zerobench_schema::config::{RunConfig, ZeroStage};
+    use zerobench_schema::models::ModelPreset;
+
+    /// With the delayed update the host's update hides behind the whole compute, in exact steps
+    /// behind the backward; both add the GPU's own update; what is left never goes below zero; and
+    /// a model without the hidden share waits for all of it.
+    #[test]
+    fn the_host_update_hides_behind_its_window_and_never_below_zero() {
+        let work = |delayed: bool| {
+            let mut c = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z2);
+            (c.offload, c.offload_ratio, c.delayed_update_after) =
+                (Offload::Optimizer, Some(0.5), delayed.then_some(2));
+            Work::of(&Query { config: c, gpus: 1, nodes: 1 })
+        };
+        assert_eq!(offload_window_ms(&work(true), 90.0, 6.0), 96.0);
+        assert_eq!(offload_window_ms(&work(false), 90.0, 6.0), 66.0);
+        let coef: BTreeMap<String, f64> = [(OFFLOAD_HIDDEN.to_string(), 0.5)].into();
+        assert_eq!(exposed_offload_ms(&coef, 100.0, 66.0), 67.0);
+        assert_eq!(exposed_offload_ms(&coef, 20.0, 66.0), 0.0);
+        assert_eq!(exposed_offload_ms(&BTreeMap::new(), 100.0, 66.0), 100.0);
+    }
 }

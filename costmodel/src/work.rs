@@ -47,6 +47,8 @@ pub struct Work {
     pub units: f64,
     pub stage: ZeroStage,
     pub offload: Offload,
+    /// Offload's delayed update: the host's update of step t runs beside step t + 1's compute.
+    pub delayed_update: bool,
     /// Parameters whose optimizer update runs on the GPU, per rank, in units of 1e9.
     pub gparams_device: f64,
     /// Parameters whose optimizer update runs on the host, per rank, in units of 1e9.
@@ -125,6 +127,7 @@ impl Work {
             units: spec.units().len() as f64,
             stage: c.stage,
             offload: c.offload,
+            delayed_update: c.delayed_update_after.is_some(),
             gparams_device: per_rank(psi - host_psi),
             gparams_host: per_rank(host_psi),
             ggathered,

@@ -83,11 +83,10 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
     if r.log_version != Some(2) {
         return Err("log schema version 1: its step_ms leaves out the optimizer's device work".into());
     }
-    // The engine knobs beyond the grid change the step in ways the model does not price; the
-    // training text does not.
-    if let Some(knob) =
-        r.variant.split(',').find(|p| !p.is_empty() && !p.starts_with("data=") && !p.starts_with("offload_ratio="))
-    {
+    // Other engine knobs change the step in ways the model does not price; the training text does
+    // not change it, and offload's ratio and delayed update are priced.
+    let priced = ["data=", "offload_ratio=", "delayed_update_after="];
+    if let Some(knob) = r.variant.split(',').find(|p| !p.is_empty() && !priced.iter().any(|k| p.starts_with(k))) {
         return Err(format!("runs with {knob} are not priced by the model"));
     }
     let model = ModelPreset::from_name(&r.model).ok_or_else(|| format!("model {:?} is not a preset", r.model))?;
@@ -103,6 +102,12 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
         .split(',')
         .find_map(|p| p.strip_prefix("offload_ratio="))
         .map(|v| v.parse::<f64>().map_err(|_| format!("offload_ratio {v:?} is not a number")))
+        .transpose()?;
+    config.delayed_update_after = r
+        .variant
+        .split(',')
+        .find_map(|p| p.strip_prefix("delayed_update_after="))
+        .map(|v| v.parse::<u32>().map_err(|_| format!("delayed_update_after {v:?} is not a number")))
         .transpose()?;
     let gpu = r.gpu.clone().ok_or_else(|| need("GPU name (a CPU run?)"))?;
     Ok(Observation {
@@ -244,5 +249,50 @@ fn repeats(c: &zerobench_costmodel::validate::ConfigurationError) -> String {
             "; the {n} configurations measured more than once lie {:.1}% per run from their medians",
             c.repeat_floor_pct
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerobench_schema::config::{Offload, Precision, ZeroStage};
+
+    /// A finished zerobench run of gpt2-xl, stage 2 with optimizer offload, whose variant is `variant`.
+    fn row(variant: &str) -> RunRow {
+        RunRow {
+            run_id: "r".into(),
+            source: Source::Zerobench,
+            model: "gpt2-xl".into(),
+            variant: variant.into(),
+            stage: Some(ZeroStage::Z2),
+            offload: Some(Offload::Optimizer),
+            precision: Some(Precision::Bf16),
+            micro_batch: Some(4),
+            grad_accum: Some(1),
+            seq_len: Some(1024),
+            status: Status::Ok,
+            log_version: Some(2),
+            gpu: Some("NVIDIA H100 80GB HBM3".into()),
+            gpus: Some(1),
+            step_ms_median: Some(110.0),
+            peak_allocated_bytes: Some(30 << 30),
+            ..RunRow::default()
+        }
+    }
+
+    /// Offload's ratio and delayed update are priced: the fit takes them into the configuration.
+    /// Other knobs are not, and numbers that do not parse name the field.
+    #[test]
+    fn the_ratio_and_the_delayed_update_are_taken_other_knobs_are_refused() {
+        let o = observation(&row("data=shipped,offload_ratio=0.24,delayed_update_after=4")).unwrap();
+        assert_eq!((o.query.config.offload_ratio, o.query.config.delayed_update_after), (Some(0.24), Some(4)));
+        let o = observation(&row("")).unwrap();
+        assert_eq!((o.query.config.offload_ratio, o.query.config.delayed_update_after), (None, None));
+        assert_eq!(observation(&row("hpz=2")).unwrap_err(), "runs with hpz=2 are not priced by the model");
+        assert_eq!(observation(&row("offload_ratio=x")).unwrap_err(), "offload_ratio \"x\" is not a number");
+        assert_eq!(
+            observation(&row("delayed_update_after=-1")).unwrap_err(),
+            "delayed_update_after \"-1\" is not a number"
+        );
     }
 }
