@@ -21,7 +21,7 @@
 # are fitted on; those of `holdout` (other presets, micro-batches, sequence lengths) never are.
 #
 # Offload on the H100: the 16 offloaded runs at 9f0fd0c (the next forward waits for each unit's
-# host update at its first use) on three more 1×H100 hosts, each with the host's examples/cpu_adamw
+# host update at its first use) on four more 1×H100 hosts, each with the host's examples/cpu_adamw
 # in runs/cpu_adamw.json, and bench/gpu/run.sh offload-ratios on the same hosts (gpt2-xl at ratios
 # below 1, exact and delayed). The offloaded runs of the earlier archives (marked `old-offload`,
 # and the archives h100x1c/x1e/x1f/x1g, which hold nothing else) measured exact steps that waited
@@ -34,7 +34,7 @@ ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE[:MARK] (under bench/results/raw)
   case $1 in
     h200) echo "now:gpu-2026-11-26-h200x2-costmodel-5a3944b" ;;
-    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299:old-offload x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208:old-offload x2b:gpu-2026-11-27-h100x2b-costmodel-serial-691c208:old-offload x1d:gpu-2026-11-27-h100x1d-costmodel-t5-691c208 x2c:gpu-2026-11-27-h100x2c-costmodel-2gpu-691c208 x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios" ;;
+    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299:old-offload x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208:old-offload x2b:gpu-2026-11-27-h100x2b-costmodel-serial-691c208:old-offload x1d:gpu-2026-11-27-h100x1d-costmodel-t5-691c208 x2c:gpu-2026-11-27-h100x2c-costmodel-2gpu-691c208 x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
 }

@@ -140,6 +140,26 @@ def offload_run(run_dir):
             "device_params": on_device, "final_loss": steps[-1]["loss"]}
 
 
+def offload_rows(runs_dir, pattern, fields, base, adamw_params_per_s, copy_gbps, ranks_on_host=1):
+    """The run folders of `runs_dir` whose names match `pattern` (a regex whose named groups, with
+    `fields` converting them, become the row's keys), each as common.offload_run gives it, with
+    its bound (offload_bound, against `base`, the same call's run without offload) and step over
+    bound where the run, the base and the host's rates are known."""
+    rows = []
+    for d in sorted(os.listdir(runs_dir)):
+        m = re.fullmatch(pattern, d)
+        if not m or not os.path.isdir(os.path.join(runs_dir, d)):
+            continue
+        r = offload_run(os.path.join(runs_dir, d))
+        row = {"run": d} | {k: fields[k](v) for k, v in m.groupdict().items()} | {"result": r}
+        if r and base and adamw_params_per_s and copy_gbps:
+            b = offload_bound(r["device_params"], r["host_params"], base, adamw_params_per_s, min(copy_gbps.values()),
+                              ranks_on_host)
+            row["bound"] = {k: round(v, 3) for k, v in b.items()} | {"step_over_bound": round(r["step_ms"] / b["bound_ms"], 4)}
+        rows.append(row)
+    return rows
+
+
 def steadiness(recs):
     """A run's measured steps as the noise reports give them: the median step (ms) and the
     coefficient of variation over the steps; both None without measured steps."""

@@ -13,14 +13,12 @@ per rank, with the host's update of every rank (one host) at the AdamW rate meas
 call (`cpu_adamw.json`) and each rank's transfers over the pinned copy bandwidth measured alone
 (`copies.jsonl`). Per (mode, ratio): the median over
 rounds, and which of the bound's three terms is the largest. A failed run shows as null."""
-import glob
 import json
 import os
-import re
 import statistics
 import sys
 
-from common import copy_rates, host_date, last_json, offload_bound, offload_run, rank0_records
+from common import copy_rates, host_date, last_json, offload_rows, offload_run, rank0_records
 
 
 def main():
@@ -30,17 +28,8 @@ def main():
     base = offload_run(os.path.join(runs_dir, "or_none_1"))
     rate = adamw["adamw_params_per_s"] if adamw else None
     gpus = next((r["world_size"] for r in rank0_records(os.path.join(runs_dir, "or_none_1")) if r["event"] == "start"), None)
-    rows = []
-    for d in sorted(glob.glob(os.path.join(runs_dir, "or_*_r*_*"))):
-        if not os.path.isdir(d):
-            continue
-        mode, ratio, rnd = re.search(r"or_(\w+?)_r([\d.]+)_(\d+)$", d).groups()
-        r = offload_run(d)
-        row = {"run": os.path.basename(d), "mode": mode, "ratio": float(ratio), "round": int(rnd), "result": r}
-        if r and base and rate and bw:
-            b = offload_bound(r["device_params"], r["host_params"], base, rate, min(bw.values()), gpus or 1)
-            row["bound"] = {k: round(v, 3) for k, v in b.items()} | {"step_over_bound": round(r["step_ms"] / b["bound_ms"], 4)}
-        rows.append(row)
+    rows = offload_rows(runs_dir, r"or_(?P<mode>\w+?)_r(?P<ratio>[\d.]+)_(?P<round>\d+)",
+                        {"mode": str, "ratio": float, "round": int}, base, rate, bw, gpus or 1)
     summary = []
     for mode, ratio in sorted({(r["mode"], r["ratio"]) for r in rows}):
         mine = [r for r in rows if (r["mode"], r["ratio"]) == (mode, ratio)]

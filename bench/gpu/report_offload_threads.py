@@ -22,7 +22,7 @@ import re
 import statistics
 import sys
 
-from common import copy_rates, host_date, last_json, offload_bound, offload_run as run
+from common import copy_rates, host_date, last_json, offload_rows, offload_run as run
 
 
 def main():
@@ -35,17 +35,8 @@ def main():
     bw = copy_rates(open(os.path.join(runs_dir, "copies.jsonl")).read())
     base = run(os.path.join(runs_dir, "ot_none_1"))
     rate = max((a["adamw_params_per_s"] for a in adamw.values() if a), default=None)
-    rows = []
-    for d in sorted(glob.glob(os.path.join(runs_dir, "ot_*_p*_*"))):
-        if not os.path.isdir(d):
-            continue
-        mode, pool, rnd = re.search(r"ot_(\w+?)_p(\d+)_(\d+)$", d).groups()
-        r = run(d)
-        row = {"run": os.path.basename(d), "mode": mode, "pool": int(pool), "round": int(rnd), "result": r}
-        if r and base and rate and bw:
-            b = offload_bound(r["device_params"], r["host_params"], base, rate, min(bw.values()))
-            row["bound"] = {k: round(v, 3) for k, v in b.items()} | {"step_over_bound": round(r["step_ms"] / b["bound_ms"], 4)}
-        rows.append(row)
+    rows = offload_rows(runs_dir, r"ot_(?P<mode>\w+?)_p(?P<pool>\d+)_(?P<round>\d+)",
+                        {"mode": str, "pool": int, "round": int}, base, rate, bw)
     summary = []
     for mode, pool in sorted({(r["mode"], r["pool"]) for r in rows}):
         ok = [r for r in rows if (r["mode"], r["pool"]) == (mode, pool) and r["result"]]

@@ -97,18 +97,8 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
     config.micro_batch = r.micro_batch.ok_or_else(|| need("micro_batch"))?;
     config.grad_accum = r.grad_accum.ok_or_else(|| need("grad_accum"))?;
     config.seq_len = r.seq_len.ok_or_else(|| need("seq_len"))?;
-    config.offload_ratio = r
-        .variant
-        .split(',')
-        .find_map(|p| p.strip_prefix("offload_ratio="))
-        .map(|v| v.parse::<f64>().map_err(|_| format!("offload_ratio {v:?} is not a number")))
-        .transpose()?;
-    config.delayed_update_after = r
-        .variant
-        .split(',')
-        .find_map(|p| p.strip_prefix("delayed_update_after="))
-        .map(|v| v.parse::<u32>().map_err(|_| format!("delayed_update_after {v:?} is not a number")))
-        .transpose()?;
+    config.offload_ratio = variant_value(&r.variant, "offload_ratio")?;
+    config.delayed_update_after = variant_value(&r.variant, "delayed_update_after")?;
     let gpu = r.gpu.clone().ok_or_else(|| need("GPU name (a CPU run?)"))?;
     Ok(Observation {
         run_id: r.run_id.clone(),
@@ -122,6 +112,15 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
         optimizer_ms: r.optimizer_ms_median,
         gpu_util_pct: r.gpu_util_pct_mean,
     })
+}
+
+/// The value of `key=` in a run's variant (`RunConfig::variant`), if it names one.
+fn variant_value<T: std::str::FromStr>(variant: &str, key: &str) -> Result<Option<T>, String> {
+    variant
+        .split(',')
+        .find_map(|p| p.strip_prefix(key)?.strip_prefix('='))
+        .map(|v| v.parse::<T>().map_err(|_| format!("{key} {v:?} is not a number")))
+        .transpose()
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
