@@ -153,13 +153,13 @@ fn fit_offload(idx: &[usize], works: &[Work], runs: &[OffloadRun]) -> BTreeMap<S
         return BTreeMap::new();
     }
     let terms = |w: &Work| only(step_terms(w), "offload");
+    let by_work: BTreeMap<usize, &OffloadRun> = idx.iter().copied().zip(runs).collect();
     let mut best: Option<(f64, BTreeMap<String, f64>)> = None;
     for k in 0..=HIDDEN_STEPS {
         let share = f64::from(k) / f64::from(HIDDEN_STEPS);
         let mut waits = vec![true; idx.len()];
         for _ in 0..30 {
             let waiting: Vec<usize> = idx.iter().zip(&waits).filter(|(_, &w)| w).map(|(&i, _)| i).collect();
-            let by_work: BTreeMap<usize, &OffloadRun> = idx.iter().copied().zip(runs).collect();
             let target = |i: usize| by_work[&i].extra + share * by_work[&i].window;
             let mut coef = fit_terms(&waiting, works, &terms, &target);
             coef.insert(OFFLOAD_HIDDEN.to_string(), share);

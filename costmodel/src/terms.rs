@@ -10,8 +10,10 @@
 //!          + ms_per_gact[f] · Gact + head.ms_per_gvocab · Gvocab
 //! gathers = stage3.ms_per_gparam_gathered · Ggathered
 //! optimizer = optimizer.ms_per_gparam · Gparams on the device
-//! offload   = offload.ms_per_gparam · Gparams on the host
+//! offload   = max(0, host update − offload.hidden_share · window)   (crate::price)
+//! host update = offload.ms_per_gparam · Gparams on the host
 //!           + offload_params.ms_per_gparam_micro · G · Gparams on the host·[optimizer+params]
+//! window    = (BACKWARD_SHARE · compute, or all of it with the delayed update) + optimizer
 //! comm      = comm.ms·[gpus > 1] + comm.stage{s}.ms_per_gb · (GB within a node + GB across nodes · r)
 //! ```
 //!
