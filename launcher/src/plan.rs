@@ -332,7 +332,13 @@ fn make_run(
     let gpu_memory = spec.cluster.gpu_memory.map(|m| m.0);
     let proposed_offload_ratio = (config.offload != Offload::None && spec.cluster.gpus_per_node > 0)
         .then(|| {
-            propose_offload_ratio(&config, world, |share| split_at(share).device.total() + buffer_bytes, gpu_memory)
+            propose_offload_ratio(
+                &config,
+                world,
+                ranks_per_node,
+                |share| split_at(share).device.total() + buffer_bytes,
+                gpu_memory,
+            )
         })
         .flatten();
     let traffic = step_traffic(&config, world);
@@ -418,6 +424,8 @@ pub const GPU_TRAIN_FLOP_PER_S: f64 = 4.7e14;
 /// Twin-Flow's ratio for an offloaded run: the host's share R of each rank's optimizer
 /// partition (Ψ/N elements) at which the host's work, R × (AdamW + copying the gradient down and
 /// the parameters up), takes as long as the GPU's window beside it plus AdamW on the other 1 − R;
+/// the ranks of a node update at once on its cores and memory, so the host's AdamW takes as long
+/// as `ranks_per_node` partitions' (the copies run on each GPU's own link);
 /// then the smallest share of whole units ([`host_params`]) at least that large whose device
 /// memory (`device_need` of the share) fits `gpu_memory` when declared. `None` when even
 /// everything on the host does not fit. An estimate from the rates above: measure around it.
@@ -431,13 +439,15 @@ pub const GPU_TRAIN_FLOP_PER_S: f64 = 4.7e14;
 fn propose_offload_ratio(
     config: &RunConfig,
     world: u32,
+    ranks_per_node: u32,
     device_need: impl Fn(f64) -> u64,
     gpu_memory: Option<u64>,
 ) -> Option<f64> {
     let model = config.model.spec();
     let partition = padded_params(&model, u64::from(world)) as f64 / f64::from(world);
     let copies = 2.0 * config.precision.param_bytes() as f64;
-    let host = partition * (ADAMW_BYTES_PER_PARAM / HOST_ADAMW_BYTES_PER_S + copies / PINNED_COPY_BYTES_PER_S);
+    let adamw = f64::from(ranks_per_node) * ADAMW_BYTES_PER_PARAM / HOST_ADAMW_BYTES_PER_S;
+    let host = partition * (adamw + copies / PINNED_COPY_BYTES_PER_S);
     let gpu_update = partition * ADAMW_BYTES_PER_PARAM / GPU_ADAMW_BYTES_PER_S;
     let tokens = config.tokens_per_step(world) as f64 / f64::from(world);
     let compute = tokens * config.train_flops_per_token() / GPU_TRAIN_FLOP_PER_S;
@@ -643,7 +653,7 @@ mod tests {
         // bf16: 2-byte parameters copied each way; 4096 tokens of 1.03e10 FLOP.
         let model = ModelPreset::Gpt2Xl.spec();
         let psi = zerobench_schema::memory::padded_params(&model, 1) as f64;
-        let balance = balance_by_hand(&p.runs[1].config, 1, 2.0, 4096.0);
+        let balance = balance_by_hand(&p.runs[1].config, 1, 1.0, 2.0, 4096.0);
         assert!(balance > 0.1 && balance < 1.0, "{balance}");
         // The run it proposes holds at least the balance on the host, rounded up to whole units:
         // by less than one block (1/49 of gpt2-xl). The ratio is the shortest decimal that takes
@@ -696,13 +706,14 @@ mod tests {
 
     /// The share of a rank's partition whose host update takes as long as the GPU's window, by hand
     /// (the rates of `propose_offload_ratio`'s doc, written out): per parameter the host spends
-    /// 28 B / 158 GB/s on AdamW and copies `param_bytes` each way at 54 GB/s, the GPU 28 B /
-    /// 3.48 TB/s on its AdamW; the rank computes `tokens` at 4.7e14 FLOP/s, of which the window is
-    /// all with the delayed update and the backward's two thirds in exact steps.
-    fn balance_by_hand(config: &RunConfig, world: u32, param_bytes: f64, tokens: f64) -> f64 {
+    /// 28 B / 158 GB/s on AdamW for each of the node's `ranks` and copies `param_bytes` each way at
+    /// 54 GB/s, the GPU 28 B / 3.48 TB/s on its AdamW; the rank computes `tokens` at 4.7e14 FLOP/s,
+    /// of which the window is all with the delayed update and the backward's two thirds in exact
+    /// steps.
+    fn balance_by_hand(config: &RunConfig, world: u32, ranks: f64, param_bytes: f64, tokens: f64) -> f64 {
         let part =
             zerobench_schema::memory::padded_params(&config.model.spec(), u64::from(world)) as f64 / f64::from(world);
-        let (h, g) = (part * (28.0 / 158e9 + 2.0 * param_bytes / 54e9), part * 28.0 / 3.48e12);
+        let (h, g) = (part * (ranks * 28.0 / 158e9 + 2.0 * param_bytes / 54e9), part * 28.0 / 3.48e12);
         let c = tokens * config.train_flops_per_token() / 4.7e14;
         let window = if config.delayed_update_after.is_some() { c } else { c * 2.0 / 3.0 };
         (window + g) / (h + g)
@@ -725,7 +736,7 @@ mod tests {
         for p in [&exact, &delayed] {
             let r = &p.runs[0];
             let ratio = r.proposed_offload_ratio.expect("a proposal");
-            let balance = balance_by_hand(&r.config, 1, 2.0, 4096.0);
+            let balance = balance_by_hand(&r.config, 1, 1.0, 2.0, 4096.0);
             let host = zerobench_schema::memory::host_params(&model, 1, ratio) as f64 / psi;
             assert!(host >= balance && host < balance + 1.0 / 40.0, "{ratio} takes {host} against {balance}");
             shares.push(ratio);
@@ -744,7 +755,8 @@ mod tests {
         let model = ModelPreset::Gpt2Xl.spec();
         let psi = zerobench_schema::memory::padded_params(&model, 2) as f64;
         // fp32: 4-byte parameters copied each way; 4 × 1024 tokens per rank.
-        let balance = balance_by_hand(&r.config, 2, 4.0, 4.0 * 1024.0);
+        // Both ranks of the node update on its cores: the host's AdamW counts twice.
+        let balance = balance_by_hand(&r.config, 2, 2.0, 4.0, 4.0 * 1024.0);
         let units: Vec<f64> =
             model.units().iter().map(|u| zerobench_schema::memory::padded_unit(u.params, 2) as f64 / psi).collect();
         let host = zerobench_schema::memory::host_params(&model, 2, ratio) as f64 / psi;
