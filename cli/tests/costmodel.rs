@@ -131,6 +131,10 @@ fn bad_queries_are_refused_naming_the_flag() {
             &["--gpu", "h200", "--model", "gpt2", "--stage", "0", "--micro-batch", "1", "--gpus", "3", "--nodes", "2"],
             "--nodes",
         ),
+        (
+            &["--gpu", "h100", "--model", "gpt2", "--stage", "2", "--micro-batch", "1", "--delayed-update"],
+            "--delayed-update: delays the host's update; it needs --offload",
+        ),
     ];
     for (args, want) in cases {
         let o = zerobench(&[&["predict"], *args].concat());
@@ -310,4 +314,25 @@ fn ingest_with_a_cost_model_writes_the_predicted_table_and_plot() {
     let a100 = rows.iter().find(|r| r["model"] == "gpt2").unwrap();
     assert!(a100["predicted_step_ms"].is_null(), "{a100}");
     assert!(a100["notes"].as_str().unwrap().contains("no fit for GPU"), "{a100}");
+}
+
+/// The shipped H100 model prices offload's ratio and delayed update: all on the host the step
+/// waits for most of the host's update, and less with the delayed update, which hides it behind
+/// the whole compute; at the plan's ratio next to none of it; and, fitted on both, it flags
+/// neither.
+#[test]
+fn predict_prices_the_ratio_and_the_delayed_update() {
+    let step = |extra: &[&str]| {
+        let base = ["predict", "--gpu", "h100", "--model", "gpt2-xl", "--stage", "2", "--micro-batch", "4"];
+        let o = zerobench(&[&base[..], &["--offload", "optimizer", "--json"], extra].concat());
+        assert_eq!(o.status.code(), Some(0), "{extra:?}: {}", text(&o.stderr));
+        let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(p["extrapolated"], serde_json::json!([]), "{extra:?}: {p}");
+        (p["step_ms"].as_f64().unwrap(), p["offload_ms"].as_f64().unwrap(), p["compute_ms"].as_f64().unwrap())
+    };
+    let (exact, exact_offload, compute) = step(&[]);
+    let (delayed, delayed_offload, _) = step(&["--delayed-update"]);
+    assert!(exact_offload > compute && delayed_offload < exact_offload && delayed < exact, "{exact} {delayed}");
+    let (_, at_ratio, _) = step(&["--offload-ratio", "0.18"]);
+    assert!(at_ratio < 0.1 * exact_offload, "{at_ratio} against {exact_offload}");
 }

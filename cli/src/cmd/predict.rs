@@ -37,6 +37,10 @@ pub struct Args {
     /// With --offload: the share of the optimizer kept on the host (the rest is updated on the GPU).
     #[arg(long)]
     offload_ratio: Option<f64>,
+    /// With --offload: price the steady state of the delayed update (the host's update of step t
+    /// beside step t + 1), as the worker's --delayed-update runs once its exact steps are over.
+    #[arg(long)]
+    delayed_update: bool,
     #[arg(long, default_value_t = 1)]
     grad_accum: u32,
     #[arg(long, default_value_t = Precision::Bf16)]
@@ -69,6 +73,8 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     config.offload = a.offload;
     config.grad_accum = a.grad_accum;
     config.offload_ratio = a.offload_ratio;
+    // Only its steady state is priced, whatever the count of exact steps before it.
+    config.delayed_update_after = a.delayed_update.then_some(0);
     config.precision = a.precision;
     if a.nodes == 0 || a.gpus % a.nodes != 0 {
         anyhow::bail!("--gpus {} does not split evenly over --nodes {}", a.gpus, a.nodes);
