@@ -13,7 +13,7 @@
 # time: at 35b4299 every run on a 2×H100 host and the one-GPU runs without host work again on a
 # 1×H100 host; at 691c208 (the same worker, whose start record also names the host) the one-GPU
 # runs with new held-out configurations on a second 1×H100 host; three rounds of the 2-GPU runs on
-# a second 2×H100 host (repeat-2/, repeat-3/ in its archive); two rounds on a fourth 1×H100 host of
+# a second 2×H100 host (repeat-2/, repeat-3/ in its archive); two rounds on a third 1×H100 host of
 # T5 configurations that keep the GPU busy, with t5-3b held out; two rounds on a third 2×H100 host
 # of ten more 2-GPU configurations. A configuration's runs on several hosts are fitted as repeats.
 # The H100 sweeps before them (1858462, 9dd1533, 5a3944b; committed beside them) measured builds
