@@ -17,8 +17,9 @@
 //!   communication stream issued right after one, reading what it writes (256 MiB), sees every
 //!   uploaded value, and the host source overwritten once the upload's `HostCopy` has been waited
 //!   for does not reach the device.
-//! * `host_state_setup`: offload's host state set up page-locked: master weights and bf16
-//!   parameters equal to the shard, moments and gradients zero.
+//! * `host_state_setup`: offload's host state set up: master weights and bf16 parameters equal
+//!   to the shard, moments and gradients zero; what the device copies (master weights, gradient,
+//!   bf16 parameters) page-locked, what only the host's update touches (moments, accumulator) not.
 //! * `event_clock`: CUDA events on the compute stream against the host clock around the same
 //!   synchronised work (bf16 matrix products, about 30 ms): the events may not exceed the host's
 //!   interval and must cover at least 90% of it.
@@ -237,8 +238,9 @@ fn upload_order(r: &mut Report, gpu: &Arc<cuda::Gpu>, comm: &mut NcclCollectives
     );
 }
 
-/// Offload's host state set up page-locked (its pages faulted in by the kernel): the master
-/// weights and the bf16 parameters hold the shard, the moments, gradient and accumulator are zero.
+/// Offload's host state set up (its pages faulted in by the kernel): the master weights and the
+/// bf16 parameters hold the shard, the moments, gradient and accumulator are zero, and only what
+/// the device copies is page-locked.
 /// The state comes from fresh mappings the kernel gives zeroed; that nothing writes them before
 /// the fault-in and that the fault-in changes no byte are the unit tests
 /// `host_tensors_are_untouched_zeros_until_faulted_in_and_then_all_resident` and
@@ -253,11 +255,15 @@ fn host_state_setup(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     let nonzero_left = moments.map(nonzero).sum::<i64>();
     let master_ok = state.master.equal(&host_shard);
     let param_ok = state.param.as_ref().is_some_and(|p| p.equal(&host_shard.to_kind(Kind::BFloat16)));
+    // What the device copies is page-locked, what only the host's update touches is not.
+    let copied_locked = state.copied().iter().all(|t| pinned::is_locked(t));
+    let host_only_unlocked = state.host_only().iter().all(|t| !pinned::is_locked(t));
     r.check(
         "host_state_setup",
-        nonzero_left == 0 && master_ok && param_ok,
+        nonzero_left == 0 && master_ok && param_ok && copied_locked && host_only_unlocked,
         json!({"elements": n, "nonzero_moments_and_gradients": nonzero_left, "master_equal": master_ok,
-               "param_equal": param_ok}),
+               "param_equal": param_ok, "copied_locked": copied_locked,
+               "moments_and_accumulator_unlocked": host_only_unlocked}),
     );
 }
 

@@ -128,14 +128,23 @@ impl FaultBy {
 /// Page-locks every (contiguous, CPU) tensor of `tensors` in place, after faulting in every page
 /// of them from the rank's threads ([`fault_in`]); what they hold is kept.
 pub fn pin_all(gpu: &Gpu, tensors: &[&Tensor]) -> Result<Vec<Pinned>, PinError> {
+    pin_copied(gpu, tensors, &[])
+}
+
+/// [`pin_all`] of `copied`, the tensors the device copies to or from, with the pages of
+/// `host_only` faulted in in the same pass but not registered: the host alone reads and writes
+/// them, at the same speed locked or not, and registering them would take as long again as
+/// faulting them in and lock memory nothing copies.
+pub fn pin_copied(gpu: &Gpu, copied: &[&Tensor], host_only: &[&Tensor]) -> Result<Vec<Pinned>, PinError> {
     let t = Instant::now();
-    fault_in(tensors)?;
+    fault_in(&[copied, host_only].concat())?;
     let fault_in_ms = t.elapsed().as_secs_f64() * 1e3;
     gpu.ctx.bind_to_thread().map_err(PinError::Context)?;
-    let pins = tensors.iter().filter_map(|t| register(t.shallow_clone()).transpose()).collect();
+    let pins = copied.iter().filter_map(|t| register(t.shallow_clone()).transpose()).collect();
     tracing::debug!(
-        bytes = tensors.iter().map(|t| bytes_of(t)).sum::<usize>(),
-        tensors = tensors.len(),
+        bytes = copied.iter().chain(host_only).map(|t| bytes_of(t)).sum::<usize>(),
+        locked_bytes = copied.iter().map(|t| bytes_of(t)).sum::<usize>(),
+        tensors = copied.len() + host_only.len(),
         fault_in_ms,
         register_ms = t.elapsed().as_secs_f64() * 1e3 - fault_in_ms,
         "page-locked"
@@ -201,6 +210,14 @@ pub unsafe fn write_each_page(addr: usize, len: usize) {
         let byte = unsafe { AtomicU8::from_ptr(page as *mut u8) };
         let _ = byte.compare_exchange(0, 0, Ordering::Relaxed, Ordering::Relaxed);
     }
+}
+
+/// Whether `t`'s memory is page-locked for CUDA (`cuMemHostGetFlags` answers for registered and
+/// CUDA-allocated host memory, and refuses any other). Needs a current context.
+pub fn is_locked(t: &Tensor) -> bool {
+    let mut flags = 0u32;
+    // SAFETY: a query; CUDA checks the pointer against its registrations and writes only `flags`.
+    unsafe { sys::cuMemHostGetFlags(&mut flags, t.data_ptr()) }.result().is_ok()
 }
 
 fn register(t: Tensor) -> Result<Option<Pinned>, PinError> {

@@ -44,8 +44,9 @@ pub struct HostState {
     /// Mixed precision: the compute-precision parameters the CPU writes and the device copies
     /// back. (In fp32 the master weights are copied back directly.)
     pub param: Option<Tensor>,
-    /// The page-lock registrations of the tensors above (none on a CPU run, and none in the
-    /// shallow handles a background update gets: the owner's registrations outlive them).
+    /// The page-lock registrations of the tensors the device copies ([`Self::copied`]; none on
+    /// a CPU run, and none in the shallow handles a background update gets: the owner's
+    /// registrations outlive them).
     pins: Vec<Pinned>,
 }
 
@@ -70,10 +71,10 @@ impl HostState {
             param: if mixed { Some(host_zeros(n, kind)?) } else { None },
             pins: Vec::new(),
         };
-        // The moments and gradients start at zero as `host_zeros` gives them. Locked before they
-        // are written, so the initial copy from the device is a DMA.
+        // The moments and gradients start at zero as `host_zeros` gives them. Faulted in and the
+        // copied ones locked before they are written, so the initial copy from the device is a DMA.
         if let Some(gpu) = pin {
-            state.pins = pinned::pin_all(gpu, &state.tensors())?;
+            state.pins = pinned::pin_copied(gpu, &state.copied(), &state.host_only())?;
         }
         let t = std::time::Instant::now();
         state.master.shallow_clone().f_copy_(shard_f32)?;
@@ -86,11 +87,18 @@ impl HostState {
     }
 
     fn tensors(&self) -> Vec<&Tensor> {
-        [&self.master, &self.exp_avg, &self.exp_avg_sq, &self.grad]
-            .into_iter()
-            .chain(&self.grad_acc)
-            .chain(&self.param)
-            .collect()
+        [self.copied(), self.host_only()].concat()
+    }
+
+    /// What the device copies to or from: the master weights (filled from the device, and the
+    /// parameters copied back in fp32), the landed gradient and the compute-precision parameters.
+    pub fn copied(&self) -> Vec<&Tensor> {
+        [&self.master, &self.grad].into_iter().chain(&self.param).collect()
+    }
+
+    /// What only the host's update reads and writes: the moments and the accumulated gradient.
+    pub fn host_only(&self) -> Vec<&Tensor> {
+        [&self.exp_avg, &self.exp_avg_sq].into_iter().chain(&self.grad_acc).collect()
     }
 
     /// The tensor the device copies updated parameters from.
@@ -308,6 +316,28 @@ mod tests {
     fn state(n: i64) -> HostState {
         HostState::new(&Tensor::ones([n], (Kind::Float, tch::Device::Cpu)), Kind::Float, false, false, None)
             .expect("host state")
+    }
+
+    /// The device copies the master weights, the landed gradient and the bf16 parameters; only
+    /// the host's update touches the moments and the accumulator: together every tensor of the
+    /// state, each once, whatever the precision and accumulation.
+    #[test]
+    fn what_the_device_copies_and_what_only_the_host_touches_split_the_state() {
+        for (kind, mixed, accumulate, copied, host_only) in
+            [(Kind::Float, false, false, 2, 2), (Kind::BFloat16, true, true, 3, 3)]
+        {
+            let s = HostState::new(&Tensor::ones([7], (Kind::Float, tch::Device::Cpu)), kind, mixed, accumulate, None)
+                .expect("host state");
+            let ptrs = |ts: Vec<&Tensor>| ts.iter().map(|t| t.data_ptr() as usize).collect::<Vec<_>>();
+            let (c, h) = (ptrs(s.copied()), ptrs(s.host_only()));
+            assert_eq!((c.len(), h.len()), (copied, host_only), "{kind:?}");
+            assert!(c.contains(&(s.master.data_ptr() as usize)) && c.contains(&(s.grad.data_ptr() as usize)));
+            assert!(h.contains(&(s.exp_avg.data_ptr() as usize)) && h.contains(&(s.exp_avg_sq.data_ptr() as usize)));
+            let mut all = [c, h].concat();
+            all.sort_unstable();
+            all.dedup();
+            assert_eq!(all.len(), copied + host_only, "{kind:?}: a tensor on both sides");
+        }
     }
 
     fn update(unit: usize, priority: usize) -> Update {
