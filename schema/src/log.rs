@@ -245,7 +245,8 @@ pub struct Setup {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer: Option<String>,
     /// Offload: milliseconds of `setup_ms` spent allocating the host states and, on a GPU,
-    /// page-locking them. (Added within version 1; absent without offload and from earlier logs.)
+    /// faulting them in and page-locking what the device copies. (Added within version 1; absent
+    /// without offload and from earlier logs.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_state_setup_ms: Option<f64>,
     pub memory: MemorySample,

@@ -27,6 +27,9 @@
 //! either write or up to 20% faster on memory used before, and level with them on memory a freshly
 //! started machine never had, whose first touch (4-17 GB/s, by host) no way of faulting in changes.
 //! Kernels without that advice fall back to the write per page. Copies run at 55 GB/s either way.
+//! Offload's host state registers only the tensors the device copies ([`pin_copied`]): its Adam
+//! moments are faulted in in the same pass but not locked, which took its set-up on memory used
+//! before from 12.6 to 7.5 s for t5-11b on a 2×H100 host.
 
 use std::ffi::c_void;
 use std::io;
