@@ -92,6 +92,26 @@ fn plan_table() {
     }
 }
 
+/// An offloaded GPU run's notes carry the plan's ratio and say which steps it balances: exact
+/// ones by default, the delayed update's with `worker.delayed_update_after`, which gets more on
+/// the host (docs/launcher.md).
+#[test]
+fn plan_notes_the_ratio_for_exact_and_delayed_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = "cluster: {gpus_per_node: 1, gpu_memory: 80GB}\nsweep:\n  models: gpt2-xl\n  stages: 2\n  offload: optimizer\n  micro_batches: 4\n";
+    let mut notes = Vec::new();
+    for (name, worker) in [("exact.yaml", ""), ("delayed.yaml", "worker: {delayed_update_after: 3}\n")] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("{worker}{spec}")).unwrap();
+        let table = ok(&["plan", path.to_str().unwrap()]);
+        let line =
+            table.lines().find(|l| l.starts_with("gpt2-xl_z2_offopt_mb4_1x1")).expect("the run's row").to_string();
+        notes.push(line);
+    }
+    assert!(notes[0].contains("offload_ratio 0.18 balances host and GPU in exact steps (estimate)"), "{}", notes[0]);
+    assert!(notes[1].contains("offload_ratio 0.24 balances host and GPU in delayed-update steps"), "{}", notes[1]);
+}
+
 /// Bad specs: every error names the file, line, column and key, and nothing panics.
 #[test]
 fn bad_specs_name_file_line_and_key() {

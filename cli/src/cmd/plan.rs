@@ -175,7 +175,10 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         if let Some((intra, inter)) = bandwidth {
             row.push(format!("{:.3}", r.comm_seconds(intra, inter) * 1e3));
         }
-        let proposal = r.proposed_offload_ratio.map(|x| format!("offload_ratio {x} balances host and GPU (estimate)"));
+        let proposal = r.proposed_offload_ratio.map(|x| {
+            let steps = if r.config.delayed_update_after.is_some() { "delayed-update" } else { "exact" };
+            format!("offload_ratio {x} balances host and GPU in {steps} steps (estimate)")
+        });
         let mut notes: Vec<String> = proposal.into_iter().chain(r.warnings.iter().cloned()).collect();
         if let Some((preds, mark)) = &predicted {
             let i = row_index;
