@@ -24,7 +24,7 @@ import re
 import statistics
 import sys
 
-from common import copy_rates, host_date, median, offload_bound, offload_split, rank0_records
+from common import copy_rates, host_date, last_json, median, offload_bound, offload_split, rank0_records
 
 
 def run(run_dir):
@@ -46,10 +46,10 @@ def host_rates(runs_dir):
     """The host's AdamW rate (parameters/s) and slower pinned copy direction (GB/s) measured in
     the same call, where they were."""
     try:
-        adamw = [json.loads(l) for l in open(os.path.join(runs_dir, "cpu_adamw.json")) if l.startswith("{")][-1]
+        adamw = last_json(os.path.join(runs_dir, "cpu_adamw.json"))
         copies = copy_rates(open(os.path.join(runs_dir, "copies.jsonl")).read())
         return adamw["adamw_params_per_s"], min(copies.values())
-    except (OSError, IndexError, ValueError):
+    except (OSError, TypeError, ValueError):
         return None
 
 

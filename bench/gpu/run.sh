@@ -163,6 +163,18 @@ worker() {
 # commit_of DIR: the commit a carried build was made at (its COMMIT file), or "unknown".
 commit_of() { cat "$1/COMMIT" 2>/dev/null || echo unknown; }
 
+# host_rates: this host's AdamW rate (examples/cpu_adamw, RUNS/cpu_adamw.json) and its pinned copy
+# bandwidth each way (examples/nccl_bw, RUNS/copies.jsonl), as the offload reports read them.
+host_rates() {
+  "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
+  mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies.jsonl" 2>&1
+  log "copies: $(grep -h '2[dh]' "$RUNS/copies.jsonl" | tr '\n' ' ')"
+}
+
+# turned ROUND WORD...: the words in their order on odd rounds and reversed on even ones, so that
+# alternating settings each go first as often.
+turned() { local r=$1; shift; if [ $((r % 2)) = 1 ]; then echo "$*"; else printf '%s\n' "$@" | tac | xargs; fi; }
+
 # build_worker WHICH: the worker a phase comparing two builds runs for WHICH ("base": BASE_BIN's,
 # anything else: this build's).
 build_worker() { if [ "$1" = base ]; then echo "$BASE_BIN/zerobench-worker"; else echo "$BIN/zerobench-worker"; fi; }
@@ -415,7 +427,7 @@ PY
       commits=()
       for b in $OB_BUILDS; do commits+=("$(commit_of "$b")"); done
       for rep in $(seq "${OB_REPS:-3}"); do
-        order=$OB_BUILDS; [ $((rep % 2)) = 1 ] || order=$(tr ' ' '\n' <<< "$order" | tac | xargs)
+        order=$(turned "$rep" $OB_BUILDS)
         for b in $order; do
           c=$(commit_of "$b"); name="ob_gpt2-xl_z2_mb4_offload-optimizer_${c:0:7}_${rep}"
           # The huge-page share of the worker's resident memory, read once its steps run.
@@ -435,7 +447,7 @@ PY
         W=$(build_worker "$b") worker "oa_none_${b}_1" 1 --model gpt2-xl --stage 2 --micro-batch 4 --steps 12 --warmup 4
       done
       for rep in $(seq "${OA_REPS:-2}"); do
-        builds="base new"; [ $((rep % 2)) = 1 ] || builds="new base"
+        builds=$(turned "$rep" base new)
         for c in ${OA_CASES:-2:optimizer:0.24 2:optimizer:1 3:optimizer:1 3:optimizer+params:1}; do
           IFS=: read -r z off r mode <<< "$c"
           extra=(); [ "$mode" != delayed ] || extra=(--delayed-update --delayed-update-after 4)
@@ -445,8 +457,7 @@ PY
           done
         done
       done
-      "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
-      mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies.jsonl" 2>&1
+      host_rates
       python3 bench/gpu/report_offload_ab.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BASE_BIN")" "$(commit_of "$BIN")" \
         > "$OUTDIR/offload-ab.json"
       log "offload-ab: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUTDIR/offload-ab.json")" ;;
@@ -459,7 +470,7 @@ PY
       log "copies: $(grep -h '2[dh]' "$RUNS/copies.jsonl" | tr '\n' ' ')"
       worker ot_none_1 1 --model gpt2-xl --stage 2 --micro-batch 4 --steps 12 --warmup 4
       for rep in $(seq "${OT_REPS:-2}"); do
-        order=$pools; [ $((rep % 2)) = 1 ] || order=$(tr ' ' '\n' <<< "$order" | tac | xargs)
+        order=$(turned "$rep" $pools)
         for p in $order; do
           for mode in exact delayed; do
             extra=(); [ "$mode" = exact ] || extra=(--delayed-update --delayed-update-after 4)
@@ -471,13 +482,11 @@ PY
       python3 bench/gpu/report_offload_threads.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" > "$OUTDIR/offload-threads.json"
       log "offload-threads: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUTDIR/offload-threads.json")" ;;
     offload-ratios)
-      "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
-      mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies.jsonl" 2>&1
-      log "copies: $(grep -h '2[dh]' "$RUNS/copies.jsonl" | tr '\n' ' ')"
+      host_rates
       worker or_none_1 "${OR_GPUS:-1}" --model gpt2-xl --stage 2 --micro-batch 4 --steps 12 --warmup 4
       ratios=${OR_RATIOS:-0.12 0.16 0.2 0.24 0.3}
       for rep in $(seq "${OR_REPS:-2}"); do
-        order=$ratios; [ $((rep % 2)) = 1 ] || order=$(tr ' ' '\n' <<< "$order" | tac | xargs)
+        order=$(turned "$rep" $ratios)
         for r in $order; do
           for mode in ${OR_MODES:-exact delayed}; do
             extra=(); [ "$mode" = exact ] || extra=(--delayed-update --delayed-update-after 4)
@@ -494,7 +503,7 @@ PY
         for c in ${LC_CASES:-gpt2:1:256:0 gpt2:16:1024:0 gpt2:4:1024:3 t5-small:1:256:0 t5-large:1:1024:0 tiny-llama:4:1024:0 gpt2-medium:16:1024:0 gpt2-medium:4:1024:2:optimizer}; do
           IFS=: read -r m mb s z off <<< "$c"
           extra=(); [ -z "$off" ] || extra=(--offload "$off")
-          order=${LC_SETTINGS:-none auto}; [ $((rep % 2)) = 1 ] || order=$(tr ' ' '\n' <<< "$order" | tac | xargs)
+          order=$(turned "$rep" ${LC_SETTINGS:-none auto})
           for lc in $order; do
             WORKER_TIMEOUT=180 worker "lc/${m}_z${z}_mb${mb}_s${s}${off:+_offload-$off}_${lc}_${rep}" 1 --model "$m" \
               --stage "$z" --micro-batch "$mb" --seq-len "$s" --steps "${LC_STEPS:-60}" --warmup 10 --launch-cpu "$lc" "${extra[@]}"
@@ -684,16 +693,12 @@ PY
         [ "$GPUS" -ge 2 ] || continue
         worker "hpz_gpt2-xl_z3_hpz${h}_2gpu" 2 --model gpt2-xl --stage 3 --hpz "$h" --micro-batch 4 --steps 8 --warmup 3
       done
-      "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
-      mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies.jsonl" 2>&1
-      log "copies: $(grep -h '2[dh]' "$RUNS/copies.jsonl" | tr '\n' ' ')" ;;
+      host_rates ;;
     offload-ratio)
       # Twin-Flow: the host keeps a share of each rank's optimizer, the GPU updates the rest.
       # RATIO_GPUS limits the GPU counts (default 1 and 2); the host's AdamW rate, its pinned copy
       # bandwidth and DeepSpeed's ZeRO-Offload on the same model are measured in the same call.
-      "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
-      mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies.jsonl" 2>&1
-      log "copies: $(grep -h '2[dh]' "$RUNS/copies.jsonl" | tr '\n' ' ')"
+      host_rates
       for g in ${RATIO_GPUS:-1 2}; do
         [ "$g" -le "$GPUS" ] || continue
         mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)

@@ -83,10 +83,6 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
         let (micro, _) = micro_ms(coef, donor, &step_terms(w), &mut f);
         (w.micro_steps * micro, optimizer(coef, w))
     };
-    let extra = |coef: &BTreeMap<String, f64>, i: usize| {
-        let (compute, optimizer) = compute_and_optimizer(coef, i);
-        runs[i].step_ms - compute - optimizer
-    };
     let offloaded: Vec<usize> = all
         .iter()
         .copied()
@@ -96,7 +92,7 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
     let offload_run = |i: usize| {
         let (compute, optimizer) = compute_and_optimizer(&fitted, i);
         OffloadRun {
-            extra: extra(&fitted, i),
+            extra: runs[i].step_ms - compute - optimizer,
             window: offload_window_ms(&works[i], compute, optimizer),
             step: runs[i].step_ms,
         }

@@ -218,17 +218,22 @@ mod tests {
         Mark::Host(base + Duration::from_millis(ms))
     }
 
+    /// Records a span of `kind` from `a` to `b` ms after `base`.
+    fn span(c: &StepClock, kind: SpanKind, base: Instant, a: u64, b: u64) {
+        c.state().spans.push((kind, at(base, a), at(base, b)));
+    }
+
     #[test]
     fn waits_are_taken_out_of_the_phase_they_happened_in() {
         let c = StepClock::new(None);
         let t = Instant::now();
-        c.state().spans.push((SpanKind::Phase(StepPhase::Forward), at(t, 0), at(t, 10)));
-        c.state().spans.push((SpanKind::Exposed { in_phase: Some(StepPhase::Forward) }, at(t, 2), at(t, 5)));
-        c.state().spans.push((SpanKind::Phase(StepPhase::Backward), at(t, 10), at(t, 30)));
-        c.state().spans.push((SpanKind::Exposed { in_phase: Some(StepPhase::Backward) }, at(t, 20), at(t, 24)));
-        c.state().spans.push((SpanKind::Phase(StepPhase::Optimizer), at(t, 30), at(t, 33)));
+        span(&c, SpanKind::Phase(StepPhase::Forward), t, 0, 10);
+        span(&c, SpanKind::Exposed { in_phase: Some(StepPhase::Forward) }, t, 2, 5);
+        span(&c, SpanKind::Phase(StepPhase::Backward), t, 10, 30);
+        span(&c, SpanKind::Exposed { in_phase: Some(StepPhase::Backward) }, t, 20, 24);
+        span(&c, SpanKind::Phase(StepPhase::Optimizer), t, 30, 33);
         // A wait outside every phase counts as exposed and is taken out of no phase.
-        c.state().spans.push((SpanKind::Exposed { in_phase: None }, at(t, 33), at(t, 34)));
+        span(&c, SpanKind::Exposed { in_phase: None }, t, 33, 34);
         let p = c.take().unwrap();
         assert_eq!(p, PhaseTimes { forward_ms: 7.0, backward_ms: 16.0, exposed_comm_ms: 8.0, optimizer_ms: 3.0 });
         assert_eq!(p.sum(), 34.0);
@@ -242,11 +247,11 @@ mod tests {
     fn a_wait_for_the_host_update_is_the_optimizers() {
         let c = StepClock::new(None);
         let t = Instant::now();
-        c.state().spans.push((SpanKind::Phase(StepPhase::Forward), at(t, 0), at(t, 10)));
-        c.state().spans.push((SpanKind::HostUpdate { in_phase: Some(StepPhase::Forward) }, at(t, 1), at(t, 7)));
-        c.state().spans.push((SpanKind::Exposed { in_phase: Some(StepPhase::Forward) }, at(t, 7), at(t, 8)));
-        c.state().spans.push((SpanKind::Phase(StepPhase::Optimizer), at(t, 10), at(t, 12)));
-        c.state().spans.push((SpanKind::HostUpdate { in_phase: None }, at(t, 12), at(t, 15)));
+        span(&c, SpanKind::Phase(StepPhase::Forward), t, 0, 10);
+        span(&c, SpanKind::HostUpdate { in_phase: Some(StepPhase::Forward) }, t, 1, 7);
+        span(&c, SpanKind::Exposed { in_phase: Some(StepPhase::Forward) }, t, 7, 8);
+        span(&c, SpanKind::Phase(StepPhase::Optimizer), t, 10, 12);
+        span(&c, SpanKind::HostUpdate { in_phase: None }, t, 12, 15);
         let p = c.take().unwrap();
         assert_eq!(p, PhaseTimes { forward_ms: 3.0, backward_ms: 0.0, exposed_comm_ms: 1.0, optimizer_ms: 11.0 });
         assert_eq!(p.sum(), 15.0);

@@ -136,8 +136,8 @@ pub fn pin_all(gpu: &Gpu, tensors: &[&Tensor]) -> Result<Vec<Pinned>, PinError> 
 
 /// [`pin_all`] of `copied`, the tensors the device copies to or from, with the pages of
 /// `host_only` faulted in in the same pass but not registered: the host alone reads and writes
-/// them, at the same speed locked or not, and registering them would take as long again as
-/// faulting them in and lock memory nothing copies.
+/// them, at the same speed locked or not, and registering them would lock memory nothing copies
+/// and cost time (gpt2-xl's whole state: 0.69 s registering against 1.0 s faulting in).
 pub fn pin_copied(gpu: &Gpu, copied: &[&Tensor], host_only: &[&Tensor]) -> Result<Vec<Pinned>, PinError> {
     let t = Instant::now();
     fault_in(&[copied, host_only].concat())?;
