@@ -175,6 +175,20 @@ host_rates() {
 # alternating settings each go first as often.
 turned() { local r=$1; shift; if [ $((r % 2)) = 1 ]; then echo "$*"; else printf '%s\n' "$@" | tac | xargs; fi; }
 
+# gpt2xl_offload NAME NP MODE RATIO [ARGS...]: gpt2-xl, micro-batch 4, stage 2, the optimizer on
+# the host at RATIO, exact or (MODE delayed) with the delayed update from the first measured step.
+gpt2xl_offload() {
+  local name=$1 np=$2 mode=$3 r=$4 extra=(); shift 4
+  [ "$mode" = exact ] || extra=(--delayed-update --delayed-update-after 4)
+  worker "$name" "$np" --model gpt2-xl --stage 2 --offload optimizer --offload-ratio "$r" --micro-batch 4 \
+    --steps 12 --warmup 4 "${extra[@]}" "$@"
+}
+
+# report_summary FILE: logs the "summary" of a report's JSON.
+report_summary() {
+  log "$(basename "$1" .json): $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$1")"
+}
+
 # build_worker WHICH: the worker a phase comparing two builds runs for WHICH ("base": BASE_BIN's,
 # anything else: this build's).
 build_worker() { if [ "$1" = base ]; then echo "$BASE_BIN/zerobench-worker"; else echo "$BIN/zerobench-worker"; fi; }
@@ -460,7 +474,7 @@ PY
       host_rates
       python3 bench/gpu/report_offload_ab.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BASE_BIN")" "$(commit_of "$BIN")" \
         > "$OUTDIR/offload-ab.json"
-      log "offload-ab: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUTDIR/offload-ab.json")" ;;
+      report_summary "$OUTDIR/offload-ab.json" ;;
     offload-threads)
       # The worker's AdamW pool is --threads minus one (the launching thread keeps a core).
       pools=${OT_POOLS:-"$(( $(nproc) - 1 )) $(( $(nproc) / 2 )) $(( $(nproc) / 4 ))"}
@@ -473,14 +487,12 @@ PY
         order=$(turned "$rep" $pools)
         for p in $order; do
           for mode in exact delayed; do
-            extra=(); [ "$mode" = exact ] || extra=(--delayed-update --delayed-update-after 4)
-            worker "ot_${mode}_p${p}_${rep}" 1 --model gpt2-xl --stage 2 --offload optimizer \
-              --offload-ratio "${OT_RATIO:-0.24}" --micro-batch 4 --steps 12 --warmup 4 --threads $((p + 1)) "${extra[@]}"
+            gpt2xl_offload "ot_${mode}_p${p}_${rep}" 1 "$mode" "${OT_RATIO:-0.24}" --threads $((p + 1))
           done
         done
       done
       python3 bench/gpu/report_offload_threads.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" > "$OUTDIR/offload-threads.json"
-      log "offload-threads: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUTDIR/offload-threads.json")" ;;
+      report_summary "$OUTDIR/offload-threads.json" ;;
     offload-ratios)
       host_rates
       worker or_none_1 "${OR_GPUS:-1}" --model gpt2-xl --stage 2 --micro-batch 4 --steps 12 --warmup 4
@@ -489,14 +501,12 @@ PY
         order=$(turned "$rep" $ratios)
         for r in $order; do
           for mode in ${OR_MODES:-exact delayed}; do
-            extra=(); [ "$mode" = exact ] || extra=(--delayed-update --delayed-update-after 4)
-            worker "or_${mode}_r${r}_${rep}" "${OR_GPUS:-1}" --model gpt2-xl --stage 2 --offload optimizer \
-              --offload-ratio "$r" --micro-batch 4 --steps 12 --warmup 4 "${extra[@]}"
+            gpt2xl_offload "or_${mode}_r${r}_${rep}" "${OR_GPUS:-1}" "$mode" "$r"
           done
         done
       done
       python3 bench/gpu/report_offload_ratios.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" > "$OUTDIR/offload-ratios.json"
-      log "offload-ratios: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUTDIR/offload-ratios.json")" ;;
+      report_summary "$OUTDIR/offload-ratios.json" ;;
     launch-cpu)
       mkdir -p "$RUNS/lc"
       for rep in $(seq "${LC_REPS:-3}"); do
