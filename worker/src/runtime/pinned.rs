@@ -369,14 +369,14 @@ mod tests {
             assert!(matches!(e, PinError::FaultIn { bytes, .. } if bytes == all), "{e:?}");
             let head = format!("faulting in {all} bytes of host memory: ");
             assert!(e.to_string().starts_with(&head), "{e}");
-            match Failure::from(crate::zero::engine::EngineError::Pin(e)) {
+            match Failure::from(crate::zero::EngineError::Pin(e)) {
                 Failure::Internal(m) => assert!(m.starts_with(&head), "{m}"),
                 f => panic!("not an internal failure: {f:?}"),
             }
         }
         // The kernel out of memory while faulting in is an out-of-memory result with the bytes.
         let e = PinError::FaultIn { bytes: 1 << 40, source: io::Error::from_raw_os_error(libc::ENOMEM) };
-        match Failure::from(crate::zero::engine::EngineError::Pin(e)) {
+        match Failure::from(crate::zero::EngineError::Pin(e)) {
             Failure::Oom { requested_bytes, .. } => assert_eq!(requested_bytes, Some(1 << 40)),
             f => panic!("not an out-of-memory result: {f:?}"),
         }
@@ -385,7 +385,7 @@ mod tests {
     #[test]
     fn a_host_tensor_too_large_for_memory_is_an_out_of_memory_result() {
         let e = host_zeros(1 << 60, Kind::Float).unwrap_err();
-        match Failure::from(crate::zero::engine::EngineError::Pin(e)) {
+        match Failure::from(crate::zero::EngineError::Pin(e)) {
             Failure::Oom { requested_bytes, .. } => assert_eq!(requested_bytes, Some(4 << 60)),
             f => panic!("not an out-of-memory result: {f:?}"),
         }

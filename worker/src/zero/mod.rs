@@ -22,9 +22,12 @@
 pub mod adamw;
 pub mod adamw_cuda;
 pub mod engine;
+mod error;
 pub mod layout;
 pub mod loss_scale;
 pub mod offload;
+mod reduce;
+mod unit;
 
 pub use engine::{Engine, EngineError, StepOutcome};
 pub use zerobench_schema::schedule::{Phase, Position, Schedule};

@@ -1,0 +1,178 @@
+//! How a unit's gradients get from backward into the shards its optimizer reads: stages 0 and 1
+//! gather whole units into buckets reduced at the last micro-step, stages 2 and 3 stage them into
+//! two buffers reduce-scattered every micro-step (one fills while the other's collectives run).
+//! Offloaded units' reduced slices start for the host from here.
+
+use tch::{TchError, Tensor};
+use zerobench_schema::config::ZeroStage;
+
+use super::error::EngineError;
+use super::unit::{len64, OptimState, Unit, UnitGrads};
+use crate::comm::{Collectives, HostCopy, Pending};
+
+/// How gradients are reduced, by stage family, with the state each way needs.
+pub(super) enum Reduction {
+    /// Stages 0 and 1: each unit's full buffer is all-reduced (stage 0) or reduce-scattered
+    /// (stage 1) in buckets of units, at the last micro-step.
+    Buckets(Buckets),
+    /// Stages 2 and 3: gradients are staged into two buffers and reduce-scattered every
+    /// micro-step.
+    Staged(Staging),
+}
+
+/// Stages 0/1: units whose gradients wait in their full buffers for the bucket to fill, and the
+/// reductions in flight this step.
+#[derive(Default)]
+pub(super) struct Buckets {
+    pub(super) units: Vec<usize>,
+    pub(super) fill: usize,
+    pub(super) reductions: Vec<Pending>,
+}
+
+/// Stage 2/3 staging for gradient reduce-scatter: two buffers used in turn, so one fills while the
+/// other's collectives run.
+pub(super) struct Staging {
+    pub(super) buffers: [Tensor; 2],
+    pub(super) current: usize,
+    /// Next free element in the current buffer.
+    pub(super) fill: usize,
+    /// Collectives reading each buffer, and (unit, offset) regions whose reduced slice must still be
+    /// added to the unit's gradient shard once they complete.
+    pub(super) in_flight: [Vec<Pending>; 2],
+    pub(super) to_accumulate: [Vec<(usize, usize)>; 2],
+    /// Units staged in the current buffer and not yet reduced, with their offsets.
+    pub(super) staged: Vec<(usize, usize)>,
+}
+
+impl Buckets {
+    /// Reduces the gradients waiting in the bucket (stage 0: all-reduce; stage 1: reduce-scatter
+    /// into this rank's slice); offloaded units' slices start for the host. Returns those copies.
+    pub(super) fn flush(
+        &mut self,
+        stage: ZeroStage,
+        units: &[Unit],
+        comm: &mut dyn Collectives,
+    ) -> Result<Vec<(usize, HostCopy)>, EngineError> {
+        let mut landed = Vec::new();
+        for u in std::mem::take(&mut self.units) {
+            let unit = &units[u];
+            let UnitGrads::Full { full, shard } = &unit.grads else {
+                unreachable!("stages 0 and 1 keep full gradient buffers")
+            };
+            let p = match stage {
+                ZeroStage::Z0 => comm.all_reduce(full)?,
+                _ => comm.reduce_scatter(full, shard)?,
+            };
+            self.reductions.push(p);
+            if let OptimState::Host(host) = &unit.optim {
+                let (p, copy) = comm.copy_to_host(shard, &host.grad)?;
+                self.reductions.push(p);
+                landed.push((u, copy));
+            }
+        }
+        self.fill = 0;
+        Ok(landed)
+    }
+}
+
+impl Staging {
+    pub(super) fn capacity(&self) -> usize {
+        self.buffers[0].numel()
+    }
+
+    /// Reduce-scatters every unit staged in the current buffer and makes the other buffer current
+    /// (the caller drains it before filling it). `accumulate`: a later micro-step, whose reduced
+    /// slices add to the shards. Returns the offloaded units' copies to the host, which have
+    /// started.
+    pub(super) fn flush(
+        &mut self,
+        units: &[Unit],
+        comm: &mut dyn Collectives,
+        world: usize,
+        rank: usize,
+        accumulate: bool,
+    ) -> Result<Vec<(usize, HostCopy)>, EngineError> {
+        let cur = self.current;
+        let mut landed = Vec::new();
+        for (u, offset) in std::mem::take(&mut self.staged) {
+            let unit = &units[u];
+            let padded = len64(unit.layout.padded);
+            let region = self.buffers[cur].f_narrow(0, len64(offset), padded)?;
+            let len = padded / world as i64;
+            let slice = region.f_narrow(0, rank as i64 * len, len)?;
+            match (&unit.grads, &unit.optim) {
+                (UnitGrads::OnHost, OptimState::Host(host)) => {
+                    // Offload: reduce in place and copy the rank's slice straight to the host; the
+                    // bucket is reused only after the copy has left it.
+                    let p = comm.reduce_scatter(&region, &slice)?;
+                    self.in_flight[cur].push(p);
+                    let (p, copy) = comm.copy_to_host(&slice, &host.grad)?;
+                    self.in_flight[cur].push(p);
+                    landed.push((u, copy));
+                }
+                (UnitGrads::Shard(_), _) if accumulate => {
+                    // Reduce in place; the rank's slice is added to the shard once it is done.
+                    let p = comm.reduce_scatter(&region, &slice)?;
+                    self.in_flight[cur].push(p);
+                    self.to_accumulate[cur].push((u, offset));
+                }
+                (UnitGrads::Shard(shard), _) => {
+                    let p = comm.reduce_scatter(&region, shard)?;
+                    self.in_flight[cur].push(p);
+                }
+                _ => unreachable!("stages 2 and 3 keep a device shard, or send it to the host's optimizer"),
+            }
+        }
+        self.current = 1 - cur;
+        self.fill = 0;
+        Ok(landed)
+    }
+
+    /// Waits for the collectives reading buffer `b` and adds their results to the shards.
+    pub(super) fn drain(
+        &mut self,
+        b: usize,
+        units: &[Unit],
+        comm: &mut dyn Collectives,
+        world: usize,
+        rank: usize,
+    ) -> Result<(), EngineError> {
+        let _guard = tch::no_grad_guard();
+        for p in std::mem::take(&mut self.in_flight[b]) {
+            comm.wait(p)?;
+        }
+        for (u, offset) in std::mem::take(&mut self.to_accumulate[b]) {
+            let unit = &units[u];
+            let n = len64(unit.layout.padded / world);
+            let start = len64(offset) + len64(rank) * n;
+            let reduced = self.buffers[b].f_narrow(0, start, n)?;
+            let UnitGrads::Shard(shard) = &unit.grads else {
+                unreachable!("only units with a device shard accumulate on the device")
+            };
+            let _ = shard.shallow_clone().f_add_(&reduced)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes the concatenated gradients into `buf[offset .. offset + numel]` (or adds them), and
+/// zeroes the unit's padding up to `offset + padded`.
+pub(super) fn write_flat(
+    buf: &Tensor,
+    offset: usize,
+    numel: usize,
+    padded: usize,
+    grads: &[Tensor],
+    add: bool,
+) -> Result<(), TchError> {
+    let dst = buf.f_narrow(0, offset as i64, numel as i64)?;
+    if add {
+        let _ = dst.shallow_clone().f_add_(&Tensor::f_cat(grads, 0)?)?;
+    } else {
+        let _ = Tensor::f_cat_out(&dst, grads, 0)?;
+    }
+    if padded > numel {
+        let _ = buf.f_narrow(0, (offset + numel) as i64, (padded - numel) as i64)?.f_zero_()?;
+    }
+    Ok(())
+}
