@@ -10,6 +10,9 @@ bit-identity on a model and text that repeat exactly.
 Run folders are `oa_<case>_<base|new>_<round>` and `oa_none_<build>_1` (no offload). A failed run
 shows as null, and its round is left out of the ratios.
 
+Every run is on the same number of GPUs (its `ranks`); the bound counts each rank of the host
+against its AdamW (`ranks_on_host`).
+
 Per case also the GPU's part of bench/gpu/report_ratio.py's bound: the run without offload's
 forward and backward plus its optimizer phase times the share of the parameters the device updates
 (the build's own run without offload). Where RUNS holds the host's `cpu_adamw.json` and
@@ -36,7 +39,8 @@ def run(run_dir):
     start = next(r for r in recs if r["event"] == "start")
     setup = next(r for r in recs if r["event"] == "setup")
     on_device, on_host = offload_split(start, setup)
-    return {"device_params": on_device, "host_params": on_host, "step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "backward_ms": med("backward_ms"),
+    return {"ranks": start["world_size"], "ranks_on_host": start["local_size"],
+            "device_params": on_device, "host_params": on_host, "step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "backward_ms": med("backward_ms"),
             "exposed_comm_ms": med("exposed_comm_ms"), "optimizer_ms": med("optimizer_ms"),
             "peak_allocated_gib": round(max(r["memory"]["peak_allocated_bytes"] for r in steps) / 2**30, 3),
             "losses": [r["loss"] for r in recs if r["event"] == "step"]}
@@ -55,7 +59,8 @@ def host_rates(runs_dir):
 
 def bound(run, none, rates):
     """The step's bound for `run` against the same build's run without offload (see above)."""
-    b = offload_bound(run["device_params"], run["host_params"], none, *(rates or ()))
+    b = offload_bound(run["device_params"], run["host_params"], none, *(rates or (None, None)),
+                      ranks_on_host=run["ranks_on_host"])
     return {k: round(v, 3) for k, v in b.items()}
 
 
@@ -95,7 +100,7 @@ def main():
         cases[case] = {b: {str(r): v for r, v in sorted(by.get(b, {}).items())} for b in ("base", "new")}
     print(json.dumps({
         "benchmark": "offload-ab: offload's step time with two builds alternating; gpt2-xl, micro-batch 4, "
-                     "sequence 1024, bf16, one GPU (bench/gpu/report_offload_ab.py)",
+                     "sequence 1024, bf16, on OA_GPUS GPUs (each run's `ranks`; bench/gpu/report_offload_ab.py)",
         "date": host_date(host), "host": host.strip().splitlines(),
         "builds": {"base": base_commit, "new": new_commit},
         "host_rates": {"adamw_params_per_s": rates[0], "copy_gbps_slower": rates[1]} if rates else None,

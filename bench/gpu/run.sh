@@ -60,7 +60,7 @@
 #                and its ratio and delayed update, fp16, hpZ; 2 GPUs, the shipped text) with the
 #                worker in --bin and the one in BASE_BIN, every step's loss compared; writes
 #                same-losses.json (a second run of BASE_BIN on two of them gives the run-to-run
-#                spread)
+#                spread); SL_MATCH (a grep pattern) keeps the cases whose names match
 #   step-ab      one GPU (AB_GPUS: more): the step-time targets' configurations (AB_CASES, MODEL:MICRO_BATCH:STAGE:eager|graph)
 #                with this build and the one in BASE_BIN alternating (AB_REPS rounds); AB_PROFILE=1
 #                adds a profiled gpt2 and gpt2-xl step of each; writes step-ab.json (bench/gpu/report_ab.py)
@@ -90,7 +90,7 @@
 #                the order turned each round), after the run without offload and the host's AdamW
 #                rate and pinned copies; writes offload-ratios.json (bench/gpu/report_offload_ratios.py)
 #   offload-ab   offload's step time and losses with this build and the one in BASE_BIN
-#                alternating: gpt2-xl micro-batch 4, one GPU, each case of OA_CASES
+#                alternating: gpt2-xl micro-batch 4, on OA_GPUS GPUs (default 1), each case of OA_CASES
 #                (STAGE:OFFLOAD:RATIO[:delayed], default the plan's ratio and all on the host at
 #                stage 2, and stage 3 with the optimizer and with parameters too) in OA_REPS rounds
 #                (default 2, the order turned each round), after a run without offload per build;
@@ -308,12 +308,15 @@ PY
       )
       for c in "${cases[@]}"; do
         name=${c%%|*}
+        # SL_MATCH (a grep pattern, default all): only the cases whose names it matches.
+        grep -q -- "${SL_MATCH:-.}" <<< "$name" || continue
         # shellcheck disable=SC2086
         worker "same_${name}_new" "$np" --model gpt2 "${text[@]}" ${c#*|}
         # shellcheck disable=SC2086
         W=$BASE_BIN/zerobench-worker worker "same_${name}_base" "$np" --model gpt2 "${text[@]}" ${c#*|}
       done
       for name in z0 z2-offload; do
+        grep -q -- "${SL_MATCH:-.}" <<< "$name" || continue
         c=$(printf '%s\n' "${cases[@]}" | grep "^$name|")
         # shellcheck disable=SC2086
         W=$BASE_BIN/zerobench-worker worker "same_${name}_base2" "$np" --model gpt2 "${text[@]}" ${c#*|}
@@ -457,8 +460,9 @@ PY
       log "offload-builds: $(python3 -c 'import json,sys; print([(b["build"][:7], b["median_step_ms"], b["over_first"]) for c in json.load(open(sys.argv[1]))["configurations"] for b in c["builds"]])' "$OUTDIR/offload-builds.json")" ;;
     offload-ab)
       : "${BASE_BIN:?offload-ab compares this build with the one in BASE_BIN}"
+      oag=${OA_GPUS:-1}
       for b in base new; do
-        W=$(build_worker "$b") worker "oa_none_${b}_1" 1 --model gpt2-xl --stage 2 --micro-batch 4 --steps 12 --warmup 4
+        W=$(build_worker "$b") worker "oa_none_${b}_1" "$oag" --model gpt2-xl --stage 2 --micro-batch 4 --steps 12 --warmup 4
       done
       for rep in $(seq "${OA_REPS:-2}"); do
         builds=$(turned "$rep" base new)
@@ -466,7 +470,7 @@ PY
           IFS=: read -r z off r mode <<< "$c"
           extra=(); [ "$mode" != delayed ] || extra=(--delayed-update --delayed-update-after 4)
           for b in $builds; do
-            W=$(build_worker "$b") worker "oa_z${z}_${off}_r${r}${mode:+_$mode}_${b}_${rep}" 1 --model gpt2-xl --stage "$z" \
+            W=$(build_worker "$b") worker "oa_z${z}_${off}_r${r}${mode:+_$mode}_${b}_${rep}" "$oag" --model gpt2-xl --stage "$z" \
               --offload "$off" --offload-ratio "$r" --micro-batch 4 --steps 12 --warmup 4 "${extra[@]}"
           done
         done

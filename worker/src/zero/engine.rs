@@ -44,6 +44,15 @@ struct Hpz {
     fresh: Vec<bool>,
 }
 
+/// When stages 1 and 2 all-gather a unit whose updated shard came back from the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GatherAt {
+    /// Right after the copy (the copies back at a forward's units, and at the end of training).
+    Now,
+    /// At the next forward's first position (the delayed update's copies back, during backward).
+    NextForward,
+}
+
 /// What a step did.
 #[derive(Debug, Clone, Copy)]
 pub struct StepOutcome {
@@ -94,6 +103,10 @@ pub struct Engine {
     /// Delayed update: units whose host update of the previous step is still to be copied back;
     /// each is, once this step's backward is done with it (`harvest`).
     delayed: Vec<usize>,
+    /// Delayed update, stages 1 and 2 on several ranks: units copied back at their harvest whose
+    /// all-gather waits for the next forward (`gather_copied_back`), so that it does not queue
+    /// beside backward's reduce-scatters on the communication stream.
+    ungathered: Vec<usize>,
     hpz: Option<Hpz>,
     /// Offload: milliseconds spent allocating (and on a GPU page-locking) the host states.
     host_setup_ms: Option<f64>,
@@ -211,6 +224,7 @@ impl Engine {
             deferred: VecDeque::new(),
             delay_after: cfg.delayed_update_after.map(u64::from),
             delayed: Vec::new(),
+            ungathered: Vec::new(),
             hpz,
             host_setup_ms,
             clock: None,
@@ -356,6 +370,9 @@ impl Engine {
     /// Before the segment at schedule position `i` runs: its unit's parameters must be in place.
     pub fn before(&mut self, i: usize) -> Result<(), EngineError> {
         let u = self.schedule.positions[i].unit;
+        // Delayed update: the units the last backward copied back are all-gathered now, ahead of
+        // their use, beside this forward's first units.
+        self.gather_copied_back()?;
         // Offload: the last step's host update of this unit, if still running, is waited for and
         // its parameters copied back now, at their first use (stage 3 gathers from them below).
         self.refresh_until(u)?;
@@ -504,12 +521,13 @@ impl Engine {
         debug_assert!(!self.deferred.contains(&u), "unit {u} harvested before its update was copied back");
         // Delayed update: this step's forward and backward used the parameters before the last
         // update, which ran meanwhile. Backward is done with them now, and the new gradient lands
-        // where that update reads it: wait for it and copy its parameters back (stages 1-2
-        // all-gather them; every rank harvests in the same order).
+        // where that update reads it: wait for it and copy its parameters back (the next update
+        // of the unit waits for that copy to have read them). Stages 1-2 all-gather them at the
+        // next forward, in forward order, which every rank shares.
         if let Some(i) = self.delayed.iter().position(|&v| v == u) {
             self.delayed.swap_remove(i);
             self.wait_for_update(u)?;
-            self.refresh_from_host(u)?;
+            self.refresh_from_host(u, GatherAt::NextForward)?;
         }
         let _guard = tch::no_grad_guard();
         let grads = self.units[u]
@@ -851,7 +869,7 @@ impl Engine {
         }
         while let Some(v) = self.deferred.pop_front() {
             self.wait_for_update(v)?;
-            self.refresh_from_host(v)?;
+            self.refresh_from_host(v, GatherAt::Now)?;
             if v == u {
                 break;
             }
@@ -876,7 +894,33 @@ impl Engine {
         if let Some(&last) = self.deferred.back() {
             self.refresh_until(last)?;
         }
+        // Delayed update: the last step's host updates, which no backward will harvest.
+        for u in std::mem::take(&mut self.delayed) {
+            self.wait_for_update(u)?;
+            self.refresh_from_host(u, GatherAt::Now)?;
+        }
+        self.gather_copied_back()?;
         self.finish_step()
+    }
+
+    /// Delayed update, stages 1 and 2 on several ranks: all-gathers the units copied back during
+    /// the last backward, in forward order (the same on every rank). Each all-gather follows its
+    /// copy from the host on the communication stream; `before` waits for it at the unit's use.
+    fn gather_copied_back(&mut self) -> Result<(), EngineError> {
+        if self.ungathered.is_empty() {
+            return Ok(());
+        }
+        let copied = std::mem::take(&mut self.ungathered);
+        let order: Vec<usize> = self.schedule.forward_order.iter().copied().filter(|u| copied.contains(u)).collect();
+        for u in order {
+            let unit = &mut self.units[u];
+            // The all-gather is ordered after the unit's copy from the host (`copy_to_device`),
+            // which the step that issued it has waited for (`finish_step`).
+            let r = unit.layout.shard_range(self.owners, self.owner);
+            let mine = unit.base.f_narrow(0, r.start as i64, r.len() as i64)?;
+            unit.refreshing = Some(self.comm.all_gather(&mine, &unit.base)?);
+        }
+        Ok(())
     }
 
     /// The end of a step's work on the device: computation made to wait for the parameter
@@ -896,8 +940,9 @@ impl Engine {
     }
 
     /// Copies a unit's updated parameters from the host to where the device keeps them (and, in
-    /// stages 1 and 2, all-gathers them); with parameter offload they are copied at each use.
-    fn refresh_from_host(&mut self, u: usize) -> Result<(), EngineError> {
+    /// stages 1 and 2, all-gathers them, now or at the next forward: `at`); with parameter
+    /// offload they are copied at each use.
+    fn refresh_from_host(&mut self, u: usize, at: GatherAt) -> Result<(), EngineError> {
         let unit = &mut self.units[u];
         let src = unit.optim.host().param_source();
         match &unit.partition {
@@ -908,7 +953,14 @@ impl Engine {
                 let (copied, read) = self.comm.copy_to_device(src, &mine)?;
                 unit.uploading(read);
                 // The all-gather waits for the copy (it reads what the copy writes).
-                unit.refreshing = Some(if self.world > 1 { self.comm.all_gather(&mine, &unit.base)? } else { copied });
+                unit.refreshing = Some(match (self.world > 1, at) {
+                    (true, GatherAt::Now) => self.comm.all_gather(&mine, &unit.base)?,
+                    (true, GatherAt::NextForward) => {
+                        self.ungathered.push(u);
+                        copied
+                    }
+                    (false, _) => copied,
+                });
             }
             Partition::Sharded { shard: ParamShard::Device(shard), .. } => {
                 let (copied, read) = self.comm.copy_to_device(src, shard)?;
