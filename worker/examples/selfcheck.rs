@@ -4,12 +4,14 @@
 //! * `adamw`: the fused CUDA AdamW kernel against the CPU AdamW (the code offload runs) on the same
 //!   random shards, five updates, for fp32, bf16 and fp16 gradients (fp32 updates its master in
 //!   place; bf16 and fp16 also write the parameters in their precision), with and without weight
-//!   decay, at an odd size and at one element. The largest difference in master weights and
-//!   moments must be within [`STATE_ULPS`] units in the last place of the tensor's largest
+//!   decay, at an odd size, at 2^20 and at one element. The largest difference in master weights
+//!   and moments must be within [`STATE_ULPS`] units in the last place of the tensor's largest
 //!   element (a normwise bound: where a value cancels to nearly zero, as Adam's first moment and
 //!   small weights do, two correct roundings of the same sum are many ulps of that tiny value
-//!   apart, so the per-element figure is reported but not bounded); the 16-bit parameters must
-//!   agree within [`PARAM_ULPS`] of their own ulps. The two updates differ only in where the
+//!   apart, so the per-element figure is reported but not bounded). The 16-bit parameters must be
+//!   the kernel's own master weights rounded to nearest even, bit for bit; against the CPU's they
+//!   are reported, not bounded (where a weight is near zero, masters a few fp32 ulps apart round to
+//!   16-bit values more than one of their ulps apart). The two updates differ only in where the
 //!   compilers contract multiply-adds.
 //! * `pinned_round_trip`: a page-locked host buffer of an odd size, copied to the device and back
 //!   through the engine's copies (`NcclCollectives::copy_to_device` / `copy_to_host`), bit-exact.
@@ -74,8 +76,6 @@ use zerobench_worker::zero::offload::HostState;
 /// Largest difference allowed between the kernel's and the CPU's fp32 master weights and moments,
 /// in units in the last place of the tensor's largest element.
 const STATE_ULPS: f64 = 16.0;
-/// Largest difference allowed in the 16-bit parameters written (one rounding apart at most).
-const PARAM_ULPS: i64 = 1;
 
 /// A float's position on the number line in units in the last place (sign-magnitude to ordered).
 fn ordered(bits: u32) -> i64 {
@@ -142,7 +142,7 @@ fn adamw(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     let cuda = Device::Cuda(0);
     for grad_kind in [Kind::Float, Kind::BFloat16, Kind::Half] {
         for weight_decay in [0.0, 0.1] {
-            for n in [1_000_003i64, 1] {
+            for n in [1_000_003i64, 1_048_576, 1] {
                 let cfg = OptimConfig { weight_decay, ..OptimConfig::default() };
                 let opt = AdamW::new(cfg, Some(Arc::clone(gpu)));
                 tch::manual_seed(7);
@@ -170,12 +170,17 @@ fn adamw(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
                 let pairs = [(f32s(&dmaster), f32s(&master)), (f32s(&dm), f32s(&m)), (f32s(&dv), f32s(&v))];
                 let states = pairs.each_ref().map(|(a, b)| scaled_ulps(a, b));
                 let elementwise = pairs.each_ref().map(|(a, b)| max_ulps_f32(a, b));
-                let params = match (&dout, &out) {
-                    (Some(d), Some(h)) => max_ulps_16(&u16s(d), &u16s(h)),
-                    _ => 0,
+                // The 16-bit parameters: against the kernel's own master weights, rounded by libtorch
+                // (nearest even, as the kernel rounds), and against the CPU's.
+                let (own, cpu) = match (&dout, &out) {
+                    (Some(d), Some(h)) => {
+                        let rounded = dmaster.to_kind(grad_kind);
+                        (max_ulps_16(&u16s(d), &u16s(&rounded)), max_ulps_16(&u16s(d), &u16s(h)))
+                    }
+                    _ => (0, 0),
                 };
                 let fused = opt.implementation(cuda) == "cuda-fused";
-                let ok = fused && states.iter().all(|u| *u <= STATE_ULPS) && params <= PARAM_ULPS;
+                let ok = fused && states.iter().all(|u| *u <= STATE_ULPS) && own == 0;
                 r.check(
                     "adamw",
                     ok,
@@ -183,8 +188,8 @@ fn adamw(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
                            "implementation": opt.implementation(cuda),
                            "max_ulps_of_scale": {"master": states[0], "exp_avg": states[1], "exp_avg_sq": states[2]},
                            "max_ulps_elementwise": {"master": elementwise[0], "exp_avg": elementwise[1], "exp_avg_sq": elementwise[2]},
-                           "param_out_max_ulps": params,
-                           "bound": {"states_ulps_of_scale": STATE_ULPS, "param_out_ulps": PARAM_ULPS}}),
+                           "param_out_ulps_from_own_master": own, "param_out_ulps_from_cpu": cpu,
+                           "bound": {"states_ulps_of_scale": STATE_ULPS, "param_out_ulps_from_own_master": 0}}),
                 );
             }
         }
