@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::nnls::{nnls, nnls_l1};
 use crate::observation::Observation;
 use crate::price::{
-    eval, exposed_offload_ms, micro_ms, offload_window_ms, peak_allocated, step_part, step_parts, Bound, DeviceDonor,
-    GIB, OFFLOAD_HIDDEN, UNHIDDEN,
+    eval, exposed_offload_ms, micro_ms, offload_step_ms, offload_window_ms, peak_allocated, step_parts, Bound,
+    DeviceDonor, GIB, OFFLOAD_HIDDEN, UNHIDDEN,
 };
 use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
 use crate::work::{Query, Work};
@@ -111,11 +111,7 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
     let offload_done = |i: usize| {
         let mut f = Vec::new();
         let (compute, optimizer) = compute_and_optimizer(&fitted, i);
-        let host = step_part(&fitted, donor, &step_terms(&works[i]), "offload", &mut f);
-        let exposed = match works[i].offload {
-            zerobench_schema::config::Offload::None => 0.0,
-            _ => exposed_offload_ms(&fitted, host, offload_window_ms(&works[i], compute, optimizer)),
-        };
+        let exposed = offload_step_ms(&fitted, donor, &works[i], &step_terms(&works[i]), (compute, optimizer), &mut f);
         runs[i].step_ms - compute - optimizer - exposed
     };
     coef.extend(fit_terms(&several, works, &|w| only(comm_and_offload(w), "comm."), &offload_done));

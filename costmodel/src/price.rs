@@ -164,6 +164,26 @@ pub(crate) fn exposed_offload_ms(coef: &BTreeMap<String, f64>, host_ms: f64, win
     (host_ms - coef.get(OFFLOAD_HIDDEN).copied().unwrap_or(0.0) * window_ms).max(0.0)
 }
 
+/// What a step waits for of its host's update: offload's terms less what the GPU's window of
+/// `compute_ms` and `optimizer_ms` hides ([`exposed_offload_ms`]); 0 without offload.
+pub(crate) fn offload_step_ms(
+    coef: &BTreeMap<String, f64>,
+    donor: Option<&DeviceDonor>,
+    w: &Work,
+    terms: &[Term],
+    (compute_ms, optimizer_ms): (f64, f64),
+    flags: &mut Vec<String>,
+) -> f64 {
+    match w.offload {
+        Offload::None => 0.0,
+        _ => exposed_offload_ms(
+            coef,
+            step_part(coef, donor, terms, "offload", flags),
+            offload_window_ms(w, compute_ms, optimizer_ms),
+        ),
+    }
+}
+
 /// The sum of the per-step terms whose names start with `prefix`.
 pub(crate) fn step_part(
     coef: &BTreeMap<String, f64>,
@@ -187,14 +207,7 @@ pub(crate) fn step_parts(
     let optimizer_ms = step_part(coef, donor, &terms, "optimizer.", flags);
     let comm_ms = step_part(coef, donor, &terms, "comm.", flags);
     let compute_ms = w.micro_steps * micro;
-    let offload_ms = match w.offload {
-        Offload::None => 0.0,
-        _ => exposed_offload_ms(
-            coef,
-            step_part(coef, donor, &terms, "offload", flags),
-            offload_window_ms(w, compute_ms, optimizer_ms),
-        ),
-    };
+    let offload_ms = offload_step_ms(coef, donor, w, &terms, (compute_ms, optimizer_ms), flags);
     StepParts {
         step_ms: compute_ms + optimizer_ms + offload_ms + comm_ms,
         compute_ms,
