@@ -122,7 +122,9 @@ def offload_run(run_dir):
     """An offloaded run as the offload reports give it: the median step and phases over its
     measured steps, the median rate of the gradients' copies to the host (`comm.d2h`) and the
     parameters' back (`comm.h2d`) as the step records give them (beside the step's other work),
-    the parameters each side updates and the last loss; None where the run has no measured step."""
+    the parameters each side updates per rank, its ranks and those on its host (whose updates
+    share the host's cores), its peak allocated memory, every step's loss and the last one; None
+    where the run has no measured step."""
     recs = rank0_records(run_dir)
     if not any(r["event"] == "step" and not r["warmup"] for r in recs):
         return None
@@ -137,14 +139,29 @@ def offload_run(run_dir):
     return {"step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "backward_ms": med("backward_ms"),
             "exposed_comm_ms": med("exposed_comm_ms"), "optimizer_ms": med("optimizer_ms"),
             "d2h_gbps": rate("d2h"), "h2d_gbps": rate("h2d"), "host_params": on_host,
-            "device_params": on_device, "final_loss": steps[-1]["loss"]}
+            "device_params": on_device, "ranks": start["world_size"], "ranks_on_host": start["local_size"],
+            "peak_allocated_gib": round(max(r["memory"]["peak_allocated_bytes"] for r in steps) / 2**30, 3),
+            "losses": [r["loss"] for r in recs if r["event"] == "step"], "final_loss": steps[-1]["loss"]}
 
 
-def offload_rows(runs_dir, pattern, fields, base, adamw_params_per_s, copy_gbps, ranks_on_host=1):
+def host_rates(runs_dir):
+    """The host's AdamW (examples/cpu_adamw's result, `cpu_adamw.json` in `runs_dir`) and its pinned
+    copies' GB/s by direction (examples/nccl_bw's `copies.jsonl`) as the same call measured them
+    (run.sh's host_rates); None and {} for what the call did not measure."""
+    def read(name, parse):
+        try:
+            return parse(os.path.join(runs_dir, name))
+        except OSError:
+            return None
+    return read("cpu_adamw.json", last_json), read("copies.jsonl", lambda f: copy_rates(open(f).read())) or {}
+
+
+def offload_rows(runs_dir, pattern, fields, base, adamw_params_per_s, copy_gbps):
     """The run folders of `runs_dir` whose names match `pattern` (a regex whose named groups, with
     `fields` converting them, become the row's keys), each as common.offload_run gives it, with
-    its bound (offload_bound, against `base`, the same call's run without offload) and step over
-    bound where the run, the base and the host's rates are known."""
+    its bound (offload_bound, against `base`, the same call's run without offload, counting the
+    run's ranks on its host) and step over bound where the run, the base and the host's rates
+    are known."""
     rows = []
     for d in sorted(os.listdir(runs_dir)):
         m = re.fullmatch(pattern, d)
@@ -154,7 +171,7 @@ def offload_rows(runs_dir, pattern, fields, base, adamw_params_per_s, copy_gbps,
         row = {"run": d} | {k: fields[k](v) for k, v in m.groupdict().items()} | {"result": r}
         if r and base and adamw_params_per_s and copy_gbps:
             b = offload_bound(r["device_params"], r["host_params"], base, adamw_params_per_s, min(copy_gbps.values()),
-                              ranks_on_host)
+                              r["ranks_on_host"])
             row["bound"] = {k: round(v, 3) for k, v in b.items()} | {"step_over_bound": round(r["step_ms"] / b["bound_ms"], 4)}
         rows.append(row)
     return rows
@@ -219,13 +236,15 @@ def offload_bound(device_params, host_params, base, adamw_params_per_s=None, cop
     GPU compute is `base`'s (the run without offload: forward_ms, backward_ms, optimizer_ms,
     device_params) forward and backward, its update that run's optimizer phase times the share of
     the parameters the device updates; the host's update its parameters, times the ranks whose
-    updates share the host's cores (`ranks_on_host`), over the host's AdamW rate; transfers 2 bytes per host parameter each way over the slower copy direction (GB/s),
-    the two directions on their own copy engines. Without the host's rates only the GPU's part
-    is known, and the result has no `bound_ms`."""
+    updates share the host's cores (`ranks_on_host`), over the host's AdamW rate; transfers 2
+    bytes per host parameter each way over the slower copy direction (GB/s), the two directions
+    on their own copy engines. Without the host's AdamW rate only the GPU's part is known, and the
+    result has no `bound_ms`; without the copies' bandwidth the bound leaves transfers out."""
     gpu = base["forward_ms"] + base["backward_ms"] + base["optimizer_ms"] * device_params / base["device_params"]
     out = {"gpu_ms": gpu}
-    if adamw_params_per_s and copy_gbps:
+    if adamw_params_per_s:
         out["host_adamw_ms"] = host_params * ranks_on_host / adamw_params_per_s * 1e3
-        out["transfer_ms"] = 2 * host_params / (copy_gbps * 1e9) * 1e3
+        if copy_gbps:
+            out["transfer_ms"] = 2 * host_params / (copy_gbps * 1e9) * 1e3
         out["bound_ms"] = max(out.values())
     return out

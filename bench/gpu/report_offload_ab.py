@@ -27,34 +27,7 @@ import re
 import statistics
 import sys
 
-from common import copy_rates, host_date, last_json, median, offload_bound, offload_split, rank0_records
-
-
-def run(run_dir):
-    recs = rank0_records(run_dir)
-    steps = [r for r in recs if r["event"] == "step" and not r["warmup"]]
-    if not steps:
-        return None
-    med = lambda k: round(median(steps, k), 3)
-    start = next(r for r in recs if r["event"] == "start")
-    setup = next(r for r in recs if r["event"] == "setup")
-    on_device, on_host = offload_split(start, setup)
-    return {"ranks": start["world_size"], "ranks_on_host": start["local_size"],
-            "device_params": on_device, "host_params": on_host, "step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "backward_ms": med("backward_ms"),
-            "exposed_comm_ms": med("exposed_comm_ms"), "optimizer_ms": med("optimizer_ms"),
-            "peak_allocated_gib": round(max(r["memory"]["peak_allocated_bytes"] for r in steps) / 2**30, 3),
-            "losses": [r["loss"] for r in recs if r["event"] == "step"]}
-
-
-def host_rates(runs_dir):
-    """The host's AdamW rate (parameters/s) and slower pinned copy direction (GB/s) measured in
-    the same call, where they were."""
-    try:
-        adamw = last_json(os.path.join(runs_dir, "cpu_adamw.json"))
-        copies = copy_rates(open(os.path.join(runs_dir, "copies.jsonl")).read())
-        return adamw["adamw_params_per_s"], min(copies.values())
-    except (OSError, TypeError, ValueError):
-        return None
+from common import host_date, host_rates, offload_bound, offload_run
 
 
 def bound(run, none, rates):
@@ -66,12 +39,13 @@ def bound(run, none, rates):
 
 def main():
     runs_dir, host, base_commit, new_commit = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3], sys.argv[4]
-    rates = host_rates(runs_dir)
+    adamw, copies = host_rates(runs_dir)
+    rates = (adamw["adamw_params_per_s"], min(copies.values())) if adamw and copies else None
     found = {}
     for d in glob.glob(os.path.join(runs_dir, "oa_*")):
         m = re.search(r"oa_(.+)_(base|new)_(\d+)$", d)
         if m and os.path.isdir(d):
-            found.setdefault(m.group(1), {}).setdefault(m.group(2), {})[int(m.group(3))] = run(d)
+            found.setdefault(m.group(1), {}).setdefault(m.group(2), {})[int(m.group(3))] = offload_run(d)
     summary, cases = [], {}
     for case in sorted(found):
         by = found[case]

@@ -9,7 +9,7 @@ bench/gpu/report_ratio.py's:
 
     bound = max(GPU compute + the GPU's share of the update, the host's share of the update, transfers)
 
-per rank, with the host's update of every rank (one host) at the AdamW rate measured in the same
+per rank, with the host's update of every rank on the host at the AdamW rate measured in the same
 call (`cpu_adamw.json`) and each rank's transfers over the pinned copy bandwidth measured alone
 (`copies.jsonl`). Per (mode, ratio): the median over
 rounds, and which of the bound's three terms is the largest. A failed run shows as null."""
@@ -18,18 +18,17 @@ import os
 import statistics
 import sys
 
-from common import copy_rates, host_date, last_json, offload_rows, offload_run, rank0_records
+from common import host_date, host_rates, offload_rows, offload_run
 
 
 def main():
     runs_dir, host, commit = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3]
-    adamw = last_json(os.path.join(runs_dir, "cpu_adamw.json"))
-    bw = copy_rates(open(os.path.join(runs_dir, "copies.jsonl")).read())
+    adamw, bw = host_rates(runs_dir)
     base = offload_run(os.path.join(runs_dir, "or_none_1"))
     rate = adamw["adamw_params_per_s"] if adamw else None
-    gpus = next((r["world_size"] for r in rank0_records(os.path.join(runs_dir, "or_none_1")) if r["event"] == "start"), None)
+    gpus = base["ranks"] if base else None
     rows = offload_rows(runs_dir, r"or_(?P<mode>\w+?)_r(?P<ratio>[\d.]+)_(?P<round>\d+)",
-                        {"mode": str, "ratio": float, "round": int}, base, rate, bw, gpus or 1)
+                        {"mode": str, "ratio": float, "round": int}, base, rate, bw)
     summary = []
     for mode, ratio in sorted({(r["mode"], r["ratio"]) for r in rows}):
         mine = [r for r in rows if (r["mode"], r["ratio"]) == (mode, ratio)]

@@ -22,7 +22,7 @@ import re
 import statistics
 import sys
 
-from common import copy_rates, host_date, last_json, offload_rows, offload_run as run
+from common import host_date, host_rates, last_json, offload_rows, offload_run as run
 
 
 def main():
@@ -32,7 +32,7 @@ def main():
     for f in glob.glob(os.path.join(runs_dir, "cpu_adamw_p*.json")):
         pool = int(re.search(r"_p(\d+)\.json$", f).group(1))
         adamw[pool] = last_json(f)
-    bw = copy_rates(open(os.path.join(runs_dir, "copies.jsonl")).read())
+    _, bw = host_rates(runs_dir)
     base = run(os.path.join(runs_dir, "ot_none_1"))
     rate = max((a["adamw_params_per_s"] for a in adamw.values() if a), default=None)
     rows = offload_rows(runs_dir, r"ot_(?P<mode>\w+?)_p(?P<pool>\d+)_(?P<round>\d+)",

@@ -60,9 +60,6 @@ for r in rows.values():
     if r["offload"] == "none":
         continue
     b = offload_bound(r["device_params"], r["host_params"], bases[r["gpus"]], rate, bw, r["gpus"])
-    if "bound_ms" not in b:  # no copy bandwidth measured: the bound of the GPU and the host alone
-        b = {**b, "host_adamw_ms": r["host_params"] * r["gpus"] / rate * 1e3, "transfer_ms": None}
-        b["bound_ms"] = max(b["gpu_ms"], b["host_adamw_ms"])
     r["bound"] = {**b, "step_over_bound": r["step_ms"] / b["bound_ms"], "target": 1.1}
     r["host_state_lock_gbps"] = r["host_state_bytes"] / (r["host_state_setup_ms"] / 1e3) / 1e9 if r.get("host_state_setup_ms") else None
 print(json.dumps({

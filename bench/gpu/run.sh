@@ -306,17 +306,17 @@ PY
         "z2-offload-delayed|--stage 2 --offload optimizer --delayed-update --delayed-update-after 3"
         "z3-fp16|--stage 3 --precision fp16" "z3-hpz|--stage 3 --hpz $np"
       )
+      sl_picked() { grep -q -- "${SL_MATCH:-.}" <<< "$1"; }  # SL_MATCH (a grep pattern): the cases it names
       for c in "${cases[@]}"; do
         name=${c%%|*}
-        # SL_MATCH (a grep pattern, default all): only the cases whose names it matches.
-        grep -q -- "${SL_MATCH:-.}" <<< "$name" || continue
+        sl_picked "$name" || continue
         # shellcheck disable=SC2086
         worker "same_${name}_new" "$np" --model gpt2 "${text[@]}" ${c#*|}
         # shellcheck disable=SC2086
         W=$BASE_BIN/zerobench-worker worker "same_${name}_base" "$np" --model gpt2 "${text[@]}" ${c#*|}
       done
       for name in z0 z2-offload; do
-        grep -q -- "${SL_MATCH:-.}" <<< "$name" || continue
+        sl_picked "$name" || continue
         c=$(printf '%s\n' "${cases[@]}" | grep "^$name|")
         # shellcheck disable=SC2086
         W=$BASE_BIN/zerobench-worker worker "same_${name}_base2" "$np" --model gpt2 "${text[@]}" ${c#*|}
