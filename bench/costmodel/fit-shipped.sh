@@ -27,6 +27,12 @@
 # and the archives h100x1c/x1e/x1f/x1g, which hold nothing else) measured exact steps that waited
 # for all of the host's updates and are left out. The H200 sweep's offloaded runs are of that
 # engine too; no H200 sweep of the current one exists.
+#
+# NEW_HOST=NAME (one sweep of the kind's list) checks the model on a host no fit has seen instead:
+# it fits without that sweep, prices each of its runs with `zerobench ingest --cost-model`, once
+# with the host's AdamW rate beside them and once without, and writes
+# bench/results/costmodel-KIND-new-host.json (bench/costmodel/new_host.py); the shipped files are
+# left alone.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BIN=${BIN:-target/release}
@@ -34,7 +40,7 @@ ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE[:MARK] (under bench/results/raw)
   case $1 in
     h200) echo "now:gpu-2026-11-26-h200x2-costmodel-5a3944b" ;;
-    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299:old-offload x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208:old-offload x2b:gpu-2026-11-27-h100x2b-costmodel-serial-691c208:old-offload x1d:gpu-2026-11-27-h100x1d-costmodel-t5-691c208 x2c:gpu-2026-11-27-h100x2c-costmodel-2gpu-691c208 x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios" ;;
+    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299:old-offload x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208:old-offload x2b:gpu-2026-11-27-h100x2b-costmodel-serial-691c208:old-offload x1d:gpu-2026-11-27-h100x1d-costmodel-t5-691c208 x2c:gpu-2026-11-27-h100x2c-costmodel-2gpu-691c208 x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c x1l:gpu-2026-11-27-h100x1l-costmodel-offload-e51bf6b r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
 }
@@ -43,7 +49,7 @@ kinds=("$@")
 for kind in "${kinds[@]}"; do
   list=$(sweeps "$kind")
   work=$(mktemp -d)
-  fits=() holdouts=() sources=()
+  fits=() holdouts=() sources=() unseen=()
   for s in $list; do
     IFS=: read -r name archive mark <<< "$s"
     mkdir -p "$work/$name"
@@ -54,6 +60,12 @@ for kind in "${kinds[@]}"; do
     if [ "$mark" = old-offload ]; then
       find "$work/$name" -depth -path '*/cm-*/*offload*' -exec rm -rf {} +
     fi
+    # The host's AdamW rate (examples/cpu_adamw, runs/cpu_adamw.json where the sweep measured one)
+    # goes where `zerobench fit` and `ingest` look for it: beside the runs, inside the folders they
+    # are given (docs/cost-model.md, "The host's AdamW rate").
+    while read -r f; do
+      for d in "$(dirname "$f")"/cm-fit "$(dirname "$f")"/cm-holdout; do [ -d "$d" ] && cp "$f" "$d/"; done
+    done < <(find "$work/$name" -name cpu_adamw.json)
     # An archive holds one sweep (runs/) or, where a host ran the list again, its repeats too
     # (repeat-N/runs/): every set folder in it counts.
     # `ratios`: bench/gpu/run.sh offload-ratios (gpt2-xl at offload ratios below 1, exact and with
@@ -63,10 +75,30 @@ for kind in "${kinds[@]}"; do
       rm -rf "$work/$name"/runs/or_none_*
       fits+=("$name/runs")
     fi
+    # NEW_HOST: that sweep's runs, fitted and held out alike, are the host no fit has seen.
+    if [ "$name" = "${NEW_HOST:-}" ]; then
+      while read -r d; do unseen+=("$d"); done < <(cd "$work" && find "$name" -type d -name 'cm-*' | sort)
+      continue
+    fi
     while read -r d; do fits+=("$d"); done < <(cd "$work" && find "$name" -type d -name cm-fit | sort)
     while read -r d; do holdouts+=("$d"); done < <(cd "$work" && find "$name" -type d -name cm-holdout | sort)
     sources+=("bench/results/raw/$archive.tar.gz")
   done
+  if [ -n "${NEW_HOST:-}" ]; then
+    [ ${#unseen[@]} -gt 0 ] || { echo "fit-shipped.sh: NEW_HOST=$NEW_HOST is not a sweep of $kind" >&2; exit 2; }
+    (cd "$work" && "$ZB" fit "${fits[@]}" --out model.json) > /dev/null
+    # Its runs priced by `zerobench ingest --cost-model`, with the host's rate beside them and
+    # without it.
+    (cd "$work" && "$ZB" ingest "${unseen[@]}" --cost-model model.json --out with --format csv -q) || [ $? -eq 1 ]
+    (cd "$work" && for d in "${unseen[@]}"; do rm -f "$d/cpu_adamw.json"; done)
+    (cd "$work" && "$ZB" ingest "${unseen[@]}" --cost-model model.json --out without --format csv -q) || [ $? -eq 1 ]
+    python3 bench/costmodel/new_host.py "$work/with/predicted.csv" "$work/without/predicted.csv" "$kind" \
+      "$NEW_HOST" "${sources[@]}" > "bench/results/costmodel-$kind-new-host.json"
+    python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' \
+      "bench/results/costmodel-$kind-new-host.json"
+    rm -rf "$work"
+    continue
+  fi
   (cd "$work" && "$ZB" fit "${fits[@]}" --out model.json --validate) > "$work/fit.md"
   cp "$work/model.json" "costmodel/models/$kind.json"
   # Exit 1: runs that failed (a preset that does not fit the GPU) or sweeps sharing run ids (each

@@ -7,9 +7,13 @@ usage: report.py ZEROBENCH MODEL.json HOLDOUT_RUNS.csv FIT_REPORT.md KIND SOURCE
 import csv
 import datetime
 import json
+import os
 import statistics
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
+from common import last_json  # noqa: E402
 
 # The columns of ingest's runs table that name a configuration, as `zerobench predict` is given it:
 # runs that agree on all of them are repeats of one configuration.
@@ -17,6 +21,22 @@ CONFIGURATION = ("model", "stage", "micro_batch", "seq_len", "gpus", "grad_accum
 
 zerobench, model, runs_csv, fit_md, kind = sys.argv[1:6]
 sources = sys.argv[6:]
+# The folder ingest was run from (the CSV is in its holdout/): run folders are relative to it.
+work = os.path.dirname(os.path.dirname(os.path.abspath(runs_csv)))
+
+
+def host_rate(run_dir):
+    """The run's host AdamW rate, 1e9 parameters/s, as `zerobench ingest --cost-model` finds it:
+    the nearest cpu_adamw.json at or above the run's folder (fit-shipped.sh puts one in each sweep
+    folder it gives); None where there is none."""
+    d = os.path.join(work, run_dir)
+    while d.startswith(work + os.sep):
+        try:
+            return last_json(os.path.join(d, "cpu_adamw.json"))["adamw_params_per_s"] / 1e9
+        except OSError:
+            d = os.path.dirname(d)
+    return None
+
 fit = json.load(open(model))["fits"][0]
 rows, incomplete = [], []
 for r in csv.DictReader(open(runs_csv)):
@@ -26,11 +46,15 @@ for r in csv.DictReader(open(runs_csv)):
     args = [zerobench, "predict", "--gpu", kind, "--json", "--cost-model", model]
     for k in CONFIGURATION:
         args += ["--" + k.replace("_", "-"), r[k]]
+    rate = host_rate(r["dir"]) if r["offload"] != "none" else None
+    if rate:
+        args += ["--host-adamw-rate", str(rate)]
     p = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
     step, mem = float(r["step_ms_median"]), int(r["peak_allocated_bytes"])
     rows.append({
         "configuration": " ".join(f"{k}={r[k]}" for k in CONFIGURATION),
         "run": r["run_id"], "dir": r["dir"], "gpu_util_pct": float(r["gpu_util_pct_mean"] or "nan"),
+        "host_adamw_gparams_per_s": rate,
         "step_ms": step, "predicted_step_ms": round(p["step_ms"], 2),
         "step_error_pct": round((p["step_ms"] / step - 1) * 100, 1),
         "predicted_step_ms_interval": [round(x, 2) for x in p["step_ms_interval"]],

@@ -5,6 +5,7 @@
 //! line that could not be read, or a run that failed); 2 the command could not do its job.
 
 mod cmd;
+mod host_rate;
 mod lock;
 
 use std::process::ExitCode;

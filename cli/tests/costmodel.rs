@@ -336,3 +336,85 @@ fn predict_prices_the_ratio_and_the_delayed_update() {
     let (_, at_ratio, _) = step(&["--offload-ratio", "0.18"]);
     assert!(at_ratio < 0.1 * exact_offload, "{at_ratio} against {exact_offload}");
 }
+
+/// Offloaded runs on two hosts whose `cpu_adamw.json` lies beside them: the fit prices the host's
+/// update at the hosts' geometric mean rate, `predict --host-adamw-rate` in proportion to it, and a
+/// bad rate or rate file is refused naming it.
+#[test]
+fn the_hosts_adamw_rate_beside_the_runs_prices_offload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gpu = "NVIDIA H100 80GB HBM3";
+    sweep(&tmp.path().join("host-a"), gpu);
+    for (host, rate) in [("host-a", 4.0e9), ("host-b", 6.25e9)] {
+        let dir = tmp.path().join(host);
+        for (model, params) in [(ModelPreset::Gpt2Medium, 0.35), (ModelPreset::Gpt2Xl, 1.56)] {
+            let mut cfg = RunConfig::new(model, ZeroStage::Z2);
+            (cfg.steps, cfg.warmup, cfg.micro_batch, cfg.seq_len) = (6, 1, 4, 512);
+            cfg.offload = zerobench_schema::config::Offload::Optimizer;
+            // The host's update, all exposed: parameters over the host's rate.
+            let step = 40.0 + params * 1e12 / rate;
+            let mut r = SynthRun::new(&format!("{model}-offload-{host}"), cfg, 1, step);
+            (r.gpu, r.jitter) = (gpu.to_string(), 0.0);
+            r.write(&dir.join(&r.run_id)).unwrap();
+        }
+        std::fs::write(
+            dir.join("cpu_adamw.json"),
+            format!("cpu_adamw: 16 threads\n{{\"adamw_params_per_s\":{rate}}}\n"),
+        )
+        .unwrap();
+    }
+    let (a, b) = (tmp.path().join("host-a"), tmp.path().join("host-b"));
+    let m = tmp.path().join("m.json");
+    let o = zerobench(&["fit", a.to_str().unwrap(), b.to_str().unwrap(), "--out", m.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let model: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&m).unwrap()).unwrap();
+    let reference = model["fits"][0]["host_adamw_gparams_per_s"].as_f64().unwrap();
+    assert!((reference - 5.0).abs() < 1e-9, "{reference}");
+    let predict = |rate: Option<&str>| {
+        let base = ["predict", "--cost-model", m.to_str().unwrap(), "--gpu", "h100", "--model", "gpt2-large"];
+        let q = ["--stage", "2", "--micro-batch", "4", "--seq-len", "512", "--offload", "optimizer", "--json"];
+        let r: Vec<String> = rate.map(|r| format!("--host-adamw-rate={r}")).into_iter().collect();
+        let r: Vec<&str> = r.iter().map(String::as_str).collect();
+        zerobench(&[&base[..], &q[..], &r].concat())
+    };
+    let json = |o: Output| -> serde_json::Value {
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let (slow, fitted, fast) = (json(predict(Some("4"))), json(predict(None)), json(predict(Some("6.25"))));
+    assert_eq!(slow["host_adamw_gparams_per_s"], 4.0, "{slow}");
+    assert!((fitted["host_adamw_gparams_per_s"].as_f64().unwrap() - 5.0).abs() < 1e-9, "{fitted}");
+    let offload = |p: &serde_json::Value| p["offload_ms"].as_f64().unwrap();
+    assert!(offload(&slow) > offload(&fitted) && offload(&fitted) > offload(&fast), "{slow} {fitted} {fast}");
+    // A rate outside the fitted hosts' is priced and flagged.
+    let outside = json(predict(Some("3")));
+    assert!(outside["extrapolated"].to_string().contains("host AdamW at 3.00G"), "{outside}");
+    for bad in ["0", "-2", "fast"] {
+        let o = predict(Some(bad));
+        assert_eq!(o.status.code(), Some(2), "{bad}");
+        assert!(text(&o.stderr).contains("--host-adamw-rate"), "{bad}: {}", text(&o.stderr));
+    }
+    // A rate file that cannot be read: fit stops naming it and its line; ingest prices the runs
+    // below it as of an unknown host and exits 1.
+    std::fs::write(b.join("cpu_adamw.json"), "{\"adamw_params_per_s\": 6e9\n").unwrap();
+    let o = zerobench(&["fit", a.to_str().unwrap(), b.to_str().unwrap(), "--out", m.to_str().unwrap(), "--overwrite"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("host-b/cpu_adamw.json:1: not a JSON object"), "{}", text(&o.stderr));
+    let out = tmp.path().join("tables");
+    let o = zerobench(&[
+        "ingest",
+        b.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--cost-model",
+        m.to_str().unwrap(),
+        "-q",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("cpu_adamw.json:1"), "{}", text(&o.stderr));
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("predicted.json")).unwrap()).unwrap();
+    for r in t["rows"].as_array().unwrap() {
+        assert!((r["host_adamw_gparams_per_s"].as_f64().unwrap() - 5.0).abs() < 1e-3, "{r}");
+    }
+}

@@ -32,13 +32,30 @@ pub(crate) struct Coefficients {
     pub device_donor: Option<DeviceDonor>,
     pub memory: BTreeMap<String, f64>,
     pub reserved: BTreeMap<String, f64>,
+    /// The AdamW rate of the hosts offload's terms are fitted at ([`host_reference`]).
+    pub host_reference: Option<f64>,
 }
 
 /// The coefficients for runs of one GPU kind and precision.
 pub(crate) fn fit_coefficients(runs: &[&Observation]) -> Coefficients {
-    let works: Vec<Work> = runs.iter().map(|o| Work::of(&o.query)).collect();
+    let host_reference = host_reference(runs);
+    let works: Vec<Work> = runs.iter().map(|o| Work::of(&o.query, host_reference)).collect();
     let (step, device_donor) = fit_step(runs, &works);
-    Coefficients { step, device_donor, memory: fit_memory(runs, &works), reserved: fit_reserved(runs) }
+    Coefficients { step, device_donor, memory: fit_memory(runs, &works), reserved: fit_reserved(runs), host_reference }
+}
+
+/// The host AdamW rate offload's terms are fitted at: the geometric mean of the rates of the hosts
+/// of the offloaded runs of one rank per host, where any is known. A run of known host is then
+/// fitted as if its update had run at that rate, and one of unknown host as if its host had it.
+pub(crate) fn host_reference(runs: &[&Observation]) -> Option<f64> {
+    let logs: Vec<f64> = runs
+        .iter()
+        .filter(|o| o.query.config.offload != zerobench_schema::config::Offload::None && o.query.ranks_per_host() == 1)
+        .filter_map(|o| o.query.host_adamw_gparams_per_s)
+        .filter(|r| *r > 0.0)
+        .map(f64::ln)
+        .collect();
+    (!logs.is_empty()).then(|| (logs.iter().sum::<f64>() / logs.len() as f64).exp())
 }
 
 /// The step coefficients, fitted in stages so that each is fitted on the measurement that isolates
@@ -395,7 +412,7 @@ fn names_of(terms: &[Vec<Term>]) -> Vec<String> {
 /// Predicted step ms, the bound that sets it, and peak allocated bytes of a query from bare
 /// coefficients (validation).
 pub(crate) fn predict_with(c: &Coefficients, q: &Query) -> (f64, Bound, f64) {
-    let w = Work::of(q);
+    let w = Work::of(q, c.host_reference);
     let mut flags = Vec::new();
     let s = step_parts(&c.step, c.device_donor.as_ref(), &w, &mut flags);
     (s.step_ms, s.bound, peak_allocated(&c.memory, &w, &mut flags))

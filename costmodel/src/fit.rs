@@ -46,7 +46,7 @@ pub fn fit(obs: &[Observation]) -> Result<CostModel, FitError> {
         let (validation, intervals) = validate(&runs);
         let mut range = Range::default();
         for o in &runs {
-            range.cover(&Work::of(&o.query), &o.query);
+            range.cover(&Work::of(&o.query, coef.host_reference), &o.query);
         }
         fits.push(Fit {
             gpu,
@@ -57,6 +57,7 @@ pub fn fit(obs: &[Observation]) -> Result<CostModel, FitError> {
             device_donor: coef.device_donor,
             memory: coef.memory,
             reserved: coef.reserved,
+            host_adamw_gparams_per_s: coef.host_reference,
             range,
             step_interval: intervals.step,
             step_interval_by_bound: Some(intervals.step_by_bound),
@@ -80,6 +81,7 @@ pub fn fit(obs: &[Observation]) -> Result<CostModel, FitError> {
 mod tests {
     use super::*;
     use crate::coefficients::only;
+    use crate::model::Prediction;
     use crate::price::{eval, peak_allocated, step_parts, OFFLOAD_HIDDEN, UNHIDDEN};
     use crate::terms::{step_terms, Part};
     use crate::work::Query;
@@ -160,8 +162,8 @@ mod tests {
 
     fn observe_config(c: RunConfig, gpus: u32) -> Observation {
         let (model, stage, mb, seq, offload) = (c.model, c.stage, c.micro_batch, c.seq_len, c.offload);
-        let query = Query { config: c, gpus, nodes: 1 };
-        let w = Work::of(&query);
+        let query = Query::new(c, gpus, 1);
+        let w = Work::of(&query, None);
         let mut flags = Vec::new();
         let step = step_parts(&truth(), None, &w, &mut flags).step_ms;
         let peak = peak_allocated(&memory_truth(), &w, &mut flags);
@@ -216,12 +218,95 @@ mod tests {
         v
     }
 
+    /// The AdamW rate of the hosts the truth's offload terms price ([`on_host`]).
+    const REFERENCE_RATE: f64 = 5.0;
+
+    /// `o`'s configuration run on a host whose AdamW runs at `rate` (1e9 parameters/s), its step as
+    /// the truth prices it against hosts of [`REFERENCE_RATE`].
+    fn on_host(o: &Observation, rate: f64) -> Observation {
+        let mut r = o.clone();
+        r.query.host_adamw_gparams_per_s = Some(rate);
+        r.run_id = format!("{}-host{rate}", o.run_id);
+        let w = Work::of(&r.query, Some(REFERENCE_RATE));
+        r.step_ms = step_parts(&truth(), None, &w, &mut Vec::new()).step_ms;
+        r
+    }
+
+    /// Every offloaded run of the sweep on three hosts whose rates' geometric mean is
+    /// [`REFERENCE_RATE`]: the fit takes that mean as its reference, recovers the truth's offload
+    /// terms, prices each host's runs by its rate and a host it never saw in proportion (flagged),
+    /// and two ranks on one host each as a fitted host's one (flagged). Without the rates the
+    /// hosts' runs differ by what no configuration explains.
+    #[test]
+    fn hosts_of_other_adamw_rates_are_priced_by_their_rate() {
+        let rates = [4.0, 5.0, 6.25];
+        let mut runs = Vec::new();
+        for o in sweep() {
+            if o.query.config.offload == Offload::None {
+                runs.push(o);
+            } else {
+                runs.extend(rates.iter().map(|&r| on_host(&o, r)));
+            }
+        }
+        let f = &fit(&runs).unwrap().fits[0];
+        let reference = f.host_adamw_gparams_per_s.unwrap();
+        assert!((reference - REFERENCE_RATE).abs() < 1e-9, "{reference}");
+        for name in ["offload.ms_per_gparam", OFFLOAD_HIDDEN] {
+            let (got, want) = (f.step[name], truth()[name]);
+            assert!((got - want).abs() <= 1e-6 * want, "{name}: {got} vs {want}");
+        }
+        assert_eq!(f.range.host_adamw_gparams_per_s, Some([4.0, 6.25]));
+        let off = |p: &Prediction, o: &Observation| (p.step_ms / o.step_ms - 1.0).abs();
+        for o in &runs {
+            let p = f.predict(&o.query);
+            assert!(off(&p, o) < 0.01, "{}: {} vs {}", o.run_id, p.step_ms, o.step_ms);
+            assert!(p.extrapolated.is_empty(), "{}: {:?}", o.run_id, p.extrapolated);
+        }
+        // The hosts' steps differ: the slowest host waits longer for the same update.
+        let xl =
+            |rate: f64| runs.iter().find(|o| o.run_id.ends_with(&format!("r0.5-exact-host{rate}"))).unwrap().step_ms;
+        assert!(xl(4.0) > xl(6.25) * 1.05, "{} vs {}", xl(4.0), xl(6.25));
+        // A slower host than any fitted, and two ranks on one host: in proportion, and flagged.
+        let large = observe(ModelPreset::Gpt2Large, ZeroStage::Z2, 4, 1024, 1, Offload::Optimizer);
+        let slow = on_host(&large, 3.0);
+        let p = f.predict(&slow.query);
+        assert!(off(&p, &slow) < 0.01 && p.host_adamw_gparams_per_s == Some(3.0), "{p:?}");
+        assert!(p.extrapolated.iter().any(|e| e.contains("host AdamW at 3.00G")), "{:?}", p.extrapolated);
+        // Two ranks on one host: each priced as a fitted host's rank, the host's rate not used.
+        let two = on_host(&observe(ModelPreset::Gpt2Large, ZeroStage::Z2, 4, 1024, 2, Offload::Optimizer), 3.0);
+        assert_eq!(Work::of(&two.query, Some(REFERENCE_RATE)).host_slowness, 1.0);
+        let p = f.predict(&two.query);
+        assert!(off(&p, &two) < 0.01, "{} vs {}", p.step_ms, two.step_ms);
+        assert_eq!(p.host_adamw_gparams_per_s, Some(reference));
+        for says in ["2 ranks share a host", "rate is not used with several ranks"] {
+            assert!(p.extrapolated.iter().any(|e| e.contains(says)), "{says}: {:?}", p.extrapolated);
+        }
+        // Unknown host: priced at the fitted hosts' rate, which the prediction names.
+        let mut unknown = slow.query.clone();
+        unknown.host_adamw_gparams_per_s = None;
+        assert_eq!(f.predict(&unknown).host_adamw_gparams_per_s, Some(reference));
+        // The same runs with their hosts unknown: one price for each configuration's three steps.
+        let blind: Vec<Observation> = runs
+            .iter()
+            .cloned()
+            .map(|mut o| {
+                o.query.host_adamw_gparams_per_s = None;
+                o
+            })
+            .collect();
+        let g = &fit(&blind).unwrap().fits[0];
+        assert_eq!(g.host_adamw_gparams_per_s, None);
+        let worst = blind.iter().map(|o| off(&g.predict(&o.query), o)).fold(0.0, f64::max);
+        assert!(worst > 0.05, "{worst}");
+    }
+
     #[test]
     fn the_fit_recovers_what_generated_the_runs() {
         let runs = sweep();
         // The sweep's partial offload has runs that wait for part of the host's update and runs
         // that wait for none of it.
-        let exposed = |o: &Observation| step_parts(&truth(), None, &Work::of(&o.query), &mut Vec::new()).offload_ms;
+        let exposed =
+            |o: &Observation| step_parts(&truth(), None, &Work::of(&o.query, None), &mut Vec::new()).offload_ms;
         assert!(exposed(&observe_ratio(0.1, true)) == 0.0 && exposed(&observe_ratio(0.5, false)) > 5.0);
         let model = fit(&runs).unwrap();
         let f = &model.fits[0];
@@ -306,7 +391,7 @@ mod tests {
         *slow_t5.get_mut("t5.ms_per_gflop").unwrap() *= 4.0;
         *slow_t5.get_mut("t5.device_ms").unwrap() *= 4.0;
         for o in runs.iter_mut().filter(|o| o.query.config.model.spec().family() == "t5") {
-            o.step_ms = step_parts(&slow_t5, None, &Work::of(&o.query), &mut Vec::new()).step_ms;
+            o.step_ms = step_parts(&slow_t5, None, &Work::of(&o.query, None), &mut Vec::new()).step_ms;
         }
         let llama: Vec<Observation> = [(1, 256), (4, 256), (4, 1024), (16, 512)]
             .into_iter()
@@ -339,7 +424,7 @@ mod tests {
         for suffix in [".device_ms", ".ms_per_gflop", ".ms_per_gflop_attn", ".ms_per_gact"] {
             as_gpt2.insert(format!("llama{suffix}"), f.step[&format!("gpt2{suffix}")]);
         }
-        let want = step_parts(&as_gpt2, None, &Work::of(q), &mut Vec::new()).step_ms;
+        let want = step_parts(&as_gpt2, None, &Work::of(q, None), &mut Vec::new()).step_ms;
         assert!((p.step_ms - want).abs() < 1e-9, "{} vs {want}", p.step_ms);
         // A fit without a donor prices it as the fitted families' mean.
         let mut old = f.clone();
@@ -355,7 +440,7 @@ mod tests {
         // device-bound ones exact.
         let mut runs = sweep();
         for o in &mut runs {
-            if step_parts(&truth(), None, &Work::of(&o.query), &mut Vec::new()).bound == crate::Bound::Launch {
+            if step_parts(&truth(), None, &Work::of(&o.query, None), &mut Vec::new()).bound == crate::Bound::Launch {
                 let u = (zerobench_schema::fnv::fnv1a(o.run_id.as_bytes()) % 1001) as f64 / 1000.0;
                 o.step_ms *= 0.85 + 0.3 * u;
             }

@@ -9,7 +9,7 @@ use zerobench_schema::config::{Offload, Precision};
 
 use crate::price::{peak_allocated, peak_reserved, step_parts, Bound, DeviceDonor};
 use crate::validate::{BoundIntervals, Validation};
-use crate::work::{Query, Work};
+use crate::work::{priced_host_rate, Query, Work};
 
 /// The file's format name and version; readers refuse others.
 pub const FORMAT: &str = "zerobench-cost-model";
@@ -46,6 +46,11 @@ pub struct Fit {
     pub memory: BTreeMap<String, f64>,
     /// Reserved-beyond-allocated coefficients.
     pub reserved: BTreeMap<String, f64>,
+    /// The host AdamW rate, 1e9 parameters/s, offload's terms are priced at: the geometric mean of
+    /// the fitted offloaded runs' hosts where any was known (`crate::coefficients::host_reference`).
+    /// A query of another host's rate is priced by the ratio ([`crate::work::host_slowness`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_adamw_gparams_per_s: Option<f64>,
     pub range: Range,
     /// Relative errors of held-out predictions (measured / predicted − 1), 5th and 95th
     /// percentiles: the interval a prediction is given with.
@@ -74,6 +79,13 @@ pub struct Range {
     /// Whether an offloaded run used the delayed update.
     #[serde(default)]
     pub delayed_update: bool,
+    /// The slowest and fastest host AdamW rate among the offloaded runs of one rank per host that
+    /// name one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_adamw_gparams_per_s: Option<[f64; 2]>,
+    /// The most ranks an offloaded run had on one host (files written before it: not recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload_ranks_per_host: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,6 +129,10 @@ pub struct Prediction {
     pub optimizer_ms: f64,
     pub offload_ms: f64,
     pub comm_ms: f64,
+    /// With offload: the host AdamW rate its update was priced at, 1e9 parameters/s (the query's
+    /// where it is used, else the fitted hosts'; `None` where neither is known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_adamw_gparams_per_s: Option<f64>,
     /// Terms extrapolated beyond the fitted runs, each with why.
     pub extrapolated: Vec<String>,
 }
@@ -195,7 +211,7 @@ impl CostModel {
 impl Fit {
     /// Predicts one configuration.
     pub fn predict(&self, q: &Query) -> Prediction {
-        let w = Work::of(q);
+        let w = Work::of(q, self.host_adamw_gparams_per_s);
         let mut flags = Vec::new();
         self.range.flag(&w, q, &mut flags);
         let s = step_parts(&self.step, self.device_donor.as_ref(), &w, &mut flags);
@@ -227,6 +243,9 @@ impl Fit {
             optimizer_ms: s.optimizer_ms,
             offload_ms: s.offload_ms,
             comm_ms: s.comm_ms,
+            host_adamw_gparams_per_s: (w.offload != Offload::None)
+                .then(|| priced_host_rate(q, self.host_adamw_gparams_per_s))
+                .flatten(),
             extrapolated: flags,
         }
     }
@@ -250,6 +269,14 @@ impl Range {
         self.offloads.insert(w.offload);
         self.partial_offload |= w.offload != Offload::None && w.gparams_device > 0.0;
         self.delayed_update |= w.delayed_update;
+        if w.offload != Offload::None {
+            let ranks = q.ranks_per_host();
+            self.offload_ranks_per_host = Some(self.offload_ranks_per_host.map_or(ranks, |r| r.max(ranks)));
+            if let Some(rate) = q.host_adamw_gparams_per_s.filter(|_| ranks == 1) {
+                self.host_adamw_gparams_per_s =
+                    Some(self.host_adamw_gparams_per_s.map_or([rate, rate], |[lo, hi]| [lo.min(rate), hi.max(rate)]));
+            }
+        }
     }
 
     fn flag(&self, w: &Work, q: &Query, flags: &mut Vec<String>) {
@@ -298,6 +325,35 @@ impl Range {
         }
         if !self.offloads.contains(&w.offload) {
             flags.push(format!("offload: {} not fitted", w.offload));
+        }
+        if w.offload != Offload::None {
+            self.flag_host(q, flags);
+        }
+    }
+
+    /// An offloaded query's host beyond the fitted hosts: more ranks sharing it, or an AdamW rate
+    /// outside theirs, or one that is not used.
+    fn flag_host(&self, q: &Query, flags: &mut Vec<String>) {
+        let ranks = q.ranks_per_host();
+        if let Some(fitted) = self.offload_ranks_per_host.filter(|&r| ranks > r) {
+            flags.push(format!(
+                "offload: {ranks} ranks share a host, fitted with {fitted}: each rank's host update is priced as a \
+                 fitted host's, as if the host had {ranks} times its cores and memory bandwidth"
+            ));
+        }
+        match (q.host_adamw_gparams_per_s, self.host_adamw_gparams_per_s) {
+            (Some(_), _) if ranks > 1 => flags.push(
+                "offload: the host's AdamW rate is not used with several ranks per host (one process over all \
+                 its cores does not say what each rank gets)"
+                    .to_string(),
+            ),
+            (Some(r), Some([lo, hi])) if r < lo * 0.999 || r > hi * 1.001 => flags.push(format!(
+                "offload: host AdamW at {r:.2}G parameters/s, fitted hosts {lo:.2}-{hi:.2}G (priced in proportion)"
+            )),
+            (Some(_), None) => {
+                flags.push("offload: no fitted run's host AdamW rate was known; the given rate is not used".to_string())
+            }
+            _ => {}
         }
     }
 }

@@ -243,7 +243,7 @@ mod tests {
             let mut c = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z2);
             (c.offload, c.offload_ratio, c.delayed_update_after) =
                 (Offload::Optimizer, Some(0.5), delayed.then_some(2));
-            Work::of(&Query { config: c, gpus: 1, nodes: 1 })
+            Work::of(&Query::new(c, 1, 1), None)
         };
         assert_eq!(offload_window_ms(&work(true), 90.0, 6.0), 96.0);
         assert_eq!(offload_window_ms(&work(false), 90.0, 6.0), 66.0);

@@ -11,8 +11,9 @@
 //! gathers = stage3.ms_per_gparam_gathered · Ggathered
 //! optimizer = optimizer.ms_per_gparam · Gparams on the device
 //! offload   = max(0, host update − offload.hidden_share · window)   (crate::price)
-//! host update = offload.ms_per_gparam · Gparams on the host
+//! host update = offload.ms_per_gparam · Gparams on the host · slowness
 //!           + offload_params.ms_per_gparam_micro · G · Gparams on the host·[optimizer+params]
+//! slowness  = fitted hosts' AdamW rate / this host's, one rank per host; else 1   (crate::work::host_slowness)
 //! window    = (BACKWARD_SHARE · compute, or all of it with the delayed update) + optimizer
 //! comm      = comm.ms·[gpus > 1] + comm.stage{s}.ms_per_gb · (GB within a node + GB across nodes · r)
 //! ```
@@ -85,7 +86,7 @@ pub fn step_terms(w: &Work) -> Vec<Term> {
         t("optimizer.ms_per_gparam".into(), Part::Step, w.gparams_device),
     ];
     if w.offload != Offload::None {
-        v.push(t("offload.ms_per_gparam".into(), Part::Step, w.gparams_host));
+        v.push(t("offload.ms_per_gparam".into(), Part::Step, w.gparams_host * w.host_slowness));
     }
     if w.offload == Offload::OptimizerParams {
         v.push(t("offload_params.ms_per_gparam_micro".into(), Part::Step, w.micro_steps * w.gparams_host));

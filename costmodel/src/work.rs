@@ -7,12 +7,29 @@ use zerobench_schema::config::{Offload, RunConfig, ZeroStage};
 use zerobench_schema::memory::{engine_buffer_bytes, host_params, model_state_split, padded_params};
 use zerobench_schema::traffic::step_traffic;
 
-/// A configuration to price: the run's settings, and how many GPUs on how many nodes.
+/// A configuration to price: the run's settings, how many GPUs on how many nodes, and, where
+/// known, the host's AdamW rate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Query {
     pub config: RunConfig,
     pub gpus: u32,
     pub nodes: u32,
+    /// The host's AdamW rate as `examples/cpu_adamw` measures it (all its cores, 200M parameters),
+    /// in units of 1e9 parameters per second; `None`: unknown, priced as the fitted hosts'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_adamw_gparams_per_s: Option<f64>,
+}
+
+impl Query {
+    /// A query of unknown host.
+    pub fn new(config: RunConfig, gpus: u32, nodes: u32) -> Query {
+        Query { config, gpus, nodes, host_adamw_gparams_per_s: None }
+    }
+
+    /// The ranks on each node, which share its host.
+    pub fn ranks_per_host(&self) -> u32 {
+        (self.gpus.max(1) / self.nodes.max(1)).max(1)
+    }
 }
 
 /// Bus bandwidths the across-node term is scaled by, GB/s (nccl-tests' busbw): what NVLink on an
@@ -53,6 +70,9 @@ pub struct Work {
     pub gparams_device: f64,
     /// Parameters whose optimizer update runs on the host, per rank, in units of 1e9.
     pub gparams_host: f64,
+    /// How much longer the host takes to update a parameter than the fitted hosts
+    /// ([`host_slowness`]).
+    pub host_slowness: f64,
     /// Parameters stage 3 gathers per micro-step (0 at other stages), in units of 1e9.
     pub ggathered: f64,
     /// What a rank sends over NVLink (or within a node) per step, GB, and across nodes.
@@ -66,8 +86,30 @@ pub struct Work {
     pub nodes: u32,
 }
 
+/// How much longer a host updates a parameter than the hosts a model was fitted on: their AdamW
+/// rate (`reference`) over this host's, where both are known and the host has one rank, as the
+/// fitted offloaded runs had; else 1. `examples/cpu_adamw` measures one process over all the
+/// host's cores; two ranks on one host updated faster than half of that
+/// (docs/cost-model.md, "The host's AdamW rate"), so a host of several ranks is priced per rank
+/// as the fitted hosts' one rank (and flagged).
+pub fn host_slowness(q: &Query, reference: Option<f64>) -> f64 {
+    match (reference, priced_host_rate(q, reference)) {
+        (Some(fitted), Some(priced)) => fitted / priced,
+        _ => 1.0,
+    }
+}
+
+/// The host AdamW rate a query's host update is priced at ([`host_slowness`]): its own where that
+/// is used, else the fitted hosts' (`None` where that is unknown).
+pub fn priced_host_rate(q: &Query, reference: Option<f64>) -> Option<f64> {
+    let fitted = reference.filter(|r| *r > 0.0)?;
+    Some(q.host_adamw_gparams_per_s.filter(|r| *r > 0.0 && q.ranks_per_host() == 1).unwrap_or(fitted))
+}
+
 impl Work {
-    pub fn of(q: &Query) -> Work {
+    /// The work of `q`, its host's update priced against hosts of AdamW rate `host_reference`
+    /// (the fitted hosts': [`host_slowness`]).
+    pub fn of(q: &Query, host_reference: Option<f64>) -> Work {
         let c = &q.config;
         let spec = c.model.spec();
         let world = q.gpus.max(1);
@@ -130,6 +172,7 @@ impl Work {
             delayed_update: c.delayed_update_after.is_some(),
             gparams_device: per_rank(psi - host_psi),
             gparams_host: per_rank(host_psi),
+            host_slowness: host_slowness(q, host_reference),
             ggathered,
             wire_gb_intra: intra,
             wire_gb_inter: inter,
@@ -150,12 +193,12 @@ mod tests {
         let mut c = RunConfig::new(ModelPreset::Gpt2Xl, stage);
         c.micro_batch = 4;
         c.seq_len = 1024;
-        Query { config: c, gpus, nodes: 1 }
+        Query::new(c, gpus, 1)
     }
 
     #[test]
     fn flops_and_states_follow_the_schema() {
-        let w = Work::of(&q(ZeroStage::Z0, 1));
+        let w = Work::of(&q(ZeroStage::Z0, 1), None);
         let c = &q(ZeroStage::Z0, 1).config;
         assert!((w.gflop * 1e9 - c.train_flops_per_token() * 4096.0).abs() / w.gflop < 1e-3);
         // Mixed precision stage 0 on one rank: 16 bytes per padded parameter, no buffers.
@@ -164,15 +207,30 @@ mod tests {
         assert_eq!((w.wire_gb_intra, w.wire_gb_inter, w.ggathered), (0.0, 0.0, 0.0));
     }
 
+    /// A host's rate counts against the fitted hosts' where both are known and it has one rank.
+    #[test]
+    fn a_host_is_slower_by_its_rate() {
+        let mut one = q(ZeroStage::Z2, 1);
+        assert_eq!(host_slowness(&one, Some(5.0)), 1.0);
+        one.host_adamw_gparams_per_s = Some(4.0);
+        assert_eq!(host_slowness(&one, Some(5.0)), 1.25);
+        assert_eq!(host_slowness(&one, None), 1.0);
+        let mut eight = q(ZeroStage::Z2, 8);
+        eight.host_adamw_gparams_per_s = Some(4.0);
+        assert_eq!((eight.ranks_per_host(), host_slowness(&eight, Some(5.0))), (8, 1.0));
+        eight.nodes = 8;
+        assert_eq!((eight.ranks_per_host(), host_slowness(&eight, Some(5.0))), (1, 1.25));
+    }
+
     #[test]
     fn stage3_gathers_and_two_ranks_send() {
-        let w = Work::of(&q(ZeroStage::Z3, 2));
+        let w = Work::of(&q(ZeroStage::Z3, 2), None);
         // G ≥ 2Ψ per micro-step (forward and backward gathers), Ψ = 1.56e9.
         assert!(w.ggathered > 3.0 && w.ggathered < 3.6, "{}", w.ggathered);
         assert!(w.wire_gb_intra > 0.0 && w.wire_gb_inter == 0.0);
         let mut over_nodes = q(ZeroStage::Z3, 2);
         over_nodes.nodes = 2;
-        let w2 = Work::of(&over_nodes);
+        let w2 = Work::of(&over_nodes, None);
         assert_eq!(w2.wire_gb_intra, 0.0);
         assert!((w2.wire_gb_inter - w.wire_gb_intra).abs() < 1e-9);
     }

@@ -21,6 +21,8 @@ pub struct PredictedRow {
     pub peak_allocated_bytes: Option<u64>,
     pub predicted_peak_allocated_bytes: Option<u64>,
     pub memory_error_pct: Option<f64>,
+    /// With offload: the host AdamW rate (1e9 parameters/s) the host's update was priced at.
+    pub host_adamw_gparams_per_s: Option<f64>,
     /// The terms extrapolated for this configuration, or why there is no prediction.
     pub notes: String,
 }
@@ -28,8 +30,13 @@ pub struct PredictedRow {
 impl PredictedRow {
     /// Every figure to [`crate::stats::SIGNIFICANT`] digits, as the other tables print them.
     pub fn round(mut self) -> Self {
-        for v in [&mut self.step_ms, &mut self.predicted_step_ms, &mut self.step_error_pct, &mut self.memory_error_pct]
-        {
+        for v in [
+            &mut self.step_ms,
+            &mut self.predicted_step_ms,
+            &mut self.step_error_pct,
+            &mut self.memory_error_pct,
+            &mut self.host_adamw_gparams_per_s,
+        ] {
             crate::stats::round_opt(v);
         }
         self

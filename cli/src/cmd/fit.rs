@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use zerobench_costmodel::{CostModel, Observation, Query};
@@ -16,6 +16,7 @@ use zerobench_ingest::{Options, RunRow, Source, Status};
 use zerobench_schema::config::RunConfig;
 use zerobench_schema::models::ModelPreset;
 
+use crate::host_rate::HostRates;
 use crate::Outcome;
 
 #[derive(clap::Args)]
@@ -45,7 +46,8 @@ pub struct Read {
     pub left_out: Vec<(String, String)>,
 }
 
-/// Reads the folders' runs as the fit takes them.
+/// Reads the folders' runs as the fit takes them, each with its host's AdamW rate where a
+/// `cpu_adamw.json` lies beside its logs ([`HostRates`]).
 pub fn observations(dirs: &[PathBuf]) -> anyhow::Result<Read> {
     for dir in dirs {
         std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
@@ -62,9 +64,13 @@ pub fn observations(dirs: &[PathBuf]) -> anyhow::Result<Read> {
     }
     let mut obs = Vec::new();
     let mut skipped = Vec::new();
+    let mut hosts = HostRates::new(dirs);
     for r in &ingested.runs {
         match observation(&r.row) {
-            Ok(o) => obs.push(o),
+            Ok(mut o) => {
+                o.query.host_adamw_gparams_per_s = hosts.of(Path::new(&r.row.dir))?;
+                obs.push(o);
+            }
             Err(why) => skipped.push((r.row.run_id.clone(), why)),
         }
     }
@@ -103,7 +109,7 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
     Ok(Observation {
         run_id: r.run_id.clone(),
         gpu,
-        query: Query { config, gpus: r.gpus.ok_or_else(|| need("gpus"))?, nodes: r.nodes.unwrap_or(1) },
+        query: Query::new(config, r.gpus.ok_or_else(|| need("gpus"))?, r.nodes.unwrap_or(1)),
         step_ms: r.step_ms_median.ok_or_else(|| need("step time"))?,
         peak_allocated_bytes: r.peak_allocated_bytes.ok_or_else(|| need("peak allocated memory"))?,
         peak_reserved_bytes: r.peak_reserved_bytes,

@@ -129,9 +129,24 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         tracing::warn!("{p}");
     }
     let mut tables = Tables::build(&ingested.runs);
+    let mut host_problems = 0;
     if let Some(path) = &args.cost_model {
         let model = crate::cmd::predict::load(Some(path))?;
-        tables.predicted = ingested.runs.iter().map(|r| predicted_row(&model, &r.row).round()).collect();
+        // A host rate that cannot be read prices its runs as of an unknown host, and is a problem.
+        let mut hosts = crate::host_rate::HostRates::new(&args.dirs);
+        let mut bad_hosts = std::collections::BTreeSet::new();
+        let mut rate = |dir: &str| {
+            hosts.of(std::path::Path::new(dir)).unwrap_or_else(|e| {
+                bad_hosts.insert(format!("{e:#}"));
+                None
+            })
+        };
+        tables.predicted =
+            ingested.runs.iter().map(|r| predicted_row(&model, rate(&r.row.dir), &r.row).round()).collect();
+        for e in &bad_hosts {
+            tracing::warn!("{e}; its runs are priced as of an unknown host");
+        }
+        host_problems = bad_hosts.len();
     }
     let (written, failed) = report::write_all(&ingested, &tables, &args.out, &formats)
         .with_context(|| format!("writing the tables into {}", args.out.display()))?;
@@ -165,12 +180,20 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         written.len(),
         args.out.display()
     );
-    Ok(if ingested.complete() && failed.is_empty() { Outcome::Complete } else { Outcome::Incomplete })
+    Ok(if ingested.complete() && failed.is_empty() && host_problems == 0 {
+        Outcome::Complete
+    } else {
+        Outcome::Incomplete
+    })
 }
 
-/// One run against the model's prediction for its configuration (none when the run cannot be
-/// priced, with why).
-fn predicted_row(model: &zerobench_costmodel::CostModel, r: &zerobench_ingest::RunRow) -> PredictedRow {
+/// One run against the model's prediction for its configuration on its host (none when the run
+/// cannot be priced, with why).
+fn predicted_row(
+    model: &zerobench_costmodel::CostModel,
+    host_adamw_gparams_per_s: Option<f64>,
+    r: &zerobench_ingest::RunRow,
+) -> PredictedRow {
     let mut row = PredictedRow {
         run_id: r.run_id.clone(),
         model: r.model.clone(),
@@ -192,7 +215,10 @@ fn predicted_row(model: &zerobench_costmodel::CostModel, r: &zerobench_ingest::R
     probe.step_ms_median.get_or_insert(0.0);
     probe.peak_allocated_bytes.get_or_insert(0);
     let query = match crate::cmd::fit::observation(&probe) {
-        Ok(o) => o,
+        Ok(mut o) => {
+            o.query.host_adamw_gparams_per_s = host_adamw_gparams_per_s;
+            o
+        }
         Err(why) => {
             row.notes = format!("not predicted: {why}");
             return row;
@@ -206,6 +232,7 @@ fn predicted_row(model: &zerobench_costmodel::CostModel, r: &zerobench_ingest::R
             row.step_error_pct = r.step_ms_median.and_then(|m| err(p.step_ms, m));
             row.predicted_peak_allocated_bytes = Some(p.peak_allocated_bytes);
             row.memory_error_pct = r.peak_allocated_bytes.and_then(|m| err(p.peak_allocated_bytes as f64, m as f64));
+            row.host_adamw_gparams_per_s = p.host_adamw_gparams_per_s;
             row.notes = p.extrapolated.join("; ");
         }
         Err(e) => row.notes = format!("not predicted: {e}"),

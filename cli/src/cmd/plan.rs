@@ -53,6 +53,11 @@ pub struct Args {
     /// model shipped for it.
     #[arg(long)]
     gpu: Option<String>,
+    /// With --gpu: the hosts' AdamW rate, 1e9 parameters per second, as `examples/cpu_adamw`
+    /// reports it; offloaded runs' host updates are priced in proportion to the fitted hosts'
+    /// (default: at their rate).
+    #[arg(long, value_name = "GPARAMS_PER_S", value_parser = crate::cmd::predict::positive_rate, requires = "gpu")]
+    host_adamw_rate: Option<f64>,
 }
 
 /// One run's prediction, or why there is none.
@@ -62,7 +67,7 @@ enum Predicted {
 }
 
 /// Predicts every run; marks per model the fitting run with the most tokens/s per GPU.
-fn predict_all(plan: &Plan, model: &CostModel, gpu: &str) -> (Vec<Predicted>, Vec<bool>) {
+fn predict_all(plan: &Plan, model: &CostModel, gpu: &str, host_rate: Option<f64>) -> (Vec<Predicted>, Vec<bool>) {
     // Whether a run fits is judged against cluster.gpu_memory when the spec declares it, else
     // against the memory of the GPU the model was fitted on.
     let declared = plan.spec.cluster.gpu_memory.map(|m| m.0);
@@ -71,7 +76,9 @@ fn predict_all(plan: &Plan, model: &CostModel, gpu: &str) -> (Vec<Predicted>, Ve
         .iter()
         .map(|r| match model.fit_for(gpu, r.config.precision) {
             Ok(f) => {
-                let mut p = f.predict(&Query { config: r.config.clone(), gpus: r.world_size(), nodes: r.nodes });
+                let mut q = Query::new(r.config.clone(), r.world_size(), r.nodes);
+                q.host_adamw_gparams_per_s = host_rate;
+                let mut p = f.predict(&q);
                 if let Some(m) = declared {
                     (p.device_memory_bytes, p.fits) = (Some(m), p.peak_reserved_bytes <= m);
                 }
@@ -114,7 +121,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             if !model.fits.iter().any(|f| f.gpu.to_lowercase().contains(&gpu.to_lowercase())) {
                 model.fit_for(gpu, zerobench_schema::config::Precision::Bf16)?;
             }
-            Some(predict_all(&plan, &model, gpu))
+            Some(predict_all(&plan, &model, gpu, a.host_adamw_rate))
         }
         None => None,
     };

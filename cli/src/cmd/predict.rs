@@ -45,12 +45,25 @@ pub struct Args {
     grad_accum: u32,
     #[arg(long, default_value_t = Precision::Bf16)]
     precision: Precision,
+    /// With --offload: this host's AdamW rate, 1e9 parameters per second, as
+    /// `examples/cpu_adamw` reports it (`adamw_params_per_s` / 1e9); the host's update is priced
+    /// in proportion to the fitted hosts' (default: at their rate).
+    #[arg(long, value_name = "GPARAMS_PER_S", value_parser = positive_rate)]
+    host_adamw_rate: Option<f64>,
     /// A model file from `zerobench fit` (default: the model shipped for --gpu).
     #[arg(long)]
     cost_model: Option<PathBuf>,
     /// One JSON object on stdout.
     #[arg(long)]
     json: bool,
+}
+
+/// A host's AdamW rate: above 0 (1e9 parameters per second).
+pub fn positive_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("expected 1e9 parameters per second above 0, got {s:?}")),
+    }
 }
 
 /// The model file given, or the shipped one.
@@ -80,7 +93,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         anyhow::bail!("--gpus {} does not split evenly over --nodes {}", a.gpus, a.nodes);
     }
     config.validate(Some(a.gpus)).map_err(|e| anyhow::anyhow!("--{}: {}", e.field.replace('_', "-"), e.reason))?;
-    let p = fit.predict(&Query { config, gpus: a.gpus, nodes: a.nodes });
+    let mut query = Query::new(config, a.gpus, a.nodes);
+    query.host_adamw_gparams_per_s = a.host_adamw_rate;
+    let p = fit.predict(&query);
     let mut out = std::io::stdout().lock();
     if a.json {
         writeln!(out, "{}", serde_json::to_string(&p)?)?;
@@ -128,6 +143,9 @@ fn print(out: &mut dyn Write, p: &Prediction) -> anyhow::Result<()> {
         p.device_memory_bytes.map(|m| format!(" of {:.1} GiB", gib(m))).unwrap_or_default(),
         if p.fits { "fits" } else { "does not fit" }
     )?;
+    if let Some(r) = p.host_adamw_gparams_per_s {
+        writeln!(out, "  the host's update priced at AdamW {r:.2}G parameters/s")?;
+    }
     for e in &p.extrapolated {
         writeln!(out, "extrapolated: {e}")?;
     }
