@@ -338,7 +338,8 @@ impl Range {
         if let Some(fitted) = self.offload_ranks_per_host.filter(|&r| ranks > r) {
             flags.push(format!(
                 "offload: {ranks} ranks share a host, fitted with {fitted}: each rank's host update is priced as a \
-                 fitted host's, as if the host had {ranks} times its cores and memory bandwidth"
+                 fitted host's one rank's, short where the host's update sets the step (two ranks of a 2xH100 host \
+                 took as long as one rank with all the parameters)"
             ));
         }
         match (q.host_adamw_gparams_per_s, self.host_adamw_gparams_per_s) {
