@@ -135,6 +135,10 @@ fn bad_queries_are_refused_naming_the_flag() {
             &["--gpu", "h100", "--model", "gpt2", "--stage", "2", "--micro-batch", "1", "--delayed-update"],
             "--delayed-update: delays the host's update; it needs --offload",
         ),
+        (
+            &["--gpu", "h100", "--model", "gpt2", "--stage", "2", "--micro-batch", "1", "--host-adamw-rate", "5"],
+            "--host-adamw-rate: prices the host's update of the optimizer; it needs --offload",
+        ),
     ];
     for (args, want) in cases {
         let o = zerobench(&[&["predict"], *args].concat());

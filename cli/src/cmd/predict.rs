@@ -93,6 +93,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         anyhow::bail!("--gpus {} does not split evenly over --nodes {}", a.gpus, a.nodes);
     }
     config.validate(Some(a.gpus)).map_err(|e| anyhow::anyhow!("--{}: {}", e.field.replace('_', "-"), e.reason))?;
+    if a.host_adamw_rate.is_some() && config.offload == Offload::None {
+        anyhow::bail!("--host-adamw-rate: prices the host's update of the optimizer; it needs --offload");
+    }
     let mut query = Query::new(config, a.gpus, a.nodes);
     query.host_adamw_gparams_per_s = a.host_adamw_rate;
     let p = fit.predict(&query);
