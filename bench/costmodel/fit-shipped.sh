@@ -31,7 +31,7 @@
 # NEW_HOST=NAME (one sweep of the kind's list) checks the model on a host no fit has seen instead:
 # it fits without that sweep, prices each of its runs with `zerobench ingest --cost-model`, once
 # with the host's AdamW rate beside them and once without, and writes
-# bench/results/costmodel-KIND-new-host.json (bench/costmodel/new_host.py); the shipped files are
+# bench/results/costmodel-KIND-new-host-NAME.json (bench/costmodel/new_host.py); the shipped files are
 # left alone.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -40,7 +40,7 @@ ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE[:MARK] (under bench/results/raw)
   case $1 in
     h200) echo "now:gpu-2026-11-26-h200x2-costmodel-5a3944b" ;;
-    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299:old-offload x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208:old-offload x2b:gpu-2026-11-27-h100x2b-costmodel-serial-691c208:old-offload x1d:gpu-2026-11-27-h100x1d-costmodel-t5-691c208 x2c:gpu-2026-11-27-h100x2c-costmodel-2gpu-691c208 x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c x1l:gpu-2026-11-27-h100x1l-costmodel-offload-e51bf6b r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios" ;;
+    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299:old-offload x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208:old-offload x2b:gpu-2026-11-27-h100x2b-costmodel-serial-691c208:old-offload x1d:gpu-2026-11-27-h100x1d-costmodel-t5-691c208 x2c:gpu-2026-11-27-h100x2c-costmodel-2gpu-691c208 x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c x1l:gpu-2026-11-27-h100x1l-costmodel-offload-e51bf6b x1m:gpu-2026-11-27-h100x1m-costmodel-offload-e51bf6b r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
 }
@@ -93,9 +93,9 @@ for kind in "${kinds[@]}"; do
     (cd "$work" && for d in "${unseen[@]}"; do rm -f "$d/cpu_adamw.json"; done)
     (cd "$work" && "$ZB" ingest "${unseen[@]}" --cost-model model.json --out without --format csv -q) || [ $? -eq 1 ]
     python3 bench/costmodel/new_host.py "$work/with/predicted.csv" "$work/without/predicted.csv" "$kind" \
-      "$NEW_HOST" "${sources[@]}" > "bench/results/costmodel-$kind-new-host.json"
+      "$NEW_HOST" "${sources[@]}" > "bench/results/costmodel-$kind-new-host-$NEW_HOST.json"
     python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' \
-      "bench/results/costmodel-$kind-new-host.json"
+      "bench/results/costmodel-$kind-new-host-$NEW_HOST.json"
     rm -rf "$work"
     continue
   fi
