@@ -1,8 +1,8 @@
 """A host no fit has seen: its runs priced by a model fitted without them, through `zerobench ingest
 --cost-model`, with the host's AdamW rate (its cpu_adamw.json beside the runs) and without it.
-Prints one JSON document (bench/results/costmodel-KIND-new-host.json): the mean absolute step error
-both ways, over all the host's runs and over the offloaded ones (the only runs the rate prices),
-and every run. Written by `NEW_HOST=NAME bench/costmodel/fit-shipped.sh KIND`.
+Prints one JSON document (bench/results/costmodel-KIND-new-host-NAME.json): the mean absolute
+step error both ways, over all the host's runs and over the offloaded ones (the only runs the rate
+prices), and every run. Written by `NEW_HOST=NAME bench/costmodel/fit-shipped.sh KIND`.
 
 usage: new_host.py WITH/predicted.csv WITHOUT/predicted.csv KIND NEW_HOST SOURCE...
 """
