@@ -371,6 +371,8 @@ fn the_hosts_adamw_rate_beside_the_runs_prices_offload() {
     let m = tmp.path().join("m.json");
     let o = zerobench(&["fit", a.to_str().unwrap(), b.to_str().unwrap(), "--out", m.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let said = "offload priced at the hosts' AdamW rate 5.00G parameters/s (geometric mean of 4.00-6.25G); 4 of 4";
+    assert!(text(&o.stdout).contains(said), "{}", text(&o.stdout));
     let model: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&m).unwrap()).unwrap();
     let reference = model["fits"][0]["host_adamw_gparams_per_s"].as_f64().unwrap();
     assert!((reference - 5.0).abs() < 1e-9, "{reference}");
@@ -421,4 +423,10 @@ fn the_hosts_adamw_rate_beside_the_runs_prices_offload() {
     for r in t["rows"].as_array().unwrap() {
         assert!((r["host_adamw_gparams_per_s"].as_f64().unwrap() - 5.0).abs() < 1e-3, "{r}");
     }
+    // Without the files the fit says so.
+    std::fs::remove_file(b.join("cpu_adamw.json")).unwrap();
+    std::fs::remove_file(a.join("cpu_adamw.json")).unwrap();
+    let o = zerobench(&["fit", a.to_str().unwrap(), b.to_str().unwrap(), "--out", m.to_str().unwrap(), "--overwrite"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("none of 4 offloaded runs had a cpu_adamw.json"), "{}", text(&o.stdout));
 }

@@ -167,6 +167,34 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     Ok(Outcome::Complete)
 }
 
+/// What the fit's offloaded runs said of their hosts' AdamW rates ([`HostRates`]), where it has
+/// offloaded runs: so a user sees whether the `cpu_adamw.json` files were found.
+fn host_rates(f: &zerobench_costmodel::Fit) -> Option<String> {
+    let offloaded: Vec<&zerobench_costmodel::Query> = f
+        .runs
+        .iter()
+        .map(|r| &r.query)
+        .filter(|q| q.config.offload != zerobench_schema::config::Offload::None)
+        .collect();
+    if offloaded.is_empty() {
+        return None;
+    }
+    let known = offloaded.iter().filter(|q| q.host_adamw_gparams_per_s.is_some()).count();
+    Some(match (f.host_adamw_gparams_per_s, f.range.host_adamw_gparams_per_s) {
+        (Some(rate), Some([lo, hi])) => format!(
+            "offload priced at the hosts' AdamW rate {rate:.2}G parameters/s (geometric mean of {lo:.2}-{hi:.2}G); \
+             {known} of {} offloaded runs had a {} beside them",
+            offloaded.len(),
+            crate::host_rate::FILE
+        ),
+        _ => format!(
+            "offload priced at one rate for every host: none of {} offloaded runs had a {} beside them",
+            offloaded.len(),
+            crate::host_rate::FILE
+        ),
+    })
+}
+
 fn join(kinds: &std::collections::BTreeSet<&str>) -> String {
     if kinds.is_empty() {
         "none (no finished zerobench GPU run)".to_string()
@@ -212,6 +240,9 @@ fn report(out: &mut dyn Write, model: &CostModel, detail: bool) -> anyhow::Resul
             v.stage_choice.decided.right,
             v.stage_choice.decided.groups
         )?;
+        if let Some(line) = host_rates(f) {
+            writeln!(out, "{line}")?;
+        }
         if !detail {
             continue;
         }
