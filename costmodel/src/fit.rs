@@ -296,6 +296,10 @@ mod tests {
             .collect();
         let g = &fit(&blind).unwrap().fits[0];
         assert_eq!(g.host_adamw_gparams_per_s, None);
+        // Such a model prices every host alike: a rate given to it is not used, and said so.
+        let p = g.predict(&slow.query);
+        assert_eq!((p.step_ms, p.host_adamw_gparams_per_s), (g.predict(&unknown).step_ms, None));
+        assert!(p.extrapolated.iter().any(|e| e.contains("the given rate is not used")), "{:?}", p.extrapolated);
         let worst = blind.iter().map(|o| off(&g.predict(&o.query), o)).fold(0.0, f64::max);
         assert!(worst > 0.05, "{worst}");
     }
