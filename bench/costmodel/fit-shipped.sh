@@ -103,7 +103,9 @@ for kind in "${kinds[@]}"; do
   cp "$work/model.json" "costmodel/models/$kind.json"
   # Exit 1: runs that failed (a preset that does not fit the GPU) or sweeps sharing run ids (each
   # is then named with its folder, relative to $work).
-  (cd "$work" && "$ZB" ingest "${holdouts[@]}" --out holdout --format csv -q 2>/dev/null) || [ $? -eq 1 ]
+  # With the model, so that its `predicted` table names each held-out run's host AdamW rate.
+  (cd "$work" && "$ZB" ingest "${holdouts[@]}" --cost-model model.json --out holdout --format csv -q 2>/dev/null) ||
+    [ $? -eq 1 ]
   python3 bench/costmodel/report.py "$ZB" "costmodel/models/$kind.json" "$work/holdout/runs.csv" "$work/fit.md" \
     "$kind" "${sources[@]}" > "bench/results/costmodel-$kind.json"
   sed -n 1p "$work/fit.md"

@@ -12,31 +12,17 @@ import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
-from common import last_json  # noqa: E402
-
 # The columns of ingest's runs table that name a configuration, as `zerobench predict` is given it:
 # runs that agree on all of them are repeats of one configuration.
 CONFIGURATION = ("model", "stage", "micro_batch", "seq_len", "gpus", "grad_accum", "offload")
 
 zerobench, model, runs_csv, fit_md, kind = sys.argv[1:6]
 sources = sys.argv[6:]
-# The folder ingest was run from (the CSV is in its holdout/): run folders are relative to it.
-work = os.path.dirname(os.path.dirname(os.path.abspath(runs_csv)))
-
-
-def host_rate(run_dir):
-    """The run's host AdamW rate, 1e9 parameters/s, as `zerobench ingest --cost-model` finds it:
-    the nearest cpu_adamw.json at or above the run's folder (fit-shipped.sh puts one in each sweep
-    folder it gives); None where there is none."""
-    d = os.path.join(work, run_dir)
-    while d.startswith(work + os.sep):
-        try:
-            return last_json(os.path.join(d, "cpu_adamw.json"))["adamw_params_per_s"] / 1e9
-        except OSError:
-            d = os.path.dirname(d)
-    return None
-
+# Each held-out run's host AdamW rate as ingest found it (its cpu_adamw.json): the `predicted`
+# table beside the runs table, which fit-shipped.sh has ingest write with the model.
+rates = {r["run_id"]: float(r["host_adamw_gparams_per_s"]) for r in
+         csv.DictReader(open(os.path.join(os.path.dirname(runs_csv), "predicted.csv")))
+         if r["host_adamw_gparams_per_s"]}
 fit = json.load(open(model))["fits"][0]
 rows, incomplete = [], []
 for r in csv.DictReader(open(runs_csv)):
@@ -46,7 +32,7 @@ for r in csv.DictReader(open(runs_csv)):
     args = [zerobench, "predict", "--gpu", kind, "--json", "--cost-model", model]
     for k in CONFIGURATION:
         args += ["--" + k.replace("_", "-"), r[k]]
-    rate = host_rate(r["dir"]) if r["offload"] != "none" else None
+    rate = rates.get(r["run_id"]) if r["offload"] != "none" else None
     if rate:
         args += ["--host-adamw-rate", str(rate)]
     p = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
