@@ -90,7 +90,7 @@ pub struct Work {
 /// rate (`reference`) over this host's, where both are known and the host has one rank, as the
 /// fitted offloaded runs had; else 1. `examples/cpu_adamw` measures one process over all the
 /// host's cores, not what each of several ranks gets; sharing it between two ranks priced 30
-/// two-GPU runs 20.8% slow, one rank's pricing 8.3% fast (docs/cost-model.md, "The host's AdamW
+/// two-GPU runs 19.4% slow, one rank's pricing 9.0% fast (docs/cost-model.md, "The host's AdamW
 /// rate"), so a host of several ranks is priced per rank as the fitted hosts' one (and flagged).
 pub fn host_slowness(q: &Query, reference: Option<f64>) -> f64 {
     match (reference, priced_host_rate(q, reference)) {
