@@ -14,7 +14,7 @@ pub struct Query {
     pub config: RunConfig,
     pub gpus: u32,
     pub nodes: u32,
-    /// The host's AdamW rate as `examples/cpu_adamw` measures it (all its cores, 200M parameters),
+    /// The host's AdamW rate as `examples/cpu_adamw` measures it (one process on all its cores),
     /// in units of 1e9 parameters per second; `None`: unknown, priced as the fitted hosts'.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_adamw_gparams_per_s: Option<f64>,
