@@ -32,13 +32,21 @@ for r in csv.DictReader(open(runs_csv)):
     args = [zerobench, "predict", "--gpu", kind, "--json", "--cost-model", model]
     for k in CONFIGURATION:
         args += ["--" + k.replace("_", "-"), r[k]]
+    # The offload settings the model prices, from the run's variant (RunConfig::variant), as
+    # `zerobench fit` reads them; they are part of the configuration.
+    knobs = dict(p.split("=", 1) for p in r["variant"].split(",") if "=" in p)
+    priced = {k: knobs[k] for k in ("offload_ratio", "delayed_update_after") if k in knobs}
+    if "offload_ratio" in priced:
+        args += ["--offload-ratio", priced["offload_ratio"]]
+    if "delayed_update_after" in priced:
+        args.append("--delayed-update")
     rate = rates.get(r["run_id"]) if r["offload"] != "none" else None
     if rate:
         args += ["--host-adamw-rate", str(rate)]
     p = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
     step, mem = float(r["step_ms_median"]), int(r["peak_allocated_bytes"])
     rows.append({
-        "configuration": " ".join(f"{k}={r[k]}" for k in CONFIGURATION),
+        "configuration": " ".join([f"{k}={r[k]}" for k in CONFIGURATION] + [f"{k}={v}" for k, v in priced.items()]),
         "run": r["run_id"], "dir": r["dir"], "gpu_util_pct": float(r["gpu_util_pct_mean"] or "nan"),
         "host_adamw_gparams_per_s": rate,
         "step_ms": step, "predicted_step_ms": round(p["step_ms"], 2),
