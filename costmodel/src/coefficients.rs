@@ -50,9 +50,8 @@ pub(crate) fn fit_coefficients(runs: &[&Observation]) -> Coefficients {
 pub(crate) fn host_reference(runs: &[&Observation]) -> Option<f64> {
     let logs: Vec<f64> = runs
         .iter()
-        .filter(|o| o.query.config.offload != zerobench_schema::config::Offload::None && o.query.ranks_per_host() == 1)
-        .filter_map(|o| o.query.host_adamw_gparams_per_s)
-        .filter(|r| *r > 0.0)
+        .filter(|o| o.query.config.offload != zerobench_schema::config::Offload::None)
+        .filter_map(|o| o.query.rate_priced())
         .map(f64::ln)
         .collect();
     (!logs.is_empty()).then(|| (logs.iter().sum::<f64>() / logs.len() as f64).exp())

@@ -272,7 +272,7 @@ impl Range {
         if w.offload != Offload::None {
             let ranks = q.ranks_per_host();
             self.offload_ranks_per_host = Some(self.offload_ranks_per_host.map_or(ranks, |r| r.max(ranks)));
-            if let Some(rate) = q.host_adamw_gparams_per_s.filter(|_| ranks == 1) {
+            if let Some(rate) = q.rate_priced() {
                 self.host_adamw_gparams_per_s =
                     Some(self.host_adamw_gparams_per_s.map_or([rate, rate], |[lo, hi]| [lo.min(rate), hi.max(rate)]));
             }

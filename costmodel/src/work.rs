@@ -30,6 +30,12 @@ impl Query {
     pub fn ranks_per_host(&self) -> u32 {
         (self.gpus.max(1) / self.nodes.max(1)).max(1)
     }
+
+    /// The host's AdamW rate where the model prices by it: known, above 0, and the host has one
+    /// rank, as the fitted offloaded runs had ([`host_slowness`] says why).
+    pub fn rate_priced(&self) -> Option<f64> {
+        self.host_adamw_gparams_per_s.filter(|r| *r > 0.0 && self.ranks_per_host() == 1)
+    }
 }
 
 /// Bus bandwidths the across-node term is scaled by, GB/s (nccl-tests' busbw): what NVLink on an
@@ -87,11 +93,12 @@ pub struct Work {
 }
 
 /// How much longer a host updates a parameter than the hosts a model was fitted on: their AdamW
-/// rate (`reference`) over this host's, where both are known and the host has one rank, as the
-/// fitted offloaded runs had; else 1. `examples/cpu_adamw` measures one process over all the
-/// host's cores, not what each of several ranks gets; sharing it between two ranks priced 30
-/// two-GPU runs 19.4% slow, one rank's pricing 9.0% fast (docs/cost-model.md, "The host's AdamW
-/// rate"), so a host of several ranks is priced per rank as the fitted hosts' one (and flagged).
+/// rate (`reference`) over this host's where both are known and the host has one rank, as the
+/// fitted offloaded runs had ([`Query::rate_priced`]); else 1. `examples/cpu_adamw` measures one
+/// process over all the host's cores, not what each of several ranks gets; on the two-GPU runs
+/// measured, sharing it between the ranks priced worse than one rank's pricing
+/// (docs/cost-model.md, "The host's AdamW rate"), so a host of several ranks is priced per rank
+/// as the fitted hosts' one (and flagged).
 pub fn host_slowness(q: &Query, reference: Option<f64>) -> f64 {
     match (reference, priced_host_rate(q, reference)) {
         (Some(fitted), Some(priced)) => fitted / priced,
@@ -103,7 +110,7 @@ pub fn host_slowness(q: &Query, reference: Option<f64>) -> f64 {
 /// is used, else the fitted hosts' (`None` where that is unknown).
 pub fn priced_host_rate(q: &Query, reference: Option<f64>) -> Option<f64> {
     let fitted = reference.filter(|r| *r > 0.0)?;
-    Some(q.host_adamw_gparams_per_s.filter(|r| *r > 0.0 && q.ranks_per_host() == 1).unwrap_or(fitted))
+    Some(q.rate_priced().unwrap_or(fitted))
 }
 
 impl Work {
@@ -218,6 +225,7 @@ mod tests {
         let mut eight = q(ZeroStage::Z2, 8);
         eight.host_adamw_gparams_per_s = Some(4.0);
         assert_eq!((eight.ranks_per_host(), host_slowness(&eight, Some(5.0))), (8, 1.0));
+        assert_eq!((one.rate_priced(), eight.rate_priced()), (Some(4.0), None));
         eight.nodes = 8;
         assert_eq!((eight.ranks_per_host(), host_slowness(&eight, Some(5.0))), (1, 1.25));
     }
