@@ -13,39 +13,46 @@ pub const FILE: &str = "cpu_adamw.json";
 /// Its field: parameters updated per second, all the host's cores.
 const FIELD: &str = "adamw_params_per_s";
 
-/// Finds each run's host rate, reading every file once.
+/// Finds each run's host rate, looking at each folder once: runs of one sweep share their folders.
 pub struct HostRates<'a> {
     roots: &'a [PathBuf],
-    read: HashMap<PathBuf, f64>,
+    /// Folder -> the rate found at or above it (`None`: no file up to its root).
+    seen: HashMap<PathBuf, Option<f64>>,
 }
 
 impl<'a> HostRates<'a> {
     /// `roots`: the folders the command was given; no file above them is looked at.
     pub fn new(roots: &'a [PathBuf]) -> Self {
-        HostRates { roots, read: HashMap::new() }
+        HostRates { roots, seen: HashMap::new() }
     }
 
     /// The rate of the nearest file at or above `run_dir`, in 1e9 parameters/s; `None` where there
     /// is none. A file that cannot be read or holds no rate is an error naming it.
     pub fn of(&mut self, run_dir: &Path) -> anyhow::Result<Option<f64>> {
         // The deepest root the run lies in bounds the search (a run outside every root: its own
-        // folder only).
+        // folder only). Every run that reaches a folder has the same deepest root, so what a
+        // folder found holds for all of them.
         let root = self.roots.iter().filter(|r| run_dir.starts_with(r)).max_by_key(|r| r.components().count());
+        let (mut walked, mut found) = (Vec::new(), None);
         for dir in run_dir.ancestors() {
-            let file = dir.join(FILE);
-            if let Some(&rate) = self.read.get(&file) {
-                return Ok(Some(rate));
+            if let Some(&rate) = self.seen.get(dir) {
+                found = rate;
+                break;
             }
+            walked.push(dir.to_path_buf());
+            let file = dir.join(FILE);
             if file.is_file() {
-                let rate = read(&file)?;
-                self.read.insert(file, rate);
-                return Ok(Some(rate));
+                found = Some(read(&file)?);
+                break;
             }
             if root.is_none_or(|r| dir == r.as_path()) {
                 break;
             }
         }
-        Ok(None)
+        for dir in walked {
+            self.seen.insert(dir, found);
+        }
+        Ok(found)
     }
 }
 
@@ -97,6 +104,17 @@ mod tests {
         // A file in the run's own folder is nearer.
         write(&run, r#"{"adamw_params_per_s": 6e9}"#);
         assert_eq!(HostRates::new(&roots).of(&run).unwrap(), Some(6.0));
+        // One lookup serves a sweep: a second run of it is answered from the folders the first
+        // walked (the sweep's file, gone since, is not read again), and a run with a file of its
+        // own still finds that one.
+        let mut rates = HostRates::new(&roots);
+        let (second, own) = (sweep.join("cm-fit/gpt2_z3"), sweep.join("cm-fit/gpt2_z1"));
+        write(&own, r#"{"adamw_params_per_s": 7e9}"#);
+        std::fs::create_dir_all(&second).unwrap();
+        assert_eq!(rates.of(&run.parent().unwrap().join("gpt2_z0")).unwrap(), Some(4.5));
+        std::fs::remove_file(sweep.join(FILE)).unwrap();
+        assert_eq!((rates.of(&second).unwrap(), rates.of(&own).unwrap()), (Some(4.5), Some(7.0)));
+        assert_eq!(HostRates::new(&roots).of(&second).unwrap(), None);
     }
 
     /// A file without a rate, with a line that is not JSON or a rate that is not positive: an
