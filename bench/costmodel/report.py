@@ -34,7 +34,7 @@ for r in csv.DictReader(open(runs_csv)):
         args += ["--" + k.replace("_", "-"), r[k]]
     # The offload settings the model prices, from the run's variant (RunConfig::variant), as
     # `zerobench fit` reads them; they are part of the configuration.
-    knobs = dict(p.split("=", 1) for p in r["variant"].split(",") if "=" in p)
+    knobs = dict(kv.split("=", 1) for kv in r["variant"].split(",") if "=" in kv)
     priced = {k: knobs[k] for k in ("offload_ratio", "delayed_update_after") if k in knobs}
     if "offload_ratio" in priced:
         args += ["--offload-ratio", priced["offload_ratio"]]
