@@ -26,7 +26,9 @@
 # below 1, exact and delayed). The offloaded runs of the earlier archives (marked `old-offload`,
 # and the archives h100x1c/x1e/x1f/x1g, which hold nothing else) measured exact steps that waited
 # for all of the host's updates and are left out. The H200 sweep's offloaded runs are of that
-# engine too; no H200 sweep of the current one exists.
+# engine too; no H200 sweep of the current one exists. Ranks sharing a host: the same
+# offload-ratios on 2 GPUs of three 2×H100 hosts (the delayed runs of the two at 9f0fd0c left out:
+# `ratios-exact`) and the two-ranks comparison of a fourth (mr/g1: one GPU, mr/g2: two).
 #
 # NEW_HOST=NAME (one sweep of the kind's list) checks the model on a host no fit has seen instead:
 # it fits without that sweep, prices each of its runs with `zerobench ingest --cost-model`, once
@@ -40,7 +42,7 @@ ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE[:MARK] (under bench/results/raw)
   case $1 in
     h200) echo "now:gpu-2026-11-26-h200x2-costmodel-5a3944b" ;;
-    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299:old-offload x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208:old-offload x2b:gpu-2026-11-27-h100x2b-costmodel-serial-691c208:old-offload x1d:gpu-2026-11-27-h100x1d-costmodel-t5-691c208 x2c:gpu-2026-11-27-h100x2c-costmodel-2gpu-691c208 x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c x1l:gpu-2026-11-27-h100x1l-costmodel-offload-e51bf6b x1m:gpu-2026-11-27-h100x1m-costmodel-offload-e51bf6b x2d:gpu-2026-11-27-h100x2d-costmodel-offload-e51bf6b r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios" ;;
+    h100) echo "x2:gpu-2026-11-27-h100x2-costmodel-35b4299:old-offload x1:gpu-2026-11-27-h100x1-costmodel-35b4299 x1b:gpu-2026-11-27-h100x1b-costmodel-691c208:old-offload x2b:gpu-2026-11-27-h100x2b-costmodel-serial-691c208:old-offload x1d:gpu-2026-11-27-h100x1d-costmodel-t5-691c208 x2c:gpu-2026-11-27-h100x2c-costmodel-2gpu-691c208 x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c x1l:gpu-2026-11-27-h100x1l-costmodel-offload-e51bf6b x1m:gpu-2026-11-27-h100x1m-costmodel-offload-e51bf6b x2d:gpu-2026-11-27-h100x2d-costmodel-offload-e51bf6b r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios r2:gpu-2026-11-27-offload-ratios-h100x2:ratios-exact r2b:gpu-2026-11-27-offload-ratios-h100x2b:ratios-exact r2c:gpu-2026-11-27-offload-ratios-h100x2c:ratios r2d:gpu-2026-11-27-offload-two-ranks-h100x2:ratios" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
 }
@@ -71,9 +73,17 @@ for kind in "${kinds[@]}"; do
     # `ratios`: bench/gpu/run.sh offload-ratios (gpt2-xl at offload ratios below 1, exact and with
     # the delayed update): its offloaded runs are fitted; not its run without offload, which would
     # weigh one stage of its stage-choice group with another host's repeats.
+    # `ratios-exact`: the same, without its delayed runs, which measured the delayed update on 2
+    # GPUs before its all-gathers moved to the next forward (ef213a0: 4% shorter since).
+    if [ "$mark" = ratios-exact ]; then
+      find "$work/$name" -depth -type d -name 'or_delayed_*' -exec rm -rf {} +
+      mark=ratios
+    fi
     if [ "$mark" = ratios ]; then
-      rm -rf "$work/$name"/runs/or_none_*
-      fits+=("$name/runs")
+      find "$work/$name" -depth -type d -name 'or_none_*' -exec rm -rf {} +
+      while read -r d; do
+        [ -n "$(find "$work/$d" -mindepth 1 -maxdepth 1 -type d -name 'or_*' -print -quit)" ] && fits+=("$d")
+      done < <(cd "$work" && find "$name" -type d -name runs | sort)
     fi
     # NEW_HOST: that sweep's runs, fitted and held out alike, are the host no fit has seen.
     if [ "$name" = "${NEW_HOST:-}" ]; then

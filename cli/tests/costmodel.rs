@@ -430,3 +430,49 @@ fn the_hosts_adamw_rate_beside_the_runs_prices_offload() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert!(text(&o.stdout).contains("none of 4 offloaded runs had a cpu_adamw.json"), "{}", text(&o.stdout));
 }
+
+/// Offloaded runs of two ranks on one host beside runs of one: the fit says by how much ranks
+/// sharing a host slow each other's host updates, and on how many runs; `predict` prices a host of
+/// more ranks than fitted by that exponent and flags it.
+#[test]
+fn ranks_sharing_a_host_are_fitted_and_more_are_flagged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gpu = "NVIDIA H100 80GB HBM3";
+    let dir = tmp.path().join("runs");
+    sweep(&dir, gpu);
+    for (ranks, ratio) in [(1, 1.0), (1, 0.5), (2, 1.0), (2, 0.5)] {
+        let mut cfg = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z2);
+        (cfg.steps, cfg.warmup, cfg.micro_batch, cfg.seq_len) = (6, 1, 4, 512);
+        (cfg.offload, cfg.offload_ratio) = (zerobench_schema::config::Offload::Optimizer, Some(ratio));
+        // Each rank's share of the host's parameters at 5G/s, two ranks slowing each other by √2.
+        let ranks_f = f64::from(ranks);
+        let step = 60.0 + ratio * 1.56e12 / ranks_f / 5e9 * ranks_f.sqrt();
+        let mut r = SynthRun::new(&format!("xl-offload-r{ratio}-{ranks}"), cfg, ranks, step);
+        (r.gpu, r.jitter) = (gpu.to_string(), 0.0);
+        r.write(&dir.join(&r.run_id)).unwrap();
+    }
+    let m = tmp.path().join("m.json");
+    let o = zerobench(&["fit", dir.to_str().unwrap(), "--out", m.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    for said in ["ranks sharing a host slow each other's host updates by ranks^", "fitted on 2 offloaded runs of"] {
+        assert!(out.contains(said), "{said}: {out}");
+    }
+    let model: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&m).unwrap()).unwrap();
+    let e = model["fits"][0]["step"]["offload.sharing_exponent"].as_f64().unwrap();
+    assert!(e > 0.0, "{e}");
+    let predict = |gpus: &str| {
+        let base = ["predict", "--cost-model", m.to_str().unwrap(), "--gpu", "h100", "--model", "gpt2-xl"];
+        let q = ["--stage", "2", "--micro-batch", "4", "--seq-len", "512", "--offload", "optimizer", "--json"];
+        let o = zerobench(&[&base[..], &q[..], &["--gpus", gpus]].concat());
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let (two, four) = (predict("2"), predict("4"));
+    assert!(!two["extrapolated"].to_string().contains("share a host"), "{two}");
+    let flag = four["extrapolated"].to_string();
+    assert!(
+        flag.contains("4 ranks share a host, fitted with up to 2") && flag.contains(&format!("4^{e:.2}")),
+        "{flag}"
+    );
+}

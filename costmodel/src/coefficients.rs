@@ -19,10 +19,11 @@ use crate::nnls::{nnls, nnls_l1};
 use crate::observation::Observation;
 use crate::price::{
     eval, exposed_offload_ms, micro_ms, offload_step_ms, offload_window_ms, peak_allocated, step_parts, Bound,
-    DeviceDonor, GIB, OFFLOAD_HIDDEN, UNHIDDEN,
+    DeviceDonor, GIB, OFFLOAD_HIDDEN, OFFLOAD_SHARING, UNHIDDEN,
 };
 use crate::terms::{family_of, memory_terms, reserved_terms, step_terms, Part, Term};
 use crate::work::{Query, Work};
+use zerobench_schema::config::Offload;
 
 /// Coefficients of one fit, before validation.
 #[derive(Debug, Clone)]
@@ -50,7 +51,7 @@ pub(crate) fn fit_coefficients(runs: &[&Observation]) -> Coefficients {
 pub(crate) fn host_reference(runs: &[&Observation]) -> Option<f64> {
     let logs: Vec<f64> = runs
         .iter()
-        .filter(|o| o.query.config.offload != zerobench_schema::config::Offload::None)
+        .filter(|o| o.query.config.offload != Offload::None)
         .filter_map(|o| o.query.rate_priced())
         .map(f64::ln)
         .collect();
@@ -66,11 +67,8 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
     let mut coef = BTreeMap::new();
     // 1. The optimizer on the GPU, on runs without offload: an offloaded run's optimizer phase
     // also holds its waits for the host's update.
-    let opt: Vec<usize> = all
-        .iter()
-        .copied()
-        .filter(|&i| works[i].offload == zerobench_schema::config::Offload::None && runs[i].optimizer_ms.is_some())
-        .collect();
+    let opt: Vec<usize> =
+        all.iter().copied().filter(|&i| works[i].offload == Offload::None && runs[i].optimizer_ms.is_some()).collect();
     coef.extend(fit_terms(&opt, works, &|w| only(step_terms(w), "optimizer."), &|i| {
         runs[i].optimizer_ms.unwrap_or(0.0)
     }));
@@ -80,11 +78,8 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
         eval(coef, None, &t, Part::Step, &mut f)
     };
     // 2. The micro-step: one GPU, no offload.
-    let single: Vec<usize> = all
-        .iter()
-        .copied()
-        .filter(|&i| works[i].gpus == 1 && works[i].offload == zerobench_schema::config::Offload::None)
-        .collect();
+    let single: Vec<usize> =
+        all.iter().copied().filter(|&i| works[i].gpus == 1 && works[i].offload == Offload::None).collect();
     let micro_target: Vec<f64> = single
         .iter()
         .map(|&i| ((runs[i].step_ms - optimizer(&coef, &works[i])) / works[i].micro_steps).max(0.0))
@@ -99,11 +94,8 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
         let (micro, _) = micro_ms(coef, donor, &step_terms(w), &mut f);
         (w.micro_steps * micro, optimizer(coef, w))
     };
-    let offloaded: Vec<usize> = all
-        .iter()
-        .copied()
-        .filter(|&i| works[i].offload != zerobench_schema::config::Offload::None && works[i].gpus == 1)
-        .collect();
+    let offloaded: Vec<usize> =
+        all.iter().copied().filter(|&i| works[i].offload != Offload::None && works[i].gpus == 1).collect();
     let fitted = coef.clone();
     let offload_run = |i: usize| {
         let (compute, optimizer) = compute_and_optimizer(&fitted, i);
@@ -115,24 +107,49 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
     };
     let offload_runs: Vec<OffloadRun> = offloaded.iter().map(|&i| offload_run(i)).collect();
     coef.extend(fit_offload(&offloaded, works, &offload_runs));
+    // 4. Communication, on what the runs of several GPUs add beyond compute, optimizer and the
+    // exposed host update (offload's terms are fitted already): on those without offload where
+    // there are any, since an offloaded run's host update on a shared host is priced by a term
+    // fitted after.
     let several: Vec<usize> = all.iter().copied().filter(|&i| works[i].gpus > 1).collect();
+    let plain: Vec<usize> = several.iter().copied().filter(|&i| works[i].offload == Offload::None).collect();
     let fitted = coef.clone();
-    let comm_and_offload = |w: &Work| {
-        step_terms(w)
-            .into_iter()
-            .filter(|t| t.name.starts_with("comm.") || t.name.starts_with("offload"))
-            .collect::<Vec<_>>()
-    };
-    // Offload's terms are fitted already; on several GPUs only communication's are new.
     let offload_done = |i: usize| {
         let mut f = Vec::new();
         let (compute, optimizer) = compute_and_optimizer(&fitted, i);
         let exposed = offload_step_ms(&fitted, donor, &works[i], &step_terms(&works[i]), (compute, optimizer), &mut f);
         runs[i].step_ms - compute - optimizer - exposed
     };
-    coef.extend(fit_terms(&several, works, &|w| only(comm_and_offload(w), "comm."), &offload_done));
+    let comm_runs = if plain.is_empty() { &several } else { &plain };
+    coef.extend(fit_terms(comm_runs, works, &|w| only(step_terms(w), "comm."), &offload_done));
+    // 5. How much ranks sharing a host slow each other's updates (`OFFLOAD_SHARING`), on the
+    // offloaded runs of several ranks per host: not linear, so the exponent on a grid with the
+    // smallest summed relative error of their steps.
+    let shared: Vec<usize> = several
+        .iter()
+        .copied()
+        .filter(|&i| works[i].offload != Offload::None && works[i].ranks_per_host > 1.0)
+        .collect();
+    if !shared.is_empty() {
+        let error = |e: f64| {
+            let mut c = coef.clone();
+            c.insert(OFFLOAD_SHARING.to_string(), e);
+            let err: f64 = shared
+                .iter()
+                .map(|&i| (step_parts(&c, donor, &works[i], &mut Vec::new()).step_ms / runs[i].step_ms - 1.0).abs())
+                .sum();
+            (err, e)
+        };
+        let grid = (0..=SHARING_STEPS).map(|k| f64::from(k) / f64::from(SHARING_STEPS));
+        if let Some((_, e)) = grid.map(error).min_by(|a, b| a.0.total_cmp(&b.0)) {
+            coef.insert(OFFLOAD_SHARING.to_string(), e);
+        }
+    }
     (coef, device_donor)
 }
+
+/// Grid steps of the sharing exponent (`OFFLOAD_SHARING`) between 0 and 1.
+const SHARING_STEPS: u32 = 20;
 
 /// The terms whose names start with `prefix`.
 pub(crate) fn only(terms: Vec<Term>, prefix: &str) -> Vec<Term> {

@@ -82,7 +82,7 @@ mod tests {
     use super::*;
     use crate::coefficients::only;
     use crate::model::Prediction;
-    use crate::price::{eval, peak_allocated, step_parts, OFFLOAD_HIDDEN, UNHIDDEN};
+    use crate::price::{eval, peak_allocated, step_parts, OFFLOAD_HIDDEN, OFFLOAD_SHARING, UNHIDDEN};
     use crate::terms::{step_terms, Part};
     use crate::work::Query;
     use zerobench_schema::config::{Offload, RunConfig, ZeroStage};
@@ -302,6 +302,53 @@ mod tests {
         assert!(p.extrapolated.iter().any(|e| e.contains("the given rate is not used")), "{:?}", p.extrapolated);
         let worst = blind.iter().map(|o| off(&g.predict(&o.query), o)).fold(0.0, f64::max);
         assert!(worst > 0.05, "{worst}");
+    }
+
+    /// Offloaded runs of two ranks per host whose updates slow each other by 2^0.5: the fit
+    /// recovers the exponent on its grid, prices them and their configurations never run as the
+    /// truth does, and a host of more ranks than fitted by the exponent, flagged. The one-rank
+    /// runs, and the terms fitted on them, are the same as without.
+    #[test]
+    fn ranks_sharing_a_host_slow_each_other_by_the_fitted_exponent() {
+        let mut shared_truth = truth();
+        shared_truth.insert(OFFLOAD_SHARING.to_string(), 0.5);
+        let on_shared_host = |model: ModelPreset, ratio: f64, delayed: bool, gpus: u32| {
+            let mut c = RunConfig::new(model, ZeroStage::Z2);
+            (c.micro_batch, c.offload, c.offload_ratio) = (4, Offload::Optimizer, Some(ratio));
+            c.delayed_update_after = delayed.then_some(3);
+            let mut o = observe_config(c, gpus);
+            o.run_id = format!("{}-r{ratio}-{delayed}", o.run_id);
+            o.step_ms = step_parts(&shared_truth, None, &Work::of(&o.query, None), &mut Vec::new()).step_ms;
+            o
+        };
+        let mut runs = sweep();
+        for ratio in [0.3, 0.5, 1.0] {
+            for delayed in [false, true] {
+                runs.push(on_shared_host(ModelPreset::Gpt2Xl, ratio, delayed, 2));
+            }
+        }
+        // Sharing shows: all on the host, two ranks wait longer than one rank's half would.
+        let one_rank = step_parts(&truth(), None, &Work::of(&runs.last().unwrap().query, None), &mut Vec::new());
+        assert!(runs.last().unwrap().step_ms > one_rank.step_ms * 1.1);
+        let f = &fit(&runs).unwrap().fits[0];
+        assert_eq!(f.step.get(OFFLOAD_SHARING), Some(&0.5));
+        for name in ["offload.ms_per_gparam", OFFLOAD_HIDDEN] {
+            let (got, want) = (f.step[name], truth()[name]);
+            assert!((got - want).abs() <= 1e-6 * want, "{name}: {got} vs {want}");
+        }
+        let unseen =
+            [on_shared_host(ModelPreset::Gpt2Large, 0.7, false, 2), on_shared_host(ModelPreset::Gpt2Xl, 0.8, true, 2)];
+        for o in runs.iter().chain(&unseen) {
+            let p = f.predict(&o.query);
+            assert!((p.step_ms / o.step_ms - 1.0).abs() < 0.01, "{}: {} vs {}", o.run_id, p.step_ms, o.step_ms);
+            assert!(p.extrapolated.is_empty(), "{}: {:?}", o.run_id, p.extrapolated);
+        }
+        // Four ranks on one host: each rank's update 4^0.5 = 2 times one rank's, flagged.
+        let four = on_shared_host(ModelPreset::Gpt2Xl, 1.0, false, 4);
+        let p = f.predict(&four.query);
+        assert!((p.step_ms / four.step_ms - 1.0).abs() < 0.01, "{} vs {}", p.step_ms, four.step_ms);
+        let says = "4 ranks share a host, fitted with up to 2: each rank's host update is priced 2.00 times";
+        assert!(p.extrapolated.iter().any(|e| e.contains(says)), "{:?}", p.extrapolated);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use zerobench_schema::config::{Offload, Precision};
 
-use crate::price::{peak_allocated, peak_reserved, step_parts, Bound, DeviceDonor};
+use crate::price::{peak_allocated, peak_reserved, step_parts, Bound, DeviceDonor, OFFLOAD_SHARING};
 use crate::validate::{BoundIntervals, Validation};
 use crate::work::{priced_host_rate, Query, Work};
 
@@ -213,7 +213,7 @@ impl Fit {
     pub fn predict(&self, q: &Query) -> Prediction {
         let w = Work::of(q, self.host_adamw_gparams_per_s);
         let mut flags = Vec::new();
-        self.range.flag(&w, q, &mut flags);
+        self.range.flag(&w, q, self.step.get(OFFLOAD_SHARING).copied(), &mut flags);
         let s = step_parts(&self.step, self.device_donor.as_ref(), &w, &mut flags);
         let alloc = peak_allocated(&self.memory, &w, &mut flags);
         let reserved = peak_reserved(&self.reserved, alloc, &mut flags);
@@ -279,7 +279,8 @@ impl Range {
         }
     }
 
-    fn flag(&self, w: &Work, q: &Query, flags: &mut Vec<String>) {
+    /// `sharing`: the fit's sharing exponent ([`OFFLOAD_SHARING`]), where it has one.
+    fn flag(&self, w: &Work, q: &Query, sharing: Option<f64>, flags: &mut Vec<String>) {
         let params = q.config.model.spec().param_count() as f64;
         if let Some(r) = self.families.get(w.family) {
             if w.micro_tokens < r.min_tokens || w.micro_tokens > r.max_tokens {
@@ -327,20 +328,27 @@ impl Range {
             flags.push(format!("offload: {} not fitted", w.offload));
         }
         if w.offload != Offload::None {
-            self.flag_host(q, flags);
+            self.flag_host(q, sharing, flags);
         }
     }
 
     /// An offloaded query's host beyond the fitted hosts: more ranks sharing it, or an AdamW rate
     /// outside theirs, or one that is not used.
-    fn flag_host(&self, q: &Query, flags: &mut Vec<String>) {
+    fn flag_host(&self, q: &Query, sharing: Option<f64>, flags: &mut Vec<String>) {
         let ranks = q.ranks_per_host();
         if let Some(fitted) = self.offload_ranks_per_host.filter(|&r| ranks > r) {
-            flags.push(format!(
-                "offload: {ranks} ranks share a host, fitted with {fitted}: each rank's host update is priced as a \
-                 fitted host's one rank's, short where the host's update sets the step (two ranks of a 2xH100 host \
-                 took as long as one rank with all the parameters)"
-            ));
+            flags.push(match sharing {
+                Some(e) => format!(
+                    "offload: {ranks} ranks share a host, fitted with up to {fitted}: each rank's host update is \
+                     priced {:.2} times one rank's alone ({ranks}^{e:.2}, the fitted sharing exponent)",
+                    f64::from(ranks).powf(e)
+                ),
+                None => format!(
+                    "offload: {ranks} ranks share a host, fitted with {fitted}: each rank's host update is priced as \
+                     one rank's alone, short where the host's update sets the step (two ranks of a 2xH100 host took \
+                     as long as one rank with all the parameters)"
+                ),
+            });
         }
         match (q.host_adamw_gparams_per_s, self.host_adamw_gparams_per_s) {
             (Some(_), _) if ranks > 1 => flags.push(

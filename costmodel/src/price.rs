@@ -164,7 +164,33 @@ pub(crate) fn exposed_offload_ms(coef: &BTreeMap<String, f64>, host_ms: f64, win
     (host_ms - coef.get(OFFLOAD_HIDDEN).copied().unwrap_or(0.0) * window_ms).max(0.0)
 }
 
-/// What a step waits for of its host's update: offload's terms less what the GPU's window of
+/// The exponent e by which the ranks sharing a host slow each other's updates: each of N ranks'
+/// host AdamW takes N^e times as long as one rank's alone would, from 0 (ranks that do not slow
+/// each other) to 1 (the host's rate split evenly between them). Fitted on a grid over the
+/// offloaded runs of several ranks per host; a model fitted without such runs has none, and prices
+/// each rank as one rank alone.
+pub const OFFLOAD_SHARING: &str = "offload.sharing_exponent";
+
+/// How many times longer each rank's host AdamW takes with the ranks that share its host:
+/// `ranks^e` ([`OFFLOAD_SHARING`]).
+pub(crate) fn host_sharing(coef: &BTreeMap<String, f64>, w: &Work) -> f64 {
+    w.ranks_per_host.powf(coef.get(OFFLOAD_SHARING).copied().unwrap_or(0.0))
+}
+
+/// The host's update of one step (offload's terms): its AdamW, slowed by the ranks sharing the
+/// host ([`host_sharing`]), and, with the parameters offloaded, their copies per micro-step.
+pub(crate) fn host_update_ms(
+    coef: &BTreeMap<String, f64>,
+    donor: Option<&DeviceDonor>,
+    w: &Work,
+    terms: &[Term],
+    flags: &mut Vec<String>,
+) -> f64 {
+    step_part(coef, donor, terms, "offload.", flags) * host_sharing(coef, w)
+        + step_part(coef, donor, terms, "offload_params.", flags)
+}
+
+/// What a step waits for of its host's update ([`host_update_ms`]) less what the GPU's window of
 /// `compute_ms` and `optimizer_ms` hides ([`exposed_offload_ms`]); 0 without offload.
 pub(crate) fn offload_step_ms(
     coef: &BTreeMap<String, f64>,
@@ -178,7 +204,7 @@ pub(crate) fn offload_step_ms(
         Offload::None => 0.0,
         _ => exposed_offload_ms(
             coef,
-            step_part(coef, donor, terms, "offload", flags),
+            host_update_ms(coef, donor, w, terms, flags),
             offload_window_ms(w, compute_ms, optimizer_ms),
         ),
     }
@@ -251,5 +277,31 @@ mod tests {
         assert_eq!(exposed_offload_ms(&coef, 100.0, 66.0), 67.0);
         assert_eq!(exposed_offload_ms(&coef, 20.0, 66.0), 0.0);
         assert_eq!(exposed_offload_ms(&BTreeMap::new(), 100.0, 66.0), 100.0);
+    }
+
+    /// Ranks sharing a host slow its AdamW by ranks^e, not the parameters' copies; a model without
+    /// the exponent prices each rank as one alone.
+    #[test]
+    fn ranks_sharing_a_host_slow_its_adamw_only() {
+        let work = |gpus: u32| {
+            let mut c = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z3);
+            c.offload = Offload::OptimizerParams;
+            Work::of(&Query::new(c, gpus, 1), None)
+        };
+        let (one, four) = (work(1), work(4));
+        let coef: BTreeMap<String, f64> = [
+            ("offload.ms_per_gparam".to_string(), 100.0),
+            ("offload_params.ms_per_gparam_micro".to_string(), 10.0),
+            (OFFLOAD_SHARING.to_string(), 0.5),
+        ]
+        .into();
+        let host =
+            |coef: &BTreeMap<String, f64>, w: &Work| host_update_ms(coef, None, w, &step_terms(w), &mut Vec::new());
+        let (adamw, copies) = (100.0 * four.gparams_host, 10.0 * four.gparams_host);
+        assert!((host(&coef, &four) - (2.0 * adamw + copies)).abs() < 1e-9);
+        assert!((host(&coef, &one) - 110.0 * one.gparams_host).abs() < 1e-9);
+        let mut alone = coef.clone();
+        alone.remove(OFFLOAD_SHARING);
+        assert!((host(&alone, &four) - (adamw + copies)).abs() < 1e-9);
     }
 }

@@ -11,9 +11,10 @@
 //! gathers = stage3.ms_per_gparam_gathered · Ggathered
 //! optimizer = optimizer.ms_per_gparam · Gparams on the device
 //! offload   = max(0, host update − offload.hidden_share · window)   (crate::price)
-//! host update = offload.ms_per_gparam · Gparams on the host · slowness
+//! host update = offload.ms_per_gparam · Gparams on the host · slowness · ranks^e
 //!           + offload_params.ms_per_gparam_micro · G · Gparams on the host·[optimizer+params]
 //! slowness  = fitted hosts' AdamW rate / this host's, one rank per host; else 1   (crate::work::host_slowness)
+//! ranks^e   = ranks per host ^ offload.sharing_exponent, fitted; 0 without   (crate::price::host_sharing)
 //! window    = (BACKWARD_SHARE · compute, or all of it with the delayed update) + optimizer
 //! comm      = comm.ms·[gpus > 1] + comm.stage{s}.ms_per_gb · (GB within a node + GB across nodes · r)
 //! ```

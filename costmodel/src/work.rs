@@ -90,15 +90,17 @@ pub struct Work {
     pub glargest_unit: f64,
     pub gpus: u32,
     pub nodes: u32,
+    /// Ranks sharing one host ([`Query::ranks_per_host`]): with offload, their host updates
+    /// share its memory bandwidth (`crate::price::host_update_ms`).
+    pub ranks_per_host: f64,
 }
 
 /// How much longer a host updates a parameter than the hosts a model was fitted on: their AdamW
 /// rate (`reference`) over this host's where both are known and the host has one rank, as the
 /// fitted offloaded runs had ([`Query::rate_priced`]); else 1. `examples/cpu_adamw` measures one
-/// process over all the host's cores, not what each of several ranks gets; on the two-GPU runs
-/// measured, sharing it between the ranks priced worse than one rank's pricing
-/// (docs/cost-model.md, "The host's AdamW rate"), so a host of several ranks is priced per rank
-/// as the fitted hosts' one (and flagged).
+/// process over all the host's cores, not what each of several ranks gets, so a host of several
+/// ranks is priced at the fitted hosts' rate (flagged where a rate was given), and how its ranks
+/// slow each other by the fitted exponent (`crate::price::host_sharing`).
 pub fn host_slowness(q: &Query, reference: Option<f64>) -> f64 {
     match (reference, priced_host_rate(q, reference)) {
         (Some(fitted), Some(priced)) => fitted / priced,
@@ -187,6 +189,7 @@ impl Work {
             glargest_unit: largest,
             gpus: world,
             nodes: q.nodes.max(1),
+            ranks_per_host: f64::from(q.ranks_per_host()),
         }
     }
 }

@@ -180,7 +180,17 @@ fn host_rates(f: &zerobench_costmodel::Fit) -> Option<String> {
         return None;
     }
     let known = offloaded.iter().filter(|q| q.host_adamw_gparams_per_s.is_some()).count();
-    Some(match (f.host_adamw_gparams_per_s, f.range.host_adamw_gparams_per_s) {
+    // Ranks sharing a host: the exponent fitted on the offloaded runs of several ranks per host.
+    let shared = offloaded.iter().filter(|q| q.ranks_per_host() > 1).count();
+    let sharing = match (f.step.get(zerobench_costmodel::OFFLOAD_SHARING), f.range.offload_ranks_per_host) {
+        (Some(e), Some(most)) if shared > 0 => format!(
+            "; ranks sharing a host slow each other's host updates by ranks^{e:.2} ({most} ranks: {:.2}x one alone), \
+             fitted on {shared} offloaded runs of several ranks per host",
+            f64::from(most).powf(*e)
+        ),
+        _ => String::new(),
+    };
+    let rates = match (f.host_adamw_gparams_per_s, f.range.host_adamw_gparams_per_s) {
         (Some(rate), Some([lo, hi])) => format!(
             "offload priced at the hosts' AdamW rate {rate:.2}G parameters/s (geometric mean of {lo:.2}-{hi:.2}G); \
              {known} of {} offloaded runs had a {} beside them",
@@ -192,7 +202,8 @@ fn host_rates(f: &zerobench_costmodel::Fit) -> Option<String> {
             offloaded.len(),
             crate::host_rate::FILE
         ),
-    })
+    };
+    Some(rates + &sharing)
 }
 
 fn join(kinds: &std::collections::BTreeSet<&str>) -> String {
