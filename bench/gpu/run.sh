@@ -71,7 +71,8 @@
 #                is fitted on (runs/cm-fit) and the held-out runs it is checked against
 #                (runs/cm-holdout); one-GPU runs one at a time (CM_PARALLEL=2: two at once on two
 #                GPUs; CM_SETS="fit" or "holdout" runs one set, CM_MATCH='gpt2*' the runs so named,
-#                CM_LANES=any the one-GPU runs without host work)
+#                CM_LANES=any the one-GPU runs without host work; CM_LIST another list, e.g.
+#                bench/gpu/costmodel-runs-4gpu.txt)
 #   launch-cpu   one GPU: launch-bound configurations, a device-bound one and an offloaded one
 #                (LC_CASES, MODEL:MICRO_BATCH:SEQ:STAGE[:OFFLOAD]) with each --launch-cpu of
 #                LC_SETTINGS (default "none auto"; a CPU number too) in turn (LC_REPS rounds,
@@ -558,7 +559,8 @@ PY
       python3 bench/gpu/report_binding.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" > "$OUTDIR/binding.json"
       log "binding: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUTDIR/binding.json")" ;;
     costmodel)
-      # Each line of the list: SET LANE NAME NP WORKER-ARGS... (bench/gpu/costmodel-runs.txt); CM_SETS
+      # Each line of the list: SET LANE NAME NP WORKER-ARGS... (bench/gpu/costmodel-runs.txt, or the
+      # list CM_LIST names: bench/gpu/costmodel-runs-4gpu.txt, the 2-GPU runs on 4 GPUs); CM_SETS
       # picks the sets (default "fit holdout"), so that one GPU can run them in two calls; CM_MATCH
       # (a shell pattern, default *) picks runs by name, e.g. 'gpt2*' for one family, and CM_LANES
       # the lanes (default "any serial"). Lane "any" runs are one-GPU runs without host work; they
@@ -580,14 +582,14 @@ PY
           i=$((i + 1)); [ $(( (i - 1) % $3 )) -eq "$2" ] || continue
           # shellcheck disable=SC2086
           WORKER_ENV="CUDA_VISIBLE_DEVICES=$1" WORKER_TIMEOUT=180 worker "cm-$set/$name" "$np" $rest --steps "${CM_STEPS:-30}" --warmup "${CM_WARMUP:-10}" < /dev/null
-        done < bench/gpu/costmodel-runs.txt
+        done < "${CM_LIST:-bench/gpu/costmodel-runs.txt}"
       }
       if [ "$GPUS" -ge 2 ] && [ "${CM_PARALLEL:-1}" = 2 ]; then lane 0 0 2 & lane 1 1 2 & wait; else lane 0 0 1; fi
       while read -r set ln name np rest; do
         picked "$set" "$name" "$ln" && [ "$ln" = serial ] && [ "$np" -le "$GPUS" ] || continue
         # shellcheck disable=SC2086
         WORKER_TIMEOUT=240 worker "cm-$set/$name" "$np" $rest --steps "${CM_STEPS:-30}" --warmup "${CM_WARMUP:-10}" < /dev/null
-      done < bench/gpu/costmodel-runs.txt ;;
+      done < "${CM_LIST:-bench/gpu/costmodel-runs.txt}" ;;
     correctness)
       for s in 0 1 2 3; do
         worker "correct_gpt2_z${s}_2gpu" 2 --model gpt2 --stage "$s" --micro-batch 8 --seq-len 256 --steps 40 --warmup 2 \
