@@ -164,10 +164,13 @@ worker() {
 # commit_of DIR: the commit a carried build was made at (its COMMIT file), or "unknown".
 commit_of() { cat "$1/COMMIT" 2>/dev/null || echo unknown; }
 
-# host_rates: this host's AdamW rate (examples/cpu_adamw, RUNS/cpu_adamw.json) and its pinned copy
-# bandwidth each way (examples/nccl_bw, RUNS/copies.jsonl), as the offload reports read them.
+# host_rates: this host's AdamW rate (examples/cpu_adamw, RUNS/cpu_adamw.json; CPU_ADAMW_RANKS, a
+# list such as 2,4, adds what each of that many ranks gets at once) and its pinned copy bandwidth
+# each way (examples/nccl_bw, RUNS/copies.jsonl), as the offload reports read them.
 host_rates() {
-  "$BIN/examples/cpu_adamw" 200000000 > "$RUNS/cpu_adamw.json" 2>&1; log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
+  # shellcheck disable=SC2046
+  "$BIN/examples/cpu_adamw" 200000000 ${CPU_ADAMW_RANKS:+$(nproc) "$CPU_ADAMW_RANKS"} > "$RUNS/cpu_adamw.json" 2>&1
+  log "cpu_adamw: $(cat "$RUNS/cpu_adamw.json")"
   mpirun -np 1 -x LD_LIBRARY_PATH --bind-to none "$BIN/examples/nccl_bw" 1073741824 > "$RUNS/copies.jsonl" 2>&1
   log "copies: $(grep -h '2[dh]' "$RUNS/copies.jsonl" | tr '\n' ' ')"
 }
