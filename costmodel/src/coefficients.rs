@@ -60,8 +60,10 @@ pub(crate) fn host_reference(runs: &[&Observation]) -> Option<f64> {
 
 /// The step coefficients, fitted in stages so that each is fitted on the measurement that isolates
 /// it: the optimizer on the logged optimizer phase; the micro-step's bounds on one-GPU runs without
-/// offload (their step less the optimizer); offload's and communication's terms on what their runs
-/// add to the step beyond the compute and optimizer already fitted.
+/// offload (their step less the optimizer); offload's terms on one-GPU offloaded runs and
+/// communication's on runs of several GPUs without offload, on what their runs add to the step
+/// beyond the compute and optimizer already fitted; last, how ranks sharing a host slow each
+/// other's updates, on the offloaded runs of several ranks per host.
 fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Option<DeviceDonor>) {
     let all: Vec<usize> = (0..runs.len()).collect();
     let mut coef = BTreeMap::new();
