@@ -9,15 +9,14 @@ bench/costmodel/check-4gpu.sh.
 usage: four_gpus.py PREDICTED.csv HOST.txt MODEL SOURCE...
 """
 import csv
-import datetime
 import json
 import statistics
 import sys
 
+from results import header
+
 predicted, host_txt, model = sys.argv[1:4]
 sources = sys.argv[4:]
-# The host the runs came from, as bench/gpu/run.sh wrote it: date, host, GPUs, versions, cores.
-host = [line.strip() for line in open(host_txt) if line.strip()]
 rows = [r for r in csv.DictReader(open(predicted)) if r["predicted_step_ms"]]
 
 
@@ -33,12 +32,12 @@ family = lambda r: r["model"].split("-")[0]
 plain = [r for r in rows if r["offload"] == "none" and r["gpus"] == "4"]
 offloaded = [r for r in rows if r["offload"] != "none"]
 print(json.dumps({
-    "benchmark": "cost model at 4 GPUs of one 4xH100 host (64 cores): its runs without offload, at a GPU "
-                 "count no fit has seen, and its offloaded ones with two and four ranks per host, priced by "
-                 "`zerobench ingest --cost-model` (whether the model was fitted on the offloaded ones: `model`)",
-    "date": datetime.date.today().isoformat(),
-    "host": host,
-    "gpu": next((line.split(",")[0] for line in host if "NVIDIA" in line), None),
+    **header(
+        "cost model at 4 GPUs of one 4xH100 host (64 cores): its runs without offload, at a GPU "
+        "count no fit has seen, and its offloaded ones with two and four ranks per host, priced by "
+        "`zerobench ingest --cost-model` (whether the model was fitted on the offloaded ones: `model`)",
+        host_txt,
+    ),
     "model": model,
     "sources": sources,
     "summary": {

@@ -10,15 +10,15 @@ usage: ranks_sharing.py SHIPPED.csv MEASURED.csv RUNS_DIR HOST.txt MODEL SOURCE
   each folder's measured exponent (the script that calls this makes it)
 """
 import csv
-import datetime
 import glob
 import json
 import os
 import statistics
 import sys
 
+from results import header
+
 shipped_csv, measured_csv, runs_dir, host_txt, model, source = sys.argv[1:7]
-host = [line.strip() for line in open(host_txt) if line.strip()]
 fit = json.load(open(model))["fits"][0]
 reference, exponent = fit["host_adamw_gparams_per_s"], fit["step"]["offload.sharing_exponent"]
 
@@ -48,13 +48,13 @@ def mape(rows, gpus):
 
 gpus = sorted({r["gpus"] for r in shipped.values()}, key=int)
 print(json.dumps({
-    "benchmark": "ranks sharing a host's AdamW under offload, on a 4xH100 host (64 cores) no fit has seen: "
-                 "gpt2-xl at stage 2, ratios 0.3/0.5/1, exact and delayed, on 1, 2 and 4 GPUs, priced by the "
-                 "shipped model's sharing exponent and by the per-rank rate examples/cpu_adamw measured with "
-                 "that many ranks at once",
-    "date": datetime.date.today().isoformat(),
-    "host": host,
-    "gpu": next((line.split(",")[0] for line in host if "NVIDIA" in line), None),
+    **header(
+        "ranks sharing a host's AdamW under offload, on a 4xH100 host (64 cores) no fit has seen: "
+        "gpt2-xl at stage 2, ratios 0.3/0.5/1, exact and delayed, on 1, 2 and 4 GPUs, priced by the "
+        "shipped model's sharing exponent and by the per-rank rate examples/cpu_adamw measured with "
+        "that many ranks at once",
+        host_txt,
+    ),
     "model": model,
     "reference_gparams_per_s": round(reference, 3),
     "shipped_sharing_exponent": exponent,
