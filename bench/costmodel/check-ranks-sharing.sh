@@ -1,24 +1,33 @@
 #!/usr/bin/env bash
-# Ranks sharing a host, on a 4xH100 host no fit has seen (bench/costmodel/ranks_sharing.py): its
-# offloaded runs priced by the shipped H100 model, and by the per-rank AdamW rate each folder's
-# cpu_adamw.json measured with as many ranks at once as its runs had (the model's sharing exponent
-# set to the one that rate implies, log(reference / per-rank rate) / log(ranks)).
+# Ranks sharing a host, on hosts no fit has seen (bench/costmodel/ranks_sharing.py): a host's
+# offloaded runs (folders or1, or2, or4: 1, 2 and 4 ranks) priced by the shipped H100 model, and by
+# the per-rank AdamW rate each folder's cpu_adamw.json measured with as many ranks at once as its
+# runs had (the model's sharing exponent set to the one that rate implies,
+# log(reference / per-rank rate) / log(ranks)).
 #
-#   bench/costmodel/check-ranks-sharing.sh   (after `make build`; writes
-#                                             bench/results/costmodel-h100-ranks-sharing.json)
+#   bench/costmodel/check-ranks-sharing.sh [NAME...]   (after `make build`; default: x4 x2, the
+#       archives bench/results/raw/gpu-DATE-h100NAME-ranks-sharing.tar.gz; writes
+#       bench/results/costmodel-h100-ranks-sharing-NAME.json)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ZB=$PWD/${BIN:-target/release}/zerobench
 model=$PWD/costmodel/models/h100.json
-archive=bench/results/raw/gpu-2026-11-27-h100x4-ranks-sharing.tar.gz
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=(x4 x2)
+for name in "${names[@]}"; do
+archive=$(find bench/results/raw -name "gpu-*-h100$name-ranks-sharing.tar.gz" | sort | tail -n 1)
+[ -n "$archive" ] || { echo "check-ranks-sharing.sh: no archive gpu-*-h100$name-ranks-sharing.tar.gz" >&2; exit 2; }
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 tar -xzf "$archive" -C "$work"
 find "$work" -depth -type d -name 'or_none_*' -exec rm -rf {} +
-(cd "$work" && "$ZB" ingest or1/runs or2/runs or4/runs --cost-model "$model" --out shipped --format csv -q 2>/dev/null) ||
+folders=() dirs=()
+for n in 1 2 4; do
+  if [ -d "$work/or$n/runs" ]; then folders+=("$n"); dirs+=("or$n/runs"); fi
+done
+(cd "$work" && "$ZB" ingest "${dirs[@]}" --cost-model "$model" --out shipped --format csv -q 2>/dev/null) ||
   [ $? -eq 1 ]
 # Each folder of N ranks priced with the exponent its own cpu_adamw.json implies for N.
-for n in 1 2 4; do
+for n in "${folders[@]}"; do
   e=$(python3 -c '
 import json, math, sys
 fit = json.load(open(sys.argv[1]))["fits"][0]
@@ -31,8 +40,11 @@ print(0.0 if rate is None else math.log(fit["host_adamw_gparams_per_s"] / rate) 
     "$model" "$e" "$work/m$n.json"
   (cd "$work" && "$ZB" ingest "or$n/runs" --cost-model "m$n.json" --out "measured$n" --format csv -q 2>/dev/null) || [ $? -eq 1 ]
 done
-(head -n 1 "$work/measured1/predicted.csv"; for n in 1 2 4; do tail -n +2 "$work/measured$n/predicted.csv"; done) > "$work/measured.csv"
+(head -n 1 "$work/measured${folders[0]}/predicted.csv"; for n in "${folders[@]}"; do tail -n +2 "$work/measured$n/predicted.csv"; done) \
+  > "$work/measured.csv"
+out=bench/results/costmodel-h100-ranks-sharing-$name.json
 python3 bench/costmodel/ranks_sharing.py "$work/shipped/predicted.csv" "$work/measured.csv" "$work" \
-  "$work/or4/host.txt" "$model" "$archive" > bench/results/costmodel-h100-ranks-sharing.json
-python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d["summary"]), json.dumps(d["cpu_adamw"]))' \
-  bench/results/costmodel-h100-ranks-sharing.json
+  "$work/or${folders[-1]}/host.txt" "$model" "$archive" > "$out"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d["summary"]), json.dumps(d["cpu_adamw"]))' "$out"
+rm -rf "$work"
+done

@@ -1,9 +1,10 @@
-"""Ranks sharing a host, on a host no fit has seen: gpt2-xl's offloaded runs with one, two and four
-ranks on one 4xH100 host (`bench/gpu/run.sh offload-ratios` with OR_GPUS=1, 2, 4 and
+"""Ranks sharing a host, on a host no fit has seen: gpt2-xl's offloaded runs with one, two (and
+four) ranks on one host (`bench/gpu/run.sh offload-ratios` with OR_GPUS=1, 2, 4 and
 CPU_ADAMW_RANKS=2,4), priced by the shipped model (its fitted sharing exponent) and by what each
 rank got when that many `examples/cpu_adamw` ran at once on the host (the exponent that rate
 implies: log(reference rate / rate per rank) / log(ranks)). Prints one JSON document
-(bench/results/costmodel-h100-ranks-sharing.json). Written by bench/costmodel/check-ranks-sharing.sh.
+(bench/results/costmodel-h100-ranks-sharing-NAME.json). Written by
+bench/costmodel/check-ranks-sharing.sh.
 
 usage: ranks_sharing.py SHIPPED.csv MEASURED.csv RUNS_DIR HOST.txt MODEL SOURCE
   SHIPPED.csv: `zerobench ingest --cost-model` with the shipped model; MEASURED.csv: the same with
@@ -49,8 +50,8 @@ def mape(rows, gpus):
 gpus = sorted({r["gpus"] for r in shipped.values()}, key=int)
 print(json.dumps({
     **header(
-        "ranks sharing a host's AdamW under offload, on a 4xH100 host (64 cores) no fit has seen: "
-        "gpt2-xl at stage 2, ratios 0.3/0.5/1, exact and delayed, on 1, 2 and 4 GPUs, priced by the "
+        "ranks sharing a host's AdamW under offload, on a host no fit has seen: "
+        "gpt2-xl at stage 2, ratios 0.3/0.5/1, exact and delayed, on 1, 2 (and 4) GPUs, priced by the "
         "shipped model's sharing exponent and by the per-rank rate examples/cpu_adamw measured with "
         "that many ranks at once",
         host_txt,
