@@ -114,7 +114,6 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
     // there are any, since an offloaded run's host update on a shared host is priced by a term
     // fitted after.
     let several: Vec<usize> = all.iter().copied().filter(|&i| works[i].gpus > 1).collect();
-    let plain: Vec<usize> = several.iter().copied().filter(|&i| works[i].offload == Offload::None).collect();
     let fitted = coef.clone();
     let offload_done = |i: usize| {
         let mut f = Vec::new();
@@ -122,8 +121,7 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
         let exposed = offload_step_ms(&fitted, donor, &works[i], &step_terms(&works[i]), (compute, optimizer), &mut f);
         runs[i].step_ms - compute - optimizer - exposed
     };
-    let comm_runs = if plain.is_empty() { &several } else { &plain };
-    coef.extend(fit_terms(comm_runs, works, &|w| only(step_terms(w), "comm."), &offload_done));
+    coef.extend(fit_terms(&communication_runs(works), works, &|w| only(step_terms(w), "comm."), &offload_done));
     // 5. How much ranks sharing a host slow each other's updates (`OFFLOAD_SHARING`), on the
     // offloaded runs of several ranks per host: not linear, so the exponent on a grid with the
     // smallest summed relative error of their steps.
@@ -148,6 +146,19 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
         }
     }
     (coef, device_donor)
+}
+
+/// The runs communication's terms are fitted on: those of several GPUs without offload, or, where
+/// there are none, those of several GPUs (indices into `works`). Their GPU and node counts are
+/// the range communication is fitted over (`Range::cover_communication`).
+pub(crate) fn communication_runs(works: &[Work]) -> Vec<usize> {
+    let several: Vec<usize> = (0..works.len()).filter(|&i| works[i].gpus > 1).collect();
+    let plain: Vec<usize> = several.iter().copied().filter(|&i| works[i].offload == Offload::None).collect();
+    if plain.is_empty() {
+        several
+    } else {
+        plain
+    }
 }
 
 /// Grid steps of the sharing exponent (`OFFLOAD_SHARING`) between 0 and 1.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use zerobench_schema::config::Precision;
 
-use crate::coefficients::fit_coefficients;
+use crate::coefficients::{communication_runs, fit_coefficients};
 use crate::model::{CostModel, Fit, FittedRun, Range, FORMAT, VERSION};
 use crate::observation::Observation;
 use crate::validate::validate;
@@ -45,8 +45,12 @@ pub fn fit(obs: &[Observation]) -> Result<CostModel, FitError> {
         let coef = fit_coefficients(&runs);
         let (validation, intervals) = validate(&runs);
         let mut range = Range::default();
-        for o in &runs {
-            range.cover(&Work::of(&o.query, coef.host_reference), &o.query);
+        let works: Vec<Work> = runs.iter().map(|o| Work::of(&o.query, coef.host_reference)).collect();
+        for (o, w) in runs.iter().zip(&works) {
+            range.cover(w, &o.query);
+        }
+        for i in communication_runs(&works) {
+            range.cover_communication(&works[i]);
         }
         fits.push(Fit {
             gpu,
@@ -349,6 +353,37 @@ mod tests {
         assert!((p.step_ms / four.step_ms - 1.0).abs() < 0.01, "{} vs {}", p.step_ms, four.step_ms);
         let says = "4 ranks share a host, fitted with up to 2: each rank's host update is priced 2.00 times";
         assert!(p.extrapolated.iter().any(|e| e.contains(says)), "{:?}", p.extrapolated);
+    }
+
+    /// Offloaded runs of 4 GPUs widen what offload has seen (ranks per host), not what
+    /// communication has: its terms are fitted on the runs without offload, so a 4-GPU query
+    /// without offload, and one with, is still flagged past the 2 GPUs they had.
+    #[test]
+    fn offloaded_runs_of_more_gpus_do_not_widen_communication() {
+        let mut c = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z2);
+        (c.micro_batch, c.offload, c.offload_ratio) = (4, Offload::Optimizer, Some(0.5));
+        let mut runs = sweep();
+        runs.push(observe_config(c.clone(), 4));
+        let f = &fit(&runs).unwrap().fits[0];
+        assert_eq!((f.range.max_gpus, f.range.offload_ranks_per_host), (2, Some(4)));
+        let plain = observe(ModelPreset::Gpt2Xl, ZeroStage::Z2, 4, 1024, 4, Offload::None);
+        for q in [&plain.query, &Query::new(c, 4, 1)] {
+            let p = f.predict(q);
+            assert!(
+                p.extrapolated.iter().any(|e| e == "communication: 4 GPUs, fitted up to 2"),
+                "{:?}",
+                p.extrapolated
+            );
+            assert!(!p.extrapolated.iter().any(|e| e.contains("share a host")), "{:?}", p.extrapolated);
+        }
+        // A fit on one GPU only has seen one GPU, and flags two.
+        let single: Vec<Observation> = sweep().into_iter().filter(|o| o.query.gpus == 1).collect();
+        let g = &fit(&single).unwrap().fits[0];
+        assert_eq!((g.range.max_gpus, g.range.max_nodes), (1, 1));
+        assert!(g
+            .predict(&observe(ModelPreset::Gpt2, ZeroStage::Z0, 4, 1024, 1, Offload::None).query)
+            .extrapolated
+            .is_empty());
     }
 
     #[test]

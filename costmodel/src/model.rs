@@ -70,6 +70,8 @@ pub struct Fit {
 pub struct Range {
     /// Per family: the fewest and most tokens per micro-step, and the smallest and largest model.
     pub families: BTreeMap<String, FamilyRange>,
+    /// The most GPUs and nodes of the runs communication was fitted on
+    /// (`crate::coefficients::communication_runs`), at least 1.
     pub max_gpus: u32,
     pub max_nodes: u32,
     pub offloads: BTreeSet<Offload>,
@@ -264,8 +266,10 @@ impl Range {
         r.max_tokens = r.max_tokens.max(w.micro_tokens);
         r.min_params = r.min_params.min(params);
         r.max_params = r.max_params.max(params);
-        self.max_gpus = self.max_gpus.max(w.gpus);
-        self.max_nodes = self.max_nodes.max(w.nodes);
+        // One GPU on one node needs no communication; more are covered by the runs communication
+        // was fitted on (`cover_communication`), which offloaded runs of more GPUs need not be.
+        self.max_gpus = self.max_gpus.max(1);
+        self.max_nodes = self.max_nodes.max(1);
         self.offloads.insert(w.offload);
         self.partial_offload |= w.offload != Offload::None && w.gparams_device > 0.0;
         self.delayed_update |= w.delayed_update;
@@ -277,6 +281,12 @@ impl Range {
                     Some(self.host_adamw_gparams_per_s.map_or([rate, rate], |[lo, hi]| [lo.min(rate), hi.max(rate)]));
             }
         }
+    }
+
+    /// A run communication was fitted on: its GPUs and nodes are within the fitted range.
+    pub(crate) fn cover_communication(&mut self, w: &Work) {
+        self.max_gpus = self.max_gpus.max(w.gpus);
+        self.max_nodes = self.max_nodes.max(w.nodes);
     }
 
     /// `sharing`: the fit's sharing exponent ([`OFFLOAD_SHARING`]), where it has one.
