@@ -86,7 +86,7 @@ for kind in "${kinds[@]}"; do
       # fit has seen (bench/costmodel/check-4gpu.sh).
       find "$work/$name" -depth -type d \( -name 'or_none_*' -o -name 'cm-*' \) -exec rm -rf {} +
       while read -r d; do
-        [ -n "$(find "$work/$d" -mindepth 1 -maxdepth 1 -type d -name 'or_*' -print -quit)" ] && fits+=("$d")
+        if [ -n "$(find "$work/$d" -mindepth 1 -maxdepth 1 -type d -name 'or_*' -print -quit)" ]; then fits+=("$d"); fi
       done < <(cd "$work" && find "$name" -type d -name runs | sort)
     fi
     # NEW_HOST: that sweep's runs, fitted and held out alike, are the host no fit has seen.
