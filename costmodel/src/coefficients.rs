@@ -103,7 +103,8 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
         let (compute, optimizer) = compute_and_optimizer(&fitted, i);
         OffloadRun {
             extra: runs[i].step_ms - compute - optimizer,
-            window: offload_window_ms(&works[i], compute, optimizer),
+            // One GPU: no communication.
+            window: offload_window_ms(&works[i], compute, optimizer, 0.0),
             step: runs[i].step_ms,
         }
     };
@@ -115,10 +116,13 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
     // fitted after.
     let several: Vec<usize> = all.iter().copied().filter(|&i| works[i].gpus > 1).collect();
     let fitted = coef.clone();
+    // Only where every run of several GPUs is offloaded does this price a host update, its window
+    // then without the communication being fitted.
     let offload_done = |i: usize| {
         let mut f = Vec::new();
         let (compute, optimizer) = compute_and_optimizer(&fitted, i);
-        let exposed = offload_step_ms(&fitted, donor, &works[i], &step_terms(&works[i]), (compute, optimizer), &mut f);
+        let parts = (compute, optimizer, 0.0);
+        let exposed = offload_step_ms(&fitted, donor, &works[i], &step_terms(&works[i]), parts, &mut f);
         runs[i].step_ms - compute - optimizer - exposed
     };
     coef.extend(fit_terms(&communication_runs(works), works, &|w| only(step_terms(w), "comm."), &offload_done));

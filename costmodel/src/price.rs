@@ -152,10 +152,11 @@ pub const OFFLOAD_HIDDEN: &str = "offload.hidden_share";
 /// The GPU's work an offloaded step's host update can run beside: with the delayed update the
 /// whole compute of the next step; in exact steps the backward, from which the host's units
 /// (the last ones, whose gradients land first) are updated, [`BACKWARD_SHARE`] of the compute;
-/// and in both the GPU's own share of the update.
-pub(crate) fn offload_window_ms(w: &Work, compute_ms: f64, optimizer_ms: f64) -> f64 {
+/// and in both the GPU's own share of the update and, on several GPUs, what communication adds
+/// to the step (the host works on while the GPUs wait for their collectives).
+pub(crate) fn offload_window_ms(w: &Work, compute_ms: f64, optimizer_ms: f64, comm_ms: f64) -> f64 {
     let share = if w.delayed_update { 1.0 } else { BACKWARD_SHARE };
-    share * compute_ms + optimizer_ms
+    share * compute_ms + optimizer_ms + comm_ms
 }
 
 /// The part of the host's update (`host_ms`, offload's terms) the step waits for: what the hidden
@@ -191,13 +192,13 @@ pub(crate) fn host_update_ms(
 }
 
 /// What a step waits for of its host's update ([`host_update_ms`]) less what the GPU's window of
-/// `compute_ms` and `optimizer_ms` hides ([`exposed_offload_ms`]); 0 without offload.
+/// `compute_ms`, `optimizer_ms` and `comm_ms` hides ([`exposed_offload_ms`]); 0 without offload.
 pub(crate) fn offload_step_ms(
     coef: &BTreeMap<String, f64>,
     donor: Option<&DeviceDonor>,
     w: &Work,
     terms: &[Term],
-    (compute_ms, optimizer_ms): (f64, f64),
+    (compute_ms, optimizer_ms, comm_ms): (f64, f64, f64),
     flags: &mut Vec<String>,
 ) -> f64 {
     match w.offload {
@@ -205,7 +206,7 @@ pub(crate) fn offload_step_ms(
         _ => exposed_offload_ms(
             coef,
             host_update_ms(coef, donor, w, terms, flags),
-            offload_window_ms(w, compute_ms, optimizer_ms),
+            offload_window_ms(w, compute_ms, optimizer_ms, comm_ms),
         ),
     }
 }
@@ -233,7 +234,7 @@ pub(crate) fn step_parts(
     let optimizer_ms = step_part(coef, donor, &terms, "optimizer.", flags);
     let comm_ms = step_part(coef, donor, &terms, "comm.", flags);
     let compute_ms = w.micro_steps * micro;
-    let offload_ms = offload_step_ms(coef, donor, w, &terms, (compute_ms, optimizer_ms), flags);
+    let offload_ms = offload_step_ms(coef, donor, w, &terms, (compute_ms, optimizer_ms, comm_ms), flags);
     StepParts {
         step_ms: compute_ms + optimizer_ms + offload_ms + comm_ms,
         compute_ms,
@@ -271,8 +272,9 @@ mod tests {
                 (Offload::Optimizer, Some(0.5), delayed.then_some(2));
             Work::of(&Query::new(c, 1, 1), None)
         };
-        assert_eq!(offload_window_ms(&work(true), 90.0, 6.0), 96.0);
-        assert_eq!(offload_window_ms(&work(false), 90.0, 6.0), 66.0);
+        assert_eq!(offload_window_ms(&work(true), 90.0, 6.0, 0.0), 96.0);
+        assert_eq!(offload_window_ms(&work(false), 90.0, 6.0, 0.0), 66.0);
+        assert_eq!(offload_window_ms(&work(false), 90.0, 6.0, 10.0), 76.0);
         let coef: BTreeMap<String, f64> = [(OFFLOAD_HIDDEN.to_string(), 0.5)].into();
         assert_eq!(exposed_offload_ms(&coef, 100.0, 66.0), 67.0);
         assert_eq!(exposed_offload_ms(&coef, 20.0, 66.0), 0.0);

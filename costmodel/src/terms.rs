@@ -15,7 +15,7 @@
 //!           + offload_params.ms_per_gparam_micro · G · Gparams on the host·[optimizer+params]
 //! slowness  = fitted hosts' AdamW rate / this host's, one rank per host; else 1   (crate::work::host_slowness)
 //! ranks^e   = ranks per host ^ offload.sharing_exponent, fitted; 0 without   (crate::price::host_sharing)
-//! window    = (BACKWARD_SHARE · compute, or all of it with the delayed update) + optimizer
+//! window    = (BACKWARD_SHARE · compute, or all of it with the delayed update) + optimizer + comm
 //! comm      = comm.ms·[gpus > 1] + comm.stage{s}.ms_per_gb · (GB within a node + GB across nodes · r)
 //! ```
 //!
