@@ -476,3 +476,64 @@ fn ranks_sharing_a_host_are_fitted_and_more_are_flagged() {
         "{flag}"
     );
 }
+
+/// With a cost model, `plan` proposes each offloaded run's offload ratio by the model: the first
+/// share of whole units whose predicted step waits for the host's update, the share before it
+/// hidden; the launcher's estimate stands beside it, and without a model alone.
+#[test]
+fn plan_proposes_the_offload_ratio_by_the_cost_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = tmp.path().join("offload.yaml");
+    std::fs::write(
+        &spec,
+        "cluster:\n  gpus_per_node: 4\n  gpu_memory: 80GiB\nworker:\n  seq_len: 1024\nsweep:\n  models: [gpt2-xl]\n  \
+         stages: [2]\n  offload: [optimizer]\n  micro_batches: [4]\n  gpus_per_node: [1, 4]\n",
+    )
+    .unwrap();
+    let spec = spec.to_str().unwrap();
+    let o = zerobench(&["plan", spec, "--gpu", "h100", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let runs: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(runs.len(), 2);
+    let offload_ms = |ranks: u32, ratio: f64| {
+        let (ranks, ratio) = (ranks.to_string(), ratio.to_string());
+        let o = zerobench(&[
+            "predict",
+            "--gpu",
+            "h100",
+            "--model",
+            "gpt2-xl",
+            "--stage",
+            "2",
+            "--micro-batch",
+            "4",
+            "--seq-len",
+            "1024",
+            "--gpus",
+            &ranks,
+            "--offload",
+            "optimizer",
+            "--offload-ratio",
+            &ratio,
+            "--json",
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["offload_ms"].as_f64().unwrap()
+    };
+    for r in &runs {
+        let ranks = r["ranks_per_node"].as_u64().unwrap() as u32;
+        let x = r["cost_model_offload_ratio"].as_f64().unwrap();
+        assert!(r["proposed_offload_ratio"].as_f64().is_some(), "{r}");
+        let mut cfg = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z2);
+        cfg.offload = zerobench_schema::config::Offload::Optimizer;
+        let shares: Vec<f64> =
+            zerobench_launcher::plan::offload_ratio_choices(&cfg, ranks).into_iter().map(|(_, r)| r).collect();
+        let k = shares.iter().position(|&s| s == x).unwrap_or_else(|| panic!("{x} not among {shares:?}"));
+        assert!(k > 0 && offload_ms(ranks, x) > 0.0, "{ranks} ranks: {x} ({k} of {shares:?})");
+        assert_eq!(offload_ms(ranks, shares[k - 1]), 0.0, "{ranks} ranks: {} before {x}", shares[k - 1]);
+    }
+    let table = |args: &[&str]| text(&zerobench(&[&["plan", spec][..], args].concat()).stdout);
+    assert!(table(&["--gpu", "h100"]).contains("(cost model; estimate "), "{}", table(&["--gpu", "h100"]));
+    let alone = table(&[]);
+    assert!(alone.contains("steps (estimate)") && !alone.contains("cost model"), "{alone}");
+}

@@ -211,6 +211,19 @@ impl CostModel {
 }
 
 impl Fit {
+    /// The share of an offloaded query's parameters the host can update before the step waits for
+    /// it (`crate::price::offload_balance`), at the query's host rate and ranks per host; `None`
+    /// without offload. `zerobench plan --gpu` proposes offload ratios from it.
+    pub fn offload_balance(&self, q: &Query) -> Option<f64> {
+        let mut all = q.clone();
+        all.config.offload_ratio = Some(1.0);
+        crate::price::offload_balance(
+            &self.step,
+            self.device_donor.as_ref(),
+            &Work::of(&all, self.host_adamw_gparams_per_s),
+        )
+    }
+
     /// Predicts one configuration.
     pub fn predict(&self, q: &Query) -> Prediction {
         let w = Work::of(q, self.host_adamw_gparams_per_s);

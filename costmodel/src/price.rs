@@ -211,6 +211,29 @@ pub(crate) fn offload_step_ms(
     }
 }
 
+/// The share of an offloaded configuration's parameters on the host at which its host's update
+/// takes as long as the hidden share of the GPU's window beside it (`w`: the configuration with
+/// all of them on the host). Below it the step waits for none of the host's update; above it, for
+/// the difference. Both sides are linear in the share s: the host's update is s times all of it,
+/// and the window loses the GPU's update of the s that moved to the host:
+/// `s · host(1) = hidden · (window(1) + (1 − s) · optimizer(all on the GPU))`. 1 where even all of
+/// it hides; `None` without offload.
+pub(crate) fn offload_balance(coef: &BTreeMap<String, f64>, donor: Option<&DeviceDonor>, w: &Work) -> Option<f64> {
+    if w.offload == Offload::None {
+        return None;
+    }
+    let terms = step_terms(w);
+    let mut f = Vec::new();
+    let parts = step_parts(coef, donor, w, &mut f);
+    let host = host_update_ms(coef, donor, w, &terms, &mut f);
+    let window = offload_window_ms(w, parts.compute_ms, parts.optimizer_ms, parts.comm_ms);
+    // The GPU's update of every parameter the host holds here.
+    let gpu_update = coef.get("optimizer.ms_per_gparam").copied().unwrap_or(0.0) * w.gparams_host;
+    let hidden = coef.get(OFFLOAD_HIDDEN).copied().unwrap_or(0.0);
+    let balance = hidden * (window + gpu_update) / (host + hidden * gpu_update);
+    Some(if balance.is_finite() { balance.clamp(0.0, 1.0) } else { 1.0 })
+}
+
 /// The sum of the per-step terms whose names start with `prefix`.
 pub(crate) fn step_part(
     coef: &BTreeMap<String, f64>,
@@ -279,6 +302,39 @@ mod tests {
         assert_eq!(exposed_offload_ms(&coef, 100.0, 66.0), 67.0);
         assert_eq!(exposed_offload_ms(&coef, 20.0, 66.0), 0.0);
         assert_eq!(exposed_offload_ms(&BTreeMap::new(), 100.0, 66.0), 100.0);
+    }
+
+    /// The balance is the share at which the host's update equals the hidden window: the exposed
+    /// host update, priced at shares on either side of it, is 0 below and above 0 above; all of it
+    /// hiding gives 1, no offload none.
+    #[test]
+    fn the_offload_balance_is_where_the_host_stops_hiding() {
+        let all = |offload: Offload| {
+            let mut c = RunConfig::new(ModelPreset::Gpt2Xl, ZeroStage::Z2);
+            (c.offload, c.offload_ratio) = (offload, Some(1.0));
+            Work::of(&Query::new(c, 1, 1), None)
+        };
+        let coef: BTreeMap<String, f64> = [
+            ("gpt2.device_ms".to_string(), 100.0),
+            ("optimizer.ms_per_gparam".to_string(), 10.0),
+            ("offload.ms_per_gparam".to_string(), 200.0),
+            (OFFLOAD_HIDDEN.to_string(), 0.8),
+        ]
+        .into();
+        assert_eq!(offload_balance(&coef, None, &all(Offload::None)), None);
+        let b = offload_balance(&coef, None, &all(Offload::Optimizer)).unwrap();
+        assert!(b > 0.05 && b < 0.95, "{b}");
+        // The step at share s: s of the parameters on the host, 1 - s updated on the GPU.
+        let w = all(Offload::Optimizer);
+        let exposed = |s: f64| {
+            let host = 200.0 * w.gparams_host * s;
+            let window = BACKWARD_SHARE * 100.0 + 10.0 * w.gparams_host * (1.0 - s);
+            exposed_offload_ms(&coef, host, window)
+        };
+        assert!(exposed(b * 0.99) == 0.0 && exposed(b * 1.01) > 0.0, "{b}");
+        let mut cheap = coef.clone();
+        cheap.insert("offload.ms_per_gparam".to_string(), 1.0);
+        assert_eq!(offload_balance(&cheap, None, &all(Offload::Optimizer)), Some(1.0));
     }
 
     /// Ranks sharing a host slow its AdamW by ranks^e, not the parameters' copies; a model without

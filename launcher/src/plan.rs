@@ -457,16 +457,26 @@ fn propose_offload_ratio(
         zerobench_schema::models::BACKWARD_SHARE * compute
     };
     let balance = ((window + gpu_update) / (host + gpu_update)).min(1.0);
-    // The shares whole units can give, smallest first (the last unit, the last two, ...), each
-    // as the shortest decimal ratio that selects exactly those units.
+    offload_ratio_choices(config, world)
+        .into_iter()
+        .filter(|&(share, _)| share >= balance)
+        .map(|(_, ratio)| ratio)
+        .find(|&r| gpu_memory.is_none_or(|have| device_need(r) <= have))
+}
+
+/// The offload ratios whole units can give, smallest first: the last unit on the host, the last
+/// two, ..., all of them; each the shortest decimal ratio that selects exactly those units (1 for
+/// all), with the share of the parameters those units hold, as (share, ratio). What Twin-Flow's
+/// proposal chooses from, here and with a cost model (`zerobench plan --gpu`).
+pub fn offload_ratio_choices(config: &RunConfig, world: u32) -> Vec<(f64, f64)> {
+    let model = config.model.spec();
     let units: Vec<u64> =
         model.units().iter().map(|u| zerobench_schema::memory::padded_unit(u.params, u64::from(world))).collect();
     let total = units.iter().sum::<u64>() as f64;
     let share = |k: usize| units[units.len() - k..].iter().sum::<u64>() as f64 / total;
     (1..=units.len())
-        .filter(|&k| share(k) >= balance)
-        .map(|k| if k == units.len() { 1.0 } else { shortest_between(share(k - 1), share(k)) })
-        .find(|&r| gpu_memory.is_none_or(|have| device_need(r) <= have))
+        .map(|k| (share(k), if k == units.len() { 1.0 } else { shortest_between(share(k - 1), share(k)) }))
+        .collect()
 }
 
 /// The decimal with the fewest digits above `lo` and at most `hi` (`hi` itself if none of up to

@@ -9,9 +9,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use zerobench_costmodel::{CostModel, Prediction, Query};
+use zerobench_launcher::plan::offload_ratio_choices;
 use zerobench_launcher::plan::Fit;
 use zerobench_launcher::values::human_bytes;
-use zerobench_launcher::{Plan, Spec};
+use zerobench_launcher::{Plan, Run, Spec};
+use zerobench_schema::config::{Offload, RunConfig};
 
 use crate::Outcome;
 use zerobench_table::{write_text, Table};
@@ -62,34 +64,78 @@ pub struct Args {
 
 /// One run's prediction, or why there is none.
 enum Predicted {
-    Yes(Box<Prediction>),
+    Yes {
+        prediction: Box<Prediction>,
+        /// An offloaded run's Twin-Flow ratio by the cost model ([`model_offload_ratio`]).
+        offload_ratio: Option<f64>,
+    },
     No(String),
+}
+
+/// `config` as `run` runs it, on a host of `host_rate`, predicted by `fit`; whether it fits is
+/// judged against `declared` (cluster.gpu_memory) where the spec gives it, else against the memory
+/// of the GPU the model was fitted on.
+fn predict_run(
+    fit: &zerobench_costmodel::Fit,
+    run: &Run,
+    config: RunConfig,
+    host_rate: Option<f64>,
+    declared: Option<u64>,
+) -> Prediction {
+    let mut q = Query::new(config, run.world_size(), run.nodes);
+    q.host_adamw_gparams_per_s = host_rate;
+    let mut p = fit.predict(&q);
+    if let Some(m) = declared {
+        (p.device_memory_bytes, p.fits) = (Some(m), p.peak_reserved_bytes <= m);
+    }
+    p
+}
+
+/// Twin-Flow's ratio for an offloaded run by the cost model: the launcher's rule (the smallest
+/// share of whole units at least the balance whose memory fits; `zerobench_launcher::plan`), with
+/// the balance where the model's host update stops hiding behind the GPU's work
+/// (`Fit::offload_balance`, solved, not searched: a 10,000-run sweep stays under a second). So
+/// the host's rate, the ranks sharing it and the window are the model's, not the launcher's fixed
+/// rates.
+fn model_offload_ratio(
+    fit: &zerobench_costmodel::Fit,
+    run: &Run,
+    host_rate: Option<f64>,
+    declared: Option<u64>,
+) -> Option<f64> {
+    let mut q = Query::new(run.config.clone(), run.world_size(), run.nodes);
+    q.host_adamw_gparams_per_s = host_rate;
+    let balance = fit.offload_balance(&q)?;
+    offload_ratio_choices(&run.config, run.world_size())
+        .into_iter()
+        .filter(|&(share, _)| share >= balance)
+        .map(|(_, ratio)| ratio)
+        .find(|&ratio| {
+            let mut c = run.config.clone();
+            c.offload_ratio = Some(ratio);
+            predict_run(fit, run, c, host_rate, declared).fits
+        })
 }
 
 /// Predicts every run; marks per model the fitting run with the most tokens/s per GPU.
 fn predict_all(plan: &Plan, model: &CostModel, gpu: &str, host_rate: Option<f64>) -> (Vec<Predicted>, Vec<bool>) {
-    // Whether a run fits is judged against cluster.gpu_memory when the spec declares it, else
-    // against the memory of the GPU the model was fitted on.
     let declared = plan.spec.cluster.gpu_memory.map(|m| m.0);
     let preds: Vec<Predicted> = plan
         .runs
         .iter()
         .map(|r| match model.fit_for(gpu, r.config.precision) {
-            Ok(f) => {
-                let mut q = Query::new(r.config.clone(), r.world_size(), r.nodes);
-                q.host_adamw_gparams_per_s = host_rate;
-                let mut p = f.predict(&q);
-                if let Some(m) = declared {
-                    (p.device_memory_bytes, p.fits) = (Some(m), p.peak_reserved_bytes <= m);
-                }
-                Predicted::Yes(Box::new(p))
-            }
+            Ok(f) => Predicted::Yes {
+                prediction: Box::new(predict_run(f, r, r.config.clone(), host_rate, declared)),
+                offload_ratio: (r.config.offload != Offload::None)
+                    .then(|| model_offload_ratio(f, r, host_rate, declared))
+                    .flatten(),
+            },
             Err(e) => Predicted::No(e.to_string()),
         })
         .collect();
     let mut best: std::collections::BTreeMap<String, (usize, f64)> = std::collections::BTreeMap::new();
     for (i, (r, p)) in plan.runs.iter().zip(&preds).enumerate() {
-        if let Predicted::Yes(p) = p {
+        if let Predicted::Yes { prediction: p, .. } = p {
             let e = best.entry(r.config.model.to_string()).or_insert((usize::MAX, f64::NEG_INFINITY));
             if p.fits && p.tokens_per_s_per_gpu > e.1 {
                 *e = (i, p.tokens_per_s_per_gpu);
@@ -134,12 +180,17 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             .map(|(i, r)| {
                 let mut v = serde_json::to_value(r)?;
                 if let (Some((preds, mark)), Some(obj)) = (&predicted, v.as_object_mut()) {
-                    let p = match &preds[i] {
-                        Predicted::Yes(p) => serde_json::to_value(p)?,
-                        Predicted::No(why) => serde_json::json!({ "error": why }),
+                    let (p, ratio) = match &preds[i] {
+                        Predicted::Yes { prediction, offload_ratio } => {
+                            (serde_json::to_value(prediction)?, *offload_ratio)
+                        }
+                        Predicted::No(why) => (serde_json::json!({ "error": why }), None),
                     };
                     obj.insert("prediction".into(), p);
                     obj.insert("fastest_that_fits".into(), mark[i].into());
+                    if let Some(x) = ratio {
+                        obj.insert("cost_model_offload_ratio".into(), x.into());
+                    }
                 }
                 Ok(v)
             })
@@ -182,15 +233,25 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         if let Some((intra, inter)) = bandwidth {
             row.push(format!("{:.3}", r.comm_seconds(intra, inter) * 1e3));
         }
-        let proposal = r.proposed_offload_ratio.map(|x| {
-            let steps = if r.config.delayed_update_after.is_some() { "delayed-update" } else { "exact" };
-            format!("offload_ratio {x} balances host and GPU in {steps} steps (estimate)")
-        });
+        let steps = if r.config.delayed_update_after.is_some() { "delayed-update" } else { "exact" };
+        // With a cost model its ratio, the launcher's estimate beside it.
+        let by_model = match predicted.as_ref().map(|(preds, _)| &preds[row_index]) {
+            Some(Predicted::Yes { offload_ratio: Some(x), .. }) => Some(*x),
+            _ => None,
+        };
+        let proposal = match (by_model, r.proposed_offload_ratio) {
+            (Some(x), estimate) => Some(format!(
+                "offload_ratio {x} balances host and GPU in {steps} steps (cost model{})",
+                estimate.map_or(String::new(), |e| format!("; estimate {e}"))
+            )),
+            (None, Some(e)) => Some(format!("offload_ratio {e} balances host and GPU in {steps} steps (estimate)")),
+            (None, None) => None,
+        };
         let mut notes: Vec<String> = proposal.into_iter().chain(r.warnings.iter().cloned()).collect();
         if let Some((preds, mark)) = &predicted {
             let i = row_index;
             match &preds[i] {
-                Predicted::Yes(p) => {
+                Predicted::Yes { prediction: p, .. } => {
                     row.push(format!("{:.1}", p.step_ms));
                     row.push(format!("{:.0}", p.tokens_per_s_per_gpu));
                     row.push(human_bytes(p.peak_allocated_bytes));
