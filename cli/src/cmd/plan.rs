@@ -2,8 +2,9 @@
 //! model-state memory per GPU (flagging runs that cannot fit the declared GPU memory) and what each
 //! rank sends per step (and, given a bus bandwidth, how long that takes). Given a cost model
 //! (`--cost-model`, or `--gpu` for the shipped one) it adds each run's predicted step time,
-//! throughput and peak memory, and marks per model the run that fits with the most tokens per
-//! second per GPU.
+//! throughput and peak memory, marks per model the run that fits with the most tokens per
+//! second per GPU, and proposes offloaded runs' offload ratio by the model rather than by the
+//! launcher's fixed rates.
 
 use std::io::Write;
 use std::path::PathBuf;
