@@ -14,10 +14,13 @@ ZB=$PWD/${BIN:-target/release}/zerobench
 model=$PWD/costmodel/models/h100.json
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(x4 x2)
+root=$(mktemp -d)
+trap 'rm -rf "$root"' EXIT
 for name in "${names[@]}"; do
 archive=$(find bench/results/raw -name "gpu-*-h100$name-ranks-sharing.tar.gz" | sort | tail -n 1)
 [ -n "$archive" ] || { echo "check-ranks-sharing.sh: no archive gpu-*-h100$name-ranks-sharing.tar.gz" >&2; exit 2; }
-work=$(mktemp -d)
+work=$root/$name
+mkdir -p "$work"
 tar -xzf "$archive" -C "$work"
 find "$work" -depth -type d -name 'or_none_*' -exec rm -rf {} +
 folders=() dirs=()
@@ -35,7 +38,7 @@ n = sys.argv[3]
 d = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
 rate = d["ranks"][n]["adamw_params_per_s_per_rank"] / 1e9 if n != "1" else None
 print(0.0 if rate is None else math.log(fit["host_adamw_gparams_per_s"] / rate) / math.log(int(n)))
-' "$model" "$work/or$n/runs/cpu_adamw.json" "$n" 2>/dev/null || echo 0)
+' "$model" "$work/or$n/runs/cpu_adamw.json" "$n")
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["fits"][0]["step"]["offload.sharing_exponent"]=float(sys.argv[2]); json.dump(d, open(sys.argv[3], "w"))' \
     "$model" "$e" "$work/m$n.json"
   (cd "$work" && "$ZB" ingest "or$n/runs" --cost-model "m$n.json" --out "measured$n" --format csv -q 2>/dev/null) || [ $? -eq 1 ]
@@ -46,5 +49,4 @@ out=bench/results/costmodel-h100-ranks-sharing-$name.json
 python3 bench/costmodel/ranks_sharing.py "$work/shipped/predicted.csv" "$work/measured.csv" "$work" \
   "$work/or${folders[-1]}/host.txt" "$model" "$archive" > "$out"
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d["summary"]), json.dumps(d["cpu_adamw"]))' "$out"
-rm -rf "$work"
 done

@@ -27,21 +27,8 @@ use zerobench_worker::zero::adamw::{step_cpu, AdamW, Shard};
 
 const REPS: usize = 7;
 
-fn best<F: FnMut()>(mut f: F) -> f64 {
-    (0..REPS)
-        .map(|_| {
-            let t0 = Instant::now();
-            f();
-            t0.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
-}
-
-/// Marks a process started as one of several ranks ([`shared`]).
-const RANK_ENV: &str = "ZB_CPU_ADAMW_RANK";
-
-/// The median of `REPS` timings of `f`, seconds.
-fn median<F: FnMut()>(mut f: F) -> f64 {
+/// `REPS` timings of `f`, seconds, fastest first.
+fn timings<F: FnMut()>(mut f: F) -> Vec<f64> {
     let mut v: Vec<f64> = (0..REPS)
         .map(|_| {
             let t0 = Instant::now();
@@ -50,7 +37,20 @@ fn median<F: FnMut()>(mut f: F) -> f64 {
         })
         .collect();
     v.sort_by(f64::total_cmp);
-    v[REPS / 2]
+    v
+}
+
+/// The fastest of `REPS` timings of `f`, seconds.
+fn best<F: FnMut()>(f: F) -> f64 {
+    timings(f)[0]
+}
+
+/// Marks a process started as one of several ranks ([`shared`]).
+const RANK_ENV: &str = "ZB_CPU_ADAMW_RANK";
+
+/// The median of `REPS` timings of `f`, seconds.
+fn median<F: FnMut()>(f: F) -> f64 {
+    timings(f)[REPS / 2]
 }
 
 /// A bf16 shard of `n` parameters with its fp32 master weights and moments, as offload keeps them.

@@ -92,3 +92,11 @@ pub fn write_new(path: &std::path::Path, bytes: &[u8], replace: bool) -> anyhow:
     std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))
 }
+
+/// A command-line number that must be finite and above 0, `what` naming what it is in the error.
+pub fn positive(s: &str, what: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("expected {what} above 0, got {s:?}")),
+    }
+}

@@ -73,6 +73,13 @@ enum Predicted {
     No(String),
 }
 
+/// `config` on `run`'s GPUs and nodes, on a host of AdamW rate `host_rate`.
+fn query(run: &Run, config: RunConfig, host_rate: Option<f64>) -> Query {
+    let mut q = Query::new(config, run.world_size(), run.nodes);
+    q.host_adamw_gparams_per_s = host_rate;
+    q
+}
+
 /// `config` as `run` runs it, on a host of `host_rate`, predicted by `fit`; whether it fits is
 /// judged against `declared` (cluster.gpu_memory) where the spec gives it, else against the memory
 /// of the GPU the model was fitted on.
@@ -83,9 +90,7 @@ fn predict_run(
     host_rate: Option<f64>,
     declared: Option<u64>,
 ) -> Prediction {
-    let mut q = Query::new(config, run.world_size(), run.nodes);
-    q.host_adamw_gparams_per_s = host_rate;
-    let mut p = fit.predict(&q);
+    let mut p = fit.predict(&query(run, config, host_rate));
     if let Some(m) = declared {
         (p.device_memory_bytes, p.fits) = (Some(m), p.peak_reserved_bytes <= m);
     }
@@ -104,9 +109,7 @@ fn model_offload_ratio(
     host_rate: Option<f64>,
     declared: Option<u64>,
 ) -> Option<f64> {
-    let mut q = Query::new(run.config.clone(), run.world_size(), run.nodes);
-    q.host_adamw_gparams_per_s = host_rate;
-    let balance = fit.offload_balance(&q)?;
+    let balance = fit.offload_balance(&query(run, run.config.clone(), host_rate))?;
     offload_ratio_choices(&run.config, run.world_size())
         .into_iter()
         .filter(|&(share, _)| share >= balance)
@@ -153,10 +156,7 @@ fn predict_all(plan: &Plan, model: &CostModel, gpu: &str, host_rate: Option<f64>
 }
 
 fn positive_gbps(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("expected a bandwidth in GB/s above 0, got {s:?}")),
-    }
+    crate::cmd::positive(s, "a bandwidth in GB/s")
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {

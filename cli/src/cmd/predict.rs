@@ -60,10 +60,7 @@ pub struct Args {
 
 /// A host's AdamW rate: above 0 (1e9 parameters per second).
 pub fn positive_rate(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("expected 1e9 parameters per second above 0, got {s:?}")),
-    }
+    crate::cmd::positive(s, "1e9 parameters per second")
 }
 
 /// The model file given, or the shipped one.
