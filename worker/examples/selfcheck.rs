@@ -46,6 +46,11 @@
 //!   recomputed (the normalised input, the layer norm's statistics, the GELU's output): in bf16
 //!   the plain operations hold 1 MiB more than their tensors at this shape, which the node's
 //!   figure shares.
+//! * `grad_in_place`: the MLP node with its two weights' gradients placed in a flat buffer
+//!   (`shim::grad_into`, as the engine places them) at gpt2-xl's widths: in fp32 and bf16 the
+//!   placed gradients are the unplaced node's bits, the weights' `.grad` stays empty, and a
+//!   second backward placed to add (a later micro-step) leaves the sum of both within 1e-6 (fp32)
+//!   or 1e-2 (bf16) relative (normwise; one rounding of the sum instead of two).
 //! * `in_backward`: `shim::run_in_backward` on the GPU runs its function on libtorch's autograd
 //!   thread (`pt_autograd_*`), not the caller's, and a backward pass the function runs there
 //!   (reentrant, as the trainer's segments) lands the right gradients on the GPU.
@@ -462,6 +467,62 @@ fn declined_falls_back(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     );
 }
 
+/// The MLP node's weight gradients written in place against the same node's returned ones.
+fn grad_in_place(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    use zerobench_worker::model::recompute::ln_gelu_mlp;
+    use zerobench_worker::runtime::shim;
+    zerobench_worker::model::recompute_cuda::install(gpu);
+    let cuda = Device::Cuda(0);
+    let (rows, d, eps) = (2048i64, 1600i64, 1e-5);
+    for (kind, tol) in [(Kind::Float, 1e-6), (Kind::BFloat16, 1e-2)] {
+        tch::manual_seed(15);
+        let leaf = |shape: &[i64], scale: f64| {
+            (Tensor::randn(shape, (Kind::Float, cuda)) * scale).to_kind(kind).set_requires_grad(true)
+        };
+        let shapes: [(&[i64], f64); 7] = [
+            (&[1, rows, d], 1.0),
+            (&[d], 1.0),
+            (&[d], 0.1),
+            (&[4 * d, d], 0.05),
+            (&[4 * d], 0.1),
+            (&[d, 4 * d], 0.05),
+            (&[d], 0.1),
+        ];
+        let ins: Vec<Tensor> = shapes.iter().map(|(s, k)| leaf(s, *k)).collect();
+        let twins: Vec<Tensor> = ins.iter().map(|x| x.detach().copy().set_requires_grad(true)).collect();
+        let g = Tensor::randn([1, rows, d], (Kind::Float, cuda)).to_kind(kind);
+        let mlp = |t: &[Tensor]| ln_gelu_mlp(&t[0], [&t[1], &t[2], &t[3], &t[4], &t[5], &t[6]], eps).expect("node");
+        // The two weights back to back after the layer norm's parameters, as in a GPT-2 block.
+        let (off1, n) = (2 * d, 4 * d * d);
+        let buf = Tensor::zeros([2 * d + 2 * n], (kind, cuda));
+        let place = |accumulate: bool| {
+            shim::grad_into(&ins[3], &buf, off1 as usize, accumulate).expect("place");
+            shim::grad_into(&ins[5], &buf, (off1 + n) as usize, accumulate).expect("place");
+        };
+        place(false);
+        shim::backward(&[&mlp(&ins)], &[&g]).expect("backward");
+        shim::backward(&[&mlp(&twins)], &[&g]).expect("backward");
+        let taken = shim::grad_taken(&ins[3]).expect("taken") && shim::grad_taken(&ins[5]).expect("taken");
+        let empty = !ins[3].grad().defined() && !ins[5].grad().defined();
+        let placed = |i: i64| buf.narrow(0, off1 + i * n, n);
+        let fresh = [twins[3].grad().reshape([-1]), twins[5].grad().reshape([-1])];
+        let same_bits = placed(0).equal(&fresh[0]) && placed(1).equal(&fresh[1]);
+        // A later micro-step: the same backward again, placed to add.
+        place(true);
+        shim::backward(&[&mlp(&ins)], &[&g]).expect("backward");
+        let taken_again = shim::grad_taken(&ins[3]).expect("taken") && shim::grad_taken(&ins[5]).expect("taken");
+        let sums = [relative_error(&placed(0), &(&fresh[0] * 2.0)), relative_error(&placed(1), &(&fresh[1] * 2.0))];
+        let worst = sums[0].max(sums[1]);
+        r.check(
+            "grad_in_place",
+            taken && taken_again && empty && same_bits && worst <= tol,
+            json!({"kind": format!("{kind:?}"), "rows": rows, "d_model": d, "taken": [taken, taken_again],
+                   "grad_left_empty": empty, "placed_equals_returned_bits": same_bits,
+                   "accumulated_relative_errors": sums, "bound": tol}),
+        );
+    }
+}
+
 /// Allocated bytes on the GPU now.
 fn allocated() -> i64 {
     zerobench_worker::runtime::shim::cuda_stats(0).expect("allocator statistics").allocated
@@ -689,6 +750,7 @@ fn main() {
     recompute(&mut r, &gpu);
     linear_node(&mut r, &gpu);
     declined_falls_back(&mut r, &gpu);
+    grad_in_place(&mut r, &gpu);
     in_backward(&mut r);
     cuda_graph(&mut r);
     println!("{}", json!({"summary": {"checks": r.checks, "failed": r.failed, "gpu": gpu.describe().0}}));

@@ -33,6 +33,9 @@
 //   followed by an MLP with tanh GELU, as autograd functions (tch has none) whose backward
 //   recomputes the normalised input and the GELU's output instead of keeping them from the
 //   forward pass (model/recompute.rs says what that saves and costs).
+// * zb_grad_into / zb_grad_taken: where the nodes above write a weight's gradient: a place in a
+//   flat buffer of the engine's instead of a fresh tensor the engine then copies from
+//   (zero/engine.rs, `place_grads`).
 // * zb_cuda_set_stream / zb_cuda_pool_*: libtorch's current stream on this thread, and the CUDA
 //   caching allocator's private pools: while a step is captured into a CUDA graph, everything the
 //   capture stream allocates comes from a pool that nothing else uses, so the memory a replay
@@ -62,8 +65,10 @@
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -173,6 +178,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm(at::Tensor x, at::Tensor gam
   return at::native_layer_norm(x, {x.size(-1)}, gamma, beta, eps);
 }
 
+// Weight gradients written in place (zb_grad_into): for a parameter, the flat buffer and the
+// element where its gradient goes, whether the gradient adds to what is there (a later
+// micro-step's) or replaces it, and whether a node has written it. Keyed by the parameter's
+// TensorImpl: a node's saved leaf is the parameter itself. Registered and taken on the thread
+// that runs backward; the lock keeps a stray caller safe.
+struct GradInto {
+  at::Tensor buf;
+  int64_t offset;
+  bool accumulate;
+  bool taken;
+};
+std::mutex grad_into_mutex;
+std::unordered_map<const c10::TensorImpl*, GradInto> grad_into;
+
+// w's gradient a·b. Where the engine placed it, the product goes straight there (added by a later
+// use of w in the same backward, or where the engine accumulates) and the node returns no
+// gradient for w, so autograd leaves w's .grad alone; elsewhere a fresh tensor, as autograd's.
+at::Tensor weight_grad(const at::Tensor& w, const at::Tensor& a, const at::Tensor& b) {
+  std::lock_guard<std::mutex> lock(grad_into_mutex);
+  auto it = grad_into.find(w.unsafeGetTensorImpl());
+  if (it == grad_into.end()) return a.mm(b);
+  auto& g = it->second;
+  auto dest = g.buf.narrow(0, g.offset, w.numel()).view(w.sizes());
+  if (g.accumulate || g.taken) {
+    dest.addmm_(a, b);
+  } else {
+    at::mm_out(dest, a, b);
+  }
+  g.taken = true;
+  return at::Tensor();
+}
+
 // linear(x) = x·wᵀ + b, as libtorch's addmm, whose bias gradient goes through bias_grad (the
 // worker's column sum on CUDA: libtorch's bias reductions ran at about two fifths of the memory's
 // bandwidth on gpt2, docs/results/one-gpu.md).
@@ -186,7 +223,7 @@ struct Linear : torch::autograd::Function<Linear> {
     auto s = ctx->get_saved_variables();
     const auto &x = s[0], &w = s[1];
     auto gy = rows(grads[0]);
-    return {gy.mm(w).view(x.sizes()), gy.t().mm(rows(x)), bias_grad(gy)};
+    return {gy.mm(w).view(x.sizes()), weight_grad(w, gy.t(), rows(x)), bias_grad(gy)};
   }
 };
 
@@ -205,7 +242,7 @@ struct LnLinear : torch::autograd::Function<LnLinear> {
     const auto &x = s[0], &gamma = s[1], &beta = s[2], &w = s[3];
     auto [xn, mean, rstd] = norm(x, gamma, beta, ctx->saved_data["eps"].toDouble());
     auto gy = rows(grads[0]);
-    auto gw = gy.t().mm(rows(xn));
+    auto gw = weight_grad(w, gy.t(), rows(xn));
     xn.reset();
     auto gb = bias_grad(gy);
     auto gxn = gy.mm(w).view(x.sizes());
@@ -233,10 +270,10 @@ struct LnGeluMlp : torch::autograd::Function<LnGeluMlp> {
     auto gy = rows(grads[0]);
     auto gb2 = bias_grad(gy);
     auto [act, gh, gb1] = gelu_recompute_backward_and_bias(gy.mm(w2), rows(h));
-    auto gw2 = gy.t().mm(act);
+    auto gw2 = weight_grad(w2, gy.t(), act);
     act.reset();
     auto [xn, mean, rstd] = norm(x, gamma, beta, ctx->saved_data["eps"].toDouble());
-    auto gw1 = gh.t().mm(rows(xn));
+    auto gw1 = weight_grad(w1, gh.t(), rows(xn));
     xn.reset();
     auto gxn = gh.mm(w1).view(x.sizes());
     gh.reset();
@@ -562,6 +599,32 @@ int zb_ln_linear(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor*
 int zb_ln_gelu_mlp(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w1, at::Tensor* b1, at::Tensor* w2,
                    at::Tensor* b2, double eps, void** out) {
   return guarded([&] { *out = new at::Tensor(LnGeluMlp::apply(*x, *gamma, *beta, *w1, *b1, *w2, *b2, eps)); });
+}
+
+// From now until zb_grad_taken, the nodes write `param`'s gradient into `buf[offset ..]` (a flat
+// buffer of the parameter's kind and device), adding to what is there when `accumulate`.
+int zb_grad_into(at::Tensor* param, at::Tensor* buf, int64_t offset, int accumulate) {
+  return guarded([&] {
+    TORCH_CHECK(buf->dim() == 1 && buf->is_contiguous(), "a gradient's place: the buffer is not flat");
+    TORCH_CHECK(buf->scalar_type() == param->scalar_type() && buf->device() == param->device(),
+                "a gradient's place: the buffer's kind or device is not the parameter's");
+    TORCH_CHECK(offset >= 0 && offset + param->numel() <= buf->numel(),
+                "a gradient's place: elements ", offset, " + ", param->numel(), " lie past the buffer's ",
+                buf->numel());
+    std::lock_guard<std::mutex> lock(grad_into_mutex);
+    grad_into[param->unsafeGetTensorImpl()] = GradInto{*buf, offset, accumulate != 0, false};
+  });
+}
+
+// Ends `param`'s placement: *taken is 1 where a node wrote its gradient there, 0 otherwise (its
+// gradient, if any, is in its .grad).
+int zb_grad_taken(at::Tensor* param, int* taken) {
+  return guarded([&] {
+    std::lock_guard<std::mutex> lock(grad_into_mutex);
+    auto it = grad_into.find(param->unsafeGetTensorImpl());
+    *taken = it != grad_into.end() && it->second.taken;
+    if (it != grad_into.end()) grad_into.erase(it);
+  });
 }
 
 }  // extern "C"

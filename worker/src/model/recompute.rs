@@ -136,6 +136,81 @@ mod tests {
         );
     }
 
+    /// A flat buffer of `n` elements, each `fill`, in fp64 on the CPU.
+    fn flat(n: i64, fill: f64) -> Tensor {
+        Tensor::full([n], fill, (Kind::Double, Device::Cpu))
+    }
+
+    #[test]
+    fn placed_weight_gradients_land_in_the_buffer_and_not_in_grad() {
+        // The MLP's two weights placed at offsets 3 and 3 + 128 of one buffer; the rest of the
+        // inputs' gradients reach .grad as before.
+        let shapes: [&[i64]; 7] = [&[2, 3, 8], &[8], &[8], &[16, 8], &[16], &[8, 16], &[8]];
+        let mlp = |t: &[Tensor]| ln_gelu_mlp(&t[0], [&t[1], &t[2], &t[3], &t[4], &t[5], &t[6]], EPS).unwrap();
+        let (ours, theirs) = (leaves(&shapes, 1), leaves(&shapes, 1));
+        let g = Tensor::randn([2, 3, 8], (Kind::Double, Device::Cpu));
+        for accumulate in [false, true] {
+            let buf = flat(3 + 128 + 128 + 2, 0.5);
+            shim::grad_into(&ours[3], &buf, 3, accumulate).unwrap();
+            shim::grad_into(&ours[5], &buf, 3 + 128, accumulate).unwrap();
+            shim::backward(&[&mlp(&ours)], &[&g]).unwrap();
+            shim::backward(&[&mlp(&theirs)], &[&g]).unwrap();
+            assert!(shim::grad_taken(&ours[3]).unwrap() && shim::grad_taken(&ours[5]).unwrap());
+            // Taking ends the placement: a second call finds none.
+            assert!(!shim::grad_taken(&ours[3]).unwrap());
+            let base = if accumulate { 0.5 } else { 0.0 };
+            for (i, off, n) in [(3, 3, 128), (5, 3 + 128, 128)] {
+                assert!(!ours[i].grad().defined(), "input {i}: a placed gradient also reached .grad");
+                let want = theirs[i].grad().reshape([-1]) + base;
+                assert_close(&format!("input {i} in place"), &buf.narrow(0, off, n), &want);
+                let _ = theirs[i].grad().zero_();
+            }
+            // Around the places the buffer is as it was.
+            assert_close("before", &buf.narrow(0, 0, 3), &flat(3, 0.5));
+            assert_close("after", &buf.narrow(0, 3 + 256, 2), &flat(2, 0.5));
+            for i in [0, 1, 2, 4, 6] {
+                assert_close(&format!("input {i}"), &ours[i].grad(), &theirs[i].grad());
+                let _ = ours[i].grad().zero_();
+                let _ = theirs[i].grad().zero_();
+            }
+        }
+    }
+
+    #[test]
+    fn a_weight_used_twice_sums_both_uses_in_its_place() {
+        // y = linear(ln_linear(x, w), w): the first node to write replaces what the buffer held,
+        // the second adds to it.
+        let shapes: [&[i64]; 5] = [&[2, 3, 8], &[8], &[8], &[8, 8], &[8]];
+        let twice = |t: &[Tensor]| {
+            let h = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap();
+            linear(&h, &t[3], &t[4]).unwrap()
+        };
+        let (ours, theirs) = (leaves(&shapes, 2), leaves(&shapes, 2));
+        let buf = flat(64, 7.0);
+        shim::grad_into(&ours[3], &buf, 0, false).unwrap();
+        let g = Tensor::ones([2, 3, 8], (Kind::Double, Device::Cpu));
+        shim::backward(&[&twice(&ours)], &[&g]).unwrap();
+        shim::backward(&[&twice(&theirs)], &[&g]).unwrap();
+        assert!(shim::grad_taken(&ours[3]).unwrap());
+        assert!(!ours[3].grad().defined());
+        assert_close("w in place", &buf, &theirs[3].grad().reshape([-1]));
+    }
+
+    #[test]
+    fn a_place_that_does_not_suit_the_parameter_is_refused() {
+        let w = leaves(&[&[4, 8]], 3).remove(0);
+        let short = shim::grad_into(&w, &flat(40, 0.0), 10, false).unwrap_err();
+        assert!(short.to_string().contains("lie past the buffer"), "{short}");
+        let float = Tensor::zeros([32], (Kind::Float, Device::Cpu));
+        let kind = shim::grad_into(&w, &float, 0, false).unwrap_err();
+        assert!(kind.to_string().contains("kind or device"), "{kind}");
+        let matrix = Tensor::zeros([4, 8], (Kind::Double, Device::Cpu));
+        let flatness = shim::grad_into(&w, &matrix, 0, false).unwrap_err();
+        assert!(flatness.to_string().contains("not flat"), "{flatness}");
+        // Nothing was placed.
+        assert!(!shim::grad_taken(&w).unwrap());
+    }
+
     #[test]
     fn a_shape_mismatch_is_an_error_not_a_crash() {
         let t = leaves(&[&[2, 3, 8], &[8], &[8], &[5, 7], &[5]], 4);

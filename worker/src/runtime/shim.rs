@@ -80,6 +80,8 @@ extern "C" {
     fn zb_backward(outputs: *const CTensor, grads: *const CTensor, n: c_int) -> c_int;
     fn zb_run_in_backward(device: c_int, f: unsafe extern "C" fn(*mut c_void) -> c_int, data: *mut c_void) -> c_int;
     fn zb_clear_grad(t: CTensor) -> c_int;
+    fn zb_grad_into(param: CTensor, buf: CTensor, offset: i64, accumulate: c_int) -> c_int;
+    fn zb_grad_taken(param: CTensor, taken: *mut c_int) -> c_int;
     fn zb_storage_set(t: CTensor, data: *mut c_void, nbytes: usize) -> c_int;
     fn zb_storage_release(t: CTensor) -> c_int;
     fn zb_cuda_stats(device: c_int, out: *mut CudaStats) -> c_int;
@@ -230,6 +232,24 @@ pub fn run_in_backward<F: FnOnce() -> R, R>(device: Option<usize>, f: F) -> Resu
 pub fn clear_grad(t: &Tensor) -> Result<(), ShimError> {
     // SAFETY: a live tensor.
     check(unsafe { zb_clear_grad(t.as_ptr() as CTensor) })
+}
+
+/// Until [`grad_taken`], the nodes of this module ([`linear`], [`ln_linear`], [`ln_gelu_mlp`])
+/// write `param`'s gradient into `buf[offset .. offset + param.numel()]` (a flat buffer of its kind
+/// and device), adding to what is there when `accumulate`, instead of returning it to autograd:
+/// its `.grad` is then left alone. Other uses of `param` still reach its `.grad`.
+pub fn grad_into(param: &Tensor, buf: &Tensor, offset: usize, accumulate: bool) -> Result<(), ShimError> {
+    let offset = i64::try_from(offset).map_err(|_| ShimError(format!("a gradient's place: offset {offset}")))?;
+    // SAFETY: live tensors; the shim keeps its own reference to `buf`.
+    check(unsafe { zb_grad_into(param.as_ptr() as CTensor, buf.as_ptr() as CTensor, offset, c_int::from(accumulate)) })
+}
+
+/// Ends `param`'s placement ([`grad_into`]): whether a node wrote its gradient there.
+pub fn grad_taken(param: &Tensor) -> Result<bool, ShimError> {
+    let mut taken: c_int = 0;
+    // SAFETY: a live tensor and a local to write.
+    check(unsafe { zb_grad_taken(param.as_ptr() as CTensor, &mut taken) })?;
+    Ok(taken != 0)
 }
 
 /// Points the tensor's storage (shared by all its views) at `data`, which the caller owns and

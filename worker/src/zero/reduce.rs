@@ -7,6 +7,7 @@ use tch::{TchError, Tensor};
 use zerobench_schema::config::ZeroStage;
 
 use super::error::EngineError;
+use super::layout::UnitLayout;
 use super::unit::{len64, OptimState, Unit, UnitGrads};
 use crate::comm::{Collectives, HostCopy, Pending};
 
@@ -155,24 +156,55 @@ impl Staging {
     }
 }
 
-/// Writes the concatenated gradients into `buf[offset .. offset + numel]` (or adds them), and
-/// zeroes the unit's padding up to `offset + padded`.
+/// A parameter's gradient as `harvest` finds it.
+pub(super) enum Harvested {
+    /// Written into its place in the buffer by backward's nodes (`Engine::place_grads`).
+    InPlace,
+    /// Written there, and more of it in the parameter's `.grad` (another use of the parameter).
+    InPlacePlus(Tensor),
+    /// In the parameter's `.grad` only, flattened.
+    Fresh(Tensor),
+}
+
+/// Writes a unit's gradients into `buf` from `offset` on (or adds them: a later micro-step),
+/// each at its place in `layout`, and zeroes the unit's padding up to `offset + padded`. Those
+/// already in place stay; the others go in one copy per run of neighbours (one for the whole unit
+/// where nothing was in place).
 pub(super) fn write_flat(
     buf: &Tensor,
     offset: usize,
-    numel: usize,
-    padded: usize,
-    grads: &[Tensor],
+    layout: &UnitLayout,
+    grads: &[Harvested],
     add: bool,
 ) -> Result<(), TchError> {
-    let dst = buf.f_narrow(0, offset as i64, numel as i64)?;
-    if add {
-        let _ = dst.shallow_clone().f_add_(&Tensor::f_cat(grads, 0)?)?;
-    } else {
-        let _ = Tensor::f_cat_out(&dst, grads, 0)?;
+    let slots = &layout.params;
+    let mut i = 0;
+    while i < grads.len() {
+        let start = offset + slots[i].offset;
+        match &grads[i] {
+            Harvested::InPlace => i += 1,
+            Harvested::InPlacePlus(g) => {
+                let _ = buf.f_narrow(0, len64(start), len64(slots[i].numel))?.f_add_(&g.f_reshape([-1])?)?;
+                i += 1;
+            }
+            Harvested::Fresh(_) => {
+                let mut run = Vec::new();
+                while let Some(Harvested::Fresh(g)) = grads.get(i) {
+                    run.push(g);
+                    i += 1;
+                }
+                let numel: usize = run.iter().map(|g| g.numel()).sum();
+                let dst = buf.f_narrow(0, len64(start), len64(numel))?;
+                if add {
+                    let _ = dst.shallow_clone().f_add_(&Tensor::f_cat(&run, 0)?)?;
+                } else {
+                    let _ = Tensor::f_cat_out(&dst, &run, 0)?;
+                }
+            }
+        }
     }
-    if padded > numel {
-        let _ = buf.f_narrow(0, (offset + numel) as i64, (padded - numel) as i64)?.f_zero_()?;
+    if layout.padded > layout.numel {
+        let _ = buf.f_narrow(0, len64(offset + layout.numel), len64(layout.padded - layout.numel))?.f_zero_()?;
     }
     Ok(())
 }
