@@ -502,15 +502,17 @@ fn grad_in_place(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
         place(false);
         shim::backward(&[&mlp(&ins)], &[&g]).expect("backward");
         shim::backward(&[&mlp(&twins)], &[&g]).expect("backward");
-        let taken = shim::grad_taken(&ins[3]).expect("taken") && shim::grad_taken(&ins[5]).expect("taken");
         let empty = !ins[3].grad().defined() && !ins[5].grad().defined();
+        let weights = [ins[3].shallow_clone(), ins[5].shallow_clone()];
+        let offsets = [off1 as usize, (off1 + n) as usize];
+        let taken = shim::take_grads(&weights, &offsets, &buf, false).expect("take") == 2;
         let placed = |i: i64| buf.narrow(0, off1 + i * n, n);
         let fresh = [twins[3].grad().reshape([-1]), twins[5].grad().reshape([-1])];
         let same_bits = placed(0).equal(&fresh[0]) && placed(1).equal(&fresh[1]);
         // A later micro-step: the same backward again, placed to add.
         place(true);
         shim::backward(&[&mlp(&ins)], &[&g]).expect("backward");
-        let taken_again = shim::grad_taken(&ins[3]).expect("taken") && shim::grad_taken(&ins[5]).expect("taken");
+        let taken_again = shim::take_grads(&weights, &offsets, &buf, true).expect("take") == 2;
         let sums = [relative_error(&placed(0), &(&fresh[0] * 2.0)), relative_error(&placed(1), &(&fresh[1] * 2.0))];
         let worst = sums[0].max(sums[1]);
         r.check(

@@ -33,9 +33,10 @@
 //   followed by an MLP with tanh GELU, as autograd functions (tch has none) whose backward
 //   recomputes the normalised input and the GELU's output instead of keeping them from the
 //   forward pass (model/recompute.rs says what that saves and costs).
-// * zb_grad_into / zb_grad_taken: where the nodes above write a weight's gradient: a place in a
-//   flat buffer of the engine's instead of a fresh tensor the engine then copies from
-//   (zero/engine.rs, `place_grads`).
+// * zb_grad_into / zb_take_grads: where the nodes above write a weight's gradient (a place in a
+//   flat buffer of the engine's instead of a fresh tensor the engine then copies from:
+//   zero/engine.rs, `place_grads`), and the move of a unit's gradients into that buffer, those
+//   the nodes did not write in one launch.
 // * zb_cuda_set_stream / zb_cuda_pool_*: libtorch's current stream on this thread, and the CUDA
 //   caching allocator's private pools: while a step is captured into a CUDA graph, everything the
 //   capture stream allocates comes from a pool that nothing else uses, so the memory a replay
@@ -601,7 +602,7 @@ int zb_ln_gelu_mlp(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tenso
   return guarded([&] { *out = new at::Tensor(LnGeluMlp::apply(*x, *gamma, *beta, *w1, *b1, *w2, *b2, eps)); });
 }
 
-// From now until zb_grad_taken, the nodes write `param`'s gradient into `buf[offset ..]` (a flat
+// From now until zb_take_grads, the nodes write `param`'s gradient into `buf[offset ..]` (a flat
 // buffer of the parameter's kind and device), adding to what is there when `accumulate`.
 int zb_grad_into(at::Tensor* param, at::Tensor* buf, int64_t offset, int accumulate) {
   return guarded([&] {
@@ -616,14 +617,57 @@ int zb_grad_into(at::Tensor* param, at::Tensor* buf, int64_t offset, int accumul
   });
 }
 
-// Ends `param`'s placement: *taken is 1 where a node wrote its gradient there, 0 otherwise (its
-// gradient, if any, is in its .grad).
-int zb_grad_taken(at::Tensor* param, int* taken) {
+// Moves the gradients of a unit's n parameters into `buf`, parameter i's from element offsets[i]
+// on, added to what is there when `add` (a later micro-step), and ends their places
+// (zb_grad_into). Those the nodes wrote stay, plus whatever other uses left in .grad; the rest
+// come from .grad (zeros where a parameter got none): in one cat where they are neighbours (every
+// parameter of a unit nothing was placed in, as before places), else in one multi-tensor copy,
+// not a launch each. Every .grad is dropped. `*placed` counts the parameters the nodes wrote.
+int zb_take_grads(at::Tensor** params, const int64_t* offsets, int n, at::Tensor* buf, int add, int* placed) {
   return guarded([&] {
-    std::lock_guard<std::mutex> lock(grad_into_mutex);
-    auto it = grad_into.find(param->unsafeGetTensorImpl());
-    *taken = it != grad_into.end() && it->second.taken;
-    if (it != grad_into.end()) grad_into.erase(it);
+    std::vector<at::Tensor> dsts, srcs;
+    int64_t run_start = 0, run_end = 0;
+    bool one_run = true;
+    *placed = 0;
+    {
+      std::lock_guard<std::mutex> lock(grad_into_mutex);
+      for (int i = 0; i < n; ++i) {
+        at::Tensor& p = *params[i];
+        auto it = grad_into.find(p.unsafeGetTensorImpl());
+        const bool taken = it != grad_into.end() && it->second.taken;
+        if (it != grad_into.end()) grad_into.erase(it);
+        const at::Tensor& g = p.grad();
+        auto dst = buf->narrow(0, offsets[i], p.numel());
+        if (taken) {
+          *placed += 1;
+          if (g.defined()) dst.add_(g.reshape({-1}));
+        } else {
+          if (srcs.empty()) {
+            run_start = offsets[i];
+          } else if (offsets[i] != run_end) {
+            one_run = false;
+          }
+          run_end = offsets[i] + p.numel();
+          dsts.push_back(dst);
+          srcs.push_back(g.defined() ? g.reshape({-1}) : at::zeros({p.numel()}, buf->options()));
+        }
+      }
+    }
+    if (!srcs.empty()) {
+      if (one_run) {
+        auto dst = buf->narrow(0, run_start, run_end - run_start);
+        if (add) {
+          dst.add_(at::cat(srcs));
+        } else {
+          at::cat_out(dst, srcs);
+        }
+      } else if (add) {
+        at::_foreach_add_(dsts, srcs);
+      } else {
+        at::_foreach_copy_(dsts, srcs);
+      }
+    }
+    for (int i = 0; i < n; ++i) params[i]->mutable_grad().reset();
   });
 }
 

@@ -143,47 +143,51 @@ mod tests {
 
     #[test]
     fn placed_weight_gradients_land_in_the_buffer_and_not_in_grad() {
-        // The MLP's two weights placed at offsets 3 and 3 + 128 of one buffer; the rest of the
-        // inputs' gradients reach .grad as before.
+        // The MLP's seven inputs as one unit's parameters, back to back in a flat buffer from
+        // element 3 on; its two weights (inputs 3 and 5) placed. Moving the gradients in leaves the
+        // placed ones as the nodes wrote them and copies the others, in two runs around them.
         let shapes: [&[i64]; 7] = [&[2, 3, 8], &[8], &[8], &[16, 8], &[16], &[8, 16], &[8]];
+        let numels: Vec<usize> = shapes.iter().map(|s| s.iter().product::<i64>() as usize).collect();
+        let offsets: Vec<usize> = numels.iter().scan(3, |o, n| Some(std::mem::replace(o, *o + n))).collect();
+        let end = offsets[6] + numels[6];
         let mlp = |t: &[Tensor]| ln_gelu_mlp(&t[0], [&t[1], &t[2], &t[3], &t[4], &t[5], &t[6]], EPS).unwrap();
         let (ours, theirs) = (leaves(&shapes, 1), leaves(&shapes, 1));
         let g = Tensor::randn([2, 3, 8], (Kind::Double, Device::Cpu));
-        for accumulate in [false, true] {
-            let buf = flat(3 + 128 + 128 + 2, 0.5);
-            shim::grad_into(&ours[3], &buf, 3, accumulate).unwrap();
-            shim::grad_into(&ours[5], &buf, 3 + 128, accumulate).unwrap();
+        shim::backward(&[&mlp(&theirs)], &[&g]).unwrap();
+        let want = Tensor::cat(&theirs.iter().map(|t| t.grad().reshape([-1])).collect::<Vec<_>>(), 0);
+        for add in [false, true] {
+            let buf = flat(end as i64 + 2, 0.5);
+            for i in [3, 5] {
+                shim::grad_into(&ours[i], &buf, offsets[i], add).unwrap();
+            }
             shim::backward(&[&mlp(&ours)], &[&g]).unwrap();
-            shim::backward(&[&mlp(&theirs)], &[&g]).unwrap();
-            assert!(shim::grad_taken(&ours[3]).unwrap() && shim::grad_taken(&ours[5]).unwrap());
-            // Taking ends the placement: a second call finds none.
-            assert!(!shim::grad_taken(&ours[3]).unwrap());
-            let base = if accumulate { 0.5 } else { 0.0 };
-            for (i, off, n) in [(3, 3, 128), (5, 3 + 128, 128)] {
-                assert!(!ours[i].grad().defined(), "input {i}: a placed gradient also reached .grad");
-                let want = theirs[i].grad().reshape([-1]) + base;
-                assert_close(&format!("input {i} in place"), &buf.narrow(0, off, n), &want);
-                let _ = theirs[i].grad().zero_();
+            for (i, p) in ours.iter().enumerate() {
+                assert_eq!(p.grad().defined(), i != 3 && i != 5, "input {i}: .grad after a placed backward");
             }
-            // Around the places the buffer is as it was.
+            assert_eq!(shim::take_grads(&ours, &offsets, &buf, add).unwrap(), 2);
+            assert!(ours.iter().all(|p| !p.grad().defined()), "every .grad is dropped");
+            let base = if add { 0.5 } else { 0.0 };
+            assert_close("the unit's gradients", &buf.narrow(0, 3, end as i64 - 3), &(&want + base));
+            // Around the unit the buffer is as it was.
             assert_close("before", &buf.narrow(0, 0, 3), &flat(3, 0.5));
-            assert_close("after", &buf.narrow(0, 3 + 256, 2), &flat(2, 0.5));
-            for i in [0, 1, 2, 4, 6] {
-                assert_close(&format!("input {i}"), &ours[i].grad(), &theirs[i].grad());
-                let _ = ours[i].grad().zero_();
-                let _ = theirs[i].grad().zero_();
-            }
+            assert_close("after", &buf.narrow(0, end as i64, 2), &flat(2, 0.5));
+            // Taking ends the places: another backward returns every gradient to .grad.
+            shim::backward(&[&mlp(&ours)], &[&g]).unwrap();
+            assert!(ours.iter().all(|p| p.grad().defined()));
+            assert_eq!(shim::take_grads(&ours, &offsets, &buf, false).unwrap(), 0);
+            assert_close("nothing placed", &buf.narrow(0, 3, end as i64 - 3), &want);
         }
     }
 
     #[test]
     fn a_weight_used_twice_sums_both_uses_in_its_place() {
-        // y = linear(ln_linear(x, w), w): the first node to write replaces what the buffer held,
-        // the second adds to it.
+        // y = linear(ln_linear(x, w), w) + x·w: the first node to write replaces what the buffer
+        // held, the second adds to it, and the plain product's share reaches .grad and is added
+        // when the gradients are moved in.
         let shapes: [&[i64]; 5] = [&[2, 3, 8], &[8], &[8], &[8, 8], &[8]];
         let twice = |t: &[Tensor]| {
             let h = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap();
-            linear(&h, &t[3], &t[4]).unwrap()
+            linear(&h, &t[3], &t[4]).unwrap() + t[0].matmul(&t[3])
         };
         let (ours, theirs) = (leaves(&shapes, 2), leaves(&shapes, 2));
         let buf = flat(64, 7.0);
@@ -191,8 +195,8 @@ mod tests {
         let g = Tensor::ones([2, 3, 8], (Kind::Double, Device::Cpu));
         shim::backward(&[&twice(&ours)], &[&g]).unwrap();
         shim::backward(&[&twice(&theirs)], &[&g]).unwrap();
-        assert!(shim::grad_taken(&ours[3]).unwrap());
-        assert!(!ours[3].grad().defined());
+        assert!(ours[3].grad().defined(), "the plain product's share");
+        assert_eq!(shim::take_grads(&ours[3..4], &[0], &buf, false).unwrap(), 1);
         assert_close("w in place", &buf, &theirs[3].grad().reshape([-1]));
     }
 
@@ -207,8 +211,10 @@ mod tests {
         let matrix = Tensor::zeros([4, 8], (Kind::Double, Device::Cpu));
         let flatness = shim::grad_into(&w, &matrix, 0, false).unwrap_err();
         assert!(flatness.to_string().contains("not flat"), "{flatness}");
-        // Nothing was placed.
-        assert!(!shim::grad_taken(&w).unwrap());
+        // Nothing was placed: the gradient (none) is moved in as zeros.
+        let buf = flat(32, 1.0);
+        assert_eq!(shim::take_grads(std::slice::from_ref(&w), &[0], &buf, false).unwrap(), 0);
+        assert_close("zeros", &buf, &flat(32, 0.0));
     }
 
     #[test]

@@ -81,7 +81,14 @@ extern "C" {
     fn zb_run_in_backward(device: c_int, f: unsafe extern "C" fn(*mut c_void) -> c_int, data: *mut c_void) -> c_int;
     fn zb_clear_grad(t: CTensor) -> c_int;
     fn zb_grad_into(param: CTensor, buf: CTensor, offset: i64, accumulate: c_int) -> c_int;
-    fn zb_grad_taken(param: CTensor, taken: *mut c_int) -> c_int;
+    fn zb_take_grads(
+        params: *const CTensor,
+        offsets: *const i64,
+        n: c_int,
+        buf: CTensor,
+        add: c_int,
+        placed: *mut c_int,
+    ) -> c_int;
     fn zb_storage_set(t: CTensor, data: *mut c_void, nbytes: usize) -> c_int;
     fn zb_storage_release(t: CTensor) -> c_int;
     fn zb_cuda_stats(device: c_int, out: *mut CudaStats) -> c_int;
@@ -234,7 +241,7 @@ pub fn clear_grad(t: &Tensor) -> Result<(), ShimError> {
     check(unsafe { zb_clear_grad(t.as_ptr() as CTensor) })
 }
 
-/// Until [`grad_taken`], the nodes of this module ([`linear`], [`ln_linear`], [`ln_gelu_mlp`])
+/// Until [`take_grads`], the nodes of this module ([`linear`], [`ln_linear`], [`ln_gelu_mlp`])
 /// write `param`'s gradient into `buf[offset .. offset + param.numel()]` (a flat buffer of its kind
 /// and device), adding to what is there when `accumulate`, instead of returning it to autograd:
 /// its `.grad` is then left alone. Other uses of `param` still reach its `.grad`.
@@ -244,12 +251,22 @@ pub fn grad_into(param: &Tensor, buf: &Tensor, offset: usize, accumulate: bool) 
     check(unsafe { zb_grad_into(param.as_ptr() as CTensor, buf.as_ptr() as CTensor, offset, c_int::from(accumulate)) })
 }
 
-/// Ends `param`'s placement ([`grad_into`]): whether a node wrote its gradient there.
-pub fn grad_taken(param: &Tensor) -> Result<bool, ShimError> {
-    let mut taken: c_int = 0;
-    // SAFETY: a live tensor and a local to write.
-    check(unsafe { zb_grad_taken(param.as_ptr() as CTensor, &mut taken) })?;
-    Ok(taken != 0)
+/// Moves the gradients of `params` into the flat `buf`, `params[i]`'s from element `offsets[i]`
+/// on, added to what is there when `add`, and ends their places ([`grad_into`]): what the nodes
+/// wrote there stays (plus what other uses left in `.grad`), the rest is copied from `.grad`
+/// (zeros where none) in one launch. Every `.grad` is dropped. Returns how many the nodes wrote.
+pub fn take_grads(params: &[Tensor], offsets: &[usize], buf: &Tensor, add: bool) -> Result<usize, ShimError> {
+    assert_eq!(params.len(), offsets.len());
+    let p: Vec<CTensor> = params.iter().map(|t| t.as_ptr() as CTensor).collect();
+    let o = offsets
+        .iter()
+        .map(|&o| i64::try_from(o).map_err(|_| ShimError(format!("a gradient's place: offset {o}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let n = c_int::try_from(p.len()).map_err(|_| ShimError(format!("{} parameters in one unit", p.len())))?;
+    let mut placed: c_int = 0;
+    // SAFETY: live tensors and arrays of `n` elements for the duration of the call.
+    check(unsafe { zb_take_grads(p.as_ptr(), o.as_ptr(), n, buf.as_ptr() as CTensor, c_int::from(add), &mut placed) })?;
+    Ok(usize::try_from(placed).unwrap_or(0))
 }
 
 /// Points the tensor's storage (shared by all its views) at `data`, which the caller owns and

@@ -15,10 +15,8 @@ pub use super::error::EngineError;
 use super::layout::UnitLayout;
 use super::loss_scale::LossScaler;
 use super::offload::{HostUpdates, Update};
-use super::reduce::{write_flat, Buckets, Harvested, Reduction, Staging};
-use super::unit::{
-    clear_grads, len64, total_padded, Gathered, OptimState, ParamShard, Partition, Unit, UnitBuild, UnitGrads, Via,
-};
+use super::reduce::{write_grads, Buckets, Reduction, Staging};
+use super::unit::{len64, total_padded, Gathered, OptimState, ParamShard, Partition, Unit, UnitBuild, UnitGrads, Via};
 use crate::comm::{Collectives, HostCopy, Pending, StepComm};
 use crate::metrics::clock::SharedClock;
 use crate::model::Model;
@@ -571,36 +569,20 @@ impl Engine {
             debug_assert_eq!(v, u, "unit {v} placed, unit {u} harvested");
             offset
         });
-        let unit = &self.units[u];
-        let grads = unit
-            .params
-            .iter()
-            .zip(&unit.layout.params)
-            .map(|(p, slot)| {
-                let in_place = placed.is_some() && slot.shape.len() >= 2 && shim::grad_taken(p)?;
-                let g = p.grad();
-                Ok(match (in_place, g.defined()) {
-                    (true, false) => Harvested::InPlace,
-                    (true, true) => Harvested::InPlacePlus(g),
-                    (false, true) => Harvested::Fresh(g.f_reshape([-1])?),
-                    (false, false) => Harvested::Fresh(Tensor::f_zeros([p.numel() as i64], (self.kind, self.device))?),
-                })
-            })
-            .collect::<Result<Vec<_>, EngineError>>()?;
-        let padded = unit.layout.padded;
+        let padded = self.units[u].layout.padded;
         let last = self.last_micro();
         // Stages 2/3: a unit that does not fit in the current staging buffer flushes it first
         // (`place_grads` placed nothing then).
         if matches!(&self.reduction, Reduction::Staged(st) if st.fill + padded > st.capacity()) {
             self.flush_staged()?;
         }
-        let layout = &self.units[u].layout;
         let flush = match &mut self.reduction {
             Reduction::Buckets(bk) => {
                 let UnitGrads::Full { full, .. } = &self.units[u].grads else {
                     unreachable!("stages 0 and 1 keep full gradient buffers")
                 };
-                write_flat(full, 0, layout, &grads, self.micro > 0)?;
+                let in_place = write_grads(&self.units[u], full, 0, self.micro > 0)?;
+                debug_assert!(placed.is_some() || in_place == 0, "unit {u}: gradients in place it was not given");
                 if last {
                     bk.units.push(u);
                     bk.fill += padded;
@@ -609,11 +591,11 @@ impl Engine {
             }
             Reduction::Staged(st) => {
                 let offset = st.fill;
+                let in_place = write_grads(&self.units[u], &st.buffers[st.current], offset, false)?;
                 debug_assert!(
-                    placed.is_none_or(|p| p == offset),
+                    placed.map_or(in_place == 0, |p| p == offset),
                     "unit {u} placed at {placed:?}, harvested at {offset}"
                 );
-                write_flat(&st.buffers[st.current], offset, layout, &grads, false)?;
                 st.staged.push((u, offset));
                 st.fill = offset + padded;
                 st.fill >= self.bucket_elems
@@ -622,7 +604,7 @@ impl Engine {
         if flush {
             self.flush_reduction()?;
         }
-        clear_grads(&self.units[u])
+        Ok(())
     }
 
     /// Starts reducing what waits in the bucket (stages 0/1) or the current staging buffer (stages

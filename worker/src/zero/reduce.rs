@@ -3,13 +3,13 @@
 //! two buffers reduce-scattered every micro-step (one fills while the other's collectives run).
 //! Offloaded units' reduced slices start for the host from here.
 
-use tch::{TchError, Tensor};
+use tch::Tensor;
 use zerobench_schema::config::ZeroStage;
 
 use super::error::EngineError;
-use super::layout::UnitLayout;
 use super::unit::{len64, OptimState, Unit, UnitGrads};
 use crate::comm::{Collectives, HostCopy, Pending};
+use crate::runtime::shim;
 
 /// How gradients are reduced, by stage family, with the state each way needs.
 pub(super) enum Reduction {
@@ -156,55 +156,17 @@ impl Staging {
     }
 }
 
-/// A parameter's gradient as `harvest` finds it.
-pub(super) enum Harvested {
-    /// Written into its place in the buffer by backward's nodes (`Engine::place_grads`).
-    InPlace,
-    /// Written there, and more of it in the parameter's `.grad` (another use of the parameter).
-    InPlacePlus(Tensor),
-    /// In the parameter's `.grad` only, flattened.
-    Fresh(Tensor),
-}
-
-/// Writes a unit's gradients into `buf` from `offset` on (or adds them: a later micro-step),
-/// each at its place in `layout`, and zeroes the unit's padding up to `offset + padded`. Those
-/// already in place stay; the others go in one copy per run of neighbours (one for the whole unit
-/// where nothing was in place).
-pub(super) fn write_flat(
-    buf: &Tensor,
-    offset: usize,
-    layout: &UnitLayout,
-    grads: &[Harvested],
-    add: bool,
-) -> Result<(), TchError> {
-    let slots = &layout.params;
-    let mut i = 0;
-    while i < grads.len() {
-        let start = offset + slots[i].offset;
-        match &grads[i] {
-            Harvested::InPlace => i += 1,
-            Harvested::InPlacePlus(g) => {
-                let _ = buf.f_narrow(0, len64(start), len64(slots[i].numel))?.f_add_(&g.f_reshape([-1])?)?;
-                i += 1;
-            }
-            Harvested::Fresh(_) => {
-                let mut run = Vec::new();
-                while let Some(Harvested::Fresh(g)) = grads.get(i) {
-                    run.push(g);
-                    i += 1;
-                }
-                let numel: usize = run.iter().map(|g| g.numel()).sum();
-                let dst = buf.f_narrow(0, len64(start), len64(numel))?;
-                if add {
-                    let _ = dst.shallow_clone().f_add_(&Tensor::f_cat(&run, 0)?)?;
-                } else {
-                    let _ = Tensor::f_cat_out(&dst, &run, 0)?;
-                }
-            }
-        }
-    }
+/// Moves a unit's gradients into `buf` from `offset` on, each parameter's at its place in the
+/// unit's layout, added to what is there when `add` (a later micro-step), and zeroes the unit's
+/// padding up to `offset + padded`. Those backward's nodes wrote in place stay
+/// (`Engine::place_grads`); the rest are copied from `.grad`, which is dropped. Returns how many
+/// were in place.
+pub(super) fn write_grads(unit: &Unit, buf: &Tensor, offset: usize, add: bool) -> Result<usize, EngineError> {
+    let layout = &unit.layout;
+    let offsets: Vec<usize> = layout.params.iter().map(|s| offset + s.offset).collect();
+    let placed = shim::take_grads(&unit.params, &offsets, buf, add)?;
     if layout.padded > layout.numel {
         let _ = buf.f_narrow(0, len64(offset + layout.numel), len64(layout.padded - layout.numel))?.f_zero_()?;
     }
-    Ok(())
+    Ok(placed)
 }

@@ -248,14 +248,6 @@ pub(super) fn len64(n: usize) -> i64 {
     i64::try_from(n).expect("a buffer's length fits in i64")
 }
 
-/// Drops the gradients backward left in a unit's parameters (the engine holds its own copy).
-pub(super) fn clear_grads(unit: &Unit) -> Result<(), EngineError> {
-    for p in &unit.params {
-        shim::clear_grad(p)?;
-    }
-    Ok(())
-}
-
 pub(super) fn total_padded(units: &[Unit]) -> usize {
     units.iter().map(|u| u.layout.padded).sum()
 }
