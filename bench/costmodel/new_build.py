@@ -1,0 +1,48 @@
+"""The shipped cost model on a build it was not fitted on: one host's sweep (`bench/gpu/run.sh
+costmodel`) at that build, priced by `zerobench ingest --cost-model` without refitting. Prints one
+JSON document (bench/results/costmodel-KIND-new-build-COMMIT.json): the mean absolute step and
+peak-memory errors over all runs, the runs without offload (those of fitted configurations and
+the held-out ones apart) and the offloaded ones, and every run. Written by
+bench/costmodel/check-build.sh.
+
+usage: new_build.py PREDICTED.csv HOST.txt MODEL COMMIT SOURCE
+"""
+import csv
+import json
+import statistics
+import sys
+
+from results import header
+
+predicted, host_txt, model, commit, source = sys.argv[1:6]
+rows = [r for r in csv.DictReader(open(predicted)) if r["predicted_step_ms"]]
+
+
+def summary(rs):
+    step = [float(r["step_error_pct"]) for r in rs]
+    mem = [abs(float(r["memory_error_pct"])) for r in rs if r["memory_error_pct"]]
+    return {"runs": len(rs),
+            "step_mape_pct": round(statistics.mean(abs(v) for v in step), 1) if step else None,
+            "step_mean_error_pct": round(statistics.mean(step), 1) if step else None,
+            "peak_allocated_mape_pct": round(statistics.mean(mem), 2) if mem else None}
+
+
+plain = [r for r in rows if r["offload"] == "none"]
+print(json.dumps({
+    **header("the shipped cost model on a build it was not fitted on: one host's sweep at that build, "
+             "priced by `zerobench ingest --cost-model`", host_txt),
+    "model": model,
+    "build": commit,
+    "source": source,
+    "summary": {
+        "all": summary(rows),
+        "without_offload": summary(plain),
+        "without_offload_fitted_configurations": summary([r for r in plain if r["run_id"].startswith("cm-fit/")]),
+        "without_offload_held_out_configurations": summary([r for r in plain if r["run_id"].startswith("cm-holdout/")]),
+        "offloaded": summary([r for r in rows if r["offload"] != "none"]),
+    },
+    "runs": [{"run": r["run_id"], "step_ms": float(r["step_ms"]), "predicted_step_ms": float(r["predicted_step_ms"]),
+              "step_error_pct": round(float(r["step_error_pct"]), 2),
+              "memory_error_pct": round(float(r["memory_error_pct"]), 2) if r["memory_error_pct"] else None}
+             for r in rows],
+}, indent=1))
