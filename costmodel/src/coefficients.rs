@@ -37,12 +37,20 @@ pub(crate) struct Coefficients {
     pub host_reference: Option<f64>,
 }
 
-/// The coefficients for runs of one GPU kind and precision.
-pub(crate) fn fit_coefficients(runs: &[&Observation]) -> Coefficients {
+/// The coefficients for runs of one GPU kind and precision, and each run's work as they were
+/// fitted on it (at the host rate they are fitted at), for whatever else the fit reads from them.
+pub(crate) fn fit_coefficients(runs: &[&Observation]) -> (Coefficients, Vec<Work>) {
     let host_reference = host_reference(runs);
     let works: Vec<Work> = runs.iter().map(|o| Work::of(&o.query, host_reference)).collect();
     let (step, device_donor) = fit_step(runs, &works);
-    Coefficients { step, device_donor, memory: fit_memory(runs, &works), reserved: fit_reserved(runs), host_reference }
+    let coef = Coefficients {
+        step,
+        device_donor,
+        memory: fit_memory(runs, &works),
+        reserved: fit_reserved(runs),
+        host_reference,
+    };
+    (coef, works)
 }
 
 /// The host AdamW rate offload's terms are fitted at: the geometric mean of the rates of the hosts

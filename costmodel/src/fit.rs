@@ -10,7 +10,6 @@ use crate::coefficients::{communication_runs, fit_coefficients};
 use crate::model::{CostModel, Fit, FittedRun, Range, FORMAT, VERSION};
 use crate::observation::Observation;
 use crate::validate::validate;
-use crate::work::Work;
 
 /// Fewest distinct configurations a fit accepts: with fewer, every term would be fitted to one
 /// point.
@@ -42,10 +41,9 @@ pub fn fit(obs: &[Observation]) -> Result<CostModel, FitError> {
         if configurations < MIN_CONFIGURATIONS {
             return Err(FitError::TooFewConfigurations { gpu, precision, configurations, runs: runs.len() });
         }
-        let coef = fit_coefficients(&runs);
+        let (coef, works) = fit_coefficients(&runs);
         let (validation, intervals) = validate(&runs);
         let mut range = Range::default();
-        let works: Vec<Work> = runs.iter().map(|o| Work::of(&o.query, coef.host_reference)).collect();
         for (o, w) in runs.iter().zip(&works) {
             range.cover(w, &o.query);
         }
@@ -88,7 +86,7 @@ mod tests {
     use crate::model::Prediction;
     use crate::price::{eval, peak_allocated, step_parts, OFFLOAD_HIDDEN, OFFLOAD_SHARING, UNHIDDEN};
     use crate::terms::{step_terms, Part};
-    use crate::work::Query;
+    use crate::work::{Query, Work};
     use zerobench_schema::config::{Offload, RunConfig, ZeroStage};
     use zerobench_schema::models::ModelPreset;
 

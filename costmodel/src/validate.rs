@@ -211,7 +211,7 @@ pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
         if train.is_empty() || test.is_empty() {
             continue;
         }
-        let coef = fit_coefficients(&train);
+        let (coef, _) = fit_coefficients(&train);
         for o in test {
             let (step, bound, mem) = predict_with(&coef, &o.query);
             held.push(Held { run: o, step, bound, mem });
