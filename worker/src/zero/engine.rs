@@ -415,7 +415,7 @@ impl Engine {
     /// Before unit `u`'s last backward segment: backward's nodes (`shim::grad_into`) write the
     /// gradients of its matrices (the weights of their products) straight into the place
     /// `harvest` would copy them to: the unit's full buffer, or its region of the current staging
-    /// buffer. For gpt2-xl that is 92% of the gradient's bytes, copied once per micro-step
+    /// buffer. For gpt2-xl that is 95% of the gradient's bytes, copied once per micro-step
     /// otherwise. The current staging buffer is not read by any collective (`flush_staged` drains
     /// it when it becomes current), and a unit always fits in it (its capacity is a bucket plus
     /// the largest unit), so the place is the one `harvest` finds. Offloaded units are left to
