@@ -130,7 +130,7 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
         let mut f = Vec::new();
         let (compute, optimizer) = compute_and_optimizer(&fitted, i);
         let parts = (compute, optimizer, 0.0);
-        let exposed = offload_step_ms(&fitted, donor, &works[i], &step_terms(&works[i]), parts, &mut f);
+        let (exposed, _) = offload_step_ms(&fitted, donor, &works[i], &step_terms(&works[i]), parts, &mut f);
         runs[i].step_ms - compute - optimizer - exposed
     };
     coef.extend(fit_terms(&communication_runs(works), works, &|w| only(step_terms(w), "comm."), &offload_done));

@@ -118,7 +118,9 @@ pub(crate) struct StepParts {
     pub compute_ms: f64,
     pub bound: Bound,
     pub optimizer_ms: f64,
+    /// What the step waits for of the host's update; the update itself in `host_update_ms`.
     pub offload_ms: f64,
+    pub host_update_ms: f64,
     pub comm_ms: f64,
 }
 
@@ -192,7 +194,8 @@ pub(crate) fn host_update_ms(
 }
 
 /// What a step waits for of its host's update ([`host_update_ms`]) less what the GPU's window of
-/// `compute_ms`, `optimizer_ms` and `comm_ms` hides ([`exposed_offload_ms`]); 0 without offload.
+/// `compute_ms`, `optimizer_ms` and `comm_ms` hides ([`exposed_offload_ms`]), and the host's
+/// update itself; both 0 without offload.
 pub(crate) fn offload_step_ms(
     coef: &BTreeMap<String, f64>,
     donor: Option<&DeviceDonor>,
@@ -200,14 +203,13 @@ pub(crate) fn offload_step_ms(
     terms: &[Term],
     (compute_ms, optimizer_ms, comm_ms): (f64, f64, f64),
     flags: &mut Vec<String>,
-) -> f64 {
+) -> (f64, f64) {
     match w.offload {
-        Offload::None => 0.0,
-        _ => exposed_offload_ms(
-            coef,
-            host_update_ms(coef, donor, w, terms, flags),
-            offload_window_ms(w, compute_ms, optimizer_ms, comm_ms),
-        ),
+        Offload::None => (0.0, 0.0),
+        _ => {
+            let host = host_update_ms(coef, donor, w, terms, flags);
+            (exposed_offload_ms(coef, host, offload_window_ms(w, compute_ms, optimizer_ms, comm_ms)), host)
+        }
     }
 }
 
@@ -222,10 +224,8 @@ pub(crate) fn offload_balance(coef: &BTreeMap<String, f64>, donor: Option<&Devic
     if w.offload == Offload::None {
         return None;
     }
-    let terms = step_terms(w);
-    let mut f = Vec::new();
-    let parts = step_parts(coef, donor, w, &mut f);
-    let host = host_update_ms(coef, donor, w, &terms, &mut f);
+    let parts = step_parts(coef, donor, w, &mut Vec::new());
+    let host = parts.host_update_ms;
     let window = offload_window_ms(w, parts.compute_ms, parts.optimizer_ms, parts.comm_ms);
     // The GPU's update of every parameter the host holds here.
     let gpu_update = coef.get("optimizer.ms_per_gparam").copied().unwrap_or(0.0) * w.gparams_host;
@@ -257,13 +257,15 @@ pub(crate) fn step_parts(
     let optimizer_ms = step_part(coef, donor, &terms, "optimizer.", flags);
     let comm_ms = step_part(coef, donor, &terms, "comm.", flags);
     let compute_ms = w.micro_steps * micro;
-    let offload_ms = offload_step_ms(coef, donor, w, &terms, (compute_ms, optimizer_ms, comm_ms), flags);
+    let (offload_ms, host_update_ms) =
+        offload_step_ms(coef, donor, w, &terms, (compute_ms, optimizer_ms, comm_ms), flags);
     StepParts {
         step_ms: compute_ms + optimizer_ms + offload_ms + comm_ms,
         compute_ms,
         bound,
         optimizer_ms,
         offload_ms,
+        host_update_ms,
         comm_ms,
     }
 }
