@@ -10,10 +10,9 @@ usage: four_gpus.py PREDICTED.csv HOST.txt MODEL SOURCE...
 """
 import csv
 import json
-import statistics
 import sys
 
-from results import header
+from results import header, mean_abs
 
 predicted, host_txt, model = sys.argv[1:4]
 sources = sys.argv[4:]
@@ -21,10 +20,9 @@ rows = [r for r in csv.DictReader(open(predicted)) if r["predicted_step_ms"]]
 
 
 def mape(rs):
-    v = [abs(float(r["step_error_pct"])) for r in rs]
-    return {"runs": len(v), "step_mape_pct": round(statistics.mean(v), 1) if v else None,
-            "step_error_pct_range": [round(min(float(r["step_error_pct"]) for r in rs), 1),
-                                     round(max(float(r["step_error_pct"]) for r in rs), 1)] if v else None}
+    v = [float(r["step_error_pct"]) for r in rs]
+    return {"runs": len(v), "step_mape_pct": mean_abs(v),
+            "step_error_pct_range": [round(min(v), 1), round(max(v), 1)] if v else None}
 
 
 family = lambda r: r["model"].split("-")[0]

@@ -12,7 +12,7 @@ import json
 import statistics
 import sys
 
-from results import header
+from results import header, mean_abs
 
 predicted, host_txt, model, commit, source = sys.argv[1:6]
 rows = [r for r in csv.DictReader(open(predicted)) if r["predicted_step_ms"]]
@@ -20,11 +20,10 @@ rows = [r for r in csv.DictReader(open(predicted)) if r["predicted_step_ms"]]
 
 def summary(rs):
     step = [float(r["step_error_pct"]) for r in rs]
-    mem = [abs(float(r["memory_error_pct"])) for r in rs if r["memory_error_pct"]]
     return {"runs": len(rs),
-            "step_mape_pct": round(statistics.mean(abs(v) for v in step), 1) if step else None,
+            "step_mape_pct": mean_abs(step),
             "step_mean_error_pct": round(statistics.mean(step), 1) if step else None,
-            "peak_allocated_mape_pct": round(statistics.mean(mem), 2) if mem else None}
+            "peak_allocated_mape_pct": mean_abs((r["memory_error_pct"] for r in rs if r["memory_error_pct"]), 2)}
 
 
 plain = [r for r in rows if r["offload"] == "none"]

@@ -14,10 +14,9 @@ import csv
 import glob
 import json
 import os
-import statistics
 import sys
 
-from results import header
+from results import header, mean_abs
 
 shipped_csv, measured_csv, runs_dir, host_txt, model, source = sys.argv[1:7]
 fit = json.load(open(model))["fits"][0]
@@ -43,8 +42,7 @@ for f in sorted(glob.glob(os.path.join(runs_dir, "*", "runs", "cpu_adamw.json"))
 
 
 def mape(rows, gpus):
-    v = [abs(float(r["step_error_pct"])) for r in rows.values() if r["gpus"] == gpus]
-    return round(statistics.mean(v), 1) if v else None
+    return mean_abs(r["step_error_pct"] for r in rows.values() if r["gpus"] == gpus)
 
 
 gpus = sorted({r["gpus"] for r in shipped.values()}, key=int)

@@ -1,5 +1,7 @@
-"""What the cost model's check scripts put in every result file about the host the runs came from."""
+"""What the cost model's check scripts share: the head of every result file (the host the runs came
+from) and the one summary they all give, a mean absolute error."""
 import datetime
+import statistics
 
 
 def header(benchmark, host_txt):
@@ -12,3 +14,9 @@ def header(benchmark, host_txt):
         "host": host,
         "gpu": next((line.split(",")[0] for line in host if "NVIDIA" in line), None),
     }
+
+
+def mean_abs(values, digits=1):
+    """The mean absolute value of `values` (errors in percent), rounded to `digits`; None for none."""
+    v = [abs(float(x)) for x in values]
+    return round(statistics.mean(v), digits) if v else None

@@ -28,7 +28,7 @@ pub mod work;
 pub use fit::{fit, FitError};
 pub use model::{CostModel, Fit, IntervalOf, ModelError, Prediction};
 pub use observation::Observation;
-pub use price::{Bound, DeviceDonor, OFFLOAD_SHARING};
+pub use price::{sharing_factor, Bound, DeviceDonor, OFFLOAD_SHARING};
 pub use work::Query;
 
 /// The models shipped with zerobench: fitted on the committed GPU sweeps

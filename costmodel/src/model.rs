@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use zerobench_schema::config::{Offload, Precision};
 
-use crate::price::{peak_allocated, peak_reserved, step_parts, Bound, DeviceDonor, OFFLOAD_SHARING};
+use crate::price::{peak_allocated, peak_reserved, sharing_factor, step_parts, Bound, DeviceDonor, OFFLOAD_SHARING};
 use crate::validate::{BoundIntervals, Validation};
 use crate::work::{priced_host_rate, Query, Work};
 
@@ -364,7 +364,7 @@ impl Range {
                 Some(e) => format!(
                     "offload: {ranks} ranks share a host, fitted with up to {fitted}: each rank's host update is \
                      priced {:.2} times one rank's alone ({ranks}^{e:.2}, the fitted sharing exponent)",
-                    f64::from(ranks).powf(e)
+                    sharing_factor(f64::from(ranks), e)
                 ),
                 None => format!(
                     "offload: {ranks} ranks share a host, fitted with {fitted}: each rank's host update is priced as \

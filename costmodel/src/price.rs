@@ -174,10 +174,15 @@ pub(crate) fn exposed_offload_ms(coef: &BTreeMap<String, f64>, host_ms: f64, win
 /// each rank as one rank alone.
 pub const OFFLOAD_SHARING: &str = "offload.sharing_exponent";
 
-/// How many times longer each rank's host AdamW takes with the ranks that share its host:
-/// `ranks^e` ([`OFFLOAD_SHARING`]).
+/// How many times longer each of `ranks` ranks sharing a host takes for its host AdamW than one
+/// rank alone, at sharing exponent `e` ([`OFFLOAD_SHARING`]): `ranks^e`.
+pub fn sharing_factor(ranks: f64, e: f64) -> f64 {
+    ranks.powf(e)
+}
+
+/// [`sharing_factor`] of `w`'s ranks per host at the fitted exponent (none: 0, each rank alone).
 pub(crate) fn host_sharing(coef: &BTreeMap<String, f64>, w: &Work) -> f64 {
-    w.ranks_per_host.powf(coef.get(OFFLOAD_SHARING).copied().unwrap_or(0.0))
+    sharing_factor(w.ranks_per_host, coef.get(OFFLOAD_SHARING).copied().unwrap_or(0.0))
 }
 
 /// The host's update of one step (offload's terms): its AdamW, slowed by the ranks sharing the

@@ -457,11 +457,18 @@ fn propose_offload_ratio(
         zerobench_schema::models::BACKWARD_SHARE * compute
     };
     let balance = ((window + gpu_update) / (host + gpu_update)).min(1.0);
+    offload_ratio_at(config, world, balance, |r| gpu_memory.is_none_or(|have| device_need(r) <= have))
+}
+
+/// Twin-Flow's proposal rule, whatever sets the balance (the rates above, or a cost model in
+/// `zerobench plan --gpu`): the smallest ratio of whole units ([`offload_ratio_choices`]) whose
+/// share of the parameters is at least `balance` and that `fits`; `None` when none does.
+pub fn offload_ratio_at(config: &RunConfig, world: u32, balance: f64, fits: impl Fn(f64) -> bool) -> Option<f64> {
     offload_ratio_choices(config, world)
         .into_iter()
         .filter(|&(share, _)| share >= balance)
         .map(|(_, ratio)| ratio)
-        .find(|&r| gpu_memory.is_none_or(|have| device_need(r) <= have))
+        .find(|&r| fits(r))
 }
 
 /// The offload ratios whole units can give, smallest first: the last unit on the host, the last

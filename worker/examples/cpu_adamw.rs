@@ -183,7 +183,7 @@ fn main() {
     });
     drop(state);
     let adam_gbps = 28.0 * n as f64 / adam_s / 1e9;
-    let shared: serde_json::Map<String, serde_json::Value> = ranks
+    let per_ranks: serde_json::Map<String, serde_json::Value> = ranks
         .iter()
         .map(|&r| {
             let rates = shared(n, threads, r);
@@ -212,7 +212,7 @@ fn main() {
             "adamw_params_per_s": (n as f64 / adam_s).round(),
             "adamw_gbps": (adam_gbps * 100.0).round() / 100.0,
             "fraction_of_bandwidth": (adam_gbps / triad_gbps * 1000.0).round() / 1000.0,
-            "ranks": shared,
+            "ranks": per_ranks,
         })
     );
 }

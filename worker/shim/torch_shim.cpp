@@ -625,8 +625,11 @@ int zb_grad_into(at::Tensor* param, at::Tensor* buf, int64_t offset, int accumul
 // not a launch each. Every .grad is dropped. `*placed` counts the parameters the nodes wrote.
 int zb_take_grads(at::Tensor** params, const int64_t* offsets, int n, at::Tensor* buf, int add, int* placed) {
   return guarded([&] {
-    std::vector<at::Tensor> dsts, srcs;
-    int64_t run_start = 0, run_end = 0;
+    // The parameters to copy from .grad (zeros where there is none), in order. Their places in
+    // `buf` are cut only where they are not one run: a unit nothing was placed in takes one
+    // narrow, as before places, not one per parameter.
+    std::vector<int> rest;
+    std::vector<at::Tensor> srcs;
     bool one_run = true;
     *placed = 0;
     {
@@ -637,31 +640,29 @@ int zb_take_grads(at::Tensor** params, const int64_t* offsets, int n, at::Tensor
         const bool taken = it != grad_into.end() && it->second.taken;
         if (it != grad_into.end()) grad_into.erase(it);
         const at::Tensor& g = p.grad();
-        auto dst = buf->narrow(0, offsets[i], p.numel());
         if (taken) {
           *placed += 1;
-          if (g.defined()) dst.add_(g.reshape({-1}));
-        } else {
-          if (srcs.empty()) {
-            run_start = offsets[i];
-          } else if (offsets[i] != run_end) {
-            one_run = false;
-          }
-          run_end = offsets[i] + p.numel();
-          dsts.push_back(dst);
-          srcs.push_back(g.defined() ? g.reshape({-1}) : at::zeros({p.numel()}, buf->options()));
+          if (g.defined()) buf->narrow(0, offsets[i], p.numel()).add_(g.reshape({-1}));
+          continue;
         }
+        if (!rest.empty() && offsets[i] != offsets[rest.back()] + params[rest.back()]->numel()) one_run = false;
+        rest.push_back(i);
+        srcs.push_back(g.defined() ? g.reshape({-1}) : at::zeros({p.numel()}, buf->options()));
       }
     }
-    if (!srcs.empty()) {
-      if (one_run) {
-        auto dst = buf->narrow(0, run_start, run_end - run_start);
-        if (add) {
-          dst.add_(at::cat(srcs));
-        } else {
-          at::cat_out(dst, srcs);
-        }
-      } else if (add) {
+    if (one_run && !rest.empty()) {
+      const int last = rest.back();
+      auto dst = buf->narrow(0, offsets[rest.front()], offsets[last] + params[last]->numel() - offsets[rest.front()]);
+      if (add) {
+        dst.add_(at::cat(srcs));
+      } else {
+        at::cat_out(dst, srcs);
+      }
+    } else if (!rest.empty()) {
+      std::vector<at::Tensor> dsts;
+      dsts.reserve(rest.size());
+      for (int i : rest) dsts.push_back(buf->narrow(0, offsets[i], params[i]->numel()));
+      if (add) {
         at::_foreach_add_(dsts, srcs);
       } else {
         at::_foreach_copy_(dsts, srcs);

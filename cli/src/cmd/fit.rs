@@ -186,7 +186,7 @@ fn host_rates(f: &zerobench_costmodel::Fit) -> Option<String> {
         (Some(e), Some(most)) if shared > 0 => format!(
             "; ranks sharing a host slow each other's host updates by ranks^{e:.2} ({most} ranks: {:.2}x one alone), \
              fitted on {shared} offloaded runs of several ranks per host",
-            f64::from(most).powf(*e)
+            zerobench_costmodel::sharing_factor(f64::from(most), *e)
         ),
         _ => String::new(),
     };

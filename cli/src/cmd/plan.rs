@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use zerobench_costmodel::{CostModel, Prediction, Query};
-use zerobench_launcher::plan::offload_ratio_choices;
+use zerobench_launcher::plan::offload_ratio_at;
 use zerobench_launcher::plan::Fit;
 use zerobench_launcher::values::human_bytes;
 use zerobench_launcher::{Plan, Run, Spec};
@@ -98,7 +98,7 @@ fn predict_run(
 }
 
 /// Twin-Flow's ratio for an offloaded run by the cost model: the launcher's rule (the smallest
-/// share of whole units at least the balance whose memory fits; `zerobench_launcher::plan`), with
+/// share of whole units at least the balance whose memory fits; `offload_ratio_at`), with
 /// the balance where the model's host update stops hiding behind the GPU's work
 /// (`Fit::offload_balance`, solved, not searched: a 10,000-run sweep stays under a second). So
 /// the host's rate, the ranks sharing it and the window are the model's, not the launcher's fixed
@@ -110,15 +110,11 @@ fn model_offload_ratio(
     declared: Option<u64>,
 ) -> Option<f64> {
     let balance = fit.offload_balance(&query(run, run.config.clone(), host_rate))?;
-    offload_ratio_choices(&run.config, run.world_size())
-        .into_iter()
-        .filter(|&(share, _)| share >= balance)
-        .map(|(_, ratio)| ratio)
-        .find(|&ratio| {
-            let mut c = run.config.clone();
-            c.offload_ratio = Some(ratio);
-            predict_run(fit, run, c, host_rate, declared).fits
-        })
+    offload_ratio_at(&run.config, run.world_size(), balance, |ratio| {
+        let mut c = run.config.clone();
+        c.offload_ratio = Some(ratio);
+        predict_run(fit, run, c, host_rate, declared).fits
+    })
 }
 
 /// Predicts every run; marks per model the fitting run with the most tokens/s per GPU.
@@ -240,14 +236,14 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
             Some(Predicted::Yes { offload_ratio: Some(x), .. }) => Some(*x),
             _ => None,
         };
-        let proposal = match (by_model, r.proposed_offload_ratio) {
-            (Some(x), estimate) => Some(format!(
-                "offload_ratio {x} balances host and GPU in {steps} steps (cost model{})",
-                estimate.map_or(String::new(), |e| format!("; estimate {e}"))
-            )),
-            (None, Some(e)) => Some(format!("offload_ratio {e} balances host and GPU in {steps} steps (estimate)")),
+        let source = match (by_model, r.proposed_offload_ratio) {
+            (Some(x), estimate) => {
+                Some((x, format!("cost model{}", estimate.map_or(String::new(), |e| format!("; estimate {e}")))))
+            }
+            (None, Some(e)) => Some((e, "estimate".to_string())),
             (None, None) => None,
         };
+        let proposal = source.map(|(x, by)| format!("offload_ratio {x} balances host and GPU in {steps} steps ({by})"));
         let mut notes: Vec<String> = proposal.into_iter().chain(r.warnings.iter().cloned()).collect();
         if let Some((preds, mark)) = &predicted {
             let i = row_index;

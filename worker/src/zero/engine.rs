@@ -565,8 +565,10 @@ impl Engine {
             self.refresh_from_host(u, GatherAt::NextForward)?;
         }
         let _guard = tch::no_grad_guard();
+        // Placing and harvesting pair up at the same schedule position: nothing harvests between
+        // them. Checked in every build: a broken pairing would leave gradients in the wrong place.
         let placed = self.placed.take().map(|(v, offset)| {
-            debug_assert_eq!(v, u, "unit {v} placed, unit {u} harvested");
+            assert_eq!(v, u, "unit {v} placed, unit {u} harvested");
             offset
         });
         let padded = self.units[u].layout.padded;
@@ -582,7 +584,7 @@ impl Engine {
                     unreachable!("stages 0 and 1 keep full gradient buffers")
                 };
                 let in_place = write_grads(&self.units[u], full, 0, self.micro > 0)?;
-                debug_assert!(placed.is_some() || in_place == 0, "unit {u}: gradients in place it was not given");
+                assert!(placed.is_some() || in_place == 0, "unit {u}: gradients in place it was not given");
                 if last {
                     bk.units.push(u);
                     bk.fill += padded;
@@ -592,7 +594,7 @@ impl Engine {
             Reduction::Staged(st) => {
                 let offset = st.fill;
                 let in_place = write_grads(&self.units[u], &st.buffers[st.current], offset, false)?;
-                debug_assert!(
+                assert!(
                     placed.map_or(in_place == 0, |p| p == offset),
                     "unit {u} placed at {placed:?}, harvested at {offset}"
                 );
