@@ -12,7 +12,11 @@
 //!   the kernel's own master weights rounded to nearest even, bit for bit; against the CPU's they
 //!   are reported, not bounded (where a weight is near zero, masters a few fp32 ulps apart round to
 //!   16-bit values more than one of their ulps apart). The two updates differ only in where the
-//!   compilers contract multiply-adds.
+//!   compilers contract multiply-adds. The device tensors start on the vector loads' boundary,
+//!   except in one case at the odd size, which starts one element past it.
+//! * `adamw_loads`: the kernel with four elements per load and the one with one element per load
+//!   (shards not aligned for vectors) give the same bits: the same shard, five updates, fp32, bf16
+//!   and fp16 gradients.
 //! * `pinned_round_trip`: a page-locked host buffer of an odd size, copied to the device and back
 //!   through the engine's copies (`NcclCollectives::copy_to_device` / `copy_to_host`), bit-exact.
 //! * `upload_order`: host-to-device copies run on a stream of their own; a copy on the
@@ -147,19 +151,29 @@ fn adamw(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     let cuda = Device::Cuda(0);
     for grad_kind in [Kind::Float, Kind::BFloat16, Kind::Half] {
         for weight_decay in [0.0, 0.1] {
-            for n in [1_000_003i64, 1_048_576, 1] {
+            // Elements: a tail of 3 after whole vectors of 4, whole vectors only, one; `shift`
+            // starts every device tensor one element into its allocation, which the
+            // one-element-per-load kernel takes.
+            for (n, shift) in [(1_000_003i64, 0i64), (1_048_576, 0), (1, 0), (1_000_003, 1)] {
                 let cfg = OptimConfig { weight_decay, ..OptimConfig::default() };
                 let opt = AdamW::new(cfg, Some(Arc::clone(gpu)));
                 tch::manual_seed(7);
                 let master = (Tensor::randn([n], (Kind::Float, Device::Cpu)) * 0.02).contiguous();
                 let (m, v) = (master.zeros_like(), master.zeros_like());
-                let (dmaster, dm, dv) = (master.to_device(cuda), m.to_device(cuda), v.to_device(cuda));
+                // A copy on the device starting `shift` elements into its allocation.
+                let on_device = |t: &Tensor| {
+                    let room = Tensor::zeros([n + shift], (t.kind(), cuda));
+                    let mut view = room.narrow(0, shift, n);
+                    view.copy_(t);
+                    view
+                };
+                let (dmaster, dm, dv) = (on_device(&master), on_device(&m), on_device(&v));
                 let mixed = grad_kind != Kind::Float;
                 let out = mixed.then(|| master.to_kind(grad_kind));
-                let dout = out.as_ref().map(|o| o.to_device(cuda));
+                let dout = out.as_ref().map(on_device);
                 for t in 1..=5u64 {
                     let grad = (Tensor::randn([n], (Kind::Float, Device::Cpu)) * 0.01).to_kind(grad_kind).contiguous();
-                    let dgrad = grad.to_device(cuda);
+                    let dgrad = on_device(&grad);
                     let host =
                         Shard { master: &master, exp_avg: &m, exp_avg_sq: &v, grad: &grad, param_out: out.as_ref() };
                     step_cpu(&AdamW::coeffs_for(&cfg, t, 1.0), &host);
@@ -189,7 +203,8 @@ fn adamw(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
                 r.check(
                     "adamw",
                     ok,
-                    json!({"grad": format!("{grad_kind:?}"), "weight_decay": weight_decay, "elements": n, "updates": 5,
+                    json!({"grad": format!("{grad_kind:?}"), "weight_decay": weight_decay, "elements": n,
+                           "elements_into_allocation": shift, "updates": 5,
                            "implementation": opt.implementation(cuda),
                            "max_ulps_of_scale": {"master": states[0], "exp_avg": states[1], "exp_avg_sq": states[2]},
                            "max_ulps_elementwise": {"master": elementwise[0], "exp_avg": elementwise[1], "exp_avg_sq": elementwise[2]},
@@ -198,6 +213,46 @@ fn adamw(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
                 );
             }
         }
+    }
+}
+
+/// The update with four elements per load and with one give the same bits: the same random shard
+/// updated five times from a start aligned for the vector loads and from one element past it.
+fn adamw_loads(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    let cuda = Device::Cuda(0);
+    let n = 1_000_003i64;
+    for grad_kind in [Kind::Float, Kind::BFloat16, Kind::Half] {
+        let opt = AdamW::new(OptimConfig { weight_decay: 0.1, ..OptimConfig::default() }, Some(Arc::clone(gpu)));
+        tch::manual_seed(11);
+        let master = (Tensor::randn([n], (Kind::Float, Device::Cpu)) * 0.02).to_device(cuda);
+        let grads: Vec<Tensor> = (0..5)
+            .map(|_| (Tensor::randn([n], (Kind::Float, Device::Cpu)) * 0.01).to_kind(grad_kind).to_device(cuda))
+            .collect();
+        let run = |shift: i64| {
+            let place = |t: &Tensor| {
+                let room = Tensor::zeros([n + shift], (t.kind(), cuda));
+                let mut view = room.narrow(0, shift, n);
+                view.copy_(t);
+                view
+            };
+            let (p, m, v) = (place(&master), place(&master.zeros_like()), place(&master.zeros_like()));
+            let out = (grad_kind != Kind::Float).then(|| place(&master.to_kind(grad_kind)));
+            for (t, g) in grads.iter().enumerate() {
+                let g = place(g);
+                let shard = Shard { master: &p, exp_avg: &m, exp_avg_sq: &v, grad: &g, param_out: out.as_ref() };
+                opt.step(t as u64 + 1, 1.0, &shard).expect("the fused update");
+            }
+            let out16 = out.as_ref().map(u16s).unwrap_or_default();
+            ([f32s(&p), f32s(&m), f32s(&v)], out16)
+        };
+        let (vector, single) = (run(0), run(1));
+        let same = vector == single;
+        r.check(
+            "adamw_loads",
+            same,
+            json!({"grad": format!("{grad_kind:?}"), "elements": n, "updates": 5,
+                   "bits_equal": same, "bound": "every state and parameter bit equal"}),
+        );
     }
 }
 
@@ -742,6 +797,7 @@ fn main() {
     let mut comm = NcclCollectives::new(HostGroup::Mpi(universe.world()), Arc::clone(&gpu), None, None).expect("NCCL");
     let mut r = Report { failed: 0, checks: 0 };
     adamw(&mut r, &gpu);
+    adamw_loads(&mut r, &gpu);
     pinned_round_trip(&mut r, &gpu, &mut comm);
     upload_order(&mut r, &gpu, &mut comm);
     host_state_setup(&mut r, &gpu);

@@ -145,7 +145,7 @@ mod tests {
     fn every_instance_is_in_its_module() {
         let ln = format!("#define COLS 768\n{}", crate::model::recompute_cuda::LN_SOURCE);
         for (source, names) in [
-            (crate::zero::adamw_cuda::SOURCE, &["adamw"][..]),
+            (crate::zero::adamw_cuda::SOURCE, &["adamw", "adamw_vec"][..]),
             (crate::model::lm_head_cuda::SOURCE, &["cross_entropy"][..]),
             (crate::model::recompute_cuda::SOURCE, crate::model::recompute_cuda::INSTANCES),
             (ln.as_str(), crate::model::recompute_cuda::LN_INSTANCES),
