@@ -49,7 +49,8 @@
 //!   operations must keep more. The result records how much more, beside the bytes of the tensors
 //!   recomputed (the normalised input, the layer norm's statistics, the GELU's output): in bf16
 //!   the plain operations hold 1 MiB more than their tensors at this shape, which the node's
-//!   figure shares.
+//!   figure shares. In 16 bits the MLP's first product and its gradient must run with
+//!   cuBLASLt's GELU epilogues (`model::mlp_epilogues_cuda`), two products per node.
 //! * `grad_in_place`: the MLP node with its two weights' gradients placed in a flat buffer
 //!   (`shim::grad_into`, as the engine places them) at gpt2-xl's widths: in fp32 and bf16 the
 //!   placed gradients are the unplaced node's bits, the weights' `.grad` stays empty, and a
@@ -671,6 +672,7 @@ fn recompute(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
             ("ln_linear", &ours_qkv, &composed_qkv, &plain_qkv, &g3, &[0, 1, 2, 7, 8][..], b * t * d * elt + stats),
         ] {
             let (ran_before, declined_before) = recompute_cuda::calls();
+            let epilogues_before = recompute_cuda::epilogue_products();
             let (kept_plain, _) = kept(&|| plain(&ins));
             let (kept_ours, y_ours) = kept(&|| vec![ours(&ins)]);
             let (kept_theirs, y_theirs) = kept(&|| vec![theirs(&twins)]);
@@ -681,22 +683,33 @@ fn recompute(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
             let worst = grads.iter().copied().fold(value, f64::max);
             let saved = kept_theirs - kept_ours;
             // The layer norm's kernels (forward, recomputed, backward) and the bias gradients' (two
-            // in the MLP, the second with the GELU's gradient and recomputed output), and the MLP's
-            // forward GELU; none left to libtorch.
+            // in the MLP: the second layer's a column sum; the first's with the GELU's gradient);
+            // in 16 bits the MLP's first product and its gradient with cuBLASLt's epilogues and the
+            // GELU's output recomputed, in fp32 the forward GELU and the GELU's gradient with its
+            // recomputed output as kernels; none left to libtorch.
             let (ran, declined) = recompute_cuda::calls();
             let (ran, declined) = (ran - ran_before, declined - declined_before);
-            let kernels_expected = if node == "ln_gelu_mlp" { 6 } else { 4 };
+            let half = kind != Kind::Float;
+            let epilogues = recompute_cuda::epilogue_products() - epilogues_before;
+            let (kernels_expected, epilogues_expected) = match (node, half) {
+                ("ln_gelu_mlp", true) => (7, 2),
+                ("ln_gelu_mlp", false) => (6, 0),
+                _ => (4, 0),
+            };
             let ok = worst <= tol
                 && kept_ours == kept_plain
                 && saved > 0
                 && recompute_cuda::installed()
+                && recompute_cuda::epilogues_installed()
                 && ran == kernels_expected
+                && epilogues == epilogues_expected
                 && declined == 0;
             r.check(
                 "recompute",
                 ok,
                 json!({"node": node, "kind": format!("{kind:?}"), "tokens": b * t, "d_model": d,
-                       "node_kernels": {"ran": ran, "declined": declined, "expected": kernels_expected},
+                       "node_kernels": {"ran": ran, "declined": declined, "expected": kernels_expected,
+                                        "epilogue_products": epilogues, "epilogue_products_expected": epilogues_expected},
                        "output_relative_error": value, "grad_relative_errors": grads, "bound": tol,
                        "kept_bytes": {"node": kept_ours, "plain_operations_holding_what_the_node_keeps": kept_plain,
                                       "composed": kept_theirs, "less": saved, "recomputed_tensors": recomputed}}),

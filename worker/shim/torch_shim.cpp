@@ -103,6 +103,12 @@ struct zb_node_kernels {
   // act gets gelu_tanh(h), and g is overwritten with gelu_tanh'(h) * g before its columns are summed.
   int (*gelu_backward_col_sum)(at::Tensor* g, at::Tensor* h, at::Tensor* act, at::Tensor* out, void* stream,
                                char* err, size_t cap);
+  // h = x·w1ᵀ + b1 and a = gelu_tanh(h) in one matrix product (cuBLASLt's GELU epilogue).
+  int (*mlp_up)(at::Tensor* x, at::Tensor* w1, at::Tensor* b1, at::Tensor* h, at::Tensor* a, void* stream, char* err,
+                size_t cap);
+  // gh = (gy·w2) · gelu_tanh'(h) and gb1 = gh's column sums in one matrix product.
+  int (*mlp_down_grad)(at::Tensor* gy, at::Tensor* w2, at::Tensor* h, at::Tensor* gh, at::Tensor* gb1, void* stream,
+                       char* err, size_t cap);
 };
 std::atomic<const zb_node_kernels*> node_kernels{nullptr};
 
@@ -152,6 +158,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gelu_recompute_backward_and_bias(
   }
   auto gh = at::gelu_backward(g, h, "tanh");
   return {gelu_tanh(h), gh, gh.sum(0)};
+}
+
+// cuBLASLt's GELU epilogues are asked for 16-bit tensors only (fp32 keeps the kernels).
+bool half_width(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+
+// The MLP's first layer and GELU, h = x·w1ᵀ + b1 and gelu_tanh(h), from the rows of its normalised
+// input: in one product where the registered epilogue takes the tensors, else a product and the
+// GELU's kernel.
+std::pair<at::Tensor, at::Tensor> mlp_up(const at::Tensor& xn, const at::Tensor& w1, const at::Tensor& b1) {
+  const auto* k = kernels_for(xn);
+  if (k && half_width(xn)) {
+    auto x = xn.contiguous();
+    auto h = at::empty({x.size(0), w1.size(0)}, x.options());
+    auto a = at::empty_like(h);
+    if (ran(k, &zb_node_kernels::mlp_up, x, &x, const_cast<at::Tensor*>(&w1), const_cast<at::Tensor*>(&b1), &h, &a))
+      return {h, a};
+  }
+  auto h = at::addmm(b1, xn, w1.t());
+  return {h, gelu_tanh(h)};
+}
+
+// From the MLP's output gradient gy (rows), its second weight and the GELU's input h (rows): the
+// GELU's output recomputed, the GELU's input gradient and the first layer's bias gradient; the last
+// two in one product where the registered epilogue takes the tensors.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_down_grad(at::Tensor gy, const at::Tensor& w2, at::Tensor h) {
+  const auto* k = kernels_for(gy);
+  if (k && half_width(gy)) {
+    auto gh = at::empty_like(h, at::MemoryFormat::Contiguous);
+    auto gb1 = at::empty({h.size(1)}, h.options());
+    if (ran(k, &zb_node_kernels::mlp_down_grad, gy, &gy, const_cast<at::Tensor*>(&w2), &h, &gh, &gb1))
+      return {gelu_tanh(h), gh, gb1};
+  }
+  return gelu_recompute_backward_and_bias(gy.mm(w2), h);
 }
 
 // A layer norm's input, weight and bias gradients.
@@ -258,8 +297,9 @@ struct LnGeluMlp : torch::autograd::Function<LnGeluMlp> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
                             const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2,
                             double eps) {
-    auto h = at::addmm(b1, rows(std::get<0>(norm(x, gamma, beta, eps))), w1.t());
-    auto y = at::addmm(b2, gelu_tanh(h), w2.t());
+    auto [h, a] = mlp_up(rows(std::get<0>(norm(x, gamma, beta, eps))), w1, b1);
+    auto y = at::addmm(b2, a, w2.t());
+    a.reset();
     ctx->save_for_backward({x, gamma, beta, w1, w2, h});
     ctx->saved_data["eps"] = eps;
     return y.view(with_last(x, w2.size(0)));
@@ -270,7 +310,7 @@ struct LnGeluMlp : torch::autograd::Function<LnGeluMlp> {
     const auto &x = s[0], &gamma = s[1], &beta = s[2], &w1 = s[3], &w2 = s[4], &h = s[5];
     auto gy = rows(grads[0]);
     auto gb2 = bias_grad(gy);
-    auto [act, gh, gb1] = gelu_recompute_backward_and_bias(gy.mm(w2), rows(h));
+    auto [act, gh, gb1] = mlp_down_grad(gy, w2, rows(h));
     auto gw2 = weight_grad(w2, gy.t(), act);
     act.reset();
     auto [xn, mean, rstd] = norm(x, gamma, beta, ctx->saved_data["eps"].toDouble());
