@@ -49,8 +49,8 @@
 //!   operations must keep more. The result records how much more, beside the bytes of the tensors
 //!   recomputed (the normalised input, the layer norm's statistics, the GELU's output): in bf16
 //!   the plain operations hold 1 MiB more than their tensors at this shape, which the node's
-//!   figure shares. In 16 bits the MLP's first product and its gradient must run with
-//!   cuBLASLt's GELU epilogues (`model::mlp_epilogues_cuda`), two products per node.
+//!   figure shares. In 16 bits the MLP's first product must run with cuBLASLt's GELU epilogue
+//!   (`model::mlp_epilogue_cuda`), once per node.
 //! * `grad_in_place`: the MLP node with its two weights' gradients placed in a flat buffer
 //!   (`shim::grad_into`, as the engine places them) at gpt2-xl's widths: in fp32 and bf16 the
 //!   placed gradients are the unplaced node's bits, the weights' `.grad` stays empty, and a
@@ -683,16 +683,15 @@ fn recompute(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
             let worst = grads.iter().copied().fold(value, f64::max);
             let saved = kept_theirs - kept_ours;
             // The layer norm's kernels (forward, recomputed, backward) and the bias gradients' (two
-            // in the MLP: the second layer's a column sum; the first's with the GELU's gradient);
-            // in 16 bits the MLP's first product and its gradient with cuBLASLt's epilogues and the
-            // GELU's output recomputed, in fp32 the forward GELU and the GELU's gradient with its
-            // recomputed output as kernels; none left to libtorch.
+            // in the MLP, the second with the GELU's gradient and recomputed output), and the MLP's
+            // forward GELU: in 16 bits in the epilogue of the first product (cuBLASLt), in fp32 as
+            // a kernel; none left to libtorch.
             let (ran, declined) = recompute_cuda::calls();
             let (ran, declined) = (ran - ran_before, declined - declined_before);
             let half = kind != Kind::Float;
             let epilogues = recompute_cuda::epilogue_products() - epilogues_before;
             let (kernels_expected, epilogues_expected) = match (node, half) {
-                ("ln_gelu_mlp", true) => (7, 2),
+                ("ln_gelu_mlp", true) => (6, 1),
                 ("ln_gelu_mlp", false) => (6, 0),
                 _ => (4, 0),
             };
@@ -700,7 +699,7 @@ fn recompute(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
                 && kept_ours == kept_plain
                 && saved > 0
                 && recompute_cuda::installed()
-                && recompute_cuda::epilogues_installed()
+                && recompute_cuda::epilogue_installed()
                 && ran == kernels_expected
                 && epilogues == epilogues_expected
                 && declined == 0;

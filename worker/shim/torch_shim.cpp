@@ -106,9 +106,6 @@ struct zb_node_kernels {
   // h = x·w1ᵀ + b1 and a = gelu_tanh(h) in one matrix product (cuBLASLt's GELU epilogue).
   int (*mlp_up)(at::Tensor* x, at::Tensor* w1, at::Tensor* b1, at::Tensor* h, at::Tensor* a, void* stream, char* err,
                 size_t cap);
-  // gh = (gy·w2) · gelu_tanh'(h) and gb1 = gh's column sums in one matrix product.
-  int (*mlp_down_grad)(at::Tensor* gy, at::Tensor* w2, at::Tensor* h, at::Tensor* gh, at::Tensor* gb1, void* stream,
-                       char* err, size_t cap);
 };
 std::atomic<const zb_node_kernels*> node_kernels{nullptr};
 
@@ -160,7 +157,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gelu_recompute_backward_and_bias(
   return {gelu_tanh(h), gh, gh.sum(0)};
 }
 
-// cuBLASLt's GELU epilogues are asked for 16-bit tensors only (fp32 keeps the kernels).
+// cuBLASLt's GELU epilogue is asked for 16-bit tensors only (fp32 keeps the GELU's kernel).
 bool half_width(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
 
 // The MLP's first layer and GELU, h = x·w1ᵀ + b1 and gelu_tanh(h), from the rows of its normalised
@@ -177,20 +174,6 @@ std::pair<at::Tensor, at::Tensor> mlp_up(const at::Tensor& xn, const at::Tensor&
   }
   auto h = at::addmm(b1, xn, w1.t());
   return {h, gelu_tanh(h)};
-}
-
-// From the MLP's output gradient gy (rows), its second weight and the GELU's input h (rows): the
-// GELU's output recomputed, the GELU's input gradient and the first layer's bias gradient; the last
-// two in one product where the registered epilogue takes the tensors.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_down_grad(at::Tensor gy, const at::Tensor& w2, at::Tensor h) {
-  const auto* k = kernels_for(gy);
-  if (k && half_width(gy)) {
-    auto gh = at::empty_like(h, at::MemoryFormat::Contiguous);
-    auto gb1 = at::empty({h.size(1)}, h.options());
-    if (ran(k, &zb_node_kernels::mlp_down_grad, gy, &gy, const_cast<at::Tensor*>(&w2), &h, &gh, &gb1))
-      return {gelu_tanh(h), gh, gb1};
-  }
-  return gelu_recompute_backward_and_bias(gy.mm(w2), h);
 }
 
 // A layer norm's input, weight and bias gradients.
@@ -310,7 +293,7 @@ struct LnGeluMlp : torch::autograd::Function<LnGeluMlp> {
     const auto &x = s[0], &gamma = s[1], &beta = s[2], &w1 = s[3], &w2 = s[4], &h = s[5];
     auto gy = rows(grads[0]);
     auto gb2 = bias_grad(gy);
-    auto [act, gh, gb1] = mlp_down_grad(gy, w2, rows(h));
+    auto [act, gh, gb1] = gelu_recompute_backward_and_bias(gy.mm(w2), rows(h));
     auto gw2 = weight_grad(w2, gy.t(), act);
     act.reset();
     auto [xn, mean, rstd] = norm(x, gamma, beta, ctx->saved_data["eps"].toDouble());

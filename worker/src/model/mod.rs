@@ -23,7 +23,7 @@ pub mod llama;
 pub mod lm_head;
 pub mod lm_head_cuda;
 pub mod mlp;
-pub mod mlp_epilogues_cuda;
+pub mod mlp_epilogue_cuda;
 pub mod ops;
 pub mod recompute;
 pub mod recompute_cuda;

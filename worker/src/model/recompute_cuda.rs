@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use tch::{Kind, Tensor};
 
-use super::mlp_epilogues_cuda::{EpilogueError, MlpEpilogues};
+use super::mlp_epilogue_cuda::{EpilogueError, MlpEpilogue};
 use crate::runtime::cuda::Gpu;
 use crate::runtime::kernels::{self, Instances, Precision};
 use crate::runtime::shim::{self, CTensor, NodeKernelFns};
@@ -341,8 +341,8 @@ pub struct NodeKernels {
     sms: u32,
     /// Compiled on first use per row length (the first forward pass of a width).
     ln: Mutex<HashMap<i64, Arc<LnKernels>>>,
-    /// The MLP's GELU in cuBLASLt's epilogues, where libcublasLt loads.
-    epilogues: Option<MlpEpilogues>,
+    /// The MLP's first product with its GELU in cuBLASLt's epilogue, where libcublasLt loads.
+    epilogue: Option<MlpEpilogue>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -353,7 +353,7 @@ pub enum NodeKernelError {
     Cuda(#[from] cudarc::driver::DriverError),
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
-    #[error("the MLP's epilogues: {0}")]
+    #[error("the MLP's epilogue: {0}")]
     Epilogue(#[from] EpilogueError),
 }
 
@@ -365,7 +365,7 @@ enum Outcome {
 }
 
 impl Outcome {
-    /// An epilogue product's outcome, counted apart ([`epilogue_products`]).
+    /// The outcome of a product with the MLP's epilogue, counted apart ([`epilogue_products`]).
     fn epilogue(ran: bool) -> Self {
         if ran {
             EPILOGUE_PRODUCTS.fetch_add(1, Ordering::Relaxed);
@@ -389,7 +389,7 @@ impl NodeKernels {
             _module: module,
             sms: kernels::multiprocessors(&gpu)?,
             ln: Mutex::new(HashMap::new()),
-            epilogues: MlpEpilogues::new(gpu.ordinal)?,
+            epilogue: MlpEpilogue::new(gpu.ordinal)?,
             gpu,
         })
     }
@@ -426,24 +426,10 @@ impl NodeKernels {
         self.gpu.compute.cu_stream() as *mut c_void == stream
     }
 
-    /// The MLP's first product with the GELU in its epilogue ([`MlpEpilogues::up`]).
+    /// The MLP's first product with the GELU in its epilogue ([`MlpEpilogue::up`]).
     fn mlp_up(&self, x: &Tensor, w1: &Tensor, b1: &Tensor, h: &Tensor, a: &Tensor) -> Result<Outcome, NodeKernelError> {
-        let Some(e) = &self.epilogues else { return Ok(Outcome::Declined) };
+        let Some(e) = &self.epilogue else { return Ok(Outcome::Declined) };
         Ok(Outcome::epilogue(e.up(x, w1, b1, h, a, self.gpu.compute.cu_stream().cast())?))
-    }
-
-    /// The GELU's input gradient and the first bias's in the epilogue of the product of the output
-    /// gradient and the second weight ([`MlpEpilogues::down_grad`]).
-    fn mlp_down_grad(
-        &self,
-        gy: &Tensor,
-        w2: &Tensor,
-        h: &Tensor,
-        gh: &Tensor,
-        gb1: &Tensor,
-    ) -> Result<Outcome, NodeKernelError> {
-        let Some(e) = &self.epilogues else { return Ok(Outcome::Declined) };
-        Ok(Outcome::epilogue(e.down_grad(gy, w2, h, gh, gb1, self.gpu.compute.cu_stream().cast())?))
     }
 
     /// `y = layer_norm(x) · gamma + beta` over rows of `cols`, with each row's mean and reciprocal
@@ -629,18 +615,18 @@ static KERNELS: OnceLock<NodeKernels> = OnceLock::new();
 static RAN: AtomicU64 = AtomicU64::new(0);
 static DECLINED: AtomicU64 = AtomicU64::new(0);
 
-/// Of them, the products with the MLP's epilogues.
+/// Of them, the products with the MLP's epilogue.
 static EPILOGUE_PRODUCTS: AtomicU64 = AtomicU64::new(0);
 
-/// How many of the nodes' calls ran the MLP's products with cuBLASLt's epilogues since start (the
-/// GPU self-check holds that GPT-2's MLP uses them).
+/// How many of the nodes' calls ran the MLP's first product with cuBLASLt's GELU epilogue since
+/// start (the GPU self-check holds that GPT-2's MLP uses it).
 pub fn epilogue_products() -> u64 {
     EPILOGUE_PRODUCTS.load(Ordering::Relaxed)
 }
 
-/// Whether the MLP's epilogues are available (libcublasLt loaded).
-pub fn epilogues_installed() -> bool {
-    KERNELS.get().is_some_and(|k| k.epilogues.is_some())
+/// Whether the MLP's epilogue is available (libcublasLt loaded).
+pub fn epilogue_installed() -> bool {
+    KERNELS.get().is_some_and(|k| k.epilogue.is_some())
 }
 
 /// How many of the nodes' calls ran these kernels, and how many were declined, since start (the
@@ -671,7 +657,6 @@ pub fn install(gpu: &Arc<Gpu>) {
                     gelu_forward: Some(gelu_forward_cb),
                     gelu_backward_col_sum: Some(gelu_backward_col_sum_cb),
                     mlp_up: Some(mlp_up_cb),
-                    mlp_down_grad: Some(mlp_down_grad_cb),
                 });
             }
         }
@@ -810,23 +795,5 @@ unsafe extern "C" fn mlp_up_cb(
         // SAFETY: the shim passes live tensors.
         let t = |p| unsafe { lent(p) };
         k.mlp_up(&t(x), &t(w1), &t(b1), &t(h), &t(a))
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn mlp_down_grad_cb(
-    gy: CTensor,
-    w2: CTensor,
-    h: CTensor,
-    gh: CTensor,
-    gb1: CTensor,
-    stream: *mut c_void,
-    err: *mut c_char,
-    cap: usize,
-) -> c_int {
-    answer(stream, err, cap, |k| {
-        // SAFETY: the shim passes live tensors.
-        let t = |p| unsafe { lent(p) };
-        k.mlp_down_grad(&t(gy), &t(w2), &t(h), &t(gh), &t(gb1))
     })
 }

@@ -41,9 +41,9 @@ pub type TwoTensorFn = unsafe extern "C" fn(CTensor, CTensor, *mut c_void, *mut 
 pub type GeluBackwardFn =
     unsafe extern "C" fn(CTensor, CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
 
-/// The MLP's products with cuBLASLt's epilogues, as [`NodeKernelFns::mlp_up`] and
-/// [`NodeKernelFns::mlp_down_grad`] describe them.
-pub type FiveTensorFn =
+/// The MLP's first product with cuBLASLt's GELU epilogue, as [`NodeKernelFns::mlp_up`] describes
+/// it.
+pub type MlpUpFn =
     unsafe extern "C" fn(CTensor, CTensor, CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
 
 /// The layer norm's forward kernel: `(x, gamma, beta, eps, y, mean, rstd, stream, err, cap)`.
@@ -78,10 +78,7 @@ pub struct NodeKernelFns {
     /// then `out` = its column sums.
     pub gelu_backward_col_sum: Option<GeluBackwardFn>,
     /// `(x, w1, b1, h, a, stream, err, cap)`: `h` = `x·w1ᵀ + b1`, `a` = `gelu_tanh(h)`.
-    pub mlp_up: Option<FiveTensorFn>,
-    /// `(gy, w2, h, gh, gb1, stream, err, cap)`: `gh` = `(gy·w2) · gelu_tanh'(h)`, `gb1` = its
-    /// column sums.
-    pub mlp_down_grad: Option<FiveTensorFn>,
+    pub mlp_up: Option<MlpUpFn>,
 }
 
 extern "C" {

@@ -1,28 +1,27 @@
-//! GPT-2's MLP with its first layer's bias and tanh GELU computed in cuBLASLt's epilogues, for the
-//! shim's `LnGeluMlp` node on 16-bit CUDA tensors:
+//! GPT-2's MLP with its first layer's bias and tanh GELU computed in cuBLASLt's epilogue, for the
+//! forward pass of the shim's `LnGeluMlp` node on 16-bit CUDA tensors ([`MlpEpilogue::up`],
+//! `GELU_AUX_BIAS`): one product writes the GELU's output `a = gelu_tanh(x·w1ᵀ + b1)` and its
+//! input `h = x·w1ᵀ + b1`, which the node keeps for the backward pass. Without it the product
+//! writes `h` and a kernel of its own reads it back to write `a`: in gpt2-xl's profiled step
+//! (micro-batch 4, one H100) the GELU kernel took 2.0 ms, and the product with the epilogue takes
+//! 1.2 ms longer than the one without. libtorch runs cuBLASLt's bias and GELU epilogue
+//! (`_addmm_activation`) but not the form that also writes the GELU's input, so this module calls
+//! cuBLASLt itself (through cudarc, loaded at run time).
 //!
-//! * forward, [`MlpEpilogues::up`] (`GELU_AUX_BIAS`): one product writes the GELU's output
-//!   `a = gelu_tanh(x·w1ᵀ + b1)` and its input `h = x·w1ᵀ + b1`, which the node keeps for the
-//!   backward pass;
-//! * backward, [`MlpEpilogues::down_grad`] (`DGELU_BGRAD`): one product writes the GELU's input
-//!   gradient `gh = (gy·w2) ∘ gelu_tanh'(h)` and its column sums, the first layer's bias gradient.
-//!
-//! Without them each of these is a product and then a kernel that reads and writes the whole
-//! `[tokens × 4·width]` matrix again: in gpt2-xl's profiled step (micro-batch 4, one H100) the
-//! forward GELU took 2.0 ms and the GELU's gradient with the bias gradient 4.2 ms. libtorch runs
-//! cuBLASLt's bias and GELU epilogues (`_addmm_activation`) but not the forms with the auxiliary
-//! matrix, so this module calls cuBLASLt itself (through cudarc, loaded at run time).
+//! The backward pass keeps the worker's kernel for the GELU's gradient with the bias gradient
+//! (`recompute_cuda`): cuBLASLt's `DGELU_BGRAD` epilogue, tried on the same shapes, ran as a
+//! product and then a separate epilogue kernel that took 13.4 ms over gpt2-xl's 48 layers,
+//! against 4.3 ms for the worker's kernel (docs/results/one-gpu.md).
 //!
 //! Numerics: the epilogue applies the GELU to the fp32 sum before rounding it, where the node's
-//! other path rounds `h` first; and the backward pass recomputes the GELU's output (for the second
+//! other path rounds `h` first; the backward pass recomputes the GELU's output (for the second
 //! layer's weight gradient) from the rounded `h`, so it may differ from the forward pass's `a` in
 //! the last bit. cuBLASLt's GELU is the tanh form (libtorch's CPU `_addmm_activation` applies
 //! `gelu(…, "tanh")` for it). The GPU self-check holds the node to the composed operations.
 //!
 //! cuBLASLt is column-major: a row-major `[r × c]` matrix is its `[c × r]` transpose, so
-//! `x·w1ᵀ` (`[T × f]`) is computed as `w1ᵀ·xᵀ`-in-column-major, `[f × T]`, with `w1` transposed
-//! (`TRANSA = T`), and `gy·w2` as `w2`-in-column-major (`[f × d]`) times `gyᵀ` (`[d × T]`). The
-//! epilogue's bias runs along the result's rows, which are then the `f` features.
+//! `x·w1ᵀ` (`[T × f]`) is computed as the column-major `[f × T]` product of `w1`, transposed
+//! (`TRANSA = T`), and `x`. The epilogue's bias runs along the result's rows: the `f` features.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -42,17 +41,10 @@ pub enum EpilogueError {
     Torch(#[from] tch::TchError),
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-enum Epilogue {
-    GeluAuxBias,
-    DGeluBGrad,
-}
-
-/// What picks a plan: the epilogue, the element type, the product's shape (`m × k` by `k × n`) and
-/// the alignment in bytes of A, B and D (cuBLASLt chooses its kernels by them).
+/// What picks a plan: the element type, the product's shape (`m × k` by `k × n`) and the
+/// alignment in bytes of A, B and D (cuBLASLt chooses its kernels by them).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 struct Key {
-    epilogue: Epilogue,
     bf16: bool,
     m: u64,
     n: u64,
@@ -104,27 +96,19 @@ impl Plan {
         let (m, n, k) = (key.m, key.n, key.k);
         let desc =
             result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
-        // A: GELU_AUX_BIAS's w1 ([f × d] row-major: [d × f] column-major, transposed); DGELU_BGRAD's
-        // w2 ([d × f] row-major: [f × d] column-major). B: the activations, [k × T] column-major.
-        let (transa, a) = match key.epilogue {
-            Epilogue::GeluAuxBias => (1i32, result::create_matrix_layout(dtype, k, m, k as i64)?),
-            Epilogue::DGeluBGrad => (0i32, result::create_matrix_layout(dtype, m, k, m as i64)?),
-        };
+        // A: w1, [f × d] row-major, so [d × f] column-major, transposed; B: x, [d × T] column-major.
         let mut plan = Plan {
             desc,
-            a,
+            a: result::create_matrix_layout(dtype, k, m, k as i64)?,
             b: result::create_matrix_layout(dtype, k, n, k as i64)?,
             d: result::create_matrix_layout(dtype, m, n, m as i64)?,
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
         };
-        let epilogue = match key.epilogue {
-            Epilogue::GeluAuxBias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
-            Epilogue::DGeluBGrad => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DGELU_BGRAD,
-        };
+        let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
         // SAFETY: each attribute gets a value of its documented type (cublasOperation_t and the
         // epilogue are 32-bit enums, the auxiliary matrix's leading dimension an int64).
         unsafe {
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &transa)?;
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(m as i64))?;
@@ -172,20 +156,20 @@ struct State {
     plans: HashMap<Key, Option<Plan>>,
 }
 
-pub struct MlpEpilogues {
+pub struct MlpEpilogue {
     state: Mutex<State>,
 }
 
 // SAFETY: the handle and descriptors are used only under the mutex; cuBLASLt allows a handle on
 // any thread as long as calls on it do not overlap.
-unsafe impl Send for MlpEpilogues {}
+unsafe impl Send for MlpEpilogue {}
 // SAFETY: as for `Send`: every use of the raw handles holds the mutex.
-unsafe impl Sync for MlpEpilogues {}
+unsafe impl Sync for MlpEpilogue {}
 
 impl Drop for State {
     fn drop(&mut self) {
         self.plans.clear();
-        // SAFETY: created by `MlpEpilogues::new`, destroyed once, after its plans.
+        // SAFETY: created by `MlpEpilogue::new`, destroyed once, after its plans.
         unsafe {
             let _ = result::destroy_handle(self.handle);
         }
@@ -207,7 +191,7 @@ fn is(t: &Tensor, kind: Kind, shape: &[i64]) -> bool {
     t.kind() == kind && t.size() == shape && t.is_contiguous()
 }
 
-impl MlpEpilogues {
+impl MlpEpilogue {
     /// A cuBLASLt handle and workspace on CUDA device `ordinal`; `None` where libcublasLt cannot be
     /// loaded.
     pub fn new(ordinal: usize) -> Result<Option<Self>, EpilogueError> {
@@ -233,70 +217,23 @@ impl MlpEpilogues {
         stream: *mut c_void,
     ) -> Result<bool, EpilogueError> {
         let (kind, [t, d], f) = (x.kind(), dims(x), w1.size().first().copied().unwrap_or(0));
+        let bf16 = match kind {
+            Kind::BFloat16 => true,
+            Kind::Half => false,
+            _ => return Ok(false),
+        };
         let fits = is(x, kind, &[t, d])
             && is(w1, kind, &[f, d])
             && is(b1, kind, &[f])
             && is(h, kind, &[t, f])
             && is(a, kind, &[t, f]);
-        if !fits {
+        // cuBLASLt's requirements: the auxiliary matrix's leading dimension a multiple of 8, the
+        // bias and auxiliary pointers 16-byte aligned; and nothing empty.
+        if !fits || f % 8 != 0 || t == 0 || d == 0 || alignment(b1) < 16 || alignment(h) < 16 {
             return Ok(false);
         }
-        self.product(Epilogue::GeluAuxBias, [w1, x, a], b1, h, (f, t, d), stream)
-    }
-
-    /// `gh = (gy·w2) ∘ gelu_tanh'(h)` and `gb1` = its column sums in one product, on `stream`:
-    /// `gy` is `[T × d]`, `w2` `[d × f]`, `h` and `gh` `[T × f]`, `gb1` `[f]`, as [`Self::up`].
-    pub fn down_grad(
-        &self,
-        gy: &Tensor,
-        w2: &Tensor,
-        h: &Tensor,
-        gh: &Tensor,
-        gb1: &Tensor,
-        stream: *mut c_void,
-    ) -> Result<bool, EpilogueError> {
-        let (kind, [t, d], f) = (gy.kind(), dims(gy), h.size().last().copied().unwrap_or(0));
-        let fits = is(gy, kind, &[t, d])
-            && is(w2, kind, &[d, f])
-            && is(h, kind, &[t, f])
-            && is(gh, kind, &[t, f])
-            && is(gb1, kind, &[f]);
-        if !fits {
-            return Ok(false);
-        }
-        self.product(Epilogue::DGeluBGrad, [w2, gy, gh], gb1, h, (f, t, d), stream)
-    }
-
-    /// `d = epilogue(a·b)` with `bias` and the auxiliary matrix `aux` (`[n × m]` row-major, as `d`),
-    /// for `(m, n, k)`.
-    #[allow(clippy::too_many_arguments)]
-    fn product(
-        &self,
-        epilogue: Epilogue,
-        [a, b, d]: [&Tensor; 3],
-        bias: &Tensor,
-        aux: &Tensor,
-        (m, n, k): (i64, i64, i64),
-        stream: *mut c_void,
-    ) -> Result<bool, EpilogueError> {
-        let bf16 = match d.kind() {
-            Kind::BFloat16 => true,
-            Kind::Half => false,
-            _ => return Ok(false),
-        };
-        // The auxiliary matrix's leading dimension must be a multiple of 8, the bias and auxiliary
-        // pointers 16-byte aligned (cuBLASLt's requirements), and nothing empty.
-        if m % 8 != 0 || n == 0 || k == 0 || alignment(bias) < 16 || alignment(aux) < 16 {
-            return Ok(false);
-        }
-        let key = Key {
-            epilogue,
-            bf16,
-            m: m as u64,
-            n: n as u64,
-            k: k as u64,
-            align: [alignment(a), alignment(b), alignment(d)],
-        };
+        let key =
+            Key { bf16, m: f as u64, n: t as u64, k: d as u64, align: [alignment(w1), alignment(x), alignment(a)] };
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let handle = state.handle;
         let workspace = state.workspace.data_ptr();
@@ -305,7 +242,7 @@ impl MlpEpilogues {
             std::collections::hash_map::Entry::Vacant(e) => e.insert(Plan::new(handle, key)?),
         };
         let Some(plan) = plan.as_ref() else { return Ok(false) };
-        let (bias_ptr, aux_ptr) = (bias.data_ptr(), aux.data_ptr());
+        let (bias_ptr, aux_ptr) = (b1.data_ptr(), h.data_ptr());
         let (alpha, beta) = (1f32, 0f32);
         // SAFETY: the tensors were checked above to hold the matrices the plan describes and are
         // alive for the call; the product runs on `stream`, in its order, as libtorch's would; the
@@ -319,13 +256,13 @@ impl MlpEpilogues {
                 plan.desc,
                 (&alpha as *const f32).cast(),
                 (&beta as *const f32).cast(),
-                a.data_ptr(),
+                w1.data_ptr(),
                 plan.a,
-                b.data_ptr(),
+                x.data_ptr(),
                 plan.b,
-                d.data_ptr(),
+                a.data_ptr(),
                 plan.d,
-                d.data_ptr(),
+                a.data_ptr(),
                 plan.d,
                 &plan.algo,
                 workspace,
