@@ -25,12 +25,14 @@
 // * zb_gloo_*: c10d's ProcessGroupGloo over that store, the CPU collectives of those ranks. Its
 //   header needs Gloo's, which the wheel lacks: third_party/gloo holds them, and says why they
 //   match the Gloo compiled into libtorch_cpu.
-// * zb_linear: a linear layer as an autograd function whose bias gradient is the worker's kernel.
+// * zb_residual_linear: res + a linear layer, as an autograd function whose bias gradient is the
+//   worker's kernel.
 // * zb_set_node_kernels: the worker's own CUDA kernels for these nodes (layer norm forward and
-//   backward, bias and GELU gradients), called with libtorch's current stream; without them, or
-//   where they decline the tensors, the nodes use libtorch's operations.
-// * zb_ln_linear / zb_ln_gelu_mlp: a layer norm followed by a linear layer, and a layer norm
-//   followed by an MLP with tanh GELU, as autograd functions (tch has none) whose backward
+//   backward, bias and GELU gradients, and matrix products with cuBLASLt's epilogues), called with
+//   libtorch's current stream; without them, or where they decline the tensors, the nodes use
+//   libtorch's operations.
+// * zb_ln_linear / zb_residual_ln_gelu_mlp: a layer norm followed by a linear layer, and x plus a
+//   layer norm followed by an MLP with tanh GELU, as autograd functions (tch has none) whose backward
 //   recomputes the normalised input and the GELU's output instead of keeping them from the
 //   forward pass (model/recompute.rs says what that saves and costs).
 // * zb_grad_into / zb_take_grads: where the nodes above write a weight's gradient (a place in a
@@ -104,8 +106,11 @@ struct zb_node_kernels {
   int (*gelu_backward_col_sum)(at::Tensor* g, at::Tensor* h, at::Tensor* act, at::Tensor* out, void* stream,
                                char* err, size_t cap);
   // h = x·w1ᵀ + b1 and a = gelu_tanh(h) in one matrix product (cuBLASLt's GELU epilogue).
-  int (*mlp_up)(at::Tensor* x, at::Tensor* w1, at::Tensor* b1, at::Tensor* h, at::Tensor* a, void* stream, char* err,
-                size_t cap);
+  int (*gelu_up)(at::Tensor* x, at::Tensor* w1, at::Tensor* b1, at::Tensor* h, at::Tensor* a, void* stream, char* err,
+                 size_t cap);
+  // out = res + x·wᵀ + b in one matrix product (cuBLASLt's bias epilogue with res as its C).
+  int (*residual)(at::Tensor* res, at::Tensor* x, at::Tensor* w, at::Tensor* b, at::Tensor* out, void* stream,
+                  char* err, size_t cap);
 };
 std::atomic<const zb_node_kernels*> node_kernels{nullptr};
 
@@ -157,8 +162,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gelu_recompute_backward_and_bias(
   return {gelu_tanh(h), gh, gh.sum(0)};
 }
 
-// cuBLASLt's GELU epilogue is asked for 16-bit tensors only (fp32 keeps the GELU's kernel).
+// cuBLASLt's epilogues are asked for 16-bit tensors only (fp32 keeps the kernels and libtorch's
+// operations).
 bool half_width(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+
+// res + x·wᵀ + b over rows (x [T, k], res [T, n]): the addition in the product's epilogue where the
+// registered one takes the tensors, else libtorch's product with its bias and then the addition
+// (in place on the product, so the same sum as res + product).
+at::Tensor residual_addmm(const at::Tensor& res, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  const auto* k = kernels_for(x);
+  if (k && half_width(x)) {
+    auto r = res.contiguous();
+    auto xc = x.contiguous();
+    auto out = at::empty({xc.size(0), w.size(0)}, xc.options());
+    if (ran(k, &zb_node_kernels::residual, xc, &r, &xc, const_cast<at::Tensor*>(&w), const_cast<at::Tensor*>(&b), &out))
+      return out;
+  }
+  return at::addmm(b, x, w.t()).add_(res);
+}
 
 // The MLP's first layer and GELU, h = x·w1ᵀ + b1 and gelu_tanh(h), from the rows of its normalised
 // input: in one product where the registered epilogue takes the tensors, else a product and the
@@ -169,7 +190,7 @@ std::pair<at::Tensor, at::Tensor> mlp_up(const at::Tensor& xn, const at::Tensor&
     auto x = xn.contiguous();
     auto h = at::empty({x.size(0), w1.size(0)}, x.options());
     auto a = at::empty_like(h);
-    if (ran(k, &zb_node_kernels::mlp_up, x, &x, const_cast<at::Tensor*>(&w1), const_cast<at::Tensor*>(&b1), &h, &a))
+    if (ran(k, &zb_node_kernels::gelu_up, x, &x, const_cast<at::Tensor*>(&w1), const_cast<at::Tensor*>(&b1), &h, &a))
       return {h, a};
   }
   auto h = at::addmm(b1, xn, w1.t());
@@ -233,20 +254,22 @@ at::Tensor weight_grad(const at::Tensor& w, const at::Tensor& a, const at::Tenso
   return at::Tensor();
 }
 
-// linear(x) = x·wᵀ + b, as libtorch's addmm, whose bias gradient goes through bias_grad (the
-// worker's column sum on CUDA: libtorch's bias reductions ran at about two fifths of the memory's
-// bandwidth on gpt2, docs/results/one-gpu.md).
-struct Linear : torch::autograd::Function<Linear> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+// res + linear(x) = res + x·wᵀ + b: a sub-block's output projection and its residual addition
+// (residual_addmm), whose bias gradient goes through bias_grad (the worker's column sum on CUDA:
+// libtorch's bias reductions ran at about two fifths of the memory's bandwidth on gpt2,
+// docs/results/one-gpu.md). The residual's gradient is the output's, passed on.
+struct ResidualLinear : torch::autograd::Function<ResidualLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& res, const at::Tensor& x, const at::Tensor& w,
+                            const at::Tensor& b) {
     ctx->save_for_backward({x, w});
-    return at::addmm(b, rows(x), w.t()).view(with_last(x, w.size(0)));
+    return residual_addmm(rows(res), rows(x), w, b).view(res.sizes());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     const auto &x = s[0], &w = s[1];
     auto gy = rows(grads[0]);
-    return {gy.mm(w).view(x.sizes()), weight_grad(w, gy.t(), rows(x)), bias_grad(gy)};
+    return {grads[0], gy.mm(w).view(x.sizes()), weight_grad(w, gy.t(), rows(x)), bias_grad(gy)};
   }
 };
 
@@ -274,14 +297,14 @@ struct LnLinear : torch::autograd::Function<LnLinear> {
   }
 };
 
-// w2·gelu_tanh(w1·layer_norm(x) + b1) + b2: keeps x and the GELU's input, not the normalised x
-// or the GELU's output (four times x's size).
-struct LnGeluMlp : torch::autograd::Function<LnGeluMlp> {
+// x + w2·gelu_tanh(w1·layer_norm(x) + b1) + b2, the MLP sub-block with its residual addition: keeps
+// x and the GELU's input, not the normalised x or the GELU's output (four times x's size).
+struct ResidualLnGeluMlp : torch::autograd::Function<ResidualLnGeluMlp> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
                             const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2,
                             double eps) {
     auto [h, a] = mlp_up(rows(std::get<0>(norm(x, gamma, beta, eps))), w1, b1);
-    auto y = at::addmm(b2, a, w2.t());
+    auto y = residual_addmm(rows(x), a, w2, b2);
     a.reset();
     ctx->save_for_backward({x, gamma, beta, w1, w2, h});
     ctx->saved_data["eps"] = eps;
@@ -302,6 +325,8 @@ struct LnGeluMlp : torch::autograd::Function<LnGeluMlp> {
     auto gxn = gh.mm(w1).view(x.sizes());
     gh.reset();
     auto [gx, ggamma, gbeta] = ln_backward(gxn, x, mean, rstd, gamma, beta);
+    // The residual's gradient joins the layer norm's (what autograd's sum of the two did).
+    gx.add_(grads[0]);
     return {gx, ggamma, gbeta, gw1, gb1, gw2, gb2, at::Tensor()};
   }
 };
@@ -611,8 +636,8 @@ int zb_set_node_kernels(const zb_node_kernels* k) {
   return guarded([&] { node_kernels.store(new zb_node_kernels(*k)); });
 }
 
-int zb_linear(at::Tensor* x, at::Tensor* w, at::Tensor* b, void** out) {
-  return guarded([&] { *out = new at::Tensor(Linear::apply(*x, *w, *b)); });
+int zb_residual_linear(at::Tensor* res, at::Tensor* x, at::Tensor* w, at::Tensor* b, void** out) {
+  return guarded([&] { *out = new at::Tensor(ResidualLinear::apply(*res, *x, *w, *b)); });
 }
 
 int zb_ln_linear(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, at::Tensor* b, double eps,
@@ -620,9 +645,10 @@ int zb_ln_linear(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor*
   return guarded([&] { *out = new at::Tensor(LnLinear::apply(*x, *gamma, *beta, *w, *b, eps)); });
 }
 
-int zb_ln_gelu_mlp(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w1, at::Tensor* b1, at::Tensor* w2,
-                   at::Tensor* b2, double eps, void** out) {
-  return guarded([&] { *out = new at::Tensor(LnGeluMlp::apply(*x, *gamma, *beta, *w1, *b1, *w2, *b2, eps)); });
+int zb_residual_ln_gelu_mlp(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w1, at::Tensor* b1,
+                            at::Tensor* w2, at::Tensor* b2, double eps, void** out) {
+  return guarded(
+      [&] { *out = new at::Tensor(ResidualLnGeluMlp::apply(*x, *gamma, *beta, *w1, *b1, *w2, *b2, eps)); });
 }
 
 // From now until zb_take_grads, the nodes write `param`'s gradient into `buf[offset ..]` (a flat

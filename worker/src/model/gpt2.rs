@@ -13,7 +13,7 @@ use zerobench_schema::models::Gpt2Dims;
 
 use super::lm_head::lm_loss;
 use super::ops::{dim, merge_heads, split_heads};
-use super::recompute::{linear, ln_gelu_mlp, ln_linear};
+use super::recompute::{ln_linear, residual_linear, residual_ln_gelu_mlp};
 use super::{Batch, Init, Model, ParamDef, Segment, Shape, UnitDef};
 
 pub struct Gpt2 {
@@ -80,9 +80,8 @@ impl Gpt2 {
         let parts = qkv.f_split(c, 2)?;
         let (q, k, v) = (split_heads(&parts[0], nh)?, split_heads(&parts[1], nh)?, split_heads(&parts[2], nh)?);
         let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)?;
-        let x = x.f_add(&linear(&merge_heads(&y)?, &p[4], &p[5])?)?;
-        let h = ln_gelu_mlp(&x, [&p[6], &p[7], &p[8], &p[9], &p[10], &p[11]], LN_EPS)?;
-        Ok(vec![x.f_add(&h)?])
+        let x = residual_linear(x, &merge_heads(&y)?, &p[4], &p[5])?;
+        Ok(vec![residual_ln_gelu_mlp(&x, [&p[6], &p[7], &p[8], &p[9], &p[10], &p[11]], LN_EPS)?])
     }
 
     fn head(&self, p: &[Tensor], x: &Tensor, batch: &Batch) -> Result<Vec<Tensor>, TchError> {

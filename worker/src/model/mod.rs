@@ -18,12 +18,12 @@
 //!   `recompute_cuda`, their gradients' reductions as kernels); `relpos`: T5's
 //!   position buckets; `rope`: rotary embeddings.
 
+pub mod epilogues_cuda;
 pub mod gpt2;
 pub mod llama;
 pub mod lm_head;
 pub mod lm_head_cuda;
 pub mod mlp;
-pub mod mlp_epilogue_cuda;
 pub mod ops;
 pub mod recompute;
 pub mod recompute_cuda;

@@ -24,10 +24,11 @@
 //! functions: the nodes are C++ (`torch::autograd::Function`) in the shim, whose safe wrappers
 //! this module names for the models.
 
-/// The attention's output projection goes through a node of the shim too (`linear`): it
-/// recomputes nothing, but its bias gradient is the same column-sum kernel as the nodes' on CUDA
-/// (`super::recompute_cuda`).
-pub use crate::runtime::shim::{linear, ln_gelu_mlp, ln_linear, LnMlpParams};
+/// The attention's output projection with its residual addition goes through a node of the shim
+/// too (`residual_linear`): it recomputes nothing, but its bias gradient is the same column-sum
+/// kernel as the nodes' on CUDA (`super::recompute_cuda`), and on 16-bit CUDA tensors the residual
+/// is added in the product's epilogue (`super::epilogues_cuda`), as in the MLP's node.
+pub use crate::runtime::shim::{ln_linear, residual_linear, residual_ln_gelu_mlp, LnMlpParams};
 
 #[cfg(test)]
 mod tests {
@@ -94,30 +95,34 @@ mod tests {
     }
 
     #[test]
-    fn ln_gelu_mlp_matches_the_composed_operations_and_their_gradients() {
-        // x: [2, 3, 8]; the MLP widens to 16 and returns to 8.
+    fn residual_ln_gelu_mlp_matches_the_composed_operations_and_their_gradients() {
+        // x: [2, 3, 8]; the MLP widens to 16 and returns to 8, and x is added to its output (x's
+        // gradient is then the layer norm's plus the residual's).
         matches_composed(
             &[&[2, 3, 8], &[8], &[8], &[16, 8], &[16], &[8, 16], &[8]],
             &["x", "gamma", "beta", "w1", "b1", "w2", "b2"],
             None,
-            |t| ln_gelu_mlp(&t[0], [&t[1], &t[2], &t[3], &t[4], &t[5], &t[6]], EPS).unwrap(),
+            |t| residual_ln_gelu_mlp(&t[0], [&t[1], &t[2], &t[3], &t[4], &t[5], &t[6]], EPS).unwrap(),
             |t| {
-                t[0].layer_norm([8], Some(&t[1]), Some(&t[2]), EPS, false)
-                    .linear(&t[3], Some(&t[4]))
-                    .gelu("tanh")
-                    .linear(&t[5], Some(&t[6]))
+                &t[0]
+                    + t[0]
+                        .layer_norm([8], Some(&t[1]), Some(&t[2]), EPS, false)
+                        .linear(&t[3], Some(&t[4]))
+                        .gelu("tanh")
+                        .linear(&t[5], Some(&t[6]))
             },
         );
     }
 
     #[test]
-    fn linear_matches_the_composed_operation_and_its_gradients() {
+    fn residual_linear_matches_the_composed_operation_and_its_gradients() {
+        // res: [2, 3, 5]; x: [2, 3, 8]; w: [5, 8].
         matches_composed(
-            &[&[2, 3, 8], &[5, 8], &[5]],
-            &["x", "w", "b"],
+            &[&[2, 3, 5], &[2, 3, 8], &[5, 8], &[5]],
+            &["res", "x", "w", "b"],
             None,
-            |t| linear(&t[0], &t[1], &t[2]).unwrap(),
-            |t| t[0].linear(&t[1], Some(&t[2])),
+            |t| residual_linear(&t[0], &t[1], &t[2], &t[3]).unwrap(),
+            |t| &t[0] + t[1].linear(&t[2], Some(&t[3])),
         );
     }
 
@@ -150,7 +155,7 @@ mod tests {
         let numels: Vec<usize> = shapes.iter().map(|s| s.iter().product::<i64>() as usize).collect();
         let offsets: Vec<usize> = numels.iter().scan(3, |o, n| Some(std::mem::replace(o, *o + n))).collect();
         let end = offsets[6] + numels[6];
-        let mlp = |t: &[Tensor]| ln_gelu_mlp(&t[0], [&t[1], &t[2], &t[3], &t[4], &t[5], &t[6]], EPS).unwrap();
+        let mlp = |t: &[Tensor]| residual_ln_gelu_mlp(&t[0], [&t[1], &t[2], &t[3], &t[4], &t[5], &t[6]], EPS).unwrap();
         let (ours, theirs) = (leaves(&shapes, 1), leaves(&shapes, 1));
         let g = Tensor::randn([2, 3, 8], (Kind::Double, Device::Cpu));
         shim::backward(&[&mlp(&theirs)], &[&g]).unwrap();
@@ -181,13 +186,13 @@ mod tests {
 
     #[test]
     fn a_weight_used_twice_sums_both_uses_in_its_place() {
-        // y = linear(ln_linear(x, w), w) + x·w: the first node to write replaces what the buffer
-        // held, the second adds to it, and the plain product's share reaches .grad and is added
-        // when the gradients are moved in.
+        // y = residual_linear(x, ln_linear(x, w), w) + x·w: the first node to write replaces what
+        // the buffer held, the second adds to it, and the plain product's share reaches .grad and
+        // is added when the gradients are moved in.
         let shapes: [&[i64]; 5] = [&[2, 3, 8], &[8], &[8], &[8, 8], &[8]];
         let twice = |t: &[Tensor]| {
             let h = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap();
-            linear(&h, &t[3], &t[4]).unwrap() + t[0].matmul(&t[3])
+            residual_linear(&t[0], &h, &t[3], &t[4]).unwrap() + t[0].matmul(&t[3])
         };
         let (ours, theirs) = (leaves(&shapes, 2), leaves(&shapes, 2));
         let buf = flat(64, 7.0);

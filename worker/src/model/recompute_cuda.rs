@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use tch::{Kind, Tensor};
 
-use super::mlp_epilogue_cuda::{EpilogueError, MlpEpilogue};
+use super::epilogues_cuda::{EpilogueError, Epilogues};
 use crate::runtime::cuda::Gpu;
 use crate::runtime::kernels::{self, Instances, Precision};
 use crate::runtime::shim::{self, CTensor, NodeKernelFns};
@@ -341,8 +341,9 @@ pub struct NodeKernels {
     sms: u32,
     /// Compiled on first use per row length (the first forward pass of a width).
     ln: Mutex<HashMap<i64, Arc<LnKernels>>>,
-    /// The MLP's first product with its GELU in cuBLASLt's epilogue, where libcublasLt loads.
-    epilogue: Option<MlpEpilogue>,
+    /// Products with their GELU or residual addition in cuBLASLt's epilogues, where libcublasLt
+    /// loads.
+    epilogues: Option<Epilogues>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -353,7 +354,7 @@ pub enum NodeKernelError {
     Cuda(#[from] cudarc::driver::DriverError),
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
-    #[error("the MLP's epilogue: {0}")]
+    #[error("a product with an epilogue: {0}")]
     Epilogue(#[from] EpilogueError),
 }
 
@@ -365,7 +366,7 @@ enum Outcome {
 }
 
 impl Outcome {
-    /// The outcome of a product with the MLP's epilogue, counted apart ([`epilogue_products`]).
+    /// The outcome of a product with an epilogue, counted apart ([`epilogue_products`]).
     fn epilogue(ran: bool) -> Self {
         if ran {
             EPILOGUE_PRODUCTS.fetch_add(1, Ordering::Relaxed);
@@ -389,7 +390,7 @@ impl NodeKernels {
             _module: module,
             sms: kernels::multiprocessors(&gpu)?,
             ln: Mutex::new(HashMap::new()),
-            epilogue: MlpEpilogue::new(gpu.ordinal)?,
+            epilogues: Epilogues::new(gpu.ordinal)?,
             gpu,
         })
     }
@@ -426,10 +427,31 @@ impl NodeKernels {
         self.gpu.compute.cu_stream() as *mut c_void == stream
     }
 
-    /// The MLP's first product with the GELU in its epilogue ([`MlpEpilogue::up`]).
-    fn mlp_up(&self, x: &Tensor, w1: &Tensor, b1: &Tensor, h: &Tensor, a: &Tensor) -> Result<Outcome, NodeKernelError> {
-        let Some(e) = &self.epilogue else { return Ok(Outcome::Declined) };
-        Ok(Outcome::epilogue(e.up(x, w1, b1, h, a, self.gpu.compute.cu_stream().cast())?))
+    /// The MLP's first product with the GELU in its epilogue ([`Epilogues::gelu_up`]).
+    fn gelu_up(
+        &self,
+        x: &Tensor,
+        w1: &Tensor,
+        b1: &Tensor,
+        h: &Tensor,
+        a: &Tensor,
+    ) -> Result<Outcome, NodeKernelError> {
+        let Some(e) = &self.epilogues else { return Ok(Outcome::Declined) };
+        Ok(Outcome::epilogue(e.gelu_up(x, w1, b1, h, a, self.gpu.compute.cu_stream().cast())?))
+    }
+
+    /// A sub-block's last product with the residual addition in its epilogue
+    /// ([`Epilogues::residual`]).
+    fn residual(
+        &self,
+        res: &Tensor,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        out: &Tensor,
+    ) -> Result<Outcome, NodeKernelError> {
+        let Some(e) = &self.epilogues else { return Ok(Outcome::Declined) };
+        Ok(Outcome::epilogue(e.residual(res, x, w, b, out, self.gpu.compute.cu_stream().cast())?))
     }
 
     /// `y = layer_norm(x) · gamma + beta` over rows of `cols`, with each row's mean and reciprocal
@@ -615,18 +637,18 @@ static KERNELS: OnceLock<NodeKernels> = OnceLock::new();
 static RAN: AtomicU64 = AtomicU64::new(0);
 static DECLINED: AtomicU64 = AtomicU64::new(0);
 
-/// Of them, the products with the MLP's epilogue.
+/// Of them, the products with cuBLASLt's epilogues.
 static EPILOGUE_PRODUCTS: AtomicU64 = AtomicU64::new(0);
 
-/// How many of the nodes' calls ran the MLP's first product with cuBLASLt's GELU epilogue since
-/// start (the GPU self-check holds that GPT-2's MLP uses it).
+/// How many of the nodes' calls ran a product with cuBLASLt's epilogues since start (the GPU
+/// self-check holds that GPT-2's nodes use them).
 pub fn epilogue_products() -> u64 {
     EPILOGUE_PRODUCTS.load(Ordering::Relaxed)
 }
 
-/// Whether the MLP's epilogue is available (libcublasLt loaded).
-pub fn epilogue_installed() -> bool {
-    KERNELS.get().is_some_and(|k| k.epilogue.is_some())
+/// Whether the products with epilogues are available (libcublasLt loaded).
+pub fn epilogues_installed() -> bool {
+    KERNELS.get().is_some_and(|k| k.epilogues.is_some())
 }
 
 /// How many of the nodes' calls ran these kernels, and how many were declined, since start (the
@@ -656,7 +678,8 @@ pub fn install(gpu: &Arc<Gpu>) {
                     col_sum: Some(col_sum_cb),
                     gelu_forward: Some(gelu_forward_cb),
                     gelu_backward_col_sum: Some(gelu_backward_col_sum_cb),
-                    mlp_up: Some(mlp_up_cb),
+                    gelu_up: Some(gelu_up_cb),
+                    residual: Some(residual_cb),
                 });
             }
         }
@@ -781,7 +804,7 @@ unsafe extern "C" fn gelu_backward_col_sum_cb(
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn mlp_up_cb(
+unsafe extern "C" fn gelu_up_cb(
     x: CTensor,
     w1: CTensor,
     b1: CTensor,
@@ -794,6 +817,24 @@ unsafe extern "C" fn mlp_up_cb(
     answer(stream, err, cap, |k| {
         // SAFETY: the shim passes live tensors.
         let t = |p| unsafe { lent(p) };
-        k.mlp_up(&t(x), &t(w1), &t(b1), &t(h), &t(a))
+        k.gelu_up(&t(x), &t(w1), &t(b1), &t(h), &t(a))
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn residual_cb(
+    res: CTensor,
+    x: CTensor,
+    w: CTensor,
+    b: CTensor,
+    out: CTensor,
+    stream: *mut c_void,
+    err: *mut c_char,
+    cap: usize,
+) -> c_int {
+    answer(stream, err, cap, |k| {
+        // SAFETY: the shim passes live tensors.
+        let t = |p| unsafe { lent(p) };
+        k.residual(&t(res), &t(x), &t(w), &t(b), &t(out))
     })
 }

@@ -41,9 +41,9 @@ pub type TwoTensorFn = unsafe extern "C" fn(CTensor, CTensor, *mut c_void, *mut 
 pub type GeluBackwardFn =
     unsafe extern "C" fn(CTensor, CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
 
-/// The MLP's first product with cuBLASLt's GELU epilogue, as [`NodeKernelFns::mlp_up`] describes
-/// it.
-pub type MlpUpFn =
+/// The products with cuBLASLt's epilogues, as [`NodeKernelFns::gelu_up`] and
+/// [`NodeKernelFns::residual`] describe them.
+pub type FiveTensorFn =
     unsafe extern "C" fn(CTensor, CTensor, CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
 
 /// The layer norm's forward kernel: `(x, gamma, beta, eps, y, mean, rstd, stream, err, cap)`.
@@ -60,7 +60,8 @@ pub type LnForwardFn = unsafe extern "C" fn(
     usize,
 ) -> c_int;
 
-/// The shim's `zb_node_kernels`: kernels its nodes ([`linear`], [`ln_linear`], [`ln_gelu_mlp`])
+/// The shim's `zb_node_kernels`: kernels its nodes ([`residual_linear`], [`ln_linear`],
+/// [`residual_ln_gelu_mlp`])
 /// call on CUDA tensors with libtorch's current stream, each returning 0 when it computed its
 /// outputs, 1 when it declines the tensors (the node then uses libtorch's operations) and -1 with
 /// a message in the buffer (`err`, `cap` bytes) when it failed (`model::recompute_cuda`).
@@ -78,7 +79,9 @@ pub struct NodeKernelFns {
     /// then `out` = its column sums.
     pub gelu_backward_col_sum: Option<GeluBackwardFn>,
     /// `(x, w1, b1, h, a, stream, err, cap)`: `h` = `x·w1ᵀ + b1`, `a` = `gelu_tanh(h)`.
-    pub mlp_up: Option<MlpUpFn>,
+    pub gelu_up: Option<FiveTensorFn>,
+    /// `(res, x, w, b, out, stream, err, cap)`: `out` = `res + x·wᵀ + b`.
+    pub residual: Option<FiveTensorFn>,
 }
 
 extern "C" {
@@ -136,7 +139,7 @@ extern "C" {
     fn zb_gloo_broadcast(pg: *mut c_void, buf: CTensor, root: c_int) -> c_int;
     fn zb_gloo_close(pg: *mut c_void);
     fn zb_set_node_kernels(k: *const NodeKernelFns) -> c_int;
-    fn zb_linear(x: CTensor, w: CTensor, b: CTensor, out: *mut CTensor) -> c_int;
+    fn zb_residual_linear(res: CTensor, x: CTensor, w: CTensor, b: CTensor, out: *mut CTensor) -> c_int;
     fn zb_ln_linear(
         x: CTensor,
         gamma: CTensor,
@@ -147,7 +150,7 @@ extern "C" {
         out: *mut CTensor,
     ) -> c_int;
     #[allow(clippy::too_many_arguments)]
-    fn zb_ln_gelu_mlp(
+    fn zb_residual_ln_gelu_mlp(
         x: CTensor,
         gamma: CTensor,
         beta: CTensor,
@@ -248,10 +251,11 @@ pub fn clear_grad(t: &Tensor) -> Result<(), ShimError> {
     check(unsafe { zb_clear_grad(t.as_ptr() as CTensor) })
 }
 
-/// Until [`take_grads`], the nodes of this module ([`linear`], [`ln_linear`], [`ln_gelu_mlp`])
-/// write `param`'s gradient into `buf[offset .. offset + param.numel()]` (a flat buffer of its kind
-/// and device), adding to what is there when `accumulate`, instead of returning it to autograd:
-/// its `.grad` is then left alone. Other uses of `param` still reach its `.grad`.
+/// Until [`take_grads`], the nodes of this module ([`residual_linear`], [`ln_linear`],
+/// [`residual_ln_gelu_mlp`]) write `param`'s gradient into `buf[offset .. offset + param.numel()]`
+/// (a flat buffer of its kind and device), adding to what is there when `accumulate`, instead of
+/// returning it to autograd: its `.grad` is then left alone. Other uses of `param` still reach its
+/// `.grad`.
 pub fn grad_into(param: &Tensor, buf: &Tensor, offset: usize, accumulate: bool) -> Result<(), ShimError> {
     let offset = i64::try_from(offset).map_err(|_| ShimError(format!("a gradient's place: offset {offset}")))?;
     // SAFETY: live tensors; the shim keeps its own reference to `buf`.
@@ -399,13 +403,15 @@ unsafe fn owned(out: CTensor) -> Tensor {
     unsafe { Tensor::from_ptr(out.cast()) }
 }
 
-/// `x·wᵀ + b` over the last dimension, as one autograd node whose bias gradient is the worker's
-/// column-sum kernel on CUDA (`model::recompute_cuda`).
-pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor, ShimError> {
+/// `res + x·wᵀ + b` over the last dimension (a sub-block's output projection and its residual
+/// addition), as one autograd node: on 16-bit CUDA tensors one matrix product adds the residual in
+/// its epilogue (`model::epilogues_cuda`), and the bias gradient is the worker's column-sum kernel
+/// (`model::recompute_cuda`).
+pub fn residual_linear(res: &Tensor, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor, ShimError> {
     let p = |t: &Tensor| t.as_ptr() as CTensor;
     let mut out = std::ptr::null_mut();
     // SAFETY: live tensors and a valid out-pointer.
-    check(unsafe { zb_linear(p(x), p(w), p(b), &mut out) })?;
+    check(unsafe { zb_residual_linear(p(res), p(x), p(w), p(b), &mut out) })?;
     // SAFETY: on success the shim wrote a new tensor there.
     Ok(unsafe { owned(out) })
 }
@@ -428,8 +434,8 @@ pub fn ln_linear(
     Ok(unsafe { owned(out) })
 }
 
-/// Hands the nodes [`linear`], [`ln_linear`] and [`ln_gelu_mlp`] kernels of the worker's own (the
-/// shim copies the table; set once, before any forward pass).
+/// Hands the nodes [`residual_linear`], [`ln_linear`] and [`residual_ln_gelu_mlp`] kernels of the
+/// worker's own (the shim copies the table; set once, before any forward pass).
 pub fn set_node_kernels(k: NodeKernelFns) {
     // SAFETY: a valid table; the shim only copies it (and cannot fail beyond allocating).
     let _ = unsafe { zb_set_node_kernels(&k) };
@@ -438,15 +444,17 @@ pub fn set_node_kernels(k: NodeKernelFns) {
 /// A layer norm's parameters and an MLP's: `[gamma, beta, w1, b1, w2, b2]`.
 pub type LnMlpParams<'a> = [&'a Tensor; 6];
 
-/// `linear(gelu_tanh(linear(layer_norm(x, gamma, beta, eps), w1, b1)), w2, b2)` over the last
-/// dimension, as one autograd node whose backward recomputes the normalised `x` and the GELU's
-/// output (see `model::recompute`).
-pub fn ln_gelu_mlp(x: &Tensor, params: LnMlpParams<'_>, eps: f64) -> Result<Tensor, ShimError> {
+/// `x + linear(gelu_tanh(linear(layer_norm(x, gamma, beta, eps), w1, b1)), w2, b2)` over the last
+/// dimension (GPT-2's MLP sub-block with its residual addition), as one autograd node whose
+/// backward recomputes the normalised `x` and the GELU's output (see `model::recompute`); on 16-bit
+/// CUDA tensors the GELU and the residual addition run in the products' epilogues
+/// (`model::epilogues_cuda`).
+pub fn residual_ln_gelu_mlp(x: &Tensor, params: LnMlpParams<'_>, eps: f64) -> Result<Tensor, ShimError> {
     let p = |t: &Tensor| t.as_ptr() as CTensor;
     let [gamma, beta, w1, b1, w2, b2] = params;
     let mut out = std::ptr::null_mut();
     // SAFETY: live tensors and a valid out-pointer.
-    check(unsafe { zb_ln_gelu_mlp(p(x), p(gamma), p(beta), p(w1), p(b1), p(w2), p(b2), eps, &mut out) })?;
+    check(unsafe { zb_residual_ln_gelu_mlp(p(x), p(gamma), p(beta), p(w1), p(b1), p(w2), p(b2), eps, &mut out) })?;
     // SAFETY: on success the shim wrote a new tensor there.
     Ok(unsafe { owned(out) })
 }

@@ -1,26 +1,34 @@
-//! GPT-2's MLP with its first layer's bias and tanh GELU computed in cuBLASLt's epilogue, for the
-//! forward pass of the shim's `LnGeluMlp` node on 16-bit CUDA tensors ([`MlpEpilogue::up`],
-//! `GELU_AUX_BIAS`): one product writes the GELU's output `a = gelu_tanh(x·w1ᵀ + b1)` and its
-//! input `h = x·w1ᵀ + b1`, which the node keeps for the backward pass. Without it the product
-//! writes `h` and a kernel of its own reads it back to write `a`: in gpt2-xl's profiled step
-//! (micro-batch 4, one H100) the GELU kernel took 2.0 ms, and the product with the epilogue takes
-//! 1.2 ms longer than the one without. libtorch runs cuBLASLt's bias and GELU epilogue
-//! (`_addmm_activation`) but not the form that also writes the GELU's input, so this module calls
-//! cuBLASLt itself (through cudarc, loaded at run time).
+//! GPT-2's matrix products with the pointwise work after them computed in cuBLASLt's epilogues,
+//! for the forward passes of the shim's nodes on 16-bit CUDA tensors:
+//!
+//! * [`Epilogues::gelu_up`] (`GELU_AUX_BIAS`), the MLP's first layer: one product writes the
+//!   GELU's output `a = gelu_tanh(x·w1ᵀ + b1)` and its input `h = x·w1ᵀ + b1`, which the node keeps
+//!   for the backward pass. Without it the product writes `h` and a kernel of its own reads it back
+//!   to write `a`: in gpt2-xl's profiled step (micro-batch 4, one H100) that kernel took 2.0 ms,
+//!   and the product with the epilogue takes 1.2 ms longer than the one without.
+//! * [`Epilogues::residual`] (`BIAS` with `C` the residual stream and β = 1), the last product of
+//!   each sub-block: `res + x·wᵀ + b` in one product, where otherwise a kernel reads the product
+//!   and the residual again to write their sum (the residual additions took 2.2 ms of gpt2-xl's
+//!   step, half of them in the forward pass).
+//!
+//! libtorch runs cuBLASLt's bias and GELU epilogue (`_addmm_activation`) but neither the form that
+//! also writes the GELU's input nor a product whose `C` is another matrix than its output, so this
+//! module calls cuBLASLt itself (through cudarc, loaded at run time).
 //!
 //! The backward pass keeps the worker's kernel for the GELU's gradient with the bias gradient
 //! (`recompute_cuda`): cuBLASLt's `DGELU_BGRAD` epilogue, tried on the same shapes, ran as a
 //! product and then a separate epilogue kernel that took 13.4 ms over gpt2-xl's 48 layers,
 //! against 4.3 ms for the worker's kernel (docs/results/one-gpu.md).
 //!
-//! Numerics: the epilogue applies the GELU to the fp32 sum before rounding it, where the node's
-//! other path rounds `h` first; the backward pass recomputes the GELU's output (for the second
-//! layer's weight gradient) from the rounded `h`, so it may differ from the forward pass's `a` in
-//! the last bit. cuBLASLt's GELU is the tanh form (libtorch's CPU `_addmm_activation` applies
-//! `gelu(…, "tanh")` for it). The GPU self-check holds the node to the composed operations.
+//! Numerics: an epilogue works on the fp32 sum and rounds once, where the nodes' other path rounds
+//! the product first (then applies the GELU, or adds the residual, and rounds again). The backward
+//! pass recomputes the GELU's output (for the second layer's weight gradient) from the rounded
+//! `h`, so it may differ from the forward pass's `a` in the last bit. cuBLASLt's GELU is the tanh
+//! form (libtorch's CPU `_addmm_activation` applies `gelu(…, "tanh")` for it). The GPU self-check
+//! holds the nodes to the composed operations.
 //!
 //! cuBLASLt is column-major: a row-major `[r × c]` matrix is its `[c × r]` transpose, so
-//! `x·w1ᵀ` (`[T × f]`) is computed as the column-major `[f × T]` product of `w1`, transposed
+//! `x·wᵀ` (`[T × f]`) is computed as the column-major `[f × T]` product of `w`, transposed
 //! (`TRANSA = T`), and `x`. The epilogue's bias runs along the result's rows: the `f` features.
 
 use std::collections::HashMap;
@@ -41,15 +49,25 @@ pub enum EpilogueError {
     Torch(#[from] tch::TchError),
 }
 
-/// What picks a plan: the element type, the product's shape (`m × k` by `k × n`) and the
-/// alignment in bytes of A, B and D (cuBLASLt chooses its kernels by them).
+/// What an epilogue does after the product `p = x·wᵀ`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Fused {
+    /// `gelu_tanh(p + bias)`, with `p + bias` written to the auxiliary matrix.
+    GeluAux,
+    /// `p + bias + C`.
+    Residual,
+}
+
+/// What picks a plan: the epilogue, the element type, the product's shape (`m × k` by `k × n`)
+/// and the alignment in bytes of A, B, C and D (cuBLASLt chooses its kernels by them).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 struct Key {
+    fused: Fused,
     bf16: bool,
     m: u64,
     n: u64,
     k: u64,
-    align: [u32; 3],
+    align: [u32; 4],
 }
 
 /// The descriptors and the algorithm of one [`Key`]; the bias and auxiliary pointers are set
@@ -96,7 +114,8 @@ impl Plan {
         let (m, n, k) = (key.m, key.n, key.k);
         let desc =
             result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
-        // A: w1, [f × d] row-major, so [d × f] column-major, transposed; B: x, [d × T] column-major.
+        // A: w, [m × k] row-major, so [k × m] column-major, transposed; B: x, [k × T] column-major;
+        // C (the residual, or D itself) and D: [m × T] column-major.
         let mut plan = Plan {
             desc,
             a: result::create_matrix_layout(dtype, k, m, k as i64)?,
@@ -104,14 +123,19 @@ impl Plan {
             d: result::create_matrix_layout(dtype, m, n, m as i64)?,
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
         };
-        let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+        let epilogue = match key.fused {
+            Fused::GeluAux => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+            Fused::Residual => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+        };
         // SAFETY: each attribute gets a value of its documented type (cublasOperation_t and the
         // epilogue are 32-bit enums, the auxiliary matrix's leading dimension an int64).
         unsafe {
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(m as i64))?;
+            if key.fused == Fused::GeluAux {
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(m as i64))?;
+            }
         }
         let pref = result::create_matmul_pref()?;
         let found = (|| {
@@ -128,7 +152,7 @@ impl Plan {
                     (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0]),
                     (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1]),
                     (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]),
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[2]),
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[3]),
                 ] {
                     result::set_matmul_pref_attribute(pref, attr, (&align as *const u32).cast(), 4)?;
                 }
@@ -156,20 +180,20 @@ struct State {
     plans: HashMap<Key, Option<Plan>>,
 }
 
-pub struct MlpEpilogue {
+pub struct Epilogues {
     state: Mutex<State>,
 }
 
 // SAFETY: the handle and descriptors are used only under the mutex; cuBLASLt allows a handle on
 // any thread as long as calls on it do not overlap.
-unsafe impl Send for MlpEpilogue {}
+unsafe impl Send for Epilogues {}
 // SAFETY: as for `Send`: every use of the raw handles holds the mutex.
-unsafe impl Sync for MlpEpilogue {}
+unsafe impl Sync for Epilogues {}
 
 impl Drop for State {
     fn drop(&mut self) {
         self.plans.clear();
-        // SAFETY: created by `MlpEpilogue::new`, destroyed once, after its plans.
+        // SAFETY: created by `Epilogues::new`, destroyed once, after its plans.
         unsafe {
             let _ = result::destroy_handle(self.handle);
         }
@@ -191,7 +215,7 @@ fn is(t: &Tensor, kind: Kind, shape: &[i64]) -> bool {
     t.kind() == kind && t.size() == shape && t.is_contiguous()
 }
 
-impl MlpEpilogue {
+impl Epilogues {
     /// A cuBLASLt handle and workspace on CUDA device `ordinal`; `None` where libcublasLt cannot be
     /// loaded.
     pub fn new(ordinal: usize) -> Result<Option<Self>, EpilogueError> {
@@ -207,7 +231,7 @@ impl MlpEpilogue {
     /// `h = x·w1ᵀ + b1` and `a = gelu_tanh(h)` in one product, on `stream`: `x` is `[T × d]`,
     /// `w1` `[f × d]`, `b1` `[f]`, `h` and `a` `[T × f]`, all contiguous, of one 16-bit kind.
     /// `false` (nothing written) for tensors it does not take.
-    pub fn up(
+    pub fn gelu_up(
         &self,
         x: &Tensor,
         w1: &Tensor,
@@ -216,24 +240,68 @@ impl MlpEpilogue {
         a: &Tensor,
         stream: *mut c_void,
     ) -> Result<bool, EpilogueError> {
-        let (kind, [t, d], f) = (x.kind(), dims(x), w1.size().first().copied().unwrap_or(0));
+        // The auxiliary matrix's leading dimension must be a multiple of 8 and its address 16-byte
+        // aligned (cuBLASLt's requirements).
+        let f = w1.size().first().copied().unwrap_or(0);
+        if f % 8 != 0 || alignment(h) < 16 || !is(h, x.kind(), &[dims(x)[0], f]) {
+            return Ok(false);
+        }
+        self.product(Fused::GeluAux, x, w1, b1, Side::Aux(h), a, stream)
+    }
+
+    /// `out = res + x·wᵀ + b` in one product, on `stream`: `x` is `[T × k]`, `w` `[n × k]`, `b`
+    /// `[n]`, `res` and `out` `[T × n]`, as [`Self::gelu_up`].
+    pub fn residual(
+        &self,
+        res: &Tensor,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        out: &Tensor,
+        stream: *mut c_void,
+    ) -> Result<bool, EpilogueError> {
+        let n = w.size().first().copied().unwrap_or(0);
+        if !is(res, x.kind(), &[dims(x)[0], n]) {
+            return Ok(false);
+        }
+        self.product(Fused::Residual, x, w, b, Side::Residual(res), out, stream)
+    }
+
+    /// `out = epilogue(x·wᵀ + b)` with the epilogue's other matrix `side`.
+    #[allow(clippy::too_many_arguments)]
+    fn product(
+        &self,
+        fused: Fused,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        side: Side<'_>,
+        out: &Tensor,
+        stream: *mut c_void,
+    ) -> Result<bool, EpilogueError> {
+        let (kind, [t, k], m) = (x.kind(), dims(x), w.size().first().copied().unwrap_or(0));
         let bf16 = match kind {
             Kind::BFloat16 => true,
             Kind::Half => false,
             _ => return Ok(false),
         };
-        let fits = is(x, kind, &[t, d])
-            && is(w1, kind, &[f, d])
-            && is(b1, kind, &[f])
-            && is(h, kind, &[t, f])
-            && is(a, kind, &[t, f]);
-        // cuBLASLt's requirements: the auxiliary matrix's leading dimension a multiple of 8, the
-        // bias and auxiliary pointers 16-byte aligned; and nothing empty.
-        if !fits || f % 8 != 0 || t == 0 || d == 0 || alignment(b1) < 16 || alignment(h) < 16 {
+        let fits = is(x, kind, &[t, k]) && is(w, kind, &[m, k]) && is(b, kind, &[m]) && is(out, kind, &[t, m]);
+        // The bias 16-byte aligned (cuBLASLt's requirement), and nothing empty.
+        if !fits || t == 0 || k == 0 || m == 0 || alignment(b) < 16 {
             return Ok(false);
         }
-        let key =
-            Key { bf16, m: f as u64, n: t as u64, k: d as u64, align: [alignment(w1), alignment(x), alignment(a)] };
+        let (c, beta, aux) = match side {
+            Side::Aux(h) => (out, 0f32, Some(h)),
+            Side::Residual(res) => (res, 1f32, None),
+        };
+        let key = Key {
+            fused,
+            bf16,
+            m: m as u64,
+            n: t as u64,
+            k: k as u64,
+            align: [alignment(w), alignment(x), alignment(c), alignment(out)],
+        };
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let handle = state.handle;
         let workspace = state.workspace.data_ptr();
@@ -242,27 +310,29 @@ impl MlpEpilogue {
             std::collections::hash_map::Entry::Vacant(e) => e.insert(Plan::new(handle, key)?),
         };
         let Some(plan) = plan.as_ref() else { return Ok(false) };
-        let (bias_ptr, aux_ptr) = (b1.data_ptr(), h.data_ptr());
-        let (alpha, beta) = (1f32, 0f32);
+        let bias_ptr = b.data_ptr();
+        let alpha = 1f32;
         // SAFETY: the tensors were checked above to hold the matrices the plan describes and are
         // alive for the call; the product runs on `stream`, in its order, as libtorch's would; the
         // workspace is `WORKSPACE_BYTES` on the same device.
         unsafe {
             use sys::cublasLtMatmulDescAttributes_t as D;
             set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr)?;
-            set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_ptr)?;
+            if let Some(h) = aux {
+                set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &h.data_ptr())?;
+            }
             result::matmul(
                 handle,
                 plan.desc,
                 (&alpha as *const f32).cast(),
                 (&beta as *const f32).cast(),
-                w1.data_ptr(),
+                w.data_ptr(),
                 plan.a,
                 x.data_ptr(),
                 plan.b,
-                a.data_ptr(),
+                c.data_ptr(),
                 plan.d,
-                a.data_ptr(),
+                out.data_ptr(),
                 plan.d,
                 &plan.algo,
                 workspace,
@@ -272,6 +342,13 @@ impl MlpEpilogue {
         }
         Ok(true)
     }
+}
+
+/// The epilogue's matrix beside the output: the GELU's input it writes, or the residual it adds
+/// (cuBLASLt's `C`, with the output's layout).
+enum Side<'a> {
+    Aux(&'a Tensor),
+    Residual(&'a Tensor),
 }
 
 /// A matrix's rows and columns (`[0, 0]` for anything else).
