@@ -98,8 +98,10 @@ std::vector<int64_t> with_last(const at::Tensor& t, int64_t last) {
 struct zb_node_kernels {
   int (*ln_forward)(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, double eps, at::Tensor* y, at::Tensor* mean,
                     at::Tensor* rstd, void* stream, char* err, size_t cap);
+  // dres (may be null): a gradient added to dx (the residual's, where x is also the residual stream).
   int (*ln_backward)(at::Tensor* dy, at::Tensor* x, at::Tensor* mean, at::Tensor* rstd, at::Tensor* gamma,
-                     at::Tensor* dx, at::Tensor* dgamma, at::Tensor* dbeta, void* stream, char* err, size_t cap);
+                     at::Tensor* dres, at::Tensor* dx, at::Tensor* dgamma, at::Tensor* dbeta, void* stream, char* err,
+                     size_t cap);
   int (*col_sum)(at::Tensor* x, at::Tensor* out, void* stream, char* err, size_t cap);
   int (*gelu_forward)(at::Tensor* h, at::Tensor* a, void* stream, char* err, size_t cap);
   // act gets gelu_tanh(h), and g is overwritten with gelu_tanh'(h) * g before its columns are summed.
@@ -197,17 +199,24 @@ std::pair<at::Tensor, at::Tensor> mlp_up(const at::Tensor& xn, const at::Tensor&
   return {h, gelu_tanh(h)};
 }
 
-// A layer norm's input, weight and bias gradients.
+// A layer norm's input, weight and bias gradients; with `residual` (the gradient of a residual
+// stream that is also the layer norm's input) added to the input gradient, in the kernel's pass on
+// CUDA, else as an addition after it.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_backward(at::Tensor gxn, at::Tensor x, at::Tensor mean,
-                                                           at::Tensor rstd, at::Tensor gamma, const at::Tensor& beta) {
+                                                           at::Tensor rstd, at::Tensor gamma, const at::Tensor& beta,
+                                                           const at::Tensor& residual = at::Tensor()) {
   if (const auto* k = kernels_for(x)) {
     auto gx = at::empty_like(x, at::MemoryFormat::Contiguous);
     auto ggamma = at::empty_like(gamma, at::MemoryFormat::Contiguous);
     auto gbeta = at::empty_like(beta, at::MemoryFormat::Contiguous);
-    if (ran(k, &zb_node_kernels::ln_backward, x, &gxn, &x, &mean, &rstd, &gamma, &gx, &ggamma, &gbeta))
+    auto res = residual.defined() ? residual.contiguous() : at::Tensor();
+    auto* dres = res.defined() ? &res : nullptr;
+    if (ran(k, &zb_node_kernels::ln_backward, x, &gxn, &x, &mean, &rstd, &gamma, dres, &gx, &ggamma, &gbeta))
       return {gx, ggamma, gbeta};
   }
-  return at::native_layer_norm_backward(gxn, x, {x.size(-1)}, mean, rstd, gamma, beta, {true, true, true});
+  auto grads = at::native_layer_norm_backward(gxn, x, {x.size(-1)}, mean, rstd, gamma, beta, {true, true, true});
+  if (residual.defined()) std::get<0>(grads).add_(residual);
+  return grads;
 }
 
 // The normalised input, as the forward pass computed it (the same kernel on the same input gives
@@ -324,9 +333,8 @@ struct ResidualLnGeluMlp : torch::autograd::Function<ResidualLnGeluMlp> {
     xn.reset();
     auto gxn = gh.mm(w1).view(x.sizes());
     gh.reset();
-    auto [gx, ggamma, gbeta] = ln_backward(gxn, x, mean, rstd, gamma, beta);
     // The residual's gradient joins the layer norm's (what autograd's sum of the two did).
-    gx.add_(grads[0]);
+    auto [gx, ggamma, gbeta] = ln_backward(gxn, x, mean, rstd, gamma, beta, grads[0]);
     return {gx, ggamma, gbeta, gw1, gb1, gw2, gb2, at::Tensor()};
   }
 };

@@ -18,7 +18,9 @@
 //!   every warp adds its rows' `dy·x̂` and `dy` into shared memory of its own (no registers held
 //!   for them: at gpt2-xl's width per-lane sums spilled), and the block adds its warps' sums in
 //!   warp order into one row of fp32 partial sums, so they come out the same every run. The row
-//!   length is a compile-time constant (compiled per model width on first use).
+//!   length is a compile-time constant (compiled per model width on first use). Where the layer
+//!   norm's input is also the residual stream that skips the sub-block (the MLP's node), the
+//!   residual's gradient is added to the input gradient before it is rounded, in the same pass.
 //! * `gelu_forward_*`: the MLP's tanh GELU in the forward pass.
 //! * `col_sum_*` and `gelu_backward_col_sum_*`: 16-byte loads down the rows, fp32 sums per column
 //!   (of the 16-bit values as they are stored, as libtorch sums them), one row of partial sums per
@@ -173,7 +175,8 @@ pub(crate) const LN_SOURCE: &str = r#"
 #define LN_BACKWARD(NAME, T, VEC, N, LOAD, STORE)                                                     \
 extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restrict__ dy,              \
     const T* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,          \
-    const T* __restrict__ gamma, T* __restrict__ dx, float* __restrict__ part, long long rows) {      \
+    const T* __restrict__ gamma, const T* __restrict__ dres, T* __restrict__ dx,                     \
+    float* __restrict__ part, long long rows) {                                                       \
   constexpr int NV = COLS / N;                /* vectors per row */                                   \
   constexpr int VPL = (NV + 31) / 32;         /* vectors per lane */                                  \
   extern __shared__ float sm[];                                                                       \
@@ -218,9 +221,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
         const T* de = reinterpret_cast<const T*>(&da[v]);                                            \
         VEC o;                                                                                        \
         T* oe = reinterpret_cast<T*>(&o);                                                             \
+        VEC ra;                                                                                       \
+        if (dres) ra = reinterpret_cast<const VEC*>(dres + r * COLS)[c];                              \
+        const T* re = reinterpret_cast<const T*>(&ra);                                                \
         _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
           float xh = (LOAD(xe[k]) - mu) * rs, dyg = LOAD(de[k]) * g_s[k * NV + c];                    \
-          oe[k] = STORE(rs * (dyg - s2 - xh * s1));                                                   \
+          float o = rs * (dyg - s2 - xh * s1);                                                        \
+          oe[k] = STORE(dres ? o + LOAD(re[k]) : o);                                                  \
         }                                                                                             \
         outr[c] = o;                                                                                  \
       }                                                                                               \
@@ -497,12 +504,13 @@ impl NodeKernels {
         mean: &Tensor,
         rstd: &Tensor,
         gamma: &Tensor,
+        dres: Option<&Tensor>,
         dx: &Tensor,
         dgamma: &Tensor,
         dbeta: &Tensor,
     ) -> Result<Outcome, NodeKernelError> {
         let Some((p, rows, cols)) = ln_rows(x) else { return Ok(Outcome::Declined) };
-        if ![dy, x, dx].iter().all(|t| holds(t, x.kind(), rows * cols) && aligned(t))
+        if ![dy, x, dx].iter().chain(dres.as_ref()).all(|t| holds(t, x.kind(), rows * cols) && aligned(t))
             || ![gamma, dgamma, dbeta].iter().all(|t| holds(t, x.kind(), cols))
             || ![mean, rstd].iter().all(|t| holds(t, Kind::Float, rows))
         {
@@ -517,8 +525,9 @@ impl NodeKernels {
             shared_mem_bytes: ln_shared_bytes(cols),
         };
         let (dyp, xp, mp, rp, gp, dxp, pp) = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(gamma), ptr(dx), ptr(&part));
+        let dresp = dres.map_or(0, ptr);
         let mut launch = self.gpu.compute.launch_builder(k.backward.get(p));
-        launch.arg(&dyp).arg(&xp).arg(&mp).arg(&rp).arg(&gp).arg(&dxp).arg(&pp).arg(&rows);
+        launch.arg(&dyp).arg(&xp).arg(&mp).arg(&rp).arg(&gp).arg(&dresp).arg(&dxp).arg(&pp).arg(&rows);
         // SAFETY: contiguous device tensors of the kernel's types and sizes, 16-byte aligned where
         // loaded by vector (checked above), alive until the kernel has run: libtorch frees them in
         // stream order, on this stream.
@@ -756,6 +765,7 @@ unsafe extern "C" fn ln_backward_cb(
     mean: CTensor,
     rstd: CTensor,
     gamma: CTensor,
+    dres: CTensor,
     dx: CTensor,
     dgamma: CTensor,
     dbeta: CTensor,
@@ -766,7 +776,9 @@ unsafe extern "C" fn ln_backward_cb(
     answer(stream, err, cap, |k| {
         // SAFETY: the shim passes live tensors.
         let t = |p| unsafe { lent(p) };
-        k.ln_backward(&t(dy), &t(x), &t(mean), &t(rstd), &t(gamma), &t(dx), &t(dgamma), &t(dbeta))
+        // The residual's gradient is optional: a null pointer when there is none.
+        let dres = (!dres.is_null()).then(|| t(dres));
+        k.ln_backward(&t(dy), &t(x), &t(mean), &t(rstd), &t(gamma), dres.as_ref(), &t(dx), &t(dgamma), &t(dbeta))
     })
 }
 

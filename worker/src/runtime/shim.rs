@@ -29,6 +29,7 @@ pub type LnBackwardFn = unsafe extern "C" fn(
     CTensor,
     CTensor,
     CTensor,
+    CTensor,
     *mut c_void,
     *mut c_char,
     usize,
@@ -69,7 +70,8 @@ pub type LnForwardFn = unsafe extern "C" fn(
 pub struct NodeKernelFns {
     /// The layer norm (forward and recomputed): `y`, `mean`, `rstd` from `x`, `gamma`, `beta`.
     pub ln_forward: Option<LnForwardFn>,
-    /// `(dy, x, mean, rstd, gamma, dx, dgamma, dbeta, stream, err, cap)`.
+    /// `(dy, x, mean, rstd, gamma, dres, dx, dgamma, dbeta, stream, err, cap)`; `dres`, the
+    /// residual's gradient added to `dx`, may be null.
     pub ln_backward: Option<LnBackwardFn>,
     /// `(x, out, stream, err, cap)`: `out` = the sums of `x`'s columns.
     pub col_sum: Option<TwoTensorFn>,
