@@ -26,8 +26,8 @@
 //! `h`, so it may differ from the forward pass's `a` in the last bit. cuBLASLt computes the GELU
 //! in its tanh form with its own arithmetic: against libtorch's tanh GELU composed on the same GPU,
 //! the MLP node's bf16 output differs by 3-4e-3 (normwise; about half a bf16 rounding step) where
-//! the worker's GELU kernel gave 1e-4, and its gradients are unchanged. The GPU self-check holds
-//! the nodes to the composed operations within 2e-2.
+//! the worker's GELU kernel gave 1e-4. The GPU self-check holds the nodes to the composed
+//! operations within 2e-2.
 //!
 //! cuBLASLt is column-major: a row-major `[r × c]` matrix is its `[c × r]` transpose, so
 //! `x·wᵀ` (`[T × f]`) is computed as the column-major `[f × T]` product of `w`, transposed
@@ -174,11 +174,13 @@ impl Plan {
     }
 }
 
-/// The handle, its workspace (a libtorch tensor, so that the caching allocator counts it) and the
-/// plans by shape (`None`: cuBLASLt has no algorithm for it, and the node's other path runs).
+/// The handle, its workspace (a libtorch tensor, so that the caching allocator counts it; allocated
+/// at the first product, so models without these nodes never hold it) and the plans by shape
+/// (`None`: cuBLASLt has no algorithm for it, and the node's other path runs).
 struct State {
     handle: sys::cublasLtHandle_t,
-    workspace: Tensor,
+    ordinal: usize,
+    workspace: Option<Tensor>,
     plans: HashMap<Key, Option<Plan>>,
 }
 
@@ -218,16 +220,14 @@ fn is(t: &Tensor, kind: Kind, shape: &[i64]) -> bool {
 }
 
 impl Epilogues {
-    /// A cuBLASLt handle and workspace on CUDA device `ordinal`; `None` where libcublasLt cannot be
-    /// loaded.
+    /// A cuBLASLt handle for CUDA device `ordinal`; `None` where libcublasLt cannot be loaded.
     pub fn new(ordinal: usize) -> Result<Option<Self>, EpilogueError> {
         // SAFETY: only looks for the library.
         if !unsafe { sys::is_culib_present() } {
             return Ok(None);
         }
         let handle = result::create_handle()?;
-        let workspace = Tensor::f_empty([WORKSPACE_BYTES as i64], (Kind::Uint8, Device::Cuda(ordinal)))?;
-        Ok(Some(Self { state: Mutex::new(State { handle, workspace, plans: HashMap::new() }) }))
+        Ok(Some(Self { state: Mutex::new(State { handle, ordinal, workspace: None, plans: HashMap::new() }) }))
     }
 
     /// `h = x·w1ᵀ + b1` and `a = gelu_tanh(h)` in one product, on `stream`: `x` is `[T × d]`,
@@ -306,7 +306,13 @@ impl Epilogues {
         };
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let handle = state.handle;
-        let workspace = state.workspace.data_ptr();
+        let workspace = match &state.workspace {
+            Some(w) => w.data_ptr(),
+            None => {
+                let w = Tensor::f_empty([WORKSPACE_BYTES as i64], (Kind::Uint8, Device::Cuda(state.ordinal)))?;
+                state.workspace.insert(w).data_ptr()
+            }
+        };
         let plan = match state.plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => e.insert(Plan::new(handle, key)?),
