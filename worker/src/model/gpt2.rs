@@ -14,7 +14,7 @@ use zerobench_schema::models::Gpt2Dims;
 use super::lm_head::lm_loss;
 use super::ops::{dim, merge_heads, split_heads};
 use super::recompute::{ln_linear, residual_linear, residual_ln_gelu_mlp};
-use super::{Batch, Init, Model, ParamDef, Segment, Shape, UnitDef};
+use super::{Batch, Init, Model, ParamDef, Segment, Shape, UnitDef, WeightGrads};
 
 pub struct Gpt2 {
     dims: Gpt2Dims,
@@ -93,6 +93,11 @@ impl Gpt2 {
 impl Model for Gpt2 {
     fn units(&self) -> &[UnitDef] {
         &self.units
+    }
+
+    /// The blocks' nodes write their matrices' gradients where the engine places them.
+    fn weight_grads(&self) -> WeightGrads {
+        WeightGrads::InPlace
     }
 
     fn segments(&self) -> &[Segment] {

@@ -149,6 +149,16 @@ impl Shape {
 }
 
 /// A model the ZeRO engine can train.
+/// Where a model's layers leave their weights' gradients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightGrads {
+    /// In autograd's `.grad`, from where the engine moves them into its buffers.
+    Returned,
+    /// Where the engine places them before the unit's last backward segment (`shim::grad_into`),
+    /// for the matrices the shim's nodes multiply (GPT-2's blocks); the rest as `Returned`.
+    InPlace,
+}
+
 pub trait Model {
     fn units(&self) -> &[UnitDef];
     fn segments(&self) -> &[Segment];
@@ -161,6 +171,11 @@ pub trait Model {
     /// over the segments is `ModelSpec::train_flops_per_input_token` per token, less the small
     /// terms that count parameters outside matrix products (biases, norms).
     fn forward_flops(&self, s: usize, shape: &Shape) -> f64;
+    /// Where its layers leave the weights' gradients: the engine places them only for models whose
+    /// layers take a place.
+    fn weight_grads(&self) -> WeightGrads {
+        WeightGrads::Returned
+    }
 }
 
 /// Builds the model of a preset. Building declares shapes only: nothing is allocated. Fails for

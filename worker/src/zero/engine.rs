@@ -19,7 +19,7 @@ use super::reduce::{write_grads, Buckets, Reduction, Staging};
 use super::unit::{len64, total_padded, Gathered, OptimState, ParamShard, Partition, Unit, UnitBuild, UnitGrads, Via};
 use crate::comm::{Collectives, HostCopy, Pending, StepComm};
 use crate::metrics::clock::SharedClock;
-use crate::model::Model;
+use crate::model::{Model, WeightGrads};
 use crate::runtime::cuda::Gpu;
 use crate::runtime::shim;
 use zerobench_schema::schedule::{Phase, Schedule};
@@ -110,6 +110,8 @@ pub struct Engine {
     host_setup_ms: Option<f64>,
     /// Where waits for the host's updates are charged (the optimizer's time), when set.
     clock: Option<SharedClock>,
+    /// Whether the model's layers write their weights' gradients where `place_grads` puts them.
+    weight_grads: WeightGrads,
     /// The unit whose matrices' gradients backward's nodes are writing in place (`place_grads`),
     /// and the element of its buffer where the unit starts.
     placed: Option<(usize, usize)>,
@@ -229,6 +231,7 @@ impl Engine {
             hpz,
             host_setup_ms,
             clock: None,
+            weight_grads: model.weight_grads(),
             placed: None,
         })
     }
@@ -420,9 +423,11 @@ impl Engine {
     /// it when it becomes current), and a unit always fits in it (its capacity is a bucket plus
     /// the largest unit), so the place is the one `harvest` finds. Offloaded units are left to
     /// `harvest`: their buffers are copied to the host, and a delayed update may still read them.
+    /// Nothing is placed for models whose layers return their gradients to autograd (T5, Llama,
+    /// the MLP): no place would be taken.
     fn place_grads(&mut self, u: usize) -> Result<(), EngineError> {
         let unit = &self.units[u];
-        if matches!(unit.optim, OptimState::Host(_)) {
+        if self.weight_grads == WeightGrads::Returned || matches!(unit.optim, OptimState::Host(_)) {
             return Ok(());
         }
         let (buf, offset, accumulate) = match (&self.reduction, &unit.grads) {
