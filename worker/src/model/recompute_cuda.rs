@@ -434,31 +434,14 @@ impl NodeKernels {
         self.gpu.compute.cu_stream() as *mut c_void == stream
     }
 
-    /// The MLP's first product with the GELU in its epilogue ([`Epilogues::gelu_up`]).
-    fn gelu_up(
+    /// Runs `f` (a product of [`Epilogues`]) on the compute stream; declined where libcublasLt is
+    /// missing.
+    fn with_epilogues(
         &self,
-        x: &Tensor,
-        w1: &Tensor,
-        b1: &Tensor,
-        h: &Tensor,
-        a: &Tensor,
+        f: impl FnOnce(&Epilogues, *mut c_void) -> Result<bool, EpilogueError>,
     ) -> Result<Outcome, NodeKernelError> {
         let Some(e) = &self.epilogues else { return Ok(Outcome::Declined) };
-        Ok(Outcome::epilogue(e.gelu_up(x, w1, b1, h, a, self.gpu.compute.cu_stream().cast())?))
-    }
-
-    /// A sub-block's last product with the residual addition in its epilogue
-    /// ([`Epilogues::residual`]).
-    fn residual(
-        &self,
-        res: &Tensor,
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
-        out: &Tensor,
-    ) -> Result<Outcome, NodeKernelError> {
-        let Some(e) = &self.epilogues else { return Ok(Outcome::Declined) };
-        Ok(Outcome::epilogue(e.residual(res, x, w, b, out, self.gpu.compute.cu_stream().cast())?))
+        Ok(Outcome::epilogue(f(e, self.gpu.compute.cu_stream().cast())?))
     }
 
     /// `y = layer_norm(x) · gamma + beta` over rows of `cols`, with each row's mean and reciprocal
@@ -815,38 +798,29 @@ unsafe extern "C" fn gelu_backward_col_sum_cb(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn gelu_up_cb(
-    x: CTensor,
-    w1: CTensor,
-    b1: CTensor,
-    h: CTensor,
-    a: CTensor,
-    stream: *mut c_void,
-    err: *mut c_char,
-    cap: usize,
-) -> c_int {
-    answer(stream, err, cap, |k| {
-        // SAFETY: the shim passes live tensors.
-        let t = |p| unsafe { lent(p) };
-        k.gelu_up(&t(x), &t(w1), &t(b1), &t(h), &t(a))
-    })
+/// A callback of [`shim::FiveTensorFn`]'s form that hands its five tensors, in order, to
+/// `Epilogues::$method` (`NodeKernelFns` names the tensors).
+macro_rules! five_tensor_cb {
+    ($name:ident, $method:ident) => {
+        #[allow(clippy::too_many_arguments)]
+        unsafe extern "C" fn $name(
+            t0: CTensor,
+            t1: CTensor,
+            t2: CTensor,
+            t3: CTensor,
+            t4: CTensor,
+            stream: *mut c_void,
+            err: *mut c_char,
+            cap: usize,
+        ) -> c_int {
+            answer(stream, err, cap, |k| {
+                // SAFETY: the shim passes live tensors.
+                let t = |p| unsafe { lent(p) };
+                k.with_epilogues(|e, stream| e.$method(&t(t0), &t(t1), &t(t2), &t(t3), &t(t4), stream))
+            })
+        }
+    };
 }
 
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn residual_cb(
-    res: CTensor,
-    x: CTensor,
-    w: CTensor,
-    b: CTensor,
-    out: CTensor,
-    stream: *mut c_void,
-    err: *mut c_char,
-    cap: usize,
-) -> c_int {
-    answer(stream, err, cap, |k| {
-        // SAFETY: the shim passes live tensors.
-        let t = |p| unsafe { lent(p) };
-        k.residual(&t(res), &t(x), &t(w), &t(b), &t(out))
-    })
-}
+five_tensor_cb!(gelu_up_cb, gelu_up);
+five_tensor_cb!(residual_cb, residual);
