@@ -148,6 +148,16 @@ impl Report {
     }
 }
 
+/// A copy of the flat tensor `t` on the GPU that starts `shift` elements into its allocation
+/// (one past the boundary of the AdamW kernel's vector loads when `shift` is 1).
+fn shifted_copy(t: &Tensor, shift: i64) -> Tensor {
+    let n = t.numel() as i64;
+    let room = Tensor::zeros([n + shift], (t.kind(), Device::Cuda(0)));
+    let mut view = room.narrow(0, shift, n);
+    view.copy_(t);
+    view
+}
+
 fn adamw(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     let cuda = Device::Cuda(0);
     for grad_kind in [Kind::Float, Kind::BFloat16, Kind::Half] {
@@ -162,12 +172,7 @@ fn adamw(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
                 let master = (Tensor::randn([n], (Kind::Float, Device::Cpu)) * 0.02).contiguous();
                 let (m, v) = (master.zeros_like(), master.zeros_like());
                 // A copy on the device starting `shift` elements into its allocation.
-                let on_device = |t: &Tensor| {
-                    let room = Tensor::zeros([n + shift], (t.kind(), cuda));
-                    let mut view = room.narrow(0, shift, n);
-                    view.copy_(t);
-                    view
-                };
+                let on_device = |t: &Tensor| shifted_copy(t, shift);
                 let (dmaster, dm, dv) = (on_device(&master), on_device(&m), on_device(&v));
                 let mixed = grad_kind != Kind::Float;
                 let out = mixed.then(|| master.to_kind(grad_kind));
@@ -230,12 +235,7 @@ fn adamw_loads(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
             .map(|_| (Tensor::randn([n], (Kind::Float, Device::Cpu)) * 0.01).to_kind(grad_kind).to_device(cuda))
             .collect();
         let run = |shift: i64| {
-            let place = |t: &Tensor| {
-                let room = Tensor::zeros([n + shift], (t.kind(), cuda));
-                let mut view = room.narrow(0, shift, n);
-                view.copy_(t);
-                view
-            };
+            let place = |t: &Tensor| shifted_copy(t, shift);
             let (p, m, v) = (place(&master), place(&master.zeros_like()), place(&master.zeros_like()));
             let out = (grad_kind != Kind::Float).then(|| place(&master.to_kind(grad_kind)));
             for (t, g) in grads.iter().enumerate() {
