@@ -1,11 +1,11 @@
 """The shipped cost model on a build it was not fitted on: one host's sweep (`bench/gpu/run.sh
 costmodel`) at that build, priced by `zerobench ingest --cost-model` without refitting. Prints one
-JSON document (bench/results/costmodel-KIND-new-build-COMMIT.json): the mean absolute step and
-peak-memory errors over all runs, the runs without offload (those of fitted configurations and
-the held-out ones apart) and the offloaded ones, and every run. Written by
-bench/costmodel/check-build.sh.
+JSON document (bench/results/costmodel-KIND-new-build-COMMIT[-HOST].json): the mean absolute step
+and peak-memory errors over all runs, the runs without offload (those of fitted configurations and
+the held-out ones apart; those that kept the GPU busy and those set by the host apart) and the
+offloaded ones, and every run. Written by bench/costmodel/check-build.sh.
 
-usage: new_build.py PREDICTED.csv HOST.txt MODEL COMMIT SOURCE
+usage: new_build.py PREDICTED.csv RUNS.csv HOST.txt MODEL COMMIT SOURCE
 """
 import csv
 import json
@@ -14,8 +14,12 @@ import sys
 
 from results import header, mean_abs
 
-predicted, host_txt, model, commit, source = sys.argv[1:6]
+predicted, runs_csv, host_txt, model, commit, source = sys.argv[1:7]
 rows = [r for r in csv.DictReader(open(predicted)) if r["predicted_step_ms"]]
+# The GPU's mean utilisation over the measured steps (NVML), from ingest's run table: at 90% or
+# more a run is device-bound (costmodel/src/observation.rs, DEVICE_BOUND_UTIL_PCT), below it the
+# host issuing kernels sets its step.
+util = {r["run_id"]: float(r["gpu_util_pct_mean"]) for r in csv.DictReader(open(runs_csv)) if r["gpu_util_pct_mean"]}
 
 
 def summary(rs):
@@ -38,10 +42,13 @@ print(json.dumps({
         "without_offload": summary(plain),
         "without_offload_fitted_configurations": summary([r for r in plain if r["run_id"].startswith("cm-fit/")]),
         "without_offload_held_out_configurations": summary([r for r in plain if r["run_id"].startswith("cm-holdout/")]),
+        "without_offload_device_bound": summary([r for r in plain if util.get(r["run_id"], 0) >= 90]),
+        "without_offload_launch_bound": summary([r for r in plain if util.get(r["run_id"], 0) < 90]),
         "offloaded": summary([r for r in rows if r["offload"] != "none"]),
     },
     "runs": [{"run": r["run_id"], "step_ms": float(r["step_ms"]), "predicted_step_ms": float(r["predicted_step_ms"]),
               "step_error_pct": round(float(r["step_error_pct"]), 2),
-              "memory_error_pct": round(float(r["memory_error_pct"]), 2) if r["memory_error_pct"] else None}
+              "memory_error_pct": round(float(r["memory_error_pct"]), 2) if r["memory_error_pct"] else None,
+              "gpu_util_pct": util.get(r["run_id"])}
              for r in rows],
 }, indent=1))
