@@ -73,7 +73,8 @@ struct Key {
 }
 
 /// The descriptors and the algorithm of one [`Key`]; the bias and auxiliary pointers are set
-/// on the descriptor before each product.
+/// on the descriptor before each product. A descriptor not made yet is null, so that a plan
+/// whose making failed halfway destroys what it made.
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
     a: sys::cublasLtMatrixLayout_t,
@@ -84,12 +85,16 @@ struct Plan {
 
 impl Drop for Plan {
     fn drop(&mut self) {
-        // SAFETY: created by `Plan::new` and destroyed once, here.
+        // SAFETY: each non-null descriptor was created by `Plan::new` and is destroyed once, here.
         unsafe {
-            let _ = result::destroy_matrix_layout(self.a);
-            let _ = result::destroy_matrix_layout(self.b);
-            let _ = result::destroy_matrix_layout(self.d);
-            let _ = result::destroy_matmul_desc(self.desc);
+            for layout in [self.a, self.b, self.d] {
+                if !layout.is_null() {
+                    let _ = result::destroy_matrix_layout(layout);
+                }
+            }
+            if !self.desc.is_null() {
+                let _ = result::destroy_matmul_desc(self.desc);
+            }
         }
     }
 }
@@ -114,17 +119,21 @@ impl Plan {
         use sys::cublasLtMatmulPreferenceAttributes_t as P;
         let dtype = if key.bf16 { sys::cudaDataType::CUDA_R_16BF } else { sys::cudaDataType::CUDA_R_16F };
         let (m, n, k) = (key.m, key.n, key.k);
-        let desc =
-            result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
-        // A: w, [m × k] row-major, so [k × m] column-major, transposed; B: x, [k × T] column-major;
-        // C (the residual, or D itself) and D: [m × T] column-major.
         let mut plan = Plan {
-            desc,
-            a: result::create_matrix_layout(dtype, k, m, k as i64)?,
-            b: result::create_matrix_layout(dtype, k, n, k as i64)?,
-            d: result::create_matrix_layout(dtype, m, n, m as i64)?,
+            desc: std::ptr::null_mut(),
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            d: std::ptr::null_mut(),
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
         };
+        plan.desc =
+            result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
+        let desc = plan.desc;
+        // A: w, [m × k] row-major, so [k × m] column-major, transposed; B: x, [k × T] column-major;
+        // C (the residual, or D itself) and D: [m × T] column-major.
+        plan.a = result::create_matrix_layout(dtype, k, m, k as i64)?;
+        plan.b = result::create_matrix_layout(dtype, k, n, k as i64)?;
+        plan.d = result::create_matrix_layout(dtype, m, n, m as i64)?;
         let epilogue = match key.fused {
             Fused::GeluAux => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
             Fused::Residual => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
@@ -364,5 +373,24 @@ fn dims(t: &Tensor) -> [i64; 2] {
     match t.size()[..] {
         [r, c] => [r, c],
         _ => [0, 0],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plan whose making failed before its first descriptor holds only nulls, and dropping it
+    /// calls nothing in cuBLASLt. Where the library is absent (a CPU host), any call would load it
+    /// and panic.
+    #[test]
+    fn a_plan_made_of_nothing_destroys_nothing() {
+        drop(Plan {
+            desc: std::ptr::null_mut(),
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            d: std::ptr::null_mut(),
+            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+        });
     }
 }
