@@ -113,19 +113,24 @@ unsafe fn set_desc<T>(
 }
 
 impl Plan {
+    /// A plan before its first descriptor: every descriptor null, nothing to destroy.
+    fn unmade() -> Self {
+        Plan {
+            desc: std::ptr::null_mut(),
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            d: std::ptr::null_mut(),
+            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+        }
+    }
+
     /// The descriptors of `key`, and cuBLASLt's first algorithm for them; `None` when it has none.
     fn new(handle: sys::cublasLtHandle_t, key: Key) -> Result<Option<Self>, result::CublasError> {
         use sys::cublasLtMatmulDescAttributes_t as D;
         use sys::cublasLtMatmulPreferenceAttributes_t as P;
         let dtype = if key.bf16 { sys::cudaDataType::CUDA_R_16BF } else { sys::cudaDataType::CUDA_R_16F };
         let (m, n, k) = (key.m, key.n, key.k);
-        let mut plan = Plan {
-            desc: std::ptr::null_mut(),
-            a: std::ptr::null_mut(),
-            b: std::ptr::null_mut(),
-            d: std::ptr::null_mut(),
-            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
-        };
+        let mut plan = Plan::unmade();
         plan.desc =
             result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
         let desc = plan.desc;
@@ -385,12 +390,6 @@ mod tests {
     /// and panic.
     #[test]
     fn a_plan_made_of_nothing_destroys_nothing() {
-        drop(Plan {
-            desc: std::ptr::null_mut(),
-            a: std::ptr::null_mut(),
-            b: std::ptr::null_mut(),
-            d: std::ptr::null_mut(),
-            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
-        });
+        drop(Plan::unmade());
     }
 }
