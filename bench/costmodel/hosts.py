@@ -20,7 +20,7 @@ import subprocess
 import tarfile
 import tempfile
 
-BUSY_PCT = 90  # as `zerobench fit` splits runs (costmodel::observation::DEVICE_BOUND_UTIL_PCT)
+from results import DEVICE_BOUND_UTIL_PCT
 
 
 def one_gpu_without_host_work(row):
@@ -83,7 +83,7 @@ def main():
     device, launch = [], []
     for k in sorted(set(a) & set(b)):
         ratio = float(b[k]["step_ms_median"]) / float(a[k]["step_ms_median"])
-        busy = min(float(a[k]["gpu_util_pct_mean"] or 0), float(b[k]["gpu_util_pct_mean"] or 0)) >= BUSY_PCT
+        busy = min(float(a[k]["gpu_util_pct_mean"] or 0), float(b[k]["gpu_util_pct_mean"] or 0)) >= DEVICE_BOUND_UTIL_PCT
         (device if busy else launch).append((ratio, k))
     print(json.dumps({
         "benchmark": "bench/costmodel/hosts.py: one-GPU runs without host work, sweep b's median step over sweep a's",

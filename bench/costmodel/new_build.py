@@ -12,13 +12,11 @@ import json
 import statistics
 import sys
 
-from results import header, mean_abs
+from results import DEVICE_BOUND_UTIL_PCT, header, mean_abs
 
 predicted, runs_csv, host_txt, model, commit, source = sys.argv[1:7]
 rows = [r for r in csv.DictReader(open(predicted)) if r["predicted_step_ms"]]
-# The GPU's mean utilisation over the measured steps (NVML), from ingest's run table: at 90% or
-# more a run is device-bound (costmodel/src/observation.rs, DEVICE_BOUND_UTIL_PCT), below it the
-# host issuing kernels sets its step.
+# The GPU's mean utilisation over the measured steps (NVML), from ingest's run table.
 util = {r["run_id"]: float(r["gpu_util_pct_mean"]) for r in csv.DictReader(open(runs_csv)) if r["gpu_util_pct_mean"]}
 
 
@@ -42,8 +40,8 @@ print(json.dumps({
         "without_offload": summary(plain),
         "without_offload_fitted_configurations": summary([r for r in plain if r["run_id"].startswith("cm-fit/")]),
         "without_offload_held_out_configurations": summary([r for r in plain if r["run_id"].startswith("cm-holdout/")]),
-        "without_offload_device_bound": summary([r for r in plain if util.get(r["run_id"], 0) >= 90]),
-        "without_offload_launch_bound": summary([r for r in plain if util.get(r["run_id"], 0) < 90]),
+        "without_offload_device_bound": summary([r for r in plain if util.get(r["run_id"], 0) >= DEVICE_BOUND_UTIL_PCT]),
+        "without_offload_launch_bound": summary([r for r in plain if util.get(r["run_id"], 0) < DEVICE_BOUND_UTIL_PCT]),
         "offloaded": summary([r for r in rows if r["offload"] != "none"]),
     },
     "runs": [{"run": r["run_id"], "step_ms": float(r["step_ms"]), "predicted_step_ms": float(r["predicted_step_ms"]),

@@ -12,6 +12,8 @@ import statistics
 import subprocess
 import sys
 
+from results import DEVICE_BOUND_UTIL_PCT
+
 # The columns of ingest's runs table that name a configuration, as `zerobench predict` is given it:
 # runs that agree on all of them are repeats of one configuration.
 CONFIGURATION = ("model", "stage", "micro_batch", "seq_len", "gpus", "grad_accum", "offload")
@@ -84,8 +86,8 @@ def by_configuration(rows):
             "repeat_floor_pct": round(statistics.mean(spread), 1) if spread else None}
 
 
-device = [x for x in rows if x["gpu_util_pct"] >= 90]
-launch = [x for x in rows if not x["gpu_util_pct"] >= 90]
+device = [x for x in rows if x["gpu_util_pct"] >= DEVICE_BOUND_UTIL_PCT]
+launch = [x for x in rows if not x["gpu_util_pct"] >= DEVICE_BOUND_UTIL_PCT]
 v = fit["validation"]
 print(json.dumps({
     "benchmark": "cost model: k-fold validation on the fitted runs, and held-out runs predicted by `zerobench predict`",

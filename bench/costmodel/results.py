@@ -1,7 +1,14 @@
 """What the cost model's check scripts share: the head of every result file (the host the runs came
-from) and the one summary they all give, a mean absolute error."""
+from), the one summary they all give, a mean absolute error, and where a run counts as
+device-bound."""
 import datetime
 import statistics
+
+# A run whose GPU was busy this share of the time or more (NVML's mean utilisation over the
+# measured steps, in percent) is device-bound; below it the host issuing kernels sets its step.
+# `zerobench fit --validate` splits its errors by the same threshold
+# (costmodel/src/observation.rs, DEVICE_BOUND_UTIL_PCT).
+DEVICE_BOUND_UTIL_PCT = 90.0
 
 
 def header(benchmark, host_txt):
