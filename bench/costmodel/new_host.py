@@ -9,8 +9,9 @@ usage: new_host.py WITH/predicted.csv WITHOUT/predicted.csv KIND NEW_HOST SOURCE
 import csv
 import datetime
 import json
-import statistics
 import sys
+
+from results import mean_abs
 
 with_csv, without_csv, kind, host = sys.argv[1:5]
 sources = sys.argv[5:]
@@ -22,8 +23,7 @@ def read(path):
 
 
 def mape(rows, key):
-    v = [abs(float(r[key])) for r in rows]
-    return round(statistics.mean(v), 1) if v else None
+    return mean_abs(r[key] for r in rows)
 
 
 priced, blind = read(with_csv), read(without_csv)

@@ -12,7 +12,7 @@ import statistics
 import subprocess
 import sys
 
-from results import DEVICE_BOUND_UTIL_PCT
+from results import DEVICE_BOUND_UTIL_PCT, mean_abs
 
 # The columns of ingest's runs table that name a configuration, as `zerobench predict` is given it:
 # runs that agree on all of them are repeats of one configuration.
@@ -63,8 +63,7 @@ for r in csv.DictReader(open(runs_csv)):
 
 
 def mape(key, sel):
-    v = [abs(x[key]) for x in sel]
-    return round(sum(v) / len(v), 1) if v else None
+    return mean_abs(x[key] for x in sel)
 
 
 def by_configuration(rows):

@@ -171,7 +171,6 @@ fn adamw(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
                 tch::manual_seed(7);
                 let master = (Tensor::randn([n], (Kind::Float, Device::Cpu)) * 0.02).contiguous();
                 let (m, v) = (master.zeros_like(), master.zeros_like());
-                // A copy on the device starting `shift` elements into its allocation.
                 let on_device = |t: &Tensor| shifted_copy(t, shift);
                 let (dmaster, dm, dv) = (on_device(&master), on_device(&m), on_device(&v));
                 let mixed = grad_kind != Kind::Float;

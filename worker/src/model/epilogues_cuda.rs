@@ -258,7 +258,7 @@ impl Epilogues {
     ) -> Result<bool, EpilogueError> {
         // The auxiliary matrix's leading dimension must be a multiple of 8 and its address 16-byte
         // aligned (cuBLASLt's requirements).
-        let f = w1.size().first().copied().unwrap_or(0);
+        let f = dims(w1)[0];
         if f % 8 != 0 || alignment(h) < 16 || !is(h, x.kind(), &[dims(x)[0], f]) {
             return Ok(false);
         }
@@ -276,7 +276,7 @@ impl Epilogues {
         out: &Tensor,
         stream: *mut c_void,
     ) -> Result<bool, EpilogueError> {
-        let n = w.size().first().copied().unwrap_or(0);
+        let n = dims(w)[0];
         if !is(res, x.kind(), &[dims(x)[0], n]) {
             return Ok(false);
         }
@@ -295,7 +295,7 @@ impl Epilogues {
         out: &Tensor,
         stream: *mut c_void,
     ) -> Result<bool, EpilogueError> {
-        let (kind, [t, k], m) = (x.kind(), dims(x), w.size().first().copied().unwrap_or(0));
+        let (kind, [t, k], m) = (x.kind(), dims(x), dims(w)[0]);
         let bf16 = match kind {
             Kind::BFloat16 => true,
             Kind::Half => false,

@@ -148,7 +148,6 @@ impl Shape {
     }
 }
 
-/// A model the ZeRO engine can train.
 /// Where a model's layers leave their weights' gradients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightGrads {
@@ -159,6 +158,7 @@ pub enum WeightGrads {
     InPlace,
 }
 
+/// A model the ZeRO engine can train.
 pub trait Model {
     fn units(&self) -> &[UnitDef];
     fn segments(&self) -> &[Segment];

@@ -62,10 +62,10 @@ pub type LnForwardFn = unsafe extern "C" fn(
 ) -> c_int;
 
 /// The shim's `zb_node_kernels`: kernels its nodes ([`residual_linear`], [`ln_linear`],
-/// [`residual_ln_gelu_mlp`])
-/// call on CUDA tensors with libtorch's current stream, each returning 0 when it computed its
-/// outputs, 1 when it declines the tensors (the node then uses libtorch's operations) and -1 with
-/// a message in the buffer (`err`, `cap` bytes) when it failed (`model::recompute_cuda`).
+/// [`residual_ln_gelu_mlp`]) call on CUDA tensors with libtorch's current stream, each returning 0
+/// when it computed its outputs, 1 when it declines the tensors (the node then uses libtorch's
+/// operations) and -1 with a message in the buffer (`err`, `cap` bytes) when it failed
+/// (`model::recompute_cuda`).
 #[repr(C)]
 pub struct NodeKernelFns {
     /// The layer norm (forward and recomputed): `y`, `mean`, `rstd` from `x`, `gamma`, `beta`.
