@@ -3,8 +3,8 @@
 #   make setup   Debian packages + libtorch 2.11.0 from the PyPI wheels (idempotent)
 #   make build   release binaries: target/release/zerobench, target/release/zerobench-worker
 #   make env     the export lines a shell needs to run them:  eval "$(make -s env)"
-#   make test    cargo fmt --check and clippy -D warnings, then every test, against real MPI
-#                processes, real libtorch and a real local Slurm
+#   make test    cargo fmt --check, clippy and rustdoc -D warnings, then every test, against real
+#                MPI processes, real libtorch and a real local Slurm
 #   make demo    the main job: a small sweep end to end on this host, then its tables
 #   make mutants mutation testing of schema, launcher and ingest (cargo-mutants; hours)
 

@@ -9,10 +9,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# Style first, so a formatting or lint slip fails before the local Slurm starts (rustfmt.toml and
-# the workspace's [lints] say what the code follows).
+# Style first, so a formatting, lint or doc-link slip fails before the local Slurm starts
+# (rustfmt.toml and the workspace's [lints] say what the code follows).
 cargo fmt --all --check
 cargo clippy --release --locked --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --release --locked --workspace --no-deps
 
 if [ "$(id -u)" = 0 ]; then
   ZB_SLURM_DIR=$(mktemp -d /tmp/zerobench-slurm.XXXXXX)

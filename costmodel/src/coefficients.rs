@@ -11,7 +11,7 @@
 //! from a start that takes a run as launch-bound when its time per micro-step is within 10% of the
 //! fastest of its model, stage and GPU count (more work did not cost more time), and keeps the
 //! assignment and share with the smallest error. A family none of whose runs kept the GPU busy gets
-//! no device terms of its own ([`fit_micro`]).
+//! no device terms of its own (`fit_micro`).
 
 use std::collections::{BTreeMap, BTreeSet};
 

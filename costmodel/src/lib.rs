@@ -8,7 +8,7 @@
 //! * [`nnls`]: non-negative least squares, which fits them;
 //! * [`observation`]: a measured run as the fit takes it;
 //! * [`coefficients`]: the staged fit of one GPU kind's coefficients;
-//! * [`fit`]: one fit per GPU kind and precision, with its ranges and validation;
+//! * [`mod@fit`]: one fit per GPU kind and precision, with its ranges and validation;
 //! * [`validate`]: k-fold validation over configurations;
 //! * [`model`]: the versioned model file and prediction from it.
 //!

@@ -147,7 +147,7 @@ pub(crate) fn micro_ms(
     }
 }
 
-/// The coefficient of the GPU's window ([`offload_window_ms`]) that the host's share of an
+/// The coefficient of the GPU's window (`offload_window_ms`) that the host's share of an
 /// offloaded update hides behind (fitted on a grid from 0 to 1).
 pub const OFFLOAD_HIDDEN: &str = "offload.hidden_share";
 

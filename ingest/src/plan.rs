@@ -186,7 +186,7 @@ pub fn range_count(ranges: &[(u32, u32)]) -> u64 {
     ranges.iter().map(|(a, b)| u64::from(b - a) + 1).sum()
 }
 
-/// Ranges written as `0-3,5`, the first [`LISTED_RANGES`] of them and then how many more.
+/// Ranges written as `0-3,5`, the first `LISTED_RANGES` of them and then how many more.
 pub fn describe_ranges(ranges: &[(u32, u32)]) -> String {
     let mut parts: Vec<String> = ranges
         .iter()

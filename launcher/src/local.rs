@@ -6,7 +6,7 @@
 //!
 //! A run over its time limit, and the run going when `zerobench local` gets SIGINT, SIGTERM or
 //! SIGHUP, is stopped with every process under it ([`crate::proctree`]: mpirun's ranks may sit in
-//! process groups of their own): SIGTERM, then SIGKILL [`GRACE`] later to what is left. The
+//! process groups of their own): SIGTERM, then SIGKILL `GRACE` later to what is left. The
 //! worker answers SIGTERM by writing `error` and `end` records. An interrupted run is recorded as
 //! cancelled, and no further run starts.
 

@@ -73,7 +73,7 @@ pub struct Run {
     pub buffer_bytes: u64,
     pub host_state_bytes: u64,
     /// GPU offload runs: the offload ratio that balances the host's update against the GPU's
-    /// work and fits the GPU (see [`propose_offload_ratio`]); absent otherwise.
+    /// work and fits the GPU (see `propose_offload_ratio`); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proposed_offload_ratio: Option<f64>,
     /// Empty in a `run.json` rendered before zerobench planned communication.

@@ -4,7 +4,7 @@
 //! or at a TCP store: [`rendezvous`]), learns who it is and opens its log (a log folder that cannot be written stops the rank here, before any
 //! training); then the model and the ZeRO engine are built, and the steps run. Every record is
 //! flushed as it is written. A failure after the log is open is logged as an `error` record and
-//! an `end` record with the exit code that follows (see [`failure`]).
+//! an `end` record with the exit code that follows (see [`crate::failure`]).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};

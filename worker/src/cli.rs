@@ -77,7 +77,7 @@ pub struct Args {
     /// auto (CUDA when a GPU is visible), cpu or cuda.
     #[arg(long, default_value = "auto", value_parser = parse::<DeviceRequest>)]
     pub device: DeviceRequest,
-    /// Folder for rank<N>.jsonl.
+    /// Folder for `rank<N>.jsonl`.
     #[arg(long)]
     pub log_dir: PathBuf,
     /// Identifies the run in every log [default: generated on rank 0 and shared].
@@ -97,14 +97,14 @@ pub struct Args {
     /// [default: none].
     #[arg(long, default_value = "none")]
     pub launch_cpu: LaunchCpu,
-    /// Write a Chrome/Perfetto trace of the first measured steps to <log-dir>/trace-rank<N>.json.
+    /// Write a Chrome/Perfetto trace of the first measured steps to `<log-dir>/trace-rank<N>.json`.
     #[arg(long)]
     pub trace: bool,
     /// Log a per-module breakdown (parameters, FLOPs, forward and backward time) of this step.
     #[arg(long)]
     pub profile_step: Option<u32>,
     /// With --profile-step: record that step with libtorch's profiler too (every operator on the
-    /// host, every CUDA kernel and copy) into <log-dir>/torch-profile-rank<N>.json, a Chrome trace.
+    /// host, every CUDA kernel and copy) into `<log-dir>/torch-profile-rank<N>.json`, a Chrome trace.
     /// The profiler slows the step it records.
     #[arg(long, requires = "profile_step")]
     pub torch_profile: bool,

@@ -4,7 +4,7 @@
 //! scanned line by line; the lines of [`deepspeed`], [`hf_trainer`] and [`nvidia_smi`] formats
 //! are recognised and the rest ignored. A folder in which nothing is recognised is not a run.
 //!
-//! Which files make one run ([`group`]): one run per log file unless proven otherwise, because
+//! Which files make one run (`group`): one run per log file unless proven otherwise, because
 //! people keep one log per configuration in one folder (`ds_z2.log`, `ds_z3.log`).
 //! * A `run.json` in the folder says the folder is one run: every file is joined.
 //! * Otherwise each DeepSpeed or Trainer log's identity is read from its content (DeepSpeed's

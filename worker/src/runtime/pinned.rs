@@ -129,7 +129,7 @@ impl FaultBy {
 }
 
 /// Page-locks every (contiguous, CPU) tensor of `tensors` in place, after faulting in every page
-/// of them from the rank's threads ([`fault_in`]); what they hold is kept.
+/// of them from the rank's threads (`fault_in`); what they hold is kept.
 pub fn pin_all(gpu: &Gpu, tensors: &[&Tensor]) -> Result<Vec<Pinned>, PinError> {
     pin_copied(gpu, tensors, &[])
 }
@@ -201,7 +201,7 @@ pub fn populate(addr: usize, len: usize) -> Result<(), io::Error> {
     }
 }
 
-/// [`FaultBy::Write`] over `len` (> 0) bytes at `addr`: one byte per page from the first, and the
+/// `FaultBy::Write` over `len` (> 0) bytes at `addr`: one byte per page from the first, and the
 /// last byte (the range need not start on a page boundary). `examples/pin_bench` times it as the
 /// engine calls it.
 ///

@@ -17,6 +17,11 @@
 //! A rank that never arrives fails the others at the rendezvous timeout: rank 0's store waits that
 //! long for every rank to connect, the others that long for each value, and to reach rank 0 (the
 //! store's client tries twice, so at most twice that).
+//!
+//! [`RANK`]: crate::runtime::launch_env::RANK
+//! [`MASTER_PORT`]: crate::runtime::launch_env::MASTER_PORT
+//! [`AGENT_STORE`]: crate::runtime::launch_env::AGENT_STORE
+//! [`MPI_LAUNCHED`]: crate::runtime::launch_env::MPI_LAUNCHED
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::Arc;
