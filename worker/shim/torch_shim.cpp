@@ -113,6 +113,9 @@ struct zb_node_kernels {
   // out = res + x·wᵀ + b in one matrix product (cuBLASLt's bias epilogue with res as its C).
   int (*residual)(at::Tensor* res, at::Tensor* x, at::Tensor* w, at::Tensor* b, at::Tensor* out, void* stream,
                   char* err, size_t cap);
+  // out = a·b (+ bias along its rows where bias is not null), through cuBLASLt with the algorithm
+  // timed at the first product of each shape.
+  int (*matmul)(at::Tensor* a, at::Tensor* b, at::Tensor* bias, at::Tensor* out, void* stream, char* err, size_t cap);
 };
 std::atomic<const zb_node_kernels*> node_kernels{nullptr};
 
@@ -167,6 +170,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gelu_recompute_backward_and_bias(
 // cuBLASLt's epilogues are asked for 16-bit tensors only (fp32 keeps the kernels and libtorch's
 // operations).
 bool half_width(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+
+// a·b, plus bias along the rows where it is defined (a [r, k], b [k, c]; b is a weight's .t() view
+// in the forward products), written to out: through the registered product (cuBLASLt, its
+// algorithm timed at the first product of a shape) where it takes the tensors, else libtorch's.
+void product_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias = at::Tensor()) {
+  const auto* k = kernels_for(a);
+  if (k && half_width(a)) {
+    auto* pb = bias.defined() ? const_cast<at::Tensor*>(&bias) : nullptr;
+    if (ran(k, &zb_node_kernels::matmul, a, const_cast<at::Tensor*>(&a), const_cast<at::Tensor*>(&b), pb, &out)) return;
+  }
+  if (bias.defined()) {
+    at::addmm_out(out, bias, a, b);
+  } else {
+    at::mm_out(out, a, b);
+  }
+}
+
+// product_into a new tensor.
+at::Tensor product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias = at::Tensor()) {
+  auto out = at::empty({a.size(0), b.size(1)}, a.options());
+  product_into(out, a, b, bias);
+  return out;
+}
 
 // res + x·wᵀ + b over rows (x [T, k], res [T, n]): the addition in the product's epilogue where the
 // registered one takes the tensors, else libtorch's product with its bias and then the addition
@@ -251,13 +277,13 @@ std::unordered_map<const c10::TensorImpl*, GradInto> grad_into;
 at::Tensor weight_grad(const at::Tensor& w, const at::Tensor& a, const at::Tensor& b) {
   std::lock_guard<std::mutex> lock(grad_into_mutex);
   auto it = grad_into.find(w.unsafeGetTensorImpl());
-  if (it == grad_into.end()) return a.mm(b);
+  if (it == grad_into.end()) return product(a, b);
   auto& g = it->second;
   auto dest = g.buf.narrow(0, g.offset, w.numel()).view(w.sizes());
   if (g.accumulate || g.taken) {
     dest.addmm_(a, b);
   } else {
-    at::mm_out(dest, a, b);
+    product_into(dest, a, b);
   }
   g.taken = true;
   return at::Tensor();
@@ -278,7 +304,7 @@ struct ResidualLinear : torch::autograd::Function<ResidualLinear> {
     auto s = ctx->get_saved_variables();
     const auto &x = s[0], &w = s[1];
     auto gy = rows(grads[0]);
-    return {grads[0], gy.mm(w).view(x.sizes()), weight_grad(w, gy.t(), rows(x)), bias_grad(gy)};
+    return {grads[0], product(gy, w).view(x.sizes()), weight_grad(w, gy.t(), rows(x)), bias_grad(gy)};
   }
 };
 
@@ -289,7 +315,7 @@ struct LnLinear : torch::autograd::Function<LnLinear> {
     auto xn = std::get<0>(norm(x, gamma, beta, eps));
     ctx->save_for_backward({x, gamma, beta, w});
     ctx->saved_data["eps"] = eps;
-    return at::addmm(b, rows(xn), w.t()).view(with_last(x, w.size(0)));
+    return product(rows(xn), w.t(), b).view(with_last(x, w.size(0)));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -300,7 +326,7 @@ struct LnLinear : torch::autograd::Function<LnLinear> {
     auto gw = weight_grad(w, gy.t(), rows(xn));
     xn.reset();
     auto gb = bias_grad(gy);
-    auto gxn = gy.mm(w).view(x.sizes());
+    auto gxn = product(gy, w).view(x.sizes());
     auto [gx, ggamma, gbeta] = ln_backward(gxn, x, mean, rstd, gamma, beta);
     return {gx, ggamma, gbeta, gw, gb, at::Tensor()};
   }
@@ -325,13 +351,13 @@ struct ResidualLnGeluMlp : torch::autograd::Function<ResidualLnGeluMlp> {
     const auto &x = s[0], &gamma = s[1], &beta = s[2], &w1 = s[3], &w2 = s[4], &h = s[5];
     auto gy = rows(grads[0]);
     auto gb2 = bias_grad(gy);
-    auto [act, gh, gb1] = gelu_recompute_backward_and_bias(gy.mm(w2), rows(h));
+    auto [act, gh, gb1] = gelu_recompute_backward_and_bias(product(gy, w2), rows(h));
     auto gw2 = weight_grad(w2, gy.t(), act);
     act.reset();
     auto [xn, mean, rstd] = norm(x, gamma, beta, ctx->saved_data["eps"].toDouble());
     auto gw1 = weight_grad(w1, gh.t(), rows(xn));
     xn.reset();
-    auto gxn = gh.mm(w1).view(x.sizes());
+    auto gxn = product(gh, w1).view(x.sizes());
     gh.reset();
     // The residual's gradient joins the layer norm's (what autograd's sum of the two did).
     auto [gx, ggamma, gbeta] = ln_backward(gxn, x, mean, rstd, gamma, beta, grads[0]);

@@ -49,19 +49,26 @@ pub enum EpilogueError {
     Lt(#[from] result::CublasError),
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+    #[error("CUDA, timing cuBLASLt's algorithms: {0}")]
+    Cuda(#[from] cudarc::driver::DriverError),
 }
 
-/// What an epilogue does after the product `p = x·wᵀ`.
+/// What an epilogue does after the product `p = a·b`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Fused {
+    /// `p` as it is.
+    None,
+    /// `p + bias`.
+    Bias,
     /// `gelu_tanh(p + bias)`, with `p + bias` written to the auxiliary matrix.
     GeluAux,
     /// `p + bias + C`.
     Residual,
 }
 
-/// What picks a plan: the epilogue, the element type, the product's shape (`m × k` by `k × n`)
-/// and the alignment in bytes of A, B, C and D (cuBLASLt chooses its kernels by them).
+/// What picks a plan: the epilogue, the element type, the product's shape in cuBLASLt's terms
+/// (`op(A)`, `m × k`, by `op(B)`, `k × n`), whether A and B are transposed, and the alignment in
+/// bytes of A, B, C and D (cuBLASLt chooses its kernels by them).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 struct Key {
     fused: Fused,
@@ -69,10 +76,35 @@ struct Key {
     m: u64,
     n: u64,
     k: u64,
+    ta: bool,
+    tb: bool,
     align: [u32; 4],
 }
 
-/// The descriptors and the algorithm of one [`Key`]; the bias and auxiliary pointers are set
+/// How many algorithms of cuBLASLt's heuristic a plan times at its first product: in gpt2-xl's and
+/// gpt2's products on an H100 the heuristic offered 5-8, and the fastest was among them
+/// (`examples/gemm_algos`).
+const CANDIDATES: usize = 8;
+
+/// Each candidate's time is the least of this many rounds of [`TIMED_CALLS`] products.
+const TIMING_ROUNDS: usize = 3;
+const TIMED_CALLS: usize = 3;
+
+/// A candidate replaces the heuristic's first choice only when it is faster by this share: below
+/// it the timings' noise would pick a different algorithm on each run for nothing.
+const MARGIN: f32 = 0.02;
+
+/// The algorithm a plan runs.
+#[derive(Clone, Copy)]
+enum Choice {
+    /// The heuristic's first, until the plan's first product outside a CUDA graph's capture
+    /// times the candidates (a capture cannot wait for the device).
+    Untimed,
+    /// The fastest candidate, timed on the plan's first product.
+    Timed(usize),
+}
+
+/// The descriptors and the algorithms of one [`Key`]; the bias and auxiliary pointers are set
 /// on the descriptor before each product. A descriptor not made yet is null, so that a plan
 /// whose making failed halfway destroys what it made.
 struct Plan {
@@ -80,7 +112,9 @@ struct Plan {
     a: sys::cublasLtMatrixLayout_t,
     b: sys::cublasLtMatrixLayout_t,
     d: sys::cublasLtMatrixLayout_t,
-    algo: sys::cublasLtMatmulAlgo_t,
+    /// The heuristic's algorithms, its first choice first; never empty once made.
+    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
+    choice: Choice,
 }
 
 impl Drop for Plan {
@@ -120,11 +154,12 @@ impl Plan {
             a: std::ptr::null_mut(),
             b: std::ptr::null_mut(),
             d: std::ptr::null_mut(),
-            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+            candidates: Vec::new(),
+            choice: Choice::Untimed,
         }
     }
 
-    /// The descriptors of `key`, and cuBLASLt's first algorithm for them; `None` when it has none.
+    /// The descriptors of `key`, and cuBLASLt's algorithms for them; `None` when it has none.
     fn new(handle: sys::cublasLtHandle_t, key: Key) -> Result<Option<Self>, result::CublasError> {
         use sys::cublasLtMatmulDescAttributes_t as D;
         use sys::cublasLtMatmulPreferenceAttributes_t as P;
@@ -134,28 +169,35 @@ impl Plan {
         plan.desc =
             result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
         let desc = plan.desc;
-        // A: w, [m × k] row-major, so [k × m] column-major, transposed; B: x, [k × T] column-major;
-        // C (the residual, or D itself) and D: [m × T] column-major.
-        plan.a = result::create_matrix_layout(dtype, k, m, k as i64)?;
-        plan.b = result::create_matrix_layout(dtype, k, n, k as i64)?;
+        // Column-major layouts: a transposed A is stored `[k × m]`, a transposed B `[n × k]`; C (the
+        // residual, or D itself) and D are `[m × n]`.
+        let (ar, ac) = if key.ta { (k, m) } else { (m, k) };
+        let (br, bc) = if key.tb { (n, k) } else { (k, n) };
+        plan.a = result::create_matrix_layout(dtype, ar, ac, ar as i64)?;
+        plan.b = result::create_matrix_layout(dtype, br, bc, br as i64)?;
         plan.d = result::create_matrix_layout(dtype, m, n, m as i64)?;
         let epilogue = match key.fused {
+            Fused::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
+            Fused::Bias | Fused::Residual => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
             Fused::GeluAux => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
-            Fused::Residual => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
         };
         // SAFETY: each attribute gets a value of its documented type (cublasOperation_t and the
         // epilogue are 32-bit enums, the auxiliary matrix's leading dimension an int64).
         unsafe {
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?;
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?;
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &i32::from(key.ta))?;
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &i32::from(key.tb))?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
             if key.fused == Fused::GeluAux {
                 set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(m as i64))?;
             }
         }
         let pref = result::create_matmul_pref()?;
-        let found = (|| {
-            // SAFETY: as above: the workspace size is a uint64, the alignments uint32.
+        // SAFETY: an array of plain C structs, for which all zeros is a valid value.
+        let mut found = vec![unsafe { std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>() }; CANDIDATES];
+        let mut count = 0i32;
+        let status = (|| {
+            // SAFETY: as above: the workspace size is a uint64, the alignments uint32; `found`
+            // holds `CANDIDATES` results.
             unsafe {
                 let ws = WORKSPACE_BYTES as u64;
                 result::set_matmul_pref_attribute(
@@ -172,18 +214,42 @@ impl Plan {
                 ] {
                     result::set_matmul_pref_attribute(pref, attr, (&align as *const u32).cast(), 4)?;
                 }
-                result::get_matmul_algo_heuristic(handle, desc, plan.a, plan.b, plan.d, plan.d, pref)
+                sys::cublasLtMatmulAlgoGetHeuristic(
+                    handle,
+                    desc,
+                    plan.a,
+                    plan.b,
+                    plan.d,
+                    plan.d,
+                    pref,
+                    CANDIDATES as i32,
+                    found.as_mut_ptr(),
+                    &mut count,
+                )
+                .result()
             }
         })();
         // SAFETY: created above, used only by the query.
         unsafe { result::destroy_matmul_pref(pref) }?;
-        match found {
-            Ok(h) => {
-                plan.algo = h.algo;
-                Ok(Some(plan))
-            }
-            Err(result::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => Ok(None),
-            Err(e) => Err(e),
+        match status {
+            Ok(()) => {}
+            Err(result::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        found.truncate(usize::try_from(count).unwrap_or(0));
+        plan.candidates = found
+            .into_iter()
+            .filter(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .map(|h| h.algo)
+            .collect();
+        Ok((!plan.candidates.is_empty()).then_some(plan))
+    }
+
+    /// The algorithm the plan runs now.
+    fn algo(&self) -> &sys::cublasLtMatmulAlgo_t {
+        match self.choice {
+            Choice::Untimed => &self.candidates[0],
+            Choice::Timed(i) => &self.candidates[i],
         }
     }
 }
@@ -233,6 +299,69 @@ fn is(t: &Tensor, kind: Kind, shape: &[i64]) -> bool {
     t.kind() == kind && t.size() == shape && t.is_contiguous()
 }
 
+/// How a row-major operand `[r × c]` lies in memory: rows of `c` (contiguous), or the transpose
+/// of a contiguous `[c × r]` (a `.t()` view, as libtorch's linear layers pass their weights).
+/// `None` for anything else.
+fn lies(t: &Tensor, kind: Kind) -> Option<Lies> {
+    let ([r, c], strides) = (dims(t), t.stride());
+    if t.kind() != kind || t.size().len() != 2 || r == 0 || c == 0 {
+        return None;
+    }
+    match strides[..] {
+        [sr, 1] if sr == c || r == 1 => Some(Lies::Rows),
+        [1, sc] if sc == r || c == 1 => Some(Lies::Transposed),
+        _ => None,
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Lies {
+    Rows,
+    Transposed,
+}
+
+/// Milliseconds per product of `run` on `stream`: the least of [`TIMING_ROUNDS`] rounds of
+/// [`TIMED_CALLS`], between two events.
+fn time_ms(stream: *mut c_void, mut run: impl FnMut() -> Result<(), result::CublasError>) -> Result<f32, EpilogueError> {
+    use cudarc::driver::result::event;
+    let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+    let (start, end) = (event::create(flags)?, event::create(flags)?);
+    let timed = (|| {
+        let mut best = f32::INFINITY;
+        run()?;
+        for _ in 0..TIMING_ROUNDS {
+            // SAFETY: the events were made above and `stream` is the caller's live stream.
+            unsafe { event::record(start, stream.cast()) }?;
+            for _ in 0..TIMED_CALLS {
+                run()?;
+            }
+            // SAFETY: as above.
+            let ms = unsafe {
+                event::record(end, stream.cast())?;
+                event::synchronize(end)?;
+                event::elapsed(start, end)?
+            };
+            best = best.min(ms / TIMED_CALLS as f32);
+        }
+        Ok::<_, EpilogueError>(best)
+    })();
+    // SAFETY: made above; nothing waits on them any more (`synchronize` returned, or an error
+    // ended the timing, after which they are only destroyed).
+    unsafe {
+        let _ = event::destroy(start);
+        let _ = event::destroy(end);
+    }
+    timed
+}
+
+/// Whether `stream` is being captured into a CUDA graph (where nothing may wait for the device).
+fn capturing(stream: *mut c_void) -> Result<bool, EpilogueError> {
+    use cudarc::driver::sys::CUstreamCaptureStatus as S;
+    // SAFETY: `stream` is the caller's live stream.
+    let status = unsafe { cudarc::driver::result::stream::is_capturing(stream.cast()) }?;
+    Ok(status != S::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 impl Epilogues {
     /// A cuBLASLt handle for CUDA device `ordinal`; `None` where libcublasLt cannot be loaded.
     pub fn new(ordinal: usize) -> Result<Option<Self>, EpilogueError> {
@@ -259,10 +388,10 @@ impl Epilogues {
         // The auxiliary matrix's leading dimension must be a multiple of 8 and its address 16-byte
         // aligned (cuBLASLt's requirements).
         let f = dims(w1)[0];
-        if f % 8 != 0 || alignment(h) < 16 || !is(h, x.kind(), &[dims(x)[0], f]) {
+        if f % 8 != 0 || alignment(h) < 16 || !is(h, x.kind(), &[dims(x)[0], f]) || !w1.is_contiguous() {
             return Ok(false);
         }
-        self.product(Fused::GeluAux, x, w1, b1, Side::Aux(h), a, stream)
+        self.product(Fused::GeluAux, x, &w1.tr(), Some(b1), Side::Aux(h), a, stream)
     }
 
     /// `out = res + x·wᵀ + b` in one product, on `stream`: `x` is `[T × k]`, `w` `[n × k]`, `b`
@@ -277,46 +406,79 @@ impl Epilogues {
         stream: *mut c_void,
     ) -> Result<bool, EpilogueError> {
         let n = dims(w)[0];
-        if !is(res, x.kind(), &[dims(x)[0], n]) {
+        if !is(res, x.kind(), &[dims(x)[0], n]) || !w.is_contiguous() {
             return Ok(false);
         }
-        self.product(Fused::Residual, x, w, b, Side::Residual(res), out, stream)
+        self.product(Fused::Residual, x, &w.tr(), Some(b), Side::Residual(res), out, stream)
     }
 
-    /// `out = epilogue(x·wᵀ + b)` with the epilogue's other matrix `side`.
+    /// `out = a·b`, plus `bias` along its rows where given, on `stream`: `a` is `[r × k]`, `b`
+    /// `[k × c]`, each rows of its own or the transpose of a contiguous matrix (a `.t()` view),
+    /// `bias` `[c]` and `out` `[r × c]` contiguous, all of one 16-bit kind, `out` apart from the
+    /// others. `false` (nothing written) for tensors it does not take.
+    pub fn matmul(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        bias: Option<&Tensor>,
+        out: &Tensor,
+        stream: *mut c_void,
+    ) -> Result<bool, EpilogueError> {
+        let fused = if bias.is_some() { Fused::Bias } else { Fused::None };
+        self.product(fused, a, b, bias, Side::None, out, stream)
+    }
+
+    /// `out = epilogue(a·b + bias)` with the epilogue's other matrix `side`. In cuBLASLt's
+    /// column-major terms the row-major `out = a·b` is `outᵀ = bᵀ·aᵀ`: cuBLASLt's A is `b`, its
+    /// B is `a`, and a row-major matrix is the column-major transpose of itself.
     #[allow(clippy::too_many_arguments)]
     fn product(
         &self,
         fused: Fused,
-        x: &Tensor,
-        w: &Tensor,
+        a: &Tensor,
         b: &Tensor,
+        bias: Option<&Tensor>,
         side: Side<'_>,
         out: &Tensor,
         stream: *mut c_void,
     ) -> Result<bool, EpilogueError> {
-        let (kind, [t, k], m) = (x.kind(), dims(x), dims(w)[0]);
+        let kind = a.kind();
         let bf16 = match kind {
             Kind::BFloat16 => true,
             Kind::Half => false,
             _ => return Ok(false),
         };
-        let fits = is(x, kind, &[t, k]) && is(w, kind, &[m, k]) && is(b, kind, &[m]) && is(out, kind, &[t, m]);
-        // The bias 16-byte aligned (cuBLASLt's requirement), and nothing empty.
-        if !fits || t == 0 || k == 0 || m == 0 || alignment(b) < 16 {
+        let ([r, k], [k2, c]) = (dims(a), dims(b));
+        let (Some(la), Some(lb)) = (lies(a, kind), lies(b, kind)) else { return Ok(false) };
+        if k != k2 || !is(out, kind, &[r, c]) {
             return Ok(false);
         }
-        let (c, beta, aux) = match side {
+        // The bias 16-byte aligned (cuBLASLt's requirement).
+        if let Some(bias) = bias {
+            if !is(bias, kind, &[c]) || alignment(bias) < 16 {
+                return Ok(false);
+            }
+        }
+        let (cm, beta, aux) = match side {
+            Side::None => (out, 0f32, None),
             Side::Aux(h) => (out, 0f32, Some(h)),
             Side::Residual(res) => (res, 1f32, None),
         };
+        // The candidates are timed writing `out` (and the auxiliary matrix): none of them may be
+        // an input, or a later candidate would read what an earlier one wrote.
+        let inputs = [Some(a), Some(b), bias, (beta != 0.0).then_some(cm)];
+        if inputs.iter().flatten().any(|t| overlaps(t, out) || aux.is_some_and(|h| overlaps(t, h))) {
+            return Ok(false);
+        }
         let key = Key {
             fused,
             bf16,
-            m: m as u64,
-            n: t as u64,
+            m: c as u64,
+            n: r as u64,
             k: k as u64,
-            align: [alignment(w), alignment(x), alignment(c), alignment(out)],
+            ta: lb == Lies::Transposed,
+            tb: la == Lies::Transposed,
+            align: [alignment(b), alignment(a), alignment(cm), alignment(out)],
         };
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let handle = state.handle;
@@ -331,44 +493,72 @@ impl Epilogues {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => e.insert(Plan::new(handle, key)?),
         };
-        let Some(plan) = plan.as_ref() else { return Ok(false) };
-        let bias_ptr = b.data_ptr();
+        let Some(plan) = plan.as_mut() else { return Ok(false) };
+        let bias_ptr = bias.map_or(std::ptr::null_mut(), |b| b.data_ptr());
         let alpha = 1f32;
-        // SAFETY: the tensors were checked above to hold the matrices the plan describes and are
-        // alive for the call; the product runs on `stream`, in its order, as libtorch's would; the
-        // workspace is `WORKSPACE_BYTES` on the same device.
-        unsafe {
-            use sys::cublasLtMatmulDescAttributes_t as D;
-            set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr)?;
-            if let Some(h) = aux {
-                set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &h.data_ptr())?;
+        let run = |plan: &Plan, algo: &sys::cublasLtMatmulAlgo_t| {
+            // SAFETY: the tensors were checked above to hold the matrices the plan describes and
+            // are alive for the call; the product runs on `stream`, in its order, as libtorch's
+            // would; the workspace is `WORKSPACE_BYTES` on the same device.
+            unsafe {
+                use sys::cublasLtMatmulDescAttributes_t as D;
+                if fused != Fused::None {
+                    set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr)?;
+                }
+                if let Some(h) = aux {
+                    set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &h.data_ptr())?;
+                }
+                result::matmul(
+                    handle,
+                    plan.desc,
+                    (&alpha as *const f32).cast(),
+                    (&beta as *const f32).cast(),
+                    b.data_ptr(),
+                    plan.a,
+                    a.data_ptr(),
+                    plan.b,
+                    cm.data_ptr(),
+                    plan.d,
+                    out.data_ptr(),
+                    plan.d,
+                    algo,
+                    workspace,
+                    WORKSPACE_BYTES,
+                    stream.cast(),
+                )
             }
-            result::matmul(
-                handle,
-                plan.desc,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
-                w.data_ptr(),
-                plan.a,
-                x.data_ptr(),
-                plan.b,
-                c.data_ptr(),
-                plan.d,
-                out.data_ptr(),
-                plan.d,
-                &plan.algo,
-                workspace,
-                WORKSPACE_BYTES,
-                stream.cast(),
-            )?;
+        };
+        if matches!(plan.choice, Choice::Untimed) && plan.candidates.len() > 1 && !capturing(stream)? {
+            let mut times = Vec::with_capacity(plan.candidates.len());
+            for algo in &plan.candidates {
+                times.push(time_ms(stream, || run(plan, algo))?);
+            }
+            let fastest = (0..times.len()).min_by(|&i, &j| times[i].total_cmp(&times[j])).unwrap_or(0);
+            let chosen = if times[fastest] < times[0] * (1.0 - MARGIN) { fastest } else { 0 };
+            tracing::debug!(?key, ?times, chosen, "cuBLASLt algorithms timed");
+            plan.choice = Choice::Timed(chosen);
         }
+        // The chosen algorithm writes the result last, whatever the timing ran.
+        run(plan, plan.algo())?;
         Ok(true)
     }
 }
 
-/// The epilogue's matrix beside the output: the GELU's input it writes, or the residual it adds
-/// (cuBLASLt's `C`, with the output's layout).
+/// Whether the memory of `t` and `u` overlaps (each from its first element's address to its last's).
+fn overlaps(t: &Tensor, u: &Tensor) -> bool {
+    let span = |t: &Tensor| {
+        let start = t.data_ptr() as usize;
+        let last = t.size().iter().zip(t.stride()).map(|(&n, s)| (n.max(1) - 1) * s).sum::<i64>();
+        (start, start + (last as usize + 1) * t.kind().elt_size_in_bytes())
+    };
+    let ((s1, e1), (s2, e2)) = (span(t), span(u));
+    s1 < e2 && s2 < e1
+}
+
+/// The epilogue's matrix beside the output: none, the GELU's input it writes, or the residual it
+/// adds (cuBLASLt's `C`, with the output's layout).
 enum Side<'a> {
+    None,
     Aux(&'a Tensor),
     Residual(&'a Tensor),
 }

@@ -373,10 +373,11 @@ enum Outcome {
 }
 
 impl Outcome {
-    /// The outcome of a product with an epilogue, counted apart ([`epilogue_products`]).
-    fn epilogue(ran: bool) -> Self {
+    /// The outcome of a product through cuBLASLt, counted in `counter` ([`epilogue_products`],
+    /// [`plain_products`]).
+    fn product(ran: bool, counter: &AtomicU64) -> Self {
         if ran {
-            EPILOGUE_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+            counter.fetch_add(1, Ordering::Relaxed);
             Outcome::Done
         } else {
             Outcome::Declined
@@ -434,14 +435,15 @@ impl NodeKernels {
         self.gpu.compute.cu_stream() as *mut c_void == stream
     }
 
-    /// Runs `f` (a product of [`Epilogues`]) on the compute stream; declined where libcublasLt is
-    /// missing.
+    /// Runs `f` (a product of [`Epilogues`]) on the compute stream, counted in `counter`;
+    /// declined where libcublasLt is missing.
     fn with_epilogues(
         &self,
+        counter: &AtomicU64,
         f: impl FnOnce(&Epilogues, *mut c_void) -> Result<bool, EpilogueError>,
     ) -> Result<Outcome, NodeKernelError> {
         let Some(e) = &self.epilogues else { return Ok(Outcome::Declined) };
-        Ok(Outcome::epilogue(f(e, self.gpu.compute.cu_stream().cast())?))
+        Ok(Outcome::product(f(e, self.gpu.compute.cu_stream().cast())?, counter))
     }
 
     /// `y = layer_norm(x) · gamma + beta` over rows of `cols`, with each row's mean and reciprocal
@@ -632,10 +634,19 @@ static DECLINED: AtomicU64 = AtomicU64::new(0);
 /// Of them, the products with cuBLASLt's epilogues.
 static EPILOGUE_PRODUCTS: AtomicU64 = AtomicU64::new(0);
 
+/// Of them, the products without an epilogue of their own (a bias at most) through cuBLASLt.
+static PLAIN_PRODUCTS: AtomicU64 = AtomicU64::new(0);
+
 /// How many of the nodes' calls ran a product with cuBLASLt's epilogues since start (the GPU
 /// self-check holds that GPT-2's nodes use them).
 pub fn epilogue_products() -> u64 {
     EPILOGUE_PRODUCTS.load(Ordering::Relaxed)
+}
+
+/// How many of the nodes' other products (the forward's with a bias at most, the backward's) ran
+/// through cuBLASLt since start.
+pub fn plain_products() -> u64 {
+    PLAIN_PRODUCTS.load(Ordering::Relaxed)
 }
 
 /// Whether the products with epilogues are available (libcublasLt loaded).
@@ -672,6 +683,7 @@ pub fn install(gpu: &Arc<Gpu>) {
                     gelu_backward_col_sum: Some(gelu_backward_col_sum_cb),
                     gelu_up: Some(gelu_up_cb),
                     residual: Some(residual_cb),
+                    matmul: Some(matmul_cb),
                 });
             }
         }
@@ -798,6 +810,25 @@ unsafe extern "C" fn gelu_backward_col_sum_cb(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn matmul_cb(
+    a: CTensor,
+    b: CTensor,
+    bias: CTensor,
+    out: CTensor,
+    stream: *mut c_void,
+    err: *mut c_char,
+    cap: usize,
+) -> c_int {
+    answer(stream, err, cap, |k| {
+        // SAFETY: the shim passes live tensors.
+        let t = |p| unsafe { lent(p) };
+        // The bias is optional: a null pointer when there is none.
+        let bias = (!bias.is_null()).then(|| t(bias));
+        k.with_epilogues(&PLAIN_PRODUCTS, |e, stream| e.matmul(&t(a), &t(b), bias.as_ref(), &t(out), stream))
+    })
+}
+
 /// A callback of [`shim::FiveTensorFn`]'s form that hands its five tensors, in order, to
 /// `Epilogues::$method` (`NodeKernelFns` names the tensors).
 macro_rules! five_tensor_cb {
@@ -816,7 +847,9 @@ macro_rules! five_tensor_cb {
             answer(stream, err, cap, |k| {
                 // SAFETY: the shim passes live tensors.
                 let t = |p| unsafe { lent(p) };
-                k.with_epilogues(|e, stream| e.$method(&t(t0), &t(t1), &t(t2), &t(t3), &t(t4), stream))
+                k.with_epilogues(&EPILOGUE_PRODUCTS, |e, stream| {
+                    e.$method(&t(t0), &t(t1), &t(t2), &t(t3), &t(t4), stream)
+                })
             })
         }
     };

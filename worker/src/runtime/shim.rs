@@ -38,7 +38,8 @@ pub type LnBackwardFn = unsafe extern "C" fn(
 /// A kernel of one input and one output tensor: `(input, output, stream, err, cap)`.
 pub type TwoTensorFn = unsafe extern "C" fn(CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
 
-/// The GELU's fused backward kernel, as [`NodeKernelFns::gelu_backward_col_sum`] describes it.
+/// A kernel of four tensors: the GELU's fused backward ([`NodeKernelFns::gelu_backward_col_sum`])
+/// and the matrix product ([`NodeKernelFns::matmul`]).
 pub type GeluBackwardFn =
     unsafe extern "C" fn(CTensor, CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
 
@@ -84,6 +85,9 @@ pub struct NodeKernelFns {
     pub gelu_up: Option<FiveTensorFn>,
     /// `(res, x, w, b, out, stream, err, cap)`: `out` = `res + x·wᵀ + b`.
     pub residual: Option<FiveTensorFn>,
+    /// `(a, b, bias, out, stream, err, cap)`: `out` = `a·b`, plus `bias` along its rows where
+    /// `bias` is not null.
+    pub matmul: Option<GeluBackwardFn>,
 }
 
 extern "C" {
