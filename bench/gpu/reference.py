@@ -1,8 +1,10 @@
 """The PyTorch reference zerobench is compared with: a nanoGPT-style GPT-2 (same shapes as
 zerobench's presets: vocabulary 50257, 1024 positions, pre-LN blocks with biases, tanh GELU, causal
 scaled-dot-product attention, tied LM head) trained in bf16 with fused AdamW, on one GPU eagerly
-(`--mode eager`) or through torch.compile (`--mode compile`, and `--mode compile-reduce-overhead`,
-which replays forward and backward from CUDA graphs), with DDP (`--mode ddp`) or with
+(`--mode eager`) or through torch.compile (`--mode compile`; `--mode compile-reduce-overhead`,
+which replays forward and backward from CUDA graphs; `--mode compile-max-autotune`, which also
+times its matrix products' candidate kernels, Triton's and cuBLAS's, at compile time and keeps the
+fastest, as zerobench times cuBLASLt's algorithms), with DDP (`--mode ddp`) or with
 FSDP2's `fully_shard` per block (`--mode fsdp2`), through DeepSpeed's ZeRO at a stage
 (`--mode deepspeed --stage N`: bf16, DeepSpeed's own AdamW (FusedAdam, JIT-built on first use),
 overlap_comm and contiguous_gradients, its default bucket sizes), or through DeepSpeed's ZeRO
@@ -88,8 +90,8 @@ class GPT(nn.Module):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["eager", "compile", "compile-reduce-overhead", "ddp", "fsdp2", "deepspeed",
-                                       "deepspeed-offload"],
+    ap.add_argument("--mode", choices=["eager", "compile", "compile-reduce-overhead", "compile-max-autotune", "ddp",
+                                       "fsdp2", "deepspeed", "deepspeed-offload"],
                     required=True)
     ap.add_argument("--stage", type=int, choices=[0, 1, 2, 3], default=2, help="ZeRO stage of --mode deepspeed")
     ap.add_argument("--no-pad-head", dest="pad_head", action="store_false")
@@ -100,7 +102,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     a = ap.parse_args()
 
-    distributed = a.mode not in ("eager", "compile", "compile-reduce-overhead")
+    distributed = a.mode not in ("eager", "compile", "compile-reduce-overhead", "compile-max-autotune")
+    # The compiled modes that replay CUDA graphs (max-autotune does too).
+    graphs = a.mode in ("compile-reduce-overhead", "compile-max-autotune")
     if distributed:
         dist.init_process_group("nccl")
         rank, world, local = dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"])
@@ -181,10 +185,12 @@ def main():
         # torch.compile replaying forward and backward from CUDA graphs (what zerobench's
         # --cuda-graph does; the optimizer step stays outside the graphs there too).
         model = torch.compile(model, mode="reduce-overhead")
+    elif a.mode == "compile-max-autotune":
+        model = torch.compile(model, mode="max-autotune")
     gen = torch.Generator(device=dev).manual_seed(1234 + rank)
 
     def step():
-        if a.mode == "compile-reduce-overhead":
+        if graphs:
             # A new iteration: the graphs may overwrite the last one's outputs.
             torch.compiler.cudagraph_mark_step_begin()
         data = torch.randint(0, VOCAB, (a.micro_batch, a.seq_len + 1), device=dev, generator=gen)
@@ -201,7 +207,7 @@ def main():
     for i in range(a.steps):
         # The peak over the measured steps; with CUDA graphs over the whole run, since replays
         # allocate nothing and their memory was allocated while recording, in the warm-up.
-        if i == a.warmup and a.mode != "compile-reduce-overhead":
+        if i == a.warmup and not graphs:
             torch.cuda.reset_peak_memory_stats(dev)
         torch.cuda.synchronize(dev)
         t0 = time.perf_counter()

@@ -61,6 +61,7 @@
 #                worker in --bin and the one in BASE_BIN, every step's loss compared; writes
 #                same-losses.json (a second run of BASE_BIN on two of them gives the run-to-run
 #                spread); SL_MATCH (a grep pattern) keeps the cases whose names match
+#   gemm-algos   one GPU: every cuBLASLt algorithm for the products of one gpt2-xl and one gpt2 step
 #   step-ab      one GPU (AB_GPUS: more): the step-time targets' configurations (AB_CASES, MODEL:MICRO_BATCH:STAGE:eager|graph)
 #                with this build and the one in BASE_BIN alternating (AB_REPS rounds); AB_PROFILE=1
 #                adds a profiled gpt2 and gpt2-xl step of each; writes step-ab.json (bench/gpu/report_ab.py)
@@ -201,7 +202,7 @@ build_worker() { if [ "$1" = base ]; then echo "$BASE_BIN/zerobench-worker"; els
 reference() {
   local name=$1 np=$2; shift 2
   local t0=$SECONDS
-  if [ "$np" = 1 ] && [ "$1" = "--mode" ] && [[ "$2" =~ ^(eager|compile|compile-reduce-overhead)$ ]]; then
+  if [ "$np" = 1 ] && [ "$1" = "--mode" ] && [[ "$2" =~ ^(eager|compile|compile-reduce-overhead|compile-max-autotune)$ ]]; then
     timeout "${WORKER_TIMEOUT:-900}" python3 bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
   else
     timeout "${WORKER_TIMEOUT:-900}" torchrun --standalone --nproc_per_node="$np" bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
@@ -843,6 +844,15 @@ PY
             *) reference "ref_${m}_${ref}_1gpu" 1 --mode "$ref" --model "$m" --micro-batch "$mb" --steps 20 --warmup 4 ;;
           esac
         done
+      done ;;
+    gemm-algos)
+      # Every algorithm cuBLASLt's heuristic offers for the products of one step of gpt2-xl
+      # (micro-batch 4) and gpt2 (16), sequence 1024, against its first choice and libtorch's call
+      # (examples/gemm_algos); bench/gpu/report_gemm_algos.py reads it.
+      for m in "gpt2-xl 4096" "gpt2 16384"; do
+        set -- $m
+        "$BIN/examples/gemm_algos" "$1" "$2" > "$RUNS/gemm_algos_$1.jsonl" 2> "$RUNS/gemm_algos_$1.err"
+        log "gemm_algos $1: rc=$? $(tail -n 1 "$RUNS/gemm_algos_$1.jsonl")"
       done ;;
     eager)
       reference ref_gpt2_eager_1gpu 1 --mode eager --model gpt2 --micro-batch 16

@@ -361,7 +361,7 @@ fn main() {
                 "epilogue": format!("{:?}", p.epi), "algos": rows.len(), "differing_algos": bad,
                 "torch_us": torch_us, "first_us": first_us, "best_us": best_us, "best_index": best.0,
                 "today_us": today_us, "best_over_today": best_us.min(today_us) / today_us,
-                "best_tflops": gflop / best_us * 1e-3,
+                "best_tflops": gflop / best_us * 1e3,
                 "all_us": rows.iter().map(|r| r.1).collect::<Vec<_>>(),
             })
         );
@@ -372,7 +372,7 @@ fn main() {
             "summary": true, "model": model, "tokens": tokens,
             "today_ms": today_ms, "heuristic_first_ms": first_ms, "torch_ms": torch_ms, "best_ms": best_ms,
             "best_over_today": best_ms / today_ms, "gflop": flops,
-            "today_tflops": flops / today_ms * 1e-3, "best_tflops": flops / best_ms * 1e-3,
+            "today_tflops": flops / today_ms, "best_tflops": flops / best_ms,
         })
     );
 }

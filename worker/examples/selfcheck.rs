@@ -50,11 +50,11 @@
 //!   recomputed (the normalised input, the layer norm's statistics, the GELU's output): in bf16
 //!   the plain operations hold 1 MiB more than their tensors at this shape, which the node's
 //!   figure shares. In 16 bits the MLP's two products must run with cuBLASLt's epilogues
-//!   (`model::epilogues_cuda`): the GELU after the first, the residual addition in the second;
+//!   (`model::products_cuda`): the GELU after the first, the residual addition in the second;
 //!   and every other product of the nodes through cuBLASLt as well (the backward's, and
 //!   `ln_linear`'s forward with its bias).
 //! * `lt_products`: the nodes' plain products through cuBLASLt, its algorithm timed at a shape's
-//!   first product (`Epilogues::matmul`), each operand as rows or a `.t()` view, with and
+//!   first product (`LtProducts::matmul`), each operand as rows or a `.t()` view, with and
 //!   without a bias, against libtorch's product in bf16 within 1e-2 relative (normwise); the
 //!   second product of a shape gives the first one's bits; an output that is also an input, and
 //!   fp32 operands, are declined.
@@ -456,13 +456,13 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     }
 }
 
-/// The nodes' plain products through cuBLASLt (`Epilogues::matmul`), each operand as rows or as a
+/// The nodes' plain products through cuBLASLt (`LtProducts::matmul`), each operand as rows or as a
 /// `.t()` view, with and without a bias, against libtorch's product: within 1e-2 relative
 /// (normwise) in bf16; a second product of the same shape (its algorithm now timed and chosen)
 /// gives the first one's bits; an output that is also an input, and fp32, are declined.
 fn lt_products(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
-    use zerobench_worker::model::epilogues_cuda::Epilogues;
-    let e = Epilogues::new(gpu.ordinal).expect("cuBLASLt").expect("libcublasLt loads");
+    use zerobench_worker::model::products_cuda::LtProducts;
+    let e = LtProducts::new(gpu.ordinal).expect("cuBLASLt").expect("libcublasLt loads");
     let cuda = Device::Cuda(0);
     let stream = std::ptr::null_mut(); // the legacy default stream, libtorch's here
     let (rows, k, cols) = (1000i64, 1600i64, 4800i64);
@@ -492,7 +492,8 @@ fn lt_products(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     let a = randn(&[rows, k]);
     let square = randn(&[k, k]);
     let aliased = e.matmul(&a.narrow(1, 0, k), &square, None, &a, stream).expect("declines");
-    let fp32 = e.matmul(&a.to_kind(Kind::Float), &square.to_kind(Kind::Float), None, &a.to_kind(Kind::Float), stream)
+    let fp32 = e
+        .matmul(&a.to_kind(Kind::Float), &square.to_kind(Kind::Float), None, &a.to_kind(Kind::Float), stream)
         .expect("declines");
     r.check("lt_products", !aliased && !fp32, json!({"declined": {"output_is_input": !aliased, "fp32": !fp32}}));
 }

@@ -18,13 +18,13 @@
 //!   `recompute_cuda`, their gradients' reductions as kernels); `relpos`: T5's
 //!   position buckets; `rope`: rotary embeddings.
 
-pub mod epilogues_cuda;
 pub mod gpt2;
 pub mod llama;
 pub mod lm_head;
 pub mod lm_head_cuda;
 pub mod mlp;
 pub mod ops;
+pub mod products_cuda;
 pub mod recompute;
 pub mod recompute_cuda;
 pub mod relpos;

@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use tch::{Kind, Tensor};
 
-use super::epilogues_cuda::{EpilogueError, Epilogues};
+use super::products_cuda::{LtProducts, ProductError};
 use crate::runtime::cuda::Gpu;
 use crate::runtime::kernels::{self, Instances, Precision};
 use crate::runtime::shim::{self, CTensor, NodeKernelFns};
@@ -348,9 +348,9 @@ pub struct NodeKernels {
     sms: u32,
     /// Compiled on first use per row length (the first forward pass of a width).
     ln: Mutex<HashMap<i64, Arc<LnKernels>>>,
-    /// Products with their GELU or residual addition in cuBLASLt's epilogues, where libcublasLt
-    /// loads.
-    epilogues: Option<Epilogues>,
+    /// GPT-2's 16-bit matrix products through cuBLASLt (with the GELU or the residual addition
+    /// in their epilogues where the node has one), where libcublasLt loads.
+    products: Option<LtProducts>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -361,8 +361,8 @@ pub enum NodeKernelError {
     Cuda(#[from] cudarc::driver::DriverError),
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
-    #[error("a product with an epilogue: {0}")]
-    Epilogue(#[from] EpilogueError),
+    #[error("a matrix product through cuBLASLt: {0}")]
+    Product(#[from] ProductError),
 }
 
 /// What a kernel does with the tensors it is given.
@@ -398,7 +398,7 @@ impl NodeKernels {
             _module: module,
             sms: kernels::multiprocessors(&gpu)?,
             ln: Mutex::new(HashMap::new()),
-            epilogues: Epilogues::new(gpu.ordinal)?,
+            products: LtProducts::new(gpu.ordinal)?,
             gpu,
         })
     }
@@ -435,14 +435,14 @@ impl NodeKernels {
         self.gpu.compute.cu_stream() as *mut c_void == stream
     }
 
-    /// Runs `f` (a product of [`Epilogues`]) on the compute stream, counted in `counter`;
+    /// Runs `f` (a product of [`LtProducts`]) on the compute stream, counted in `counter`;
     /// declined where libcublasLt is missing.
-    fn with_epilogues(
+    fn with_products(
         &self,
         counter: &AtomicU64,
-        f: impl FnOnce(&Epilogues, *mut c_void) -> Result<bool, EpilogueError>,
+        f: impl FnOnce(&LtProducts, *mut c_void) -> Result<bool, ProductError>,
     ) -> Result<Outcome, NodeKernelError> {
-        let Some(e) = &self.epilogues else { return Ok(Outcome::Declined) };
+        let Some(e) = &self.products else { return Ok(Outcome::Declined) };
         Ok(Outcome::product(f(e, self.gpu.compute.cu_stream().cast())?, counter))
     }
 
@@ -651,7 +651,7 @@ pub fn plain_products() -> u64 {
 
 /// Whether the products with epilogues are available (libcublasLt loaded).
 pub fn epilogues_installed() -> bool {
-    KERNELS.get().is_some_and(|k| k.epilogues.is_some())
+    KERNELS.get().is_some_and(|k| k.products.is_some())
 }
 
 /// How many of the nodes' calls ran these kernels, and how many were declined, since start (the
@@ -825,12 +825,12 @@ unsafe extern "C" fn matmul_cb(
         let t = |p| unsafe { lent(p) };
         // The bias is optional: a null pointer when there is none.
         let bias = (!bias.is_null()).then(|| t(bias));
-        k.with_epilogues(&PLAIN_PRODUCTS, |e, stream| e.matmul(&t(a), &t(b), bias.as_ref(), &t(out), stream))
+        k.with_products(&PLAIN_PRODUCTS, |e, stream| e.matmul(&t(a), &t(b), bias.as_ref(), &t(out), stream))
     })
 }
 
 /// A callback of [`shim::FiveTensorFn`]'s form that hands its five tensors, in order, to
-/// `Epilogues::$method` (`NodeKernelFns` names the tensors).
+/// `LtProducts::$method` (`NodeKernelFns` names the tensors).
 macro_rules! five_tensor_cb {
     ($name:ident, $method:ident) => {
         #[allow(clippy::too_many_arguments)]
@@ -847,7 +847,7 @@ macro_rules! five_tensor_cb {
             answer(stream, err, cap, |k| {
                 // SAFETY: the shim passes live tensors.
                 let t = |p| unsafe { lent(p) };
-                k.with_epilogues(&EPILOGUE_PRODUCTS, |e, stream| {
+                k.with_products(&EPILOGUE_PRODUCTS, |e, stream| {
                     e.$method(&t(t0), &t(t1), &t(t2), &t(t3), &t(t4), stream)
                 })
             })

@@ -411,7 +411,7 @@ unsafe fn owned(out: CTensor) -> Tensor {
 
 /// `res + x·wᵀ + b` over the last dimension (a sub-block's output projection and its residual
 /// addition), as one autograd node: on 16-bit CUDA tensors one matrix product adds the residual in
-/// its epilogue (`model::epilogues_cuda`), and the bias gradient is the worker's column-sum kernel
+/// its epilogue (`model::products_cuda`), and the bias gradient is the worker's column-sum kernel
 /// (`model::recompute_cuda`).
 pub fn residual_linear(res: &Tensor, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor, ShimError> {
     let p = |t: &Tensor| t.as_ptr() as CTensor;
@@ -454,7 +454,7 @@ pub type LnMlpParams<'a> = [&'a Tensor; 6];
 /// dimension (GPT-2's MLP sub-block with its residual addition), as one autograd node whose
 /// backward recomputes the normalised `x` and the GELU's output (see `model::recompute`); on 16-bit
 /// CUDA tensors the GELU and the residual addition run in the products' epilogues
-/// (`model::epilogues_cuda`).
+/// (`model::products_cuda`).
 pub fn residual_ln_gelu_mlp(x: &Tensor, params: LnMlpParams<'_>, eps: f64) -> Result<Tensor, ShimError> {
     let p = |t: &Tensor| t.as_ptr() as CTensor;
     let [gamma, beta, w1, b1, w2, b2] = params;

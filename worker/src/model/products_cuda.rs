@@ -1,19 +1,35 @@
-//! GPT-2's matrix products with the pointwise work after them computed in cuBLASLt's epilogues,
-//! for the forward passes of the shim's nodes on 16-bit CUDA tensors:
+//! GPT-2's 16-bit matrix products on CUDA through cuBLASLt, each shape's algorithm timed at its
+//! first product, and the pointwise work after two of them computed in cuBLASLt's epilogues.
 //!
-//! * [`Epilogues::gelu_up`] (`GELU_AUX_BIAS`), the MLP's first layer: one product writes the
+//! * [`LtProducts::matmul`]: the shim's nodes' other products, `a·b` with a bias or without: the
+//!   backward's input and weight gradients of every linear layer, and the qkv projection's forward.
+//! * [`LtProducts::gelu_up`] (`GELU_AUX_BIAS`), the MLP's first layer: one product writes the
 //!   GELU's output `a = gelu_tanh(x·w1ᵀ + b1)` and its input `h = x·w1ᵀ + b1`, which the node keeps
 //!   for the backward pass. Without it the product writes `h` and a kernel of its own reads it back
 //!   to write `a`: in gpt2-xl's profiled step (micro-batch 4, one H100) that kernel took 2.0 ms,
 //!   and the product with the epilogue takes 1.2 ms longer than the one without.
-//! * [`Epilogues::residual`] (`BIAS` with `C` the residual stream and β = 1), the last product of
+//! * [`LtProducts::residual`] (`BIAS` with `C` the residual stream and β = 1), the last product of
 //!   each sub-block: `res + x·wᵀ + b` in one product, where otherwise a kernel reads the product
 //!   and the residual again to write their sum (the residual additions took 2.2 ms of gpt2-xl's
 //!   step, half of them in the forward pass).
 //!
 //! libtorch runs cuBLASLt's bias and GELU epilogue (`_addmm_activation`) but neither the form that
-//! also writes the GELU's input nor a product whose `C` is another matrix than its output, so this
-//! module calls cuBLASLt itself (through cudarc, loaded at run time).
+//! also writes the GELU's input nor a product whose `C` is another matrix than its output, and it
+//! runs the first algorithm a heuristic names, so this module calls cuBLASLt itself (through
+//! cudarc, loaded at run time).
+//!
+//! **Algorithms timed.** A plan (one per epilogue, element type, shape, transposition and
+//! alignment) asks cuBLASLt's heuristic for up to 8 algorithms (`CANDIDATES`). Its first product
+//! outside a CUDA graph's capture runs each on the product's own operands, timed between CUDA
+//! events, and the plan keeps the fastest where it beats the heuristic's first by 2% (`MARGIN`); the
+//! chosen algorithm then writes the result. On one H100 the fastest offered algorithm took
+//! 0.82-0.97× as long as what the worker ran before (the heuristic's first, or libtorch's call) on
+//! 10 of the 15 products of a gpt2-xl step (`examples/gemm_algos`), and with the products timed
+//! gpt2-xl's step takes 0.982× as long (docs/results/one-gpu.md).
+//! Timing costs a few milliseconds per shape, in the first (warm-up) step. The choice is made per
+//! run: two runs may choose differently where candidates are within a few percent of each other,
+//! and then differ in the last bits of their products, as the runs of one build already differ in
+//! the order of cuDNN's and libtorch's atomic sums.
 //!
 //! The backward pass keeps the worker's kernel for the GELU's gradient with the bias gradient
 //! (`recompute_cuda`): cuBLASLt's `DGELU_BGRAD` epilogue, tried on the same shapes, ran as a
@@ -29,9 +45,10 @@
 //! the worker's GELU kernel gave 1e-4. The GPU self-check holds the nodes to the composed
 //! operations within 2e-2.
 //!
-//! cuBLASLt is column-major: a row-major `[r × c]` matrix is its `[c × r]` transpose, so
-//! `x·wᵀ` (`[T × f]`) is computed as the column-major `[f × T]` product of `w`, transposed
-//! (`TRANSA = T`), and `x`. The epilogue's bias runs along the result's rows: the `f` features.
+//! cuBLASLt is column-major: a row-major `[r × c]` matrix is its `[c × r]` transpose, so the
+//! row-major `out = a·b` is the column-major `outᵀ = bᵀ·aᵀ`: cuBLASLt's A is `b` and its B is
+//! `a`, each transposed where it is a `.t()` view (a weight `w` in `x·wᵀ`). The epilogue's bias
+//! runs along the result's rows in cuBLASLt's terms: the output's features.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -44,7 +61,7 @@ use tch::{Device, Kind, Tensor};
 const WORKSPACE_BYTES: usize = 32 << 20;
 
 #[derive(Debug, thiserror::Error)]
-pub enum EpilogueError {
+pub enum ProductError {
     #[error("cuBLASLt: {0}")]
     Lt(#[from] result::CublasError),
     #[error("libtorch: {0}")]
@@ -264,20 +281,20 @@ struct State {
     plans: HashMap<Key, Option<Plan>>,
 }
 
-pub struct Epilogues {
+pub struct LtProducts {
     state: Mutex<State>,
 }
 
 // SAFETY: the handle and descriptors are used only under the mutex; cuBLASLt allows a handle on
 // any thread as long as calls on it do not overlap.
-unsafe impl Send for Epilogues {}
+unsafe impl Send for LtProducts {}
 // SAFETY: as for `Send`: every use of the raw handles holds the mutex.
-unsafe impl Sync for Epilogues {}
+unsafe impl Sync for LtProducts {}
 
 impl Drop for State {
     fn drop(&mut self) {
         self.plans.clear();
-        // SAFETY: created by `Epilogues::new`, destroyed once, after its plans.
+        // SAFETY: created by `LtProducts::new`, destroyed once, after its plans.
         unsafe {
             let _ = result::destroy_handle(self.handle);
         }
@@ -322,7 +339,7 @@ enum Lies {
 
 /// Milliseconds per product of `run` on `stream`: the least of [`TIMING_ROUNDS`] rounds of
 /// [`TIMED_CALLS`], between two events.
-fn time_ms(stream: *mut c_void, mut run: impl FnMut() -> Result<(), result::CublasError>) -> Result<f32, EpilogueError> {
+fn time_ms(stream: *mut c_void, mut run: impl FnMut() -> Result<(), result::CublasError>) -> Result<f32, ProductError> {
     use cudarc::driver::result::event;
     let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
     let (start, end) = (event::create(flags)?, event::create(flags)?);
@@ -343,7 +360,7 @@ fn time_ms(stream: *mut c_void, mut run: impl FnMut() -> Result<(), result::Cubl
             };
             best = best.min(ms / TIMED_CALLS as f32);
         }
-        Ok::<_, EpilogueError>(best)
+        Ok::<_, ProductError>(best)
     })();
     // SAFETY: made above; nothing waits on them any more (`synchronize` returned, or an error
     // ended the timing, after which they are only destroyed).
@@ -355,16 +372,16 @@ fn time_ms(stream: *mut c_void, mut run: impl FnMut() -> Result<(), result::Cubl
 }
 
 /// Whether `stream` is being captured into a CUDA graph (where nothing may wait for the device).
-fn capturing(stream: *mut c_void) -> Result<bool, EpilogueError> {
+fn capturing(stream: *mut c_void) -> Result<bool, ProductError> {
     use cudarc::driver::sys::CUstreamCaptureStatus as S;
     // SAFETY: `stream` is the caller's live stream.
     let status = unsafe { cudarc::driver::result::stream::is_capturing(stream.cast()) }?;
     Ok(status != S::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-impl Epilogues {
+impl LtProducts {
     /// A cuBLASLt handle for CUDA device `ordinal`; `None` where libcublasLt cannot be loaded.
-    pub fn new(ordinal: usize) -> Result<Option<Self>, EpilogueError> {
+    pub fn new(ordinal: usize) -> Result<Option<Self>, ProductError> {
         // SAFETY: only looks for the library.
         if !unsafe { sys::is_culib_present() } {
             return Ok(None);
@@ -384,7 +401,7 @@ impl Epilogues {
         h: &Tensor,
         a: &Tensor,
         stream: *mut c_void,
-    ) -> Result<bool, EpilogueError> {
+    ) -> Result<bool, ProductError> {
         // The auxiliary matrix's leading dimension must be a multiple of 8 and its address 16-byte
         // aligned (cuBLASLt's requirements).
         let f = dims(w1)[0];
@@ -404,7 +421,7 @@ impl Epilogues {
         b: &Tensor,
         out: &Tensor,
         stream: *mut c_void,
-    ) -> Result<bool, EpilogueError> {
+    ) -> Result<bool, ProductError> {
         let n = dims(w)[0];
         if !is(res, x.kind(), &[dims(x)[0], n]) || !w.is_contiguous() {
             return Ok(false);
@@ -423,7 +440,7 @@ impl Epilogues {
         bias: Option<&Tensor>,
         out: &Tensor,
         stream: *mut c_void,
-    ) -> Result<bool, EpilogueError> {
+    ) -> Result<bool, ProductError> {
         let fused = if bias.is_some() { Fused::Bias } else { Fused::None };
         self.product(fused, a, b, bias, Side::None, out, stream)
     }
@@ -441,7 +458,7 @@ impl Epilogues {
         side: Side<'_>,
         out: &Tensor,
         stream: *mut c_void,
-    ) -> Result<bool, EpilogueError> {
+    ) -> Result<bool, ProductError> {
         let kind = a.kind();
         let bf16 = match kind {
             Kind::BFloat16 => true,
