@@ -53,8 +53,9 @@
 //!   (`model::products_cuda`): the GELU after the first, the residual addition in the second;
 //!   and every other product of the nodes through cuBLASLt as well (the backward's, and
 //!   `ln_linear`'s forward with its bias).
-//! * `lt_products`: the nodes' plain products through cuBLASLt, its algorithm timed at a shape's
-//!   first product (`LtProducts::matmul`), each operand as rows or a `.t()` view, with and
+//! * `lt_products`: the nodes' plain products through the worker's plans, the fastest of
+//!   cuBLASLt's algorithms and libtorch's call timed at a shape's first product
+//!   (`LtProducts::matmul`), each operand as rows or a `.t()` view, with and
 //!   without a bias, against libtorch's product in bf16 within 1e-2 relative (normwise); the
 //!   second product of a shape gives the first one's bits; an output that is also an input, and
 //!   fp32 operands, are declined.
@@ -456,7 +457,7 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     }
 }
 
-/// The nodes' plain products through cuBLASLt (`LtProducts::matmul`), each operand as rows or as a
+/// The nodes' plain products through the timed plans (`LtProducts::matmul`), each operand as rows or as a
 /// `.t()` view, with and without a bias, against libtorch's product: within 1e-2 relative
 /// (normwise) in bf16; a second product of the same shape (its algorithm now timed and chosen)
 /// gives the first one's bits; an output that is also an input, and fp32, are declined.

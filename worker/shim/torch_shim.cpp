@@ -113,8 +113,8 @@ struct zb_node_kernels {
   // out = res + x·wᵀ + b in one matrix product (cuBLASLt's bias epilogue with res as its C).
   int (*residual)(at::Tensor* res, at::Tensor* x, at::Tensor* w, at::Tensor* b, at::Tensor* out, void* stream,
                   char* err, size_t cap);
-  // out = a·b (+ bias along its rows where bias is not null), through cuBLASLt with the algorithm
-  // timed at the first product of each shape.
+  // out = a·b (+ bias along its rows where bias is not null), by the fastest of cuBLASLt's
+  // algorithms and libtorch's call, timed at the first product of each shape.
   int (*matmul)(at::Tensor* a, at::Tensor* b, at::Tensor* bias, at::Tensor* out, void* stream, char* err, size_t cap);
 };
 std::atomic<const zb_node_kernels*> node_kernels{nullptr};
@@ -172,8 +172,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gelu_recompute_backward_and_bias(
 bool half_width(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
 
 // a·b, plus bias along the rows where it is defined (a [r, k], b [k, c]; b is a weight's .t() view
-// in the forward products), written to out: through the registered product (cuBLASLt, its
-// algorithm timed at the first product of a shape) where it takes the tensors, else libtorch's.
+// in the forward products), written to out: through the registered product (the fastest of
+// cuBLASLt's algorithms and libtorch's call, timed at the first product of a shape) where it takes
+// the tensors, else libtorch's.
 void product_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias = at::Tensor()) {
   const auto* k = kernels_for(a);
   if (k && half_width(a)) {

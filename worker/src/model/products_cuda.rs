@@ -19,10 +19,12 @@
 //! cudarc, loaded at run time).
 //!
 //! **Algorithms timed.** A plan (one per epilogue, element type, shape, transposition and
-//! alignment) asks cuBLASLt's heuristic for up to 8 algorithms (`CANDIDATES`). Its first product
-//! outside a CUDA graph's capture runs each on the product's own operands, timed between CUDA
-//! events, and the plan keeps the fastest where it beats the heuristic's first by 2% (`MARGIN`); the
-//! chosen algorithm then writes the result. On one H100 the fastest offered algorithm took
+//! alignment) asks cuBLASLt's heuristic for up to 8 algorithms (`CANDIDATES`); for a product
+//! without an epilogue of its own libtorch's call is a candidate too, since for some shapes it
+//! picks a kernel none of those beats. The plan's first product outside a CUDA graph's capture
+//! runs each candidate on the product's own operands, timed between CUDA events, and the plan
+//! keeps the fastest where it beats the heuristic's first by 2% (`MARGIN`); the chosen candidate
+//! then writes the result. On one H100 the fastest offered algorithm took
 //! 0.82-0.97× as long as what the worker ran before (the heuristic's first, or libtorch's call) on
 //! 10 of the 15 products of a gpt2-xl step (`examples/gemm_algos`), and with the products timed
 //! gpt2-xl's step takes 0.982× as long (docs/results/one-gpu.md).
@@ -111,14 +113,24 @@ const TIMED_CALLS: usize = 3;
 /// it the timings' noise would pick a different algorithm on each run for nothing.
 const MARGIN: f32 = 0.02;
 
-/// The algorithm a plan runs.
+/// What computes a plan's products.
+#[derive(Clone, Copy, Debug)]
+enum Runner {
+    /// The plan's candidate algorithm of this index.
+    Lt(usize),
+    /// libtorch's own call (`mm`, or `addmm` with the bias), a candidate of the plain products
+    /// only: for some shapes it picks a kernel none of the heuristic's algorithms beats.
+    Libtorch,
+}
+
+/// What a plan runs.
 #[derive(Clone, Copy)]
 enum Choice {
     /// The heuristic's first, until the plan's first product outside a CUDA graph's capture
     /// times the candidates (a capture cannot wait for the device).
     Untimed,
     /// The fastest candidate, timed on the plan's first product.
-    Timed(usize),
+    Timed(Runner),
 }
 
 /// The descriptors and the algorithms of one [`Key`]; the bias and auxiliary pointers are set
@@ -262,11 +274,11 @@ impl Plan {
         Ok((!plan.candidates.is_empty()).then_some(plan))
     }
 
-    /// The algorithm the plan runs now.
-    fn algo(&self) -> &sys::cublasLtMatmulAlgo_t {
+    /// What computes the plan's products now.
+    fn runner(&self) -> Runner {
         match self.choice {
-            Choice::Untimed => &self.candidates[0],
-            Choice::Timed(i) => &self.candidates[i],
+            Choice::Untimed => Runner::Lt(0),
+            Choice::Timed(r) => r,
         }
     }
 }
@@ -339,7 +351,7 @@ enum Lies {
 
 /// Milliseconds per product of `run` on `stream`: the least of [`TIMING_ROUNDS`] rounds of
 /// [`TIMED_CALLS`], between two events.
-fn time_ms(stream: *mut c_void, mut run: impl FnMut() -> Result<(), result::CublasError>) -> Result<f32, ProductError> {
+fn time_ms(stream: *mut c_void, mut run: impl FnMut() -> Result<(), ProductError>) -> Result<f32, ProductError> {
     use cudarc::driver::result::event;
     let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
     let (start, end) = (event::create(flags)?, event::create(flags)?);
@@ -545,18 +557,38 @@ impl LtProducts {
                 )
             }
         };
-        if matches!(plan.choice, Choice::Untimed) && plan.candidates.len() > 1 && !capturing(stream)? {
-            let mut times = Vec::with_capacity(plan.candidates.len());
-            for algo in &plan.candidates {
-                times.push(time_ms(stream, || run(plan, algo))?);
+        // libtorch's call for the same product, on its current stream (`stream`, as the shim
+        // passes it).
+        let libtorch = matches!(fused, Fused::None | Fused::Bias).then_some(|| -> Result<(), ProductError> {
+            let _out = match bias {
+                Some(c) => c.f_addmm_out(out, a, b)?,
+                None => a.f_mm_out(out, b)?,
+            };
+            Ok(())
+        });
+        let run_as = |plan: &Plan, runner: Runner| match (runner, &libtorch) {
+            (Runner::Libtorch, Some(torch)) => torch(),
+            (Runner::Lt(i), _) => Ok(run(plan, &plan.candidates[i])?),
+            // Never chosen where libtorch has no such product (the epilogues).
+            (Runner::Libtorch, None) => Ok(run(plan, &plan.candidates[0])?),
+        };
+        let pool = plan.candidates.len() + usize::from(libtorch.is_some());
+        if matches!(plan.choice, Choice::Untimed) && pool > 1 && !capturing(stream)? {
+            let runners: Vec<Runner> = (0..plan.candidates.len())
+                .map(Runner::Lt)
+                .chain(libtorch.is_some().then_some(Runner::Libtorch))
+                .collect();
+            let mut times = Vec::with_capacity(runners.len());
+            for &r in &runners {
+                times.push(time_ms(stream, || run_as(plan, r))?);
             }
             let fastest = (0..times.len()).min_by(|&i, &j| times[i].total_cmp(&times[j])).unwrap_or(0);
-            let chosen = if times[fastest] < times[0] * (1.0 - MARGIN) { fastest } else { 0 };
-            tracing::debug!(?key, ?times, chosen, "cuBLASLt algorithms timed");
+            let chosen = if times[fastest] < times[0] * (1.0 - MARGIN) { runners[fastest] } else { Runner::Lt(0) };
+            tracing::debug!(?key, ?times, ?chosen, "matrix-product candidates timed");
             plan.choice = Choice::Timed(chosen);
         }
-        // The chosen algorithm writes the result last, whatever the timing ran.
-        run(plan, plan.algo())?;
+        // The chosen candidate writes the result last, whatever the timing ran.
+        run_as(plan, plan.runner())?;
         Ok(true)
     }
 }

@@ -634,7 +634,8 @@ static DECLINED: AtomicU64 = AtomicU64::new(0);
 /// Of them, the products with cuBLASLt's epilogues.
 static EPILOGUE_PRODUCTS: AtomicU64 = AtomicU64::new(0);
 
-/// Of them, the products without an epilogue of their own (a bias at most) through cuBLASLt.
+/// Of them, the products without an epilogue of their own (a bias at most) through the timed
+/// plans (cuBLASLt's algorithms, or libtorch's call where a plan timed it fastest).
 static PLAIN_PRODUCTS: AtomicU64 = AtomicU64::new(0);
 
 /// How many of the nodes' calls ran a product with cuBLASLt's epilogues since start (the GPU
@@ -644,7 +645,7 @@ pub fn epilogue_products() -> u64 {
 }
 
 /// How many of the nodes' other products (the forward's with a bias at most, the backward's) ran
-/// through cuBLASLt since start.
+/// through the timed plans since start.
 pub fn plain_products() -> u64 {
     PLAIN_PRODUCTS.load(Ordering::Relaxed)
 }
