@@ -494,9 +494,11 @@ impl LtProducts {
             Side::Residual(res) => (res, 1f32, None),
         };
         // The candidates are timed writing `out` (and the auxiliary matrix): none of them may be
-        // an input, or a later candidate would read what an earlier one wrote.
+        // an input, or a later candidate would read what an earlier one wrote, nor may the two
+        // outputs share memory.
         let inputs = [Some(a), Some(b), bias, (beta != 0.0).then_some(cm)];
-        if inputs.iter().flatten().any(|t| overlaps(t, out) || aux.is_some_and(|h| overlaps(t, h))) {
+        let written = |t: &Tensor| overlaps(t, out) || aux.is_some_and(|h| overlaps(t, h));
+        if inputs.iter().flatten().any(|t| written(t)) || aux.is_some_and(|h| overlaps(h, out)) {
             return Ok(false);
         }
         let key = Key {
@@ -580,7 +582,15 @@ impl LtProducts {
                 .collect();
             let mut times = Vec::with_capacity(runners.len());
             for &r in &runners {
-                times.push(time_ms(stream, || run_as(plan, r))?);
+                // A candidate cuBLASLt or libtorch refuses at run time is left out, not fatal.
+                times.push(match time_ms(stream, || run_as(plan, r)) {
+                    Ok(ms) => ms,
+                    Err(e @ (ProductError::Lt(_) | ProductError::Torch(_))) => {
+                        tracing::debug!(?key, ?r, "candidate refused: {e}");
+                        f32::INFINITY
+                    }
+                    Err(e) => return Err(e),
+                });
             }
             let fastest = (0..times.len()).min_by(|&i, &j| times[i].total_cmp(&times[j])).unwrap_or(0);
             let chosen = if times[fastest] < times[0] * (1.0 - MARGIN) { runners[fastest] } else { Runner::Lt(0) };
@@ -630,5 +640,34 @@ mod tests {
     #[test]
     fn a_plan_made_of_nothing_destroys_nothing() {
         drop(Plan::unmade());
+    }
+
+    /// The layouts a product takes: rows, and the transpose of a contiguous matrix; not a
+    /// strided slice, another element type, a vector or an empty matrix.
+    #[test]
+    fn operands_lie_as_rows_or_transposed() {
+        let o = (Kind::BFloat16, Device::Cpu);
+        let m = Tensor::zeros([6, 4], o);
+        assert!(lies(&m, Kind::BFloat16) == Some(Lies::Rows));
+        assert!(lies(&m.tr(), Kind::BFloat16) == Some(Lies::Transposed));
+        assert!(lies(&m.narrow(1, 0, 2), Kind::BFloat16).is_none(), "rows of 2 in rows of 4");
+        assert!(lies(&m.slice(0, 0, 6, 2), Kind::BFloat16).is_none(), "every other row");
+        assert!(lies(&m, Kind::Half).is_none());
+        assert!(lies(&Tensor::zeros([6], o), Kind::BFloat16).is_none());
+        assert!(lies(&Tensor::zeros([0, 4], o), Kind::BFloat16).is_none());
+        // One row or one column is both; it is taken either way.
+        assert!(lies(&Tensor::zeros([1, 4], o), Kind::BFloat16).is_some());
+        assert!(lies(&Tensor::zeros([4, 1], o), Kind::BFloat16).is_some());
+    }
+
+    /// Overlap is by the memory each view spans: a view and its base overlap, two halves do not.
+    #[test]
+    fn overlap_is_by_memory_spanned() {
+        let t = Tensor::zeros([8, 4], (Kind::BFloat16, Device::Cpu));
+        let (top, bottom) = (t.narrow(0, 0, 4), t.narrow(0, 4, 4));
+        assert!(overlaps(&t, &top) && overlaps(&bottom, &t));
+        assert!(!overlaps(&top, &bottom) && !overlaps(&bottom, &top));
+        assert!(overlaps(&t.tr(), &bottom), "a transposed view spans the same memory");
+        assert!(!overlaps(&t, &Tensor::zeros([8, 4], (Kind::BFloat16, Device::Cpu))));
     }
 }
