@@ -420,7 +420,7 @@ impl LtProducts {
         if f % 8 != 0 || alignment(h) < 16 || !is(h, x.kind(), &[dims(x)[0], f]) || !w1.is_contiguous() {
             return Ok(false);
         }
-        self.product(Fused::GeluAux, x, &w1.tr(), Some(b1), Side::Aux(h), a, stream)
+        self.product(x, &w1.tr(), Some(b1), Side::Aux(h), a, stream)
     }
 
     /// `out = res + x·wᵀ + b` in one product, on `stream`: `x` is `[T × k]`, `w` `[n × k]`, `b`
@@ -438,7 +438,7 @@ impl LtProducts {
         if !is(res, x.kind(), &[dims(x)[0], n]) || !w.is_contiguous() {
             return Ok(false);
         }
-        self.product(Fused::Residual, x, &w.tr(), Some(b), Side::Residual(res), out, stream)
+        self.product(x, &w.tr(), Some(b), Side::Residual(res), out, stream)
     }
 
     /// `out = a·b`, plus `bias` along its rows where given, on `stream`: `a` is `[r × k]`, `b`
@@ -453,17 +453,15 @@ impl LtProducts {
         out: &Tensor,
         stream: *mut c_void,
     ) -> Result<bool, ProductError> {
-        let fused = if bias.is_some() { Fused::Bias } else { Fused::None };
-        self.product(fused, a, b, bias, Side::None, out, stream)
+        self.product(a, b, bias, Side::None, out, stream)
     }
 
-    /// `out = epilogue(a·b + bias)` with the epilogue's other matrix `side`. In cuBLASLt's
-    /// column-major terms the row-major `out = a·b` is `outᵀ = bᵀ·aᵀ`: cuBLASLt's A is `b`, its
-    /// B is `a`, and a row-major matrix is the column-major transpose of itself.
-    #[allow(clippy::too_many_arguments)]
+    /// `out = epilogue(a·b + bias)` with the epilogue's other matrix `side` (the epilogues with one
+    /// are given a bias). In cuBLASLt's column-major terms the row-major `out = a·b` is
+    /// `outᵀ = bᵀ·aᵀ`: cuBLASLt's A is `b`, its B is `a`, and a row-major matrix is the
+    /// column-major transpose of itself.
     fn product(
         &self,
-        fused: Fused,
         a: &Tensor,
         b: &Tensor,
         bias: Option<&Tensor>,
@@ -488,11 +486,15 @@ impl LtProducts {
                 return Ok(false);
             }
         }
-        let (cm, beta, aux) = match side {
-            Side::None => (out, 0f32, None),
-            Side::Aux(h) => (out, 0f32, Some(h)),
-            Side::Residual(res) => (res, 1f32, None),
+        let (fused, cm, beta, aux) = match side {
+            Side::None if bias.is_some() => (Fused::Bias, out, 0f32, None),
+            Side::None => (Fused::None, out, 0f32, None),
+            Side::Aux(h) => (Fused::GeluAux, out, 0f32, Some(h)),
+            Side::Residual(res) => (Fused::Residual, res, 1f32, None),
         };
+        if fused != Fused::None && bias.is_none() {
+            return Ok(false);
+        }
         // The candidates are timed writing `out` (and the auxiliary matrix): none of them may be
         // an input, or a later candidate would read what an earlier one wrote, nor may the two
         // outputs share memory.
