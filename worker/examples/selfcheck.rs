@@ -459,7 +459,7 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
 
 /// The nodes' plain products through the timed plans (`LtProducts::matmul`), each operand as rows or as a
 /// `.t()` view, with and without a bias, against libtorch's product: within 1e-2 relative
-/// (normwise) in bf16; a second product of the same shape (its algorithm now timed and chosen)
+/// (normwise) in bf16; a second product of the same shape (the choice its plan made at the first)
 /// gives the first one's bits; an output that is also an input, and fp32, are declined.
 fn lt_products(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     use zerobench_worker::model::products_cuda::LtProducts;

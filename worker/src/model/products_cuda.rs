@@ -28,7 +28,9 @@
 //! 0.82-0.97× as long as what the worker ran before (the heuristic's first, or libtorch's call) on
 //! 10 of the 15 products of a gpt2-xl step (`examples/gemm_algos`), and with the products timed
 //! gpt2-xl's step takes 0.982× as long (docs/results/one-gpu.md).
-//! Timing costs a few milliseconds per shape, in the first (warm-up) step. The choice is made per
+//! Timing runs each candidate ten times (up to 9 candidates, so up to 90 products) once per shape
+//! and run, in the first (warm-up) step: at about 100 µs a product, about 0.1 s for gpt2-xl's 12
+//! block shapes (estimated from the products' times, not measured). The choice is made per
 //! run: two runs may choose differently where candidates are within a few percent of each other,
 //! and then differ in the last bits of their products, as the runs of one build already differ in
 //! the order of cuDNN's and libtorch's atomic sums.
@@ -100,17 +102,18 @@ struct Key {
     align: [u32; 4],
 }
 
-/// How many algorithms of cuBLASLt's heuristic a plan times at its first product: in gpt2-xl's and
-/// gpt2's products on an H100 the heuristic offered 5-8, and the fastest was among them
-/// (`examples/gemm_algos`).
+/// How many algorithms of cuBLASLt's heuristic a plan times at its first product: asked for up to
+/// 32, the heuristic offered 5-8 for each of gpt2-xl's and gpt2's products on an H100
+/// (`examples/gemm_algos`), so 8 leaves none of them out there.
 const CANDIDATES: usize = 8;
 
 /// Each candidate's time is the least of this many rounds of [`TIMED_CALLS`] products.
 const TIMING_ROUNDS: usize = 3;
 const TIMED_CALLS: usize = 3;
 
-/// A candidate replaces the heuristic's first choice only when it is faster by this share: below
-/// it the timings' noise would pick a different algorithm on each run for nothing.
+/// A candidate replaces the heuristic's first choice only when it is faster by this share, so that
+/// near-ties stay with the heuristic's choice instead of following the timings' noise. The share
+/// is a judgement, not a measured optimum.
 const MARGIN: f32 = 0.02;
 
 /// What computes a plan's products.
