@@ -1,8 +1,13 @@
 //! How much of GPT-2's matrix-product time an autotuner could take back: for every product of one
 //! training step (forward, backward, LM head; the shapes, layouts and epilogues the worker runs),
 //! time each algorithm cuBLASLt's heuristic offers (up to 32) and compare the fastest with the
-//! heuristic's first choice (what the worker's epilogue plans run) and with libtorch's own call
-//! (what the worker runs for the other products).
+//! heuristic's first choice and with libtorch's own call. `today` in its output is what the worker
+//! ran before its plans timed their candidates: the heuristic's first for the products with
+//! epilogues, libtorch's call for the rest. The worker's plans now time up to 8 of the offered
+//! algorithms, and libtorch's call for the plain products, at each shape's first product.
+//!
+//! The cuBLASLt handle, descriptors and product call are the worker's own
+//! (`model::products_cuda`); only the timing is the probe's.
 //!
 //! `gemm_algos MODEL TOKENS`, e.g. `gemm_algos gpt2-xl 4096` (micro-batch 4 × sequence 1024).
 //! Prints one JSON object per product and one summary. Each algorithm's result is compared with
@@ -12,15 +17,16 @@
 //! the first choice and the fastest are then timed again in 5 alternating rounds, and those
 //! medians are what the summary adds up.
 
-use std::ffi::c_void;
 use std::time::Instant;
 
-use cudarc::cublaslt::{result, sys};
+use cudarc::cublaslt::sys;
 use serde_json::json;
 use tch::{Cuda, Device, Kind, Tensor};
 use zerobench_schema::models::{ModelPreset, ModelSpec};
+use zerobench_worker::model::products_cuda::{
+    Descriptors, Epilogue, Handle, Pointers, Shape, SidePointers, WORKSPACE_BYTES,
+};
 
-const WORKSPACE_BYTES: usize = 32 << 20;
 const SETS: usize = 3;
 const CALLS: usize = 30;
 const REQUESTED: usize = 32;
@@ -28,14 +34,6 @@ const REQUESTED: usize = 32;
 const HEAD_ALIGN: u64 = 64;
 /// Tokens of one chunk of the LM head: 512 MiB of bf16 logits (`lm_head.rs`).
 const CHUNK_BYTES: u64 = 512 << 20;
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Epi {
-    None,
-    Bias,
-    GeluAuxBias,
-    BiasResidual,
-}
 
 /// One column-major product `D[m × n] = op(A)·op(B)` (+ epilogue), as cuBLASLt sees it, and how
 /// many times a step runs it.
@@ -47,7 +45,7 @@ struct Product {
     k: u64,
     ta: bool,
     tb: bool,
-    epi: Epi,
+    epi: Epilogue,
 }
 
 fn products(spec: &ModelSpec, tokens: u64) -> Vec<Product> {
@@ -60,14 +58,14 @@ fn products(spec: &ModelSpec, tokens: u64) -> Vec<Product> {
     // The blocks' four linear layers: forward `x·wᵀ` (TN), the input's gradient `gy·w` (NN) and
     // the weight's gradient `gyᵀ·x` (NT).
     for (name, fan_in, fan_out, epi) in [
-        ("qkv", d, 3 * d, Epi::Bias),
-        ("attn_proj", d, d, Epi::BiasResidual),
-        ("mlp_up", d, 4 * d, Epi::GeluAuxBias),
-        ("mlp_down", 4 * d, d, Epi::BiasResidual),
+        ("qkv", d, 3 * d, Epilogue::Bias),
+        ("attn_proj", d, d, Epilogue::Residual),
+        ("mlp_up", d, 4 * d, Epilogue::GeluAux),
+        ("mlp_down", 4 * d, d, Epilogue::Residual),
     ] {
         push(&format!("{name}.fwd"), l, fan_out, tokens, fan_in, true, false, epi);
-        push(&format!("{name}.dx"), l, fan_in, tokens, fan_out, false, false, Epi::None);
-        push(&format!("{name}.dw"), l, fan_in, fan_out, tokens, false, true, Epi::None);
+        push(&format!("{name}.dx"), l, fan_in, tokens, fan_out, false, false, Epilogue::None);
+        push(&format!("{name}.dw"), l, fan_in, fan_out, tokens, false, true, Epilogue::None);
     }
     let v_pad = g.vocab.div_ceil(HEAD_ALIGN) * HEAD_ALIGN;
     let rows = (CHUNK_BYTES / (v_pad * 2)).clamp(1, tokens);
@@ -76,9 +74,9 @@ fn products(spec: &ModelSpec, tokens: u64) -> Vec<Product> {
         if chunk == 0 || count == 0 {
             continue;
         }
-        push(&format!("head{chunk}.fwd"), count, v_pad, chunk, d, true, false, Epi::None);
-        push(&format!("head{chunk}.dx"), count, d, chunk, v_pad, false, false, Epi::None);
-        push(&format!("head{chunk}.dw"), count, d, v_pad, chunk, false, true, Epi::None);
+        push(&format!("head{chunk}.fwd"), count, v_pad, chunk, d, true, false, Epilogue::None);
+        push(&format!("head{chunk}.dx"), count, d, chunk, v_pad, false, false, Epilogue::None);
+        push(&format!("head{chunk}.dw"), count, d, v_pad, chunk, false, true, Epilogue::None);
     }
     out
 }
@@ -115,7 +113,7 @@ impl Operands {
         let at = if p.ta { self.a.tr() } else { self.a.shallow_clone() };
         let bt = if p.tb { self.b.tr() } else { self.b.shallow_clone() };
         match p.epi {
-            Epi::None => {
+            Epilogue::None => {
                 let _ = bt.mm_out(&self.d, &at);
             }
             _ => {
@@ -125,139 +123,37 @@ impl Operands {
     }
 }
 
+/// The product's matrices as the worker's plans take them.
+fn pointers(p: &Product, o: &Operands) -> Pointers {
+    let bias = o.bias.data_ptr().cast_const();
+    Pointers {
+        a: o.a.data_ptr().cast_const(),
+        b: o.b.data_ptr().cast_const(),
+        d: o.d.data_ptr(),
+        side: match p.epi {
+            Epilogue::None => SidePointers::None,
+            Epilogue::Bias => SidePointers::Bias { bias },
+            Epilogue::GeluAux => SidePointers::GeluAux { bias, aux: o.aux.data_ptr() },
+            Epilogue::Residual => SidePointers::Residual { bias, c: o.c.data_ptr().cast_const() },
+        },
+    }
+}
+
+/// The product's shape as the worker keys its plans; the alignments are those cuBLASLt assumes
+/// when none is given (libtorch's allocations are aligned further).
+fn shape(p: &Product) -> Shape {
+    Shape { epilogue: p.epi, bf16: true, m: p.m, n: p.n, k: p.k, ta: p.ta, tb: p.tb, align: [256; 4] }
+}
+
+fn run(lt: &Lt, p: &Product, dd: &Descriptors, algo: &sys::cublasLtMatmulAlgo_t, o: &Operands) {
+    // SAFETY: the operands hold the matrices `shape(p)` describes, on device 0 with the
+    // workspace; the legacy default stream is libtorch's here.
+    unsafe { dd.run(&lt.handle, algo, pointers(p, o), lt.workspace.data_ptr(), std::ptr::null_mut()) }.expect("matmul");
+}
+
 struct Lt {
-    handle: sys::cublasLtHandle_t,
+    handle: Handle,
     workspace: Tensor,
-}
-
-struct Described {
-    desc: sys::cublasLtMatmulDesc_t,
-    la: sys::cublasLtMatrixLayout_t,
-    lb: sys::cublasLtMatrixLayout_t,
-    ld: sys::cublasLtMatrixLayout_t,
-}
-
-impl Drop for Described {
-    fn drop(&mut self) {
-        // SAFETY: created in `describe`, destroyed once.
-        unsafe {
-            let _ = result::destroy_matrix_layout(self.la);
-            let _ = result::destroy_matrix_layout(self.lb);
-            let _ = result::destroy_matrix_layout(self.ld);
-            let _ = result::destroy_matmul_desc(self.desc);
-        }
-    }
-}
-
-unsafe fn set<T>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, v: &T) {
-    // SAFETY: the caller passes the attribute's type.
-    unsafe { result::set_matmul_desc_attribute(desc, attr, (v as *const T).cast(), size_of::<T>()) }
-        .expect("descriptor attribute");
-}
-
-impl Lt {
-    fn describe(&self, p: &Product) -> Described {
-        use sys::cublasLtMatmulDescAttributes_t as D;
-        let bf = sys::cudaDataType::CUDA_R_16BF;
-        let (m, n, k) = (p.m, p.n, p.k);
-        let desc =
-            result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)
-                .expect("matmul descriptor");
-        let (ar, ac) = if p.ta { (k, m) } else { (m, k) };
-        let (br, bc) = if p.tb { (n, k) } else { (k, n) };
-        let la = result::create_matrix_layout(bf, ar, ac, ar as i64).expect("layout");
-        let lb = result::create_matrix_layout(bf, br, bc, br as i64).expect("layout");
-        let ld = result::create_matrix_layout(bf, m, n, m as i64).expect("layout");
-        let epilogue = match p.epi {
-            Epi::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
-            Epi::Bias | Epi::BiasResidual => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
-            Epi::GeluAuxBias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
-        };
-        // SAFETY: each attribute gets its documented type.
-        unsafe {
-            set(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &(p.ta as i32));
-            set(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &(p.tb as i32));
-            set(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue);
-            if p.epi == Epi::GeluAuxBias {
-                set(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(m as i64));
-            }
-        }
-        Described { desc, la, lb, ld }
-    }
-
-    /// The heuristic's algorithms for `p`, best first by its own ranking.
-    fn algos(&self, p: &Product, dd: &Described) -> Vec<sys::cublasLtMatmulHeuristicResult_t> {
-        use sys::cublasLtMatmulPreferenceAttributes_t as P;
-        let pref = result::create_matmul_pref().expect("preference");
-        let ws = WORKSPACE_BYTES as u64;
-        // SAFETY: a plain C struct of integers and floats, for which all zeros is a valid value.
-        let mut found = vec![unsafe { std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>() }; REQUESTED];
-        let mut count = 0i32;
-        // SAFETY: the workspace size is a uint64; the array holds `REQUESTED` results.
-        unsafe {
-            result::set_matmul_pref_attribute(
-                pref,
-                P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&ws as *const u64).cast(),
-                8,
-            )
-            .expect("preference");
-            let status = sys::cublasLtMatmulAlgoGetHeuristic(
-                self.handle,
-                dd.desc,
-                dd.la,
-                dd.lb,
-                dd.ld,
-                dd.ld,
-                pref,
-                REQUESTED as i32,
-                found.as_mut_ptr(),
-                &mut count,
-            );
-            let _ = result::destroy_matmul_pref(pref);
-            if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                eprintln!("{}: no algorithm ({status:?})", p.name);
-                return Vec::new();
-            }
-        }
-        found.truncate(count.max(0) as usize);
-        found.retain(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS);
-        found
-    }
-
-    fn run(&self, p: &Product, dd: &Described, algo: &sys::cublasLtMatmulAlgo_t, o: &Operands) {
-        use sys::cublasLtMatmulDescAttributes_t as D;
-        let alpha = 1f32;
-        let (c, beta) = if p.epi == Epi::BiasResidual { (&o.c, 1f32) } else { (&o.d, 0f32) };
-        // SAFETY: the operands match the layouts `describe` made for `p`; all on device 0.
-        unsafe {
-            if p.epi != Epi::None {
-                set(dd.desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &o.bias.data_ptr());
-            }
-            if p.epi == Epi::GeluAuxBias {
-                set(dd.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &o.aux.data_ptr());
-            }
-            result::matmul(
-                self.handle,
-                dd.desc,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
-                o.a.data_ptr(),
-                dd.la,
-                o.b.data_ptr(),
-                dd.lb,
-                c.data_ptr(),
-                dd.ld,
-                o.d.data_ptr(),
-                dd.ld,
-                algo,
-                self.workspace.data_ptr(),
-                WORKSPACE_BYTES,
-                std::ptr::null_mut::<c_void>().cast(),
-            )
-            .expect("matmul");
-        }
-    }
 }
 
 /// Microseconds per call: the median of `rounds` rounds of `CALLS` calls over the operand sets.
@@ -293,24 +189,28 @@ fn main() {
     assert_eq!(dev, Device::Cuda(0));
     tch::manual_seed(0);
     let lt = Lt {
-        handle: result::create_handle().expect("cuBLASLt"),
+        handle: Handle::new().expect("cuBLASLt").expect("libcublasLt loads"),
         workspace: Tensor::empty([WORKSPACE_BYTES as i64], (Kind::Uint8, Device::Cuda(0))),
     };
     let (mut today_ms, mut first_ms, mut best_ms, mut torch_ms) = (0.0, 0.0, 0.0, 0.0);
     let mut flops = 0.0;
     for p in products(&spec, tokens) {
         let sets: Vec<Operands> = (0..SETS).map(|_| Operands::new(&p)).collect();
-        let dd = lt.describe(&p);
-        let algos = lt.algos(&p, &dd);
+        let dd = Descriptors::new(shape(&p)).expect("descriptors");
+        let algos = dd.algorithms(&lt.handle, REQUESTED).expect("the heuristic");
+        if algos.is_empty() {
+            eprintln!("{}: no algorithm", p.name);
+        }
         let gflop = 2.0 * (p.m * p.n * p.k) as f64 / 1e9;
         // libtorch's call, where libtorch has the same product (not the GELU-aux or residual ones).
-        let torch_us = matches!(p.epi, Epi::None | Epi::Bias).then(|| median(time_us(&sets, 3, |o| o.torch(&p))));
+        let torch_us =
+            matches!(p.epi, Epilogue::None | Epilogue::Bias).then(|| median(time_us(&sets, 3, |o| o.torch(&p))));
         let mut reference: Option<Tensor> = None;
         let mut rows = Vec::new();
         for (i, h) in algos.iter().enumerate() {
             let o = &sets[0];
             let _ = o.d.shallow_clone().zero_();
-            lt.run(&p, &dd, &h.algo, o);
+            run(&lt, &p, &dd, &h.algo, o);
             Cuda::synchronize(0);
             let out = o.d.to_kind(Kind::Float);
             let ok = match &reference {
@@ -323,7 +223,7 @@ fn main() {
                     err <= 2e-2
                 }
             };
-            let us = median(time_us(&sets, 3, |o| lt.run(&p, &dd, &h.algo, o)));
+            let us = median(time_us(&sets, 3, |o| run(&lt, &p, &dd, &h.algo, o)));
             rows.push((i, us, ok, h.workspaceSize, h.wavesCount));
         }
         if rows.is_empty() {
@@ -335,15 +235,15 @@ fn main() {
         // The first choice and the fastest head to head, alternating.
         let (mut f, mut b) = (Vec::new(), Vec::new());
         for _ in 0..5 {
-            f.extend(time_us(&sets, 1, |o| lt.run(&p, &dd, &first_algo, o)));
-            b.extend(time_us(&sets, 1, |o| lt.run(&p, &dd, &best_algo, o)));
+            f.extend(time_us(&sets, 1, |o| run(&lt, &p, &dd, &first_algo, o)));
+            b.extend(time_us(&sets, 1, |o| run(&lt, &p, &dd, &best_algo, o)));
         }
         let first_us = median(f);
         let best_us = median(b).min(first_us);
-        // What the worker runs today: its plan (the heuristic's first) for the epilogue products
+        // What the worker ran before its plans were timed: the heuristic's first for the epilogue products
         // it makes itself, libtorch's call for the rest.
         let today_us = match p.epi {
-            Epi::GeluAuxBias | Epi::BiasResidual => first_us,
+            Epilogue::GeluAux | Epilogue::Residual => first_us,
             _ => torch_us.unwrap_or(first_us),
         };
         let c = p.per_step as f64;

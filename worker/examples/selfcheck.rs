@@ -463,9 +463,8 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
 /// gives the first one's bits; an output that is also an input, and fp32, are declined.
 fn lt_products(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     use zerobench_worker::model::products_cuda::LtProducts;
-    let e = LtProducts::new(gpu.ordinal).expect("cuBLASLt").expect("libcublasLt loads");
+    let e = LtProducts::new(Arc::clone(gpu)).expect("cuBLASLt").expect("libcublasLt loads");
     let cuda = Device::Cuda(0);
-    let stream = std::ptr::null_mut(); // the legacy default stream, libtorch's here
     let (rows, k, cols) = (1000i64, 1600i64, 4800i64);
     tch::manual_seed(16);
     let randn = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, cuda)).to_kind(Kind::BFloat16);
@@ -478,9 +477,9 @@ fn lt_products(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
             None => a.mm(&b),
         };
         let out = Tensor::empty([rows, cols], (Kind::BFloat16, cuda));
-        let first = e.matmul(&a, &b, bias.as_ref(), &out, stream).expect("product");
+        let first = e.matmul(&a, &b, bias.as_ref(), &out).expect("product");
         let once = out.copy();
-        let again = e.matmul(&a, &b, bias.as_ref(), &out, stream).expect("product");
+        let again = e.matmul(&a, &b, bias.as_ref(), &out).expect("product");
         let err = relative_error(&once, &theirs);
         let same_bits = once.equal(&out);
         r.check(
@@ -492,9 +491,9 @@ fn lt_products(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     }
     let a = randn(&[rows, k]);
     let square = randn(&[k, k]);
-    let aliased = e.matmul(&a.narrow(1, 0, k), &square, None, &a, stream).expect("declines");
+    let aliased = e.matmul(&a.narrow(1, 0, k), &square, None, &a).expect("declines");
     let fp32 = e
-        .matmul(&a.to_kind(Kind::Float), &square.to_kind(Kind::Float), None, &a.to_kind(Kind::Float), stream)
+        .matmul(&a.to_kind(Kind::Float), &square.to_kind(Kind::Float), None, &a.to_kind(Kind::Float))
         .expect("declines");
     r.check("lt_products", !aliased && !fp32, json!({"declined": {"output_is_input": !aliased, "fp32": !fp32}}));
 }

@@ -55,14 +55,18 @@
 //! runs along the result's rows in cuBLASLt's terms: the output's features.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::ffi::c_void;
-use std::sync::Mutex;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
 
 use cudarc::cublaslt::{result, sys};
 use tch::{Device, Kind, Tensor};
 
+use crate::runtime::cuda::Gpu;
+
 /// The workspace cuBLASLt may use: 32 MiB, NVIDIA's recommendation for Hopper.
-const WORKSPACE_BYTES: usize = 32 << 20;
+pub const WORKSPACE_BYTES: usize = 32 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProductError {
@@ -74,9 +78,9 @@ pub enum ProductError {
     Cuda(#[from] cudarc::driver::DriverError),
 }
 
-/// What an epilogue does after the product `p = a·b`.
+/// What an epilogue does after the product `p = op(A)·op(B)`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-enum Fused {
+pub enum Epilogue {
     /// `p` as it is.
     None,
     /// `p + bias`.
@@ -87,19 +91,282 @@ enum Fused {
     Residual,
 }
 
-/// What picks a plan: the epilogue, the element type, the product's shape in cuBLASLt's terms
-/// (`op(A)`, `m × k`, by `op(B)`, `k × n`), whether A and B are transposed, and the alignment in
-/// bytes of A, B, C and D (cuBLASLt chooses its kernels by them).
+/// One product in cuBLASLt's column-major terms, `D[m × n] = op(A)·op(B)` then the epilogue, with
+/// `op(A)` `m × k` and `op(B)` `k × n`: what picks a plan. `align` is the alignment in bytes of A,
+/// B, C and D, by which cuBLASLt chooses its kernels.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-struct Key {
-    fused: Fused,
-    bf16: bool,
-    m: u64,
-    n: u64,
-    k: u64,
-    ta: bool,
-    tb: bool,
-    align: [u32; 4],
+pub struct Shape {
+    pub epilogue: Epilogue,
+    pub bf16: bool,
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    /// Whether A is stored transposed (`[k × m]`); B likewise (`[n × k]`).
+    pub ta: bool,
+    pub tb: bool,
+    pub align: [u32; 4],
+}
+
+/// The device addresses of one product's matrices in cuBLASLt's terms, each holding what its
+/// [`Shape`] describes.
+#[derive(Clone, Copy)]
+pub struct Pointers {
+    pub a: *const c_void,
+    pub b: *const c_void,
+    pub d: *mut c_void,
+    pub side: SidePointers,
+}
+
+/// The epilogue's matrices beside D, by [`Epilogue`].
+#[derive(Clone, Copy)]
+pub enum SidePointers {
+    None,
+    Bias {
+        bias: *const c_void,
+    },
+    GeluAux {
+        bias: *const c_void,
+        aux: *mut c_void,
+    },
+    /// `C`, with D's layout, added with β = 1.
+    Residual {
+        bias: *const c_void,
+        c: *const c_void,
+    },
+}
+
+impl SidePointers {
+    fn epilogue(self) -> Epilogue {
+        match self {
+            SidePointers::None => Epilogue::None,
+            SidePointers::Bias { .. } => Epilogue::Bias,
+            SidePointers::GeluAux { .. } => Epilogue::GeluAux,
+            SidePointers::Residual { .. } => Epilogue::Residual,
+        }
+    }
+}
+
+/// A cuBLASLt handle.
+pub struct Handle(sys::cublasLtHandle_t);
+
+// SAFETY: cuBLASLt allows a handle on any thread as long as calls on it do not overlap; every
+// user here holds it under a mutex or on one thread.
+unsafe impl Send for Handle {}
+
+impl Handle {
+    /// A new handle; `None` where libcublasLt cannot be loaded.
+    pub fn new() -> Result<Option<Self>, result::CublasError> {
+        // SAFETY: only looks for the library.
+        if !unsafe { sys::is_culib_present() } {
+            return Ok(None);
+        }
+        Ok(Some(Handle(result::create_handle()?)))
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: created by `Handle::new`, destroyed once. Descriptors do not refer to it.
+        unsafe {
+            let _ = result::destroy_handle(self.0);
+        }
+    }
+}
+
+/// cuBLASLt's descriptors of one [`Shape`]: the operation and the layouts of A, B and C/D. The
+/// bias and auxiliary pointers are set on the operation before each product. A descriptor not
+/// made yet is null, so that descriptors whose making failed halfway destroy only what was made.
+pub struct Descriptors {
+    shape: Shape,
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    d: sys::cublasLtMatrixLayout_t,
+}
+
+// SAFETY: descriptors are host objects cuBLASLt allows on any thread; every user here holds
+// them under a mutex or on one thread.
+unsafe impl Send for Descriptors {}
+
+impl Drop for Descriptors {
+    fn drop(&mut self) {
+        // SAFETY: each non-null descriptor was created by `Descriptors::new` and is destroyed once.
+        unsafe {
+            for layout in [self.a, self.b, self.d] {
+                if !layout.is_null() {
+                    let _ = result::destroy_matrix_layout(layout);
+                }
+            }
+            if !self.desc.is_null() {
+                let _ = result::destroy_matmul_desc(self.desc);
+            }
+        }
+    }
+}
+
+/// Sets one attribute of an operation's descriptor from a value.
+///
+/// # Safety
+/// `T` must be the attribute's type.
+unsafe fn set_desc<T>(
+    desc: sys::cublasLtMatmulDesc_t,
+    attr: sys::cublasLtMatmulDescAttributes_t,
+    value: &T,
+) -> Result<(), result::CublasError> {
+    // SAFETY: as the caller promises.
+    unsafe { result::set_matmul_desc_attribute(desc, attr, (value as *const T).cast(), size_of::<T>()) }
+}
+
+impl Descriptors {
+    /// Descriptors not made yet: every one null, nothing to destroy.
+    fn unmade(shape: Shape) -> Self {
+        let null = std::ptr::null_mut();
+        Descriptors { shape, desc: null, a: null.cast(), b: null.cast(), d: null.cast() }
+    }
+
+    pub fn new(shape: Shape) -> Result<Self, result::CublasError> {
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        let dtype = if shape.bf16 { sys::cudaDataType::CUDA_R_16BF } else { sys::cudaDataType::CUDA_R_16F };
+        let Shape { m, n, k, ta, tb, .. } = shape;
+        let mut made = Descriptors::unmade(shape);
+        made.desc =
+            result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
+        // Column-major layouts: a transposed A is stored `[k × m]`, a transposed B `[n × k]`; C (the
+        // residual, or D itself) and D are `[m × n]`.
+        let (ar, ac) = if ta { (k, m) } else { (m, k) };
+        let (br, bc) = if tb { (n, k) } else { (k, n) };
+        made.a = result::create_matrix_layout(dtype, ar, ac, ar as i64)?;
+        made.b = result::create_matrix_layout(dtype, br, bc, br as i64)?;
+        made.d = result::create_matrix_layout(dtype, m, n, m as i64)?;
+        let epilogue = match shape.epilogue {
+            Epilogue::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
+            Epilogue::Bias | Epilogue::Residual => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            Epilogue::GeluAux => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+        };
+        // SAFETY: each attribute gets a value of its documented type (cublasOperation_t and the
+        // epilogue are 32-bit enums, the auxiliary matrix's leading dimension an int64).
+        unsafe {
+            set_desc(made.desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &i32::from(ta))?;
+            set_desc(made.desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &i32::from(tb))?;
+            set_desc(made.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
+            if shape.epilogue == Epilogue::GeluAux {
+                set_desc(made.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(m as i64))?;
+            }
+        }
+        Ok(made)
+    }
+
+    /// Up to `up_to` of the algorithms cuBLASLt's heuristic offers for these descriptors, with
+    /// [`WORKSPACE_BYTES`] of workspace, its first choice first; none where it has none.
+    pub fn algorithms(
+        &self,
+        handle: &Handle,
+        up_to: usize,
+    ) -> Result<Vec<sys::cublasLtMatmulHeuristicResult_t>, result::CublasError> {
+        use sys::cublasLtMatmulPreferenceAttributes_t as P;
+        let pref = result::create_matmul_pref()?;
+        // SAFETY: an array of plain C structs, for which all zeros is a valid value.
+        let mut found = vec![unsafe { std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>() }; up_to];
+        let mut count = 0i32;
+        let status = (|| {
+            // SAFETY: as above: the workspace size is a uint64, the alignments uint32; `found`
+            // holds `up_to` results.
+            unsafe {
+                let ws = WORKSPACE_BYTES as u64;
+                result::set_matmul_pref_attribute(
+                    pref,
+                    P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    (&ws as *const u64).cast(),
+                    8,
+                )?;
+                let align = self.shape.align;
+                for (attr, align) in [
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align[0]),
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align[1]),
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align[2]),
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align[3]),
+                ] {
+                    result::set_matmul_pref_attribute(pref, attr, (&align as *const u32).cast(), 4)?;
+                }
+                sys::cublasLtMatmulAlgoGetHeuristic(
+                    handle.0,
+                    self.desc,
+                    self.a,
+                    self.b,
+                    self.d,
+                    self.d,
+                    pref,
+                    i32::try_from(up_to).unwrap_or(i32::MAX),
+                    found.as_mut_ptr(),
+                    &mut count,
+                )
+                .result()
+            }
+        })();
+        // SAFETY: created above, used only by the query.
+        unsafe { result::destroy_matmul_pref(pref) }?;
+        match status {
+            Ok(()) => {}
+            Err(result::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        }
+        found.truncate(usize::try_from(count).unwrap_or(0));
+        found.retain(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS);
+        Ok(found)
+    }
+
+    /// One product with `algo` on `stream`.
+    ///
+    /// # Safety
+    /// The pointers hold the matrices the [`Shape`] describes, with the shape's epilogue, on the
+    /// device `workspace` (of [`WORKSPACE_BYTES`]) is on, and stay alive until the product has
+    /// run on `stream`; `algo` is one of [`Self::algorithms`]'.
+    pub unsafe fn run(
+        &self,
+        handle: &Handle,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        p: Pointers,
+        workspace: *mut c_void,
+        stream: sys::cudaStream_t,
+    ) -> Result<(), result::CublasError> {
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        assert_eq!(p.side.epilogue(), self.shape.epilogue, "the pointers of another epilogue");
+        let (alpha, mut beta, mut c) = (1f32, 0f32, p.d.cast_const());
+        // SAFETY: the bias and auxiliary pointers are device addresses (void*), as documented; the
+        // rest as the caller promises.
+        unsafe {
+            match p.side {
+                SidePointers::None => {}
+                SidePointers::Bias { bias } => set_desc(self.desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?,
+                SidePointers::GeluAux { bias, aux } => {
+                    set_desc(self.desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
+                    set_desc(self.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux)?;
+                }
+                SidePointers::Residual { bias, c: residual } => {
+                    set_desc(self.desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
+                    (beta, c) = (1.0, residual);
+                }
+            }
+            result::matmul(
+                handle.0,
+                self.desc,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                p.a,
+                self.a,
+                p.b,
+                self.b,
+                c,
+                self.d,
+                p.d,
+                self.d,
+                algo,
+                workspace,
+                WORKSPACE_BYTES,
+                stream,
+            )
+        }
+    }
 }
 
 /// How many algorithms of cuBLASLt's heuristic a plan times at its first product: asked for up to
@@ -114,320 +381,185 @@ const TIMED_CALLS: usize = 3;
 /// A candidate replaces the heuristic's first choice only when it is faster by this share, so that
 /// near-ties stay with the heuristic's choice instead of following the timings' noise. The share
 /// is a judgement, not a measured optimum.
-const MARGIN: f32 = 0.02;
+const MARGIN: f64 = 0.02;
 
-/// What computes a plan's products.
+/// What computes a plan's products: one of its algorithms, or libtorch's own call (`mm`, or
+/// `addmm` with the bias). `L` is `()` for the plans of plain products, where libtorch's call is a
+/// candidate (for some shapes it picks a kernel none of the heuristic's algorithms beats), and
+/// [`Infallible`] for the epilogues, which libtorch has no one call for.
 #[derive(Clone, Copy, Debug)]
-enum Runner {
-    /// The plan's candidate algorithm of this index.
+enum Runner<L> {
+    /// The plan's algorithm of this index.
     Lt(usize),
-    /// libtorch's own call (`mm`, or `addmm` with the bias), a candidate of the plain products
-    /// only: for some shapes it picks a kernel none of the heuristic's algorithms beats.
-    Libtorch,
+    Libtorch(L),
 }
 
-/// What a plan runs.
-#[derive(Clone, Copy)]
-enum Choice {
-    /// The heuristic's first, until the plan's first product outside a CUDA graph's capture
-    /// times the candidates (a capture cannot wait for the device).
-    Untimed,
-    /// The fastest candidate, timed on the plan's first product.
-    Timed(Runner),
-}
-
-/// The descriptors and the algorithms of one [`Key`]; the bias and auxiliary pointers are set
-/// on the descriptor before each product. A descriptor not made yet is null, so that a plan
-/// whose making failed halfway destroys what it made.
-struct Plan {
-    desc: sys::cublasLtMatmulDesc_t,
-    a: sys::cublasLtMatrixLayout_t,
-    b: sys::cublasLtMatrixLayout_t,
-    d: sys::cublasLtMatrixLayout_t,
-    /// The heuristic's algorithms, its first choice first; never empty once made.
+/// One [`Shape`]'s descriptors, the algorithms it times, and what it runs: the heuristic's first
+/// until the plan's first product outside a CUDA graph's capture (a capture cannot wait for the
+/// device) times the candidates, then the fastest.
+struct Plan<L> {
+    descriptors: Descriptors,
+    /// The heuristic's algorithms, its first choice first; never empty.
     candidates: Vec<sys::cublasLtMatmulAlgo_t>,
-    choice: Choice,
+    chosen: Option<Runner<L>>,
 }
 
-impl Drop for Plan {
-    fn drop(&mut self) {
-        // SAFETY: each non-null descriptor was created by `Plan::new` and is destroyed once, here.
-        unsafe {
-            for layout in [self.a, self.b, self.d] {
-                if !layout.is_null() {
-                    let _ = result::destroy_matrix_layout(layout);
-                }
-            }
-            if !self.desc.is_null() {
-                let _ = result::destroy_matmul_desc(self.desc);
-            }
-        }
+impl<L: Copy> Plan<L> {
+    /// The plan of `shape`; `None` where cuBLASLt has no algorithm for it.
+    fn new(handle: &Handle, shape: Shape) -> Result<Option<Self>, result::CublasError> {
+        let descriptors = Descriptors::new(shape)?;
+        let candidates: Vec<_> = descriptors.algorithms(handle, CANDIDATES)?.into_iter().map(|h| h.algo).collect();
+        Ok((!candidates.is_empty()).then_some(Plan { descriptors, candidates, chosen: None }))
+    }
+
+    fn runner(&self) -> Runner<L> {
+        self.chosen.unwrap_or(Runner::Lt(0))
     }
 }
 
-/// Sets one attribute of a descriptor from a value.
-///
-/// # Safety
-/// `T` must be the attribute's type.
-unsafe fn set_desc<T>(
-    desc: sys::cublasLtMatmulDesc_t,
-    attr: sys::cublasLtMatmulDescAttributes_t,
-    value: &T,
-) -> Result<(), result::CublasError> {
-    // SAFETY: as the caller promises.
-    unsafe { result::set_matmul_desc_attribute(desc, attr, (value as *const T).cast(), size_of::<T>()) }
-}
-
-impl Plan {
-    /// A plan before its first descriptor: every descriptor null, nothing to destroy.
-    fn unmade() -> Self {
-        Plan {
-            desc: std::ptr::null_mut(),
-            a: std::ptr::null_mut(),
-            b: std::ptr::null_mut(),
-            d: std::ptr::null_mut(),
-            candidates: Vec::new(),
-            choice: Choice::Untimed,
-        }
-    }
-
-    /// The descriptors of `key`, and cuBLASLt's algorithms for them; `None` when it has none.
-    fn new(handle: sys::cublasLtHandle_t, key: Key) -> Result<Option<Self>, result::CublasError> {
-        use sys::cublasLtMatmulDescAttributes_t as D;
-        use sys::cublasLtMatmulPreferenceAttributes_t as P;
-        let dtype = if key.bf16 { sys::cudaDataType::CUDA_R_16BF } else { sys::cudaDataType::CUDA_R_16F };
-        let (m, n, k) = (key.m, key.n, key.k);
-        let mut plan = Plan::unmade();
-        plan.desc =
-            result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
-        let desc = plan.desc;
-        // Column-major layouts: a transposed A is stored `[k × m]`, a transposed B `[n × k]`; C (the
-        // residual, or D itself) and D are `[m × n]`.
-        let (ar, ac) = if key.ta { (k, m) } else { (m, k) };
-        let (br, bc) = if key.tb { (n, k) } else { (k, n) };
-        plan.a = result::create_matrix_layout(dtype, ar, ac, ar as i64)?;
-        plan.b = result::create_matrix_layout(dtype, br, bc, br as i64)?;
-        plan.d = result::create_matrix_layout(dtype, m, n, m as i64)?;
-        let epilogue = match key.fused {
-            Fused::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
-            Fused::Bias | Fused::Residual => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
-            Fused::GeluAux => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
-        };
-        // SAFETY: each attribute gets a value of its documented type (cublasOperation_t and the
-        // epilogue are 32-bit enums, the auxiliary matrix's leading dimension an int64).
-        unsafe {
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &i32::from(key.ta))?;
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &i32::from(key.tb))?;
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
-            if key.fused == Fused::GeluAux {
-                set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(m as i64))?;
-            }
-        }
-        let pref = result::create_matmul_pref()?;
-        // SAFETY: an array of plain C structs, for which all zeros is a valid value.
-        let mut found = vec![unsafe { std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>() }; CANDIDATES];
-        let mut count = 0i32;
-        let status = (|| {
-            // SAFETY: as above: the workspace size is a uint64, the alignments uint32; `found`
-            // holds `CANDIDATES` results.
-            unsafe {
-                let ws = WORKSPACE_BYTES as u64;
-                result::set_matmul_pref_attribute(
-                    pref,
-                    P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                    (&ws as *const u64).cast(),
-                    8,
-                )?;
-                for (attr, align) in [
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0]),
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1]),
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]),
-                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[3]),
-                ] {
-                    result::set_matmul_pref_attribute(pref, attr, (&align as *const u32).cast(), 4)?;
-                }
-                sys::cublasLtMatmulAlgoGetHeuristic(
-                    handle,
-                    desc,
-                    plan.a,
-                    plan.b,
-                    plan.d,
-                    plan.d,
-                    pref,
-                    CANDIDATES as i32,
-                    found.as_mut_ptr(),
-                    &mut count,
-                )
-                .result()
-            }
-        })();
-        // SAFETY: created above, used only by the query.
-        unsafe { result::destroy_matmul_pref(pref) }?;
-        match status {
-            Ok(()) => {}
-            Err(result::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => return Ok(None),
-            Err(e) => return Err(e),
-        }
-        found.truncate(usize::try_from(count).unwrap_or(0));
-        plan.candidates = found
-            .into_iter()
-            .filter(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
-            .map(|h| h.algo)
-            .collect();
-        Ok((!plan.candidates.is_empty()).then_some(plan))
-    }
-
-    /// What computes the plan's products now.
-    fn runner(&self) -> Runner {
-        match self.choice {
-            Choice::Untimed => Runner::Lt(0),
-            Choice::Timed(r) => r,
-        }
+/// The index of the candidate to keep, given each one's time (the heuristic's first at 0; a
+/// candidate refused at run time infinite): the fastest where it beats the first by [`MARGIN`],
+/// otherwise the first.
+fn choose(times: &[f64]) -> usize {
+    let fastest = (0..times.len()).min_by(|&i, &j| times[i].total_cmp(&times[j])).unwrap_or(0);
+    match times.first() {
+        Some(&first) if times[fastest] < first * (1.0 - MARGIN) => fastest,
+        _ => 0,
     }
 }
 
 /// The handle, its workspace (a libtorch tensor, so that the caching allocator counts it; allocated
 /// at the first product, so models without these nodes never hold it) and the plans by shape
-/// (`None`: cuBLASLt has no algorithm for it, and the node's other path runs).
+/// (`None`: cuBLASLt has no algorithm for it, and the node's other path runs), those of the plain
+/// products apart from the epilogues'.
 struct State {
-    handle: sys::cublasLtHandle_t,
-    ordinal: usize,
+    // Declared first so that it is dropped last, after the plans' descriptors.
+    plain: HashMap<Shape, Option<Plan<()>>>,
+    fused: HashMap<Shape, Option<Plan<Infallible>>>,
     workspace: Option<Tensor>,
-    plans: HashMap<Key, Option<Plan>>,
+    handle: Handle,
 }
 
+/// GPT-2's 16-bit matrix products on the compute stream of one GPU.
 pub struct LtProducts {
+    gpu: Arc<Gpu>,
     state: Mutex<State>,
 }
 
-// SAFETY: the handle and descriptors are used only under the mutex; cuBLASLt allows a handle on
-// any thread as long as calls on it do not overlap.
-unsafe impl Send for LtProducts {}
-// SAFETY: as for `Send`: every use of the raw handles holds the mutex.
-unsafe impl Sync for LtProducts {}
-
-impl Drop for State {
-    fn drop(&mut self) {
-        self.plans.clear();
-        // SAFETY: created by `LtProducts::new`, destroyed once, after its plans.
-        unsafe {
-            let _ = result::destroy_handle(self.handle);
-        }
-    }
+/// A tensor's facts as a product needs them, read once: each read is a call into libtorch, and a
+/// product's checks (layout, alignment, overlap) would otherwise read each operand several times.
+/// A vector is a matrix of one row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Matrix {
+    addr: usize,
+    kind: Kind,
+    rank: usize,
+    rows: i64,
+    cols: i64,
+    strides: [i64; 2],
 }
 
-/// The largest power of two, up to 256, that divides `t`'s address.
-fn alignment(t: &Tensor) -> u32 {
-    let p = t.data_ptr() as usize;
-    if p == 0 {
-        256
-    } else {
-        (1u32 << p.trailing_zeros().min(8)).min(256)
-    }
-}
-
-/// Whether `t` is a contiguous matrix of `shape` and `kind`.
-fn is(t: &Tensor, kind: Kind, shape: &[i64]) -> bool {
-    t.kind() == kind && t.size() == shape && t.is_contiguous()
-}
-
-/// How a row-major operand `[r × c]` lies in memory: rows of `c` (contiguous), or the transpose
-/// of a contiguous `[c × r]` (a `.t()` view, as libtorch's linear layers pass their weights).
-/// `None` for anything else.
-fn lies(t: &Tensor, kind: Kind) -> Option<Lies> {
-    let ([r, c], strides) = (dims(t), t.stride());
-    if t.kind() != kind || t.size().len() != 2 || r == 0 || c == 0 {
-        return None;
-    }
-    match strides[..] {
-        [sr, 1] if sr == c || r == 1 => Some(Lies::Rows),
-        [1, sc] if sc == r || c == 1 => Some(Lies::Transposed),
-        _ => None,
-    }
-}
-
-#[derive(Clone, Copy, PartialEq)]
+/// How a row-major matrix `[r × c]` lies in memory: rows of `c` (contiguous), or the transpose of
+/// a contiguous `[c × r]` (a `.t()` view, as libtorch's linear layers pass their weights).
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Lies {
     Rows,
     Transposed,
 }
 
-/// Milliseconds per product of `run` on `stream`: the least of [`TIMING_ROUNDS`] rounds of
-/// [`TIMED_CALLS`], between two events.
-fn time_ms(stream: *mut c_void, mut run: impl FnMut() -> Result<(), ProductError>) -> Result<f32, ProductError> {
-    use cudarc::driver::result::event;
-    let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
-    let (start, end) = (event::create(flags)?, event::create(flags)?);
-    let timed = (|| {
-        let mut best = f32::INFINITY;
-        run()?;
-        for _ in 0..TIMING_ROUNDS {
-            // SAFETY: the events were made above and `stream` is the caller's live stream.
-            unsafe { event::record(start, stream.cast()) }?;
-            for _ in 0..TIMED_CALLS {
-                run()?;
-            }
-            // SAFETY: as above.
-            let ms = unsafe {
-                event::record(end, stream.cast())?;
-                event::synchronize(end)?;
-                event::elapsed(start, end)?
-            };
-            best = best.min(ms / TIMED_CALLS as f32);
-        }
-        Ok::<_, ProductError>(best)
-    })();
-    // SAFETY: made above; nothing waits on them any more (`synchronize` returned, or an error
-    // ended the timing, after which they are only destroyed).
-    unsafe {
-        let _ = event::destroy(start);
-        let _ = event::destroy(end);
+impl Matrix {
+    /// `None` for a tensor of more than two dimensions or none.
+    fn read(t: &Tensor) -> Option<Self> {
+        let (size, stride) = (t.size(), t.stride());
+        let (rank, rows, cols, strides) = match (&size[..], &stride[..]) {
+            (&[c], &[s]) => (1, 1, c, [c * s, s]),
+            (&[r, c], &[sr, sc]) => (2, r, c, [sr, sc]),
+            _ => return None,
+        };
+        Some(Matrix { addr: t.data_ptr() as usize, kind: t.kind(), rank, rows, cols, strides })
     }
-    timed
+
+    /// The same memory read as its transpose (what `.t()` gives).
+    fn transposed(self) -> Self {
+        Matrix { rows: self.cols, cols: self.rows, strides: [self.strides[1], self.strides[0]], ..self }
+    }
+
+    /// How the matrix lies, if as rows or transposed rows; `None` for anything else (another
+    /// element type, a vector, an empty matrix, a strided slice).
+    fn lies(&self, kind: Kind) -> Option<Lies> {
+        let (r, c) = (self.rows, self.cols);
+        if self.kind != kind || self.rank != 2 || r == 0 || c == 0 {
+            return None;
+        }
+        match self.strides {
+            [sr, 1] if sr == c || r == 1 => Some(Lies::Rows),
+            [1, sc] if sc == r || c == 1 => Some(Lies::Transposed),
+            _ => None,
+        }
+    }
+
+    /// Whether this is a contiguous `[rows × cols]` of `kind` (a vector: `rows` 1, `rank` 1).
+    fn is(&self, kind: Kind, rank: usize, rows: i64, cols: i64) -> bool {
+        self.kind == kind
+            && self.rank == rank
+            && (self.rows, self.cols) == (rows, cols)
+            && (cols <= 1 || self.strides[1] == 1)
+            && (rows <= 1 || self.strides[0] == cols)
+    }
+
+    /// The largest power of two, up to 256, that divides the address.
+    fn alignment(&self) -> u32 {
+        if self.addr == 0 {
+            256
+        } else {
+            1u32 << self.addr.trailing_zeros().min(8)
+        }
+    }
+
+    /// The bytes spanned, from the first element's address to the end of the last.
+    fn span(&self) -> (usize, usize) {
+        let last = (self.rows.max(1) - 1) * self.strides[0] + (self.cols.max(1) - 1) * self.strides[1];
+        (self.addr, self.addr + (last as usize + 1) * self.kind.elt_size_in_bytes())
+    }
+
+    fn overlaps(&self, other: &Matrix) -> bool {
+        let ((s1, e1), (s2, e2)) = (self.span(), other.span());
+        s1 < e2 && s2 < e1
+    }
+
+    fn ptr(&self) -> *mut c_void {
+        self.addr as *mut c_void
+    }
 }
 
-/// Whether `stream` is being captured into a CUDA graph (where nothing may wait for the device).
-fn capturing(stream: *mut c_void) -> Result<bool, ProductError> {
-    use cudarc::driver::sys::CUstreamCaptureStatus as S;
-    // SAFETY: `stream` is the caller's live stream.
-    let status = unsafe { cudarc::driver::result::stream::is_capturing(stream.cast()) }?;
-    Ok(status != S::CU_STREAM_CAPTURE_STATUS_NONE)
+/// The epilogue's tensors beside the product, as the callers give them.
+enum Form<'a> {
+    /// A bias at most: libtorch's `mm` or `addmm` computes the same.
+    Plain { bias: Option<&'a Tensor> },
+    /// The GELU's input `h` it writes.
+    GeluAux { bias: &'a Tensor, h: &'a Tensor },
+    /// The residual it adds.
+    Residual { bias: &'a Tensor, res: &'a Tensor },
 }
 
 impl LtProducts {
-    /// A cuBLASLt handle for CUDA device `ordinal`; `None` where libcublasLt cannot be loaded.
-    pub fn new(ordinal: usize) -> Result<Option<Self>, ProductError> {
-        // SAFETY: only looks for the library.
-        if !unsafe { sys::is_culib_present() } {
-            return Ok(None);
-        }
-        let handle = result::create_handle()?;
-        Ok(Some(Self { state: Mutex::new(State { handle, ordinal, workspace: None, plans: HashMap::new() }) }))
+    /// A cuBLASLt handle for `gpu`, whose compute stream the products run on; `None` where
+    /// libcublasLt cannot be loaded.
+    pub fn new(gpu: Arc<Gpu>) -> Result<Option<Self>, ProductError> {
+        let Some(handle) = Handle::new()? else { return Ok(None) };
+        let state = State { plain: HashMap::new(), fused: HashMap::new(), workspace: None, handle };
+        Ok(Some(Self { gpu, state: Mutex::new(state) }))
     }
 
-    /// `h = x·w1ᵀ + b1` and `a = gelu_tanh(h)` in one product, on `stream`: `x` is `[T × d]`,
-    /// `w1` `[f × d]`, `b1` `[f]`, `h` and `a` `[T × f]`, all contiguous, of one 16-bit kind.
-    /// `false` (nothing written) for tensors it does not take.
-    pub fn gelu_up(
-        &self,
-        x: &Tensor,
-        w1: &Tensor,
-        b1: &Tensor,
-        h: &Tensor,
-        a: &Tensor,
-        stream: *mut c_void,
-    ) -> Result<bool, ProductError> {
-        // The auxiliary matrix's leading dimension must be a multiple of 8 and its address 16-byte
-        // aligned (cuBLASLt's requirements).
-        let f = dims(w1)[0];
-        if f % 8 != 0 || alignment(h) < 16 || !is(h, x.kind(), &[dims(x)[0], f]) || !w1.is_contiguous() {
-            return Ok(false);
-        }
-        self.product(x, &w1.tr(), Some(b1), Side::Aux(h), a, stream)
+    /// `h = x·w1ᵀ + b1` and `a = gelu_tanh(h)` in one product: `x` is `[T × d]`, `w1` `[f × d]`,
+    /// `b1` `[f]`, `h` and `a` `[T × f]`, contiguous, all of one 16-bit kind. `false` (nothing
+    /// written) for tensors it does not take.
+    pub fn gelu_up(&self, x: &Tensor, w1: &Tensor, b1: &Tensor, h: &Tensor, a: &Tensor) -> Result<bool, ProductError> {
+        self.product(x, Matrix::read(w1).map(Matrix::transposed), Form::GeluAux { bias: b1, h }, a)
     }
 
-    /// `out = res + x·wᵀ + b` in one product, on `stream`: `x` is `[T × k]`, `w` `[n × k]`, `b`
-    /// `[n]`, `res` and `out` `[T × n]`, as [`Self::gelu_up`].
+    /// `out = res + x·wᵀ + b` in one product: `x` is `[T × k]`, `w` `[n × k]`, `b` `[n]`, `res`
+    /// and `out` `[T × n]`, as [`Self::gelu_up`].
     pub fn residual(
         &self,
         res: &Tensor,
@@ -435,172 +567,191 @@ impl LtProducts {
         w: &Tensor,
         b: &Tensor,
         out: &Tensor,
-        stream: *mut c_void,
     ) -> Result<bool, ProductError> {
-        let n = dims(w)[0];
-        if !is(res, x.kind(), &[dims(x)[0], n]) || !w.is_contiguous() {
-            return Ok(false);
-        }
-        self.product(x, &w.tr(), Some(b), Side::Residual(res), out, stream)
+        self.product(x, Matrix::read(w).map(Matrix::transposed), Form::Residual { bias: b, res }, out)
     }
 
-    /// `out = a·b`, plus `bias` along its rows where given, on `stream`: `a` is `[r × k]`, `b`
-    /// `[k × c]`, each rows of its own or the transpose of a contiguous matrix (a `.t()` view),
-    /// `bias` `[c]` and `out` `[r × c]` contiguous, all of one 16-bit kind, `out` apart from the
-    /// others. `false` (nothing written) for tensors it does not take.
-    pub fn matmul(
-        &self,
-        a: &Tensor,
-        b: &Tensor,
-        bias: Option<&Tensor>,
-        out: &Tensor,
-        stream: *mut c_void,
-    ) -> Result<bool, ProductError> {
-        self.product(a, b, bias, Side::None, out, stream)
+    /// `out = a·b`, plus `bias` along its rows where given: `a` is `[r × k]`, `b` `[k × c]`, each
+    /// rows of its own or the transpose of a contiguous matrix (a `.t()` view), `bias` `[c]` and
+    /// `out` `[r × c]` contiguous, all of one 16-bit kind, `out` apart from the others. `false`
+    /// (nothing written) for tensors it does not take.
+    pub fn matmul(&self, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<bool, ProductError> {
+        let torch = LibtorchProduct { a, b, bias, out };
+        self.product_with(a, Matrix::read(b), Form::Plain { bias }, out, Some(torch))
     }
 
-    /// `out = epilogue(a·b + bias)` with the epilogue's other matrix `side` (the epilogues with one
-    /// are given a bias). In cuBLASLt's column-major terms the row-major `out = a·b` is
+    fn product(&self, a: &Tensor, b: Option<Matrix>, form: Form<'_>, out: &Tensor) -> Result<bool, ProductError> {
+        self.product_with(a, b, form, out, None)
+    }
+
+    /// `out = epilogue(a·b)`. In cuBLASLt's column-major terms the row-major `out = a·b` is
     /// `outᵀ = bᵀ·aᵀ`: cuBLASLt's A is `b`, its B is `a`, and a row-major matrix is the
-    /// column-major transpose of itself.
-    fn product(
+    /// column-major transpose of itself. `torch` is libtorch's call for the same product, where
+    /// libtorch has one (`Form::Plain`).
+    fn product_with(
         &self,
         a: &Tensor,
-        b: &Tensor,
-        bias: Option<&Tensor>,
-        side: Side<'_>,
+        b: Option<Matrix>,
+        form: Form<'_>,
         out: &Tensor,
-        stream: *mut c_void,
+        torch: Option<LibtorchProduct<'_>>,
     ) -> Result<bool, ProductError> {
-        let kind = a.kind();
+        let (Some(ma), Some(mb), Some(mo)) = (Matrix::read(a), b, Matrix::read(out)) else { return Ok(false) };
+        let kind = ma.kind;
         let bf16 = match kind {
             Kind::BFloat16 => true,
             Kind::Half => false,
             _ => return Ok(false),
         };
-        let ([r, k], [k2, c]) = (dims(a), dims(b));
-        let (Some(la), Some(lb)) = (lies(a, kind), lies(b, kind)) else { return Ok(false) };
-        if k != k2 || !is(out, kind, &[r, c]) {
+        let (Some(la), Some(lb)) = (ma.lies(kind), mb.lies(kind)) else { return Ok(false) };
+        let (r, k, c) = (ma.rows, ma.cols, mb.cols);
+        if mb.rows != k || !mo.is(kind, 2, r, c) {
             return Ok(false);
         }
-        // The bias 16-byte aligned (cuBLASLt's requirement).
-        if let Some(bias) = bias {
-            if !is(bias, kind, &[c]) || alignment(bias) < 16 {
-                return Ok(false);
+        // The bias and the epilogue's other matrix: the bias a contiguous `[c]` and the side
+        // matrix a contiguous `[r × c]`, like the output.
+        let read_bias = |t: &Tensor| Matrix::read(t).filter(|m| m.is(kind, 1, 1, c));
+        let read_side = |t: &Tensor| Matrix::read(t).filter(|m| m.is(kind, 2, r, c));
+        let (bias, aux, residual) = match form {
+            Form::Plain { bias: None } => (None, None, None),
+            Form::Plain { bias: Some(t) } | Form::GeluAux { bias: t, .. } | Form::Residual { bias: t, .. } => {
+                let Some(bias) = read_bias(t) else { return Ok(false) };
+                match form {
+                    Form::GeluAux { h, .. } => match read_side(h) {
+                        Some(h) => (Some(bias), Some(h), None),
+                        None => return Ok(false),
+                    },
+                    Form::Residual { res, .. } => match read_side(res) {
+                        Some(res) => (Some(bias), None, Some(res)),
+                        None => return Ok(false),
+                    },
+                    Form::Plain { .. } => (Some(bias), None, None),
+                }
             }
-        }
-        let (fused, cm, beta, aux) = match side {
-            Side::None if bias.is_some() => (Fused::Bias, out, 0f32, None),
-            Side::None => (Fused::None, out, 0f32, None),
-            Side::Aux(h) => (Fused::GeluAux, out, 0f32, Some(h)),
-            Side::Residual(res) => (Fused::Residual, res, 1f32, None),
         };
-        if fused != Fused::None && bias.is_none() {
+        // cuBLASLt's requirements: a bias 16-byte aligned; the auxiliary matrix 16-byte aligned
+        // with a leading dimension a multiple of 8.
+        if bias.is_some_and(|m| m.alignment() < 16) || aux.is_some_and(|h| h.alignment() < 16 || c % 8 != 0) {
             return Ok(false);
         }
         // The candidates are timed writing `out` (and the auxiliary matrix): none of them may be
         // an input, or a later candidate would read what an earlier one wrote, nor may the two
         // outputs share memory.
-        let inputs = [Some(a), Some(b), bias, (beta != 0.0).then_some(cm)];
-        let written = |t: &Tensor| overlaps(t, out) || aux.is_some_and(|h| overlaps(t, h));
-        if inputs.iter().flatten().any(|t| written(t)) || aux.is_some_and(|h| overlaps(h, out)) {
+        let inputs = [Some(ma), Some(mb), bias, residual];
+        let written = |m: &Matrix| mo.overlaps(m) || aux.is_some_and(|h| h.overlaps(m));
+        if inputs.iter().flatten().any(written) || aux.is_some_and(|h| h.overlaps(&mo)) {
             return Ok(false);
         }
-        let key = Key {
-            fused,
+        let side = match (bias, aux, residual) {
+            (None, _, _) => SidePointers::None,
+            (Some(bias), None, None) => SidePointers::Bias { bias: bias.ptr() },
+            (Some(bias), Some(aux), _) => SidePointers::GeluAux { bias: bias.ptr(), aux: aux.ptr() },
+            (Some(bias), None, Some(res)) => SidePointers::Residual { bias: bias.ptr(), c: res.ptr() },
+        };
+        let shape = Shape {
+            epilogue: side.epilogue(),
             bf16,
             m: c as u64,
             n: r as u64,
             k: k as u64,
             ta: lb == Lies::Transposed,
             tb: la == Lies::Transposed,
-            align: [alignment(b), alignment(a), alignment(cm), alignment(out)],
+            align: [mb.alignment(), ma.alignment(), residual.unwrap_or(mo).alignment(), mo.alignment()],
         };
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let handle = state.handle;
+        let pointers = Pointers { a: mb.ptr(), b: ma.ptr(), d: mo.ptr(), side };
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let state = &mut *guard;
         let workspace = match &state.workspace {
             Some(w) => w.data_ptr(),
             None => {
-                let w = Tensor::f_empty([WORKSPACE_BYTES as i64], (Kind::Uint8, Device::Cuda(state.ordinal)))?;
+                let w = Tensor::f_empty([WORKSPACE_BYTES as i64], (Kind::Uint8, Device::Cuda(self.gpu.ordinal)))?;
                 state.workspace.insert(w).data_ptr()
             }
         };
-        let plan = match state.plans.entry(key) {
+        let lt = Lt { gpu: &self.gpu, handle: &state.handle, workspace, shape, pointers };
+        match torch {
+            Some(torch) => lt.run(&mut state.plain, Some(()), |()| torch.run()),
+            None => lt.run(&mut state.fused, None, |never: Infallible| match never {}),
+        }
+    }
+}
+
+/// libtorch's call for a plain product, on its current stream (the compute stream, as the shim
+/// passes it).
+struct LibtorchProduct<'a> {
+    a: &'a Tensor,
+    b: &'a Tensor,
+    bias: Option<&'a Tensor>,
+    out: &'a Tensor,
+}
+
+impl LibtorchProduct<'_> {
+    fn run(&self) -> Result<(), ProductError> {
+        let _out = match self.bias {
+            Some(c) => c.f_addmm_out(self.out, self.a, self.b)?,
+            None => self.a.f_mm_out(self.out, self.b)?,
+        };
+        Ok(())
+    }
+}
+
+/// One checked product, ready to run through its shape's plan.
+struct Lt<'a> {
+    gpu: &'a Gpu,
+    handle: &'a Handle,
+    workspace: *mut c_void,
+    shape: Shape,
+    pointers: Pointers,
+}
+
+impl Lt<'_> {
+    /// Runs the product through its shape's plan in `plans`, making the plan at the shape's first
+    /// product and timing its candidates (the algorithms, and libtorch's call where `offered`) at
+    /// the first outside a capture. `false` where cuBLASLt has no algorithm for the shape.
+    fn run<L: Copy + Debug>(
+        &self,
+        plans: &mut HashMap<Shape, Option<Plan<L>>>,
+        offered: Option<L>,
+        libtorch: impl Fn(L) -> Result<(), ProductError>,
+    ) -> Result<bool, ProductError> {
+        let plan = match plans.entry(self.shape) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(Plan::new(handle, key)?),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(Plan::new(self.handle, self.shape)?),
         };
         let Some(plan) = plan.as_mut() else { return Ok(false) };
-        let bias_ptr = bias.map_or(std::ptr::null_mut(), |b| b.data_ptr());
-        let alpha = 1f32;
-        let run = |plan: &Plan, algo: &sys::cublasLtMatmulAlgo_t| {
-            // SAFETY: the tensors were checked above to hold the matrices the plan describes and
-            // are alive for the call; the product runs on `stream`, in its order, as libtorch's
-            // would; the workspace is `WORKSPACE_BYTES` on the same device.
-            unsafe {
-                use sys::cublasLtMatmulDescAttributes_t as D;
-                if fused != Fused::None {
-                    set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr)?;
-                }
-                if let Some(h) = aux {
-                    set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &h.data_ptr())?;
-                }
-                result::matmul(
-                    handle,
-                    plan.desc,
-                    (&alpha as *const f32).cast(),
-                    (&beta as *const f32).cast(),
-                    b.data_ptr(),
-                    plan.a,
-                    a.data_ptr(),
-                    plan.b,
-                    cm.data_ptr(),
-                    plan.d,
-                    out.data_ptr(),
-                    plan.d,
-                    algo,
-                    workspace,
-                    WORKSPACE_BYTES,
-                    stream.cast(),
+        let run_as = |plan: &Plan<L>, runner: Runner<L>| match runner {
+            // SAFETY: the pointers were checked to hold the matrices the shape describes and
+            // their tensors are alive for the call; the product runs on the compute stream, in
+            // its order, as libtorch's would; the workspace is `WORKSPACE_BYTES` on the same device.
+            Runner::Lt(i) => Ok(unsafe {
+                plan.descriptors.run(
+                    self.handle,
+                    &plan.candidates[i],
+                    self.pointers,
+                    self.workspace,
+                    self.gpu.compute.cu_stream().cast(),
                 )
-            }
+            }?),
+            Runner::Libtorch(l) => libtorch(l),
         };
-        // libtorch's call for the same product, on its current stream (`stream`, as the shim
-        // passes it).
-        let libtorch = matches!(fused, Fused::None | Fused::Bias).then_some(|| -> Result<(), ProductError> {
-            let _out = match bias {
-                Some(c) => c.f_addmm_out(out, a, b)?,
-                None => a.f_mm_out(out, b)?,
-            };
-            Ok(())
-        });
-        let run_as = |plan: &Plan, runner: Runner| match (runner, &libtorch) {
-            (Runner::Libtorch, Some(torch)) => torch(),
-            (Runner::Lt(i), _) => Ok(run(plan, &plan.candidates[i])?),
-            // Never chosen where libtorch has no such product (the epilogues).
-            (Runner::Libtorch, None) => Ok(run(plan, &plan.candidates[0])?),
-        };
-        let pool = plan.candidates.len() + usize::from(libtorch.is_some());
-        if matches!(plan.choice, Choice::Untimed) && pool > 1 && !capturing(stream)? {
-            let runners: Vec<Runner> = (0..plan.candidates.len())
-                .map(Runner::Lt)
-                .chain(libtorch.is_some().then_some(Runner::Libtorch))
-                .collect();
+        let runners: Vec<Runner<L>> =
+            (0..plan.candidates.len()).map(Runner::Lt).chain(offered.map(Runner::Libtorch)).collect();
+        if plan.chosen.is_none() && runners.len() > 1 && !capturing(self.gpu)? {
             let mut times = Vec::with_capacity(runners.len());
             for &r in &runners {
                 // A candidate cuBLASLt or libtorch refuses at run time is left out, not fatal.
-                times.push(match time_ms(stream, || run_as(plan, r)) {
+                times.push(match time_ms(self.gpu, || run_as(plan, r)) {
                     Ok(ms) => ms,
                     Err(e @ (ProductError::Lt(_) | ProductError::Torch(_))) => {
-                        tracing::debug!(?key, ?r, "candidate refused: {e}");
-                        f32::INFINITY
+                        tracing::debug!(shape = ?self.shape, runner = ?r, "candidate refused: {e}");
+                        f64::INFINITY
                     }
                     Err(e) => return Err(e),
                 });
             }
-            let fastest = (0..times.len()).min_by(|&i, &j| times[i].total_cmp(&times[j])).unwrap_or(0);
-            let chosen = if times[fastest] < times[0] * (1.0 - MARGIN) { runners[fastest] } else { Runner::Lt(0) };
-            tracing::debug!(?key, ?times, ?chosen, "matrix-product candidates timed");
-            plan.choice = Choice::Timed(chosen);
+            let chosen = runners[choose(&times)];
+            tracing::debug!(shape = ?self.shape, ?times, ?chosen, "matrix-product candidates timed");
+            plan.chosen = Some(chosen);
         }
         // The chosen candidate writes the result last, whatever the timing ran.
         run_as(plan, plan.runner())?;
@@ -608,43 +759,52 @@ impl LtProducts {
     }
 }
 
-/// Whether the memory of `t` and `u` overlaps (each from its first element's address to its last's).
-fn overlaps(t: &Tensor, u: &Tensor) -> bool {
-    let span = |t: &Tensor| {
-        let start = t.data_ptr() as usize;
-        let last = t.size().iter().zip(t.stride()).map(|(&n, s)| (n.max(1) - 1) * s).sum::<i64>();
-        (start, start + (last as usize + 1) * t.kind().elt_size_in_bytes())
-    };
-    let ((s1, e1), (s2, e2)) = (span(t), span(u));
-    s1 < e2 && s2 < e1
+/// Milliseconds per product of `run` on the compute stream: the least of [`TIMING_ROUNDS`] rounds
+/// of [`TIMED_CALLS`], between two of the GPU's events.
+fn time_ms(gpu: &Gpu, mut run: impl FnMut() -> Result<(), ProductError>) -> Result<f64, ProductError> {
+    let (start, end) = (gpu.event()?, gpu.event()?);
+    let timed = (|| {
+        let mut best = f64::INFINITY;
+        run()?;
+        for _ in 0..TIMING_ROUNDS {
+            gpu.record(start, &gpu.compute)?;
+            for _ in 0..TIMED_CALLS {
+                run()?;
+            }
+            gpu.record(end, &gpu.compute)?;
+            best = best.min(gpu.elapsed_ms(start, end)? / TIMED_CALLS as f64);
+        }
+        Ok::<_, ProductError>(best)
+    })();
+    // Nothing reads them again: `elapsed_ms` waited for `end`, or an error ended the timing.
+    gpu.recycle(start);
+    gpu.recycle(end);
+    timed
 }
 
-/// The epilogue's matrix beside the output: none, the GELU's input it writes, or the residual it
-/// adds (cuBLASLt's `C`, with the output's layout).
-enum Side<'a> {
-    None,
-    Aux(&'a Tensor),
-    Residual(&'a Tensor),
-}
-
-/// A matrix's rows and columns (`[0, 0]` for anything else).
-fn dims(t: &Tensor) -> [i64; 2] {
-    match t.size()[..] {
-        [r, c] => [r, c],
-        _ => [0, 0],
-    }
+/// Whether the compute stream is being captured into a CUDA graph (where nothing may wait for the
+/// device).
+fn capturing(gpu: &Gpu) -> Result<bool, ProductError> {
+    use cudarc::driver::sys::CUstreamCaptureStatus as S;
+    // SAFETY: the GPU's live compute stream.
+    let status = unsafe { cudarc::driver::result::stream::is_capturing(gpu.compute.cu_stream()) }?;
+    Ok(status != S::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A plan whose making failed before its first descriptor holds only nulls, and dropping it
+    fn shape() -> Shape {
+        Shape { epilogue: Epilogue::None, bf16: true, m: 8, n: 8, k: 8, ta: false, tb: false, align: [256; 4] }
+    }
+
+    /// Descriptors whose making failed before the first one hold only nulls, and dropping them
     /// calls nothing in cuBLASLt. Where the library is absent (a CPU host), any call would load it
     /// and panic.
     #[test]
-    fn a_plan_made_of_nothing_destroys_nothing() {
-        drop(Plan::unmade());
+    fn descriptors_made_of_nothing_destroy_nothing() {
+        drop(Descriptors::unmade(shape()));
     }
 
     /// The layouts a product takes: rows, and the transpose of a contiguous matrix; not a
@@ -652,27 +812,72 @@ mod tests {
     #[test]
     fn operands_lie_as_rows_or_transposed() {
         let o = (Kind::BFloat16, Device::Cpu);
+        let lies = |t: &Tensor, kind| Matrix::read(t).and_then(|m| m.lies(kind));
         let m = Tensor::zeros([6, 4], o);
-        assert!(lies(&m, Kind::BFloat16) == Some(Lies::Rows));
-        assert!(lies(&m.tr(), Kind::BFloat16) == Some(Lies::Transposed));
-        assert!(lies(&m.narrow(1, 0, 2), Kind::BFloat16).is_none(), "rows of 2 in rows of 4");
-        assert!(lies(&m.slice(0, 0, 6, 2), Kind::BFloat16).is_none(), "every other row");
-        assert!(lies(&m, Kind::Half).is_none());
-        assert!(lies(&Tensor::zeros([6], o), Kind::BFloat16).is_none());
-        assert!(lies(&Tensor::zeros([0, 4], o), Kind::BFloat16).is_none());
+        assert_eq!(lies(&m, Kind::BFloat16), Some(Lies::Rows));
+        assert_eq!(lies(&m.tr(), Kind::BFloat16), Some(Lies::Transposed));
+        assert_eq!(Matrix::read(&m).map(Matrix::transposed), Matrix::read(&m.tr()), "transposed as `.t()` is");
+        assert_eq!(lies(&m.narrow(1, 0, 2), Kind::BFloat16), None, "rows of 2 in rows of 4");
+        assert_eq!(lies(&m.slice(0, 0, 6, 2), Kind::BFloat16), None, "every other row");
+        assert_eq!(lies(&m, Kind::Half), None);
+        assert_eq!(lies(&Tensor::zeros([6], o), Kind::BFloat16), None);
+        assert_eq!(lies(&Tensor::zeros([0, 4], o), Kind::BFloat16), None);
+        assert!(Matrix::read(&Tensor::zeros([2, 3, 4], o)).is_none(), "three dimensions");
         // One row or one column is both; it is taken either way.
         assert!(lies(&Tensor::zeros([1, 4], o), Kind::BFloat16).is_some());
         assert!(lies(&Tensor::zeros([4, 1], o), Kind::BFloat16).is_some());
+    }
+
+    /// `is`: contiguous, of the kind, rank and size asked; a vector is a row.
+    #[test]
+    fn contiguous_matrices_and_vectors() {
+        let o = (Kind::BFloat16, Device::Cpu);
+        let m = Matrix::read(&Tensor::zeros([6, 4], o)).unwrap();
+        assert!(m.is(Kind::BFloat16, 2, 6, 4));
+        assert!(!m.is(Kind::BFloat16, 2, 4, 6) && !m.is(Kind::Half, 2, 6, 4) && !m.is(Kind::BFloat16, 1, 6, 4));
+        assert!(!m.transposed().is(Kind::BFloat16, 2, 4, 6), "a transposed view is not rows");
+        let v = Matrix::read(&Tensor::zeros([4], o)).unwrap();
+        assert!(v.is(Kind::BFloat16, 1, 1, 4) && !v.is(Kind::BFloat16, 2, 1, 4));
+        let strided = Matrix::read(&Tensor::zeros([8], o).slice(0, 0, 8, 2)).unwrap();
+        assert!(!strided.is(Kind::BFloat16, 1, 1, 4), "every other element");
     }
 
     /// Overlap is by the memory each view spans: a view and its base overlap, two halves do not.
     #[test]
     fn overlap_is_by_memory_spanned() {
         let t = Tensor::zeros([8, 4], (Kind::BFloat16, Device::Cpu));
-        let (top, bottom) = (t.narrow(0, 0, 4), t.narrow(0, 4, 4));
-        assert!(overlaps(&t, &top) && overlaps(&bottom, &t));
-        assert!(!overlaps(&top, &bottom) && !overlaps(&bottom, &top));
-        assert!(overlaps(&t.tr(), &bottom), "a transposed view spans the same memory");
-        assert!(!overlaps(&t, &Tensor::zeros([8, 4], (Kind::BFloat16, Device::Cpu))));
+        let m = |t: &Tensor| Matrix::read(t).unwrap();
+        let (top, bottom) = (m(&t.narrow(0, 0, 4)), m(&t.narrow(0, 4, 4)));
+        assert!(m(&t).overlaps(&top) && bottom.overlaps(&m(&t)));
+        assert!(!top.overlaps(&bottom) && !bottom.overlaps(&top));
+        assert!(m(&t.tr()).overlaps(&bottom), "a transposed view spans the same memory");
+        assert!(m(&t.get(7)).overlaps(&bottom) && !m(&t.get(0)).overlaps(&bottom), "a row of it");
+        assert!(!m(&t).overlaps(&m(&Tensor::zeros([8, 4], (Kind::BFloat16, Device::Cpu)))));
+    }
+
+    /// Alignment is the largest power of two dividing the address, at most 256.
+    #[test]
+    fn alignment_of_an_address() {
+        let t = Tensor::zeros([64], (Kind::BFloat16, Device::Cpu));
+        let base = Matrix::read(&t).unwrap();
+        let at = |i: i64| Matrix::read(&t.narrow(0, i, 1)).unwrap().alignment();
+        assert!(base.alignment() >= 16, "libtorch's allocations are aligned");
+        let aligned = base.alignment().min(256);
+        assert_eq!(at(1), 2, "one bf16 element in");
+        assert_eq!(at(4), 8.min(aligned));
+        assert_eq!(Matrix { addr: 1 << 20, ..base }.alignment(), 256);
+    }
+
+    /// A candidate replaces the heuristic's first only when faster by the margin; a refused one
+    /// (infinite) never; where the first is refused, the fastest of the rest.
+    #[test]
+    fn the_fastest_candidate_beyond_the_margin() {
+        assert_eq!(choose(&[1.0, 0.99, 1.2]), 0, "within the margin");
+        assert_eq!(choose(&[1.0, 0.99, 0.97]), 2);
+        assert_eq!(choose(&[1.0, f64::INFINITY]), 0);
+        assert_eq!(choose(&[f64::INFINITY, 3.0, 2.0]), 2);
+        assert_eq!(choose(&[f64::INFINITY, f64::INFINITY]), 0);
+        assert_eq!(choose(&[1.0]), 0);
+        assert_eq!(choose(&[]), 0);
     }
 }

@@ -398,7 +398,7 @@ impl NodeKernels {
             _module: module,
             sms: kernels::multiprocessors(&gpu)?,
             ln: Mutex::new(HashMap::new()),
-            products: LtProducts::new(gpu.ordinal)?,
+            products: LtProducts::new(Arc::clone(&gpu))?,
             gpu,
         })
     }
@@ -440,10 +440,10 @@ impl NodeKernels {
     fn with_products(
         &self,
         counter: &AtomicU64,
-        f: impl FnOnce(&LtProducts, *mut c_void) -> Result<bool, ProductError>,
+        f: impl FnOnce(&LtProducts) -> Result<bool, ProductError>,
     ) -> Result<Outcome, NodeKernelError> {
         let Some(e) = &self.products else { return Ok(Outcome::Declined) };
-        Ok(Outcome::product(f(e, self.gpu.compute.cu_stream().cast())?, counter))
+        Ok(Outcome::product(f(e)?, counter))
     }
 
     /// `y = layer_norm(x) · gamma + beta` over rows of `cols`, with each row's mean and reciprocal
@@ -826,7 +826,7 @@ unsafe extern "C" fn matmul_cb(
         let t = |p| unsafe { lent(p) };
         // The bias is optional: a null pointer when there is none.
         let bias = (!bias.is_null()).then(|| t(bias));
-        k.with_products(&PLAIN_PRODUCTS, |e, stream| e.matmul(&t(a), &t(b), bias.as_ref(), &t(out), stream))
+        k.with_products(&PLAIN_PRODUCTS, |e| e.matmul(&t(a), &t(b), bias.as_ref(), &t(out)))
     })
 }
 
@@ -848,9 +848,7 @@ macro_rules! five_tensor_cb {
             answer(stream, err, cap, |k| {
                 // SAFETY: the shim passes live tensors.
                 let t = |p| unsafe { lent(p) };
-                k.with_products(&EPILOGUE_PRODUCTS, |e, stream| {
-                    e.$method(&t(t0), &t(t1), &t(t2), &t(t3), &t(t4), stream)
-                })
+                k.with_products(&EPILOGUE_PRODUCTS, |e| e.$method(&t(t0), &t(t1), &t(t2), &t(t3), &t(t4)))
             })
         }
     };
