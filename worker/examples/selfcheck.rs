@@ -39,7 +39,8 @@
 //!   ignored targets: in fp32 the loss within 1e-5 and both gradients within 1e-4
 //!   relative (normwise); in bf16 and fp16 within 2e-3 for the loss and 2e-2 for the gradients
 //!   (16-bit rounding of the gradients, summed over chunks); in three chunks and in one. The
-//!   kernel must be the one used.
+//!   kernel must be the one used, and in 16 bits each chunk's three products must run through
+//!   the timed cuBLASLt plans.
 //! * `recompute`: GPT-2's recomputing nodes (`model::recompute`) against the operations they
 //!   stand for, composed on the same GPU, for one block's shapes in fp32 and bf16: the outputs
 //!   and every input's gradient within 1e-5 (fp32) or 2e-2 (bf16) relative (normwise). What each
@@ -413,7 +414,10 @@ fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
 
 fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     use zerobench_worker::model::lm_head::{cuda_kernel_installed, install_cuda, lm_loss_chunked, IGNORE_INDEX};
+    use zerobench_worker::model::recompute_cuda;
     install_cuda(gpu);
+    // The head's 16-bit products run through the nodes' timed cuBLASLt plans.
+    recompute_cuda::install(gpu);
     let cuda = Device::Cuda(0);
     let (n, d, v) = (3000i64, 256i64, 50257i64);
     for (kind, loss_tol, grad_tol) in
@@ -438,17 +442,26 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
         // gradient summed in fp32), and in one chunk (its 16-bit product as it is).
         for (chunks, chunk_bytes) in [(3, 1024 * 50304 * kind.elt_size_in_bytes() as i64), (1, i64::MAX)] {
             let (h2, w2) = (leaf(&h0), leaf(&w0));
+            let products_before = recompute_cuda::plain_products();
             let fused = lm_loss_chunked(&h2, &w2, &t, chunk_bytes).expect("the head");
+            // Three products a chunk (logits, and the gradients of h and w), in 16 bits only.
+            let products = recompute_cuda::plain_products() - products_before;
+            let products_expected = if kind == Kind::Float { 0 } else { 3 * chunks };
             fused.backward();
             let (lp, lf) = (plain.double_value(&[]), fused.double_value(&[]));
             let loss_err = (lp - lf).abs() / lp.abs();
             let (gh, gw) = (relative_error(&h2.grad(), &h1.grad()), relative_error(&w2.grad(), &w1.grad()));
-            let ok = cuda_kernel_installed() && loss_err <= loss_tol && gh <= grad_tol && gw <= grad_tol;
+            let ok = cuda_kernel_installed()
+                && loss_err <= loss_tol
+                && gh <= grad_tol
+                && gw <= grad_tol
+                && products == products_expected;
             r.check(
                 "lm_head",
                 ok,
                 json!({"kind": format!("{kind:?}"), "fused_kernel": cuda_kernel_installed(), "tokens": n, "d_model": d,
                        "vocab": v, "chunks": chunks,
+                       "plain_products": products, "plain_products_expected": products_expected,
                        "loss": {"composed": lp, "fused": lf, "relative_error": loss_err},
                        "grad_relative_error": {"h": gh, "w": gw},
                        "bound": {"loss": loss_tol, "grads": grad_tol}}),

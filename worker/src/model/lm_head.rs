@@ -82,11 +82,13 @@ pub fn lm_loss_chunked(h: &Tensor, w: &Tensor, target: &Tensor, chunk_bytes: i64
             let len = rows.min(n - start);
             let hc = hd.f_narrow(0, start, len)?;
             let tc = t.f_narrow(0, start, len)?;
-            let mut logits = hc.f_mm(&wd.f_tr()?)?;
+            let mut logits = Tensor::f_empty([len, v_pad], (hd.kind(), hd.device()))?;
+            mm_into(&hc, &wd.f_tr()?, &logits)?;
             let rows_loss = cross_entropy_grad_in_place(&mut logits, &tc, v, &scale)?;
             loss = loss.f_add(&rows_loss.f_sum(Kind::Float)?)?;
-            g_h.f_narrow(0, start, len)?.f_copy_(&logits.f_mm(&wd)?)?;
-            let part = logits.f_tr()?.f_mm(&hc)?;
+            mm_into(&logits, &wd, &g_h.f_narrow(0, start, len)?)?;
+            let part = Tensor::f_empty([v_pad, d], (hd.kind(), hd.device()))?;
+            mm_into(&logits.f_tr()?, &hc, &part)?;
             g_w = Some(match g_w.take() {
                 None if single => part,
                 None => part.f_to_kind(Kind::Float)?,
@@ -108,6 +110,21 @@ pub fn lm_loss_chunked(h: &Tensor, w: &Tensor, target: &Tensor, chunk_bytes: i64
     let through_h = h2.f_mul(&g_h)?.f_sum(Kind::Float)?;
     let through_w = w_pad.f_mul(&g_w)?.f_sum(Kind::Float)?;
     loss.f_add(&through_h.f_sub(&through_h.f_detach()?)?)?.f_add(&through_w.f_sub(&through_w.f_detach()?)?)
+}
+
+/// `out = a·b`: on a GPU through the worker's cuBLASLt plans, each shape's algorithm timed at its
+/// first product (`products_cuda`), where they take the tensors (16-bit); otherwise libtorch's
+/// `mm`. `out` is contiguous and apart from `a` and `b`.
+fn mm_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<(), TchError> {
+    if out.device().is_cuda() {
+        match crate::model::recompute_cuda::matmul_into(a, b, out) {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("{e}; this product of the LM head is libtorch's"),
+        }
+    }
+    let _ = a.f_mm_out(out, b)?;
+    Ok(())
 }
 
 /// Replaces a chunk's logits (`[rows, v_pad]`, of which the first `v` columns are the

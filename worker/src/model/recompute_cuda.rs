@@ -650,6 +650,14 @@ pub fn plain_products() -> u64 {
     PLAIN_PRODUCTS.load(Ordering::Relaxed)
 }
 
+/// `out = a·b` through the timed plans (the LM head's products), counted with the plain products,
+/// where the kernels are installed and take the tensors; `false` (nothing written) otherwise. On
+/// the compute stream, which the caller's thread must compute on.
+pub(crate) fn matmul_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<bool, NodeKernelError> {
+    let Some(k) = KERNELS.get() else { return Ok(false) };
+    Ok(matches!(k.with_products(&PLAIN_PRODUCTS, |e| e.matmul(a, b, None, out))?, Outcome::Done))
+}
+
 /// Whether the products with epilogues are available (libcublasLt loaded).
 pub fn epilogues_installed() -> bool {
     KERNELS.get().is_some_and(|k| k.products.is_some())
