@@ -49,6 +49,11 @@
 //! the worker's GELU kernel gave 1e-4. The GPU self-check holds the nodes to the composed
 //! operations within 2e-2.
 //!
+//! The timing runs on the GPU's compute stream between events of its pool ([`Gpu`]); a
+//! product's checks read each tensor's address, sizes and strides once (`Matrix`). cuBLASLt's
+//! handle, descriptors and product call ([`Handle`], [`Descriptors`]) are public so that
+//! `examples/gemm_algos` times the calls the plans run.
+//!
 //! cuBLASLt is column-major: a row-major `[r × c]` matrix is its `[c × r]` transpose, so the
 //! row-major `out = a·b` is the column-major `outᵀ = bᵀ·aᵀ`: cuBLASLt's A is `b` and its B is
 //! `a`, each transposed where it is a `.t()` view (a weight `w` in `x·wᵀ`). The epilogue's bias
