@@ -34,6 +34,7 @@
 //! The vocabulary is padded to a multiple of 64 inside the GEMMs (GPT-2's 50257 makes them
 //! several times slower unaligned); the padding columns never reach the loss.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tch::{Kind, TchError, Tensor};
@@ -120,11 +121,27 @@ fn mm_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<(), TchError> {
         match crate::model::recompute_cuda::matmul_into(a, b, out) {
             Ok(true) => return Ok(()),
             Ok(false) => {}
-            Err(e) => tracing::warn!("{e}; this product of the LM head is libtorch's"),
+            Err(e) => {
+                warn_once(&PRODUCT_FAILED, || format!("{e}; the LM head's products fall back to libtorch's"));
+            }
         }
     }
     let _ = a.f_mm_out(out, b)?;
     Ok(())
+}
+
+/// Whether a product of the head, or its loss kernel, has failed and fallen back (logged once: a
+/// fallback that fails once may fail for every chunk of every step).
+static PRODUCT_FAILED: AtomicBool = AtomicBool::new(false);
+static KERNEL_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// Logs the message `flag` has not seen yet; `true` where it did.
+fn warn_once(flag: &AtomicBool, message: impl FnOnce() -> String) -> bool {
+    let first = !flag.swap(true, Ordering::Relaxed);
+    if first {
+        tracing::warn!("{}", message());
+    }
+    first
 }
 
 /// Replaces a chunk's logits (`[rows, v_pad]`, of which the first `v` columns are the
@@ -140,7 +157,9 @@ fn cross_entropy_grad_in_place(
     if let Some(k) = logits.device().is_cuda().then(|| CUDA.get()).flatten() {
         match k.run(logits, target, v, scale) {
             Ok(rows) => return Ok(rows),
-            Err(e) => tracing::warn!("{e}; this chunk's loss composes libtorch operations"),
+            Err(e) => {
+                warn_once(&KERNEL_FAILED, || format!("{e}; the LM head's loss composes libtorch operations"));
+            }
         }
     }
     let x = logits.f_narrow(1, 0, v)?.f_to_kind(Kind::Float)?;
@@ -254,6 +273,14 @@ mod tests {
     }
 
     /// A micro-batch without tokens: loss 0, and zero gradients of the weight's shape and kind.
+    /// A fallback is logged the first time only, whatever the message.
+    #[test]
+    fn a_fallback_warns_once() {
+        let flag = AtomicBool::new(false);
+        assert!(warn_once(&flag, || "first".into()));
+        assert!(!warn_once(&flag, || unreachable!("not built again")));
+    }
+
     #[test]
     fn no_tokens_give_zero_loss_and_gradients() {
         let (_, w, _) = leaves(Kind::BFloat16);
