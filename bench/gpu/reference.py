@@ -32,7 +32,16 @@ import statistics
 import sys
 import time
 
-import torch
+# The modes one process runs (plain `python3`); the others run under torchrun. Declared before
+# torch is imported so that `reference.py --single-process-modes` (what bench/gpu/run.sh asks)
+# answers without it.
+SINGLE_PROCESS_MODES = ("eager", "compile", "compile-reduce-overhead", "compile-max-autotune")
+DISTRIBUTED_MODES = ("ddp", "fsdp2", "deepspeed", "deepspeed-offload")
+if __name__ == "__main__" and sys.argv[1:] == ["--single-process-modes"]:
+    print(" ".join(SINGLE_PROCESS_MODES))
+    sys.exit(0)
+
+import torch  # noqa: E402 (after the question above, which needs no torch)
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
@@ -90,9 +99,7 @@ class GPT(nn.Module):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["eager", "compile", "compile-reduce-overhead", "compile-max-autotune", "ddp",
-                                       "fsdp2", "deepspeed", "deepspeed-offload"],
-                    required=True)
+    ap.add_argument("--mode", choices=SINGLE_PROCESS_MODES + DISTRIBUTED_MODES, required=True)
     ap.add_argument("--stage", type=int, choices=[0, 1, 2, 3], default=2, help="ZeRO stage of --mode deepspeed")
     ap.add_argument("--no-pad-head", dest="pad_head", action="store_false")
     ap.add_argument("--model", choices=list(PRESETS), default="gpt2")
@@ -102,7 +109,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     a = ap.parse_args()
 
-    distributed = a.mode not in ("eager", "compile", "compile-reduce-overhead", "compile-max-autotune")
+    distributed = a.mode in DISTRIBUTED_MODES
     # The compiled modes that replay CUDA graphs (max-autotune does too).
     graphs = a.mode in ("compile-reduce-overhead", "compile-max-autotune")
     if distributed:

@@ -198,11 +198,13 @@ report_summary() {
 # anything else: this build's).
 build_worker() { if [ "$1" = base ]; then echo "$BASE_BIN/zerobench-worker"; else echo "$BIN/zerobench-worker"; fi; }
 
-# reference NAME NP ARGS...: one PyTorch reference run.
+# reference NAME NP ARGS...: one PyTorch reference run: its single-process modes (reference.py
+# lists them) on one GPU as one process, everything else under torchrun.
 reference() {
   local name=$1 np=$2; shift 2
-  local t0=$SECONDS
-  if [ "$np" = 1 ] && [ "$1" = "--mode" ] && [[ "$2" =~ ^(eager|compile|compile-reduce-overhead|compile-max-autotune)$ ]]; then
+  local t0=$SECONDS single
+  single=" $(python3 bench/gpu/reference.py --single-process-modes) "
+  if [ "$np" = 1 ] && [ "$1" = "--mode" ] && [[ "$single" == *" $2 "* ]]; then
     timeout "${WORKER_TIMEOUT:-900}" python3 bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
   else
     timeout "${WORKER_TIMEOUT:-900}" torchrun --standalone --nproc_per_node="$np" bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
