@@ -639,12 +639,7 @@ impl LtProducts {
         if bias.is_some_and(|m| m.alignment() < 16) || aux.is_some_and(|h| h.alignment() < 16 || c % 8 != 0) {
             return Ok(false);
         }
-        // The candidates are timed writing `out` (and the auxiliary matrix): none of them may be
-        // an input, or a later candidate would read what an earlier one wrote, nor may the two
-        // outputs share memory.
-        let inputs = [Some(ma), Some(mb), bias, residual];
-        let written = |m: &Matrix| mo.overlaps(m) || aux.is_some_and(|h| h.overlaps(m));
-        if inputs.iter().flatten().any(written) || aux.is_some_and(|h| h.overlaps(&mo)) {
+        if writes_what_it_reads(&[Some(ma), Some(mb), bias, residual], &mo, aux.as_ref()) {
             return Ok(false);
         }
         let side = match (bias, aux, residual) {
@@ -679,6 +674,14 @@ impl LtProducts {
             None => lt.run(&mut state.fused, None, |never: Infallible| match never {}),
         }
     }
+}
+
+/// Whether a product writing `out` (and `aux`) would write memory it reads from `inputs`, or
+/// write one place twice. The candidates are timed writing the outputs, so an output that is also
+/// an input would give a later candidate what an earlier one wrote.
+fn writes_what_it_reads(inputs: &[Option<Matrix>], out: &Matrix, aux: Option<&Matrix>) -> bool {
+    let written = |m: &Matrix| out.overlaps(m) || aux.is_some_and(|h| h.overlaps(m));
+    inputs.iter().flatten().any(written) || aux.is_some_and(|h| h.overlaps(out))
 }
 
 /// libtorch's call for a plain product, on its current stream (the compute stream, as the shim
@@ -823,6 +826,7 @@ mod tests {
         assert_eq!(lies(&m.tr(), Kind::BFloat16), Some(Lies::Transposed));
         assert_eq!(Matrix::read(&m).map(Matrix::transposed), Matrix::read(&m.tr()), "transposed as `.t()` is");
         assert_eq!(lies(&m.narrow(1, 0, 2), Kind::BFloat16), None, "rows of 2 in rows of 4");
+        assert_eq!(lies(&m.narrow(1, 0, 2).tr(), Kind::BFloat16), None, "the transpose of such rows");
         assert_eq!(lies(&m.slice(0, 0, 6, 2), Kind::BFloat16), None, "every other row");
         assert_eq!(lies(&m, Kind::Half), None);
         assert_eq!(lies(&Tensor::zeros([6], o), Kind::BFloat16), None);
@@ -841,6 +845,8 @@ mod tests {
         assert!(m.is(Kind::BFloat16, 2, 6, 4));
         assert!(!m.is(Kind::BFloat16, 2, 4, 6) && !m.is(Kind::Half, 2, 6, 4) && !m.is(Kind::BFloat16, 1, 6, 4));
         assert!(!m.transposed().is(Kind::BFloat16, 2, 4, 6), "a transposed view is not rows");
+        let narrow = Matrix::read(&Tensor::zeros([6, 4], o).narrow(1, 0, 2)).unwrap();
+        assert!(!narrow.is(Kind::BFloat16, 2, 6, 2), "rows of 2 in rows of 4");
         let v = Matrix::read(&Tensor::zeros([4], o)).unwrap();
         assert!(v.is(Kind::BFloat16, 1, 1, 4) && !v.is(Kind::BFloat16, 2, 1, 4));
         let strided = Matrix::read(&Tensor::zeros([8], o).slice(0, 0, 8, 2)).unwrap();
@@ -858,6 +864,20 @@ mod tests {
         assert!(m(&t.tr()).overlaps(&bottom), "a transposed view spans the same memory");
         assert!(m(&t.get(7)).overlaps(&bottom) && !m(&t.get(0)).overlaps(&bottom), "a row of it");
         assert!(!m(&t).overlaps(&m(&Tensor::zeros([8, 4], (Kind::BFloat16, Device::Cpu)))));
+    }
+
+    /// A product is declined where an output is an input, or its two outputs share memory; apart,
+    /// it is taken.
+    #[test]
+    fn outputs_apart_from_inputs_and_each_other() {
+        let t = Tensor::zeros([8, 4], (Kind::BFloat16, Device::Cpu));
+        let m = |t: &Tensor| Matrix::read(t).unwrap();
+        let (a, b, c, d) = (m(&t.narrow(0, 0, 2)), m(&t.narrow(0, 2, 2)), m(&t.narrow(0, 4, 2)), m(&t.narrow(0, 6, 2)));
+        assert!(!writes_what_it_reads(&[Some(a), Some(b), None], &c, None));
+        assert!(!writes_what_it_reads(&[Some(a), Some(b)], &c, Some(&d)));
+        assert!(writes_what_it_reads(&[Some(a), Some(c)], &c, None), "the output is an input");
+        assert!(writes_what_it_reads(&[None, Some(b)], &d, Some(&b)), "the auxiliary output is an input");
+        assert!(writes_what_it_reads(&[Some(a)], &c, Some(&m(&t.narrow(0, 5, 2)))), "the outputs share a row");
     }
 
     /// Alignment is the largest power of two dividing the address, at most 256.
