@@ -272,7 +272,6 @@ mod tests {
         }
     }
 
-    /// A micro-batch without tokens: loss 0, and zero gradients of the weight's shape and kind.
     /// A fallback is logged the first time only, whatever the message.
     #[test]
     fn a_fallback_warns_once() {
@@ -281,6 +280,7 @@ mod tests {
         assert!(!warn_once(&flag, || unreachable!("not built again")));
     }
 
+    /// A micro-batch without tokens: loss 0, and zero gradients of the weight's shape and kind.
     #[test]
     fn no_tokens_give_zero_loss_and_gradients() {
         let (_, w, _) = leaves(Kind::BFloat16);

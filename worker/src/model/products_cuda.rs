@@ -742,24 +742,31 @@ impl Lt<'_> {
             }?),
             Runner::Libtorch(l) => libtorch(l),
         };
-        let runners: Vec<Runner<L>> =
-            (0..plan.candidates.len()).map(Runner::Lt).chain(offered.map(Runner::Libtorch)).collect();
-        if plan.chosen.is_none() && runners.len() > 1 && !capturing(self.gpu)? {
-            let mut times = Vec::with_capacity(runners.len());
-            for &r in &runners {
-                // A candidate cuBLASLt or libtorch refuses at run time is left out, not fatal.
-                times.push(match time_ms(self.gpu, || run_as(plan, r)) {
-                    Ok(ms) => ms,
-                    Err(e @ (ProductError::Lt(_) | ProductError::Torch(_))) => {
-                        tracing::debug!(shape = ?self.shape, runner = ?r, "candidate refused: {e}");
-                        f64::INFINITY
-                    }
-                    Err(e) => return Err(e),
-                });
+        // Until the plan has chosen (a product is then one call), time every candidate at the
+        // first product outside a capture.
+        if plan.chosen.is_none() {
+            let runners: Vec<Runner<L>> =
+                (0..plan.candidates.len()).map(Runner::Lt).chain(offered.map(Runner::Libtorch)).collect();
+            if runners.len() == 1 {
+                // Nothing to time: the heuristic's one algorithm.
+                plan.chosen = Some(Runner::Lt(0));
+            } else if !capturing(self.gpu)? {
+                let mut times = Vec::with_capacity(runners.len());
+                for &r in &runners {
+                    // A candidate cuBLASLt or libtorch refuses at run time is left out, not fatal.
+                    times.push(match time_ms(self.gpu, || run_as(plan, r)) {
+                        Ok(ms) => ms,
+                        Err(e @ (ProductError::Lt(_) | ProductError::Torch(_))) => {
+                            tracing::debug!(shape = ?self.shape, runner = ?r, "candidate refused: {e}");
+                            f64::INFINITY
+                        }
+                        Err(e) => return Err(e),
+                    });
+                }
+                let chosen = runners[choose(&times)];
+                tracing::debug!(shape = ?self.shape, ?times, ?chosen, "matrix-product candidates timed");
+                plan.chosen = Some(chosen);
             }
-            let chosen = runners[choose(&times)];
-            tracing::debug!(shape = ?self.shape, ?times, ?chosen, "matrix-product candidates timed");
-            plan.chosen = Some(chosen);
         }
         // The chosen candidate writes the result last, whatever the timing ran.
         run_as(plan, plan.runner())?;

@@ -40,7 +40,7 @@ pub type TwoTensorFn = unsafe extern "C" fn(CTensor, CTensor, *mut c_void, *mut 
 
 /// A kernel of four tensors: the GELU's fused backward ([`NodeKernelFns::gelu_backward_col_sum`])
 /// and the matrix product ([`NodeKernelFns::matmul`]).
-pub type GeluBackwardFn =
+pub type FourTensorFn =
     unsafe extern "C" fn(CTensor, CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
 
 /// The products with cuBLASLt's epilogues, as [`NodeKernelFns::gelu_up`] and
@@ -80,14 +80,14 @@ pub struct NodeKernelFns {
     pub gelu_forward: Option<TwoTensorFn>,
     /// `(g, h, act, out, stream, err, cap)`: `act` = `gelu_tanh(h)`, `g` = `gelu_tanh'(h) · g`,
     /// then `out` = its column sums.
-    pub gelu_backward_col_sum: Option<GeluBackwardFn>,
+    pub gelu_backward_col_sum: Option<FourTensorFn>,
     /// `(x, w1, b1, h, a, stream, err, cap)`: `h` = `x·w1ᵀ + b1`, `a` = `gelu_tanh(h)`.
     pub gelu_up: Option<FiveTensorFn>,
     /// `(res, x, w, b, out, stream, err, cap)`: `out` = `res + x·wᵀ + b`.
     pub residual: Option<FiveTensorFn>,
     /// `(a, b, bias, out, stream, err, cap)`: `out` = `a·b`, plus `bias` along its rows where
     /// `bias` is not null.
-    pub matmul: Option<GeluBackwardFn>,
+    pub matmul: Option<FourTensorFn>,
 }
 
 extern "C" {
