@@ -15,7 +15,11 @@ import sys
 from results import DEVICE_BOUND_UTIL_PCT, header, mean_abs
 
 predicted, runs_csv, host_txt, model, commit, source = sys.argv[1:7]
-rows = [r for r in csv.DictReader(open(predicted)) if r["predicted_step_ms"]]
+priced = [r for r in csv.DictReader(open(predicted)) if r["predicted_step_ms"]]
+# A run that did not complete (out of memory: mistral-7b at stage 0 on an 80 GB GPU) has no step
+# time to compare; it is listed apart, its peak being that of the failed allocation.
+rows = [r for r in priced if r["step_ms"]]
+not_completed = sorted(r["run_id"] for r in priced if not r["step_ms"])
 # The GPU's mean utilisation over the measured steps (NVML), from ingest's run table.
 util = {r["run_id"]: float(r["gpu_util_pct_mean"]) for r in csv.DictReader(open(runs_csv)) if r["gpu_util_pct_mean"]}
 
@@ -44,6 +48,7 @@ print(json.dumps({
         "without_offload_launch_bound": summary([r for r in plain if util.get(r["run_id"], 0) < DEVICE_BOUND_UTIL_PCT]),
         "offloaded": summary([r for r in rows if r["offload"] != "none"]),
     },
+    "not_completed": not_completed,
     "runs": [{"run": r["run_id"], "step_ms": float(r["step_ms"]), "predicted_step_ms": float(r["predicted_step_ms"]),
               "step_error_pct": round(float(r["step_error_pct"]), 2),
               "memory_error_pct": round(float(r["memory_error_pct"]), 2) if r["memory_error_pct"] else None,
