@@ -251,22 +251,52 @@ fn bad_inputs_to_fit_are_clear_errors() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("matches several fits"), "{}", text(&o.stderr));
     // A file that is not a model, and models of earlier versions (before attention was priced
-    // apart; before the device donor had a field of its own): all refused, the older ones naming
-    // both versions.
+    // apart; before the device donor had a field of its own) and of a later one: all refused, the
+    // others naming the versions this build reads.
     let x = tmp.path().join("x.json");
     std::fs::write(&x, r#"{"format":"other","version":7}"#).unwrap();
     let o = predict(x.to_str().unwrap(), "h200");
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("not a zerobench cost model"), "{}", text(&o.stderr));
-    for old in [1, 2] {
+    for other in [1, 2, 5] {
         let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(m).unwrap()).unwrap();
-        v["version"] = old.into();
+        v["version"] = other.into();
         std::fs::write(&x, v.to_string()).unwrap();
         let o = predict(x.to_str().unwrap(), "h200");
         assert_eq!(o.status.code(), Some(2));
         let err = text(&o.stderr);
-        assert!(err.contains(&format!("version {old};")) && err.contains("version 3"), "{err}");
+        assert!(err.contains(&format!("version {other};")) && err.contains("versions 3-4"), "{err}");
     }
+}
+
+/// A version-3 file, whose donor's count was of runs (`busy_runs`), is read: it names the same
+/// donor and prices the same as the version-4 file it was made from.
+#[test]
+fn a_version_3_model_file_is_read_and_prices_the_same() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shipped = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../costmodel/models/h100.json"));
+    let mut v: serde_json::Value = serde_json::from_str(shipped).unwrap();
+    assert_eq!(v["version"], 4);
+    let donor = v["fits"][0]["device_donor"].as_object_mut().unwrap();
+    let count = donor.remove("busy_configurations").unwrap();
+    donor.insert("busy_runs".into(), count);
+    v["version"] = 3.into();
+    let (v3, v4) = (tmp.path().join("v3.json"), tmp.path().join("v4.json"));
+    std::fs::write(&v3, v.to_string()).unwrap();
+    std::fs::write(&v4, shipped).unwrap();
+    // tiny-llama never kept the GPU busy: its device bound is the donor's.
+    let predict = |m: &Path| -> serde_json::Value {
+        let m = m.to_str().unwrap();
+        let q = ["predict", "--cost-model", m, "--gpu", "h100", "--model", "tiny-llama", "--stage", "0"];
+        let o = zerobench(&[&q[..], &["--micro-batch", "8", "--seq-len", "2048", "--json"]].concat());
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let (old, new) = (predict(&v3), predict(&v4));
+    assert_eq!(old["step_ms"], new["step_ms"], "{old} {new}");
+    assert_eq!(old["extrapolated"], new["extrapolated"]);
+    let flagged = new["extrapolated"].to_string();
+    assert!(flagged.contains("the family with the most busy configurations"), "{flagged}");
 }
 
 #[test]

@@ -270,9 +270,13 @@ fn fit_terms(
 /// measurement of its device bound: its device terms are left unfitted, rather than let the host's
 /// noise set them (tiny-llama's steps of 5-9 ms on an H100 fitted 80 µs per GFLOP, 50 times gpt2's,
 /// and predicted its largest batch at twice its time). Prediction prices them as the donor's
-/// (flagged): the family with the most busy runs among those the bounds are fitted on (one GPU, no
-/// offload), whose device terms are the best measured, named with that count in the fit's
-/// [`DeviceDonor`] (none when every family has its own). Not the fitted families'
+/// (flagged): the family with the most configurations that kept the GPU busy among those the bounds
+/// are fitted on (one GPU, no offload), whose device terms are the best measured, named with that
+/// count in the fit's [`DeviceDonor`] (none when every family has its own). Configurations, not
+/// runs: repeats of one configuration measure no more of the device's rates. Counted in runs, the
+/// H100's six T5 configurations that keep the GPU busy, run three times each on two hosts,
+/// outweighed gpt2's 15, run once each, and lent T5's device terms (which put next to nothing on
+/// the dense products) to tiny-llama. Not the fitted families'
 /// mean: once T5's device terms were fitted (a fixed 25 ms per micro-step against gpt2's 6), the
 /// mean priced tiny-llama's 6 ms steps at 16. Its host terms are fitted with its device bound at
 /// zero; in prediction the borrowed device bound adds its unhidden share, which the validation's
@@ -314,24 +318,24 @@ fn fit_micro(
         .unwrap_or_default();
     let donor = if sub_works.iter().any(|w| !busy.contains(w.family)) {
         device_donor(&sub_runs, &sub_works)
-            .map(|(family, n)| DeviceDonor { family: family.to_string(), busy_runs: n as u32 })
+            .map(|(family, n)| DeviceDonor { family: family.to_string(), busy_configurations: n as u32 })
     } else {
         None
     };
     (coef, donor)
 }
 
-/// The family with the most runs that kept the GPU busy (or do not say), and how many; ties go to
-/// the first name. None when no run did.
+/// The family with the most configurations of which a run kept the GPU busy (or does not say), and
+/// how many; ties go to the first name. None when no run did.
 fn device_donor<'a>(runs: &[&Observation], works: &'a [Work]) -> Option<(&'a str, usize)> {
-    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut configurations: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     for (o, w) in runs.iter().zip(works) {
         if o.kept_gpu_busy().unwrap_or(true) {
-            *count.entry(w.family).or_default() += 1;
+            configurations.entry(w.family).or_default().insert(o.config_key());
         }
     }
     // max_by_key keeps the last of equals: reversed, the first name wins a tie.
-    count.into_iter().rev().max_by_key(|&(_, n)| n)
+    configurations.into_iter().map(|(f, c)| (f, c.len())).rev().max_by_key(|&(_, n)| n)
 }
 
 /// Grid steps of the unhidden share between 0 (the longer bound alone) and 1 (both added).

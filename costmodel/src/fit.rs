@@ -82,6 +82,8 @@ pub fn fit(obs: &[Observation]) -> Result<CostModel, FitError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
+
     use crate::coefficients::only;
     use crate::model::Prediction;
     use crate::price::{eval, peak_allocated, step_parts, OFFLOAD_HIDDEN, OFFLOAD_SHARING, UNHIDDEN};
@@ -467,7 +469,7 @@ mod tests {
     }
 
     /// A family without device terms of its own borrows those of the family with the most busy
-    /// runs, not a mean that a slow family (here T5, made 4 times slower per FLOP) drags.
+    /// configurations, not a mean that a slow family (here T5, made 4 times slower per FLOP) drags.
     #[test]
     fn a_family_without_device_terms_borrows_the_best_measured_familys() {
         let mut runs = sweep();
@@ -488,13 +490,16 @@ mod tests {
             .collect();
         runs.extend(llama.iter().cloned());
         let f = &fit(&runs).unwrap().fits[0];
-        // Counted over the runs the bounds are fitted on: one GPU, no offload.
+        // Counted over the configurations the bounds are fitted on: one GPU, no offload.
         let gpt2_busy = runs
             .iter()
             .filter(|o| o.query.config.model.spec().family() == "gpt2")
             .filter(|o| o.query.gpus == 1 && o.query.config.offload == Offload::None)
-            .count();
-        assert_eq!(f.device_donor, Some(crate::DeviceDonor { family: "gpt2".into(), busy_runs: gpt2_busy as u32 }));
+            .map(Observation::config_key)
+            .collect::<BTreeSet<_>>()
+            .len();
+        let donor = crate::DeviceDonor { family: "gpt2".into(), busy_configurations: gpt2_busy as u32 };
+        assert_eq!(f.device_donor, Some(donor));
         assert!(!f.step.contains_key("llama.ms_per_gflop"), "{:?}", f.step);
         // The llama prediction prices its device bound with gpt2's coefficients, and says so.
         let q = &llama[5].query;
@@ -516,6 +521,32 @@ mod tests {
         let p_old = old.predict(q);
         assert!(p_old.extrapolated.iter().any(|e| e.contains("the other families' mean")), "{:?}", p_old.extrapolated);
         assert!(p_old.step_ms > p.step_ms, "the slow T5 should pull the mean up: {} vs {}", p_old.step_ms, p.step_ms);
+    }
+
+    /// Repeats do not make a donor: T5 measured three times over has more busy runs than gpt2 but
+    /// fewer busy configurations, and gpt2, whose configurations measure more of the device's
+    /// rates, stays the donor.
+    #[test]
+    fn the_donor_is_counted_in_configurations_not_repeats() {
+        let one_gpu = |o: &&Observation| o.query.gpus == 1 && o.query.config.offload == Offload::None;
+        let family = |o: &Observation| o.query.config.model.spec().family();
+        let mut runs = sweep();
+        let t5: Vec<Observation> = runs.iter().filter(one_gpu).filter(|o| family(o) == "t5").cloned().collect();
+        for repeat in 1..=2 {
+            runs.extend(t5.iter().map(|o| Observation { run_id: format!("{}@{repeat}", o.run_id), ..o.clone() }));
+        }
+        let mut llama = observe(ModelPreset::TinyLlama, ZeroStage::Z0, 4, 512, 1, Offload::None);
+        llama.gpu_util_pct = Some(10.0);
+        runs.push(llama);
+        let busy = |fam: &str| -> (usize, usize) {
+            let rs: Vec<&Observation> = runs.iter().filter(one_gpu).filter(|o| family(o) == fam).collect();
+            (rs.len(), rs.iter().map(|o| o.config_key()).collect::<BTreeSet<_>>().len())
+        };
+        let ((t5_runs, t5_configs), (gpt2_runs, gpt2_configs)) = (busy("t5"), busy("gpt2"));
+        assert!(t5_runs > gpt2_runs && t5_configs < gpt2_configs, "{t5_runs} {gpt2_runs} {t5_configs} {gpt2_configs}");
+        let f = &fit(&runs).unwrap().fits[0];
+        let donor = crate::DeviceDonor { family: "gpt2".into(), busy_configurations: gpt2_configs as u32 };
+        assert_eq!(f.device_donor, Some(donor));
     }
 
     #[test]

@@ -11,14 +11,20 @@ use crate::price::{peak_allocated, peak_reserved, sharing_factor, step_parts, Bo
 use crate::validate::{BoundIntervals, Validation};
 use crate::work::{priced_host_rate, Query, Work};
 
-/// The file's format name and version; readers refuse others.
+/// The file's format name and version; readers refuse versions before [`OLDEST_READ`] and after
+/// this one.
 pub const FORMAT: &str = "zerobench-cost-model";
 /// Version 2 prices attention's FLOPs apart from the dense products (`ms_per_gflop_attn`); a
 /// version-1 model has no such coefficient and would price attention at nothing, so it is refused.
 /// Version 3 names the device donor in its own field ([`Fit::device_donor`]); version 2 kept it
 /// as a pseudo-coefficient `device_donor.<family>` among the step's, which this build would not
 /// see (and a version-2 reader would not see the field), pricing such families differently.
-pub const VERSION: u32 = 3;
+/// Version 4 chooses the donor by its configurations that kept the GPU busy, not its runs, and
+/// names the count `busy_configurations`; a version-3 file (`busy_runs`) prices the same donor it
+/// names, so it is read.
+pub const VERSION: u32 = 4;
+/// The oldest version this build reads.
+pub const OLDEST_READ: u32 = 3;
 
 /// The model file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -164,7 +170,7 @@ impl From<Bound> for IntervalOf {
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(
-        "{0}: not a zerobench cost model (format {1:?}, version {2}; this build reads {FORMAT:?} version {VERSION})"
+        "{0}: not a zerobench cost model (format {1:?}, version {2}; this build reads {FORMAT:?} versions {OLDEST_READ}-{VERSION})"
     )]
     Format(String, String, u32),
     #[error("{0}: {1}")]
@@ -184,7 +190,7 @@ impl CostModel {
             version: u32,
         }
         let head: Head = serde_json::from_str(text).map_err(|e| ModelError::Json(origin.to_string(), e))?;
-        if head.format != FORMAT || head.version != VERSION {
+        if head.format != FORMAT || !(OLDEST_READ..=VERSION).contains(&head.version) {
             return Err(ModelError::Format(origin.to_string(), head.format, head.version));
         }
         serde_json::from_str(text).map_err(|e| ModelError::Json(origin.to_string(), e))

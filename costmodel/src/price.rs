@@ -26,13 +26,16 @@ pub enum Bound {
 }
 
 /// A family none of whose runs kept the GPU busy has no device bound of its own; prediction prices
-/// it with this family's device coefficients (flagged): the family with the most busy runs among
-/// those the micro-step's bounds are fitted on (`crate::coefficients`).
+/// it with this family's device coefficients (flagged): the family with the most configurations
+/// that kept the GPU busy among those the micro-step's bounds are fitted on (`crate::coefficients`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceDonor {
     pub family: String,
-    /// Its runs that kept the GPU busy, of those the bounds are fitted on.
-    pub busy_runs: u32,
+    /// Its configurations that kept the GPU busy, of those the bounds are fitted on. A version-3
+    /// model file counted runs, under the name `busy_runs`; the count only informs, so such a file
+    /// prices the same.
+    #[serde(alias = "busy_runs")]
+    pub busy_configurations: u32,
 }
 
 /// Evaluates terms against coefficients. A device coefficient of a family whose device bound was
@@ -99,7 +102,7 @@ fn borrowed(
             (mean(), format!("{fam}: no run of this family was fitted; its terms are the mean of the others'"))
         }
         (true, Part::Device, Some((d, c))) => {
-            (c, format!("{fam}: {UNBUSY}; {d}'s, the family with the most busy runs"))
+            (c, format!("{fam}: {UNBUSY}; {d}'s, the family with the most busy configurations"))
         }
         (true, Part::Device, None) => (mean(), format!("{fam}: {UNBUSY}; the other families' mean")),
         (true, _, _) => (mean(), format!("{fam}{suffix}: not fitted for this family; the other families' mean")),
