@@ -10,27 +10,27 @@
 # committed beside it) measured builds before GPT-2's recomputation and kernels, T5's fused
 # attention and the vectorised loss, and are no longer fitted. H100: sweeps after the trainer's
 # segment loop moved onto libtorch's autograd thread (launch-bound steps 0.87-0.93×), one run at a
-# time. The whole list (every run: one GPU and two, offload) at eed3e13 on a 2×H100 host: the
-# engine as it ships, whose device-bound steps take 0.95× and launch-bound steps 0.83-0.93× as long
-# as at the builds of the sweeps it replaces (35b4299 on a 2×H100 and a 1×H100 host, 691c208 on a
-# second 1×H100 host and the 2-GPU runs on a second 2×H100 host; committed beside it, no longer
-# fitted: bench/results/costmodel-h100-new-build-eed3e13-h100x2.json prices it with their model).
-# Kept from 691c208 (the same worker, whose start record also names the host), for what the list
-# does not run: two rounds on a third 1×H100 host of T5 configurations that keep the GPU busy, with
-# t5-3b held out; two rounds on a third 2×H100 host of ten more 2-GPU configurations. A
-# configuration's runs on several hosts are fitted as repeats. The H100 sweeps before them
-# (1858462, 9dd1533, 5a3944b; committed beside them) measured builds whose launch-bound steps have
-# changed since and are not fitted. Their runs of the set `fit` are fitted on; those of `holdout`
-# (other presets, micro-batches, sequence lengths) never are.
+# time. Without offload, the whole list (one GPU and two, held out too) at eed3e13 on a 2×H100
+# host: the engine as it ships, whose device-bound steps take 0.95× and launch-bound steps
+# 0.83-0.93× as long as at the builds of the sweeps it replaces, which ran the same list (35b4299
+# on a 2×H100 and a 1×H100 host; 691c208 on a second 1×H100 host, the 2-GPU runs three times on a
+# second 2×H100 host, T5's configurations that keep the GPU busy twice on a third 1×H100 host and
+# the ten 2-GPU configurations added since twice on a third 2×H100 host). Those are committed
+# beside it and no longer fitted (bench/results/costmodel-h100-new-build-eed3e13-h100x2.json prices
+# the eed3e13 sweep with the model fitted on them). A configuration's runs on several hosts are
+# fitted as repeats. The H100 sweeps before them (1858462, 9dd1533, 5a3944b) measured builds whose
+# launch-bound steps have changed since. The runs of the set `fit` are fitted on; those of
+# `holdout` (other presets, micro-batches, sequence lengths) never are.
 #
 # Offload on the H100: the 16 offloaded runs at 9f0fd0c (the next forward waits for each unit's
 # host update at its first use) on four more 1×H100 hosts, each with the host's examples/cpu_adamw
 # in runs/cpu_adamw.json, and bench/gpu/run.sh offload-ratios on the same hosts (gpt2-xl at ratios
-# below 1, exact and delayed); and the eed3e13 sweep's 16, with its host's rate. The offloaded runs
-# of the earlier sweeps (35b4299, 691c208, and the archives h100x1c/x1e/x1f/x1g, which hold nothing
-# else) measured exact steps that waited for all of the host's updates and are not fitted. The H200
-# sweep's offloaded runs are of that engine too; no H200 sweep of the current one exists. Ranks sharing a host: the same
-# offload-ratios on 2 GPUs of three 2×H100 hosts (the delayed runs of the two at 9f0fd0c left out:
+# below 1, exact and delayed); the same 16 at e51bf6b twice each on two more 1×H100 hosts and one
+# GPU of a fourth 2×H100 host; and the eed3e13 sweep's 16, each with its host's rate. The offloaded
+# runs of the earlier sweeps (35b4299, 691c208, and the archives h100x1c/x1e/x1f/x1g, which hold
+# nothing else) measured exact steps that waited for all of the host's updates and are not fitted.
+# The H200 sweep's offloaded runs are of that engine too; no H200 sweep of the current one exists.
+# Ranks sharing a host: the same offload-ratios on 2 GPUs of three 2×H100 hosts (the delayed runs of the two at 9f0fd0c left out:
 # `ratios-exact`) and the two-ranks comparison of a fourth (mr/g1: one GPU, mr/g2: two); and on a
 # 4xH100 host (64 cores) the same with 4 ranks and with 2, two rounds (its 4-GPU runs without
 # offload are checked apart: bench/costmodel/check-4gpu.sh).
@@ -47,7 +47,7 @@ ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE[:MARK] (under bench/results/raw)
   case $1 in
     h200) echo "now:gpu-2026-11-26-h200x2-costmodel-5a3944b" ;;
-    h100) echo "x2f:gpu-2026-11-28-h100x2f-costmodel-eed3e13 x1d:gpu-2026-11-27-h100x1d-costmodel-t5-691c208 x2c:gpu-2026-11-27-h100x2c-costmodel-2gpu-691c208 x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c x1l:gpu-2026-11-27-h100x1l-costmodel-offload-e51bf6b x1m:gpu-2026-11-27-h100x1m-costmodel-offload-e51bf6b x2d:gpu-2026-11-27-h100x2d-costmodel-offload-e51bf6b r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios r2:gpu-2026-11-27-offload-ratios-h100x2:ratios-exact r2b:gpu-2026-11-27-offload-ratios-h100x2b:ratios-exact r2c:gpu-2026-11-27-offload-ratios-h100x2c:ratios r2d:gpu-2026-11-27-offload-two-ranks-h100x2:ratios r4:gpu-2026-11-27-h100x4-costmodel-e51bf6b:ratios r4b:gpu-2026-11-27-h100x4-costmodel-e51bf6b-round2:ratios" ;;
+    h100) echo "x2f:gpu-2026-11-28-h100x2f-costmodel-eed3e13 x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c x1l:gpu-2026-11-27-h100x1l-costmodel-offload-e51bf6b x1m:gpu-2026-11-27-h100x1m-costmodel-offload-e51bf6b x2d:gpu-2026-11-27-h100x2d-costmodel-offload-e51bf6b r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios r2:gpu-2026-11-27-offload-ratios-h100x2:ratios-exact r2b:gpu-2026-11-27-offload-ratios-h100x2b:ratios-exact r2c:gpu-2026-11-27-offload-ratios-h100x2c:ratios r2d:gpu-2026-11-27-offload-two-ranks-h100x2:ratios r4:gpu-2026-11-27-h100x4-costmodel-e51bf6b:ratios r4b:gpu-2026-11-27-h100x4-costmodel-e51bf6b-round2:ratios" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
 }
