@@ -17,8 +17,12 @@
 # second 2×H100 host, T5's configurations that keep the GPU busy twice on a third 1×H100 host and
 # the ten 2-GPU configurations added since twice on a third 2×H100 host). Those are committed
 # beside it and no longer fitted (bench/results/costmodel-h100-new-build-eed3e13-h100x2.json prices
-# the eed3e13 sweep with the model fitted on them). A configuration's runs on several hosts are
-# fitted as repeats. The H100 sweeps before them (1858462, 9dd1533, 5a3944b) measured builds whose
+# the eed3e13 sweep with the model fitted on them). One host's launch-bound runs would set the
+# host's terms by that host (the eed3e13 host ran them 0.79-0.94× as long as three others did), so
+# the GPT-2 sweeps of ce2c6d2 and b98eb1a on three more H100 hosts (1×, 1×, 2×) lend their
+# launch-bound one-GPU runs without offload (`launch-only`); their busy runs measured device work
+# the builds since made 2-5% shorter and are left out. A configuration's runs on several hosts
+# are fitted as repeats. The H100 sweeps before them (1858462, 9dd1533, 5a3944b) measured builds whose
 # launch-bound steps have changed since. The runs of the set `fit` are fitted on; those of
 # `holdout` (other presets, micro-batches, sequence lengths) never are.
 #
@@ -47,7 +51,7 @@ ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE[:MARK] (under bench/results/raw)
   case $1 in
     h200) echo "now:gpu-2026-11-26-h200x2-costmodel-5a3944b" ;;
-    h100) echo "x2f:gpu-2026-11-28-h100x2f-costmodel-eed3e13 x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c x1l:gpu-2026-11-27-h100x1l-costmodel-offload-e51bf6b x1m:gpu-2026-11-27-h100x1m-costmodel-offload-e51bf6b x2d:gpu-2026-11-27-h100x2d-costmodel-offload-e51bf6b r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios r2:gpu-2026-11-27-offload-ratios-h100x2:ratios-exact r2b:gpu-2026-11-27-offload-ratios-h100x2b:ratios-exact r2c:gpu-2026-11-27-offload-ratios-h100x2c:ratios r2d:gpu-2026-11-27-offload-two-ranks-h100x2:ratios r4:gpu-2026-11-27-h100x4-costmodel-e51bf6b:ratios r4b:gpu-2026-11-27-h100x4-costmodel-e51bf6b-round2:ratios" ;;
+    h100) echo "x2f:gpu-2026-11-28-h100x2f-costmodel-eed3e13 x1n:gpu-2026-11-27-h100x1n-costmodel-gpt2-ce2c6d2:launch-only x1o:gpu-2026-11-27-h100x1o-costmodel-gpt2-b98eb1a:launch-only x2e:gpu-2026-11-27-h100x2e-costmodel-gpt2-b98eb1a:launch-only x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c x1l:gpu-2026-11-27-h100x1l-costmodel-offload-e51bf6b x1m:gpu-2026-11-27-h100x1m-costmodel-offload-e51bf6b x2d:gpu-2026-11-27-h100x2d-costmodel-offload-e51bf6b r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios r2:gpu-2026-11-27-offload-ratios-h100x2:ratios-exact r2b:gpu-2026-11-27-offload-ratios-h100x2b:ratios-exact r2c:gpu-2026-11-27-offload-ratios-h100x2c:ratios r2d:gpu-2026-11-27-offload-two-ranks-h100x2:ratios r4:gpu-2026-11-27-h100x4-costmodel-e51bf6b:ratios r4b:gpu-2026-11-27-h100x4-costmodel-e51bf6b-round2:ratios" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
 }
@@ -67,6 +71,13 @@ for kind in "${kinds[@]}"; do
     while read -r f; do
       for d in "$(dirname "$f")"/cm-fit "$(dirname "$f")"/cm-holdout; do [ -d "$d" ] && cp "$f" "$d/"; done
     done < <(find "$work/$name" -name cpu_adamw.json)
+    # `launch-only`: a sweep of an earlier build lends its launch-bound one-GPU runs without
+    # offload, and nothing else (bench/costmodel/launch_only.py).
+    if [ "$mark" = launch-only ]; then
+      (cd "$work" && "$ZB" ingest "$name" --out "$name.ingest" --format csv -q 2>/dev/null) || [ $? -eq 1 ]
+      python3 bench/costmodel/launch_only.py "$work/$name.ingest/runs.csv" "$work"
+      rm -rf "$work/$name.ingest"
+    fi
     # An archive holds one sweep (runs/) or, where a host ran the list again, its repeats too
     # (repeat-N/runs/): every set folder in it counts.
     # `ratios`: bench/gpu/run.sh offload-ratios (gpt2-xl at offload ratios below 1, exact and with
