@@ -22,8 +22,8 @@
 # the GPT-2 sweeps of ce2c6d2 and b98eb1a on three more H100 hosts (1×, 1×, 2×) lend their
 # launch-bound one-GPU runs without offload (`launch-only`); their busy runs measured device work
 # the builds since made 2-5% shorter and are left out. A configuration's runs on several hosts
-# are fitted as repeats. The H100 sweeps before them (1858462, 9dd1533, 5a3944b) measured builds whose
-# launch-bound steps have changed since. The runs of the set `fit` are fitted on; those of
+# are fitted as repeats. The H100 sweeps before them (1858462, 9dd1533, 5a3944b) measured builds
+# whose launch-bound steps have changed since. The runs of the set `fit` are fitted on; those of
 # `holdout` (other presets, micro-batches, sequence lengths) never are.
 #
 # Offload on the H100: the 16 offloaded runs at 9f0fd0c (the next forward waits for each unit's
@@ -34,10 +34,10 @@
 # runs of the earlier sweeps (35b4299, 691c208, and the archives h100x1c/x1e/x1f/x1g, which hold
 # nothing else) measured exact steps that waited for all of the host's updates and are not fitted.
 # The H200 sweep's offloaded runs are of that engine too; no H200 sweep of the current one exists.
-# Ranks sharing a host: the same offload-ratios on 2 GPUs of three 2×H100 hosts (the delayed runs of the two at 9f0fd0c left out:
-# `ratios-exact`) and the two-ranks comparison of a fourth (mr/g1: one GPU, mr/g2: two); and on a
-# 4xH100 host (64 cores) the same with 4 ranks and with 2, two rounds (its 4-GPU runs without
-# offload are checked apart: bench/costmodel/check-4gpu.sh).
+# Ranks sharing a host: the same offload-ratios on 2 GPUs of three 2×H100 hosts (the delayed runs
+# of the two at 9f0fd0c left out: `ratios-exact`) and the two-ranks comparison of a fourth (mr/g1:
+# one GPU, mr/g2: two); and on a 4xH100 host (64 cores) the same with 4 ranks and with 2, two
+# rounds (its 4-GPU runs without offload are checked apart: bench/costmodel/check-4gpu.sh).
 #
 # NEW_HOST=NAME (one sweep of the kind's list) checks the model on a host no fit has seen instead:
 # it fits without that sweep, prices each of its runs with `zerobench ingest --cost-model`, once
