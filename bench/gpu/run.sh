@@ -110,7 +110,7 @@
 #                (taskset); writes binding.json (bench/gpu/report_binding.py)
 #
 # Every worker log and JSON line lands in OUT (default $OUT, else bench-out/); `results.tar.gz`
-# packs them for the trip back.
+# packs them for the trip back, after each phase (PACK_EVERY_RUN=1: after each worker run too).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BIN=target/release
@@ -132,6 +132,13 @@ RUNS=${RUNS:-/tmp/zerobench-bench/runs}
 [ "$(basename "$RUNS")" = runs ] || { echo "RUNS must end in /runs: $RUNS" >&2; exit 2; }
 mkdir -p "$RUNS" "$OUTDIR"
 log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" | tee -a "$OUTDIR/bench.log" >&2; }
+
+# pack: the runs so far, the host and the log, as OUTDIR/results.tar.gz, written aside and then
+# renamed, so that a call cut short leaves the last whole archive, never a truncated one.
+pack() {
+  cp "$OUTDIR/host.txt" "$OUTDIR/bench.log" "$RUNS/.."
+  tar -C "$RUNS/.." -czf "$OUTDIR/.results.tar.gz" runs host.txt bench.log && mv "$OUTDIR/.results.tar.gz" "$OUTDIR/results.tar.gz"
+}
 
 # DeepSpeed for the references: the hosts have none and no internet, so its wheel and those of its
 # pure-Python needs come in $BIN/ds when carried (docs/results/reproducing.md says how to make them).
@@ -160,6 +167,9 @@ worker() {
     --bind-to none ${WORKER_WRAP:-} "$W" --device cuda --log-dir "$RUNS/$name" --run-id "$name" "$@" > "$RUNS/$name.out" 2>&1
   local rc=$?
   log "$name: rc=$rc in $((SECONDS - t0)) s: $(tail -n 1 "$RUNS/$name.out")"
+  # PACK_EVERY_RUN=1: a call that may be cut short (a device budget ending) brings back every
+  # run finished before the cut, not only those of the phases that ended.
+  if [ "${PACK_EVERY_RUN:-0}" = 1 ]; then pack; fi
 }
 
 # commit_of DIR: the commit a carried build was made at (its COMMIT file), or "unknown".
@@ -794,7 +804,7 @@ PY
             --micro-batch 1 --seq-len 512 --steps 2 --warmup 1 --log-dir "$RUNS/fits_${m}_z$1_$2" --run-id "fits_${m}_z$1_$2" \
             > "$RUNS/fits_${m}_z$1_$2.out" 2>&1
           log "fits z$1 $2 $m: rc=$? $(tail -n 1 "$RUNS/fits_${m}_z$1_$2/rank0.jsonl" 2>/dev/null | cut -c1-160)"
-          cp "$OUTDIR/bench.log" "$RUNS/.."; tar -C "$RUNS/.." -czf "$OUTDIR/results.tar.gz" runs host.txt bench.log
+          pack
           grep -q '"status":"ok"' "$RUNS/fits_${m}_z$1_$2/rank0.jsonl" 2>/dev/null && break
         done
       done ;;
@@ -881,7 +891,6 @@ PY
       cat "$RUNS"/collectives_*.jsonl >&2 ;;
     *) log "unknown phase $phase"; exit 2 ;;
   esac
-  cp "$OUTDIR/host.txt" "$OUTDIR/bench.log" "$RUNS/.."
-  tar -C "$RUNS/.." -czf "$OUTDIR/results.tar.gz" runs host.txt bench.log
+  pack
   log "packed $(du -h "$OUTDIR/results.tar.gz" | cut -f1) after $phase"
 done
