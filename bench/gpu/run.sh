@@ -209,12 +209,13 @@ report_summary() {
 build_worker() { if [ "$1" = base ]; then echo "$BASE_BIN/zerobench-worker"; else echo "$BIN/zerobench-worker"; fi; }
 
 # reference NAME NP ARGS...: one PyTorch reference run: its single-process modes (reference.py
-# lists them) on one GPU as one process, everything else under torchrun.
+# lists them, asked once) on one GPU as one process, everything else under torchrun.
+SINGLE_PROCESS_MODES=
 reference() {
   local name=$1 np=$2; shift 2
-  local t0=$SECONDS single
-  single=" $(python3 bench/gpu/reference.py --single-process-modes) "
-  if [ "$np" = 1 ] && [ "$1" = "--mode" ] && [[ "$single" == *" $2 "* ]]; then
+  local t0=$SECONDS
+  [ -n "$SINGLE_PROCESS_MODES" ] || SINGLE_PROCESS_MODES=" $(python3 bench/gpu/reference.py --single-process-modes) "
+  if [ "$np" = 1 ] && [ "$1" = "--mode" ] && [[ "$SINGLE_PROCESS_MODES" == *" $2 "* ]]; then
     timeout "${WORKER_TIMEOUT:-900}" python3 bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"
   else
     timeout "${WORKER_TIMEOUT:-900}" torchrun --standalone --nproc_per_node="$np" bench/gpu/reference.py "$@" > "$RUNS/$name.json" 2> "$RUNS/$name.err"

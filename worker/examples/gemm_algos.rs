@@ -23,6 +23,7 @@ use cudarc::cublaslt::sys;
 use serde_json::json;
 use tch::{Cuda, Device, Kind, Tensor};
 use zerobench_schema::models::{ModelPreset, ModelSpec};
+use zerobench_worker::model::lm_head;
 use zerobench_worker::model::products_cuda::{
     Descriptors, Epilogue, Handle, Pointers, Shape, SidePointers, WORKSPACE_BYTES,
 };
@@ -30,10 +31,6 @@ use zerobench_worker::model::products_cuda::{
 const SETS: usize = 3;
 const CALLS: usize = 30;
 const REQUESTED: usize = 32;
-/// Rows of the LM head, padded as the worker pads them (`lm_head.rs`).
-const HEAD_ALIGN: u64 = 64;
-/// Tokens of one chunk of the LM head: 512 MiB of bf16 logits (`lm_head.rs`).
-const CHUNK_BYTES: u64 = 512 << 20;
 
 /// One column-major product `D[m × n] = op(A)·op(B)` (+ epilogue), as cuBLASLt sees it, and how
 /// many times a step runs it.
@@ -67,8 +64,9 @@ fn products(spec: &ModelSpec, tokens: u64) -> Vec<Product> {
         push(&format!("{name}.dx"), l, fan_in, tokens, fan_out, false, false, Epilogue::None);
         push(&format!("{name}.dw"), l, fan_in, fan_out, tokens, false, true, Epilogue::None);
     }
-    let v_pad = g.vocab.div_ceil(HEAD_ALIGN) * HEAD_ALIGN;
-    let rows = (CHUNK_BYTES / (v_pad * 2)).clamp(1, tokens);
+    // The LM head's rows and chunks as the worker's head runs them (bf16: 2 bytes a logit).
+    let v_pad = lm_head::padded_vocab(g.vocab as i64) as u64;
+    let rows = lm_head::chunk_rows(tokens as i64, v_pad as i64, 2, lm_head::CHUNK_BYTES) as u64;
     let (full, rest) = (tokens / rows, tokens % rows);
     for (chunk, count) in [(rows, full), (rest, 1)] {
         if chunk == 0 || count == 0 {

@@ -43,7 +43,18 @@ use tch::{Kind, TchError, Tensor};
 const HEAD_ALIGN: i64 = 64;
 
 /// One chunk's logits take at most this many bytes (GPT-2, bf16: 5336 tokens a chunk).
-const CHUNK_BYTES: i64 = 512 << 20;
+pub const CHUNK_BYTES: i64 = 512 << 20;
+
+/// The head's rows as its products run them: the vocabulary padded to a multiple of 64.
+pub fn padded_vocab(v: i64) -> i64 {
+    (v + HEAD_ALIGN - 1) / HEAD_ALIGN * HEAD_ALIGN
+}
+
+/// Tokens a chunk of the `n` takes: as many as `chunk_bytes` of `v_pad` logits of `elem` bytes
+/// each hold, at least one.
+pub fn chunk_rows(n: i64, v_pad: i64, elem: i64, chunk_bytes: i64) -> i64 {
+    (chunk_bytes / (v_pad * elem).max(1)).clamp(1, n.max(1))
+}
 
 /// Targets equal to this are left out of the loss (PyTorch's `ignore_index`).
 pub const IGNORE_INDEX: i64 = -100;
@@ -59,13 +70,12 @@ pub fn lm_loss(h: &Tensor, w: &Tensor, target: &Tensor) -> Result<Tensor, TchErr
 pub fn lm_loss_chunked(h: &Tensor, w: &Tensor, target: &Tensor, chunk_bytes: i64) -> Result<Tensor, TchError> {
     let v = w.size()[0];
     let d = w.size()[1];
-    let v_pad = (v + HEAD_ALIGN - 1) / HEAD_ALIGN * HEAD_ALIGN;
+    let v_pad = padded_vocab(v);
     let w_pad = if v_pad > v { w.f_constant_pad_nd([0, 0, 0, v_pad - v])? } else { w.shallow_clone() };
     let h2 = h.f_reshape([-1, d])?;
     let t = target.f_reshape([-1])?;
     let n = h2.size()[0];
-    let elem = h2.kind().elt_size_in_bytes() as i64;
-    let rows = (chunk_bytes / (v_pad * elem).max(1)).clamp(1, n.max(1));
+    let rows = chunk_rows(n, v_pad, h2.kind().elt_size_in_bytes() as i64, chunk_bytes);
     let (loss, g_h, g_w) = {
         let _guard = tch::no_grad_guard();
         let (hd, wd) = (h2.detach(), w_pad.detach());

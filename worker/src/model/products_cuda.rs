@@ -122,31 +122,35 @@ pub struct Pointers {
     pub side: SidePointers,
 }
 
-/// The epilogue's matrices beside D, by [`Epilogue`].
-#[derive(Clone, Copy)]
-pub enum SidePointers {
+/// The epilogue's matrices beside D, by [`Epilogue`]: `R` what it reads, `W` what it writes (their
+/// addresses in [`SidePointers`], the checked tensors while a product is checked).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Side<R, W> {
     None,
     Bias {
-        bias: *const c_void,
+        bias: R,
     },
     GeluAux {
-        bias: *const c_void,
-        aux: *mut c_void,
+        bias: R,
+        aux: W,
     },
     /// `C`, with D's layout, added with β = 1.
     Residual {
-        bias: *const c_void,
-        c: *const c_void,
+        bias: R,
+        c: R,
     },
 }
 
-impl SidePointers {
-    fn epilogue(self) -> Epilogue {
+/// The epilogue's device addresses.
+pub type SidePointers = Side<*const c_void, *mut c_void>;
+
+impl<R, W> Side<R, W> {
+    fn epilogue(&self) -> Epilogue {
         match self {
-            SidePointers::None => Epilogue::None,
-            SidePointers::Bias { .. } => Epilogue::Bias,
-            SidePointers::GeluAux { .. } => Epilogue::GeluAux,
-            SidePointers::Residual { .. } => Epilogue::Residual,
+            Side::None => Epilogue::None,
+            Side::Bias { .. } => Epilogue::Bias,
+            Side::GeluAux { .. } => Epilogue::GeluAux,
+            Side::Residual { .. } => Epilogue::Residual,
         }
     }
 }
@@ -547,6 +551,42 @@ enum Form<'a> {
     Residual { bias: &'a Tensor, res: &'a Tensor },
 }
 
+impl Form<'_> {
+    /// The epilogue's matrices for an `[r × c]` product of `kind`, read once: the bias a
+    /// contiguous `[c]`, the GELU's input or the residual a contiguous `[r × c]` like the output;
+    /// `None` where a tensor is not that.
+    fn side(&self, kind: Kind, r: i64, c: i64) -> Option<Side<Matrix, Matrix>> {
+        let read = |t: &Tensor, rank: usize, rows: i64| Matrix::read(t).filter(|m| m.is(kind, rank, rows, c));
+        Some(match *self {
+            Form::Plain { bias: None } => Side::None,
+            Form::Plain { bias: Some(bias) } => Side::Bias { bias: read(bias, 1, 1)? },
+            Form::GeluAux { bias, h } => Side::GeluAux { bias: read(bias, 1, 1)?, aux: read(h, 2, r)? },
+            Form::Residual { bias, res } => Side::Residual { bias: read(bias, 1, 1)?, c: read(res, 2, r)? },
+        })
+    }
+}
+
+impl Side<Matrix, Matrix> {
+    /// The matrices it reads, and the one it writes beside D.
+    fn read_written(&self) -> ([Option<Matrix>; 2], Option<Matrix>) {
+        match *self {
+            Side::None => ([None, None], None),
+            Side::Bias { bias } => ([Some(bias), None], None),
+            Side::GeluAux { bias, aux } => ([Some(bias), None], Some(aux)),
+            Side::Residual { bias, c } => ([Some(bias), Some(c)], None),
+        }
+    }
+
+    fn pointers(&self) -> SidePointers {
+        match *self {
+            Side::None => Side::None,
+            Side::Bias { bias } => Side::Bias { bias: bias.ptr() },
+            Side::GeluAux { bias, aux } => Side::GeluAux { bias: bias.ptr(), aux: aux.ptr() },
+            Side::Residual { bias, c } => Side::Residual { bias: bias.ptr(), c: c.ptr() },
+        }
+    }
+}
+
 impl LtProducts {
     /// A cuBLASLt handle for `gpu`, whose compute stream the products run on; `None` where
     /// libcublasLt cannot be loaded.
@@ -560,7 +600,7 @@ impl LtProducts {
     /// `b1` `[f]`, `h` and `a` `[T × f]`, contiguous, all of one 16-bit kind. `false` (nothing
     /// written) for tensors it does not take.
     pub fn gelu_up(&self, x: &Tensor, w1: &Tensor, b1: &Tensor, h: &Tensor, a: &Tensor) -> Result<bool, ProductError> {
-        self.product(x, Matrix::read(w1).map(Matrix::transposed), Form::GeluAux { bias: b1, h }, a)
+        self.product(x, Matrix::read(w1).map(Matrix::transposed), Form::GeluAux { bias: b1, h }, a, None)
     }
 
     /// `out = res + x·wᵀ + b` in one product: `x` is `[T × k]`, `w` `[n × k]`, `b` `[n]`, `res`
@@ -573,7 +613,7 @@ impl LtProducts {
         b: &Tensor,
         out: &Tensor,
     ) -> Result<bool, ProductError> {
-        self.product(x, Matrix::read(w).map(Matrix::transposed), Form::Residual { bias: b, res }, out)
+        self.product(x, Matrix::read(w).map(Matrix::transposed), Form::Residual { bias: b, res }, out, None)
     }
 
     /// `out = a·b`, plus `bias` along its rows where given: `a` is `[r × k]`, `b` `[k × c]`, each
@@ -582,18 +622,14 @@ impl LtProducts {
     /// (nothing written) for tensors it does not take.
     pub fn matmul(&self, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, out: &Tensor) -> Result<bool, ProductError> {
         let torch = LibtorchProduct { a, b, bias, out };
-        self.product_with(a, Matrix::read(b), Form::Plain { bias }, out, Some(torch))
-    }
-
-    fn product(&self, a: &Tensor, b: Option<Matrix>, form: Form<'_>, out: &Tensor) -> Result<bool, ProductError> {
-        self.product_with(a, b, form, out, None)
+        self.product(a, Matrix::read(b), Form::Plain { bias }, out, Some(torch))
     }
 
     /// `out = epilogue(a·b)`. In cuBLASLt's column-major terms the row-major `out = a·b` is
     /// `outᵀ = bᵀ·aᵀ`: cuBLASLt's A is `b`, its B is `a`, and a row-major matrix is the
     /// column-major transpose of itself. `torch` is libtorch's call for the same product, where
     /// libtorch has one (`Form::Plain`).
-    fn product_with(
+    fn product(
         &self,
         a: &Tensor,
         b: Option<Matrix>,
@@ -613,27 +649,8 @@ impl LtProducts {
         if mb.rows != k || !mo.is(kind, 2, r, c) {
             return Ok(false);
         }
-        // The bias and the epilogue's other matrix: the bias a contiguous `[c]` and the side
-        // matrix a contiguous `[r × c]`, like the output.
-        let read_bias = |t: &Tensor| Matrix::read(t).filter(|m| m.is(kind, 1, 1, c));
-        let read_side = |t: &Tensor| Matrix::read(t).filter(|m| m.is(kind, 2, r, c));
-        let (bias, aux, residual) = match form {
-            Form::Plain { bias: None } => (None, None, None),
-            Form::Plain { bias: Some(t) } | Form::GeluAux { bias: t, .. } | Form::Residual { bias: t, .. } => {
-                let Some(bias) = read_bias(t) else { return Ok(false) };
-                match form {
-                    Form::GeluAux { h, .. } => match read_side(h) {
-                        Some(h) => (Some(bias), Some(h), None),
-                        None => return Ok(false),
-                    },
-                    Form::Residual { res, .. } => match read_side(res) {
-                        Some(res) => (Some(bias), None, Some(res)),
-                        None => return Ok(false),
-                    },
-                    Form::Plain { .. } => (Some(bias), None, None),
-                }
-            }
-        };
+        let Some(side) = form.side(kind, r, c) else { return Ok(false) };
+        let ([bias, residual], aux) = side.read_written();
         // cuBLASLt's requirements: a bias 16-byte aligned; the auxiliary matrix 16-byte aligned
         // with a leading dimension a multiple of 8.
         if bias.is_some_and(|m| m.alignment() < 16) || aux.is_some_and(|h| h.alignment() < 16 || c % 8 != 0) {
@@ -642,12 +659,6 @@ impl LtProducts {
         if writes_what_it_reads(&[Some(ma), Some(mb), bias, residual], &mo, aux.as_ref()) {
             return Ok(false);
         }
-        let side = match (bias, aux, residual) {
-            (None, _, _) => SidePointers::None,
-            (Some(bias), None, None) => SidePointers::Bias { bias: bias.ptr() },
-            (Some(bias), Some(aux), _) => SidePointers::GeluAux { bias: bias.ptr(), aux: aux.ptr() },
-            (Some(bias), None, Some(res)) => SidePointers::Residual { bias: bias.ptr(), c: res.ptr() },
-        };
         let shape = Shape {
             epilogue: side.epilogue(),
             bf16,
@@ -658,7 +669,7 @@ impl LtProducts {
             tb: la == Lies::Transposed,
             align: [mb.alignment(), ma.alignment(), residual.unwrap_or(mo).alignment(), mo.alignment()],
         };
-        let pointers = Pointers { a: mb.ptr(), b: ma.ptr(), d: mo.ptr(), side };
+        let pointers = Pointers { a: mb.ptr(), b: ma.ptr(), d: mo.ptr(), side: side.pointers() };
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let state = &mut *guard;
         let workspace = match &state.workspace {
@@ -885,6 +896,31 @@ mod tests {
         assert!(writes_what_it_reads(&[Some(a), Some(c)], &c, None), "the output is an input");
         assert!(writes_what_it_reads(&[None, Some(b)], &d, Some(&b)), "the auxiliary output is an input");
         assert!(writes_what_it_reads(&[Some(a)], &c, Some(&m(&t.narrow(0, 5, 2)))), "the outputs share a row");
+    }
+
+    /// The epilogue's tensors are taken as its matrices where each is the contiguous shape of its
+    /// role: a bias `[c]`, the GELU's input and the residual `[r × c]`, all of the product's kind.
+    #[test]
+    fn the_epilogues_tensors_of_their_roles() {
+        let o = (Kind::BFloat16, Device::Cpu);
+        let (bias, side) = (Tensor::zeros([4], o), Tensor::zeros([6, 4], o));
+        let m = |t: &Tensor| Matrix::read(t).unwrap();
+        let read = |form: Form<'_>| form.side(Kind::BFloat16, 6, 4);
+        assert_eq!(read(Form::Plain { bias: None }), Some(Side::None));
+        assert_eq!(read(Form::Plain { bias: Some(&bias) }), Some(Side::Bias { bias: m(&bias) }));
+        let aux = Side::GeluAux { bias: m(&bias), aux: m(&side) };
+        assert_eq!(read(Form::GeluAux { bias: &bias, h: &side }), Some(aux));
+        assert_eq!(aux.read_written(), ([Some(m(&bias)), None], Some(m(&side))), "the GELU's input is written");
+        let res = Side::Residual { bias: m(&bias), c: m(&side) };
+        assert_eq!(read(Form::Residual { bias: &bias, res: &side }), Some(res));
+        assert_eq!(res.read_written(), ([Some(m(&bias)), Some(m(&side))], None), "the residual is read");
+        let long = Tensor::zeros([6], o);
+        assert_eq!(read(Form::Plain { bias: Some(&long) }), None, "a bias of another length");
+        assert_eq!(read(Form::Residual { bias: &side, res: &side }), None, "a matrix as the bias");
+        assert_eq!(read(Form::GeluAux { bias: &bias, h: &side.tr() }), None, "a transposed GELU input");
+        assert_eq!(read(Form::Residual { bias: &bias, res: &side.narrow(0, 0, 5) }), None, "too few rows");
+        let half = Tensor::zeros([4], (Kind::Half, Device::Cpu));
+        assert_eq!(read(Form::Plain { bias: Some(&half) }), None, "another kind");
     }
 
     /// Alignment is the largest power of two dividing the address, at most 256.
