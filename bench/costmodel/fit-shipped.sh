@@ -5,10 +5,12 @@
 #   bench/costmodel/fit-shipped.sh [KIND...]     (after `make build`; default: h200 h100)
 #
 # The sweeps are bench/gpu/run.sh's `costmodel` phase (bench/gpu/costmodel-runs.txt), 30 steps of
-# which 10 warm-up. H200: one sweep on a 2×H200 host at 5a3944b, one-GPU runs two at a time; the
-# three earlier H200 sweeps (gpu-2026-11-24-costmodel-short, -11-24-costmodel, -11-26-costmodel,
-# committed beside it) measured builds before GPT-2's recomputation and kernels, T5's fused
-# attention and the vectorised loss, and are no longer fitted. H100: sweeps after the trainer's
+# which 10 warm-up. H200: one sweep on a 2×H200 host at 41cf013, the engine as it ships, one run at
+# a time, with the host's examples/cpu_adamw in runs/cpu_adamw.json. The sweep at 5a3944b (one-GPU
+# runs two at a time; its device-bound steps 1.05× as long, its offloaded steps waiting for all of
+# the host's updates) and the three before it (gpu-2026-11-24-costmodel-short, -11-24-costmodel,
+# -11-26-costmodel: before GPT-2's recomputation and kernels, T5's fused attention and the
+# vectorised loss) are committed beside it and no longer fitted. H100: sweeps after the trainer's
 # segment loop moved onto libtorch's autograd thread (launch-bound steps 0.87-0.93×), one run at a
 # time. Without offload, the whole list (one GPU and two, held out too) at eed3e13 on a 2×H100
 # host: the engine as it ships, whose device-bound steps take 0.95× and launch-bound steps
@@ -33,7 +35,6 @@
 # GPU of a fourth 2×H100 host; and the eed3e13 sweep's 16, each with its host's rate. The offloaded
 # runs of the earlier sweeps (35b4299, 691c208, and the archives h100x1c/x1e/x1f/x1g, which hold
 # nothing else) measured exact steps that waited for all of the host's updates and are not fitted.
-# The H200 sweep's offloaded runs are of that engine too; no H200 sweep of the current one exists.
 # Ranks sharing a host: the same offload-ratios on 2 GPUs of three 2×H100 hosts (the delayed runs
 # of the two at 9f0fd0c left out: `ratios-exact`) and the two-ranks comparison of a fourth (mr/g1:
 # one GPU, mr/g2: two); and on a 4xH100 host (64 cores) the same with 4 ranks and with 2, two
@@ -50,7 +51,7 @@ BIN=${BIN:-target/release}
 ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE[:MARK] (under bench/results/raw)
   case $1 in
-    h200) echo "now:gpu-2026-11-26-h200x2-costmodel-5a3944b" ;;
+    h200) echo "now:gpu-2026-11-28-h200x2-costmodel-41cf013" ;;
     h100) echo "x2f:gpu-2026-11-28-h100x2f-costmodel-eed3e13 x1n:gpu-2026-11-27-h100x1n-costmodel-gpt2-ce2c6d2:launch-only x1o:gpu-2026-11-27-h100x1o-costmodel-gpt2-b98eb1a:launch-only x2e:gpu-2026-11-27-h100x2e-costmodel-gpt2-b98eb1a:launch-only x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c x1l:gpu-2026-11-27-h100x1l-costmodel-offload-e51bf6b x1m:gpu-2026-11-27-h100x1m-costmodel-offload-e51bf6b x2d:gpu-2026-11-27-h100x2d-costmodel-offload-e51bf6b r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios r2:gpu-2026-11-27-offload-ratios-h100x2:ratios-exact r2b:gpu-2026-11-27-offload-ratios-h100x2b:ratios-exact r2c:gpu-2026-11-27-offload-ratios-h100x2c:ratios r2d:gpu-2026-11-27-offload-two-ranks-h100x2:ratios r4:gpu-2026-11-27-h100x4-costmodel-e51bf6b:ratios r4b:gpu-2026-11-27-h100x4-costmodel-e51bf6b-round2:ratios" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac

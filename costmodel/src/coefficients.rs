@@ -1,6 +1,7 @@
 //! Fitting the coefficients of [`crate::terms`] from measured runs of one GPU kind and precision,
 //! on relative errors (each run's row divided by its measurement, so a 10 ms run counts as much as
-//! a 1 s one, as the targets are stated in percent). Step times are fitted by non-negative least
+//! a 1 s one, as the targets are stated in percent; a remainder's, what a run adds beyond the terms
+//! fitted before, by the run's step: [`RelativeTo`]). Step times are fitted by non-negative least
 //! absolute deviations ([`nnls_l1`]): the targets are mean absolute errors, and launch-bound runs
 //! repeat with one run in three or so far slower than the others (a busy host), which squared
 //! errors let pull the prediction for all of them. Memory, which repeats exactly, by least squares.
@@ -79,9 +80,13 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
     // also holds its waits for the host's update.
     let opt: Vec<usize> =
         all.iter().copied().filter(|&i| works[i].offload == Offload::None && runs[i].optimizer_ms.is_some()).collect();
-    coef.extend(fit_terms(&opt, works, &|w| only(step_terms(w), "optimizer."), &|i| {
-        runs[i].optimizer_ms.unwrap_or(0.0)
-    }));
+    coef.extend(fit_terms(
+        &opt,
+        works,
+        &|w| only(step_terms(w), "optimizer."),
+        &|i| runs[i].optimizer_ms.unwrap_or(0.0),
+        RelativeTo::Itself,
+    ));
     let optimizer = |coef: &BTreeMap<String, f64>, w: &Work| {
         let mut f = Vec::new();
         let t = only(step_terms(w), "optimizer.");
@@ -133,7 +138,14 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
         let (exposed, _) = offload_step_ms(&fitted, donor, &works[i], &step_terms(&works[i]), parts, &mut f);
         runs[i].step_ms - compute - optimizer - exposed
     };
-    coef.extend(fit_terms(&communication_runs(works), works, &|w| only(step_terms(w), "comm."), &offload_done));
+    let step = |i: usize| runs[i].step_ms;
+    coef.extend(fit_terms(
+        &communication_runs(works),
+        works,
+        &|w| only(step_terms(w), "comm."),
+        &offload_done,
+        RelativeTo::Step(&step),
+    ));
     // 5. How much ranks sharing a host slow each other's updates (`OFFLOAD_SHARING`), on the
     // offloaded runs of several ranks per host: not linear, so the exponent on a grid with the
     // smallest summed relative error of their steps.
@@ -204,6 +216,7 @@ fn fit_offload(idx: &[usize], works: &[Work], runs: &[OffloadRun]) -> BTreeMap<S
     }
     let terms = |w: &Work| only(step_terms(w), "offload");
     let by_work: BTreeMap<usize, &OffloadRun> = idx.iter().copied().zip(runs).collect();
+    let step = |i: usize| by_work[&i].step;
     let mut best: Option<(f64, BTreeMap<String, f64>)> = None;
     for k in 0..=HIDDEN_STEPS {
         let share = f64::from(k) / f64::from(HIDDEN_STEPS);
@@ -211,7 +224,7 @@ fn fit_offload(idx: &[usize], works: &[Work], runs: &[OffloadRun]) -> BTreeMap<S
         for _ in 0..30 {
             let waiting: Vec<usize> = idx.iter().zip(&waits).filter(|(_, &w)| w).map(|(&i, _)| i).collect();
             let target = |i: usize| by_work[&i].extra + share * by_work[&i].window;
-            let mut coef = fit_terms(&waiting, works, &terms, &target);
+            let mut coef = fit_terms(&waiting, works, &terms, &target, RelativeTo::Step(&step));
             coef.insert(OFFLOAD_HIDDEN.to_string(), share);
             let mut f = Vec::new();
             let host: Vec<f64> =
@@ -237,12 +250,27 @@ fn fit_offload(idx: &[usize], works: &[Work], runs: &[OffloadRun]) -> BTreeMap<S
     best.map(|(_, c)| c).unwrap_or_default()
 }
 
-/// NNLS of `target(i)` on the (per-step) terms of the runs `idx`, on relative errors.
+/// What a fitted quantity's errors are taken relative to, run by run.
+#[derive(Clone, Copy)]
+enum RelativeTo<'a> {
+    /// The quantity itself (floored, so that a near-zero one does not dominate): a measured phase,
+    /// the optimizer's.
+    Itself,
+    /// The run's measured step. For a remainder, what a run adds beyond the terms fitted before
+    /// (communication, a host's update), which is near zero or below where those terms priced the
+    /// run long: relative to itself such a run outweighs every other. On an H200, 2-GPU gpt2-large
+    /// at stage 3, 0.3 ms under its priced compute and optimizer, held stage 3's communication at
+    /// zero against gpt2-xl's 9.6 ms.
+    Step(&'a dyn Fn(usize) -> f64),
+}
+
+/// NNLS of `target(i)` on the (per-step) terms of the runs `idx`, on errors relative to `relative`.
 fn fit_terms(
     idx: &[usize],
     works: &[Work],
     terms: &dyn Fn(&Work) -> Vec<Term>,
     target: &dyn Fn(usize) -> f64,
+    relative: RelativeTo,
 ) -> BTreeMap<String, f64> {
     let ts: Vec<Vec<Term>> = idx.iter().map(|&i| terms(&works[i])).collect();
     let names = names_of(&ts);
@@ -250,8 +278,11 @@ fn fit_terms(
     let mut b = Vec::new();
     for (t, &i) in ts.iter().zip(idx) {
         let y = target(i);
-        // Relative to the quantity fitted, floored so a near-zero target does not dominate.
-        let scale = y.abs().max(1e-3);
+        let scale = match relative {
+            RelativeTo::Itself => y.abs(),
+            RelativeTo::Step(step) => step(i),
+        }
+        .max(1e-3);
         let mut row = vec![0.0; names.len()];
         for term in t {
             row[names.binary_search(&term.name).unwrap_or_default()] += term.x / scale;
