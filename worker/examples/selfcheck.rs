@@ -40,7 +40,10 @@
 //!   relative (normwise); in bf16 and fp16 within 2e-3 for the loss and 2e-2 for the gradients
 //!   (16-bit rounding of the gradients, summed over chunks); in three chunks and in one. The
 //!   kernel must be the one used, and in 16 bits each chunk's three products must run through
-//!   the timed cuBLASLt plans.
+//!   the timed cuBLASLt plans. On a thread whose libtorch computes on another stream than the
+//!   compute stream, the same bf16 head in three chunks must run none of its products through
+//!   the plans nor its loss through the kernel (both run on the compute stream), and give the same
+//!   loss and gradients.
 //! * `recompute`: GPT-2's recomputing nodes (`model::recompute`) against the operations they
 //!   stand for, composed on the same GPU, for one block's shapes in fp32 and bf16: the outputs
 //!   and every input's gradient within 1e-5 (fp32) or 2e-2 (bf16) relative (normwise). What each
@@ -468,6 +471,61 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
             );
         }
     }
+    lm_head_on_another_stream(r, gpu);
+}
+
+/// The bf16 head of [`lm_head`] in three chunks on a thread whose libtorch current stream is not the
+/// compute stream (the current stream is the thread's own): its products and loss kernel decline
+/// and libtorch's operations run on that stream, with the same results as the composed head.
+fn lm_head_on_another_stream(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    use zerobench_worker::model::lm_head::{lm_loss_chunked, IGNORE_INDEX};
+    use zerobench_worker::model::recompute_cuda;
+    let other = gpu.ctx.new_stream().expect("a stream");
+    let gpu = Arc::clone(gpu);
+    let (n, d, v, kind) = (3000i64, 256i64, 50257i64, Kind::BFloat16);
+    let outcome = std::thread::spawn(move || {
+        shim::cuda_set_stream(&other, 0).expect("libtorch's stream on this thread");
+        let here = gpu.computes_here().expect("the current stream");
+        let cuda = Device::Cuda(0);
+        tch::manual_seed(12);
+        let h0 = Tensor::randn([n, d], (Kind::Float, cuda)).to_kind(kind);
+        let w0 = (Tensor::randn([v, d], (Kind::Float, cuda)) * 0.05).to_kind(kind);
+        let t = Tensor::randint(v, [n], (Kind::Int64, cuda));
+        let leaf = |x: &Tensor| x.detach().set_requires_grad(true);
+        let (h1, w1) = (leaf(&h0), leaf(&w0));
+        let plain = h1.linear::<Tensor>(&w1, None).to_kind(Kind::Float).cross_entropy_loss::<Tensor>(
+            &t,
+            None,
+            tch::Reduction::Mean,
+            IGNORE_INDEX,
+            0.0,
+        );
+        plain.backward();
+        let (h2, w2) = (leaf(&h0), leaf(&w0));
+        let products_before = recompute_cuda::plain_products();
+        let fused = lm_loss_chunked(&h2, &w2, &t, 1024 * 50304 * 2).expect("the head");
+        fused.backward();
+        let products = recompute_cuda::plain_products() - products_before;
+        let (lp, lf) = (plain.double_value(&[]), fused.double_value(&[]));
+        let errs = (
+            (lp - lf).abs() / lp.abs(),
+            relative_error(&h2.grad(), &h1.grad()),
+            relative_error(&w2.grad(), &w1.grad()),
+        );
+        other.synchronize().expect("the thread's stream");
+        (here, products, lp, lf, errs)
+    })
+    .join()
+    .expect("the other stream's thread");
+    let (here, products, lp, lf, (loss_err, gh, gw)) = outcome;
+    let ok = !here && products == 0 && loss_err <= 2e-3 && gh <= 2e-2 && gw <= 2e-2;
+    r.check(
+        "lm_head_other_stream",
+        ok,
+        json!({"computes_on_the_compute_stream": here, "plain_products": products, "plain_products_expected": 0,
+               "loss": {"composed": lp, "chunked": lf, "relative_error": loss_err},
+               "grad_relative_error": {"h": gh, "w": gw}, "bound": {"loss": 2e-3, "grads": 2e-2}}),
+    );
 }
 
 /// The nodes' plain products through the timed plans (`LtProducts::matmul`), each operand as rows or as a

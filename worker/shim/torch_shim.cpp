@@ -39,7 +39,8 @@
 //   flat buffer of the engine's instead of a fresh tensor the engine then copies from:
 //   zero/engine.rs, `place_grads`), and the move of a unit's gradients into that buffer, those
 //   the nodes did not write in one launch.
-// * zb_cuda_set_stream / zb_cuda_pool_*: libtorch's current stream on this thread, and the CUDA
+// * zb_cuda_set_stream / zb_cuda_current_stream / zb_cuda_pool_*: libtorch's current stream on
+//   this thread (set, and read where the worker's own kernels must run on it), and the CUDA
 //   caching allocator's private pools: while a step is captured into a CUDA graph, everything the
 //   capture stream allocates comes from a pool that nothing else uses, so the memory a replay
 //   writes stays the graph's (what at::cuda::CUDAGraph does; that class lives in libtorch_cuda,
@@ -490,6 +491,13 @@ int zb_cuda_set_stream(void* stream, int device) {
   return guarded([&] {
     c10::cuda::setCurrentCUDAStream(
         c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device)));
+  });
+}
+
+// libtorch's current stream on the calling thread for device `device`, into `out` (a CUstream).
+int zb_cuda_current_stream(int device, void** out) {
+  return guarded([&] {
+    *out = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
   });
 }
 

@@ -6,7 +6,7 @@
 //! thread left each warp with 64 bytes in flight, and gpt2's loss at micro-batch 16 ran at about a
 //! third of the memory's bandwidth. Rows are therefore whole vectors: `v_pad` a multiple of the
 //! vector, the logits 16-byte aligned (the head pads to 64 columns; the allocator aligns). It runs
-//! on the compute stream, in libtorch's order.
+//! on the compute stream, in libtorch's order, where libtorch computes there (`Gpu::computes_here`).
 
 use std::sync::Arc;
 
@@ -106,6 +106,10 @@ pub enum CrossEntropyError {
          bytes, and int64 targets"
     )]
     Layout,
+    #[error("the cross-entropy kernel runs on the compute stream, and libtorch computes on another here")]
+    OtherStream,
+    #[error("libtorch's current stream: {0}")]
+    Stream(#[from] crate::runtime::shim::ShimError),
 }
 
 impl FusedCrossEntropy {
@@ -130,6 +134,9 @@ impl FusedCrossEntropy {
             || v > v_pad
         {
             return Err(CrossEntropyError::Layout);
+        }
+        if !self.gpu.computes_here()? {
+            return Err(CrossEntropyError::OtherStream);
         }
         let loss = Tensor::f_empty([rows], (Kind::Float, logits.device()))?;
         if rows == 0 {

@@ -363,6 +363,8 @@ pub enum NodeKernelError {
     Torch(#[from] tch::TchError),
     #[error("a matrix product through cuBLASLt: {0}")]
     Product(#[from] ProductError),
+    #[error("libtorch's current stream: {0}")]
+    Stream(#[from] shim::ShimError),
 }
 
 /// What a kernel does with the tensors it is given.
@@ -651,10 +653,14 @@ pub fn plain_products() -> u64 {
 }
 
 /// `out = a·b` through the timed plans (the LM head's products), counted with the plain products,
-/// where the kernels are installed and take the tensors; `false` (nothing written) otherwise. On
-/// the compute stream, which the caller's thread must compute on.
+/// where the kernels are installed and take the tensors; `false` (nothing written) otherwise. The
+/// plans run on the compute stream, so only where libtorch computes there on the calling thread
+/// ([`Gpu::computes_here`]), as the shim's nodes check for theirs.
 pub(crate) fn matmul_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<bool, NodeKernelError> {
     let Some(k) = KERNELS.get() else { return Ok(false) };
+    if out.device() != tch::Device::Cuda(k.gpu.ordinal) || !k.gpu.computes_here()? {
+        return Ok(false);
+    }
     Ok(matches!(k.with_products(&PLAIN_PRODUCTS, |e| e.matmul(a, b, None, out))?, Outcome::Done))
 }
 

@@ -75,6 +75,13 @@ impl Gpu {
         Ok(Arc::new(Self { ctx, compute, ordinal, comm, upload, free_events: Mutex::new(Vec::new()) }))
     }
 
+    /// Whether libtorch's current stream on the calling thread, for this device, is the compute
+    /// stream: the worker's own kernels and products run there, so only then are they ordered
+    /// with libtorch's operations on the same tensors.
+    pub fn computes_here(&self) -> Result<bool, shim::ShimError> {
+        Ok(shim::cuda_current_stream(self.ordinal)? == self.compute.cu_stream().cast())
+    }
+
     /// An event, reused from the pool when one is free.
     pub fn event(&self) -> Result<Event, DriverError> {
         if let Some(e) = self.free_events.lock().expect("event pool").pop() {

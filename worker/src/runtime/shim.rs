@@ -111,6 +111,7 @@ extern "C" {
     fn zb_cuda_reset_peak(device: c_int) -> c_int;
     fn zb_cuda_empty_cache() -> c_int;
     fn zb_cuda_set_stream(stream: *mut c_void, device: c_int) -> c_int;
+    fn zb_cuda_current_stream(device: c_int, out: *mut *mut c_void) -> c_int;
     fn zb_cuda_pool_begin(device: c_int, pool: u64, stream: *mut c_void) -> c_int;
     fn zb_cuda_pool_end(device: c_int, pool: u64) -> c_int;
     fn zb_cuda_pool_release(device: c_int, pool: u64) -> c_int;
@@ -315,6 +316,16 @@ pub fn cuda_set_stream(stream: &cudarc::driver::CudaStream, device: usize) -> Re
     // SAFETY: a live stream of this process's context; libtorch only records the handle (the
     // rank's `Gpu` keeps the stream alive as long as libtorch computes on it).
     check(unsafe { zb_cuda_set_stream(stream.cu_stream().cast(), dev) })
+}
+
+/// libtorch's current stream on the calling thread for CUDA device `device` (a CUstream handle,
+/// to compare with the streams the worker's own kernels run on).
+pub fn cuda_current_stream(device: usize) -> Result<*mut c_void, ShimError> {
+    let dev = device_index(device);
+    let mut out = std::ptr::null_mut();
+    // SAFETY: `out` is a valid place for one pointer; libtorch only reads its stream table.
+    check(unsafe { zb_cuda_current_stream(dev, &mut out) })?;
+    Ok(out)
 }
 
 /// What libtorch allocates on `stream` comes from the private pool `pool` until
