@@ -416,31 +416,17 @@ fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
-    use zerobench_worker::model::lm_head::{cuda_kernel_installed, install_cuda, lm_loss_chunked, IGNORE_INDEX};
+    use zerobench_worker::model::lm_head::{cuda_kernel_installed, install_cuda, lm_loss_chunked};
     use zerobench_worker::model::recompute_cuda;
     install_cuda(gpu);
     // The head's 16-bit products run through the nodes' timed cuBLASLt plans.
     recompute_cuda::install(gpu);
-    let cuda = Device::Cuda(0);
     let (n, d, v) = (3000i64, 256i64, 50257i64);
     for (kind, loss_tol, grad_tol) in
         [(Kind::Float, 1e-5, 1e-4), (Kind::BFloat16, 2e-3, 2e-2), (Kind::Half, 2e-3, 2e-2)]
     {
-        tch::manual_seed(11);
-        let h0 = Tensor::randn([n, d], (Kind::Float, cuda)).to_kind(kind);
-        let w0 = (Tensor::randn([v, d], (Kind::Float, cuda)) * 0.05).to_kind(kind);
-        let t = Tensor::randint(v, [n], (Kind::Int64, cuda));
-        let _ = t.narrow(0, 0, 7).fill_(IGNORE_INDEX);
+        let ComposedHead { h0, w0, t, plain, h1, w1 } = composed_head(kind, 11, (n, d, v));
         let leaf = |x: &Tensor| x.detach().set_requires_grad(true);
-        let (h1, w1) = (leaf(&h0), leaf(&w0));
-        let plain = h1.linear::<Tensor>(&w1, None).to_kind(Kind::Float).cross_entropy_loss::<Tensor>(
-            &t,
-            None,
-            tch::Reduction::Mean,
-            IGNORE_INDEX,
-            0.0,
-        );
-        plain.backward();
         // 3000 tokens in chunks of 1024 or so (several chunks, the last a short one: the weight's
         // gradient summed in fp32), and in one chunk (its 16-bit product as it is).
         for (chunks, chunk_bytes) in [(3, 1024 * 50304 * kind.elt_size_in_bytes() as i64), (1, i64::MAX)] {
@@ -474,11 +460,43 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     lm_head_on_another_stream(r, gpu);
 }
 
+/// The head's inputs on the GPU (`n` tokens of width `d`, a vocabulary of `v`, the first 7 targets
+/// ignored) and the head composed of libtorch operations on them (fp32 loss), its backward done.
+struct ComposedHead {
+    h0: Tensor,
+    w0: Tensor,
+    t: Tensor,
+    plain: Tensor,
+    h1: Tensor,
+    w1: Tensor,
+}
+
+fn composed_head(kind: Kind, seed: i64, (n, d, v): (i64, i64, i64)) -> ComposedHead {
+    use zerobench_worker::model::lm_head::IGNORE_INDEX;
+    let cuda = Device::Cuda(0);
+    tch::manual_seed(seed);
+    let h0 = Tensor::randn([n, d], (Kind::Float, cuda)).to_kind(kind);
+    let w0 = (Tensor::randn([v, d], (Kind::Float, cuda)) * 0.05).to_kind(kind);
+    let t = Tensor::randint(v, [n], (Kind::Int64, cuda));
+    let _ = t.narrow(0, 0, 7).fill_(IGNORE_INDEX);
+    let leaf = |x: &Tensor| x.detach().set_requires_grad(true);
+    let (h1, w1) = (leaf(&h0), leaf(&w0));
+    let plain = h1.linear::<Tensor>(&w1, None).to_kind(Kind::Float).cross_entropy_loss::<Tensor>(
+        &t,
+        None,
+        tch::Reduction::Mean,
+        IGNORE_INDEX,
+        0.0,
+    );
+    plain.backward();
+    ComposedHead { h0, w0, t, plain, h1, w1 }
+}
+
 /// The bf16 head of [`lm_head`] in three chunks on a thread whose libtorch current stream is not the
 /// compute stream (the current stream is the thread's own): its products and loss kernel decline
 /// and libtorch's operations run on that stream, with the same results as the composed head.
 fn lm_head_on_another_stream(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
-    use zerobench_worker::model::lm_head::{lm_loss_chunked, IGNORE_INDEX};
+    use zerobench_worker::model::lm_head::lm_loss_chunked;
     use zerobench_worker::model::recompute_cuda;
     let other = gpu.ctx.new_stream().expect("a stream");
     let gpu = Arc::clone(gpu);
@@ -486,21 +504,8 @@ fn lm_head_on_another_stream(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     let outcome = std::thread::spawn(move || {
         shim::cuda_set_stream(&other, 0).expect("libtorch's stream on this thread");
         let here = gpu.computes_here().expect("the current stream");
-        let cuda = Device::Cuda(0);
-        tch::manual_seed(12);
-        let h0 = Tensor::randn([n, d], (Kind::Float, cuda)).to_kind(kind);
-        let w0 = (Tensor::randn([v, d], (Kind::Float, cuda)) * 0.05).to_kind(kind);
-        let t = Tensor::randint(v, [n], (Kind::Int64, cuda));
+        let ComposedHead { h0, w0, t, plain, h1, w1 } = composed_head(kind, 12, (n, d, v));
         let leaf = |x: &Tensor| x.detach().set_requires_grad(true);
-        let (h1, w1) = (leaf(&h0), leaf(&w0));
-        let plain = h1.linear::<Tensor>(&w1, None).to_kind(Kind::Float).cross_entropy_loss::<Tensor>(
-            &t,
-            None,
-            tch::Reduction::Mean,
-            IGNORE_INDEX,
-            0.0,
-        );
-        plain.backward();
         let (h2, w2) = (leaf(&h0), leaf(&w0));
         let products_before = recompute_cuda::plain_products();
         let fused = lm_loss_chunked(&h2, &w2, &t, 1024 * 50304 * 2).expect("the head");
