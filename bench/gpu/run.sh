@@ -110,7 +110,8 @@
 #                (taskset); writes binding.json (bench/gpu/report_binding.py)
 #
 # Every worker log and JSON line lands in OUT (default $OUT, else bench-out/); `results.tar.gz`
-# packs them for the trip back, after each phase (PACK_EVERY_RUN=1: after each worker run too).
+# packs them for the trip back, with the phases' JSON reports, after each phase (PACK_EVERY_RUN=1:
+# after each worker run too).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 BIN=target/release
@@ -137,7 +138,15 @@ log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" | tee -a "$OUTDIR/bench.log"
 # renamed, so that a call cut short leaves the last whole archive, never a truncated one.
 pack() {
   cp "$OUTDIR/host.txt" "$OUTDIR/bench.log" "$RUNS/.."
-  tar -C "$RUNS/.." -czf "$OUTDIR/.results.tar.gz" runs host.txt bench.log && mv "$OUTDIR/.results.tar.gz" "$OUTDIR/results.tar.gz"
+  # The phases' reports (selfcheck.json, step-ab.json, ...) go in the archive too, so that one left
+  # behind on the trip back is still there.
+  local reports=() f
+  for f in "$OUTDIR"/*.json; do
+    [ -e "$f" ] || continue
+    cp "$f" "$RUNS/.." && reports+=("$(basename "$f")")
+  done
+  tar -C "$RUNS/.." -czf "$OUTDIR/.results.tar.gz" runs host.txt bench.log "${reports[@]}" &&
+    mv "$OUTDIR/.results.tar.gz" "$OUTDIR/results.tar.gz"
 }
 
 # DeepSpeed for the references: the hosts have none and no internet, so its wheel and those of its
