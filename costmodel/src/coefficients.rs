@@ -1,7 +1,7 @@
 //! Fitting the coefficients of [`crate::terms`] from measured runs of one GPU kind and precision,
 //! on relative errors (each run's row divided by its measurement, so a 10 ms run counts as much as
 //! a 1 s one, as the targets are stated in percent; a remainder's, what a run adds beyond the terms
-//! fitted before, by the run's step: [`RelativeTo`]). Step times are fitted by non-negative least
+//! fitted before, by the run's step: `RelativeTo`). Step times are fitted by non-negative least
 //! absolute deviations ([`nnls_l1`]): the targets are mean absolute errors, and launch-bound runs
 //! repeat with one run in three or so far slower than the others (a busy host), which squared
 //! errors let pull the prediction for all of them. Memory, which repeats exactly, by least squares.
