@@ -12,7 +12,8 @@
 //! from a start that takes a run as launch-bound when its time per micro-step is within 10% of the
 //! fastest of its model, stage and GPU count (more work did not cost more time), and keeps the
 //! assignment and share with the smallest error. A family none of whose runs kept the GPU busy gets
-//! no device terms of its own (`fit_micro`).
+//! no device terms of its own (`fit_micro`), and no FLOP rate is fitted faster than the GPU's
+//! peak (`rate_floors`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -341,9 +342,10 @@ fn fit_micro(
         })
         .collect();
     let start = initial_bounds(&sub_runs, &sub_works);
+    let floors = rate_floors(&terms, sub_runs.iter().find_map(|o| o.peak_tflops));
     // The unhidden share is searched on a grid; for each, the bounds' coefficients by alternation.
     let coef = (0..=UNHIDDEN_STEPS)
-        .map(|k| fit_bounds(&terms, target, &start, f64::from(k) / f64::from(UNHIDDEN_STEPS)))
+        .map(|k| fit_bounds(&terms, target, &start, f64::from(k) / f64::from(UNHIDDEN_STEPS), &floors))
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, c)| c)
         .unwrap_or_default();
@@ -354,6 +356,23 @@ fn fit_micro(
         None
     };
     (coef, donor)
+}
+
+/// The least value of each FLOP rate's coefficient (`ms_per_gflop`, `ms_per_gflop_attn`): the time
+/// a GFLOP takes at the GPU's data-sheet peak, `peak_tflops`, where the runs give it. Non-negative
+/// coefficients alone let a family's products run faster than the GPU can: fitted on three busy
+/// shapes, T5's dense products came out at 1,150 TFLOP/s on an H200 and 6,100 on an H100 (the rest
+/// put on its activations), and k-fold folds put gpt2's below the peak too. Held at it, both
+/// models' k-fold errors fell (H200 10.4% to 9.8%, H100 10.2% to 10.0%) and no held-out
+/// configuration moved by more than 4 points.
+fn rate_floors(terms: &[Vec<Term>], peak_tflops: Option<f64>) -> BTreeMap<String, f64> {
+    let Some(peak) = peak_tflops.filter(|p| *p > 0.0) else { return BTreeMap::new() };
+    names_of(terms)
+        .into_iter()
+        .filter(|n| n.ends_with(".ms_per_gflop") || n.ends_with(".ms_per_gflop_attn"))
+        // ms per GFLOP at `peak` TFLOP/s.
+        .map(|n| (n, 1.0 / peak))
+        .collect()
 }
 
 /// The family with the most configurations of which a run kept the GPU busy (or does not say), and
@@ -373,31 +392,42 @@ fn device_donor<'a>(runs: &[&Observation], works: &'a [Work]) -> Option<(&'a str
 const UNHIDDEN_STEPS: u32 = 10;
 
 /// The bounds' coefficients for one unhidden share, and their summed absolute relative error.
-fn fit_bounds(terms: &[Vec<Term>], target: &[f64], start: &[bool], unhidden: f64) -> (f64, BTreeMap<String, f64>) {
+fn fit_bounds(
+    terms: &[Vec<Term>],
+    target: &[f64],
+    start: &[bool],
+    unhidden: f64,
+    floors: &BTreeMap<String, f64>,
+) -> (f64, BTreeMap<String, f64>) {
     let names = names_of(terms);
+    let floor = |name: &str| floors.get(name).copied().unwrap_or(0.0);
     let mut launch_bound = start.to_vec();
     let mut best: Option<(f64, BTreeMap<String, f64>)> = None;
     for _ in 0..30 {
-        let rows: Vec<Vec<f64>> = terms
-            .iter()
-            .zip(&launch_bound)
-            .zip(target)
-            .map(|((ts, host), y)| {
-                let mut row = vec![0.0; names.len()];
-                for t in ts {
-                    let weight = match t.part {
-                        Part::Host if *host => 1.0,
-                        Part::Device if !*host => 1.0,
-                        Part::Host | Part::Device => unhidden,
-                        _ => 1.0,
-                    };
-                    row[names.binary_search(&t.name).unwrap_or_default()] += weight * t.x / y.max(1e-3);
-                }
-                row
-            })
-            .collect();
-        let ones = vec![1.0; rows.len()];
-        let mut coef: BTreeMap<String, f64> = names.iter().cloned().zip(nnls_l1(&rows, &ones)).collect();
+        // Each coefficient is its floor plus a non-negative part, the one fitted: the floors' share
+        // of each run's time comes off its target.
+        let mut rows = Vec::with_capacity(terms.len());
+        let mut rest = Vec::with_capacity(terms.len());
+        for ((ts, host), y) in terms.iter().zip(&launch_bound).zip(target) {
+            let mut row = vec![0.0; names.len()];
+            let mut b = 1.0;
+            for t in ts {
+                let weight = match t.part {
+                    Part::Host if *host => 1.0,
+                    Part::Device if !*host => 1.0,
+                    Part::Host | Part::Device => unhidden,
+                    _ => 1.0,
+                };
+                let x = weight * t.x / y.max(1e-3);
+                row[names.binary_search(&t.name).unwrap_or_default()] += x;
+                b -= x * floor(&t.name);
+            }
+            rows.push(row);
+            rest.push(b);
+        }
+        let fitted = nnls_l1(&rows, &rest);
+        let mut coef: BTreeMap<String, f64> =
+            names.iter().zip(fitted).map(|(n, c)| (n.clone(), c + floor(n))).collect();
         coef.insert(UNHIDDEN.to_string(), unhidden);
         let mut f = Vec::new();
         // No donor: a family without busy runs has no device terms here at all.

@@ -442,6 +442,30 @@ mod tests {
         assert!((p.step_ms / xl.step_ms - 1.0).abs() < 0.02, "{} vs {}", p.step_ms, xl.step_ms);
     }
 
+    /// Runs whose T5 products compute faster than the GPU's peak (generated so): the fitted FLOP
+    /// rates are held at the peak's time per GFLOP, T5's dense one there; runs that give no peak are
+    /// fitted without the floor, and T5's dense rate comes out under it.
+    #[test]
+    fn no_flop_rate_is_fitted_faster_than_the_peak() {
+        let mut fast = truth();
+        fast.insert("t5.ms_per_gflop".into(), 0.0002);
+        let regenerate = |o: &Observation| {
+            let mut r = o.clone();
+            r.step_ms = step_parts(&fast, None, &Work::of(&r.query, None), &mut Vec::new()).step_ms;
+            r
+        };
+        let runs: Vec<Observation> = sweep().iter().map(regenerate).collect();
+        let floor = 1.0 / 989.0;
+        let f = &fit(&runs).unwrap().fits[0];
+        for (name, c) in f.step.iter().filter(|(n, _)| n.contains(".ms_per_gflop")) {
+            assert!(*c >= floor * (1.0 - 1e-9), "{name}: {c} under {floor}");
+        }
+        assert!((f.step["t5.ms_per_gflop"] / floor - 1.0).abs() < 1e-6, "{}", f.step["t5.ms_per_gflop"]);
+        let unknown: Vec<Observation> = runs.iter().map(|o| Observation { peak_tflops: None, ..o.clone() }).collect();
+        let g = &fit(&unknown).unwrap().fits[0];
+        assert!(g.step["t5.ms_per_gflop"] < floor / 2.0, "{}", g.step["t5.ms_per_gflop"]);
+    }
+
     /// Repeats 10% either side of each configuration: the error per configuration (against its
     /// median, which is the truth) stays well below the repeats' own spread, which is exactly
     /// theirs whatever the fit.
