@@ -416,7 +416,7 @@ fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
-    use zerobench_worker::model::lm_head::{cuda_kernel_installed, install_cuda, lm_loss_chunked};
+    use zerobench_worker::model::lm_head::{cuda_kernel_installed, install_cuda, lm_loss_chunked, padded_vocab};
     use zerobench_worker::model::recompute_cuda;
     install_cuda(gpu);
     // The head's 16-bit products run through the nodes' timed cuBLASLt plans.
@@ -429,7 +429,7 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
         let leaf = |x: &Tensor| x.detach().set_requires_grad(true);
         // 3000 tokens in chunks of 1024 or so (several chunks, the last a short one: the weight's
         // gradient summed in fp32), and in one chunk (its 16-bit product as it is).
-        for (chunks, chunk_bytes) in [(3, 1024 * 50304 * kind.elt_size_in_bytes() as i64), (1, i64::MAX)] {
+        for (chunks, chunk_bytes) in [(3, 1024 * padded_vocab(v) * kind.elt_size_in_bytes() as i64), (1, i64::MAX)] {
             let (h2, w2) = (leaf(&h0), leaf(&w0));
             let products_before = recompute_cuda::plain_products();
             let fused = lm_loss_chunked(&h2, &w2, &t, chunk_bytes).expect("the head");
@@ -496,7 +496,7 @@ fn composed_head(kind: Kind, seed: i64, (n, d, v): (i64, i64, i64)) -> ComposedH
 /// compute stream (the current stream is the thread's own): its products and loss kernel decline
 /// and libtorch's operations run on that stream, with the same results as the composed head.
 fn lm_head_on_another_stream(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
-    use zerobench_worker::model::lm_head::lm_loss_chunked;
+    use zerobench_worker::model::lm_head::{lm_loss_chunked, padded_vocab};
     use zerobench_worker::model::recompute_cuda;
     let other = gpu.ctx.new_stream().expect("a stream");
     let gpu = Arc::clone(gpu);
@@ -508,7 +508,8 @@ fn lm_head_on_another_stream(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
         let leaf = |x: &Tensor| x.detach().set_requires_grad(true);
         let (h2, w2) = (leaf(&h0), leaf(&w0));
         let products_before = recompute_cuda::plain_products();
-        let fused = lm_loss_chunked(&h2, &w2, &t, 1024 * 50304 * 2).expect("the head");
+        let fused =
+            lm_loss_chunked(&h2, &w2, &t, 1024 * padded_vocab(v) * kind.elt_size_in_bytes() as i64).expect("the head");
         fused.backward();
         let products = recompute_cuda::plain_products() - products_before;
         let (lp, lf) = (plain.double_value(&[]), fused.double_value(&[]));

@@ -432,11 +432,6 @@ impl NodeKernels {
         Ok(k)
     }
 
-    /// Whether `stream` (the caller's current CUDA stream) is the one these kernels run on.
-    fn on_compute_stream(&self, stream: *mut c_void) -> bool {
-        self.gpu.compute.cu_stream() as *mut c_void == stream
-    }
-
     /// Runs `f` (a product of [`LtProducts`]) on the compute stream, counted in `counter`;
     /// declined where libcublasLt is missing.
     fn with_products(
@@ -718,7 +713,7 @@ fn answer(
         DECLINED.fetch_add(1, Ordering::Relaxed);
         1
     };
-    let Some(k) = KERNELS.get().filter(|k| k.on_compute_stream(stream)) else { return declined() };
+    let Some(k) = KERNELS.get().filter(|k| k.gpu.is_compute_stream(stream)) else { return declined() };
     let message = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(k))) {
         Ok(Ok(Outcome::Done)) => {
             RAN.fetch_add(1, Ordering::Relaxed);

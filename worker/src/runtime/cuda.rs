@@ -79,7 +79,12 @@ impl Gpu {
     /// stream: the worker's own kernels and products run there, so only then are they ordered
     /// with libtorch's operations on the same tensors.
     pub fn computes_here(&self) -> Result<bool, shim::ShimError> {
-        Ok(shim::cuda_current_stream(self.ordinal)? == self.compute.cu_stream().cast())
+        Ok(self.is_compute_stream(shim::cuda_current_stream(self.ordinal)?))
+    }
+
+    /// Whether `stream` (a CUstream handle, as libtorch names its streams) is the compute stream.
+    pub fn is_compute_stream(&self, stream: *mut std::ffi::c_void) -> bool {
+        self.compute.cu_stream().cast() == stream
     }
 
     /// An event, reused from the pool when one is free.
