@@ -10,7 +10,10 @@
 # runs two at a time; its device-bound steps 1.05× as long, its offloaded steps waiting for all of
 # the host's updates) and the three before it (gpu-2026-11-24-costmodel-short, -11-24-costmodel,
 # -11-26-costmodel: before GPT-2's recomputation and kernels, T5's fused attention and the
-# vectorised loss) are committed beside it and no longer fitted. H100: sweeps after the trainer's
+# vectorised loss) are committed beside it and no longer fitted. The one-GPU runs of the list at
+# 8fda613 on a second H200 host (a 1×H200, the fitted runs twice) are `check-only`: never fitted,
+# they are what `NEW_HOST=x1` prices (fitted beside the first sweep, they made the held-out
+# configurations' error worse: docs/cost-model.md, "On a second H200 host"). H100: sweeps after the trainer's
 # segment loop moved onto libtorch's autograd thread (launch-bound steps 0.87-0.93×), one run at a
 # time. Without offload, the whole list (one GPU and two, held out too) at eed3e13 on a 2×H100
 # host: the engine as it ships, whose device-bound steps take 0.95× and launch-bound steps
@@ -51,7 +54,7 @@ BIN=${BIN:-target/release}
 ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE[:MARK] (under bench/results/raw)
   case $1 in
-    h200) echo "now:gpu-2026-11-28-h200x2-costmodel-41cf013" ;;
+    h200) echo "now:gpu-2026-11-28-h200x2-costmodel-41cf013 x1:gpu-2026-12-02-h200x1-costmodel-8fda613:check-only" ;;
     h100) echo "x2f:gpu-2026-11-28-h100x2f-costmodel-eed3e13 x1n:gpu-2026-11-27-h100x1n-costmodel-gpt2-ce2c6d2:launch-only x1o:gpu-2026-11-27-h100x1o-costmodel-gpt2-b98eb1a:launch-only x2e:gpu-2026-11-27-h100x2e-costmodel-gpt2-b98eb1a:launch-only x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c x1l:gpu-2026-11-27-h100x1l-costmodel-offload-e51bf6b x1m:gpu-2026-11-27-h100x1m-costmodel-offload-e51bf6b x2d:gpu-2026-11-27-h100x2d-costmodel-offload-e51bf6b r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios r2:gpu-2026-11-27-offload-ratios-h100x2:ratios-exact r2b:gpu-2026-11-27-offload-ratios-h100x2b:ratios-exact r2c:gpu-2026-11-27-offload-ratios-h100x2c:ratios r2d:gpu-2026-11-27-offload-two-ranks-h100x2:ratios r4:gpu-2026-11-27-h100x4-costmodel-e51bf6b:ratios r4b:gpu-2026-11-27-h100x4-costmodel-e51bf6b-round2:ratios" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac
@@ -99,10 +102,12 @@ for kind in "${kinds[@]}"; do
       done < <(cd "$work" && find "$name" -type d -name runs | sort)
     fi
     # NEW_HOST: that sweep's runs, fitted and held out alike, are the host no fit has seen.
+    # `check-only`: a sweep kept for that check and never fitted (below).
     if [ "$name" = "${NEW_HOST:-}" ]; then
       while read -r d; do unseen+=("$d"); done < <(cd "$work" && find "$name" -type d -name 'cm-*' | sort)
       continue
     fi
+    [ "$mark" = check-only ] && continue
     while read -r d; do fits+=("$d"); done < <(cd "$work" && find "$name" -type d -name cm-fit | sort)
     while read -r d; do holdouts+=("$d"); done < <(cd "$work" && find "$name" -type d -name cm-holdout | sort)
     sources+=("bench/results/raw/$archive.tar.gz")
@@ -115,8 +120,10 @@ for kind in "${kinds[@]}"; do
     (cd "$work" && "$ZB" ingest "${unseen[@]}" --cost-model model.json --out with --format csv -q) || [ $? -eq 1 ]
     (cd "$work" && for d in "${unseen[@]}"; do rm -f "$d/cpu_adamw.json"; done)
     (cd "$work" && "$ZB" ingest "${unseen[@]}" --cost-model model.json --out without --format csv -q) || [ $? -eq 1 ]
-    python3 bench/costmodel/new_host.py "$work/with/predicted.csv" "$work/without/predicted.csv" "$kind" \
-      "$NEW_HOST" "${sources[@]}" > "bench/results/costmodel-$kind-new-host-$NEW_HOST.json"
+    # The fitted sweeps' runs (held out too), as repeats of the same configurations for the stage choice.
+    (cd "$work" && "$ZB" ingest "${fits[@]}" "${holdouts[@]}" --out fitted --format csv -q 2>/dev/null) || [ $? -eq 1 ]
+    python3 bench/costmodel/new_host.py "$work/with" "$work/without/predicted.csv" "$kind" \
+      "$NEW_HOST" "$work/fitted/runs.csv" "${sources[@]}" > "bench/results/costmodel-$kind-new-host-$NEW_HOST.json"
     python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' \
       "bench/results/costmodel-$kind-new-host-$NEW_HOST.json"
     rm -rf "$work"
