@@ -416,7 +416,9 @@ fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
-    use zerobench_worker::model::lm_head::{cuda_kernel_installed, install_cuda, lm_loss_chunked, padded_vocab};
+    use zerobench_worker::model::lm_head::{
+        cuda_kernel_installed, fused_losses, install_cuda, lm_loss_chunked, padded_vocab,
+    };
     use zerobench_worker::model::recompute_cuda;
     install_cuda(gpu);
     // The head's 16-bit products run through the nodes' timed cuBLASLt plans.
@@ -431,11 +433,13 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
         // gradient summed in fp32), and in one chunk (its 16-bit product as it is).
         for (chunks, chunk_bytes) in [(3, 1024 * padded_vocab(v) * kind.elt_size_in_bytes() as i64), (1, i64::MAX)] {
             let (h2, w2) = (leaf(&h0), leaf(&w0));
-            let products_before = recompute_cuda::plain_products();
+            let (products_before, losses_before) = (recompute_cuda::plain_products(), fused_losses());
             let fused = lm_loss_chunked(&h2, &w2, &t, chunk_bytes).expect("the head");
-            // Three products a chunk (logits, and the gradients of h and w), in 16 bits only.
+            // Three products a chunk (logits, and the gradients of h and w), in 16 bits only; the
+            // loss kernel once a chunk, in every precision.
             let products = recompute_cuda::plain_products() - products_before;
             let products_expected = if kind == Kind::Float { 0 } else { 3 * chunks };
+            let losses = fused_losses() - losses_before;
             fused.backward();
             let (lp, lf) = (plain.double_value(&[]), fused.double_value(&[]));
             let loss_err = (lp - lf).abs() / lp.abs();
@@ -444,13 +448,15 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
                 && loss_err <= loss_tol
                 && gh <= grad_tol
                 && gw <= grad_tol
-                && products == products_expected;
+                && products == products_expected
+                && losses == chunks;
             r.check(
                 "lm_head",
                 ok,
                 json!({"kind": format!("{kind:?}"), "fused_kernel": cuda_kernel_installed(), "tokens": n, "d_model": d,
                        "vocab": v, "chunks": chunks,
                        "plain_products": products, "plain_products_expected": products_expected,
+                       "fused_losses": losses, "fused_losses_expected": chunks,
                        "loss": {"composed": lp, "fused": lf, "relative_error": loss_err},
                        "grad_relative_error": {"h": gh, "w": gw},
                        "bound": {"loss": loss_tol, "grads": grad_tol}}),
@@ -496,7 +502,7 @@ fn composed_head(kind: Kind, seed: i64, (n, d, v): (i64, i64, i64)) -> ComposedH
 /// compute stream (the current stream is the thread's own): its products and loss kernel decline
 /// and libtorch's operations run on that stream, with the same results as the composed head.
 fn lm_head_on_another_stream(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
-    use zerobench_worker::model::lm_head::{lm_loss_chunked, padded_vocab};
+    use zerobench_worker::model::lm_head::{fused_losses, lm_loss_chunked, padded_vocab};
     use zerobench_worker::model::recompute_cuda;
     let other = gpu.ctx.new_stream().expect("a stream");
     let gpu = Arc::clone(gpu);
@@ -507,11 +513,12 @@ fn lm_head_on_another_stream(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
         let ComposedHead { h0, w0, t, plain, h1, w1 } = composed_head(kind, 12, (n, d, v));
         let leaf = |x: &Tensor| x.detach().set_requires_grad(true);
         let (h2, w2) = (leaf(&h0), leaf(&w0));
-        let products_before = recompute_cuda::plain_products();
+        let (products_before, losses_before) = (recompute_cuda::plain_products(), fused_losses());
         let fused =
             lm_loss_chunked(&h2, &w2, &t, 1024 * padded_vocab(v) * kind.elt_size_in_bytes() as i64).expect("the head");
         fused.backward();
         let products = recompute_cuda::plain_products() - products_before;
+        let losses = fused_losses() - losses_before;
         let (lp, lf) = (plain.double_value(&[]), fused.double_value(&[]));
         let errs = (
             (lp - lf).abs() / lp.abs(),
@@ -519,16 +526,17 @@ fn lm_head_on_another_stream(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
             relative_error(&w2.grad(), &w1.grad()),
         );
         other.synchronize().expect("the thread's stream");
-        (here, products, lp, lf, errs)
+        (here, products, losses, lp, lf, errs)
     })
     .join()
     .expect("the other stream's thread");
-    let (here, products, lp, lf, (loss_err, gh, gw)) = outcome;
-    let ok = !here && products == 0 && loss_err <= 2e-3 && gh <= 2e-2 && gw <= 2e-2;
+    let (here, products, losses, lp, lf, (loss_err, gh, gw)) = outcome;
+    let ok = !here && products == 0 && losses == 0 && loss_err <= 2e-3 && gh <= 2e-2 && gw <= 2e-2;
     r.check(
         "lm_head_other_stream",
         ok,
         json!({"computes_on_the_compute_stream": here, "plain_products": products, "plain_products_expected": 0,
+               "fused_losses": losses, "fused_losses_expected": 0,
                "loss": {"composed": lp, "chunked": lf, "relative_error": loss_err},
                "grad_relative_error": {"h": gh, "w": gw}, "bound": {"loss": 2e-3, "grads": 2e-2}}),
     );

@@ -34,7 +34,7 @@
 //! The vocabulary is padded to a multiple of 64 inside the GEMMs (GPT-2's 50257 makes them
 //! several times slower unaligned); the padding columns never reach the loss.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tch::{Kind, TchError, Tensor};
@@ -166,7 +166,12 @@ fn cross_entropy_grad_in_place(
 ) -> Result<Tensor, TchError> {
     if let Some(k) = logits.device().is_cuda().then(|| CUDA.get()).flatten() {
         match k.run(logits, target, v, scale) {
-            Ok(rows) => return Ok(rows),
+            Ok(Some(rows)) => {
+                FUSED_LOSSES.fetch_add(1, Ordering::Relaxed);
+                return Ok(rows);
+            }
+            // libtorch computes on another stream here: its operations below run there.
+            Ok(None) => {}
             Err(e) => {
                 warn_once(&KERNEL_FAILED, || format!("{e}; the LM head's loss composes libtorch operations"));
             }
@@ -190,6 +195,15 @@ fn cross_entropy_grad_in_place(
 
 /// The CUDA kernel of [`cross_entropy_grad_in_place`], when [`install_cuda`] compiled it.
 static CUDA: OnceLock<crate::model::lm_head_cuda::FusedCrossEntropy> = OnceLock::new();
+
+/// Chunks whose loss and gradient the CUDA kernel computed, since start.
+static FUSED_LOSSES: AtomicU64 = AtomicU64::new(0);
+
+/// How many chunks' losses ran through the CUDA kernel since start (the GPU self-check holds that
+/// the head uses it on the compute stream, and declines it on another).
+pub fn fused_losses() -> u64 {
+    FUSED_LOSSES.load(Ordering::Relaxed)
+}
 
 /// Whether the fused kernel is compiled and in use on CUDA tensors.
 pub fn cuda_kernel_installed() -> bool {

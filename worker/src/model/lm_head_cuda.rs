@@ -106,8 +106,6 @@ pub enum CrossEntropyError {
          bytes, and int64 targets"
     )]
     Layout,
-    #[error("the cross-entropy kernel runs on the compute stream, and libtorch computes on another here")]
-    OtherStream,
     #[error("libtorch's current stream: {0}")]
     Stream(#[from] crate::runtime::shim::ShimError),
 }
@@ -119,8 +117,17 @@ impl FusedCrossEntropy {
         Ok(Self { cross_entropy: Instances::load(&module, "cross_entropy")?, _module: module, gpu })
     }
 
-    /// Each row's cross-entropy (fp32), the logits replaced by their gradient.
-    pub fn run(&self, logits: &Tensor, target: &Tensor, v: i64, scale: &Tensor) -> Result<Tensor, CrossEntropyError> {
+    /// Each row's cross-entropy (fp32), the logits replaced by their gradient; `None` (nothing
+    /// written) where libtorch computes on another stream than the compute stream on this thread:
+    /// the caller's libtorch operations then run there instead, as the products decline
+    /// (`recompute_cuda::matmul_into`).
+    pub fn run(
+        &self,
+        logits: &Tensor,
+        target: &Tensor,
+        v: i64,
+        scale: &Tensor,
+    ) -> Result<Option<Tensor>, CrossEntropyError> {
         let (rows, v_pad) = logits.size2()?;
         let p = Precision::of(logits.kind()).ok_or(CrossEntropyError::Layout)?;
         let (func, vector) = (self.cross_entropy.get(p), p.vector());
@@ -136,11 +143,11 @@ impl FusedCrossEntropy {
             return Err(CrossEntropyError::Layout);
         }
         if !self.gpu.computes_here()? {
-            return Err(CrossEntropyError::OtherStream);
+            return Ok(None);
         }
         let loss = Tensor::f_empty([rows], (Kind::Float, logits.device()))?;
         if rows == 0 {
-            return Ok(loss);
+            return Ok(Some(loss));
         }
         let grid = u32::try_from(rows).map_err(|_| CrossEntropyError::Layout)?;
         let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
@@ -151,6 +158,6 @@ impl FusedCrossEntropy {
         // SAFETY: contiguous device tensors of the kernel's types and shapes (checked above),
         // alive until the kernel has run: libtorch frees them in stream order, on this stream.
         unsafe { launch.launch(cfg) }?;
-        Ok(loss)
+        Ok(Some(loss))
     }
 }
