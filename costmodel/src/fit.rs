@@ -489,6 +489,40 @@ mod tests {
         assert!(v.step_mape_pct >= c.repeat_floor_pct - 1.0, "per run {} below the floor", v.step_mape_pct);
     }
 
+    /// gpt2 fitted at sequences 256 and 1024: a longer sequence is flagged even where its tokens
+    /// per micro-step (and model) lie within the fitted range, one within it is not, and a model
+    /// file that recorded no sequences (written before them) flags none.
+    #[test]
+    fn a_sequence_longer_than_fitted_is_flagged_though_its_tokens_are_not() {
+        let model = fit(&sweep()).unwrap();
+        let f = &model.fits[0];
+        assert_eq!(f.range.families["gpt2"].seq_len, Some([256, 1024]));
+        let sequence_flags = |f: &Fit, seq: u32| {
+            let o = observe(ModelPreset::Gpt2, ZeroStage::Z0, 1, seq, 1, Offload::None);
+            f.predict(&o.query).extrapolated.into_iter().filter(|e| e.contains("sequence")).collect::<Vec<_>>()
+        };
+        let long = sequence_flags(f, 2048);
+        assert_eq!(
+            long,
+            ["compute: sequence 2048, fitted 256-1024 for gpt2 (attention's work per token grows with it)"]
+        );
+        let o = observe(ModelPreset::Gpt2, ZeroStage::Z0, 1, 2048, 1, Offload::None);
+        assert!(
+            !f.predict(&o.query).extrapolated.iter().any(|e| e.contains("tokens per micro-step")),
+            "2048 tokens lie within the fitted 256-16384"
+        );
+        assert!(sequence_flags(f, 512).is_empty());
+        assert_eq!(sequence_flags(f, 128).len(), 1);
+        // A file without the field reads, and flags no sequence.
+        let mut json = serde_json::to_value(&model).unwrap();
+        for family in json["fits"][0]["range"]["families"].as_object_mut().unwrap().values_mut() {
+            assert!(family.as_object_mut().unwrap().remove("seq_len").is_some());
+        }
+        let old: CostModel = serde_json::from_value(json).unwrap();
+        assert_eq!(old.fits[0].range.families["gpt2"].seq_len, None);
+        assert!(sequence_flags(&old.fits[0], 2048).is_empty());
+    }
+
     #[test]
     fn a_family_that_never_kept_the_gpu_busy_has_no_device_terms_of_its_own() {
         let device_terms = ["t5.device_ms", "t5.ms_per_gflop", "t5.ms_per_gact"];

@@ -102,6 +102,11 @@ pub struct FamilyRange {
     pub max_tokens: f64,
     pub min_params: f64,
     pub max_params: f64,
+    /// The shortest and longest sequence fitted: attention's work per token grows with the
+    /// sequence, so tokens per micro-step within range do not make a longer sequence fitted (files
+    /// written before it: not recorded, not flagged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_len: Option<[u32; 2]>,
 }
 
 /// One run a model was fitted on.
@@ -280,7 +285,10 @@ impl Range {
             max_tokens: 0.0,
             min_params: f64::INFINITY,
             max_params: 0.0,
+            seq_len: None,
         });
+        let t = q.config.seq_len;
+        r.seq_len = Some(r.seq_len.map_or([t, t], |[lo, hi]| [lo.min(t), hi.max(t)]));
         r.min_tokens = r.min_tokens.min(w.micro_tokens);
         r.max_tokens = r.max_tokens.max(w.micro_tokens);
         r.min_params = r.min_params.min(params);
@@ -316,6 +324,12 @@ impl Range {
                 flags.push(format!(
                     "compute: {} tokens per micro-step, fitted {}-{} for {}",
                     w.micro_tokens, r.min_tokens, r.max_tokens, w.family
+                ));
+            }
+            if let Some([lo, hi]) = r.seq_len.filter(|&[lo, hi]| !(lo..=hi).contains(&q.config.seq_len)) {
+                flags.push(format!(
+                    "compute: sequence {}, fitted {lo}-{hi} for {} (attention's work per token grows with it)",
+                    q.config.seq_len, w.family
                 ));
             }
             if params < r.min_params * 0.999 || params > r.max_params * 1.001 {
