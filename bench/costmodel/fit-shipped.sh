@@ -13,23 +13,24 @@
 # vectorised loss) are committed beside it and no longer fitted. The one-GPU runs of the list at
 # 8fda613 on a second H200 host (a 1×H200, the fitted runs twice) are `check-only`: never fitted,
 # they are what `NEW_HOST=x1` prices (fitted beside the first sweep, they made the held-out
-# configurations' error worse: docs/cost-model.md, "On a second H200 host"). H100: sweeps after the trainer's
-# segment loop moved onto libtorch's autograd thread (launch-bound steps 0.87-0.93×), one run at a
-# time. Without offload, the whole list (one GPU and two, held out too) at eed3e13 on a 2×H100
-# host: the engine as it ships, whose device-bound steps take 0.95× and launch-bound steps
-# 0.83-0.93× as long as at the builds of the sweeps it replaces, which ran the same list (35b4299
-# on a 2×H100 and a 1×H100 host; 691c208 on a second 1×H100 host, the 2-GPU runs three times on a
-# second 2×H100 host, T5's configurations that keep the GPU busy twice on a third 1×H100 host and
-# the ten 2-GPU configurations added since twice on a third 2×H100 host). Those are committed
-# beside it and no longer fitted (bench/results/costmodel-h100-new-build-eed3e13-h100x2.json prices
-# the eed3e13 sweep with the model fitted on them). One host's launch-bound runs would set the
-# host's terms by that host (the eed3e13 host ran them 0.79-0.94× as long as three others did), so
-# the GPT-2 sweeps of ce2c6d2 and b98eb1a on three more H100 hosts (1×, 1×, 2×) lend their
-# launch-bound one-GPU runs without offload (`launch-only`); their busy runs measured device work
-# the builds since made 2-5% shorter and are left out. A configuration's runs on several hosts
-# are fitted as repeats. The H100 sweeps before them (1858462, 9dd1533, 5a3944b) measured builds
-# whose launch-bound steps have changed since. The runs of the set `fit` are fitted on; those of
-# `holdout` (other presets, micro-batches, sequence lengths) never are.
+# configurations' error worse: docs/cost-model.md, "On a second H200 host").
+# H100: sweeps after the trainer's segment loop moved onto libtorch's autograd thread (launch-bound
+# steps 0.87-0.93×), one run at a time. Without offload, the whole list (one GPU and two, held out
+# too) at eed3e13 on a 2×H100 host: the engine as it ships, whose device-bound steps take 0.95× and
+# launch-bound steps 0.83-0.93× as long as at the builds of the sweeps it replaces, which ran the
+# same list (35b4299 on a 2×H100 and a 1×H100 host; 691c208 on a second 1×H100 host, the 2-GPU runs
+# three times on a second 2×H100 host, T5's configurations that keep the GPU busy twice on a third
+# 1×H100 host and the ten 2-GPU configurations added since twice on a third 2×H100 host). Those are
+# committed beside it and no longer fitted
+# (bench/results/costmodel-h100-new-build-eed3e13-h100x2.json prices the eed3e13 sweep with the
+# model fitted on them). One host's launch-bound runs would set the host's terms by that host (the
+# eed3e13 host ran them 0.79-0.94× as long as three others did), so the GPT-2 sweeps of ce2c6d2 and
+# b98eb1a on three more H100 hosts (1×, 1×, 2×) lend their launch-bound one-GPU runs without offload
+# (`launch-only`); their busy runs measured device work the builds since made 2-5% shorter and are
+# left out. A configuration's runs on several hosts are fitted as repeats. The H100 sweeps before
+# them (1858462, 9dd1533, 5a3944b) measured builds whose launch-bound steps have changed since. The
+# runs of the set `fit` are fitted on; those of `holdout` (other presets, micro-batches, sequence
+# lengths) never are.
 #
 # Offload on the H100: the 16 offloaded runs at 9f0fd0c (the next forward waits for each unit's
 # host update at its first use) on four more 1×H100 hosts, each with the host's examples/cpu_adamw
