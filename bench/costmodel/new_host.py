@@ -56,6 +56,8 @@ def fastest_stage(priced, host_rows, fitted_rows):
     out = {"groups": 0, "right": 0, "within_2pct": 0, "decided": 0, "decided_right": 0,
            "repeats_show_choice_slower": 0, "cost_pct": [], "misses": []}
     for group, stages in sorted(predicted.items()):
+        # Stages none of whose runs completed (a configuration that did not fit) choose nothing.
+        stages = {s: p for s, p in stages.items() if (group, s) in measured}
         if len(stages) < 2:
             continue
         runs = {s: measured[(group, s)] for s in stages}
