@@ -39,9 +39,12 @@ def mape(rows, key):
     return mean_abs(r[key] for r in rows)
 
 
+# What a run measured, but its stage: the key of its stage-choice group.
+GROUP = ("model", "variant", "micro_batch", "seq_len", "gpus", "nodes", "grad_accum", "offload")
+
+
 def config(r):
-    """What a run measured, but its stage: the key of its stage-choice group."""
-    return tuple(r[k] for k in ("model", "variant", "micro_batch", "seq_len", "gpus", "nodes", "grad_accum", "offload"))
+    return tuple(r[k] for k in GROUP)
 
 
 def fastest_stage(priced, host_rows, fitted_rows):
@@ -74,8 +77,7 @@ def fastest_stage(priced, host_rows, fitted_rows):
         out["decided_right"] += decided and chosen == best
         out["repeats_show_choice_slower"] += chosen != best and faster(chosen)
         if chosen != best:
-            out["misses"].append({"group": dict(zip(("model", "variant", "micro_batch", "seq_len", "gpus", "nodes",
-                                                     "grad_accum", "offload"), group)),
+            out["misses"].append({"group": dict(zip(GROUP, group)),
                                   "chosen": chosen, "fastest": best,
                                   "medians_ms": {s: round(m, 2) for s, m in median.items()},
                                   "runs": {s: len(v) for s, v in runs.items()}})
