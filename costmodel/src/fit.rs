@@ -519,6 +519,36 @@ mod tests {
         assert_eq!(sequence_flags(&old.fits[0], 2048), 0);
     }
 
+    /// t5-small and t5-large fitted (layers of 14 d_model²): t5-3b, whose layers are four times
+    /// as wide relative to d_model, is flagged for its activations, t5-base (14, unfitted) is
+    /// not, and a model file that recorded no widths (written before them) flags none.
+    #[test]
+    fn a_preset_with_wider_layers_than_fitted_is_flagged() {
+        let model = fit(&sweep()).unwrap();
+        let f = &model.fits[0];
+        let [lo, hi] = f.range.families["t5"].layer_width.unwrap();
+        assert!((14.0..14.01).contains(&lo) && (14.0..14.01).contains(&hi), "{lo}-{hi}");
+        let width_flags = |f: &Fit, m: ModelPreset| {
+            let q = observe(m, ZeroStage::Z0, 4, 512, 1, Offload::None).query;
+            f.predict(&q).extrapolated.into_iter().filter(|e| e.starts_with("activations:")).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            width_flags(f, ModelPreset::T5_3b),
+            [format!(
+                "activations: layers of 56.0 d_model² parameters, fitted {lo:.1}-{hi:.1} for t5 (activations \
+                 are priced per d_model, not per the layers' width)"
+            )]
+        );
+        assert!(width_flags(f, ModelPreset::T5Base).is_empty());
+        assert!(width_flags(f, ModelPreset::Gpt2Large).is_empty());
+        let mut json = serde_json::to_value(&model).unwrap();
+        for family in json["fits"][0]["range"]["families"].as_object_mut().unwrap().values_mut() {
+            assert!(family.as_object_mut().unwrap().remove("layer_width").is_some());
+        }
+        let old: CostModel = serde_json::from_value(json).unwrap();
+        assert!(width_flags(&old.fits[0], ModelPreset::T5_3b).is_empty());
+    }
+
     #[test]
     fn a_family_that_never_kept_the_gpu_busy_has_no_device_terms_of_its_own() {
         let device_terms = ["t5.device_ms", "t5.ms_per_gflop", "t5.ms_per_gact"];

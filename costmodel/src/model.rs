@@ -26,6 +26,11 @@ pub const VERSION: u32 = 4;
 /// The oldest version this build reads.
 pub const OLDEST_READ: u32 = 3;
 
+/// How far a preset's layer width ([`crate::work::layer_width`]) may lie outside its family's
+/// fitted range, relative, before it is flagged: GPT-2's biases and T5's position buckets move
+/// the width of one family's presets by less than 0.2%.
+const LAYER_WIDTH_SLACK: f64 = 0.01;
+
 /// The model file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CostModel {
@@ -107,6 +112,11 @@ pub struct FamilyRange {
     /// written before it: not recorded, not flagged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq_len: Option<[u32; 2]>,
+    /// The narrowest and widest layers fitted (`crate::work::layer_width`): the activation terms
+    /// count d_model per layer, so a preset whose layers are wider relative to d_model than any
+    /// fitted is priced as if they were not (files written before it: not recorded, not flagged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_width: Option<[f64; 2]>,
 }
 
 /// One run a model was fitted on.
@@ -286,9 +296,12 @@ impl Range {
             min_params: f64::INFINITY,
             max_params: 0.0,
             seq_len: None,
+            layer_width: None,
         });
         let t = q.config.seq_len;
         r.seq_len = Some(r.seq_len.map_or([t, t], |[lo, hi]| [lo.min(t), hi.max(t)]));
+        let lw = w.layer_width;
+        r.layer_width = Some(r.layer_width.map_or([lw, lw], |[lo, hi]| [lo.min(lw), hi.max(lw)]));
         r.min_tokens = r.min_tokens.min(w.micro_tokens);
         r.max_tokens = r.max_tokens.max(w.micro_tokens);
         r.min_params = r.min_params.min(params);
@@ -330,6 +343,16 @@ impl Range {
                 flags.push(format!(
                     "compute: sequence {}, fitted {lo}-{hi} for {} (attention's work per token grows with it)",
                     q.config.seq_len, w.family
+                ));
+            }
+            let lw = w.layer_width;
+            let outside =
+                |&[lo, hi]: &[f64; 2]| lw < lo * (1.0 - LAYER_WIDTH_SLACK) || lw > hi * (1.0 + LAYER_WIDTH_SLACK);
+            if let Some([lo, hi]) = r.layer_width.filter(outside) {
+                flags.push(format!(
+                    "activations: layers of {lw:.1} d_model² parameters, fitted {lo:.1}-{hi:.1} for {} (activations \
+                     are priced per d_model, not per the layers' width)",
+                    w.family
                 ));
             }
             if params < r.min_params * 0.999 || params > r.max_params * 1.001 {

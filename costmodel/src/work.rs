@@ -62,6 +62,9 @@ pub struct Work {
     /// over each stack), in units of 1e9: what the bandwidth-bound kernels (norms, activations,
     /// dropout, residual adds) stream.
     pub gact: f64,
+    /// The layers' parameters per layer over d_model² ([`layer_width`]): how much wider than
+    /// d_model a layer's products are, which `gact` does not count.
+    pub layer_width: f64,
     /// Tokens × vocabulary per micro-step, in units of 1e9: the LM head's logits and loss.
     pub gvocab: f64,
     /// The model's width, in thousands.
@@ -93,6 +96,18 @@ pub struct Work {
     /// Ranks sharing one host ([`Query::ranks_per_host`]): with offload, their host updates
     /// share its memory bandwidth (`crate::price::host_update_ms`).
     pub ranks_per_host: f64,
+}
+
+/// A model's layers' parameters per layer over d_model² (embeddings and head left out): 12 for
+/// GPT-2 (attention 4, MLP 8), 14 for T5 up to t5-large (encoder 12, decoder 16) but 56 for
+/// t5-3b, whose feed-forward is 16 × d_model and attention 4 × d_model, 11.3-13 for the Llama
+/// presets. The activation terms count d_model per layer (`gact`); a family fitted at one width
+/// prices a wider one's activations as if they were its own (`Range` flags it).
+pub fn layer_width(spec: &zerobench_schema::models::ModelSpec) -> f64 {
+    let layer_params: u64 =
+        spec.units().iter().filter(|u| u.name != "embed" && u.name != "head").map(|u| u.params).sum();
+    let d = spec.d_model() as f64;
+    layer_params as f64 / spec.layers().max(1) as f64 / (d * d)
 }
 
 /// How much longer a host updates a parameter than the hosts a model was fitted on: their AdamW
@@ -173,6 +188,7 @@ impl Work {
             gflop,
             gflop_attn,
             gact,
+            layer_width: layer_width(&spec),
             gvocab,
             kd_model: d / 1000.0,
             units: spec.units().len() as f64,
@@ -215,6 +231,27 @@ mod tests {
         let psi = padded_params(&c.model.spec(), 1);
         assert_eq!(w.device_state_bytes, 16 * psi);
         assert_eq!((w.wire_gb_intra, w.wire_gb_inter, w.ggathered), (0.0, 0.0, 0.0));
+    }
+
+    /// The layers' width in d_model² from each family's shapes, checked against closed forms:
+    /// GPT-2's blocks 12 d² plus 13 d of biases and norms, T5's encoder and decoder layers
+    /// (4 and 8 attention matrices of d × n_head·d_kv, 2 feed-forward matrices of d × d_ff),
+    /// Llama's (grouped key and value heads, 3 feed-forward matrices).
+    #[test]
+    fn layer_width_counts_each_layers_matrices() {
+        let width = |m: ModelPreset| layer_width(&m.spec());
+        for (m, d) in [(ModelPreset::Gpt2, 768.0), (ModelPreset::Gpt2Xl, 1600.0)] {
+            assert!((width(m) - (12.0 + 13.0 / d)).abs() < 1e-12, "{m:?}");
+        }
+        // t5-large: inner = d, d_ff = 4d: (12 + 16) / 2 = 14, plus norms and 32 position buckets
+        // per head in each stack's first layer.
+        let d = 1024.0;
+        let norms = (2.0 * d + 3.0 * d + 2.0 * 32.0 * 16.0 / 24.0) / 2.0;
+        assert!((width(ModelPreset::T5Large) - (14.0 + norms / (d * d))).abs() < 1e-12);
+        // t5-3b: inner = 4d, d_ff = 16d: (48 + 64) / 2 = 56.
+        assert!((width(ModelPreset::T5_3b) - 56.0).abs() < 0.01);
+        // mistral-7b: 2 d² (query, output) + 2 d·kv (kv = d/4) + 3 d·d_ff (d_ff = 3.5 d) = 13 d².
+        assert!((width(ModelPreset::Mistral7b) - 13.0).abs() < 0.001);
     }
 
     /// A host's rate counts against the fitted hosts' where both are known and it has one rank.
