@@ -98,6 +98,10 @@
 #                (default 2, the order turned each round), after a run without offload per build;
 #                then the host's AdamW rate and pinned copies for the bound (carry cpu_adamw and
 #                nccl_bw in --bin's examples/); writes offload-ab.json (bench/gpu/report_offload_ab.py)
+#   stage-ab     one GPU without offload, this build against the one in BASE_BIN alternating:
+#                each case of SA_CASES (MODEL:STAGE:MICRO-BATCH[:graph], default gpt2-xl at
+#                micro-batch 4, stages 0-3) in SA_REPS rounds (default 3, the order turned each
+#                round); writes stage-ab.json (bench/gpu/report_stage_ab.py)
 #   offload-builds  offload's step time across builds: gpt2-xl micro-batch 4, stage 2, optimizer on
 #                the host, one GPU, with the worker of each carried build folder in OB_BUILDS (the first
 #                the base) in turn, OB_REPS rounds (default 3, the order turned each round); each run's
@@ -506,6 +510,24 @@ PY
       python3 bench/gpu/report_offload_ab.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BASE_BIN")" "$(commit_of "$BIN")" \
         > "$OUTDIR/offload-ab.json"
       report_summary "$OUTDIR/offload-ab.json" ;;
+    stage-ab)
+      # This build against BASE_BIN on one GPU without offload, the builds alternating round by
+      # round: SA_CASES as MODEL:STAGE:MICRO-BATCH[:graph] (sequence 1024), SA_REPS rounds.
+      : "${BASE_BIN:?stage-ab compares this build with the one in BASE_BIN}"
+      for rep in $(seq "${SA_REPS:-3}"); do
+        builds=$(turned "$rep" base new)
+        for c in ${SA_CASES:-gpt2-xl:0:4 gpt2-xl:1:4 gpt2-xl:2:4 gpt2-xl:3:4}; do
+          IFS=: read -r m z mb mode <<< "$c"
+          extra=(); [ "$mode" != graph ] || extra=(--cuda-graph)
+          for b in $builds; do
+            W=$(build_worker "$b") worker "sa_${m}_z${z}_mb${mb}${mode:+_$mode}_${b}_${rep}" 1 --model "$m" --stage "$z" \
+              --micro-batch "$mb" --seq-len 1024 --steps 20 --warmup 4 "${extra[@]}"
+          done
+        done
+      done
+      python3 bench/gpu/report_stage_ab.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BASE_BIN")" "$(commit_of "$BIN")" \
+        > "$OUTDIR/stage-ab.json"
+      report_summary "$OUTDIR/stage-ab.json" ;;
     offload-threads)
       # The worker's AdamW pool is --threads minus one (the launching thread keeps a core).
       pools=${OT_POOLS:-"$(( $(nproc) - 1 )) $(( $(nproc) / 2 )) $(( $(nproc) / 4 ))"}

@@ -141,6 +141,11 @@ pub struct Prediction {
     pub mfu: Option<f64>,
     pub peak_allocated_bytes: u64,
     pub peak_allocated_interval: [u64; 2],
+    /// The engine's persistent buffers within `peak_allocated_bytes` (gradient staging, stage 3's
+    /// gather slots, hpZ's secondary partition): exact, from the query's log where it has one,
+    /// else what this build's engine allocates.
+    #[serde(default)]
+    pub engine_buffer_bytes: u64,
     pub peak_reserved_bytes: u64,
     pub device_memory_bytes: Option<u64>,
     /// Reserved memory within the device's (unknown device memory: assumed to fit).
@@ -271,6 +276,7 @@ impl Fit {
             mfu,
             peak_allocated_bytes: alloc.round() as u64,
             peak_allocated_interval: [(alloc * (1.0 + mlo)).round() as u64, (alloc * (1.0 + mhi)).round() as u64],
+            engine_buffer_bytes: w.buffer_bytes,
             peak_reserved_bytes: reserved.round() as u64,
             device_memory_bytes: self.device_memory_bytes,
             fits: self.device_memory_bytes.is_none_or(|m| reserved <= m as f64),

@@ -18,12 +18,19 @@ pub struct Query {
     /// in units of 1e9 parameters per second; `None`: unknown, priced as the fitted hosts'.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_adamw_gparams_per_s: Option<f64>,
+    /// Where the query is a run: the engine's persistent device buffers as its log gives them
+    /// (`setup`'s `buffers_bytes`). They are exact for the build that ran, which may have placed
+    /// its buffers otherwise than this one (earlier builds staged the gradients of stages 2 and 3
+    /// on one rank too), so fitting and checking a run take its own; `None`: the buffers this
+    /// build's engine allocates (`engine_buffer_bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logged_buffer_bytes: Option<u64>,
 }
 
 impl Query {
     /// A query of unknown host.
     pub fn new(config: RunConfig, gpus: u32, nodes: u32) -> Query {
-        Query { config, gpus, nodes, host_adamw_gparams_per_s: None }
+        Query { config, gpus, nodes, host_adamw_gparams_per_s: None, logged_buffer_bytes: None }
     }
 
     /// The ranks on each node, which share its host.
@@ -89,6 +96,8 @@ pub struct Work {
     pub wire_gb_inter: f64,
     /// Model states and the engine's persistent buffers on the device, bytes (exact).
     pub device_state_bytes: u64,
+    /// The buffers' part of it ([`Query::logged_buffer_bytes`], else the engine's formula).
+    pub buffer_bytes: u64,
     /// The largest unit's padded parameters, in units of 1e9.
     pub glargest_unit: f64,
     pub gpus: u32,
@@ -154,7 +163,9 @@ impl Work {
             if c.offload == Offload::None { 0 } else { host_params(&spec, u64::from(world), c.host_share()) };
         let per_rank = |elems: u64| elems as f64 / f64::from(world) / 1e9;
         let split = model_state_split(c.stage, c.precision, c.offload, c.grad_accum, psi, host_psi, u64::from(world));
-        let buffers = engine_buffer_bytes(&spec, c.stage, c.precision, &c.engine, u64::from(world));
+        let buffers = q.logged_buffer_bytes.unwrap_or_else(|| {
+            engine_buffer_bytes(&spec, c.stage, c.precision, c.offload, &c.engine, u64::from(world))
+        });
         let traffic = step_traffic(c, world);
         let p = c.precision.param_bytes() as f64;
         let ggathered = if c.stage == ZeroStage::Z3 {
@@ -202,6 +213,7 @@ impl Work {
             wire_gb_intra: intra,
             wire_gb_inter: inter,
             device_state_bytes: split.device.total() + buffers,
+            buffer_bytes: buffers,
             glargest_unit: largest,
             gpus: world,
             nodes: q.nodes.max(1),
@@ -252,6 +264,18 @@ mod tests {
         assert!((width(ModelPreset::T5_3b) - 56.0).abs() < 0.01);
         // mistral-7b: 2 d² (query, output) + 2 d·kv (kv = d/4) + 3 d·d_ff (d_ff = 3.5 d) = 13 d².
         assert!((width(ModelPreset::Mistral7b) - 13.0).abs() < 0.001);
+    }
+
+    /// A run's logged buffers stand in for the formula's, which price this build's engine: on
+    /// one rank stage 2 now stages nothing, where an earlier build's log says it did.
+    #[test]
+    fn a_runs_logged_buffers_replace_the_formulas() {
+        let now = Work::of(&q(ZeroStage::Z2, 1), None);
+        assert_eq!(now.device_state_bytes, Work::of(&q(ZeroStage::Z1, 1), None).device_state_bytes);
+        let staged = 384 << 20;
+        let logged = Work::of(&Query { logged_buffer_bytes: Some(staged), ..q(ZeroStage::Z2, 1) }, None);
+        assert_eq!(logged.device_state_bytes, now.device_state_bytes + staged);
+        assert_eq!((now.buffer_bytes, logged.buffer_bytes), (0, staged));
     }
 
     /// A host's rate counts against the fitted hosts' where both are known and it has one rank.

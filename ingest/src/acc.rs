@@ -229,18 +229,28 @@ pub struct RankAcc {
     pub errors: Vec<ErrorInfo>,
 }
 
-/// A rank's model states as its setup record gives them.
+/// A rank's model states as its setup record gives them, and the engine's persistent buffers
+/// beside them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateBytes {
     pub device: zerobench_schema::memory::ModelStateBytes,
     pub host_bytes: u64,
+    pub buffer_bytes: u64,
 }
 
 impl StateBytes {
-    /// Every byte, then each part: a total order, so that merges do not depend on read order.
-    pub fn key(&self) -> (u64, u64, u64, u64, u64) {
+    /// Every byte of the states, then each part, then the buffers: a total order, so that merges
+    /// do not depend on read order.
+    pub fn key(&self) -> (u64, u64, u64, u64, u64, u64) {
         let d = &self.device;
-        (d.total() + self.host_bytes, d.params_bytes, d.grads_bytes, d.optimizer_bytes, self.host_bytes)
+        (
+            d.total() + self.host_bytes,
+            d.params_bytes,
+            d.grads_bytes,
+            d.optimizer_bytes,
+            self.host_bytes,
+            self.buffer_bytes,
+        )
     }
 }
 
@@ -400,6 +410,7 @@ mod tests {
         let states = |params_bytes, host_bytes| StateBytes {
             device: ModelStateBytes { params_bytes, grads_bytes: 2, optimizer_bytes: 3 },
             host_bytes,
+            buffer_bytes: 7,
         };
         // Ordered by every byte: 100 on the device alone is more than 10 there and 5 on the host.
         let (small, large) = (states(10, 0), states(10, 5));

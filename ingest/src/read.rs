@@ -310,8 +310,11 @@ impl LineCtx<'_> {
             Record::Start(_) | Record::Profile(_) => {}
             Record::Setup(s) => {
                 self.out.rank.mem.add(&MemLine::from(&s.memory));
-                self.out.rank.states =
-                    Some(crate::acc::StateBytes { device: s.model_state, host_bytes: s.host_state_bytes });
+                self.out.rank.states = Some(crate::acc::StateBytes {
+                    device: s.model_state,
+                    host_bytes: s.host_state_bytes,
+                    buffer_bytes: s.buffers_bytes.values().sum(),
+                });
             }
             Record::Step(s) => self.step(&StepLine::from(&s))?,
             Record::Eval(e) => self.out.rank.add_eval(e.step, e.loss),

@@ -135,6 +135,9 @@ pub struct RunRow {
     pub state_grads_bytes: Option<u64>,
     pub state_optimizer_bytes: Option<u64>,
     pub host_state_bytes: Option<u64>,
+    /// The engine's persistent device buffers beyond the model states on the same rank (gradient
+    /// staging, stage 3's gather slots, hpZ's secondary partition), from `setup`.
+    pub state_buffer_bytes: Option<u64>,
     pub energy_j_per_token: Option<f64>,
     pub avg_power_w_per_gpu: Option<f64>,
     /// NVML GPU utilisation over the measured steps of every rank: mean, and the 10th percentile

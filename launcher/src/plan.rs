@@ -327,7 +327,8 @@ fn make_run(
     let split = split_at(config.host_share());
     let host_state_bytes = split.host_bytes;
     let device_state_bytes = split.device.total();
-    let buffer_bytes = engine_buffer_bytes(&model, config.stage, config.precision, &config.engine, u64::from(world));
+    let buffer_bytes =
+        engine_buffer_bytes(&model, config.stage, config.precision, config.offload, &config.engine, u64::from(world));
     let need = device_state_bytes + buffer_bytes;
     let gpu_memory = spec.cluster.gpu_memory.map(|m| m.0);
     let proposed_offload_ratio = (config.offload != Offload::None && spec.cluster.gpus_per_node > 0)

@@ -151,28 +151,59 @@ pub fn model_state_split(
     StateSplit { device, host_bytes: host(12) + host(p) + accumulator + param_copy }
 }
 
-/// The engine's persistent device buffers beyond model states, per rank: stages 2 and 3 reduce
-/// gradients through two staging buckets, each of `min(bucket, Ψ) + the largest unit` elements
-/// (a bucket closes once it holds at least `bucket_mb`); stage 3 gathers parameters into
-/// `prefetch + 1` slots of the largest unit. Elements are in the compute precision; all sizes are
-/// padded as in [`padded_unit`]; with hpZ, stage 3 also keeps the secondary partition, pΨ/group.
-/// (Activations come on top and depend on batch and sequence.)
+/// How the engine carries a rank's gradients from backward into the shards its optimizer reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GradientPath {
+    /// Each unit's full gradient buffer, where backward writes and micro-steps accumulate, reduced
+    /// in buckets of units at the last micro-step: all-reduced at stage 0, reduce-scattered into
+    /// the rank's slice of it at the others.
+    Buckets,
+    /// Two staging buffers that backward fills in turn, each reduce-scattered into the units'
+    /// gradient shards (or sent on to the host's optimizer) every micro-step, while the other
+    /// fills.
+    Staged,
+}
+
+impl GradientPath {
+    /// Stages 0 and 1 keep full buffers; stages 2 and 3 stage their gradients, but on one rank
+    /// with the optimizer on the device. There a unit's shard is the whole unit and its
+    /// reduce-scatter a copy of it, so its gradients are written to it in place, as stage 1 does
+    /// (pΨ either way, as the formulas say), without the staging buffers or the copy. With
+    /// offload the staging buffers stay: they hold a bucket on the device where the full buffers
+    /// would hold every offloaded gradient.
+    pub fn of(stage: ZeroStage, world: u64, offload: Offload) -> GradientPath {
+        match stage {
+            ZeroStage::Z2 | ZeroStage::Z3 if world > 1 || offload != Offload::None => GradientPath::Staged,
+            _ => GradientPath::Buckets,
+        }
+    }
+}
+
+/// The engine's persistent device buffers beyond model states, per rank: where gradients are
+/// staged ([`GradientPath::Staged`]), two staging buckets, each of `min(bucket, Ψ) + the largest
+/// unit` elements (a bucket closes once it holds at least `bucket_mb`); stage 3 gathers parameters
+/// into `prefetch + 1` slots of the largest unit. Elements are in the compute precision; all sizes
+/// are padded as in [`padded_unit`]; with hpZ, stage 3 also keeps the secondary partition,
+/// pΨ/group. (Activations come on top and depend on batch and sequence.)
 pub fn engine_buffer_bytes(
     spec: &ModelSpec,
     stage: ZeroStage,
     precision: Precision,
+    offload: Offload,
     engine: &EngineConfig,
     world: u64,
 ) -> u64 {
     let p = precision.param_bytes();
     let largest = spec.units().iter().map(|u| padded_unit(u.params, world)).max().unwrap_or(0);
     let bucket = ((engine.bucket_mb * 1024.0 * 1024.0) as u64 / p).max(1);
-    let staging = 2 * (bucket.min(padded_params(spec, world)) + largest) * p;
+    let staging = match GradientPath::of(stage, world, offload) {
+        GradientPath::Staged => 2 * (bucket.min(padded_params(spec, world)) + largest) * p,
+        GradientPath::Buckets => 0,
+    };
     let slots = u64::from(engine.prefetch + 1) * largest * p;
     let secondary = engine.hpz.map_or(0, |g| padded_params(spec, world) / u64::from(g.max(1)) * p);
     match stage {
-        ZeroStage::Z0 | ZeroStage::Z1 => 0,
-        ZeroStage::Z2 => staging,
+        ZeroStage::Z0 | ZeroStage::Z1 | ZeroStage::Z2 => staging,
         ZeroStage::Z3 => staging + slots + secondary,
     }
 }
@@ -228,8 +259,9 @@ mod tests {
         let largest = spec.units().iter().map(|u| padded_unit(u.params, world)).max().unwrap();
         let psi = padded_params(&spec, world);
         let mut engine = EngineConfig { bucket_mb: 4.0, prefetch: 2, ..EngineConfig::default() };
-        let bytes =
-            |stage, precision, engine: &EngineConfig| engine_buffer_bytes(&spec, stage, precision, engine, world);
+        let bytes = |stage, precision, engine: &EngineConfig| {
+            engine_buffer_bytes(&spec, stage, precision, Offload::None, engine, world)
+        };
         let bucket = 4 * 1024 * 1024 / 2;
         assert!(bucket < psi);
         let staging = 2 * (bucket + largest) * 2;
@@ -246,6 +278,28 @@ mod tests {
         engine.bucket_mb = 1e6;
         engine.hpz = None;
         assert_eq!(bytes(ZeroStage::Z2, Precision::Bf16, &engine), 2 * (psi + largest) * 2);
+    }
+
+    /// On one rank, stages 2 and 3 write gradients to their shards in place and stage nothing;
+    /// with offload, or on several ranks, they stage.
+    #[test]
+    fn one_rank_stages_gradients_only_with_offload() {
+        use GradientPath::{Buckets, Staged};
+        for stage in ZeroStage::ALL {
+            let many = if stage >= ZeroStage::Z2 { Staged } else { Buckets };
+            assert_eq!(GradientPath::of(stage, 1, Offload::None), Buckets, "stage {stage}");
+            assert_eq!(GradientPath::of(stage, 2, Offload::None), many, "stage {stage}");
+            assert_eq!(GradientPath::of(stage, 1, Offload::Optimizer), many, "stage {stage}");
+        }
+        let spec = ModelPreset::Gpt2.spec();
+        let engine = EngineConfig { bucket_mb: 4.0, prefetch: 2, ..EngineConfig::default() };
+        let largest = spec.units().iter().map(|u| padded_unit(u.params, 1)).max().unwrap();
+        let staging = 2 * (4 * 1024 * 1024 / 2 + largest) * 2;
+        let bytes = |stage, offload| engine_buffer_bytes(&spec, stage, Precision::Bf16, offload, &engine, 1);
+        assert_eq!(bytes(ZeroStage::Z2, Offload::None), 0);
+        assert_eq!(bytes(ZeroStage::Z3, Offload::None), 3 * largest * 2);
+        assert_eq!(bytes(ZeroStage::Z2, Offload::Optimizer), staging);
+        assert_eq!(bytes(ZeroStage::Z3, Offload::OptimizerParams), staging + 3 * largest * 2);
     }
 
     #[test]

@@ -32,7 +32,7 @@
 
 use crate::collective::{CollectiveKind, CommKey};
 use crate::config::{RunConfig, ZeroStage};
-use crate::memory::padded_unit;
+use crate::memory::{padded_unit, GradientPath};
 use crate::schedule::Schedule;
 
 /// The collectives of one optimizer step on one rank.
@@ -72,18 +72,23 @@ pub fn step_traffic(c: &RunConfig, world: u32) -> StepTraffic {
     let world_key = |kind| key(kind, false);
     // Stages 1 and 2 refresh the parameters after the step only when others hold part of them.
     let refresh = if world > 1 { psi } else { 0 };
+    // Staged gradients are reduce-scattered every micro-step, full buffers at the last.
+    let reduced = match GradientPath::of(c.stage, u64::from(world), c.offload) {
+        GradientPath::Staged => m * psi,
+        GradientPath::Buckets => psi,
+    };
     let mut bytes = match c.stage {
         ZeroStage::Z0 => vec![(world_key(CollectiveKind::AllReduce), psi)],
         ZeroStage::Z1 => {
             vec![(world_key(CollectiveKind::ReduceScatter), psi), (world_key(CollectiveKind::AllGather), refresh)]
         }
         ZeroStage::Z2 => {
-            vec![(world_key(CollectiveKind::ReduceScatter), m * psi), (world_key(CollectiveKind::AllGather), refresh)]
+            vec![(world_key(CollectiveKind::ReduceScatter), reduced), (world_key(CollectiveKind::AllGather), refresh)]
         }
         ZeroStage::Z3 => {
             let schedule = Schedule::new(&spec.segment_units(), padded.len());
             let gathers = m * stage3_gathered(&padded, &schedule, c.engine.prefetch) * p;
-            let mut b = vec![(world_key(CollectiveKind::ReduceScatter), m * psi)];
+            let mut b = vec![(world_key(CollectiveKind::ReduceScatter), reduced)];
             match c.engine.hpz {
                 Some(_) => {
                     b.push((world_key(CollectiveKind::AllGather), psi));
@@ -218,6 +223,20 @@ mod tests {
         }
         let z1 = step_traffic(&config(ZeroStage::Z1, 1), 1);
         assert_eq!(z1.bytes.len(), 1, "{z1:?}");
+    }
+
+    /// On one rank, stages 2 and 3 reduce their full buffers once per step, as stage 1 does;
+    /// staged for the host's optimizer, they reduce every micro-step.
+    #[test]
+    fn one_rank_reduces_once_per_step_unless_offloaded() {
+        let rs = CommKey { kind: CollectiveKind::ReduceScatter, group: false };
+        let z1 = step_traffic(&config(ZeroStage::Z1, 4), 1).get(rs);
+        for stage in [ZeroStage::Z2, ZeroStage::Z3] {
+            let mut c = config(stage, 4);
+            assert_eq!(step_traffic(&c, 1).get(rs), z1, "stage {stage}");
+            c.offload = crate::config::Offload::Optimizer;
+            assert_eq!(step_traffic(&c, 1).get(rs), 4 * z1, "stage {stage}");
+        }
     }
 
     #[test]

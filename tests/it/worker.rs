@@ -103,8 +103,14 @@ fn model_states_equal_the_zero_formulas() {
                     assert_eq!(got.model_state_expected, got.model_state);
                     // The buffers the planner predicts are the ones the engine allocates.
                     let engine = zerobench_schema::config::EngineConfig::default();
-                    let buffers =
-                        zerobench_schema::memory::engine_buffer_bytes(&spec, stage, precision, &engine, n as u64);
+                    let buffers = zerobench_schema::memory::engine_buffer_bytes(
+                        &spec,
+                        stage,
+                        precision,
+                        zerobench_schema::config::Offload::None,
+                        &engine,
+                        n as u64,
+                    );
                     assert_eq!(
                         got.buffers_bytes.values().sum::<u64>(),
                         buffers,

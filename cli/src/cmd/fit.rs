@@ -109,7 +109,10 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
     Ok(Observation {
         run_id: r.run_id.clone(),
         gpu,
-        query: Query::new(config, r.gpus.ok_or_else(|| need("gpus"))?, r.nodes.unwrap_or(1)),
+        query: Query {
+            logged_buffer_bytes: r.state_buffer_bytes,
+            ..Query::new(config, r.gpus.ok_or_else(|| need("gpus"))?, r.nodes.unwrap_or(1))
+        },
         step_ms: r.step_ms_median.ok_or_else(|| need("step time"))?,
         peak_allocated_bytes: r.peak_allocated_bytes.ok_or_else(|| need("peak allocated memory"))?,
         peak_reserved_bytes: r.peak_reserved_bytes,

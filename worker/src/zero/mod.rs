@@ -8,6 +8,10 @@
 //! | 2 | full, all-gathered after the step | own shard; reduce-scattered from a bucket per micro-step as backward produces them | own shard |
 //! | 3 | own shard; gathered per use into persistent slots, released after | own shard, as stage 2 | own shard |
 //!
+//! On one rank without offload, stages 2 and 3 keep their gradients as stage 1 does: one rank's
+//! shard is the whole unit, so backward writes into it and nothing is staged or copied
+//! (`zerobench_schema::memory::GradientPath`).
+//!
 //! With offload ([`offload`]) the optimizer state (and in stage 3 optionally the parameter shard)
 //! lives in pinned host memory and the CPU updates it: for every unit, or with an offload ratio
 //! below 1 for the last units only (`memory::first_host_unit`), the device updating the others at

@@ -5,6 +5,7 @@
 
 use tch::{Device, Kind, TchError, Tensor};
 use zerobench_schema::config::{Offload, RunConfig, ZeroStage};
+use zerobench_schema::memory::GradientPath;
 
 use super::error::EngineError;
 use super::layout::UnitLayout;
@@ -103,14 +104,15 @@ impl Unit {
     }
 }
 
-/// Where a unit's gradients are kept, by stage family.
+/// Where a unit's gradients are kept, by the way they reach it ([`GradientPath`]).
 pub(super) enum UnitGrads {
-    /// Stages 0 and 1: the full gradient buffer, accumulated over micro-steps, and this rank's
-    /// reduced part of it (stage 0: all of it; stage 1: a view of its slice).
+    /// Full buffers (stages 0 and 1; 2 and 3 on one rank without offload): the full gradient
+    /// buffer, accumulated over micro-steps, and this rank's reduced part of it (stage 0: all of
+    /// it; the others: a view of its slice, on one rank the whole buffer).
     Full { full: Tensor, shard: Tensor },
-    /// Stages 2 and 3: this rank's reduced gradients, accumulated over micro-steps.
+    /// Staged (stages 2 and 3): this rank's reduced gradients, accumulated over micro-steps.
     Shard(Tensor),
-    /// Stages 2 and 3, offloaded: the reduced shard goes straight to the host; none on the device.
+    /// Staged and offloaded: the reduced shard goes straight to the host; none on the device.
     OnHost,
 }
 
@@ -153,6 +155,8 @@ pub(super) struct UnitBuild<'a> {
     /// Ranks sharing a unit's optimizer state, and this rank's index among them.
     pub(super) owners: usize,
     pub(super) owner: usize,
+    /// Where backward's gradients go: full buffers, or staged into shards.
+    pub(super) path: GradientPath,
     pub(super) gpu: Option<&'a Gpu>,
 }
 
@@ -166,7 +170,7 @@ impl UnitBuild<'_> {
         layout: UnitLayout,
         offloaded: bool,
     ) -> Result<(Unit, std::time::Duration), EngineError> {
-        let UnitBuild { cfg, kind, device, owners, owner, .. } = *self;
+        let UnitBuild { cfg, kind, device, owners, owner, path, .. } = *self;
         let (stage, mixed, f32_on) = (cfg.stage, cfg.precision.has_master_copy(), (Kind::Float, device));
         let mut host_setup = std::time::Duration::ZERO;
         let padded = len64(layout.padded);
@@ -220,17 +224,18 @@ impl UnitBuild<'_> {
                 exp_avg_sq: Tensor::f_zeros([shard_len], f32_on)?,
             }
         };
-        let grads = match stage {
-            ZeroStage::Z0 => {
+        let grads = match (path, stage) {
+            (GradientPath::Buckets, ZeroStage::Z0) => {
                 let full = Tensor::f_zeros([padded], (kind, device))?;
                 UnitGrads::Full { shard: full.shallow_clone(), full }
             }
-            ZeroStage::Z1 => {
+            // Stage 1, and stages 2 and 3 on one rank, where the slice is the whole buffer.
+            (GradientPath::Buckets, _) => {
                 let full = Tensor::f_zeros([padded], (kind, device))?;
                 UnitGrads::Full { shard: full.f_narrow(0, shard_start, shard_len)?, full }
             }
-            ZeroStage::Z2 | ZeroStage::Z3 if offloaded => UnitGrads::OnHost,
-            ZeroStage::Z2 | ZeroStage::Z3 => UnitGrads::Shard(Tensor::f_zeros([shard_len], (kind, device))?),
+            (GradientPath::Staged, _) if offloaded => UnitGrads::OnHost,
+            (GradientPath::Staged, _) => UnitGrads::Shard(Tensor::f_zeros([shard_len], (kind, device))?),
         };
         if stage == ZeroStage::Z3 {
             // The parameters exist as views; their memory appears only while gathered.
