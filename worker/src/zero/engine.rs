@@ -579,7 +579,7 @@ impl Engine {
         });
         let padded = self.units[u].layout.padded;
         let last = self.last_micro();
-        // Stages 2/3: a unit that does not fit in the current staging buffer flushes it first
+        // Staged: a unit that does not fit in the current staging buffer flushes it first
         // (`place_grads` placed nothing then).
         if matches!(&self.reduction, Reduction::Staged(st) if st.fill + padded > st.capacity()) {
             self.flush_staged()?;
@@ -587,7 +587,7 @@ impl Engine {
         let flush = match &mut self.reduction {
             Reduction::Buckets(bk) => {
                 let UnitGrads::Full { full, .. } = &self.units[u].grads else {
-                    unreachable!("stages 0 and 1 keep full gradient buffers")
+                    unreachable!("bucketed gradients have full buffers")
                 };
                 let in_place = write_grads(&self.units[u], full, 0, self.micro > 0)?;
                 assert!(placed.is_some() || in_place == 0, "unit {u}: gradients in place it was not given");
@@ -631,7 +631,7 @@ impl Engine {
         }
     }
 
-    /// Stages 2/3: reduce-scatters the current staging buffer, hands the offloaded units' copies
+    /// Staged: reduce-scatters the current staging buffer, hands the offloaded units' copies
     /// to their updates, then makes the other buffer current once its collectives are done.
     fn flush_staged(&mut self) -> Result<(), EngineError> {
         let (world, rank, accumulate) = (self.world, self.rank, self.micro > 0);
@@ -1028,10 +1028,10 @@ mod tests {
         (0..micros).map(|m| data.batch(0, m).unwrap()).collect()
     }
 
-    /// The engine's gradients after `grad_accum` micro-steps run as the trainer runs them, each
-    /// unit's as its buffer holds it: the full buffer (stages 0 and 1) or the reduced shard
-    /// (stages 2 and 3), one rank. Checks on the way that backward left the blocks' matrices'
-    /// `.grad` alone: their gradients went straight to their place.
+    /// The engine's gradients on one rank after `grad_accum` micro-steps run as the trainer runs
+    /// them, each unit's as its buffer holds it (on one rank without offload, every stage's full
+    /// buffer). Checks on the way that backward left the blocks' matrices' `.grad` alone: their
+    /// gradients went straight to their place.
     fn engine_grads(cfg: &RunConfig, batches: &[Batch]) -> Vec<Tensor> {
         let model = build(&cfg.model.spec()).unwrap();
         let mut e = Engine::new(model.as_ref(), cfg, Box::new(SoloCollectives), None, Device::Cpu, None).unwrap();

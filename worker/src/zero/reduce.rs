@@ -1,7 +1,8 @@
-//! How a unit's gradients get from backward into the shards its optimizer reads: stages 0 and 1
-//! gather whole units into buckets reduced at the last micro-step, stages 2 and 3 stage them into
-//! two buffers reduce-scattered every micro-step (one fills while the other's collectives run).
-//! Offloaded units' reduced slices start for the host from here.
+//! How a unit's gradients get from backward into the shards its optimizer reads
+//! (`zerobench_schema::memory::GradientPath`): stages 0 and 1, and 2 and 3 on one rank without
+//! offload, gather whole units into buckets reduced at the last micro-step; stages 2 and 3
+//! otherwise stage them into two buffers reduce-scattered every micro-step (one fills while the
+//! other's collectives run). Offloaded units' reduced slices start for the host from here.
 
 use tch::Tensor;
 use zerobench_schema::config::ZeroStage;
@@ -11,18 +12,18 @@ use super::unit::{len64, OptimState, Unit, UnitGrads};
 use crate::comm::{Collectives, HostCopy, Pending};
 use crate::runtime::shim;
 
-/// How gradients are reduced, by stage family, with the state each way needs.
+/// How gradients are reduced, by their path, with the state each way needs.
 pub(super) enum Reduction {
-    /// Stages 0 and 1: each unit's full buffer is all-reduced (stage 0) or reduce-scattered
-    /// (stage 1) in buckets of units, at the last micro-step.
+    /// `GradientPath::Buckets`: each unit's full buffer is all-reduced (stage 0) or
+    /// reduce-scattered (the other stages) in buckets of units, at the last micro-step.
     Buckets(Buckets),
-    /// Stages 2 and 3: gradients are staged into two buffers and reduce-scattered every
-    /// micro-step.
+    /// `GradientPath::Staged` (stages 2 and 3): gradients are staged into two buffers and
+    /// reduce-scattered every micro-step.
     Staged(Staging),
 }
 
-/// Stages 0/1: units whose gradients wait in their full buffers for the bucket to fill, and the
-/// reductions in flight this step.
+/// Full buffers: units whose gradients wait in them for the bucket to fill, and the reductions in
+/// flight this step.
 #[derive(Default)]
 pub(super) struct Buckets {
     pub(super) units: Vec<usize>,
@@ -46,7 +47,7 @@ pub(super) struct Staging {
 }
 
 impl Buckets {
-    /// Reduces the gradients waiting in the bucket (stage 0: all-reduce; stage 1: reduce-scatter
+    /// Reduces the gradients waiting in the bucket (stage 0: all-reduce; the others: reduce-scatter
     /// into this rank's slice); offloaded units' slices start for the host. Returns those copies.
     pub(super) fn flush(
         &mut self,
@@ -58,7 +59,7 @@ impl Buckets {
         for u in std::mem::take(&mut self.units) {
             let unit = &units[u];
             let UnitGrads::Full { full, shard } = &unit.grads else {
-                unreachable!("stages 0 and 1 keep full gradient buffers")
+                unreachable!("bucketed gradients have full buffers")
             };
             let p = match stage {
                 ZeroStage::Z0 => comm.all_reduce(full)?,
