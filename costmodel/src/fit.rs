@@ -535,8 +535,8 @@ mod tests {
         assert_eq!(
             width_flags(f, ModelPreset::T5_3b),
             [format!(
-                "activations: layers of 56.0 d_model² parameters, fitted {lo:.1}-{hi:.1} for t5 (activations \
-                 are priced per d_model, not per the layers' width)"
+                "activations: layers of 56.0 d_model² parameters, fitted {lo:.1}-{hi:.1} for t5 (their elementwise \
+                 work is priced per d_model, their memory by their widths)"
             )]
         );
         assert!(width_flags(f, ModelPreset::T5Base).is_empty());

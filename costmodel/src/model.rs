@@ -355,9 +355,15 @@ impl Range {
             let outside =
                 |&[lo, hi]: &[f64; 2]| lw < lo * (1.0 - LAYER_WIDTH_SLACK) || lw > hi * (1.0 + LAYER_WIDTH_SLACK);
             if let Some([lo, hi]) = r.layer_width.filter(outside) {
+                // T5's memory counts what its layers keep (`crate::work::t5_width_scale`); the
+                // time of the elementwise work, and the other families' memory, count d_model.
+                let priced = if w.family == "t5" {
+                    "their elementwise work is priced per d_model, their memory by their widths"
+                } else {
+                    "activations are priced per d_model, not per the layers' width"
+                };
                 flags.push(format!(
-                    "activations: layers of {lw:.1} d_model² parameters, fitted {lo:.1}-{hi:.1} for {} (activations \
-                     are priced per d_model, not per the layers' width)",
+                    "activations: layers of {lw:.1} d_model² parameters, fitted {lo:.1}-{hi:.1} for {} ({priced})",
                     w.family
                 ));
             }

@@ -34,9 +34,10 @@
 //! seen.
 //!
 //! **Peak allocated memory** (GiB): the exact model states and engine buffers, plus
-//! `mem_gib[f] + mem_gib_per_gact[f] · Gact + mem_gib_per_gparam_largest · Glargest` (activations
-//! kept for backward, and the temporaries of the largest unit). **Reserved** adds the caching
-//! allocator's `reserved.gib + reserved.per_allocated · allocated`.
+//! `mem_gib[f] + mem_gib_per_gact[f] · Gact' + mem_gib_per_gparam_largest · Glargest` (activations
+//! kept for backward, and the temporaries of the largest unit); Gact' is Gact, scaled for T5 by
+//! what its layers keep against the fitted presets' shape (`crate::work::t5_width_scale`).
+//! **Reserved** adds the caching allocator's `reserved.gib + reserved.per_allocated · allocated`.
 
 use crate::work::{Work, INTER_NODE_BUS_GBPS, INTRA_NODE_BUS_GBPS};
 use zerobench_schema::config::{Offload, ZeroStage};
@@ -106,7 +107,7 @@ pub fn memory_terms(w: &Work) -> Vec<Term> {
     let t = |name: String, x: f64| Term { name, part: Part::Step, x };
     vec![
         t(format!("{f}.mem_gib"), 1.0),
-        t(format!("{f}.mem_gib_per_gact"), w.gact),
+        t(format!("{f}.mem_gib_per_gact"), w.gact_mem),
         t("mem_gib_per_gparam_largest".into(), w.glargest_unit),
     ]
 }

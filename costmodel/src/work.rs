@@ -69,6 +69,9 @@ pub struct Work {
     /// over each stack), in units of 1e9: what the bandwidth-bound kernels (norms, activations,
     /// dropout, residual adds) stream.
     pub gact: f64,
+    /// The activation elements the memory terms count: `gact`, but for T5 scaled by what its
+    /// layers keep for backward against a T5 of the fitted shape ([`t5_width_scale`]).
+    pub gact_mem: f64,
     /// The layers' parameters per layer over d_model² ([`layer_width`]): how much wider than
     /// d_model a layer's products are, which `gact` does not count.
     pub layer_width: f64,
@@ -105,6 +108,32 @@ pub struct Work {
     /// Ranks sharing one host ([`Query::ranks_per_host`]): with offload, their host updates
     /// share its memory bandwidth (`crate::price::host_update_ms`).
     pub ranks_per_host: f64,
+}
+
+/// Activation elements one T5 layer keeps for its backward pass, per token, as multiples of
+/// d_model, of the attention's width (heads × d_kv) and of the feed-forward's: an encoder layer per
+/// input token, a decoder layer per target token, and the decoder's cross-attention keys and values
+/// per input token. Measured with the CUDA allocator on an H200 by `bench/gpu/t5_kept.py` (the
+/// layers' operations as `worker/src/model/t5.rs` runs them, bf16, seven shapes; least squares
+/// within 25 bytes a token for the encoder, 1 kB for the decoder:
+/// `bench/results/gpu-2026-12-02-t5-kept-h200.json`).
+const T5_ENCODER_KEPT: [f64; 3] = [3.0, 4.0, 1.0];
+const T5_DECODER_KEPT: [f64; 3] = [5.0, 6.0, 1.0];
+const T5_CROSS_KEPT: [f64; 3] = [0.0, 2.0, 0.0];
+
+/// What a T5 of `dims` keeps for backward over a sequence of `t` input and `target` target tokens,
+/// against a T5 of the same d_model whose attention is d_model wide and whose feed-forward is
+/// 4 × d_model, the shape of every fitted T5 preset (t5-small to t5-large): 1 for those, 3.24 for
+/// t5-3b at a quarter as many target tokens. `gact` counts d_model per layer, so the memory term
+/// fitted on those presets would price t5-3b's activations a third of what they are (its peak 22%
+/// low at micro-batch 16 on an H200); scaled by this, the same coefficient prices it.
+pub fn t5_width_scale(dims: &zerobench_schema::models::T5Dims, t: f64, target: f64) -> f64 {
+    let kept = |inner: f64, d_ff: f64| {
+        let per = |k: [f64; 3]| k[0] * dims.d_model as f64 + k[1] * inner + k[2] * d_ff;
+        t * (per(T5_ENCODER_KEPT) + per(T5_CROSS_KEPT)) + target * per(T5_DECODER_KEPT)
+    };
+    let d = dims.d_model as f64;
+    kept((dims.n_head * dims.d_kv) as f64, dims.d_ff as f64) / kept(d, 4.0 * d)
 }
 
 /// A model's layers' parameters per layer over d_model² (embeddings and head left out): 12 for
@@ -199,6 +228,10 @@ impl Work {
             gflop,
             gflop_attn,
             gact,
+            gact_mem: match spec {
+                zerobench_schema::models::ModelSpec::T5(dims) => gact * t5_width_scale(&dims, t, target),
+                _ => gact,
+            },
             layer_width: layer_width(&spec),
             gvocab,
             kd_model: d / 1000.0,
@@ -264,6 +297,27 @@ mod tests {
         assert!((width(ModelPreset::T5_3b) - 56.0).abs() < 0.01);
         // mistral-7b: 2 d² (query, output) + 2 d·kv (kv = d/4) + 3 d·d_ff (d_ff = 3.5 d) = 13 d².
         assert!((width(ModelPreset::Mistral7b) - 13.0).abs() < 0.001);
+    }
+
+    /// The fitted T5 presets keep what `gact` counts (scale 1); t5-3b, whose attention is 4 and
+    /// feed-forward 16 × d_model, keeps (35 + 8) d per input token and 45 d per target token
+    /// against (11 + 2) d and 15 d; GPT-2's count is left as it is.
+    #[test]
+    fn t5_activation_memory_scales_with_its_layers_widths() {
+        let work = |m: ModelPreset| {
+            let mut c = RunConfig::new(m, ZeroStage::Z0);
+            c.micro_batch = 4;
+            c.seq_len = 512;
+            Work::of(&Query::new(c, 1, 1), None)
+        };
+        for m in [ModelPreset::T5Small, ModelPreset::T5Base, ModelPreset::T5Large, ModelPreset::Gpt2Xl] {
+            let w = work(m);
+            assert_eq!(w.gact_mem, w.gact, "{m:?}");
+        }
+        let w = work(ModelPreset::T5_3b);
+        let want = (512.0 * 43.0 + 128.0 * 45.0) / (512.0 * 13.0 + 128.0 * 15.0);
+        assert!((w.gact_mem / w.gact - want).abs() < 1e-12, "{} vs {want}", w.gact_mem / w.gact);
+        assert!((want - 3.24).abs() < 0.01);
     }
 
     /// A run's logged buffers stand in for the formula's, which price this build's engine: on
