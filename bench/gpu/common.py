@@ -1,5 +1,6 @@
 """What the bench/gpu/report*.py scripts share: reading a result archive of
 bench/gpu/run.sh, the parts of a rank log a summary needs, and number formats."""
+import glob
 import json
 import os
 import re
@@ -103,6 +104,17 @@ def build_summary(log):
         "peak_allocated_gib": round(max(r["memory"]["peak_allocated_bytes"] for r in steps) / 2**30, 3),
         "losses": [r["loss"] for r in log if r["event"] == "step"],
     }
+
+
+def ab_runs(runs_dir, prefix, read):
+    """The runs of a phase comparing two builds, folders `<prefix>_<case>_<base|new>_<round>`, as
+    {case: {build: {round: read(folder)}}}."""
+    found = {}
+    for d in glob.glob(os.path.join(runs_dir, prefix + "_*")):
+        m = re.search(prefix + r"_(.+)_(base|new)_(\d+)$", d)
+        if m and os.path.isdir(d):
+            found.setdefault(m.group(1), {}).setdefault(m.group(2), {})[int(m.group(3))] = read(d)
+    return found
 
 
 def rank0_records(run_dir):

@@ -20,14 +20,11 @@ forward and backward plus its optimizer phase times the share of the parameters 
 not), the host's update (parameters on the host over its AdamW rate)
 and the transfers (2 bytes per host parameter each way over the slower copy direction) join it,
 and the bound is the largest of the three."""
-import glob
 import json
-import os
-import re
 import statistics
 import sys
 
-from common import host_date, host_rates, offload_bound, offload_run
+from common import ab_runs, host_date, host_rates, offload_bound, offload_run
 
 
 def bound(run, none, rates):
@@ -41,11 +38,7 @@ def main():
     runs_dir, host, base_commit, new_commit = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3], sys.argv[4]
     adamw, copies = host_rates(runs_dir)
     rates = (adamw["adamw_params_per_s"], min(copies.values())) if adamw and copies else None
-    found = {}
-    for d in glob.glob(os.path.join(runs_dir, "oa_*")):
-        m = re.search(r"oa_(.+)_(base|new)_(\d+)$", d)
-        if m and os.path.isdir(d):
-            found.setdefault(m.group(1), {}).setdefault(m.group(2), {})[int(m.group(3))] = offload_run(d)
+    found = ab_runs(runs_dir, "oa", offload_run)
     summary, cases = [], {}
     for case in sorted(found):
         by = found[case]

@@ -8,14 +8,11 @@ buffers, and whether the two builds' losses are identical at every step of every
 
 Run folders are `sa_<case>_<base|new>_<round>`; a failed run shows as null and its round is left
 out of the ratios."""
-import glob
 import json
-import os
-import re
 import statistics
 import sys
 
-from common import build_summary, host_date, median, rank0_records, run_parts
+from common import ab_runs, build_summary, host_date, median, rank0_records, run_parts
 
 
 def run(d):
@@ -33,11 +30,7 @@ def run(d):
 
 def main():
     runs_dir, host, base_commit, new_commit = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3], sys.argv[4]
-    found = {}
-    for d in glob.glob(os.path.join(runs_dir, "sa_*")):
-        m = re.search(r"sa_(.+)_(base|new)_(\d+)$", d)
-        if m and os.path.isdir(d):
-            found.setdefault(m.group(1), {}).setdefault(m.group(2), {})[int(m.group(3))] = run(d)
+    found = ab_runs(runs_dir, "sa", run)
     summary, cases = [], {}
     for case in sorted(found):
         by = found[case]
