@@ -123,12 +123,14 @@ for kind in "${kinds[@]}"; do
     # Its runs priced by `zerobench ingest --cost-model`, with the host's rate beside them and
     # without it.
     (cd "$work" && "$ZB" ingest "${unseen[@]}" --cost-model model.json --out with --format csv -q) || [ $? -eq 1 ]
+    # The stage choice, with the fitted sweeps' runs (held out too) as repeats of the same
+    # configurations beside the host's.
+    (cd "$work" && "$ZB" ingest "${unseen[@]}" "${fits[@]}" "${holdouts[@]}" --cost-model model.json --out choice \
+      --format csv -q 2>/dev/null) || [ $? -eq 1 ]
     (cd "$work" && for d in "${unseen[@]}"; do rm -f "$d/cpu_adamw.json"; done)
     (cd "$work" && "$ZB" ingest "${unseen[@]}" --cost-model model.json --out without --format csv -q) || [ $? -eq 1 ]
-    # The fitted sweeps' runs (held out too), as repeats of the same configurations for the stage choice.
-    (cd "$work" && "$ZB" ingest "${fits[@]}" "${holdouts[@]}" --out fitted --format csv -q 2>/dev/null) || [ $? -eq 1 ]
     python3 bench/costmodel/new_host.py "$work/with" "$work/without/predicted.csv" "$kind" \
-      "$NEW_HOST" "$work/fitted/runs.csv" "${sources[@]}" > "bench/results/costmodel-$kind-new-host-$NEW_HOST.json"
+      "$NEW_HOST" "$work/choice/stage-choice.csv" "${sources[@]}" > "bench/results/costmodel-$kind-new-host-$NEW_HOST.json"
     python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' \
       "bench/results/costmodel-$kind-new-host-$NEW_HOST.json"
     rm -rf "$work"

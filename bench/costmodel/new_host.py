@@ -5,15 +5,15 @@ step error both ways, over all the host's runs, the device-bound and launch-boun
 held-out ones (cm-holdout) and the offloaded ones (the only runs the rate prices), and every run.
 
 And the fastest stage, over the groups of the host's configurations that differ only in the stage:
-the stage the model prices fastest (with the host's rate) against the stage whose runs' median is
-fastest, the runs of the fitted sweeps of the same configurations counted as repeats beside the
-host's own (they are measurements too, on another host). A group's repeats decide its fastest stage
-when every stage has three runs or more and each run of the fastest is faster than each run of the
-others (docs/cost-model.md, "The fastest stage").
+the stage-choice table of `zerobench ingest --cost-model` over the host's runs and the fitted
+sweeps' (their runs of the same configurations count as repeats beside the host's own: they are
+measurements too, on another host), its groups whose every stage the host ran. Which stage
+the model chooses, which is fastest and whether the repeats decide it are that table's
+(costmodel/src/validate.rs, `stage_choices`; docs/cost-model.md, "The fastest stage"); this sums it.
 
 Written by `NEW_HOST=NAME bench/costmodel/fit-shipped.sh KIND`.
 
-usage: new_host.py WITH/ WITHOUT/predicted.csv KIND NEW_HOST FITTED/runs.csv SOURCE...
+usage: new_host.py WITH/ WITHOUT/predicted.csv KIND NEW_HOST CHOICE/stage-choice.csv SOURCE...
   (WITH/ holds `zerobench ingest --cost-model`'s predicted.csv and runs.csv)
 """
 import csv
@@ -25,7 +25,7 @@ import sys
 
 from results import DEVICE_BOUND_UTIL_PCT, mean_abs
 
-with_dir, without_csv, kind, host, fitted_csv = sys.argv[1:6]
+with_dir, without_csv, kind, host, choice_csv = sys.argv[1:6]
 with_csv = os.path.join(with_dir, "predicted.csv")
 sources = sys.argv[6:]
 
@@ -39,7 +39,8 @@ def mape(rows, key):
     return mean_abs(r[key] for r in rows)
 
 
-# What a run measured, but its stage: the key of its stage-choice group.
+# What a run measured, but its stage: the key of its stage-choice group (the stage-choice
+# table's columns as the runs table writes them).
 GROUP = ("model", "variant", "micro_batch", "seq_len", "gpus", "nodes", "grad_accum", "offload")
 
 
@@ -47,48 +48,29 @@ def config(r):
     return tuple(r[k] for k in GROUP)
 
 
-def fastest_stage(priced, host_rows, fitted_rows):
-    """The model's stage choice against the measured fastest stage, over the host's groups."""
-    measured = {}  # (group, stage) -> step medians of every run, the host's and the fitted sweeps'
-    for r in list(host_rows.values()) + fitted_rows:
-        if r["status"] == "ok" and r["step_ms_median"]:
-            measured.setdefault((config(r), r["stage"]), []).append(float(r["step_ms_median"]))
-    predicted = {}  # group -> stage -> predicted step (one per configuration)
-    for i, p in priced.items():
-        predicted.setdefault(config(host_rows[i]), {})[p["stage"]] = float(p["predicted_step_ms"])
-    out = {"groups": 0, "right": 0, "within_2pct": 0, "decided": 0, "decided_right": 0,
-           "repeats_show_choice_slower": 0, "cost_pct": [], "misses": []}
-    for group, stages in sorted(predicted.items()):
-        # Stages none of whose runs completed (a configuration that did not fit) choose nothing.
-        stages = {s: p for s, p in stages.items() if (group, s) in measured}
-        if len(stages) < 2:
-            continue
-        runs = {s: measured[(group, s)] for s in stages}
-        median = {s: statistics.median(v) for s, v in runs.items()}
-        best = min(median, key=median.get)
-        chosen = min(stages, key=stages.get)
-        out["groups"] += 1
-        out["right"] += chosen == best
-        out["within_2pct"] += median[chosen] <= 1.02 * median[best]
-        out["cost_pct"].append(100 * (median[chosen] / median[best] - 1))
-        faster = lambda s: len(runs[s]) >= 3 and len(runs[best]) >= 3 and max(runs[best]) < min(runs[s])
-        decided = all(faster(s) for s in stages if s != best)
-        out["decided"] += decided
-        out["decided_right"] += decided and chosen == best
-        out["repeats_show_choice_slower"] += chosen != best and faster(chosen)
-        if chosen != best:
-            out["misses"].append({"group": dict(zip(GROUP, group)),
-                                  "chosen": chosen, "fastest": best,
-                                  "medians_ms": {s: round(m, 2) for s, m in median.items()},
-                                  "runs": {s: len(v) for s, v in runs.items()}})
-    cost = out.pop("cost_pct")
+def fastest_stage(choice_csv, host_rows):
+    """The stage-choice table's groups whose every stage the host ran, summed."""
+    host = {(config(r), r["stage"]) for r in host_rows.values()}
+    rows = [r for r in csv.DictReader(open(choice_csv))
+            if all((config(r), s) in host for s in r["stages"].split(";"))]
+    flag = lambda r, k: r[k] == "true"
+    out = {"groups": len(rows), "right": sum(flag(r, "right") for r in rows),
+           "within_2pct": sum(flag(r, "right_within_tie") for r in rows),
+           "decided": sum(flag(r, "decided") for r in rows),
+           "decided_right": sum(flag(r, "decided") and flag(r, "right") for r in rows),
+           "repeats_show_choice_slower": sum(flag(r, "shown_slower") for r in rows)}
+    out["misses"] = [{"group": {k: r[k] for k in GROUP},
+                      "chosen": r["chosen_stage"], "fastest": r["fastest_stage"],
+                      "medians_ms": {s: round(float(m), 2) for s, m in zip(r["stages"].split(";"), r["step_ms"].split(";"))},
+                      "runs": {s: int(n) for s, n in zip(r["stages"].split(";"), r["runs"].split(";"))}}
+                     for r in rows if not flag(r, "right")]
+    cost = [float(r["regret_pct"]) for r in rows]
     out["cost_pct"] = {"mean": round(statistics.mean(cost), 1), "max": round(max(cost), 1)} if cost else None
     return out
 
 
 priced, blind = read(with_csv), read(without_csv)
 host_rows = {r["run_id"]: r for r in csv.DictReader(open(os.path.join(with_dir, "runs.csv")))}
-fitted_rows = list(csv.DictReader(open(fitted_csv)))
 runs = sorted(set(priced) & set(blind))
 offloaded = [i for i in runs if priced[i]["offload"] != "none"]
 busy = lambda i: float(host_rows[i]["gpu_util_pct_mean"] or 0) >= DEVICE_BOUND_UTIL_PCT
@@ -121,6 +103,6 @@ print(json.dumps({
         "held_out": {"runs": len(held_out), "step_mape_pct": mape([priced[i] for i in held_out], "step_error_pct")},
         "memory_mape_pct": mape([priced[i] for i in runs if priced[i]["memory_error_pct"]], "memory_error_pct"),
     },
-    "fastest_stage": fastest_stage({i: priced[i] for i in runs}, host_rows, fitted_rows),
+    "fastest_stage": fastest_stage(choice_csv, host_rows),
     "runs": rows,
 }, indent=1))

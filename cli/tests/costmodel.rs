@@ -331,6 +331,8 @@ fn ingest_with_a_cost_model_writes_the_predicted_table_and_plot() {
     let logs = tmp.path().join("logs");
     run(&logs, ModelPreset::Gpt2Medium, ZeroStage::Z2, 8, 1, "NVIDIA H200", 48.0);
     run(&logs, ModelPreset::Gpt2, ZeroStage::Z0, 4, 1, "NVIDIA A100-SXM4-80GB", 30.0);
+    // The same configuration at stage 3, measured fastest: a group of two stages to choose among.
+    run(&logs, ModelPreset::Gpt2Medium, ZeroStage::Z3, 8, 1, "NVIDIA H200", 40.0);
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../costmodel/models/h200.json");
     let out = tmp.path().join("out");
     let o = zerobench(&["ingest", logs.to_str().unwrap(), "--out", out.to_str().unwrap(), "--cost-model", model, "-q"]);
@@ -339,8 +341,8 @@ fn ingest_with_a_cost_model_writes_the_predicted_table_and_plot() {
     let t: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("predicted.json")).unwrap()).unwrap();
     let rows = t["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 2);
-    let h200 = rows.iter().find(|r| r["model"] == "gpt2-medium").unwrap();
+    assert_eq!(rows.len(), 3);
+    let h200 = rows.iter().find(|r| r["model"] == "gpt2-medium" && r["stage"] == 2).unwrap();
     let err = h200["step_error_pct"].as_f64().unwrap();
     let (pred, meas) = (h200["predicted_step_ms"].as_f64().unwrap(), h200["step_ms"].as_f64().unwrap());
     assert!(((pred / meas - 1.0) * 100.0 - err).abs() < 1e-3, "{h200}");
@@ -348,6 +350,32 @@ fn ingest_with_a_cost_model_writes_the_predicted_table_and_plot() {
     let a100 = rows.iter().find(|r| r["model"] == "gpt2").unwrap();
     assert!(a100["predicted_step_ms"].is_null(), "{a100}");
     assert!(a100["notes"].as_str().unwrap().contains("no fit for GPU"), "{a100}");
+    // The stage choice over the runs it priced: gpt2-medium's two stages (the A100 run is not
+    // priced, and a group of one stage chooses nothing). The model prices stage 3 longer, so it
+    // chooses stage 2; stage 3 measured faster, by about 20%, with one run each: a miss the
+    // repeats cannot show.
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("stage-choice.json")).unwrap()).unwrap();
+    let groups = c["rows"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "{c}");
+    let g = &groups[0];
+    let list = |k: &str| -> Vec<f64> { g[k].as_str().unwrap().split(';').map(|x| x.parse().unwrap()).collect() };
+    let run_of = |stage: u64| rows.iter().find(|r| r["model"] == "gpt2-medium" && r["stage"] == stage).unwrap();
+    let (measured, predicted) = (list("step_ms"), list("predicted_step_ms"));
+    assert_eq!((g["stages"].as_str(), g["runs"].as_str()), (Some("2;3"), Some("1;1")), "{g}");
+    for (i, stage) in [2, 3].into_iter().enumerate() {
+        assert_eq!(measured[i], run_of(stage)["step_ms"].as_f64().unwrap(), "{g}");
+        assert_eq!(predicted[i], run_of(stage)["predicted_step_ms"].as_f64().unwrap(), "{g}");
+    }
+    assert!(predicted[0] < predicted[1], "{g}");
+    assert_eq!((g["chosen_stage"].as_u64(), g["fastest_stage"].as_u64()), (Some(2), Some(3)), "{g}");
+    assert_eq!(
+        [&g["right"], &g["right_within_tie"], &g["shown_slower"], &g["decided"]].map(|v| v.as_bool()),
+        [Some(false); 4],
+        "{g}"
+    );
+    let regret = (measured[0] / measured[1] - 1.0) * 100.0;
+    assert!((g["regret_pct"].as_f64().unwrap() - regret).abs() < 1e-3 && regret > 15.0, "{g}");
 }
 
 /// The shipped H100 model prices offload's ratio and delayed update: all on the host the step

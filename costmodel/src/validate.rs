@@ -163,15 +163,100 @@ impl ChoiceCount {
     /// Adds a group: the measured runs of the stage chosen and of the fastest stage (the same
     /// runs when the choice is right).
     fn add(&mut self, chosen: &[f64], fastest: &[f64]) {
-        let (c, f) = (median(chosen), median(fastest));
-        let regret = (c / f - 1.0) * 100.0;
+        let j = Judgement::of(chosen, fastest);
         self.groups += 1;
-        self.right += u32::from(c <= f);
-        self.right_within_tie += u32::from(c <= f * (1.0 + STAGE_TIE));
-        self.shown_slower += u32::from(c > f && decides(&[fastest, chosen]));
-        self.regret_pct_mean += (regret - self.regret_pct_mean) / f64::from(self.groups);
-        self.regret_pct_max = self.regret_pct_max.max(regret);
+        self.right += u32::from(j.right);
+        self.right_within_tie += u32::from(j.right_within_tie);
+        self.shown_slower += u32::from(j.shown_slower);
+        self.regret_pct_mean += (j.regret_pct - self.regret_pct_mean) / f64::from(self.groups);
+        self.regret_pct_max = self.regret_pct_max.max(j.regret_pct);
     }
+}
+
+/// How one group's choice fares ([`ChoiceCount`] counts these over groups).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Judgement {
+    /// The chosen stage is the fastest measured (by the median of its runs).
+    pub right: bool,
+    /// Within [`STAGE_TIE`] of it.
+    pub right_within_tie: bool,
+    /// Not the fastest, and the repeats of the two say so ([`decides`]).
+    pub shown_slower: bool,
+    /// The chosen stage's measured median over the fastest's, minus 1, in percent.
+    pub regret_pct: f64,
+}
+
+impl Judgement {
+    /// From the measured runs of the stage chosen and of the fastest stage.
+    pub fn of(chosen: &[f64], fastest: &[f64]) -> Judgement {
+        let (c, f) = (median(chosen), median(fastest));
+        Judgement {
+            right: c <= f,
+            right_within_tie: c <= f * (1.0 + STAGE_TIE),
+            shown_slower: c > f && decides(&[fastest, chosen]),
+            regret_pct: (c / f - 1.0) * 100.0,
+        }
+    }
+}
+
+/// One group of configurations that differ only in the stage ([`Observation::stage_group_key`]),
+/// with two stages or more: each stage's measured runs and the model's price of it, the stage the
+/// model chooses (priced fastest) and the fastest measured (by the median of its runs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupChoice {
+    pub key: String,
+    /// Per stage, in stage order: the stage, its runs' measured step ms, and the median of their
+    /// predictions.
+    pub stages: Vec<(u8, Vec<f64>, f64)>,
+    pub chosen: u8,
+    pub fastest: u8,
+    /// Every run of the group kept the GPU busy.
+    pub device_bound: bool,
+    /// The repeats say which stage is fastest ([`decides`]).
+    pub decided: bool,
+}
+
+impl GroupChoice {
+    /// The measured runs of `stage`.
+    pub fn runs(&self, stage: u8) -> &[f64] {
+        self.stages.iter().find(|(s, ..)| *s == stage).map_or(&[], |(_, m, _)| m.as_slice())
+    }
+
+    pub fn judgement(&self) -> Judgement {
+        Judgement::of(self.runs(self.chosen), self.runs(self.fastest))
+    }
+
+    /// Each stage's measured median, in stage order.
+    pub fn medians(&self) -> Vec<f64> {
+        self.stages.iter().map(|(_, m, _)| median(m)).collect()
+    }
+}
+
+/// The groups among `priced` runs (each with the model's predicted step), with the model's choice
+/// in each; groups with one stage choose nothing and are left out. `zerobench fit --validate`
+/// counts these over its k-fold predictions, `zerobench ingest --cost-model` lists them.
+pub fn stage_choices(priced: &[(&Observation, f64)]) -> Vec<GroupChoice> {
+    // Per group, per stage: measured and predicted step times over its repeats, and whether every
+    // run of the group was device-bound.
+    let mut by: BTreeMap<String, (BTreeMap<u8, Pair>, bool)> = BTreeMap::new();
+    for (o, predicted) in priced {
+        let g = by.entry(o.stage_group_key()).or_insert_with(|| (BTreeMap::new(), true));
+        g.1 &= o.kept_gpu_busy().unwrap_or(false);
+        let e = g.0.entry(o.query.config.stage.index()).or_default();
+        e.0.push(o.step_ms);
+        e.1.push(*predicted);
+    }
+    let mut out = Vec::new();
+    for (key, (stages, device_bound)) in by.into_iter().filter(|(_, (s, _))| s.len() >= 2) {
+        let least = |pick: fn(&Pair) -> &Vec<f64>| {
+            stages.iter().min_by(|a, b| median(pick(a.1)).total_cmp(&median(pick(b.1)))).map(|(s, _)| *s)
+        };
+        let (Some(chosen), Some(fastest)) = (least(|p| &p.1), least(|p| &p.0)) else { continue };
+        let decided = decides(&stages.values().map(|(m, _)| m.as_slice()).collect::<Vec<_>>());
+        let stages = stages.into_iter().map(|(s, (m, p))| (s, m, median(&p))).collect();
+        out.push(GroupChoice { key, stages, chosen, fastest, device_bound, decided });
+    }
+    out
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -308,28 +393,15 @@ fn by_configuration(held: &[Held]) -> ConfigurationError {
 }
 
 fn stage_choice(held: &[Held]) -> StageChoice {
-    // Per group, per stage: measured and predicted step times over its repeats, and whether every
-    // run of the group was device-bound.
-    let mut by: BTreeMap<String, (BTreeMap<u8, Pair>, bool)> = BTreeMap::new();
-    for Held { run: o, step: s, .. } in held {
-        let c = &o.query.config;
-        let g = by.entry(o.stage_group_key()).or_insert_with(|| (BTreeMap::new(), true));
-        g.1 &= o.kept_gpu_busy().unwrap_or(false);
-        let e = g.0.entry(c.stage.index()).or_default();
-        e.0.push(o.step_ms);
-        e.1.push(*s);
-    }
+    let priced: Vec<(&Observation, f64)> = held.iter().map(|h| (h.run, h.step)).collect();
     let mut out = StageChoice::default();
-    for (stages, device_bound) in by.values().filter(|(s, _)| s.len() >= 2) {
-        let by_median = |pick: fn(&Pair) -> &Vec<f64>| {
-            stages.values().min_by(|a, b| median(pick(a)).total_cmp(&median(pick(b)))).map(|p| p.0.as_slice())
-        };
-        let (Some(chosen), Some(fastest)) = (by_median(|p| &p.1), by_median(|p| &p.0)) else { continue };
+    for g in stage_choices(&priced) {
+        let (chosen, fastest) = (g.runs(g.chosen), g.runs(g.fastest));
         out.all.add(chosen, fastest);
-        if *device_bound {
+        if g.device_bound {
             out.device_bound.add(chosen, fastest);
         }
-        if decides(&stages.values().map(|(m, _)| m.as_slice()).collect::<Vec<_>>()) {
+        if g.decided {
             out.decided.add(chosen, fastest);
         }
     }

@@ -43,6 +43,42 @@ impl PredictedRow {
     }
 }
 
+/// One group of runs that differ only in the stage, as a cost model chooses among them: the
+/// stage it prices fastest against the stage measured fastest (the median of each stage's runs).
+/// A caller fills [`crate::tables::Tables::stage_choice`] (`zerobench ingest --cost-model`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StageChoiceRow {
+    pub model: String,
+    pub variant: String,
+    pub offload: String,
+    pub micro_batch: Option<u32>,
+    pub seq_len: Option<u32>,
+    pub grad_accum: Option<u32>,
+    pub gpus: Option<u32>,
+    pub nodes: Option<u32>,
+    /// The stages measured, and for each (in that order, `;`-separated) its runs, the median of
+    /// their step times and the model's price of it.
+    pub stages: String,
+    pub runs: String,
+    pub step_ms: String,
+    pub predicted_step_ms: String,
+    pub chosen_stage: u8,
+    pub fastest_stage: u8,
+    /// The chosen stage is the fastest measured; within 2% of it; not, and its repeats and the
+    /// fastest's separate (three runs each or more, every run of one faster than every run of the
+    /// other).
+    pub right: bool,
+    pub right_within_tie: bool,
+    pub shown_slower: bool,
+    /// Every stage has three runs or more and the fastest stage's runs are all faster than all of
+    /// the others': the repeats say which stage is fastest.
+    pub decided: bool,
+    /// Every run of the group kept the GPU 90% busy or more.
+    pub device_bound: bool,
+    /// The chosen stage's measured median over the fastest's, minus 1, in percent.
+    pub regret_pct: f64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -320,6 +320,8 @@ pub struct Tables {
     pub memory_phases: Vec<MemoryPhaseRow>,
     /// Runs against a cost model's predictions; empty (and not written) unless a caller fills it.
     pub predicted: Vec<crate::predicted::PredictedRow>,
+    /// The model's stage choice over groups of those runs; likewise.
+    pub stage_choice: Vec<crate::predicted::StageChoiceRow>,
 }
 
 impl Tables {
@@ -335,6 +337,7 @@ impl Tables {
             comm: rounded.iter().flat_map(|r| r.collectives.iter().cloned()).collect(),
             memory_phases: rounded.iter().flat_map(|r| r.memory_phases.iter().cloned()).collect(),
             predicted: Vec::new(),
+            stage_choice: Vec::new(),
             runs: rounded.into_iter().map(|r| r.row).collect(),
         }
     }
@@ -355,6 +358,11 @@ impl Tables {
         .chain(
             (!self.predicted.is_empty())
                 .then(|| table_from_rows("predicted", &self.predicted, &crate::predicted::PredictedRow::default())),
+        )
+        .chain(
+            (!self.stage_choice.is_empty()).then(|| {
+                table_from_rows("stage-choice", &self.stage_choice, &crate::predicted::StageChoiceRow::default())
+            }),
         )
         .collect()
     }
@@ -383,6 +391,7 @@ mod tests {
         check::<RunRow>("runs");
         check::<MemoryPhaseRow>("memory-phases");
         check::<crate::predicted::PredictedRow>("predicted");
+        check::<crate::predicted::StageChoiceRow>("stage-choice");
     }
 
     /// A block's rows go by model size, not by name: gpt2-medium before gpt2-large before

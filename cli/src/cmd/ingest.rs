@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use zerobench_ingest::predicted::PredictedRow;
+use zerobench_ingest::predicted::{PredictedRow, StageChoiceRow};
 use zerobench_ingest::report::{self, terminal, Format};
 use zerobench_ingest::tables::Tables;
 use zerobench_ingest::{Options, PeakTable, Progress, Status};
@@ -141,8 +141,10 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
                 None
             })
         };
-        tables.predicted =
-            ingested.runs.iter().map(|r| predicted_row(&model, rate(&r.row.dir), &r.row).round()).collect();
+        let predicted: Vec<PredictedRow> =
+            ingested.runs.iter().map(|r| predicted_row(&model, rate(&r.row.dir), &r.row)).collect();
+        tables.stage_choice = stage_choice_rows(&ingested.runs, &predicted);
+        tables.predicted = predicted.into_iter().map(PredictedRow::round).collect();
         for e in &bad_hosts {
             tracing::warn!("{e}; its runs are priced as of an unknown host");
         }
@@ -185,6 +187,52 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     } else {
         Outcome::Incomplete
     })
+}
+
+/// The model's stage choice over the groups of the runs it priced that differ only in the stage
+/// (`zerobench_costmodel::validate::stage_choices`, the rule `zerobench fit --validate` counts):
+/// zerobench's own completed runs, each group's stages by the median of their runs.
+fn stage_choice_rows(runs: &[zerobench_ingest::RunReport], predicted: &[PredictedRow]) -> Vec<StageChoiceRow> {
+    let mut priced = Vec::new();
+    let mut first = std::collections::HashMap::new();
+    for (r, p) in runs.iter().zip(predicted) {
+        let (Ok(o), Some(step)) = (crate::cmd::fit::observation(&r.row), p.predicted_step_ms) else { continue };
+        first.entry(o.stage_group_key()).or_insert(&r.row);
+        priced.push((o, step));
+    }
+    let refs: Vec<_> = priced.iter().map(|(o, step)| (o, *step)).collect();
+    let join = |v: Vec<String>| v.join(";");
+    let sig = |x: f64| zerobench_ingest::stats::round_sig(x, zerobench_ingest::stats::SIGNIFICANT);
+    let round = |x: f64| sig(x).to_string();
+    zerobench_costmodel::validate::stage_choices(&refs)
+        .into_iter()
+        .map(|g| {
+            let r = first[&g.key];
+            let j = g.judgement();
+            StageChoiceRow {
+                model: r.model.clone(),
+                variant: r.variant.clone(),
+                offload: r.offload.map_or("?".to_string(), |o| o.to_string()),
+                micro_batch: r.micro_batch,
+                seq_len: r.seq_len,
+                grad_accum: r.grad_accum,
+                gpus: r.gpus,
+                nodes: r.nodes,
+                stages: join(g.stages.iter().map(|(s, ..)| s.to_string()).collect()),
+                runs: join(g.stages.iter().map(|(_, m, _)| m.len().to_string()).collect()),
+                step_ms: join(g.medians().into_iter().map(round).collect()),
+                predicted_step_ms: join(g.stages.iter().map(|(.., p)| round(*p)).collect()),
+                chosen_stage: g.chosen,
+                fastest_stage: g.fastest,
+                right: j.right,
+                right_within_tie: j.right_within_tie,
+                shown_slower: j.shown_slower,
+                decided: g.decided,
+                device_bound: g.device_bound,
+                regret_pct: sig(j.regret_pct),
+            }
+        })
+        .collect()
 }
 
 /// One run against the model's prediction for its configuration on its host (none when the run

@@ -44,6 +44,9 @@ pub fn write(ingested: &Ingested, tables: &Tables, out: &Path) -> Result<Vec<Pat
     if !tables.predicted.is_empty() {
         written.push(one(out, "predicted", &tables.predicted)?);
     }
+    if !tables.stage_choice.is_empty() {
+        written.push(one(out, "stage-choice", &tables.stage_choice)?);
+    }
     let summary = Summary {
         schema_version: OUTPUT_SCHEMA_VERSION,
         complete: ingested.complete(),
