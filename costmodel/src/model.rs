@@ -355,9 +355,9 @@ impl Range {
             let outside =
                 |&[lo, hi]: &[f64; 2]| lw < lo * (1.0 - LAYER_WIDTH_SLACK) || lw > hi * (1.0 + LAYER_WIDTH_SLACK);
             if let Some([lo, hi]) = r.layer_width.filter(outside) {
-                // T5's memory counts what its layers keep (`crate::work::t5_width_scale`); the
-                // time of the elementwise work, and the other families' memory, count d_model.
-                let priced = if w.family == "t5" {
+                // The elementwise work's time counts d_model; the memory too, but where it counts
+                // what the layers keep (T5: `crate::work::t5_width_scale`).
+                let priced = if w.gact_mem_by_width {
                     "their elementwise work is priced per d_model, their memory by their widths"
                 } else {
                     "activations are priced per d_model, not per the layers' width"

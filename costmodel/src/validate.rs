@@ -205,9 +205,8 @@ impl Judgement {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupChoice {
     pub key: String,
-    /// Per stage, in stage order: the stage, its runs' measured step ms, and the median of their
-    /// predictions.
-    pub stages: Vec<(u8, Vec<f64>, f64)>,
+    /// In stage order.
+    pub stages: Vec<StageRuns>,
     pub chosen: u8,
     pub fastest: u8,
     /// Every run of the group kept the GPU busy.
@@ -216,19 +215,28 @@ pub struct GroupChoice {
     pub decided: bool,
 }
 
+/// One stage of a [`GroupChoice`]: its runs' measured step ms and the median of their predictions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageRuns {
+    pub stage: u8,
+    pub measured: Vec<f64>,
+    pub predicted: f64,
+}
+
+impl StageRuns {
+    pub fn median(&self) -> f64 {
+        median(&self.measured)
+    }
+}
+
 impl GroupChoice {
     /// The measured runs of `stage`.
     pub fn runs(&self, stage: u8) -> &[f64] {
-        self.stages.iter().find(|(s, ..)| *s == stage).map_or(&[], |(_, m, _)| m.as_slice())
+        self.stages.iter().find(|s| s.stage == stage).map_or(&[], |s| s.measured.as_slice())
     }
 
     pub fn judgement(&self) -> Judgement {
         Judgement::of(self.runs(self.chosen), self.runs(self.fastest))
-    }
-
-    /// Each stage's measured median, in stage order.
-    pub fn medians(&self) -> Vec<f64> {
-        self.stages.iter().map(|(_, m, _)| median(m)).collect()
     }
 }
 
@@ -253,7 +261,10 @@ pub fn stage_choices(priced: &[(&Observation, f64)]) -> Vec<GroupChoice> {
         };
         let (Some(chosen), Some(fastest)) = (least(|p| &p.1), least(|p| &p.0)) else { continue };
         let decided = decides(&stages.values().map(|(m, _)| m.as_slice()).collect::<Vec<_>>());
-        let stages = stages.into_iter().map(|(s, (m, p))| (s, m, median(&p))).collect();
+        let stages = stages
+            .into_iter()
+            .map(|(stage, (measured, p))| StageRuns { stage, measured, predicted: median(&p) })
+            .collect();
         out.push(GroupChoice { key, stages, chosen, fastest, device_bound, decided });
     }
     out

@@ -72,6 +72,8 @@ pub struct Work {
     /// The activation elements the memory terms count: `gact`, but for T5 scaled by what its
     /// layers keep for backward against a T5 of the fitted shape ([`t5_width_scale`]).
     pub gact_mem: f64,
+    /// Whether `gact_mem` counts the layers' widths (T5) or d_model only.
+    pub gact_mem_by_width: bool,
     /// The layers' parameters per layer over d_model² ([`layer_width`]): how much wider than
     /// d_model a layer's products are, which `gact` does not count.
     pub layer_width: f64,
@@ -187,6 +189,10 @@ impl Work {
         } else {
             (tokens * spec.layers() as f64 * d / 1e9, tokens * spec.vocab() as f64 / 1e9)
         };
+        let (gact_mem, gact_mem_by_width) = match spec {
+            zerobench_schema::models::ModelSpec::T5(dims) => (gact * t5_width_scale(&dims, t, target), true),
+            _ => (gact, false),
+        };
         let psi = padded_params(&spec, u64::from(world));
         let host_psi =
             if c.offload == Offload::None { 0 } else { host_params(&spec, u64::from(world), c.host_share()) };
@@ -228,10 +234,8 @@ impl Work {
             gflop,
             gflop_attn,
             gact,
-            gact_mem: match spec {
-                zerobench_schema::models::ModelSpec::T5(dims) => gact * t5_width_scale(&dims, t, target),
-                _ => gact,
-            },
+            gact_mem,
+            gact_mem_by_width,
             layer_width: layer_width(&spec),
             gvocab,
             kd_model: d / 1000.0,
