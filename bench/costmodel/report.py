@@ -20,11 +20,11 @@ CONFIGURATION = ("model", "stage", "micro_batch", "seq_len", "gpus", "grad_accum
 
 zerobench, model, runs_csv, fit_md, kind = sys.argv[1:6]
 sources = sys.argv[6:]
-# Each held-out run's host AdamW rate as ingest found it (its cpu_adamw.json): the `predicted`
-# table beside the runs table, which fit-shipped.sh has ingest write with the model.
-rates = {r["run_id"]: float(r["host_adamw_gparams_per_s"]) for r in
-         csv.DictReader(open(os.path.join(os.path.dirname(runs_csv), "predicted.csv")))
-         if r["host_adamw_gparams_per_s"]}
+# Each held-out run's host AdamW rate as ingest found it (its cpu_adamw.json), and its price as
+# ingest gives it (the run as it ran: its logged buffers and gathers): the `predicted` table beside
+# the runs table, which fit-shipped.sh has ingest write with the model.
+ingest_priced = {r["run_id"]: r for r in csv.DictReader(open(os.path.join(os.path.dirname(runs_csv), "predicted.csv")))}
+rates = {k: float(r["host_adamw_gparams_per_s"]) for k, r in ingest_priced.items() if r["host_adamw_gparams_per_s"]}
 fit = json.load(open(model))["fits"][0]
 rows, incomplete = [], []
 for r in csv.DictReader(open(runs_csv)):
@@ -47,6 +47,15 @@ for r in csv.DictReader(open(runs_csv)):
         args += ["--host-adamw-rate", str(rate)]
     p = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
     step, mem = float(r["step_ms_median"]), int(r["peak_allocated_bytes"])
+    # `predict` prices this build's engine. A run of an earlier build that gathered stage 3's
+    # parameters on one GPU, which this build keeps whole, is priced as it ran: ingest's price of
+    # it (the model's, with the run's logged gathers), the interval scaled to it (the interval of
+    # the bound this build's price falls in: ingest's table does not name the bound).
+    as_logged = (r["params_sharded"] == "true") != p["params_sharded"]
+    if as_logged:
+        logged = float(ingest_priced[r["run_id"]]["predicted_step_ms"])
+        p["step_ms_interval"] = [x * logged / p["step_ms"] for x in p["step_ms_interval"]]
+        p["step_ms"] = logged
     # `predict` prices this build's engine; a run's persistent buffers are exact for the build
     # that ran, which may have placed them otherwise (stages 2 and 3 on one GPU staged their
     # gradients until this build wrote them in place): its peak is compared with the prediction
@@ -61,6 +70,7 @@ for r in csv.DictReader(open(runs_csv)):
         "predicted_step_ms_interval": [round(x, 2) for x in p["step_ms_interval"]],
         "interval_of": p["step_ms_interval_of"],
         "in_interval": p["step_ms_interval"][0] <= step <= p["step_ms_interval"][1],
+        "priced_as_gathered": as_logged,
         "peak_allocated_bytes": mem, "predicted_peak_allocated_bytes": predicted_mem,
         "memory_error_pct": round((predicted_mem / mem - 1) * 100, 2),
         "extrapolated": p["extrapolated"],

@@ -1,5 +1,5 @@
 """Reads the archive of `bench/gpu/run.sh step-time` (one GPU: zerobench gpt2 and gpt2-xl at stages
-0-3, with `STEP_GRAPH=1` also at stages 0-2 with `--cuda-graph`; the PyTorch references eager,
+0-3, with `STEP_GRAPH=1` also with `--cuda-graph`; the PyTorch references eager,
 torch.compile by default and with CUDA graphs (reduce-overhead), and DeepSpeed at stages 0-3 on the
 same shapes, in the same call) and writes the JSON of bench/results and the Markdown tables of
 docs/results/one-gpu.md and two-gpus.md. Each zerobench run is compared with every reference of

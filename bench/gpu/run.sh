@@ -14,7 +14,7 @@
 #                and the references (PyTorch eager and torch.compile, DeepSpeed at stages 0-3; head
 #                padded as zerobench pads it) on the same shapes, in one call (STEP_MODELS and
 #                STEP_REFS pick, STEP_REFS=compile-reduce-overhead adds torch.compile's CUDA graphs;
-#                STEP_GRAPH=1 adds zerobench's --cuda-graph at stages 0-2; bench/gpu/report_step.py
+#                STEP_GRAPH=1 adds zerobench's --cuda-graph at every stage; bench/gpu/report_step.py
 #                reads it)
 #   cuda-graph   one GPU, --cuda-graph against eager: t5-large micro-batch 1 (sequence 512) and gpt2
 #                micro-batch 4 with the worker in BASE_BIN, this build eager and this build replaying
@@ -332,7 +332,7 @@ PY
         "z0|--stage 0" "z1|--stage 1" "z2|--stage 2" "z3|--stage 3"
         "z2-accum|--stage 2 --grad-accum 2" "z3-accum|--stage 3 --grad-accum 2"
         "z1-offload|--stage 1 --offload optimizer" "z2-offload|--stage 2 --offload optimizer"
-        "z3-offload-params|--stage 3 --offload optimizer+params"
+        "z3-offload|--stage 3 --offload optimizer" "z3-offload-params|--stage 3 --offload optimizer+params"
         "z2-offload-ratio|--stage 2 --offload optimizer --offload-ratio 0.5"
         "z2-offload-delayed|--stage 2 --offload optimizer --delayed-update --delayed-update-after 3"
         "z3-fp16|--stage 3 --precision fp16" "z3-hpz|--stage 3 --hpz $np"
@@ -871,9 +871,9 @@ PY
         for s in 0 1 2 3; do
           worker "${m}_z${s}_mb${mb}_1gpu" 1 --model "$m" --stage "$s" --micro-batch "$mb" --seq-len 1024 --steps 20 --warmup 4
         done
-        # STEP_GRAPH=1: stages 0-2 again with --cuda-graph (stage 3 cannot replay).
+        # STEP_GRAPH=1: every stage again with --cuda-graph (on one GPU stage 3 gathers nothing).
         if [ "${STEP_GRAPH:-0}" = 1 ]; then
-          for s in 0 1 2; do
+          for s in 0 1 2 3; do
             worker "${m}_z${s}_mb${mb}_1gpu_graph" 1 --model "$m" --stage "$s" --micro-batch "$mb" --seq-len 1024 \
               --steps 20 --warmup 4 --cuda-graph
           done

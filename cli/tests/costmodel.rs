@@ -329,10 +329,11 @@ fn plan_adds_predictions_and_marks_the_fastest_run_that_fits() {
 fn ingest_with_a_cost_model_writes_the_predicted_table_and_plot() {
     let tmp = tempfile::tempdir().unwrap();
     let logs = tmp.path().join("logs");
-    run(&logs, ModelPreset::Gpt2Medium, ZeroStage::Z2, 8, 1, "NVIDIA H200", 48.0);
+    run(&logs, ModelPreset::Gpt2Medium, ZeroStage::Z2, 8, 2, "NVIDIA H200", 48.0);
     run(&logs, ModelPreset::Gpt2, ZeroStage::Z0, 4, 1, "NVIDIA A100-SXM4-80GB", 30.0);
-    // The same configuration at stage 3, measured fastest: a group of two stages to choose among.
-    run(&logs, ModelPreset::Gpt2Medium, ZeroStage::Z3, 8, 1, "NVIDIA H200", 40.0);
+    // The same configuration at stage 3, measured fastest: a group of two stages to choose among
+    // (on two GPUs, where stage 3 gathers; on one it would be priced as stage 2).
+    run(&logs, ModelPreset::Gpt2Medium, ZeroStage::Z3, 8, 2, "NVIDIA H200", 40.0);
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../costmodel/models/h200.json");
     let out = tmp.path().join("out");
     let o = zerobench(&["ingest", logs.to_str().unwrap(), "--out", out.to_str().unwrap(), "--cost-model", model, "-q"]);
@@ -397,6 +398,29 @@ fn predict_prices_the_ratio_and_the_delayed_update() {
     assert!(exact_offload > compute && delayed_offload < exact_offload && delayed < exact, "{exact} {delayed}");
     let (_, at_ratio, _) = step(&["--offload-ratio", "0.18"]);
     assert!(at_ratio < 0.1 * exact_offload, "{at_ratio} against {exact_offload}");
+}
+
+/// On one GPU stage 3 keeps its parameters whole: priced as stage 1, in time and memory (their
+/// states are the same bytes there), with no gathers; on two GPUs, or with its parameters on the
+/// host, it gathers and is priced longer.
+#[test]
+fn predict_prices_one_gpu_stage_3_without_gathers() {
+    let predict = |stage: &str, gpus: &str, extra: &[&str]| {
+        let base = ["predict", "--gpu", "h200", "--model", "gpt2-xl", "--micro-batch", "4", "--json"];
+        let o = zerobench(&[&base[..], &["--stage", stage, "--gpus", gpus], extra].concat());
+        assert_eq!(o.status.code(), Some(0), "stage {stage} on {gpus}: {}", text(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let (one, three) = (predict("1", "1", &[]), predict("3", "1", &[]));
+    assert_eq!(three["params_sharded"], false, "{three}");
+    for k in ["step_ms", "peak_allocated_bytes", "engine_buffer_bytes"] {
+        assert_eq!(one[k], three[k], "{k}: {one} against {three}");
+    }
+    let (two_1, two_3) = (predict("1", "2", &[]), predict("3", "2", &[]));
+    assert_eq!(two_3["params_sharded"], true, "{two_3}");
+    assert!(two_3["step_ms"].as_f64() > two_1["step_ms"].as_f64(), "{two_1} against {two_3}");
+    let host = predict("3", "1", &["--offload", "optimizer+params"]);
+    assert_eq!(host["params_sharded"], true, "{host}");
 }
 
 /// Offloaded runs on two hosts whose `cpu_adamw.json` lies beside them: the fit prices the host's

@@ -5,10 +5,12 @@
 //! ```text
 //! step = G · (max(host, device) + u · min(host, device) + gathers) + optimizer + offload + comm
 //! host   = launch_ms[f] + launch_ms_per_unit[f] · units + launch_ms_per_unit_kd · units · d/1000
-//!          + stage3.launch_ms_per_unit · units·[stage 3]
+//!          + stage3.launch_ms_per_unit · units·[parameters sharded]
 //! device = device_ms[f] + ms_per_gflop[f] · GFLOP_dense + ms_per_gflop_attn[f] · GFLOP_attn
 //!          + ms_per_gact[f] · Gact + head.ms_per_gvocab · Gvocab
 //! gathers = stage3.ms_per_gparam_gathered · Ggathered
+//!          ([parameters sharded]: stage 3 on several ranks, or with them on the host; on one
+//!          rank stage 3 keeps them whole, `ParamPath`, and both stage-3 terms are 0)
 //! optimizer = optimizer.ms_per_gparam · Gparams on the device
 //! offload   = max(0, host update − offload.hidden_share · window)   (crate::price)
 //! host update = offload.ms_per_gparam · Gparams on the host · slowness · ranks^e
@@ -40,7 +42,8 @@
 //! **Reserved** adds the caching allocator's `reserved.gib + reserved.per_allocated · allocated`.
 
 use crate::work::{Work, INTER_NODE_BUS_GBPS, INTRA_NODE_BUS_GBPS};
-use zerobench_schema::config::{Offload, ZeroStage};
+use zerobench_schema::config::Offload;
+use zerobench_schema::memory::ParamPath;
 
 /// Which bound a term belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +75,9 @@ pub fn family_of(name: &str) -> Option<&str> {
 /// The step-time terms of a configuration.
 pub fn step_terms(w: &Work) -> Vec<Term> {
     let f = w.family;
-    let s3 = if w.stage == ZeroStage::Z3 { 1.0 } else { 0.0 };
+    // Stage 3's per-unit cost is its gathers' and releases' bookkeeping: none where it keeps
+    // its parameters whole (one rank).
+    let s3 = if w.params == ParamPath::Sharded { 1.0 } else { 0.0 };
     let t = |name: String, part, x: f64| Term { name, part, x };
     let mut v = vec![
         t(format!("{f}.launch_ms"), Part::Host, 1.0),

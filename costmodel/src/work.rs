@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use zerobench_schema::config::{Offload, RunConfig, ZeroStage};
-use zerobench_schema::memory::{engine_buffer_bytes, host_params, model_state_split, padded_params};
+use zerobench_schema::memory::{engine_buffer_bytes, host_params, model_state_split, padded_params, ParamPath};
 use zerobench_schema::traffic::step_traffic;
 
 /// A configuration to price: the run's settings, how many GPUs on how many nodes, and, where
@@ -25,12 +25,25 @@ pub struct Query {
     /// build's engine allocates (`engine_buffer_bytes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logged_buffer_bytes: Option<u64>,
+    /// Where the query is a run: how it kept its parameters, as its log shows (stage 3's gather
+    /// slots among its buffers or not). Earlier builds gathered stage 3's parameters on one rank
+    /// too, so fitting and checking a run take its own; `None`: as this build's engine keeps them
+    /// (`ParamPath::of`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logged_param_path: Option<ParamPath>,
 }
 
 impl Query {
     /// A query of unknown host.
     pub fn new(config: RunConfig, gpus: u32, nodes: u32) -> Query {
-        Query { config, gpus, nodes, host_adamw_gparams_per_s: None, logged_buffer_bytes: None }
+        Query {
+            config,
+            gpus,
+            nodes,
+            host_adamw_gparams_per_s: None,
+            logged_buffer_bytes: None,
+            logged_param_path: None,
+        }
     }
 
     /// The ranks on each node, which share its host.
@@ -94,7 +107,11 @@ pub struct Work {
     /// How much longer the host takes to update a parameter than the fitted hosts
     /// ([`host_slowness`]).
     pub host_slowness: f64,
-    /// Parameters stage 3 gathers per micro-step (0 at other stages), in units of 1e9.
+    /// How the parameters are kept: sharded and gathered before each use (stage 3 on several
+    /// ranks, or with them on the host), or whole.
+    pub params: ParamPath,
+    /// Parameters gathered per micro-step where they are sharded (0 where they are kept whole),
+    /// in units of 1e9.
     pub ggathered: f64,
     /// What a rank sends over NVLink (or within a node) per step, GB, and across nodes.
     pub wire_gb_intra: f64,
@@ -203,8 +220,10 @@ impl Work {
         });
         let traffic = step_traffic(c, world);
         let p = c.precision.param_bytes() as f64;
-        let ggathered = if c.stage == ZeroStage::Z3 {
-            // The all-gathers of a micro-step, in parameters (on one rank they are local copies).
+        let params = q.logged_param_path.unwrap_or_else(|| ParamPath::of(c.stage, u64::from(world), c.offload));
+        let ggathered = if params == ParamPath::Sharded {
+            // The all-gathers of a micro-step, in parameters, as the slots gather them on any
+            // number of ranks (on one rank they are local copies).
             let m = f64::from(c.grad_accum.max(1));
             step_traffic(c, 2)
                 .bytes
@@ -246,6 +265,7 @@ impl Work {
             gparams_device: per_rank(psi - host_psi),
             gparams_host: per_rank(host_psi),
             host_slowness: host_slowness(q, host_reference),
+            params,
             ggathered,
             wire_gb_intra: intra,
             wire_gb_inter: inter,
@@ -334,6 +354,22 @@ mod tests {
         let logged = Work::of(&Query { logged_buffer_bytes: Some(staged), ..q(ZeroStage::Z2, 1) }, None);
         assert_eq!(logged.device_state_bytes, now.device_state_bytes + staged);
         assert_eq!((now.buffer_bytes, logged.buffer_bytes), (0, staged));
+    }
+
+    /// On one rank stage 3 gathers nothing unless a run's log says it did (earlier builds
+    /// gathered there) or its parameters live on the host.
+    #[test]
+    fn one_rank_stage_3_gathers_only_as_logged_or_offloaded() {
+        let now = Work::of(&q(ZeroStage::Z3, 1), None);
+        assert_eq!((now.params, now.ggathered), (ParamPath::Whole, 0.0));
+        let logged = Work::of(&Query { logged_param_path: Some(ParamPath::Sharded), ..q(ZeroStage::Z3, 1) }, None);
+        let two = Work::of(&q(ZeroStage::Z3, 2), None);
+        assert_eq!(logged.params, ParamPath::Sharded);
+        // The slots gather as many parameters on one rank as on two (up to the padding).
+        assert!((logged.ggathered / two.ggathered - 1.0).abs() < 1e-3, "{} vs {}", logged.ggathered, two.ggathered);
+        let mut offloaded = q(ZeroStage::Z3, 1);
+        offloaded.config.offload = Offload::OptimizerParams;
+        assert_eq!(Work::of(&offloaded, None).params, ParamPath::Sharded);
     }
 
     /// A host's rate counts against the fitted hosts' where both are known and it has one rank.

@@ -138,6 +138,10 @@ pub struct RunRow {
     /// The engine's persistent device buffers beyond the model states on the same rank (gradient
     /// staging, stage 3's gather slots, hpZ's secondary partition), from `setup`.
     pub state_buffer_bytes: Option<u64>,
+    /// Whether the engine kept the parameters sharded, gathering each unit into a slot before its
+    /// use (stage 3 on several ranks or with its parameters on the host; `setup`'s gather slots),
+    /// or whole.
+    pub params_sharded: Option<bool>,
     pub energy_j_per_token: Option<f64>,
     pub avg_power_w_per_gpu: Option<f64>,
     /// NVML GPU utilisation over the measured steps of every rank: mean, and the 10th percentile

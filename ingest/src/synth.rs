@@ -16,7 +16,9 @@ use zerobench_schema::log::{
     CommStats, DeviceInfo, End, ErrorClass, ErrorRecord, Machine, MemorySample, ModelInfo, Record, RunStatus, Setup,
     SlurmInfo, Start, Step, Versions, SCHEMA_VERSION,
 };
-use zerobench_schema::memory::{model_state_for, padded_params, ModelStateBytes};
+use zerobench_schema::memory::{
+    model_state_for, padded_params, padded_unit, ModelStateBytes, ParamPath, GATHER_SLOTS_BUFFER,
+};
 use zerobench_schema::splitmix::SplitMix64;
 use zerobench_schema::{ModelSpec, RunConfig, ZeroStage};
 
@@ -225,6 +227,20 @@ impl SynthRun {
         }
     }
 
+    /// A staging bucket, and where the engine shards the parameters, its gather slots (what
+    /// tells a sharded run's log apart).
+    fn buffers(&self) -> BTreeMap<String, u64> {
+        let cfg = &self.config;
+        let world = u64::from(self.world_size);
+        let mut b = BTreeMap::from([("grad_buckets".to_string(), 32u64 << 20)]);
+        if ParamPath::of(cfg.stage, world, cfg.offload) == ParamPath::Sharded {
+            let largest = cfg.model.spec().units().iter().map(|u| padded_unit(u.params, world)).max().unwrap_or(0);
+            let slots = u64::from(cfg.engine.prefetch + 1) * largest * cfg.precision.param_bytes();
+            b.insert(GATHER_SLOTS_BUFFER.to_string(), slots);
+        }
+        b
+    }
+
     fn setup(&self, shape: &Shape, rank: u32) -> Setup {
         let ms = shape.model_state;
         let state = ms.total();
@@ -235,7 +251,7 @@ impl SynthRun {
             model_state: ms,
             model_state_expected: ms,
             padded_params: shape.padded_params,
-            buffers_bytes: BTreeMap::from([("grad_bucket".to_string(), 32u64 << 20)]),
+            buffers_bytes: self.buffers(),
             host_state_bytes: 0,
             host_state_expected_bytes: None,
             host_state_setup_ms: None,
@@ -399,7 +415,9 @@ mod tests {
                         let state = s.model_state.total();
                         assert_eq!(s.memory.reserved_bytes, Some(state + 64 * MIB));
                         assert_eq!(s.memory.peak_reserved_bytes, s.memory.reserved_bytes);
-                        assert!(s.buffers_bytes.values().all(|b| *b >= 1 << 20));
+                        assert!(s.buffers_bytes.values().all(|b| *b > 0));
+                        let sharded = run.config.stage == ZeroStage::Z3 && run.world_size > 1;
+                        assert_eq!(s.buffers_bytes.contains_key(GATHER_SLOTS_BUFFER), sharded);
                         assert_eq!(s.memory.nvml_used_bytes, Some(state + 600 * MIB));
                         assert_eq!(s.memory.rss_bytes, 2 << 30);
                     }

@@ -531,9 +531,8 @@ impl RunConfig {
         if world_size.is_some_and(|n| n > 1) {
             return refuse("captures one GPU's step; not with more than one rank");
         }
-        if self.stage == ZeroStage::Z3 {
-            return refuse("not with stage 3: its gathers and releases repoint parameters on the host");
-        }
+        // Stage 3 passes: on one rank without offload it keeps its parameters whole and gathers
+        // nothing (`memory::ParamPath`), so its step is stage 1's.
         if self.offload != Offload::None {
             return refuse("not with --offload: the host's updates and copies are not part of the device's work");
         }
@@ -722,18 +721,20 @@ mod tests {
         }
     }
 
-    /// CUDA graphs need one GPU's eager stages 0-2 in bf16 or fp32 and two warmup steps; every
-    /// refusal names the flag, and the flag reaches the variant and the worker's arguments.
+    /// CUDA graphs need one GPU without offload, in bf16 or fp32, and two warmup steps (any
+    /// stage: on one rank stage 3 gathers nothing); every refusal names the flag, and the flag
+    /// reaches the variant and the worker's arguments.
     #[test]
     fn cuda_graph_rules_name_the_flag() {
         let mut c = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z2);
         c.cuda_graph = true;
         c.validate(Some(1)).unwrap();
+        RunConfig { stage: ZeroStage::Z3, ..c.clone() }.validate(Some(1)).unwrap();
         assert!(c.to_worker_args().contains(&"--cuda-graph".to_string()));
         assert_eq!(c.variant(), "cuda_graph=true");
         for bad in [
             RunConfig { device: DeviceRequest::Cpu, ..c.clone() },
-            RunConfig { stage: ZeroStage::Z3, ..c.clone() },
+            RunConfig { stage: ZeroStage::Z3, offload: Offload::OptimizerParams, ..c.clone() },
             RunConfig { offload: Offload::Optimizer, ..c.clone() },
             RunConfig { precision: Precision::Fp16, ..c.clone() },
             RunConfig { warmup: 1, ..c.clone() },

@@ -179,12 +179,42 @@ impl GradientPath {
     }
 }
 
+/// How the engine keeps a rank's parameters between their uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ParamPath {
+    /// Each unit whole, where forward and backward read it (stages 0-2).
+    Whole,
+    /// This rank's shard of each unit; the unit is all-gathered into one of `prefetch + 1` gather
+    /// slots before each use and released after it (stage 3).
+    Sharded,
+}
+
+impl ParamPath {
+    /// Stage 3 shards its parameters, but on one rank with them on the device. There a unit's
+    /// shard is the whole unit and its all-gather a copy of it into a slot, so the unit is kept
+    /// whole, as stages 0-2 keep it (pΨ/N = pΨ either way, as the formulas say), without the
+    /// slots or the copies. With `optimizer+params` offload the parameters live on the host, and
+    /// each use copies the unit in: the slots stay.
+    pub fn of(stage: ZeroStage, world: u64, offload: Offload) -> ParamPath {
+        match stage {
+            ZeroStage::Z3 if world > 1 || offload == Offload::OptimizerParams => ParamPath::Sharded,
+            _ => ParamPath::Whole,
+        }
+    }
+}
+
+/// The name a run's log gives stage 3's gather slots among its buffers (`setup`'s
+/// `buffers_bytes`): present exactly when the run kept its parameters [`ParamPath::Sharded`].
+pub const GATHER_SLOTS_BUFFER: &str = "gather_slots";
+
 /// The engine's persistent device buffers beyond model states, per rank: where gradients are
 /// staged ([`GradientPath::Staged`]), two staging buckets, each of `min(bucket, Ψ) + the largest
-/// unit` elements (a bucket closes once it holds at least `bucket_mb`); stage 3 gathers parameters
-/// into `prefetch + 1` slots of the largest unit. Elements are in the compute precision; all sizes
-/// are padded as in [`padded_unit`]; with hpZ, stage 3 also keeps the secondary partition,
-/// pΨ/group. (Activations come on top and depend on batch and sequence.)
+/// unit` elements (a bucket closes once it holds at least `bucket_mb`); where parameters are
+/// sharded ([`ParamPath::Sharded`]), `prefetch + 1` gather slots of the largest unit. Elements
+/// are in the compute precision; all sizes are padded as in [`padded_unit`]; with hpZ, sharded
+/// parameters also keep the secondary partition, pΨ/group. (Activations come on top and depend
+/// on batch and sequence.)
 pub fn engine_buffer_bytes(
     spec: &ModelSpec,
     stage: ZeroStage,
@@ -200,12 +230,15 @@ pub fn engine_buffer_bytes(
         GradientPath::Staged => 2 * (bucket.min(padded_params(spec, world)) + largest) * p,
         GradientPath::Buckets => 0,
     };
-    let slots = u64::from(engine.prefetch + 1) * largest * p;
-    let secondary = engine.hpz.map_or(0, |g| padded_params(spec, world) / u64::from(g.max(1)) * p);
-    match stage {
-        ZeroStage::Z0 | ZeroStage::Z1 | ZeroStage::Z2 => staging,
-        ZeroStage::Z3 => staging + slots + secondary,
-    }
+    let gathering = match ParamPath::of(stage, world, offload) {
+        ParamPath::Sharded => {
+            let slots = u64::from(engine.prefetch + 1) * largest * p;
+            let secondary = engine.hpz.map_or(0, |g| padded_params(spec, world) / u64::from(g.max(1)) * p);
+            slots + secondary
+        }
+        ParamPath::Whole => 0,
+    };
+    staging + gathering
 }
 
 /// Model-state bytes per rank for a model, with zerobench's padding.
@@ -280,8 +313,9 @@ mod tests {
         assert_eq!(bytes(ZeroStage::Z2, Precision::Bf16, &engine), 2 * (psi + largest) * 2);
     }
 
-    /// On one rank, stages 2 and 3 write gradients to their shards in place and stage nothing;
-    /// with offload, or on several ranks, they stage.
+    /// On one rank, stages 2 and 3 write gradients to their shards in place and stage nothing,
+    /// and stage 3 keeps its parameters whole; with offload, or on several ranks, they stage (and
+    /// stage 3 gathers into slots only with the parameters offloaded, or on several ranks).
     #[test]
     fn one_rank_stages_gradients_only_with_offload() {
         use GradientPath::{Buckets, Staged};
@@ -290,6 +324,11 @@ mod tests {
             assert_eq!(GradientPath::of(stage, 1, Offload::None), Buckets, "stage {stage}");
             assert_eq!(GradientPath::of(stage, 2, Offload::None), many, "stage {stage}");
             assert_eq!(GradientPath::of(stage, 1, Offload::Optimizer), many, "stage {stage}");
+            let sharded = if stage == ZeroStage::Z3 { ParamPath::Sharded } else { ParamPath::Whole };
+            assert_eq!(ParamPath::of(stage, 1, Offload::None), ParamPath::Whole, "stage {stage}");
+            assert_eq!(ParamPath::of(stage, 1, Offload::Optimizer), ParamPath::Whole, "stage {stage}");
+            assert_eq!(ParamPath::of(stage, 2, Offload::None), sharded, "stage {stage}");
+            assert_eq!(ParamPath::of(stage, 1, Offload::OptimizerParams), sharded, "stage {stage}");
         }
         let spec = ModelPreset::Gpt2.spec();
         let engine = EngineConfig { bucket_mb: 4.0, prefetch: 2, ..EngineConfig::default() };
@@ -297,8 +336,9 @@ mod tests {
         let staging = 2 * (4 * 1024 * 1024 / 2 + largest) * 2;
         let bytes = |stage, offload| engine_buffer_bytes(&spec, stage, Precision::Bf16, offload, &engine, 1);
         assert_eq!(bytes(ZeroStage::Z2, Offload::None), 0);
-        assert_eq!(bytes(ZeroStage::Z3, Offload::None), 3 * largest * 2);
+        assert_eq!(bytes(ZeroStage::Z3, Offload::None), 0);
         assert_eq!(bytes(ZeroStage::Z2, Offload::Optimizer), staging);
+        assert_eq!(bytes(ZeroStage::Z3, Offload::Optimizer), staging);
         assert_eq!(bytes(ZeroStage::Z3, Offload::OptimizerParams), staging + 3 * largest * 2);
     }
 

@@ -20,7 +20,8 @@
 //! embedding): [`stage3_gathered`] plays the engine's slot policy over the model's segments to
 //! give G exactly (for GPT-2 124M with the default prefetch, G = 2.26Ψ: the tied embedding is
 //! gathered three times). With hpZ the first gather of each unit in a step goes over all ranks
-//! (pΨ) and the rest over the rank's group (`all_gather_group`).
+//! (pΨ) and the rest over the rank's group (`all_gather_group`). On one rank without parameter
+//! offload stage 3 keeps its parameters whole ([`ParamPath`]) and gathers nothing.
 //! Offload changes none of these, only when stages 1-2's refresh gathers complete (after the
 //! host's update, in the next step); its host-device copies are not collectives and not counted.
 //!
@@ -32,7 +33,7 @@
 
 use crate::collective::{CollectiveKind, CommKey};
 use crate::config::{RunConfig, ZeroStage};
-use crate::memory::{padded_unit, GradientPath};
+use crate::memory::{padded_unit, GradientPath, ParamPath};
 use crate::schedule::Schedule;
 
 /// The collectives of one optimizer step on one rank.
@@ -86,15 +87,17 @@ pub fn step_traffic(c: &RunConfig, world: u32) -> StepTraffic {
             vec![(world_key(CollectiveKind::ReduceScatter), reduced), (world_key(CollectiveKind::AllGather), refresh)]
         }
         ZeroStage::Z3 => {
-            let schedule = Schedule::new(&spec.segment_units(), padded.len());
-            let gathers = m * stage3_gathered(&padded, &schedule, c.engine.prefetch) * p;
             let mut b = vec![(world_key(CollectiveKind::ReduceScatter), reduced)];
-            match c.engine.hpz {
-                Some(_) => {
-                    b.push((world_key(CollectiveKind::AllGather), psi));
-                    b.push((key(CollectiveKind::AllGather, true), gathers - psi));
+            if ParamPath::of(c.stage, u64::from(world), c.offload) == ParamPath::Sharded {
+                let schedule = Schedule::new(&spec.segment_units(), padded.len());
+                let gathers = m * stage3_gathered(&padded, &schedule, c.engine.prefetch) * p;
+                match c.engine.hpz {
+                    Some(_) => {
+                        b.push((world_key(CollectiveKind::AllGather), psi));
+                        b.push((key(CollectiveKind::AllGather, true), gathers - psi));
+                    }
+                    None => b.push((world_key(CollectiveKind::AllGather), gathers)),
                 }
-                None => b.push((world_key(CollectiveKind::AllGather), gathers)),
             }
             b
         }
@@ -223,6 +226,28 @@ mod tests {
         }
         let z1 = step_traffic(&config(ZeroStage::Z1, 1), 1);
         assert_eq!(z1.bytes.len(), 1, "{z1:?}");
+    }
+
+    /// Stage 3 on one rank gathers nothing unless its parameters live on the host, where each
+    /// use copies a unit in (as a gather over one rank).
+    #[test]
+    fn one_rank_stage_3_gathers_only_offloaded_parameters() {
+        let ag = CommKey { kind: CollectiveKind::AllGather, group: false };
+        let mut c = config(ZeroStage::Z3, 2);
+        assert_eq!(step_traffic(&c, 1).get(ag), 0);
+        c.offload = crate::config::Offload::Optimizer;
+        assert_eq!(step_traffic(&c, 1).get(ag), 0);
+        // 2 micro-steps of bf16 elements.
+        c.offload = crate::config::Offload::OptimizerParams;
+        assert_eq!(step_traffic(&c, 1).get(ag), 2 * gpt2_xl_gathered(1) * 2);
+        assert_eq!(step_traffic(&config(ZeroStage::Z3, 2), 2).get(ag), 2 * gpt2_xl_gathered(2) * 2);
+    }
+
+    /// The elements stage 3 gathers in one micro-step of gpt2-xl on `world` ranks.
+    fn gpt2_xl_gathered(world: u64) -> u64 {
+        let spec = ModelPreset::Gpt2Xl.spec();
+        let padded: Vec<u64> = spec.units().iter().map(|u| padded_unit(u.params, world)).collect();
+        stage3_gathered(&padded, &Schedule::new(&spec.segment_units(), padded.len()), 1)
     }
 
     /// On one rank, stages 2 and 3 reduce their full buffers once per step, as stage 1 does;

@@ -109,7 +109,7 @@ pub struct Args {
     #[arg(long, requires = "profile_step")]
     pub torch_profile: bool,
     /// One GPU: replay each micro-step's forward and backward from CUDA graphs captured at the
-    /// last warmup step (stages 0-2, bf16 or fp32, no offload). Phases are timed per graph, so
+    /// last warmup step (any stage, bf16 or fp32, no offload). Phases are timed per graph, so
     /// --trace and --profile-step, which time each segment, are not available with it.
     #[arg(long, conflicts_with_all = ["trace", "profile_step"])]
     pub cuda_graph: bool,

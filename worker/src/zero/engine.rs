@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 use zerobench_schema::config::{Offload, Precision, RunConfig, ZeroStage};
-use zerobench_schema::memory::{first_host_unit, GradientPath, ModelStateBytes};
+use zerobench_schema::memory::{first_host_unit, GradientPath, ModelStateBytes, ParamPath, GATHER_SLOTS_BUFFER};
 
 use super::adamw::{AdamW, Shard};
 pub use super::error::EngineError;
@@ -81,7 +81,9 @@ pub struct Engine {
     micro: usize,
     n_micro: usize,
     reduction: Reduction,
-    /// Stage 3: persistent gather slots and which unit holds each.
+    /// Whether parameters are kept whole or sharded and gathered into `slots` before each use.
+    params: ParamPath,
+    /// Sharded parameters (stage 3): persistent gather slots and which unit holds each.
     slots: Vec<Tensor>,
     slot_owner: Vec<Option<usize>>,
     loss_acc: Option<Tensor>,
@@ -148,21 +150,22 @@ impl Engine {
         let mut host_setup = std::time::Duration::ZERO;
         let mut units = Vec::with_capacity(layouts.len());
         let path = GradientPath::of(stage, world as u64, cfg.offload);
-        let build = UnitBuild { cfg, kind, device, owners, owner, path, gpu: gpu.as_deref() };
+        let params = ParamPath::of(stage, world as u64, cfg.offload);
+        let build = UnitBuild { cfg, kind, device, owners, owner, path, params, gpu: gpu.as_deref() };
         for (i, (def, layout)) in model.units().iter().zip(layouts).enumerate() {
             let (unit, setup) = build.unit(def, i, layout, i >= first_host)?;
             host_setup += setup;
             units.push(unit);
         }
 
-        let hpz = match (group, stage) {
-            (Some(group), ZeroStage::Z3) => {
+        let hpz = match (group, params) {
+            (Some(group), ParamPath::Sharded) => {
                 let len = |u: &Unit| len64(u.layout.padded / group.world());
                 let secondary =
                     units.iter().map(|u| Tensor::f_zeros([len(u)], (kind, device))).collect::<Result<Vec<_>, _>>()?;
                 Some(Hpz { group, fresh: vec![false; secondary.len()], secondary })
             }
-            // Validation keeps hpZ to stage 3.
+            // Validation keeps hpZ to stage 3; kept whole (one rank), nothing is gathered.
             _ => None,
         };
         let host_setup_ms = (first_host < units.len()).then_some(host_setup.as_secs_f64() * 1e3);
@@ -189,7 +192,7 @@ impl Engine {
                 })
             }
         };
-        let (slots, slot_owner) = if stage == ZeroStage::Z3 {
+        let (slots, slot_owner) = if params == ParamPath::Sharded {
             let n = prefetch + 1;
             let slots =
                 (0..n).map(|_| Tensor::f_zeros([len64(largest)], (kind, device))).collect::<Result<Vec<_>, _>>()?;
@@ -217,6 +220,7 @@ impl Engine {
             micro: 0,
             n_micro: cfg.grad_accum as usize,
             reduction,
+            params,
             slots,
             slot_owner,
             loss_acc: None,
@@ -282,7 +286,7 @@ impl Engine {
         for u in &self.units {
             m.params_bytes += match &u.partition {
                 Partition::Whole => bytes(&u.base),
-                // Stage 3's base only ever points into gather slots (buffers, not states); a shard
+                // A sharded unit's base only ever points into gather slots (buffers, not states); a shard
                 // on the host is a host state.
                 Partition::Sharded { shard: ParamShard::Device(s), .. } => bytes(s),
                 Partition::Sharded { shard: ParamShard::Host, .. } => 0,
@@ -318,7 +322,7 @@ impl Engine {
             b.insert("grad_buckets".into(), s.buffers.iter().map(bytes).sum());
         }
         if !self.slots.is_empty() {
-            b.insert("gather_slots".into(), self.slots.iter().map(bytes).sum());
+            b.insert(GATHER_SLOTS_BUFFER.into(), self.slots.iter().map(bytes).sum());
         }
         if let Some(h) = &self.hpz {
             b.insert("hpz_secondary".into(), h.secondary.iter().map(bytes).sum());
@@ -395,7 +399,7 @@ impl Engine {
             }
             self.refresh_until(v)?;
         }
-        if self.stage == ZeroStage::Z3 {
+        if self.params == ParamPath::Sharded {
             if !self.units[u].gathered() {
                 self.gather(u, Some(u))?;
             }
@@ -454,7 +458,7 @@ impl Engine {
         if pos.phase == Phase::Backward && self.schedule.final_backward[pos.unit] == i {
             self.harvest(pos.unit)?;
         }
-        if self.stage == ZeroStage::Z3 {
+        if self.params == ParamPath::Sharded {
             // Only the gathered units (one per slot) can be released.
             let keep = self.schedule.upcoming_units(i, self.prefetch + 1);
             for s in 0..self.slot_owner.len() {
@@ -492,7 +496,7 @@ impl Engine {
         };
         let unit = &mut self.units[u];
         let Partition::Sharded { gathered, .. } = &mut unit.partition else {
-            unreachable!("only stage 3 gathers, and it keeps its units sharded")
+            unreachable!("only sharded parameters are gathered")
         };
         *gathered = Some(Gathered { slot, in_flight: Some(pending) });
         // SAFETY: the slot tensor lives as long as the engine and holds `padded` elements.
@@ -735,7 +739,7 @@ impl Engine {
         }
     }
 
-    /// Stage 3: releases every gathered unit (nothing in the other stages).
+    /// Sharded parameters: releases every gathered unit (nothing where units are kept whole).
     fn release_gathered(&mut self) -> Result<(), EngineError> {
         for s in 0..self.slot_owner.len() {
             if let Some(u) = self.slot_owner[s] {

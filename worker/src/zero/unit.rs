@@ -1,11 +1,11 @@
 //! One unit's buffers on a rank, by stage family: its parameters (whole, or this rank's shard and
-//! a gather slot while stage 3 uses it), its gradients (a full buffer, a reduced shard, or none on
+//! a gather slot while sharded stage 3 uses it), its gradients (a full buffer, a reduced shard, or none on
 //! the device when the host's optimizer takes them), its optimizer state (on the device or the
 //! host), and how they are built and initialised from the seed.
 
 use tch::{Device, Kind, TchError, Tensor};
 use zerobench_schema::config::{Offload, RunConfig, ZeroStage};
-use zerobench_schema::memory::GradientPath;
+use zerobench_schema::memory::{GradientPath, ParamPath};
 
 use super::error::EngineError;
 use super::layout::UnitLayout;
@@ -18,9 +18,9 @@ use crate::runtime::shim;
 /// One unit's buffers on this rank.
 pub(super) struct Unit {
     pub(super) layout: UnitLayout,
-    /// Flat buffer of the full unit in the compute dtype; the parameters are views of it. In
-    /// stage 3 its storage points into a gather slot while the unit is gathered, at nothing
-    /// otherwise.
+    /// Flat buffer of the full unit in the compute dtype; the parameters are views of it. Where
+    /// parameters are sharded its storage points into a gather slot while the unit is gathered,
+    /// at nothing otherwise.
     pub(super) base: Tensor,
     /// The parameters: leaf views of `base`, shaped as the model declares them.
     pub(super) params: Vec<Tensor>,
@@ -39,11 +39,13 @@ pub(super) struct Unit {
     pub(super) param_upload: HostCopy,
 }
 
-/// How a unit's parameters are kept between uses, by stage family.
+/// How a unit's parameters are kept between uses ([`ParamPath`]).
 pub(super) enum Partition {
-    /// Stages 0-2: the whole unit, always in `base`.
+    /// Stages 0-2, and 3 on one rank with the parameters on the device: the whole unit, always in
+    /// `base`.
     Whole,
-    /// Stage 3: this rank's shard; `base` holds the whole unit only while it is gathered.
+    /// Stage 3 (on several ranks, or with the parameters on the host): this rank's shard; `base`
+    /// holds the whole unit only while it is gathered.
     Sharded { shard: ParamShard, gathered: Option<Gathered> },
 }
 
@@ -157,6 +159,8 @@ pub(super) struct UnitBuild<'a> {
     pub(super) owner: usize,
     /// Where backward's gradients go: full buffers, or staged into shards.
     pub(super) path: GradientPath,
+    /// Whether the parameters are kept whole or sharded and gathered.
+    pub(super) params: ParamPath,
     pub(super) gpu: Option<&'a Gpu>,
 }
 
@@ -170,7 +174,7 @@ impl UnitBuild<'_> {
         layout: UnitLayout,
         offloaded: bool,
     ) -> Result<(Unit, std::time::Duration), EngineError> {
-        let UnitBuild { cfg, kind, device, owners, owner, path, .. } = *self;
+        let UnitBuild { cfg, kind, device, owners, owner, path, params: param_path, .. } = *self;
         let (stage, mixed, f32_on) = (cfg.stage, cfg.precision.has_master_copy(), (Kind::Float, device));
         let mut host_setup = std::time::Duration::ZERO;
         let padded = len64(layout.padded);
@@ -182,7 +186,7 @@ impl UnitBuild<'_> {
         full.f_narrow(0, 0, numel)?.f_copy_(&init_unit(def, index, cfg.seed, device)?)?;
         let shard_f32 = full.f_narrow(0, shard_start, shard_len)?;
 
-        let (base, partition) = if stage == ZeroStage::Z3 {
+        let (base, partition) = if param_path == ParamPath::Sharded {
             let shard = if offloaded && cfg.offload == Offload::OptimizerParams {
                 ParamShard::Host
             } else {
@@ -237,7 +241,7 @@ impl UnitBuild<'_> {
             (GradientPath::Staged, _) if offloaded => UnitGrads::OnHost,
             (GradientPath::Staged, _) => UnitGrads::Shard(Tensor::f_zeros([shard_len], (kind, device))?),
         };
-        if stage == ZeroStage::Z3 {
+        if param_path == ParamPath::Sharded {
             // The parameters exist as views; their memory appears only while gathered.
             shim::storage_release(&base)?;
         }
