@@ -161,8 +161,7 @@ pub fn t5_width_scale(dims: &zerobench_schema::models::T5Dims, t: f64, target: f
 /// presets. The activation terms count d_model per layer (`gact`); a family fitted at one width
 /// prices a wider one's activations as if they were its own (`Range` flags it).
 pub fn layer_width(spec: &zerobench_schema::models::ModelSpec) -> f64 {
-    let layer_params: u64 =
-        spec.units().iter().filter(|u| u.name != "embed" && u.name != "head").map(|u| u.params).sum();
+    let layer_params: u64 = spec.units().iter().filter(|u| u.kind.is_layer()).map(|u| u.params).sum();
     let d = spec.d_model() as f64;
     layer_params as f64 / spec.layers().max(1) as f64 / (d * d)
 }

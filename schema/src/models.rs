@@ -129,11 +129,35 @@ pub enum ModelSpec {
     Mlp(MlpDims),
 }
 
-/// One ZeRO unit: a name and its parameter count.
+/// One ZeRO unit: a name, what it holds and its parameter count.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct UnitSpec {
     pub name: String,
+    pub kind: UnitKind,
     pub params: u64,
+}
+
+/// What a unit holds: what the cost model's per-layer counts and T5's FLOPs tell apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UnitKind {
+    /// The token (and position) embeddings, with the final norms; the LM head where it is tied.
+    Embedding,
+    /// One layer of a single stack (GPT-2's blocks, Llama's and the MLP's layers).
+    Layer,
+    /// One layer of T5's encoder.
+    EncoderLayer,
+    /// One layer of T5's decoder.
+    DecoderLayer,
+    /// An untied LM head (Llama), with the final norm.
+    Head,
+}
+
+impl UnitKind {
+    /// Whether the unit is one of the model's layers (not its embeddings or head).
+    pub fn is_layer(self) -> bool {
+        matches!(self, UnitKind::Layer | UnitKind::EncoderLayer | UnitKind::DecoderLayer)
+    }
 }
 
 const fn gpt2(n_layer: u64, d_model: u64, n_head: u64) -> ModelSpec {
@@ -198,25 +222,26 @@ impl ModelSpec {
 
     /// The ZeRO units in forward order. Their parameter counts add up to [`Self::param_count`].
     pub fn units(&self) -> Vec<UnitSpec> {
-        let unit = |name: String, params: u64| UnitSpec { name, params };
+        let unit = |name: String, kind: UnitKind, params: u64| UnitSpec { name, kind, params };
         match *self {
             ModelSpec::Gpt2(d) => {
                 let c = d.d_model;
                 // Token and position embeddings plus the final layer norm; the LM head is tied.
-                let mut u = vec![unit("embed".into(), d.vocab * c + d.n_positions * c + 2 * c)];
+                let mut u = vec![unit("embed".into(), UnitKind::Embedding, d.vocab * c + d.n_positions * c + 2 * c)];
                 let block = 12 * c * c + 13 * c;
-                u.extend((0..d.n_layer).map(|i| unit(format!("block.{i}"), block)));
+                u.extend((0..d.n_layer).map(|i| unit(format!("block.{i}"), UnitKind::Layer, block)));
                 u
             }
             ModelSpec::T5(d) => {
                 let (c, inner) = (d.d_model, d.n_head * d.d_kv);
                 let rel = d.rel_buckets * d.n_head;
                 // Shared (tied) embedding plus the two final RMS norms.
-                let mut u = vec![unit("embed".into(), d.vocab * c + 2 * c)];
+                let mut u = vec![unit("embed".into(), UnitKind::Embedding, d.vocab * c + 2 * c)];
                 let enc = 4 * c * inner + 2 * c * d.d_ff + 2 * c;
                 let dec = 8 * c * inner + 2 * c * d.d_ff + 3 * c;
-                u.extend((0..d.n_layer).map(|i| unit(format!("encoder.{i}"), enc + if i == 0 { rel } else { 0 })));
-                u.extend((0..d.n_layer).map(|i| unit(format!("decoder.{i}"), dec + if i == 0 { rel } else { 0 })));
+                let first = |i: u64| if i == 0 { rel } else { 0 };
+                u.extend((0..d.n_layer).map(|i| unit(format!("encoder.{i}"), UnitKind::EncoderLayer, enc + first(i))));
+                u.extend((0..d.n_layer).map(|i| unit(format!("decoder.{i}"), UnitKind::DecoderLayer, dec + first(i))));
                 u
             }
             ModelSpec::Llama(d) => {
@@ -224,14 +249,14 @@ impl ModelSpec {
                 let head_dim = c / d.n_head;
                 let kv = d.n_kv_head * head_dim;
                 let layer = 2 * c * c + 2 * c * kv + 3 * c * d.d_ff + 2 * c;
-                let mut u = vec![unit("embed".into(), d.vocab * c)];
-                u.extend((0..d.n_layer).map(|i| unit(format!("layer.{i}"), layer)));
-                u.push(unit("head".into(), d.vocab * c + c));
+                let mut u = vec![unit("embed".into(), UnitKind::Embedding, d.vocab * c)];
+                u.extend((0..d.n_layer).map(|i| unit(format!("layer.{i}"), UnitKind::Layer, layer)));
+                u.push(unit("head".into(), UnitKind::Head, d.vocab * c + c));
                 u
             }
             ModelSpec::Mlp(d) => {
                 let layer = 2 * d.d_model * d.d_hidden + d.d_hidden + d.d_model;
-                (0..d.n_layer).map(|i| unit(format!("layer.{i}"), layer)).collect()
+                (0..d.n_layer).map(|i| unit(format!("layer.{i}"), UnitKind::Layer, layer)).collect()
             }
         }
     }
@@ -344,14 +369,13 @@ impl ModelSpec {
             ModelSpec::T5(d) => {
                 let (c, inner, l) = ((d.d_model) as f64, (d.n_head * d.d_kv) as f64, d.n_layer as f64);
                 let units = self.units();
-                let sum = |prefix: &str| -> f64 {
-                    units.iter().filter(|u| u.name.starts_with(prefix)).map(|u| u.params as f64).sum()
-                };
+                let sum =
+                    |kind: UnitKind| -> f64 { units.iter().filter(|u| u.kind == kind).map(|u| u.params as f64).sum() };
                 // Per input token: r target tokens.
                 let r = f64::from(target_len) / t;
                 let cross_kv = 2.0 * l * c * inner;
-                let encoder = sum("encoder.") + c;
-                let decoder = sum("decoder.") - cross_kv + c + (d.vocab * d.d_model) as f64;
+                let encoder = sum(UnitKind::EncoderLayer) + c;
+                let decoder = sum(UnitKind::DecoderLayer) - cross_kv + c + (d.vocab * d.d_model) as f64;
                 6.0 * (encoder + cross_kv + decoder * r) + attention
             }
             ModelSpec::Llama(d) => 6.0 * (n - (d.vocab * d.d_model) as f64) + attention,
@@ -433,6 +457,26 @@ mod tests {
         assert_eq!(u[0].name, "embed");
         assert_eq!(u[1].params, 7_087_872);
         assert_eq!(ModelPreset::Gpt2.spec().largest_unit_params(), u[0].params);
+    }
+
+    /// Each family's units by kind, in forward order: the embeddings first, then the layers (T5's
+    /// encoder's, then its decoder's), then Llama's untied head; the layers are the model's
+    /// `layers()` (T5: both stacks).
+    #[test]
+    fn units_are_kinded_in_forward_order() {
+        use UnitKind::{DecoderLayer, Embedding, EncoderLayer, Head, Layer};
+        let kinds = |p: ModelPreset| p.spec().units().iter().map(|u| u.kind).collect::<Vec<_>>();
+        let seq = |k: UnitKind, n: usize| std::iter::repeat_n(k, n);
+        let want = |parts: &[(UnitKind, usize)]| parts.iter().flat_map(|&(k, n)| seq(k, n)).collect::<Vec<_>>();
+        assert_eq!(kinds(ModelPreset::Gpt2), want(&[(Embedding, 1), (Layer, 12)]));
+        assert_eq!(kinds(ModelPreset::T5Small), want(&[(Embedding, 1), (EncoderLayer, 6), (DecoderLayer, 6)]));
+        assert_eq!(kinds(ModelPreset::Mistral7b), want(&[(Embedding, 1), (Layer, 32), (Head, 1)]));
+        let mlp = ModelPreset::Mlp.spec().layers() as usize;
+        assert_eq!(kinds(ModelPreset::Mlp), want(&[(Layer, mlp)]));
+        for p in ModelPreset::ALL {
+            let layers = p.spec().units().iter().filter(|u| u.kind.is_layer()).count() as u64;
+            assert_eq!(layers, p.spec().layers(), "{p}");
+        }
     }
 
     /// With the target as long as the input, T5's count is `6·N` plus three attentions (encoder
