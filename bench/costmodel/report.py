@@ -51,7 +51,7 @@ for r in csv.DictReader(open(runs_csv)):
     # parameters on one GPU, which this build keeps whole, is priced as it ran: ingest's price of
     # it (the model's, with the run's logged gathers), the interval scaled to it (the interval of
     # the bound this build's price falls in: ingest's table does not name the bound).
-    as_logged = (r["params_sharded"] == "true") != p["params_sharded"]
+    as_logged = r["param_path"] != p["param_path"]
     if as_logged:
         logged = float(ingest_priced[r["run_id"]]["predicted_step_ms"])
         p["step_ms_interval"] = [x * logged / p["step_ms"] for x in p["step_ms_interval"]]

@@ -412,15 +412,15 @@ fn predict_prices_one_gpu_stage_3_without_gathers() {
         serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
     };
     let (one, three) = (predict("1", "1", &[]), predict("3", "1", &[]));
-    assert_eq!(three["params_sharded"], false, "{three}");
+    assert_eq!(three["param_path"], "whole", "{three}");
     for k in ["step_ms", "peak_allocated_bytes", "engine_buffer_bytes"] {
         assert_eq!(one[k], three[k], "{k}: {one} against {three}");
     }
     let (two_1, two_3) = (predict("1", "2", &[]), predict("3", "2", &[]));
-    assert_eq!(two_3["params_sharded"], true, "{two_3}");
+    assert_eq!(two_3["param_path"], "sharded", "{two_3}");
     assert!(two_3["step_ms"].as_f64() > two_1["step_ms"].as_f64(), "{two_1} against {two_3}");
     let host = predict("3", "1", &["--offload", "optimizer+params"]);
-    assert_eq!(host["params_sharded"], true, "{host}");
+    assert_eq!(host["param_path"], "sharded", "{host}");
 }
 
 /// Offloaded runs on two hosts whose `cpu_adamw.json` lies beside them: the fit prices the host's

@@ -147,11 +147,10 @@ pub struct Prediction {
     /// else what this build's engine allocates.
     #[serde(default)]
     pub engine_buffer_bytes: u64,
-    /// Whether the engine keeps the parameters sharded, gathering each unit before its use
-    /// (stage 3 on several GPUs, or with them on the host), or whole: from the query's log where
-    /// it has one, else as this build's engine keeps them.
-    #[serde(default)]
-    pub params_sharded: bool,
+    /// How the engine keeps the parameters: `sharded`, each unit gathered before its use (stage 3
+    /// on several GPUs, or with them on the host), or `whole`; from the query's log where it has
+    /// one, else as this build's engine keeps them.
+    pub param_path: ParamPath,
     pub peak_reserved_bytes: u64,
     pub device_memory_bytes: Option<u64>,
     /// Reserved memory within the device's (unknown device memory: assumed to fit).
@@ -283,7 +282,7 @@ impl Fit {
             peak_allocated_bytes: alloc.round() as u64,
             peak_allocated_interval: [(alloc * (1.0 + mlo)).round() as u64, (alloc * (1.0 + mhi)).round() as u64],
             engine_buffer_bytes: w.buffer_bytes,
-            params_sharded: w.params == ParamPath::Sharded,
+            param_path: w.params,
             peak_reserved_bytes: reserved.round() as u64,
             device_memory_bytes: self.device_memory_bytes,
             fits: self.device_memory_bytes.is_none_or(|m| reserved <= m as f64),

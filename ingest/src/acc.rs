@@ -236,15 +236,14 @@ pub struct StateBytes {
     pub device: zerobench_schema::memory::ModelStateBytes,
     pub host_bytes: u64,
     pub buffer_bytes: u64,
-    /// Whether the engine kept its parameters sharded, gathering each unit into a slot before
-    /// its use (the gather slots among the buffers).
-    pub params_sharded: bool,
+    /// How the engine kept its parameters: sharded (the gather slots among the buffers) or whole.
+    pub param_path: zerobench_schema::memory::ParamPath,
 }
 
 impl StateBytes {
     /// Every byte of the states, then each part, then the buffers: a total order, so that merges
     /// do not depend on read order.
-    pub fn key(&self) -> (u64, u64, u64, u64, u64, u64, bool) {
+    pub fn key(&self) -> (u64, u64, u64, u64, u64, u64, zerobench_schema::memory::ParamPath) {
         let d = &self.device;
         (
             d.total() + self.host_bytes,
@@ -253,7 +252,7 @@ impl StateBytes {
             d.optimizer_bytes,
             self.host_bytes,
             self.buffer_bytes,
-            self.params_sharded,
+            self.param_path,
         )
     }
 }
@@ -415,7 +414,7 @@ mod tests {
             device: ModelStateBytes { params_bytes, grads_bytes: 2, optimizer_bytes: 3 },
             host_bytes,
             buffer_bytes: 7,
-            params_sharded: false,
+            param_path: zerobench_schema::memory::ParamPath::Whole,
         };
         // Ordered by every byte: 100 on the device alone is more than 10 there and 5 on the host.
         let (small, large) = (states(10, 0), states(10, 5));

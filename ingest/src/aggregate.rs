@@ -164,7 +164,7 @@ fn memory(row: &mut RunRow, acc: &RunAcc) {
         row.state_optimizer_bytes = Some(s.device.optimizer_bytes);
         row.host_state_bytes = Some(s.host_bytes);
         row.state_buffer_bytes = Some(s.buffer_bytes);
-        row.params_sharded = Some(s.params_sharded);
+        row.param_path = Some(s.param_path);
     }
 }
 

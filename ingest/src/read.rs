@@ -314,7 +314,7 @@ impl LineCtx<'_> {
                     device: s.model_state,
                     host_bytes: s.host_state_bytes,
                     buffer_bytes: s.buffers_bytes.values().sum(),
-                    params_sharded: s.buffers_bytes.contains_key(zerobench_schema::memory::GATHER_SLOTS_BUFFER),
+                    param_path: zerobench_schema::memory::ParamPath::logged(&s.buffers_bytes),
                 });
             }
             Record::Step(s) => self.step(&StepLine::from(&s))?,

@@ -5,6 +5,7 @@
 use std::fmt;
 
 use serde::Serialize;
+use zerobench_schema::memory::ParamPath;
 use zerobench_schema::{Offload, Precision, ZeroStage};
 
 /// How a run ended, as the tables show it (in every format: serialised as [`Status::as_str`]).
@@ -138,10 +139,10 @@ pub struct RunRow {
     /// The engine's persistent device buffers beyond the model states on the same rank (gradient
     /// staging, stage 3's gather slots, hpZ's secondary partition), from `setup`.
     pub state_buffer_bytes: Option<u64>,
-    /// Whether the engine kept the parameters sharded, gathering each unit into a slot before its
+    /// How the engine kept the parameters: `sharded`, each unit gathered into a slot before its
     /// use (stage 3 on several ranks or with its parameters on the host; `setup`'s gather slots),
-    /// or whole.
-    pub params_sharded: Option<bool>,
+    /// or `whole`.
+    pub param_path: Option<ParamPath>,
     pub energy_j_per_token: Option<f64>,
     pub avg_power_w_per_gpu: Option<f64>,
     /// NVML GPU utilisation over the measured steps of every rank: mean, and the 10th percentile

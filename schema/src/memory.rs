@@ -180,7 +180,7 @@ impl GradientPath {
 }
 
 /// How the engine keeps a rank's parameters between their uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ParamPath {
     /// Each unit whole, where forward and backward read it (stages 0-2).
@@ -207,6 +207,17 @@ impl ParamPath {
 /// The name a run's log gives stage 3's gather slots among its buffers (`setup`'s
 /// `buffers_bytes`): present exactly when the run kept its parameters [`ParamPath::Sharded`].
 pub const GATHER_SLOTS_BUFFER: &str = "gather_slots";
+
+impl ParamPath {
+    /// How a run kept its parameters, from its buffers as its log names them.
+    pub fn logged(buffers_bytes: &std::collections::BTreeMap<String, u64>) -> ParamPath {
+        if buffers_bytes.contains_key(GATHER_SLOTS_BUFFER) {
+            ParamPath::Sharded
+        } else {
+            ParamPath::Whole
+        }
+    }
+}
 
 /// The engine's persistent device buffers beyond model states, per rank: where gradients are
 /// staged ([`GradientPath::Staged`]), two staging buckets, each of `min(bucket, Ψ) + the largest

@@ -4,7 +4,7 @@
 //! what the all-host and the non-offloaded runs compute, to the bit.
 
 use zerobench_schema::log::Record;
-use zerobench_schema::memory::{host_params, model_state_split, padded_params, ParamPath, GATHER_SLOTS_BUFFER};
+use zerobench_schema::memory::{host_params, model_state_split, padded_params, ParamPath};
 use zerobench_schema::{ModelPreset, Offload, Precision, ZeroStage};
 
 use crate::support::{assert_traffic, losses, max_rel_diff, on_text, setup, steps, train, TINY_FP32};
@@ -65,8 +65,8 @@ fn offloaded_stages_follow_stage_0_and_split_states_as_the_formulas_say() {
             assert_eq!(got.host_state_bytes, want.host_bytes, "stage {st} offload {off}");
             // The log's own comparison, which ingest reports, agrees.
             assert_eq!(got.host_state_expected_bytes, Some(got.host_state_bytes));
-            let sharded = ParamPath::of(stage, n as u64, offload) == ParamPath::Sharded;
-            assert_eq!(got.buffers_bytes.contains_key(GATHER_SLOTS_BUFFER), sharded, "stage {st} offload {off}");
+            let path = ParamPath::of(stage, n as u64, offload);
+            assert_eq!(ParamPath::logged(&got.buffers_bytes), path, "stage {st} offload {off}");
         }
         for recs in &ranks {
             assert_traffic(recs);

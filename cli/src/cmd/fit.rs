@@ -14,7 +14,6 @@ use anyhow::{bail, Context};
 use zerobench_costmodel::{CostModel, Observation, Query};
 use zerobench_ingest::{Options, RunRow, Source, Status};
 use zerobench_schema::config::RunConfig;
-use zerobench_schema::memory::ParamPath;
 use zerobench_schema::models::ModelPreset;
 
 use crate::host_rate::HostRates;
@@ -112,7 +111,7 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
         gpu,
         query: Query {
             logged_buffer_bytes: r.state_buffer_bytes,
-            logged_param_path: r.params_sharded.map(|s| if s { ParamPath::Sharded } else { ParamPath::Whole }),
+            logged_param_path: r.param_path,
             ..Query::new(config, r.gpus.ok_or_else(|| need("gpus"))?, r.nodes.unwrap_or(1))
         },
         step_ms: r.step_ms_median.ok_or_else(|| need("step time"))?,
