@@ -64,6 +64,12 @@ impl StepTraffic {
 
 /// The collectives of one optimizer step of `c` on one of `world` ranks.
 pub fn step_traffic(c: &RunConfig, world: u32) -> StepTraffic {
+    step_traffic_as(c, world, ParamPath::of(c.stage, u64::from(world), c.offload))
+}
+
+/// [`step_traffic`] of a run that kept its parameters as `params` says: its log's
+/// ([`ParamPath::logged`]), where an earlier build gathered stage 3's parameters on one rank too.
+pub fn step_traffic_as(c: &RunConfig, world: u32, params: ParamPath) -> StepTraffic {
     let spec = c.model.spec();
     let p = c.precision.param_bytes();
     let padded: Vec<u64> = spec.units().iter().map(|u| padded_unit(u.params, u64::from(world))).collect();
@@ -88,7 +94,7 @@ pub fn step_traffic(c: &RunConfig, world: u32) -> StepTraffic {
         }
         ZeroStage::Z3 => {
             let mut b = vec![(world_key(CollectiveKind::ReduceScatter), reduced)];
-            if ParamPath::of(c.stage, u64::from(world), c.offload) == ParamPath::Sharded {
+            if params == ParamPath::Sharded {
                 let schedule = Schedule::new(&spec.segment_units(), padded.len());
                 let gathers = m * stage3_gathered(&padded, &schedule, c.engine.prefetch) * p;
                 match c.engine.hpz {
@@ -235,6 +241,8 @@ mod tests {
         let ag = CommKey { kind: CollectiveKind::AllGather, group: false };
         let mut c = config(ZeroStage::Z3, 2);
         assert_eq!(step_traffic(&c, 1).get(ag), 0);
+        // As an earlier build ran it, gathering into slots on one rank.
+        assert_eq!(step_traffic_as(&c, 1, ParamPath::Sharded).get(ag), 2 * gpt2_xl_gathered(1) * 2);
         c.offload = crate::config::Offload::Optimizer;
         assert_eq!(step_traffic(&c, 1).get(ag), 0);
         // 2 micro-steps of bf16 elements.

@@ -29,7 +29,17 @@ const ARCHIVES: &[&str] = &[
     "gpu-2026-11-22-x2-t5",
     "gpu-2026-11-22-x2-t5-fits",
     "gpu-2026-11-23-step-time",
+    "gpu-2026-12-02-stage-ab-h200x1-96d5287",
+    "gpu-2026-12-02-h200x1-costmodel-z0z3-96d5287",
 ];
+
+/// Archives of the engine as it is now on one GPU (96d5287: stages 2 and 3 write gradients in
+/// place, stage 3 keeps its parameters whole): `same-losses` (every stage, accumulation, each
+/// offload), `stage-ab` and the cost model's one-GPU runs at stages 0 and 3. The first also holds
+/// the base build's runs, in folders named `*_base*` by `bench/gpu/run.sh` (a log does not name
+/// its build).
+const CURRENT_ONE_GPU_ARCHIVES: &[&str] =
+    &["gpu-2026-12-02-stage-ab-h200x1-96d5287", "gpu-2026-12-02-h200x1-costmodel-z0z3-96d5287"];
 
 /// The archives written by schema version 2's worker (step time = all of the step's work).
 const V2_ARCHIVES: &[&str] = &["gpu-2026-11-23-step-time"];
@@ -73,10 +83,41 @@ fn gpu_runs_moved_the_closed_form_bytes() {
             checked += 1;
         }
     }
-    // 498 rank logs: gpt2, gpt2-xl, t5-large, t5-3b, t5-11b, mistral-7b, tiny-llama and tiny in
+    // 639 rank logs: gpt2, gpt2-xl, t5-large, t5-3b, t5-11b, mistral-7b, tiny-llama and tiny in
     // bf16; stages 0-3 on 1 and 2 GPUs; prefetch 1-3; hpZ; optimizer and parameter offload; NCCL
-    // and both copy-engine modes.
-    assert_eq!(checked, 498, "GPU rank logs checked");
+    // and both copy-engine modes; one-GPU stage 3 gathering (earlier builds) and not (96d5287).
+    assert_eq!(checked, 639, "GPU rank logs checked");
+}
+
+/// The current engine's GPU logs kept the parameters as `ParamPath::of` says and allocated the
+/// buffers `engine_buffer_bytes` gives: on one GPU, stage 3 gathers only with its parameters on
+/// the host, and stages 2 and 3 stage gradients only with an offloaded optimizer.
+#[test]
+fn current_one_gpu_logs_keep_parameters_as_the_schema_says() {
+    use zerobench_schema::memory::{engine_buffer_bytes, ParamPath};
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut checked, mut whole_stage_3) = (0, 0);
+    for name in CURRENT_ONE_GPU_ARCHIVES {
+        for path in rank_logs(tmp.path(), name) {
+            let recs = records(&path);
+            let Some(Record::Start(start)) = recs.first() else { continue };
+            let run = path.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned());
+            if start.device.kind != "cuda" || steps(&recs).is_empty() || run.is_none_or(|n| n.contains("_base")) {
+                continue;
+            }
+            let (c, world) = (&start.config, u64::from(start.world_size));
+            let s = crate::support::setup(&recs);
+            let what = format!("{}: {} stage {} offload {}", path.display(), c.model, c.stage, c.offload);
+            assert_eq!(ParamPath::logged(&s.buffers_bytes), ParamPath::of(c.stage, world, c.offload), "{what}");
+            let buffers = engine_buffer_bytes(&c.model.spec(), c.stage, c.precision, c.offload, &c.engine, world);
+            assert_eq!(s.buffers_bytes.values().sum::<u64>(), buffers, "{what}");
+            checked += 1;
+            whole_stage_3 +=
+                usize::from(c.stage == zerobench_schema::ZeroStage::Z3 && c.offload == zerobench_schema::Offload::None);
+        }
+    }
+    // 116 logs of 96d5287, 50 of them stage 3 without offload.
+    assert_eq!((checked, whole_stage_3), (116, 50), "GPU rank logs checked, of them stage 3 kept whole");
 }
 
 /// Schema version 2 on a GPU: the interval between two step records is the later one's
