@@ -923,7 +923,7 @@ mod tests {
             ..base.clone()
         };
         // Three keys are checked on their own: `copy_engines` and `cuda_graph` need a GPU device
-        // (below; `cuda_graph` rules out stage 3 and offload too), and `delayed_update_after`
+        // (below; `cuda_graph` rules out offload too), and `delayed_update_after`
         // rules out `grad_accum` above 1 (its own test above).
         let elsewhere = ["copy_engines", "cuda_graph", "delayed_update_after"];
         let (mut spec_lines, mut walked) = (String::new(), Vec::new());
@@ -947,13 +947,16 @@ mod tests {
         assert_eq!(p.runs[0].config, want);
         let p = plan("worker: {copy_engines: all}\nsweep:\n  models: tiny\n").unwrap();
         assert_eq!(p.runs[0].config.engine.copy_engines, Some(CopyEngines::All));
-        let p = plan("worker: {cuda_graph: true, warmup: 2}\nsweep:\n  models: tiny\n  stages: [0, 2]\n").unwrap();
+        // One GPU replays any stage (stage 3 keeps its parameters whole there), not offload.
+        let p = plan("worker: {cuda_graph: true, warmup: 2}\nsweep:\n  models: tiny\n  stages: [0, 2, 3]\n").unwrap();
         assert!(p
             .runs
             .iter()
             .all(|r| r.config.cuda_graph && r.config.to_worker_args().contains(&"--cuda-graph".into())));
-        let e = plan("worker: {cuda_graph: true}\nsweep:\n  models: tiny\n  stages: 3\n").unwrap_err().to_string();
-        assert!(e.contains("worker.cuda_graph") && e.contains("stage 3"), "{e}");
+        let e = plan("worker: {cuda_graph: true}\nsweep:\n  models: tiny\n  stages: 3\n  offload: optimizer+params\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("worker.cuda_graph") && e.contains("--offload"), "{e}");
 
         let e = plan("worker:\n  steps: 3\n  stepz: 4\nsweep:\n  models: tiny\n").unwrap_err().to_string();
         assert!(
