@@ -19,7 +19,7 @@
 #   cuda-graph   one GPU, --cuda-graph against eager: t5-large micro-batch 1 (sequence 512) and gpt2
 #                micro-batch 4 with the worker in BASE_BIN, this build eager and this build replaying
 #                graphs, alternating, twice each; then the losses of graphs against eager (gpt2
-#                stages 0-2, accumulation, the shipped text with evaluation, t5-small; a second
+#                stages 0-3, accumulation, the shipped text with evaluation, t5-small; a second
 #                eager run gives the run-to-run spread); bench/gpu/report_graph.py reads it
 #   correctness  2 GPUs, stages 0-3, gpt2 on the shipped text: loss curves to compare
 #   gpt2         zerobench stages 0-3 on 1 and 2 GPUs, gpt2, micro-batch 16, sequence 1024
@@ -392,8 +392,8 @@ PY
       # Losses: every step of a replayed run against an eager one, and two eager runs against each
       # other (kernels that add with atomics differ run to run).
       gpt2="--model gpt2 --micro-batch 4 --seq-len 1024 --steps 12 --warmup 3"
-      for c in "gpt2-z0|$gpt2 --stage 0" "gpt2-z1|$gpt2 --stage 1" "gpt2-z2|$gpt2 --stage 2" \
-        "gpt2-z1-ga2|$gpt2 --stage 1 --grad-accum 2" \
+      for c in "gpt2-z0|$gpt2 --stage 0" "gpt2-z1|$gpt2 --stage 1" "gpt2-z2|$gpt2 --stage 2" "gpt2-z3|$gpt2 --stage 3" \
+        "gpt2-z1-ga2|$gpt2 --stage 1 --grad-accum 2" "gpt2-z3-ga2|$gpt2 --stage 3 --grad-accum 2" \
         "gpt2-z0-text-eval|$gpt2 --stage 0 --eval-every 4 --data tests/data/declaration-of-independence.txt" \
         "t5-small-z0|--model t5-small --stage 0 --micro-batch 4 --seq-len 512 --steps 12 --warmup 3"; do
         IFS='|' read -r name args <<< "$c"
