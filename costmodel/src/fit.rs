@@ -165,8 +165,14 @@ mod tests {
     }
 
     fn observe_config(c: RunConfig, gpus: u32) -> Observation {
-        let (model, stage, mb, seq, offload) = (c.model, c.stage, c.micro_batch, c.seq_len, c.offload);
-        let query = Query::new(c, gpus, 1);
+        observe_query(Query::new(c, gpus, 1))
+    }
+
+    /// A run of `query` as the truth prices it.
+    fn observe_query(query: Query) -> Observation {
+        let c = &query.config;
+        let (model, stage, mb, seq, offload, gpus) =
+            (c.model, c.stage, c.micro_batch, c.seq_len, c.offload, query.gpus);
         let w = Work::of(&query, None);
         let mut flags = Vec::new();
         let step = step_parts(&truth(), None, &w, &mut flags).step_ms;
@@ -192,14 +198,12 @@ mod tests {
 
     /// A one-GPU stage-3 run as the builds the shipped models were fitted on ran it, gathering
     /// its parameters into slots (its log lists them), which isolates stage 3's gather terms
-    /// from the 2-GPU runs' communication; priced again as such.
-    fn gathered_on_one_rank(mut o: Observation) -> Observation {
-        o.query.logged_param_path = Some(zerobench_schema::memory::ParamPath::Sharded);
-        let w = Work::of(&o.query, None);
-        o.step_ms = step_parts(&truth(), None, &w, &mut Vec::new()).step_ms;
-        o.peak_allocated_bytes = peak_allocated(&memory_truth(), &w, &mut Vec::new()).round() as u64;
-        o.peak_reserved_bytes = Some(o.peak_allocated_bytes + (1 << 28));
-        o
+    /// from the 2-GPU runs' communication.
+    fn gathered_on_one_rank(model: ModelPreset, mb: u32, seq: u32) -> Observation {
+        let mut c = RunConfig::new(model, ZeroStage::Z3);
+        (c.micro_batch, c.seq_len) = (mb, seq);
+        let logged_param_path = Some(zerobench_schema::memory::ParamPath::Sharded);
+        observe_query(Query { logged_param_path, ..Query::new(c, 1, 1) })
     }
 
     fn sweep() -> Vec<Observation> {
@@ -215,7 +219,7 @@ mod tests {
             for mb in [1, 4, 16] {
                 for seq in [256, long] {
                     v.push(observe(m, ZeroStage::Z0, mb, seq, 1, Offload::None));
-                    v.push(gathered_on_one_rank(observe(m, ZeroStage::Z3, mb, seq, 1, Offload::None)));
+                    v.push(gathered_on_one_rank(m, mb, seq));
                 }
             }
             for stage in ZeroStage::ALL {

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use zerobench_schema::config::{Offload, RunConfig, ZeroStage};
 use zerobench_schema::memory::{engine_buffer_bytes, host_params, model_state_split, padded_params, ParamPath};
-use zerobench_schema::traffic::step_traffic;
+use zerobench_schema::traffic::step_traffic_as;
 
 /// A configuration to price: the run's settings, how many GPUs on how many nodes, and, where
 /// known, the host's AdamW rate.
@@ -217,14 +217,14 @@ impl Work {
         let buffers = q.logged_buffer_bytes.unwrap_or_else(|| {
             engine_buffer_bytes(&spec, c.stage, c.precision, c.offload, &c.engine, u64::from(world))
         });
-        let traffic = step_traffic(c, world);
-        let p = c.precision.param_bytes() as f64;
         let params = q.logged_param_path.unwrap_or_else(|| ParamPath::of(c.stage, u64::from(world), c.offload));
+        let traffic = step_traffic_as(c, world, params);
+        let p = c.precision.param_bytes() as f64;
         let ggathered = if params == ParamPath::Sharded {
             // The all-gathers of a micro-step, in parameters, as the slots gather them on any
             // number of ranks (on one rank they are local copies).
             let m = f64::from(c.grad_accum.max(1));
-            step_traffic(c, 2)
+            step_traffic_as(c, 2, ParamPath::Sharded)
                 .bytes
                 .iter()
                 .filter(|(k, _)| k.kind == zerobench_schema::collective::CollectiveKind::AllGather)

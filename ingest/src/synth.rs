@@ -17,7 +17,7 @@ use zerobench_schema::log::{
     SlurmInfo, Start, Step, Versions, SCHEMA_VERSION,
 };
 use zerobench_schema::memory::{
-    model_state_for, padded_params, padded_unit, ModelStateBytes, ParamPath, GATHER_SLOTS_BUFFER,
+    gather_slot_bytes, model_state_for, padded_params, ModelStateBytes, ParamPath, GATHER_SLOTS_BUFFER,
 };
 use zerobench_schema::splitmix::SplitMix64;
 use zerobench_schema::{ModelSpec, RunConfig, ZeroStage};
@@ -234,8 +234,7 @@ impl SynthRun {
         let world = u64::from(self.world_size);
         let mut b = BTreeMap::from([("grad_buckets".to_string(), 32u64 << 20)]);
         if ParamPath::of(cfg.stage, world, cfg.offload) == ParamPath::Sharded {
-            let largest = cfg.model.spec().units().iter().map(|u| padded_unit(u.params, world)).max().unwrap_or(0);
-            let slots = u64::from(cfg.engine.prefetch + 1) * largest * cfg.precision.param_bytes();
+            let slots = gather_slot_bytes(&cfg.model.spec(), cfg.precision, &cfg.engine, world);
             b.insert(GATHER_SLOTS_BUFFER.to_string(), slots);
         }
         b

@@ -235,21 +235,29 @@ pub fn engine_buffer_bytes(
     world: u64,
 ) -> u64 {
     let p = precision.param_bytes();
-    let largest = spec.units().iter().map(|u| padded_unit(u.params, world)).max().unwrap_or(0);
     let bucket = ((engine.bucket_mb * 1024.0 * 1024.0) as u64 / p).max(1);
     let staging = match GradientPath::of(stage, world, offload) {
-        GradientPath::Staged => 2 * (bucket.min(padded_params(spec, world)) + largest) * p,
+        GradientPath::Staged => 2 * (bucket.min(padded_params(spec, world)) + largest_padded_unit(spec, world)) * p,
         GradientPath::Buckets => 0,
     };
     let gathering = match ParamPath::of(stage, world, offload) {
         ParamPath::Sharded => {
-            let slots = u64::from(engine.prefetch + 1) * largest * p;
             let secondary = engine.hpz.map_or(0, |g| padded_params(spec, world) / u64::from(g.max(1)) * p);
-            slots + secondary
+            gather_slot_bytes(spec, precision, engine, world) + secondary
         }
         ParamPath::Whole => 0,
     };
     staging + gathering
+}
+
+/// The [`GATHER_SLOTS_BUFFER`] of sharded parameters: `prefetch + 1` slots of the largest padded
+/// unit, in the compute precision.
+pub fn gather_slot_bytes(spec: &ModelSpec, precision: Precision, engine: &EngineConfig, world: u64) -> u64 {
+    u64::from(engine.prefetch + 1) * largest_padded_unit(spec, world) * precision.param_bytes()
+}
+
+fn largest_padded_unit(spec: &ModelSpec, world: u64) -> u64 {
+    spec.units().iter().map(|u| padded_unit(u.params, world)).max().unwrap_or(0)
 }
 
 /// Model-state bytes per rank for a model, with zerobench's padding.

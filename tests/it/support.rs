@@ -198,10 +198,7 @@ pub fn assert_traffic(recs: &[Record]) {
     // The closed form of the way the run kept its parameters, as its buffers say: builds before
     // 96d5287 gathered stage 3's on one rank too, and the committed GPU logs of those builds are
     // held to what they did. (The CPU tests hold a log's way to `ParamPath::of`.)
-    let params = recs.iter().find_map(|r| if let Record::Setup(s) = r { Some(s) } else { None }).map_or_else(
-        || zerobench_schema::memory::ParamPath::of(c.stage, u64::from(world), c.offload),
-        |s| zerobench_schema::memory::ParamPath::logged(&s.buffers_bytes),
-    );
+    let params = zerobench_schema::memory::ParamPath::logged(&setup(recs).buffers_bytes);
     let want = zerobench_schema::traffic::step_traffic_as(c, world, params).bytes;
     let deferred = (start.device.kind == "cuda" || c.offload != zerobench_schema::Offload::None)
         && matches!(c.stage, ZeroStage::Z1 | ZeroStage::Z2);
