@@ -22,12 +22,16 @@
 //!   norm's input is also the residual stream that skips the sub-block (the MLP's node), the
 //!   residual's gradient is added to the input gradient before it is rounded, in the same pass.
 //! * `gelu_forward_*`: the MLP's tanh GELU in the forward pass.
-//! * `col_sum_*` and `gelu_backward_col_sum_*`: 16-byte loads down the rows, fp32 sums per column
-//!   (of the 16-bit values as they are stored, as libtorch sums them), one row of partial sums per
-//!   block row; the GELU variant writes `gelu'(h)·g` over `g` as it goes and, in the same pass,
-//!   the recomputed `gelu(h)` the second layer's weight gradient needs (with the same function
-//!   as the forward kernel: the same bits), so `h` is read once in the backward pass.
-//! * `reduce_parts_*`: the partial sums' rows added, in order, into the gradients' precision.
+//! * `col_sum_*` and `gelu_backward_col_sum_*`: 16-byte loads down the rows, two rows in flight
+//!   per lane, fp32 sums per column (of the 16-bit values as they are stored, as libtorch sums
+//!   them), one row of partial sums per block row; the last block of each column strip to finish
+//!   adds the strip's partial sums into the gradient (a counter per strip, set back to zero by
+//!   that block, so CUDA graphs replay it), which saves a reduction kernel per sum. The GELU
+//!   variant writes `gelu'(h)·g` over `g` as it goes and, in the same pass, the recomputed
+//!   `gelu(h)` the second layer's weight gradient needs (with the same function as the forward
+//!   kernel: the same bits), so `h` is read once in the backward pass; both come from one `tanh`.
+//! * `reduce_parts_*`: the partial sums' rows added, in order, into the gradients' precision (the
+//!   layer norm's, and column sums too wide for the strips' counters).
 //!
 //! Every kernel runs on the compute stream, which is libtorch's current stream in the forward
 //! pass and in the autograd engine's device thread (the shim passes it; a call on any other
@@ -53,18 +57,21 @@ use crate::runtime::shim::{self, CTensor, NodeKernelFns};
 pub(crate) const SOURCE: &str = r#"
 #define GELU_BETA 0.7978845608028654f   /* sqrt(2 / pi) */
 #define GELU_KAPPA 0.044715f
-/* The tanh GELU's derivative times g, as libtorch's gelu_backward computes it in fp32. */
-__device__ __forceinline__ float gelu_grad(float g, float x) {
-  float x2 = x * x;
-  float t = tanhf(GELU_BETA * (x + GELU_KAPPA * x2 * x));
-  float left = 0.5f * x, right = 1.f + t;
-  return g * (0.5f * right + left * (1.f - t * t) * GELU_BETA * (1.f + 3.f * GELU_KAPPA * x2));
+/* The tanh in the tanh GELU, as libtorch's gelu computes it in fp32. */
+__device__ __forceinline__ float gelu_tanh(float x) {
+  return tanhf(GELU_BETA * (x + GELU_KAPPA * (x * x * x)));
 }
 
-/* The tanh GELU, as libtorch's gelu computes it in fp32. */
-__device__ __forceinline__ float gelu(float x) {
-  return 0.5f * x * (1.f + tanhf(GELU_BETA * (x + GELU_KAPPA * (x * x * x))));
+/* The tanh GELU from its tanh t = gelu_tanh(x). */
+__device__ __forceinline__ float gelu_of(float x, float t) { return 0.5f * x * (1.f + t); }
+
+/* The tanh GELU's derivative times g from the same t, as libtorch's gelu_backward computes it. */
+__device__ __forceinline__ float gelu_grad_of(float g, float x, float t) {
+  float left = 0.5f * x, right = 1.f + t;
+  return g * (0.5f * right + left * (1.f - t * t) * GELU_BETA * (1.f + 3.f * GELU_KAPPA * (x * x)));
 }
+
+__device__ __forceinline__ float gelu(float x) { return gelu_of(x, gelu_tanh(x)); }
 
 /* a = gelu(h) over nv vectors: the MLP's forward pass and, fused below, its recomputation use
    this one function, so both give the same bits. */
@@ -86,11 +93,31 @@ extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ h, 
 /* Block (32, 8): lane x sums vector column blockIdx.x * 32 + x over rows y, y + 8 * gridDim.y, ...
    of block row blockIdx.y; part[blockIdx.y][cols] gets the block's sums. With GELU, h holds the
    GELU's input: act gets gelu(h) (the recomputed activation) and x (g) is overwritten with
-   gelu'(h)·g, whose stored values are summed. */
+   gelu'(h)·g, whose stored values are summed; one tanh serves both. Two rows are loaded before
+   either is used, so that each lane has four loads in flight rather than two. */
+#define COL_SUM_ROW(T, VEC, N, LOAD, STORE, GELU, RAW, HR, R)                                        \
+  {                                                                                                   \
+    T* e = reinterpret_cast<T*>(&RAW);                                                                \
+    if (GELU) {                                                                                       \
+      VEC ar;                                                                                         \
+      const T* he = reinterpret_cast<const T*>(&HR);                                                  \
+      T* ae = reinterpret_cast<T*>(&ar);                                                              \
+      _Pragma("unroll") for (int k = 0; k < N; ++k) {                                                 \
+        float hk = LOAD(he[k]), t = gelu_tanh(hk);                                                    \
+        ae[k] = STORE(gelu_of(hk, t));                                                                \
+        e[k] = STORE(gelu_grad_of(LOAD(e[k]), hk, t));                                                \
+      }                                                                                               \
+      reinterpret_cast<VEC*>(act)[(R) * nv + c] = ar;                                                 \
+      xv[(R) * nv + c] = RAW;                                                                         \
+    }                                                                                                 \
+    _Pragma("unroll") for (int k = 0; k < N; ++k) acc[k] += LOAD(e[k]);                               \
+  }
 #define COL_SUM(NAME, T, VEC, N, LOAD, STORE, GELU)                                                   \
 extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ x, const T* __restrict__ h,   \
-    T* __restrict__ act, float* __restrict__ part, long long rows, long long nv) {                   \
+    T* __restrict__ act, float* __restrict__ part, long long rows, long long nv,                      \
+    unsigned int* __restrict__ done, T* __restrict__ out) {                                           \
   __shared__ float sm[8][32 * N];                                                                     \
+  __shared__ bool last;                                                                               \
   long long c = (long long)blockIdx.x * 32 + threadIdx.x;                                             \
   float acc[N];                                                                                       \
   _Pragma("unroll") for (int k = 0; k < N; ++k) acc[k] = 0.f;                                         \
@@ -98,22 +125,17 @@ extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ x, const 
     VEC* xv = reinterpret_cast<VEC*>(x);                                                              \
     const VEC* hv = reinterpret_cast<const VEC*>(h);                                                  \
     long long step = (long long)gridDim.y * 8;                                                        \
-    for (long long r = (long long)blockIdx.y * 8 + threadIdx.y; r < rows; r += step) {                \
-      VEC raw = xv[r * nv + c];                                                                       \
-      T* e = reinterpret_cast<T*>(&raw);                                                              \
-      if (GELU) {                                                                                     \
-        VEC hr = hv[r * nv + c], ar;                                                                  \
-        const T* he = reinterpret_cast<const T*>(&hr);                                                \
-        T* ae = reinterpret_cast<T*>(&ar);                                                            \
-        _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
-          float hk = LOAD(he[k]);                                                                     \
-          ae[k] = STORE(gelu(hk));                                                                    \
-          e[k] = STORE(gelu_grad(LOAD(e[k]), hk));                                                    \
-        }                                                                                             \
-        reinterpret_cast<VEC*>(act)[r * nv + c] = ar;                                                 \
-        xv[r * nv + c] = raw;                                                                         \
-      }                                                                                               \
-      _Pragma("unroll") for (int k = 0; k < N; ++k) acc[k] += LOAD(e[k]);                             \
+    long long r = (long long)blockIdx.y * 8 + threadIdx.y;                                            \
+    for (; r + step < rows; r += 2 * step) {                                                          \
+      VEC raw0 = xv[r * nv + c], raw1 = xv[(r + step) * nv + c], hr0, hr1;                            \
+      if (GELU) { hr0 = hv[r * nv + c]; hr1 = hv[(r + step) * nv + c]; }                              \
+      COL_SUM_ROW(T, VEC, N, LOAD, STORE, GELU, raw0, hr0, r)                                         \
+      COL_SUM_ROW(T, VEC, N, LOAD, STORE, GELU, raw1, hr1, r + step)                                  \
+    }                                                                                                 \
+    if (r < rows) {                                                                                   \
+      VEC raw0 = xv[r * nv + c], hr0;                                                                 \
+      if (GELU) hr0 = hv[r * nv + c];                                                                 \
+      COL_SUM_ROW(T, VEC, N, LOAD, STORE, GELU, raw0, hr0, r)                                         \
     }                                                                                                 \
   }                                                                                                   \
   _Pragma("unroll") for (int k = 0; k < N; ++k) sm[threadIdx.y][threadIdx.x * N + k] = acc[k];        \
@@ -125,6 +147,38 @@ extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ x, const 
     long long col = (long long)blockIdx.x * 32 * N + e;                                               \
     if (col < cols) part[(long long)blockIdx.y * cols + col] = s;                                     \
   }                                                                                                   \
+  if (!done) return;                                                                                  \
+  /* The last block of the column strip to finish adds its gridDim.y rows of partial sums into out,  \
+     in REDUCE's order, and sets the strip's counter back to zero for the next launch. */            \
+  __threadfence();                                                                                    \
+  __syncthreads();                                                                                    \
+  if (threadIdx.x == 0 && threadIdx.y == 0) last = atomicAdd(&done[blockIdx.x], 1u) == gridDim.y - 1; \
+  __syncthreads();                                                                                    \
+  if (!last) return;                                                                                  \
+  __threadfence();                                                                                    \
+  /* As REDUCE adds them: lane (x, y) the rows y, y + 8, ... of its N columns, in order; then each   \
+     column's eight sums in order of y. */                                                            \
+  float s8[N];                                                                                        \
+  _Pragma("unroll") for (int k = 0; k < N; ++k) s8[k] = 0.f;                                          \
+  if (c < nv) {                                                                                       \
+    _Pragma("unroll 4") for (long long q = threadIdx.y; q < gridDim.y; q += 8) {                       \
+      const float4* pr = reinterpret_cast<const float4*>(part + q * cols + c * N);                    \
+      _Pragma("unroll") for (int k = 0; k < N / 4; ++k) {                                             \
+        float4 v = __ldcg(pr + k);                                                                    \
+        s8[4 * k] += v.x; s8[4 * k + 1] += v.y; s8[4 * k + 2] += v.z; s8[4 * k + 3] += v.w;           \
+      }                                                                                               \
+    }                                                                                                 \
+  }                                                                                                   \
+  _Pragma("unroll") for (int k = 0; k < N; ++k) sm[threadIdx.y][threadIdx.x * N + k] = s8[k];         \
+  __syncthreads();                                                                                    \
+  for (int e = threadIdx.y * 32 + threadIdx.x; e < 32 * N; e += 256) {                                \
+    long long col = (long long)blockIdx.x * 32 * N + e;                                               \
+    if (col >= cols) continue;                                                                        \
+    float t = 0.f;                                                                                    \
+    _Pragma("unroll") for (int y = 0; y < 8; ++y) t += sm[y][e];                                      \
+    out[col] = STORE(t);                                                                              \
+  }                                                                                                   \
+  if (threadIdx.x == 0 && threadIdx.y == 0) done[blockIdx.x] = 0;                                     \
 }
 
 /* Block (32, 8): column c of the nparts rows of part (cols each) summed; columns below split go
@@ -345,6 +399,8 @@ pub struct NodeKernels {
     gelu_forward: Instances,
     gelu_col_sum: Instances,
     reduce: Instances,
+    /// A counter per column strip of the column sums (zero between launches; see [`COL_SUM_STRIPS`]).
+    strips_done: StripCounters,
     sms: u32,
     /// Compiled on first use per row length (the first forward pass of a width).
     ln: Mutex<HashMap<i64, Arc<LnKernels>>>,
@@ -397,6 +453,7 @@ impl NodeKernels {
             gelu_forward: gelu_forward?,
             gelu_col_sum: gelu_col_sum?,
             reduce: reduce?,
+            strips_done: StripCounters::new(&gpu)?,
             _module: module,
             sms: kernels::multiprocessors(&gpu)?,
             ln: Mutex::new(HashMap::new()),
@@ -564,12 +621,21 @@ impl NodeKernels {
             Some((h, act)) => (self.gelu_col_sum.get(p), ptr(h), ptr(act)),
             None => (self.col_sum.get(p), 0, 0),
         };
+        // The strips' last blocks add the partial sums where there is a counter for each strip;
+        // otherwise the reduction kernel does, after.
+        let in_kernel = blocks_x <= COL_SUM_STRIPS;
+        let (done, outp) = if in_kernel { (self.strips_done.ptr, ptr(out)) } else { (0, 0) };
         let (xp, pp) = (ptr(x), ptr(&part));
         let mut launch = self.gpu.compute.launch_builder(func);
-        launch.arg(&xp).arg(&hp).arg(&actp).arg(&pp).arg(&rows).arg(&nv);
-        // SAFETY: as in `ln_backward`; `h` and `act` are not touched without the GELU.
+        launch.arg(&xp).arg(&hp).arg(&actp).arg(&pp).arg(&rows).arg(&nv).arg(&done).arg(&outp);
+        // SAFETY: as in `ln_backward`; `h` and `act` are not touched without the GELU; `done`
+        // holds a counter for each of the `blocks_x` strips, every one zero between launches on
+        // this (the only) stream that runs them; `out` holds `cols` values of the kernel's
+        // precision.
         unsafe { launch.launch(cfg) }?;
-        self.reduce(p, &part, i64::from(blocks_y), cols, cols, out, out)?;
+        if !in_kernel {
+            self.reduce(p, &part, i64::from(blocks_y), cols, cols, out, out)?;
+        }
         Ok(Outcome::Done)
     }
 
@@ -620,6 +686,29 @@ fn ptr(t: &Tensor) -> u64 {
 /// 16-byte loads need 16-byte aligned rows (the row lengths are whole vectors).
 fn aligned(t: &Tensor) -> bool {
     t.data_ptr() as usize % 16 == 0
+}
+
+/// The column strips (of 32 vectors) a column sum may have for its last blocks to add its partial
+/// sums: rows of up to 262,144 16-bit values. A wider sum leaves them to the reduction kernel.
+const COL_SUM_STRIPS: u32 = 1024;
+
+/// The column sums' counters: a device array of [`COL_SUM_STRIPS`] `u32`, zero between launches
+/// (each strip's last block sets its counter back), held by libtorch's caching allocator.
+struct StripCounters {
+    ptr: u64,
+    // Tensor is Send but not Sync; the kernels are shared between the main thread and the
+    // autograd engine's, and only the pointer is read.
+    _tensor: Mutex<Tensor>,
+}
+
+impl StripCounters {
+    fn new(gpu: &Gpu) -> Result<Self, NodeKernelError> {
+        let t = Tensor::f_zeros([i64::from(COL_SUM_STRIPS)], (Kind::Int, tch::Device::Cuda(gpu.ordinal)))?;
+        // The zeros are written on libtorch's current stream; the kernels run on the compute
+        // stream, so the fill has finished before either does.
+        tch::Cuda::synchronize(gpu.ordinal as i64);
+        Ok(Self { ptr: ptr(&t), _tensor: Mutex::new(t) })
+    }
 }
 
 static KERNELS: OnceLock<NodeKernels> = OnceLock::new();
