@@ -107,6 +107,10 @@ def main():
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--torch-profile", metavar="PATH",
+                    help="after the timed steps, record one more with torch.profiler (host operators, every CUDA "
+                         "kernel, copy and set) into PATH, a Chrome trace (bench/gpu/torch_profile_summary.py reads "
+                         "it); single-process modes only")
     a = ap.parse_args()
 
     distributed = a.mode in DISTRIBUTED_MODES
@@ -227,13 +231,24 @@ def main():
     # times for an even count). The references of 2026-11-22 took the upper of the two instead.
     med = statistics.median(times)
     tokens = a.micro_batch * a.seq_len
+    peaks = torch.cuda.max_memory_allocated(dev), torch.cuda.max_memory_reserved(dev)
+    if a.torch_profile:
+        if distributed:
+            sys.exit("--torch-profile profiles the single-process modes only")
+        # What zerobench's --torch-profile records of its step: every kernel, the ones CUDA graphs
+        # replay included. The step is not among the timed ones.
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step_fn()
+            torch.cuda.synchronize(dev)
+        prof.export_chrome_trace(a.torch_profile)
     if rank == 0:
         print(json.dumps({
             "impl": f"deepspeed-z{a.stage}" if a.mode == "deepspeed" else f"pytorch-{a.mode}", "model": a.model, "micro_batch": a.micro_batch, "seq_len": a.seq_len,
             "gpus": world, "params": params, "vocab": VOCAB, "head_rows": head_rows, "steps": len(times), "step_ms_median": med * 1e3,
             "tokens_per_s_per_gpu": tokens / med, "final_loss": float(loss),
-            "peak_allocated_bytes": torch.cuda.max_memory_allocated(dev),
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved(dev),
+            "peak_allocated_bytes": peaks[0],
+            "peak_reserved_bytes": peaks[1],
             "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
             "gpu": torch.cuda.get_device_name(dev),
             **({"deepspeed": deepspeed.__version__, "zero_optimization": config["zero_optimization"],

@@ -62,6 +62,9 @@
 #                same-losses.json (a second run of BASE_BIN on two of them gives the run-to-run
 #                spread); SL_MATCH (a grep pattern) keeps the cases whose names match
 #   gemm-algos   one GPU: every cuBLASLt algorithm for the products of one gpt2-xl and one gpt2 step
+#   kernels      one GPU: one profiled step (every kernel, by class) of zerobench's gpt2-xl (micro-batch
+#                4, stage 0, eager) and of the PyTorch reference in the modes of KERNEL_REFS (default
+#                "compile compile-reduce-overhead"), in one call; writes kernels.json
 #   step-ab      one GPU (AB_GPUS: more): the step-time targets' configurations (AB_CASES, MODEL:MICRO_BATCH:STAGE:eager|graph)
 #                with this build and the one in BASE_BIN alternating (AB_REPS rounds); AB_PROFILE=1
 #                adds a profiled gpt2 and gpt2-xl step of each; writes step-ab.json (bench/gpu/report_ab.py)
@@ -898,6 +901,36 @@ PY
         "$BIN/examples/gemm_algos" "$1" "$2" > "$RUNS/gemm_algos_$1.jsonl" 2> "$RUNS/gemm_algos_$1.err"
         log "gemm_algos $1: rc=$? $(tail -n 1 "$RUNS/gemm_algos_$1.jsonl")"
       done ;;
+    kernels)
+      # Where a step's device time goes, zerobench's against the references' on the same shapes:
+      # each trace summed up by bench/gpu/torch_profile_summary.py (kernels by class, the largest).
+      worker kernels_gpt2-xl 1 --model gpt2-xl --stage 0 --micro-batch 4 --seq-len 1024 --steps 10 --warmup 5 \
+        --profile-step 8 --torch-profile
+      traces=("$RUNS/kernels_gpt2-xl/torch-profile-rank0.json")
+      for m in ${KERNEL_REFS:-compile compile-reduce-overhead}; do
+        reference "kernels_ref_$m" 1 --mode "$m" --model gpt2-xl --micro-batch 4 --steps 10 --warmup 5 \
+          --torch-profile "$RUNS/kernels_ref_$m.trace.json"
+        traces+=("$RUNS/kernels_ref_$m.trace.json")
+      done
+      python3 - "$OUTDIR/host.txt" "$(commit_of "$BIN")" "${traces[@]}" > "$OUTDIR/kernels.json" <<'PY'
+import json, os, subprocess, sys
+host, commit, traces = sys.argv[1], sys.argv[2], sys.argv[3:]
+rows = []
+for t in traces:
+    if not os.path.exists(t):
+        rows.append({"trace": os.path.basename(t), "missing": True})
+        continue
+    out = subprocess.run([sys.executable, "bench/gpu/torch_profile_summary.py", "--json", "--top", "25", t],
+                         capture_output=True, text=True, check=True).stdout
+    s = json.loads(out)
+    for k in ("threads", "top_ops", "runtime"):
+        s.pop(k)
+    s["trace"] = os.path.relpath(t, os.path.dirname(os.path.dirname(t)))
+    rows.append(s)
+print(json.dumps({"benchmark": "bench/gpu/run.sh kernels", "commit": commit,
+                  "host": open(host).read().splitlines(), "profiles": rows}, indent=1))
+PY
+      log "kernels: $(python3 -c 'import json,sys; print([(p["trace"], p.get("kernel_ms")) for p in json.load(open(sys.argv[1]))["profiles"]])' "$OUTDIR/kernels.json")" ;;
     eager)
       reference ref_gpt2_eager_1gpu 1 --mode eager --model gpt2 --micro-batch 16
       reference ref_gpt2-xl_eager_1gpu 1 --mode eager --model gpt2-xl --micro-batch 4 ;;

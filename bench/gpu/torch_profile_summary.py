@@ -1,17 +1,38 @@
 #!/usr/bin/env python3
-"""Summarises a trace written by `zerobench-worker --profile-step N --torch-profile`.
+"""Summarises a trace written by `zerobench-worker --profile-step N --torch-profile` (or by
+`bench/gpu/reference.py --torch-profile PATH`).
 
     bench/gpu/torch_profile_summary.py LOGDIR/torch-profile-rank0.json [--top 15] [--json]
 
 Prints, for the profiled step: its span; per host thread the operators at the top of the call
 stack (count, time); the CUDA runtime calls (launches, synchronisations, copies); the kernels
 (count, summed time, the time the GPU had at least one kernel running, the largest by summed
-time); and the gaps of the GPU longer than 50 us (time the device waited for the host).
+time); the kernels' time by class (`CLASSES`: matrix products, attention, the optimizer's update,
+copies and sets, the rest); and the gaps of the GPU longer than 50 us (time the device waited for
+the host).
 """
 import argparse
 import collections
 import json
 import sys
+
+
+# A kernel's class: the first whose pattern its name contains (memcpy and memset events are
+# "copies and sets"). cuBLAS(Lt)'s Hopper kernels are named nvjet_*; cuDNN's attention is
+# *sdpa* with its cudnn::fusion helpers (dO·O before the backward pass, dQ to 16 bits after it);
+# zerobench's fused AdamW is adamw_*, torch's FusedOptimizerTensorListMetadata.
+CLASSES = (
+    ("matrix products", ("nvjet", "gemm", "cutlass", "xmma")),
+    ("attention", ("sdpa", "flash", "fmha", "cudnn::fusion")),
+    ("optimizer", ("adamw", "FusedOptimizerTensorListMetadata")),
+)
+
+
+def kernel_class(event):
+    if event.get("cat") in ("gpu_memcpy", "gpu_memset"):
+        return "copies and sets"
+    name = event["name"]
+    return next((c for c, pats in CLASSES if any(p in name for p in pats)), "other")
 
 
 def union_ms(intervals):
@@ -69,6 +90,10 @@ def summarise(path, top):
     for e in kernels:
         by_kernel[e["name"][:90]][0] += 1
         by_kernel[e["name"][:90]][1] += e["dur"] / 1e3
+    classes = collections.defaultdict(lambda: [0, 0.0])
+    for e in kernels:
+        classes[kernel_class(e)][0] += 1
+        classes[kernel_class(e)][1] += e["dur"] / 1e3
     ks = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels)
     gaps, end = [], None
     for s, e in ks:
@@ -82,6 +107,7 @@ def summarise(path, top):
         "runtime": sorted(([k, v[0], round(v[1], 3)] for k, v in runtime.items()), key=lambda r: -r[2])[:top],
         "kernels": len(kernels),
         "kernel_ms": round(sum(e["dur"] for e in kernels) / 1e3, 3),
+        "kernel_classes": {c: {"count": n, "ms": round(ms, 3)} for c, (n, ms) in sorted(classes.items())},
         "gpu_busy_ms": round(union_ms(ks), 3),
         "gaps_over_50us": len(gaps),
         "gap_ms": round(sum(gaps), 3),
@@ -103,6 +129,7 @@ def main():
         print(f"== {path}")
         print(f"span {s['span_ms']:.2f} ms; kernels {s['kernels']}, {s['kernel_ms']:.2f} ms summed, "
               f"GPU busy {s['gpu_busy_ms']:.2f} ms; {s['gaps_over_50us']} gaps > 50 us, {s['gap_ms']:.2f} ms")
+        print("  by class: " + "; ".join(f"{c} {v['ms']:.2f} ms ({v['count']})" for c, v in s["kernel_classes"].items()))
         for tid, t in s["threads"].items():
             print(f"  thread {tid}: {t['top_ops']} top-level operators, {t['ms']:.2f} ms")
         for title, rows in (("operators", s["top_ops"]), ("runtime", s["runtime"]), ("kernels", s["top_kernels"])):
