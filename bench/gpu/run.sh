@@ -912,20 +912,21 @@ PY
           --torch-profile "$RUNS/kernels_ref_$m.trace.json"
         traces+=("$RUNS/kernels_ref_$m.trace.json")
       done
-      python3 - "$OUTDIR/host.txt" "$(commit_of "$BIN")" "${traces[@]}" > "$OUTDIR/kernels.json" <<'PY'
+      python3 - "$OUTDIR/host.txt" "$(commit_of "$BIN")" "$RUNS/.." "${traces[@]}" > "$OUTDIR/kernels.json" <<'PY'
 import json, os, subprocess, sys
-host, commit, traces = sys.argv[1], sys.argv[2], sys.argv[3:]
+# Each trace named by its path in the call's archive (under its root, `runs/...`).
+host, commit, root, traces = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 rows = []
 for t in traces:
     if not os.path.exists(t):
-        rows.append({"trace": os.path.basename(t), "missing": True})
+        rows.append({"trace": os.path.relpath(t, root), "missing": True})
         continue
     out = subprocess.run([sys.executable, "bench/gpu/torch_profile_summary.py", "--json", "--top", "25", t],
                          capture_output=True, text=True, check=True).stdout
     s = json.loads(out)
     for k in ("threads", "top_ops", "runtime"):
         s.pop(k)
-    s["trace"] = os.path.relpath(t, os.path.dirname(os.path.dirname(t)))
+    s["trace"] = os.path.relpath(t, root)
     rows.append(s)
 print(json.dumps({"benchmark": "bench/gpu/run.sh kernels", "commit": commit,
                   "host": open(host).read().splitlines(), "profiles": rows}, indent=1))
