@@ -192,6 +192,10 @@ pub struct DeviceInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 pub struct Versions {
     pub zerobench: String,
+    /// The git commit the worker was built from (`zerobench-build-info`); absent from logs of
+    /// earlier builds and of builds made outside a git checkout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
     pub libtorch: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mpi: Option<String>,

@@ -41,7 +41,8 @@ const ARCHIVES: &[&str] = &[
 /// place, stage 3 keeps its parameters whole): `stage-ab`, `step-ab` and `same-losses` (every
 /// stage, accumulation, each offload), the cost model's one-GPU runs at stages 0 and 3,
 /// `step-time` and `kernels`. The comparisons also hold the base build's runs, in folders named
-/// `*_base*` by `bench/gpu/run.sh` (a log does not name its build).
+/// `*_base*` by `bench/gpu/run.sh` (logs of these builds do not name their commit:
+/// `start.versions.commit` came later).
 const CURRENT_ONE_GPU_ARCHIVES: &[&str] = &[
     "gpu-2026-12-02-stage-ab-h200x1-96d5287",
     "gpu-2026-12-02-h200x1-costmodel-z0z3-96d5287",

@@ -10,8 +10,8 @@ use zerobench_schema::memory::{model_state_bytes, padded_params, ParamPath};
 use zerobench_schema::{ModelPreset, Precision, ZeroStage};
 
 use crate::support::{
-    assert_ok, assert_traffic, bin, losses, max_rel_diff, mpirun, on_text, records, run, setup, steps, train, worker,
-    TINY_FP32,
+    assert_ok, assert_traffic, bin, losses, max_rel_diff, mpirun, on_text, records, repo, run, setup, steps, train,
+    worker, TINY_FP32,
 };
 
 #[test]
@@ -132,6 +132,13 @@ fn model_states_equal_the_zero_formulas() {
     assert!(padded_params(&spec, 3) - spec.param_count() < spec.units().len() as u64 * 3 * 128);
 }
 
+/// The commit checked out in this repository.
+fn git_head() -> String {
+    let out = Command::new("git").args(["rev-parse", "HEAD"]).current_dir(repo(".")).output().expect("git runs");
+    assert!(out.status.success(), "the tests run in the repository's checkout");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
 #[test]
 fn logs_follow_the_schema_from_start_to_end() {
     let tmp = tempfile::tempdir().unwrap();
@@ -167,6 +174,8 @@ fn logs_follow_the_schema_from_start_to_end() {
                 let usable = std::thread::available_parallelism().unwrap().get() as u32;
                 assert!(m.cpus >= usable && !m.cpu_model.is_empty(), "{m:?}");
                 assert!(m.memory_bytes.is_some_and(|b| b > 1 << 30), "{m:?}");
+                // The build names its commit: the one checked out, which the tests were built from.
+                assert_eq!(s.versions.commit.as_deref(), Some(git_head().as_str()));
                 assert_eq!(e.status, RunStatus::Ok);
                 assert_eq!(e.steps_completed, 5);
                 assert!(e.summary.is_some());

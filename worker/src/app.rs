@@ -415,6 +415,7 @@ fn start_record(
         comm_backend: backend.into(),
         versions: Versions {
             zerobench: env!("CARGO_PKG_VERSION").into(),
+            commit: zerobench_build_info::COMMIT.map(Into::into),
             libtorch: runtime::shim::torch_version(),
             mpi: mpi::environment::library_version().ok().map(|v| {
                 v.lines().next().unwrap_or("").trim_matches(|c: char| c == '\0' || c.is_whitespace()).to_string()
