@@ -58,6 +58,7 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     row.host_cpu = start.machine.as_ref().map(|m| m.cpu_model.clone());
     row.status_detail = detail;
     row.log_version = Some(start.v);
+    row.commit = start.versions.commit.clone();
     row.ranks_read = acc.ranks.len() as u32;
     row.ranks_missing = describe_ranges(&plan.missing_ranks);
     row.device_memory_bytes = start.device.total_memory_bytes;

@@ -91,6 +91,10 @@ pub struct RunRow {
     /// backward and forward include their waits for communication; version 2's phases are
     /// disjoint (docs/log-schema.md).
     pub log_version: Option<u32>,
+    /// The git commit of the worker that wrote a zerobench run's logs (`start.versions.commit`;
+    /// `None` for foreign runs and logs of builds before it was logged). Repeats of one
+    /// configuration by different builds measure different software.
+    pub commit: Option<String>,
     pub ranks_read: u32,
     pub ranks_missing: String,
     /// Steps after warmup that every rank read reported, and the warmup steps dropped.
@@ -185,6 +189,30 @@ pub struct Breakdown {
 impl Breakdown {
     pub fn parts(&self) -> [f64; 5] {
         [self.forward_ms, self.backward_ms, self.exposed_comm_ms, self.optimizer_ms, self.other_ms]
+    }
+}
+
+/// How the tables name the build of a zerobench run's row: not at all where the zerobench runs of
+/// a set are of one build, else ` @` and the first 7 digits of its commit (`@?` for logs that
+/// name none), so that runs of different builds never share a row or a scaling line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BuildNames {
+    several: bool,
+}
+
+impl BuildNames {
+    pub fn of<'a>(rows: impl IntoIterator<Item = &'a RunRow>) -> Self {
+        let commits: std::collections::BTreeSet<Option<&str>> =
+            rows.into_iter().filter(|r| r.source == Source::Zerobench).map(|r| r.commit.as_deref()).collect();
+        Self { several: commits.len() > 1 }
+    }
+
+    /// The suffix of `row`'s label: empty for foreign runs and where the set has one build.
+    pub fn suffix(&self, row: &RunRow) -> String {
+        if !self.several || row.source != Source::Zerobench {
+            return String::new();
+        }
+        format!(" @{}", row.commit.as_deref().map_or("?", |c| &c[..c.len().min(7)]))
     }
 }
 

@@ -18,7 +18,7 @@ use serde::Serialize;
 use zerobench_schema::{Offload, Precision, ZeroStage};
 
 use crate::aggregate::usable_for_scaling;
-use crate::run::{RunReport, Source};
+use crate::run::{BuildNames, RunReport, Source};
 use crate::stats::median;
 
 /// One row of the scaling table.
@@ -27,6 +27,9 @@ pub struct ScalingRow {
     pub model: String,
     /// Non-default optimizer and engine settings (`RunConfig::variant`).
     pub variant: String,
+    /// The runs' build where the set holds more than one (` @` and a commit's first digits:
+    /// [`BuildNames`]); empty otherwise.
+    pub build: String,
     pub source: String,
     /// The device the runs found (a GPU's name).
     pub gpu: Option<String>,
@@ -72,6 +75,7 @@ impl ScalingRow {
 type GroupKey = (
     String,
     String,
+    String,
     Source,
     Option<String>,
     Option<ZeroStage>,
@@ -97,6 +101,7 @@ struct Point {
 /// The scaling table of a set of runs.
 pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
     let mut groups = Groups::new();
+    let builds = BuildNames::of(runs.iter().map(|r| &r.row));
     for r in runs {
         let row = &r.row;
         let (Some(gpus), Some(_)) = (row.gpus, row.samples_per_s) else { continue };
@@ -106,6 +111,7 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
         let key = (
             row.model.clone(),
             row.variant.clone(),
+            builds.suffix(row),
             row.source,
             row.gpu.clone(),
             row.stage,
@@ -118,7 +124,9 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
         groups.entry(key).or_default().entry((gpus, row.nodes)).or_default().push(r);
     }
     let mut out = Vec::new();
-    for ((model, variant, source, gpu, stage, offload, precision, seq_len, micro_batch, grad_accum), points) in groups {
+    for ((model, variant, build, source, gpu, stage, offload, precision, seq_len, micro_batch, grad_accum), points) in
+        groups
+    {
         let combined: Vec<Point> = points
             .into_iter()
             .map(|((gpus, nodes), rs)| Point {
@@ -139,6 +147,7 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
             out.push(ScalingRow {
                 model: model.clone(),
                 variant: variant.clone(),
+                build: build.clone(),
                 source: match source {
                     Source::Zerobench => "zerobench".into(),
                     Source::Foreign => "foreign".into(),
@@ -176,11 +185,19 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
 /// samples/s, speedup against the fewest GPUs, and efficiency.
 pub fn scaling_pivot(rows: &[ScalingRow]) -> zerobench_table::Table {
     use std::collections::BTreeSet;
-    type Block = (String, Option<u32>, Option<u32>, Option<Precision>, Option<u32>, Option<String>, String);
+    type Block = (String, Option<u32>, Option<u32>, Option<Precision>, Option<u32>, Option<String>, String, String);
     let mut blocks: BTreeMap<Block, Vec<&ScalingRow>> = BTreeMap::new();
     for r in rows {
-        let key =
-            (r.model.clone(), r.micro_batch, r.seq_len, r.precision, r.grad_accum, r.gpu.clone(), r.variant.clone());
+        let key = (
+            r.model.clone(),
+            r.micro_batch,
+            r.seq_len,
+            r.precision,
+            r.grad_accum,
+            r.gpu.clone(),
+            r.variant.clone(),
+            r.build.clone(),
+        );
         blocks.entry(key).or_default().push(r);
     }
     let config = |r: &ScalingRow| {
@@ -197,7 +214,7 @@ pub fn scaling_pivot(rows: &[ScalingRow]) -> zerobench_table::Table {
     };
     let opt = |v: Option<u32>| v.map_or("?".to_string(), |v| v.to_string());
     let mut out: Vec<Vec<String>> = Vec::new();
-    for ((model, mbs, seq, precision, ga, gpu, variant), rs) in blocks {
+    for ((model, mbs, seq, precision, ga, gpu, variant, build), rs) in blocks {
         let configs: Vec<String> = rs.iter().map(|r| config(r)).collect::<BTreeSet<_>>().into_iter().collect();
         let mut label = format!("{model} mbs={} seq={}", opt(mbs), opt(seq));
         if let Some(p) = precision {
@@ -212,6 +229,7 @@ pub fn scaling_pivot(rows: &[ScalingRow]) -> zerobench_table::Table {
         if !variant.is_empty() {
             label.push_str(&format!(" [{variant}]"));
         }
+        label.push_str(&build);
         let mut head = vec![label, "nodes".to_string()];
         for c in &configs {
             head.extend([format!("{c} samples/s"), format!("{c} speedup"), format!("{c} efficiency")]);

@@ -22,6 +22,9 @@ use zerobench_schema::memory::{
 use zerobench_schema::splitmix::SplitMix64;
 use zerobench_schema::{ModelSpec, RunConfig, ZeroStage};
 
+/// The build commit every synthetic run names (`start.versions.commit`).
+pub const SYNTHETIC_COMMIT: &str = "5e1f0c0ffee0ddba11cafe0000000000deadbeef";
+
 /// How a synthetic run ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fate {
@@ -222,7 +225,12 @@ impl SynthRun {
                 launch_cpu: None,
             },
             comm_backend: if self.world_size > 1 { "nccl".into() } else { "none".into() },
-            versions: Versions { zerobench: "0.1.0".into(), libtorch: "2.11.0".into(), ..Versions::default() },
+            versions: Versions {
+                zerobench: "0.1.0".into(),
+                commit: Some(SYNTHETIC_COMMIT.into()),
+                libtorch: "2.11.0".into(),
+                ..Versions::default()
+            },
             slurm: Some(SlurmInfo { job_id: "4242".into(), ..SlurmInfo::default() }),
         }
     }

@@ -2,8 +2,9 @@
 //! * `latency` and `mem`: the layout of the DeepSpeed profiling studies zerobench grew from
 //!   (docs/README.md): one block per ZeRO stage and offload setting (and GPU count, nodes,
 //!   precision, sequence length, accumulation and device, so that unlike runs never share a
-//!   cell), rows = model and variant, columns = micro-batch size; a configuration that ran out of
-//!   memory shows `OOM`;
+//!   cell), rows = model and variant (and build, where the runs are of more than one:
+//!   [`BuildNames`]), columns = micro-batch size; a configuration that ran out of memory shows
+//!   `OOM`;
 //! * `scaling`: see [`crate::scaling`]; `scaling-pivot`: the same, GPUs as rows and a column group
 //!   (samples/s, speedup, efficiency) per ZeRO configuration;
 //! * `comm`: one row per run and collective kind;
@@ -19,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 use zerobench_schema::{Offload, Precision, ZeroStage};
 
-use crate::run::{CollectiveRow, MemoryPhaseRow, RunReport, RunRow, Source, Status};
+use crate::run::{BuildNames, CollectiveRow, MemoryPhaseRow, RunReport, RunRow, Source, Status};
 use crate::scaling::{scaling, ScalingRow};
 use crate::stats::median;
 pub use zerobench_table::Table;
@@ -183,6 +184,7 @@ impl Pivot {
     fn build(name: &'static str, metric: PivotMetric, runs: &[RunReport]) -> Pivot {
         let mut cells: BTreeMap<BlockKey, BTreeMap<String, BTreeMap<u32, Vec<&RunRow>>>> = BTreeMap::new();
         let devices: BTreeSet<Option<&str>> = runs.iter().map(|r| r.row.gpu.as_deref()).collect();
+        let builds = BuildNames::of(runs.iter().map(|r| &r.row));
         // Rows in order of model size (t5-large before t5-3b), then by label.
         let mut sizes: BTreeMap<String, u64> = BTreeMap::new();
         for r in runs {
@@ -205,6 +207,7 @@ impl Pivot {
             if !row.variant.is_empty() {
                 label.push_str(&format!(" [{}]", row.variant));
             }
+            label.push_str(&builds.suffix(row));
             sizes.entry(label.clone()).or_insert_with(|| model_size(&row.model));
             cells.entry(key).or_default().entry(label).or_default().entry(mbs).or_default().push(row);
         }
@@ -413,6 +416,50 @@ mod tests {
         let pivot = Pivot::build("latency", PivotMetric::StepMsMedian, &runs);
         let order: Vec<&str> = pivot.blocks[0].rows.iter().map(|r| r.model.as_str()).collect();
         assert_eq!(order, ["gpt2-medium", "gpt2-large", "gpt2-xl", "my-model"]);
+    }
+
+    /// Repeats of one configuration by two builds are two rows of the latency table and two
+    /// scaling lines, each named by its commit; by one build they pool, and no row names it.
+    #[test]
+    fn runs_of_different_builds_never_pool() {
+        let report = |commit: &str, gpus: u32, step_ms: f64| RunReport {
+            row: RunRow {
+                run_id: format!("{commit}-{gpus}"),
+                source: Source::Zerobench,
+                model: "gpt2".into(),
+                stage: Some(ZeroStage::Z2),
+                micro_batch: Some(4),
+                gpus: Some(gpus),
+                commit: Some(commit.into()),
+                status: Status::Ok,
+                step_ms_median: Some(step_ms),
+                samples_per_s: Some(4.0 * f64::from(gpus) / step_ms),
+                ..RunRow::default()
+            },
+            collectives: Vec::new(),
+            memory_phases: Vec::new(),
+        };
+        let (a, b) = ("aaaaaaaa11111111", "bbbbbbbb22222222");
+        let runs = [report(a, 1, 100.0), report(b, 1, 80.0), report(a, 2, 110.0), report(b, 2, 84.0)];
+        let pivot = Pivot::build("latency", PivotMetric::StepMsMedian, &runs);
+        let one_gpu: Vec<(&str, String)> =
+            pivot.blocks[0].rows.iter().map(|r| (r.model.as_str(), r.cells[0].text())).collect();
+        assert_eq!(one_gpu, [("gpt2 @aaaaaaa", "100.00".to_string()), ("gpt2 @bbbbbbb", "80.00".to_string())]);
+        let lines: Vec<(String, u32, f64)> =
+            scaling(&runs).iter().map(|r| (r.build.clone(), r.gpus, r.speedup)).collect();
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert_eq!(lines.iter().filter(|l| l.0 == " @aaaaaaa").count(), 2, "{lines:?}");
+        // Each build's 2-GPU point against its own 1-GPU baseline: 2·100/110 and 2·80/84.
+        for (build, base, two) in [(" @aaaaaaa", 100.0, 110.0), (" @bbbbbbb", 80.0, 84.0)] {
+            let l = lines.iter().find(|l| l.0 == build && l.1 == 2).unwrap();
+            assert!((l.2 - 2.0 * base / two).abs() < 1e-3, "{l:?}");
+        }
+        // One build: the cells pool (two runs, their median) and nothing names the build.
+        let one = [report(a, 1, 100.0), report(a, 1, 80.0)];
+        let pivot = Pivot::build("latency", PivotMetric::StepMsMedian, &one);
+        assert_eq!(pivot.blocks[0].rows[0].model, "gpt2");
+        assert_eq!(pivot.blocks[0].rows[0].cells[0].text(), "90.00 (n=2 80.00..100.00)");
+        assert!(scaling(&one).iter().all(|r| r.build.is_empty()));
     }
 
     /// A run's peak memory in GiB: allocated, else NVML's used bytes, else the process's RSS.
