@@ -175,7 +175,11 @@ fn logs_follow_the_schema_from_start_to_end() {
                 assert!(m.cpus >= usable && !m.cpu_model.is_empty(), "{m:?}");
                 assert!(m.memory_bytes.is_some_and(|b| b > 1 << 30), "{m:?}");
                 // The build names its commit: the one checked out, which the tests were built from.
-                assert_eq!(s.versions.commit.as_deref(), Some(git_head().as_str()));
+                assert_eq!(
+                    s.versions.commit.as_deref(),
+                    Some(git_head().as_str()),
+                    "the worker binary was built at another commit: `make build` (what `make test` does first)"
+                );
                 assert_eq!(e.status, RunStatus::Ok);
                 assert_eq!(e.steps_completed, 5);
                 assert!(e.summary.is_some());
