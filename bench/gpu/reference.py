@@ -215,6 +215,9 @@ def main():
     if opt is not None:
         step_fn = step
     times = []
+    # The wall-clock span of the measured steps (Unix seconds), which bench/gpu/run.sh clocks
+    # matches with the GPU's clock samples.
+    measured_unix = [None, None]
     for i in range(a.steps):
         # The peak over the measured steps; with CUDA graphs over the whole run, since replays
         # allocate nothing and their memory was allocated while recording, in the warm-up.
@@ -227,6 +230,9 @@ def main():
         torch.cuda.synchronize(dev)
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
+            if measured_unix[0] is None:
+                measured_unix[0] = time.time() - times[-1]
+            measured_unix[1] = time.time()
     # The same median as bench/gpu/report.py takes of zerobench's steps (the mean of the two middle
     # times for an even count). The references of 2026-11-22 took the upper of the two instead.
     med = statistics.median(times)
@@ -246,7 +252,7 @@ def main():
         print(json.dumps({
             "impl": f"deepspeed-z{a.stage}" if a.mode == "deepspeed" else f"pytorch-{a.mode}", "model": a.model, "micro_batch": a.micro_batch, "seq_len": a.seq_len,
             "gpus": world, "params": params, "vocab": VOCAB, "head_rows": head_rows, "steps": len(times), "step_ms_median": med * 1e3,
-            "tokens_per_s_per_gpu": tokens / med, "final_loss": float(loss),
+            "tokens_per_s_per_gpu": tokens / med, "final_loss": float(loss), "measured_unix": measured_unix,
             "peak_allocated_bytes": peaks[0],
             "peak_reserved_bytes": peaks[1],
             "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),

@@ -62,6 +62,10 @@
 #                same-losses.json (a second run of BASE_BIN on two of them gives the run-to-run
 #                spread); SL_MATCH (a grep pattern) keeps the cases whose names match
 #   gemm-algos   one GPU: every cuBLASLt algorithm for the products of one gpt2-xl and one gpt2 step
+#   clocks       one GPU: the SM clock, power and throttle reasons (nvidia-smi, call after call) while
+#                zerobench's gpt2-xl (micro-batch 4, stage 0) runs replayed and eager (CLOCK_STEPS steps,
+#                default 80) and the reference through torch.compile's CUDA graphs (CLOCK_REFS,
+#                default compile-reduce-overhead); writes clocks.json (bench/gpu/report_clocks.py)
 #   kernels      one GPU: one profiled step (every kernel, by class) of zerobench's gpt2-xl (micro-batch
 #                4, stage 0, eager) and of the PyTorch reference in the modes of KERNEL_REFS (default
 #                "compile compile-reduce-overhead"), in one call; writes kernels.json
@@ -901,6 +905,27 @@ PY
         "$BIN/examples/gemm_algos" "$1" "$2" > "$RUNS/gemm_algos_$1.jsonl" 2> "$RUNS/gemm_algos_$1.err"
         log "gemm_algos $1: rc=$? $(tail -n 1 "$RUNS/gemm_algos_$1.jsonl")"
       done ;;
+    clocks)
+      # Whether a step's kernels run at the clock they were profiled at: the GPU sampled beside
+      # each run, each run's samples taken over its measured steps.
+      ( while :; do
+          printf '%s, ' "$(date +%s.%N)"
+          nvidia-smi -i 0 --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+            --format=csv,noheader,nounits || break
+        done ) > "$RUNS/clocks_smi.csv" 2>/dev/null &
+      sampler=$!
+      sleep 3
+      for mode in graph eager; do
+        flag=(); [ "$mode" = graph ] && flag=(--cuda-graph)
+        worker "clocks_gpt2-xl_$mode" 1 --model gpt2-xl --stage 0 --micro-batch 4 --seq-len 1024 \
+          --steps "${CLOCK_STEPS:-80}" --warmup 4 "${flag[@]}"
+      done
+      for m in ${CLOCK_REFS-compile-reduce-overhead}; do
+        reference "clocks_ref_$m" 1 --mode "$m" --model gpt2-xl --micro-batch 4 --steps "${CLOCK_STEPS:-80}" --warmup 5
+      done
+      kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+      python3 bench/gpu/report_clocks.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" > "$OUTDIR/clocks.json"
+      log "clocks: $(python3 -c 'import json,sys; print([(r["run"], r.get("step_ms_median"), r.get("sm_mhz_median"), r.get("sm_mhz_min"), r.get("power_w_median")) for r in json.load(open(sys.argv[1]))["runs"]])' "$OUTDIR/clocks.json")" ;;
     kernels)
       # Where a step's device time goes, zerobench's against the references' on the same shapes:
       # each trace summed up by bench/gpu/torch_profile_summary.py (kernels by class, the largest).
