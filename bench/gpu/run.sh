@@ -65,7 +65,7 @@
 #   clocks       one GPU: the SM clock, power and throttle reasons (nvidia-smi, call after call) while
 #                zerobench's gpt2-xl (micro-batch 4, stage 0) runs replayed and eager (CLOCK_STEPS steps,
 #                default 80) and the reference through torch.compile's CUDA graphs (CLOCK_REFS,
-#                default compile-reduce-overhead); writes clocks.json (bench/gpu/report_clocks.py)
+#                default compile-reduce-overhead; empty: none); writes clocks.json (bench/gpu/report_clocks.py)
 #   kernels      one GPU: one profiled step (every kernel, by class) of zerobench's gpt2-xl (micro-batch
 #                4, stage 0, eager) and of the PyTorch reference in the modes of KERNEL_REFS (default
 #                "compile compile-reduce-overhead"), in one call; writes kernels.json
