@@ -212,7 +212,9 @@ impl BuildNames {
         if !self.several || row.source != Source::Zerobench {
             return String::new();
         }
-        format!(" @{}", row.commit.as_deref().map_or("?", |c| &c[..c.len().min(7)]))
+        // By characters: a log's commit is whatever text it holds.
+        let short: String = row.commit.as_deref().map_or_else(|| "?".into(), |c| c.chars().take(7).collect());
+        format!(" @{short}")
     }
 }
 

@@ -23,7 +23,7 @@ use zerobench_schema::splitmix::SplitMix64;
 use zerobench_schema::{ModelSpec, RunConfig, ZeroStage};
 
 /// The build commit every synthetic run names (`start.versions.commit`).
-pub const SYNTHETIC_COMMIT: &str = "5e1f0c0ffee0ddba11cafe0000000000deadbeef";
+const SYNTHETIC_COMMIT: &str = "5e1f0c0ffee0ddba11cafe0000000000deadbeef";
 
 /// How a synthetic run ends.
 #[derive(Debug, Clone, PartialEq, Eq)]

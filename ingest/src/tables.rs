@@ -460,6 +460,15 @@ mod tests {
         assert_eq!(pivot.blocks[0].rows[0].model, "gpt2");
         assert_eq!(pivot.blocks[0].rows[0].cells[0].text(), "90.00 (n=2 80.00..100.00)");
         assert!(scaling(&one).iter().all(|r| r.build.is_empty()));
+        // A log's commit is text: a multi-byte one is cut by characters, and one missing is `?`.
+        let mut odd = [report("ççççççççç", 1, 100.0), report(a, 1, 80.0)];
+        odd[1].row.commit = None;
+        let labels: Vec<String> = Pivot::build("latency", PivotMetric::StepMsMedian, &odd).blocks[0]
+            .rows
+            .iter()
+            .map(|r| r.model.clone())
+            .collect();
+        assert_eq!(labels, ["gpt2 @?", "gpt2 @ççççççç"]);
     }
 
     /// A run's peak memory in GiB: allocated, else NVML's used bytes, else the process's RSS.
