@@ -92,8 +92,9 @@ def summarise(path, top):
         by_kernel[e["name"][:90]][1] += e["dur"] / 1e3
     classes = collections.defaultdict(lambda: [0, 0.0])
     for e in kernels:
-        classes[kernel_class(e)][0] += 1
-        classes[kernel_class(e)][1] += e["dur"] / 1e3
+        c = classes[kernel_class(e)]
+        c[0] += 1
+        c[1] += e["dur"] / 1e3
     ks = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels)
     gaps, end = [], None
     for s, e in ks:

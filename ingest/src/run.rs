@@ -193,8 +193,9 @@ impl Breakdown {
 }
 
 /// How the tables name the build of a zerobench run's row: not at all where the zerobench runs of
-/// a set are of one build, else ` @` and the first 7 digits of its commit (`@?` for logs that
-/// name none), so that runs of different builds never share a row or a scaling line.
+/// a set are of one build, else by the first 7 digits of its commit (`?` for logs that name
+/// none), ` @` before it in a label, so that runs of different builds never share a row or a
+/// scaling line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BuildNames {
     several: bool,
@@ -207,14 +208,22 @@ impl BuildNames {
         Self { several: commits.len() > 1 }
     }
 
-    /// The suffix of `row`'s label: empty for foreign runs and where the set has one build.
-    pub fn suffix(&self, row: &RunRow) -> String {
+    /// `row`'s build, as the tables name it: empty for foreign runs and where the set has one.
+    pub fn name(&self, row: &RunRow) -> String {
         if !self.several || row.source != Source::Zerobench {
             return String::new();
         }
         // By characters: a log's commit is whatever text it holds.
-        let short: String = row.commit.as_deref().map_or_else(|| "?".into(), |c| c.chars().take(7).collect());
-        format!(" @{short}")
+        row.commit.as_deref().map_or_else(|| "?".into(), |c| c.chars().take(7).collect())
+    }
+
+    /// What a label gets for `build` (a [`Self::name`]): ` @` and the name, or nothing.
+    pub fn suffix(build: &str) -> String {
+        if build.is_empty() {
+            String::new()
+        } else {
+            format!(" @{build}")
+        }
     }
 }
 

@@ -27,8 +27,8 @@ pub struct ScalingRow {
     pub model: String,
     /// Non-default optimizer and engine settings (`RunConfig::variant`).
     pub variant: String,
-    /// The runs' build where the set holds more than one (` @` and a commit's first digits:
-    /// [`BuildNames`]); empty otherwise.
+    /// The runs' build where the set holds more than one (a commit's first 7 digits, `?` for logs
+    /// that name none: [`BuildNames`]); empty otherwise.
     pub build: String,
     pub source: String,
     /// The device the runs found (a GPU's name).
@@ -111,7 +111,7 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
         let key = (
             row.model.clone(),
             row.variant.clone(),
-            builds.suffix(row),
+            builds.name(row),
             row.source,
             row.gpu.clone(),
             row.stage,
@@ -229,7 +229,7 @@ pub fn scaling_pivot(rows: &[ScalingRow]) -> zerobench_table::Table {
         if !variant.is_empty() {
             label.push_str(&format!(" [{variant}]"));
         }
-        label.push_str(&build);
+        label.push_str(&BuildNames::suffix(&build));
         let mut head = vec![label, "nodes".to_string()];
         for c in &configs {
             head.extend([format!("{c} samples/s"), format!("{c} speedup"), format!("{c} efficiency")]);

@@ -207,7 +207,7 @@ impl Pivot {
             if !row.variant.is_empty() {
                 label.push_str(&format!(" [{}]", row.variant));
             }
-            label.push_str(&builds.suffix(row));
+            label.push_str(&BuildNames::suffix(&builds.name(row)));
             sizes.entry(label.clone()).or_insert_with(|| model_size(&row.model));
             cells.entry(key).or_default().entry(label).or_default().entry(mbs).or_default().push(row);
         }
@@ -448,9 +448,9 @@ mod tests {
         let lines: Vec<(String, u32, f64)> =
             scaling(&runs).iter().map(|r| (r.build.clone(), r.gpus, r.speedup)).collect();
         assert_eq!(lines.len(), 4, "{lines:?}");
-        assert_eq!(lines.iter().filter(|l| l.0 == " @aaaaaaa").count(), 2, "{lines:?}");
+        assert_eq!(lines.iter().filter(|l| l.0 == "aaaaaaa").count(), 2, "{lines:?}");
         // Each build's 2-GPU point against its own 1-GPU baseline: 2·100/110 and 2·80/84.
-        for (build, base, two) in [(" @aaaaaaa", 100.0, 110.0), (" @bbbbbbb", 80.0, 84.0)] {
+        for (build, base, two) in [("aaaaaaa", 100.0, 110.0), ("bbbbbbb", 80.0, 84.0)] {
             let l = lines.iter().find(|l| l.0 == build && l.1 == 2).unwrap();
             assert!((l.2 - 2.0 * base / two).abs() < 1e-3, "{l:?}");
         }

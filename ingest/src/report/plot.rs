@@ -172,7 +172,7 @@ fn throughput(tables: &Tables, out: &Path, failed: &mut Vec<ReportError>) -> Vec
         if !r.variant.is_empty() {
             name.push_str(&format!(" {}", r.variant));
         }
-        name.push_str(&r.build);
+        name.push_str(&crate::run::BuildNames::suffix(&r.build));
         by_model.entry(&r.model).or_default().entry(name).or_default().push((f64::from(r.gpus), r.samples_per_s));
     }
     let mut written = Vec::new();

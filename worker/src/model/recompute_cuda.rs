@@ -30,8 +30,8 @@
 //!   variant writes `gelu'(h)·g` over `g` as it goes and, in the same pass, the recomputed
 //!   `gelu(h)` the second layer's weight gradient needs (with the same function as the forward
 //!   kernel: the same bits), so `h` is read once in the backward pass; both come from one `tanh`.
-//! * `reduce_parts_*`: the partial sums' rows added, in order, into the gradients' precision (the
-//!   layer norm's, and column sums too wide for the strips' counters).
+//! * `reduce_parts_*`: the layer norm's partial sums' rows added, in order, into the gradients'
+//!   precision.
 //!
 //! Every kernel runs on the compute stream, which is libtorch's current stream in the forward
 //! pass and in the autograd engine's device thread (the shim passes it; a call on any other
@@ -147,7 +147,6 @@ extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ x, const 
     long long col = (long long)blockIdx.x * 32 * N + e;                                               \
     if (col < cols) part[(long long)blockIdx.y * cols + col] = s;                                     \
   }                                                                                                   \
-  if (!done) return;                                                                                  \
   /* The last block of the column strip to finish adds its gridDim.y rows of partial sums into out,  \
      in REDUCE's order, and sets the strip's counter back to zero for the next launch. */            \
   __threadfence();                                                                                    \
@@ -612,6 +611,10 @@ impl NodeKernels {
         }
         let nv = cols / p.vector();
         let blocks_x = u32::try_from((nv + 31) / 32).unwrap_or(u32::MAX);
+        // A strip's last block adds its partial sums; past the strips' counters, libtorch sums.
+        if blocks_x > COL_SUM_STRIPS {
+            return Ok(Outcome::Declined);
+        }
         // About eight blocks per multiprocessor, and at least 64 rows per block row.
         let blocks_y =
             (8 * self.sms).div_ceil(blocks_x).min(u32::try_from((rows + 63) / 64).unwrap_or(u32::MAX)).max(1);
@@ -621,11 +624,7 @@ impl NodeKernels {
             Some((h, act)) => (self.gelu_col_sum.get(p), ptr(h), ptr(act)),
             None => (self.col_sum.get(p), 0, 0),
         };
-        // The strips' last blocks add the partial sums where there is a counter for each strip;
-        // otherwise the reduction kernel does, after.
-        let in_kernel = blocks_x <= COL_SUM_STRIPS;
-        let (done, outp) = if in_kernel { (self.strips_done.ptr, ptr(out)) } else { (0, 0) };
-        let (xp, pp) = (ptr(x), ptr(&part));
+        let (xp, pp, done, outp) = (ptr(x), ptr(&part), self.strips_done.ptr, ptr(out));
         let mut launch = self.gpu.compute.launch_builder(func);
         launch.arg(&xp).arg(&hp).arg(&actp).arg(&pp).arg(&rows).arg(&nv).arg(&done).arg(&outp);
         // SAFETY: as in `ln_backward`; `h` and `act` are not touched without the GELU; `done`
@@ -633,9 +632,6 @@ impl NodeKernels {
         // this (the only) stream that runs them; `out` holds `cols` values of the kernel's
         // precision.
         unsafe { launch.launch(cfg) }?;
-        if !in_kernel {
-            self.reduce(p, &part, i64::from(blocks_y), cols, cols, out, out)?;
-        }
         Ok(Outcome::Done)
     }
 
@@ -689,7 +685,8 @@ fn aligned(t: &Tensor) -> bool {
 }
 
 /// The column strips (of 32 vectors) a column sum may have for its last blocks to add its partial
-/// sums: rows of up to 262,144 16-bit values. A wider sum leaves them to the reduction kernel.
+/// sums: rows of up to 262,144 16-bit values (GPT-2's widest bias has 4·1600). A wider sum is
+/// declined: libtorch's operations sum it.
 const COL_SUM_STRIPS: u32 = 1024;
 
 /// The column sums' counters: a device array of [`COL_SUM_STRIPS`] `u32`, zero between launches
