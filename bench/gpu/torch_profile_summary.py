@@ -8,8 +8,9 @@ Prints, for the profiled step: its span; per host thread the operators at the to
 stack (count, time); the CUDA runtime calls (launches, synchronisations, copies); the kernels
 (count, summed time, the time the GPU had at least one kernel running, the largest by summed
 time); the kernels' time by class (`CLASSES`: matrix products, attention, the optimizer's update,
-copies and sets, the rest); and the gaps of the GPU longer than 50 us (time the device waited for
-the host).
+copies and sets, the rest); the gaps of the GPU longer than 50 us (time the device waited for
+the host); and the shorter ones between kernels that follow each other (their number, sum and
+median: a launch's latency, which a CUDA graph's replay pays too).
 """
 import argparse
 import collections
@@ -96,11 +97,15 @@ def summarise(path, top):
         c[0] += 1
         c[1] += e["dur"] / 1e3
     ks = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels)
-    gaps, end = [], None
+    # Every idle stretch between the first kernel's start and the last one's end: the long ones
+    # (the device waited for the host) apart from the short ones between kernels that follow each
+    # other (a launch's latency, in a CUDA graph's replay too).
+    gaps, short, end = [], [], None
     for s, e in ks:
-        if end is not None and s - end > 50:
-            gaps.append((s - end) / 1e3)
+        if end is not None and s > end:
+            (gaps if s - end > 50 else short).append((s - end) / 1e3)
         end = e if end is None else max(end, e)
+    short.sort()
     return {
         "span_ms": (t1 - t0) / 1e3,
         "threads": {str(k): {"top_ops": v[0], "ms": round(v[1], 3)} for k, v in threads.items()},
@@ -112,6 +117,10 @@ def summarise(path, top):
         "gpu_busy_ms": round(union_ms(ks), 3),
         "gaps_over_50us": len(gaps),
         "gap_ms": round(sum(gaps), 3),
+        "first_to_last_kernel_ms": round((ks[-1][1] - ks[0][0]) / 1e3, 3) if ks else 0.0,
+        "short_gaps": len(short),
+        "short_gap_ms": round(sum(short), 3),
+        "short_gap_median_us": round(short[len(short) // 2] * 1e3, 2) if short else 0.0,
         "top_kernels": sorted(([k, v[0], round(v[1], 3)] for k, v in by_kernel.items()), key=lambda r: -r[2])[:top],
     }
 
@@ -129,7 +138,8 @@ def main():
             continue
         print(f"== {path}")
         print(f"span {s['span_ms']:.2f} ms; kernels {s['kernels']}, {s['kernel_ms']:.2f} ms summed, "
-              f"GPU busy {s['gpu_busy_ms']:.2f} ms; {s['gaps_over_50us']} gaps > 50 us, {s['gap_ms']:.2f} ms")
+              f"GPU busy {s['gpu_busy_ms']:.2f} ms; {s['gaps_over_50us']} gaps > 50 us, {s['gap_ms']:.2f} ms; "
+              f"{s['short_gaps']} shorter, {s['short_gap_ms']:.2f} ms (median {s['short_gap_median_us']:.1f} us)")
         print("  by class: " + "; ".join(f"{c} {v['ms']:.2f} ms ({v['count']})" for c, v in s["kernel_classes"].items()))
         for tid, t in s["threads"].items():
             print(f"  thread {tid}: {t['top_ops']} top-level operators, {t['ms']:.2f} ms")

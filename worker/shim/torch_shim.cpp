@@ -33,8 +33,9 @@
 //   libtorch's operations.
 // * zb_ln_linear / zb_residual_ln_gelu_mlp: a layer norm followed by a linear layer, and x plus a
 //   layer norm followed by an MLP with tanh GELU, as autograd functions (tch has none) whose backward
-//   recomputes the normalised input and the GELU's output instead of keeping them from the
-//   forward pass (model/recompute.rs says what that saves and costs).
+//   recomputes the normalised input (in the layer norm's backward kernel on CUDA) and the GELU's
+//   output instead of keeping them from the forward pass (model/recompute.rs says what that saves
+//   and costs).
 // * zb_grad_into / zb_take_grads: where the nodes above write a weight's gradient (a place in a
 //   flat buffer of the engine's instead of a fresh tensor the engine then copies from:
 //   zero/engine.rs, `place_grads`), and the move of a unit's gradients into that buffer, those
@@ -99,10 +100,11 @@ std::vector<int64_t> with_last(const at::Tensor& t, int64_t last) {
 struct zb_node_kernels {
   int (*ln_forward)(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, double eps, at::Tensor* y, at::Tensor* mean,
                     at::Tensor* rstd, void* stream, char* err, size_t cap);
-  // dres (may be null): a gradient added to dx (the residual's, where x is also the residual stream).
+  // dres (may be null): a gradient added to dx (the residual's, where x is also the residual stream);
+  // xn (may be null): gets the forward's output y again, from x and the forward's mean and rstd.
   int (*ln_backward)(at::Tensor* dy, at::Tensor* x, at::Tensor* mean, at::Tensor* rstd, at::Tensor* gamma,
-                     at::Tensor* dres, at::Tensor* dx, at::Tensor* dgamma, at::Tensor* dbeta, void* stream, char* err,
-                     size_t cap);
+                     at::Tensor* beta, at::Tensor* dres, at::Tensor* dx, at::Tensor* xn, at::Tensor* dgamma,
+                     at::Tensor* dbeta, void* stream, char* err, size_t cap);
   int (*col_sum)(at::Tensor* x, at::Tensor* out, void* stream, char* err, size_t cap);
   int (*gelu_forward)(at::Tensor* h, at::Tensor* a, void* stream, char* err, size_t cap);
   // act gets gelu_tanh(h), and g is overwritten with gelu_tanh'(h) * g before its columns are summed.
@@ -227,36 +229,77 @@ std::pair<at::Tensor, at::Tensor> mlp_up(const at::Tensor& xn, const at::Tensor&
   return {h, gelu_tanh(h)};
 }
 
-// A layer norm's input, weight and bias gradients; with `residual` (the gradient of a residual
-// stream that is also the layer norm's input) added to the input gradient, in the kernel's pass on
-// CUDA, else as an addition after it.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ln_backward(at::Tensor gxn, at::Tensor x, at::Tensor mean,
-                                                           at::Tensor rstd, at::Tensor gamma, const at::Tensor& beta,
-                                                           const at::Tensor& residual = at::Tensor()) {
-  if (const auto* k = kernels_for(x)) {
-    auto gx = at::empty_like(x, at::MemoryFormat::Contiguous);
-    auto ggamma = at::empty_like(gamma, at::MemoryFormat::Contiguous);
-    auto gbeta = at::empty_like(beta, at::MemoryFormat::Contiguous);
-    auto res = residual.defined() ? residual.contiguous() : at::Tensor();
-    auto* dres = res.defined() ? &res : nullptr;
-    if (ran(k, &zb_node_kernels::ln_backward, x, &gxn, &x, &mean, &rstd, &gamma, dres, &gx, &ggamma, &gbeta))
-      return {gx, ggamma, gbeta};
-  }
-  auto grads = at::native_layer_norm_backward(gxn, x, {x.size(-1)}, mean, rstd, gamma, beta, {true, true, true});
-  if (residual.defined()) std::get<0>(grads).add_(residual);
-  return grads;
-}
+// A layer norm's output (rows of x's last dimension) with its per-row mean and reciprocal standard
+// deviation, and whether the worker's kernel computed them.
+struct Normed {
+  at::Tensor y, mean, rstd;
+  bool kernel;
+};
 
-// The normalised input, as the forward pass computed it (the same kernel on the same input gives
-// the same bits), with its mean and reciprocal standard deviation.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm(at::Tensor x, at::Tensor gamma, at::Tensor beta, double eps) {
+Normed norm(at::Tensor x, at::Tensor gamma, at::Tensor beta, double eps) {
   if (const auto* k = kernels_for(x)) {
     auto y = at::empty_like(x, at::MemoryFormat::Contiguous);
     auto mean = at::empty(with_last(x, 1), x.options().dtype(at::kFloat));
     auto rstd = at::empty(with_last(x, 1), x.options().dtype(at::kFloat));
-    if (ran(k, &zb_node_kernels::ln_forward, x, &x, &gamma, &beta, eps, &y, &mean, &rstd)) return {y, mean, rstd};
+    if (ran(k, &zb_node_kernels::ln_forward, x, &x, &gamma, &beta, eps, &y, &mean, &rstd))
+      return {y, mean, rstd, true};
   }
-  return at::native_layer_norm(x, {x.size(-1)}, gamma, beta, eps);
+  auto [y, mean, rstd] = at::native_layer_norm(x, {x.size(-1)}, gamma, beta, eps);
+  return {y, mean, rstd, false};
+}
+
+// What a layer norm's node keeps from its forward pass: its input (which the residual stream keeps
+// anyway), its parameters and, small beside x, the mean and reciprocal deviation, not the output.
+struct LnSaved {
+  at::Tensor x, gamma, beta, mean, rstd;
+  double eps;
+  bool kernel;
+};
+
+// A layer norm's input, weight and bias gradients from its output's gradient `gxn`, with
+// `residual` (the gradient of a residual stream that is also the layer norm's input) added to the
+// input gradient, and its output again (`xn`, which the weight gradient of the product after it
+// takes). Where the forward pass ran the worker's kernel, one kernel computes all of them from
+// the forward's mean and deviation, and so the forward's bits of `xn`; elsewhere the output is
+// recomputed and libtorch's backward runs, the residual added after it.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ln_backward(at::Tensor gxn, const LnSaved& ln,
+                                                                       const at::Tensor& residual = at::Tensor()) {
+  auto x = ln.x, gamma = ln.gamma, beta = ln.beta, mean = ln.mean, rstd = ln.rstd;
+  const auto* k = ln.kernel ? kernels_for(x) : nullptr;
+  if (k) {
+    auto gx = at::empty_like(x, at::MemoryFormat::Contiguous);
+    auto xn = at::empty_like(x, at::MemoryFormat::Contiguous);
+    auto ggamma = at::empty_like(gamma, at::MemoryFormat::Contiguous);
+    auto gbeta = at::empty_like(beta, at::MemoryFormat::Contiguous);
+    auto res = residual.defined() ? residual.contiguous() : at::Tensor();
+    auto* dres = res.defined() ? &res : nullptr;
+    if (ran(k, &zb_node_kernels::ln_backward, x, &gxn, &x, &mean, &rstd, &gamma, &beta, dres, &gx, &xn, &ggamma,
+            &gbeta))
+      return {gx, ggamma, gbeta, xn};
+  }
+  auto xn = norm(x, gamma, beta, ln.eps).y;
+  auto [gx, ggamma, gbeta] =
+      at::native_layer_norm_backward(gxn, x, {x.size(-1)}, mean, rstd, gamma, beta, {true, true, true});
+  if (residual.defined()) gx.add_(residual);
+  return {gx, ggamma, gbeta, xn};
+}
+
+// Saves what ln_backward needs of the layer norm `normed` of x in ctx.
+void save_ln(AutogradContext* ctx, const Normed& normed, double eps) {
+  ctx->saved_data["eps"] = eps;
+  ctx->saved_data["kernel"] = normed.kernel;
+  ctx->saved_data["mean"] = normed.mean;
+  ctx->saved_data["rstd"] = normed.rstd;
+}
+
+LnSaved saved_ln(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta) {
+  return {x,
+          gamma,
+          beta,
+          ctx->saved_data["mean"].toTensor(),
+          ctx->saved_data["rstd"].toTensor(),
+          ctx->saved_data["eps"].toDouble(),
+          ctx->saved_data["kernel"].toBool()};
 }
 
 // Weight gradients written in place (zb_grad_into): for a parameter, the flat buffer and the
@@ -310,26 +353,26 @@ struct ResidualLinear : torch::autograd::Function<ResidualLinear> {
   }
 };
 
-// linear(layer_norm(x)): keeps x (which the residual stream keeps anyway), not the normalised x.
+// linear(layer_norm(x)): keeps x (which the residual stream keeps anyway), not the normalised x,
+// which the layer norm's backward recomputes.
 struct LnLinear : torch::autograd::Function<LnLinear> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
                             const at::Tensor& w, const at::Tensor& b, double eps) {
-    auto xn = std::get<0>(norm(x, gamma, beta, eps));
+    auto normed = norm(x, gamma, beta, eps);
     ctx->save_for_backward({x, gamma, beta, w});
-    ctx->saved_data["eps"] = eps;
-    return product(rows(xn), w.t(), b).view(with_last(x, w.size(0)));
+    save_ln(ctx, normed, eps);
+    return product(rows(normed.y), w.t(), b).view(with_last(x, w.size(0)));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     const auto &x = s[0], &gamma = s[1], &beta = s[2], &w = s[3];
-    auto [xn, mean, rstd] = norm(x, gamma, beta, ctx->saved_data["eps"].toDouble());
     auto gy = rows(grads[0]);
-    auto gw = weight_grad(w, gy.t(), rows(xn));
-    xn.reset();
     auto gb = bias_grad(gy);
     auto gxn = product(gy, w).view(x.sizes());
-    auto [gx, ggamma, gbeta] = ln_backward(gxn, x, mean, rstd, gamma, beta);
+    auto [gx, ggamma, gbeta, xn] = ln_backward(gxn, saved_ln(ctx, x, gamma, beta));
+    gxn.reset();
+    auto gw = weight_grad(w, gy.t(), rows(xn));
     return {gx, ggamma, gbeta, gw, gb, at::Tensor()};
   }
 };
@@ -340,11 +383,12 @@ struct ResidualLnGeluMlp : torch::autograd::Function<ResidualLnGeluMlp> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
                             const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2,
                             double eps) {
-    auto [h, a] = mlp_up(rows(std::get<0>(norm(x, gamma, beta, eps))), w1, b1);
+    auto normed = norm(x, gamma, beta, eps);
+    auto [h, a] = mlp_up(rows(normed.y), w1, b1);
     auto y = residual_addmm(rows(x), a, w2, b2);
     a.reset();
     ctx->save_for_backward({x, gamma, beta, w1, w2, h});
-    ctx->saved_data["eps"] = eps;
+    save_ln(ctx, normed, eps);
     return y.view(with_last(x, w2.size(0)));
   }
 
@@ -356,13 +400,11 @@ struct ResidualLnGeluMlp : torch::autograd::Function<ResidualLnGeluMlp> {
     auto [act, gh, gb1] = gelu_recompute_backward_and_bias(product(gy, w2), rows(h));
     auto gw2 = weight_grad(w2, gy.t(), act);
     act.reset();
-    auto [xn, mean, rstd] = norm(x, gamma, beta, ctx->saved_data["eps"].toDouble());
-    auto gw1 = weight_grad(w1, gh.t(), rows(xn));
-    xn.reset();
     auto gxn = product(gh, w1).view(x.sizes());
-    gh.reset();
     // The residual's gradient joins the layer norm's (what autograd's sum of the two did).
-    auto [gx, ggamma, gbeta] = ln_backward(gxn, x, mean, rstd, gamma, beta, grads[0]);
+    auto [gx, ggamma, gbeta, xn] = ln_backward(gxn, saved_ln(ctx, x, gamma, beta), grads[0]);
+    gxn.reset();
+    auto gw1 = weight_grad(w1, gh.t(), rows(xn));
     return {gx, ggamma, gbeta, gw1, gb1, gw2, gb2, at::Tensor()};
   }
 };

@@ -8,18 +8,20 @@
 //! `linear(layer_norm(x))` keeps `x` and recomputes the normalised `x` in its backward pass, and
 //! the MLP (`linear(gelu_tanh(linear(layer_norm(x))))`) keeps `x` and the GELU's input and
 //! recomputes both the normalised `x` and the GELU's output. For gpt2-xl at micro-batch 4 and
-//! sequence 1024 that is `12 · 4096 · 1600 · 48` bytes, 3.8 GB of activations, for two
-//! layer-norm and one GELU forward kernel more per block in the backward pass (memory-bound,
-//! reading and writing what they did in the forward pass). torch.compile's partitioner makes the
-//! same trade for pointwise operations.
+//! sequence 1024 that is `12 · 4096 · 1600 · 48` bytes, 3.8 GB of activations. On CUDA the
+//! recomputation costs no kernel of its own: the layer norm's backward kernel, which reads `x`
+//! anyway, writes the normalised `x` again from the forward pass's mean and reciprocal deviation
+//! (kept: 8 bytes a row), and the GELU's gradient kernel, which reads the GELU's input anyway,
+//! writes the GELU's output. torch.compile's partitioner makes the same trade for pointwise
+//! operations.
 //!
 //! Measured on one H100, each build in the same call (bf16, sequence 1024; with the LM head's
 //! in-place gradient sum of the same change): gpt2-xl at micro-batch 4 peaks at 30.3 GiB
 //! instead of 34.5 at stage 0 and its step takes 2.1-3.1% longer; gpt2 at micro-batch 16, 5.6
 //! GiB instead of 7.6, 2.8-3.8% longer (`bench/results/gpu-2026-11-26-recompute-h100x1.json`).
 //!
-//! The recomputation runs the forward pass's kernels on the same inputs, so it gives the same
-//! bits; the gradients are the products and reductions autograd computes for the composed
+//! The recomputation computes each element with the forward kernel's function from the same
+//! values, so it gives the same bits (the GPU self-check holds it); the gradients are the products and reductions autograd computes for the composed
 //! operations (tested against them below, values and every gradient). tch has no custom autograd
 //! functions: the nodes are C++ (`torch::autograd::Function`) in the shim, whose safe wrappers
 //! this module names for the models.

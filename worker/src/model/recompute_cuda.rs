@@ -12,9 +12,11 @@
 //! forward kernel ran at 1.4 TB/s. Here (docs/results/one-gpu.md has the measurements):
 //!
 //! * `ln_forward_*`: the layer norm, one warp per row held in registers, mean and variance in two
-//!   passes over them; the nodes run it in the forward pass and again to recompute the normalised
-//!   input, so both give the same bits.
-//! * `ln_backward_*`: one warp per row, so `dy` and `x` are read once for all three gradients;
+//!   passes over them; the nodes keep the per-row mean and reciprocal deviation (fp32).
+//! * `ln_backward_*`: one warp per row, so `dy` and `x` are read once for all three gradients and
+//!   for the normalised input, which the kernel writes again for the weight gradient of the
+//!   product after the layer norm (from the kept mean and deviation, with the forward kernel's
+//!   function: the same bits), instead of a forward kernel run again to recompute it;
 //!   every warp adds its rows' `dy·x̂` and `dy` into shared memory of its own (no registers held
 //!   for them: at gpt2-xl's width per-lane sums spilled), and the block adds its warps' sums in
 //!   warp order into one row of fp32 partial sums, so they come out the same every run. The row
@@ -216,39 +218,69 @@ REDUCE(reduce_parts_f32, float, f2f)
 /// with column sums, the partial sums' reduction.
 pub(crate) const INSTANCES: &[&str; 4] = &["col_sum", "gelu_forward", "gelu_backward_col_sum", "reduce_parts"];
 
-/// The layer norm's forward pass (which the nodes also run to recompute it) and backward pass, after
-/// `#define COLS <row length>` (a multiple of 8, at most
-/// [`MAX_COLS`]) and [`kernels`]' conversions. `WARPS` warps per block, a warp per row; every warp
-/// adds its rows' `dy·x̂` and `dy` into a slice of shared memory of its own (dynamic: `(1 + 2 ·
-/// WARPS) · COLS` floats, with gamma), so the sums take no registers and come out in the same
-/// order every run; `part` gets one row of `2 · COLS` fp32 sums per block (`dy·x̂`, then `dy`).
-/// Shared arrays are laid out `[k][vector]` so that a warp's lanes hit distinct banks.
+/// The layer norm's forward pass and backward pass (which also recomputes the forward's output
+/// for the weight gradient of the product after it), after `#define COLS <row length>` (a
+/// multiple of 8, at most [`MAX_COLS`]) and [`kernels`]' conversions. A warp per row, its columns
+/// held in registers; each warp issues its first row's loads before its block stages gamma and
+/// beta in shared memory, so that the staging overlaps them.
+///
+/// Backward: `WARPS` warps per block; every warp adds its rows' `dy·x̂` and `dy` into a slice of
+/// shared memory of its own (dynamic: `(2 + 2 · WARPS) · COLS` floats, with gamma and beta), so
+/// the sums take no registers and come out in the same order every run; `part` gets one row of
+/// `2 · COLS` fp32 sums per block (`dy·x̂`, then `dy`). Up to `PREFETCH_VPL` vectors per lane a
+/// warp loads its next row while it computes the current one (wider rows would spill). Shared
+/// arrays are laid out `[k][vector]` so that a warp's lanes hit distinct banks.
 pub(crate) const LN_SOURCE: &str = r#"
 #define WARPS (COLS <= 1024 ? 8 : 4)
+#define PREFETCH_VPL 7
+
+/* One element of the layer norm's output. The forward pass and the backward pass's recomputation
+   both call it with the same fp32 mean and reciprocal deviation (the forward pass's, kept), so
+   the recomputed output has the forward's bits. */
+__device__ __forceinline__ float ln_out(float x, float mu, float rs, float g, float b) {
+  return (x - mu) * rs * g + b;
+}
+
+/* Lane `lane`'s vectors (lane, lane + 32, ...) of row R of the [rows, COLS] array P into A. */
+#define LN_LOAD(VEC, A, P, R)                                                                         \
+  _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                   \
+    int c = lane + v * 32;                                                                            \
+    if (c < NV) A[v] = reinterpret_cast<const VEC*>(P + (R) * COLS)[c];                               \
+  }
+
 #define LN_BACKWARD(NAME, T, VEC, N, LOAD, STORE)                                                     \
 extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restrict__ dy,              \
     const T* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,          \
-    const T* __restrict__ gamma, const T* __restrict__ dres, T* __restrict__ dx,                     \
-    float* __restrict__ part, long long rows) {                                                       \
+    const T* __restrict__ gamma, const T* __restrict__ beta, const T* __restrict__ dres,              \
+    T* __restrict__ dx, T* __restrict__ xn, float* __restrict__ part, long long rows) {               \
   constexpr int NV = COLS / N;                /* vectors per row */                                   \
   constexpr int VPL = (NV + 31) / 32;         /* vectors per lane */                                  \
+  constexpr bool PREFETCH = VPL <= PREFETCH_VPL;                                                      \
   extern __shared__ float sm[];                                                                       \
   float* g_s = sm;                                                                                    \
-  for (int i = threadIdx.x; i < COLS; i += blockDim.x) g_s[(i % N) * NV + i / N] = LOAD(gamma[i]);    \
-  for (int i = threadIdx.x; i < 2 * WARPS * COLS; i += blockDim.x) sm[COLS + i] = 0.f;                \
-  __syncthreads();                                                                                    \
+  float* b_s = sm + COLS;                                                                             \
+  float* sums = sm + 2 * COLS;                                                                        \
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                               \
-  float* dg = sm + COLS + warp * 2 * COLS;                                                            \
+  const long long stride = (long long)gridDim.x * WARPS;                                              \
+  long long r = (long long)blockIdx.x * WARPS + warp;                                                 \
+  VEC xa[VPL], da[VPL];                                                                               \
+  float mu = 0.f, rs = 0.f;                                                                           \
+  if (r < rows) { LN_LOAD(VEC, xa, x, r) LN_LOAD(VEC, da, dy, r) mu = mean[r]; rs = rstd[r]; }        \
+  for (int i = threadIdx.x; i < COLS; i += blockDim.x) {                                              \
+    g_s[(i % N) * NV + i / N] = LOAD(gamma[i]);                                                       \
+    b_s[(i % N) * NV + i / N] = LOAD(beta[i]);                                                        \
+  }                                                                                                   \
+  for (int i = threadIdx.x; i < 2 * WARPS * COLS; i += blockDim.x) sums[i] = 0.f;                     \
+  __syncthreads();                                                                                    \
+  float* dg = sums + warp * 2 * COLS;                                                                 \
   float* db = dg + COLS;                                                                              \
-  for (long long r = (long long)blockIdx.x * WARPS + warp; r < rows; r += (long long)gridDim.x * WARPS) { \
-    const VEC* xr = reinterpret_cast<const VEC*>(x + r * COLS);                                       \
-    const VEC* dr = reinterpret_cast<const VEC*>(dy + r * COLS);                                      \
-    VEC xa[VPL], da[VPL];                                                                             \
-    _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
-      int c = lane + v * 32;                                                                          \
-      if (c < NV) { xa[v] = xr[c]; da[v] = dr[c]; }                                                   \
-    }                                                                                                 \
-    float mu = mean[r], rs = rstd[r], s1 = 0.f, s2 = 0.f;                                             \
+  for (; r < rows; r += stride) {                                                                     \
+    const long long next = r + stride;                                                                \
+    VEC xb[VPL], dn[VPL];                                                                             \
+    float mun = 0.f, rsn = 0.f;                                                                       \
+    if (PREFETCH && next < rows) { LN_LOAD(VEC, xb, x, next) LN_LOAD(VEC, dn, dy, next)              \
+                                   mun = mean[next]; rsn = rstd[next]; }                              \
+    float s1 = 0.f, s2 = 0.f;                                                                         \
     _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
       int c = lane + v * 32;                                                                          \
       if (c < NV) {                                                                                   \
@@ -267,23 +299,32 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
     }                                                                                                 \
     s1 *= 1.f / COLS; s2 *= 1.f / COLS;                                                               \
     VEC* outr = reinterpret_cast<VEC*>(dx + r * COLS);                                                \
+    VEC* xnr = reinterpret_cast<VEC*>(xn + r * COLS);                                                 \
     _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
       int c = lane + v * 32;                                                                          \
       if (c < NV) {                                                                                   \
         const T* xe = reinterpret_cast<const T*>(&xa[v]);                                            \
         const T* de = reinterpret_cast<const T*>(&da[v]);                                            \
-        VEC o;                                                                                        \
+        VEC o, ra, yo;                                                                                \
         T* oe = reinterpret_cast<T*>(&o);                                                             \
-        VEC ra;                                                                                       \
+        T* ye = reinterpret_cast<T*>(&yo);                                                            \
         if (dres) ra = reinterpret_cast<const VEC*>(dres + r * COLS)[c];                              \
         const T* re = reinterpret_cast<const T*>(&ra);                                                \
         _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
-          float xh = (LOAD(xe[k]) - mu) * rs, dyg = LOAD(de[k]) * g_s[k * NV + c];                    \
+          float xv = LOAD(xe[k]), xh = (xv - mu) * rs, dyg = LOAD(de[k]) * g_s[k * NV + c];           \
           float o = rs * (dyg - s2 - xh * s1);                                                        \
           oe[k] = STORE(dres ? o + LOAD(re[k]) : o);                                                  \
+          if (xn) ye[k] = STORE(ln_out(xv, mu, rs, g_s[k * NV + c], b_s[k * NV + c]));                \
         }                                                                                             \
         outr[c] = o;                                                                                  \
+        if (xn) xnr[c] = yo;                                                                          \
       }                                                                                               \
+    }                                                                                                 \
+    if (PREFETCH) {                                                                                   \
+      _Pragma("unroll") for (int v = 0; v < VPL; ++v) { xa[v] = xb[v]; da[v] = dn[v]; }               \
+      mu = mun; rs = rsn;                                                                             \
+    } else if (next < rows) {                                                                         \
+      LN_LOAD(VEC, xa, x, next) LN_LOAD(VEC, da, dy, next) mu = mean[next]; rs = rstd[next];          \
     }                                                                                                 \
   }                                                                                                   \
   __syncthreads();                                                                                    \
@@ -291,13 +332,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
   for (int i = threadIdx.x; i < 2 * COLS; i += blockDim.x) {                                          \
     int half = i / COLS, col = i % COLS, j = half * COLS + (col % N) * NV + col / N;                  \
     float s = 0.f;                                                                                    \
-    for (int w = 0; w < WARPS; ++w) s += sm[COLS + w * 2 * COLS + j];                                 \
+    for (int w = 0; w < WARPS; ++w) s += sums[w * 2 * COLS + j];                                      \
     part[(long long)blockIdx.x * 2 * COLS + i] = s;                                                   \
   }                                                                                                   \
 }
 
-/* The forward pass (and its recomputation): a warp per row of x, held in registers; mean and
-   variance in two passes over them (fp32), y = (x - mean) * rstd * gamma + beta. */
+/* The forward pass: a warp per row of x, held in registers; mean and variance in two passes over
+   them (fp32), y = ln_out(x). */
 #define LN_FORWARD(NAME, T, VEC, N, LOAD, STORE)                                                      \
 extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ x,                      \
     const T* __restrict__ gamma, const T* __restrict__ beta, float eps, T* __restrict__ y,            \
@@ -305,20 +346,21 @@ extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ x, 
   constexpr int NV = COLS / N;                                                                        \
   constexpr int VPL = (NV + 31) / 32;                                                                 \
   __shared__ float g_s[COLS], b_s[COLS];                                                              \
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;                      \
+  const long long stride = (long long)gridDim.x * warps;                                              \
+  long long r = (long long)blockIdx.x * warps + warp;                                                 \
+  VEC xa[VPL];                                                                                        \
+  if (r < rows) { LN_LOAD(VEC, xa, x, r) }                                                            \
   for (int i = threadIdx.x; i < COLS; i += blockDim.x) {                                              \
     g_s[(i % N) * NV + i / N] = LOAD(gamma[i]);                                                       \
     b_s[(i % N) * NV + i / N] = LOAD(beta[i]);                                                        \
   }                                                                                                   \
   __syncthreads();                                                                                    \
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;                      \
-  for (long long r = (long long)blockIdx.x * warps + warp; r < rows; r += (long long)gridDim.x * warps) { \
-    const VEC* xr = reinterpret_cast<const VEC*>(x + r * COLS);                                       \
-    VEC xa[VPL];                                                                                      \
+  for (; r < rows; r += stride) {                                                                     \
     float s = 0.f;                                                                                    \
     _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
       int c = lane + v * 32;                                                                          \
       if (c < NV) {                                                                                   \
-        xa[v] = xr[c];                                                                                \
         const T* xe = reinterpret_cast<const T*>(&xa[v]);                                            \
         _Pragma("unroll") for (int k = 0; k < N; ++k) s += LOAD(xe[k]);                               \
       }                                                                                               \
@@ -343,10 +385,11 @@ extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ x, 
         VEC o;                                                                                        \
         T* oe = reinterpret_cast<T*>(&o);                                                             \
         _Pragma("unroll") for (int k = 0; k < N; ++k)                                                 \
-          oe[k] = STORE((LOAD(xe[k]) - mu) * rs * g_s[k * NV + c] + b_s[k * NV + c]);                 \
+          oe[k] = STORE(ln_out(LOAD(xe[k]), mu, rs, g_s[k * NV + c], b_s[k * NV + c]));               \
         yr[c] = o;                                                                                    \
       }                                                                                               \
     }                                                                                                 \
+    if (r + stride < rows) { LN_LOAD(VEC, xa, x, r + stride) }                                        \
   }                                                                                                   \
 }
 
@@ -361,8 +404,8 @@ LN_BACKWARD(ln_backward_f32, float, float4, 4, f2f, f2f)
 /// The kernels of [`LN_SOURCE`], forward then backward.
 pub(crate) const LN_INSTANCES: &[&str; 2] = &["ln_forward", "ln_backward"];
 
-/// Warps per block of the layer norm's kernel (its `WARPS`): each holds `2 · COLS` floats of
-/// shared memory, so wide rows get fewer.
+/// Warps per block of the layer norm's backward kernel (its `WARPS`): each holds `2 · COLS` floats
+/// of shared memory, so wide rows get fewer.
 fn ln_warps(cols: i64) -> u32 {
     if cols <= 1024 {
         8
@@ -371,18 +414,23 @@ fn ln_warps(cols: i64) -> u32 {
     }
 }
 
-/// The layer norm kernel's dynamic shared memory: gamma and every warp's sums, fp32.
+/// The layer norm's backward kernel's dynamic shared memory: gamma, beta and every warp's sums,
+/// fp32.
 fn ln_shared_bytes(cols: i64) -> u32 {
-    ((1 + 2 * i64::from(ln_warps(cols))) * cols * 4) as u32
+    ((2 + 2 * i64::from(ln_warps(cols))) * cols * 4) as u32
 }
+
+/// Warps per block of the layer norm's forward kernel.
+const LN_FORWARD_WARPS: u32 = 8;
 
 /// The widest row the layer norm's kernel takes: every lane holds its columns of a row of `x` and
 /// `dy` in registers, which at 2048 columns take 167-210 of them without spilling (at 4096 they
-/// spill); its shared memory is then `9 · COLS` floats (72 KiB).
+/// spill; at 2048 the backward kernel does not load a next row ahead); its shared memory is then
+/// `10 · COLS` floats (80 KiB).
 pub const MAX_COLS: i64 = 2048;
 
 /// The layer norm's kernels for one row length, with how many of their blocks fit on the GPU at
-/// once (the grid: every block then writes one row of partial sums).
+/// once (the most blocks a grid gets: the backward's blocks write a row of partial sums each).
 struct LnKernels {
     _module: Arc<CudaModule>,
     forward: Instances,
@@ -471,7 +519,7 @@ impl NodeKernels {
         let (forward, backward) = (forward?, backward?);
         let mut forward_grid = [0; 3];
         for (f, g) in forward.all().iter().zip(forward_grid.iter_mut()) {
-            *g = f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)?.max(1) * self.sms;
+            *g = f.occupancy_max_active_blocks_per_multiprocessor(LN_FORWARD_WARPS * 32, 0, None)?.max(1) * self.sms;
         }
         let (threads, shared) = (ln_warps(cols) * 32, ln_shared_bytes(cols));
         let mut backward_grid = [0; 3];
@@ -520,8 +568,9 @@ impl NodeKernels {
             return Ok(Outcome::Declined);
         }
         let k = self.ln_kernels(cols)?;
-        let grid = k.forward_grid[p as usize];
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let grid = grid_for(k.forward_grid[p as usize], rows, LN_FORWARD_WARPS);
+        let cfg =
+            LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (LN_FORWARD_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
         let (xp, gp, bp, yp, mp, rp) = (ptr(x), ptr(gamma), ptr(beta), ptr(y), ptr(mean), ptr(rstd));
         let eps = eps as f32;
         let mut launch = self.gpu.compute.launch_builder(k.forward.get(p));
@@ -533,7 +582,9 @@ impl NodeKernels {
     }
 
     /// `dx`, `dgamma`, `dbeta` of `y = layer_norm(x) · gamma + beta` over rows of `cols`, from
-    /// `dy`, `x` and the forward pass's per-row mean and reciprocal deviation (fp32).
+    /// `dy`, `x` and the forward pass's per-row mean and reciprocal deviation (fp32); `dres`, where
+    /// given, is added to `dx`; `xn`, where given, gets `y` again, as the forward kernel computed
+    /// it from the same mean and deviation.
     #[allow(clippy::too_many_arguments)]
     fn ln_backward(
         &self,
@@ -542,30 +593,47 @@ impl NodeKernels {
         mean: &Tensor,
         rstd: &Tensor,
         gamma: &Tensor,
+        beta: &Tensor,
         dres: Option<&Tensor>,
         dx: &Tensor,
+        xn: Option<&Tensor>,
         dgamma: &Tensor,
         dbeta: &Tensor,
     ) -> Result<Outcome, NodeKernelError> {
         let Some((p, rows, cols)) = ln_rows(x) else { return Ok(Outcome::Declined) };
-        if ![dy, x, dx].iter().chain(dres.as_ref()).all(|t| holds(t, x.kind(), rows * cols) && aligned(t))
-            || ![gamma, dgamma, dbeta].iter().all(|t| holds(t, x.kind(), cols))
+        if ![dy, x, dx]
+            .iter()
+            .chain(dres.as_ref())
+            .chain(xn.as_ref())
+            .all(|t| holds(t, x.kind(), rows * cols) && aligned(t))
+            || ![gamma, beta, dgamma, dbeta].iter().all(|t| holds(t, x.kind(), cols))
             || ![mean, rstd].iter().all(|t| holds(t, Kind::Float, rows))
         {
             return Ok(Outcome::Declined);
         }
         let k = self.ln_kernels(cols)?;
-        let grid = k.backward_grid[p as usize];
+        let grid = grid_for(k.backward_grid[p as usize], rows, ln_warps(cols));
         let part = Tensor::f_empty([i64::from(grid), 2 * cols], (Kind::Float, x.device()))?;
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (ln_warps(cols) * 32, 1, 1),
             shared_mem_bytes: ln_shared_bytes(cols),
         };
-        let (dyp, xp, mp, rp, gp, dxp, pp) = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(gamma), ptr(dx), ptr(&part));
-        let dresp = dres.map_or(0, ptr);
+        let (dyp, xp, mp, rp, gp, bp) = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(gamma), ptr(beta));
+        let (dresp, dxp, xnp, pp) = (dres.map_or(0, ptr), ptr(dx), xn.map_or(0, ptr), ptr(&part));
         let mut launch = self.gpu.compute.launch_builder(k.backward.get(p));
-        launch.arg(&dyp).arg(&xp).arg(&mp).arg(&rp).arg(&gp).arg(&dresp).arg(&dxp).arg(&pp).arg(&rows);
+        launch
+            .arg(&dyp)
+            .arg(&xp)
+            .arg(&mp)
+            .arg(&rp)
+            .arg(&gp)
+            .arg(&bp)
+            .arg(&dresp)
+            .arg(&dxp)
+            .arg(&xnp)
+            .arg(&pp)
+            .arg(&rows);
         // SAFETY: contiguous device tensors of the kernel's types and sizes, 16-byte aligned where
         // loaded by vector (checked above), alive until the kernel has run: libtorch frees them in
         // stream order, on this stream.
@@ -670,6 +738,13 @@ fn ln_rows(x: &Tensor) -> Option<(Precision, i64, i64)> {
     (rows > 0 && cols % p.vector() == 0 && cols <= MAX_COLS).then_some((p, rows, cols))
 }
 
+/// A grid of at most `most` blocks of `warps` warps, a warp per row: no more blocks than `rows`
+/// fill (a block without rows would only stage gamma and, backward, write zeros to sum).
+fn grid_for(most: u32, rows: i64, warps: u32) -> u32 {
+    let warps = i64::from(warps.max(1));
+    u32::try_from((rows + warps - 1) / warps).map_or(most, |needed| needed.clamp(1, most.max(1)))
+}
+
 /// Whether `t` is a contiguous tensor of `n` elements of `kind`.
 fn holds(t: &Tensor, kind: Kind, n: i64) -> bool {
     t.kind() == kind && t.is_contiguous() && t.numel() as i64 == n
@@ -754,6 +829,57 @@ pub fn epilogues_installed() -> bool {
 /// GPU self-check holds that GPT-2's nodes use the kernels).
 pub fn calls() -> (u64, u64) {
     (RAN.load(Ordering::Relaxed), DECLINED.load(Ordering::Relaxed))
+}
+
+/// The layer norm of `x` (rows of its last dimension) by the forward kernel, and its output again
+/// as the backward kernel recomputes it from the forward's mean and deviation (its gradients, for
+/// a zero upstream gradient, are discarded): the self-check holds the two bit-identical. `None`
+/// where the kernels are not installed or decline the tensors.
+pub fn ln_forward_and_recomputed(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f64,
+) -> Result<Option<(Tensor, Tensor)>, NodeKernelError> {
+    let Some(k) = KERNELS.get() else { return Ok(None) };
+    // The kernels run on the compute stream: only where libtorch, which fills `dy`, computes there.
+    let Some((_, rows, _)) = ln_rows(x).filter(|_| k.gpu.computes_here().unwrap_or(false)) else { return Ok(None) };
+    let stats = || Tensor::f_empty([rows], (Kind::Float, x.device()));
+    let (y, xn, dx, mean, rstd) = (x.f_empty_like()?, x.f_empty_like()?, x.f_empty_like()?, stats()?, stats()?);
+    let (dgamma, dbeta, dy) = (gamma.f_empty_like()?, beta.f_empty_like()?, x.f_zeros_like()?);
+    let done = matches!(k.ln_forward(x, gamma, beta, eps, &y, &mean, &rstd)?, Outcome::Done)
+        && matches!(
+            k.ln_backward(&dy, x, &mean, &rstd, gamma, beta, None, &dx, Some(&xn), &dgamma, &dbeta)?,
+            Outcome::Done
+        );
+    Ok(done.then_some((y, xn)))
+}
+
+/// What a compiled kernel takes per thread.
+pub struct KernelResources {
+    /// As loaded: `ln_forward_bf16`, ...
+    pub name: String,
+    pub registers: i32,
+    /// Local memory: registers spilled, bytes.
+    pub local_bytes: i32,
+}
+
+/// The layer norm's kernels for rows of `cols`, forward then backward, in each precision; `None`
+/// where the kernels are not installed.
+pub fn ln_resources(cols: i64) -> Result<Option<Vec<KernelResources>>, NodeKernelError> {
+    let Some(k) = KERNELS.get() else { return Ok(None) };
+    let ln = k.ln_kernels(cols)?;
+    let mut out = Vec::new();
+    for (name, instances) in LN_INSTANCES.iter().zip([&ln.forward, &ln.backward]) {
+        for (f, suffix) in instances.all().iter().zip(kernels::Precision::SUFFIX) {
+            out.push(KernelResources {
+                name: format!("{name}_{suffix}"),
+                registers: f.num_regs()?,
+                local_bytes: f.local_size_bytes()?,
+            });
+        }
+    }
+    Ok(Some(out))
 }
 
 /// Whether the kernels are compiled and registered with the shim's nodes.
@@ -856,8 +982,10 @@ unsafe extern "C" fn ln_backward_cb(
     mean: CTensor,
     rstd: CTensor,
     gamma: CTensor,
+    beta: CTensor,
     dres: CTensor,
     dx: CTensor,
+    xn: CTensor,
     dgamma: CTensor,
     dbeta: CTensor,
     stream: *mut c_void,
@@ -867,9 +995,22 @@ unsafe extern "C" fn ln_backward_cb(
     answer(stream, err, cap, |k| {
         // SAFETY: the shim passes live tensors.
         let t = |p| unsafe { lent(p) };
-        // The residual's gradient is optional: a null pointer when there is none.
-        let dres = (!dres.is_null()).then(|| t(dres));
-        k.ln_backward(&t(dy), &t(x), &t(mean), &t(rstd), &t(gamma), dres.as_ref(), &t(dx), &t(dgamma), &t(dbeta))
+        // The residual's gradient and the recomputed output are optional: null pointers when not
+        // asked for.
+        let (dres, xn) = ((!dres.is_null()).then(|| t(dres)), (!xn.is_null()).then(|| t(xn)));
+        k.ln_backward(
+            &t(dy),
+            &t(x),
+            &t(mean),
+            &t(rstd),
+            &t(gamma),
+            &t(beta),
+            dres.as_ref(),
+            &t(dx),
+            xn.as_ref(),
+            &t(dgamma),
+            &t(dbeta),
+        )
     })
 }
 
