@@ -60,9 +60,9 @@
 //!   `ln_linear`'s forward with its bias).
 //! * `ln_recomputed`: the layer norm's output as its backward kernel recomputes it (from the
 //!   forward's mean and deviation, for the weight gradient after it) bit-identical to the forward
-//!   kernel's, in bf16, fp16 and fp32 at widths 768, 1600 and `MAX_COLS` (4101 rows); and
-//!   `ln_registers`: none of the layer norm's kernels at those widths spills registers to local
-//!   memory.
+//!   kernel's, in bf16, fp16 and fp32 at the GPT-2 presets' widths (768, 1024, 1280, 1600) and
+//!   `MAX_COLS` (4101 rows); and `ln_registers`: none of the layer norm's kernels at those widths
+//!   spills registers to local memory.
 //! * `lt_products`: the nodes' plain products through the worker's plans, the fastest of
 //!   cuBLASLt's algorithms and libtorch's call timed at a shape's first product
 //!   (`LtProducts::matmul`), each operand as rows or a `.t()` view, with and
@@ -642,14 +642,14 @@ fn linear_node(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
 
 /// The layer norm's output as the backward kernel recomputes it has the forward kernel's bits (what
 /// the weight gradients after a layer norm take is then what the forward pass's product took), in
-/// each precision at gpt2's and gpt2-xl's widths and at the kernels' limit, with a row count that
+/// each precision at the GPT-2 presets' widths and at the kernels' limit, with a row count that
 /// leaves the last blocks partly empty; and no layer-norm kernel spills registers to local memory
 /// at those widths (the backward kernel loads a row ahead up to `PREFETCH_VPL` vectors a lane).
 fn ln_recomputed(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     use zerobench_worker::model::recompute_cuda;
     recompute_cuda::install(gpu);
     let cuda = Device::Cuda(0);
-    for d in [768i64, 1600, recompute_cuda::MAX_COLS] {
+    for d in [768i64, 1024, 1280, 1600, recompute_cuda::MAX_COLS] {
         for kind in [Kind::BFloat16, Kind::Half, Kind::Float] {
             tch::manual_seed(16);
             let x = (Tensor::randn([3, 1367, d], (Kind::Float, cuda)) * 2.0 + 0.5).to_kind(kind);

@@ -280,17 +280,24 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
     float mun = 0.f, rsn = 0.f;                                                                       \
     if (PREFETCH && next < rows) { LN_LOAD(VEC, xb, x, next) LN_LOAD(VEC, dn, dy, next)              \
                                    mun = mean[next]; rsn = rstd[next]; }                              \
+    /* The recomputed output goes out in the first pass, which has x at hand; the second then     \
+       needs only x̂ and dy·gamma. */                                                                  \
+    VEC* xnr = reinterpret_cast<VEC*>(xn + r * COLS);                                                 \
     float s1 = 0.f, s2 = 0.f;                                                                         \
     _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
       int c = lane + v * 32;                                                                          \
       if (c < NV) {                                                                                   \
         const T* xe = reinterpret_cast<const T*>(&xa[v]);                                            \
         const T* de = reinterpret_cast<const T*>(&da[v]);                                            \
+        VEC yo;                                                                                       \
+        T* ye = reinterpret_cast<T*>(&yo);                                                            \
         _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
-          float xh = (LOAD(xe[k]) - mu) * rs, d = LOAD(de[k]), dyg = d * g_s[k * NV + c];             \
+          float xv = LOAD(xe[k]), xh = (xv - mu) * rs, d = LOAD(de[k]), dyg = d * g_s[k * NV + c];    \
           s1 += dyg * xh; s2 += dyg;                                                                  \
           dg[k * NV + c] += d * xh; db[k * NV + c] += d;                                              \
+          if (xn) ye[k] = STORE(ln_out(xv, mu, rs, g_s[k * NV + c], b_s[k * NV + c]));                \
         }                                                                                             \
+        if (xn) xnr[c] = yo;                                                                          \
       }                                                                                               \
     }                                                                                                 \
     _Pragma("unroll") for (int off = 16; off > 0; off >>= 1) {                                        \
@@ -299,25 +306,21 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
     }                                                                                                 \
     s1 *= 1.f / COLS; s2 *= 1.f / COLS;                                                               \
     VEC* outr = reinterpret_cast<VEC*>(dx + r * COLS);                                                \
-    VEC* xnr = reinterpret_cast<VEC*>(xn + r * COLS);                                                 \
     _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
       int c = lane + v * 32;                                                                          \
       if (c < NV) {                                                                                   \
         const T* xe = reinterpret_cast<const T*>(&xa[v]);                                            \
         const T* de = reinterpret_cast<const T*>(&da[v]);                                            \
-        VEC o, ra, yo;                                                                                \
+        VEC o, ra;                                                                                    \
         T* oe = reinterpret_cast<T*>(&o);                                                             \
-        T* ye = reinterpret_cast<T*>(&yo);                                                            \
         if (dres) ra = reinterpret_cast<const VEC*>(dres + r * COLS)[c];                              \
         const T* re = reinterpret_cast<const T*>(&ra);                                                \
         _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
-          float xv = LOAD(xe[k]), xh = (xv - mu) * rs, dyg = LOAD(de[k]) * g_s[k * NV + c];           \
+          float xh = (LOAD(xe[k]) - mu) * rs, dyg = LOAD(de[k]) * g_s[k * NV + c];                    \
           float o = rs * (dyg - s2 - xh * s1);                                                        \
           oe[k] = STORE(dres ? o + LOAD(re[k]) : o);                                                  \
-          if (xn) ye[k] = STORE(ln_out(xv, mu, rs, g_s[k * NV + c], b_s[k * NV + c]));                \
         }                                                                                             \
         outr[c] = o;                                                                                  \
-        if (xn) xnr[c] = yo;                                                                          \
       }                                                                                               \
     }                                                                                                 \
     if (PREFETCH) {                                                                                   \
