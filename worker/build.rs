@@ -14,6 +14,13 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/mpi_shim.c");
     println!("cargo:rerun-if-changed=shim/third_party/gloo");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
+    // Which checkout's sources these objects are (runtime/shim.rs holds it equal to the crate's):
+    // two checkouts sharing a target folder share this script's output, and cargo reruns the
+    // script only when the sources are newer than its last run, whichever checkout that was.
+    println!(
+        "cargo:rustc-env=ZEROBENCH_SHIM_SOURCES={}",
+        env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")
+    );
 
     let libtorch = PathBuf::from(
         env::var("LIBTORCH")

@@ -16,6 +16,32 @@ pub struct CudaStats {
     pub ooms: i64,
 }
 
+/// Whether two strings are equal, where a constant needs it.
+const fn same_text(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+// The shim linked in was compiled from this checkout's sources. A target folder shared with
+// another checkout (a worktree of an earlier commit) can otherwise link that checkout's shim
+// silently: the nodes' C++ and the kernels' Rust then disagree on their arguments, and every
+// layer-norm kernel declines (it happened once; docs/results/reproducing.md).
+const _: () = assert!(
+    same_text(env!("ZEROBENCH_SHIM_SOURCES"), env!("CARGO_MANIFEST_DIR")),
+    "the C++ shim in this target folder was compiled from another checkout: touch worker/build.rs, \
+     or give this checkout a target folder of its own (CARGO_TARGET_DIR)"
+);
+
 /// An `at::Tensor*`, which the shim's functions take and tch's `Tensor::as_ptr` returns.
 pub type CTensor = *mut c_void;
 
