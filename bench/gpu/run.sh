@@ -67,9 +67,9 @@
 #                default 80) and the reference through torch.compile's CUDA graphs (CLOCK_REFS,
 #                default compile-reduce-overhead; empty: none); writes clocks.json (bench/gpu/report_clocks.py)
 #   kernels      one GPU: one profiled step (every kernel, by class, and the gaps between them) of
-#                zerobench's gpt2-xl (micro-batch 4, stage 0) in the modes of KERNEL_MODES (default
-#                "eager graph") and of the PyTorch reference in the modes of KERNEL_REFS (default
-#                "compile compile-reduce-overhead"), in one call; writes kernels.json
+#                zerobench's gpt2-xl (micro-batch 4, stage 0, eager) and of the PyTorch reference in
+#                the modes of KERNEL_REFS (default "compile compile-reduce-overhead"), in one call;
+#                writes kernels.json
 #   step-ab      one GPU (AB_GPUS: more): the step-time targets' configurations (AB_CASES, MODEL:MICRO_BATCH:STAGE:eager|graph)
 #                with this build and the one in BASE_BIN alternating (AB_REPS rounds); AB_PROFILE=1
 #                adds a profiled gpt2 and gpt2-xl step of each; writes step-ab.json (bench/gpu/report_ab.py)
@@ -930,15 +930,9 @@ PY
     kernels)
       # Where a step's device time goes, zerobench's against the references' on the same shapes:
       # each trace summed up by bench/gpu/torch_profile_summary.py (kernels by class, the largest).
-      # zerobench's step eager and replayed from its CUDA graphs (the profiler sees a replay's
-      # kernels one by one, and the gaps between them).
-      traces=()
-      for mode in ${KERNEL_MODES:-eager graph}; do
-        flag=(); [ "$mode" = graph ] && flag=(--cuda-graph)
-        worker "kernels_gpt2-xl_$mode" 1 --model gpt2-xl --stage 0 --micro-batch 4 --seq-len 1024 --steps 10 \
-          --warmup 5 --profile-step 8 --torch-profile "${flag[@]}"
-        traces+=("$RUNS/kernels_gpt2-xl_$mode/torch-profile-rank0.json")
-      done
+      worker kernels_gpt2-xl 1 --model gpt2-xl --stage 0 --micro-batch 4 --seq-len 1024 --steps 10 --warmup 5 \
+        --profile-step 8 --torch-profile
+      traces=("$RUNS/kernels_gpt2-xl/torch-profile-rank0.json")
       for m in ${KERNEL_REFS:-compile compile-reduce-overhead}; do
         reference "kernels_ref_$m" 1 --mode "$m" --model gpt2-xl --micro-batch 4 --steps 10 --warmup 5 \
           --torch-profile "$RUNS/kernels_ref_$m.trace.json"
