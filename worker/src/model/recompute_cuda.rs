@@ -227,8 +227,9 @@ pub(crate) const INSTANCES: &[&str; 4] = &["col_sum", "gelu_forward", "gelu_back
 /// Backward: `WARPS` warps per block; every warp adds its rows' `dy·x̂` and `dy` into a slice of
 /// shared memory of its own (dynamic: `(2 + 2 · WARPS) · COLS` floats, with gamma and beta), so
 /// the sums take no registers and come out in the same order every run; `part` gets one row of
-/// `2 · COLS` fp32 sums per block (`dy·x̂`, then `dy`). Up to `PREFETCH_VPL` vectors per lane a
-/// warp loads its next row while it computes the current one (wider rows would spill). Shared
+/// `2 · COLS` fp32 sums per block (`dy·x̂`, then `dy`). In 16 bits, up to `PREFETCH_VPL` vectors
+/// per lane, a warp loads its next row while it computes the current one (wider rows, and fp32
+/// rows from 768 columns, spilled registers with it). Shared
 /// arrays are laid out `[k][vector]` so that a warp's lanes hit distinct banks.
 pub(crate) const LN_SOURCE: &str = r#"
 #define WARPS (COLS <= 1024 ? 8 : 4)
@@ -255,7 +256,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
     T* __restrict__ dx, T* __restrict__ xn, float* __restrict__ part, long long rows) {               \
   constexpr int NV = COLS / N;                /* vectors per row */                                   \
   constexpr int VPL = (NV + 31) / 32;         /* vectors per lane */                                  \
-  constexpr bool PREFETCH = VPL <= PREFETCH_VPL;                                                      \
+  constexpr bool PREFETCH = N == 8 && VPL <= PREFETCH_VPL;  /* 16-bit rows (fp32 at 768 spilled) */   \
   extern __shared__ float sm[];                                                                       \
   float* g_s = sm;                                                                                    \
   float* b_s = sm + COLS;                                                                             \
