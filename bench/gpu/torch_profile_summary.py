@@ -9,8 +9,9 @@ stack (count, time); the CUDA runtime calls (launches, synchronisations, copies)
 (count, summed time, the time the GPU had at least one kernel running, the largest by summed
 time); the kernels' time by class (`CLASSES`: matrix products, attention, the optimizer's update,
 copies and sets, the rest); the gaps of the GPU longer than 50 us (time the device waited for
-the host); and the shorter ones between kernels that follow each other (their number, sum and
-median: a launch's latency, which a CUDA graph's replay pays too).
+the host); the time from the first kernel's start to the last one's end; and the shorter gaps
+between kernels that follow each other (their number, sum and median: a launch's latency, which
+a CUDA graph's replay pays too).
 """
 import argparse
 import collections

@@ -101,7 +101,7 @@ struct zb_node_kernels {
   int (*ln_forward)(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, double eps, at::Tensor* y, at::Tensor* mean,
                     at::Tensor* rstd, void* stream, char* err, size_t cap);
   // dres (may be null): a gradient added to dx (the residual's, where x is also the residual stream);
-  // xn (may be null): gets the forward's output y again, from x and the forward's mean and rstd.
+  // xn: gets the forward's output y again, from x and the forward's mean and rstd.
   int (*ln_backward)(at::Tensor* dy, at::Tensor* x, at::Tensor* mean, at::Tensor* rstd, at::Tensor* gamma,
                      at::Tensor* beta, at::Tensor* dres, at::Tensor* dx, at::Tensor* xn, at::Tensor* dgamma,
                      at::Tensor* dbeta, void* stream, char* err, size_t cap);

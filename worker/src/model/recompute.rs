@@ -21,8 +21,9 @@
 //! GiB instead of 7.6, 2.8-3.8% longer (`bench/results/gpu-2026-11-26-recompute-h100x1.json`).
 //!
 //! The recomputation computes each element with the forward kernel's function from the same
-//! values, so it gives the same bits (the GPU self-check holds it); the gradients are the products and reductions autograd computes for the composed
-//! operations (tested against them below, values and every gradient). tch has no custom autograd
+//! values, so it gives the same bits (the GPU self-check holds it); the gradients are the
+//! products and reductions autograd computes for the composed operations (tested against them
+//! below, values and every gradient). tch has no custom autograd
 //! functions: the nodes are C++ (`torch::autograd::Function`) in the shim, whose safe wrappers
 //! this module names for the models.
 

@@ -296,9 +296,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
           float xv = LOAD(xe[k]), xh = (xv - mu) * rs, d = LOAD(de[k]), dyg = d * g_s[k * NV + c];    \
           s1 += dyg * xh; s2 += dyg;                                                                  \
           dg[k * NV + c] += d * xh; db[k * NV + c] += d;                                              \
-          if (xn) ye[k] = STORE(ln_out(xv, mu, rs, g_s[k * NV + c], b_s[k * NV + c]));                \
+          ye[k] = STORE(ln_out(xv, mu, rs, g_s[k * NV + c], b_s[k * NV + c]));                        \
         }                                                                                             \
-        if (xn) xnr[c] = yo;                                                                          \
+        xnr[c] = yo;                                                                                  \
       }                                                                                               \
     }                                                                                                 \
     _Pragma("unroll") for (int off = 16; off > 0; off >>= 1) {                                        \
@@ -587,8 +587,8 @@ impl NodeKernels {
 
     /// `dx`, `dgamma`, `dbeta` of `y = layer_norm(x) · gamma + beta` over rows of `cols`, from
     /// `dy`, `x` and the forward pass's per-row mean and reciprocal deviation (fp32); `dres`, where
-    /// given, is added to `dx`; `xn`, where given, gets `y` again, as the forward kernel computed
-    /// it from the same mean and deviation.
+    /// given, is added to `dx`; `xn` gets `y` again, as the forward kernel computed it from the
+    /// same mean and deviation.
     #[allow(clippy::too_many_arguments)]
     fn ln_backward(
         &self,
@@ -600,16 +600,12 @@ impl NodeKernels {
         beta: &Tensor,
         dres: Option<&Tensor>,
         dx: &Tensor,
-        xn: Option<&Tensor>,
+        xn: &Tensor,
         dgamma: &Tensor,
         dbeta: &Tensor,
     ) -> Result<Outcome, NodeKernelError> {
         let Some((p, rows, cols)) = ln_rows(x) else { return Ok(Outcome::Declined) };
-        if ![dy, x, dx]
-            .iter()
-            .chain(dres.as_ref())
-            .chain(xn.as_ref())
-            .all(|t| holds(t, x.kind(), rows * cols) && aligned(t))
+        if ![dy, x, dx, xn].iter().chain(dres.as_ref()).all(|t| holds(t, x.kind(), rows * cols) && aligned(t))
             || ![gamma, beta, dgamma, dbeta].iter().all(|t| holds(t, x.kind(), cols))
             || ![mean, rstd].iter().all(|t| holds(t, Kind::Float, rows))
         {
@@ -624,7 +620,7 @@ impl NodeKernels {
             shared_mem_bytes: ln_shared_bytes(cols),
         };
         let (dyp, xp, mp, rp, gp, bp) = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(gamma), ptr(beta));
-        let (dresp, dxp, xnp, pp) = (dres.map_or(0, ptr), ptr(dx), xn.map_or(0, ptr), ptr(&part));
+        let (dresp, dxp, xnp, pp) = (dres.map_or(0, ptr), ptr(dx), ptr(xn), ptr(&part));
         let mut launch = self.gpu.compute.launch_builder(k.backward.get(p));
         launch
             .arg(&dyp)
@@ -852,10 +848,7 @@ pub fn ln_forward_and_recomputed(
     let (y, xn, dx, mean, rstd) = (x.f_empty_like()?, x.f_empty_like()?, x.f_empty_like()?, stats()?, stats()?);
     let (dgamma, dbeta, dy) = (gamma.f_empty_like()?, beta.f_empty_like()?, x.f_zeros_like()?);
     let done = matches!(k.ln_forward(x, gamma, beta, eps, &y, &mean, &rstd)?, Outcome::Done)
-        && matches!(
-            k.ln_backward(&dy, x, &mean, &rstd, gamma, beta, None, &dx, Some(&xn), &dgamma, &dbeta)?,
-            Outcome::Done
-        );
+        && matches!(k.ln_backward(&dy, x, &mean, &rstd, gamma, beta, None, &dx, &xn, &dgamma, &dbeta)?, Outcome::Done);
     Ok(done.then_some((y, xn)))
 }
 
@@ -999,9 +992,8 @@ unsafe extern "C" fn ln_backward_cb(
     answer(stream, err, cap, |k| {
         // SAFETY: the shim passes live tensors.
         let t = |p| unsafe { lent(p) };
-        // The residual's gradient and the recomputed output are optional: null pointers when not
-        // asked for.
-        let (dres, xn) = ((!dres.is_null()).then(|| t(dres)), (!xn.is_null()).then(|| t(xn)));
+        // The residual's gradient is optional: a null pointer when there is none.
+        let dres = (!dres.is_null()).then(|| t(dres));
         k.ln_backward(
             &t(dy),
             &t(x),
@@ -1011,7 +1003,7 @@ unsafe extern "C" fn ln_backward_cb(
             &t(beta),
             dres.as_ref(),
             &t(dx),
-            xn.as_ref(),
+            &t(xn),
             &t(dgamma),
             &t(dbeta),
         )

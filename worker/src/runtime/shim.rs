@@ -100,8 +100,8 @@ pub struct NodeKernelFns {
     /// The layer norm (forward and recomputed): `y`, `mean`, `rstd` from `x`, `gamma`, `beta`.
     pub ln_forward: Option<LnForwardFn>,
     /// `(dy, x, mean, rstd, gamma, beta, dres, dx, xn, dgamma, dbeta, stream, err, cap)`; `dres`,
-    /// the residual's gradient added to `dx`, may be null; so may `xn`, which gets the forward
-    /// pass's output again (recomputed from `x`, `mean` and `rstd`).
+    /// the residual's gradient added to `dx`, may be null; `xn` gets the forward pass's output
+    /// again (recomputed from `x`, `mean` and `rstd`).
     pub ln_backward: Option<LnBackwardFn>,
     /// `(x, out, stream, err, cap)`: `out` = the sums of `x`'s columns.
     pub col_sum: Option<TwoTensorFn>,
