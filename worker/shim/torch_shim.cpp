@@ -35,7 +35,9 @@
 //   layer norm followed by an MLP with tanh GELU, as autograd functions (tch has none) whose backward
 //   recomputes the normalised input (in the layer norm's backward kernel on CUDA) and the GELU's
 //   output instead of keeping them from the forward pass (model/recompute.rs says what that saves
-//   and costs).
+//   and costs). zb_ln_linear also passes x on as a second output, for the residual addition after
+//   it: that output's gradient reaches the node's backward, which adds it to x's in the layer
+//   norm's backward kernel instead of leaving autograd to sum the two.
 // * zb_grad_into / zb_take_grads: where the nodes above write a weight's gradient (a place in a
 //   flat buffer of the engine's instead of a fresh tensor the engine then copies from:
 //   zero/engine.rs, `place_grads`), and the move of a unit's gradients into that buffer, those
@@ -353,15 +355,18 @@ struct ResidualLinear : torch::autograd::Function<ResidualLinear> {
   }
 };
 
-// linear(layer_norm(x)): keeps x (which the residual stream keeps anyway), not the normalised x,
-// which the layer norm's backward recomputes.
+// linear(layer_norm(x)), and x itself: keeps x (which the residual stream keeps anyway), not the
+// normalised x, which the layer norm's backward recomputes. The second output is x passed on (autograd
+// makes it a view of x with this node as its origin) for the residual addition after the sub-block:
+// its gradient comes back here and the layer norm's backward adds it to x's, as the MLP's node adds
+// its own residual's, where autograd would otherwise sum the two in a kernel of its own.
 struct LnLinear : torch::autograd::Function<LnLinear> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
-                            const at::Tensor& w, const at::Tensor& b, double eps) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma,
+                               const at::Tensor& beta, const at::Tensor& w, const at::Tensor& b, double eps) {
     auto normed = norm(x, gamma, beta, eps);
     ctx->save_for_backward({x, gamma, beta, w});
     save_ln(ctx, normed, eps);
-    return product(rows(normed.y), w.t(), b).view(with_last(x, w.size(0)));
+    return {product(rows(normed.y), w.t(), b).view(with_last(x, w.size(0))), x};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -370,7 +375,8 @@ struct LnLinear : torch::autograd::Function<LnLinear> {
     auto gy = rows(grads[0]);
     auto gb = bias_grad(gy);
     auto gxn = product(gy, w).view(x.sizes());
-    auto [gx, ggamma, gbeta, xn] = ln_backward(gxn, saved_ln(ctx, x, gamma, beta));
+    // grads[1]: the passed-on x's gradient (zeros, as autograd materialises it, where nothing used it).
+    auto [gx, ggamma, gbeta, xn] = ln_backward(gxn, saved_ln(ctx, x, gamma, beta), grads[1]);
     gxn.reset();
     auto gw = weight_grad(w, gy.t(), rows(xn));
     return {gx, ggamma, gbeta, gw, gb, at::Tensor()};
@@ -726,8 +732,12 @@ int zb_residual_linear(at::Tensor* res, at::Tensor* x, at::Tensor* w, at::Tensor
 }
 
 int zb_ln_linear(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, at::Tensor* b, double eps,
-                 void** out) {
-  return guarded([&] { *out = new at::Tensor(LnLinear::apply(*x, *gamma, *beta, *w, *b, eps)); });
+                 void** out, void** passed) {
+  return guarded([&] {
+    auto outs = LnLinear::apply(*x, *gamma, *beta, *w, *b, eps);
+    *out = new at::Tensor(outs[0]);
+    *passed = new at::Tensor(outs[1]);
+  });
 }
 
 int zb_residual_ln_gelu_mlp(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w1, at::Tensor* b1,

@@ -31,7 +31,7 @@
 /// too (`residual_linear`): it recomputes nothing, but its bias gradient is the same column-sum
 /// kernel as the nodes' on CUDA (`super::recompute_cuda`), and on 16-bit CUDA tensors the residual
 /// is added in the product's epilogue (`super::products_cuda`), as in the MLP's node.
-pub use crate::runtime::shim::{ln_linear, residual_linear, residual_ln_gelu_mlp, LnMlpParams};
+pub use crate::runtime::shim::{ln_linear, residual_linear, residual_ln_gelu_mlp, LnLinear, LnMlpParams};
 
 #[cfg(test)]
 mod tests {
@@ -92,7 +92,7 @@ mod tests {
             &[&[2, 3, 8], &[8], &[8], &[5, 8], &[5]],
             &["x", "gamma", "beta", "w", "b"],
             None,
-            |t| ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap(),
+            |t| ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap().y,
             composed_ln_linear,
         );
     }
@@ -130,6 +130,25 @@ mod tests {
     }
 
     #[test]
+    fn ln_linear_passes_x_on_and_sums_its_gradient_with_the_layer_norms() {
+        // The attention sub-block as GPT-2 joins it: the residual taken from ln_linear's second
+        // output, added after a product of the first. x's gradient is the layer norm's plus the
+        // residual's; the node's backward must add the second (dropping it fails the x check).
+        // x: [2, 3, 8]; w: [5, 8]; w2: [8, 5].
+        matches_composed(
+            &[&[2, 3, 8], &[8], &[8], &[5, 8], &[5], &[8, 5], &[8]],
+            &["x", "gamma", "beta", "w", "b", "w2", "b2"],
+            None,
+            |t| {
+                let o = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap();
+                assert_eq!(o.residual.data_ptr(), t[0].data_ptr(), "x is passed on, not copied");
+                residual_linear(&o.residual, &o.y, &t[5], &t[6]).unwrap()
+            },
+            |t| &t[0] + composed_ln_linear(t).linear(&t[5], Some(&t[6])),
+        );
+    }
+
+    #[test]
     fn the_nodes_take_an_upstream_gradient_that_is_not_contiguous() {
         // The engine hands each segment its upstream gradient as the next segment produced it.
         tch::manual_seed(5);
@@ -139,7 +158,7 @@ mod tests {
             &[&[3, 2, 8], &[8], &[8], &[5, 8], &[5]],
             &["x", "gamma", "beta", "w", "b"],
             Some(g),
-            |t| ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap(),
+            |t| ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap().y,
             composed_ln_linear,
         );
     }
@@ -194,7 +213,7 @@ mod tests {
         // is added when the gradients are moved in.
         let shapes: [&[i64]; 5] = [&[2, 3, 8], &[8], &[8], &[8, 8], &[8]];
         let twice = |t: &[Tensor]| {
-            let h = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap();
+            let h = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap().y;
             residual_linear(&t[0], &h, &t[3], &t[4]).unwrap() + t[0].matmul(&t[3])
         };
         let (ours, theirs) = (leaves(&shapes, 2), leaves(&shapes, 2));

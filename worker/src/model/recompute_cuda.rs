@@ -222,7 +222,10 @@ pub(crate) const INSTANCES: &[&str; 4] = &["col_sum", "gelu_forward", "gelu_back
 /// for the weight gradient of the product after it), after `#define COLS <row length>` (a
 /// multiple of 8, at most [`MAX_COLS`]) and [`kernels`]' conversions. A warp per row, its columns
 /// held in registers; each warp issues its first row's loads before its block stages gamma and
-/// beta in shared memory, so that the staging overlaps them.
+/// beta in shared memory, so that the staging overlaps them. The backward kernel holds a lane's
+/// vectors of x and dy up to `HELD_WORDS` 32-bit words (fp32 rows of 2048 columns would spill
+/// registers); past that each of its two passes reads them where it uses them, the second mostly
+/// from the caches.
 ///
 /// Backward: `WARPS` warps per block; every warp adds its rows' `dy·x̂` and `dy` into a slice of
 /// shared memory of its own (dynamic: `(2 + 2 · WARPS) · COLS` floats, with gamma and beta), so
@@ -234,6 +237,7 @@ pub(crate) const INSTANCES: &[&str; 4] = &["col_sum", "gelu_forward", "gelu_back
 pub(crate) const LN_SOURCE: &str = r#"
 #define WARPS (COLS <= 1024 ? 8 : 4)
 #define PREFETCH_VPL 7
+#define HELD_WORDS 112
 
 /* One element of the layer norm's output. The forward pass and the backward pass's recomputation
    both call it with the same fp32 mean and reciprocal deviation (the forward pass's, kept), so
@@ -257,6 +261,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
   constexpr int NV = COLS / N;                /* vectors per row */                                   \
   constexpr int VPL = (NV + 31) / 32;         /* vectors per lane */                                  \
   constexpr bool PREFETCH = N == 8 && VPL <= PREFETCH_VPL;  /* 16-bit rows (fp32 at 768 spilled) */   \
+  /* A lane holds its vectors of a row of x and dy (4 words each) while they fit HELD_WORDS; past   \
+     it (fp32 at 2048) each pass reads them where it uses them (the second from the caches). */      \
+  constexpr bool HOLD = 8 * VPL <= HELD_WORDS;                                                        \
   extern __shared__ float sm[];                                                                       \
   float* g_s = sm;                                                                                    \
   float* b_s = sm + COLS;                                                                             \
@@ -266,7 +273,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
   long long r = (long long)blockIdx.x * WARPS + warp;                                                 \
   VEC xa[VPL], da[VPL];                                                                               \
   float mu = 0.f, rs = 0.f;                                                                           \
-  if (r < rows) { LN_LOAD(VEC, xa, x, r) LN_LOAD(VEC, da, dy, r) mu = mean[r]; rs = rstd[r]; }        \
+  if (r < rows) {                                                                                     \
+    if (HOLD) { LN_LOAD(VEC, xa, x, r) LN_LOAD(VEC, da, dy, r) }                                      \
+    mu = mean[r]; rs = rstd[r];                                                                       \
+  }                                                                                                   \
   for (int i = threadIdx.x; i < COLS; i += blockDim.x) {                                              \
     g_s[(i % N) * NV + i / N] = LOAD(gamma[i]);                                                       \
     b_s[(i % N) * NV + i / N] = LOAD(beta[i]);                                                        \
@@ -288,8 +298,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
     _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
       int c = lane + v * 32;                                                                          \
       if (c < NV) {                                                                                   \
-        const T* xe = reinterpret_cast<const T*>(&xa[v]);                                            \
-        const T* de = reinterpret_cast<const T*>(&da[v]);                                            \
+        const VEC xv = HOLD ? xa[v] : reinterpret_cast<const VEC*>(x + r * COLS)[c];                 \
+        const VEC dv = HOLD ? da[v] : reinterpret_cast<const VEC*>(dy + r * COLS)[c];                \
+        const T* xe = reinterpret_cast<const T*>(&xv);                                               \
+        const T* de = reinterpret_cast<const T*>(&dv);                                               \
         VEC yo;                                                                                       \
         T* ye = reinterpret_cast<T*>(&yo);                                                            \
         _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
@@ -310,8 +322,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
     _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
       int c = lane + v * 32;                                                                          \
       if (c < NV) {                                                                                   \
-        const T* xe = reinterpret_cast<const T*>(&xa[v]);                                            \
-        const T* de = reinterpret_cast<const T*>(&da[v]);                                            \
+        const VEC xv = HOLD ? xa[v] : reinterpret_cast<const VEC*>(x + r * COLS)[c];                 \
+        const VEC dv = HOLD ? da[v] : reinterpret_cast<const VEC*>(dy + r * COLS)[c];                \
+        const T* xe = reinterpret_cast<const T*>(&xv);                                               \
+        const T* de = reinterpret_cast<const T*>(&dv);                                               \
         VEC o, ra;                                                                                    \
         T* oe = reinterpret_cast<T*>(&o);                                                             \
         if (dres) ra = reinterpret_cast<const VEC*>(dres + r * COLS)[c];                              \
@@ -328,7 +342,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
       _Pragma("unroll") for (int v = 0; v < VPL; ++v) { xa[v] = xb[v]; da[v] = dn[v]; }               \
       mu = mun; rs = rsn;                                                                             \
     } else if (next < rows) {                                                                         \
-      LN_LOAD(VEC, xa, x, next) LN_LOAD(VEC, da, dy, next) mu = mean[next]; rs = rstd[next];          \
+      if (HOLD) { LN_LOAD(VEC, xa, x, next) LN_LOAD(VEC, da, dy, next) }                              \
+      mu = mean[next]; rs = rstd[next];                                                               \
     }                                                                                                 \
   }                                                                                                   \
   __syncthreads();                                                                                    \
@@ -427,10 +442,10 @@ fn ln_shared_bytes(cols: i64) -> u32 {
 /// Warps per block of the layer norm's forward kernel.
 const LN_FORWARD_WARPS: u32 = 8;
 
-/// The widest row the layer norm's kernel takes: every lane holds its columns of a row of `x` and
-/// `dy` in registers, which at 2048 columns take 167-210 of them without spilling (at 4096 they
-/// spill; at 2048 the backward kernel does not load a next row ahead); its shared memory is then
-/// `10 · COLS` floats (80 KiB).
+/// The widest row the layer norm's kernel takes: a lane holds its columns of a row of `x` (and,
+/// backward, of `dy`) in registers; at 2048 columns the kernels take up to 247 registers without
+/// spilling (the backward kernel then loads no next row ahead, and in fp32 reads its rows twice
+/// instead of holding them); its shared memory is then `10 · COLS` floats (80 KiB).
 pub const MAX_COLS: i64 = 2048;
 
 /// The layer norm's kernels for one row length, with how many of their blocks fit on the GPU at

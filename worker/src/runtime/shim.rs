@@ -184,6 +184,7 @@ extern "C" {
         b: CTensor,
         eps: f64,
         out: *mut CTensor,
+        passed: *mut CTensor,
     ) -> c_int;
     #[allow(clippy::too_many_arguments)]
     fn zb_residual_ln_gelu_mlp(
@@ -462,8 +463,21 @@ pub fn residual_linear(res: &Tensor, x: &Tensor, w: &Tensor, b: &Tensor) -> Resu
     Ok(unsafe { owned(out) })
 }
 
+/// What [`ln_linear`] returns: the product, and `x` passed on for the residual addition after the
+/// sub-block.
+#[derive(Debug)]
+pub struct LnLinear {
+    /// `linear(layer_norm(x, gamma, beta, eps), w, b)`.
+    pub y: Tensor,
+    /// `x`, as the node's second output (a view of it): its gradient reaches the node's backward,
+    /// which adds it to `x`'s in the layer norm's backward kernel. Take the residual from here,
+    /// not from `x`, or autograd sums the two gradients in a kernel of its own.
+    pub residual: Tensor,
+}
+
 /// `linear(layer_norm(x, gamma, beta, eps), w, b)` over the last dimension, as one autograd node
-/// whose backward recomputes the normalised `x` (`model::recompute` says why).
+/// whose backward recomputes the normalised `x` (`model::recompute` says why), with `x` passed on
+/// for the residual addition ([`LnLinear`]).
 pub fn ln_linear(
     x: &Tensor,
     gamma: &Tensor,
@@ -471,13 +485,13 @@ pub fn ln_linear(
     w: &Tensor,
     b: &Tensor,
     eps: f64,
-) -> Result<Tensor, ShimError> {
+) -> Result<LnLinear, ShimError> {
     let p = |t: &Tensor| t.as_ptr() as CTensor;
-    let mut out = std::ptr::null_mut();
-    // SAFETY: live tensors and a valid out-pointer.
-    check(unsafe { zb_ln_linear(p(x), p(gamma), p(beta), p(w), p(b), eps, &mut out) })?;
-    // SAFETY: on success the shim wrote a new tensor there.
-    Ok(unsafe { owned(out) })
+    let (mut out, mut passed) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: live tensors and valid out-pointers.
+    check(unsafe { zb_ln_linear(p(x), p(gamma), p(beta), p(w), p(b), eps, &mut out, &mut passed) })?;
+    // SAFETY: on success the shim wrote a new tensor to each.
+    Ok(unsafe { LnLinear { y: owned(out), residual: owned(passed) } })
 }
 
 /// Hands the nodes [`residual_linear`], [`ln_linear`] and [`residual_ln_gelu_mlp`] kernels of the
