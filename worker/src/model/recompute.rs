@@ -30,7 +30,9 @@
 /// The attention's output projection with its residual addition goes through a node of the shim
 /// too (`residual_linear`): it recomputes nothing, but its bias gradient is the same column-sum
 /// kernel as the nodes' on CUDA (`super::recompute_cuda`), and on 16-bit CUDA tensors the residual
-/// is added in the product's epilogue (`super::products_cuda`), as in the MLP's node.
+/// is added in the product's epilogue (`super::products_cuda`), as in the MLP's node. Its residual
+/// is `ln_linear`'s second output (x passed on), so the residual's gradient joins x's in the layer
+/// norm's backward kernel, as the MLP node's own residual's does.
 pub use crate::runtime::shim::{ln_linear, residual_linear, residual_ln_gelu_mlp, LnLinear, LnMlpParams};
 
 #[cfg(test)]

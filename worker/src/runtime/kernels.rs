@@ -138,6 +138,74 @@ mod tests {
         }
     }
 
+    /// ptxas's report on `source` (after the shared conversions) compiled through NVRTC to Hopper's
+    /// machine code (sm_90): each entry's name, registers, and bytes of registers spilled (stores
+    /// and loads). The driver's compiler on an H100 or H200 reports the same counts (the GPU
+    /// self-check's `ln_registers`).
+    fn sm90_report(source: &str) -> Vec<(String, u32, u32)> {
+        use cudarc::nvrtc::result;
+        let full = std::ffi::CString::new(format!("{}{source}", super::CONVERSIONS)).unwrap();
+        let prog = result::create_program(&full, None).unwrap();
+        // SAFETY: a live program, destroyed once its log is read.
+        let log = unsafe {
+            let compiled = result::compile_program(prog, &["--gpu-architecture=sm_90", "--ptxas-options=-v"]);
+            let log = result::get_program_log(prog).unwrap();
+            result::destroy_program(prog).unwrap();
+            compiled.unwrap_or_else(|e| panic!("{e:?}"));
+            log
+        };
+        let log: Vec<u8> = log.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let log = String::from_utf8_lossy(&log);
+        // "Compiling entry function 'NAME' ...", then "... N bytes spill stores, M bytes spill
+        // loads" and "Used R registers, ..." for it.
+        let number_before = |line: &str, what: &str| -> Option<u32> {
+            let head = &line[..line.find(what)?];
+            head.split_whitespace().last()?.parse().ok()
+        };
+        let mut entries: Vec<(String, u32, u32)> = Vec::new();
+        for line in log.lines() {
+            if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+                let name = rest.split('\'').next().unwrap_or_default().to_string();
+                entries.push((name, 0, 0));
+            } else if let Some(entry) = entries.last_mut() {
+                if let (Some(st), Some(ld)) =
+                    (number_before(line, "bytes spill stores"), number_before(line, "bytes spill loads"))
+                {
+                    entry.2 = st + ld;
+                }
+                if let Some(r) = number_before(line, "registers") {
+                    entry.1 = r;
+                }
+            }
+        }
+        entries
+    }
+
+    /// No kernel of the worker spills registers on Hopper: the layer norm's at the GPT-2 presets'
+    /// widths and at its limit (a lane holds its share of a row in registers), and every other.
+    #[test]
+    fn no_kernel_spills_registers_on_hopper() {
+        let ln = |cols: i64| format!("#define COLS {cols}\n{}", crate::model::recompute_cuda::LN_SOURCE);
+        let mut sources: Vec<(String, String)> = vec![
+            ("adamw".into(), crate::zero::adamw_cuda::SOURCE.into()),
+            ("peer_copy".into(), crate::comm::peer_copy::SOURCE.into()),
+            ("cross_entropy".into(), crate::model::lm_head_cuda::SOURCE.into()),
+            ("node kernels".into(), crate::model::recompute_cuda::SOURCE.into()),
+        ];
+        for cols in [768, 1024, 1280, 1600, crate::model::recompute_cuda::MAX_COLS] {
+            sources.push((format!("layer norm {cols}"), ln(cols)));
+        }
+        for (name, source) in &sources {
+            let report = sm90_report(source);
+            // Every kernel names its registers: the report was read.
+            assert!(!report.is_empty() && report.iter().all(|(_, registers, _)| *registers > 0), "{name}: {report:?}");
+            let spilled: Vec<_> = report.iter().filter(|(_, _, bytes)| *bytes > 0).collect();
+            assert!(spilled.is_empty(), "{name}: spills registers: {spilled:?}");
+        }
+        // The layer norm's six kernels (forward and backward, three precisions) at every width.
+        assert_eq!(sm90_report(&ln(1600)).len(), 6);
+    }
+
     /// Every kernel the worker loads with [`super::Instances`] is an entry of its module in each
     /// precision (a name `Instances::load` builds and the source does not define would only fail
     /// on a GPU).
