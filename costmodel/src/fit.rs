@@ -193,6 +193,7 @@ mod tests {
             peak_tflops: Some(989.0),
             optimizer_ms: Some(if offload == Offload::None { optimizer } else { 0.0 }),
             gpu_util_pct: Some(95.0),
+            build: None,
         }
     }
 

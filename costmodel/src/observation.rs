@@ -22,6 +22,8 @@ pub struct Observation {
     /// Mean GPU utilisation over the measured steps (NVML), when logged: at 90% or more the run
     /// was bound by the device, below it by the host issuing kernels, whose repeats vary far more.
     pub gpu_util_pct: Option<f64>,
+    /// The git commit of the worker that ran it, where its log says (`zerobench-build-info`).
+    pub build: Option<String>,
 }
 
 /// GPU utilisation from which a run counts as device-bound in the validation report.
@@ -37,6 +39,13 @@ impl Observation {
     /// The configuration this run is one repeat of.
     pub fn config_key(&self) -> String {
         format!("{} z{}", self.stage_group_key(), self.query.config.stage.index())
+    }
+
+    /// The runs whose stages the stage choice compares: this run's [`Self::stage_group_key`] and
+    /// its build. Runs of two builds of the worker run different code, so a group pooling them
+    /// would rank the builds along with the stages; runs whose build is unknown group together.
+    pub fn stage_choice_key(&self) -> String {
+        format!("{} build {}", self.stage_group_key(), self.build.as_deref().unwrap_or("?"))
     }
 
     /// The configurations a user chooses a stage among: this run's but for its stage.

@@ -199,7 +199,7 @@ impl Judgement {
     }
 }
 
-/// One group of configurations that differ only in the stage ([`Observation::stage_group_key`]),
+/// One group of runs of one build that differ only in the stage ([`Observation::stage_choice_key`]),
 /// with two stages or more: each stage's measured runs and the model's price of it, the stage the
 /// model chooses (priced fastest) and the fastest measured (by the median of its runs).
 #[derive(Debug, Clone, PartialEq)]
@@ -248,7 +248,7 @@ pub fn stage_choices(priced: &[(&Observation, f64)]) -> Vec<GroupChoice> {
     // run of the group was device-bound.
     let mut by: BTreeMap<String, (BTreeMap<u8, Pair>, bool)> = BTreeMap::new();
     for (o, predicted) in priced {
-        let g = by.entry(o.stage_group_key()).or_insert_with(|| (BTreeMap::new(), true));
+        let g = by.entry(o.stage_choice_key()).or_insert_with(|| (BTreeMap::new(), true));
         g.1 &= o.kept_gpu_busy().unwrap_or(false);
         let e = g.0.entry(o.query.config.stage.index()).or_default();
         e.0.push(o.step_ms);
@@ -445,6 +445,8 @@ fn percentiles(mut v: Vec<f64>) -> [f64; 2] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zerobench_schema::config::{RunConfig, ZeroStage};
+    use zerobench_schema::models::ModelPreset;
 
     /// Each group counts as right or not by the medians, as shown slower only when the chosen
     /// stage's repeats separate from the fastest's, and adds its cost to the mean and the largest.
@@ -467,6 +469,44 @@ mod tests {
         let mean = want.iter().sum::<f64>() / 4.0;
         assert!((c.regret_pct_mean - mean).abs() < 1e-9, "{} vs {mean}", c.regret_pct_mean);
         assert!((c.regret_pct_max - 20.0).abs() < 1e-9, "{}", c.regret_pct_max);
+    }
+
+    /// A run of gpt2 at `stage` by worker `build`, measured at `step` ms.
+    fn run_of(stage: ZeroStage, build: Option<&str>, step: f64) -> Observation {
+        Observation {
+            run_id: format!("z{}-{build:?}-{step}", stage.index()),
+            gpu: "GPU".into(),
+            query: crate::work::Query::new(RunConfig::new(ModelPreset::Gpt2, stage), 1, 1),
+            step_ms: step,
+            peak_allocated_bytes: 1 << 30,
+            peak_reserved_bytes: None,
+            device_memory_bytes: None,
+            peak_tflops: None,
+            optimizer_ms: None,
+            gpu_util_pct: None,
+            build: build.map(String::from),
+        }
+    }
+
+    /// Runs of one configuration by two builds, and by a build the logs do not name, are three
+    /// groups: each build's stages are compared among themselves, never with another build's (a
+    /// pooled group would measure stage 2, the unknown build's, fastest).
+    #[test]
+    fn the_stage_choice_compares_the_stages_of_one_build() {
+        let runs = [
+            run_of(ZeroStage::Z0, Some("a"), 10.0),
+            run_of(ZeroStage::Z1, Some("a"), 11.0),
+            run_of(ZeroStage::Z0, Some("b"), 12.0),
+            run_of(ZeroStage::Z3, Some("b"), 8.0),
+            run_of(ZeroStage::Z2, None, 5.0),
+        ];
+        // Priced as measured: the model chooses each group's fastest.
+        let priced: Vec<(&Observation, f64)> = runs.iter().map(|o| (o, o.step_ms)).collect();
+        let groups = stage_choices(&priced);
+        let seen: Vec<(Vec<u8>, u8, u8)> =
+            groups.iter().map(|g| (g.stages.iter().map(|s| s.stage).collect(), g.chosen, g.fastest)).collect();
+        assert_eq!(seen, [(vec![0, 1], 0, 0), (vec![0, 3], 3, 3)], "{groups:?}");
+        assert!(groups[0].key.ends_with("build a") && groups[1].key.ends_with("build b"), "{groups:?}");
     }
 
     /// A group is decided when each stage has three runs or more and the fastest stage's runs

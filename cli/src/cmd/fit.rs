@@ -121,6 +121,7 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
         peak_tflops: r.peak_tflops_per_gpu,
         optimizer_ms: r.optimizer_ms_median,
         gpu_util_pct: r.gpu_util_pct_mean,
+        build: r.commit.clone(),
     })
 }
 

@@ -197,7 +197,7 @@ fn stage_choice_rows(runs: &[zerobench_ingest::RunReport], predicted: &[Predicte
     let mut first = std::collections::HashMap::new();
     for (r, p) in runs.iter().zip(predicted) {
         let (Ok(o), Some(step)) = (crate::cmd::fit::observation(&r.row), p.predicted_step_ms) else { continue };
-        first.entry(o.stage_group_key()).or_insert(&r.row);
+        first.entry(o.stage_choice_key()).or_insert(&r.row);
         priced.push((o, step));
     }
     let refs: Vec<_> = priced.iter().map(|(o, step)| (o, *step)).collect();
@@ -218,6 +218,7 @@ fn stage_choice_rows(runs: &[zerobench_ingest::RunReport], predicted: &[Predicte
                 grad_accum: r.grad_accum,
                 gpus: r.gpus,
                 nodes: r.nodes,
+                build: r.commit.as_deref().map_or("?".into(), |c| c.chars().take(7).collect()),
                 stages: join(g.stages.iter().map(|s| s.stage.to_string()).collect()),
                 runs: join(g.stages.iter().map(|s| s.measured.len().to_string()).collect()),
                 step_ms: join(g.stages.iter().map(|s| round(s.median())).collect()),
