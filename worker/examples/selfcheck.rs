@@ -594,6 +594,36 @@ fn lt_products(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     r.check("lt_products", !aliased && !fp32, json!({"declined": {"output_is_input": !aliased, "fp32": !fp32}}));
 }
 
+/// A node's forward and backward (`ours`, on the leaves `ins`) against the operations it stands for
+/// (`theirs`, on fresh leaves of the same values), both backward from `g`, on the GPU.
+struct AgainstComposed {
+    /// The node kernels run and declined meanwhile (`recompute_cuda::calls`).
+    kernels: (u64, u64),
+    /// Relative errors (normwise): the output's, each input's gradient's, and the largest.
+    value: f64,
+    grads: Vec<f64>,
+    worst: f64,
+}
+
+fn against_composed(
+    ins: &[Tensor],
+    g: &Tensor,
+    ours: impl Fn(&[Tensor]) -> Tensor,
+    theirs: impl Fn(&[Tensor]) -> Tensor,
+) -> AgainstComposed {
+    use zerobench_worker::model::recompute_cuda;
+    let twins: Vec<Tensor> = ins.iter().map(|x| x.detach().copy().set_requires_grad(true)).collect();
+    let before = recompute_cuda::calls();
+    let (y_ours, y_theirs) = (ours(ins), theirs(&twins));
+    zerobench_worker::runtime::shim::backward(&[&y_ours], &[g]).expect("backward");
+    zerobench_worker::runtime::shim::backward(&[&y_theirs], &[g]).expect("backward");
+    let after = recompute_cuda::calls();
+    let value = relative_error(&y_ours, &y_theirs);
+    let grads: Vec<f64> = ins.iter().zip(&twins).map(|(a, b)| relative_error(&a.grad(), &b.grad())).collect();
+    let worst = grads.iter().copied().fold(value, f64::max);
+    AgainstComposed { kernels: (after.0 - before.0, after.1 - before.1), value, grads, worst }
+}
+
 /// The attention's output projection with its residual addition (`recompute::residual_linear`)
 /// against libtorch's linear layer plus the residual on the GPU, values and gradients: its bias
 /// gradient from the column-sum kernel and, in bf16, the residual added in the product's epilogue.
@@ -616,20 +646,15 @@ fn linear_node(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
             leaf(&[d_out, d_in], 0.05),
             leaf(&[d_out], 0.1),
         ];
-        let twins: Vec<Tensor> = ins.iter().map(|x| x.detach().copy().set_requires_grad(true)).collect();
         let g = Tensor::randn([1, rows, d_out], (Kind::Float, cuda)).to_kind(kind);
-        let (ran_before, declined_before) = recompute_cuda::calls();
         let epilogues_before = recompute_cuda::epilogue_products();
-        let ours = residual_linear(&ins[0], &ins[1], &ins[2], &ins[3]).expect("node");
-        let theirs = &twins[0] + twins[1].linear(&twins[2], Some(&twins[3]));
-        zerobench_worker::runtime::shim::backward(&[&ours], &[&g]).expect("backward");
-        zerobench_worker::runtime::shim::backward(&[&theirs], &[&g]).expect("backward");
-        let (ran, declined) = recompute_cuda::calls();
+        let AgainstComposed { kernels, value, grads, worst } = against_composed(
+            &ins,
+            &g,
+            |t| residual_linear(&t[0], &t[1], &t[2], &t[3]).expect("node"),
+            |t| &t[0] + t[1].linear(&t[2], Some(&t[3])),
+        );
         let epilogues = recompute_cuda::epilogue_products() - epilogues_before;
-        let value = relative_error(&ours, &theirs);
-        let grads: Vec<f64> = ins.iter().zip(&twins).map(|(a, b)| relative_error(&a.grad(), &b.grad())).collect();
-        let worst = grads.iter().copied().fold(value, f64::max);
-        let kernels = (ran - ran_before, declined - declined_before);
         // The bias gradient's column sum; in bf16 also the product with the residual's epilogue
         // and the backward's two products through cuBLASLt.
         let expected = if kind == Kind::Float { (1, 0, 0) } else { (4, 0, 1) };
@@ -670,23 +695,22 @@ fn attention_residual(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
             leaf(&[d, 3 * d], 0.05),
             leaf(&[d], 0.1),
         ];
-        let twins: Vec<Tensor> = ins.iter().map(|x| x.detach().copy().set_requires_grad(true)).collect();
         let g = Tensor::randn([1, rows, d], (Kind::Float, cuda)).to_kind(kind);
-        let (ran_before, declined_before) = recompute_cuda::calls();
-        let qkv = ln_linear(&ins[0], &ins[1], &ins[2], &ins[3], &ins[4], eps).expect("node");
-        let ours = residual_linear(&qkv.residual, &qkv.y, &ins[5], &ins[6]).expect("node");
-        let theirs = &twins[0]
-            + twins[0]
-                .layer_norm([d], Some(&twins[1]), Some(&twins[2]), eps, true)
-                .linear(&twins[3], Some(&twins[4]))
-                .linear(&twins[5], Some(&twins[6]));
-        zerobench_worker::runtime::shim::backward(&[&ours], &[&g]).expect("backward");
-        zerobench_worker::runtime::shim::backward(&[&theirs], &[&g]).expect("backward");
-        let (ran, declined) = recompute_cuda::calls();
-        let kernels = (ran - ran_before, declined - declined_before);
-        let value = relative_error(&ours, &theirs);
-        let grads: Vec<f64> = ins.iter().zip(&twins).map(|(a, b)| relative_error(&a.grad(), &b.grad())).collect();
-        let worst = grads.iter().copied().fold(value, f64::max);
+        let AgainstComposed { kernels, value, grads, worst } = against_composed(
+            &ins,
+            &g,
+            |t| {
+                let qkv = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], eps).expect("node");
+                residual_linear(&qkv.residual, &qkv.y, &t[5], &t[6]).expect("node")
+            },
+            |t| {
+                &t[0]
+                    + t[0]
+                        .layer_norm([d], Some(&t[1]), Some(&t[2]), eps, true)
+                        .linear(&t[3], Some(&t[4]))
+                        .linear(&t[5], Some(&t[6]))
+            },
+        );
         // ln_linear's and residual_linear's kernels, as `recompute` and `linear_node` count them.
         let expected = if kind == Kind::Float { 3 + 1 } else { 6 + 4 };
         r.check(
@@ -751,19 +775,13 @@ fn declined_falls_back(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
         (Tensor::randn(shape, (Kind::Float, cuda)) * scale).to_kind(Kind::BFloat16).set_requires_grad(true)
     };
     let ins = [leaf(&[1, rows, d], 1.0), leaf(&[d], 1.0), leaf(&[d], 0.1), leaf(&[out, d], 0.05), leaf(&[out], 0.1)];
-    let twins: Vec<Tensor> = ins.iter().map(|x| x.detach().copy().set_requires_grad(true)).collect();
     let g = Tensor::randn([1, rows, out], (Kind::Float, cuda)).to_kind(Kind::BFloat16);
-    let (ran_before, declined_before) = recompute_cuda::calls();
-    let ours = ln_linear(&ins[0], &ins[1], &ins[2], &ins[3], &ins[4], eps).expect("node").y;
-    let theirs =
-        twins[0].layer_norm([d], Some(&twins[1]), Some(&twins[2]), eps, true).linear(&twins[3], Some(&twins[4]));
-    zerobench_worker::runtime::shim::backward(&[&ours], &[&g]).expect("backward");
-    zerobench_worker::runtime::shim::backward(&[&theirs], &[&g]).expect("backward");
-    let (ran, declined) = recompute_cuda::calls();
-    let kernels = (ran - ran_before, declined - declined_before);
-    let value = relative_error(&ours, &theirs);
-    let grads: Vec<f64> = ins.iter().zip(&twins).map(|(a, b)| relative_error(&a.grad(), &b.grad())).collect();
-    let worst = grads.iter().copied().fold(value, f64::max);
+    let AgainstComposed { kernels, value, grads, worst } = against_composed(
+        &ins,
+        &g,
+        |t| ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], eps).expect("node").y,
+        |t| t[0].layer_norm([d], Some(&t[1]), Some(&t[2]), eps, true).linear(&t[3], Some(&t[4])),
+    );
     r.check(
         "declined_falls_back",
         worst <= 2e-2 && kernels == (4, 2),
