@@ -364,6 +364,8 @@ fn ingest_with_a_cost_model_writes_the_predicted_table_and_plot() {
     let run_of = |stage: u64| rows.iter().find(|r| r["model"] == "gpt2-medium" && r["stage"] == stage).unwrap();
     let (measured, predicted) = (list("step_ms"), list("predicted_step_ms"));
     assert_eq!((g["stages"].as_str(), g["runs"].as_str()), (Some("2;3"), Some("1;1")), "{g}");
+    // Runs of one build: the build is not named, as in the other tables.
+    assert_eq!(g["build"].as_str(), Some(""), "{g}");
     for (i, stage) in [2, 3].into_iter().enumerate() {
         assert_eq!(measured[i], run_of(stage)["step_ms"].as_f64().unwrap(), "{g}");
         assert_eq!(predicted[i], run_of(stage)["predicted_step_ms"].as_f64().unwrap(), "{g}");

@@ -56,8 +56,8 @@ pub struct StageChoiceRow {
     pub grad_accum: Option<u32>,
     pub gpus: Option<u32>,
     pub nodes: Option<u32>,
-    /// The worker's build (its git commit's first 7 digits; `?` where the logs do not say): a group
-    /// holds the runs of one build.
+    /// The worker's build, as the other tables name it ([`crate::run::BuildNames`]): a group holds
+    /// the runs of one build.
     pub build: String,
     /// The stages measured, and for each (in that order, `;`-separated) its runs, the median of
     /// their step times and the model's price of it.

@@ -201,6 +201,7 @@ fn stage_choice_rows(runs: &[zerobench_ingest::RunReport], predicted: &[Predicte
         priced.push((o, step));
     }
     let refs: Vec<_> = priced.iter().map(|(o, step)| (o, *step)).collect();
+    let builds = zerobench_ingest::run::BuildNames::of(runs.iter().map(|r| &r.row));
     let join = |v: Vec<String>| v.join(";");
     let sig = |x: f64| zerobench_ingest::stats::round_sig(x, zerobench_ingest::stats::SIGNIFICANT);
     let round = |x: f64| sig(x).to_string();
@@ -218,7 +219,7 @@ fn stage_choice_rows(runs: &[zerobench_ingest::RunReport], predicted: &[Predicte
                 grad_accum: r.grad_accum,
                 gpus: r.gpus,
                 nodes: r.nodes,
-                build: r.commit.as_deref().map_or("?".into(), |c| c.chars().take(7).collect()),
+                build: builds.name(r),
                 stages: join(g.stages.iter().map(|s| s.stage.to_string()).collect()),
                 runs: join(g.stages.iter().map(|s| s.measured.len().to_string()).collect()),
                 step_ms: join(g.stages.iter().map(|s| round(s.median())).collect()),

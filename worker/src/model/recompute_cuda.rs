@@ -232,8 +232,8 @@ pub(crate) const INSTANCES: &[&str; 4] = &["col_sum", "gelu_forward", "gelu_back
 /// the sums take no registers and come out in the same order every run; `part` gets one row of
 /// `2 · COLS` fp32 sums per block (`dy·x̂`, then `dy`). In 16 bits, up to `PREFETCH_VPL` vectors
 /// per lane, a warp loads its next row while it computes the current one (wider rows, and fp32
-/// rows from 768 columns, spilled registers with it). Shared
-/// arrays are laid out `[k][vector]` so that a warp's lanes hit distinct banks.
+/// rows from 768 columns, spilled registers with it). Shared arrays are laid out `[k][vector]` so
+/// that a warp's lanes hit distinct banks.
 pub(crate) const LN_SOURCE: &str = r#"
 #define WARPS (COLS <= 1024 ? 8 : 4)
 #define PREFETCH_VPL 7
@@ -253,6 +253,9 @@ __device__ __forceinline__ float ln_out(float x, float mu, float rs, float g, fl
     if (c < NV) A[v] = reinterpret_cast<const VEC*>(P + (R) * COLS)[c];                               \
   }
 
+/* Lane `lane`'s vector `c` of row r of P: from the held array A, or read where the row is not held. */
+#define LN_AT(VEC, A, P) (HOLD ? A[v] : reinterpret_cast<const VEC*>(P + r * COLS)[c])
+
 #define LN_BACKWARD(NAME, T, VEC, N, LOAD, STORE)                                                     \
 extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restrict__ dy,              \
     const T* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,          \
@@ -260,10 +263,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
     T* __restrict__ dx, T* __restrict__ xn, float* __restrict__ part, long long rows) {               \
   constexpr int NV = COLS / N;                /* vectors per row */                                   \
   constexpr int VPL = (NV + 31) / 32;         /* vectors per lane */                                  \
-  constexpr bool PREFETCH = N == 8 && VPL <= PREFETCH_VPL;  /* 16-bit rows (fp32 at 768 spilled) */   \
   /* A lane holds its vectors of a row of x and dy (4 words each) while they fit HELD_WORDS; past   \
      it (fp32 at 2048) each pass reads them where it uses them (the second from the caches). */      \
   constexpr bool HOLD = 8 * VPL <= HELD_WORDS;                                                        \
+  /* The next row ahead: held rows of 16 bits only (fp32 at 768 spilled). */                          \
+  constexpr bool PREFETCH = HOLD && N == 8 && VPL <= PREFETCH_VPL;                                    \
   extern __shared__ float sm[];                                                                       \
   float* g_s = sm;                                                                                    \
   float* b_s = sm + COLS;                                                                             \
@@ -298,8 +302,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
     _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
       int c = lane + v * 32;                                                                          \
       if (c < NV) {                                                                                   \
-        const VEC xv = HOLD ? xa[v] : reinterpret_cast<const VEC*>(x + r * COLS)[c];                 \
-        const VEC dv = HOLD ? da[v] : reinterpret_cast<const VEC*>(dy + r * COLS)[c];                \
+        const VEC xv = LN_AT(VEC, xa, x), dv = LN_AT(VEC, da, dy);                                    \
         const T* xe = reinterpret_cast<const T*>(&xv);                                               \
         const T* de = reinterpret_cast<const T*>(&dv);                                               \
         VEC yo;                                                                                       \
@@ -322,8 +325,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restric
     _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
       int c = lane + v * 32;                                                                          \
       if (c < NV) {                                                                                   \
-        const VEC xv = HOLD ? xa[v] : reinterpret_cast<const VEC*>(x + r * COLS)[c];                 \
-        const VEC dv = HOLD ? da[v] : reinterpret_cast<const VEC*>(dy + r * COLS)[c];                \
+        const VEC xv = LN_AT(VEC, xa, x), dv = LN_AT(VEC, da, dy);                                    \
         const T* xe = reinterpret_cast<const T*>(&xv);                                               \
         const T* de = reinterpret_cast<const T*>(&dv);                                               \
         VEC o, ra;                                                                                    \

@@ -140,8 +140,8 @@ mod tests {
 
     /// ptxas's report on `source` (after the shared conversions) compiled through NVRTC to Hopper's
     /// machine code (sm_90): each entry's name, registers, and bytes of registers spilled (stores
-    /// and loads). The driver's compiler on an H100 or H200 reports the same counts (the GPU
-    /// self-check's `ln_registers`).
+    /// and loads). On an H200 the driver's compiler reported the same register counts for the layer
+    /// norm's kernels (the GPU self-check's `ln_registers`, 2026-12-02).
     fn sm90_report(source: &str) -> Vec<(String, u32, u32)> {
         use cudarc::nvrtc::result;
         let full = std::ffi::CString::new(format!("{}{source}", super::CONVERSIONS)).unwrap();
@@ -199,11 +199,13 @@ mod tests {
             let report = sm90_report(source);
             // Every kernel names its registers: the report was read.
             assert!(!report.is_empty() && report.iter().all(|(_, registers, _)| *registers > 0), "{name}: {report:?}");
+            if name.starts_with("layer norm") {
+                // Its six kernels: forward and backward, three precisions.
+                assert_eq!(report.len(), 6, "{name}: {report:?}");
+            }
             let spilled: Vec<_> = report.iter().filter(|(_, _, bytes)| *bytes > 0).collect();
             assert!(spilled.is_empty(), "{name}: spills registers: {spilled:?}");
         }
-        // The layer norm's six kernels (forward and backward, three precisions) at every width.
-        assert_eq!(sm90_report(&ln(1600)).len(), 6);
     }
 
     /// Every kernel the worker loads with [`super::Instances`] is an entry of its module in each
