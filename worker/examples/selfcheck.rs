@@ -34,6 +34,9 @@
 //!   (the end of every step) returns only after the device work, so the step covers it.
 //! * `nvml`: the monitor's readings are present and plausible (memory used within the card's,
 //!   power between 1 W and 2 kW, utilisation a percentage).
+//! * `bf16_rounding`: the kernels' conversion to bf16 (`f2bf` of `runtime::kernels`, the hardware's
+//!   on this GPU) against libtorch's, for every one of the 2^32 fp32 bit patterns: the same bits
+//!   for every number (infinities and subnormals included), and NaN for every NaN.
 //! * `lm_head`: the chunked LM head with the fused cross-entropy kernel against the head composed
 //!   of libtorch operations (fp32 loss, autograd) on the same GPU, GPT-2's vocabulary of 50257,
 //!   ignored targets: in fp32 the loss within 1e-5 and both gradients within 1e-4
@@ -424,6 +427,53 @@ fn nvml(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
 fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
     let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
     (&a - &b).norm().double_value(&[]) / b.norm().double_value(&[]).max(1e-30)
+}
+
+/// Writes every fp32 bit pattern from `base` (`n` of them) as a float, and as the kernels round it
+/// to bf16 (`f2bf`, which `runtime::kernels` puts before every kernel's source).
+const ROUND_ALL: &str = r#"
+extern "C" __global__ void round_all(unsigned int base, float* __restrict__ x, unsigned short* __restrict__ y,
+    long long n) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    float f = __uint_as_float(base + (unsigned int)i);
+    x[i] = f;
+    y[i] = f2bf(f);
+  }
+}
+"#;
+
+fn bf16_rounding(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    let module = zerobench_worker::runtime::kernels::load(gpu, ROUND_ALL).expect("the rounding kernel");
+    let round_all = module.load_function("round_all").expect("round_all");
+    let cuda = Device::Cuda(0);
+    const CHUNK: i64 = 1 << 28;
+    let (mut differing, mut nan_lost, mut nans) = (0i64, 0i64, 0i64);
+    for chunk in 0..(1i64 << 32) / CHUNK {
+        let x = Tensor::empty([CHUNK], (Kind::Float, cuda));
+        let ours = Tensor::empty([CHUNK], (Kind::Int16, cuda));
+        let (base, xp, yp) = ((chunk * CHUNK) as u32, x.data_ptr() as u64, ours.data_ptr() as u64);
+        let cfg = LaunchConfig { grid_dim: (4096, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        tch::Cuda::synchronize(0);
+        let mut launch = gpu.compute.launch_builder(&round_all);
+        launch.arg(&base).arg(&xp).arg(&yp).arg(&CHUNK);
+        // SAFETY: `x` holds CHUNK floats and `ours` CHUNK 16-bit values; both live until the
+        // synchronisation below.
+        unsafe { launch.launch(cfg) }.expect("round_all");
+        gpu.synchronize().expect("sync");
+        let theirs = x.to_kind(Kind::BFloat16).view_dtype(Kind::Int16);
+        let nan = x.isnan();
+        differing += ours.ne_tensor(&theirs).logical_and(&nan.logical_not()).sum(Kind::Int64).int64_value(&[]);
+        // A bf16 NaN: every exponent bit set and a mantissa that is not zero.
+        let ours_nan = ours.bitwise_and(0x7fff).gt(0x7f80);
+        nan_lost += nan.logical_and(&ours_nan.logical_not()).sum(Kind::Int64).int64_value(&[]);
+        nans += nan.sum(Kind::Int64).int64_value(&[]);
+    }
+    r.check(
+        "bf16_rounding",
+        differing == 0 && nan_lost == 0 && nans == 2 * ((1 << 23) - 1),
+        json!({"inputs": 1i64 << 32, "numbers_differing": differing, "nans": nans, "nans_not_kept": nan_lost}),
+    );
 }
 
 fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
@@ -1120,6 +1170,7 @@ fn main() {
     event_clock(&mut r, &gpu);
     step_clock(&mut r, &gpu);
     nvml(&mut r, &gpu);
+    bf16_rounding(&mut r, &gpu);
     lm_head(&mut r, &gpu);
     recompute(&mut r, &gpu);
     attention_residual(&mut r, &gpu);
