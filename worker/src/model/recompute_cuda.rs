@@ -28,7 +28,9 @@
 //!   per lane, fp32 sums per column (of the 16-bit values as they are stored, as libtorch sums
 //!   them), one row of partial sums per block row; the last block of each column strip to finish
 //!   adds the strip's partial sums into the gradient (a counter per strip, set back to zero by
-//!   that block, so CUDA graphs replay it), which saves a reduction kernel per sum. The GELU
+//!   that block, so CUDA graphs replay it), which saves a reduction kernel per sum. The grid has
+//!   as many block rows as keep all its blocks resident at once: at gpt2-xl's MLP width a grid of
+//!   eight blocks per multiprocessor had run 1.6 waves of the GELU variant. The GELU
 //!   variant writes `gelu'(h)·g` over `g` as it goes and, in the same pass, the recomputed
 //!   `gelu(h)` the second layer's weight gradient needs (with the same function as the forward
 //!   kernel: the same bits), so `h` is read once in the backward pass; both come from one `tanh`.
@@ -45,7 +47,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
 use tch::{Kind, Tensor};
 
 use super::products_cuda::{LtProducts, ProductError};
@@ -450,22 +452,43 @@ const LN_FORWARD_WARPS: u32 = 8;
 /// instead of holding them); its shared memory is then `10 · COLS` floats (80 KiB).
 pub const MAX_COLS: i64 = 2048;
 
-/// The layer norm's kernels for one row length, with how many of their blocks fit on the GPU at
-/// once (the most blocks a grid gets: the backward's blocks write a row of partial sums each).
+/// A kernel in each precision with how many of its blocks fit on the GPU at once (blocks of
+/// `threads` threads and `shared` bytes of dynamic shared memory): the most blocks its grids get.
+/// A grid of more would run a second, partial wave after the first, and the kernels that write a
+/// row of partial sums per block would write more of them.
+struct Resident {
+    kernels: Instances,
+    blocks: [u32; 3],
+}
+
+impl Resident {
+    fn new(kernels: Instances, threads: u32, shared: u32, sms: u32) -> Result<Self, NodeKernelError> {
+        let mut blocks = [0; 3];
+        for (f, b) in kernels.all().iter().zip(blocks.iter_mut()) {
+            *b = f.occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)?.max(1) * sms;
+        }
+        Ok(Self { kernels, blocks })
+    }
+
+    /// The kernel in precision `p` and its resident blocks.
+    fn get(&self, p: Precision) -> (&CudaFunction, u32) {
+        (self.kernels.get(p), self.blocks[p as usize])
+    }
+}
+
+/// The layer norm's kernels for one row length.
 struct LnKernels {
     _module: Arc<CudaModule>,
-    forward: Instances,
-    forward_grid: [u32; 3],
-    backward: Instances,
-    backward_grid: [u32; 3],
+    forward: Resident,
+    backward: Resident,
 }
 
 pub struct NodeKernels {
     gpu: Arc<Gpu>,
     _module: Arc<CudaModule>,
-    col_sum: Instances,
+    col_sum: Resident,
     gelu_forward: Instances,
-    gelu_col_sum: Instances,
+    gelu_col_sum: Resident,
     reduce: Instances,
     /// A counter per column strip of the column sums (zero between launches; see [`COL_SUM_STRIPS`]).
     strips_done: StripCounters,
@@ -516,14 +539,15 @@ impl NodeKernels {
     pub fn new(gpu: Arc<Gpu>) -> Result<Self, NodeKernelError> {
         let module = kernels::load(&gpu, SOURCE)?;
         let [col_sum, gelu_forward, gelu_col_sum, reduce] = INSTANCES.map(|name| Instances::load(&module, name));
+        let sms = kernels::multiprocessors(&gpu)?;
         Ok(Self {
-            col_sum: col_sum?,
+            col_sum: Resident::new(col_sum?, COL_SUM_THREADS, 0, sms)?,
             gelu_forward: gelu_forward?,
-            gelu_col_sum: gelu_col_sum?,
+            gelu_col_sum: Resident::new(gelu_col_sum?, COL_SUM_THREADS, 0, sms)?,
             reduce: reduce?,
             strips_done: StripCounters::new(&gpu)?,
             _module: module,
-            sms: kernels::multiprocessors(&gpu)?,
+            sms,
             ln: Mutex::new(HashMap::new()),
             products: LtProducts::new(Arc::clone(&gpu))?,
             gpu,
@@ -538,21 +562,19 @@ impl NodeKernels {
         let module = kernels::load(&self.gpu, &format!("#define COLS {cols}\n{LN_SOURCE}"))?;
         let [forward, backward] = LN_INSTANCES.map(|name| Instances::load(&module, name));
         let (forward, backward) = (forward?, backward?);
-        let mut forward_grid = [0; 3];
-        for (f, g) in forward.all().iter().zip(forward_grid.iter_mut()) {
-            *g = f.occupancy_max_active_blocks_per_multiprocessor(LN_FORWARD_WARPS * 32, 0, None)?.max(1) * self.sms;
-        }
-        let (threads, shared) = (ln_warps(cols) * 32, ln_shared_bytes(cols));
-        let mut backward_grid = [0; 3];
-        for (f, g) in backward.all().iter().zip(backward_grid.iter_mut()) {
+        let shared = ln_shared_bytes(cols);
+        for f in backward.all() {
             // Above 48 KiB a block's dynamic shared memory must be allowed explicitly.
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 shared as i32,
             )?;
-            *g = f.occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)?.max(1) * self.sms;
         }
-        let k = Arc::new(LnKernels { _module: module, forward, forward_grid, backward, backward_grid });
+        let k = Arc::new(LnKernels {
+            _module: module,
+            forward: Resident::new(forward, LN_FORWARD_WARPS * 32, 0, self.sms)?,
+            backward: Resident::new(backward, ln_warps(cols) * 32, shared, self.sms)?,
+        });
         cache.insert(cols, Arc::clone(&k));
         Ok(k)
     }
@@ -589,12 +611,13 @@ impl NodeKernels {
             return Ok(Outcome::Declined);
         }
         let k = self.ln_kernels(cols)?;
-        let grid = grid_for(k.forward_grid[p as usize], rows, LN_FORWARD_WARPS);
+        let (forward, most) = k.forward.get(p);
+        let grid = grid_for(most, rows, LN_FORWARD_WARPS);
         let cfg =
             LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (LN_FORWARD_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
         let (xp, gp, bp, yp, mp, rp) = (ptr(x), ptr(gamma), ptr(beta), ptr(y), ptr(mean), ptr(rstd));
         let eps = eps as f32;
-        let mut launch = self.gpu.compute.launch_builder(k.forward.get(p));
+        let mut launch = self.gpu.compute.launch_builder(forward);
         launch.arg(&xp).arg(&gp).arg(&bp).arg(&eps).arg(&yp).arg(&mp).arg(&rp).arg(&rows);
         // SAFETY: contiguous device tensors of the kernel's types and sizes, 16-byte aligned where
         // loaded by vector (checked above), alive until the kernel has run (stream order).
@@ -629,7 +652,8 @@ impl NodeKernels {
             return Ok(Outcome::Declined);
         }
         let k = self.ln_kernels(cols)?;
-        let grid = grid_for(k.backward_grid[p as usize], rows, ln_warps(cols));
+        let (backward, most) = k.backward.get(p);
+        let grid = grid_for(most, rows, ln_warps(cols));
         let part = Tensor::f_empty([i64::from(grid), 2 * cols], (Kind::Float, x.device()))?;
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
@@ -638,7 +662,7 @@ impl NodeKernels {
         };
         let (dyp, xp, mp, rp, gp, bp) = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(gamma), ptr(beta));
         let (dresp, dxp, xnp, pp) = (dres.map_or(0, ptr), ptr(dx), ptr(xn), ptr(&part));
-        let mut launch = self.gpu.compute.launch_builder(k.backward.get(p));
+        let mut launch = self.gpu.compute.launch_builder(backward);
         launch
             .arg(&dyp)
             .arg(&xp)
@@ -700,14 +724,18 @@ impl NodeKernels {
         if blocks_x > COL_SUM_STRIPS {
             return Ok(Outcome::Declined);
         }
-        // About eight blocks per multiprocessor, and at least 64 rows per block row.
-        let blocks_y =
-            (8 * self.sms).div_ceil(blocks_x).min(u32::try_from((rows + 63) / 64).unwrap_or(u32::MAX)).max(1);
-        let part = Tensor::f_empty([i64::from(blocks_y), cols], (Kind::Float, x.device()))?;
-        let cfg = LaunchConfig { grid_dim: (blocks_x, blocks_y, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
-        let (func, hp, actp) = match gelu {
+        let ((func, resident), hp, actp) = match gelu {
             Some((h, act)) => (self.gelu_col_sum.get(p), ptr(h), ptr(act)),
             None => (self.col_sum.get(p), 0, 0),
+        };
+        // As many block rows as leave every block resident at once (one wave), and at least 64
+        // rows per block row.
+        let blocks_y = (resident / blocks_x).min(u32::try_from((rows + 63) / 64).unwrap_or(u32::MAX)).max(1);
+        let part = Tensor::f_empty([i64::from(blocks_y), cols], (Kind::Float, x.device()))?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks_x, blocks_y, 1),
+            block_dim: (32, COL_SUM_THREADS / 32, 1),
+            shared_mem_bytes: 0,
         };
         let (xp, pp, done, outp) = (ptr(x), ptr(&part), self.strips_done.ptr, ptr(out));
         let mut launch = self.gpu.compute.launch_builder(func);
@@ -780,6 +808,9 @@ fn aligned(t: &Tensor) -> bool {
 /// sums: rows of up to 262,144 16-bit values (GPT-2's widest bias has 4·1600). A wider sum is
 /// declined: libtorch's operations sum it.
 const COL_SUM_STRIPS: u32 = 1024;
+
+/// Threads per block of the column sums: `(32, 8)`, the `sm[8]` of `COL_SUM`.
+const COL_SUM_THREADS: u32 = 256;
 
 /// The column sums' counters: a device array of [`COL_SUM_STRIPS`] `u32`, zero between launches
 /// (each strip's last block sets its counter back), held by libtorch's caching allocator.
@@ -884,7 +915,7 @@ pub fn ln_resources(cols: i64) -> Result<Option<Vec<KernelResources>>, NodeKerne
     let Some(k) = KERNELS.get() else { return Ok(None) };
     let ln = k.ln_kernels(cols)?;
     let mut out = Vec::new();
-    for (name, instances) in LN_INSTANCES.iter().zip([&ln.forward, &ln.backward]) {
+    for (name, instances) in LN_INSTANCES.iter().zip([&ln.forward.kernels, &ln.backward.kernels]) {
         for (f, suffix) in instances.all().iter().zip(kernels::Precision::SUFFIX) {
             out.push(KernelResources {
                 name: format!("{name}_{suffix}"),
