@@ -797,8 +797,9 @@ fn attention_residual(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
 /// The layer norm's output as the backward kernel recomputes it has the forward kernel's bits (what
 /// the weight gradients after a layer norm take is then what the forward pass's product took), in
 /// each precision at the GPT-2 presets' widths and at the kernels' limit, with a row count that
-/// leaves the last blocks partly empty (at 1600 columns the backward kernel's last warp is partly
-/// past the row); and no layer-norm kernel spills registers to local memory at those widths.
+/// leaves the last blocks partly empty; and no layer-norm kernel spills registers to local memory
+/// at those widths (in 16 bits the backward kernel loads a row ahead up to `PREFETCH_VPL` vectors
+/// a lane).
 fn ln_recomputed(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     use zerobench_worker::model::recompute_cuda;
     recompute_cuda::install(gpu);

@@ -13,15 +13,13 @@
 //!
 //! * `ln_forward_*`: the layer norm, one warp per row held in registers, mean and variance in two
 //!   passes over them; the nodes keep the per-row mean and reciprocal deviation (fp32).
-//! * `ln_backward_*`: one block per row at a time, a thread per 8 columns, so `dy` and `x` are read
-//!   once for all three gradients and for the normalised input, which the kernel writes again for
-//!   the weight gradient of the product after the layer norm (from the kept mean and deviation,
-//!   with the forward kernel's function: the same bits), instead of a forward kernel run again to
-//!   recompute it. A thread's columns are the same in every row, so it adds its rows' `dy·x̂` and
-//!   `dy` in registers and writes them, in row order, to one row of fp32 partial sums per block:
-//!   they come out the same every run. (A warp per row, as the forward kernel has, needed its
-//!   columns' sums in shared memory and a lane's share of the row in registers: 222 registers at
-//!   gpt2-xl's width, eight warps per multiprocessor, where this kernel takes 71 and 28.) The row
+//! * `ln_backward_*`: one warp per row, so `dy` and `x` are read once for all three gradients and
+//!   for the normalised input, which the kernel writes again for the weight gradient of the
+//!   product after the layer norm (from the kept mean and deviation, with the forward kernel's
+//!   function: the same bits), instead of a forward kernel run again to recompute it;
+//!   every warp adds its rows' `dy·x̂` and `dy` into shared memory of its own (no registers held
+//!   for them: at gpt2-xl's width per-lane sums spilled), and the block adds its warps' sums in
+//!   warp order into one row of fp32 partial sums, so they come out the same every run. The row
 //!   length is a compile-time constant (compiled per model width on first use). Where the layer
 //!   norm's input is also the residual stream that skips the sub-block (the MLP's node), the
 //!   residual's gradient is added to the input gradient before it is rounded, in the same pass.
@@ -223,20 +221,25 @@ REDUCE(reduce_parts_f32, float, f2f)
 pub(crate) const INSTANCES: &[&str; 4] = &["col_sum", "gelu_forward", "gelu_backward_col_sum", "reduce_parts"];
 
 /// The layer norm's forward pass and backward pass (which also recomputes the forward's output
-/// for the weight gradient of the product after it), after [`ln_source`]'s `#define COLS <row
-/// length>` (a multiple of 8, at most [`MAX_COLS`]) and `LN_BACKWARD_THREADS`, and [`kernels`]'
-/// conversions.
+/// for the weight gradient of the product after it), after `#define COLS <row length>` (a
+/// multiple of 8, at most [`MAX_COLS`]) and [`kernels`]' conversions. A warp per row, its columns
+/// held in registers; each warp issues its first row's loads before its block stages gamma and
+/// beta in shared memory, so that the staging overlaps them. The backward kernel holds a lane's
+/// vectors of x and dy up to `HELD_WORDS` 32-bit words (fp32 rows of 2048 columns would spill
+/// registers); past that each of its two passes reads them where it uses them, the second mostly
+/// from the caches.
 ///
-/// Forward: a warp per row, its columns held in registers; each warp issues its first row's loads
-/// before its block stages gamma and beta in shared memory, so that the staging overlaps them.
-/// Shared arrays are laid out `[k][vector]` so that a warp's lanes hit distinct banks.
-///
-/// Backward: a block per row at a time (`LN_BACKWARD_THREADS` threads, one per 8 columns), which
-/// loads its next row while it computes the current one. A thread holds its columns' gamma, beta
-/// and sums of `dy·x̂` and `dy` in registers; the row's two sums go through shared memory, a slot
-/// per warp added in warp order, so every thread gets the same bits. `part` gets one row of `2 ·
-/// COLS` fp32 sums per block (`dy·x̂`, then `dy`).
-const LN_SOURCE: &str = r#"
+/// Backward: `WARPS` warps per block; every warp adds its rows' `dy·x̂` and `dy` into a slice of
+/// shared memory of its own (dynamic: `(2 + 2 · WARPS) · COLS` floats, with gamma and beta), so
+/// the sums take no registers and come out in the same order every run; `part` gets one row of
+/// `2 · COLS` fp32 sums per block (`dy·x̂`, then `dy`). In 16 bits, up to `PREFETCH_VPL` vectors
+/// per lane, a warp loads its next row while it computes the current one (wider rows, and fp32
+/// rows from 768 columns, spilled registers with it). Shared arrays are laid out `[k][vector]` so
+/// that a warp's lanes hit distinct banks.
+pub(crate) const LN_SOURCE: &str = r#"
+#define WARPS (COLS <= 1024 ? 8 : 4)
+#define PREFETCH_VPL 7
+#define HELD_WORDS 112
 
 /* One element of the layer norm's output. The forward pass and the backward pass's recomputation
    both call it with the same fp32 mean and reciprocal deviation (the forward pass's, kept), so
@@ -252,93 +255,108 @@ __device__ __forceinline__ float ln_out(float x, float mu, float rs, float g, fl
     if (c < NV) A[v] = reinterpret_cast<const VEC*>(P + (R) * COLS)[c];                               \
   }
 
-/* Thread t's VPT vectors (its 8 columns, 8t to 8t + 7) of row R of the [rows, COLS] array P into A. */
-#define LN_ROW(VEC, A, P, R)                                                                          \
-  _Pragma("unroll") for (int v = 0; v < VPT; ++v) A[v] = reinterpret_cast<const VEC*>(P + (R) * COLS)[t * VPT + v];
+/* Lane `lane`'s vector `c` of row r of P: from the held array A, or read where the row is not held. */
+#define LN_AT(VEC, A, P) (HOLD ? A[v] : reinterpret_cast<const VEC*>(P + r * COLS)[c])
 
 #define LN_BACKWARD(NAME, T, VEC, N, LOAD, STORE)                                                     \
-extern "C" __global__ void __launch_bounds__(LN_BACKWARD_THREADS) NAME(const T* __restrict__ dy,     \
+extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restrict__ dy,              \
     const T* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,          \
     const T* __restrict__ gamma, const T* __restrict__ beta, const T* __restrict__ dres,              \
     T* __restrict__ dx, T* __restrict__ xn, float* __restrict__ part, long long rows) {               \
-  constexpr int VPT = 8 / N;                  /* vectors per thread: its 8 columns */                 \
-  constexpr int WARPS = LN_BACKWARD_THREADS / 32;                                                     \
-  /* Each warp's part of the row's two sums, one buffer per row parity: a warp that writes the     \
-     next row's while another still reads this row's writes the other buffer. */                     \
-  __shared__ float red[2][2][WARPS];                                                                  \
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;                                            \
-  const bool mine = t < COLS / 8;             /* a thread past the row only joins the sums */         \
-  float g[8], b[8], dg[8], db[8];                                                                     \
-  _Pragma("unroll") for (int e = 0; e < 8; ++e) {                                                     \
-    g[e] = mine ? LOAD(gamma[t * 8 + e]) : 0.f; b[e] = mine ? LOAD(beta[t * 8 + e]) : 0.f;            \
-    dg[e] = 0.f; db[e] = 0.f;                                                                         \
-  }                                                                                                   \
-  long long r = blockIdx.x;                                                                           \
-  VEC xa[VPT], da[VPT];                                                                               \
+  constexpr int NV = COLS / N;                /* vectors per row */                                   \
+  constexpr int VPL = (NV + 31) / 32;         /* vectors per lane */                                  \
+  /* A lane holds its vectors of a row of x and dy (4 words each) while they fit HELD_WORDS; past   \
+     it (fp32 at 2048) each pass reads them where it uses them (the second from the caches). */      \
+  constexpr bool HOLD = 8 * VPL <= HELD_WORDS;                                                        \
+  /* The next row ahead: held rows of 16 bits only (fp32 at 768 spilled). */                          \
+  constexpr bool PREFETCH = HOLD && N == 8 && VPL <= PREFETCH_VPL;                                    \
+  extern __shared__ float sm[];                                                                       \
+  float* g_s = sm;                                                                                    \
+  float* b_s = sm + COLS;                                                                             \
+  float* sums = sm + 2 * COLS;                                                                        \
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                               \
+  const long long stride = (long long)gridDim.x * WARPS;                                              \
+  long long r = (long long)blockIdx.x * WARPS + warp;                                                 \
+  VEC xa[VPL], da[VPL];                                                                               \
   float mu = 0.f, rs = 0.f;                                                                           \
-  if (mine && r < rows) { LN_ROW(VEC, xa, x, r) LN_ROW(VEC, da, dy, r) mu = mean[r]; rs = rstd[r]; }  \
-  for (int parity = 0; r < rows; r += gridDim.x, parity ^= 1) {                                       \
-    /* The block's next row is loaded while this one is computed. */                                 \
-    const long long next = r + gridDim.x;                                                             \
-    VEC xb[VPT], dn[VPT];                                                                             \
+  if (r < rows) {                                                                                     \
+    if (HOLD) { LN_LOAD(VEC, xa, x, r) LN_LOAD(VEC, da, dy, r) }                                      \
+    mu = mean[r]; rs = rstd[r];                                                                       \
+  }                                                                                                   \
+  for (int i = threadIdx.x; i < COLS; i += blockDim.x) {                                              \
+    g_s[(i % N) * NV + i / N] = LOAD(gamma[i]);                                                       \
+    b_s[(i % N) * NV + i / N] = LOAD(beta[i]);                                                        \
+  }                                                                                                   \
+  for (int i = threadIdx.x; i < 2 * WARPS * COLS; i += blockDim.x) sums[i] = 0.f;                     \
+  __syncthreads();                                                                                    \
+  float* dg = sums + warp * 2 * COLS;                                                                 \
+  float* db = dg + COLS;                                                                              \
+  for (; r < rows; r += stride) {                                                                     \
+    const long long next = r + stride;                                                                \
+    VEC xb[VPL], dn[VPL];                                                                             \
     float mun = 0.f, rsn = 0.f;                                                                       \
-    if (mine && next < rows) { LN_ROW(VEC, xb, x, next) LN_ROW(VEC, dn, dy, next)                     \
-                               mun = mean[next]; rsn = rstd[next]; }                                  \
+    if (PREFETCH && next < rows) { LN_LOAD(VEC, xb, x, next) LN_LOAD(VEC, dn, dy, next)              \
+                                   mun = mean[next]; rsn = rstd[next]; }                              \
     /* The recomputed output goes out in the first pass, which has x at hand; the second then     \
        needs only x̂ and dy·gamma. */                                                                  \
+    VEC* xnr = reinterpret_cast<VEC*>(xn + r * COLS);                                                 \
     float s1 = 0.f, s2 = 0.f;                                                                         \
-    if (mine) {                                                                                       \
-      VEC yo[VPT];                                                                                    \
-      _Pragma("unroll") for (int v = 0; v < VPT; ++v) {                                               \
-        const T* xe = reinterpret_cast<const T*>(&xa[v]);                                            \
-        const T* de = reinterpret_cast<const T*>(&da[v]);                                            \
-        T* ye = reinterpret_cast<T*>(&yo[v]);                                                         \
+    _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
+      int c = lane + v * 32;                                                                          \
+      if (c < NV) {                                                                                   \
+        const VEC xv = LN_AT(VEC, xa, x), dv = LN_AT(VEC, da, dy);                                    \
+        const T* xe = reinterpret_cast<const T*>(&xv);                                               \
+        const T* de = reinterpret_cast<const T*>(&dv);                                               \
+        VEC yo;                                                                                       \
+        T* ye = reinterpret_cast<T*>(&yo);                                                            \
         _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
-          const int e = v * N + k;                                                                    \
-          float xv = LOAD(xe[k]), xh = (xv - mu) * rs, d = LOAD(de[k]), dyg = d * g[e];               \
+          float xv = LOAD(xe[k]), xh = (xv - mu) * rs, d = LOAD(de[k]), dyg = d * g_s[k * NV + c];    \
           s1 += dyg * xh; s2 += dyg;                                                                  \
-          dg[e] += d * xh; db[e] += d;                                                                \
-          ye[k] = STORE(ln_out(xv, mu, rs, g[e], b[e]));                                              \
+          dg[k * NV + c] += d * xh; db[k * NV + c] += d;                                              \
+          ye[k] = STORE(ln_out(xv, mu, rs, g_s[k * NV + c], b_s[k * NV + c]));                        \
         }                                                                                             \
+        xnr[c] = yo;                                                                                  \
       }                                                                                               \
-      _Pragma("unroll") for (int v = 0; v < VPT; ++v)                                                 \
-        reinterpret_cast<VEC*>(xn + r * COLS)[t * VPT + v] = yo[v];                                   \
     }                                                                                                 \
-    /* The row's sums: each warp's by shuffles, then the warps' in order, the same in every thread. */ \
     _Pragma("unroll") for (int off = 16; off > 0; off >>= 1) {                                        \
       s1 += __shfl_xor_sync(0xffffffffu, s1, off);                                                    \
       s2 += __shfl_xor_sync(0xffffffffu, s2, off);                                                    \
     }                                                                                                 \
-    if (lane == 0) { red[parity][0][warp] = s1; red[parity][1][warp] = s2; }                          \
-    __syncthreads();                                                                                  \
-    s1 = 0.f; s2 = 0.f;                                                                               \
-    _Pragma("unroll") for (int w = 0; w < WARPS; ++w) { s1 += red[parity][0][w]; s2 += red[parity][1][w]; } \
     s1 *= 1.f / COLS; s2 *= 1.f / COLS;                                                               \
-    if (mine) {                                                                                       \
-      VEC ra[VPT], o[VPT];                                                                            \
-      if (dres) { LN_ROW(VEC, ra, dres, r) }                                                          \
-      _Pragma("unroll") for (int v = 0; v < VPT; ++v) {                                               \
-        const T* xe = reinterpret_cast<const T*>(&xa[v]);                                            \
-        const T* de = reinterpret_cast<const T*>(&da[v]);                                            \
-        const T* re = reinterpret_cast<const T*>(&ra[v]);                                            \
-        T* oe = reinterpret_cast<T*>(&o[v]);                                                          \
+    VEC* outr = reinterpret_cast<VEC*>(dx + r * COLS);                                                \
+    _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
+      int c = lane + v * 32;                                                                          \
+      if (c < NV) {                                                                                   \
+        const VEC xv = LN_AT(VEC, xa, x), dv = LN_AT(VEC, da, dy);                                    \
+        const T* xe = reinterpret_cast<const T*>(&xv);                                               \
+        const T* de = reinterpret_cast<const T*>(&dv);                                               \
+        VEC o, ra;                                                                                    \
+        T* oe = reinterpret_cast<T*>(&o);                                                             \
+        if (dres) ra = reinterpret_cast<const VEC*>(dres + r * COLS)[c];                              \
+        const T* re = reinterpret_cast<const T*>(&ra);                                                \
         _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
-          const int e = v * N + k;                                                                    \
-          float xh = (LOAD(xe[k]) - mu) * rs, dyg = LOAD(de[k]) * g[e];                               \
-          float out = rs * (dyg - s2 - xh * s1);                                                      \
-          oe[k] = STORE(dres ? out + LOAD(re[k]) : out);                                              \
+          float xh = (LOAD(xe[k]) - mu) * rs, dyg = LOAD(de[k]) * g_s[k * NV + c];                    \
+          float o = rs * (dyg - s2 - xh * s1);                                                        \
+          oe[k] = STORE(dres ? o + LOAD(re[k]) : o);                                                  \
         }                                                                                             \
+        outr[c] = o;                                                                                  \
       }                                                                                               \
-      _Pragma("unroll") for (int v = 0; v < VPT; ++v)                                                 \
-        reinterpret_cast<VEC*>(dx + r * COLS)[t * VPT + v] = o[v];                                    \
     }                                                                                                 \
-    _Pragma("unroll") for (int v = 0; v < VPT; ++v) { xa[v] = xb[v]; da[v] = dn[v]; }                 \
-    mu = mun; rs = rsn;                                                                               \
+    if (PREFETCH) {                                                                                   \
+      _Pragma("unroll") for (int v = 0; v < VPL; ++v) { xa[v] = xb[v]; da[v] = dn[v]; }               \
+      mu = mun; rs = rsn;                                                                             \
+    } else if (next < rows) {                                                                         \
+      if (HOLD) { LN_LOAD(VEC, xa, x, next) LN_LOAD(VEC, da, dy, next) }                              \
+      mu = mean[next]; rs = rstd[next];                                                               \
+    }                                                                                                 \
   }                                                                                                   \
-  /* The block's sums over its rows, in row order: one row of part (dy·x̂, then dy). */               \
-  if (mine) {                                                                                         \
-    float* pr = part + (long long)blockIdx.x * 2 * COLS + t * 8;                                      \
-    _Pragma("unroll") for (int e = 0; e < 8; ++e) { pr[e] = dg[e]; pr[COLS + e] = db[e]; }            \
+  __syncthreads();                                                                                    \
+  /* Column col = c * N + k sits at k * NV + c of each half; warps added in order. */                 \
+  for (int i = threadIdx.x; i < 2 * COLS; i += blockDim.x) {                                          \
+    int half = i / COLS, col = i % COLS, j = half * COLS + (col % N) * NV + col / N;                  \
+    float s = 0.f;                                                                                    \
+    for (int w = 0; w < WARPS; ++w) s += sums[w * 2 * COLS + j];                                      \
+    part[(long long)blockIdx.x * 2 * COLS + i] = s;                                                   \
   }                                                                                                   \
 }
 
@@ -409,23 +427,29 @@ LN_BACKWARD(ln_backward_f32, float, float4, 4, f2f, f2f)
 /// The kernels of [`LN_SOURCE`], forward then backward.
 pub(crate) const LN_INSTANCES: &[&str; 2] = &["ln_forward", "ln_backward"];
 
-/// Threads per block of the layer norm's backward kernel (its `LN_BACKWARD_THREADS`): one per 8
-/// columns, in whole warps.
-fn ln_backward_threads(cols: i64) -> u32 {
-    ((cols / 8 + 31) / 32 * 32) as u32
+/// Warps per block of the layer norm's backward kernel (its `WARPS`): each holds `2 · COLS` floats
+/// of shared memory, so wide rows get fewer.
+fn ln_warps(cols: i64) -> u32 {
+    if cols <= 1024 {
+        8
+    } else {
+        4
+    }
 }
 
-/// [`LN_SOURCE`] for rows of `cols` columns: its row length and backward block size defined.
-pub(crate) fn ln_source(cols: i64) -> String {
-    format!("#define COLS {cols}\n#define LN_BACKWARD_THREADS {}\n{LN_SOURCE}", ln_backward_threads(cols))
+/// The layer norm's backward kernel's dynamic shared memory: gamma, beta and every warp's sums,
+/// fp32.
+fn ln_shared_bytes(cols: i64) -> u32 {
+    ((2 + 2 * i64::from(ln_warps(cols))) * cols * 4) as u32
 }
 
 /// Warps per block of the layer norm's forward kernel.
 const LN_FORWARD_WARPS: u32 = 8;
 
-/// The widest row the layer norm's kernel takes: a lane of the forward kernel holds its columns of
-/// a row of `x` in registers; at 2048 columns it takes up to 161 registers (fp32) without spilling,
-/// and the backward kernel's block is 256 threads.
+/// The widest row the layer norm's kernel takes: a lane holds its columns of a row of `x` (and,
+/// backward, of `dy`) in registers; at 2048 columns the kernels take up to 247 registers without
+/// spilling (the backward kernel then loads no next row ahead, and in fp32 reads its rows twice
+/// instead of holding them); its shared memory is then `10 · COLS` floats (80 KiB).
 pub const MAX_COLS: i64 = 2048;
 
 /// A kernel in each precision with how many of its blocks fit on the GPU at once (blocks of
@@ -535,13 +559,21 @@ impl NodeKernels {
         if let Some(k) = cache.get(&cols) {
             return Ok(Arc::clone(k));
         }
-        let module = kernels::load(&self.gpu, &ln_source(cols))?;
+        let module = kernels::load(&self.gpu, &format!("#define COLS {cols}\n{LN_SOURCE}"))?;
         let [forward, backward] = LN_INSTANCES.map(|name| Instances::load(&module, name));
         let (forward, backward) = (forward?, backward?);
+        let shared = ln_shared_bytes(cols);
+        for f in backward.all() {
+            // Above 48 KiB a block's dynamic shared memory must be allowed explicitly.
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared as i32,
+            )?;
+        }
         let k = Arc::new(LnKernels {
             _module: module,
             forward: Resident::new(forward, LN_FORWARD_WARPS * 32, 0, self.sms)?,
-            backward: Resident::new(backward, ln_backward_threads(cols), 0, self.sms)?,
+            backward: Resident::new(backward, ln_warps(cols) * 32, shared, self.sms)?,
         });
         cache.insert(cols, Arc::clone(&k));
         Ok(k)
@@ -621,11 +653,13 @@ impl NodeKernels {
         }
         let k = self.ln_kernels(cols)?;
         let (backward, most) = k.backward.get(p);
-        // A block computes one row at a time.
-        let grid = grid_for(most, rows, 1);
+        let grid = grid_for(most, rows, ln_warps(cols));
         let part = Tensor::f_empty([i64::from(grid), 2 * cols], (Kind::Float, x.device()))?;
-        let cfg =
-            LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (ln_backward_threads(cols), 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (ln_warps(cols) * 32, 1, 1),
+            shared_mem_bytes: ln_shared_bytes(cols),
+        };
         let (dyp, xp, mp, rp, gp, bp) = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(gamma), ptr(beta));
         let (dresp, dxp, xnp, pp) = (dres.map_or(0, ptr), ptr(dx), ptr(xn), ptr(&part));
         let mut launch = self.gpu.compute.launch_builder(backward);
@@ -740,20 +774,20 @@ impl NodeKernels {
 }
 
 /// The precision and the rows and row length of `x` (over its last dimension) when the layer
-/// norm's kernels take them: a precision they have, rows of whole groups of 8 columns (a backward
-/// thread's: whole 16-byte vectors in every precision), at most [`MAX_COLS`] long, at least one row.
+/// norm's kernels take them: a precision they have, rows of whole 16-byte vectors, at most
+/// [`MAX_COLS`] long, at least one row.
 fn ln_rows(x: &Tensor) -> Option<(Precision, i64, i64)> {
     let p = Precision::of(x.kind())?;
     let cols = *x.size().last()?;
     let rows = if cols > 0 { x.numel() as i64 / cols } else { 0 };
-    (rows > 0 && cols % 8 == 0 && cols <= MAX_COLS).then_some((p, rows, cols))
+    (rows > 0 && cols % p.vector() == 0 && cols <= MAX_COLS).then_some((p, rows, cols))
 }
 
-/// A grid of at most `most` blocks that each compute `at_once` rows at a time: no more blocks than
-/// `rows` fill (a block without rows would only load gamma and, backward, write zeros to sum).
-fn grid_for(most: u32, rows: i64, at_once: u32) -> u32 {
-    let at_once = i64::from(at_once.max(1));
-    u32::try_from((rows + at_once - 1) / at_once).map_or(most, |needed| needed.clamp(1, most.max(1)))
+/// A grid of at most `most` blocks of `warps` warps, a warp per row: no more blocks than `rows`
+/// fill (a block without rows would only stage gamma and, backward, write zeros to sum).
+fn grid_for(most: u32, rows: i64, warps: u32) -> u32 {
+    let warps = i64::from(warps.max(1));
+    u32::try_from((rows + warps - 1) / warps).map_or(most, |needed| needed.clamp(1, most.max(1)))
 }
 
 /// Whether `t` is a contiguous tensor of `n` elements of `kind`.
@@ -1102,42 +1136,3 @@ macro_rules! five_tensor_cb {
 
 five_tensor_cb!(gelu_up_cb, gelu_up);
 five_tensor_cb!(residual_cb, residual);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The layer norm's kernels take rows of whole groups of 8 columns in every precision: a
-    /// backward thread computes 8 columns, so an fp32 row of 12 (three whole vectors) would leave
-    /// 4 of them to nobody.
-    #[test]
-    fn the_layer_norm_takes_rows_of_whole_groups_of_8_columns() {
-        let rows = |kind: Kind, cols: i64| ln_rows(&Tensor::zeros([3, 5, cols], (kind, tch::Device::Cpu)));
-        assert_eq!(rows(Kind::BFloat16, 1600), Some((Precision::Bf16, 15, 1600)));
-        assert_eq!(rows(Kind::Float, 16), Some((Precision::F32, 15, 16)));
-        assert_eq!(rows(Kind::Half, MAX_COLS), Some((Precision::F16, 15, MAX_COLS)));
-        assert_eq!(rows(Kind::Float, 12), None);
-        assert_eq!(rows(Kind::BFloat16, 1604), None);
-        assert_eq!(rows(Kind::BFloat16, MAX_COLS + 8), None);
-        assert_eq!(rows(Kind::Double, 16), None);
-        assert_eq!(ln_rows(&Tensor::zeros([0, 16], (Kind::Float, tch::Device::Cpu))), None);
-    }
-
-    /// The backward kernel's block: a thread per 8 columns, in whole warps, defined in its source.
-    #[test]
-    fn the_backward_block_has_a_thread_per_8_columns_in_whole_warps() {
-        assert_eq!(ln_backward_threads(768), 96);
-        assert_eq!(ln_backward_threads(1600), 224);
-        assert_eq!(ln_backward_threads(MAX_COLS), 256);
-        assert_eq!(ln_backward_threads(8), 32);
-        assert!(ln_source(1600).starts_with("#define COLS 1600\n#define LN_BACKWARD_THREADS 224\n"));
-    }
-
-    #[test]
-    fn a_grid_has_no_block_without_rows() {
-        assert_eq!(grid_for(396, 4096, 1), 396);
-        assert_eq!(grid_for(396, 100, 1), 100);
-        assert_eq!(grid_for(1056, 4101, 8), 513);
-        assert_eq!(grid_for(0, 10, 1), 1);
-    }
-}

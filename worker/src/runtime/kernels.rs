@@ -134,11 +134,15 @@ mod tests {
             ("cross_entropy", crate::model::lm_head_cuda::SOURCE),
             ("node kernels", crate::model::recompute_cuda::SOURCE),
             // The layer norm's kernel at the GPT-2 presets' widths and at its limit.
-            ("layer norm 768", &crate::model::recompute_cuda::ln_source(768)),
-            ("layer norm 1600", &crate::model::recompute_cuda::ln_source(1600)),
+            ("layer norm 768", &format!("#define COLS 768\n{}", crate::model::recompute_cuda::LN_SOURCE)),
+            ("layer norm 1600", &format!("#define COLS 1600\n{}", crate::model::recompute_cuda::LN_SOURCE)),
             (
                 "layer norm at its limit",
-                &crate::model::recompute_cuda::ln_source(crate::model::recompute_cuda::MAX_COLS),
+                &format!(
+                    "#define COLS {}\n{}",
+                    crate::model::recompute_cuda::MAX_COLS,
+                    crate::model::recompute_cuda::LN_SOURCE
+                ),
             ),
         ] {
             let ptx = super::compile(source, (9, 0)).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -193,7 +197,7 @@ mod tests {
     /// widths and at its limit (a lane holds its share of a row in registers), and every other.
     #[test]
     fn no_kernel_spills_registers_on_hopper() {
-        let ln = crate::model::recompute_cuda::ln_source;
+        let ln = |cols: i64| format!("#define COLS {cols}\n{}", crate::model::recompute_cuda::LN_SOURCE);
         let mut sources: Vec<(String, String)> = vec![
             ("adamw".into(), crate::zero::adamw_cuda::SOURCE.into()),
             ("peer_copy".into(), crate::comm::peer_copy::SOURCE.into()),
@@ -221,7 +225,7 @@ mod tests {
     /// on a GPU).
     #[test]
     fn every_instance_is_in_its_module() {
-        let ln = crate::model::recompute_cuda::ln_source(768);
+        let ln = format!("#define COLS 768\n{}", crate::model::recompute_cuda::LN_SOURCE);
         for (source, names) in [
             (crate::zero::adamw_cuda::SOURCE, &["adamw", "adamw_vec"][..]),
             (crate::model::lm_head_cuda::SOURCE, &["cross_entropy"][..]),
