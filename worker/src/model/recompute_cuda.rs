@@ -728,9 +728,7 @@ impl NodeKernels {
             Some((h, act)) => (self.gelu_col_sum.get(p), ptr(h), ptr(act)),
             None => (self.col_sum.get(p), 0, 0),
         };
-        // As many block rows as leave every block resident at once (one wave), and at least 64
-        // rows per block row.
-        let blocks_y = (resident / blocks_x).min(u32::try_from((rows + 63) / 64).unwrap_or(u32::MAX)).max(1);
+        let blocks_y = col_sum_block_rows(resident, blocks_x, rows);
         let part = Tensor::f_empty([i64::from(blocks_y), cols], (Kind::Float, x.device()))?;
         let cfg = LaunchConfig {
             grid_dim: (blocks_x, blocks_y, 1),
@@ -788,6 +786,13 @@ fn ln_rows(x: &Tensor) -> Option<(Precision, i64, i64)> {
 fn grid_for(most: u32, rows: i64, warps: u32) -> u32 {
     let warps = i64::from(warps.max(1));
     u32::try_from((rows + warps - 1) / warps).map_or(most, |needed| needed.clamp(1, most.max(1)))
+}
+
+/// The block rows of a column sum's grid of `blocks_x` column strips: as many as leave every block
+/// resident at once (`resident` blocks: one wave), at most one per 64 rows, at least one.
+fn col_sum_block_rows(resident: u32, blocks_x: u32, rows: i64) -> u32 {
+    let by_rows = u32::try_from((rows + 63) / 64).unwrap_or(u32::MAX);
+    (resident / blocks_x.max(1)).min(by_rows).max(1)
 }
 
 /// Whether `t` is a contiguous tensor of `n` elements of `kind`.
@@ -1136,3 +1141,21 @@ macro_rules! five_tensor_cb {
 
 five_tensor_cb!(gelu_up_cb, gelu_up);
 five_tensor_cb!(residual_cb, residual);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gpt2-xl's MLP gradient (6400 columns: 25 strips of 32 vectors) on an H200 (132
+    /// multiprocessors, five blocks of the GELU's variant each): 26 block rows, 650 blocks, all
+    /// resident; fewer rows or more resident blocks are bounded by the rows.
+    #[test]
+    fn a_column_sum_grid_is_one_wave_of_at_least_64_rows_a_block_row() {
+        assert_eq!(col_sum_block_rows(5 * 132, 25, 4096), 26);
+        assert_eq!(col_sum_block_rows(6 * 132, 7, 4096), 64);
+        assert_eq!(col_sum_block_rows(6 * 132, 7, 1000), 16);
+        assert_eq!(col_sum_block_rows(6 * 132, 7, 1), 1);
+        // More strips than resident blocks: one block row, the grid past one wave.
+        assert_eq!(col_sum_block_rows(660, 1024, 4096), 1);
+    }
+}
