@@ -16,7 +16,7 @@ use std::time::Duration;
 use zerobench_schema::log::{Record, RunStatus};
 
 use crate::slurm::{wait_final, zb};
-use crate::support::{job_output, records, slurm_conf, stderr, stdout, steps, worker, write_script};
+use crate::support::{job_output, log_tails, records, slurm_conf, stderr, stdout, steps, worker, write_script};
 
 fn sweep_on(method: &str, nodes: u32, ranks_per_node: u32) {
     let Some(conf) = slurm_conf() else { return };
@@ -49,7 +49,7 @@ fn sweep_on(method: &str, nodes: u32, ranks_per_node: u32) {
     for row in &rows {
         let run_dir = PathBuf::from(row["dir"].as_str().unwrap());
         let output = job_output(&run_dir);
-        assert_eq!(row["state"], "done", "{row:#}\njob output:\n{output}");
+        assert_eq!(row["state"], "done", "{row:#}\njob output:\n{output}\nrank logs:\n{}", log_tails(&run_dir));
         for rank in 0..nodes * ranks_per_node {
             let log = run_dir.join(format!("logs/rank{rank}.jsonl"));
             assert!(log.is_file(), "{} is missing; job output:\n{output}", log.display());

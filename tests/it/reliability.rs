@@ -119,6 +119,30 @@ fn a_killed_rank_stops_the_others_with_a_logged_cause() {
     }
 }
 
+/// A rank that dies of SIGSEGV says so on stderr, with its rank and native frames, before the
+/// signal ends it (Rust's own SIGSEGV handler keeps Open MPI's crash report away).
+#[test]
+fn a_crashed_rank_says_which_rank_and_where() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut run = start_long_run(2, dir, &[]);
+    let pid = wait_for_steps(dir, 1, 3, Duration::from_secs(60));
+    wait_for_steps(dir, 0, 3, Duration::from_secs(60));
+    signal(pid, "-SEGV");
+    let (status, _) = wait_exit(&mut run, Duration::from_secs(60), dir);
+    assert!(!status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut err).unwrap();
+    let report = format!("zerobench-worker: rank 1 (pid {pid}): fatal SIGSEGV sent by pid ");
+    assert!(err.contains(&report), "{err}");
+    assert!(err.contains("zerobench-worker: native frames"), "{err}");
+    assert!(err.contains("zerobench-worker(+0x"), "the worker's own frames: {err}");
+    // The crashed rank's log is intact up to its last step, without an end.
+    let dead = records(&dir.join("rank1.jsonl"));
+    assert!(steps(&dead).len() >= 3);
+    assert!(!dead.iter().any(|r| matches!(r, Record::End(_))));
+}
+
 #[test]
 fn a_frozen_rank_is_noticed_by_the_stall_watchdog() {
     let tmp = tempfile::tempdir().unwrap();

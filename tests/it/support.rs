@@ -183,6 +183,26 @@ pub fn job_output(run_dir: &Path) -> String {
     outs.iter().map(|p| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).collect()
 }
 
+/// The last lines of each rank log of a run folder, for a failure message: where each rank got to.
+pub fn log_tails(run_dir: &Path) -> String {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(run_dir.join("logs"))
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|e| e == "jsonl")).collect()
+        })
+        .unwrap_or_default();
+    logs.sort();
+    let mut out = String::new();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        out += &format!("{} ({} records), last:\n", log.display(), lines.len());
+        for l in &lines[lines.len().saturating_sub(2)..] {
+            out += &format!("  {}\n", &l[..l.len().min(400)]);
+        }
+    }
+    out
+}
+
 /// Every step of a rank log moves, to the byte, the collectives `zerobench_schema::traffic` gives
 /// for its run. Copies (offload's `d2h`/`h2d`, hpZ's `d2d`) are not collectives and not compared.
 /// The all-gathers that refresh the parameters after a stage 1-2 step are logged by the step in

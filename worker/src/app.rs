@@ -64,6 +64,7 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
             Failure::Comm(e.to_string())
         }
     })?;
+    runtime::fatal::set_rank(ident.rank);
     // The rules that depend on the number of ranks (hpZ's group size).
     cfg.validate(Some(ident.world_size))?;
     let run_id = shared_run_id(&mut host, args.run_id.as_deref(), &cfg)?;
@@ -347,7 +348,13 @@ fn set_threads(args: &cli::Args, cfg: &RunConfig, ident: &Identity, on_gpu: bool
     // With GPU offload the CPU optimizer runs on the rayon pool while this thread keeps launching
     // the GPU's work; one of the rank's cores stays free for it, or the GPU waits for launches.
     let pool = if on_gpu && cfg.offload != Offload::None { threads.saturating_sub(1).max(1) } else { threads };
-    let _ = rayon::ThreadPoolBuilder::new().num_threads(pool as usize).build_global();
+    // The pool's threads run the CPU optimizer's loops: a crash there is reported with its frames.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(pool as usize)
+        .start_handler(|_| {
+            let _ = runtime::fatal::signal_stack_for_this_thread();
+        })
+        .build_global();
     threads
 }
 

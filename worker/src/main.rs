@@ -6,6 +6,10 @@ use clap::Parser;
 use zerobench_worker::{app, cli};
 
 fn main() -> ExitCode {
+    // First, so that a crash anywhere (MPI's start among it) says where it happened.
+    if let Err(e) = zerobench_worker::runtime::fatal::install() {
+        eprintln!("zerobench-worker: no crash report: {e}");
+    }
     let args = cli::Args::parse();
     // Panics are caught and logged as failures (app::run); the default hook's backtrace could
     // itself fail or hang when the panic is an allocation failure, so print the message only.

@@ -4,6 +4,7 @@
 pub mod cpus;
 pub mod cuda;
 pub mod device;
+pub mod fatal;
 pub mod graph;
 pub mod guard;
 pub mod host_memory;

@@ -211,7 +211,11 @@ impl HostUpdates {
         let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), wake: Condvar::new() });
         let driver = {
             let shared = Arc::clone(&shared);
-            std::thread::Builder::new().name("host-updates".into()).spawn(move || drive(&shared, &tx))?
+            std::thread::Builder::new().name("host-updates".into()).spawn(move || {
+                // A crash in the host's update is reported with its frames.
+                let _ = crate::runtime::fatal::signal_stack_for_this_thread();
+                drive(&shared, &tx)
+            })?
         };
         Ok(Self { shared, rx, done: HashMap::new(), driver: Some(driver) })
     }
