@@ -55,10 +55,29 @@ use crate::runtime::cuda::Gpu;
 use crate::runtime::kernels::{self, Instances, Precision};
 use crate::runtime::shim::{self, CTensor, NodeKernelFns};
 
+/// Rows of threads in the blocks of the column sums and of the parts' reduction, which are
+/// (32, rows): declared once, here, for the launches ([`COL_SUM_ROWS`]) and the CUDA source
+/// (`COL_SUM_ROWS`, defined at its top).
+macro_rules! col_sum_rows {
+    () => {
+        8
+    };
+}
+
+/// See [`col_sum_rows`].
+const COL_SUM_ROWS: u32 = col_sum_rows!();
+
+/// Threads per block of the column sums.
+const COL_SUM_THREADS: u32 = 32 * COL_SUM_ROWS;
+
 /// The kernels that do not depend on the row length, after [`kernels`]' shared conversions. Each
 /// is instantiated for bf16, fp16 and fp32 (suffixes `bf16`, `f16`, `f32`), 16 bytes per load: 8
 /// 16-bit values or 4 fp32 ones.
-pub(crate) const SOURCE: &str = r#"
+pub(crate) const SOURCE: &str = concat!(
+    "#define COL_SUM_ROWS ",
+    col_sum_rows!(),
+    "\n",
+    r#"
 #define GELU_BETA 0.7978845608028654f   /* sqrt(2 / pi) */
 #define GELU_KAPPA 0.044715f
 /* The tanh in the tanh GELU, as libtorch's gelu computes it in fp32. */
@@ -94,7 +113,8 @@ extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ h, 
   }                                                                                                   \
 }
 
-/* Block (32, 8): lane x sums vector column blockIdx.x * 32 + x over rows y, y + 8 * gridDim.y, ...
+/* Block (32, COL_SUM_ROWS): lane x sums vector column blockIdx.x * 32 + x over rows y,
+   y + COL_SUM_ROWS * gridDim.y, ...
    of block row blockIdx.y; part[blockIdx.y][cols] gets the block's sums. With GELU, h holds the
    GELU's input: act gets gelu(h) (the recomputed activation) and x (g) is overwritten with
    gelu'(h)·g, whose stored values are summed; one tanh serves both. Two rows are loaded before
@@ -117,10 +137,10 @@ extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ h, 
     _Pragma("unroll") for (int k = 0; k < N; ++k) acc[k] += LOAD(e[k]);                               \
   }
 #define COL_SUM(NAME, T, VEC, N, LOAD, STORE, GELU)                                                   \
-extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ x, const T* __restrict__ h,   \
+extern "C" __global__ void __launch_bounds__(32 * COL_SUM_ROWS) NAME(T* __restrict__ x, const T* __restrict__ h,   \
     T* __restrict__ act, float* __restrict__ part, long long rows, long long nv,                      \
     unsigned int* __restrict__ done, T* __restrict__ out) {                                           \
-  __shared__ float sm[8][32 * N];                                                                     \
+  __shared__ float sm[COL_SUM_ROWS][32 * N];                                                                     \
   __shared__ bool last;                                                                               \
   long long c = (long long)blockIdx.x * 32 + threadIdx.x;                                             \
   float acc[N];                                                                                       \
@@ -128,8 +148,8 @@ extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ x, const 
   if (c < nv) {                                                                                       \
     VEC* xv = reinterpret_cast<VEC*>(x);                                                              \
     const VEC* hv = reinterpret_cast<const VEC*>(h);                                                  \
-    long long step = (long long)gridDim.y * 8;                                                        \
-    long long r = (long long)blockIdx.y * 8 + threadIdx.y;                                            \
+    long long step = (long long)gridDim.y * COL_SUM_ROWS;                                                        \
+    long long r = (long long)blockIdx.y * COL_SUM_ROWS + threadIdx.y;                                            \
     for (; r + step < rows; r += 2 * step) {                                                          \
       VEC raw0 = xv[r * nv + c], raw1 = xv[(r + step) * nv + c], hr0, hr1;                            \
       if (GELU) { hr0 = hv[r * nv + c]; hr1 = hv[(r + step) * nv + c]; }                              \
@@ -145,9 +165,9 @@ extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ x, const 
   _Pragma("unroll") for (int k = 0; k < N; ++k) sm[threadIdx.y][threadIdx.x * N + k] = acc[k];        \
   __syncthreads();                                                                                    \
   long long cols = nv * N;                                                                            \
-  for (int e = threadIdx.y * 32 + threadIdx.x; e < 32 * N; e += 256) {                                \
+  for (int e = threadIdx.y * 32 + threadIdx.x; e < 32 * N; e += 32 * COL_SUM_ROWS) {                                \
     float s = 0.f;                                                                                    \
-    _Pragma("unroll") for (int y = 0; y < 8; ++y) s += sm[y][e];                                      \
+    _Pragma("unroll") for (int y = 0; y < COL_SUM_ROWS; ++y) s += sm[y][e];                                      \
     long long col = (long long)blockIdx.x * 32 * N + e;                                               \
     if (col < cols) part[(long long)blockIdx.y * cols + col] = s;                                     \
   }                                                                                                   \
@@ -159,12 +179,12 @@ extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ x, const 
   __syncthreads();                                                                                    \
   if (!last) return;                                                                                  \
   __threadfence();                                                                                    \
-  /* As REDUCE adds them: lane (x, y) the rows y, y + 8, ... of its N columns, in order; then each   \
-     column's eight sums in order of y. */                                                            \
+  /* As REDUCE adds them: lane (x, y) the rows y, y + COL_SUM_ROWS, ... of its N columns, in order;    \
+     then each column's COL_SUM_ROWS sums in order of y. */                                                            \
   float s8[N];                                                                                        \
   _Pragma("unroll") for (int k = 0; k < N; ++k) s8[k] = 0.f;                                          \
   if (c < nv) {                                                                                       \
-    _Pragma("unroll 4") for (long long q = threadIdx.y; q < gridDim.y; q += 8) {                       \
+    _Pragma("unroll 4") for (long long q = threadIdx.y; q < gridDim.y; q += COL_SUM_ROWS) {                       \
       const float4* pr = reinterpret_cast<const float4*>(part + q * cols + c * N);                    \
       _Pragma("unroll") for (int k = 0; k < N / 4; ++k) {                                             \
         float4 v = __ldcg(pr + k);                                                                    \
@@ -174,30 +194,30 @@ extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ x, const 
   }                                                                                                   \
   _Pragma("unroll") for (int k = 0; k < N; ++k) sm[threadIdx.y][threadIdx.x * N + k] = s8[k];         \
   __syncthreads();                                                                                    \
-  for (int e = threadIdx.y * 32 + threadIdx.x; e < 32 * N; e += 256) {                                \
+  for (int e = threadIdx.y * 32 + threadIdx.x; e < 32 * N; e += 32 * COL_SUM_ROWS) {                                \
     long long col = (long long)blockIdx.x * 32 * N + e;                                               \
     if (col >= cols) continue;                                                                        \
     float t = 0.f;                                                                                    \
-    _Pragma("unroll") for (int y = 0; y < 8; ++y) t += sm[y][e];                                      \
+    _Pragma("unroll") for (int y = 0; y < COL_SUM_ROWS; ++y) t += sm[y][e];                                      \
     out[col] = STORE(t);                                                                              \
   }                                                                                                   \
   if (threadIdx.x == 0 && threadIdx.y == 0) done[blockIdx.x] = 0;                                     \
 }
 
-/* Block (32, 8): column c of the nparts rows of part (cols each) summed; columns below split go
+/* Block (32, COL_SUM_ROWS): column c of the nparts rows of part (cols each) summed; columns below split go
    to out0, the rest to out1. */
 #define REDUCE(NAME, T, STORE)                                                                        \
 extern "C" __global__ void NAME(const float* __restrict__ part, long long nparts, long long cols,     \
     long long split, T* __restrict__ out0, T* __restrict__ out1) {                                    \
-  __shared__ float sm[8][33];                                                                         \
+  __shared__ float sm[COL_SUM_ROWS][33];                                                                         \
   long long c = (long long)blockIdx.x * 32 + threadIdx.x;                                             \
   float s = 0.f;                                                                                      \
-  if (c < cols) for (long long p = threadIdx.y; p < nparts; p += 8) s += part[p * cols + c];          \
+  if (c < cols) for (long long p = threadIdx.y; p < nparts; p += COL_SUM_ROWS) s += part[p * cols + c];          \
   sm[threadIdx.y][threadIdx.x] = s;                                                                   \
   __syncthreads();                                                                                    \
   if (threadIdx.y == 0 && c < cols) {                                                                 \
     float t = 0.f;                                                                                    \
-    _Pragma("unroll") for (int y = 0; y < 8; ++y) t += sm[y][threadIdx.x];                            \
+    _Pragma("unroll") for (int y = 0; y < COL_SUM_ROWS; ++y) t += sm[y][threadIdx.x];                            \
     if (c < split) out0[c] = STORE(t); else out1[c - split] = STORE(t);                               \
   }                                                                                                   \
 }
@@ -214,7 +234,8 @@ COL_SUM(gelu_backward_col_sum_f32, float, float4, 4, f2f, f2f, true)
 REDUCE(reduce_parts_bf16, unsigned short, f2bf)
 REDUCE(reduce_parts_f16, unsigned short, f2h)
 REDUCE(reduce_parts_f32, float, f2f)
-"#;
+"#
+);
 
 /// The kernels of [`SOURCE`], each in every precision: column sums, the GELU, the GELU's gradient
 /// with column sums, the partial sums' reduction.
@@ -760,7 +781,7 @@ impl NodeKernels {
         out1: &Tensor,
     ) -> Result<(), NodeKernelError> {
         let blocks = u32::try_from((cols + 31) / 32).unwrap_or(u32::MAX);
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32, 8, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32, COL_SUM_ROWS, 1), shared_mem_bytes: 0 };
         let (pp, o0, o1) = (ptr(part), ptr(out0), ptr(out1));
         let mut launch = self.gpu.compute.launch_builder(self.reduce.get(p));
         launch.arg(&pp).arg(&nparts).arg(&cols).arg(&split).arg(&o0).arg(&o1);
@@ -813,9 +834,6 @@ fn aligned(t: &Tensor) -> bool {
 /// sums: rows of up to 262,144 16-bit values (GPT-2's widest bias has 4·1600). A wider sum is
 /// declined: libtorch's operations sum it.
 const COL_SUM_STRIPS: u32 = 1024;
-
-/// Threads per block of the column sums: `(32, 8)`, the `sm[8]` of `COL_SUM`.
-const COL_SUM_THREADS: u32 = 256;
 
 /// The column sums' counters: a device array of [`COL_SUM_STRIPS`] `u32`, zero between launches
 /// (each strip's last block sets its counter back), held by libtorch's caching allocator.
