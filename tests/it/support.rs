@@ -197,7 +197,7 @@ pub fn log_tails(run_dir: &Path) -> String {
         let lines: Vec<&str> = text.lines().collect();
         out += &format!("{} ({} records), last:\n", log.display(), lines.len());
         for l in &lines[lines.len().saturating_sub(2)..] {
-            out += &format!("  {}\n", &l[..l.len().min(400)]);
+            out += &format!("  {}\n", l.chars().take(400).collect::<String>());
         }
     }
     out
