@@ -137,10 +137,10 @@ extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ h, 
     _Pragma("unroll") for (int k = 0; k < N; ++k) acc[k] += LOAD(e[k]);                               \
   }
 #define COL_SUM(NAME, T, VEC, N, LOAD, STORE, GELU)                                                   \
-extern "C" __global__ void __launch_bounds__(32 * COL_SUM_ROWS) NAME(T* __restrict__ x, const T* __restrict__ h,   \
+extern "C" __global__ void __launch_bounds__(32 * COL_SUM_ROWS) NAME(T* __restrict__ x, const T* __restrict__ h, \
     T* __restrict__ act, float* __restrict__ part, long long rows, long long nv,                      \
     unsigned int* __restrict__ done, T* __restrict__ out) {                                           \
-  __shared__ float sm[COL_SUM_ROWS][32 * N];                                                                     \
+  __shared__ float sm[COL_SUM_ROWS][32 * N];                                                          \
   __shared__ bool last;                                                                               \
   long long c = (long long)blockIdx.x * 32 + threadIdx.x;                                             \
   float acc[N];                                                                                       \
@@ -148,8 +148,8 @@ extern "C" __global__ void __launch_bounds__(32 * COL_SUM_ROWS) NAME(T* __restri
   if (c < nv) {                                                                                       \
     VEC* xv = reinterpret_cast<VEC*>(x);                                                              \
     const VEC* hv = reinterpret_cast<const VEC*>(h);                                                  \
-    long long step = (long long)gridDim.y * COL_SUM_ROWS;                                                        \
-    long long r = (long long)blockIdx.y * COL_SUM_ROWS + threadIdx.y;                                            \
+    long long step = (long long)gridDim.y * COL_SUM_ROWS;                                             \
+    long long r = (long long)blockIdx.y * COL_SUM_ROWS + threadIdx.y;                                 \
     for (; r + step < rows; r += 2 * step) {                                                          \
       VEC raw0 = xv[r * nv + c], raw1 = xv[(r + step) * nv + c], hr0, hr1;                            \
       if (GELU) { hr0 = hv[r * nv + c]; hr1 = hv[(r + step) * nv + c]; }                              \
@@ -165,9 +165,9 @@ extern "C" __global__ void __launch_bounds__(32 * COL_SUM_ROWS) NAME(T* __restri
   _Pragma("unroll") for (int k = 0; k < N; ++k) sm[threadIdx.y][threadIdx.x * N + k] = acc[k];        \
   __syncthreads();                                                                                    \
   long long cols = nv * N;                                                                            \
-  for (int e = threadIdx.y * 32 + threadIdx.x; e < 32 * N; e += 32 * COL_SUM_ROWS) {                                \
+  for (int e = threadIdx.y * 32 + threadIdx.x; e < 32 * N; e += 32 * COL_SUM_ROWS) {                  \
     float s = 0.f;                                                                                    \
-    _Pragma("unroll") for (int y = 0; y < COL_SUM_ROWS; ++y) s += sm[y][e];                                      \
+    _Pragma("unroll") for (int y = 0; y < COL_SUM_ROWS; ++y) s += sm[y][e];                           \
     long long col = (long long)blockIdx.x * 32 * N + e;                                               \
     if (col < cols) part[(long long)blockIdx.y * cols + col] = s;                                     \
   }                                                                                                   \
@@ -179,12 +179,12 @@ extern "C" __global__ void __launch_bounds__(32 * COL_SUM_ROWS) NAME(T* __restri
   __syncthreads();                                                                                    \
   if (!last) return;                                                                                  \
   __threadfence();                                                                                    \
-  /* As REDUCE adds them: lane (x, y) the rows y, y + COL_SUM_ROWS, ... of its N columns, in order;    \
-     then each column's COL_SUM_ROWS sums in order of y. */                                                            \
+  /* As REDUCE adds them: lane (x, y) the rows y, y + COL_SUM_ROWS, ... of its N columns, in order;   \
+     then each column's COL_SUM_ROWS sums in order of y. */                                           \
   float s8[N];                                                                                        \
   _Pragma("unroll") for (int k = 0; k < N; ++k) s8[k] = 0.f;                                          \
   if (c < nv) {                                                                                       \
-    _Pragma("unroll 4") for (long long q = threadIdx.y; q < gridDim.y; q += COL_SUM_ROWS) {                       \
+    _Pragma("unroll 4") for (long long q = threadIdx.y; q < gridDim.y; q += COL_SUM_ROWS) {           \
       const float4* pr = reinterpret_cast<const float4*>(part + q * cols + c * N);                    \
       _Pragma("unroll") for (int k = 0; k < N / 4; ++k) {                                             \
         float4 v = __ldcg(pr + k);                                                                    \
@@ -194,11 +194,11 @@ extern "C" __global__ void __launch_bounds__(32 * COL_SUM_ROWS) NAME(T* __restri
   }                                                                                                   \
   _Pragma("unroll") for (int k = 0; k < N; ++k) sm[threadIdx.y][threadIdx.x * N + k] = s8[k];         \
   __syncthreads();                                                                                    \
-  for (int e = threadIdx.y * 32 + threadIdx.x; e < 32 * N; e += 32 * COL_SUM_ROWS) {                                \
+  for (int e = threadIdx.y * 32 + threadIdx.x; e < 32 * N; e += 32 * COL_SUM_ROWS) {                  \
     long long col = (long long)blockIdx.x * 32 * N + e;                                               \
     if (col >= cols) continue;                                                                        \
     float t = 0.f;                                                                                    \
-    _Pragma("unroll") for (int y = 0; y < COL_SUM_ROWS; ++y) t += sm[y][e];                                      \
+    _Pragma("unroll") for (int y = 0; y < COL_SUM_ROWS; ++y) t += sm[y][e];                           \
     out[col] = STORE(t);                                                                              \
   }                                                                                                   \
   if (threadIdx.x == 0 && threadIdx.y == 0) done[blockIdx.x] = 0;                                     \
@@ -209,15 +209,15 @@ extern "C" __global__ void __launch_bounds__(32 * COL_SUM_ROWS) NAME(T* __restri
 #define REDUCE(NAME, T, STORE)                                                                        \
 extern "C" __global__ void NAME(const float* __restrict__ part, long long nparts, long long cols,     \
     long long split, T* __restrict__ out0, T* __restrict__ out1) {                                    \
-  __shared__ float sm[COL_SUM_ROWS][33];                                                                         \
+  __shared__ float sm[COL_SUM_ROWS][33];                                                              \
   long long c = (long long)blockIdx.x * 32 + threadIdx.x;                                             \
   float s = 0.f;                                                                                      \
-  if (c < cols) for (long long p = threadIdx.y; p < nparts; p += COL_SUM_ROWS) s += part[p * cols + c];          \
+  if (c < cols) for (long long p = threadIdx.y; p < nparts; p += COL_SUM_ROWS) s += part[p * cols + c]; \
   sm[threadIdx.y][threadIdx.x] = s;                                                                   \
   __syncthreads();                                                                                    \
   if (threadIdx.y == 0 && c < cols) {                                                                 \
     float t = 0.f;                                                                                    \
-    _Pragma("unroll") for (int y = 0; y < COL_SUM_ROWS; ++y) t += sm[y][threadIdx.x];                            \
+    _Pragma("unroll") for (int y = 0; y < COL_SUM_ROWS; ++y) t += sm[y][threadIdx.x];                 \
     if (c < split) out0[c] = STORE(t); else out1[c - split] = STORE(t);                               \
   }                                                                                                   \
 }
