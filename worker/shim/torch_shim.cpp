@@ -27,6 +27,8 @@
 //   match the Gloo compiled into libtorch_cpu.
 // * zb_residual_linear: res + a linear layer, as an autograd function whose bias gradient is the
 //   worker's kernel.
+// * zb_given_grads: a loss whose inputs' gradients were computed beside it (the LM head's), as an
+//   autograd function that hands them back scaled by the upstream gradient.
 // * zb_set_node_kernels: the worker's own CUDA kernels for these nodes (layer norm forward and
 //   backward, bias and GELU gradients, and matrix products with cuBLASLt's epilogues), called with
 //   libtorch's current stream; without them, or where they decline the tensors, the nodes use
@@ -415,6 +417,29 @@ struct ResidualLnGeluMlp : torch::autograd::Function<ResidualLnGeluMlp> {
   }
 };
 
+// The LM head's loss, whose gradients the forward pass already computed (model/lm_head.rs):
+// returns `loss` (a value without history), and its backward gives h and w the gradients gh and
+// gw times the upstream gradient, one product each, instead of autograd deriving them from a
+// surrogate expression over h and w.
+struct GivenGrads : torch::autograd::Function<GivenGrads> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& loss, const at::Tensor& h, const at::Tensor& w,
+                            const at::Tensor& gh, const at::Tensor& gw) {
+    TORCH_CHECK(gh.sizes() == h.sizes() && gw.sizes() == w.sizes(),
+                "given gradients: their shapes are not those of the inputs");
+    // Kept as values, not saved variables: nothing else holds or changes them.
+    ctx->saved_data["gh"] = gh;
+    ctx->saved_data["gw"] = gw;
+    return loss.detach().clone();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto gh = ctx->saved_data["gh"].toTensor();
+    auto gw = ctx->saved_data["gw"].toTensor();
+    // A 0-dim upstream gradient keeps the 16-bit gradients 16-bit.
+    return {at::Tensor(), gh.mul(grads[0]), gw.mul(grads[0]), at::Tensor(), at::Tensor()};
+  }
+};
+
 typedef int (*zb_in_backward_fn)(void* data);
 
 // x -> x.clone(), whose backward calls fn(data) with gradients on and passes the gradient
@@ -729,6 +754,10 @@ int zb_set_node_kernels(const zb_node_kernels* k) {
 
 int zb_residual_linear(at::Tensor* res, at::Tensor* x, at::Tensor* w, at::Tensor* b, void** out) {
   return guarded([&] { *out = new at::Tensor(ResidualLinear::apply(*res, *x, *w, *b)); });
+}
+
+int zb_given_grads(at::Tensor* loss, at::Tensor* h, at::Tensor* w, at::Tensor* gh, at::Tensor* gw, void** out) {
+  return guarded([&] { *out = new at::Tensor(GivenGrads::apply(*loss, *h, *w, *gh, *gw)); });
 }
 
 int zb_ln_linear(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, at::Tensor* b, double eps,

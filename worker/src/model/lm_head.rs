@@ -10,11 +10,12 @@
 //! and of the weight (two GEMMs). One chunk's logits are alive at a time. This is the approach of
 //! llm.c's fused classifier and Liger's fused linear cross-entropy, written for this engine.
 //!
-//! tch has no custom autograd functions, so the gradients reach autograd through a surrogate: the
-//! returned loss is `L + Σ h·G_h − (Σ h·G_h)₀ + Σ W·G_W − (Σ W·G_W)₀`, where `(·)₀` is the same
-//! value detached. Its value is exactly `L` (x − x = 0 in floating point) and its gradients
-//! are exactly `G_h` and `G_W` times the upstream gradient (the loss scale under fp16), so the
-//! backward pass of the segment costs two element-wise products.
+//! The gradients reach autograd through an autograd node of the shim (`shim::given_grads`; tch has
+//! no custom autograd functions): the returned loss is that node's output, and its backward gives
+//! `h` and `W` the gradients `G_h` and `G_W` times the upstream gradient (the loss scale under
+//! fp16), two element-wise products. (A surrogate expression, `L + Σ h·G_h − (Σ h·G_h)₀ + …`,
+//! did the same with composed operations, for three more passes over the weight each step and
+//! the slice of its padded copy's gradient.)
 //!
 //! What differs from the composed head, and by how much (tested on CPU in fp32 to 1e-5, and on a
 //! GPU by `bench/gpu/run.sh selfcheck`):
@@ -38,6 +39,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tch::{Kind, TchError, Tensor};
+
+use crate::runtime::shim;
 
 /// Rows of the LM-head product are padded to a multiple of this.
 const HEAD_ALIGN: i64 = 64;
@@ -71,14 +74,14 @@ pub fn lm_loss_chunked(h: &Tensor, w: &Tensor, target: &Tensor, chunk_bytes: i64
     let v = w.size()[0];
     let d = w.size()[1];
     let v_pad = padded_vocab(v);
-    let w_pad = if v_pad > v { w.f_constant_pad_nd([0, 0, 0, v_pad - v])? } else { w.shallow_clone() };
     let h2 = h.f_reshape([-1, d])?;
     let t = target.f_reshape([-1])?;
     let n = h2.size()[0];
     let rows = chunk_rows(n, v_pad, h2.kind().elt_size_in_bytes() as i64, chunk_bytes);
     let (loss, g_h, g_w) = {
         let _guard = tch::no_grad_guard();
-        let (hd, wd) = (h2.detach(), w_pad.detach());
+        let hd = h2.detach();
+        let wd = if v_pad > v { w.f_constant_pad_nd([0, 0, 0, v_pad - v])? } else { w.detach() };
         // 1 / the targets counted, on the device: reading it on the host would stall the queue.
         let scale = t.f_ne(IGNORE_INDEX)?.f_sum(Kind::Float)?.f_clamp_min(1.0)?.f_reciprocal()?;
         let g_h = Tensor::f_empty_like(&hd)?;
@@ -116,11 +119,10 @@ pub fn lm_loss_chunked(h: &Tensor, w: &Tensor, target: &Tensor, chunk_bytes: i64
             Some(g) => g.f_to_kind(wd.kind())?,
             None => Tensor::f_zeros([v_pad, d], (wd.kind(), hd.device()))?,
         };
-        (loss.f_mul(&scale)?, g_h, g_w)
+        // The padding rows' gradient stays behind: `w` has the vocabulary's rows only.
+        (loss.f_mul(&scale)?, g_h.f_view(h.size().as_slice())?, g_w.f_narrow(0, 0, v)?)
     };
-    let through_h = h2.f_mul(&g_h)?.f_sum(Kind::Float)?;
-    let through_w = w_pad.f_mul(&g_w)?.f_sum(Kind::Float)?;
-    loss.f_add(&through_h.f_sub(&through_h.f_detach()?)?)?.f_add(&through_w.f_sub(&through_w.f_detach()?)?)
+    Ok(shim::given_grads(&loss, h, w, &g_h, &g_w)?)
 }
 
 /// `out = a·b`: on a GPU through the worker's cuBLASLt plans, each shape's algorithm timed at its
@@ -322,9 +324,22 @@ mod tests {
     #[test]
     fn gradients_follow_the_upstream_gradient() {
         let (h, w, t) = leaves(Kind::Float);
-        let (_, one_h, _) = grads(lm_loss_chunked(&h, &w, &t, 1 << 10).unwrap(), &h, &w);
+        let (_, one_h, one_w) = grads(lm_loss_chunked(&h, &w, &t, 1 << 10).unwrap(), &h, &w);
         let (h2, w2) = (h.detach().set_requires_grad(true), w.detach().set_requires_grad(true));
         (lm_loss_chunked(&h2, &w2, &t, 1 << 10).unwrap() * 1024.0).backward();
         assert!(h2.grad().allclose(&(one_h * 1024.0), 1e-5, 1e-6, false));
+        assert!(w2.grad().allclose(&(one_w * 1024.0), 1e-5, 1e-6, false));
+    }
+
+    /// The node that hands the head's gradients to autograd refuses gradients whose shapes are not
+    /// its inputs' (a padded weight's, say), rather than giving autograd a wrong-sized gradient.
+    #[test]
+    fn given_gradients_of_another_shape_are_refused() {
+        let (h, w, _) = leaves(Kind::Float);
+        let loss = Tensor::zeros([], (Kind::Float, Device::Cpu));
+        let padded = Tensor::zeros([padded_vocab(70), 16], (Kind::Float, Device::Cpu));
+        let err = shim::given_grads(&loss, &h, &w, &h.zeros_like(), &padded).unwrap_err();
+        assert!(err.0.contains("shapes are not those of the inputs"), "{err}");
+        assert!(shim::given_grads(&loss, &h, &w, &h.zeros_like(), &w.zeros_like()).is_ok());
     }
 }

@@ -176,6 +176,7 @@ extern "C" {
     fn zb_gloo_close(pg: *mut c_void);
     fn zb_set_node_kernels(k: *const NodeKernelFns) -> c_int;
     fn zb_residual_linear(res: CTensor, x: CTensor, w: CTensor, b: CTensor, out: *mut CTensor) -> c_int;
+    fn zb_given_grads(loss: CTensor, h: CTensor, w: CTensor, gh: CTensor, gw: CTensor, out: *mut CTensor) -> c_int;
     fn zb_ln_linear(
         x: CTensor,
         gamma: CTensor,
@@ -459,6 +460,18 @@ pub fn residual_linear(res: &Tensor, x: &Tensor, w: &Tensor, b: &Tensor) -> Resu
     let mut out = std::ptr::null_mut();
     // SAFETY: live tensors and a valid out-pointer.
     check(unsafe { zb_residual_linear(p(res), p(x), p(w), p(b), &mut out) })?;
+    // SAFETY: on success the shim wrote a new tensor there.
+    Ok(unsafe { owned(out) })
+}
+
+/// `loss` (a value without history) as an autograd node whose backward gives `h` and `w` the
+/// gradients `gh` and `gw` (their shapes) times the upstream gradient: for a loss whose gradients
+/// were computed beside it, as the LM head's are.
+pub fn given_grads(loss: &Tensor, h: &Tensor, w: &Tensor, gh: &Tensor, gw: &Tensor) -> Result<Tensor, ShimError> {
+    let p = |t: &Tensor| t.as_ptr() as CTensor;
+    let mut out = std::ptr::null_mut();
+    // SAFETY: live tensors and a valid out-pointer.
+    check(unsafe { zb_given_grads(p(loss), p(h), p(w), p(gh), p(gw), &mut out) })?;
     // SAFETY: on success the shim wrote a new tensor there.
     Ok(unsafe { owned(out) })
 }

@@ -15,7 +15,7 @@ pub use super::error::EngineError;
 use super::layout::UnitLayout;
 use super::loss_scale::LossScaler;
 use super::offload::{HostUpdates, Update};
-use super::reduce::{write_grads, Buckets, Reduction, Staging};
+use super::reduce::{write_grads, Buckets, GradPlace, Reduction, Staging};
 use super::unit::{len64, total_padded, Gathered, OptimState, ParamShard, Partition, Unit, UnitBuild, UnitGrads, Via};
 use crate::comm::{Collectives, HostCopy, Pending, StepComm};
 use crate::metrics::clock::SharedClock;
@@ -593,7 +593,12 @@ impl Engine {
                 let UnitGrads::Full { full, .. } = &self.units[u].grads else {
                     unreachable!("bucketed gradients have full buffers")
                 };
-                let in_place = write_grads(&self.units[u], full, 0, self.micro > 0)?;
+                let place = if self.stage == ZeroStage::Z0 || self.world == 1 {
+                    GradPlace::ZeroPadded
+                } else {
+                    GradPlace::At(0)
+                };
+                let in_place = write_grads(&self.units[u], full, place, self.micro > 0)?;
                 assert!(placed.is_some() || in_place == 0, "unit {u}: gradients in place it was not given");
                 if last {
                     bk.units.push(u);
@@ -603,7 +608,7 @@ impl Engine {
             }
             Reduction::Staged(st) => {
                 let offset = st.fill;
-                let in_place = write_grads(&self.units[u], &st.buffers[st.current], offset, false)?;
+                let in_place = write_grads(&self.units[u], &st.buffers[st.current], GradPlace::At(offset), false)?;
                 assert!(
                     placed.map_or(in_place == 0, |p| p == offset),
                     "unit {u} placed at {placed:?}, harvested at {offset}"
@@ -777,8 +782,20 @@ impl Engine {
         };
         let control = Tensor::f_stack(&[loss_local, overflow_local], 0)?;
         self.comm.reduce_control(&control)?;
+        // Without a loss scale and offload nothing the host reads decides the update: it is
+        // issued before the read, so the device goes from backward straight into it instead of
+        // idling while the host wakes from the read and starts it.
+        let update_first = self.scaler.is_none() && !offload;
+        if update_first {
+            self.forget_secondary();
+            self.updates += 1;
+            self.step_on_device(1.0)?;
+        }
         let v = Vec::<f32>::try_from(&control.f_to_device(Device::Cpu)?)?;
         let loss = f64::from(v[0]) / self.world as f64;
+        if update_first {
+            return Ok(StepOutcome { loss, skipped: false, loss_scale: None });
+        }
         let overflow = v[1] > 0.0;
 
         let scale = self.scaler.as_ref().map(LossScaler::scale);
@@ -1081,6 +1098,10 @@ mod tests {
                     UnitGrads::Shard(shard) => shard,
                     UnitGrads::OnHost => unreachable!("nothing is offloaded here"),
                 };
+                // The padding is never zeroed after the buffer's allocation on one rank
+                // (`GradPlace::ZeroPadded`): nothing may have written it.
+                let pad = buf.narrow(0, len64(u.layout.numel), len64(u.layout.padded - u.layout.numel));
+                assert_eq!(pad.count_nonzero(None::<i64>).int64_value(&[]), 0, "padding written");
                 buf.narrow(0, 0, len64(u.layout.numel)).copy()
             })
             .collect()

@@ -157,16 +157,32 @@ impl Staging {
     }
 }
 
-/// Moves a unit's gradients into `buf` from `offset` on, each parameter's at its place in the
-/// unit's layout, added to what is there when `add` (a later micro-step), and zeroes the unit's
-/// padding up to `offset + padded`. Those backward's nodes wrote in place stay
-/// (`Engine::place_grads`); the rest are copied from `.grad`, which is dropped. Returns how many
-/// were in place.
-pub(super) fn write_grads(unit: &Unit, buf: &Tensor, offset: usize, add: bool) -> Result<usize, EngineError> {
+/// Where in a buffer a unit's gradients are written, and whether its padding is zero there already.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GradPlace {
+    /// From element 0 of the unit's own buffer (`UnitGrads::Full`), whose padding is zero and
+    /// stays so: allocated zeroed, and written only at the parameters' places and by collectives
+    /// that leave zeros there (stage 0's all-reduce sums zeros; over one rank nothing moves).
+    ZeroPadded,
+    /// From this element on, with the padding after the unit zeroed: a staging buffer that other
+    /// units used before, or a unit's own buffer that an in-place reduce-scatter over several ranks
+    /// may have used as scratch (MPI's leaves its result at the buffer's start).
+    At(usize),
+}
+
+/// Moves a unit's gradients into `buf` at `place`, each parameter's at its place in the unit's
+/// layout, added to what is there when `add` (a later micro-step), with the unit's padding zero.
+/// Those backward's nodes wrote in place stay (`Engine::place_grads`); the rest are copied from
+/// `.grad`, which is dropped. Returns how many were in place.
+pub(super) fn write_grads(unit: &Unit, buf: &Tensor, place: GradPlace, add: bool) -> Result<usize, EngineError> {
     let layout = &unit.layout;
+    let offset = match place {
+        GradPlace::ZeroPadded => 0,
+        GradPlace::At(offset) => offset,
+    };
     let offsets: Vec<usize> = layout.params.iter().map(|s| offset + s.offset).collect();
     let placed = shim::take_grads(&unit.params, &offsets, buf, add)?;
-    if layout.padded > layout.numel {
+    if matches!(place, GradPlace::At(_)) && layout.padded > layout.numel {
         let _ = buf.f_narrow(0, len64(offset + layout.numel), len64(layout.padded - layout.numel))?.f_zero_()?;
     }
     Ok(placed)
