@@ -77,11 +77,13 @@
 //!   without a bias, against libtorch's product in bf16 within 1e-2 relative (normwise); the
 //!   second product of a shape gives the first one's bits; an output that is also an input, and
 //!   fp32 operands, are declined.
-//! * `grad_in_place`: the MLP node with its two weights' gradients placed in a flat buffer
-//!   (`shim::grad_into`, as the engine places them) at gpt2-xl's widths: in fp32 and bf16 the
-//!   placed gradients are the unplaced node's bits, the weights' `.grad` stays empty, and a
-//!   second backward placed to add (a later micro-step) leaves the sum of both within 1e-6 (fp32)
-//!   or 1e-2 (bf16) relative (normwise; one rounding of the sum instead of two).
+//! * `grad_in_place`: the MLP node with its six parameters' gradients placed in a flat buffer
+//!   (`shim::grad_into`, as the engine places them) at gpt2-xl's widths: in fp32 and bf16 every
+//!   placed gradient (the weights' products, the bias and layer-norm kernels' sums) is the
+//!   unplaced node's bits, every `.grad` stays empty, and a second backward placed to add (a
+//!   later micro-step: the weights' products add in place, the vectors go back to autograd)
+//!   leaves the sum of both within 1e-6 (fp32) or 1e-2 (bf16) relative (normwise; one rounding
+//!   of the sum instead of two).
 //! * `in_backward`: `shim::run_in_backward` on the GPU runs its function on libtorch's autograd
 //!   thread (`pt_autograd_*`), not the caller's, and a backward pass the function runs there
 //!   (reentrant, as the trainer's segments) lands the right gradients on the GPU.
@@ -888,29 +890,40 @@ fn grad_in_place(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
         let g = Tensor::randn([1, rows, d], (Kind::Float, cuda)).to_kind(kind);
         let mlp =
             |t: &[Tensor]| residual_ln_gelu_mlp(&t[0], [&t[1], &t[2], &t[3], &t[4], &t[5], &t[6]], eps).expect("node");
-        // The two weights back to back after the layer norm's parameters, as in a GPT-2 block.
-        let (off1, n) = (2 * d, 4 * d * d);
-        let buf = Tensor::zeros([2 * d + 2 * n], (kind, cuda));
+        // The node's six parameters back to back, as in a GPT-2 block: the layer norm's scale and
+        // shift, w1, b1, w2, b2.
+        let params: Vec<Tensor> = ins[1..].iter().map(Tensor::shallow_clone).collect();
+        let offsets: Vec<usize> = params
+            .iter()
+            .scan(0usize, |at, p| {
+                let here = *at;
+                *at += p.numel();
+                Some(here)
+            })
+            .collect();
+        let total: usize = params.iter().map(Tensor::numel).sum();
+        let buf = Tensor::zeros([total as i64], (kind, cuda));
         let place = |accumulate: bool| {
-            shim::grad_into(&ins[3], &buf, off1 as usize, accumulate).expect("place");
-            shim::grad_into(&ins[5], &buf, (off1 + n) as usize, accumulate).expect("place");
+            for (p, &o) in params.iter().zip(&offsets) {
+                shim::grad_into(p, &buf, o, accumulate).expect("place");
+            }
         };
         place(false);
         shim::backward(&[&mlp(&ins)], &[&g]).expect("backward");
         shim::backward(&[&mlp(&twins)], &[&g]).expect("backward");
-        let empty = !ins[3].grad().defined() && !ins[5].grad().defined();
-        let weights = [ins[3].shallow_clone(), ins[5].shallow_clone()];
-        let offsets = [off1 as usize, (off1 + n) as usize];
-        let taken = shim::take_grads(&weights, &offsets, &buf, false).expect("take") == 2;
-        let placed = |i: i64| buf.narrow(0, off1 + i * n, n);
-        let fresh = [twins[3].grad().reshape([-1]), twins[5].grad().reshape([-1])];
-        let same_bits = placed(0).equal(&fresh[0]) && placed(1).equal(&fresh[1]);
-        // A later micro-step: the same backward again, placed to add.
+        let empty = params.iter().all(|p| !p.grad().defined());
+        // Every parameter written in place by the node's kernels and products.
+        let taken = shim::take_grads(&params, &offsets, &buf, false).expect("take") == params.len();
+        let placed = |i: usize| buf.narrow(0, offsets[i] as i64, params[i].numel() as i64);
+        let fresh: Vec<Tensor> = twins[1..].iter().map(|t| t.grad().reshape([-1])).collect();
+        let same_bits = (0..params.len()).all(|i| placed(i).equal(&fresh[i]));
+        // A later micro-step: the same backward again, placed to add. The weights' products add
+        // in place; the vectors go back to autograd and the engine adds them.
         place(true);
         shim::backward(&[&mlp(&ins)], &[&g]).expect("backward");
-        let taken_again = shim::take_grads(&weights, &offsets, &buf, true).expect("take") == 2;
-        let sums = [relative_error(&placed(0), &(&fresh[0] * 2.0)), relative_error(&placed(1), &(&fresh[1] * 2.0))];
-        let worst = sums[0].max(sums[1]);
+        let taken_again = shim::take_grads(&params, &offsets, &buf, true).expect("take") == 2;
+        let sums: Vec<f64> = (0..params.len()).map(|i| relative_error(&placed(i), &(&fresh[i] * 2.0))).collect();
+        let worst = sums.iter().copied().fold(0.0, f64::max);
         r.check(
             "grad_in_place",
             taken && taken_again && empty && same_bits && worst <= tol,

@@ -143,14 +143,6 @@ bool ran(const zb_node_kernels* k, F zb_node_kernels::*f, const at::Tensor& on, 
   return rc == 0;
 }
 
-// The bias gradient of a linear layer whose output gradient is `gy` (rows).
-at::Tensor bias_grad(at::Tensor gy) {
-  if (const auto* k = kernels_for(gy)) {
-    auto out = at::empty({gy.size(1)}, gy.options());
-    if (ran(k, &zb_node_kernels::col_sum, gy, &gy, &out)) return out;
-  }
-  return gy.sum(0);
-}
 
 // The tanh GELU of the MLP's forward pass (rows).
 at::Tensor gelu_tanh(at::Tensor h) {
@@ -161,18 +153,6 @@ at::Tensor gelu_tanh(at::Tensor h) {
   return at::gelu(h, "tanh");
 }
 
-// From the GELU's output gradient `g` (rows, a temporary it may overwrite) and input `h`: the
-// GELU's output recomputed (as `gelu_tanh` computes it), its input gradient, and the bias gradient of
-// the linear layer that computed `h`; on CUDA in one pass over `h`.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gelu_recompute_backward_and_bias(at::Tensor g, at::Tensor h) {
-  if (const auto* k = kernels_for(g)) {
-    auto act = at::empty_like(h, at::MemoryFormat::Contiguous);
-    auto out = at::empty({g.size(1)}, g.options());
-    if (ran(k, &zb_node_kernels::gelu_backward_col_sum, g, &g, &h, &act, &out)) return {act, g, out};
-  }
-  auto gh = at::gelu_backward(g, h, "tanh");
-  return {gelu_tanh(h), gh, gh.sum(0)};
-}
 
 // cuBLASLt's epilogues are asked for 16-bit tensors only (fp32 keeps the kernels and libtorch's
 // operations).
@@ -266,26 +246,90 @@ struct LnSaved {
 // takes). Where the forward pass ran the worker's kernel, one kernel computes all of them from
 // the forward's mean and deviation, and so the forward's bits of `xn`; elsewhere the output is
 // recomputed and libtorch's backward runs, the residual added after it.
+// Weight gradients written in place (zb_grad_into): for a parameter, the flat buffer and the
+// element where its gradient goes, whether the gradient adds to what is there (a later
+// micro-step's) or replaces it, and whether a node has written it. Keyed by the parameter's
+// TensorImpl: a node's saved leaf is the parameter itself. Registered and taken on the thread
+// that runs backward; the lock keeps a stray caller safe.
+struct GradInto {
+  at::Tensor buf;
+  int64_t offset;
+  bool accumulate;
+  bool taken;
+};
+std::mutex grad_into_mutex;
+std::unordered_map<const c10::TensorImpl*, GradInto> grad_into;
+
+// Where the engine placed p's gradient and nothing is there to add to (the micro-step's first
+// write, not accumulated): that place, now taken, for a kernel to write into; else undefined.
+at::Tensor fresh_place(const at::Tensor& p) {
+  std::lock_guard<std::mutex> lock(grad_into_mutex);
+  auto it = grad_into.find(p.unsafeGetTensorImpl());
+  if (it == grad_into.end() || it->second.accumulate || it->second.taken) return at::Tensor();
+  it->second.taken = true;
+  return it->second.buf.narrow(0, it->second.offset, p.numel()).view(p.sizes());
+}
+
+// Where a node computes the gradient of a vector parameter (a bias, a layer norm's scale or shift):
+// its place in the engine's buffer when fresh_place gives one, else a fresh tensor. The node
+// returns no gradient for a placed parameter, so autograd leaves its .grad alone and the engine
+// copies nothing for it.
+struct GradOut {
+  at::Tensor t;
+  bool placed;
+  at::Tensor returned() const { return placed ? at::Tensor() : t; }
+};
+
+GradOut grad_out(const at::Tensor& p) {
+  auto place = fresh_place(p);
+  if (place.defined()) return {place, true};
+  return {at::empty_like(p, at::MemoryFormat::Contiguous), false};
+}
+
+// The gradient of bias `b` of a linear layer whose output gradient is `gy` (rows).
+at::Tensor bias_grad(const at::Tensor& b, at::Tensor gy) {
+  auto out = grad_out(b);
+  const auto* k = kernels_for(gy);
+  if (!(k && ran(k, &zb_node_kernels::col_sum, gy, &gy, &out.t))) at::sum_out(out.t, gy, {0});
+  return out.returned();
+}
+
+// From the GELU's output gradient `g` (rows, a temporary it may overwrite) and input `h`: the
+// GELU's output recomputed (as `gelu_tanh` computes it), its input gradient, and the gradient of
+// bias `b1` of the linear layer that computed `h`; on CUDA in one pass over `h`.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gelu_recompute_backward_and_bias(at::Tensor g, at::Tensor h,
+                                                                                const at::Tensor& b1) {
+  auto out = grad_out(b1);
+  if (const auto* k = kernels_for(g)) {
+    auto act = at::empty_like(h, at::MemoryFormat::Contiguous);
+    if (ran(k, &zb_node_kernels::gelu_backward_col_sum, g, &g, &h, &act, &out.t)) return {act, g, out.returned()};
+  }
+  auto gh = at::gelu_backward(g, h, "tanh");
+  at::sum_out(out.t, gh, {0});
+  return {gelu_tanh(h), gh, out.returned()};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ln_backward(at::Tensor gxn, const LnSaved& ln,
                                                                        const at::Tensor& residual = at::Tensor()) {
   auto x = ln.x, gamma = ln.gamma, beta = ln.beta, mean = ln.mean, rstd = ln.rstd;
+  auto ggamma = grad_out(gamma), gbeta = grad_out(beta);
   const auto* k = ln.kernel ? kernels_for(x) : nullptr;
   if (k) {
     auto gx = at::empty_like(x, at::MemoryFormat::Contiguous);
     auto xn = at::empty_like(x, at::MemoryFormat::Contiguous);
-    auto ggamma = at::empty_like(gamma, at::MemoryFormat::Contiguous);
-    auto gbeta = at::empty_like(beta, at::MemoryFormat::Contiguous);
     auto res = residual.defined() ? residual.contiguous() : at::Tensor();
     auto* dres = res.defined() ? &res : nullptr;
-    if (ran(k, &zb_node_kernels::ln_backward, x, &gxn, &x, &mean, &rstd, &gamma, &beta, dres, &gx, &xn, &ggamma,
-            &gbeta))
-      return {gx, ggamma, gbeta, xn};
+    if (ran(k, &zb_node_kernels::ln_backward, x, &gxn, &x, &mean, &rstd, &gamma, &beta, dres, &gx, &xn, &ggamma.t,
+            &gbeta.t))
+      return {gx, ggamma.returned(), gbeta.returned(), xn};
   }
   auto xn = norm(x, gamma, beta, ln.eps).y;
-  auto [gx, ggamma, gbeta] =
+  auto [gx, gg, gb] =
       at::native_layer_norm_backward(gxn, x, {x.size(-1)}, mean, rstd, gamma, beta, {true, true, true});
   if (residual.defined()) gx.add_(residual);
-  return {gx, ggamma, gbeta, xn};
+  ggamma.t.copy_(gg);
+  gbeta.t.copy_(gb);
+  return {gx, ggamma.returned(), gbeta.returned(), xn};
 }
 
 // Saves what ln_backward needs of the layer norm `normed` of x in ctx.
@@ -305,20 +349,6 @@ LnSaved saved_ln(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& ga
           ctx->saved_data["eps"].toDouble(),
           ctx->saved_data["kernel"].toBool()};
 }
-
-// Weight gradients written in place (zb_grad_into): for a parameter, the flat buffer and the
-// element where its gradient goes, whether the gradient adds to what is there (a later
-// micro-step's) or replaces it, and whether a node has written it. Keyed by the parameter's
-// TensorImpl: a node's saved leaf is the parameter itself. Registered and taken on the thread
-// that runs backward; the lock keeps a stray caller safe.
-struct GradInto {
-  at::Tensor buf;
-  int64_t offset;
-  bool accumulate;
-  bool taken;
-};
-std::mutex grad_into_mutex;
-std::unordered_map<const c10::TensorImpl*, GradInto> grad_into;
 
 // w's gradient a·b. Where the engine placed it, the product goes straight there (added by a later
 // use of w in the same backward, or where the engine accumulates) and the node returns no
@@ -345,15 +375,15 @@ at::Tensor weight_grad(const at::Tensor& w, const at::Tensor& a, const at::Tenso
 struct ResidualLinear : torch::autograd::Function<ResidualLinear> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& res, const at::Tensor& x, const at::Tensor& w,
                             const at::Tensor& b) {
-    ctx->save_for_backward({x, w});
+    ctx->save_for_backward({x, w, b});
     return residual_addmm(rows(res), rows(x), w, b).view(res.sizes());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
-    const auto &x = s[0], &w = s[1];
+    const auto &x = s[0], &w = s[1], &b = s[2];
     auto gy = rows(grads[0]);
-    return {grads[0], product(gy, w).view(x.sizes()), weight_grad(w, gy.t(), rows(x)), bias_grad(gy)};
+    return {grads[0], product(gy, w).view(x.sizes()), weight_grad(w, gy.t(), rows(x)), bias_grad(b, gy)};
   }
 };
 
@@ -366,16 +396,16 @@ struct LnLinear : torch::autograd::Function<LnLinear> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma,
                                const at::Tensor& beta, const at::Tensor& w, const at::Tensor& b, double eps) {
     auto normed = norm(x, gamma, beta, eps);
-    ctx->save_for_backward({x, gamma, beta, w});
+    ctx->save_for_backward({x, gamma, beta, w, b});
     save_ln(ctx, normed, eps);
     return {product(rows(normed.y), w.t(), b).view(with_last(x, w.size(0))), x};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
-    const auto &x = s[0], &gamma = s[1], &beta = s[2], &w = s[3];
+    const auto &x = s[0], &gamma = s[1], &beta = s[2], &w = s[3], &b = s[4];
     auto gy = rows(grads[0]);
-    auto gb = bias_grad(gy);
+    auto gb = bias_grad(b, gy);
     auto gxn = product(gy, w).view(x.sizes());
     // grads[1]: the passed-on x's gradient (zeros, as autograd materialises it, where nothing used it).
     auto [gx, ggamma, gbeta, xn] = ln_backward(gxn, saved_ln(ctx, x, gamma, beta), grads[1]);
@@ -395,17 +425,17 @@ struct ResidualLnGeluMlp : torch::autograd::Function<ResidualLnGeluMlp> {
     auto [h, a] = mlp_up(rows(normed.y), w1, b1);
     auto y = residual_addmm(rows(x), a, w2, b2);
     a.reset();
-    ctx->save_for_backward({x, gamma, beta, w1, w2, h});
+    ctx->save_for_backward({x, gamma, beta, w1, w2, h, b1, b2});
     save_ln(ctx, normed, eps);
     return y.view(with_last(x, w2.size(0)));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
-    const auto &x = s[0], &gamma = s[1], &beta = s[2], &w1 = s[3], &w2 = s[4], &h = s[5];
+    const auto &x = s[0], &gamma = s[1], &beta = s[2], &w1 = s[3], &w2 = s[4], &h = s[5], &b1 = s[6], &b2 = s[7];
     auto gy = rows(grads[0]);
-    auto gb2 = bias_grad(gy);
-    auto [act, gh, gb1] = gelu_recompute_backward_and_bias(product(gy, w2), rows(h));
+    auto gb2 = bias_grad(b2, gy);
+    auto [act, gh, gb1] = gelu_recompute_backward_and_bias(product(gy, w2), rows(h), b1);
     auto gw2 = weight_grad(w2, gy.t(), act);
     act.reset();
     auto gxn = product(gh, w1).view(x.sizes());

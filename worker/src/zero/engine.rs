@@ -421,10 +421,11 @@ impl Engine {
     }
 
     /// Before unit `u`'s last backward segment: backward's nodes (`shim::grad_into`) write the
-    /// gradients of its matrices (the weights of their products) straight into the place
-    /// `harvest` would copy them to: the unit's full buffer, or its region of the current staging
-    /// buffer. For gpt2-xl that is 95% of the gradient's bytes, copied once per micro-step
-    /// otherwise. The current staging buffer is not read by any collective (`flush_staged` drains
+    /// gradients of its parameters straight into the place `harvest` would copy them to: the
+    /// unit's full buffer, or its region of the current staging buffer. The matrices' products
+    /// write there at every micro-step (adding at the later ones); the vectors' kernels (biases,
+    /// layer norms) at a micro-step's first write only, their later micro-steps' gradients being
+    /// added by `harvest`. Otherwise every gradient would be copied once per micro-step. The current staging buffer is not read by any collective (`flush_staged` drains
     /// it when it becomes current), and a unit always fits in it (its capacity is a bucket plus
     /// the largest unit), so the place is the one `harvest` finds. Offloaded units are left to
     /// `harvest`: their buffers are copied to the host, and a delayed update may still read them.
@@ -443,9 +444,7 @@ impl Engine {
             _ => return Ok(()),
         };
         for (p, slot) in unit.params.iter().zip(&unit.layout.params) {
-            if slot.shape.len() >= 2 {
-                shim::grad_into(p, buf, offset + slot.offset, accumulate)?;
-            }
+            shim::grad_into(p, buf, offset + slot.offset, accumulate)?;
         }
         self.placed = Some((u, offset));
         Ok(())
@@ -1051,8 +1050,8 @@ mod tests {
 
     /// The engine's gradients on one rank after `grad_accum` micro-steps run as the trainer runs
     /// them, each unit's as its buffer holds it (on one rank without offload, every stage's full
-    /// buffer). Checks on the way that backward left the blocks' matrices' `.grad` alone: their
-    /// gradients went straight to their place.
+    /// buffer). Checks on the way that backward left the blocks' `.grad` alone where their
+    /// gradients went straight to their place (every parameter's at a first micro-step).
     fn engine_grads(cfg: &RunConfig, batches: &[Batch]) -> Vec<Tensor> {
         let model = build(&cfg.model.spec()).unwrap();
         let mut e = Engine::new(model.as_ref(), cfg, Box::new(SoloCollectives), None, Device::Cpu, None).unwrap();
@@ -1083,7 +1082,9 @@ mod tests {
                 let u = model.segments()[s].unit;
                 if u > 0 {
                     for (p, def) in e.params(u).iter().zip(&model.units()[u].params) {
-                        assert_eq!(p.grad().defined(), def.shape.len() < 2, "block {u}, {}", def.name);
+                        // A vector's gradient is placed only where nothing is there to add to.
+                        let returned = def.shape.len() < 2 && m > 0;
+                        assert_eq!(p.grad().defined(), returned, "block {u}, {}, micro-step {m}", def.name);
                     }
                 }
                 e.after(i).unwrap();
