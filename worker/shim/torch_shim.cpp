@@ -40,7 +40,7 @@
 //   and costs). zb_ln_linear also passes x on as a second output, for the residual addition after
 //   it: that output's gradient reaches the node's backward, which adds it to x's in the layer
 //   norm's backward kernel instead of leaving autograd to sum the two.
-// * zb_grad_into / zb_take_grads: where the nodes above write a weight's gradient (a place in a
+// * zb_grad_into / zb_take_grads: where the nodes above write a parameter's gradient (a place in a
 //   flat buffer of the engine's instead of a fresh tensor the engine then copies from:
 //   zero/engine.rs, `place_grads`), and the move of a unit's gradients into that buffer, those
 //   the nodes did not write in one launch.
@@ -143,7 +143,6 @@ bool ran(const zb_node_kernels* k, F zb_node_kernels::*f, const at::Tensor& on, 
   return rc == 0;
 }
 
-
 // The tanh GELU of the MLP's forward pass (rows).
 at::Tensor gelu_tanh(at::Tensor h) {
   if (const auto* k = kernels_for(h)) {
@@ -152,7 +151,6 @@ at::Tensor gelu_tanh(at::Tensor h) {
   }
   return at::gelu(h, "tanh");
 }
-
 
 // cuBLASLt's epilogues are asked for 16-bit tensors only (fp32 keeps the kernels and libtorch's
 // operations).
@@ -240,13 +238,7 @@ struct LnSaved {
   bool kernel;
 };
 
-// A layer norm's input, weight and bias gradients from its output's gradient `gxn`, with
-// `residual` (the gradient of a residual stream that is also the layer norm's input) added to the
-// input gradient, and its output again (`xn`, which the weight gradient of the product after it
-// takes). Where the forward pass ran the worker's kernel, one kernel computes all of them from
-// the forward's mean and deviation, and so the forward's bits of `xn`; elsewhere the output is
-// recomputed and libtorch's backward runs, the residual added after it.
-// Weight gradients written in place (zb_grad_into): for a parameter, the flat buffer and the
+// Gradients written in place (zb_grad_into): for a parameter, the flat buffer and the
 // element where its gradient goes, whether the gradient adds to what is there (a later
 // micro-step's) or replaces it, and whether a node has written it. Keyed by the parameter's
 // TensorImpl: a node's saved leaf is the parameter itself. Registered and taken on the thread
@@ -278,6 +270,12 @@ struct GradOut {
   at::Tensor t;
   bool placed;
   at::Tensor returned() const { return placed ? at::Tensor() : t; }
+  // A gradient computed elsewhere (libtorch's), as this output: copied into the place, or itself.
+  at::Tensor returned(const at::Tensor& computed) const {
+    if (!placed) return computed;
+    t.copy_(computed);
+    return at::Tensor();
+  }
 };
 
 GradOut grad_out(const at::Tensor& p) {
@@ -309,6 +307,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gelu_recompute_backward_and_bias(
   return {gelu_tanh(h), gh, out.returned()};
 }
 
+// A layer norm's input, weight and bias gradients from its output's gradient `gxn`, with
+// `residual` (the gradient of a residual stream that is also the layer norm's input) added to the
+// input gradient, and its output again (`xn`, which the weight gradient of the product after it
+// takes). Where the forward pass ran the worker's kernel, one kernel computes all of them from
+// the forward's mean and deviation, and so the forward's bits of `xn`; elsewhere the output is
+// recomputed and libtorch's backward runs, the residual added after it.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ln_backward(at::Tensor gxn, const LnSaved& ln,
                                                                        const at::Tensor& residual = at::Tensor()) {
   auto x = ln.x, gamma = ln.gamma, beta = ln.beta, mean = ln.mean, rstd = ln.rstd;
@@ -327,9 +331,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ln_backward(at::Tenso
   auto [gx, gg, gb] =
       at::native_layer_norm_backward(gxn, x, {x.size(-1)}, mean, rstd, gamma, beta, {true, true, true});
   if (residual.defined()) gx.add_(residual);
-  ggamma.t.copy_(gg);
-  gbeta.t.copy_(gb);
-  return {gx, ggamma.returned(), gbeta.returned(), xn};
+  return {gx, ggamma.returned(gg), gbeta.returned(gb), xn};
 }
 
 // Saves what ln_backward needs of the layer norm `normed` of x in ctx.
