@@ -425,9 +425,10 @@ impl Engine {
     /// unit's full buffer, or its region of the current staging buffer. The matrices' products
     /// write there at every micro-step (adding at the later ones); the vectors' kernels (biases,
     /// layer norms) at a micro-step's first write only, their later micro-steps' gradients being
-    /// added by `harvest`. Otherwise every gradient would be copied once per micro-step. The current staging buffer is not read by any collective (`flush_staged` drains
-    /// it when it becomes current), and a unit always fits in it (its capacity is a bucket plus
-    /// the largest unit), so the place is the one `harvest` finds. Offloaded units are left to
+    /// added by `harvest`. Otherwise every gradient would be copied once per micro-step. The
+    /// current staging buffer is not read by any collective (`flush_staged` drains it when it
+    /// becomes current), and a unit always fits in it (its capacity is a bucket plus the largest
+    /// unit), so the place is the one `harvest` finds. Offloaded units are left to
     /// `harvest`: their buffers are copied to the host, and a delayed update may still read them.
     /// Nothing is placed for models whose layers return their gradients to autograd (T5, Llama,
     /// the MLP): no place would be taken.
@@ -592,11 +593,7 @@ impl Engine {
                 let UnitGrads::Full { full, .. } = &self.units[u].grads else {
                     unreachable!("bucketed gradients have full buffers")
                 };
-                let place = if self.stage == ZeroStage::Z0 || self.world == 1 {
-                    GradPlace::ZeroPadded
-                } else {
-                    GradPlace::At(0)
-                };
+                let place = Buckets::own_place(self.stage, self.world);
                 let in_place = write_grads(&self.units[u], full, place, self.micro > 0)?;
                 assert!(placed.is_some() || in_place == 0, "unit {u}: gradients in place it was not given");
                 if last {
@@ -786,9 +783,7 @@ impl Engine {
         // idling while the host wakes from the read and starts it.
         let update_first = self.scaler.is_none() && !offload;
         if update_first {
-            self.forget_secondary();
-            self.updates += 1;
-            self.step_on_device(1.0)?;
+            self.update(1.0)?;
         }
         let v = Vec::<f32>::try_from(&control.f_to_device(Device::Cpu)?)?;
         let loss = f64::from(v[0]) / self.world as f64;
@@ -802,19 +797,25 @@ impl Engine {
             Some(s) => s.update(overflow),
             None => true,
         };
-        // The parameters change (or, skipped, the next step gathers them anew anyway).
-        self.forget_secondary();
         if apply {
-            self.updates += 1;
-            let grad_scale = scale.map_or(1.0, |s| 1.0 / s);
-            // The host's updates first (when not already running), so that they run while the
-            // device updates its own units (Twin-Flow, with an offload ratio below 1).
-            if offload {
-                self.step_on_host(grad_scale)?;
-            }
-            self.step_on_device(grad_scale)?;
+            self.update(scale.map_or(1.0, |s| 1.0 / s))?;
+        } else {
+            // Skipped: the next step gathers the parameters anew anyway.
+            self.forget_secondary();
         }
         Ok(StepOutcome { loss, skipped: !apply, loss_scale: scale })
+    }
+
+    /// Updates every shard with its gradient times `grad_scale`: the parameters change.
+    fn update(&mut self, grad_scale: f64) -> Result<(), EngineError> {
+        self.forget_secondary();
+        self.updates += 1;
+        // The host's updates first (when not already running), so that they run while the device
+        // updates its own units (Twin-Flow, with an offload ratio below 1).
+        if self.offload != Offload::None {
+            self.step_on_host(grad_scale)?;
+        }
+        self.step_on_device(grad_scale)
     }
 
     /// fp16: 1.0 on `device` if any gradient shard of this rank holds an inf or NaN, else 0.0.

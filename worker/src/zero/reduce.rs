@@ -47,6 +47,18 @@ pub(super) struct Staging {
 }
 
 impl Buckets {
+    /// Where a unit's gradients go in its own buffer: its padding stays zero where `flush`
+    /// all-reduces (stage 0: zeros sum to zeros) or runs over one rank (nothing moves); an in-place
+    /// reduce-scatter over several ranks may use the buffer as scratch (MPI's leaves its result at
+    /// the start), so there the padding is zeroed again.
+    pub(super) fn own_place(stage: ZeroStage, world: usize) -> GradPlace {
+        if stage == ZeroStage::Z0 || world == 1 {
+            GradPlace::ZeroPadded
+        } else {
+            GradPlace::At(0)
+        }
+    }
+
     /// Reduces the gradients waiting in the bucket (stage 0: all-reduce; the others: reduce-scatter
     /// into this rank's slice); offloaded units' slices start for the host. Returns those copies.
     pub(super) fn flush(
@@ -162,11 +174,10 @@ impl Staging {
 pub(super) enum GradPlace {
     /// From element 0 of the unit's own buffer (`UnitGrads::Full`), whose padding is zero and
     /// stays so: allocated zeroed, and written only at the parameters' places and by collectives
-    /// that leave zeros there (stage 0's all-reduce sums zeros; over one rank nothing moves).
+    /// that leave zeros there ([`Buckets::own_place`]).
     ZeroPadded,
     /// From this element on, with the padding after the unit zeroed: a staging buffer that other
-    /// units used before, or a unit's own buffer that an in-place reduce-scatter over several ranks
-    /// may have used as scratch (MPI's leaves its result at the buffer's start).
+    /// units used before, or a unit's own buffer a collective may have written there.
     At(usize),
 }
 
