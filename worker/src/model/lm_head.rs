@@ -12,8 +12,9 @@
 //!
 //! The gradients reach autograd through an autograd node of the shim (`shim::given_grads`; tch has
 //! no custom autograd functions): the returned loss is that node's output, and its backward gives
-//! `h` and `W` the gradients `G_h` and `G_W` times the upstream gradient (the loss scale under
-//! fp16), two element-wise products. (A surrogate expression, `L + Σ h·G_h − (Σ h·G_h)₀ + …`,
+//! `h` and `W` the gradients `G_h` and `G_W` times the upstream gradient (the trainer's loss
+//! multiplier: the fp16 loss scale over the micro-steps and ranks summed), two element-wise
+//! products in fp32. (A surrogate expression, `L + Σ h·G_h − (Σ h·G_h)₀ + …`,
 //! did the same with composed operations, for three more passes over the weight each step and
 //! the slice of its padded copy's gradient.)
 //!
