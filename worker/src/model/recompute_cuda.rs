@@ -974,6 +974,7 @@ pub fn install(gpu: &Arc<Gpu>) {
                     gelu_up: Some(gelu_up_cb),
                     residual: Some(residual_cb),
                     matmul: Some(matmul_cb),
+                    matmul_row_sums: Some(matmul_row_sums_cb),
                 });
             }
         }
@@ -1130,6 +1131,22 @@ unsafe extern "C" fn matmul_cb(
         // The bias is optional: a null pointer when there is none.
         let bias = (!bias.is_null()).then(|| t(bias));
         k.with_products(&PLAIN_PRODUCTS, |e| e.matmul(&t(a), &t(b), bias.as_ref(), &t(out)))
+    })
+}
+
+unsafe extern "C" fn matmul_row_sums_cb(
+    a: CTensor,
+    b: CTensor,
+    out: CTensor,
+    sums: CTensor,
+    stream: *mut c_void,
+    err: *mut c_char,
+    cap: usize,
+) -> c_int {
+    answer(stream, err, cap, |k| {
+        // SAFETY: the shim passes live tensors.
+        let t = |p| unsafe { lent(p) };
+        k.with_products(&EPILOGUE_PRODUCTS, |e| e.matmul_row_sums(&t(a), &t(b), &t(out), &t(sums)))
     })
 }
 

@@ -67,7 +67,7 @@ pub type LnBackwardFn = unsafe extern "C" fn(
 pub type TwoTensorFn = unsafe extern "C" fn(CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
 
 /// A kernel of four tensors: the GELU's fused backward ([`NodeKernelFns::gelu_backward_col_sum`])
-/// and the matrix product ([`NodeKernelFns::matmul`]).
+/// and the matrix products ([`NodeKernelFns::matmul`], [`NodeKernelFns::matmul_row_sums`]).
 pub type FourTensorFn =
     unsafe extern "C" fn(CTensor, CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
 
@@ -117,6 +117,9 @@ pub struct NodeKernelFns {
     /// `(a, b, bias, out, stream, err, cap)`: `out` = `a·b`, plus `bias` along its rows where
     /// `bias` is not null.
     pub matmul: Option<FourTensorFn>,
+    /// `(a, b, out, sums, stream, err, cap)`: `out` = `a·b` and `sums` = the sums of `a`'s rows
+    /// (a weight gradient `gyᵀ·x` and its bias gradient) in one product.
+    pub matmul_row_sums: Option<FourTensorFn>,
 }
 
 extern "C" {
