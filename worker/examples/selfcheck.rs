@@ -529,6 +529,35 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     lm_head_on_another_stream(r, gpu);
 }
 
+/// The LM head's node multiplies the gradients it was given by the upstream gradient with the
+/// worker's kernel on the GPU (two calls): the bits of libtorch's mul (the fp32 product rounded
+/// once), in each precision, for an upstream factor 16 bits cannot hold (1/3).
+fn given_grads_scaled(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    use zerobench_worker::model::recompute_cuda;
+    use zerobench_worker::runtime::shim;
+    recompute_cuda::install(gpu);
+    let cuda = Device::Cuda(0);
+    for kind in [Kind::BFloat16, Kind::Half, Kind::Float] {
+        tch::manual_seed(21);
+        let randn = |shape: [i64; 2]| Tensor::randn(shape, (kind, cuda));
+        let (h, w) = (randn([333, 64]).set_requires_grad(true), randn([1001, 64]).set_requires_grad(true));
+        let (gh, gw) = (randn([333, 64]), randn([1001, 64]));
+        let loss = Tensor::from(1.5f32).to_device(cuda);
+        let out = shim::given_grads(&loss, &h, &w, &gh, &gw).expect("the node");
+        let u = Tensor::from(1.0f32 / 3.0).to_device(cuda);
+        let before = recompute_cuda::calls().0;
+        shim::backward(&[&out], &[&u]).expect("backward");
+        let ran = recompute_cuda::calls().0 - before;
+        let (same_h, same_w) = (h.grad().equal(&(&gh * &u)), w.grad().equal(&(&gw * &u)));
+        r.check(
+            "given_grads_scaled",
+            same_h && same_w && ran == 2,
+            json!({"kind": format!("{kind:?}"), "upstream": 1.0f32 / 3.0, "same_bits_as_libtorch": {"h": same_h, "w": same_w},
+                   "kernel_calls": ran, "kernel_calls_expected": 2}),
+        );
+    }
+}
+
 /// The head's inputs on the GPU (`n` tokens of width `d`, a vocabulary of `v`, the first 7 targets
 /// ignored) and the head composed of libtorch operations on them (fp32 loss), its backward done.
 struct ComposedHead {
@@ -1211,6 +1240,7 @@ fn main() {
     nvml(&mut r, &gpu);
     bf16_rounding(&mut r, &gpu);
     lm_head(&mut r, &gpu);
+    given_grads_scaled(&mut r, &gpu);
     recompute(&mut r, &gpu);
     attention_residual(&mut r, &gpu);
     ln_recomputed(&mut r, &gpu);

@@ -113,6 +113,25 @@ extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ h, 
   }                                                                                                   \
 }
 
+/* out = x * u over nv vectors, u one fp32 value read on the device: a gradient computed ahead times
+   the upstream gradient, in fp32 and rounded once, as libtorch's mul of a 16-bit tensor by a 0-dim
+   fp32 tensor computes it. */
+#define SCALE(NAME, T, VEC, N, LOAD, STORE)                                                           \
+extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ x,                      \
+    const float* __restrict__ u, T* __restrict__ out, long long nv) {                                 \
+  const float s = *u;                                                                                 \
+  const VEC* xv = reinterpret_cast<const VEC*>(x);                                                    \
+  VEC* ov = reinterpret_cast<VEC*>(out);                                                              \
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nv;                        \
+       i += (long long)gridDim.x * blockDim.x) {                                                      \
+    VEC raw = xv[i], o;                                                                               \
+    const T* xe = reinterpret_cast<const T*>(&raw);                                                   \
+    T* oe = reinterpret_cast<T*>(&o);                                                                 \
+    _Pragma("unroll") for (int k = 0; k < N; ++k) oe[k] = STORE(LOAD(xe[k]) * s);                     \
+    ov[i] = o;                                                                                        \
+  }                                                                                                   \
+}
+
 /* Block (32, COL_SUM_ROWS): lane x sums vector column blockIdx.x * 32 + x over rows y,
    y + COL_SUM_ROWS * gridDim.y, ...
    of block row blockIdx.y; part[blockIdx.y][cols] gets the block's sums. With GELU, h holds the
@@ -234,12 +253,15 @@ COL_SUM(gelu_backward_col_sum_f32, float, float4, 4, f2f, f2f, true)
 REDUCE(reduce_parts_bf16, unsigned short, f2bf)
 REDUCE(reduce_parts_f16, unsigned short, f2h)
 REDUCE(reduce_parts_f32, float, f2f)
+SCALE(scale_bf16, unsigned short, uint4, 8, bf2f, f2bf)
+SCALE(scale_f16, unsigned short, uint4, 8, h2f, f2h)
+SCALE(scale_f32, float, float4, 4, f2f, f2f)
 "#
 );
 
 /// The kernels of [`SOURCE`], each in every precision: column sums, the GELU, the GELU's gradient
-/// with column sums, the partial sums' reduction.
-pub(crate) const INSTANCES: &[&str; 4] = &["col_sum", "gelu_forward", "gelu_backward_col_sum", "reduce_parts"];
+/// with column sums, the partial sums' reduction, the scaling by a device value.
+pub(crate) const INSTANCES: &[&str; 5] = &["col_sum", "gelu_forward", "gelu_backward_col_sum", "reduce_parts", "scale"];
 
 /// The layer norm's forward pass and backward pass (which also recomputes the forward's output
 /// for the weight gradient of the product after it), after `#define COLS <row length>` (a
@@ -511,6 +533,7 @@ pub struct NodeKernels {
     gelu_forward: Instances,
     gelu_col_sum: Resident,
     reduce: Instances,
+    scale: Instances,
     /// A counter per column strip of the column sums (zero between launches; see [`COL_SUM_STRIPS`]).
     strips_done: StripCounters,
     sms: u32,
@@ -559,13 +582,14 @@ impl NodeKernels {
     /// Compiles the kernels that do not depend on a row length for this GPU's architecture.
     pub fn new(gpu: Arc<Gpu>) -> Result<Self, NodeKernelError> {
         let module = kernels::load(&gpu, SOURCE)?;
-        let [col_sum, gelu_forward, gelu_col_sum, reduce] = INSTANCES.map(|name| Instances::load(&module, name));
+        let [col_sum, gelu_forward, gelu_col_sum, reduce, scale] = INSTANCES.map(|name| Instances::load(&module, name));
         let sms = kernels::multiprocessors(&gpu)?;
         Ok(Self {
             col_sum: Resident::new(col_sum?, COL_SUM_THREADS, 0, sms)?,
             gelu_forward: gelu_forward?,
             gelu_col_sum: Resident::new(gelu_col_sum?, COL_SUM_THREADS, 0, sms)?,
             reduce: reduce?,
+            scale: scale?,
             strips_done: StripCounters::new(&gpu)?,
             _module: module,
             sms,
@@ -718,6 +742,30 @@ impl NodeKernels {
         let mut launch = self.gpu.compute.launch_builder(self.gelu_forward.get(p));
         launch.arg(&hp).arg(&ap).arg(&nv);
         // SAFETY: as in `ln_forward`.
+        unsafe { launch.launch(cfg) }?;
+        Ok(Outcome::Done)
+    }
+
+    /// `out = x · u` elementwise in `x`'s precision, `u` a one-element fp32 tensor read on the
+    /// device (the upstream gradient the LM head's node multiplies its gradients by).
+    fn scale(&self, x: &Tensor, u: &Tensor, out: &Tensor) -> Result<Outcome, NodeKernelError> {
+        let Some(p) = Precision::of(x.kind()) else { return Ok(Outcome::Declined) };
+        let n = x.numel() as i64;
+        if n == 0
+            || n % p.vector() != 0
+            || ![x, out].iter().all(|t| holds(t, x.kind(), n) && aligned(t))
+            || !holds(u, Kind::Float, 1)
+            || u.device() != x.device()
+        {
+            return Ok(Outcome::Declined);
+        }
+        let nv = n / p.vector();
+        let blocks = u32::try_from((nv + 255) / 256).unwrap_or(u32::MAX).min(self.sms * 16);
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (xp, up, op) = (ptr(x), ptr(u), ptr(out));
+        let mut launch = self.gpu.compute.launch_builder(self.scale.get(p));
+        launch.arg(&xp).arg(&up).arg(&op).arg(&nv);
+        // SAFETY: as in `ln_forward`; `u` holds one float on the same device.
         unsafe { launch.launch(cfg) }?;
         Ok(Outcome::Done)
     }
@@ -975,6 +1023,7 @@ pub fn install(gpu: &Arc<Gpu>) {
                     residual: Some(residual_cb),
                     matmul: Some(matmul_cb),
                     matmul_row_sums: Some(matmul_row_sums_cb),
+                    scale: Some(scale_cb),
                 });
             }
         }
@@ -1085,6 +1134,21 @@ unsafe extern "C" fn ln_backward_cb(
 unsafe extern "C" fn col_sum_cb(x: CTensor, out: CTensor, stream: *mut c_void, err: *mut c_char, cap: usize) -> c_int {
     // SAFETY: the shim passes live tensors.
     answer(stream, err, cap, |k| k.col_sum(&unsafe { lent(x) }, None, &unsafe { lent(out) }))
+}
+
+unsafe extern "C" fn scale_cb(
+    x: CTensor,
+    u: CTensor,
+    out: CTensor,
+    stream: *mut c_void,
+    err: *mut c_char,
+    cap: usize,
+) -> c_int {
+    answer(stream, err, cap, |k| {
+        // SAFETY: the shim passes live tensors.
+        let t = |p| unsafe { lent(p) };
+        k.scale(&t(x), &t(u), &t(out))
+    })
 }
 
 unsafe extern "C" fn gelu_forward_cb(

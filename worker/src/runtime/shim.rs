@@ -66,6 +66,9 @@ pub type LnBackwardFn = unsafe extern "C" fn(
 /// A kernel of one input and one output tensor: `(input, output, stream, err, cap)`.
 pub type TwoTensorFn = unsafe extern "C" fn(CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
 
+/// A kernel of three tensors: `(x, u, out, stream, err, cap)` ([`NodeKernelFns::scale`]).
+pub type ThreeTensorFn = unsafe extern "C" fn(CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
+
 /// A kernel of four tensors: the GELU's fused backward ([`NodeKernelFns::gelu_backward_col_sum`])
 /// and the matrix products ([`NodeKernelFns::matmul`], [`NodeKernelFns::matmul_row_sums`]).
 pub type FourTensorFn =
@@ -120,6 +123,9 @@ pub struct NodeKernelFns {
     /// `(a, b, out, sums, stream, err, cap)`: `out` = `a·b` and `sums` = the sums of `a`'s rows
     /// (a weight gradient `gyᵀ·x` and its bias gradient) in one product.
     pub matmul_row_sums: Option<FourTensorFn>,
+    /// `(x, u, out, stream, err, cap)`: `out` = `x · u` in `x`'s precision, `u` a one-element fp32
+    /// tensor (the upstream gradient of the LM head's node).
+    pub scale: Option<ThreeTensorFn>,
 }
 
 extern "C" {
