@@ -63,11 +63,6 @@ fn products(spec: &ModelSpec, tokens: u64) -> Vec<Product> {
         push(&format!("{name}.fwd"), l, fan_out, tokens, fan_in, true, false, epi);
         push(&format!("{name}.dx"), l, fan_in, tokens, fan_out, false, false, Epilogue::None);
         push(&format!("{name}.dw"), l, fan_in, fan_out, tokens, false, true, Epilogue::None);
-        // The same product with the bias gradient summed in its epilogue (the MLP's first layer's
-        // comes with the GELU's gradient instead).
-        if name != "mlp_up" {
-            push(&format!("{name}.dw+bgrad"), 0, fan_in, fan_out, tokens, false, true, Epilogue::BiasGrad);
-        }
     }
     // The LM head's rows and chunks as the worker's head runs them (bf16: 2 bytes a logit).
     let v_pad = lm_head::padded_vocab(g.vocab as i64) as u64;
@@ -106,8 +101,7 @@ impl Operands {
             b,
             c: Tensor::randn([n, m], o),
             d: Tensor::zeros([n, m], o),
-            // The bias has m elements; the bias gradient BGRADB writes, n.
-            bias: Tensor::randn([m.max(n)], o),
+            bias: Tensor::randn([m], o),
             aux: Tensor::zeros([n, m], o),
         }
     }
@@ -139,7 +133,6 @@ fn pointers(p: &Product, o: &Operands) -> Pointers {
             Epilogue::Bias => SidePointers::Bias { bias },
             Epilogue::GeluAux => SidePointers::GeluAux { bias, aux: o.aux.data_ptr() },
             Epilogue::Residual => SidePointers::Residual { bias, c: o.c.data_ptr().cast_const() },
-            Epilogue::BiasGrad => SidePointers::BiasGrad { sums: o.bias.data_ptr() },
         },
     }
 }

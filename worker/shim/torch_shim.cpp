@@ -75,7 +75,6 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -124,10 +123,6 @@ struct zb_node_kernels {
   // out = a·b (+ bias along its rows where bias is not null), by the fastest of cuBLASLt's
   // algorithms and libtorch's call, timed at the first product of each shape.
   int (*matmul)(at::Tensor* a, at::Tensor* b, at::Tensor* bias, at::Tensor* out, void* stream, char* err, size_t cap);
-  // out = a·b and sums = the sums of a's rows in one product (cuBLASLt's bias-gradient epilogue):
-  // a weight gradient gyᵀ·x with its bias gradient.
-  int (*matmul_row_sums)(at::Tensor* a, at::Tensor* b, at::Tensor* out, at::Tensor* sums, void* stream, char* err,
-                         size_t cap);
   // out = x·u in x's precision, u a one-element fp32 tensor read on the device.
   int (*scale)(at::Tensor* x, at::Tensor* u, at::Tensor* out, void* stream, char* err, size_t cap);
 };
@@ -291,16 +286,11 @@ GradOut grad_out(const at::Tensor& p) {
   return {at::empty_like(p, at::MemoryFormat::Contiguous), false};
 }
 
-// The sums of gy's columns (rows) into out.
-void col_sum_into(at::Tensor& out, at::Tensor gy) {
-  const auto* k = kernels_for(gy);
-  if (!(k && ran(k, &zb_node_kernels::col_sum, gy, &gy, &out))) at::sum_out(out, gy, {0});
-}
-
 // The gradient of bias `b` of a linear layer whose output gradient is `gy` (rows).
-at::Tensor bias_grad(const at::Tensor& b, const at::Tensor& gy) {
+at::Tensor bias_grad(const at::Tensor& b, at::Tensor gy) {
   auto out = grad_out(b);
-  col_sum_into(out.t, gy);
+  const auto* k = kernels_for(gy);
+  if (!(k && ran(k, &zb_node_kernels::col_sum, gy, &gy, &out.t))) at::sum_out(out.t, gy, {0});
   return out.returned();
 }
 
@@ -382,43 +372,6 @@ at::Tensor weight_grad(const at::Tensor& w, const at::Tensor& a, const at::Tenso
   return at::Tensor();
 }
 
-// Where w's gradient goes when a product is to overwrite it: its place, now taken, when the engine
-// placed it and nothing is there to add to; a new tensor of the product's `options` when it has no
-// place (as weight_grad's product). None where the product must add to what the place holds
-// (weight_grad's case).
-std::optional<GradOut> overwritten_weight_grad(const at::Tensor& w, const at::TensorOptions& options) {
-  std::lock_guard<std::mutex> lock(grad_into_mutex);
-  auto it = grad_into.find(w.unsafeGetTensorImpl());
-  if (it == grad_into.end()) return GradOut{at::empty(w.sizes(), options), false};
-  auto& g = it->second;
-  if (g.accumulate || g.taken) return std::nullopt;
-  g.taken = true;
-  return GradOut{g.buf.narrow(0, g.offset, w.numel()).view(w.sizes()), true};
-}
-
-// The weight and bias gradients of a linear layer y = x·wᵀ + b from its output gradient `gy` and
-// input `x` (rows): gyᵀ·x and gy's column sums. Where both overwrite their places (a micro-step's
-// first write, or no place) and cuBLASLt takes them, one product computes both, summing gy's
-// columns as it reads them (its BGRADB epilogue) instead of a column-sum kernel reading gy again;
-// elsewhere weight_grad and bias_grad.
-std::pair<at::Tensor, at::Tensor> linear_param_grads(const at::Tensor& w, const at::Tensor& b, const at::Tensor& gy,
-                                                     const at::Tensor& x) {
-  const auto* k = kernels_for(gy);
-  if (k && half_width(gy)) {
-    if (auto gw = overwritten_weight_grad(w, gy.options())) {
-      auto gb = grad_out(b);
-      auto a = gy.t();
-      auto xr = x;
-      if (!ran(k, &zb_node_kernels::matmul_row_sums, gy, &a, &xr, &gw->t, &gb.t)) {
-        product_into(gw->t, a, xr);
-        col_sum_into(gb.t, gy);
-      }
-      return {gw->returned(), gb.returned()};
-    }
-  }
-  return {weight_grad(w, gy.t(), x), bias_grad(b, gy)};
-}
-
 // res + linear(x) = res + x·wᵀ + b: a sub-block's output projection and its residual addition
 // (residual_addmm), whose bias gradient goes through bias_grad (the worker's column sum on CUDA:
 // libtorch's bias reductions ran at about two fifths of the memory's bandwidth on gpt2,
@@ -434,9 +387,7 @@ struct ResidualLinear : torch::autograd::Function<ResidualLinear> {
     auto s = ctx->get_saved_variables();
     const auto &x = s[0], &w = s[1], &b = s[2];
     auto gy = rows(grads[0]);
-    auto gx = product(gy, w).view(x.sizes());
-    auto [gw, gb] = linear_param_grads(w, b, gy, rows(x));
-    return {grads[0], gx, gw, gb};
+    return {grads[0], product(gy, w).view(x.sizes()), weight_grad(w, gy.t(), rows(x)), bias_grad(b, gy)};
   }
 };
 
@@ -458,11 +409,12 @@ struct LnLinear : torch::autograd::Function<LnLinear> {
     auto s = ctx->get_saved_variables();
     const auto &x = s[0], &gamma = s[1], &beta = s[2], &w = s[3], &b = s[4];
     auto gy = rows(grads[0]);
+    auto gb = bias_grad(b, gy);
     auto gxn = product(gy, w).view(x.sizes());
     // grads[1]: the passed-on x's gradient (zeros, as autograd materialises it, where nothing used it).
     auto [gx, ggamma, gbeta, xn] = ln_backward(gxn, saved_ln(ctx, x, gamma, beta), grads[1]);
     gxn.reset();
-    auto [gw, gb] = linear_param_grads(w, b, gy, rows(xn));
+    auto gw = weight_grad(w, gy.t(), rows(xn));
     return {gx, ggamma, gbeta, gw, gb, at::Tensor()};
   }
 };
@@ -486,8 +438,9 @@ struct ResidualLnGeluMlp : torch::autograd::Function<ResidualLnGeluMlp> {
     auto s = ctx->get_saved_variables();
     const auto &x = s[0], &gamma = s[1], &beta = s[2], &w1 = s[3], &w2 = s[4], &h = s[5], &b1 = s[6], &b2 = s[7];
     auto gy = rows(grads[0]);
+    auto gb2 = bias_grad(b2, gy);
     auto [act, gh, gb1] = gelu_recompute_backward_and_bias(product(gy, w2), rows(h), b1);
-    auto [gw2, gb2] = linear_param_grads(w2, b2, gy, act);
+    auto gw2 = weight_grad(w2, gy.t(), act);
     act.reset();
     auto gxn = product(gh, w1).view(x.sizes());
     // The residual's gradient joins the layer norm's (what autograd's sum of the two did).
@@ -498,9 +451,10 @@ struct ResidualLnGeluMlp : torch::autograd::Function<ResidualLnGeluMlp> {
   }
 };
 
-// x·u in x's precision, u the upstream gradient (a 0-dim fp32 tensor): in fp32 and rounded once, as
-// libtorch's mul of a 16-bit tensor by it computes it. On CUDA the worker's kernel: libtorch's mul
-// of mixed element types is not vectorized (0.31 ms for the head's two gradients in a gpt2-xl step).
+// x·u in x's precision, u the upstream gradient (a 0-dim fp32 tensor), as libtorch's mul computes it
+// (u rounded to x's precision, the product in fp32 rounded once). On CUDA the worker's kernel:
+// libtorch's mul of mixed element types is not vectorized (0.31 ms for the head's two gradients in
+// a gpt2-xl step).
 at::Tensor scaled(const at::Tensor& x, const at::Tensor& u) {
   if (const auto* k = kernels_for(x)) {
     auto xc = x, uc = u;

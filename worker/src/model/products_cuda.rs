@@ -94,10 +94,6 @@ pub enum Epilogue {
     GeluAux,
     /// `p + bias + C`.
     Residual,
-    /// `p`, and the sums of `op(B)` over `k` (a vector of `n`) written to the bias pointer
-    /// (`BGRADB`): in row-major terms `a`'s row sums, the bias gradient of a weight gradient
-    /// `gyᵀ·x`.
-    BiasGrad,
 }
 
 /// One product in cuBLASLt's column-major terms, `D[m × n] = op(A)·op(B)` then the epilogue, with
@@ -143,10 +139,6 @@ pub enum Side<R, W> {
         bias: R,
         c: R,
     },
-    /// The sums of `op(B)` over `k`.
-    BiasGrad {
-        sums: W,
-    },
 }
 
 /// The epilogue's device addresses.
@@ -159,7 +151,6 @@ impl<R, W> Side<R, W> {
             Side::Bias { .. } => Epilogue::Bias,
             Side::GeluAux { .. } => Epilogue::GeluAux,
             Side::Residual { .. } => Epilogue::Residual,
-            Side::BiasGrad { .. } => Epilogue::BiasGrad,
         }
     }
 }
@@ -260,7 +251,6 @@ impl Descriptors {
             Epilogue::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
             Epilogue::Bias | Epilogue::Residual => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
             Epilogue::GeluAux => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
-            Epilogue::BiasGrad => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BGRADB,
         };
         // SAFETY: each attribute gets a value of its documented type (cublasOperation_t and the
         // epilogue are 32-bit enums, the auxiliary matrix's leading dimension an int64).
@@ -365,8 +355,6 @@ impl Descriptors {
                     set_desc(self.desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
                     (beta, c) = (1.0, residual);
                 }
-                // The bias gradient goes where the bias would be read from.
-                SidePointers::BiasGrad { sums } => set_desc(self.desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &sums)?,
             }
             result::matmul(
                 handle.0,
@@ -561,23 +549,19 @@ enum Form<'a> {
     GeluAux { bias: &'a Tensor, h: &'a Tensor },
     /// The residual it adds.
     Residual { bias: &'a Tensor, res: &'a Tensor },
-    /// The sums of `a`'s rows it writes.
-    RowSums { sums: &'a Tensor },
 }
 
 impl Form<'_> {
     /// The epilogue's matrices for an `[r × c]` product of `kind`, read once: the bias a
-    /// contiguous `[c]`, the GELU's input or the residual a contiguous `[r × c]` like the output,
-    /// the row sums a contiguous `[r]`; `None` where a tensor is not that.
+    /// contiguous `[c]`, the GELU's input or the residual a contiguous `[r × c]` like the output;
+    /// `None` where a tensor is not that.
     fn side(&self, kind: Kind, r: i64, c: i64) -> Option<Side<Matrix, Matrix>> {
-        let read =
-            |t: &Tensor, rank: usize, rows: i64, cols: i64| Matrix::read(t).filter(|m| m.is(kind, rank, rows, cols));
+        let read = |t: &Tensor, rank: usize, rows: i64| Matrix::read(t).filter(|m| m.is(kind, rank, rows, c));
         Some(match *self {
             Form::Plain { bias: None } => Side::None,
-            Form::Plain { bias: Some(bias) } => Side::Bias { bias: read(bias, 1, 1, c)? },
-            Form::GeluAux { bias, h } => Side::GeluAux { bias: read(bias, 1, 1, c)?, aux: read(h, 2, r, c)? },
-            Form::Residual { bias, res } => Side::Residual { bias: read(bias, 1, 1, c)?, c: read(res, 2, r, c)? },
-            Form::RowSums { sums } => Side::BiasGrad { sums: read(sums, 1, 1, r)? },
+            Form::Plain { bias: Some(bias) } => Side::Bias { bias: read(bias, 1, 1)? },
+            Form::GeluAux { bias, h } => Side::GeluAux { bias: read(bias, 1, 1)?, aux: read(h, 2, r)? },
+            Form::Residual { bias, res } => Side::Residual { bias: read(bias, 1, 1)?, c: read(res, 2, r)? },
         })
     }
 }
@@ -590,7 +574,6 @@ impl Side<Matrix, Matrix> {
             Side::Bias { bias } => ([Some(bias), None], None),
             Side::GeluAux { bias, aux } => ([Some(bias), None], Some(aux)),
             Side::Residual { bias, c } => ([Some(bias), Some(c)], None),
-            Side::BiasGrad { sums } => ([None, None], Some(sums)),
         }
     }
 
@@ -600,7 +583,6 @@ impl Side<Matrix, Matrix> {
             Side::Bias { bias } => Side::Bias { bias: bias.ptr() },
             Side::GeluAux { bias, aux } => Side::GeluAux { bias: bias.ptr(), aux: aux.ptr() },
             Side::Residual { bias, c } => Side::Residual { bias: bias.ptr(), c: c.ptr() },
-            Side::BiasGrad { sums } => Side::BiasGrad { sums: sums.ptr() },
         }
     }
 }
@@ -632,15 +614,6 @@ impl LtProducts {
         out: &Tensor,
     ) -> Result<bool, ProductError> {
         self.product(x, Matrix::read(w).map(Matrix::transposed), Form::Residual { bias: b, res }, out, None)
-    }
-
-    /// `out = a·b` and `sums[i] = Σⱼ a[i][j]` in one product (`BGRADB`): `a` `[r × k]` is a
-    /// weight gradient's `gyᵀ` (the transpose of a contiguous `[k × r]`), whose row sums are the
-    /// bias gradient, `b` `[k × c]` rows, `sums` `[r]` and `out` `[r × c]` contiguous, all of one
-    /// 16-bit kind, `out` and `sums` apart from the others. `false` (nothing written) for tensors
-    /// it does not take, or where cuBLASLt has no algorithm for them.
-    pub fn matmul_row_sums(&self, a: &Tensor, b: &Tensor, out: &Tensor, sums: &Tensor) -> Result<bool, ProductError> {
-        self.product(a, Matrix::read(b), Form::RowSums { sums }, out, None)
     }
 
     /// `out = a·b`, plus `bias` along its rows where given: `a` is `[r × k]`, `b` `[k × c]`, each
@@ -678,15 +651,9 @@ impl LtProducts {
         }
         let Some(side) = form.side(kind, r, c) else { return Ok(false) };
         let ([bias, residual], aux) = side.read_written();
-        // cuBLASLt's requirements: a bias (or bias gradient) 16-byte aligned; the GELU's auxiliary
-        // matrix 16-byte aligned with a leading dimension a multiple of 8.
-        let suits = match side {
-            Side::None => true,
-            Side::Bias { bias } | Side::Residual { bias, .. } => bias.alignment() >= 16,
-            Side::GeluAux { bias, aux } => bias.alignment() >= 16 && aux.alignment() >= 16 && c % 8 == 0,
-            Side::BiasGrad { sums } => sums.alignment() >= 16,
-        };
-        if !suits {
+        // cuBLASLt's requirements: a bias 16-byte aligned; the auxiliary matrix 16-byte aligned
+        // with a leading dimension a multiple of 8.
+        if bias.is_some_and(|m| m.alignment() < 16) || aux.is_some_and(|h| h.alignment() < 16 || c % 8 != 0) {
             return Ok(false);
         }
         if writes_what_it_reads(&[Some(ma), Some(mb), bias, residual], &mo, aux.as_ref()) {

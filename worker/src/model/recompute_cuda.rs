@@ -114,12 +114,13 @@ extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ h, 
 }
 
 /* out = x * u over nv vectors, u one fp32 value read on the device: a gradient computed ahead times
-   the upstream gradient, in fp32 and rounded once, as libtorch's mul of a 16-bit tensor by a 0-dim
-   fp32 tensor computes it. */
+   the upstream gradient as libtorch's mul of a 16-bit tensor by a 0-dim fp32 tensor computes it:
+   u rounded to x's precision (its kernel loads both operands so), the product in fp32, rounded
+   once. */
 #define SCALE(NAME, T, VEC, N, LOAD, STORE)                                                           \
 extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ x,                      \
     const float* __restrict__ u, T* __restrict__ out, long long nv) {                                 \
-  const float s = *u;                                                                                 \
+  const float s = LOAD(STORE(*u));                                                                    \
   const VEC* xv = reinterpret_cast<const VEC*>(x);                                                    \
   VEC* ov = reinterpret_cast<VEC*>(out);                                                              \
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < nv;                        \
@@ -747,7 +748,8 @@ impl NodeKernels {
     }
 
     /// `out = x · u` elementwise in `x`'s precision, `u` a one-element fp32 tensor read on the
-    /// device (the upstream gradient the LM head's node multiplies its gradients by).
+    /// device (the upstream gradient the LM head's node multiplies its gradients by), with
+    /// libtorch's `mul`'s arithmetic: `u` rounded to `x`'s precision, the product rounded once.
     fn scale(&self, x: &Tensor, u: &Tensor, out: &Tensor) -> Result<Outcome, NodeKernelError> {
         let Some(p) = Precision::of(x.kind()) else { return Ok(Outcome::Declined) };
         let n = x.numel() as i64;
@@ -1022,7 +1024,6 @@ pub fn install(gpu: &Arc<Gpu>) {
                     gelu_up: Some(gelu_up_cb),
                     residual: Some(residual_cb),
                     matmul: Some(matmul_cb),
-                    matmul_row_sums: Some(matmul_row_sums_cb),
                     scale: Some(scale_cb),
                 });
             }
@@ -1195,22 +1196,6 @@ unsafe extern "C" fn matmul_cb(
         // The bias is optional: a null pointer when there is none.
         let bias = (!bias.is_null()).then(|| t(bias));
         k.with_products(&PLAIN_PRODUCTS, |e| e.matmul(&t(a), &t(b), bias.as_ref(), &t(out)))
-    })
-}
-
-unsafe extern "C" fn matmul_row_sums_cb(
-    a: CTensor,
-    b: CTensor,
-    out: CTensor,
-    sums: CTensor,
-    stream: *mut c_void,
-    err: *mut c_char,
-    cap: usize,
-) -> c_int {
-    answer(stream, err, cap, |k| {
-        // SAFETY: the shim passes live tensors.
-        let t = |p| unsafe { lent(p) };
-        k.with_products(&EPILOGUE_PRODUCTS, |e| e.matmul_row_sums(&t(a), &t(b), &t(out), &t(sums)))
     })
 }
 

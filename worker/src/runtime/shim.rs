@@ -70,7 +70,7 @@ pub type TwoTensorFn = unsafe extern "C" fn(CTensor, CTensor, *mut c_void, *mut 
 pub type ThreeTensorFn = unsafe extern "C" fn(CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
 
 /// A kernel of four tensors: the GELU's fused backward ([`NodeKernelFns::gelu_backward_col_sum`])
-/// and the matrix products ([`NodeKernelFns::matmul`], [`NodeKernelFns::matmul_row_sums`]).
+/// and the matrix product ([`NodeKernelFns::matmul`]).
 pub type FourTensorFn =
     unsafe extern "C" fn(CTensor, CTensor, CTensor, CTensor, *mut c_void, *mut c_char, usize) -> c_int;
 
@@ -120,11 +120,8 @@ pub struct NodeKernelFns {
     /// `(a, b, bias, out, stream, err, cap)`: `out` = `a·b`, plus `bias` along its rows where
     /// `bias` is not null.
     pub matmul: Option<FourTensorFn>,
-    /// `(a, b, out, sums, stream, err, cap)`: `out` = `a·b` and `sums` = the sums of `a`'s rows
-    /// (a weight gradient `gyᵀ·x` and its bias gradient) in one product.
-    pub matmul_row_sums: Option<FourTensorFn>,
-    /// `(x, u, out, stream, err, cap)`: `out` = `x · u` in `x`'s precision, `u` a one-element fp32
-    /// tensor (the upstream gradient of the LM head's node).
+    /// `(x, u, out, stream, err, cap)`: `out` = `x · u` in `x`'s precision as libtorch's `mul`
+    /// computes it, `u` a one-element fp32 tensor (the upstream gradient of the LM head's node).
     pub scale: Option<ThreeTensorFn>,
 }
 
