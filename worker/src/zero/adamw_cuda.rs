@@ -17,7 +17,7 @@ use crate::runtime::cuda::Gpu;
 use crate::runtime::kernels::{self, Instances, Precision};
 
 /// The kernels, after [`kernels`]' shared conversions.
-pub(crate) const SOURCE: &str = r#"
+pub const SOURCE: &str = r#"
 /* One element of the update; both kernels apply it, so they give the same bits. */
 __device__ __forceinline__ void adamw_one(float& p, float& m, float& v, float g, float decay, float omb1, float b2,
                                           float omb2, float step_size, float inv_bc2_sqrt, float eps) {
