@@ -530,30 +530,37 @@ fn lm_head(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
 }
 
 /// The LM head's node multiplies the gradients it was given by the upstream gradient with the
-/// worker's kernel on the GPU (two calls): the bits of libtorch's mul (the factor rounded to the
-/// gradients' precision, the fp32 product rounded once), in each precision, for an upstream factor
-/// 16 bits cannot hold (1/3).
+/// worker's kernel on the GPU (two calls): the bits of libtorch's fp32 product rounded once, in
+/// each precision, for an upstream factor 16 bits cannot hold (1/3), and in fp16 for 2^16 (fp16's
+/// infinity, were the factor rounded to 16 bits first, as libtorch's mul of a 16-bit tensor by it
+/// does).
 fn given_grads_scaled(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     use zerobench_worker::model::recompute_cuda;
     use zerobench_worker::runtime::shim;
     recompute_cuda::install(gpu);
     let cuda = Device::Cuda(0);
-    for kind in [Kind::BFloat16, Kind::Half, Kind::Float] {
+    for (kind, factor) in
+        [(Kind::BFloat16, 1.0f32 / 3.0), (Kind::Half, 1.0 / 3.0), (Kind::Half, 65536.0), (Kind::Float, 1.0 / 3.0)]
+    {
         tch::manual_seed(21);
-        let randn = |shape: [i64; 2]| Tensor::randn(shape, (kind, cuda));
+        // Gradients small enough that 2^16 times them fits fp16.
+        let randn = |shape: [i64; 2]| (Tensor::randn(shape, (Kind::Float, cuda)) * 1e-3).to_kind(kind);
         let (h, w) = (randn([333, 64]).set_requires_grad(true), randn([1001, 64]).set_requires_grad(true));
         let (gh, gw) = (randn([333, 64]), randn([1001, 64]));
         let loss = Tensor::from(1.5f32).to_device(cuda);
         let out = shim::given_grads(&loss, &h, &w, &gh, &gw).expect("the node");
-        let u = Tensor::from(1.0f32 / 3.0).to_device(cuda);
+        let u = Tensor::from(factor).to_device(cuda);
         let before = recompute_cuda::calls().0;
         shim::backward(&[&out], &[&u]).expect("backward");
         let ran = recompute_cuda::calls().0 - before;
-        let (same_h, same_w) = (h.grad().equal(&(&gh * &u)), w.grad().equal(&(&gw * &u)));
+        let fp32_product = |g: &Tensor| (g.to_kind(Kind::Float) * &u).to_kind(kind);
+        let (same_h, same_w) = (h.grad().equal(&fp32_product(&gh)), w.grad().equal(&fp32_product(&gw)));
+        let finite = w.grad().isfinite().all().int64_value(&[]) == 1;
         r.check(
             "given_grads_scaled",
-            same_h && same_w && ran == 2,
-            json!({"kind": format!("{kind:?}"), "upstream": 1.0f32 / 3.0, "same_bits_as_libtorch": {"h": same_h, "w": same_w},
+            same_h && same_w && finite && ran == 2,
+            json!({"kind": format!("{kind:?}"), "upstream": factor,
+                   "same_bits_as_the_fp32_product": {"h": same_h, "w": same_w}, "finite": finite,
                    "kernel_calls": ran, "kernel_calls_expected": 2}),
         );
     }

@@ -451,17 +451,19 @@ struct ResidualLnGeluMlp : torch::autograd::Function<ResidualLnGeluMlp> {
   }
 };
 
-// x·u in x's precision, u the upstream gradient (a 0-dim fp32 tensor), as libtorch's mul computes it
-// (u rounded to x's precision, the product in fp32 rounded once). On CUDA the worker's kernel:
-// libtorch's mul of mixed element types is not vectorized (0.31 ms for the head's two gradients in
-// a gpt2-xl step).
+// x·u in x's precision, u the upstream gradient (a 0-dim fp32 tensor: the trainer's loss multiplier):
+// the fp32 product, rounded once. libtorch's mul of a 16-bit x by u would round u to 16 bits first
+// (1/3 off in bf16; an fp16 loss scale of 2^16 infinite), and its kernel for mixed element types is
+// not vectorized (0.31 ms for the head's two gradients in a gpt2-xl step): on CUDA the worker's
+// kernel, elsewhere the product taken in fp32.
 at::Tensor scaled(const at::Tensor& x, const at::Tensor& u) {
   if (const auto* k = kernels_for(x)) {
     auto xc = x, uc = u;
     auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
     if (ran(k, &zb_node_kernels::scale, x, &xc, &uc, &out)) return out;
   }
-  return x.mul(u);
+  if (x.scalar_type() == at::kFloat) return x.mul(u);
+  return x.to(at::kFloat).mul_(u).to(x.scalar_type());
 }
 
 // The LM head's loss, whose gradients the forward pass already computed (model/lm_head.rs):
@@ -482,7 +484,6 @@ struct GivenGrads : torch::autograd::Function<GivenGrads> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto gh = ctx->saved_data["gh"].toTensor();
     auto gw = ctx->saved_data["gw"].toTensor();
-    // A 0-dim upstream gradient keeps the 16-bit gradients 16-bit.
     return {at::Tensor(), scaled(gh, grads[0]), scaled(gw, grads[0]), at::Tensor(), at::Tensor()};
   }
 };

@@ -332,6 +332,28 @@ mod tests {
         assert!(w2.grad().allclose(&(one_w * 1024.0), 1e-5, 1e-6, false));
     }
 
+    /// The node multiplies 16-bit gradients by the upstream gradient in fp32, rounding once: a
+    /// factor of 1/3 is not first rounded to bf16, and an fp16 loss scale of 2^16 (fp16's
+    /// infinity, rounded) stays finite.
+    #[test]
+    fn the_upstream_factor_multiplies_in_fp32() {
+        for (kind, factor) in [(Kind::BFloat16, 1.0f32 / 3.0), (Kind::Half, 65536.0)] {
+            let (h, w, _) = leaves(kind);
+            let g = |t: &Tensor| (Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 1e-3).to_kind(kind);
+            let (gh, gw) = (g(&h), g(&w));
+            let loss = Tensor::zeros([], (Kind::Float, Device::Cpu));
+            let out = shim::given_grads(&loss, &h, &w, &gh, &gw).unwrap();
+            let u = Tensor::from(factor);
+            shim::backward(&[&out], &[&u]).unwrap();
+            let fp32 = (gw.to_kind(Kind::Float) * f64::from(factor)).to_kind(kind);
+            assert!(w.grad().equal(&fp32), "{kind:?}: not the fp32 product rounded once");
+            assert_eq!(w.grad().isfinite().all().int64_value(&[]), 1, "{kind:?}");
+            // What the factor rounded to 16 bits first gives (libtorch's mul on CUDA) is told apart.
+            let rounded_first = (gw.to_kind(Kind::Float) * u.to_kind(kind).to_kind(Kind::Float)).to_kind(kind);
+            assert!(!w.grad().equal(&rounded_first), "{kind:?}: the factor rounded to 16 bits gives the same");
+        }
+    }
+
     /// The node that hands the head's gradients to autograd refuses gradients whose shapes are not
     /// its inputs' (a padded weight's, say), rather than giving autograd a wrong-sized gradient.
     #[test]

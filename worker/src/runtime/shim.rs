@@ -120,8 +120,8 @@ pub struct NodeKernelFns {
     /// `(a, b, bias, out, stream, err, cap)`: `out` = `a·b`, plus `bias` along its rows where
     /// `bias` is not null.
     pub matmul: Option<FourTensorFn>,
-    /// `(x, u, out, stream, err, cap)`: `out` = `x · u` in `x`'s precision as libtorch's `mul`
-    /// computes it, `u` a one-element fp32 tensor (the upstream gradient of the LM head's node).
+    /// `(x, u, out, stream, err, cap)`: `out` = `x · u` in `x`'s precision (the fp32 product
+    /// rounded once), `u` a one-element fp32 tensor (the upstream gradient of the LM head's node).
     pub scale: Option<ThreeTensorFn>,
 }
 
