@@ -3,8 +3,8 @@
 //! bf16 gradients and parameter copies, fp32 master weights and moments) updated by
 //!
 //! * `worker`: the worker's kernel (`zero::adamw_cuda`), one launch per shard, as a step runs it;
-//! * `resident`: the same source, as many blocks as are resident at once (the worker launches up
-//!   to 16 per multiprocessor, of which 8 of 256 threads are resident);
+//! * `resident`: the same kernel, as many blocks as fit at once (the worker launches up to 16
+//!   blocks of 256 threads per multiprocessor, of which 8 fit);
 //! * `streaming`: loads and stores with the evict-first hints (`__ldcs`/`__stcs`): every byte is
 //!   touched once a step, so nothing it leaves in L2 is read again;
 //! * `two`: two vectors a thread per iteration, their eight loads issued before either update;
@@ -18,28 +18,20 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::CudaFunction;
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
 use zerobench_worker::runtime::cuda::{ComputeStream, Gpu};
 use zerobench_worker::runtime::kernels;
-use zerobench_worker::zero::adamw_cuda::{Coeffs, FusedAdamW};
+use zerobench_worker::zero::adamw_cuda::{Coeffs, FusedAdamW, SOURCE, THREADS};
 
-/// The variants, bf16 only: the worker's arithmetic (`adamw_one`), other loads and stores.
-const SOURCE: &str = r#"
-__device__ __forceinline__ void adamw_one(float& p, float& m, float& v, float g, float decay, float omb1, float b2,
-                                          float omb2, float step_size, float inv_bc2_sqrt, float eps) {
-  p *= decay;
-  m += omb1 * (g - m);
-  v = b2 * v + omb2 * g * g;
-  p -= step_size * m / (sqrtf(v) * inv_bc2_sqrt + eps);
-}
+/// The variants, bf16 only, compiled after the worker's source (`zero::adamw_cuda::SOURCE`), whose
+/// element update (`adamw_one`) and 16-bit packing (`LO`, `HI`, `PACK`) they use: the worker's
+/// arithmetic, other loads and stores.
+const VARIANTS: &str = r#"
 #define ARGS float* __restrict__ p, float* __restrict__ m, float* __restrict__ v,                    \
     const unsigned short* __restrict__ g, unsigned short* __restrict__ out, long long n, float decay, \
     float omb1, float b2, float omb2, float step_size, float inv_bc2_sqrt, float eps, float gscale
-#define LO(w) ((unsigned short)((w) & 0xffffu))
-#define HI(w) ((unsigned short)((w) >> 16))
-#define PACK(a, b) ((unsigned int)(a) | ((unsigned int)(b) << 16))
 #define UPDATE4(P, M, V, G)                                                                          \
   adamw_one(P.x, M.x, V.x, bf2f(LO(G.x)) * gscale, decay, omb1, b2, omb2, step_size, inv_bc2_sqrt, eps); \
   adamw_one(P.y, M.y, V.y, bf2f(HI(G.x)) * gscale, decay, omb1, b2, omb2, step_size, inv_bc2_sqrt, eps); \
@@ -130,34 +122,17 @@ const COEFFS: Coeffs = Coeffs {
     grad_scale: 1.0,
 };
 
-fn launch(gpu: &Gpu, f: &cudarc::driver::CudaFunction, s: &Shard, blocks_cap: u32, vectors_per_thread: i64) {
+/// One update of `s` by `f` (a kernel of the worker's argument list) through the worker's launch,
+/// at most `blocks_cap` blocks, each thread `vectors_per_thread` vectors of four.
+fn launch(fused: &FusedAdamW, f: &CudaFunction, s: &Shard, blocks_cap: u32, vectors_per_thread: i64) {
     let n = s.p.numel() as i64;
     let ptr = |t: &Tensor| t.data_ptr() as u64;
-    let (p, m, v, g, o) = (ptr(&s.p), ptr(&s.m), ptr(&s.v), ptr(&s.g), ptr(&s.out));
-    let threads = 256u32;
-    let per_block = vectors_per_thread * i64::from(threads);
-    let needed = (n / 4 + per_block - 1) / per_block;
-    let blocks = u32::try_from(needed).unwrap_or(u32::MAX).clamp(1, blocks_cap);
-    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-    let k = COEFFS;
-    let mut l = gpu.compute.launch_builder(f);
-    l.arg(&p)
-        .arg(&m)
-        .arg(&v)
-        .arg(&g)
-        .arg(&o)
-        .arg(&n)
-        .arg(&k.decay)
-        .arg(&k.one_minus_b1)
-        .arg(&k.b2)
-        .arg(&k.one_minus_b2)
-        .arg(&k.step_size)
-        .arg(&k.inv_bc2_sqrt)
-        .arg(&k.eps)
-        .arg(&k.grad_scale);
+    let per_block = vectors_per_thread * i64::from(THREADS);
+    let blocks = u32::try_from((n / 4 + per_block - 1) / per_block).unwrap_or(u32::MAX).min(blocks_cap);
     // SAFETY: contiguous fp32 states and bf16 gradient and copy of `n` elements (a multiple of 4),
     // 16-byte aligned (libtorch's allocations), alive until the bench synchronizes.
-    unsafe { l.launch(cfg) }.expect("launch");
+    unsafe { fused.launch(f, blocks, &COEFFS, [ptr(&s.p), ptr(&s.m), ptr(&s.v), ptr(&s.g), ptr(&s.out)], n) }
+        .expect("launch");
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -198,7 +173,7 @@ fn main() {
     assert_eq!(dev, Device::Cuda(0));
     let gpu: Arc<Gpu> = Gpu::new(0, ComputeStream::Legacy).expect("CUDA context");
     let fused = FusedAdamW::new(Arc::clone(&gpu)).expect("the worker's kernel");
-    let module = kernels::load(&gpu, SOURCE).expect("the variants");
+    let module = kernels::load(&gpu, &format!("{SOURCE}\n{VARIANTS}")).expect("the variants");
     let (streaming, two) = (module.load_function("streaming").expect("f"), module.load_function("two").expect("f"));
     let sms = kernels::multiprocessors(&gpu).expect("SMs");
     let worker_kernel = |s: &Shard| fused.step(&COEFFS, &s.p, &s.m, &s.v, &s.g, Some(&s.out)).expect("update");
@@ -210,15 +185,14 @@ fn main() {
     let start = Shard::new(per_block, 1);
     let reference = start.copy();
     worker_kernel(&reference);
-    let resident_module = kernels::load(&gpu, zerobench_worker::zero::adamw_cuda::SOURCE).expect("source");
-    let resident_fn = resident_module.load_function("adamw_vec_bf16").expect("f");
+    let resident_fn = module.load_function("adamw_vec_bf16").expect("f");
     type Form<'a> = (&'a str, Box<dyn Fn(&Shard) + 'a>);
     let forms: Vec<Form> = vec![
         ("worker", Box::new(worker_kernel)),
-        ("resident", Box::new(|s: &Shard| launch(&gpu, &resident_fn, s, sms * 8, 1))),
-        ("streaming", Box::new(|s: &Shard| launch(&gpu, &streaming, s, sms * 16, 1))),
-        ("streaming_resident", Box::new(|s: &Shard| launch(&gpu, &streaming, s, sms * 8, 1))),
-        ("two", Box::new(|s: &Shard| launch(&gpu, &two, s, sms * 16, 2))),
+        ("resident", Box::new(|s: &Shard| launch(&fused, &resident_fn, s, sms * 8, 1))),
+        ("streaming", Box::new(|s: &Shard| launch(&fused, &streaming, s, sms * 16, 1))),
+        ("streaming_resident", Box::new(|s: &Shard| launch(&fused, &streaming, s, sms * 8, 1))),
+        ("two", Box::new(|s: &Shard| launch(&fused, &two, s, sms * 16, 2))),
     ];
     let shards: Vec<Shard> = sizes.iter().enumerate().map(|(i, &n)| Shard::new(n, 10 + i as i64)).collect();
     for (name, run) in &forms {

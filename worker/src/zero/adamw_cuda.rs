@@ -174,19 +174,37 @@ impl FusedAdamW {
         } else {
             (self.adamw.get(precision), n)
         };
-        let n64 = n as i64;
-        let threads = 256u32;
-        let blocks = u32::try_from(threads_needed.div_ceil(threads as usize)).unwrap_or(u32::MAX).min(self.max_blocks);
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-        let stream = &self.gpu.compute;
-        let mut launch = stream.launch_builder(func);
+        let blocks = u32::try_from(threads_needed.div_ceil(THREADS as usize)).unwrap_or(u32::MAX).min(self.max_blocks);
+        // SAFETY: the engine's contiguous shards of `n` elements of the kernel's types, alive until
+        // the kernel has run (they are persistent), each aligned for the kernel's loads (above).
+        unsafe { self.launch(func, blocks, k, [p, mp, vp, gp, op], n as i64) }?;
+        Ok(())
+    }
+
+    /// Launches `func`, a kernel of [`SOURCE`]'s argument list (`examples/adamw_bw` times other
+    /// forms of the update with it), on the compute stream: `blocks` blocks of [`THREADS`] over
+    /// `n` elements at the device addresses `[master, m, v, grad, out]` (`out` 0 for none).
+    ///
+    /// # Safety
+    /// The addresses hold `n` elements of the kernel's types, aligned for its loads, alive until
+    /// it has run on the compute stream.
+    pub unsafe fn launch(
+        &self,
+        func: &cudarc::driver::CudaFunction,
+        blocks: u32,
+        k: &Coeffs,
+        [p, mp, vp, gp, op]: [u64; 5],
+        n: i64,
+    ) -> Result<(), FusedError> {
+        let cfg = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let mut launch = self.gpu.compute.launch_builder(func);
         launch
             .arg(&p)
             .arg(&mp)
             .arg(&vp)
             .arg(&gp)
             .arg(&op)
-            .arg(&n64)
+            .arg(&n)
             .arg(&k.decay)
             .arg(&k.one_minus_b1)
             .arg(&k.b2)
@@ -195,9 +213,11 @@ impl FusedAdamW {
             .arg(&k.inv_bc2_sqrt)
             .arg(&k.eps)
             .arg(&k.grad_scale);
-        // SAFETY: the engine's contiguous shards of `n` elements of the kernel's types, alive until
-        // the kernel has run (they are persistent); the argument list matches the kernel's.
+        // SAFETY: as the caller promises; the argument list is the kernels'.
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }
 }
+
+/// Threads per block of the update's kernels.
+pub const THREADS: u32 = 256;
