@@ -82,7 +82,7 @@ pub fn lm_loss_chunked(h: &Tensor, w: &Tensor, target: &Tensor, chunk_bytes: i64
     let (loss, g_h, g_w) = {
         let _guard = tch::no_grad_guard();
         let hd = h2.detach();
-        let wd = if v_pad > v { w.f_constant_pad_nd([0, 0, 0, v_pad - v])? } else { w.detach() };
+        let wd = if v_pad > v { padded_rows(w, v_pad)? } else { w.detach() };
         // 1 / the targets counted, on the device: reading it on the host would stall the queue.
         let scale = t.f_ne(IGNORE_INDEX)?.f_sum(Kind::Float)?.f_clamp_min(1.0)?.f_reciprocal()?;
         let g_h = Tensor::f_empty_like(&hd)?;
@@ -124,6 +124,17 @@ pub fn lm_loss_chunked(h: &Tensor, w: &Tensor, target: &Tensor, chunk_bytes: i64
         (loss.f_mul(&scale)?, g_h.f_view(h.size().as_slice())?, g_w.f_narrow(0, 0, v)?)
     };
     Ok(shim::given_grads(&loss, h, w, &g_h, &g_w)?)
+}
+
+/// `w` (`[v, d]`) with zero rows below it up to `v_pad`, contiguous. The rows are copied and only
+/// the padding zeroed: libtorch's `constant_pad_nd` fills the whole result before it copies `w` in
+/// (on gpt2-xl's 161 MB head a 48 µs fill every step, beside the 79 µs copy).
+fn padded_rows(w: &Tensor, v_pad: i64) -> Result<Tensor, TchError> {
+    let (v, d) = w.size2()?;
+    let out = Tensor::f_empty([v_pad, d], (w.kind(), w.device()))?;
+    out.f_narrow(0, 0, v)?.f_copy_(&w.detach())?;
+    let _ = out.f_narrow(0, v, v_pad - v)?.f_zero_()?;
+    Ok(out)
 }
 
 /// `out = a·b`: on a GPU through the worker's cuBLASLt plans, each shape's algorithm timed at its
@@ -352,6 +363,19 @@ mod tests {
             let rounded_first = (gw.to_kind(Kind::Float) * u.to_kind(kind).to_kind(Kind::Float)).to_kind(kind);
             assert!(!w.grad().equal(&rounded_first), "{kind:?}: the factor rounded to 16 bits gives the same");
         }
+    }
+
+    /// The padded weight is the weight's rows, then zero rows up to the padded size, whatever the
+    /// memory it was allocated from held.
+    #[test]
+    fn padded_rows_are_the_rows_then_zeros() {
+        let w = Tensor::randn([70, 16], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+        // Leave non-zero values where the padding will be allocated next, as a reused block would.
+        drop(Tensor::full([padded_vocab(70), 16], 7.0, (Kind::BFloat16, Device::Cpu)));
+        let p = padded_rows(&w, padded_vocab(70)).unwrap();
+        assert_eq!(p.size(), [padded_vocab(70), 16]);
+        assert!(p.narrow(0, 0, 70).equal(&w));
+        assert_eq!(p.narrow(0, 70, padded_vocab(70) - 70).abs().sum(Kind::Float).double_value(&[]), 0.0);
     }
 
     /// The node that hands the head's gradients to autograd refuses gradients whose shapes are not
