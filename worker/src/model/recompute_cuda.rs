@@ -1137,53 +1137,32 @@ unsafe extern "C" fn ln_backward_cb(
     })
 }
 
-unsafe extern "C" fn col_sum_cb(x: CTensor, out: CTensor, stream: *mut c_void, err: *mut c_char, cap: usize) -> c_int {
-    // SAFETY: the shim passes live tensors.
-    answer(stream, err, cap, |k| k.col_sum(&unsafe { lent(x) }, None, &unsafe { lent(out) }))
+/// A callback of the shim's form for tensors that are never null: `(t0, .., stream, err, cap)`,
+/// answering with `$body`, in which each named tensor is the shim's, lent (`NodeKernelFns` names
+/// them).
+macro_rules! tensors_cb {
+    ($name:ident($($t:ident),+) => |$k:ident| $body:expr) => {
+        #[allow(clippy::too_many_arguments)]
+        unsafe extern "C" fn $name($($t: CTensor,)+ stream: *mut c_void, err: *mut c_char, cap: usize) -> c_int {
+            answer(stream, err, cap, |$k| {
+                // SAFETY: the shim passes live tensors.
+                $(let $t = unsafe { lent($t) };)+
+                $body
+            })
+        }
+    };
 }
 
-unsafe extern "C" fn scale_cb(
-    x: CTensor,
-    u: CTensor,
-    out: CTensor,
-    stream: *mut c_void,
-    err: *mut c_char,
-    cap: usize,
-) -> c_int {
-    answer(stream, err, cap, |k| {
-        // SAFETY: the shim passes live tensors.
-        let t = |p| unsafe { lent(p) };
-        k.scale(&t(x), &t(u), &t(out))
-    })
-}
-
-unsafe extern "C" fn gelu_forward_cb(
-    h: CTensor,
-    a: CTensor,
-    stream: *mut c_void,
-    err: *mut c_char,
-    cap: usize,
-) -> c_int {
-    // SAFETY: the shim passes live tensors.
-    answer(stream, err, cap, |k| k.gelu_forward(&unsafe { lent(h) }, &unsafe { lent(a) }))
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn gelu_backward_col_sum_cb(
-    g: CTensor,
-    h: CTensor,
-    act: CTensor,
-    out: CTensor,
-    stream: *mut c_void,
-    err: *mut c_char,
-    cap: usize,
-) -> c_int {
-    answer(stream, err, cap, |k| {
-        // SAFETY: the shim passes live tensors.
-        let t = |p| unsafe { lent(p) };
-        k.col_sum(&t(g), Some((&t(h), &t(act))), &t(out))
-    })
-}
+tensors_cb!(col_sum_cb(x, out) => |k| k.col_sum(&x, None, &out));
+tensors_cb!(scale_cb(x, u, out) => |k| k.scale(&x, &u, &out));
+tensors_cb!(gelu_forward_cb(h, a) => |k| k.gelu_forward(&h, &a));
+tensors_cb!(gelu_backward_col_sum_cb(g, h, act, out) => |k| k.col_sum(&g, Some((&h, &act)), &out));
+tensors_cb!(gelu_up_cb(x, w1, b1, h, a) => |k| {
+    k.with_products(&EPILOGUE_PRODUCTS, |e| e.gelu_up(&x, &w1, &b1, &h, &a))
+});
+tensors_cb!(residual_cb(res, x, w, b, out) => |k| {
+    k.with_products(&EPILOGUE_PRODUCTS, |e| e.residual(&res, &x, &w, &b, &out))
+});
 
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C" fn matmul_cb(
@@ -1203,33 +1182,6 @@ unsafe extern "C" fn matmul_cb(
         k.with_products(&PLAIN_PRODUCTS, |e| e.matmul(&t(a), &t(b), bias.as_ref(), &t(out)))
     })
 }
-
-/// A callback of [`shim::FiveTensorFn`]'s form that hands its five tensors, in order, to
-/// `LtProducts::$method` (`NodeKernelFns` names the tensors).
-macro_rules! five_tensor_cb {
-    ($name:ident, $method:ident) => {
-        #[allow(clippy::too_many_arguments)]
-        unsafe extern "C" fn $name(
-            t0: CTensor,
-            t1: CTensor,
-            t2: CTensor,
-            t3: CTensor,
-            t4: CTensor,
-            stream: *mut c_void,
-            err: *mut c_char,
-            cap: usize,
-        ) -> c_int {
-            answer(stream, err, cap, |k| {
-                // SAFETY: the shim passes live tensors.
-                let t = |p| unsafe { lent(p) };
-                k.with_products(&EPILOGUE_PRODUCTS, |e| e.$method(&t(t0), &t(t1), &t(t2), &t(t3), &t(t4)))
-            })
-        }
-    };
-}
-
-five_tensor_cb!(gelu_up_cb, gelu_up);
-five_tensor_cb!(residual_cb, residual);
 
 #[cfg(test)]
 mod tests {

@@ -125,6 +125,9 @@ pub struct FusedAdamW {
 /// Elements per thread and load of `adamw_vec`.
 const VECTOR: usize = 4;
 
+/// Threads per block of the update's kernels.
+pub const THREADS: u32 = 256;
+
 #[derive(Debug, thiserror::Error)]
 pub enum FusedError {
     #[error("the AdamW kernel: {0}")]
@@ -218,6 +221,3 @@ impl FusedAdamW {
         Ok(())
     }
 }
-
-/// Threads per block of the update's kernels.
-pub const THREADS: u32 = 256;
