@@ -7,6 +7,12 @@
 //! third of the memory's bandwidth. Rows are therefore whole vectors: `v_pad` a multiple of the
 //! vector, the logits 16-byte aligned (the head pads to 64 columns; the allocator aligns). It runs
 //! on the compute stream, in libtorch's order, where libtorch computes there (`Gpu::computes_here`).
+//!
+//! The first pass folds a vector in at a time: its own maximum, then its exponentials against the
+//! new running maximum (independent of each other), the running sum rescaled once. Folding in a
+//! logit at a time chained every exponential on the one before through the running sum and
+//! maximum, and gpt2-xl's loss (4096 rows of 50304 bf16 logits) ran at about 2.6 TB/s. Both passes
+//! take two vectors a thread per iteration, two loads in flight.
 
 use std::sync::Arc;
 
@@ -30,6 +36,45 @@ __device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) 
   m = mn; s = a + b;
 }
 
+/* Adds vector `i` of the row (N logits, the columns from v on left out) to the running maximum m
+   and sum of exponentials s: the vector's own maximum first, then its N exponentials against the
+   new maximum, independent of each other, and s rescaled once (not once per logit). */
+#define ABSORB(RAW, I, T, N, LOAD)                                                                    \
+  {                                                                                                   \
+    const T* e = reinterpret_cast<const T*>(&(RAW));                                                  \
+    float xs[N];                                                                                      \
+    float mv = NEG_INF;                                                                               \
+    _Pragma("unroll")                                                                                 \
+    for (int k = 0; k < N; ++k) {                                                                     \
+      xs[k] = ((I) * N + k < v) ? LOAD(e[k]) : NEG_INF;                                               \
+      mv = fmaxf(mv, xs[k]);                                                                          \
+    }                                                                                                 \
+    if (mv != NEG_INF) {                                                                              \
+      float mn = fmaxf(m, mv), acc = 0.f;                                                             \
+      _Pragma("unroll")                                                                               \
+      for (int k = 0; k < N; ++k) acc += expf(xs[k] - mn);                                            \
+      s = s * expf(m - mn) + acc;                                                                     \
+      m = mn;                                                                                         \
+    }                                                                                                 \
+  }
+
+/* Vector `i`'s gradient, written over it. */
+#define GRAD(RAW, I, T, VEC, N, LOAD, STORE)                                                          \
+  {                                                                                                   \
+    const T* e = reinterpret_cast<const T*>(&(RAW));                                                  \
+    VEC out;                                                                                          \
+    T* o = reinterpret_cast<T*>(&out);                                                                \
+    _Pragma("unroll")                                                                                 \
+    for (int k = 0; k < N; ++k) {                                                                     \
+      long long j = (I) * N + k;                                                                      \
+      float gj = 0.f;                                                                                 \
+      if (j < v) gj = (expf(LOAD(e[k]) - lse) - (j == t ? 1.f : 0.f)) * g;                            \
+      o[k] = STORE(gj);                                                                               \
+    }                                                                                                 \
+    xv[I] = out;                                                                                      \
+  }
+
+/* Each pass takes two vectors a thread per iteration, so that two loads are in flight. */
 #define CE(NAME, T, VEC, N, LOAD, STORE)                                                              \
 extern "C" __global__ void NAME(T* __restrict__ logits, const long long* __restrict__ target,        \
     float* __restrict__ loss, long long v_pad, long long v, const float* __restrict__ scale) {        \
@@ -38,20 +83,19 @@ extern "C" __global__ void NAME(T* __restrict__ logits, const long long* __restr
   __shared__ float picked;                                                                            \
   T* x = logits + blockIdx.x * v_pad;                                                                 \
   VEC* xv = reinterpret_cast<VEC*>(x);                                                                \
-  long long nv = v_pad / N;                                                                           \
+  const long long nv = v_pad / N, step = blockDim.x;                                                  \
   long long t = target[blockIdx.x];                                                                   \
   bool valid = t >= 0 && t < v;                                                                       \
   float m = NEG_INF, s = 0.f;                                                                       \
-  for (long long i = threadIdx.x; i < nv; i += blockDim.x) {                                          \
-    VEC raw = xv[i];                                                                                  \
-    const T* e = reinterpret_cast<const T*>(&raw);                                                    \
-    _Pragma("unroll")                                                                                 \
-    for (int k = 0; k < N; ++k) {                                                                     \
-      if (i * N + k >= v) break;                                                                      \
-      float xj = LOAD(e[k]);                                                                          \
-      if (xj > m) { s = (m == NEG_INF ? 0.f : s * expf(m - xj)) + 1.f; m = xj; }                   \
-      else { s += expf(xj - m); }                                                                     \
-    }                                                                                                 \
+  long long i = threadIdx.x;                                                                          \
+  for (; i + step < nv; i += 2 * step) {                                                              \
+    VEC a = xv[i], b = xv[i + step];                                                                  \
+    ABSORB(a, i, T, N, LOAD)                                                                          \
+    ABSORB(b, i + step, T, N, LOAD)                                                                   \
+  }                                                                                                   \
+  if (i < nv) {                                                                                       \
+    VEC a = xv[i];                                                                                    \
+    ABSORB(a, i, T, N, LOAD)                                                                          \
   }                                                                                                   \
   for (int off = 16; off > 0; off >>= 1)                                                              \
     combine(m, s, __shfl_xor_sync(0xffffffffu, m, off), __shfl_xor_sync(0xffffffffu, s, off));      \
@@ -66,19 +110,15 @@ extern "C" __global__ void NAME(T* __restrict__ logits, const long long* __restr
   float lse = m + logf(s);                                                                            \
   float g = valid ? *scale : 0.f;                                                                     \
   if (threadIdx.x == 0) loss[blockIdx.x] = valid ? lse - picked : 0.f;                                \
-  for (long long i = threadIdx.x; i < nv; i += blockDim.x) {                                          \
-    VEC raw = xv[i];                                                                                  \
-    const T* e = reinterpret_cast<const T*>(&raw);                                                    \
-    VEC out;                                                                                          \
-    T* o = reinterpret_cast<T*>(&out);                                                                \
-    _Pragma("unroll")                                                                                 \
-    for (int k = 0; k < N; ++k) {                                                                     \
-      long long j = i * N + k;                                                                        \
-      float gj = 0.f;                                                                                 \
-      if (j < v) gj = (expf(LOAD(e[k]) - lse) - (j == t ? 1.f : 0.f)) * g;                            \
-      o[k] = STORE(gj);                                                                               \
-    }                                                                                                 \
-    xv[i] = out;                                                                                      \
+  i = threadIdx.x;                                                                                    \
+  for (; i + step < nv; i += 2 * step) {                                                              \
+    VEC a = xv[i], b = xv[i + step];                                                                  \
+    GRAD(a, i, T, VEC, N, LOAD, STORE)                                                                \
+    GRAD(b, i + step, T, VEC, N, LOAD, STORE)                                                         \
+  }                                                                                                   \
+  if (i < nv) {                                                                                       \
+    VEC a = xv[i];                                                                                    \
+    GRAD(a, i, T, VEC, N, LOAD, STORE)                                                                \
   }                                                                                                   \
 }
 
