@@ -24,6 +24,9 @@ pub struct Schedule {
     /// For each unit, the index of the last position that uses it in backward: after it, the
     /// unit's gradients for this micro-step are complete.
     pub final_backward: Vec<usize>,
+    /// For each unit, the index of the first position that uses it in backward: from it on, the
+    /// unit's gradients for this micro-step are being computed.
+    pub first_backward: Vec<usize>,
     /// For each unit, the index of the first position that uses it (in forward).
     pub first_use: Vec<usize>,
     /// Every unit, in the order forward first uses them.
@@ -48,6 +51,10 @@ impl Schedule {
         for (i, p) in positions.iter().enumerate().skip(s) {
             final_backward[p.unit] = i;
         }
+        let mut first_backward = vec![usize::MAX; n_units];
+        for (i, p) in positions.iter().enumerate().skip(s).rev() {
+            first_backward[p.unit] = i;
+        }
         assert!(final_backward.iter().all(|&i| i != usize::MAX), "every unit is used by some segment");
         let mut first_use = vec![usize::MAX; n_units];
         for (i, p) in positions.iter().enumerate().take(s).rev() {
@@ -55,7 +62,7 @@ impl Schedule {
         }
         let mut forward_order: Vec<usize> = (0..n_units).collect();
         forward_order.sort_by_key(|&u| first_use[u]);
-        Self { positions, final_backward, first_use, forward_order }
+        Self { positions, final_backward, first_backward, first_use, forward_order }
     }
 
     /// Index of segment `s`'s backward position.
@@ -90,6 +97,8 @@ mod tests {
         assert_eq!(units, vec![0, 1, 2, 0, 0, 2, 1, 0]);
         // u0's gradients are complete only after the embedding's backward, the very last.
         assert_eq!(s.final_backward, vec![7, 6, 5]);
+        // ... and are first computed in the head's, the first.
+        assert_eq!(s.first_backward, vec![4, 6, 5]);
         assert_eq!(s.first_use, vec![0, 1, 2]);
         assert_eq!(Schedule::new(&[2, 0, 1, 2], 3).forward_order, vec![2, 0, 1]);
         assert_eq!(s.backward_index(3), 4);

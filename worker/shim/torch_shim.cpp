@@ -29,6 +29,8 @@
 //   worker's kernel.
 // * zb_given_grads: a loss whose inputs' gradients were computed beside it (the LM head's), as an
 //   autograd function that hands them back scaled by the upstream gradient.
+// * zb_embedding: an embedding lookup whose backward adds its rows into the weight's gradient where
+//   the engine placed it (zb_grad_into), beside what the tied LM head wrote there.
 // * zb_set_node_kernels: the worker's own CUDA kernels for these nodes (layer norm forward and
 //   backward, bias and GELU gradients, and matrix products with cuBLASLt's epilogues), called with
 //   libtorch's current stream; without them, or where they decline the tensors, the nodes use
@@ -75,6 +77,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -264,6 +267,23 @@ at::Tensor fresh_place(const at::Tensor& p) {
   return it->second.buf.narrow(0, it->second.offset, p.numel()).view(p.sizes());
 }
 
+// Where the engine placed p's gradient, now taken, and whether something is there to add to (a
+// later micro-step's, or another use's earlier in this backward: a tied weight's); none where it
+// placed nothing.
+struct Place {
+  at::Tensor dest;
+  bool add;
+};
+std::optional<Place> take_place(const at::Tensor& p) {
+  std::lock_guard<std::mutex> lock(grad_into_mutex);
+  auto it = grad_into.find(p.unsafeGetTensorImpl());
+  if (it == grad_into.end()) return std::nullopt;
+  auto& g = it->second;
+  Place place{g.buf.narrow(0, g.offset, p.numel()).view(p.sizes()), g.accumulate || g.taken};
+  g.taken = true;
+  return place;
+}
+
 // Where a node computes the gradient of a vector parameter (a bias, a layer norm's scale or shift):
 // its place in the engine's buffer when fresh_place gives one, else a fresh tensor. The node
 // returns no gradient for a placed parameter, so autograd leaves its .grad alone and the engine
@@ -358,17 +378,13 @@ LnSaved saved_ln(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& ga
 // use of w in the same backward, or where the engine accumulates) and the node returns no
 // gradient for w, so autograd leaves w's .grad alone; elsewhere a fresh tensor, as autograd's.
 at::Tensor weight_grad(const at::Tensor& w, const at::Tensor& a, const at::Tensor& b) {
-  std::lock_guard<std::mutex> lock(grad_into_mutex);
-  auto it = grad_into.find(w.unsafeGetTensorImpl());
-  if (it == grad_into.end()) return product(a, b);
-  auto& g = it->second;
-  auto dest = g.buf.narrow(0, g.offset, w.numel()).view(w.sizes());
-  if (g.accumulate || g.taken) {
-    dest.addmm_(a, b);
+  auto place = take_place(w);
+  if (!place) return product(a, b);
+  if (place->add) {
+    place->dest.addmm_(a, b);
   } else {
-    product_into(dest, a, b);
+    product_into(place->dest, a, b);
   }
-  g.taken = true;
   return at::Tensor();
 }
 
@@ -455,36 +471,75 @@ struct ResidualLnGeluMlp : torch::autograd::Function<ResidualLnGeluMlp> {
 // the fp32 product, rounded once. libtorch's mul of a 16-bit x by u would round u to 16 bits first
 // (1/3 off in bf16; an fp16 loss scale of 2^16 infinite), and its kernel for mixed element types is
 // not vectorized (0.31 ms for the head's two gradients in a gpt2-xl step): on CUDA the worker's
-// kernel, elsewhere the product taken in fp32.
-at::Tensor scaled(const at::Tensor& x, const at::Tensor& u) {
+// kernel, elsewhere the product taken in fp32. Written to out (x's shape, contiguous).
+void scaled_into(const at::Tensor& x, const at::Tensor& u, at::Tensor out) {
   if (const auto* k = kernels_for(x)) {
     auto xc = x, uc = u;
-    auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
-    if (ran(k, &zb_node_kernels::scale, x, &xc, &uc, &out)) return out;
+    if (ran(k, &zb_node_kernels::scale, x, &xc, &uc, &out)) return;
   }
-  if (x.scalar_type() == at::kFloat) return x.mul(u);
-  return x.to(at::kFloat).mul_(u).to(x.scalar_type());
+  if (x.scalar_type() == at::kFloat) {
+    at::mul_out(out, x, u);
+  } else {
+    out.copy_(x.to(at::kFloat).mul_(u));
+  }
+}
+
+at::Tensor scaled(const at::Tensor& x, const at::Tensor& u) {
+  auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  scaled_into(x, u, out);
+  return out;
 }
 
 // The LM head's loss, whose gradients the forward pass already computed (model/lm_head.rs):
 // returns `loss` (a value without history), and its backward gives h and w the gradients gh and
 // gw times the upstream gradient, one product each, instead of autograd deriving them from a
-// surrogate expression over h and w.
+// surrogate expression over h and w. Where the engine placed w's gradient and nothing is there
+// yet, w's product is written there (GPT-2's tied weight: the embedding's backward then adds to
+// it, see Embedding), not into a tensor autograd hands on.
 struct GivenGrads : torch::autograd::Function<GivenGrads> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& loss, const at::Tensor& h, const at::Tensor& w,
                             const at::Tensor& gh, const at::Tensor& gw) {
     TORCH_CHECK(gh.sizes() == h.sizes() && gw.sizes() == w.sizes(),
                 "given gradients: their shapes are not those of the inputs");
-    // Kept as values, not saved variables: nothing else holds or changes them.
+    // Kept as values, not saved variables: nothing else holds or changes them. w (a leaf, so no
+    // cycle) is kept for its place.
     ctx->saved_data["gh"] = gh;
     ctx->saved_data["gw"] = gw;
+    ctx->saved_data["w"] = w;
     return loss.detach().clone();
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto gh = ctx->saved_data["gh"].toTensor();
     auto gw = ctx->saved_data["gw"].toTensor();
-    return {at::Tensor(), scaled(gh, grads[0]), scaled(gw, grads[0]), at::Tensor(), at::Tensor()};
+    auto out = grad_out(ctx->saved_data["w"].toTensor());
+    scaled_into(gw, grads[0], out.t);
+    return {at::Tensor(), scaled(gh, grads[0]), out.returned(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// w[indices] (an embedding lookup) as an autograd node whose backward, where the engine placed
+// w's gradient, adds the output gradient's rows into that place (index_put_ with accumulate:
+// sorted by index, each row's sum in a fixed order) and hands autograd nothing. Autograd's
+// embedding backward instead fills a w-sized tensor with zeros, sums the rows into it, and leaves
+// AccumulateGrad to add it to w's .grad, which the engine then copies to the place: for GPT-2's
+// tied 50257-row weight three passes over it a step (the fill, the addition to the head's
+// gradient, the copy). Without a place, autograd's embedding backward.
+struct Embedding : torch::autograd::Function<Embedding> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& w, const at::Tensor& indices) {
+    ctx->saved_data["w"] = w;
+    ctx->save_for_backward({indices});
+    return at::embedding(w, indices);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto w = ctx->saved_data["w"].toTensor();
+    auto indices = ctx->get_saved_variables()[0];
+    auto place = take_place(w);
+    if (!place) return {at::embedding_backward(grads[0], indices, w.size(0), -1, false, false), at::Tensor()};
+    if (!place->add) place->dest.zero_();
+    place->dest.index_put_({indices.reshape({-1})}, grads[0].reshape({-1, w.size(1)}), /*accumulate=*/true);
+    return {at::Tensor(), at::Tensor()};
   }
 };
 
@@ -806,6 +861,13 @@ int zb_residual_linear(at::Tensor* res, at::Tensor* x, at::Tensor* w, at::Tensor
 
 int zb_given_grads(at::Tensor* loss, at::Tensor* h, at::Tensor* w, at::Tensor* gh, at::Tensor* gw, void** out) {
   return guarded([&] { *out = new at::Tensor(GivenGrads::apply(*loss, *h, *w, *gh, *gw)); });
+}
+
+int zb_embedding(at::Tensor* w, at::Tensor* indices, void** out) {
+  return guarded([&] {
+    TORCH_CHECK(w->dim() == 2, "an embedding's weight is a matrix");
+    *out = new at::Tensor(Embedding::apply(*w, *indices));
+  });
 }
 
 int zb_ln_linear(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, at::Tensor* b, double eps,

@@ -15,6 +15,7 @@ use super::lm_head::lm_loss;
 use super::ops::{dim, merge_heads, split_heads};
 use super::recompute::{ln_linear, residual_linear, residual_ln_gelu_mlp, LnLinear};
 use super::{Batch, Init, Model, ParamDef, Segment, Shape, UnitDef, WeightGrads};
+use crate::runtime::shim;
 
 pub struct Gpt2 {
     dims: Gpt2Dims,
@@ -69,8 +70,10 @@ impl Gpt2 {
         let (wte, wpe) = (&p[0], &p[1]);
         let t = batch.input.size()[1];
         let pos = Tensor::f_arange(t, (Kind::Int64, batch.input.device()))?;
-        let tok = Tensor::f_embedding(wte, &batch.input, -1, false, false)?;
-        let pos = Tensor::f_embedding(wpe, &pos, -1, false, false)?;
+        // The shim's lookups add their gradients into the places the engine gives the weights, the
+        // tied wte's beside the head's.
+        let tok = shim::embedding(wte, &batch.input)?;
+        let pos = shim::embedding(wpe, &pos)?;
         Ok(vec![tok.f_add(&pos)?])
     }
 

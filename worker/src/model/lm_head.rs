@@ -273,6 +273,44 @@ mod tests {
         (h, w, t)
     }
 
+    /// GPT-2's tied weight as the engine places its gradient: the lookup's rows (repeated tokens
+    /// among them) and the head's product both land in the place, `.grad` untouched, and equal
+    /// autograd's sum of the two; at a later micro-step (something there to add to) the head's
+    /// share goes through `.grad` and the lookup's rows add to the place. Without a place the
+    /// lookup is libtorch's embedding, value and gradient.
+    #[test]
+    fn a_tied_weight_sums_the_heads_and_the_lookups_gradients_in_its_place() {
+        let (_, w, t) = leaves(Kind::Float);
+        let tokens = t.clamp(0, 69);
+        let _ = tokens.get(2).get(3).fill_(5);
+        let _ = tokens.get(2).get(4).fill_(5);
+        let model = |w: &Tensor, lookup: &dyn Fn(&Tensor) -> Tensor| lm_loss(&(lookup(w) * 1.5).tanh(), w, &t).unwrap();
+        let theirs = w.detach().copy().set_requires_grad(true);
+        let libtorch = |w: &Tensor| Tensor::embedding(w, &tokens, -1, false, false);
+        model(&theirs, &libtorch).backward();
+        let want = theirs.grad().reshape([-1]);
+
+        let ours = |w: &Tensor| shim::embedding(w, &tokens).unwrap();
+        let plain = w.detach().copy().set_requires_grad(true);
+        assert!(ours(&plain).equal(&libtorch(&plain)), "the lookup's value");
+        model(&plain, &ours).backward();
+        assert!(plain.grad().equal(&theirs.grad()), "without a place: autograd's gradient");
+
+        let n = w.numel() as i64;
+        for (add, before) in [(false, 0.0), (true, 0.5)] {
+            let buf = Tensor::full([n + 5], before, (Kind::Float, Device::Cpu));
+            shim::grad_into(&w, &buf, 3, add).unwrap();
+            model(&w, &ours).backward();
+            assert_eq!(w.grad().defined(), add, "add {add}: the head's share in .grad only where it adds");
+            assert_eq!(shim::take_grads(std::slice::from_ref(&w), &[3], &buf, add).unwrap(), 1);
+            let got = buf.narrow(0, 3, n) - before;
+            let err = (&got - &want).abs().max().double_value(&[]);
+            assert!(err <= 1e-6 * want.abs().max().double_value(&[]), "add {add}: off by {err}");
+            let around = Tensor::cat(&[buf.narrow(0, 0, 3), buf.narrow(0, n + 3, 2)], 0);
+            assert!(around.eq(before).all().int64_value(&[]) == 1, "add {add}: written outside the place");
+        }
+    }
+
     /// Values and both gradients equal the composed head's, with chunks of one token up to all
     /// of them, ignored targets and a vocabulary that is not a multiple of 64.
     #[test]

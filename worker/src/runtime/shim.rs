@@ -183,6 +183,7 @@ extern "C" {
     fn zb_set_node_kernels(k: *const NodeKernelFns) -> c_int;
     fn zb_residual_linear(res: CTensor, x: CTensor, w: CTensor, b: CTensor, out: *mut CTensor) -> c_int;
     fn zb_given_grads(loss: CTensor, h: CTensor, w: CTensor, gh: CTensor, gw: CTensor, out: *mut CTensor) -> c_int;
+    fn zb_embedding(w: CTensor, indices: CTensor, out: *mut CTensor) -> c_int;
     fn zb_ln_linear(
         x: CTensor,
         gamma: CTensor,
@@ -478,6 +479,18 @@ pub fn given_grads(loss: &Tensor, h: &Tensor, w: &Tensor, gh: &Tensor, gw: &Tens
     let mut out = std::ptr::null_mut();
     // SAFETY: live tensors and a valid out-pointer.
     check(unsafe { zb_given_grads(p(loss), p(h), p(w), p(gh), p(gw), &mut out) })?;
+    // SAFETY: on success the shim wrote a new tensor there.
+    Ok(unsafe { owned(out) })
+}
+
+/// `w[indices]` (an embedding lookup) as an autograd node whose backward adds the output
+/// gradient's rows straight into `w`'s gradient where the engine placed it ([`grad_into`]),
+/// added to what is there (the tied LM head's gradient); elsewhere autograd's embedding gradient.
+pub fn embedding(w: &Tensor, indices: &Tensor) -> Result<Tensor, ShimError> {
+    let p = |t: &Tensor| t.as_ptr() as CTensor;
+    let mut out = std::ptr::null_mut();
+    // SAFETY: live tensors and a valid out-pointer.
+    check(unsafe { zb_embedding(p(w), p(indices), &mut out) })?;
     // SAFETY: on success the shim wrote a new tensor there.
     Ok(unsafe { owned(out) })
 }

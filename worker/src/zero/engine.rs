@@ -114,9 +114,11 @@ pub struct Engine {
     clock: Option<SharedClock>,
     /// Whether the model's layers write their weights' gradients where `place_grads` puts them.
     weight_grads: WeightGrads,
-    /// The unit whose matrices' gradients backward's nodes are writing in place (`place_grads`),
-    /// and the element of its buffer where the unit starts.
-    placed: Option<(usize, usize)>,
+    /// The units whose gradients backward's nodes are writing in place (`place_grads`), each with
+    /// the element of its buffer where the unit starts: one at a time into a staging buffer; into
+    /// their own buffers, every unit from its first backward segment to its last (a tied weight's
+    /// from the head's to the embedding's).
+    placed: Vec<(usize, usize)>,
 }
 
 impl Engine {
@@ -237,7 +239,7 @@ impl Engine {
             host_setup_ms,
             clock: None,
             weight_grads: model.weight_grads(),
-            placed: None,
+            placed: Vec::new(),
         })
     }
 
@@ -414,15 +416,23 @@ impl Engine {
             }
         }
         let pos = self.schedule.positions[i];
-        if pos.phase == Phase::Backward && self.schedule.final_backward[u] == i {
+        // A unit's own buffer is its place whatever is harvested meanwhile, so backward's nodes
+        // write there from the unit's first backward segment on; a staging buffer's place is only
+        // known at the unit's last (`harvest` fills the buffer in that order).
+        let place_at = match self.reduction {
+            Reduction::Buckets(_) => &self.schedule.first_backward,
+            Reduction::Staged(_) => &self.schedule.final_backward,
+        };
+        if pos.phase == Phase::Backward && place_at[u] == i {
             self.place_grads(u)?;
         }
         Ok(())
     }
 
-    /// Before unit `u`'s last backward segment: backward's nodes (`shim::grad_into`) write the
-    /// gradients of its parameters straight into the place `harvest` would copy them to: the
-    /// unit's full buffer, or its region of the current staging buffer. The matrices' products
+    /// Before unit `u`'s first backward segment (its own buffer) or its last (a staging buffer):
+    /// backward's nodes (`shim::grad_into`) write the gradients of its parameters straight into
+    /// the place `harvest` would copy them to: the unit's full buffer, or its region of the current
+    /// staging buffer. The matrices' products
     /// write there at every micro-step (adding at the later ones); the vectors' kernels (biases,
     /// layer norms) at a micro-step's first write only, their later micro-steps' gradients being
     /// added by `harvest`. Otherwise every gradient would be copied once per micro-step. The
@@ -447,7 +457,7 @@ impl Engine {
         for (p, slot) in unit.params.iter().zip(&unit.layout.params) {
             shim::grad_into(p, buf, offset + slot.offset, accumulate)?;
         }
-        self.placed = Some((u, offset));
+        self.placed.push((u, offset));
         Ok(())
     }
 
@@ -575,12 +585,9 @@ impl Engine {
             self.refresh_from_host(u, GatherAt::NextForward)?;
         }
         let _guard = tch::no_grad_guard();
-        // Placing and harvesting pair up at the same schedule position: nothing harvests between
-        // them. Checked in every build: a broken pairing would leave gradients in the wrong place.
-        let placed = self.placed.take().map(|(v, offset)| {
-            assert_eq!(v, u, "unit {v} placed, unit {u} harvested");
-            offset
-        });
+        // The unit's place, if `place_grads` gave it one, ends here. Checked in every build against
+        // where the gradients go below: a wrong place would leave them where nothing reads them.
+        let placed = self.placed.iter().position(|&(v, _)| v == u).map(|k| self.placed.swap_remove(k).1);
         let padded = self.units[u].layout.padded;
         let last = self.last_micro();
         // Staged: a unit that does not fit in the current staging buffer flushes it first
@@ -1081,7 +1088,19 @@ mod tests {
                     shim::backward(&outputs[s].iter().collect::<Vec<_>>(), &grads.iter().collect::<Vec<_>>()).unwrap();
                 }
                 let u = model.segments()[s].unit;
-                if u > 0 {
+                if u == 0 {
+                    // The tied weight's two gradients, the head's and the lookup's, go to its place
+                    // from the head's backward on, where nothing is there to add to; the position
+                    // embedding's always.
+                    for (p, def) in e.params(0).iter().zip(&model.units()[0].params) {
+                        let returned = match def.name.as_str() {
+                            "wte" => m > 0,
+                            "wpe" => false,
+                            _ => continue,
+                        };
+                        assert_eq!(p.grad().defined(), returned, "{}, micro-step {m}, segment {s}", def.name);
+                    }
+                } else {
                     for (p, def) in e.params(u).iter().zip(&model.units()[u].params) {
                         // A vector's gradient is placed only where nothing is there to add to.
                         let returned = def.shape.len() < 2 && m > 0;
