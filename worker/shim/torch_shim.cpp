@@ -538,7 +538,11 @@ struct Embedding : torch::autograd::Function<Embedding> {
     auto place = take_place(w);
     if (!place) return {at::embedding_backward(grads[0], indices, w.size(0), -1, false, false), at::Tensor()};
     if (!place->add) place->dest.zero_();
-    place->dest.index_put_({indices.reshape({-1})}, grads[0].reshape({-1, w.size(1)}), /*accumulate=*/true);
+    c10::List<std::optional<at::Tensor>> rows;
+    rows.push_back(indices.reshape({-1}));
+    // Unchecked: the forward's lookup already checked the indices against w's rows (index_put_'s
+    // check is four more kernels a call, its range reduced and asserted on the device).
+    at::_index_put_impl_(place->dest, rows, grads[0].reshape({-1, w.size(1)}), /*accumulate=*/true, /*unsafe=*/true);
     return {at::Tensor(), at::Tensor()};
   }
 };

@@ -23,7 +23,7 @@ use crate::runtime::cuda::Gpu;
 use crate::runtime::kernels::{self, Instances, Precision};
 
 /// Threads per row.
-const THREADS: u32 = 512;
+const THREADS: u32 = 768;
 
 /// The kernels, after [`kernels`]' shared conversions. `scale` points at one fp32 on the device
 /// (1 / the targets counted); a target outside `[0, v)` (the ignore index) gives a zero row.
