@@ -14,7 +14,9 @@
 //! no custom autograd functions): the returned loss is that node's output, and its backward gives
 //! `h` and `W` the gradients `G_h` and `G_W` times the upstream gradient (the trainer's loss
 //! multiplier: the fp16 loss scale over the micro-steps and ranks summed), two element-wise
-//! products in fp32. (A surrogate expression, `L + Σ h·G_h − (Σ h·G_h)₀ + …`,
+//! products in fp32; `W`'s goes straight into its place where the engine placed its gradient and
+//! nothing is there yet (GPT-2's tied embedding then adds its lookups' rows to it,
+//! `shim::embedding`). (A surrogate expression, `L + Σ h·G_h − (Σ h·G_h)₀ + …`,
 //! did the same with composed operations, for three more passes over the weight each step and
 //! the slice of its padded copy's gradient.)
 //!
