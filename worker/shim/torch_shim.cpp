@@ -267,19 +267,21 @@ at::Tensor fresh_place(const at::Tensor& p) {
   return it->second.buf.narrow(0, it->second.offset, p.numel()).view(p.sizes());
 }
 
-// Where the engine placed p's gradient, now taken, and whether something is there to add to (a
-// later micro-step's, or another use's earlier in this backward: a tied weight's); none where it
-// placed nothing.
+// Where the engine placed p's gradient, now taken, and what is there already: earlier micro-steps'
+// sum (accumulate), or another use's gradient from earlier in this backward (taken: a tied
+// weight's); none where it placed nothing.
 struct Place {
   at::Tensor dest;
-  bool add;
+  bool accumulate;
+  bool taken;
+  bool add() const { return accumulate || taken; }
 };
 std::optional<Place> take_place(const at::Tensor& p) {
   std::lock_guard<std::mutex> lock(grad_into_mutex);
   auto it = grad_into.find(p.unsafeGetTensorImpl());
   if (it == grad_into.end()) return std::nullopt;
   auto& g = it->second;
-  Place place{g.buf.narrow(0, g.offset, p.numel()).view(p.sizes()), g.accumulate || g.taken};
+  Place place{g.buf.narrow(0, g.offset, p.numel()).view(p.sizes()), g.accumulate, g.taken};
   g.taken = true;
   return place;
 }
@@ -380,7 +382,7 @@ LnSaved saved_ln(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& ga
 at::Tensor weight_grad(const at::Tensor& w, const at::Tensor& a, const at::Tensor& b) {
   auto place = take_place(w);
   if (!place) return product(a, b);
-  if (place->add) {
+  if (place->add()) {
     place->dest.addmm_(a, b);
   } else {
     product_into(place->dest, a, b);
@@ -518,13 +520,18 @@ struct GivenGrads : torch::autograd::Function<GivenGrads> {
   }
 };
 
-// w[indices] (an embedding lookup) as an autograd node whose backward, where the engine placed
-// w's gradient, adds the output gradient's rows into that place (index_put_ with accumulate:
-// sorted by index, each row's sum in a fixed order) and hands autograd nothing. Autograd's
+// w[indices] (an embedding lookup) as an autograd node whose backward adds the output gradient's
+// rows (index_put_ with accumulate: sorted by index, each row added in a fixed order) to w's
+// gradient where it already lies: into .grad where another use left it there (the tied LM head's,
+// handed to autograd), else into the place the engine gave w (after the head's product, which
+// the head's node wrote there; zeroed first where nothing is), and hands autograd nothing. Either
+// way the head's gradient gets the rows added to it in the same order, so the bits do not depend
+// on whether the engine placed w (an offloaded unit's are not). Where neither holds the head's
+// gradient and the place holds earlier micro-steps' (or there is no place), the rows are summed
+// into a gradient of their own that autograd hands on, as its embedding backward would. Autograd's
 // embedding backward instead fills a w-sized tensor with zeros, sums the rows into it, and leaves
-// AccumulateGrad to add it to w's .grad, which the engine then copies to the place: for GPT-2's
-// tied 50257-row weight three passes over it a step (the fill, the addition to the head's
-// gradient, the copy). Without a place, autograd's embedding backward.
+// AccumulateGrad to add it to the head's gradient, which the engine then copies to the place: for
+// GPT-2's tied 50257-row weight three passes over it a step (the fill, the addition, the copy).
 struct Embedding : torch::autograd::Function<Embedding> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& w, const at::Tensor& indices) {
     ctx->saved_data["w"] = w;
@@ -535,15 +542,28 @@ struct Embedding : torch::autograd::Function<Embedding> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto w = ctx->saved_data["w"].toTensor();
     auto indices = ctx->get_saved_variables()[0];
+    auto add_rows = [&](at::Tensor target) {
+      c10::List<std::optional<at::Tensor>> rows;
+      rows.push_back(indices.reshape({-1}));
+      // Unchecked: the forward's lookup already checked the indices against w's rows
+      // (index_put_'s check is four more kernels a call, its range reduced and asserted on the
+      // device).
+      at::_index_put_impl_(target, rows, grads[0].reshape({-1, w.size(1)}), /*accumulate=*/true, /*unsafe=*/true);
+    };
+    // Where the rows go to .grad the place stays untaken: the engine moves .grad into it.
+    if (w.grad().defined()) {
+      add_rows(w.mutable_grad());
+      return {at::Tensor(), at::Tensor()};
+    }
     auto place = take_place(w);
-    if (!place) return {at::embedding_backward(grads[0], indices, w.size(0), -1, false, false), at::Tensor()};
-    if (!place->add) place->dest.zero_();
-    c10::List<std::optional<at::Tensor>> rows;
-    rows.push_back(indices.reshape({-1}));
-    // Unchecked: the forward's lookup already checked the indices against w's rows (index_put_'s
-    // check is four more kernels a call, its range reduced and asserted on the device).
-    at::_index_put_impl_(place->dest, rows, grads[0].reshape({-1, w.size(1)}), /*accumulate=*/true, /*unsafe=*/true);
-    return {at::Tensor(), at::Tensor()};
+    if (place && !place->accumulate) {
+      if (!place->taken) place->dest.zero_();
+      add_rows(place->dest);
+      return {at::Tensor(), at::Tensor()};
+    }
+    auto own = at::zeros_like(w, at::MemoryFormat::Contiguous);
+    add_rows(own);
+    return {own, at::Tensor()};
   }
 };
 

@@ -275,41 +275,66 @@ mod tests {
         (h, w, t)
     }
 
-    /// GPT-2's tied weight as the engine places its gradient: the lookup's rows (repeated tokens
-    /// among them) and the head's product both land in the place, `.grad` untouched, and equal
-    /// autograd's sum of the two; at a later micro-step (something there to add to) the head's
-    /// share goes through `.grad` and the lookup's rows add to the place. Without a place the
-    /// lookup is libtorch's embedding, value and gradient.
+    /// GPT-2's tied weight as the engine places its gradient. Placed from the head's segment on
+    /// (a unit's own buffer), the head's product and the lookup's rows (repeated tokens among them)
+    /// both land in the place, `.grad` untouched, within rounding of autograd's sum of the two; at
+    /// a later micro-step (earlier ones' sum in the place) the head's share goes through `.grad`
+    /// and the rows are added to it there. Placed only at the lookup's segment (a staging buffer,
+    /// whose place holds anything before the engine's move), the rows are added to the head's
+    /// share in `.grad` and the place is left to the move. Placed or not (an offloaded unit's
+    /// weight is not), the gradient has the same bits. Without a place the lookup's value is
+    /// libtorch's embedding's.
     #[test]
     fn a_tied_weight_sums_the_heads_and_the_lookups_gradients_in_its_place() {
         let (_, w, t) = leaves(Kind::Float);
         let tokens = t.clamp(0, 69);
         let _ = tokens.get(2).get(3).fill_(5);
         let _ = tokens.get(2).get(4).fill_(5);
-        let model = |w: &Tensor, lookup: &dyn Fn(&Tensor) -> Tensor| lm_loss(&(lookup(w) * 1.5).tanh(), w, &t).unwrap();
+        // Backward as the engine runs it, a segment at a time: the head's (its gradient for w to
+        // `.grad` or the place), then the lookup's; `between` runs between the two.
+        let model = |w: &Tensor, lookup: &dyn Fn(&Tensor) -> Tensor, between: &dyn Fn()| {
+            let h = (lookup(w) * 1.5).tanh();
+            let leaf = h.detach().set_requires_grad(true);
+            lm_loss(&leaf, w, &t).unwrap().backward();
+            between();
+            shim::backward(&[&h], &[&leaf.grad()]).unwrap();
+        };
         let theirs = w.detach().copy().set_requires_grad(true);
         let libtorch = |w: &Tensor| Tensor::embedding(w, &tokens, -1, false, false);
-        model(&theirs, &libtorch).backward();
+        model(&theirs, &libtorch, &|| ());
         let want = theirs.grad().reshape([-1]);
+        let close = |what: &str, got: &Tensor| {
+            let err = (got - &want).abs().max().double_value(&[]);
+            assert!(err <= 1e-6 * want.abs().max().double_value(&[]), "{what}: off by {err}");
+        };
 
         let ours = |w: &Tensor| shim::embedding(w, &tokens).unwrap();
-        let plain = w.detach().copy().set_requires_grad(true);
-        assert!(ours(&plain).equal(&libtorch(&plain)), "the lookup's value");
-        model(&plain, &ours).backward();
-        assert!(plain.grad().equal(&theirs.grad()), "without a place: autograd's gradient");
+        let unplaced = w.detach().copy().set_requires_grad(true);
+        assert!(ours(&unplaced).equal(&libtorch(&unplaced)), "the lookup's value");
+        model(&unplaced, &ours, &|| ());
+        let unplaced = unplaced.grad().reshape([-1]);
+        close("without a place", &unplaced);
 
         let n = w.numel() as i64;
-        for (add, before) in [(false, 0.0), (true, 0.5)] {
+        // (placed before the head, adds to the place, what the place holds before, nodes' writes)
+        for (early, add, before, written) in [(true, false, 0.0, 1), (true, true, 0.5, 0), (false, false, 7.0, 0)] {
+            let what = format!("placed {}, add {add}", if early { "from the head on" } else { "at the lookup" });
             let buf = Tensor::full([n + 5], before, (Kind::Float, Device::Cpu));
-            shim::grad_into(&w, &buf, 3, add).unwrap();
-            model(&w, &ours).backward();
-            assert_eq!(w.grad().defined(), add, "add {add}: the head's share in .grad only where it adds");
-            assert_eq!(shim::take_grads(std::slice::from_ref(&w), &[3], &buf, add).unwrap(), 1);
-            let got = buf.narrow(0, 3, n) - before;
-            let err = (&got - &want).abs().max().double_value(&[]);
-            assert!(err <= 1e-6 * want.abs().max().double_value(&[]), "add {add}: off by {err}");
+            let place = || shim::grad_into(&w, &buf, 3, add).unwrap();
+            if early {
+                place();
+                model(&w, &ours, &|| ());
+            } else {
+                model(&w, &ours, &place);
+            }
+            assert_eq!(w.grad().defined(), add || !early, "{what}: the head's share in .grad");
+            assert_eq!(shim::take_grads(std::slice::from_ref(&w), &[3], &buf, add).unwrap(), written, "{what}");
+            let got = buf.narrow(0, 3, n);
+            let base = if add { before } else { 0.0 };
+            close(&what, &(&got - base));
+            assert!(got.equal(&(&unplaced + base)), "{what}: not the bits of the gradient without a place");
             let around = Tensor::cat(&[buf.narrow(0, 0, 3), buf.narrow(0, n + 3, 2)], 0);
-            assert!(around.eq(before).all().int64_value(&[]) == 1, "add {add}: written outside the place");
+            assert!(around.eq(before).all().int64_value(&[]) == 1, "{what}: written outside the place");
         }
     }
 

@@ -484,8 +484,10 @@ pub fn given_grads(loss: &Tensor, h: &Tensor, w: &Tensor, gh: &Tensor, gw: &Tens
 }
 
 /// `w[indices]` (an embedding lookup) as an autograd node whose backward adds the output
-/// gradient's rows straight into `w`'s gradient where the engine placed it ([`grad_into`]),
-/// added to what is there (the tied LM head's gradient); elsewhere autograd's embedding gradient.
+/// gradient's rows to `w`'s gradient where it already lies: in `.grad`, or in the place the engine
+/// gave it ([`grad_into`]) after the tied LM head's product. The same bits either way; where
+/// neither holds a gradient of this micro-step, the rows' sum goes to autograd as a gradient of
+/// its own.
 pub fn embedding(w: &Tensor, indices: &Tensor) -> Result<Tensor, ShimError> {
     let p = |t: &Tensor| t.as_ptr() as CTensor;
     let mut out = std::ptr::null_mut();
