@@ -257,33 +257,33 @@ struct GradInto {
 std::mutex grad_into_mutex;
 std::unordered_map<const c10::TensorImpl*, GradInto> grad_into;
 
-// Where the engine placed p's gradient and nothing is there to add to (the micro-step's first
-// write, not accumulated): that place, now taken, for a kernel to write into; else undefined.
-at::Tensor fresh_place(const at::Tensor& p) {
-  std::lock_guard<std::mutex> lock(grad_into_mutex);
-  auto it = grad_into.find(p.unsafeGetTensorImpl());
-  if (it == grad_into.end() || it->second.accumulate || it->second.taken) return at::Tensor();
-  it->second.taken = true;
-  return it->second.buf.narrow(0, it->second.offset, p.numel()).view(p.sizes());
-}
-
-// Where the engine placed p's gradient, now taken, and what is there already: earlier micro-steps'
-// sum (accumulate), or another use's gradient from earlier in this backward (taken: a tied
-// weight's); none where it placed nothing.
+// Where the engine placed p's gradient, and what is there already: earlier micro-steps' sum
+// (accumulate), or another use's gradient from earlier in this backward (taken: a tied weight's).
 struct Place {
   at::Tensor dest;
   bool accumulate;
   bool taken;
   bool add() const { return accumulate || taken; }
 };
-std::optional<Place> take_place(const at::Tensor& p) {
+
+// p's place, now taken; none where the engine placed nothing, or, with fresh_only, where something
+// is there already (left untaken then).
+std::optional<Place> take_place(const at::Tensor& p, bool fresh_only = false) {
   std::lock_guard<std::mutex> lock(grad_into_mutex);
   auto it = grad_into.find(p.unsafeGetTensorImpl());
   if (it == grad_into.end()) return std::nullopt;
   auto& g = it->second;
+  if (fresh_only && (g.accumulate || g.taken)) return std::nullopt;
   Place place{g.buf.narrow(0, g.offset, p.numel()).view(p.sizes()), g.accumulate, g.taken};
   g.taken = true;
   return place;
+}
+
+// Where the engine placed p's gradient and nothing is there to add to (the micro-step's first
+// write, not accumulated): that place, now taken, for a kernel to write into; else undefined.
+at::Tensor fresh_place(const at::Tensor& p) {
+  auto place = take_place(p, /*fresh_only=*/true);
+  return place ? place->dest : at::Tensor();
 }
 
 // Where a node computes the gradient of a vector parameter (a bias, a layer norm's scale or shift):

@@ -76,7 +76,22 @@ __device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) 
     xv[I] = out;                                                                                      \
   }
 
-/* Each pass takes two vectors a thread per iteration, so that two loads are in flight. */
+/* APPLY(raw, i, ...) on each of the row's vectors this thread takes (vectors threadIdx.x, + step,
+   ...), two per iteration so that two loads are in flight; both passes go through it. */
+#define EACH_VECTOR(VEC, APPLY, ...)                                                                  \
+  {                                                                                                   \
+    long long i = threadIdx.x;                                                                        \
+    for (; i + step < nv; i += 2 * step) {                                                            \
+      VEC a = xv[i], b = xv[i + step];                                                                \
+      APPLY(a, i, __VA_ARGS__)                                                                        \
+      APPLY(b, i + step, __VA_ARGS__)                                                                 \
+    }                                                                                                 \
+    if (i < nv) {                                                                                     \
+      VEC a = xv[i];                                                                                  \
+      APPLY(a, i, __VA_ARGS__)                                                                        \
+    }                                                                                                 \
+  }
+
 #define CE(NAME, T, VEC, N, LOAD, STORE)                                                              \
 extern "C" __global__ void NAME(T* __restrict__ logits, const long long* __restrict__ target,        \
     float* __restrict__ loss, long long v_pad, long long v, const float* __restrict__ scale) {        \
@@ -89,16 +104,7 @@ extern "C" __global__ void NAME(T* __restrict__ logits, const long long* __restr
   long long t = target[blockIdx.x];                                                                   \
   bool valid = t >= 0 && t < v;                                                                       \
   float m = NEG_INF, s = 0.f;                                                                       \
-  long long i = threadIdx.x;                                                                          \
-  for (; i + step < nv; i += 2 * step) {                                                              \
-    VEC a = xv[i], b = xv[i + step];                                                                  \
-    ABSORB(a, i, T, N, LOAD)                                                                          \
-    ABSORB(b, i + step, T, N, LOAD)                                                                   \
-  }                                                                                                   \
-  if (i < nv) {                                                                                       \
-    VEC a = xv[i];                                                                                    \
-    ABSORB(a, i, T, N, LOAD)                                                                          \
-  }                                                                                                   \
+  EACH_VECTOR(VEC, ABSORB, T, N, LOAD)                                                                \
   for (int off = 16; off > 0; off >>= 1)                                                              \
     combine(m, s, __shfl_xor_sync(0xffffffffu, m, off), __shfl_xor_sync(0xffffffffu, s, off));      \
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;                      \
@@ -112,16 +118,7 @@ extern "C" __global__ void NAME(T* __restrict__ logits, const long long* __restr
   float lse = m + logf(s);                                                                            \
   float g = valid ? *scale : 0.f;                                                                     \
   if (threadIdx.x == 0) loss[blockIdx.x] = valid ? lse - picked : 0.f;                                \
-  i = threadIdx.x;                                                                                    \
-  for (; i + step < nv; i += 2 * step) {                                                              \
-    VEC a = xv[i], b = xv[i + step];                                                                  \
-    GRAD(a, i, T, VEC, N, LOAD, STORE)                                                                \
-    GRAD(b, i + step, T, VEC, N, LOAD, STORE)                                                         \
-  }                                                                                                   \
-  if (i < nv) {                                                                                       \
-    VEC a = xv[i];                                                                                    \
-    GRAD(a, i, T, VEC, N, LOAD, STORE)                                                                \
-  }                                                                                                   \
+  EACH_VECTOR(VEC, GRAD, T, VEC, N, LOAD, STORE)                                                      \
 }
 
 CE(cross_entropy_bf16, unsigned short, uint4, 8, bf2f, f2bf)
