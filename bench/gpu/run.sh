@@ -67,7 +67,7 @@
 #                default 80) and the reference through torch.compile's CUDA graphs (CLOCK_REFS,
 #                default compile-reduce-overhead; empty: none); writes clocks.json (bench/gpu/report_clocks.py)
 #   kernels      one GPU: one profiled step (every kernel, by class, and the gaps between them) of
-#                zerobench's gpt2-xl (micro-batch 4, stage 0, eager) and of the PyTorch reference in
+#                zerobench's gpt2-xl (micro-batch 4, stage 0, eager and replayed) and of the PyTorch reference in
 #                the modes of KERNEL_REFS (default "compile compile-reduce-overhead"), in one call;
 #                writes kernels.json
 #   step-ab      one GPU (AB_GPUS: more): the step-time targets' configurations (AB_CASES, MODEL:MICRO_BATCH:STAGE:eager|graph)
@@ -932,7 +932,10 @@ PY
       # each trace summed up by bench/gpu/torch_profile_summary.py (kernels by class, the largest).
       worker kernels_gpt2-xl 1 --model gpt2-xl --stage 0 --micro-batch 4 --seq-len 1024 --steps 10 --warmup 5 \
         --profile-step 8 --torch-profile
-      traces=("$RUNS/kernels_gpt2-xl/torch-profile-rank0.json")
+      # The same step replayed from its CUDA graphs (the profiler records the first measured step).
+      worker kernels_gpt2-xl-graph 1 --model gpt2-xl --stage 0 --micro-batch 4 --seq-len 1024 --steps 10 --warmup 5 \
+        --cuda-graph --torch-profile
+      traces=("$RUNS/kernels_gpt2-xl/torch-profile-rank0.json" "$RUNS/kernels_gpt2-xl-graph/torch-profile-rank0.json")
       for m in ${KERNEL_REFS:-compile compile-reduce-overhead}; do
         reference "kernels_ref_$m" 1 --mode "$m" --model gpt2-xl --micro-batch 4 --steps 10 --warmup 5 \
           --torch-profile "$RUNS/kernels_ref_$m.trace.json"

@@ -536,7 +536,8 @@ fn cuda_graphs_are_refused_without_gpus_and_beside_segment_timers() {
 }
 
 /// `--torch-profile` writes libtorch's trace of the profiled step (its operators, as Chrome trace
-/// events) beside the log, and asks for `--profile-step`.
+/// events) beside the log, and asks for `--profile-step` (or `--cuda-graph`); a step past the
+/// run's is refused.
 #[test]
 fn torch_profile_traces_the_profiled_step() {
     let tmp = tempfile::tempdir().unwrap();
@@ -569,4 +570,15 @@ fn torch_profile_traces_the_profiled_step() {
     let stderr = String::from_utf8_lossy(&alone.stderr);
     assert_eq!(alone.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--profile-step"), "{stderr}");
+
+    // A step the run never reaches is refused before anything runs, naming the flag.
+    let dir = tmp.path().join("past");
+    let past = run(Command::new(worker())
+        .args(["--model", "tiny", "--stage", "0", "--device", "cpu", "--threads", "1", "--steps", "3"])
+        .args(["--profile-step", "3", "--torch-profile", "--log-dir"])
+        .arg(&dir));
+    let stderr = String::from_utf8_lossy(&past.stderr);
+    assert_eq!(past.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--profile-step 3 is past the run's last step, 2"), "{stderr}");
+    assert!(!dir.join("torch-profile-rank0.json").exists());
 }

@@ -32,7 +32,7 @@ use crate::runtime::cuda::{ComputeStream, Gpu};
 use crate::runtime::guard::Guard;
 use crate::runtime::identity::{self, Identity};
 use crate::runtime::rendezvous;
-use crate::train::{Observe, Progress, Trainer};
+use crate::train::{Observe, Progress, TorchProfile, Trainer};
 use crate::{cli, data, model, runtime, zero};
 
 /// Runs one rank; the error's [`Failure::exit_code`] is the process's exit code.
@@ -44,6 +44,11 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
         if threads as usize > most {
             return Err(Refused::Threads { threads, most }.into());
         }
+    }
+    // A step the run never reaches would record nothing. (Without `--profile-step`,
+    // `--torch-profile` records the first measured step, which `validate` keeps in the run.)
+    if let Some(step) = args.profile_step.filter(|&s| s >= cfg.steps) {
+        return Err(Refused::ProfileStepPastRun { step, steps: cfg.steps }.into());
     }
     if let (DeviceRequest::Cpu, LaunchCpu::Cpu(cpu)) = (cfg.device, args.launch_cpu) {
         return Err(Refused::LaunchCpuWithoutGpu(cpu).into());
@@ -247,9 +252,10 @@ fn run_logged(
             timeline,
             trace: args.trace,
             profile_step: args.profile_step,
-            torch_profile: args
-                .torch_profile
-                .then(|| args.log_dir.join(format!("torch-profile-rank{}.json", ident.rank))),
+            torch_profile: args.torch_profile_step().map(|step| TorchProfile {
+                step,
+                path: args.log_dir.join(format!("torch-profile-rank{}.json", ident.rank)),
+            }),
         },
         rank: ident.rank,
     };

@@ -19,6 +19,8 @@ use crate::runtime::launch_env::Rendezvous;
 /// One rank of a zerobench run: trains a model with a ZeRO stage and logs what it costs.
 #[derive(Debug, Parser)]
 #[command(name = "zerobench-worker", version)]
+// The flags that say which step `--torch-profile` records.
+#[command(group(clap::ArgGroup::new("recorded_step").args(["profile_step", "cuda_graph"]).multiple(true)))]
 pub struct Args {
     /// Model preset.
     #[arg(long, value_parser = parse::<ModelPreset>)]
@@ -103,10 +105,11 @@ pub struct Args {
     /// Log a per-module breakdown (parameters, FLOPs, forward and backward time) of this step.
     #[arg(long)]
     pub profile_step: Option<u32>,
-    /// With --profile-step: record that step with libtorch's profiler too (every operator on the
-    /// host, every CUDA kernel and copy) into `<log-dir>/torch-profile-rank<N>.json`, a Chrome trace.
-    /// The profiler slows the step it records.
-    #[arg(long, requires = "profile_step")]
+    /// Record a step with libtorch's profiler (every operator on the host, every CUDA kernel and
+    /// copy) into `<log-dir>/torch-profile-rank<N>.json`, a Chrome trace: the --profile-step step,
+    /// or with --cuda-graph the first measured step (replayed). The profiler slows the step it
+    /// records.
+    #[arg(long, requires = "recorded_step")]
     pub torch_profile: bool,
     /// One GPU: replay each micro-step's forward and backward from CUDA graphs captured at the
     /// last warmup step (any stage, bf16 or fp32, no offload). Phases are timed per graph, so
@@ -137,6 +140,12 @@ fn parse<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> {
 }
 
 impl Args {
+    /// The step `--torch-profile` records, if asked: `--profile-step`'s, or with `--cuda-graph`
+    /// (which refuses `--profile-step`) the first measured one, a replay.
+    pub fn torch_profile_step(&self) -> Option<u32> {
+        self.torch_profile.then(|| self.profile_step.unwrap_or(self.warmup))
+    }
+
     pub fn config(&self) -> RunConfig {
         RunConfig {
             model: self.model,
@@ -254,5 +263,23 @@ mod tests {
         assert!(err.to_string().contains("--model"), "{err}");
         let err = Args::try_parse_from(["w", "--model", "tiny", "--stage", "4", "--log-dir", "d"]).unwrap_err();
         assert!(err.to_string().contains("--stage"), "{err}");
+    }
+
+    /// `--torch-profile` records `--profile-step`'s step, or with `--cuda-graph` the first measured
+    /// step; alone it is refused, naming both, and `--cuda-graph` still refuses `--profile-step`.
+    #[test]
+    fn torch_profile_records_the_profiled_or_the_first_replayed_step() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["w", "--model", "tiny", "--stage", "0", "--warmup", "3", "--log-dir", "d"];
+            argv.extend(extra);
+            Args::try_parse_from(argv)
+        };
+        assert_eq!(parse(&["--profile-step", "5", "--torch-profile"]).unwrap().torch_profile_step(), Some(5));
+        assert_eq!(parse(&["--cuda-graph", "--torch-profile"]).unwrap().torch_profile_step(), Some(3));
+        assert_eq!(parse(&["--profile-step", "5"]).unwrap().torch_profile_step(), None);
+        let alone = parse(&["--torch-profile"]).unwrap_err().to_string();
+        assert!(alone.contains("--profile-step") && alone.contains("--cuda-graph"), "{alone}");
+        let both = parse(&["--cuda-graph", "--profile-step", "5"]).unwrap_err().to_string();
+        assert!(both.contains("--profile-step") && both.contains("--cuda-graph"), "{both}");
     }
 }

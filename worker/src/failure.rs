@@ -67,6 +67,8 @@ pub enum Refused {
     CopyEnginesWithoutGpu,
     #[error("--cuda-graph replays GPU work, and this run found no GPU")]
     CudaGraphWithoutGpu,
+    #[error("--profile-step {step} is past the run's last step, {} (--steps {steps} counts from 0)", steps.saturating_sub(1))]
+    ProfileStepPastRun { step: u32, steps: u32 },
 }
 
 impl From<ConfigError> for Failure {

@@ -49,8 +49,14 @@ pub struct Observe {
     pub timeline: SharedTimeline,
     pub trace: bool,
     pub profile_step: Option<u32>,
-    /// Where libtorch's profiler writes its trace of the profiled step, when asked.
-    pub torch_profile: Option<std::path::PathBuf>,
+    /// libtorch's profiler's trace of one step, when asked.
+    pub torch_profile: Option<TorchProfile>,
+}
+
+/// `--torch-profile`: the step libtorch's profiler records, and where its trace goes.
+pub struct TorchProfile {
+    pub step: u32,
+    pub path: std::path::PathBuf,
 }
 
 pub struct Trainer<'a> {
@@ -96,8 +102,9 @@ impl Trainer<'_> {
             let profiled = self.observe.profile_step == Some(step);
             let record = traced || profiled;
             self.timeline().record_step(record.then_some(step));
-            let torch_profile = profiled && self.observe.torch_profile.is_some();
-            if torch_profile {
+            // Where the trace of this step goes, when it is the one recorded.
+            let torch_profile = self.observe.torch_profile.as_ref().filter(|t| t.step == step).map(|t| t.path.clone());
+            if torch_profile.is_some() {
                 shim::profiler_start(progress.cuda_device.is_some()).map_err(|e| Failure::Internal(e.0))?;
             }
             let t0 = Instant::now();
@@ -144,7 +151,7 @@ impl Trainer<'_> {
             let t1 = self.clock.finish()?;
             previous_end = Some(t1);
             let step_ms = ms_between(t0, t1);
-            if let Some(path) = self.observe.torch_profile.as_ref().filter(|_| torch_profile) {
+            if let Some(path) = &torch_profile {
                 shim::profiler_stop(path).map_err(|e| Failure::Io(format!("{}: {}", path.display(), e.0)))?;
             }
 
