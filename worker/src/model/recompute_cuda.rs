@@ -75,6 +75,17 @@ const COL_SUM_ROWS: u32 = col_sum_rows!();
 /// Threads per block of the column sums.
 const COL_SUM_THREADS: u32 = 32 * COL_SUM_ROWS;
 
+/// Rows a block of the layer norm's backward kernel takes at a time: declared once, here, for the
+/// launches ([`LN_BACKWARD_ROWS`]) and the CUDA source (`LN_BW_ROWS`).
+macro_rules! ln_backward_rows {
+    () => {
+        4
+    };
+}
+
+/// See [`ln_backward_rows`].
+const LN_BACKWARD_ROWS: i64 = ln_backward_rows!();
+
 /// The kernels that do not depend on the row length, after [`kernels`]' shared conversions. Each
 /// is instantiated for bf16, fp16 and fp32 (suffixes `bf16`, `f16`, `f32`), 16 bytes per load: 8
 /// 16-bit values or 4 fp32 ones.
@@ -271,24 +282,27 @@ pub(crate) const INSTANCES: &[&str; 5] = &["col_sum", "gelu_forward", "gelu_back
 
 /// The layer norm's forward pass and backward pass (which also recomputes the forward's output
 /// for the weight gradient of the product after it), after `#define COLS <row length>` (a
-/// multiple of 8, at most [`MAX_COLS`]) and [`kernels`]' conversions. A warp per row, its columns
-/// held in registers; each warp issues its first row's loads before its block stages gamma and
-/// beta in shared memory, so that the staging overlaps them. The backward kernel holds a lane's
-/// vectors of x and dy up to `HELD_WORDS` 32-bit words (fp32 rows of 2048 columns would spill
-/// registers); past that each of its two passes reads them where it uses them, the second mostly
-/// from the caches.
+/// multiple of 8, at most [`MAX_COLS`]) and [`kernels`]' conversions.
 ///
-/// Backward: `WARPS` warps per block; every warp adds its rows' `dy·x̂` and `dy` into a slice of
-/// shared memory of its own (dynamic: `(2 + 2 · WARPS) · COLS` floats, with gamma and beta), so
-/// the sums take no registers and come out in the same order every run; `part` gets one row of
-/// `2 · COLS` fp32 sums per block (`dy·x̂`, then `dy`). In 16 bits, up to `PREFETCH_VPL` vectors
-/// per lane, a warp loads its next row while it computes the current one (wider rows, and fp32
-/// rows from 768 columns, spilled registers with it). Shared arrays are laid out `[k][vector]` so
-/// that a warp's lanes hit distinct banks.
-pub(crate) const LN_SOURCE: &str = r#"
-#define WARPS (COLS <= 1024 ? 8 : 4)
-#define PREFETCH_VPL 7
-#define HELD_WORDS 112
+/// Forward: a warp per row, its columns held in registers; each warp issues its first row's loads
+/// before its block stages gamma and beta in shared memory, so that the staging overlaps them.
+///
+/// Backward: a thread per 16-byte vector of a row (a block of `32 · ⌈vectors / 32⌉` threads: 224 at
+/// gpt2-xl's 1600 columns in 16 bits), `LN_BW_ROWS` rows at a time. A thread keeps its columns'
+/// gamma and beta and its columns' sums of `dy·x̂` and `dy` over the block's rows in registers, and
+/// holds its vectors of the rows' x and dy from the first pass to the second; the rows' two sums
+/// go through a warp's shuffles and then shared memory, the warps added in order, so everything
+/// comes out in the same order every run. `part` gets one row of `2 · COLS` fp32 sums per block
+/// (`dy·x̂`, then `dy`). A warp per row before (every warp adding its rows' column sums into a
+/// slice of shared memory of its own) left two or three blocks of four warps on a multiprocessor
+/// and ran at about 2 TB/s.
+pub(crate) const LN_SOURCE: &str = concat!(
+    "#define LN_BW_ROWS ",
+    ln_backward_rows!(),
+    "\n",
+    r#"
+/* A thread per vector of N values, in whole warps. */
+#define LN_BW_THREADS(N) (32 * ((COLS / (N) + 31) / 32))
 
 /* One element of the layer norm's output. The forward pass and the backward pass's recomputation
    both call it with the same fp32 mean and reciprocal deviation (the forward pass's, kept), so
@@ -304,108 +318,93 @@ __device__ __forceinline__ float ln_out(float x, float mu, float rs, float g, fl
     if (c < NV) A[v] = reinterpret_cast<const VEC*>(P + (R) * COLS)[c];                               \
   }
 
-/* Lane `lane`'s vector `c` of row r of P: from the held array A, or read where the row is not held. */
-#define LN_AT(VEC, A, P) (HOLD ? A[v] : reinterpret_cast<const VEC*>(P + r * COLS)[c])
-
+/* Thread t takes vector t (columns t·N .. t·N + N - 1) of rows r0 .. r0 + LN_BW_ROWS - 1. */
 #define LN_BACKWARD(NAME, T, VEC, N, LOAD, STORE)                                                     \
-extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const T* __restrict__ dy,              \
-    const T* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ rstd,          \
-    const T* __restrict__ gamma, const T* __restrict__ beta, const T* __restrict__ dres,              \
-    T* __restrict__ dx, T* __restrict__ xn, float* __restrict__ part, long long rows) {               \
+extern "C" __global__ void __launch_bounds__(LN_BW_THREADS(N)) NAME(                                  \
+    const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,                \
+    const float* __restrict__ rstd, const T* __restrict__ gamma, const T* __restrict__ beta,          \
+    const T* __restrict__ dres, T* __restrict__ dx, T* __restrict__ xn, float* __restrict__ part,     \
+    long long rows) {                                                                                 \
   constexpr int NV = COLS / N;                /* vectors per row */                                   \
-  constexpr int VPL = (NV + 31) / 32;         /* vectors per lane */                                  \
-  /* A lane holds its vectors of a row of x and dy (4 words each) while they fit HELD_WORDS; past   \
-     it (fp32 at 2048) each pass reads them where it uses them (the second from the caches). */      \
-  constexpr bool HOLD = 8 * VPL <= HELD_WORDS;                                                        \
-  /* The next row ahead: held rows of 16 bits only (fp32 at 768 spilled). */                          \
-  constexpr bool PREFETCH = HOLD && N == 8 && VPL <= PREFETCH_VPL;                                    \
-  extern __shared__ float sm[];                                                                       \
-  float* g_s = sm;                                                                                    \
-  float* b_s = sm + COLS;                                                                             \
-  float* sums = sm + 2 * COLS;                                                                        \
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                               \
-  const long long stride = (long long)gridDim.x * WARPS;                                              \
-  long long r = (long long)blockIdx.x * WARPS + warp;                                                 \
-  VEC xa[VPL], da[VPL];                                                                               \
-  float mu = 0.f, rs = 0.f;                                                                           \
-  if (r < rows) {                                                                                     \
-    if (HOLD) { LN_LOAD(VEC, xa, x, r) LN_LOAD(VEC, da, dy, r) }                                      \
-    mu = mean[r]; rs = rstd[r];                                                                       \
+  constexpr int W = (NV + 31) / 32;           /* warps per block */                                   \
+  constexpr int R = LN_BW_ROWS;                                                                       \
+  /* Each warp's two sums of each row; two sets, used in turn, so one barrier a group suffices. */    \
+  __shared__ float red[2][R][2][W];                                                                   \
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;                                            \
+  const bool mine = t < NV;                                                                           \
+  float g[N], b[N], sg[N], sb[N];                                                                     \
+  if (mine) {                                                                                         \
+    const VEC gv = reinterpret_cast<const VEC*>(gamma)[t], bv = reinterpret_cast<const VEC*>(beta)[t]; \
+    const T* ge = reinterpret_cast<const T*>(&gv);                                                   \
+    const T* be = reinterpret_cast<const T*>(&bv);                                                   \
+    _Pragma("unroll") for (int k = 0; k < N; ++k) { g[k] = LOAD(ge[k]); b[k] = LOAD(be[k]); }        \
   }                                                                                                   \
-  for (int i = threadIdx.x; i < COLS; i += blockDim.x) {                                              \
-    g_s[(i % N) * NV + i / N] = LOAD(gamma[i]);                                                       \
-    b_s[(i % N) * NV + i / N] = LOAD(beta[i]);                                                        \
-  }                                                                                                   \
-  for (int i = threadIdx.x; i < 2 * WARPS * COLS; i += blockDim.x) sums[i] = 0.f;                     \
-  __syncthreads();                                                                                    \
-  float* dg = sums + warp * 2 * COLS;                                                                 \
-  float* db = dg + COLS;                                                                              \
-  for (; r < rows; r += stride) {                                                                     \
-    const long long next = r + stride;                                                                \
-    VEC xb[VPL], dn[VPL];                                                                             \
-    float mun = 0.f, rsn = 0.f;                                                                       \
-    if (PREFETCH && next < rows) { LN_LOAD(VEC, xb, x, next) LN_LOAD(VEC, dn, dy, next)              \
-                                   mun = mean[next]; rsn = rstd[next]; }                              \
-    /* The recomputed output goes out in the first pass, which has x at hand; the second then     \
-       needs only x̂ and dy·gamma. */                                                                  \
-    VEC* xnr = reinterpret_cast<VEC*>(xn + r * COLS);                                                 \
-    float s1 = 0.f, s2 = 0.f;                                                                         \
-    _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
-      int c = lane + v * 32;                                                                          \
-      if (c < NV) {                                                                                   \
-        const VEC xv = LN_AT(VEC, xa, x), dv = LN_AT(VEC, da, dy);                                    \
-        const T* xe = reinterpret_cast<const T*>(&xv);                                               \
-        const T* de = reinterpret_cast<const T*>(&dv);                                               \
+  _Pragma("unroll") for (int k = 0; k < N; ++k) { sg[k] = 0.f; sb[k] = 0.f; }                         \
+  int set = 0;                                                                                        \
+  for (long long r0 = (long long)blockIdx.x * R; r0 < rows; r0 += (long long)gridDim.x * R) {         \
+    VEC xa[R], da[R];                                                                                 \
+    float mu[R], rs[R], s1[R], s2[R];                                                                 \
+    _Pragma("unroll") for (int i = 0; i < R; ++i) {                                                   \
+      const long long r = r0 + i;                                                                     \
+      if (mine && r < rows) {                                                                         \
+        xa[i] = reinterpret_cast<const VEC*>(x + r * COLS)[t];                                        \
+        da[i] = reinterpret_cast<const VEC*>(dy + r * COLS)[t];                                       \
+      }                                                                                               \
+      mu[i] = r < rows ? mean[r] : 0.f;                                                               \
+      rs[i] = r < rows ? rstd[r] : 0.f;                                                               \
+    }                                                                                                 \
+    /* First pass: the rows' sums, the columns' sums, and the recomputed output, which needs x. */   \
+    _Pragma("unroll") for (int i = 0; i < R; ++i) {                                                   \
+      const long long r = r0 + i;                                                                     \
+      s1[i] = 0.f; s2[i] = 0.f;                                                                       \
+      if (mine && r < rows) {                                                                         \
+        const T* xe = reinterpret_cast<const T*>(&xa[i]);                                            \
+        const T* de = reinterpret_cast<const T*>(&da[i]);                                            \
         VEC yo;                                                                                       \
         T* ye = reinterpret_cast<T*>(&yo);                                                            \
         _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
-          float xv = LOAD(xe[k]), xh = (xv - mu) * rs, d = LOAD(de[k]), dyg = d * g_s[k * NV + c];    \
-          s1 += dyg * xh; s2 += dyg;                                                                  \
-          dg[k * NV + c] += d * xh; db[k * NV + c] += d;                                              \
-          ye[k] = STORE(ln_out(xv, mu, rs, g_s[k * NV + c], b_s[k * NV + c]));                        \
+          float xv = LOAD(xe[k]), xh = (xv - mu[i]) * rs[i], d = LOAD(de[k]), dyg = d * g[k];         \
+          s1[i] += dyg * xh; s2[i] += dyg;                                                            \
+          sg[k] += d * xh; sb[k] += d;                                                                \
+          ye[k] = STORE(ln_out(xv, mu[i], rs[i], g[k], b[k]));                                        \
         }                                                                                             \
-        xnr[c] = yo;                                                                                  \
+        reinterpret_cast<VEC*>(xn + r * COLS)[t] = yo;                                                \
       }                                                                                               \
     }                                                                                                 \
-    _Pragma("unroll") for (int off = 16; off > 0; off >>= 1) {                                        \
-      s1 += __shfl_xor_sync(0xffffffffu, s1, off);                                                    \
-      s2 += __shfl_xor_sync(0xffffffffu, s2, off);                                                    \
+    _Pragma("unroll") for (int i = 0; i < R; ++i) {                                                   \
+      _Pragma("unroll") for (int off = 16; off > 0; off >>= 1) {                                      \
+        s1[i] += __shfl_xor_sync(0xffffffffu, s1[i], off);                                            \
+        s2[i] += __shfl_xor_sync(0xffffffffu, s2[i], off);                                            \
+      }                                                                                               \
+      if (lane == 0) { red[set][i][0][warp] = s1[i]; red[set][i][1][warp] = s2[i]; }                  \
     }                                                                                                 \
-    s1 *= 1.f / COLS; s2 *= 1.f / COLS;                                                               \
-    VEC* outr = reinterpret_cast<VEC*>(dx + r * COLS);                                                \
-    _Pragma("unroll") for (int v = 0; v < VPL; ++v) {                                                 \
-      int c = lane + v * 32;                                                                          \
-      if (c < NV) {                                                                                   \
-        const VEC xv = LN_AT(VEC, xa, x), dv = LN_AT(VEC, da, dy);                                    \
-        const T* xe = reinterpret_cast<const T*>(&xv);                                               \
-        const T* de = reinterpret_cast<const T*>(&dv);                                               \
+    __syncthreads();                                                                                  \
+    /* Second pass: the input's gradient, from the held vectors. */                                   \
+    _Pragma("unroll") for (int i = 0; i < R; ++i) {                                                   \
+      const long long r = r0 + i;                                                                     \
+      float a1 = 0.f, a2 = 0.f;                                                                       \
+      _Pragma("unroll") for (int w = 0; w < W; ++w) { a1 += red[set][i][0][w]; a2 += red[set][i][1][w]; } \
+      a1 *= 1.f / COLS; a2 *= 1.f / COLS;                                                             \
+      if (mine && r < rows) {                                                                         \
+        const T* xe = reinterpret_cast<const T*>(&xa[i]);                                            \
+        const T* de = reinterpret_cast<const T*>(&da[i]);                                            \
         VEC o, ra;                                                                                    \
         T* oe = reinterpret_cast<T*>(&o);                                                             \
-        if (dres) ra = reinterpret_cast<const VEC*>(dres + r * COLS)[c];                              \
+        if (dres) ra = reinterpret_cast<const VEC*>(dres + r * COLS)[t];                              \
         const T* re = reinterpret_cast<const T*>(&ra);                                                \
         _Pragma("unroll") for (int k = 0; k < N; ++k) {                                               \
-          float xh = (LOAD(xe[k]) - mu) * rs, dyg = LOAD(de[k]) * g_s[k * NV + c];                    \
-          float o = rs * (dyg - s2 - xh * s1);                                                        \
-          oe[k] = STORE(dres ? o + LOAD(re[k]) : o);                                                  \
+          float xh = (LOAD(xe[k]) - mu[i]) * rs[i], dyg = LOAD(de[k]) * g[k];                         \
+          float v = rs[i] * (dyg - a2 - xh * a1);                                                     \
+          oe[k] = STORE(dres ? v + LOAD(re[k]) : v);                                                  \
         }                                                                                             \
-        outr[c] = o;                                                                                  \
+        reinterpret_cast<VEC*>(dx + r * COLS)[t] = o;                                                 \
       }                                                                                               \
     }                                                                                                 \
-    if (PREFETCH) {                                                                                   \
-      _Pragma("unroll") for (int v = 0; v < VPL; ++v) { xa[v] = xb[v]; da[v] = dn[v]; }               \
-      mu = mun; rs = rsn;                                                                             \
-    } else if (next < rows) {                                                                         \
-      if (HOLD) { LN_LOAD(VEC, xa, x, next) LN_LOAD(VEC, da, dy, next) }                              \
-      mu = mean[next]; rs = rstd[next];                                                               \
-    }                                                                                                 \
+    set ^= 1;                                                                                         \
   }                                                                                                   \
-  __syncthreads();                                                                                    \
-  /* Column col = c * N + k sits at k * NV + c of each half; warps added in order. */                 \
-  for (int i = threadIdx.x; i < 2 * COLS; i += blockDim.x) {                                          \
-    int half = i / COLS, col = i % COLS, j = half * COLS + (col % N) * NV + col / N;                  \
-    float s = 0.f;                                                                                    \
-    for (int w = 0; w < WARPS; ++w) s += sums[w * 2 * COLS + j];                                      \
-    part[(long long)blockIdx.x * 2 * COLS + i] = s;                                                   \
+  if (mine) {                                                                                         \
+    float* out = part + (long long)blockIdx.x * 2 * COLS + t * N;                                     \
+    _Pragma("unroll") for (int k = 0; k < N; ++k) { out[k] = sg[k]; out[COLS + k] = sb[k]; }          \
   }                                                                                                   \
 }
 
@@ -471,34 +470,25 @@ LN_FORWARD(ln_forward_f32, float, float4, 4, f2f, f2f)
 LN_BACKWARD(ln_backward_bf16, unsigned short, uint4, 8, bf2f, f2bf)
 LN_BACKWARD(ln_backward_f16, unsigned short, uint4, 8, h2f, f2h)
 LN_BACKWARD(ln_backward_f32, float, float4, 4, f2f, f2f)
-"#;
+"#
+);
 
 /// The kernels of [`LN_SOURCE`], forward then backward.
 pub(crate) const LN_INSTANCES: &[&str; 2] = &["ln_forward", "ln_backward"];
 
-/// Warps per block of the layer norm's backward kernel (its `WARPS`): each holds `2 · COLS` floats
-/// of shared memory, so wide rows get fewer.
-fn ln_warps(cols: i64) -> u32 {
-    if cols <= 1024 {
-        8
-    } else {
-        4
-    }
-}
-
-/// The layer norm's backward kernel's dynamic shared memory: gamma, beta and every warp's sums,
-/// fp32.
-fn ln_shared_bytes(cols: i64) -> u32 {
-    ((2 + 2 * i64::from(ln_warps(cols))) * cols * 4) as u32
+/// Threads per block of the layer norm's backward kernel in precision `p` for rows of `cols`: one
+/// per 16-byte vector of a row, in whole warps (the kernel's `__launch_bounds__`).
+fn ln_backward_threads(p: Precision, cols: i64) -> u32 {
+    let vectors = (cols / p.vector()) as u32;
+    vectors.div_ceil(32) * 32
 }
 
 /// Warps per block of the layer norm's forward kernel.
 const LN_FORWARD_WARPS: u32 = 8;
 
-/// The widest row the layer norm's kernel takes: a lane holds its columns of a row of `x` (and,
-/// backward, of `dy`) in registers; at 2048 columns the kernels take up to 247 registers without
-/// spilling (the backward kernel then loads no next row ahead, and in fp32 reads its rows twice
-/// instead of holding them); its shared memory is then `10 · COLS` floats (80 KiB).
+/// The widest row the layer norm's kernels take: the forward kernel's lanes hold their columns of
+/// a row of `x` in registers, and the backward kernel's block has a thread per vector of a row (512
+/// in fp32 at 2048 columns).
 pub const MAX_COLS: i64 = 2048;
 
 /// A kernel in each precision with how many of its blocks fit on the GPU at once (blocks of
@@ -512,9 +502,19 @@ struct Resident {
 
 impl Resident {
     fn new(kernels: Instances, threads: u32, shared: u32, sms: u32) -> Result<Self, NodeKernelError> {
+        Self::with_threads(kernels, |_| threads, shared, sms)
+    }
+
+    /// As [`Resident::new`], with blocks of `threads(p)` threads in precision `p`.
+    fn with_threads(
+        kernels: Instances,
+        threads: impl Fn(Precision) -> u32,
+        shared: u32,
+        sms: u32,
+    ) -> Result<Self, NodeKernelError> {
         let mut blocks = [0; 3];
-        for (f, b) in kernels.all().iter().zip(blocks.iter_mut()) {
-            *b = f.occupancy_max_active_blocks_per_multiprocessor(threads, shared as usize, None)?.max(1) * sms;
+        for ((f, b), p) in kernels.all().iter().zip(blocks.iter_mut()).zip(Precision::ALL) {
+            *b = f.occupancy_max_active_blocks_per_multiprocessor(threads(p), shared as usize, None)?.max(1) * sms;
         }
         Ok(Self { kernels, blocks })
     }
@@ -613,18 +613,10 @@ impl NodeKernels {
         let module = kernels::load(&self.gpu, &format!("#define COLS {cols}\n{LN_SOURCE}"))?;
         let [forward, backward] = LN_INSTANCES.map(|name| Instances::load(&module, name));
         let (forward, backward) = (forward?, backward?);
-        let shared = ln_shared_bytes(cols);
-        for f in backward.all() {
-            // Above 48 KiB a block's dynamic shared memory must be allowed explicitly.
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                shared as i32,
-            )?;
-        }
         let k = Arc::new(LnKernels {
             _module: module,
             forward: Resident::new(forward, LN_FORWARD_WARPS * 32, 0, self.sms)?,
-            backward: Resident::new(backward, ln_warps(cols) * 32, shared, self.sms)?,
+            backward: Resident::with_threads(backward, |p| ln_backward_threads(p, cols), 0, self.sms)?,
         });
         cache.insert(cols, Arc::clone(&k));
         Ok(k)
@@ -704,12 +696,12 @@ impl NodeKernels {
         }
         let k = self.ln_kernels(cols)?;
         let (backward, most) = k.backward.get(p);
-        let grid = grid_for(most, rows, ln_warps(cols));
+        let grid = balanced_grid(most, (rows + LN_BACKWARD_ROWS - 1) / LN_BACKWARD_ROWS);
         let part = Tensor::f_empty([i64::from(grid), 2 * cols], (Kind::Float, x.device()))?;
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
-            block_dim: (ln_warps(cols) * 32, 1, 1),
-            shared_mem_bytes: ln_shared_bytes(cols),
+            block_dim: (ln_backward_threads(p, cols), 1, 1),
+            shared_mem_bytes: 0,
         };
         let (dyp, xp, mp, rp, gp, bp) = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(gamma), ptr(beta));
         let (dresp, dxp, xnp, pp) = (dres.map_or(0, ptr), ptr(dx), ptr(xn), ptr(&part));
@@ -858,10 +850,19 @@ fn ln_rows(x: &Tensor) -> Option<(Precision, i64, i64)> {
 }
 
 /// A grid of at most `most` blocks of `warps` warps, a warp per row: no more blocks than `rows`
-/// fill (a block without rows would only stage gamma and, backward, write zeros to sum).
+/// fill (a block without rows would only stage gamma).
 fn grid_for(most: u32, rows: i64, warps: u32) -> u32 {
     let warps = i64::from(warps.max(1));
     u32::try_from((rows + warps - 1) / warps).map_or(most, |needed| needed.clamp(1, most.max(1)))
+}
+
+/// A grid of at most `most` blocks for `groups` groups of rows, a block taking every `grid`-th
+/// group: as few blocks as take no more groups each than `most` blocks would (so fewer rows of
+/// partial sums, no longer a kernel), at least one (`most` 0 counts as one).
+fn balanced_grid(most: u32, groups: i64) -> u32 {
+    let most = i64::from(most.max(1));
+    let per_block = ((groups + most - 1) / most).max(1);
+    u32::try_from((groups + per_block - 1) / per_block).map_or(1, |g| g.max(1))
 }
 
 /// The block rows of a column sum's grid of `blocks_x` column strips: as many as leave every block
@@ -1198,5 +1199,18 @@ mod tests {
         assert_eq!(col_sum_block_rows(6 * 132, 7, 1), 1);
         // More strips than resident blocks: one block row, the grid past one wave.
         assert_eq!(col_sum_block_rows(660, 1024, 4096), 1);
+    }
+
+    /// gpt2-xl's layer norm gradient (4096 rows, 1024 groups of four) with three blocks resident on
+    /// each of 132 multiprocessors: 396 blocks would take two or three groups each, 342 take three
+    /// (the last two); fewer groups than blocks take a block each; never no block.
+    #[test]
+    fn a_balanced_grid_takes_as_many_groups_a_block_in_fewer_blocks() {
+        assert_eq!(balanced_grid(396, 1024), 342);
+        assert_eq!(balanced_grid(396, 396), 396);
+        assert_eq!(balanced_grid(396, 397), 199);
+        assert_eq!(balanced_grid(396, 10), 10);
+        assert_eq!(balanced_grid(396, 0), 1);
+        assert_eq!(balanced_grid(0, 5), 1);
     }
 }
