@@ -87,6 +87,9 @@
 //! * `in_backward`: `shim::run_in_backward` on the GPU runs its function on libtorch's autograd
 //!   thread (`pt_autograd_*`), not the caller's, and a backward pass the function runs there
 //!   (reentrant, as the trainer's segments) lands the right gradients on the GPU.
+//! * `graph_memsets`: a captured graph's memsets of up to `FILL_MAX_BYTES` (32-, 16- and 8-bit, one
+//!   of them over part of each row) replayed as kernel nodes write what the memsets wrote, before a
+//!   kernel captured after them reads it; a larger memset stays a memset node.
 //! * `cuda_graph`: a forward and backward through autograd (its device thread included) captured
 //!   with `runtime::graph` on a stream of the rank's own, replayed on three new inputs written
 //!   where the graph reads: loss and gradient bit-identical to the same operations run eagerly,
@@ -1183,7 +1186,62 @@ fn cuda_graph(r: &mut Report) {
         ok,
         json!({"replays": 3, "loss_max_abs_diff": worst_loss, "grad_max_abs_diff": worst_grad,
                "allocated_by_replay_bytes": grew, "host_read_capture": bad.err().map(|e| e.to_string()),
-               "capture_after_failure": recovered}),
+               "capture_after_failure": recovered, "memsets_as_kernels": graph.memsets_as_kernels}),
+    );
+    graph_memsets(r, &gpu);
+}
+
+/// A captured graph's small memsets become kernel nodes (`runtime::graph`) that write what the
+/// memsets wrote, ordered as they were: 32-, 16- and 8-bit memsets (the last over 60 of each
+/// 100-byte row, the rest of each row kept) replaced, one past `FILL_MAX_BYTES` kept, and a kernel
+/// captured after them reading what they wrote.
+/// Runs after `cuda_graph`, on its stream.
+fn graph_memsets(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    use cudarc::driver::sys;
+    use zerobench_worker::failure::Failure;
+    use zerobench_worker::runtime::graph::{GraphPool, FILL_MAX_BYTES};
+    let cuda = Device::Cuda(0);
+    let t32 = Tensor::full([1000], 7, (Kind::Int, cuda));
+    let t16 = Tensor::full([1000], 7, (Kind::Int16, cuda));
+    let t8 = Tensor::full([64, 100], 7, (Kind::Uint8, cuda));
+    let big_len = FILL_MAX_BYTES / 4 + 1000;
+    let big = Tensor::full([big_len as i64], 7, (Kind::Int, cuda));
+    gpu.synchronize().expect("sync");
+    let stream = gpu.compute.cu_stream();
+    let ptr = |t: &Tensor| t.data_ptr() as u64;
+    let mut pool = GraphPool::new(Arc::clone(gpu));
+    let captured = pool.capture(|| {
+        // SAFETY: device tensors of these sizes, alive past the replays; the stream captures.
+        unsafe {
+            sys::cuMemsetD32Async(ptr(&t32), 0x0102_0304, 1000, stream).result().expect("memset 32");
+            sys::cuMemsetD16Async(ptr(&t16), 0xbeef, 1000, stream).result().expect("memset 16");
+            sys::cuMemsetD2D8Async(ptr(&t8), 100, 0x5a, 60, 64, stream).result().expect("memset 2D");
+            sys::cuMemsetD32Async(ptr(&big), 5, big_len, stream).result().expect("memset big");
+        }
+        Ok::<_, Failure>(t32.f_add_scalar(1)?)
+    });
+    let Ok((graph, after)) = captured else {
+        r.check("graph_memsets", false, json!({"capture": captured.err().map(|e| e.to_string())}));
+        return;
+    };
+    for t in [&t32, &t16, &t8, &big] {
+        let _ = t.shallow_clone().fill_(7);
+    }
+    pool.replay(&graph).expect("replay");
+    gpu.synchronize().expect("sync");
+    let all = |t: &Tensor, v: i64| t.eq(v).all().int64_value(&[]) == 1;
+    let values = json!({
+        "d32": all(&t32, 0x0102_0304), "read_after": all(&after, 0x0102_0305),
+        "d16": all(&t16, 0xbeefu16 as i16 as i64),
+        "d2d8_set": all(&t8.narrow(1, 0, 60), 0x5a), "d2d8_kept": all(&t8.narrow(1, 60, 40), 7),
+        "big": all(&big, 5),
+    });
+    let right = values.as_object().is_some_and(|m| m.values().all(|v| v == true));
+    r.check(
+        "graph_memsets",
+        right && graph.memsets_as_kernels == 3,
+        json!({"values_right": values, "memsets_as_kernels": graph.memsets_as_kernels, "expected": 3,
+               "fill_max_bytes": FILL_MAX_BYTES}),
     );
 }
 

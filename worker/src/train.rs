@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::CudaGraph;
 use tch::Tensor;
 use zerobench_schema::log::{Eval, ModuleProfile, Profile, Record, Step, Summary};
 use zerobench_schema::{RunConfig, SCHEMA_VERSION};
@@ -26,7 +25,7 @@ use crate::metrics::memory::MemoryProbe;
 use crate::metrics::timeline::{Resolved, SharedTimeline, SpanInfo, Track};
 use crate::model::{Batch, Model, Shape};
 use crate::runtime::cuda::Gpu;
-use crate::runtime::graph::GraphPool;
+use crate::runtime::graph::{Graph, GraphPool};
 use crate::runtime::guard::Guard;
 use crate::runtime::shim;
 use crate::zero::{Engine, Schedule};
@@ -413,7 +412,13 @@ impl Trainer<'_> {
             Some(d) => shim::cuda_stats(d).ok().and_then(|s| u64::try_from(s.peak_allocated).ok()),
             None => None,
         };
-        tracing::info!(graphs = 2 * micro.len(), ms = ms_between(started, Instant::now()), "captured the step");
+        let memsets_as_kernels: usize = micro.iter().map(|(f, b)| f.memsets_as_kernels + b.memsets_as_kernels).sum();
+        tracing::info!(
+            graphs = 2 * micro.len(),
+            memsets_as_kernels,
+            ms = ms_between(started, Instant::now()),
+            "captured the step"
+        );
         Ok(StepGraphs {
             micro,
             batches: batches.iter().map(Batch::shallow_clone).collect(),
@@ -499,7 +504,7 @@ struct Activations {
 /// A step captured for `--cuda-graph`: per micro-step a forward and a backward graph, the batches
 /// they read, the summed loss they write. The graphs drop before their pool.
 struct StepGraphs {
-    micro: Vec<(CudaGraph, CudaGraph)>,
+    micro: Vec<(Graph, Graph)>,
     batches: Vec<Batch>,
     loss_sum: Tensor,
     /// The allocator's peak over the capture: what a replay's tensors take.

@@ -216,6 +216,7 @@ mod tests {
             ("peer_copy".into(), crate::comm::peer_copy::SOURCE.into()),
             ("cross_entropy".into(), crate::model::lm_head_cuda::SOURCE.into()),
             ("node kernels".into(), crate::model::recompute_cuda::SOURCE.into()),
+            ("graph fill".into(), crate::runtime::graph::FILL_SOURCE.into()),
         ];
         for cols in [768, 1024, 1280, 1600, crate::model::recompute_cuda::MAX_COLS] {
             sources.push((format!("layer norm {cols}"), ln(cols)));
@@ -224,6 +225,10 @@ mod tests {
             let report = sm90_report(source);
             // Every kernel names its registers: the report was read.
             assert!(!report.is_empty() && report.iter().all(|(_, registers, _)| *registers > 0), "{name}: {report:?}");
+            if name == "graph fill" {
+                // The one entry the graphs' memset nodes become (`runtime::graph`).
+                assert_eq!(report.iter().map(|(n, _, _)| n.as_str()).collect::<Vec<_>>(), ["graph_fill"]);
+            }
             if name.starts_with("layer norm") {
                 // Its six kernels: forward and backward, three precisions.
                 assert_eq!(report.len(), 6, "{name}: {report:?}");
