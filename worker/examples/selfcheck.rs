@@ -1186,7 +1186,8 @@ fn cuda_graph(r: &mut Report) {
         ok,
         json!({"replays": 3, "loss_max_abs_diff": worst_loss, "grad_max_abs_diff": worst_grad,
                "allocated_by_replay_bytes": grew, "host_read_capture": bad.err().map(|e| e.to_string()),
-               "capture_after_failure": recovered, "memsets_as_kernels": graph.memsets_as_kernels}),
+               "capture_after_failure": recovered, "memsets_as_kernels": graph.memsets_as_kernels,
+               "kept_memsets": graph.kept_memsets}),
     );
     graph_memsets(r, &gpu);
 }
@@ -1241,7 +1242,7 @@ fn graph_memsets(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
         "graph_memsets",
         right && graph.memsets_as_kernels == 3,
         json!({"values_right": values, "memsets_as_kernels": graph.memsets_as_kernels, "expected": 3,
-               "fill_max_bytes": FILL_MAX_BYTES}),
+               "kept_memsets": graph.kept_memsets, "fill_max_bytes": FILL_MAX_BYTES}),
     );
 }
 

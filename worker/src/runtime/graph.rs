@@ -107,6 +107,8 @@ pub struct Graph {
     stream: Arc<CudaStream>,
     /// Memset nodes the capture held that now are kernel nodes.
     pub memsets_as_kernels: usize,
+    /// Why the rewrite stopped early, if it did (the rest stayed memsets).
+    pub kept_memsets: Option<String>,
 }
 
 // SAFETY: graph handles may be launched and destroyed from any thread bound to their context.
@@ -132,6 +134,9 @@ fn check(r: sys::CUresult) -> Result<(), GraphError> {
 fn nodes(f: impl Fn(*mut sys::CUgraphNode, *mut usize) -> sys::CUresult) -> Result<Vec<sys::CUgraphNode>, GraphError> {
     let mut n = 0usize;
     check(f(std::ptr::null_mut(), &mut n))?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
     let mut out = vec![std::ptr::null_mut(); n];
     check(f(out.as_mut_ptr(), &mut n))?;
     out.truncate(n);
@@ -146,6 +151,9 @@ fn edges(
 ) -> Result<Edges, GraphError> {
     let mut n = 0usize;
     check(f(std::ptr::null_mut(), std::ptr::null_mut(), &mut n))?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
     let mut ends = vec![std::ptr::null_mut(); n];
     // SAFETY: plain bytes, for which zero is a valid value (a default edge).
     let mut data = vec![unsafe { std::mem::zeroed::<sys::CUgraphEdgeData>() }; n];
@@ -289,7 +297,8 @@ impl GraphPool {
         // SAFETY: a graph just captured in the current context, not instantiated; `fill` is the
         // fill kernel of that context.
         let (memsets_as_kernels, stopped) = unsafe { memsets_as_kernels(graph, fill) };
-        if let Some(e) = stopped {
+        let kept_memsets = stopped.map(|e| e.to_string());
+        if let Some(e) = &kept_memsets {
             tracing::warn!(replaced = memsets_as_kernels, "a captured graph keeps memset nodes: {e}");
         }
         // libtorch's allocations during the capture are not graph allocations, so the flag
@@ -299,7 +308,7 @@ impl GraphPool {
         // SAFETY: the graph captured above, in the current context.
         let instantiated = check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, flags) });
         match instantiated {
-            Ok(()) => Ok((Graph { graph, exec, stream: Arc::clone(stream), memsets_as_kernels }, value)),
+            Ok(()) => Ok((Graph { graph, exec, stream: Arc::clone(stream), memsets_as_kernels, kept_memsets }, value)),
             Err(e) => {
                 // SAFETY: the graph captured above, not instantiated.
                 unsafe {
