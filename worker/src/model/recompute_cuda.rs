@@ -13,16 +13,17 @@
 //!
 //! * `ln_forward_*`: the layer norm, one warp per row held in registers, mean and variance in two
 //!   passes over them; the nodes keep the per-row mean and reciprocal deviation (fp32).
-//! * `ln_backward_*`: one warp per row, so `dy` and `x` are read once for all three gradients and
-//!   for the normalised input, which the kernel writes again for the weight gradient of the
-//!   product after the layer norm (from the kept mean and deviation, with the forward kernel's
-//!   function: the same bits), instead of a forward kernel run again to recompute it;
-//!   every warp adds its rows' `dy·x̂` and `dy` into shared memory of its own (no registers held
-//!   for them: at gpt2-xl's width per-lane sums spilled), and the block adds its warps' sums in
-//!   warp order into one row of fp32 partial sums, so they come out the same every run. The row
-//!   length is a compile-time constant (compiled per model width on first use). Where the layer
-//!   norm's input is also the residual stream that skips the sub-block (the MLP's node), the
-//!   residual's gradient is added to the input gradient before it is rounded, in the same pass.
+//! * `ln_backward_*`: a thread per 16-byte vector of a row, four rows at a time, so `dy` and `x`
+//!   are read once for all three gradients and for the normalised input, which the kernel writes
+//!   again for the weight gradient of the product after the layer norm (from the kept mean and
+//!   deviation, with the forward kernel's function: the same bits), instead of a forward kernel
+//!   run again to recompute it. A thread's columns' sums of `dy·x̂` and `dy` stay in its registers
+//!   over the block's rows, and each block writes one row of fp32 partial sums; the rows' sums go
+//!   through shuffles and shared memory, warps added in order, so everything comes out the same
+//!   every run. The row length is a compile-time constant (compiled per model width on first
+//!   use). Where the layer norm's input is also the residual stream that skips the sub-block (the
+//!   MLP's node and, through its second output, the attention's), the residual's gradient is added
+//!   to the input gradient before it is rounded, in the same pass.
 //! * `gelu_forward_*`: the MLP's tanh GELU in the forward pass.
 //! * `col_sum_*` and `gelu_backward_col_sum_*`: 16-byte loads down the rows, two rows in flight
 //!   per lane, fp32 sums per column (of the 16-bit values as they are stored, as libtorch sums
