@@ -289,11 +289,23 @@ impl GraphPool {
         stream.context().bind_to_thread().map_err(capture_err)?;
         // SAFETY: the stream began capturing above; the graph it returns is this value's.
         let ended = unsafe { result::stream::end_capture(stream.cu_stream()) };
-        let value = value?;
-        let graph = ended.map_err(capture_err)?;
-        if graph.is_null() {
-            return Err(GraphError::Capture("nothing was captured".into()).into());
-        }
+        let (value, graph) = match (value, ended) {
+            (Ok(v), Ok(g)) if !g.is_null() => (v, g),
+            (value, ended) => {
+                if let Ok(g) = ended {
+                    if !g.is_null() {
+                        // SAFETY: the graph the capture returned, not instantiated, dropped here.
+                        unsafe {
+                            let _ = sys::cuGraphDestroy(g);
+                        }
+                    }
+                }
+                // `work`'s own error first: the capture's is often only its consequence.
+                value?;
+                ended.map_err(capture_err)?;
+                return Err(GraphError::Capture("nothing was captured".into()).into());
+            }
+        };
         // SAFETY: a graph just captured in the current context, not instantiated; `fill` is the
         // fill kernel of that context.
         let (memsets_as_kernels, stopped) = unsafe { memsets_as_kernels(graph, fill) };
