@@ -11,7 +11,8 @@ time); the kernels' time by class (`CLASSES`: matrix products, attention, the op
 copies and sets, the rest); the gaps of the GPU longer than 50 us (time the device waited for
 the host); the time from the first kernel's start to the last one's end; and the shorter gaps
 between kernels that follow each other (their number, sum and median: a launch's latency, which
-a CUDA graph's replay pays too).
+a CUDA graph's replay pays too), also by the kinds of the nodes on either side (a replayed
+graph's memset nodes wait longer than its kernel nodes).
 """
 import argparse
 import collections
@@ -37,9 +38,14 @@ def kernel_class(event):
     return next((c for c, pats in CLASSES if any(p in name for p in pats)), "other")
 
 
+def node_kind(event):
+    """A GPU event's kind, for the gaps on either side of it: kernel, memset or memcpy."""
+    return {"gpu_memset": "memset", "gpu_memcpy": "memcpy"}.get(event.get("cat"), "kernel")
+
+
 def union_ms(intervals):
     total, end = 0.0, None
-    for s, e in sorted(intervals):
+    for s, e, *_ in sorted(intervals):
         if end is None or s > end:
             total += e - s
             end = e
@@ -97,15 +103,24 @@ def summarise(path, top):
         c = classes[kernel_class(e)]
         c[0] += 1
         c[1] += e["dur"] / 1e3
-    ks = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels)
+    ks = sorted((e["ts"], e["ts"] + e["dur"], node_kind(e)) for e in kernels)
     # Every idle stretch between the first kernel's start and the last one's end: the long ones
     # (the device waited for the host) apart from the short ones between kernels that follow each
-    # other (a launch's latency, in a CUDA graph's replay too).
-    gaps, short, end = [], [], None
-    for s, e in ks:
+    # other (a launch's latency, in a CUDA graph's replay too), the short ones also by the kinds of
+    # the nodes on either side (the one that ended last before the gap, the one that starts it).
+    gaps, short, end, end_kind = [], [], None, None
+    by_kinds = collections.defaultdict(lambda: [0, 0.0])
+    for s, e, kind in ks:
         if end is not None and s > end:
-            (gaps if s - end > 50 else short).append((s - end) / 1e3)
-        end = e if end is None else max(end, e)
+            if s - end > 50:
+                gaps.append((s - end) / 1e3)
+            else:
+                short.append((s - end) / 1e3)
+                b = by_kinds[f"{end_kind} -> {kind}"]
+                b[0] += 1
+                b[1] += (s - end) / 1e3
+        if end is None or e > end:
+            end, end_kind = e, kind
     short.sort()
     return {
         "span_ms": (t1 - t0) / 1e3,
@@ -122,6 +137,8 @@ def summarise(path, top):
         "short_gaps": len(short),
         "short_gap_ms": round(sum(short), 3),
         "short_gap_median_us": round(short[len(short) // 2] * 1e3, 2) if short else 0.0,
+        "short_gaps_by_kinds": {k: {"count": n, "ms": round(ms, 3), "mean_us": round(ms / n * 1e3, 2)}
+                                for k, (n, ms) in sorted(by_kinds.items())},
         "top_kernels": sorted(([k, v[0], round(v[1], 3)] for k, v in by_kernel.items()), key=lambda r: -r[2])[:top],
     }
 
@@ -142,6 +159,8 @@ def main():
               f"GPU busy {s['gpu_busy_ms']:.2f} ms; {s['gaps_over_50us']} gaps > 50 us, {s['gap_ms']:.2f} ms; "
               f"{s['short_gaps']} shorter, {s['short_gap_ms']:.2f} ms (median {s['short_gap_median_us']:.1f} us)")
         print("  by class: " + "; ".join(f"{c} {v['ms']:.2f} ms ({v['count']})" for c, v in s["kernel_classes"].items()))
+        print("  short gaps by the nodes on either side: " + "; ".join(
+            f"{k} {v['count']} x {v['mean_us']:.2f} us" for k, v in s["short_gaps_by_kinds"].items()))
         for tid, t in s["threads"].items():
             print(f"  thread {tid}: {t['top_ops']} top-level operators, {t['ms']:.2f} ms")
         for title, rows in (("operators", s["top_ops"]), ("runtime", s["runtime"]), ("kernels", s["top_kernels"])):
