@@ -302,7 +302,8 @@ pub(crate) const LN_SOURCE: &str = concat!(
     ln_backward_rows!(),
     "\n",
     r#"
-/* A thread per vector of N values, in whole warps. */
+/* A thread per vector of N values, in whole warps: the backward kernel's block, which the launches
+   read from the compiled kernel (`Resident::at_launch_bounds`). */
 #define LN_BW_THREADS(N) (32 * ((COLS / (N) + 31) / 32))
 
 /* One element of the layer norm's output. The forward pass and the backward pass's recomputation
@@ -477,13 +478,6 @@ LN_BACKWARD(ln_backward_f32, float, float4, 4, f2f, f2f)
 /// The kernels of [`LN_SOURCE`], forward then backward.
 pub(crate) const LN_INSTANCES: &[&str; 2] = &["ln_forward", "ln_backward"];
 
-/// Threads per block of the layer norm's backward kernel in precision `p` for rows of `cols`: one
-/// per 16-byte vector of a row, in whole warps (the kernel's `__launch_bounds__`).
-fn ln_backward_threads(p: Precision, cols: i64) -> u32 {
-    let vectors = (cols / p.vector()) as u32;
-    vectors.div_ceil(32) * 32
-}
-
 /// Warps per block of the layer norm's forward kernel.
 const LN_FORWARD_WARPS: u32 = 8;
 
@@ -499,30 +493,41 @@ pub const MAX_COLS: i64 = 2048;
 struct Resident {
     kernels: Instances,
     blocks: [u32; 3],
+    threads: [u32; 3],
 }
 
 impl Resident {
     fn new(kernels: Instances, threads: u32, shared: u32, sms: u32) -> Result<Self, NodeKernelError> {
-        Self::with_threads(kernels, |_| threads, shared, sms)
+        Self::with_threads(kernels, [threads; 3], shared, sms)
     }
 
-    /// As [`Resident::new`], with blocks of `threads(p)` threads in precision `p`.
-    fn with_threads(
-        kernels: Instances,
-        threads: impl Fn(Precision) -> u32,
-        shared: u32,
-        sms: u32,
-    ) -> Result<Self, NodeKernelError> {
-        let mut blocks = [0; 3];
-        for ((f, b), p) in kernels.all().iter().zip(blocks.iter_mut()).zip(Precision::ALL) {
-            *b = f.occupancy_max_active_blocks_per_multiprocessor(threads(p), shared as usize, None)?.max(1) * sms;
+    /// Blocks of as many threads as each kernel's `__launch_bounds__` allows (the kernel's own
+    /// statement of its block size, which the launch then takes from here), no dynamic shared
+    /// memory.
+    fn at_launch_bounds(kernels: Instances, sms: u32) -> Result<Self, NodeKernelError> {
+        let mut threads = [0; 3];
+        for (f, t) in kernels.all().iter().zip(threads.iter_mut()) {
+            *t = f.max_threads_per_block()? as u32;
         }
-        Ok(Self { kernels, blocks })
+        Self::with_threads(kernels, threads, 0, sms)
+    }
+
+    fn with_threads(kernels: Instances, threads: [u32; 3], shared: u32, sms: u32) -> Result<Self, NodeKernelError> {
+        let mut blocks = [0; 3];
+        for ((f, b), t) in kernels.all().iter().zip(blocks.iter_mut()).zip(threads) {
+            *b = f.occupancy_max_active_blocks_per_multiprocessor(t, shared as usize, None)?.max(1) * sms;
+        }
+        Ok(Self { kernels, blocks, threads })
     }
 
     /// The kernel in precision `p` and its resident blocks.
     fn get(&self, p: Precision) -> (&CudaFunction, u32) {
         (self.kernels.get(p), self.blocks[p as usize])
+    }
+
+    /// The threads of a block of the kernel in precision `p`.
+    fn threads(&self, p: Precision) -> u32 {
+        self.threads[p as usize]
     }
 }
 
@@ -617,7 +622,7 @@ impl NodeKernels {
         let k = Arc::new(LnKernels {
             _module: module,
             forward: Resident::new(forward, LN_FORWARD_WARPS * 32, 0, self.sms)?,
-            backward: Resident::with_threads(backward, |p| ln_backward_threads(p, cols), 0, self.sms)?,
+            backward: Resident::at_launch_bounds(backward, self.sms)?,
         });
         cache.insert(cols, Arc::clone(&k));
         Ok(k)
@@ -699,11 +704,8 @@ impl NodeKernels {
         let (backward, most) = k.backward.get(p);
         let grid = balanced_grid(most, (rows + LN_BACKWARD_ROWS - 1) / LN_BACKWARD_ROWS);
         let part = Tensor::f_empty([i64::from(grid), 2 * cols], (Kind::Float, x.device()))?;
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (ln_backward_threads(p, cols), 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg =
+            LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (k.backward.threads(p), 1, 1), shared_mem_bytes: 0 };
         let (dyp, xp, mp, rp, gp, bp) = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(gamma), ptr(beta));
         let (dresp, dxp, xnp, pp) = (dres.map_or(0, ptr), ptr(dx), ptr(xn), ptr(&part));
         let mut launch = self.gpu.compute.launch_builder(backward);

@@ -17,7 +17,7 @@
 //! matrix products (387 memsets of 4 bytes in a gpt2-xl step); replayed, each memset node cost the
 //! step about 4 µs of idle GPU (1.5 µs between the kernel before it and the memset, 2.6 µs after
 //! it, where a kernel node after a kernel node waits under 0.5 µs; one profiled replay on an
-//! H200), and a kernel that writes the same bytes takes under 1 µs.
+//! H200), and a kernel that writes the same bytes takes about 1 µs (median 1.03 µs there).
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};

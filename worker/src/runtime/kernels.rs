@@ -77,8 +77,6 @@ pub enum Precision {
 
 impl Precision {
     pub const SUFFIX: [&'static str; 3] = ["bf16", "f16", "f32"];
-    /// In the order of [`Precision::SUFFIX`] (and of [`Instances::all`]).
-    pub const ALL: [Precision; 3] = [Self::Bf16, Self::F16, Self::F32];
 
     /// The precision of tensors of `kind`, if the kernels have one.
     pub fn of(kind: Kind) -> Option<Self> {

@@ -433,8 +433,8 @@ impl Engine {
     /// backward's nodes (`shim::grad_into`) write the gradients of its parameters straight into
     /// the place `harvest` would copy them to: the unit's full buffer, or its region of the current
     /// staging buffer. The matrices' products write there at every micro-step (adding at the later
-    /// ones); the vectors' kernels (biases, layer norms) at a micro-step's first write only, their later micro-steps' gradients being
-    /// added by `harvest`. Otherwise every gradient would be copied once per micro-step. The
+    /// ones); the vectors' kernels (biases, layer norms) at a micro-step's first write only, their
+    /// later micro-steps' gradients being added by `harvest`. Otherwise every gradient would be copied once per micro-step. The
     /// current staging buffer is not read by any collective (`flush_staged` drains it when it
     /// becomes current), and a unit always fits in it (its capacity is a bucket plus the largest
     /// unit), so the place is the one `harvest` finds. Offloaded units are left to
