@@ -487,7 +487,7 @@ const LN_FORWARD_WARPS: u32 = 8;
 pub const MAX_COLS: i64 = 2048;
 
 /// A kernel in each precision with how many of its blocks fit on the GPU at once (blocks of
-/// `threads` threads and `shared` bytes of dynamic shared memory): the most blocks its grids get.
+/// `threads` threads, no dynamic shared memory): the most blocks its grids get.
 /// A grid of more would run a second, partial wave after the first, and the kernels that write a
 /// row of partial sums per block would write more of them.
 struct Resident {
@@ -497,25 +497,24 @@ struct Resident {
 }
 
 impl Resident {
-    fn new(kernels: Instances, threads: u32, shared: u32, sms: u32) -> Result<Self, NodeKernelError> {
-        Self::with_threads(kernels, [threads; 3], shared, sms)
+    fn new(kernels: Instances, threads: u32, sms: u32) -> Result<Self, NodeKernelError> {
+        Self::with_threads(kernels, [threads; 3], sms)
     }
 
     /// Blocks of as many threads as each kernel's `__launch_bounds__` allows (the kernel's own
-    /// statement of its block size, which the launch then takes from here), no dynamic shared
-    /// memory.
+    /// statement of its block size, which the launch then takes from here).
     fn at_launch_bounds(kernels: Instances, sms: u32) -> Result<Self, NodeKernelError> {
         let mut threads = [0; 3];
         for (f, t) in kernels.all().iter().zip(threads.iter_mut()) {
             *t = f.max_threads_per_block()? as u32;
         }
-        Self::with_threads(kernels, threads, 0, sms)
+        Self::with_threads(kernels, threads, sms)
     }
 
-    fn with_threads(kernels: Instances, threads: [u32; 3], shared: u32, sms: u32) -> Result<Self, NodeKernelError> {
+    fn with_threads(kernels: Instances, threads: [u32; 3], sms: u32) -> Result<Self, NodeKernelError> {
         let mut blocks = [0; 3];
         for ((f, b), t) in kernels.all().iter().zip(blocks.iter_mut()).zip(threads) {
-            *b = f.occupancy_max_active_blocks_per_multiprocessor(t, shared as usize, None)?.max(1) * sms;
+            *b = f.occupancy_max_active_blocks_per_multiprocessor(t, 0, None)?.max(1) * sms;
         }
         Ok(Self { kernels, blocks, threads })
     }
@@ -597,9 +596,9 @@ impl NodeKernels {
         let [col_sum, gelu_forward, gelu_col_sum, reduce, scale] = INSTANCES.map(|name| Instances::load(&module, name));
         let sms = kernels::multiprocessors(&gpu)?;
         Ok(Self {
-            col_sum: Resident::new(col_sum?, COL_SUM_THREADS, 0, sms)?,
+            col_sum: Resident::new(col_sum?, COL_SUM_THREADS, sms)?,
             gelu_forward: gelu_forward?,
-            gelu_col_sum: Resident::new(gelu_col_sum?, COL_SUM_THREADS, 0, sms)?,
+            gelu_col_sum: Resident::new(gelu_col_sum?, COL_SUM_THREADS, sms)?,
             reduce: reduce?,
             scale: scale?,
             strips_done: StripCounters::new(&gpu)?,
@@ -621,7 +620,7 @@ impl NodeKernels {
         let (forward, backward) = (forward?, backward?);
         let k = Arc::new(LnKernels {
             _module: module,
-            forward: Resident::new(forward, LN_FORWARD_WARPS * 32, 0, self.sms)?,
+            forward: Resident::new(forward, LN_FORWARD_WARPS * 32, self.sms)?,
             backward: Resident::at_launch_bounds(backward, self.sms)?,
         });
         cache.insert(cols, Arc::clone(&k));
