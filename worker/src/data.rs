@@ -269,12 +269,10 @@ impl Data {
         match self.task {
             Task::NextToken { seq_len } => {
                 let tokens = host_vec::<i64>(self.micro_batch, self.task.tokens())?;
-                // One copy of the token matrix to the device (a copy from pageable memory waits
-                // for the device); the input and the target are its shifted columns there.
-                let (all, t) = (on_device(self.token_matrix(&keys()?, part, tokens)?)?, seq_len as i64);
+                let (all, t) = (self.token_matrix(&keys()?, part, tokens)?, seq_len as i64);
                 Ok(Batch {
-                    input: all.f_narrow(1, 0, t)?.f_contiguous()?,
-                    target: all.f_narrow(1, 1, t)?.f_contiguous()?,
+                    input: on_device(all.f_narrow(1, 0, t)?)?,
+                    target: on_device(all.f_narrow(1, 1, t)?)?,
                     decoder_input: None,
                 })
             }

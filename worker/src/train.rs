@@ -9,7 +9,6 @@
 //! to the log thread, which reads NVML and writes) is the next record's `overhead_ms`, so the
 //! interval between two step records is the later one's `step_ms + overhead_ms`.
 
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -324,20 +323,10 @@ impl Trainer<'_> {
     /// Forward through every segment, with the engine's hooks around each; what backward needs.
     fn forward(&mut self, batch: &Batch) -> Result<Activations, Failure> {
         let n = self.model.segments().len();
-        let mut activations = Activations::new(n);
-        self.forward_segments(batch, 0..n, &mut activations)?;
-        Ok(activations)
-    }
-
-    /// Forward through `segments`, the ones before them already in `activations`.
-    fn forward_segments(
-        &mut self,
-        batch: &Batch,
-        segments: Range<usize>,
-        activations: &mut Activations,
-    ) -> Result<(), Failure> {
-        let Activations { inputs, outputs } = activations;
-        for s in segments {
+        // inputs[s]: the leaves segment s started from; outputs[s]: what it produced.
+        let mut inputs: Vec<Vec<Tensor>> = Vec::with_capacity(n);
+        let mut outputs: Vec<Vec<Tensor>> = Vec::with_capacity(n);
+        for s in 0..n {
             self.engine.before(s)?;
             let start = self.mark()?;
             let leaves: Vec<Tensor> = match outputs.last() {
@@ -352,7 +341,7 @@ impl Trainer<'_> {
             inputs.push(leaves);
             outputs.push(out);
         }
-        Ok(())
+        Ok(Activations { inputs, outputs })
     }
 
     /// Backward through the segments in reverse, with the engine's hooks around each, then the
@@ -411,28 +400,21 @@ impl Trainer<'_> {
         gpu.synchronize().map_err(|e| Failure::Internal(format!("--cuda-graph: {e}")))?;
         let started = Instant::now();
         let mut pool = GraphPool::new(gpu.clone());
-        let segments = self.model.segments().len();
         let mut micro = Vec::with_capacity(batches.len());
         for (m, batch) in batches.iter().enumerate() {
             self.engine.begin_micro(m);
-            let mut activations = Activations::new(segments);
-            let mut forward = Vec::new();
-            for piece in forward_graphs(segments) {
-                let (graph, ()) = pool.capture(|| self.forward_segments(batch, piece, &mut activations))?;
-                forward.push(graph);
-            }
+            let (forward, activations) = pool.capture(|| self.forward(batch))?;
             let (backward, ()) = pool.capture(|| self.backward(schedule, activations))?;
-            micro.push(MicroGraphs { forward, backward });
+            micro.push((forward, backward));
         }
         let loss_sum = self.engine.loss_sum().ok_or_else(|| Failure::Internal("no loss was captured".into()))?;
         let peak_allocated = match self.probe.cuda_device() {
             Some(d) => shim::cuda_stats(d).ok().and_then(|s| u64::try_from(s.peak_allocated).ok()),
             None => None,
         };
-        let graphs = micro.iter().flat_map(|m| m.forward.iter().chain([&m.backward]));
-        let (count, memsets_as_kernels) = graphs.fold((0, 0), |(n, k), g| (n + 1, k + g.memsets_as_kernels));
+        let memsets_as_kernels: usize = micro.iter().map(|(f, b)| f.memsets_as_kernels + b.memsets_as_kernels).sum();
         tracing::info!(
-            graphs = count,
+            graphs = 2 * micro.len(),
             memsets_as_kernels,
             ms = ms_between(started, Instant::now()),
             "captured the step"
@@ -449,16 +431,16 @@ impl Trainer<'_> {
     /// Runs a step's micro-steps from the graphs: `batches` copied where the graphs read, each
     /// forward and backward a launch, timed as the eager phases are.
     fn replay(&mut self, graphs: &StepGraphs, batches: &[Batch]) -> Result<(), Failure> {
-        for (m, (micro, (fixed, batch))) in graphs.micro.iter().zip(graphs.batches.iter().zip(batches)).enumerate() {
+        for (m, ((forward, backward), (fixed, batch))) in
+            graphs.micro.iter().zip(graphs.batches.iter().zip(batches)).enumerate()
+        {
             self.engine.begin_micro(m);
             fixed.copy_from(batch)?;
             self.clock.start(StepPhase::Forward)?;
-            for graph in &micro.forward {
-                graphs.pool.replay(graph)?;
-            }
+            graphs.pool.replay(forward)?;
             self.clock.stop()?;
             self.clock.start(StepPhase::Backward)?;
-            graphs.pool.replay(&micro.backward)?;
+            graphs.pool.replay(backward)?;
             self.clock.stop()?;
         }
         self.engine.set_loss_sum(graphs.loss_sum.shallow_clone());
@@ -519,46 +501,10 @@ struct Activations {
     outputs: Vec<Vec<Tensor>>,
 }
 
-impl Activations {
-    fn new(segments: usize) -> Self {
-        Self { inputs: Vec::with_capacity(segments), outputs: Vec::with_capacity(segments) }
-    }
-}
-
-/// A micro-step's graphs: its forward in the runs of segments of [`forward_graphs`], in order, and
-/// its backward.
-struct MicroGraphs {
-    forward: Vec<Graph>,
-    backward: Graph,
-}
-
-/// Segments of a micro-step's forward in the first of its graphs; each graph after it holds
-/// twice as many as the one before.
-const FIRST_FORWARD_GRAPH: usize = 2;
-
-/// The runs of segments a micro-step's forward is captured in, one graph each. A graph's launch
-/// takes the host time in proportion to its nodes, and the GPU starts none of them before the
-/// launch returns (`bench/gpu/graph_launch_probe.py`): the forward as one graph of gpt2-xl's
-/// 600-odd nodes kept the GPU idle for 0.6 ms at the start of every replayed step. Its first
-/// graph now holds the embedding and the first block; each later one is launched while the GPU
-/// runs the one before, which holds half as many segments. The backward graph is launched while
-/// the forward runs.
-fn forward_graphs(segments: usize) -> Vec<Range<usize>> {
-    let mut runs = Vec::new();
-    let (mut start, mut len) = (0, FIRST_FORWARD_GRAPH);
-    while start < segments {
-        let end = (start + len).min(segments);
-        runs.push(start..end);
-        start = end;
-        len *= 2;
-    }
-    runs
-}
-
-/// A step captured for `--cuda-graph`: per micro-step its forward and backward graphs, the batches
+/// A step captured for `--cuda-graph`: per micro-step a forward and a backward graph, the batches
 /// they read, the summed loss they write. The graphs drop before their pool.
 struct StepGraphs {
-    micro: Vec<MicroGraphs>,
+    micro: Vec<(Graph, Graph)>,
     batches: Vec<Batch>,
     loss_sum: Tensor,
     /// The allocator's peak over the capture: what a replay's tensors take.
@@ -585,20 +531,4 @@ fn summarize(
         final_loss,
         peak_allocated_bytes,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn forward_graphs_cover_every_segment_once_in_doubling_runs() {
-        // gpt2-xl: the embedding, 48 blocks, the head.
-        assert_eq!(forward_graphs(50), vec![0..2, 2..6, 6..14, 14..30, 30..50]);
-        // gpt2: the last run is what is left.
-        assert_eq!(forward_graphs(14), vec![0..2, 2..6, 6..14]);
-        assert_eq!(forward_graphs(1), vec![0..1]);
-        assert_eq!(forward_graphs(3), vec![0..2, 2..3]);
-        assert!(forward_graphs(0).is_empty());
-    }
 }
