@@ -39,9 +39,11 @@
 //   layer norm followed by an MLP with tanh GELU, as autograd functions (tch has none) whose backward
 //   recomputes the normalised input (in the layer norm's backward kernel on CUDA) and the GELU's
 //   output instead of keeping them from the forward pass (model/recompute.rs says what that saves
-//   and costs). zb_ln_linear also passes x on as a second output, for the residual addition after
-//   it: that output's gradient reaches the node's backward, which adds it to x's in the layer
-//   norm's backward kernel instead of leaving autograd to sum the two.
+//   and costs). zb_ln_linear gives its output as equal blocks of its columns (GPT-2's q, k and v),
+//   whose gradients its backward joins with the bias gradient's column sums, and passes x on as its
+//   last output, for the residual addition after it: that output's gradient reaches the node's
+//   backward, which adds it to x's in the layer norm's backward kernel instead of leaving autograd
+//   to sum the two.
 // * zb_grad_into / zb_take_grads: where the nodes above write a parameter's gradient (a place in a
 //   flat buffer of the engine's instead of a fresh tensor the engine then copies from:
 //   zero/engine.rs, `place_grads`), and the move of a unit's gradients into that buffer, those
@@ -117,6 +119,9 @@ struct zb_node_kernels {
   // act gets gelu_tanh(h), and g is overwritten with gelu_tanh'(h) * g before its columns are summed.
   int (*gelu_backward_col_sum)(at::Tensor* g, at::Tensor* h, at::Tensor* act, at::Tensor* out, void* stream,
                                char* err, size_t cap);
+  // x gets s0, s1 and s2 side by side (each rows of a third of x's), and out x's column sums.
+  int (*join_col_sum)(at::Tensor* s0, at::Tensor* s1, at::Tensor* s2, at::Tensor* x, at::Tensor* out, void* stream,
+                      char* err, size_t cap);
   // h = x·w1ᵀ + b1 and a = gelu_tanh(h) in one matrix product (cuBLASLt's GELU epilogue).
   int (*gelu_up)(at::Tensor* x, at::Tensor* w1, at::Tensor* b1, at::Tensor* h, at::Tensor* a, void* stream, char* err,
                  size_t cap);
@@ -316,6 +321,28 @@ at::Tensor bias_grad(const at::Tensor& b, at::Tensor gy) {
   return out.returned();
 }
 
+// The output gradient (rows) of a linear layer whose output went on as `parts` equal blocks of
+// its columns, from the blocks' gradients, and the gradient of its bias `b`. Three blocks (GPT-2's
+// q, k and v) are joined on CUDA by a kernel that sums the columns as it copies them, where
+// autograd's join of a split and a column sum would read the joined gradient again.
+std::pair<at::Tensor, at::Tensor> joined_grad_and_bias(const at::Tensor& b, const variable_list& parts) {
+  if (parts.size() == 1) {
+    auto gy = rows(parts[0]);
+    return {gy, bias_grad(b, gy)};
+  }
+  std::vector<at::Tensor> blocks;
+  for (const auto& g : parts) blocks.push_back(rows(g).contiguous());
+  auto out = grad_out(b);
+  if (const auto* k = blocks.size() == 3 ? kernels_for(blocks[0]) : nullptr) {
+    auto gy = at::empty({blocks[0].size(0), b.numel()}, blocks[0].options());
+    if (ran(k, &zb_node_kernels::join_col_sum, gy, &blocks[0], &blocks[1], &blocks[2], &gy, &out.t))
+      return {gy, out.returned()};
+  }
+  auto gy = at::cat(blocks, 1);
+  at::sum_out(out.t, gy, {0});
+  return {gy, out.returned()};
+}
+
 // From the GELU's output gradient `g` (rows, a temporary it may overwrite) and input `h`: the
 // GELU's output recomputed (as `gelu_tanh` computes it), its input gradient, and the gradient of
 // bias `b1` of the linear layer that computed `h`; on CUDA in one pass over `h`.
@@ -409,31 +436,40 @@ struct ResidualLinear : torch::autograd::Function<ResidualLinear> {
   }
 };
 
-// linear(layer_norm(x)), and x itself: keeps x (which the residual stream keeps anyway), not the
-// normalised x, which the layer norm's backward recomputes. The second output is x passed on (autograd
-// makes it a view of x with this node as its origin) for the residual addition after the sub-block:
-// its gradient comes back here and the layer norm's backward adds it to x's, as the MLP's node adds
-// its own residual's, where autograd would otherwise sum the two in a kernel of its own.
+// linear(layer_norm(x)) as `parts` equal blocks of its columns (views of one output: GPT-2's q, k
+// and v), and x itself: keeps x (which the residual stream keeps anyway), not the normalised x,
+// which the layer norm's backward recomputes. The blocks' gradients come back here apart and are
+// joined with the bias gradient's column sums (joined_grad_and_bias), not by autograd's join of a
+// split. The last output is x passed on (autograd makes it a view of x with this node as its
+// origin) for the residual addition after the sub-block: its gradient comes back here and the
+// layer norm's backward adds it to x's, as the MLP's node adds its own residual's, where autograd
+// would otherwise sum the two in a kernel of its own.
 struct LnLinear : torch::autograd::Function<LnLinear> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma,
-                               const at::Tensor& beta, const at::Tensor& w, const at::Tensor& b, double eps) {
+                               const at::Tensor& beta, const at::Tensor& w, const at::Tensor& b, double eps,
+                               int64_t parts) {
+    TORCH_CHECK(parts >= 1 && w.size(0) % parts == 0, "ln_linear: ", w.size(0), " outputs in ", parts, " parts");
     auto normed = norm(x, gamma, beta, eps);
     ctx->save_for_backward({x, gamma, beta, w, b});
     save_ln(ctx, normed, eps);
-    return {product(rows(normed.y), w.t(), b).view(with_last(x, w.size(0))), x};
+    ctx->saved_data["parts"] = parts;
+    auto y = product(rows(normed.y), w.t(), b).view(with_last(x, w.size(0)));
+    variable_list outs = parts == 1 ? variable_list{y} : y.split(w.size(0) / parts, -1);
+    outs.push_back(x);
+    return outs;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     const auto &x = s[0], &gamma = s[1], &beta = s[2], &w = s[3], &b = s[4];
-    auto gy = rows(grads[0]);
-    auto gb = bias_grad(b, gy);
+    const auto parts = ctx->saved_data["parts"].toInt();
+    auto [gy, gb] = joined_grad_and_bias(b, variable_list(grads.begin(), grads.begin() + parts));
     auto gxn = product(gy, w).view(x.sizes());
-    // grads[1]: the passed-on x's gradient (zeros, as autograd materialises it, where nothing used it).
-    auto [gx, ggamma, gbeta, xn] = ln_backward(gxn, saved_ln(ctx, x, gamma, beta), grads[1]);
+    // The passed-on x's gradient (zeros, as autograd materialises it, where nothing used it).
+    auto [gx, ggamma, gbeta, xn] = ln_backward(gxn, saved_ln(ctx, x, gamma, beta), grads[parts]);
     gxn.reset();
     auto gw = weight_grad(w, gy.t(), rows(xn));
-    return {gx, ggamma, gbeta, gw, gb, at::Tensor()};
+    return {gx, ggamma, gbeta, gw, gb, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -895,11 +931,11 @@ int zb_embedding(at::Tensor* w, at::Tensor* indices, void** out) {
 }
 
 int zb_ln_linear(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, at::Tensor* b, double eps,
-                 void** out, void** passed) {
+                 int64_t parts, void** out, void** passed) {
   return guarded([&] {
-    auto outs = LnLinear::apply(*x, *gamma, *beta, *w, *b, eps);
-    *out = new at::Tensor(outs[0]);
-    *passed = new at::Tensor(outs[1]);
+    auto outs = LnLinear::apply(*x, *gamma, *beta, *w, *b, eps, parts);
+    for (int64_t i = 0; i < parts; ++i) out[i] = new at::Tensor(outs[i]);
+    *passed = new at::Tensor(outs[parts]);
   });
 }
 

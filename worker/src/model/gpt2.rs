@@ -78,11 +78,11 @@ impl Gpt2 {
     }
 
     fn block(&self, p: &[Tensor], x: &Tensor) -> Result<Vec<Tensor>, TchError> {
-        let (c, nh) = (dim(self.dims.d_model), dim(self.dims.n_head));
-        // The residual comes back out of the node, so that its gradient joins x's there.
-        let LnLinear { y: qkv, residual } = ln_linear(x, &p[0], &p[1], &p[2], &p[3], LN_EPS)?;
-        let parts = qkv.f_split(c, 2)?;
-        let (q, k, v) = (split_heads(&parts[0], nh)?, split_heads(&parts[1], nh)?, split_heads(&parts[2], nh)?);
+        let nh = dim(self.dims.n_head);
+        // q, k and v come out of the node apart, so that their gradients are joined there (with
+        // the bias gradient's sums); the residual too, so that its gradient joins x's there.
+        let LnLinear { y: qkv, residual } = ln_linear(x, &p[0], &p[1], &p[2], &p[3], LN_EPS, 3)?;
+        let (q, k, v) = (split_heads(&qkv[0], nh)?, split_heads(&qkv[1], nh)?, split_heads(&qkv[2], nh)?);
         let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)?;
         let x = residual_linear(&residual, &merge_heads(&y)?, &p[4], &p[5])?;
         Ok(vec![residual_ln_gelu_mlp(&x, [&p[6], &p[7], &p[8], &p[9], &p[10], &p[11]], LN_EPS)?])

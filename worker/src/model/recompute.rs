@@ -31,7 +31,7 @@
 /// too (`residual_linear`): it recomputes nothing, but its bias gradient is the same column-sum
 /// kernel as the nodes' on CUDA (`super::recompute_cuda`), and on 16-bit CUDA tensors the residual
 /// is added in the product's epilogue (`super::products_cuda`), as in the MLP's node. Its residual
-/// is `ln_linear`'s second output (x passed on), so the residual's gradient joins x's in the layer
+/// is `ln_linear`'s last output (x passed on), so the residual's gradient joins x's in the layer
 /// norm's backward kernel, as the MLP node's own residual's does.
 pub use crate::runtime::shim::{ln_linear, residual_linear, residual_ln_gelu_mlp, LnLinear, LnMlpParams};
 
@@ -48,6 +48,14 @@ mod tests {
     fn leaves(shapes: &[&[i64]], seed: i64) -> Vec<Tensor> {
         tch::manual_seed(seed);
         shapes.iter().map(|s| Tensor::randn(*s, (Kind::Double, Device::Cpu)).set_requires_grad(true)).collect()
+    }
+
+    /// Two sets of leaves of the same values, each collecting its own gradients: copies, since the
+    /// generator `leaves` seeds is the process's, which tests on other threads draw from too.
+    fn twin_leaves(shapes: &[&[i64]], seed: i64) -> (Vec<Tensor>, Vec<Tensor>) {
+        let ours = leaves(shapes, seed);
+        let theirs = ours.iter().map(|t| t.detach().copy().set_requires_grad(true)).collect();
+        (ours, theirs)
     }
 
     fn assert_close(what: &str, got: &Tensor, want: &Tensor) {
@@ -67,9 +75,7 @@ mod tests {
         node: impl Fn(&[Tensor]) -> Tensor,
         composed: impl Fn(&[Tensor]) -> Tensor,
     ) {
-        let ours = leaves(shapes, 1);
-        // Fresh leaves of the same values, so each side collects its own gradients.
-        let theirs: Vec<Tensor> = ours.iter().map(|t| t.detach().copy().set_requires_grad(true)).collect();
+        let (ours, theirs) = twin_leaves(shapes, 1);
         let (y, want) = (node(&ours), composed(&theirs));
         assert_close("value", &y, &want);
         let g = upstream.unwrap_or_else(|| {
@@ -94,7 +100,7 @@ mod tests {
             &[&[2, 3, 8], &[8], &[8], &[5, 8], &[5]],
             &["x", "gamma", "beta", "w", "b"],
             None,
-            |t| ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap().y,
+            |t| ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS, 1).unwrap().y.remove(0),
             composed_ln_linear,
         );
     }
@@ -142,9 +148,9 @@ mod tests {
             &["x", "gamma", "beta", "w", "b", "w2", "b2"],
             None,
             |t| {
-                let o = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap();
+                let o = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS, 1).unwrap();
                 assert_eq!(o.residual.data_ptr(), t[0].data_ptr(), "x is passed on, not copied");
-                residual_linear(&o.residual, &o.y, &t[5], &t[6]).unwrap()
+                residual_linear(&o.residual, &o.y[0], &t[5], &t[6]).unwrap()
             },
             |t| &t[0] + composed_ln_linear(t).linear(&t[5], Some(&t[6])),
         );
@@ -160,7 +166,7 @@ mod tests {
             &[&[3, 2, 8], &[8], &[8], &[5, 8], &[5]],
             &["x", "gamma", "beta", "w", "b"],
             Some(g),
-            |t| ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap().y,
+            |t| ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS, 1).unwrap().y.remove(0),
             composed_ln_linear,
         );
     }
@@ -180,7 +186,7 @@ mod tests {
         let offsets: Vec<usize> = numels.iter().scan(3, |o, n| Some(std::mem::replace(o, *o + n))).collect();
         let end = offsets[6] + numels[6];
         let mlp = |t: &[Tensor]| residual_ln_gelu_mlp(&t[0], [&t[1], &t[2], &t[3], &t[4], &t[5], &t[6]], EPS).unwrap();
-        let (ours, theirs) = (leaves(&shapes, 1), leaves(&shapes, 1));
+        let (ours, theirs) = twin_leaves(&shapes, 1);
         let g = Tensor::randn([2, 3, 8], (Kind::Double, Device::Cpu));
         shim::backward(&[&mlp(&theirs)], &[&g]).unwrap();
         let want = Tensor::cat(&theirs.iter().map(|t| t.grad().reshape([-1])).collect::<Vec<_>>(), 0);
@@ -215,10 +221,10 @@ mod tests {
         // is added when the gradients are moved in.
         let shapes: [&[i64]; 5] = [&[2, 3, 8], &[8], &[8], &[8, 8], &[8]];
         let twice = |t: &[Tensor]| {
-            let h = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap().y;
+            let h = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS, 1).unwrap().y.remove(0);
             residual_linear(&t[0], &h, &t[3], &t[4]).unwrap() + t[0].matmul(&t[3])
         };
-        let (ours, theirs) = (leaves(&shapes, 2), leaves(&shapes, 2));
+        let (ours, theirs) = twin_leaves(&shapes, 2);
         let buf = flat(64, 7.0);
         shim::grad_into(&ours[3], &buf, 0, false).unwrap();
         let g = Tensor::ones([2, 3, 8], (Kind::Double, Device::Cpu));
@@ -246,10 +252,64 @@ mod tests {
         assert_close("zeros", &buf, &flat(32, 0.0));
     }
 
+    /// q, k and v as GPT-2 takes them: the three blocks of one product's columns, combined so
+    /// that each block's gradient differs (a node that joined them in another order, or dropped
+    /// one, fails the w and b checks). `unused`: k goes unused, so its gradient is autograd's zeros.
+    fn three_parts(t: &[Tensor], parts: &[Tensor], unused: bool) -> Tensor {
+        let (q, k, v) = (&parts[0], &parts[1], &parts[2]);
+        let mixed = if unused { q * 2.0 } else { q * k };
+        mixed + v.tanh() + t[0].narrow(2, 0, 2)
+    }
+
+    #[test]
+    fn ln_linear_in_three_parts_joins_their_gradients_and_sums_the_bias_gradient() {
+        // x: [2, 3, 8]; w: [6, 8], three blocks of two columns.
+        for unused in [false, true] {
+            matches_composed(
+                &[&[2, 3, 8], &[8], &[8], &[6, 8], &[6]],
+                &["x", "gamma", "beta", "w", "b"],
+                None,
+                |t| {
+                    let o = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS, 3).unwrap();
+                    assert_eq!(o.y.len(), 3);
+                    three_parts(t, &o.y, unused)
+                },
+                |t| three_parts(t, &composed_ln_linear(t).split(2, 2), unused),
+            );
+        }
+    }
+
+    #[test]
+    fn a_joined_bias_gradient_lands_in_its_place() {
+        // The bias placed in a buffer (as the engine places a unit's): the joined gradient's column
+        // sums are written there, and .grad stays empty.
+        let shapes: [&[i64]; 5] = [&[2, 3, 8], &[8], &[8], &[6, 8], &[6]];
+        let (ours, theirs) = twin_leaves(&shapes, 6);
+        let run = |t: &[Tensor]| {
+            let o = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS, 3).unwrap();
+            three_parts(t, &o.y, false)
+        };
+        let buf = flat(10, 3.0);
+        shim::grad_into(&ours[4], &buf, 2, false).unwrap();
+        let g = Tensor::randn([2, 3, 2], (Kind::Double, Device::Cpu));
+        shim::backward(&[&run(&ours)], &[&g]).unwrap();
+        shim::backward(&[&run(&theirs)], &[&g]).unwrap();
+        assert!(!ours[4].grad().defined(), "a placed bias gets no .grad");
+        assert_eq!(shim::take_grads(&ours[4..5], &[2], &buf, false).unwrap(), 1);
+        assert_close("b in place", &buf.narrow(0, 2, 6), &theirs[4].grad());
+        assert_close("around it", &buf.narrow(0, 0, 2), &flat(2, 3.0));
+    }
+
     #[test]
     fn a_shape_mismatch_is_an_error_not_a_crash() {
         let t = leaves(&[&[2, 3, 8], &[8], &[8], &[5, 7], &[5]], 4);
-        let err = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS).unwrap_err();
+        let err = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS, 1).unwrap_err();
         assert!(err.to_string().contains("mat"), "{err}");
+        // Parts that do not divide the outputs, or none.
+        let t = leaves(&[&[2, 3, 8], &[8], &[8], &[5, 8], &[5]], 4);
+        for parts in [0, 3] {
+            let err = ln_linear(&t[0], &t[1], &t[2], &t[3], &t[4], EPS, parts).unwrap_err();
+            assert!(err.to_string().contains(&format!("5 outputs in {parts} parts")), "{err}");
+        }
     }
 }

@@ -35,6 +35,11 @@
 //!   variant writes `gelu'(h)·g` over `g` as it goes and, in the same pass, the recomputed
 //!   `gelu(h)` the second layer's weight gradient needs (with the same function as the forward
 //!   kernel: the same bits), so `h` is read once in the backward pass; both come from one `tanh`.
+//!   The join variant (`join_col_sum_*`) writes the gradients of q, k and v side by side into the
+//!   gradient of the product that made them and sums its columns as it copies them: in a gpt2-xl
+//!   step autograd's join of the split (19.7 µs a block) and the bias gradient's column sum that
+//!   read the joined gradient again (13.4 µs) were two passes over it. Its grid and order of sums
+//!   are the plain column sum's over the joined gradient, so the bias gradient has the same bits.
 //! * `reduce_parts_*`: the layer norm's partial sums' rows added, in order, into the gradients'
 //!   precision.
 //! * `scale_*`: the LM head's node's gradients times the upstream gradient (one fp32 value on
@@ -152,14 +157,17 @@ extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ x, 
 
 /* Block (32, COL_SUM_ROWS): lane x sums vector column blockIdx.x * 32 + x over rows y,
    y + COL_SUM_ROWS * gridDim.y, ...
-   of block row blockIdx.y; part[blockIdx.y][cols] gets the block's sums. With GELU, h holds the
-   GELU's input: act gets gelu(h) (the recomputed activation) and x (g) is overwritten with
-   gelu'(h)·g, whose stored values are summed; one tanh serves both. Two rows are loaded before
-   either is used, so that each lane has four loads in flight rather than two. */
-#define COL_SUM_ROW(T, VEC, N, LOAD, STORE, GELU, RAW, HR, R)                                        \
+   of block row blockIdx.y; part[blockIdx.y][cols] gets the block's sums. MODE 0: x's columns.
+   MODE 1 (the GELU): h holds the GELU's input: act gets gelu(h) (the recomputed activation) and x
+   (g) is overwritten with gelu'(h)·g, whose stored values are summed; one tanh serves both. MODE 2
+   (a join): x gets the three matrices s0, s1, s2 (rows of nvs vectors each) side by side, and
+   their columns are summed as they are copied. Two rows are loaded before either is used, so
+   that each lane has four loads in flight rather than two. */
+#define COL_SUM_ROW(T, VEC, N, LOAD, STORE, MODE, RAW, HR, R)                                        \
   {                                                                                                   \
     T* e = reinterpret_cast<T*>(&RAW);                                                                \
-    if (GELU) {                                                                                       \
+    if (MODE == 2) xv[(R) * nv + c] = RAW;                                                            \
+    if (MODE == 1) {                                                                                  \
       VEC ar;                                                                                         \
       const T* he = reinterpret_cast<const T*>(&HR);                                                  \
       T* ae = reinterpret_cast<T*>(&ar);                                                              \
@@ -173,9 +181,10 @@ extern "C" __global__ void __launch_bounds__(256) NAME(const T* __restrict__ x, 
     }                                                                                                 \
     _Pragma("unroll") for (int k = 0; k < N; ++k) acc[k] += LOAD(e[k]);                               \
   }
-#define COL_SUM(NAME, T, VEC, N, LOAD, STORE, GELU)                                                   \
+#define COL_SUM(NAME, T, VEC, N, LOAD, STORE, MODE)                                                   \
 extern "C" __global__ void __launch_bounds__(32 * COL_SUM_ROWS) NAME(T* __restrict__ x, const T* __restrict__ h, \
-    T* __restrict__ act, float* __restrict__ part, long long rows, long long nv,                      \
+    T* __restrict__ act, const T* __restrict__ s0, const T* __restrict__ s1, const T* __restrict__ s2, \
+    long long nvs, float* __restrict__ part, long long rows, long long nv,                             \
     unsigned int* __restrict__ done, T* __restrict__ out) {                                           \
   __shared__ float sm[COL_SUM_ROWS][32 * N];                                                          \
   __shared__ bool last;                                                                               \
@@ -185,18 +194,27 @@ extern "C" __global__ void __launch_bounds__(32 * COL_SUM_ROWS) NAME(T* __restri
   if (c < nv) {                                                                                       \
     VEC* xv = reinterpret_cast<VEC*>(x);                                                              \
     const VEC* hv = reinterpret_cast<const VEC*>(h);                                                  \
+    /* Where this lane's column is read from: x itself, or (a join) its column of s0, s1 or s2. */    \
+    const VEC* src = xv;                                                                              \
+    long long sw = nv, sc = c;                                                                        \
+    if (MODE == 2) {                                                                                  \
+      const int j = (int)(c / nvs);                                                                   \
+      src = reinterpret_cast<const VEC*>(j == 0 ? s0 : j == 1 ? s1 : s2);                             \
+      sw = nvs;                                                                                       \
+      sc = c - j * nvs;                                                                               \
+    }                                                                                                 \
     long long step = (long long)gridDim.y * COL_SUM_ROWS;                                             \
     long long r = (long long)blockIdx.y * COL_SUM_ROWS + threadIdx.y;                                 \
     for (; r + step < rows; r += 2 * step) {                                                          \
-      VEC raw0 = xv[r * nv + c], raw1 = xv[(r + step) * nv + c], hr0, hr1;                            \
-      if (GELU) { hr0 = hv[r * nv + c]; hr1 = hv[(r + step) * nv + c]; }                              \
-      COL_SUM_ROW(T, VEC, N, LOAD, STORE, GELU, raw0, hr0, r)                                         \
-      COL_SUM_ROW(T, VEC, N, LOAD, STORE, GELU, raw1, hr1, r + step)                                  \
+      VEC raw0 = src[r * sw + sc], raw1 = src[(r + step) * sw + sc], hr0, hr1;                        \
+      if (MODE == 1) { hr0 = hv[r * nv + c]; hr1 = hv[(r + step) * nv + c]; }                         \
+      COL_SUM_ROW(T, VEC, N, LOAD, STORE, MODE, raw0, hr0, r)                                         \
+      COL_SUM_ROW(T, VEC, N, LOAD, STORE, MODE, raw1, hr1, r + step)                                  \
     }                                                                                                 \
     if (r < rows) {                                                                                   \
-      VEC raw0 = xv[r * nv + c], hr0;                                                                 \
-      if (GELU) hr0 = hv[r * nv + c];                                                                 \
-      COL_SUM_ROW(T, VEC, N, LOAD, STORE, GELU, raw0, hr0, r)                                         \
+      VEC raw0 = src[r * sw + sc], hr0;                                                               \
+      if (MODE == 1) hr0 = hv[r * nv + c];                                                            \
+      COL_SUM_ROW(T, VEC, N, LOAD, STORE, MODE, raw0, hr0, r)                                         \
     }                                                                                                 \
   }                                                                                                   \
   _Pragma("unroll") for (int k = 0; k < N; ++k) sm[threadIdx.y][threadIdx.x * N + k] = acc[k];        \
@@ -262,12 +280,15 @@ extern "C" __global__ void NAME(const float* __restrict__ part, long long nparts
 GELU_FORWARD(gelu_forward_bf16, unsigned short, uint4, 8, bf2f, f2bf)
 GELU_FORWARD(gelu_forward_f16, unsigned short, uint4, 8, h2f, f2h)
 GELU_FORWARD(gelu_forward_f32, float, float4, 4, f2f, f2f)
-COL_SUM(col_sum_bf16, unsigned short, uint4, 8, bf2f, f2bf, false)
-COL_SUM(col_sum_f16, unsigned short, uint4, 8, h2f, f2h, false)
-COL_SUM(col_sum_f32, float, float4, 4, f2f, f2f, false)
-COL_SUM(gelu_backward_col_sum_bf16, unsigned short, uint4, 8, bf2f, f2bf, true)
-COL_SUM(gelu_backward_col_sum_f16, unsigned short, uint4, 8, h2f, f2h, true)
-COL_SUM(gelu_backward_col_sum_f32, float, float4, 4, f2f, f2f, true)
+COL_SUM(col_sum_bf16, unsigned short, uint4, 8, bf2f, f2bf, 0)
+COL_SUM(col_sum_f16, unsigned short, uint4, 8, h2f, f2h, 0)
+COL_SUM(col_sum_f32, float, float4, 4, f2f, f2f, 0)
+COL_SUM(gelu_backward_col_sum_bf16, unsigned short, uint4, 8, bf2f, f2bf, 1)
+COL_SUM(gelu_backward_col_sum_f16, unsigned short, uint4, 8, h2f, f2h, 1)
+COL_SUM(gelu_backward_col_sum_f32, float, float4, 4, f2f, f2f, 1)
+COL_SUM(join_col_sum_bf16, unsigned short, uint4, 8, bf2f, f2bf, 2)
+COL_SUM(join_col_sum_f16, unsigned short, uint4, 8, h2f, f2h, 2)
+COL_SUM(join_col_sum_f32, float, float4, 4, f2f, f2f, 2)
 REDUCE(reduce_parts_bf16, unsigned short, f2bf)
 REDUCE(reduce_parts_f16, unsigned short, f2h)
 REDUCE(reduce_parts_f32, float, f2f)
@@ -278,8 +299,10 @@ SCALE(scale_f32, float, float4, 4, f2f, f2f)
 );
 
 /// The kernels of [`SOURCE`], each in every precision: column sums, the GELU, the GELU's gradient
-/// with column sums, the partial sums' reduction, the scaling by a device value.
-pub(crate) const INSTANCES: &[&str; 5] = &["col_sum", "gelu_forward", "gelu_backward_col_sum", "reduce_parts", "scale"];
+/// with column sums, a join of three matrices with column sums, the partial sums' reduction, the
+/// scaling by a device value.
+pub(crate) const INSTANCES: &[&str; 6] =
+    &["col_sum", "gelu_forward", "gelu_backward_col_sum", "join_col_sum", "reduce_parts", "scale"];
 
 /// The layer norm's forward pass and backward pass (which also recomputes the forward's output
 /// for the weight gradient of the product after it), after `#define COLS <row length>` (a
@@ -543,6 +566,7 @@ pub struct NodeKernels {
     col_sum: Resident,
     gelu_forward: Instances,
     gelu_col_sum: Resident,
+    join_col_sum: Resident,
     reduce: Instances,
     scale: Instances,
     /// A counter per column strip of the column sums (zero between launches; see [`COL_SUM_STRIPS`]).
@@ -593,12 +617,14 @@ impl NodeKernels {
     /// Compiles the kernels that do not depend on a row length for this GPU's architecture.
     pub fn new(gpu: Arc<Gpu>) -> Result<Self, NodeKernelError> {
         let module = kernels::load(&gpu, SOURCE)?;
-        let [col_sum, gelu_forward, gelu_col_sum, reduce, scale] = INSTANCES.map(|name| Instances::load(&module, name));
+        let [col_sum, gelu_forward, gelu_col_sum, join_col_sum, reduce, scale] =
+            INSTANCES.map(|name| Instances::load(&module, name));
         let sms = kernels::multiprocessors(&gpu)?;
         Ok(Self {
             col_sum: Resident::new(col_sum?, COL_SUM_THREADS, sms)?,
             gelu_forward: gelu_forward?,
             gelu_col_sum: Resident::new(gelu_col_sum?, COL_SUM_THREADS, sms)?,
+            join_col_sum: Resident::new(join_col_sum?, COL_SUM_THREADS, sms)?,
             reduce: reduce?,
             scale: scale?,
             strips_done: StripCounters::new(&gpu)?,
@@ -771,20 +797,20 @@ impl NodeKernels {
         Ok(Outcome::Done)
     }
 
-    /// `out` = the column sums of `x` (rows of `out.numel()`); with `gelu` = `(h, act)`, `act`
-    /// gets `gelu_tanh(h)` and `x` is first replaced by `gelu_tanh'(h) · x`.
-    fn col_sum(&self, x: &Tensor, gelu: Option<(&Tensor, &Tensor)>, out: &Tensor) -> Result<Outcome, NodeKernelError> {
+    /// `out` = the column sums of `x` (rows of `out.numel()`), after what `with` writes to `x`.
+    fn col_sum(&self, x: &Tensor, with: SumOf<'_>, out: &Tensor) -> Result<Outcome, NodeKernelError> {
         let Some(p) = Precision::of(x.kind()) else { return Ok(Outcome::Declined) };
         let cols = out.numel() as i64;
         let rows = if cols > 0 { x.numel() as i64 / cols } else { 0 };
         let n = x.numel() as i64;
-        let ok = |t: &Tensor| holds(t, x.kind(), n) && aligned(t);
-        if rows == 0
-            || n != rows * cols
-            || cols % p.vector() != 0
-            || !ok(x)
-            || !gelu.is_none_or(|(h, act)| ok(h) && ok(act))
-            || !holds(out, x.kind(), cols)
+        let ok = |t: &Tensor, n: i64| holds(t, x.kind(), n) && aligned(t);
+        let taken = match with {
+            SumOf::X => true,
+            SumOf::GeluGrad { h, act } => ok(h, n) && ok(act, n),
+            // Each part's rows of whole vectors.
+            SumOf::Join(parts) => cols % (3 * p.vector()) == 0 && parts.iter().all(|t| ok(t, n / 3)),
+        };
+        if rows == 0 || n != rows * cols || cols % p.vector() != 0 || !ok(x, n) || !taken || !holds(out, x.kind(), cols)
         {
             return Ok(Outcome::Declined);
         }
@@ -794,9 +820,10 @@ impl NodeKernels {
         if blocks_x > COL_SUM_STRIPS {
             return Ok(Outcome::Declined);
         }
-        let ((func, resident), hp, actp) = match gelu {
-            Some((h, act)) => (self.gelu_col_sum.get(p), ptr(h), ptr(act)),
-            None => (self.col_sum.get(p), 0, 0),
+        let ((func, resident), hp, actp, sp, nvs) = match with {
+            SumOf::X => (self.col_sum.get(p), 0, 0, [0; 3], 0),
+            SumOf::GeluGrad { h, act } => (self.gelu_col_sum.get(p), ptr(h), ptr(act), [0; 3], 0),
+            SumOf::Join(parts) => (self.join_col_sum.get(p), 0, 0, parts.map(ptr), nv / 3),
         };
         let blocks_y = col_sum_block_rows(resident, blocks_x, rows);
         let part = Tensor::f_empty([i64::from(blocks_y), cols], (Kind::Float, x.device()))?;
@@ -807,11 +834,12 @@ impl NodeKernels {
         };
         let (xp, pp, done, outp) = (ptr(x), ptr(&part), self.strips_done.ptr, ptr(out));
         let mut launch = self.gpu.compute.launch_builder(func);
-        launch.arg(&xp).arg(&hp).arg(&actp).arg(&pp).arg(&rows).arg(&nv).arg(&done).arg(&outp);
-        // SAFETY: as in `ln_backward`; `h` and `act` are not touched without the GELU; `done`
-        // holds a counter for each of the `blocks_x` strips, every one zero between launches on
-        // this (the only) stream that runs them; `out` holds `cols` values of the kernel's
-        // precision.
+        launch.arg(&xp).arg(&hp).arg(&actp).arg(&sp[0]).arg(&sp[1]).arg(&sp[2]).arg(&nvs);
+        launch.arg(&pp).arg(&rows).arg(&nv).arg(&done).arg(&outp);
+        // SAFETY: as in `ln_backward`; `h` and `act` are touched only by the GELU's kernel and the
+        // parts only by the join's (each `rows · nvs` vectors); `done` holds a counter for each of
+        // the `blocks_x` strips, every one zero between launches on this (the only) stream that
+        // runs them; `out` holds `cols` values of the kernel's precision.
         unsafe { launch.launch(cfg) }?;
         Ok(Outcome::Done)
     }
@@ -839,6 +867,19 @@ impl NodeKernels {
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }
+}
+
+/// What a column sum writes to the matrix it sums, before summing it.
+#[derive(Clone, Copy)]
+enum SumOf<'a> {
+    /// Nothing: the matrix's own columns.
+    X,
+    /// The GELU's gradient: the matrix (the GELU's output gradient) becomes `gelu_tanh'(h)` times
+    /// itself, and `act` gets the GELU's output `gelu_tanh(h)`.
+    GeluGrad { h: &'a Tensor, act: &'a Tensor },
+    /// A join: the matrix gets the three matrices side by side (the gradients of q, k and v into
+    /// that of their product), each a third of its columns.
+    Join([&'a Tensor; 3]),
 }
 
 /// The precision and the rows and row length of `x` (over its last dimension) when the layer
@@ -1029,6 +1070,7 @@ pub fn install(gpu: &Arc<Gpu>) {
                     col_sum: Some(col_sum_cb),
                     gelu_forward: Some(gelu_forward_cb),
                     gelu_backward_col_sum: Some(gelu_backward_col_sum_cb),
+                    join_col_sum: Some(join_col_sum_cb),
                     gelu_up: Some(gelu_up_cb),
                     residual: Some(residual_cb),
                     matmul: Some(matmul_cb),
@@ -1156,10 +1198,11 @@ macro_rules! tensors_cb {
     };
 }
 
-tensors_cb!(col_sum_cb(x, out) => |k| k.col_sum(&x, None, &out));
+tensors_cb!(col_sum_cb(x, out) => |k| k.col_sum(&x, SumOf::X, &out));
 tensors_cb!(scale_cb(x, u, out) => |k| k.scale(&x, &u, &out));
 tensors_cb!(gelu_forward_cb(h, a) => |k| k.gelu_forward(&h, &a));
-tensors_cb!(gelu_backward_col_sum_cb(g, h, act, out) => |k| k.col_sum(&g, Some((&h, &act)), &out));
+tensors_cb!(gelu_backward_col_sum_cb(g, h, act, out) => |k| k.col_sum(&g, SumOf::GeluGrad { h: &h, act: &act }, &out));
+tensors_cb!(join_col_sum_cb(s0, s1, s2, x, out) => |k| k.col_sum(&x, SumOf::Join([&s0, &s1, &s2]), &out));
 tensors_cb!(gelu_up_cb(x, w1, b1, h, a) => |k| {
     k.with_products(&EPILOGUE_PRODUCTS, |e| e.gelu_up(&x, &w1, &b1, &h, &a))
 });

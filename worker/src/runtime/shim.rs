@@ -113,6 +113,9 @@ pub struct NodeKernelFns {
     /// `(g, h, act, out, stream, err, cap)`: `act` = `gelu_tanh(h)`, `g` = `gelu_tanh'(h) · g`,
     /// then `out` = its column sums.
     pub gelu_backward_col_sum: Option<FourTensorFn>,
+    /// `(s0, s1, s2, x, out, stream, err, cap)`: `x` = `s0`, `s1` and `s2` side by side (rows of
+    /// a third of `x`'s each), then `out` = its column sums.
+    pub join_col_sum: Option<FiveTensorFn>,
     /// `(x, w1, b1, h, a, stream, err, cap)`: `h` = `x·w1ᵀ + b1`, `a` = `gelu_tanh(h)`.
     pub gelu_up: Option<FiveTensorFn>,
     /// `(res, x, w, b, out, stream, err, cap)`: `out` = `res + x·wᵀ + b`.
@@ -191,6 +194,7 @@ extern "C" {
         w: CTensor,
         b: CTensor,
         eps: f64,
+        parts: i64,
         out: *mut CTensor,
         passed: *mut CTensor,
     ) -> c_int;
@@ -501,17 +505,20 @@ pub fn embedding(w: &Tensor, indices: &Tensor) -> Result<Tensor, ShimError> {
 /// sub-block.
 #[derive(Debug)]
 pub struct LnLinear {
-    /// `linear(layer_norm(x, gamma, beta, eps), w, b)`.
-    pub y: Tensor,
-    /// `x`, as the node's second output (a view of it): its gradient reaches the node's backward,
+    /// `linear(layer_norm(x, gamma, beta, eps), w, b)` as the equal blocks of its columns asked
+    /// for (views of one output; GPT-2's q, k and v): the node joins their gradients itself, with
+    /// the bias gradient's column sums in the same pass on CUDA.
+    pub y: Vec<Tensor>,
+    /// `x`, as the node's last output (a view of it): its gradient reaches the node's backward,
     /// which adds it to `x`'s in the layer norm's backward kernel. Take the residual from here,
     /// not from `x`, or autograd sums the two gradients in a kernel of its own.
     pub residual: Tensor,
 }
 
-/// `linear(layer_norm(x, gamma, beta, eps), w, b)` over the last dimension, as one autograd node
-/// whose backward recomputes the normalised `x` (`model::recompute` says why), with `x` passed on
-/// for the residual addition ([`LnLinear`]).
+/// `linear(layer_norm(x, gamma, beta, eps), w, b)` over the last dimension in `parts` blocks of
+/// its columns (at least one, dividing `w`'s rows), as one autograd node whose backward recomputes
+/// the normalised `x` (`model::recompute` says why), with `x` passed on for the residual addition
+/// ([`LnLinear`]).
 pub fn ln_linear(
     x: &Tensor,
     gamma: &Tensor,
@@ -519,13 +526,16 @@ pub fn ln_linear(
     w: &Tensor,
     b: &Tensor,
     eps: f64,
+    parts: usize,
 ) -> Result<LnLinear, ShimError> {
     let p = |t: &Tensor| t.as_ptr() as CTensor;
-    let (mut out, mut passed) = (std::ptr::null_mut(), std::ptr::null_mut());
-    // SAFETY: live tensors and valid out-pointers.
-    check(unsafe { zb_ln_linear(p(x), p(gamma), p(beta), p(w), p(b), eps, &mut out, &mut passed) })?;
+    let mut out = vec![std::ptr::null_mut(); parts];
+    let mut passed = std::ptr::null_mut();
+    let n = i64::try_from(parts).map_err(|_| ShimError(format!("ln_linear: {parts} parts")))?;
+    // SAFETY: live tensors and valid out-pointers, `parts` of them for the blocks.
+    check(unsafe { zb_ln_linear(p(x), p(gamma), p(beta), p(w), p(b), eps, n, out.as_mut_ptr(), &mut passed) })?;
     // SAFETY: on success the shim wrote a new tensor to each.
-    Ok(unsafe { LnLinear { y: owned(out), residual: owned(passed) } })
+    Ok(unsafe { LnLinear { y: out.into_iter().map(|t| owned(t)).collect(), residual: owned(passed) } })
 }
 
 /// Hands the nodes [`residual_linear`], [`ln_linear`] and [`residual_ln_gelu_mlp`] kernels of the
