@@ -67,10 +67,6 @@
 //!   x's in the layer norm's backward kernel), causal attention between, against the composed
 //!   operations (libtorch's split of one product), in fp32 (768 wide) and bf16 (1600): the output
 //!   and every input's gradient within 1e-5 or 2e-2 relative, every kernel of both nodes taken.
-//! * `block_sums`: the MLP's node after the attention's output projection, as GPT-2 chains them:
-//!   the projection's bias gradient is the column sums the MLP's layer norm backward kernel made
-//!   of the gradient it passed down (one column-sum kernel fewer), against the composed
-//!   operations in fp32 (768 wide) and bf16 (1600), values and every gradient within 1e-5 or 2e-2.
 //! * `ln_recomputed`: the layer norm's output as its backward kernel recomputes it (from the
 //!   forward's mean and deviation, for the weight gradient after it) bit-identical to the forward
 //!   kernel's, in bf16, fp16 and fp32 at the GPT-2 presets' widths (768, 1024, 1280, 1600) and
@@ -851,67 +847,6 @@ fn attention_residual(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
     }
 }
 
-/// The MLP sub-block after the attention's output projection, as GPT-2 chains them: the MLP's layer
-/// norm backward kernel sums the columns of the gradient it passes down, and the projection's bias
-/// gradient is those sums, its own column sum not run. Against the composed operations on the
-/// GPU, values and every gradient, every kernel taken, none declined, one column sum fewer than
-/// the two nodes run apart.
-fn block_sums(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
-    use zerobench_worker::model::recompute::{residual_linear, residual_ln_gelu_mlp};
-    use zerobench_worker::model::recompute_cuda;
-    recompute_cuda::install(gpu);
-    let cuda = Device::Cuda(0);
-    let eps = 1e-5;
-    for (kind, tol, rows, d) in [(Kind::Float, 1e-5, 333i64, 768i64), (Kind::BFloat16, 2e-2, 999, 1600)] {
-        tch::manual_seed(18);
-        let leaf = |shape: &[i64], scale: f64| {
-            (Tensor::randn(shape, (Kind::Float, cuda)) * scale).to_kind(kind).set_requires_grad(true)
-        };
-        // The residual, the attention's output, the projection's weight and bias; the MLP's layer
-        // norm and two layers.
-        let ins = [
-            leaf(&[1, rows, d], 1.0),
-            leaf(&[1, rows, d], 1.0),
-            leaf(&[d, d], 0.05),
-            leaf(&[d], 0.1),
-            leaf(&[d], 1.0),
-            leaf(&[d], 0.1),
-            leaf(&[4 * d, d], 0.05),
-            leaf(&[4 * d], 0.1),
-            leaf(&[d, 4 * d], 0.05),
-            leaf(&[d], 0.1),
-        ];
-        let g = Tensor::randn([1, rows, d], (Kind::Float, cuda)).to_kind(kind);
-        let AgainstComposed { kernels, value, grads, worst } = against_composed(
-            &ins,
-            &g,
-            |t| {
-                let x = residual_linear(&t[0], &t[1], &t[2], &t[3]).expect("node");
-                residual_ln_gelu_mlp(&x, [&t[4], &t[5], &t[6], &t[7], &t[8], &t[9]], eps).expect("node")
-            },
-            |t| {
-                let x = &t[0] + t[1].linear(&t[2], Some(&t[3]));
-                let mlp = x
-                    .layer_norm([d], Some(&t[4]), Some(&t[5]), eps, true)
-                    .linear(&t[6], Some(&t[7]))
-                    .gelu("tanh")
-                    .linear(&t[8], Some(&t[9]));
-                &x + mlp
-            },
-        );
-        let half = kind != Kind::Float;
-        // The MLP's node (`recompute`'s count) and the projection's, less its column sum.
-        let expected = residual_linear_kernels(half) - 1 + if half { 10 } else { 5 };
-        r.check(
-            "block_sums",
-            worst <= tol && kernels == (expected, 0),
-            json!({"kind": format!("{kind:?}"), "rows": rows, "d_model": d, "output_relative_error": value,
-                   "grad_relative_errors": grads, "bound": tol,
-                   "node_kernels": {"ran": kernels.0, "declined": kernels.1, "expected": [expected, 0]}}),
-        );
-    }
-}
-
 /// The layer norm's output as the backward kernel recomputes it has the forward kernel's bits (what
 /// the weight gradients after a layer norm take is then what the forward pass's product took), in
 /// each precision at the GPT-2 presets' widths and at the kernels' limit, with a row count that
@@ -1360,7 +1295,6 @@ fn main() {
     given_grads_scaled(&mut r, &gpu);
     recompute(&mut r, &gpu);
     attention_residual(&mut r, &gpu);
-    block_sums(&mut r, &gpu);
     ln_recomputed(&mut r, &gpu);
     lt_products(&mut r, &gpu);
     linear_node(&mut r, &gpu);

@@ -17,10 +17,8 @@
 //!   are read once for all three gradients and for the normalised input, which the kernel writes
 //!   again for the weight gradient of the product after the layer norm (from the kept mean and
 //!   deviation, with the forward kernel's function: the same bits), instead of a forward kernel
-//!   run again to recompute it. A thread's columns' sums of `dy·x̂` and `dy`, and of the input
-//!   gradient it writes (the bias gradient of the linear layer that gradient goes to next: the
-//!   shim's known sums, which spare that layer a column sum), stay in its registers over the
-//!   block's rows, and each block writes one row of fp32 partial sums; the rows' sums go
+//!   run again to recompute it. A thread's columns' sums of `dy·x̂` and `dy` stay in its registers
+//!   over the block's rows, and each block writes one row of fp32 partial sums; the rows' sums go
 //!   through shuffles and shared memory, warps added in order, so everything comes out the same
 //!   every run. The row length is a compile-time constant (compiled per model width on first
 //!   use). Where the layer norm's input is also the residual stream that skips the sub-block (the
@@ -261,11 +259,11 @@ extern "C" __global__ void __launch_bounds__(32 * COL_SUM_ROWS) NAME(T* __restri
   if (threadIdx.x == 0 && threadIdx.y == 0) done[blockIdx.x] = 0;                                     \
 }
 
-/* Block (32, COL_SUM_ROWS): column c of the nparts rows of part (cols each) summed; columns go to
-   out0, out1 and out2 in turn, width each. */
+/* Block (32, COL_SUM_ROWS): column c of the nparts rows of part (cols each) summed; columns below split go
+   to out0, the rest to out1. */
 #define REDUCE(NAME, T, STORE)                                                                        \
 extern "C" __global__ void NAME(const float* __restrict__ part, long long nparts, long long cols,     \
-    long long width, T* __restrict__ out0, T* __restrict__ out1, T* __restrict__ out2) {              \
+    long long split, T* __restrict__ out0, T* __restrict__ out1) {                                    \
   __shared__ float sm[COL_SUM_ROWS][33];                                                              \
   long long c = (long long)blockIdx.x * 32 + threadIdx.x;                                             \
   float s = 0.f;                                                                                      \
@@ -275,9 +273,7 @@ extern "C" __global__ void NAME(const float* __restrict__ part, long long nparts
   if (threadIdx.y == 0 && c < cols) {                                                                 \
     float t = 0.f;                                                                                    \
     _Pragma("unroll") for (int y = 0; y < COL_SUM_ROWS; ++y) t += sm[y][threadIdx.x];                 \
-    if (c < width) out0[c] = STORE(t);                                                                \
-    else if (c < 2 * width) out1[c - width] = STORE(t);                                               \
-    else out2[c - 2 * width] = STORE(t);                                                              \
+    if (c < split) out0[c] = STORE(t); else out1[c - split] = STORE(t);                               \
   }                                                                                                   \
 }
 
@@ -320,9 +316,8 @@ pub(crate) const INSTANCES: &[&str; 6] =
 /// gamma and beta and its columns' sums of `dy·x̂` and `dy` over the block's rows in registers, and
 /// holds its vectors of the rows' x and dy from the first pass to the second; the rows' two sums
 /// go through a warp's shuffles and then shared memory, the warps added in order, so everything
-/// comes out in the same order every run. `part` gets one row of `3 · COLS` fp32 sums per block
-/// (`dy·x̂`, `dy`, and the input gradient as stored: the bias gradient of the linear layer whose
-/// output gradient it is next, `known sums` in the shim). A warp per row before (every warp adding its rows' column sums into a
+/// comes out in the same order every run. `part` gets one row of `2 · COLS` fp32 sums per block
+/// (`dy·x̂`, then `dy`). A warp per row before (every warp adding its rows' column sums into a
 /// slice of shared memory of its own) left two or three blocks of four warps on a multiprocessor
 /// and ran at about 2 TB/s.
 pub(crate) const LN_SOURCE: &str = concat!(
@@ -362,14 +357,14 @@ extern "C" __global__ void __launch_bounds__(LN_BW_THREADS(N)) NAME(            
   __shared__ float red[2][R][2][W];                                                                   \
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;                                            \
   const bool mine = t < NV;                                                                           \
-  float g[N], b[N], sg[N], sb[N], sd[N];                                                              \
+  float g[N], b[N], sg[N], sb[N];                                                                     \
   if (mine) {                                                                                         \
     const VEC gv = reinterpret_cast<const VEC*>(gamma)[t], bv = reinterpret_cast<const VEC*>(beta)[t]; \
     const T* ge = reinterpret_cast<const T*>(&gv);                                                   \
     const T* be = reinterpret_cast<const T*>(&bv);                                                   \
     _Pragma("unroll") for (int k = 0; k < N; ++k) { g[k] = LOAD(ge[k]); b[k] = LOAD(be[k]); }        \
   }                                                                                                   \
-  _Pragma("unroll") for (int k = 0; k < N; ++k) { sg[k] = 0.f; sb[k] = 0.f; sd[k] = 0.f; }           \
+  _Pragma("unroll") for (int k = 0; k < N; ++k) { sg[k] = 0.f; sb[k] = 0.f; }                         \
   int set = 0;                                                                                        \
   for (long long r0 = (long long)blockIdx.x * R; r0 < rows; r0 += (long long)gridDim.x * R) {         \
     VEC xa[R], da[R];                                                                                 \
@@ -426,7 +421,6 @@ extern "C" __global__ void __launch_bounds__(LN_BW_THREADS(N)) NAME(            
           float xh = (LOAD(xe[k]) - mu[i]) * rs[i], dyg = LOAD(de[k]) * g[k];                         \
           float v = rs[i] * (dyg - a2 - xh * a1);                                                     \
           oe[k] = STORE(dres ? v + LOAD(re[k]) : v);                                                  \
-          sd[k] += LOAD(oe[k]);                                                                       \
         }                                                                                             \
         reinterpret_cast<VEC*>(dx + r * COLS)[t] = o;                                                 \
       }                                                                                               \
@@ -434,10 +428,8 @@ extern "C" __global__ void __launch_bounds__(LN_BW_THREADS(N)) NAME(            
     set ^= 1;                                                                                         \
   }                                                                                                   \
   if (mine) {                                                                                         \
-    float* out = part + (long long)blockIdx.x * 3 * COLS + t * N;                                     \
-    _Pragma("unroll") for (int k = 0; k < N; ++k) {                                                   \
-      out[k] = sg[k]; out[COLS + k] = sb[k]; out[2 * COLS + k] = sd[k];                               \
-    }                                                                                                 \
+    float* out = part + (long long)blockIdx.x * 2 * COLS + t * N;                                     \
+    _Pragma("unroll") for (int k = 0; k < N; ++k) { out[k] = sg[k]; out[COLS + k] = sb[k]; }          \
   }                                                                                                   \
 }
 
@@ -725,11 +717,10 @@ impl NodeKernels {
         xn: &Tensor,
         dgamma: &Tensor,
         dbeta: &Tensor,
-        dsum: &Tensor,
     ) -> Result<Outcome, NodeKernelError> {
         let Some((p, rows, cols)) = ln_rows(x) else { return Ok(Outcome::Declined) };
         if ![dy, x, dx, xn].iter().chain(dres.as_ref()).all(|t| holds(t, x.kind(), rows * cols) && aligned(t))
-            || ![gamma, beta, dgamma, dbeta, dsum].iter().all(|t| holds(t, x.kind(), cols))
+            || ![gamma, beta, dgamma, dbeta].iter().all(|t| holds(t, x.kind(), cols))
             || ![mean, rstd].iter().all(|t| holds(t, Kind::Float, rows))
         {
             return Ok(Outcome::Declined);
@@ -737,7 +728,7 @@ impl NodeKernels {
         let k = self.ln_kernels(cols)?;
         let (backward, most) = k.backward.get(p);
         let grid = balanced_grid(most, (rows + LN_BACKWARD_ROWS - 1) / LN_BACKWARD_ROWS);
-        let part = Tensor::f_empty([i64::from(grid), 3 * cols], (Kind::Float, x.device()))?;
+        let part = Tensor::f_empty([i64::from(grid), 2 * cols], (Kind::Float, x.device()))?;
         let cfg =
             LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (k.backward.threads(p), 1, 1), shared_mem_bytes: 0 };
         let (dyp, xp, mp, rp, gp, bp) = (ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(gamma), ptr(beta));
@@ -759,7 +750,7 @@ impl NodeKernels {
         // loaded by vector (checked above), alive until the kernel has run: libtorch frees them in
         // stream order, on this stream.
         unsafe { launch.launch(cfg) }?;
-        self.reduce(p, &part, i64::from(grid), [dgamma, dbeta, dsum])?;
+        self.reduce(p, &part, i64::from(grid), 2 * cols, cols, dgamma, dbeta)?;
         Ok(Outcome::Done)
     }
 
@@ -853,17 +844,26 @@ impl NodeKernels {
         Ok(Outcome::Done)
     }
 
-    /// Adds the `nparts` rows of `part` (fp32, the widths of `outs` side by side) into `outs`.
-    fn reduce(&self, p: Precision, part: &Tensor, nparts: i64, outs: [&Tensor; 3]) -> Result<(), NodeKernelError> {
-        let width = outs[0].numel() as i64;
-        let cols = 3 * width;
+    /// Adds the `nparts` rows of `part` (`cols` fp32 each): columns below `split` into `out0`, the
+    /// rest into `out1`.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &self,
+        p: Precision,
+        part: &Tensor,
+        nparts: i64,
+        cols: i64,
+        split: i64,
+        out0: &Tensor,
+        out1: &Tensor,
+    ) -> Result<(), NodeKernelError> {
         let blocks = u32::try_from((cols + 31) / 32).unwrap_or(u32::MAX);
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32, COL_SUM_ROWS, 1), shared_mem_bytes: 0 };
-        let (pp, [o0, o1, o2]) = (ptr(part), outs.map(ptr));
+        let (pp, o0, o1) = (ptr(part), ptr(out0), ptr(out1));
         let mut launch = self.gpu.compute.launch_builder(self.reduce.get(p));
-        launch.arg(&pp).arg(&nparts).arg(&cols).arg(&width).arg(&o0).arg(&o1).arg(&o2);
-        // SAFETY: `part` holds `nparts · cols` floats; each of `outs` `width` values of the
-        // kernel's precision (the callers' checks).
+        launch.arg(&pp).arg(&nparts).arg(&cols).arg(&split).arg(&o0).arg(&o1);
+        // SAFETY: `part` holds `nparts · cols` floats; `out0` `split` and `out1` `cols - split`
+        // values of the kernel's precision (the callers' checks).
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }
@@ -1016,13 +1016,9 @@ pub fn ln_forward_and_recomputed(
     let Some((_, rows, _)) = ln_rows(x).filter(|_| k.gpu.computes_here().unwrap_or(false)) else { return Ok(None) };
     let stats = || Tensor::f_empty([rows], (Kind::Float, x.device()));
     let (y, xn, dx, mean, rstd) = (x.f_empty_like()?, x.f_empty_like()?, x.f_empty_like()?, stats()?, stats()?);
-    let (dgamma, dbeta, dsum, dy) =
-        (gamma.f_empty_like()?, beta.f_empty_like()?, beta.f_empty_like()?, x.f_zeros_like()?);
+    let (dgamma, dbeta, dy) = (gamma.f_empty_like()?, beta.f_empty_like()?, x.f_zeros_like()?);
     let done = matches!(k.ln_forward(x, gamma, beta, eps, &y, &mean, &rstd)?, Outcome::Done)
-        && matches!(
-            k.ln_backward(&dy, x, &mean, &rstd, gamma, beta, None, &dx, &xn, &dgamma, &dbeta, &dsum)?,
-            Outcome::Done
-        );
+        && matches!(k.ln_backward(&dy, x, &mean, &rstd, gamma, beta, None, &dx, &xn, &dgamma, &dbeta)?, Outcome::Done);
     Ok(done.then_some((y, xn)))
 }
 
@@ -1161,7 +1157,6 @@ unsafe extern "C" fn ln_backward_cb(
     xn: CTensor,
     dgamma: CTensor,
     dbeta: CTensor,
-    dsum: CTensor,
     stream: *mut c_void,
     err: *mut c_char,
     cap: usize,
@@ -1183,7 +1178,6 @@ unsafe extern "C" fn ln_backward_cb(
             &t(xn),
             &t(dgamma),
             &t(dbeta),
-            &t(dsum),
         )
     })
 }

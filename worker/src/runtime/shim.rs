@@ -58,7 +58,6 @@ pub type LnBackwardFn = unsafe extern "C" fn(
     CTensor,
     CTensor,
     CTensor,
-    CTensor,
     *mut c_void,
     *mut c_char,
     usize,
@@ -103,9 +102,9 @@ pub type LnForwardFn = unsafe extern "C" fn(
 pub struct NodeKernelFns {
     /// The layer norm (forward and recomputed): `y`, `mean`, `rstd` from `x`, `gamma`, `beta`.
     pub ln_forward: Option<LnForwardFn>,
-    /// `(dy, x, mean, rstd, gamma, beta, dres, dx, xn, dgamma, dbeta, dsum, stream, err, cap)`;
-    /// `dres`, the residual's gradient added to `dx`, may be null; `xn` gets the forward pass's
-    /// output again (recomputed from `x`, `mean` and `rstd`); `dsum` the column sums of `dx`.
+    /// `(dy, x, mean, rstd, gamma, beta, dres, dx, xn, dgamma, dbeta, stream, err, cap)`; `dres`,
+    /// the residual's gradient added to `dx`, may be null; `xn` gets the forward pass's output
+    /// again (recomputed from `x`, `mean` and `rstd`).
     pub ln_backward: Option<LnBackwardFn>,
     /// `(x, out, stream, err, cap)`: `out` = the sums of `x`'s columns.
     pub col_sum: Option<TwoTensorFn>,
