@@ -22,7 +22,7 @@
 //!   through shuffles and shared memory, warps added in order, so everything comes out the same
 //!   every run. The row length is a compile-time constant (compiled per model width on first
 //!   use). Where the layer norm's input is also the residual stream that skips the sub-block (the
-//!   MLP's node and, through its second output, the attention's), the residual's gradient is added
+//!   MLP's node and, through its last output, the attention's), the residual's gradient is added
 //!   to the input gradient before it is rounded, in the same pass.
 //! * `gelu_forward_*`: the MLP's tanh GELU in the forward pass.
 //! * `col_sum_*` and `gelu_backward_col_sum_*`: 16-byte loads down the rows, two rows in flight
