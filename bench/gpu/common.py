@@ -1,5 +1,6 @@
-"""What the bench/gpu/report*.py scripts share: reading a result archive of
-bench/gpu/run.sh, the parts of a rank log a summary needs, and number formats."""
+"""What the bench/gpu scripts share: for the reports, reading a result archive of
+bench/gpu/run.sh, the parts of a rank log a summary needs, and number formats; for the probes
+that run on a GPU host by themselves, the header of the JSON they write."""
 import glob
 import json
 import os
@@ -260,3 +261,21 @@ def offload_bound(device_params, host_params, base, adamw_params_per_s=None, cop
             out["transfer_ms"] = 2 * host_params / (copy_gbps * 1e9) * 1e3
         out["bound_ms"] = max(out.values())
     return out
+
+
+def probe_header(benchmark):
+    """What a probe's JSON starts with: the probe, when, where, on which GPU and versions (torch
+    is imported here, so the reports, which run without it, can import this module)."""
+    import datetime
+    import socket
+
+    import torch
+
+    return {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }

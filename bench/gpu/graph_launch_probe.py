@@ -19,6 +19,8 @@ import time
 
 import torch
 
+from common import probe_header
+
 
 def capture(n, x):
     g = torch.cuda.CUDAGraph()
@@ -72,15 +74,7 @@ def main():
                 row["whole_profiled"] = timed([whole], 5)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    out = {
-        "benchmark": "bench/gpu/graph_launch_probe.py",
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "head": a.head,
-        "rows": rows,
-    }
+    out = {**probe_header("bench/gpu/graph_launch_probe.py"), "head": a.head, "rows": rows}
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
 

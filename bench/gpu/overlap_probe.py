@@ -10,7 +10,9 @@ run), with both streams at the same priority and with the products' stream at a 
 
     python3 bench/gpu/overlap_probe.py OUT.json
 """
-import datetime, json, socket, subprocess, sys, torch, statistics as st
+import json, subprocess, sys, torch, statistics as st
+
+from common import probe_header
 torch.backends.cuda.matmul.allow_tf32 = True
 dev = "cuda"
 d, T, L = 1600, 4096, 48
@@ -77,9 +79,8 @@ def overlapped(side):
 
 smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                      capture_output=True, text=True).stdout.strip().splitlines()[0]
-res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "host": socket.gethostname(),
-       "gpu": torch.cuda.get_device_name(), "nvidia_smi": smi, "torch": torch.__version__, "cuda": torch.version.cuda,
-       "params": n_per * L, "ms": "median, min, max over 8 repeats"}
+res = {**probe_header("bench/gpu/overlap_probe.py"), "nvidia_smi": smi, "params": n_per * L,
+       "ms": "median, min, max over 8 repeats"}
 res["bwd_ms"] = timed(bwd_only)
 res["adam_ms"] = timed(adam_only)
 res["serial_ms"] = timed(serial)

@@ -14,11 +14,12 @@ the default's.
 import argparse
 import json
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from common import probe_header
 
 SHAPES = {"gpt2-xl": (4, 1024, 1600), "gpt2": (16, 1024, 768)}
 BACKENDS = {
@@ -96,16 +97,7 @@ def main():
             row["grad_max_abs_diff_from_default"] = (grad.float() - base[1].float()).abs().max().item()
             rows.append(row)
             print(json.dumps(row), flush=True)
-    out = {
-        "benchmark": "bench/gpu/sdpa_backends.py",
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "reps": a.reps,
-        "rows": rows,
-    }
+    out = {**probe_header("bench/gpu/sdpa_backends.py"), "cudnn": torch.backends.cudnn.version(), "reps": a.reps, "rows": rows}
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
 

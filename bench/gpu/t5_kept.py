@@ -10,13 +10,13 @@ bytes = a * d_model + b * inner + c * d_ff per token.
 
     python3 bench/gpu/t5_kept.py > t5-kept.json
 """
-import datetime
 import json
-import socket
 import sys
 
 import torch
 import torch.nn.functional as F
+
+from common import probe_header
 
 dev, dt = "cuda", torch.bfloat16
 T, TARGET = 512, 128
@@ -99,10 +99,7 @@ def main():
     # counts: measured inside the first shape's smaller batch, they made its difference negative.
     per_token(*shapes[0])
     rows = [per_token(*s) for s in shapes]
-    print(json.dumps({"benchmark": "bench/gpu/t5_kept.py: bytes one T5 layer keeps for backward per token, bf16",
-                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                      "host": socket.gethostname(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                      "gpu": torch.cuda.get_device_name(),
+    print(json.dumps({**probe_header("bench/gpu/t5_kept.py: bytes one T5 layer keeps for backward per token, bf16"),
                       "sequence": T, "target": TARGET, "rows": rows,
                       "encoder": lstsq(rows, "encoder_bytes_per_input_token"),
                       "decoder": lstsq(rows, "decoder_bytes_per_target_token"),
