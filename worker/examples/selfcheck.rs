@@ -793,18 +793,26 @@ fn linear_node(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
 /// attention between, on the GPU: values and every gradient, and every kernel of both nodes
 /// taken, none declined.
 fn attention_residual(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    use zerobench_worker::model::ops::{merge_heads, split_heads};
     use zerobench_worker::model::recompute::{ln_linear, residual_linear};
     use zerobench_worker::model::recompute_cuda;
     recompute_cuda::install(gpu);
     let cuda = Device::Cuda(0);
     let eps = 1e-5;
-    // Causal attention over heads of 64, as GPT-2's.
+    // Causal attention over heads of 64, with GPT-2's own head split and merge.
     let attention = |q: &Tensor, k: &Tensor, v: &Tensor| {
-        let (b, t, d) = q.size3().expect("rows");
-        let heads = |x: &Tensor| x.view([b, t, d / 64, 64]).transpose(1, 2);
-        Tensor::scaled_dot_product_attention(&heads(q), &heads(k), &heads(v), None::<Tensor>, 0.0, true, None, false)
-            .transpose(1, 2)
-            .reshape([b, t, d])
+        let heads = |x: &Tensor| split_heads(x, x.size()[2] / 64).expect("heads");
+        let y = Tensor::scaled_dot_product_attention(
+            &heads(q),
+            &heads(k),
+            &heads(v),
+            None::<Tensor>,
+            0.0,
+            true,
+            None,
+            false,
+        );
+        merge_heads(&y).expect("heads")
     };
     for (kind, tol, rows, d) in [(Kind::Float, 1e-5, 333i64, 768i64), (Kind::BFloat16, 2e-2, 999, 1600)] {
         tch::manual_seed(17);

@@ -37,11 +37,11 @@
 //!   kernel: the same bits), so `h` is read once in the backward pass; both come from one `tanh`.
 //!   The join variant (`join_col_sum_*`) writes the gradients of q, k and v side by side into the
 //!   gradient of the product that made them and sums its columns as it copies them: in a gpt2-xl
-//!   step autograd's join of the split (19.7 µs a block) and the bias gradient's column sum that
-//!   read the joined gradient again (13.4 µs) were two passes over it. Its grid comes from the
-//!   same rule as the plain column sum's over the joined gradient (the block rows from the
-//!   kernel's own resident blocks: at gpt2-xl's shape on an H200 both 19 × 41), and with the same
-//!   grid the sums are added in the same order, to the same bits.
+//!   step autograd's join of the split (19.5 µs a block) and the bias gradient's column sum that
+//!   read the joined gradient again (13.2 µs) were two passes over it (the join: 22.7 µs). Its
+//!   grid comes from the same rule as the plain column sum's over the joined gradient (the block
+//!   rows from the kernel's own resident blocks: at gpt2-xl's shape on an H200 both 19 × 41), and
+//!   with the same grid the sums are added in the same order, to the same bits.
 //! * `reduce_parts_*`: the layer norm's partial sums' rows added, in order, into the gradients'
 //!   precision.
 //! * `scale_*`: the LM head's node's gradients times the upstream gradient (one fp32 value on

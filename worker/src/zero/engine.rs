@@ -434,11 +434,12 @@ impl Engine {
     /// the place `harvest` would copy them to: the unit's full buffer, or its region of the current
     /// staging buffer. The matrices' products write there at every micro-step (adding at the later
     /// ones); the vectors' kernels (biases, layer norms) at a micro-step's first write only, their
-    /// later micro-steps' gradients being added by `harvest`. Otherwise every gradient would be copied once per micro-step. The
-    /// current staging buffer is not read by any collective (`flush_staged` drains it when it
-    /// becomes current), and a unit always fits in it (its capacity is a bucket plus the largest
-    /// unit), so the place is the one `harvest` finds. Offloaded units are left to
-    /// `harvest`: their buffers are copied to the host, and a delayed update may still read them.
+    /// later micro-steps' gradients being added by `harvest`. Otherwise every gradient would be
+    /// copied once per micro-step. The current staging buffer is not read by any collective
+    /// (`flush_staged` drains it when it becomes current), and a unit always fits in it (its
+    /// capacity is a bucket plus the largest unit), so the place is the one `harvest` finds.
+    /// Offloaded units are left to `harvest`: their buffers are copied to the host, and a delayed
+    /// update may still read them.
     /// Nothing is placed for models whose layers return their gradients to autograd (T5, Llama,
     /// the MLP): no place would be taken.
     fn place_grads(&mut self, u: usize) -> Result<(), EngineError> {
