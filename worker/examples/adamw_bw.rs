@@ -23,7 +23,7 @@ use serde_json::json;
 use tch::{Device, Kind, Tensor};
 use zerobench_worker::runtime::cuda::{ComputeStream, Gpu};
 use zerobench_worker::runtime::kernels;
-use zerobench_worker::zero::adamw_cuda::{Coeffs, FusedAdamW, SOURCE, THREADS};
+use zerobench_worker::zero::adamw_cuda::{Coeffs, FusedAdamW, Lane, SOURCE, THREADS};
 
 /// The variants, bf16 only, compiled after the worker's source (`zero::adamw_cuda::SOURCE`), whose
 /// element update (`adamw_one`) and 16-bit packing (`LO`, `HI`, `PACK`) they use: the worker's
@@ -176,7 +176,8 @@ fn main() {
     let module = kernels::load(&gpu, &format!("{SOURCE}\n{VARIANTS}")).expect("the variants");
     let (streaming, two) = (module.load_function("streaming").expect("f"), module.load_function("two").expect("f"));
     let sms = kernels::multiprocessors(&gpu).expect("SMs");
-    let worker_kernel = |s: &Shard| fused.step(&COEFFS, &s.p, &s.m, &s.v, &s.g, Some(&s.out)).expect("update");
+    let worker_kernel =
+        |s: &Shard| fused.step(&COEFFS, &s.p, &s.m, &s.v, &s.g, Some(&s.out), Lane::InOrder).expect("update");
     let sizes: Vec<i64> = std::iter::once(embed).chain(std::iter::repeat_n(per_block, blocks as usize)).collect();
     let params: i64 = sizes.iter().sum();
     let bytes = 28.0 * params as f64;

@@ -97,6 +97,11 @@
 //!   and nothing allocated by a replay. A capture whose work reads a value back to the host fails
 //!   with an error, and the stream captures and replays again afterwards. Runs last: it makes
 //!   libtorch compute on that stream from then on.
+//! * `update_beside`: AdamW beside a replayed backward (`zero::beside`): the urgent stream's
+//!   priority above the update stream's; a copy on the update stream after an event recorded
+//!   inside a graph (between two runs of products) reads what each of four replays on the urgent
+//!   stream wrote before it; three updates beside give the in-order updates' bits (master, moments,
+//!   bf16 copy). Runs after `cuda_graph`, on its stream.
 //!
 //! `mpirun -np 1 target/release/examples/selfcheck`
 
@@ -1209,6 +1214,104 @@ fn cuda_graph(r: &mut Report) {
                "kept_memsets": graph.kept_memsets}),
     );
     graph_memsets(r, &gpu);
+    update_beside(r, &gpu);
+}
+
+/// AdamW beside a replayed backward (`zero::beside`): the urgent stream outranks the update
+/// stream; a copy on the update stream after an event a graph records between two runs of
+/// products reads what that replay wrote before the event, in each of four replays on the urgent
+/// stream whose input changes (a wait that did not order with the replay's event would read the
+/// last replay's value, the products before it taking far longer than the copy); and an update
+/// beside gives the in-order update's bits. Runs after `cuda_graph`, on its stream.
+fn update_beside(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    use cudarc::driver::sys;
+    use zerobench_worker::failure::Failure;
+    use zerobench_worker::runtime::graph::GraphPool;
+    let cuda = Device::Cuda(0);
+    let (urgent, default) = gpu.priorities().expect("stream priorities");
+    const N: i64 = 1 << 20;
+    tch::manual_seed(23);
+    let a = Tensor::randn([2048, 2048], (Kind::BFloat16, cuda)) * 0.02;
+    let s = Tensor::zeros([1], (Kind::Float, cuda));
+    let g = Tensor::zeros([N], (Kind::Float, cuda));
+    let event = gpu.event().expect("event");
+    gpu.synchronize().expect("sync");
+    let mut pool = GraphPool::new(Arc::clone(gpu));
+    let captured = pool.capture(|| {
+        let mut acc = a.shallow_clone();
+        for _ in 0..16 {
+            acc = acc.f_mm(&a)?;
+        }
+        g.shallow_clone().f_copy_(&s.f_expand([N], false)?)?;
+        gpu.record_in_capture(event, &gpu.compute).map_err(|e| Failure::Internal(e.to_string()))?;
+        for _ in 0..16 {
+            acc = acc.f_mm(&a)?;
+        }
+        Ok::<_, Failure>(acc)
+    });
+    let Ok((graph, _)) = captured else {
+        r.check("update_beside", false, json!({"capture": captured.err().map(|e| e.to_string())}));
+        return;
+    };
+    let outs = Tensor::zeros([4, N], (Kind::Float, cuda));
+    for k in 0..4i64 {
+        let _ = s.shallow_clone().fill_(k as f64 + 1.0);
+        pool.replay_urgent(&graph).expect("replay on the urgent stream");
+        gpu.wait(&gpu.update, event).expect("wait");
+        let dst = outs.get(k);
+        // SAFETY: device buffers of N floats each, alive until the synchronisation below.
+        unsafe {
+            sys::cuMemcpyDtoDAsync_v2(
+                dst.data_ptr() as u64,
+                g.data_ptr() as u64,
+                (4 * N) as usize,
+                gpu.update.cu_stream(),
+            )
+            .result()
+            .expect("copy on the update stream");
+        }
+        let done = gpu.mark(&gpu.update).expect("mark");
+        gpu.wait(&gpu.compute, done).expect("wait");
+        gpu.recycle(done);
+    }
+    gpu.synchronize().expect("sync");
+    let seen: Vec<f64> = (0..4).map(|k| outs.get(k).mean(Kind::Float).double_value(&[])).collect();
+    let spread: Vec<f64> = (0..4).map(|k| (outs.get(k).max() - outs.get(k).min()).double_value(&[])).collect();
+    let ordered = seen.iter().zip(&spread).enumerate().all(|(k, (m, d))| *m == k as f64 + 1.0 && *d == 0.0);
+
+    // The update beside against the update in order, from equal shards (bf16 gradient and copy).
+    let opt = AdamW::new(OptimConfig { weight_decay: 0.1, ..OptimConfig::default() }, Some(Arc::clone(gpu)));
+    let n = 1_000_003; // not a multiple of the vector width: the tail too
+    let shard = |seed: i64| {
+        tch::manual_seed(seed);
+        let f = |scale: f64| Tensor::randn([n], (Kind::Float, cuda)) * scale;
+        (f(0.02), f(1e-3), f(1e-6).abs(), (f(1e-2)).to_kind(Kind::BFloat16), Tensor::zeros([n], (Kind::BFloat16, cuda)))
+    };
+    let (mut bits_equal, mut steps) = (true, 0);
+    let (p0, m0, v0, g0, o0) = shard(5);
+    let (p1, m1, v1, g1, o1) = (p0.copy(), m0.copy(), v0.copy(), g0.copy(), o0.copy());
+    let ready = gpu.mark(&gpu.compute).expect("mark");
+    gpu.wait(&gpu.update, ready).expect("wait");
+    gpu.recycle(ready);
+    for t in 1..=3u64 {
+        let in_order = Shard { master: &p0, exp_avg: &m0, exp_avg_sq: &v0, grad: &g0, param_out: Some(&o0) };
+        let beside = Shard { master: &p1, exp_avg: &m1, exp_avg_sq: &v1, grad: &g1, param_out: Some(&o1) };
+        opt.step(t, 1.0, &in_order).expect("update in order");
+        opt.step_beside(t, 1.0, &beside).expect("update beside");
+        steps += 1;
+    }
+    gpu.synchronize().expect("sync");
+    for (x, y) in [(&p0, &p1), (&m0, &m1), (&v0, &v1), (&o0, &o1)] {
+        bits_equal &= x.equal(y);
+    }
+    let changed = !p0.equal(&shard(5).0);
+    let ok = urgent < default && ordered && bits_equal && changed && opt.runs_beside();
+    r.check(
+        "update_beside",
+        ok,
+        json!({"priorities": {"urgent": urgent, "update": default}, "copies_read": seen, "copies_spread": spread,
+               "updates": steps, "bits_equal": bits_equal, "parameters_changed": changed}),
+    );
 }
 
 /// A captured graph's small memsets become kernel nodes (`runtime::graph`) that write what the

@@ -181,6 +181,7 @@ impl From<EngineError> for Failure {
             EngineError::Shim(s) => Failure::from_torch_message(&s.0),
             EngineError::Offload(msg) => Failure::from_torch_message(&msg),
             EngineError::Clock(c) => c.into(),
+            EngineError::Cuda(c) => Failure::Internal(format!("CUDA: {c}")),
             EngineError::Pin(PinError::Torch(t)) => t.into(),
             EngineError::Pin(PinError::Alloc(s)) => Failure::from_torch_message(&s.0),
             EngineError::Pin(e @ (PinError::Register { .. } | PinError::Context(_) | PinError::FaultIn { .. })) => {

@@ -1,7 +1,8 @@
 //! The training loop: micro-steps of segment-by-segment forward and backward around the engine's
 //! hooks, one optimizer step, one `step` record (and, when asked, a trace and a profile). With
 //! `--cuda-graph` the micro-steps' forward and backward passes are captured at the last warm-up
-//! step and replayed from then on (`runtime::graph`); the optimizer step stays eager.
+//! step and replayed from then on (`runtime::graph`); the optimizer step stays eager (on one GPU it
+//! runs beside the replayed backward, `zero::beside`).
 //!
 //! A step's time is what a user's training loop pays: from the start of its work to the
 //! completion of all of it, the device synchronised at the end (`StepClock::finish`). What the
@@ -440,7 +441,12 @@ impl Trainer<'_> {
             graphs.pool.replay(forward)?;
             self.clock.stop()?;
             self.clock.start(StepPhase::Backward)?;
-            graphs.pool.replay(backward)?;
+            // Where the updates run beside the backward, it goes first ([`Engine::backward_urgent`]).
+            if self.engine.backward_urgent() {
+                graphs.pool.replay_urgent(backward)?;
+            } else {
+                graphs.pool.replay(backward)?;
+            }
             self.clock.stop()?;
         }
         self.engine.set_loss_sum(graphs.loss_sum.shallow_clone());

@@ -51,7 +51,37 @@ pub struct Gpu {
     /// Where host-to-device copies run (offload's parameters), beside `comm`: the link carries
     /// both directions at once, so an upload need not queue behind gradients going down.
     pub upload: Arc<CudaStream>,
+    /// Where AdamW's update runs beside a replayed backward (`zero::engine`), at the default
+    /// priority, which is the lowest.
+    pub update: Arc<CudaStream>,
+    /// A stream at the device's highest priority, where a backward beside which the update runs
+    /// is replayed ([`Gpu::on_urgent`]).
+    urgent: UrgentStream,
     free_events: Mutex<Vec<Event>>,
+}
+
+/// A non-blocking stream at the device's highest scheduling priority. Where kernels of two streams
+/// wait for multiprocessors, the blocks of the higher priority's go first (nothing running is
+/// preempted). cudarc creates its streams at the default priority only, so this is a raw handle.
+struct UrgentStream(sys::CUstream);
+
+// SAFETY: a stream handle is usable from any thread bound to its context.
+unsafe impl Send for UrgentStream {}
+// SAFETY: as above; the handle itself is never changed after its creation.
+unsafe impl Sync for UrgentStream {}
+
+impl UrgentStream {
+    /// Creates the stream in the current context.
+    fn new() -> Result<Self, DriverError> {
+        let (mut least, mut greatest) = (0, 0);
+        // SAFETY: out-pointers to ints; the context is current.
+        unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) }.result()?;
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: an out-pointer to a stream handle, which this value then owns.
+        unsafe { sys::cuStreamCreateWithPriority(&mut stream, flags, greatest) }.result()?;
+        Ok(Self(stream))
+    }
 }
 
 impl Gpu {
@@ -71,8 +101,11 @@ impl Gpu {
             }
         };
         let comm = ctx.new_stream()?;
+        let update = ctx.new_stream()?;
+        ctx.bind_to_thread()?;
+        let urgent = UrgentStream::new()?;
         let upload = ctx.new_stream()?;
-        Ok(Arc::new(Self { ctx, compute, ordinal, comm, upload, free_events: Mutex::new(Vec::new()) }))
+        Ok(Arc::new(Self { ctx, compute, ordinal, comm, upload, update, urgent, free_events: Mutex::new(Vec::new()) }))
     }
 
     /// Whether libtorch's current stream on the calling thread, for this device, is the compute
@@ -111,6 +144,52 @@ impl Gpu {
     pub fn wait(&self, stream: &CudaStream, e: Event) -> Result<(), DriverError> {
         // SAFETY: as above.
         unsafe { result::stream::wait_event(stream.cu_stream(), e.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+    }
+
+    /// Records `e` on `stream` as a node of the graph `stream` is capturing, which every replay of
+    /// the graph records: work outside the graph waits for that point of each replay.
+    pub fn record_in_capture(&self, e: Event, stream: &CudaStream) -> Result<(), DriverError> {
+        let flags = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32;
+        // SAFETY: a live event of this context and a live stream of it.
+        unsafe { sys::cuEventRecordWithFlags(e.0, stream.cu_stream(), flags) }.result()
+    }
+
+    /// Whether `stream` is capturing a graph.
+    pub fn is_capturing(&self, stream: &CudaStream) -> Result<bool, DriverError> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a live stream of this context and an out-pointer to its status.
+        unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }.result()?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// Runs `launch` on the urgent stream (the device's highest priority) in the compute stream's
+    /// order: after what the compute stream holds, before what it is given next.
+    pub fn on_urgent(&self, launch: impl FnOnce(sys::CUstream) -> Result<(), DriverError>) -> Result<(), DriverError> {
+        let (before, after) = (self.mark(&self.compute)?, self.event()?);
+        let urgent = self.urgent.0;
+        let wait = sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
+        // SAFETY: live events and streams of this context. An event is reused only after every
+        // wait on it is issued: a wait holds the record made before it.
+        let ran = unsafe {
+            result::stream::wait_event(urgent, before.0, wait)
+                .and_then(|()| launch(urgent))
+                .and_then(|()| result::event::record(after.0, urgent))
+                .and_then(|()| result::stream::wait_event(self.compute.cu_stream(), after.0, wait))
+        };
+        self.recycle(before);
+        self.recycle(after);
+        ran
+    }
+
+    /// The urgent stream's priority and the default one's (lower numbers run first).
+    pub fn priorities(&self) -> Result<(i32, i32), DriverError> {
+        let (mut urgent, mut default) = (0, 0);
+        // SAFETY: live streams of this context and out-pointers to ints.
+        unsafe {
+            sys::cuStreamGetPriority(self.urgent.0, &mut urgent).result()?;
+            sys::cuStreamGetPriority(self.update.cu_stream(), &mut default).result()?;
+        }
+        Ok((urgent, default))
     }
 
     /// A fresh event recorded now on `stream`.
@@ -176,6 +255,9 @@ impl Gpu {
 impl Drop for Gpu {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
+        // SAFETY: the stream this value owns, with nothing left on it (callers synchronise
+        // before dropping the GPU), destroyed once.
+        let _ = unsafe { sys::cuStreamDestroy_v2(self.urgent.0) };
         for e in self.free_events.get_mut().expect("event pool").drain(..) {
             // SAFETY: pooled events are not in use.
             let _ = unsafe { result::event::destroy(e.0) };

@@ -338,6 +338,16 @@ impl GraphPool {
         // SAFETY: an instantiated graph of this context, launched on the stream it was captured on.
         unsafe { sys::cuGraphLaunch(graph.exec, graph.stream.cu_stream()) }.result().map_err(launch_err)
     }
+
+    /// Replays `graph` on the GPU's urgent stream, in the compute stream's order
+    /// ([`Gpu::on_urgent`]): a backward beside which AdamW's update runs at a lower priority.
+    pub fn replay_urgent(&self, graph: &Graph) -> Result<(), GraphError> {
+        let launch_err = |e: DriverError| GraphError::Capture(e.to_string());
+        graph.stream.context().bind_to_thread().map_err(launch_err)?;
+        // SAFETY: an instantiated graph of this context; a graph may be launched on any stream of
+        // it, and the urgent one is ordered with the compute stream on both sides.
+        self.gpu.on_urgent(|s| unsafe { sys::cuGraphLaunch(graph.exec, s) }.result()).map_err(launch_err)
+    }
 }
 
 impl Drop for GraphPool {

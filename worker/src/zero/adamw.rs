@@ -22,7 +22,7 @@ use rayon::prelude::*;
 use tch::{Device, Kind, TchError, Tensor};
 use zerobench_schema::config::OptimConfig;
 
-use super::adamw_cuda::{Coeffs, FusedAdamW};
+use super::adamw_cuda::{Coeffs, FusedAdamW, Lane};
 use crate::runtime::cuda::Gpu;
 
 /// The tensors of one shard. `master`, `exp_avg` and `exp_avg_sq` are fp32; `grad` is in the
@@ -87,7 +87,7 @@ impl AdamW {
         }
     }
 
-    /// Applies update number `t` (1-based) to a shard.
+    /// Applies update number `t` (1-based) to a shard, on the compute stream where on a GPU.
     pub fn step(&self, t: u64, grad_scale: f64, s: &Shard<'_>) -> Result<(), TchError> {
         let k = self.coeffs(t, grad_scale);
         match s.master.device() {
@@ -97,11 +97,28 @@ impl AdamW {
             }
             _ => match &self.fused {
                 Some(f) => f
-                    .step(&k, s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.param_out)
+                    .step(&k, s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.param_out, Lane::InOrder)
                     .map_err(|e| TchError::Torch(e.to_string())),
                 None => step_tensor_ops(&k, s),
             },
         }
+    }
+
+    /// Whether a GPU shard's update can run beside the backward ([`Self::step_beside`]): the fused
+    /// kernel is there (libtorch's operations run on the compute stream only).
+    pub fn runs_beside(&self) -> bool {
+        self.fused.is_some()
+    }
+
+    /// [`Self::step`] of a GPU shard on the GPU's update stream ([`Lane::Beside`]); the caller
+    /// orders it after the shard's gradient and before the parameters' next use.
+    pub fn step_beside(&self, t: u64, grad_scale: f64, s: &Shard<'_>) -> Result<(), TchError> {
+        let Some(f) = &self.fused else {
+            return Err(TchError::Torch("AdamW beside the backward needs the fused kernel".into()));
+        };
+        let k = self.coeffs(t, grad_scale);
+        f.step(&k, s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.param_out, Lane::Beside)
+            .map_err(|e| TchError::Torch(e.to_string()))
     }
 }
 

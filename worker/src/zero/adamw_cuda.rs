@@ -2,7 +2,8 @@
 //! single pass over the shard that reads the gradient, master weights and moments and writes them
 //! back together with the compute-precision copy of the parameters (28 bytes per parameter in
 //! bf16, against about three times that for the same update composed of libtorch operations).
-//! It runs on the compute stream, in libtorch's order.
+//! It runs on the compute stream, in libtorch's order, or beside a replayed backward on the GPU's
+//! update stream ([`Lane`]).
 //!
 //! The update is bound by the memory's bandwidth, so each thread moves four elements per load:
 //! 16 bytes of each fp32 state and 8 (or 16) of the gradient and parameter copy. Shards whose
@@ -113,6 +114,18 @@ pub struct Coeffs {
     pub grad_scale: f32,
 }
 
+/// Where and how an update's kernel is launched. Both give the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// On the compute stream after the backward: at most 16 blocks a multiprocessor, each looping
+    /// over the shard (as fast as any form measured alone, `examples/adamw_bw`).
+    InOrder,
+    /// On the update stream while a backward replays at a higher priority: a block per 256
+    /// vectors, each short-lived, so that a product waiting for multiprocessors gets one as soon
+    /// as a block ends instead of after the whole update.
+    Beside,
+}
+
 pub struct FusedAdamW {
     gpu: Arc<Gpu>,
     _module: Arc<CudaModule>,
@@ -150,6 +163,7 @@ impl FusedAdamW {
     }
 
     /// One update of a shard (see `adamw::Shard` for the roles of the tensors).
+    #[allow(clippy::too_many_arguments)]
     pub fn step(
         &self,
         k: &Coeffs,
@@ -158,6 +172,7 @@ impl FusedAdamW {
         v: &Tensor,
         grad: &Tensor,
         out: Option<&Tensor>,
+        lane: Lane,
     ) -> Result<(), FusedError> {
         let n = master.numel();
         if n == 0 {
@@ -177,10 +192,14 @@ impl FusedAdamW {
         } else {
             (self.adamw.get(precision), n)
         };
-        let blocks = u32::try_from(threads_needed.div_ceil(THREADS as usize)).unwrap_or(u32::MAX).min(self.max_blocks);
+        let blocks = u32::try_from(threads_needed.div_ceil(THREADS as usize)).unwrap_or(u32::MAX);
+        let (blocks, stream) = match lane {
+            Lane::InOrder => (blocks.min(self.max_blocks), &self.gpu.compute),
+            Lane::Beside => (blocks, &self.gpu.update),
+        };
         // SAFETY: the engine's contiguous shards of `n` elements of the kernel's types, alive until
         // the kernel has run (they are persistent), each aligned for the kernel's loads (above).
-        unsafe { self.launch(func, blocks, k, [p, mp, vp, gp, op], n as i64) }?;
+        unsafe { self.launch_on(stream, func, blocks, k, [p, mp, vp, gp, op], n as i64) }?;
         Ok(())
     }
 
@@ -196,11 +215,28 @@ impl FusedAdamW {
         func: &cudarc::driver::CudaFunction,
         blocks: u32,
         k: &Coeffs,
+        addresses: [u64; 5],
+        n: i64,
+    ) -> Result<(), FusedError> {
+        // SAFETY: as the caller promises.
+        unsafe { self.launch_on(&self.gpu.compute, func, blocks, k, addresses, n) }
+    }
+
+    /// [`Self::launch`] on `stream`.
+    ///
+    /// # Safety
+    /// As [`Self::launch`], alive until the kernel has run on `stream`.
+    unsafe fn launch_on(
+        &self,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        func: &cudarc::driver::CudaFunction,
+        blocks: u32,
+        k: &Coeffs,
         [p, mp, vp, gp, op]: [u64; 5],
         n: i64,
     ) -> Result<(), FusedError> {
         let cfg = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        let mut launch = self.gpu.compute.launch_builder(func);
+        let mut launch = stream.launch_builder(func);
         launch
             .arg(&p)
             .arg(&mp)

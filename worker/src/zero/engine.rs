@@ -11,6 +11,7 @@ use zerobench_schema::config::{Offload, Precision, RunConfig, ZeroStage};
 use zerobench_schema::memory::{first_host_unit, GradientPath, ModelStateBytes, ParamPath, GATHER_SLOTS_BUFFER};
 
 use super::adamw::{AdamW, Shard};
+use super::beside::Beside;
 pub use super::error::EngineError;
 use super::layout::UnitLayout;
 use super::loss_scale::LossScaler;
@@ -119,6 +120,8 @@ pub struct Engine {
     /// their own buffers, every unit from its first backward segment to its last (a tied weight's
     /// from the head's to the embedding's).
     placed: Vec<(usize, usize)>,
+    /// Whether the updates run beside the backward (one GPU, replayed steps), and their events.
+    beside: Beside,
 }
 
 impl Engine {
@@ -194,6 +197,8 @@ impl Engine {
                 })
             }
         };
+        let optim = AdamW::new(cfg.optim, gpu.clone());
+        let beside = Beside::new(gpu.as_ref(), cfg, world, path, units.len(), optim.runs_beside())?;
         let (slots, slot_owner) = if params == ParamPath::Sharded {
             let n = prefetch + 1;
             let slots =
@@ -214,7 +219,7 @@ impl Engine {
             owner,
             units,
             schedule,
-            optim: AdamW::new(cfg.optim, gpu),
+            optim,
             scaler: (cfg.precision == Precision::Fp16).then(|| LossScaler::new(cfg.engine.loss_scale_power)),
             updates: 0,
             bucket_elems,
@@ -240,6 +245,7 @@ impl Engine {
             clock: None,
             weight_grads: model.weight_grads(),
             placed: Vec::new(),
+            beside,
         })
     }
 
@@ -624,6 +630,9 @@ impl Engine {
         if flush {
             self.flush_reduction()?;
         }
+        if last {
+            self.beside.harvested(u)?;
+        }
         Ok(())
     }
 
@@ -728,6 +737,13 @@ impl Engine {
     /// at their capture): the optimizer step reads it from there.
     pub fn set_loss_sum(&mut self, sum: Tensor) {
         self.loss_acc = Some(sum);
+        self.beside.replayed();
+    }
+
+    /// Whether a replayed backward goes on the GPU's urgent stream (`Gpu::on_urgent`), beside
+    /// which this step's updates then run ([`super::beside`]).
+    pub fn backward_urgent(&self) -> bool {
+        self.beside.backward_urgent()
     }
 
     /// After an evaluation's forward pass (no backward, so no gradient was harvested): stage 3
@@ -860,24 +876,22 @@ impl Engine {
     }
 
     /// Updates every shard whose optimizer is on the device (all without offload, none with all of
-    /// it on the host). Stages 1 and 2 then gather each unit's updated parameters: a unit's
+    /// it on the host): beside the backward where it replayed so ([`super::beside`]), else on the
+    /// compute stream. Stages 1 and 2 then gather each unit's updated parameters: a unit's
     /// all-gather is issued as soon as its update is, so it runs on the communication stream
     /// while the next units are updated, rather than after all of them.
     fn step_on_device(&mut self, grad_scale: f64) -> Result<(), EngineError> {
+        let done_beside = self.update_beside(grad_scale)?;
         let gather = matches!(self.stage, ZeroStage::Z1 | ZeroStage::Z2) && self.world > 1;
-        for i in 0..self.units.len() {
+        for (i, &beside) in done_beside.iter().enumerate() {
+            if beside {
+                continue;
+            }
             let u = &self.units[i];
-            let OptimState::Device { master, master_is_param, exp_avg, exp_avg_sq } = &u.optim else {
+            let OptimState::Device { master, exp_avg, exp_avg_sq, .. } = &u.optim else {
                 continue; // updated on the host
             };
-            let param_out = if *master_is_param {
-                None
-            } else if let Some(s) = u.device_param_shard() {
-                Some(s.shallow_clone())
-            } else {
-                let r = u.layout.shard_range(self.owners, self.owner);
-                Some(u.base.f_narrow(0, r.start as i64, r.len() as i64)?)
-            };
+            let param_out = self.param_out(i)?;
             let Some(grad) = u.grads.device_shard() else { unreachable!("device optimizers read a device shard") };
             let shard = Shard { master, exp_avg, exp_avg_sq, grad, param_out: param_out.as_ref() };
             self.optim.step(self.updates, grad_scale, &shard)?;
@@ -889,6 +903,44 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// Where unit `i`'s update writes its parameters in the compute precision: `None` where the
+    /// fp32 master is the parameter itself.
+    fn param_out(&self, i: usize) -> Result<Option<Tensor>, EngineError> {
+        let u = &self.units[i];
+        Ok(match &u.optim {
+            OptimState::Device { master_is_param: true, .. } => None,
+            _ => match u.device_param_shard() {
+                Some(s) => Some(s.shallow_clone()),
+                None => {
+                    let r = u.layout.shard_range(self.owners, self.owner);
+                    Some(u.base.f_narrow(0, r.start as i64, r.len() as i64)?)
+                }
+            },
+        })
+    }
+
+    /// Where this step's backward replayed with its units' events: each unit's update on the
+    /// update stream after its event, in backward's order, and the compute stream waiting for the
+    /// last. Returns which units were updated so.
+    fn update_beside(&mut self, grad_scale: f64) -> Result<Vec<bool>, EngineError> {
+        let mut done = vec![false; self.units.len()];
+        let Some(launch) = self.beside.take_step() else { return Ok(done) };
+        for (u, event) in launch.units {
+            let unit = &self.units[u];
+            let OptimState::Device { master, exp_avg, exp_avg_sq, .. } = &unit.optim else { continue };
+            let Some(grad) = unit.grads.device_shard() else { continue };
+            let param_out = self.param_out(u)?;
+            launch.gpu.wait(&launch.gpu.update, event)?;
+            let shard = Shard { master, exp_avg, exp_avg_sq, grad, param_out: param_out.as_ref() };
+            self.optim.step_beside(self.updates, grad_scale, &shard)?;
+            done[u] = true;
+        }
+        let last = launch.gpu.mark(&launch.gpu.update)?;
+        launch.gpu.wait(&launch.gpu.compute, last)?;
+        launch.gpu.recycle(last);
+        Ok(done)
     }
 
     /// Offload: the host updates (already running when pipelined) go on in the background, the

@@ -21,4 +21,6 @@ pub enum EngineError {
     Pin(#[from] PinError),
     #[error(transparent)]
     Clock(#[from] ClockError),
+    #[error("CUDA: {0}")]
+    Cuda(#[from] cudarc::driver::DriverError),
 }

@@ -17,6 +17,9 @@
 //! below 1 for the last units only (`memory::first_host_unit`), the device updating the others at
 //! the same time. With the delayed update a step's host updates overlap the next step.
 //!
+//! On one GPU replaying its steps from CUDA graphs, each unit's update runs beside the rest of the
+//! backward as soon as backward is done with the unit ([`beside`]).
+//!
 //! Every unit is padded to a multiple of world size × [`SHARD_ALIGN_ELEMS`] elements and every
 //! rank owns the same contiguous slice of every unit, so the per-rank model states equal the ZeRO
 //! formulas for the padded parameter count exactly (`zerobench_schema::memory`).
@@ -25,6 +28,7 @@
 
 pub mod adamw;
 pub mod adamw_cuda;
+mod beside;
 pub mod engine;
 mod error;
 pub mod layout;
