@@ -52,6 +52,15 @@ pub(super) struct Launch {
     pub units: Vec<(usize, Event)>,
 }
 
+/// Whether a run's updates can go beside its backward: its steps are replayed (the events live in
+/// the backward's graph), on one rank whose gradients land in their units' own buffers (nothing
+/// to reduce), without a loss scale (fp16 checks every gradient before any update) or offload
+/// (the host updates those units), with the fused kernel to launch on another stream.
+fn applies(cfg: &RunConfig, world: usize, path: GradientPath, fused: bool) -> bool {
+    let alone = cfg.cuda_graph && world == 1 && path == GradientPath::Buckets;
+    alone && cfg.offload == Offload::None && cfg.precision != Precision::Fp16 && fused
+}
+
 impl Beside {
     /// On where the run replays its steps on one GPU and its gradients need nothing but backward
     /// (`fused`: the update's kernel is there to launch on another stream).
@@ -63,10 +72,8 @@ impl Beside {
         units: usize,
         fused: bool,
     ) -> Result<Self, DriverError> {
-        let alone = cfg.cuda_graph && world == 1 && path == GradientPath::Buckets;
-        let needs_nothing_else = cfg.offload == Offload::None && cfg.precision != Precision::Fp16;
         match gpu {
-            Some(gpu) if alone && needs_nothing_else && fused => {
+            Some(gpu) if applies(cfg, world, path, fused) => {
                 let events = (0..units).map(|_| gpu.event()).collect::<Result<Vec<_>, _>>()?;
                 Ok(Self::On(Marks { gpu: Arc::clone(gpu), events, order: Vec::new(), replayed: false }))
             }
@@ -108,5 +115,34 @@ impl Beside {
             return None;
         }
         Some(Launch { gpu: Arc::clone(&m.gpu), units: m.order.iter().map(|&u| (u, m.events[u])).collect() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use zerobench_schema::config::ZeroStage;
+    use zerobench_schema::ModelPreset;
+
+    use super::*;
+
+    /// Beside exactly where nothing but the unit's own backward decides its update, at every stage
+    /// on one rank; each condition alone turns it off.
+    #[test]
+    fn updates_go_beside_only_where_a_units_gradients_decide_them() {
+        for stage in [ZeroStage::Z0, ZeroStage::Z1, ZeroStage::Z2, ZeroStage::Z3] {
+            let cfg = RunConfig { cuda_graph: true, ..RunConfig::new(ModelPreset::Gpt2, stage) };
+            assert_eq!(cfg.precision, Precision::Bf16);
+            let path = GradientPath::of(stage, 1, Offload::None);
+            assert!(applies(&cfg, 1, path, true), "stage {stage:?}");
+            assert!(!applies(&RunConfig { cuda_graph: false, ..cfg.clone() }, 1, path, true), "eager");
+            assert!(!applies(&cfg, 1, path, false), "no fused kernel");
+            assert!(!applies(&cfg, 2, GradientPath::of(stage, 2, Offload::None), true), "two ranks");
+            assert!(!applies(&RunConfig { precision: Precision::Fp16, ..cfg.clone() }, 1, path, true), "fp16");
+            assert!(applies(&RunConfig { precision: Precision::Fp32, ..cfg.clone() }, 1, path, true), "fp32");
+            let offload = RunConfig { offload: Offload::Optimizer, ..cfg.clone() };
+            let staged = GradientPath::of(stage, 1, Offload::Optimizer);
+            assert!(!applies(&offload, 1, staged, true), "offload");
+            assert!(!applies(&cfg, 1, GradientPath::Staged, true), "staged gradients");
+        }
     }
 }
