@@ -741,7 +741,7 @@ impl Engine {
     }
 
     /// Whether a replayed backward goes on the GPU's urgent stream (`Gpu::on_urgent`), beside
-    /// which this step's updates then run ([`super::beside`]).
+    /// which this step's updates then run (`zero/beside.rs`).
     pub fn backward_urgent(&self) -> bool {
         self.beside.backward_urgent()
     }
@@ -876,7 +876,7 @@ impl Engine {
     }
 
     /// Updates every shard whose optimizer is on the device (all without offload, none with all of
-    /// it on the host): beside the backward where it replayed so ([`super::beside`]), else on the
+    /// it on the host): beside the backward where it replayed so (`zero/beside.rs`), else on the
     /// compute stream. Stages 1 and 2 then gather each unit's updated parameters: a unit's
     /// all-gather is issued as soon as its update is, so it runs on the communication stream
     /// while the next units are updated, rather than after all of them.
