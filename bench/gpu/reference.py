@@ -10,7 +10,11 @@ FSDP2's `fully_shard` per block (`--mode fsdp2`), through DeepSpeed's ZeRO at a 
 overlap_comm and contiguous_gradients, its default bucket sizes), or through DeepSpeed's ZeRO
 stage 2 with the optimizer offloaded to the host (`--mode deepspeed-offload`: DeepSpeed's
 recommended ZeRO-Offload configuration, bf16, DeepSpeedCPUAdam on pinned memory, overlap_comm and
-contiguous_gradients). The DeepSpeed modes run through torchrun.
+contiguous_gradients). The DeepSpeed modes run through torchrun. `--mode eager-update-beside` is
+eager with what zerobench does on one GPU replaying its steps (worker/src/zero/beside.rs): each
+block's fused AdamW step runs on a stream of its own as soon as the last of the block's gradients
+is accumulated (a hook per parameter), while the backward goes on at the highest stream priority.
+torch.compile's modes cannot take it: their compiled backward hands every gradient back at its end.
 
 The LM head is padded exactly as zerobench pads its own (worker/src/model/ops.rs, `lm_loss`): the
 50257-row weight gets zero rows up to a multiple of 64 (50304) inside the product and the extra
@@ -35,7 +39,7 @@ import time
 # The modes one process runs (plain `python3`); the others run under torchrun. Declared before
 # torch is imported so that `reference.py --single-process-modes` (what bench/gpu/run.sh asks)
 # answers without it.
-SINGLE_PROCESS_MODES = ("eager", "compile", "compile-reduce-overhead", "compile-max-autotune")
+SINGLE_PROCESS_MODES = ("eager", "eager-update-beside", "compile", "compile-reduce-overhead", "compile-max-autotune")
 DISTRIBUTED_MODES = ("ddp", "fsdp2", "deepspeed", "deepspeed-offload")
 if __name__ == "__main__" and sys.argv[1:] == ["--single-process-modes"]:
     print(" ".join(SINGLE_PROCESS_MODES))
@@ -95,6 +99,58 @@ class GPT(nn.Module):
             w = F.pad(w, (0, 0, 0, self.head_rows - VOCAB))
         logits = F.linear(self.ln_f(x), w)[..., :VOCAB]
         return F.cross_entropy(logits.reshape(-1, VOCAB).float(), targets.reshape(-1))
+
+
+def update_beside(model, a, dev):
+    """`--mode eager-update-beside`: the step function, and None for the loop's optimizer. One fused
+    AdamW per unit zerobench updates apart (each block; the embeddings, whose tied weight's
+    gradient is complete last, with the final layer norm), stepped on a low-priority stream by the
+    hook of the unit's last parameter to have its gradient accumulated, while the backward runs on
+    a stream at the highest priority; the step waits for every update at its end."""
+    urgent = torch.cuda.Stream(device=dev, priority=-1)
+    beside = torch.cuda.Stream(device=dev, priority=0)
+    adamw = dict(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    units = [list(b.parameters()) for b in model.blocks]
+    units.append([model.wte.weight, model.wpe.weight, *model.ln_f.parameters()])
+    opts = [torch.optim.AdamW(u, **adamw) for u in units]
+    unit_of = {p: i for i, u in enumerate(units) for p in u}
+    pending = [0] * len(units)
+
+    def hook(p):
+        i = unit_of[p]
+        pending[i] -= 1
+        if pending[i]:
+            return
+        # Backward's thread computes on the urgent stream (the forward's); the update waits for
+        # what it has issued so far, and the gradients stay allocated until the update has read
+        # them.
+        beside.wait_stream(torch.cuda.current_stream(dev))
+        for q in units[i]:
+            q.grad.record_stream(beside)
+        with torch.cuda.stream(beside):
+            opts[i].step()
+            opts[i].zero_grad(set_to_none=True)
+
+    for p in unit_of:
+        p.register_post_accumulate_grad_hook(hook)
+    gen = torch.Generator(device=dev).manual_seed(1234)
+
+    def step():
+        for i, u in enumerate(units):
+            pending[i] = len(u)
+        outer = torch.cuda.current_stream(dev)
+        urgent.wait_stream(outer)
+        urgent.wait_stream(beside)  # the last step's updates, before the parameters are read
+        with torch.cuda.stream(urgent):
+            data = torch.randint(0, VOCAB, (a.micro_batch, a.seq_len + 1), device=dev, generator=gen)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(data[:, :-1], data[:, 1:])
+            loss.backward()
+        outer.wait_stream(urgent)
+        outer.wait_stream(beside)
+        return loss
+
+    return step, None
 
 
 def main():
@@ -188,6 +244,8 @@ def main():
 
         step_fn = ds_step
         opt = None
+    elif a.mode == "eager-update-beside":
+        step_fn, opt = update_beside(model, a, dev)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     if a.mode == "compile":
@@ -212,7 +270,7 @@ def main():
         opt.zero_grad(set_to_none=True)
         return loss
 
-    if opt is not None:
+    if a.mode not in ("eager-update-beside", "deepspeed", "deepspeed-offload"):
         step_fn = step
     times = []
     # The wall-clock span of the measured steps (Unix seconds), which bench/gpu/run.sh clocks
@@ -259,7 +317,8 @@ def main():
             "gpu": torch.cuda.get_device_name(dev),
             **({"deepspeed": deepspeed.__version__, "zero_optimization": config["zero_optimization"],
                 "optimizer": f"{type(engine.optimizer).__name__}"
-                             f"({type(getattr(engine, 'basic_optimizer', None)).__name__})"} if opt is None else {}),
+                             f"({type(getattr(engine, 'basic_optimizer', None)).__name__})"}
+               if a.mode in ("deepspeed", "deepspeed-offload") else {}),
         }), flush=True)
     if distributed:
         dist.destroy_process_group()
