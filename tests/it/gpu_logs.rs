@@ -35,8 +35,8 @@ const EARLIER_ARCHIVES: &[&str] = &[
 /// Archives of the engine as it is now on one GPU (from 96d5287: stages 2 and 3 write gradients in
 /// place, stage 3 keeps its parameters whole): `stage-ab`, `step-ab` and `same-losses` (every
 /// stage, accumulation, each offload), the cost model's one-GPU runs at stages 0 and 3,
-/// `step-time` (ec8ce60; 9ce8758 and 5a45d02, gpt2 and gpt2-xl, eager and replayed; 5a45d02's
-/// replayed updates beside the backward) and `kernels`. The comparisons also hold the base build's runs, in folders named
+/// `step-time` (ec8ce60; 9ce8758 and 5a45d02, gpt2 and gpt2-xl, eager and replayed, and 5a45d02's
+/// gpt2-xl again; 5a45d02's replayed updates beside the backward) and `kernels`. The comparisons also hold the base build's runs, in folders named
 /// `*_base*` by `bench/gpu/run.sh` (logs of these builds do not name their commit:
 /// `start.versions.commit` came later).
 const CURRENT_ONE_GPU_ARCHIVES: &[&str] = &[
@@ -48,12 +48,17 @@ const CURRENT_ONE_GPU_ARCHIVES: &[&str] = &[
     "gpu-2026-12-02-kernels-gpt2-xl-h200x1-ec8ce60",
     "gpu-2026-12-03-step-time-h200x1-9ce8758",
     "gpu-2026-12-03-step-time-h200x1-5a45d02",
+    "gpu-2026-12-03-step-time-refs-beside-h200x1-5a45d02",
 ];
 
 /// Archives written by schema version 2's worker (step time = all of the step's work): the first,
-/// and the latest two `step-time` calls on one GPU.
-const V2_ARCHIVES: &[&str] =
-    &["gpu-2026-11-23-step-time", "gpu-2026-12-03-step-time-h200x1-9ce8758", "gpu-2026-12-03-step-time-h200x1-5a45d02"];
+/// and the latest three `step-time` calls on one GPU.
+const V2_ARCHIVES: &[&str] = &[
+    "gpu-2026-11-23-step-time",
+    "gpu-2026-12-03-step-time-h200x1-9ce8758",
+    "gpu-2026-12-03-step-time-h200x1-5a45d02",
+    "gpu-2026-12-03-step-time-refs-beside-h200x1-5a45d02",
+];
 
 /// Unpacks an archive of `bench/results/raw/` into `tmp/name` and returns that folder.
 fn unpack(tmp: &Path, name: &str) -> PathBuf {
@@ -102,11 +107,11 @@ fn gpu_runs_moved_the_closed_form_bytes() {
             checked += 1;
         }
     }
-    // 728 rank logs: gpt2, gpt2-xl, t5-large, t5-3b, t5-11b, mistral-7b, tiny-llama and tiny in
+    // 736 rank logs: gpt2, gpt2-xl, t5-large, t5-3b, t5-11b, mistral-7b, tiny-llama and tiny in
     // bf16; stages 0-3 on 1 and 2 GPUs; prefetch 1-3; hpZ; optimizer and parameter offload; NCCL
     // and both copy-engine modes; one-GPU stage 3 gathering (earlier builds) and not (96d5287);
-    // 32 of them replaying CUDA graphs.
-    assert_eq!((checked, graphs), (728, 32), "GPU rank logs checked, of them replaying graphs");
+    // 36 of them replaying CUDA graphs.
+    assert_eq!((checked, graphs), (736, 36), "GPU rank logs checked, of them replaying graphs");
 }
 
 /// The current engine's GPU logs kept the parameters as `ParamPath::of` says and allocated the
@@ -136,9 +141,9 @@ fn current_one_gpu_logs_keep_parameters_as_the_schema_says() {
                 usize::from(c.stage == zerobench_schema::ZeroStage::Z3 && c.offload == zerobench_schema::Offload::None);
         }
     }
-    // 180 logs of 96d5287, c919ace, ec8ce60, 9ce8758 and 5a45d02, 64 of them stage 3 without
+    // 188 logs of 96d5287, c919ace, ec8ce60, 9ce8758 and 5a45d02, 66 of them stage 3 without
     // offload.
-    assert_eq!((checked, whole_stage_3), (180, 64), "GPU rank logs checked, of them stage 3 kept whole");
+    assert_eq!((checked, whole_stage_3), (188, 66), "GPU rank logs checked, of them stage 3 kept whole");
 }
 
 /// Schema version 2 on a GPU: the interval between two step records is the later one's
@@ -177,8 +182,8 @@ fn gpu_step_records_account_for_all_of_the_wall_time() {
         }
     }
     // gpt2 (micro-batch 16) and gpt2-xl (micro-batch 4), stages 0-3: one H100, eager; one H200
-    // (9ce8758 and 5a45d02), eager and replayed.
-    assert_eq!(checked, 40, "version 2 GPU rank logs checked");
+    // (9ce8758 and 5a45d02, the latter's gpt2-xl twice), eager and replayed.
+    assert_eq!(checked, 48, "version 2 GPU rank logs checked");
 }
 
 /// The step-breakdown plot of every committed GPU run: each bar adds up to its run's median step
