@@ -208,13 +208,18 @@ extern "C" fn on_fatal(sig: c_int, info: *mut libc::siginfo_t, _context: *mut c_
             // SAFETY: restores the action read in `install`.
             unsafe { libc::sigaction(sig, old, std::ptr::null_mut()) };
         }
-        // Sent, or an abort: the default action ends the process once this handler returns
-        // (the signal is blocked until then). abort(3) would raise it again anyway.
+        // Sent, or an abort: SA_RESETHAND put the default action back when this handler was
+        // entered, so the signal sent again to this thread (blocked until the handler returns)
+        // ends the process as it would have. abort(3) would raise it again anyway. Through the
+        // raw system calls: after a stack overflow's report, Rust's abort runs this handler again
+        // nested on the same signal stack, where the few hundred bytes that glibc's signal(3)
+        // and raise(3) put on it (actions, signal sets) overflowed it on a host whose CPU state
+        // makes signal frames large, and the process died of SIGSEGV instead of SIGABRT.
         _ => {
-            // SAFETY: signal(2) and raise(3) are async-signal-safe.
+            // SAFETY: gettid, getpid and tgkill are system calls, async-signal-safe.
             unsafe {
-                libc::signal(sig, libc::SIG_DFL);
-                libc::raise(sig);
+                let tid = libc::syscall(libc::SYS_gettid);
+                libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, sig);
             }
         }
     }
