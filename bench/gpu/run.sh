@@ -140,8 +140,11 @@ done
 W=$BIN/zerobench-worker
 GPUS=$(nvidia-smi -L | wc -l)
 # Raw runs stay outside OUT (which brings back few files); each phase packs them into OUT. A
-# RUNS of your own must end in /runs (the reports find the logs under runs/ in the archive).
-RUNS=${RUNS:-/tmp/zerobench-bench/runs}
+# RUNS of your own must end in /runs (the reports find the logs under runs/ in the archive). By
+# default each invocation gets a folder of its own: on a machine kept warm between calls, one
+# shared folder packed the earlier calls' runs into a later call's archive, and a phase run again
+# found its runs' logs already there (the worker refuses to write over them).
+RUNS=${RUNS:-$(mktemp -d /tmp/zerobench-bench.XXXXXX)/runs}
 [ "$(basename "$RUNS")" = runs ] || { echo "RUNS must end in /runs: $RUNS" >&2; exit 2; }
 mkdir -p "$RUNS" "$OUTDIR"
 log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" | tee -a "$OUTDIR/bench.log" >&2; }
