@@ -51,7 +51,7 @@ pub struct Gpu {
     /// Where host-to-device copies run (offload's parameters), beside `comm`: the link carries
     /// both directions at once, so an upload need not queue behind gradients going down.
     pub upload: Arc<CudaStream>,
-    /// Where AdamW's update runs beside a replayed backward (`zero::engine`), at the default
+    /// Where AdamW's update runs beside a replayed backward (`zero::beside`), at the default
     /// priority, which is the lowest.
     pub update: Arc<CudaStream>,
     /// A stream at the device's highest priority, where a backward beside which the update runs

@@ -89,18 +89,13 @@ impl AdamW {
 
     /// Applies update number `t` (1-based) to a shard, on the compute stream where on a GPU.
     pub fn step(&self, t: u64, grad_scale: f64, s: &Shard<'_>) -> Result<(), TchError> {
-        let k = self.coeffs(t, grad_scale);
-        match s.master.device() {
-            Device::Cpu => {
-                step_cpu(&k, s);
+        match (s.master.device(), &self.fused) {
+            (Device::Cpu, _) => {
+                step_cpu(&self.coeffs(t, grad_scale), s);
                 Ok(())
             }
-            _ => match &self.fused {
-                Some(f) => f
-                    .step(&k, s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.param_out, Lane::InOrder)
-                    .map_err(|e| TchError::Torch(e.to_string())),
-                None => step_tensor_ops(&k, s),
-            },
+            (_, Some(_)) => self.step_fused(t, grad_scale, s, Lane::InOrder),
+            (_, None) => step_tensor_ops(&self.coeffs(t, grad_scale), s),
         }
     }
 
@@ -113,11 +108,16 @@ impl AdamW {
     /// [`Self::step`] of a GPU shard on the GPU's update stream ([`Lane::Beside`]); the caller
     /// orders it after the shard's gradient and before the parameters' next use.
     pub fn step_beside(&self, t: u64, grad_scale: f64, s: &Shard<'_>) -> Result<(), TchError> {
+        self.step_fused(t, grad_scale, s, Lane::Beside)
+    }
+
+    /// The fused kernel's update of a GPU shard, launched as `lane` says.
+    fn step_fused(&self, t: u64, grad_scale: f64, s: &Shard<'_>, lane: Lane) -> Result<(), TchError> {
         let Some(f) = &self.fused else {
-            return Err(TchError::Torch("AdamW beside the backward needs the fused kernel".into()));
+            return Err(TchError::Torch("AdamW's fused kernel is not there (NVRTC)".into()));
         };
         let k = self.coeffs(t, grad_scale);
-        f.step(&k, s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.param_out, Lane::Beside)
+        f.step(&k, s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.param_out, lane)
             .map_err(|e| TchError::Torch(e.to_string()))
     }
 }

@@ -121,8 +121,9 @@ pub enum Lane {
     /// over the shard (as fast as any form measured alone, `examples/adamw_bw`).
     InOrder,
     /// On the update stream while a backward replays at a higher priority: a block per 256
-    /// vectors, each short-lived, so that a product waiting for multiprocessors gets one as soon
-    /// as a block ends instead of after the whole update.
+    /// vectors (256 elements where the shard is not aligned for vectors; the engine's are), each
+    /// short-lived, so that a product waiting for multiprocessors gets one as soon as a block ends
+    /// instead of after the whole update.
     Beside,
 }
 
