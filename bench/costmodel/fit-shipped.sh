@@ -20,6 +20,9 @@
 # 2048 (`t5s`, another call on a 1×H200 host, twice). So are the list's one-GPU runs at stages 0
 # and 3 at 96d5287 (`z03`: stage 3 on one GPU keeping its parameters whole, which the fitted
 # sweeps' builds gathered; two calls on one 1×H200 host, once each).
+# So are the list's 28 runs that kept the GPU busy in the fitted sweep, at e9fd36e (`busy`: the
+# engine as it ships where the GPU sets the step; twice each on a 1×H200 host;
+# bench/gpu/costmodel-runs-busy-h200.txt).
 # H100: sweeps after the trainer's segment loop moved onto libtorch's autograd thread (launch-bound
 # steps 0.87-0.93×), one run at a time. Without offload, the whole list (one GPU and two, held out
 # too) at eed3e13 on a 2×H100 host: the engine as it ships, whose device-bound steps take 0.95× and
@@ -61,7 +64,7 @@ BIN=${BIN:-target/release}
 ZB=$PWD/$BIN/zerobench
 sweeps() {  # the archives of a kind's sweeps, as NAME:ARCHIVE[:MARK] (under bench/results/raw)
   case $1 in
-    h200) echo "now:gpu-2026-11-28-h200x2-costmodel-41cf013 t5:gpu-2026-12-02-h200x1-costmodel-t5-5309edc:check-only t5s:gpu-2026-12-02-h200x1-costmodel-t5-s2048-5309edc:check-only x1:gpu-2026-12-02-h200x1-costmodel-8fda613:check-only z03:gpu-2026-12-02-h200x1-costmodel-z0z3-96d5287:check-only" ;;
+    h200) echo "now:gpu-2026-11-28-h200x2-costmodel-41cf013 t5:gpu-2026-12-02-h200x1-costmodel-t5-5309edc:check-only t5s:gpu-2026-12-02-h200x1-costmodel-t5-s2048-5309edc:check-only x1:gpu-2026-12-02-h200x1-costmodel-8fda613:check-only z03:gpu-2026-12-02-h200x1-costmodel-z0z3-96d5287:check-only busy:gpu-2026-12-04-h200x1-costmodel-busy-e9fd36e:check-only" ;;
     h100) echo "x2f:gpu-2026-11-28-h100x2f-costmodel-eed3e13 x1n:gpu-2026-11-27-h100x1n-costmodel-gpt2-ce2c6d2:launch-only x1o:gpu-2026-11-27-h100x1o-costmodel-gpt2-b98eb1a:launch-only x2e:gpu-2026-11-27-h100x2e-costmodel-gpt2-b98eb1a:launch-only x1h:gpu-2026-11-27-h100x1h-costmodel-offload-9f0fd0c x1i:gpu-2026-11-27-h100x1i-costmodel-offload-9f0fd0c x1j:gpu-2026-11-27-h100x1j-costmodel-offload-9f0fd0c x1k:gpu-2026-11-27-h100x1k-costmodel-offload-9f0fd0c x1l:gpu-2026-11-27-h100x1l-costmodel-offload-e51bf6b x1m:gpu-2026-11-27-h100x1m-costmodel-offload-e51bf6b x2d:gpu-2026-11-27-h100x2d-costmodel-offload-e51bf6b r1:gpu-2026-11-27-offload-ratios-h100x1:ratios r1b:gpu-2026-11-27-offload-ratios-h100x1b:ratios r1c:gpu-2026-11-27-offload-ratios-h100x1c:ratios r1d:gpu-2026-11-27-offload-ratios-h100x1d:ratios r2:gpu-2026-11-27-offload-ratios-h100x2:ratios-exact r2b:gpu-2026-11-27-offload-ratios-h100x2b:ratios-exact r2c:gpu-2026-11-27-offload-ratios-h100x2c:ratios r2d:gpu-2026-11-27-offload-two-ranks-h100x2:ratios r4:gpu-2026-11-27-h100x4-costmodel-e51bf6b:ratios r4b:gpu-2026-11-27-h100x4-costmodel-e51bf6b-round2:ratios" ;;
     *) echo "fit-shipped.sh: no sweeps for GPU kind '$1' (h200, h100)" >&2; return 2 ;;
   esac

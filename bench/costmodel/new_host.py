@@ -77,11 +77,14 @@ busy = lambda i: float(host_rows[i]["gpu_util_pct_mean"] or 0) >= DEVICE_BOUND_U
 device_bound = [i for i in runs if priced[i]["offload"] == "none" and busy(i)]
 launch_bound = [i for i in runs if priced[i]["offload"] == "none" and not busy(i)]
 held_out = [i for i in runs if i.startswith("cm-holdout/")]
+# A sweep without the host's rate beside it (examples/cpu_adamw) has none: null, as strict JSON readers
+# take it (json.dumps would write NaN, which they refuse).
+rate = lambda row: float(row["host_adamw_gparams_per_s"]) if row["host_adamw_gparams_per_s"] else None
 rows = [{
     "run": i, "offload": priced[i]["offload"], "step_ms": float(priced[i]["step_ms"]),
-    "host_adamw_gparams_per_s": float(priced[i]["host_adamw_gparams_per_s"] or "nan"),
+    "host_adamw_gparams_per_s": rate(priced[i]),
     "predicted_step_ms": float(priced[i]["predicted_step_ms"]), "step_error_pct": float(priced[i]["step_error_pct"]),
-    "without_rate": {"host_adamw_gparams_per_s": float(blind[i]["host_adamw_gparams_per_s"] or "nan"),
+    "without_rate": {"host_adamw_gparams_per_s": rate(blind[i]),
                      "predicted_step_ms": float(blind[i]["predicted_step_ms"]),
                      "step_error_pct": float(blind[i]["step_error_pct"])},
 } for i in runs]
@@ -105,4 +108,4 @@ print(json.dumps({
     },
     "fastest_stage": fastest_stage(choice_csv, host_rows),
     "runs": rows,
-}, indent=1))
+}, indent=1, allow_nan=False))
