@@ -410,6 +410,10 @@ impl RunConfig {
                 return Err(ConfigError::new("target-len", "must be at least 1"));
             }
         }
+        // The logs record the path as text (`start.config.data`).
+        if self.data.as_deref().is_some_and(|p| p.to_str().is_none()) {
+            return Err(ConfigError::new("data", "the path is not valid UTF-8; the logs record it as text"));
+        }
         if self.data.is_some() && self.model.spec().vocab() == 0 {
             return Err(ConfigError::new("data", format!("model {} takes vectors, not text", self.model)));
         }
@@ -700,6 +704,18 @@ mod tests {
         c.stage = ZeroStage::Z2;
         c.offload = Offload::OptimizerParams;
         assert!(c.validate(None).unwrap_err().reason.contains("stage 3"));
+    }
+
+    /// A data path that is not UTF-8 is refused by name: the `start` record holds it as text,
+    /// and its serialisation would fail mid-run.
+    #[test]
+    fn a_data_path_must_be_text() {
+        use std::os::unix::ffi::OsStrExt;
+        let mut c = RunConfig::new(ModelPreset::Tiny, ZeroStage::Z0);
+        c.data = Some(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(b"/tmp/bad\xff.txt")));
+        assert_eq!(c.validate(None).unwrap_err().field, "data");
+        c.data = Some("/tmp/good.txt".into());
+        assert!(c.validate(None).is_ok());
     }
 
     /// The delayed update needs optimizer offload without fp16 or accumulation; refusals name it.

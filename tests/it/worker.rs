@@ -10,8 +10,8 @@ use zerobench_schema::memory::{model_state_bytes, padded_params, ParamPath};
 use zerobench_schema::{ModelPreset, Precision, ZeroStage};
 
 use crate::support::{
-    assert_ok, assert_traffic, bin, losses, max_rel_diff, mpirun, on_text, records, repo, run, setup, steps, train,
-    worker, TINY_FP32,
+    assert_ok, assert_traffic, bin, losses, max_rel_diff, mpirun, on_text, records, repo, run, setup, stderr, steps,
+    train, worker, TINY_FP32,
 };
 
 #[test]
@@ -293,6 +293,9 @@ fn bad_flags_fail_before_any_work_and_name_the_flag() {
         (&["--model", "tiny", "--stage", "0", "--beta2", "1"], "--beta2"),
         (&["--model", "tiny", "--stage", "0", "--eps", "0"], "--eps"),
         (&["--model", "tiny", "--stage", "0", "--weight-decay=-1"], "--weight-decay"),
+        // Waits beyond a year overflowed libtorch's store deadline and the stall clock.
+        (&["--model", "tiny", "--stage", "0", "--rendezvous-timeout-s", "10000000000"], "--rendezvous-timeout-s"),
+        (&["--model", "tiny", "--stage", "0", "--stall-timeout-s", "18446744073709551615"], "--stall-timeout-s"),
     ];
     for (args, needle) in cases {
         let mut all = args.to_vec();
@@ -340,6 +343,61 @@ fn unusable_log_folders_stop_the_rank_before_training() {
         assert!(err.contains("symbolic link"), "{extra:?}: {err}");
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "{extra:?}");
     }
+}
+
+/// A log that one rank alone cannot open (its name taken by an earlier, smaller run) stops every
+/// rank at once with that rank's exit code, and the others leave no log behind; before, rank 0
+/// left and rank 1 waited in its first collective until the stall limit (300 s, exit code 4).
+#[test]
+fn a_log_one_rank_cannot_open_stops_every_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let flags = ["--model", "tiny", "--stage", "2", "--steps", "3", "--seq-len", "16", "--threads", "1"];
+    let one = run(mpirun(1).arg(worker()).args(flags).arg("--log-dir").arg(&dir));
+    assert_ok(&one, "one rank");
+    let before = std::fs::read(dir.join("rank0.jsonl")).unwrap();
+    let two = run(mpirun(2).arg(worker()).args(flags).arg("--log-dir").arg(&dir));
+    assert_eq!(two.status.code(), Some(5), "{}", stderr(&two));
+    let err = stderr(&two);
+    assert!(err.contains("rank0.jsonl exists"), "{err}");
+    assert!(err.contains("rank 0 could not open its log"), "{err}");
+    assert_eq!(std::fs::read(dir.join("rank0.jsonl")).unwrap(), before);
+    assert!(!dir.join("rank1.jsonl").exists(), "rank 1 left a log of a run that never ran");
+    // --overwrite replaces the run's logs, and removes the logs of ranks this run does not have.
+    let one = run(mpirun(1).arg(worker()).args(flags).arg("--log-dir").arg(&dir).arg("--overwrite"));
+    assert_ok(&one, "one rank over two");
+    let two = run(mpirun(2).arg(worker()).args(flags).arg("--log-dir").arg(&dir).arg("--overwrite"));
+    assert_ok(&two, "two ranks over one");
+    let one = run(mpirun(1).arg(worker()).args(flags).arg("--log-dir").arg(&dir).arg("--overwrite"));
+    assert_ok(&one, "one rank over two");
+    let mut left: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    left.sort();
+    assert_eq!(left, ["rank0.jsonl"]);
+}
+
+/// Ranks started with other flags (an MPMD launch) are refused on every rank, the differing one
+/// naming the field, before any log is written; before, they trained different models against
+/// each other or hung in a collective.
+#[test]
+fn ranks_started_with_other_flags_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let common = ["--model", "tiny", "--stage", "2", "--steps", "3", "--threads", "1"];
+    let out = run(mpirun(1)
+        .arg(worker())
+        .args(common)
+        .args(["--seq-len", "16", "--log-dir"])
+        .arg(&dir)
+        .args([":", "-np", "1"])
+        .arg(worker())
+        .args(common)
+        .args(["--seq-len", "32", "--log-dir"])
+        .arg(&dir));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("rank(s) 1 started with other flags than rank 0 (this rank's `seq_len` differs)"), "{err}");
+    assert!(!dir.exists(), "a refused run wrote into its log folder");
 }
 
 /// A micro-batch far beyond host memory (`--micro-batch 1000000000`) is an out-of-memory result

@@ -1,10 +1,12 @@
 //! One rank's run from flags to exit code.
 //!
 //! Order of work: flags are checked before anything else; then the rank meets the others (over MPI,
-//! or at a TCP store: [`rendezvous`]), learns who it is and opens its log (a log folder that cannot be written stops the rank here, before any
-//! training); then the model and the ZeRO engine are built, and the steps run. Every record is
-//! flushed as it is written. A failure after the log is open is logged as an `error` record and
-//! an `end` record with the exit code that follows (see [`crate::failure`]).
+//! or at a TCP store: [`rendezvous`]), learns who it is, and the ranks agree that they all have
+//! one configuration and that every log opened ([`agree`]: a log folder that cannot be written
+//! stops every rank here, before any training); then the model and the ZeRO engine are built, and
+//! the steps run. Every record is flushed as it is written. A failure after the log is open is
+//! logged as an `error` record and an `end` record with the exit code that follows (see
+//! [`crate::failure`]).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
@@ -33,7 +35,7 @@ use crate::runtime::guard::Guard;
 use crate::runtime::identity::{self, Identity};
 use crate::runtime::rendezvous;
 use crate::train::{Observe, Progress, TorchProfile, Trainer};
-use crate::{cli, data, model, runtime, zero};
+use crate::{agree, cli, data, model, runtime, zero};
 
 /// Runs one rank; the error's [`Failure::exit_code`] is the process's exit code.
 pub fn run(args: &cli::Args) -> Result<(), Failure> {
@@ -73,9 +75,11 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     // The rules that depend on the number of ranks (hpZ's group size).
     cfg.validate(Some(ident.world_size))?;
     let run_id = shared_run_id(&mut host, args.run_id.as_deref(), &cfg)?;
+    agree::same_configuration(&mut host, &cfg)?;
     // Held to the end of `run`, so that a failed rank 0 can leave without waiting for the others.
     let store = host.run_store();
-    let log = RankLog::create(&args.log_dir, ident.rank, args.overwrite).map_err(|e| Failure::Io(e.to_string()))?;
+    let opened = RankLog::create(&args.log_dir, ident.rank, args.overwrite);
+    let log = agree::logs_opened(&mut host, opened, &args.log_dir, args.overwrite)?;
     let stall = (args.stall_timeout_s > 0).then(|| Duration::from_secs(args.stall_timeout_s));
     let guard = Guard::start(log.clone(), ident.rank, stall)
         .map_err(|e| Failure::Internal(format!("cannot start the guard threads: {e}")))?;

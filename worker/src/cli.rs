@@ -16,6 +16,10 @@ use zerobench_schema::{DeviceRequest, ModelPreset, Offload, Precision, RunConfig
 use crate::runtime::cpus::LaunchCpu;
 use crate::runtime::launch_env::Rendezvous;
 
+/// The longest wait a flag takes, in seconds: a year is beyond any run, and far below where a
+/// deadline of now plus the wait overflows a clock.
+const YEAR_S: u64 = 365 * 24 * 3600;
+
 /// One rank of a zerobench run: trains a model with a ZeRO stage and logs what it costs.
 #[derive(Debug, Parser)]
 #[command(name = "zerobench-worker", version)]
@@ -122,12 +126,13 @@ pub struct Args {
     /// MASTER_ADDR is set, else one process.
     #[arg(long, value_enum, default_value_t = Rendezvous::Auto, env = "ZEROBENCH_RENDEZVOUS")]
     pub rendezvous: Rendezvous,
-    /// `env` rendezvous: seconds a rank waits for the others to arrive before it fails.
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..), env = "ZEROBENCH_RENDEZVOUS_TIMEOUT_S")]
+    /// `env` rendezvous: seconds a rank waits for the others to arrive before it fails (at most
+    /// a year: libtorch's store adds the wait to the clock, where far larger ones overflow).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=YEAR_S), env = "ZEROBENCH_RENDEZVOUS_TIMEOUT_S")]
     pub rendezvous_timeout_s: u64,
     /// Stop the rank (exit code 4) when no step completes for this long, or ten times the longest
-    /// step if that is more (300 s before the first step); 0 disables.
-    #[arg(long, default_value_t = 30)]
+    /// step if that is more (300 s before the first step); 0 disables; at most a year.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=YEAR_S))]
     pub stall_timeout_s: u64,
     #[command(flatten)]
     pub optim: OptimConfig,

@@ -69,6 +69,14 @@ pub enum Refused {
     CudaGraphWithoutGpu,
     #[error("--profile-step {step} is past the run's last step, {} (--steps {steps} counts from 0)", steps.saturating_sub(1))]
     ProfileStepPastRun { step: u32, steps: u32 },
+    /// Ranks started with other flags than rank 0's (`crate::agree`); `field` is named on the
+    /// ranks whose own configuration differs.
+    #[error(
+        "rank(s) {} started with other flags than rank 0{}; start every rank with the same flags",
+        ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+        field.as_deref().map(|f| format!(" (this rank's `{f}` differs)")).unwrap_or_default()
+    )]
+    RanksDisagree { ranks: Vec<u32>, field: Option<String> },
 }
 
 impl From<ConfigError> for Failure {

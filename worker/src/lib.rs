@@ -15,6 +15,7 @@
 //! | [`logfile`] | the rank's JSON-lines log |
 //! | [`failure`] | failure classes and exit codes |
 
+pub mod agree;
 pub mod app;
 pub mod cli;
 pub mod comm;

@@ -74,6 +74,26 @@ impl RankLog {
         Ok(Self { file: Arc::new(Mutex::new(file)), path: Arc::new(path) })
     }
 
+    /// Removes this log's file: the run stopped before writing to it (`crate::agree`).
+    pub fn discard(self) -> io::Result<()> {
+        fs::remove_file(self.path.as_path())
+    }
+
+    /// Removes the logs `rank<N>.jsonl` in `dir` with N ≥ `ranks`: an earlier run's with more
+    /// ranks than this one, which `--overwrite` replaces along with the others.
+    pub fn remove_beyond(dir: &Path, ranks: usize) -> io::Result<()> {
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let rank =
+                name.to_str().and_then(|n| n.strip_prefix("rank")?.strip_suffix(".jsonl")?.parse::<usize>().ok());
+            if rank.is_some_and(|r| r >= ranks) {
+                fs::remove_file(entry.path())?;
+            }
+        }
+        Ok(())
+    }
+
     /// Appends one record as one line.
     pub fn write(&self, rec: &Record) -> Result<(), LogError> {
         let l = line(rec);

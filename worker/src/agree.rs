@@ -1,0 +1,118 @@
+//! What the ranks settle among themselves before any of them works: that all were started with
+//! the same configuration, and that every rank's log opened.
+//!
+//! Each rank checks its own flags and its own log. A rank that alone found a fault and stopped
+//! would leave the others waiting in their first collective until the stall limit (300 s before
+//! the first step), and ranks started with different flags (an MPMD launch, a script that edits
+//! one rank's line) would train different models against each other, or hang. After these two
+//! small exchanges over the host group (an 8-byte digest and a byte per rank), every rank stops at
+//! once with the same exit code, and a log folder an earlier run left keeps only its own files.
+
+use std::path::Path;
+
+use serde_json::Value;
+use zerobench_schema::fnv::fnv1a;
+use zerobench_schema::RunConfig;
+
+use crate::comm::group::HostGroup;
+use crate::failure::{Failure, Refused};
+use crate::logfile::{LogError, RankLog};
+
+/// Every rank's configuration is rank 0's, or all ranks fail with [`Refused::RanksDisagree`]
+/// (exit code 2), which names the first field that differs on the ranks whose own differs.
+pub fn same_configuration(host: &mut HostGroup, cfg: &RunConfig) -> Result<(), Failure> {
+    let mine = serde_json::to_value(cfg).map_err(|e| Failure::Internal(format!("the configuration as JSON: {e}")))?;
+    let text = mine.to_string();
+    let digests = host.all_gather_bytes(&fnv1a(text.as_bytes()).to_le_bytes())?;
+    let ranks: Vec<u32> = (1..digests.len()).filter(|&r| digests[r] != digests[0]).map(|r| r as u32).collect();
+    if ranks.is_empty() {
+        return Ok(());
+    }
+    // Rank 0's configuration, so that the ranks whose own differs can name the field.
+    let mut len = (text.len() as u64).to_le_bytes();
+    host.broadcast_bytes(&mut len, 0)?;
+    let len = usize::try_from(u64::from_le_bytes(len))
+        .map_err(|_| Failure::Internal("rank 0's configuration is longer than this host can hold".into()))?;
+    let mut theirs = vec![0u8; len];
+    if host.rank() == 0 {
+        theirs.copy_from_slice(text.as_bytes());
+    }
+    host.broadcast_bytes(&mut theirs, 0)?;
+    let theirs: Value = serde_json::from_slice(&theirs)
+        .map_err(|e| Failure::Internal(format!("rank 0's configuration as JSON: {e}")))?;
+    Err(Refused::RanksDisagree { ranks, field: first_difference(&theirs, &mine, "") }.into())
+}
+
+/// The path (`engine.hpz`) of the first field, in key order, where `a` and `b` differ; `None` when
+/// they are equal.
+fn first_difference(a: &Value, b: &Value, at: &str) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            keys.into_iter().find_map(|k| {
+                let path = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+                match (x.get(k), y.get(k)) {
+                    (Some(u), Some(v)) => first_difference(u, v, &path),
+                    _ => Some(path),
+                }
+            })
+        }
+        _ if a == b => None,
+        _ => Some(at.to_string()),
+    }
+}
+
+/// Every rank's log opened, or none is kept: a rank whose log did not open fails with its own
+/// error, the others with the first failed rank's number (exit code 5), each removing the empty
+/// log it had created. With `overwrite`, rank 0 then removes the logs of ranks this run does not
+/// have (`rank<N>.jsonl`, N ≥ the world size), which an earlier, larger run left and which would
+/// otherwise be read as part of this one.
+pub fn logs_opened(
+    host: &mut HostGroup,
+    mine: Result<RankLog, LogError>,
+    dir: &Path,
+    overwrite: bool,
+) -> Result<RankLog, Failure> {
+    let opened = host.all_gather_bytes(&[u8::from(mine.is_ok())])?;
+    let failed = opened.iter().position(|b| b.first() != Some(&1));
+    match (mine, failed) {
+        (Err(e), _) => Err(Failure::Io(e.to_string())),
+        (Ok(log), Some(r)) => {
+            // Best effort: the run stops either way, and the file holds nothing.
+            let _ = log.discard();
+            Err(Failure::Io(format!("rank {r} could not open its log in {}; no rank ran", dir.display())))
+        }
+        (Ok(log), None) => {
+            if overwrite && host.rank() == 0 {
+                RankLog::remove_beyond(dir, opened.len())
+                    .map_err(|e| Failure::Io(format!("removing an earlier run's logs from {}: {e}", dir.display())))?;
+            }
+            Ok(log)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::first_difference;
+
+    #[test]
+    fn the_first_differing_field_is_named_by_its_path() {
+        let a = json!({"model": "tiny", "seq_len": 16, "engine": {"hpz": null, "bucket_mb": 25}});
+        assert_eq!(first_difference(&a, &a, ""), None);
+        let b = json!({"model": "tiny", "seq_len": 32, "engine": {"hpz": null, "bucket_mb": 25}});
+        assert_eq!(first_difference(&a, &b, "").as_deref(), Some("seq_len"));
+        let c = json!({"model": "tiny", "seq_len": 16, "engine": {"hpz": 2, "bucket_mb": 25}});
+        assert_eq!(first_difference(&a, &c, "").as_deref(), Some("engine.hpz"));
+        // In key order: `engine` comes before `seq_len`.
+        let d = json!({"model": "tiny", "seq_len": 32, "engine": {"hpz": 2, "bucket_mb": 25}});
+        assert_eq!(first_difference(&a, &d, "").as_deref(), Some("engine.hpz"));
+        // A field one side lacks.
+        let e = json!({"model": "tiny", "seq_len": 16, "engine": {"hpz": null, "bucket_mb": 25}, "data": "x"});
+        assert_eq!(first_difference(&a, &e, "").as_deref(), Some("data"));
+    }
+}
