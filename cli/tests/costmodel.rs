@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use zerobench_ingest::synth::SynthRun;
-use zerobench_schema::{ModelPreset, RunConfig, ZeroStage};
+use zerobench_schema::{ModelPreset, Offload, RunConfig, ZeroStage};
 
 fn zerobench(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_zerobench")).args(args).output().unwrap()
@@ -131,6 +131,7 @@ fn bad_queries_are_refused_naming_the_flag() {
             &["--gpu", "h200", "--model", "gpt2", "--stage", "0", "--micro-batch", "1", "--gpus", "3", "--nodes", "2"],
             "--nodes",
         ),
+        (&["--gpu", "h200", "--model", "gpt2", "--stage", "0", "--micro-batch", "1", "--gpus", "0"], "--gpus: must be"),
         (
             &["--gpu", "h100", "--model", "gpt2", "--stage", "2", "--micro-batch", "1", "--delayed-update"],
             "--delayed-update: delays the host's update; it needs --offload",
@@ -267,6 +268,54 @@ fn bad_inputs_to_fit_are_clear_errors() {
         let err = text(&o.stderr);
         assert!(err.contains(&format!("version {other};")) && err.contains("versions 3-4"), "{err}");
     }
+}
+
+/// Runs the worker could not have made (a step time of 0, a configuration it refuses) are left
+/// out of the fit by name, not fitted: a zero step made the validation's errors infinite and
+/// the file unreadable, a refused configuration moved the terms.
+#[test]
+fn runs_the_worker_could_not_have_made_are_left_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    sweep(&logs, "NVIDIA H200");
+    let clean = tmp.path().join("clean.json");
+    let o = zerobench(&["fit", logs.to_str().unwrap(), "--out", clean.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    run(&logs, ModelPreset::Gpt2, ZeroStage::Z0, 2, 1, "NVIDIA H200", 0.0);
+    let mut cfg = RunConfig::new(ModelPreset::Gpt2, ZeroStage::Z0);
+    (cfg.steps, cfg.warmup, cfg.seq_len, cfg.offload) = (6, 1, 512, Offload::Optimizer);
+    let mut r = SynthRun::new("refused", cfg, 1, 25.0);
+    r.gpu = "NVIDIA H200".into();
+    r.write(&logs.join("refused")).unwrap();
+    let m = tmp.path().join("m.json");
+    let o = zerobench(&["fit", logs.to_str().unwrap(), "--out", m.to_str().unwrap(), "--validate"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("left out 1 run(s) (gpt2-z0-mb2-1-NVIDIA_H200): step time 0 ms, not a positive number"),
+        "{err}"
+    );
+    assert!(err.contains("left out 1 run(s) (refused): a configuration the worker refuses (invalid --offload: optimizer offload needs ZeRO stage 1, 2 or 3)"), "{err}");
+    // What was fitted is the clean sweep's model, and it reads back.
+    let fitted = |p: &Path| {
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        v["fits"][0]["step"].take()
+    };
+    assert_eq!(fitted(&m), fitted(&clean));
+    let o = zerobench(&[
+        "predict",
+        "--cost-model",
+        m.to_str().unwrap(),
+        "--gpu",
+        "h200",
+        "--model",
+        "gpt2",
+        "--stage",
+        "0",
+        "--micro-batch",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
 }
 
 /// A version-3 file, whose donor's count was of runs (`busy_runs`), is read: it names the same

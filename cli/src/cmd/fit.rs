@@ -106,15 +106,23 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
     config.offload_ratio = variant_value(&r.variant, "offload_ratio")?;
     config.delayed_update_after = variant_value(&r.variant, "delayed_update_after")?;
     let gpu = r.gpu.clone().ok_or_else(|| need("GPU name (a CPU run?)"))?;
+    let gpus = r.gpus.ok_or_else(|| need("gpus"))?;
+    // A log edited or written by hand can hold what the worker refuses; the model would be
+    // fitted on, or price, a run that cannot exist.
+    config.validate(Some(gpus)).map_err(|e| format!("a configuration the worker refuses ({e})"))?;
+    let step_ms = r.step_ms_median.ok_or_else(|| need("step time"))?;
+    if !(step_ms.is_finite() && step_ms > 0.0) {
+        return Err(format!("step time {step_ms} ms, not a positive number"));
+    }
     Ok(Observation {
         run_id: r.run_id.clone(),
         gpu,
         query: Query {
             logged_buffer_bytes: r.state_buffer_bytes,
             logged_param_path: r.param_path,
-            ..Query::new(config, r.gpus.ok_or_else(|| need("gpus"))?, r.nodes.unwrap_or(1))
+            ..Query::new(config, gpus, r.nodes.unwrap_or(1))
         },
-        step_ms: r.step_ms_median.ok_or_else(|| need("step time"))?,
+        step_ms,
         peak_allocated_bytes: r.peak_allocated_bytes.ok_or_else(|| need("peak allocated memory"))?,
         peak_reserved_bytes: r.peak_reserved_bytes,
         device_memory_bytes: r.device_memory_bytes,
@@ -139,13 +147,14 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         bail!("{} exists; --overwrite replaces it", args.out.display());
     }
     let Read { observations: obs, left_out: skipped } = observations(&args.dirs)?;
-    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    // Per reason: how many runs, and the first of them by name (-v lists every one).
+    let mut reasons: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
     for (id, why) in &skipped {
         tracing::info!(run = %id, "left out: {why}");
-        *reasons.entry(why.as_str()).or_default() += 1;
+        reasons.entry(why.as_str()).or_insert((0, id.as_str())).0 += 1;
     }
-    for (why, n) in &reasons {
-        eprintln!("zerobench: left out {n} run(s): {why}");
+    for (why, (n, first)) in &reasons {
+        eprintln!("zerobench: left out {n} run(s) ({first}{}): {why}", if *n > 1 { ", ..." } else { "" });
     }
     let obs = match &args.gpu {
         None => obs,

@@ -89,7 +89,11 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     if a.nodes == 0 || a.gpus % a.nodes != 0 {
         anyhow::bail!("--gpus {} does not split evenly over --nodes {}", a.gpus, a.nodes);
     }
-    config.validate(Some(a.gpus)).map_err(|e| anyhow::anyhow!("--{}: {}", e.field.replace('_', "-"), e.reason))?;
+    // The number of ranks is `--gpus` here (the worker's is its launcher's world size).
+    config.validate(Some(a.gpus)).map_err(|e| {
+        let flag = if e.field == "world-size" { "gpus".to_string() } else { e.field.replace('_', "-") };
+        anyhow::anyhow!("--{flag}: {}", e.reason)
+    })?;
     if a.host_adamw_rate.is_some() && config.offload == Offload::None {
         anyhow::bail!("--host-adamw-rate: prices the host's update of the optimizer; it needs --offload");
     }
