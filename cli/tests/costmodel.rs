@@ -15,6 +15,24 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// `zerobench predict` of gpt2 at stage 0, micro-batch 1, on GPU kind `gpu` with the model file
+/// `model`.
+fn predict_gpt2(model: &str, gpu: &str) -> Output {
+    zerobench(&[
+        "predict",
+        "--cost-model",
+        model,
+        "--gpu",
+        gpu,
+        "--model",
+        "gpt2",
+        "--stage",
+        "0",
+        "--micro-batch",
+        "1",
+    ])
+}
+
 /// A finished synthetic run: `mb` micro-batch of `model` at `stage` on `gpus` GPUs of kind `gpu`.
 fn run(dir: &Path, model: ModelPreset, stage: ZeroStage, mb: u32, gpus: u32, gpu: &str, step_ms: f64) {
     let mut cfg = RunConfig::new(model, stage);
@@ -232,22 +250,7 @@ fn bad_inputs_to_fit_are_clear_errors() {
     // Without --gpu each kind gets its own fit; a name matching both is then ambiguous to predict.
     let o = zerobench(&["fit", two.to_str().unwrap(), "--out", m, "--overwrite"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
-    // gpt2 at stage 0, micro-batch 1, on GPU kind `gpu` with the model file `model`.
-    let predict = |model: &str, gpu: &str| {
-        zerobench(&[
-            "predict",
-            "--cost-model",
-            model,
-            "--gpu",
-            gpu,
-            "--model",
-            "gpt2",
-            "--stage",
-            "0",
-            "--micro-batch",
-            "1",
-        ])
-    };
+    let predict = predict_gpt2;
     let o = predict(m, "nvidia");
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("matches several fits"), "{}", text(&o.stderr));
@@ -302,19 +305,7 @@ fn runs_the_worker_could_not_have_made_are_left_out() {
         v["fits"][0]["step"].take()
     };
     assert_eq!(fitted(&m), fitted(&clean));
-    let o = zerobench(&[
-        "predict",
-        "--cost-model",
-        m.to_str().unwrap(),
-        "--gpu",
-        "h200",
-        "--model",
-        "gpt2",
-        "--stage",
-        "0",
-        "--micro-batch",
-        "1",
-    ]);
+    let o = predict_gpt2(m.to_str().unwrap(), "h200");
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
 }
 
