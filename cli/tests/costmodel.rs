@@ -309,6 +309,59 @@ fn runs_the_worker_could_not_have_made_are_left_out() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
 }
 
+/// A fit of folders part of which could not be read writes its model from the rest, names each
+/// file and line it could not read, and exits 1: the result is incomplete (it exited 0, the
+/// files named only under -v).
+#[test]
+fn a_fit_of_folders_partly_unreadable_names_them_and_exits_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    sweep(&logs, "NVIDIA H200");
+    let garbled = logs.join("gpt2-z0-mb4-1-NVIDIA_H200/rank0.jsonl");
+    let mut text_ = std::fs::read_to_string(&garbled).unwrap();
+    text_.push_str("{\"this is\": not json\n");
+    std::fs::write(&garbled, text_).unwrap();
+    let m = tmp.path().join("m.json");
+    let o = zerobench(&["fit", logs.to_str().unwrap(), "--out", m.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains(&format!("{}:", garbled.display())) && err.contains("not a valid record"), "{err}");
+    assert!(text(&o.stdout).contains("from what could be read: 1 problem(s) above"), "{}", text(&o.stdout));
+    assert_eq!(predict_gpt2(m.to_str().unwrap(), "h200").status.code(), Some(0));
+}
+
+/// A model file edited into values no fit gives (a negative coefficient, a share
+/// above 1, a rate of 0, an inverted interval) is refused naming the field; it priced negative
+/// steps and memory, and "fit" anything.
+#[test]
+fn a_model_file_with_impossible_values_is_refused_naming_the_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shipped: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../costmodel/models/h200.json")).unwrap(),
+    )
+    .unwrap();
+    let edits: &[(&str, serde_json::Value, &str)] = &[
+        ("/fits/0/step/gpt2.ms_per_gflop", (-1.0).into(), "fits[0].step.gpt2.ms_per_gflop is -1"),
+        ("/fits/0/memory/gpt2.mem_gib_per_gact", (-1000.0).into(), "fits[0].memory.gpt2.mem_gib_per_gact is -1000"),
+        ("/fits/0/step/micro.unhidden_share", 5.0.into(), "a share is at most 1"),
+        ("/fits/0/peak_tflops", 0.0.into(), "fits[0].peak_tflops is 0"),
+        ("/fits/0/step_interval", serde_json::json!([0.2, -0.1]), "fits[0].step_interval[0] is 0.2"),
+    ];
+    let file = tmp.path().join("edited.json");
+    for (pointer, value, want) in edits {
+        let mut m = shipped.clone();
+        let slot = m.pointer_mut(pointer).unwrap_or_else(|| panic!("{pointer} is not in the shipped model"));
+        *slot = value.clone();
+        std::fs::write(&file, m.to_string()).unwrap();
+        let o = predict_gpt2(file.to_str().unwrap(), "h200");
+        assert_eq!(o.status.code(), Some(2), "{pointer}: {}", text(&o.stdout));
+        assert!(text(&o.stderr).contains(want), "{pointer}: {}", text(&o.stderr));
+    }
+    // The shipped file itself passes.
+    std::fs::write(&file, shipped.to_string()).unwrap();
+    assert_eq!(predict_gpt2(file.to_str().unwrap(), "h200").status.code(), Some(0));
+}
+
 /// A version-3 file, whose donor's count was of runs (`busy_runs`), is read: it names the same
 /// donor and prices the same as the version-4 file it was made from.
 #[test]

@@ -204,6 +204,8 @@ pub enum ModelError {
     NoGpu { gpu: String, precision: Precision, have: String },
     #[error("GPU {gpu:?} matches several fits ({have}): name it more exactly")]
     Ambiguous { gpu: String, have: String },
+    #[error("{origin}: {field} is {value}; {rule}")]
+    Value { origin: String, field: String, value: f64, rule: &'static str },
 }
 
 impl CostModel {
@@ -218,7 +220,59 @@ impl CostModel {
         if head.format != FORMAT || !(OLDEST_READ..=VERSION).contains(&head.version) {
             return Err(ModelError::Format(origin.to_string(), head.format, head.version));
         }
-        serde_json::from_str(text).map_err(|e| ModelError::Json(origin.to_string(), e))
+        let model: CostModel = serde_json::from_str(text).map_err(|e| ModelError::Json(origin.to_string(), e))?;
+        model.check(origin)?;
+        Ok(model)
+    }
+
+    /// Every value a prediction is made of is one a fit can give: a file edited by hand (or
+    /// written by a broken fit) would otherwise price negative or infinite steps, or "fit" any
+    /// configuration. The fit's coefficients are non-negative (`crate::nnls`), its shares
+    /// fractions, its intervals ordered relative errors above −1.
+    fn check(&self, origin: &str) -> Result<(), ModelError> {
+        let bad = |field: String, value: f64, rule: &'static str| ModelError::Value {
+            origin: origin.to_string(),
+            field,
+            value,
+            rule,
+        };
+        for (i, f) in self.fits.iter().enumerate() {
+            for (table, values) in [("step", &f.step), ("memory", &f.memory), ("reserved", &f.reserved)] {
+                for (key, &v) in values {
+                    let field = format!("fits[{i}].{table}.{key}");
+                    if !(v.is_finite() && v >= 0.0) {
+                        return Err(bad(field, v, "a coefficient is a finite number, 0 or more"));
+                    }
+                    if key.ends_with("_share") && v > 1.0 {
+                        return Err(bad(field, v, "a share is at most 1"));
+                    }
+                }
+            }
+            for (name, v) in [("peak_tflops", f.peak_tflops), ("host_adamw_gparams_per_s", f.host_adamw_gparams_per_s)]
+            {
+                if let Some(v) = v.filter(|v| !(v.is_finite() && *v > 0.0)) {
+                    return Err(bad(format!("fits[{i}].{name}"), v, "a rate is a finite number above 0"));
+                }
+            }
+            let by_bound = f.step_interval_by_bound.as_ref();
+            let intervals = [
+                ("step_interval", Some(f.step_interval)),
+                ("memory_interval", Some(f.memory_interval)),
+                ("step_interval_by_bound.launch", by_bound.and_then(|b| b.launch)),
+                ("step_interval_by_bound.device", by_bound.and_then(|b| b.device)),
+            ];
+            for (name, interval) in intervals {
+                let Some([lo, hi]) = interval else { continue };
+                if !(lo.is_finite() && hi.is_finite() && -1.0 < lo && lo <= hi) {
+                    return Err(bad(
+                        format!("fits[{i}].{name}[0]"),
+                        lo,
+                        "an interval is two finite relative errors, the first above -1 and not above the second",
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The fit for a GPU named in full or in part, case-insensitively (`h200`, `H100 80GB`).

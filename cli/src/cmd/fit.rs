@@ -3,8 +3,9 @@
 //! Reads the folders as `ingest` does and fits, per GPU kind and precision, the cost model
 //! (docs/cost-model.md) on zerobench's own finished runs. Which runs are left out, and why, is
 //! printed. With `--validate` it also prints the k-fold validation per family, stage and GPU count.
-//! Exit code 0 when a model was written, 2 when none could be (no runs, too few configurations, an
-//! existing file without `--overwrite`).
+//! Exit code 0 when a model was written from every run the folders hold, 1 when it was written
+//! but part of the folders could not be read (each such file is named), 2 when none could be (no
+//! runs, too few configurations, an existing file without `--overwrite`).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -12,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use zerobench_costmodel::{CostModel, Observation, Query};
-use zerobench_ingest::{Options, RunRow, Source, Status};
+use zerobench_ingest::{Options, ProblemKind, RunRow, Source, Status};
 use zerobench_schema::config::RunConfig;
 use zerobench_schema::models::ModelPreset;
 
@@ -40,11 +41,16 @@ pub struct Args {
     validate: bool,
 }
 
-/// The runs of the folders the cost model can be fitted on, and each one left out (run id, why).
+/// The runs of the folders the cost model can be fitted on, each one left out (run id, why), and
+/// how many of the folders' problems lost something (a file or line not read).
 pub struct Read {
     pub observations: Vec<Observation>,
     pub left_out: Vec<(String, String)>,
+    pub unread: usize,
 }
+
+/// The problems a fit names on standard error before it says how many more there are.
+const PROBLEMS_SHOWN: usize = 10;
 
 /// Reads the folders' runs as the fit takes them, each with its host's AdamW rate where a
 /// `cpu_adamw.json` lies beside its logs ([`HostRates`]).
@@ -53,13 +59,19 @@ pub fn observations(dirs: &[PathBuf]) -> anyhow::Result<Read> {
         std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
     }
     let ingested = zerobench_ingest::ingest(dirs, &Options::default(), &zerobench_ingest::NoProgress);
-    for p in &ingested.problems {
+    // Two runs of one id (sweeps of several hosts) are both kept: a note, not a loss.
+    let (notes, lost): (Vec<_>, Vec<_>) =
+        ingested.problems.iter().partition(|p| matches!(p.kind, ProblemKind::DuplicateRunId { .. }));
+    for p in &notes {
         tracing::info!("{p}");
     }
-    if !ingested.problems.is_empty() {
-        tracing::warn!(
-            "{} problem(s) reading the folders (-v lists them; `zerobench ingest` explains each); what was read is used",
-            ingested.problems.len()
+    for p in lost.iter().take(PROBLEMS_SHOWN) {
+        eprintln!("zerobench: {p}");
+    }
+    if lost.len() > PROBLEMS_SHOWN {
+        eprintln!(
+            "zerobench: {} more problem(s) reading the folders (`zerobench ingest` lists them)",
+            lost.len() - PROBLEMS_SHOWN
         );
     }
     let mut obs = Vec::new();
@@ -74,7 +86,7 @@ pub fn observations(dirs: &[PathBuf]) -> anyhow::Result<Read> {
             Err(why) => skipped.push((r.row.run_id.clone(), why)),
         }
     }
-    Ok(Read { observations: obs, left_out: skipped })
+    Ok(Read { observations: obs, left_out: skipped, unread: lost.len() })
 }
 
 /// One run as the fit takes it, or why it cannot be taken.
@@ -146,7 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     if args.out.exists() && !args.overwrite {
         bail!("{} exists; --overwrite replaces it", args.out.display());
     }
-    let Read { observations: obs, left_out: skipped } = observations(&args.dirs)?;
+    let Read { observations: obs, left_out: skipped, unread } = observations(&args.dirs)?;
     // Per reason: how many runs, and the first of them by name (-v lists every one).
     let mut reasons: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
     for (id, why) in &skipped {
@@ -177,6 +189,10 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     crate::cmd::write_new(&args.out, text.as_bytes(), args.overwrite)?;
     let mut out = std::io::stdout().lock();
     report(&mut out, &model, args.validate)?;
+    if unread > 0 {
+        writeln!(out, "wrote {} from what could be read: {unread} problem(s) above", args.out.display())?;
+        return Ok(Outcome::Incomplete);
+    }
     writeln!(out, "wrote {}", args.out.display())?;
     Ok(Outcome::Complete)
 }
