@@ -5,6 +5,7 @@
 //! every problem on stderr. Exit code 0 when everything was read, 1 when something could not be
 //! (the tables hold the rest), 2 when the tables could not be written.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -130,6 +131,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     }
     let mut tables = Tables::build(&ingested.runs);
     let mut host_problems = 0;
+    let mut model_problems = 0;
     if let Some(path) = &args.cost_model {
         let model = crate::cmd::predict::load(Some(path))?;
         // A host rate that cannot be read prices its runs as of an unknown host, and is a problem.
@@ -141,8 +143,23 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
                 None
             })
         };
-        let predicted: Vec<PredictedRow> =
-            ingested.runs.iter().map(|r| predicted_row(&model, rate(&r.row.dir), &r.row)).collect();
+        let (predicted, priced): (Vec<PredictedRow>, Vec<Priced>) =
+            ingested.runs.iter().map(|r| predicted_row(&model, rate(&r.row.dir), &r.row)).unzip();
+        // Runs the model has no fit for (another GPU kind or precision) are what a user asking
+        // for predictions most likely did not mean: named, and the result is incomplete. Runs the
+        // model does not take (a CPU run, a failed configuration) are counted.
+        let mut why_not: BTreeMap<(bool, &str), usize> = BTreeMap::new();
+        for p in &priced {
+            match p {
+                Priced::Yes => {}
+                Priced::NotTaken(why) => *why_not.entry((false, why)).or_default() += 1,
+                Priced::NoFit(why) => *why_not.entry((true, why)).or_default() += 1,
+            }
+        }
+        for ((_, why), n) in &why_not {
+            tracing::warn!("{n} of {} run(s) not predicted: {why}", priced.len());
+        }
+        model_problems = why_not.keys().filter(|(no_fit, _)| *no_fit).count();
         tables.stage_choice = stage_choice_rows(&ingested.runs, &predicted);
         tables.predicted = predicted.into_iter().map(PredictedRow::round).collect();
         for e in &bad_hosts {
@@ -182,7 +199,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         written.len(),
         args.out.display()
     );
-    Ok(if ingested.complete() && failed.is_empty() && host_problems == 0 {
+    Ok(if ingested.complete() && failed.is_empty() && host_problems == 0 && model_problems == 0 {
         Outcome::Complete
     } else {
         Outcome::Incomplete
@@ -239,11 +256,20 @@ fn stage_choice_rows(runs: &[zerobench_ingest::RunReport], predicted: &[Predicte
 
 /// One run against the model's prediction for its configuration on its host (none when the run
 /// cannot be priced, with why).
+/// Whether a run was priced, and why not.
+enum Priced {
+    Yes,
+    /// The run is not one the model takes (`fit::observation`'s reason).
+    NotTaken(String),
+    /// The model has no fit for the run's GPU kind and precision.
+    NoFit(String),
+}
+
 fn predicted_row(
     model: &zerobench_costmodel::CostModel,
     host_adamw_gparams_per_s: Option<f64>,
     r: &zerobench_ingest::RunRow,
-) -> PredictedRow {
+) -> (PredictedRow, Priced) {
     let mut row = PredictedRow {
         run_id: r.run_id.clone(),
         model: r.model.clone(),
@@ -262,7 +288,8 @@ fn predicted_row(
     probe.source = zerobench_ingest::Source::Zerobench;
     probe.log_version = Some(2);
     probe.status = zerobench_ingest::Status::Ok;
-    probe.step_ms_median.get_or_insert(0.0);
+    // Its measurements are not the query's (a run that never stepped is priced too).
+    probe.step_ms_median = Some(1.0);
     probe.peak_allocated_bytes.get_or_insert(0);
     let query = match crate::cmd::fit::observation(&probe) {
         Ok(mut o) => {
@@ -271,7 +298,7 @@ fn predicted_row(
         }
         Err(why) => {
             row.notes = format!("not predicted: {why}");
-            return row;
+            return (row, Priced::NotTaken(why));
         }
     };
     match model.fit_for(&query.gpu, query.query.config.precision) {
@@ -284,10 +311,13 @@ fn predicted_row(
             row.memory_error_pct = r.peak_allocated_bytes.and_then(|m| err(p.peak_allocated_bytes as f64, m as f64));
             row.host_adamw_gparams_per_s = p.host_adamw_gparams_per_s;
             row.notes = p.extrapolated.join("; ");
+            (row, Priced::Yes)
         }
-        Err(e) => row.notes = format!("not predicted: {e}"),
+        Err(e) => {
+            row.notes = format!("not predicted: {e}");
+            (row, Priced::NoFit(e.to_string()))
+        }
     }
-    row
 }
 
 fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: &Tables) -> anyhow::Result<()> {
