@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use zerobench_schema::config::Precision;
+use zerobench_schema::config::{Offload, Precision};
 
 use crate::coefficients::{communication_runs, fit_coefficients};
 use crate::model::{CostModel, Fit, FittedRun, Range, FORMAT, VERSION};
@@ -24,10 +24,31 @@ pub enum FitError {
          {MIN_CONFIGURATIONS} that differ in model, batch, sequence, stage or GPU count"
     )]
     TooFewConfigurations { gpu: String, precision: Precision, configurations: usize, runs: usize },
+    #[error(
+        "{gpu} {precision}: the runs form {groups} group of configurations that differ only in the stage; \
+         the fit is validated by holding whole groups out and needs 2 or more (add runs of another model, \
+         batch, sequence or GPU count)"
+    )]
+    OneGroup { gpu: String, precision: Precision, groups: usize },
+    #[error(
+        "{gpu} {precision}: no run on one GPU without offload; the compute terms are fitted on those \
+         (the others' steps add communication or the host's update to them)"
+    )]
+    NoComputeRuns { gpu: String, precision: Precision },
 }
 
-/// Fits one model per GPU kind and precision found in `obs`.
-pub fn fit(obs: &[Observation]) -> Result<CostModel, FitError> {
+/// A fit per GPU kind and precision that could be fitted, and why each other kind could not.
+#[derive(Debug)]
+pub struct Fitted {
+    pub model: CostModel,
+    /// Kinds left out: too few configurations or groups of them (one stray run of another
+    /// precision must not stop the others' fit).
+    pub skipped: Vec<FitError>,
+}
+
+/// Fits one model per GPU kind and precision found in `obs`; a kind that cannot be fitted is left
+/// out with its reason, and is the error when no kind can be.
+pub fn fit(obs: &[Observation]) -> Result<Fitted, FitError> {
     if obs.is_empty() {
         return Err(FitError::NoRuns);
     }
@@ -35,11 +56,21 @@ pub fn fit(obs: &[Observation]) -> Result<CostModel, FitError> {
     for o in obs {
         kinds.entry((o.gpu.clone(), o.query.config.precision)).or_default().push(o);
     }
-    let mut fits = Vec::new();
+    let (mut fits, mut skipped) = (Vec::new(), Vec::new());
     for ((gpu, precision), runs) in kinds {
         let configurations = runs.iter().map(|o| o.config_key()).collect::<std::collections::BTreeSet<_>>().len();
         if configurations < MIN_CONFIGURATIONS {
-            return Err(FitError::TooFewConfigurations { gpu, precision, configurations, runs: runs.len() });
+            skipped.push(FitError::TooFewConfigurations { gpu, precision, configurations, runs: runs.len() });
+            continue;
+        }
+        let groups = runs.iter().map(|o| o.stage_group_key()).collect::<std::collections::BTreeSet<_>>().len();
+        if groups < 2 {
+            skipped.push(FitError::OneGroup { gpu, precision, groups });
+            continue;
+        }
+        if !runs.iter().any(|o| o.query.gpus == 1 && o.query.config.offload == Offload::None) {
+            skipped.push(FitError::NoComputeRuns { gpu, precision });
+            continue;
         }
         let (coef, works) = fit_coefficients(&runs);
         let (validation, intervals) = validate(&runs);
@@ -76,7 +107,10 @@ pub fn fit(obs: &[Observation]) -> Result<CostModel, FitError> {
                 .collect(),
         });
     }
-    Ok(CostModel { format: FORMAT.to_string(), version: VERSION, fits })
+    if fits.is_empty() {
+        return Err(skipped.remove(0));
+    }
+    Ok(Fitted { model: CostModel { format: FORMAT.to_string(), version: VERSION, fits }, skipped })
 }
 
 #[cfg(test)]
@@ -268,7 +302,7 @@ mod tests {
                 runs.extend(rates.iter().map(|&r| on_host(&o, r)));
             }
         }
-        let f = &fit(&runs).unwrap().fits[0];
+        let f = &fit(&runs).unwrap().model.fits[0];
         let reference = f.host_adamw_gparams_per_s.unwrap();
         assert!((reference - REFERENCE_RATE).abs() < 1e-9, "{reference}");
         for name in ["offload.ms_per_gparam", OFFLOAD_HIDDEN] {
@@ -314,7 +348,7 @@ mod tests {
                 o
             })
             .collect();
-        let g = &fit(&blind).unwrap().fits[0];
+        let g = &fit(&blind).unwrap().model.fits[0];
         assert_eq!(g.host_adamw_gparams_per_s, None);
         // Such a model prices every host alike: a rate given to it is not used, and said so.
         let p = g.predict(&slow.query);
@@ -350,7 +384,7 @@ mod tests {
         // Sharing shows: all on the host, two ranks wait longer than one rank's half would.
         let one_rank = step_parts(&truth(), None, &Work::of(&runs.last().unwrap().query, None), &mut Vec::new());
         assert!(runs.last().unwrap().step_ms > one_rank.step_ms * 1.1);
-        let f = &fit(&runs).unwrap().fits[0];
+        let f = &fit(&runs).unwrap().model.fits[0];
         assert_eq!(f.step.get(OFFLOAD_SHARING), Some(&0.5));
         for name in ["offload.ms_per_gparam", OFFLOAD_HIDDEN] {
             let (got, want) = (f.step[name], truth()[name]);
@@ -380,7 +414,7 @@ mod tests {
         (c.micro_batch, c.offload, c.offload_ratio) = (4, Offload::Optimizer, Some(0.5));
         let mut runs = sweep();
         runs.push(observe_config(c.clone(), 4));
-        let f = &fit(&runs).unwrap().fits[0];
+        let f = &fit(&runs).unwrap().model.fits[0];
         assert_eq!((f.range.max_gpus, f.range.offload_ranks_per_host), (2, Some(4)));
         let plain = observe(ModelPreset::Gpt2Xl, ZeroStage::Z2, 4, 1024, 4, Offload::None);
         for q in [&plain.query, &Query::new(c, 4, 1)] {
@@ -394,7 +428,7 @@ mod tests {
         }
         // A fit on one GPU only has seen one GPU, and flags two.
         let single: Vec<Observation> = sweep().into_iter().filter(|o| o.query.gpus == 1).collect();
-        let g = &fit(&single).unwrap().fits[0];
+        let g = &fit(&single).unwrap().model.fits[0];
         assert_eq!((g.range.max_gpus, g.range.max_nodes), (1, 1));
         assert!(g
             .predict(&observe(ModelPreset::Gpt2, ZeroStage::Z0, 4, 1024, 1, Offload::None).query)
@@ -410,7 +444,7 @@ mod tests {
         let exposed =
             |o: &Observation| step_parts(&truth(), None, &Work::of(&o.query, None), &mut Vec::new()).offload_ms;
         assert!(exposed(&observe_ratio(0.1, true)) == 0.0 && exposed(&observe_ratio(0.5, false)) > 5.0);
-        let model = fit(&runs).unwrap();
+        let model = fit(&runs).unwrap().model;
         let f = &model.fits[0];
         // The terms each stage of the fit isolates come back exactly.
         for name in ["optimizer.ms_per_gparam", "offload.ms_per_gparam", OFFLOAD_HIDDEN, UNHIDDEN] {
@@ -450,7 +484,7 @@ mod tests {
         let comm = eval(&truth(), None, &only(step_terms(&w), "comm."), Part::Step, &mut Vec::new());
         under.step_ms -= comm + 0.3;
         runs.push(under);
-        let f = &fit(&runs).unwrap().fits[0];
+        let f = &fit(&runs).unwrap().model.fits[0];
         let (got, want) = (f.step["comm.stage3.ms_per_gb"], truth()["comm.stage3.ms_per_gb"]);
         assert!((got / want - 1.0).abs() < 0.25, "comm.stage3.ms_per_gb: {got} vs {want}");
         let xl = observe(ModelPreset::Gpt2Xl, ZeroStage::Z3, 4, 1024, 2, Offload::None);
@@ -472,13 +506,13 @@ mod tests {
         };
         let runs: Vec<Observation> = sweep().iter().map(regenerate).collect();
         let floor = 1.0 / 989.0;
-        let f = &fit(&runs).unwrap().fits[0];
+        let f = &fit(&runs).unwrap().model.fits[0];
         for (name, c) in f.step.iter().filter(|(n, _)| n.contains(".ms_per_gflop")) {
             assert!(*c >= floor * (1.0 - 1e-9), "{name}: {c} under {floor}");
         }
         assert!((f.step["t5.ms_per_gflop"] / floor - 1.0).abs() < 1e-6, "{}", f.step["t5.ms_per_gflop"]);
         let unknown: Vec<Observation> = runs.iter().map(|o| Observation { peak_tflops: None, ..o.clone() }).collect();
-        let g = &fit(&unknown).unwrap().fits[0];
+        let g = &fit(&unknown).unwrap().model.fits[0];
         assert!(g.step["t5.ms_per_gflop"] < floor / 2.0, "{}", g.step["t5.ms_per_gflop"]);
     }
 
@@ -496,7 +530,7 @@ mod tests {
                 runs.push(r);
             }
         }
-        let v = &fit(&runs).unwrap().fits[0].validation;
+        let v = &fit(&runs).unwrap().model.fits[0].validation;
         let c = &v.by_configuration;
         assert_eq!((c.configurations as usize, c.repeated), (runs.len() / 3, c.configurations));
         assert!(c.step_mape_pct < c.repeat_floor_pct / 2.0, "{c:?}");
@@ -510,7 +544,7 @@ mod tests {
     /// file that recorded no sequences (written before them) flags none.
     #[test]
     fn a_sequence_longer_than_fitted_is_flagged_though_its_tokens_are_not() {
-        let model = fit(&sweep()).unwrap();
+        let model = fit(&sweep()).unwrap().model;
         let f = &model.fits[0];
         assert_eq!(f.range.families["gpt2"].seq_len, Some([256, 1024]));
         // gpt2 at micro-batch 1: its tokens per micro-step are its sequence.
@@ -540,7 +574,7 @@ mod tests {
     /// not, and a model file that recorded no widths (written before them) flags none.
     #[test]
     fn a_preset_with_wider_layers_than_fitted_is_flagged() {
-        let model = fit(&sweep()).unwrap();
+        let model = fit(&sweep()).unwrap().model;
         let f = &model.fits[0];
         let [lo, hi] = f.range.families["t5"].layer_width.unwrap();
         assert!((14.0..14.01).contains(&lo) && (14.0..14.01).contains(&hi), "{lo}-{hi}");
@@ -572,7 +606,7 @@ mod tests {
         // Every T5 run below 90% utilisation: its device bound was never what set a step.
         let mut runs = sweep();
         runs.iter_mut().filter(|o| t5(o)).for_each(|o| o.gpu_util_pct = Some(60.0));
-        let f = &fit(&runs).unwrap().fits[0];
+        let f = &fit(&runs).unwrap().model.fits[0];
         for name in device_terms {
             assert!(!f.step.contains_key(name), "{name} fitted: {:?}", f.step);
         }
@@ -583,7 +617,7 @@ mod tests {
         assert!(p.extrapolated.iter().any(|e| e.contains("t5: its device bound not fitted")), "{:?}", p.extrapolated);
         // Runs that do not say (no utilisation logged) keep the family's terms, as do busy ones.
         runs.iter_mut().filter(|o| t5(o)).for_each(|o| o.gpu_util_pct = None);
-        let f = &fit(&runs).unwrap().fits[0];
+        let f = &fit(&runs).unwrap().model.fits[0];
         assert!(device_terms.iter().any(|n| f.step.contains_key(*n)), "{:?}", f.step);
         assert!(f.predict(q).extrapolated.is_empty());
     }
@@ -609,7 +643,7 @@ mod tests {
             })
             .collect();
         runs.extend(llama.iter().cloned());
-        let f = &fit(&runs).unwrap().fits[0];
+        let f = &fit(&runs).unwrap().model.fits[0];
         // Counted over the configurations the bounds are fitted on: one GPU, no offload.
         let gpt2_busy = runs
             .iter()
@@ -664,7 +698,7 @@ mod tests {
         };
         let ((t5_runs, t5_configs), (gpt2_runs, gpt2_configs)) = (busy("t5"), busy("gpt2"));
         assert!(t5_runs > gpt2_runs && t5_configs < gpt2_configs, "{t5_runs} {gpt2_runs} {t5_configs} {gpt2_configs}");
-        let f = &fit(&runs).unwrap().fits[0];
+        let f = &fit(&runs).unwrap().model.fits[0];
         let donor = crate::DeviceDonor { family: "gpt2".into(), busy_configurations: gpt2_configs as u32 };
         assert_eq!(f.device_donor, Some(donor));
     }
@@ -680,7 +714,7 @@ mod tests {
                 o.step_ms *= 0.85 + 0.3 * u;
             }
         }
-        let f = &fit(&runs).unwrap().fits[0];
+        let f = &fit(&runs).unwrap().model.fits[0];
         let by = f.step_interval_by_bound.as_ref().unwrap();
         let (l, d) = (by.launch.unwrap(), by.device.unwrap());
         assert!(l[1] - l[0] > 0.1, "launch-bound {l:?}");
@@ -708,6 +742,31 @@ mod tests {
         let err = fit(&repeats).unwrap_err();
         assert!(matches!(err, FitError::TooFewConfigurations { configurations: 1, runs: 3, .. }), "{err}");
         assert!(err.to_string().contains("1 distinct configuration"), "{err}");
+        // Three configurations, all of one group (one model, batch and sequence; only the stage
+        // differs): no group could be held out, and it validated nothing while claiming 0% error.
+        let stages: Vec<Observation> = [ZeroStage::Z0, ZeroStage::Z1, ZeroStage::Z3]
+            .into_iter()
+            .map(|s| observe(ModelPreset::Gpt2, s, 4, 1024, 1, Offload::None))
+            .collect();
+        let err = fit(&stages).unwrap_err();
+        assert!(matches!(err, FitError::OneGroup { groups: 1, .. }), "{err}");
+        // A stray run of another precision beside a sweep is left out with its reason.
+        let mut runs = sweep();
+        let mut stray = runs[0].clone();
+        stray.query.config.precision = Precision::Fp32;
+        runs.push(stray);
+        let fitted = fit(&runs).unwrap();
+        assert_eq!(fitted.model.fits.len(), 1);
+        assert!(matches!(fitted.skipped[..], [FitError::TooFewConfigurations { configurations: 1, .. }]));
+        // Runs on two GPUs only price no compute (it printed 0 ms and an MFU above 100%).
+        let two: Vec<Observation> = sweep()
+            .into_iter()
+            .map(|mut o| {
+                o.query.gpus = 2;
+                o
+            })
+            .collect();
+        assert!(matches!(fit(&two).unwrap_err(), FitError::NoComputeRuns { .. }));
     }
 
     #[test]
@@ -719,7 +778,7 @@ mod tests {
             o.step_ms *= 2.0;
         }
         runs.extend(other);
-        let model = fit(&runs).unwrap();
+        let model = fit(&runs).unwrap().model;
         assert_eq!(model.fits.len(), 2);
         let q = &runs[5].query;
         let a = model.fit_for("GPU", q.config.precision).unwrap().predict(q).step_ms;

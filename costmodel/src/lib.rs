@@ -25,7 +25,7 @@ pub mod terms;
 pub mod validate;
 pub mod work;
 
-pub use fit::{fit, FitError};
+pub use fit::{fit, FitError, Fitted};
 pub use model::{CostModel, Fit, IntervalOf, ModelError, Prediction};
 pub use observation::Observation;
 pub use price::{sharing_factor, Bound, DeviceDonor, OFFLOAD_SHARING};

@@ -184,7 +184,11 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             keep
         }
     };
-    let model = zerobench_costmodel::fit(&obs).context("fitting the cost model")?;
+    let zerobench_costmodel::Fitted { model, skipped: kinds_left } =
+        zerobench_costmodel::fit(&obs).context("fitting the cost model")?;
+    for why in &kinds_left {
+        eprintln!("zerobench: no fit: {why}");
+    }
     let text = serde_json::to_string_pretty(&model)? + "\n";
     crate::cmd::write_new(&args.out, text.as_bytes(), args.overwrite)?;
     let mut out = std::io::stdout().lock();
