@@ -563,8 +563,9 @@ fn copy_engines_are_refused_without_gpus() {
 }
 
 /// `--cuda-graph` replays GPU work: refused on a CPU (asked for, and found by `auto` on a host
-/// without a GPU, with an `error` record), and beside the per-segment timers of `--trace` and
-/// `--profile-step`; each refusal names the flag.
+/// without a GPU: before the log opens, as a bad flag is, so no log holds an `error` without a
+/// `start`), and beside the per-segment timers of `--trace` and `--profile-step`; each refusal
+/// names the flag.
 #[test]
 fn cuda_graphs_are_refused_without_gpus_and_beside_segment_timers() {
     let tmp = tempfile::tempdir().unwrap();
@@ -587,9 +588,16 @@ fn cuda_graphs_are_refused_without_gpus_and_beside_segment_timers() {
         assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
         assert!(stderr.contains("--cuda-graph") && stderr.contains(says), "{name}: {stderr}");
     }
-    let log = std::fs::read_to_string(tmp.path().join("auto/rank0.jsonl")).unwrap_or_default();
     if !std::path::Path::new("/dev/nvidia0").exists() {
-        assert!(log.contains("\"class\":\"config\"") && log.contains("found no GPU"), "{log}");
+        assert!(!tmp.path().join("auto").exists(), "a run refused for its device wrote a log");
+        // Two ranks asking for a GPU on a host without one: both refused at once, no log.
+        let out = run(mpirun(2)
+            .arg(worker())
+            .args(["--model", "tiny", "--stage", "0", "--steps", "3", "--device", "cuda", "--log-dir"])
+            .arg(tmp.path().join("cuda")));
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains("--device cuda was requested"), "{}", stderr(&out));
+        assert!(!tmp.path().join("cuda").exists(), "a run refused for its device wrote a log");
     }
 }
 

@@ -1,12 +1,13 @@
 //! What the ranks settle among themselves before any of them works: that all were started with
-//! the same configuration, and that every rank's log opened.
+//! the same configuration, and that every rank's device and log opened.
 //!
-//! Each rank checks its own flags and its own log. A rank that alone found a fault and stopped
+//! Each rank checks its own flags, device and log. A rank that alone found a fault and stopped
 //! would leave the others waiting in their first collective until the stall limit (300 s before
 //! the first step), and ranks started with different flags (an MPMD launch, a script that edits
-//! one rank's line) would train different models against each other, or hang. After these two
-//! small exchanges over the host group (an 8-byte digest and a byte per rank), every rank stops at
-//! once with the same exit code, and a log folder an earlier run left keeps only its own files.
+//! one rank's line) would train different models against each other, or hang. After these
+//! small exchanges over the host group (an 8-byte digest, then a byte per rank and step), every
+//! rank stops at once with the same exit code, and a log folder an earlier run left keeps only
+//! its own files.
 
 use std::path::Path;
 
@@ -64,10 +65,40 @@ fn first_difference(a: &Value, b: &Value, at: &str) -> Option<String> {
     }
 }
 
-/// Every rank's log opened, or none is kept: a rank whose log did not open fails with its own
-/// error, the others with the first failed rank's number (exit code 5), each removing the empty
-/// log it had created. With `overwrite`, rank 0 then removes the logs of ranks this run does not
-/// have (`rank<N>.jsonl`, N ≥ the world size), which an earlier, larger run left and which would
+/// Every rank's `mine` succeeded, or every rank fails: the rank whose step failed with its own
+/// error, the others with the first failed rank's number and its class (the same exit code).
+/// `what` says what the step does (`open its device`). On a rank whose step succeeded while
+/// another's failed, `undo` gets the value back (a log to remove).
+pub fn all_succeed<T>(
+    host: &mut HostGroup,
+    mine: Result<T, Failure>,
+    what: &str,
+    undo: impl FnOnce(T),
+) -> Result<T, Failure> {
+    // Each rank's exit code, 0 where its step succeeded.
+    let code = mine.as_ref().err().map_or(0, |f| u8::try_from(f.exit_code()).unwrap_or(1));
+    let codes = host.all_gather_bytes(&[code])?;
+    let failed = codes.iter().enumerate().find_map(|(r, c)| c.first().filter(|&&c| c != 0).map(|&c| (r, c)));
+    match (mine, failed) {
+        (Err(e), _) => Err(e),
+        (Ok(v), Some((rank, code))) => {
+            undo(v);
+            let why = format!("rank {rank} could not {what}; no rank ran");
+            Err(match code {
+                2 => Refused::Peer(why).into(),
+                3 => Failure::Oom { message: why, requested_bytes: None },
+                4 => Failure::Comm(why),
+                5 => Failure::Io(why),
+                _ => Failure::Internal(why),
+            })
+        }
+        (Ok(v), None) => Ok(v),
+    }
+}
+
+/// Every rank's log opened, or none is kept ([`all_succeed`]): the ranks whose log opened remove
+/// the empty file. With `overwrite`, rank 0 then removes the logs of ranks this run does not have
+/// (`rank<N>.jsonl`, N ≥ the world size), which an earlier, larger run left and which would
 /// otherwise be read as part of this one.
 pub fn logs_opened(
     host: &mut HostGroup,
@@ -75,23 +106,16 @@ pub fn logs_opened(
     dir: &Path,
     overwrite: bool,
 ) -> Result<RankLog, Failure> {
-    let opened = host.all_gather_bytes(&[u8::from(mine.is_ok())])?;
-    let failed = opened.iter().position(|b| b.first() != Some(&1));
-    match (mine, failed) {
-        (Err(e), _) => Err(Failure::Io(e.to_string())),
-        (Ok(log), Some(r)) => {
-            // Best effort: the run stops either way, and the file holds nothing.
-            let _ = log.discard();
-            Err(Failure::Io(format!("rank {r} could not open its log in {}; no rank ran", dir.display())))
-        }
-        (Ok(log), None) => {
-            if overwrite && host.rank() == 0 {
-                RankLog::remove_beyond(dir, opened.len())
-                    .map_err(|e| Failure::Io(format!("removing an earlier run's logs from {}: {e}", dir.display())))?;
-            }
-            Ok(log)
-        }
+    let mine = mine.map_err(|e| Failure::Io(e.to_string()));
+    // Best effort: the run stops either way, and the file holds nothing.
+    let log = all_succeed(host, mine, &format!("open its log in {}", dir.display()), |log: RankLog| {
+        let _ = log.discard();
+    })?;
+    if overwrite && host.rank() == 0 {
+        RankLog::remove_beyond(dir, host.size())
+            .map_err(|e| Failure::Io(format!("removing an earlier run's logs from {}: {e}", dir.display())))?;
     }
+    Ok(log)
 }
 
 #[cfg(test)]

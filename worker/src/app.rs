@@ -76,6 +76,14 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     cfg.validate(Some(ident.world_size))?;
     let run_id = shared_run_id(&mut host, args.run_id.as_deref(), &cfg)?;
     agree::same_configuration(&mut host, &cfg)?;
+    // The device and the CPU its launches are pinned to, before the log: a rank without its GPU
+    // is refused as a bad flag is, and every rank stops with it.
+    let t_setup = Instant::now();
+    let placed = open_device(&cfg, &ident, gpu_hint).and_then(|(device, gpu)| {
+        let launch_cpu = launch_cpu(args.launch_cpu, &ident, gpu.is_some())?;
+        Ok(Placed { device, gpu, launch_cpu, t_setup })
+    });
+    let placed = agree::all_succeed(&mut host, placed, "open its device", drop)?;
     // Held to the end of `run`, so that a failed rank 0 can leave without waiting for the others.
     let store = host.run_store();
     let opened = RankLog::create(&args.log_dir, ident.rank, args.overwrite);
@@ -85,18 +93,10 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
         .map_err(|e| Failure::Internal(format!("cannot start the guard threads: {e}")))?;
 
     let mut progress = Progress { steps_completed: 0, summary: None, trace: Vec::new(), cuda_device: None };
-    let rank = Rank {
-        args,
-        cfg: &cfg,
-        ident: &ident,
-        run_id: &run_id,
-        log: &log,
-        guard: &guard,
-        model: model.as_ref(),
-        gpu_hint,
-    };
-    let result =
-        catch_unwind(AssertUnwindSafe(|| run_logged(rank, host, visible, &mut progress))).unwrap_or_else(|panic| {
+    let rank =
+        Rank { args, cfg: &cfg, ident: &ident, run_id: &run_id, log: &log, guard: &guard, model: model.as_ref() };
+    let result = catch_unwind(AssertUnwindSafe(|| run_logged(rank, host, placed, visible, &mut progress)))
+        .unwrap_or_else(|panic| {
             let msg = panic
                 .downcast_ref::<String>()
                 .cloned()
@@ -179,7 +179,7 @@ fn shared_run_id(host: &mut HostGroup, given: Option<&str>, cfg: &RunConfig) -> 
     Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
-/// What `run` settled before the log opened: the rank's flags, configuration, identity, log,
+/// What `run` settled around the log's opening: the rank's flags, configuration, identity, log,
 /// guard threads and model.
 #[derive(Clone, Copy)]
 struct Rank<'a> {
@@ -190,23 +190,30 @@ struct Rank<'a> {
     log: &'a RankLog,
     guard: &'a Guard,
     model: &'a dyn Model,
-    /// The local rank the launcher announced, which chose the GPU.
-    gpu_hint: Option<u32>,
+}
+
+/// Where the rank computes, settled before its log opened: the device, its CUDA context when it
+/// is a GPU, and the CPU its launching threads are pinned to; `t_setup` is when the device began
+/// to open (the `setup` record's `setup_ms` counts from it).
+struct Placed {
+    device: Device,
+    gpu: Option<Arc<Gpu>>,
+    launch_cpu: Option<usize>,
+    t_setup: Instant,
 }
 
 fn run_logged(
     rank: Rank<'_>,
     host: HostGroup,
+    placed: Placed,
     visible: Option<String>,
     progress: &mut Progress,
 ) -> Result<(), Failure> {
-    let Rank { args, cfg, ident, log, guard, model, gpu_hint, .. } = rank;
-    let t_setup = Instant::now();
-    let (device, gpu) = open_device(cfg, ident, gpu_hint)?;
+    let Rank { args, cfg, ident, log, guard, model, .. } = rank;
+    let Placed { device, gpu, launch_cpu, t_setup } = placed;
     let (comm, group) = communicators(cfg, host, gpu.as_ref())?;
     let monitor = gpu.as_ref().and_then(|g| g.uuid()).and_then(|u| GpuMonitor::open(&u)).map(Arc::new);
     let threads = set_threads(args, cfg, ident, gpu.is_some());
-    let launch_cpu = launch_cpu(args.launch_cpu, ident, gpu.is_some())?;
     let cuda_index = match device {
         Device::Cuda(i) => Some(i),
         _ => None,

@@ -77,6 +77,9 @@ pub enum Refused {
         field.as_deref().map(|f| format!(" (this rank's `{f}` differs)")).unwrap_or_default()
     )]
     RanksDisagree { ranks: Vec<u32>, field: Option<String> },
+    /// Another rank was refused before any work (`crate::agree::all_succeed`): why, naming it.
+    #[error("{0}")]
+    Peer(String),
 }
 
 impl From<ConfigError> for Failure {
