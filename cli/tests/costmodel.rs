@@ -357,6 +357,29 @@ fn a_model_file_with_impossible_values_is_refused_naming_the_field() {
         assert_eq!(o.status.code(), Some(2), "{pointer}: {}", text(&o.stdout));
         assert!(text(&o.stderr).contains(want), "{pointer}: {}", text(&o.stderr));
     }
+    // A model of no fits says so.
+    let mut m = shipped.clone();
+    m["fits"] = serde_json::json!([]);
+    std::fs::write(&file, m.to_string()).unwrap();
+    assert!(text(&predict_gpt2(file.to_str().unwrap(), "h200").stderr).contains("the model has no fits"));
+    // A file far larger than any model (a log or a device named by mistake) is not read whole.
+    let big = tmp.path().join("big.json");
+    std::fs::File::create(&big).unwrap().set_len(65 << 20).unwrap();
+    let o = predict_gpt2(big.to_str().unwrap(), "h200");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("more than 64 MiB; not a cost model"), "{}", text(&o.stderr));
+    // ingest refuses the model before it reads the logs or makes its output folder.
+    let out = tmp.path().join("tables");
+    let o = zerobench(&[
+        "ingest",
+        tmp.path().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--cost-model",
+        big.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(!out.exists());
     // The shipped file itself passes.
     std::fs::write(&file, shipped.to_string()).unwrap();
     assert_eq!(predict_gpt2(file.to_str().unwrap(), "h200").status.code(), Some(0));

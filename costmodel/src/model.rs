@@ -278,7 +278,10 @@ impl CostModel {
     /// The fit for a GPU named in full or in part, case-insensitively (`h200`, `H100 80GB`).
     pub fn fit_for(&self, gpu: &str, precision: Precision) -> Result<&Fit, ModelError> {
         let want = gpu.to_lowercase();
-        let have = || self.fits.iter().map(|f| format!("{} {}", f.gpu, f.precision)).collect::<Vec<_>>().join(", ");
+        let have = || match self.fits.as_slice() {
+            [] => "no fits".to_string(),
+            fits => fits.iter().map(|f| format!("{} {}", f.gpu, f.precision)).collect::<Vec<_>>().join(", "),
+        };
         let hits: Vec<&Fit> =
             self.fits.iter().filter(|f| f.precision == precision && f.gpu.to_lowercase().contains(&want)).collect();
         if let Some(exact) = hits.iter().find(|f| f.gpu.eq_ignore_ascii_case(gpu)) {

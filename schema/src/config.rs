@@ -473,6 +473,16 @@ impl RunConfig {
                     "not with --grad-accum above 1: the micro-steps of a step would use different parameters",
                 );
             }
+            // A delay past the run's last step delays nothing, while the run is labelled delayed.
+            if let Some(after) = self.delayed_update_after.filter(|&a| a >= self.steps) {
+                return Err(ConfigError::new(
+                    "delayed-update-after",
+                    format!(
+                        "step {after} is past the run's last step, {}: no step would be delayed (lower it or raise --steps)",
+                        self.steps.saturating_sub(1)
+                    ),
+                ));
+            }
         }
         if !(self.optim.lr.is_finite() && self.optim.lr > 0.0) {
             return Err(ConfigError::new("lr", "must be a positive number"));
@@ -725,6 +735,9 @@ mod tests {
         c.delayed_update_after = Some(10);
         assert_eq!(c.validate(None).unwrap_err().field, "delayed-update");
         c.offload = Offload::Optimizer;
+        // After the run's last step (10 steps: 0-9), the delay would delay nothing.
+        assert_eq!(c.validate(None).unwrap_err().field, "delayed-update-after");
+        c.steps = 20;
         c.validate(None).unwrap();
         assert!(c.to_worker_args().windows(3).any(|w| w == ["--delayed-update", "--delayed-update-after", "10"]));
         assert_eq!(c.variant(), "delayed_update_after=10");

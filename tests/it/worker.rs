@@ -293,6 +293,23 @@ fn bad_flags_fail_before_any_work_and_name_the_flag() {
         (&["--model", "tiny", "--stage", "0", "--beta2", "1"], "--beta2"),
         (&["--model", "tiny", "--stage", "0", "--eps", "0"], "--eps"),
         (&["--model", "tiny", "--stage", "0", "--weight-decay=-1"], "--weight-decay"),
+        // A delay past the last step delays nothing, while the run is labelled delayed.
+        (
+            &[
+                "--model",
+                "tiny",
+                "--stage",
+                "2",
+                "--offload",
+                "optimizer",
+                "--delayed-update",
+                "--delayed-update-after",
+                "100",
+                "--steps",
+                "3",
+            ],
+            "--delayed-update-after",
+        ),
         // Waits beyond a year overflowed libtorch's store deadline and the stall clock.
         (&["--model", "tiny", "--stage", "0", "--rendezvous-timeout-s", "10000000000"], "--rendezvous-timeout-s"),
         (&["--model", "tiny", "--stage", "0", "--stall-timeout-s", "18446744073709551615"], "--stall-timeout-s"),

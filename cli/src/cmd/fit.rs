@@ -117,6 +117,8 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
     config.seq_len = r.seq_len.ok_or_else(|| need("seq_len"))?;
     config.offload_ratio = variant_value(&r.variant, "offload_ratio")?;
     config.delayed_update_after = variant_value(&r.variant, "delayed_update_after")?;
+    // The run's length is not part of the query; long enough for its delay, whatever it was.
+    config.steps = config.steps.max(config.delayed_update_after.map_or(0, |a| a.saturating_add(1)));
     let gpu = r.gpu.clone().ok_or_else(|| need("GPU name (a CPU run?)"))?;
     let gpus = r.gpus.ok_or_else(|| need("gpus"))?;
     // A log edited or written by hand can hold what the worker refuses; the model would be

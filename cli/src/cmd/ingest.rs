@@ -106,6 +106,8 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     for p in &args.peak_tflops {
         peaks.add(p).context("--peak-tflops")?;
     }
+    // A model file that cannot be read is refused before the logs are read and `--out` is made.
+    let model = args.cost_model.as_ref().map(|p| crate::cmd::predict::load(Some(p))).transpose()?;
     let _lock = crate::lock::lock(&args.out, "ingest")?;
     let formats: Vec<Format> = if args.format.is_empty() { Format::ALL.to_vec() } else { args.format.clone() };
     // The output folder may sit inside an input folder (`ingest runs --out runs/tables`): its
@@ -132,8 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     let mut tables = Tables::build(&ingested.runs);
     let mut host_problems = 0;
     let mut model_problems = 0;
-    if let Some(path) = &args.cost_model {
-        let model = crate::cmd::predict::load(Some(path))?;
+    if let Some(model) = &model {
         // A host rate that cannot be read prices its runs as of an unknown host, and is a problem.
         let mut hosts = crate::host_rate::HostRates::new(&args.dirs);
         let mut bad_hosts = std::collections::BTreeSet::new();
@@ -144,7 +145,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             })
         };
         let (predicted, priced): (Vec<PredictedRow>, Vec<Priced>) =
-            ingested.runs.iter().map(|r| predicted_row(&model, rate(&r.row.dir), &r.row)).unzip();
+            ingested.runs.iter().map(|r| predicted_row(model, rate(&r.row.dir), &r.row)).unzip();
         // Runs the model has no fit for (another GPU kind or precision) are what a user asking
         // for predictions most likely did not mean: named, and the result is incomplete. Runs the
         // model does not take (a CPU run, a failed configuration) are counted.

@@ -64,10 +64,23 @@ pub fn positive_rate(s: &str) -> Result<f64, String> {
 }
 
 /// The model file given, or the shipped one.
+/// The largest model file read: a fit of many thousand runs is a few MiB.
+const MODEL_FILE_LIMIT: u64 = 64 << 20;
+
 pub fn load(path: Option<&PathBuf>) -> anyhow::Result<CostModel> {
     match path {
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+            // The shipped models are about 100 KB; a path to a device or a log by mistake would
+            // otherwise be read until memory runs out.
+            use std::io::Read;
+            let file = std::fs::File::open(p).with_context(|| format!("cannot read {}", p.display()))?;
+            let mut text = String::new();
+            file.take(MODEL_FILE_LIMIT + 1)
+                .read_to_string(&mut text)
+                .with_context(|| format!("cannot read {}", p.display()))?;
+            if text.len() as u64 > MODEL_FILE_LIMIT {
+                anyhow::bail!("{}: more than {} MiB; not a cost model", p.display(), MODEL_FILE_LIMIT >> 20);
+            }
             Ok(CostModel::from_json(&p.display().to_string(), &text)?)
         }
         None => Ok(zerobench_costmodel::shipped()?),
