@@ -96,6 +96,65 @@ pub fn all_succeed<T>(
     }
 }
 
+/// The longest GPU name [`same_placement`] exchanges (`GPU-` and a 36-character UUID).
+const UUID_BYTES: usize = 40;
+
+/// Every rank computes on the same kind of device, and no two ranks on one GPU: with `--device
+/// auto` a rank that finds no GPU (a second rank on a host with one) computes on the CPU, and
+/// its collectives (MPI) never meet the others' (NCCL); two ranks on one GPU hang in NCCL's
+/// first collective. Both waited for the stall limit (300 s, exit 4); now every rank is refused
+/// at once (exit 2). `gpu` is this rank's GPU's UUID (empty where the driver did not say), `None`
+/// on the CPU.
+pub fn same_placement(host: &mut HostGroup, gpu: Option<&str>) -> Result<(), Failure> {
+    let mut mine = [0u8; UUID_BYTES + 1];
+    if let Some(uuid) = gpu {
+        mine[0] = 1;
+        let n = uuid.len().min(UUID_BYTES);
+        mine[1..=n].copy_from_slice(&uuid.as_bytes()[..n]);
+    }
+    let all = host.all_gather_bytes(&mine)?;
+    let placed: Vec<Option<String>> = all
+        .iter()
+        .map(|b| {
+            (b[0] == 1).then(|| {
+                let end = b[1..].iter().position(|&c| c == 0).unwrap_or(UUID_BYTES);
+                String::from_utf8_lossy(&b[1..=end]).into_owned()
+            })
+        })
+        .collect();
+    match placement_conflict(&placed) {
+        Some(why) => Err(Refused::Peer(why).into()),
+        None => Ok(()),
+    }
+}
+
+/// Why ranks placed on `placed` (each rank's GPU, `None` on the CPU) cannot run together.
+fn placement_conflict(placed: &[Option<String>]) -> Option<String> {
+    let ranks = |on_gpu: bool| -> Vec<String> {
+        placed.iter().enumerate().filter(|(_, p)| p.is_some() == on_gpu).map(|(r, _)| r.to_string()).collect()
+    };
+    let (gpu, cpu) = (ranks(true), ranks(false));
+    if !gpu.is_empty() && !cpu.is_empty() {
+        return Some(format!(
+            "rank(s) {} compute on a GPU and rank(s) {} on the CPU (--device auto found no GPU there); \
+             every rank needs a GPU of its own, or run all with --device cpu",
+            gpu.join(", "),
+            cpu.join(", ")
+        ));
+    }
+    for (a, pa) in placed.iter().enumerate() {
+        let Some(uuid) = pa.as_deref().filter(|u| !u.is_empty()) else { continue };
+        if let Some(b) = placed.iter().skip(a + 1).position(|pb| pb.as_deref() == Some(uuid)) {
+            return Some(format!(
+                "ranks {a} and {} share GPU {uuid}; every rank needs a GPU of its own (start as many ranks per \
+                 host as it has GPUs)",
+                a + 1 + b
+            ));
+        }
+    }
+    None
+}
+
 /// Every rank's log opened, or none is kept ([`all_succeed`]): the ranks whose log opened remove
 /// the empty file. With `overwrite`, rank 0 then removes the logs of ranks this run does not have
 /// (`rank<N>.jsonl`, N ≥ the world size), which an earlier, larger run left and which would
@@ -122,7 +181,20 @@ pub fn logs_opened(
 mod tests {
     use serde_json::json;
 
-    use super::first_difference;
+    use super::{first_difference, placement_conflict};
+
+    #[test]
+    fn ranks_on_mixed_devices_or_one_gpu_are_named() {
+        let gpu = |u: &str| Some(format!("GPU-{u}"));
+        assert_eq!(placement_conflict(&[None, None]), None);
+        assert_eq!(placement_conflict(&[gpu("a"), gpu("b")]), None);
+        let mixed = placement_conflict(&[gpu("a"), None, gpu("b"), None]).unwrap();
+        assert!(mixed.starts_with("rank(s) 0, 2 compute on a GPU and rank(s) 1, 3 on the CPU"), "{mixed}");
+        let shared = placement_conflict(&[gpu("a"), gpu("b"), gpu("a")]).unwrap();
+        assert!(shared.starts_with("ranks 0 and 2 share GPU GPU-a"), "{shared}");
+        // GPUs whose UUID the driver did not give are not taken for one.
+        assert_eq!(placement_conflict(&[Some(String::new()), Some(String::new())]), None);
+    }
 
     #[test]
     fn the_first_differing_field_is_named_by_its_path() {

@@ -84,6 +84,8 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
         Ok(Placed { device, gpu, launch_cpu, t_setup })
     });
     let placed = agree::all_succeed(&mut host, placed, "open its device", drop)?;
+    let uuid = placed.gpu.as_ref().map(|g| g.uuid().unwrap_or_default());
+    agree::same_placement(&mut host, uuid.as_deref())?;
     // Held to the end of `run`, so that a failed rank 0 can leave without waiting for the others.
     let store = host.run_store();
     let opened = RankLog::create(&args.log_dir, ident.rank, args.overwrite);
