@@ -1,10 +1,10 @@
 //! One rank's run from flags to exit code.
 //!
 //! Order of work: flags are checked before anything else; then the rank meets the others (over MPI,
-//! or at a TCP store: [`rendezvous`]), learns who it is, and the ranks agree that they all have
-//! one configuration and that every log opened ([`agree`]: a log folder that cannot be written
-//! stops every rank here, before any training); then the model and the ZeRO engine are built, and
-//! the steps run. Every record is flushed as it is written. A failure after the log is open is
+//! or at a TCP store: [`rendezvous`]), learns who it is, and the ranks agree ([`agree`]) that
+//! they all have one configuration, that each found its device (all of one kind, no two on one
+//! GPU) and that every log opened: a rank that fails any of these stops every rank here, before
+//! any training; then the model and the ZeRO engine are built, and the steps run. Every record is flushed as it is written. A failure after the log is open is
 //! logged as an `error` record and an `end` record with the exit code that follows (see
 //! [`crate::failure`]).
 
