@@ -81,11 +81,11 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     let t_setup = Instant::now();
     let placed = open_device(&cfg, &ident, gpu_hint).and_then(|(device, gpu)| {
         let launch_cpu = launch_cpu(args.launch_cpu, &ident, gpu.is_some())?;
-        Ok(Placed { device, gpu, launch_cpu, t_setup })
+        let uuid = gpu.as_ref().and_then(|g| g.uuid());
+        Ok(Placed { device, gpu, uuid, launch_cpu, t_setup })
     });
     let placed = agree::all_succeed(&mut host, placed, "open its device", drop)?;
-    let uuid = placed.gpu.as_ref().map(|g| g.uuid().unwrap_or_default());
-    agree::same_placement(&mut host, uuid.as_deref())?;
+    agree::same_placement(&mut host, placed.gpu.as_ref().map(|_| placed.uuid.as_deref().unwrap_or_default()))?;
     // Held to the end of `run`, so that a failed rank 0 can leave without waiting for the others.
     let store = host.run_store();
     let opened = RankLog::create(&args.log_dir, ident.rank, args.overwrite);
@@ -194,12 +194,14 @@ struct Rank<'a> {
     model: &'a dyn Model,
 }
 
-/// Where the rank computes, settled before its log opened: the device, its CUDA context when it
-/// is a GPU, and the CPU its launching threads are pinned to; `t_setup` is when the device began
+/// Where the rank computes, settled before its log opened: the device, its CUDA context and UUID
+/// when it is a GPU, and the CPU its launching threads are pinned to; `t_setup` is when the device began
 /// to open (the `setup` record's `setup_ms` counts from it).
 struct Placed {
     device: Device,
     gpu: Option<Arc<Gpu>>,
+    /// The GPU's UUID, where the driver gives it.
+    uuid: Option<String>,
     launch_cpu: Option<usize>,
     t_setup: Instant,
 }
@@ -212,9 +214,9 @@ fn run_logged(
     progress: &mut Progress,
 ) -> Result<(), Failure> {
     let Rank { args, cfg, ident, log, guard, model, .. } = rank;
-    let Placed { device, gpu, launch_cpu, t_setup } = placed;
+    let Placed { device, gpu, uuid, launch_cpu, t_setup } = placed;
     let (comm, group) = communicators(cfg, host, gpu.as_ref())?;
-    let monitor = gpu.as_ref().and_then(|g| g.uuid()).and_then(|u| GpuMonitor::open(&u)).map(Arc::new);
+    let monitor = uuid.as_deref().and_then(GpuMonitor::open).map(Arc::new);
     let threads = set_threads(args, cfg, ident, gpu.is_some());
     let cuda_index = match device {
         Device::Cuda(i) => Some(i),

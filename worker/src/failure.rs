@@ -77,7 +77,8 @@ pub enum Refused {
         field.as_deref().map(|f| format!(" (this rank's `{f}` differs)")).unwrap_or_default()
     )]
     RanksDisagree { ranks: Vec<u32>, field: Option<String> },
-    /// Another rank was refused before any work (`crate::agree::all_succeed`): why, naming it.
+    /// A refusal that names other ranks (`crate::agree`): one of them was refused before any
+    /// work, or the ranks were placed where they cannot run together.
     #[error("{0}")]
     Peer(String),
 }

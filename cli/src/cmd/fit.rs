@@ -101,43 +101,17 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
     if r.log_version != Some(2) {
         return Err("log schema version 1: its step_ms leaves out the optimizer's device work".into());
     }
-    // Other engine knobs change the step in ways the model does not price; the training text does
-    // not change it, and offload's ratio and delayed update are priced.
-    let priced = ["data=", "offload_ratio=", "delayed_update_after="];
-    if let Some(knob) = r.variant.split(',').find(|p| !p.is_empty() && !priced.iter().any(|k| p.starts_with(k))) {
-        return Err(format!("runs with {knob} are not priced by the model"));
-    }
-    let model = ModelPreset::from_name(&r.model).ok_or_else(|| format!("model {:?} is not a preset", r.model))?;
-    let need = |what: &str| format!("{what} not recorded");
-    let mut config = RunConfig::new(model, r.stage.ok_or_else(|| need("stage"))?);
-    config.offload = r.offload.ok_or_else(|| need("offload"))?;
-    config.precision = r.precision.ok_or_else(|| need("precision"))?;
-    config.micro_batch = r.micro_batch.ok_or_else(|| need("micro_batch"))?;
-    config.grad_accum = r.grad_accum.ok_or_else(|| need("grad_accum"))?;
-    config.seq_len = r.seq_len.ok_or_else(|| need("seq_len"))?;
-    config.offload_ratio = variant_value(&r.variant, "offload_ratio")?;
-    config.delayed_update_after = variant_value(&r.variant, "delayed_update_after")?;
-    // The run's length is not part of the query; long enough for its delay, whatever it was.
-    config.steps = config.steps.max(config.delayed_update_after.map_or(0, |a| a.saturating_add(1)));
-    let gpu = r.gpu.clone().ok_or_else(|| need("GPU name (a CPU run?)"))?;
-    let gpus = r.gpus.ok_or_else(|| need("gpus"))?;
-    // A log edited or written by hand can hold what the worker refuses; the model would be
-    // fitted on, or price, a run that cannot exist.
-    config.validate(Some(gpus)).map_err(|e| format!("a configuration the worker refuses ({e})"))?;
-    let step_ms = r.step_ms_median.ok_or_else(|| need("step time"))?;
+    let (gpu, query) = query(r)?;
+    let step_ms = r.step_ms_median.ok_or_else(|| not_recorded("step time"))?;
     if !(step_ms.is_finite() && step_ms > 0.0) {
         return Err(format!("step time {step_ms} ms, not a positive number"));
     }
     Ok(Observation {
         run_id: r.run_id.clone(),
         gpu,
-        query: Query {
-            logged_buffer_bytes: r.state_buffer_bytes,
-            logged_param_path: r.param_path,
-            ..Query::new(config, gpus, r.nodes.unwrap_or(1))
-        },
+        query,
         step_ms,
-        peak_allocated_bytes: r.peak_allocated_bytes.ok_or_else(|| need("peak allocated memory"))?,
+        peak_allocated_bytes: r.peak_allocated_bytes.ok_or_else(|| not_recorded("peak allocated memory"))?,
         peak_reserved_bytes: r.peak_reserved_bytes,
         device_memory_bytes: r.device_memory_bytes,
         peak_tflops: r.peak_tflops_per_gpu,
@@ -145,6 +119,45 @@ pub fn observation(r: &RunRow) -> Result<Observation, String> {
         gpu_util_pct: r.gpu_util_pct_mean,
         build: r.commit.clone(),
     })
+}
+
+/// What a run asks the model, whatever it measured (`ingest --cost-model` prices runs that
+/// failed, and other engines' runs of known identity): its GPU kind and its query, or why the
+/// model does not price it.
+pub fn query(r: &RunRow) -> Result<(String, Query), String> {
+    // Other engine knobs change the step in ways the model does not price; the training text does
+    // not change it, and offload's ratio and delayed update are priced.
+    let priced = ["data=", "offload_ratio=", "delayed_update_after="];
+    if let Some(knob) = r.variant.split(',').find(|p| !p.is_empty() && !priced.iter().any(|k| p.starts_with(k))) {
+        return Err(format!("runs with {knob} are not priced by the model"));
+    }
+    let model = ModelPreset::from_name(&r.model).ok_or_else(|| format!("model {:?} is not a preset", r.model))?;
+    let mut config = RunConfig::new(model, r.stage.ok_or_else(|| not_recorded("stage"))?);
+    config.offload = r.offload.ok_or_else(|| not_recorded("offload"))?;
+    config.precision = r.precision.ok_or_else(|| not_recorded("precision"))?;
+    config.micro_batch = r.micro_batch.ok_or_else(|| not_recorded("micro_batch"))?;
+    config.grad_accum = r.grad_accum.ok_or_else(|| not_recorded("grad_accum"))?;
+    config.seq_len = r.seq_len.ok_or_else(|| not_recorded("seq_len"))?;
+    config.offload_ratio = variant_value(&r.variant, "offload_ratio")?;
+    config.delayed_update_after = variant_value(&r.variant, "delayed_update_after")?;
+    // The run's length is not part of the query; long enough for its delay, whatever it was.
+    config.steps = config.steps.max(config.delayed_update_after.map_or(0, |a| a.saturating_add(1)));
+    let gpu = r.gpu.clone().ok_or_else(|| not_recorded("GPU name (a CPU run?)"))?;
+    let gpus = r.gpus.ok_or_else(|| not_recorded("gpus"))?;
+    // A log edited or written by hand can hold what the worker refuses; the model would be
+    // fitted on, or price, a run that cannot exist.
+    config.validate(Some(gpus)).map_err(|e| format!("a configuration the worker refuses ({e})"))?;
+    let query = Query {
+        logged_buffer_bytes: r.state_buffer_bytes,
+        logged_param_path: r.param_path,
+        ..Query::new(config, gpus, r.nodes.unwrap_or(1))
+    };
+    Ok((gpu, query))
+}
+
+/// Why a run is not taken: a field its logs do not record.
+fn not_recorded(what: &str) -> String {
+    format!("{what} not recorded")
 }
 
 /// The value of `key=` in a run's variant (`RunConfig::variant`), if it names one.

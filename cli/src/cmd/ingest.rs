@@ -284,27 +284,18 @@ fn predicted_row(
         ..PredictedRow::default()
     };
     // Priced as a fit would take it; a foreign run of known identity is priced too (its error
-    // then compares engines).
-    let mut probe = r.clone();
-    probe.source = zerobench_ingest::Source::Zerobench;
-    probe.log_version = Some(2);
-    probe.status = zerobench_ingest::Status::Ok;
-    // Its measurements are not the query's (a run that never stepped is priced too).
-    probe.step_ms_median = Some(1.0);
-    probe.peak_allocated_bytes.get_or_insert(0);
-    let query = match crate::cmd::fit::observation(&probe) {
-        Ok(mut o) => {
-            o.query.host_adamw_gparams_per_s = host_adamw_gparams_per_s;
-            o
-        }
+    // then compares engines), and a run that never stepped.
+    let (gpu, mut query) = match crate::cmd::fit::query(r) {
+        Ok(q) => q,
         Err(why) => {
             row.notes = format!("not predicted: {why}");
             return (row, Priced::NotTaken(why));
         }
     };
-    match model.fit_for(&query.gpu, query.query.config.precision) {
+    query.host_adamw_gparams_per_s = host_adamw_gparams_per_s;
+    match model.fit_for(&gpu, query.config.precision) {
         Ok(f) => {
-            let p = f.predict(&query.query);
+            let p = f.predict(&query);
             let err = |pred: f64, meas: f64| (meas > 0.0).then(|| (pred / meas - 1.0) * 100.0);
             row.predicted_step_ms = Some(p.step_ms);
             row.step_error_pct = r.step_ms_median.and_then(|m| err(p.step_ms, m));
