@@ -70,6 +70,9 @@
 #                zerobench's gpt2-xl (micro-batch 4, stage 0, eager and replayed) and of the PyTorch reference in
 #                the modes of KERNEL_REFS (default "compile compile-reduce-overhead"), in one call;
 #                writes kernels.json
+#   lifecycle    one GPU: the worker's start-up and ending (a normal run, NCCL unable to start, two ranks
+#                with --device auto on one GPU, SIGUSR1 and SIGTERM mid-run), each checked against
+#                its promised records and exit code; writes lifecycle.json (bench/gpu/report_lifecycle.py)
 #   step-ab      one GPU (AB_GPUS: more): the step-time targets' configurations (AB_CASES, MODEL:MICRO_BATCH:STAGE:eager|graph)
 #                with this build and the one in BASE_BIN alternating (AB_REPS rounds); AB_PROFILE=1
 #                adds a profiled gpt2 and gpt2-xl step of each; writes step-ab.json (bench/gpu/report_ab.py)
@@ -803,6 +806,38 @@ PY
       # model, gpt2-xl micro-batch 4, one GPU.
       WORKER_TIMEOUT=300 reference ref_gpt2-xl_deepspeed-offload_1gpu 1 --mode deepspeed-offload --model gpt2-xl \
         --micro-batch 4 --steps 10 --warmup 3 ;;
+    lifecycle)
+      # The worker's start-up and ending on this host, each case's records and exit code checked
+      # by bench/gpu/report_lifecycle.py: a run that ends normally; NCCL that cannot start (no
+      # socket interface by the name NCCL_SOCKET_IFNAME gives); two ranks with --device auto on a
+      # host of one GPU (the second would compute on the CPU); SIGUSR1 and SIGTERM to a running rank.
+      lc_run() {  # lc_run CASE NP [VAR=VALUE...] -- WORKER-ARGS...: mpirun's exit code and ms in lc_CASE.rc
+        local name=lc_$1 np=$2 t0 envs=() xs=(); shift 2
+        while [ "$1" != -- ]; do envs+=("$1"); xs+=(-x "${1%%=*}"); shift; done; shift
+        t0=$(date +%s%N)
+        env "${envs[@]}" timeout 120 mpirun -np "$np" "${xs[@]}" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE --bind-to none \
+          "$W" --log-dir "$RUNS/$name" --run-id "$name" "$@" > "$RUNS/$name.out" 2>&1
+        echo "$? $(( ($(date +%s%N) - t0) / 1000000 ))" > "$RUNS/$name.rc"
+        log "$name: $(cat "$RUNS/$name.rc") (mpirun's exit code, ms)"
+      }
+      lc_signal() {  # lc_signal CASE SIGNAL: a one-rank gpt2 run sent SIGNAL after 5 steps
+        local name=lc_$1 sig=$2 t0 pid mp; t0=$(date +%s%N)
+        timeout 180 mpirun -np 1 -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE --bind-to none "$W" --device cuda --model gpt2 \
+          --stage 0 --micro-batch 4 --steps 100000 --log-dir "$RUNS/$name" --run-id "$name" > "$RUNS/$name.out" 2>&1 &
+        mp=$!
+        for _ in $(seq 1 900); do [ "$(grep -c '"event":"step"' "$RUNS/$name/rank0.jsonl" 2>/dev/null)" -ge 5 ] 2>/dev/null && break; sleep 0.1; done
+        pid=$(grep -o '"pid":[0-9]*' "$RUNS/$name/rank0.jsonl" | head -1 | cut -d: -f2)
+        kill "-$sig" "$pid"
+        wait "$mp"; echo "$? $(( ($(date +%s%N) - t0) / 1000000 ))" > "$RUNS/$name.rc"
+        log "$name: $(cat "$RUNS/$name.rc") (mpirun's exit code, ms); $(tail -n 2 "$RUNS/$name/rank0.jsonl" | cut -c1-200 | tr '\n' ' ')"
+      }
+      lc_run normal 1 -- --device cuda --model gpt2 --stage 3 --micro-batch 4 --steps 6 --warmup 2
+      lc_run nccl_init 1 NCCL_SOCKET_IFNAME=zerobench_no_such_interface -- --device cuda --model gpt2 --stage 0 --steps 4 --warmup 1
+      lc_run auto_two 2 -- --device auto --model gpt2 --stage 0 --steps 4 --warmup 1
+      lc_signal usr1 USR1
+      lc_signal term TERM
+      python3 bench/gpu/report_lifecycle.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" > "$OUTDIR/lifecycle.json"
+      log "lifecycle: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["ok"], [(c["case"], c["ok"]) for c in d["cases"]])' "$OUTDIR/lifecycle.json")" ;;
     faults)
       # A rank killed outright: mpirun stops the others, which log why (SIGTERM) and end.
       fault_run() {  # fault_run NAME SIGNAL EXTRA...

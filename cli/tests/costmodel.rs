@@ -15,22 +15,13 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// The query of [`predict_gpt2`]: gpt2 at stage 0, micro-batch 1.
+const GPT2_Z0: [&str; 6] = ["--model", "gpt2", "--stage", "0", "--micro-batch", "1"];
+
 /// `zerobench predict` of gpt2 at stage 0, micro-batch 1, on GPU kind `gpu` with the model file
 /// `model`.
 fn predict_gpt2(model: &str, gpu: &str) -> Output {
-    zerobench(&[
-        "predict",
-        "--cost-model",
-        model,
-        "--gpu",
-        gpu,
-        "--model",
-        "gpt2",
-        "--stage",
-        "0",
-        "--micro-batch",
-        "1",
-    ])
+    zerobench(&[&["predict", "--cost-model", model, "--gpu", gpu], &GPT2_Z0[..]].concat())
 }
 
 /// A finished synthetic run: `mb` micro-batch of `model` at `stage` on `gpus` GPUs of kind `gpu`.
@@ -157,6 +148,15 @@ fn bad_queries_are_refused_naming_the_flag() {
         (
             &["--gpu", "h100", "--model", "gpt2", "--stage", "2", "--micro-batch", "1", "--host-adamw-rate", "5"],
             "--host-adamw-rate: prices the host's update of the optimizer; it needs --offload",
+        ),
+        // Rates no host has (1e-300 priced the update at 1e293 years, flagged only "extrapolated").
+        (
+            &["--gpu", "h200", "--model", "gpt2", "--stage", "2", "--micro-batch", "1", "--offload", "optimizer", "--host-adamw-rate", "1e-300"],
+            "--host-adamw-rate <GPARAMS_PER_S>': expected a host's AdamW rate between 0.01 and 1000 (1e9 parameters per second), got \"1e-300\"",
+        ),
+        (
+            &["--gpu", "h200", "--model", "gpt2", "--stage", "2", "--micro-batch", "1", "--offload", "optimizer", "--host-adamw-rate", "5e4"],
+            "between 0.01 and 1000",
         ),
     ];
     for (args, want) in cases {
@@ -357,6 +357,18 @@ fn a_model_file_with_impossible_values_is_refused_naming_the_field() {
         assert_eq!(o.status.code(), Some(2), "{pointer}: {}", text(&o.stdout));
         assert!(text(&o.stderr).contains(want), "{pointer}: {}", text(&o.stderr));
     }
+    // A fit that records no device memory (its logs gave none) does not claim that a run fits.
+    let mut m = shipped.clone();
+    m["fits"][0].as_object_mut().unwrap().remove("device_memory_bytes").expect("the shipped model records it");
+    std::fs::write(&file, m.to_string()).unwrap();
+    let o = zerobench(&[&["predict", "--cost-model", file.to_str().unwrap(), "--gpu", "h200"], &GPT2_Z0[..]].concat());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("fits unknown (the model records no device memory"), "{}", text(&o.stdout));
+    let o = zerobench(
+        &[&["predict", "--cost-model", file.to_str().unwrap(), "--gpu", "h200", "--json"], &GPT2_Z0[..]].concat(),
+    );
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((&p["fits"], &p["device_memory_bytes"]), (&serde_json::Value::Null, &serde_json::Value::Null), "{p}");
     // A model of no fits says so.
     let mut m = shipped.clone();
     m["fits"] = serde_json::json!([]);

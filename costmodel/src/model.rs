@@ -153,8 +153,9 @@ pub struct Prediction {
     pub param_path: ParamPath,
     pub peak_reserved_bytes: u64,
     pub device_memory_bytes: Option<u64>,
-    /// Reserved memory within the device's (unknown device memory: assumed to fit).
-    pub fits: bool,
+    /// Reserved memory within the device's; `None` (JSON `null`) where the device's memory is
+    /// unknown (a model fitted on logs that do not record it).
+    pub fits: Option<bool>,
     /// The parts of the step: the micro-steps' compute (and which bound sets it), the optimizer on
     /// the GPU, offload's host work, communication.
     pub compute_ms: f64,
@@ -342,7 +343,7 @@ impl Fit {
             param_path: w.params,
             peak_reserved_bytes: reserved.round() as u64,
             device_memory_bytes: self.device_memory_bytes,
-            fits: self.device_memory_bytes.is_none_or(|m| reserved <= m as f64),
+            fits: self.device_memory_bytes.map(|m| reserved <= m as f64),
             compute_ms: s.compute_ms,
             bound: s.bound,
             optimizer_ms: s.optimizer_ms,

@@ -171,8 +171,9 @@ fn a_frozen_rank_is_noticed_by_the_stall_watchdog() {
     records(&dir.join("rank1.jsonl"));
 }
 
-#[test]
-fn sigterm_leaves_an_error_and_an_end() {
+/// A rank that gets `sig` (as `kill` names it) after its third step writes `error` (terminated,
+/// naming the signal) and `end`, and exits 128 + `number`.
+fn a_signal_leaves_an_error_and_an_end(sig: &str, number: i32) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let mut one = Command::new(worker())
@@ -194,19 +195,32 @@ fn sigterm_leaves_an_error_and_an_end() {
         .spawn()
         .unwrap();
     let pid = wait_for_steps(dir, 0, 3, Duration::from_secs(60));
-    signal(pid, "-TERM");
+    signal(pid, &format!("-{sig}"));
     let (status, took) = wait_exit(&mut one, Duration::from_secs(30), dir);
-    report("sigterm_to_exit", took);
-    assert_eq!(status.code(), Some(128 + 15));
+    report(&format!("sig{}_to_exit", sig.to_lowercase()), took);
+    assert_eq!(status.code(), Some(128 + number), "SIG{sig}");
     let recs = records(&dir.join("rank0.jsonl"));
     match last_two(&recs) {
         (Record::Error(e), Record::End(end)) => {
             assert_eq!(e.class, ErrorClass::Terminated);
-            assert!(e.message.contains("SIGTERM"));
-            assert_eq!(end.exit_code, 143);
+            assert!(e.message.contains(&format!("SIG{sig}")), "{}", e.message);
+            assert_eq!(end.exit_code, 128 + number);
         }
-        other => panic!("{other:?}"),
+        other => panic!("SIG{sig}: {other:?}"),
     }
+}
+
+#[test]
+fn sigterm_leaves_an_error_and_an_end() {
+    a_signal_leaves_an_error_and_an_end("TERM", 15);
+}
+
+/// `sbatch --signal` warns of the time limit with SIGUSR1 by default (and `mpirun` forwards
+/// it); SIGQUIT's default would dump core. Neither may end a rank without its records.
+#[test]
+fn sigusr1_and_sigquit_leave_an_error_and_an_end() {
+    a_signal_leaves_an_error_and_an_end("USR1", 10);
+    a_signal_leaves_an_error_and_an_end("QUIT", 3);
 }
 
 #[test]

@@ -4,9 +4,10 @@
 //! or at a TCP store: [`rendezvous`]), learns who it is, and the ranks agree ([`agree`]) that
 //! they all have one configuration, that each found its device (all of one kind, no two on one
 //! GPU) and that every log opened: a rank that fails any of these stops every rank here, before
-//! any training; then the model and the ZeRO engine are built, and the steps run. Every record is flushed as it is written. A failure after the log is open is
-//! logged as an `error` record and an `end` record with the exit code that follows (see
-//! [`crate::failure`]).
+//! any training; then the `start` record is written, the communicators are built (a failure to
+//! start them is logged after `start`), then the model and the ZeRO engine, and the steps run.
+//! Every record is flushed as it is written. A failure after the log is open is logged as an
+//! `error` record and an `end` record with the exit code that follows (see [`crate::failure`]).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ use std::sync::Arc;
 use crate::comm::group::HostGroup;
 use crate::comm::nccl::NcclCollectives;
 use crate::comm::solo::SoloCollectives;
-use crate::comm::{self, Collectives};
+use crate::comm::{self, Backend, Collectives};
 use crate::failure::{Failure, Refused};
 use crate::logfile::{now_ts, RankLog};
 use crate::metrics::clock::StepClock;
@@ -154,6 +155,7 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
         summary: progress.summary,
     };
     let _ = log.write(&Record::End(end));
+    guard.ended();
     if ident.rank == 0 {
         if let Some(s) = progress.summary {
             eprintln!(
@@ -215,7 +217,6 @@ fn run_logged(
 ) -> Result<(), Failure> {
     let Rank { args, cfg, ident, log, guard, model, .. } = rank;
     let Placed { device, gpu, uuid, launch_cpu, t_setup } = placed;
-    let (comm, group) = communicators(cfg, host, gpu.as_ref())?;
     let monitor = uuid.as_deref().and_then(GpuMonitor::open).map(Arc::new);
     let threads = set_threads(args, cfg, ident, gpu.is_some());
     let cuda_index = match device {
@@ -224,8 +225,11 @@ fn run_logged(
     };
     progress.cuda_device = cuda_index;
     guard.set_cuda_device(cuda_index);
-    let start = start_record(&rank, gpu.as_ref(), cuda_index, visible, threads, launch_cpu, comm.backend());
+    // The `start` record first: a communicator that fails to start is logged after it.
+    let backend = Backend::of(&host, gpu.is_some(), cfg.cuda_graph);
+    let start = start_record(&rank, gpu.as_ref(), cuda_index, visible, threads, launch_cpu, backend);
     log.write(&Record::Start(start)).map_err(|e| Failure::Io(e.to_string()))?;
+    let (comm, group) = communicators(cfg, backend, host, gpu.as_ref())?;
     let data = training_data(cfg, ident, device)?;
     let expected = expected_states(cfg, ident);
     // Before any state is allocated: host-resident states that cannot fit are a result (oom).
@@ -338,19 +342,25 @@ fn open_device(
 /// The collectives of the world, and of this rank's hpZ group when the run uses hpZ.
 type Communicators = (Box<dyn Collectives>, Option<Box<dyn Collectives>>);
 
-/// The world's collectives and, with hpZ, the group's: NCCL on GPUs, MPI or TCP on CPUs.
-fn communicators(cfg: &RunConfig, host: HostGroup, gpu: Option<&Arc<Gpu>>) -> Result<Communicators, Failure> {
+/// The world's collectives over `backend` ([`Backend::of`]) and, with hpZ, the group's.
+fn communicators(
+    cfg: &RunConfig,
+    backend: Backend,
+    host: HostGroup,
+    gpu: Option<&Arc<Gpu>>,
+) -> Result<Communicators, Failure> {
     // hpZ: the ranks of this rank's group (consecutive ranks, a node) get a communicator of
     // their own. Splitting is collective: every rank takes part.
     let group_host = cfg.engine.hpz.map(|g| host.split_consecutive(g));
     if cfg.engine.copy_engines.is_some() && gpu.is_none() {
         return Err(Refused::CopyEnginesWithoutGpu.into());
     }
-    let comm: Box<dyn Collectives> = match gpu {
-        // One rank (`validate` saw the world), whose collectives the graphs capture as copies.
-        Some(_) if cfg.cuda_graph => Box::new(SoloCollectives),
-        Some(g) => Box::new(NcclCollectives::new(host, Arc::clone(g), cfg.engine.comm_ctas, cfg.engine.copy_engines)?),
-        None => comm::cpu_collectives(host)?,
+    let comm: Box<dyn Collectives> = match (backend, gpu) {
+        (Backend::Nccl, Some(g)) => {
+            Box::new(NcclCollectives::new(host, Arc::clone(g), cfg.engine.comm_ctas, cfg.engine.copy_engines)?)
+        }
+        (Backend::None, Some(_)) => Box::new(SoloCollectives),
+        _ => comm::cpu_collectives(host)?,
     };
     let group: Option<Box<dyn Collectives>> = match (group_host, gpu) {
         (None, _) => None,
@@ -400,7 +410,7 @@ fn start_record(
     visible: Option<String>,
     threads: u32,
     launch_cpu: Option<usize>,
-    backend: &str,
+    backend: Backend,
 ) -> Start {
     let (cfg, ident) = (rank.cfg, rank.ident);
     let spec = cfg.model.spec();
@@ -440,7 +450,7 @@ fn start_record(
             threads,
             launch_cpu: launch_cpu.map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
         },
-        comm_backend: backend.into(),
+        comm_backend: backend.name().into(),
         versions: Versions {
             zerobench: env!("CARGO_PKG_VERSION").into(),
             commit: zerobench_build_info::COMMIT.map(Into::into),

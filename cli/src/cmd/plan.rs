@@ -32,8 +32,9 @@ const TIME_FOOTER: &str =
 
 /// What the predicted columns are, under the table.
 const PREDICT_FOOTER: &str = "pred: the cost model's step time, tokens/s per GPU and peak allocated memory \
-                              (docs/cost-model.md); pred fit: peak reserved within cluster.gpu_memory (else the fitted GPU's memory); best (*): \
-                              per model, the run that fits with the most tokens/s per GPU.";
+                              (docs/cost-model.md); pred fit: peak reserved within cluster.gpu_memory (else the fitted GPU's memory; \
+                              ?: neither known); best (*): per model, the run with the most tokens/s per GPU \
+                              of those not known not to fit.";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -59,7 +60,7 @@ pub struct Args {
     /// With --gpu: the hosts' AdamW rate, 1e9 parameters per second, as `examples/cpu_adamw`
     /// reports it; offloaded runs' host updates are priced in proportion to the fitted hosts'
     /// (default: at their rate).
-    #[arg(long, value_name = "GPARAMS_PER_S", value_parser = crate::cmd::predict::positive_rate, requires = "gpu")]
+    #[arg(long, value_name = "GPARAMS_PER_S", value_parser = crate::cmd::predict::host_rate, requires = "gpu")]
     host_adamw_rate: Option<f64>,
 }
 
@@ -92,7 +93,7 @@ fn predict_run(
 ) -> Prediction {
     let mut p = fit.predict(&query(run, config, host_rate));
     if let Some(m) = declared {
-        (p.device_memory_bytes, p.fits) = (Some(m), p.peak_reserved_bytes <= m);
+        (p.device_memory_bytes, p.fits) = (Some(m), Some(p.peak_reserved_bytes <= m));
     }
     p
 }
@@ -113,7 +114,8 @@ fn model_offload_ratio(
     offload_ratio_at(&run.config, run.world_size(), balance, |ratio| {
         let mut c = run.config.clone();
         c.offload_ratio = Some(ratio);
-        predict_run(fit, run, c, host_rate, declared).fits
+        // Unknown memory cannot refuse a share.
+        predict_run(fit, run, c, host_rate, declared).fits != Some(false)
     })
 }
 
@@ -137,7 +139,7 @@ fn predict_all(plan: &Plan, model: &CostModel, gpu: &str, host_rate: Option<f64>
     for (i, (r, p)) in plan.runs.iter().zip(&preds).enumerate() {
         if let Predicted::Yes { prediction: p, .. } = p {
             let e = best.entry(r.config.model.to_string()).or_insert((usize::MAX, f64::NEG_INFINITY));
-            if p.fits && p.tokens_per_s_per_gpu > e.1 {
+            if p.fits != Some(false) && p.tokens_per_s_per_gpu > e.1 {
                 *e = (i, p.tokens_per_s_per_gpu);
             }
         }
@@ -252,7 +254,14 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
                     row.push(format!("{:.1}", p.step_ms));
                     row.push(format!("{:.0}", p.tokens_per_s_per_gpu));
                     row.push(human_bytes(p.peak_allocated_bytes));
-                    row.push(if p.fits { "yes" } else { "NO" }.to_string());
+                    row.push(
+                        match p.fits {
+                            Some(true) => "yes",
+                            Some(false) => "NO",
+                            None => "?",
+                        }
+                        .to_string(),
+                    );
                     row.push(if mark[i] { "*" } else { "" }.to_string());
                     if !p.extrapolated.is_empty() {
                         notes.push(format!("extrapolated: {}", p.extrapolated.join("; ")));

@@ -48,7 +48,7 @@ pub struct Args {
     /// With --offload: this host's AdamW rate, 1e9 parameters per second, as
     /// `examples/cpu_adamw` reports it (`adamw_params_per_s` / 1e9); the host's update is priced
     /// in proportion to the fitted hosts' (default: at their rate).
-    #[arg(long, value_name = "GPARAMS_PER_S", value_parser = positive_rate)]
+    #[arg(long, value_name = "GPARAMS_PER_S", value_parser = host_rate)]
     host_adamw_rate: Option<f64>,
     /// A model file from `zerobench fit` (default: the model shipped for --gpu).
     #[arg(long)]
@@ -58,9 +58,21 @@ pub struct Args {
     json: bool,
 }
 
-/// A host's AdamW rate: above 0 (1e9 parameters per second).
-pub fn positive_rate(s: &str) -> Result<f64, String> {
-    crate::cmd::positive(s, "1e9 parameters per second")
+/// The host AdamW rates a query may give, 1e9 parameters per second: one slow core does about
+/// 0.1, the measured GPU hosts 4.8-5.7 (`examples/cpu_adamw`); outside this range a rate is a
+/// typo (of the unit, mostly), which would price an update at years or at nothing.
+const HOST_RATE_RANGE: std::ops::RangeInclusive<f64> = 0.01..=1000.0;
+
+/// A host's AdamW rate within [`HOST_RATE_RANGE`] (1e9 parameters per second).
+pub fn host_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if HOST_RATE_RANGE.contains(&v) => Ok(v),
+        _ => Err(format!(
+            "expected a host's AdamW rate between {} and {} (1e9 parameters per second), got {s:?}",
+            HOST_RATE_RANGE.start(),
+            HOST_RATE_RANGE.end()
+        )),
+    }
 }
 
 /// The model file given, or the shipped one.
@@ -158,7 +170,11 @@ fn print(out: &mut dyn Write, p: &Prediction) -> anyhow::Result<()> {
         gib(p.peak_allocated_interval[1]),
         gib(p.peak_reserved_bytes),
         p.device_memory_bytes.map(|m| format!(" of {:.1} GiB", gib(m))).unwrap_or_default(),
-        if p.fits { "fits" } else { "does not fit" }
+        match p.fits {
+            Some(true) => "fits",
+            Some(false) => "does not fit",
+            None => "fits unknown (the model records no device memory for this GPU)",
+        }
     )?;
     if let Some(r) = p.host_adamw_gparams_per_s {
         writeln!(out, "  the host's update priced at AdamW {r:.2}G parameters/s")?;

@@ -146,10 +146,6 @@ impl Collectives for GlooCollectives {
         Ok(std::mem::take(&mut self.calls.stats))
     }
 
-    fn backend(&self) -> &'static str {
-        "gloo"
-    }
-
     fn set_timeline(&mut self, timeline: SharedTimeline) {
         self.calls.timeline = Some(timeline);
     }

@@ -88,6 +88,46 @@ pub enum CommError {
     Failed { op: &'static str, message: String },
 }
 
+/// Which collectives a rank's world talks over. It is settled before any communicator is built,
+/// so that the `start` record names it and a communicator that fails to start (NCCL's set-up, a
+/// Gloo connection) is logged after that record, as every other failure is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// GPU ranks, one or several.
+    Nccl,
+    /// CPU ranks that `mpirun` started, more than one.
+    Mpi,
+    /// CPU ranks that met at a TCP store.
+    Gloo,
+    /// Nothing to talk to: one CPU rank under MPI, or one GPU rank replaying CUDA graphs (whose
+    /// collectives the graphs capture as copies).
+    None,
+}
+
+impl Backend {
+    /// The backend of a rank that met the others over `host`, on a GPU or not, replaying CUDA
+    /// graphs or not (the configuration's rules allow graphs on one rank only).
+    pub fn of(host: &group::HostGroup, on_gpu: bool, cuda_graph: bool) -> Self {
+        match (on_gpu, host) {
+            (true, _) if cuda_graph => Backend::None,
+            (true, _) => Backend::Nccl,
+            (false, group::HostGroup::Store(_)) => Backend::Gloo,
+            (false, group::HostGroup::Mpi(_)) if host.size() > 1 => Backend::Mpi,
+            (false, group::HostGroup::Mpi(_)) => Backend::None,
+        }
+    }
+
+    /// The name logs give it (`start.comm_backend`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Nccl => "nccl",
+            Backend::Mpi => "mpi",
+            Backend::Gloo => "gloo",
+            Backend::None => "none",
+        }
+    }
+}
+
 /// The collectives of CPU ranks: MPI's, or c10d Gloo's for ranks that met at a store.
 pub fn cpu_collectives(host: group::HostGroup) -> Result<Box<dyn Collectives>, CommError> {
     Ok(match host {
@@ -136,8 +176,6 @@ pub trait Collectives {
     fn max_over_ranks(&mut self, values: &mut [f64]) -> Result<(), CommError>;
     /// What this step's collectives cost; resets the counters.
     fn take_stats(&mut self) -> Result<StepComm, CommError>;
-    /// `mpi`, `nccl` or `none`.
-    fn backend(&self) -> &'static str;
     /// Draws every collective issued while the timeline records a step on its own track.
     fn set_timeline(&mut self, timeline: SharedTimeline);
     /// Reports every wait of computation for communication to `clock` (without one, waits are not

@@ -250,14 +250,6 @@ impl Collectives for MpiCollectives {
         Ok(std::mem::take(&mut self.calls.stats))
     }
 
-    fn backend(&self) -> &'static str {
-        if self.world > 1 {
-            "mpi"
-        } else {
-            "none"
-        }
-    }
-
     fn set_clock(&mut self, clock: SharedClock) {
         self.calls.clock = Some(clock);
     }

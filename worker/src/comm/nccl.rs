@@ -514,10 +514,6 @@ impl Collectives for NcclCollectives {
         Ok(stats)
     }
 
-    fn backend(&self) -> &'static str {
-        "nccl"
-    }
-
     fn set_clock(&mut self, clock: SharedClock) {
         self.clock = Some(clock);
     }

@@ -83,10 +83,6 @@ impl Collectives for SoloCollectives {
         Ok(StepComm::default())
     }
 
-    fn backend(&self) -> &'static str {
-        "none"
-    }
-
     fn set_timeline(&mut self, _timeline: SharedTimeline) {}
 
     fn set_clock(&mut self, _clock: SharedClock) {}

@@ -4,8 +4,11 @@
 //! where its results mean anything and none hangs until the job's time limit.
 //!
 //! * **Signals.** SIGTERM, SIGINT and SIGHUP (what `mpirun` sends the surviving ranks when one
-//!   dies, and what Slurm sends on `scancel` and at the time limit) are handled on a thread of
-//!   their own: `error` of class `terminated`, `end`, exit code 128 + the signal.
+//!   dies, and what Slurm sends on `scancel` and at the time limit), SIGQUIT, and SIGUSR1 and
+//!   SIGUSR2 (what `sbatch --signal` sends ahead of the time limit, and `mpirun` forwards; their
+//!   default action would end the rank with no record) are handled on a thread of their own:
+//!   `error` of class `terminated`, `end`, exit code 128 + the signal. The worker keeps no
+//!   checkpoint, so there is nothing better to do with a warning than to stop with a record.
 //! * **Stalls.** A watchdog thread stops the rank when no step has completed for too long: 300 s
 //!   before the first step (start-up, NCCL set-up, the first step's autotuning), afterwards the
 //!   larger of `--stall-timeout-s` (default 30 s) and ten times the longest step so far. A dead or
@@ -14,14 +17,15 @@
 //! * **NCCL errors.** The watchdog also polls `ncclCommGetAsyncError` every half second.
 //!
 //! The main thread claims the end of the run before writing its own last records, so exactly one
-//! of them writes `end`.
+//! of them writes `end`; a signal that comes while the main thread writes them waits (up to
+//! [`MAIN_END_WAIT`]) for its `end` before it exits the process.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
 use signal_hook::iterator::Signals;
 use zerobench_schema::log::{End, ErrorClass, ErrorRecord, RunStatus};
 use zerobench_schema::{Record, SCHEMA_VERSION};
@@ -34,6 +38,21 @@ const FIRST_STEP: Duration = Duration::from_secs(300);
 const RUNNING: u8 = 0;
 const MAIN_ENDING: u8 = 1;
 const GUARD_STOPPING: u8 = 2;
+/// The main thread has written its `end` record.
+const MAIN_ENDED: u8 = 3;
+
+/// The signals that stop a rank, with their names.
+const STOP_SIGNALS: [(i32, &str); 6] = [
+    (SIGTERM, "SIGTERM"),
+    (SIGINT, "SIGINT"),
+    (SIGHUP, "SIGHUP"),
+    (SIGQUIT, "SIGQUIT"),
+    (SIGUSR1, "SIGUSR1"),
+    (SIGUSR2, "SIGUSR2"),
+];
+
+/// How long a signal that comes while the main thread writes its last records waits for them.
+pub const MAIN_END_WAIT: Duration = Duration::from_secs(5);
 
 /// How often the watchdog looks.
 const POLL: Duration = Duration::from_millis(500);
@@ -64,7 +83,8 @@ struct Inner {
     longest_step_ms: AtomicU64,
     steps: AtomicU32,
     stall_timeout: Option<Duration>,
-    /// RUNNING, MAIN_ENDING (the main thread writes the last records) or GUARD_STOPPING.
+    /// RUNNING, MAIN_ENDING (the main thread writes the last records), MAIN_ENDED (it has
+    /// written them) or GUARD_STOPPING.
     state: AtomicU8,
     cuda_device: Mutex<Option<usize>>,
 }
@@ -88,30 +108,25 @@ impl Guard {
             state: AtomicU8::new(RUNNING),
             cuda_device: Mutex::new(None),
         });
-        let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+        let mut signals = Signals::new(STOP_SIGNALS.map(|(sig, _)| sig))?;
         let on_signal = Arc::clone(&inner);
         thread::Builder::new().name("zb-signals".into()).spawn(move || {
             if let Some(sig) = signals.forever().next() {
-                let name = match sig {
-                    SIGTERM => "SIGTERM",
-                    SIGINT => "SIGINT",
-                    _ => "SIGHUP",
-                };
-                if on_signal.state.load(Ordering::SeqCst) == MAIN_ENDING {
-                    // The run is over and its records written or being written; the process is
-                    // told to go, perhaps while stuck saying goodbye to a dead peer.
+                let name = STOP_SIGNALS.iter().find(|(s, _)| *s == sig).map_or("a signal", |(_, n)| *n);
+                if on_signal.state.load(Ordering::SeqCst) != RUNNING && wait_for_main_end(&on_signal, MAIN_END_WAIT) {
+                    // The run is over and its records written; the process is told to go,
+                    // perhaps while stuck saying goodbye to a dead peer.
                     // SAFETY: _exit only ends the process.
                     unsafe { libc::_exit(128 + sig) }
                 }
-                stop(
-                    &on_signal,
-                    ErrorClass::Terminated,
-                    format!(
-                        "terminated by {name}: the job was cancelled or reached its time limit, or the launcher stopped \
-                         the ranks after another rank failed"
-                    ),
-                    128 + sig,
-                );
+                let why = if sig == SIGUSR1 || sig == SIGUSR2 {
+                    "a warning of the job's time limit (sbatch --signal) or a user's; the worker keeps no checkpoint, \
+                     so it stops here"
+                } else {
+                    "the job was cancelled or reached its time limit, or the launcher stopped the ranks after another \
+                     rank failed"
+                };
+                stop(&on_signal, ErrorClass::Terminated, format!("terminated by {name}: {why}"), 128 + sig);
             }
         })?;
         let watched = Arc::clone(&inner);
@@ -136,6 +151,26 @@ impl Guard {
     /// already stopping the rank (then the main thread writes nothing and waits to be exited).
     pub fn claim_end(&self) -> bool {
         self.0.state.compare_exchange(RUNNING, MAIN_ENDING, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+    }
+
+    /// The main thread has written its last records (after [`Guard::claim_end`]).
+    pub fn ended(&self) {
+        let _ = self.0.state.compare_exchange(MAIN_ENDING, MAIN_ENDED, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
+/// Waits up to `limit` for the main thread, which has claimed the end, to write it; `false` if the
+/// guard is stopping the rank itself (a second signal: the first one's records are being
+/// written). Past `limit` it gives up, `true`: the main thread is stuck, and the process goes.
+fn wait_for_main_end(i: &Inner, limit: Duration) -> bool {
+    let t = Instant::now();
+    loop {
+        match i.state.load(Ordering::SeqCst) {
+            MAIN_ENDED => return true,
+            GUARD_STOPPING => return false,
+            _ if t.elapsed() >= limit => return true,
+            _ => thread::sleep(Duration::from_millis(5)),
+        }
     }
 }
 
@@ -235,6 +270,53 @@ mod tests {
         assert_eq!(stall_limit(base, 5, 100), base);
         assert_eq!(stall_limit(base, 5, 10_000), Duration::from_secs(100));
         assert_eq!(stall_limit(Duration::from_secs(600), 0, 0), Duration::from_secs(600));
+    }
+
+    fn inner(dir: &std::path::Path, state: u8) -> Arc<Inner> {
+        Arc::new(Inner {
+            log: RankLog::create(dir, 0, false).unwrap(),
+            rank: 0,
+            started: Instant::now(),
+            last_progress_ms: AtomicU64::new(0),
+            longest_step_ms: AtomicU64::new(0),
+            steps: AtomicU32::new(0),
+            stall_timeout: None,
+            state: AtomicU8::new(state),
+            cuda_device: Mutex::new(None),
+        })
+    }
+
+    /// A signal while the main thread writes its last records waits for them, not longer than
+    /// its limit, and leaves the guard's own stop alone.
+    #[test]
+    fn a_signal_during_the_main_threads_end_waits_for_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let i = inner(tmp.path(), RUNNING);
+        let main = Guard(Arc::clone(&i));
+        assert!(main.claim_end());
+        let writer = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(200));
+            main.ended();
+        });
+        let t = Instant::now();
+        assert!(wait_for_main_end(&i, Duration::from_secs(20)));
+        let waited = t.elapsed();
+        writer.join().unwrap();
+        assert!(waited >= Duration::from_millis(200), "returned before the end was written: {waited:?}");
+        assert_eq!(i.state.load(Ordering::SeqCst), MAIN_ENDED);
+
+        // A main thread stuck before its `end`: the wait gives up at its limit.
+        let stuck = inner(&tmp.path().join("stuck"), MAIN_ENDING);
+        let t = Instant::now();
+        assert!(wait_for_main_end(&stuck, Duration::from_millis(100)));
+        assert!(t.elapsed() >= Duration::from_millis(100));
+
+        // The guard stopping the rank already: the signal does not exit over its records.
+        let stopping = inner(&tmp.path().join("stopping"), GUARD_STOPPING);
+        assert!(!wait_for_main_end(&stopping, Duration::from_secs(20)));
+        // `ended` only follows a claimed end.
+        Guard(Arc::clone(&stopping)).ended();
+        assert_eq!(stopping.state.load(Ordering::SeqCst), GUARD_STOPPING);
     }
 
     /// With hpZ a rank has two communicators: registering the group's must not stop the world's
