@@ -100,8 +100,22 @@ fn default_config() -> ncclsys::ncclConfig_t {
     }
 }
 
-fn nccl_err(op: &'static str, e: impl std::fmt::Debug) -> CommError {
-    CommError::Failed { op, message: format!("{e:?}") }
+/// NCCL's failure with its words for it: the result's name and NCCL's last error message (its
+/// reason, e.g. no socket interface matching `NCCL_SOCKET_IFNAME`), where it has one.
+fn nccl_err(op: &'static str, e: nccl::NcclError) -> CommError {
+    let text = |p: *const std::ffi::c_char| {
+        // SAFETY: NCCL returns a null pointer or a NUL-terminated string it owns and keeps.
+        (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().trim().to_string())
+    };
+    // SAFETY: both only read NCCL's state; a null communicator asks for the last error of any.
+    let (name, last) =
+        unsafe { (text(ncclsys::ncclGetErrorString(e.0)), text(ncclsys::ncclGetLastError(std::ptr::null_mut()))) };
+    let mut message = format!("{:?}", e.0);
+    for part in [name, last].into_iter().flatten().filter(|s| !s.is_empty()) {
+        message.push_str(": ");
+        message.push_str(&part);
+    }
+    CommError::Failed { op, message }
 }
 
 fn cuda_err(op: &'static str, e: cudarc::driver::DriverError) -> CommError {
