@@ -57,19 +57,20 @@ def check(runs, case):
         no_log = not records(runs, case, 0) and not records(runs, case, 1)
         ok = rc != 0 and ms < 60_000 and no_log and "on the CPU" in out
         return "two ranks with --device auto on a host of one GPU: refused at once, no log", ok, seen
-    sig = {"usr1": ("SIGUSR1", 10), "term": ("SIGTERM", 15)}.get(case)
+    sig = {"usr1": ("SIGUSR1", 10), "usr1_mpirun": ("SIGUSR1", 10), "term": ("SIGTERM", 15)}.get(case)
     if sig:
         name, number = sig
         ok = (err is not None and err["class"] == "terminated" and name in err["message"]
               and end is not None and end["exit_code"] == 128 + number)
-        return f"{name} to a running rank: error (terminated, names it), end, exit {128 + number}", ok, seen
+        to = " through mpirun, which forwards it" if case.endswith("_mpirun") else ""
+        return f"{name} to a running rank{to}: error (terminated, names it), end, exit {128 + number}", ok, seen
     return "known case", False, seen
 
 
 def main():
     runs, host, commit = sys.argv[1:4]
     cases = []
-    for case in ("normal", "nccl_init", "auto_two", "usr1", "term"):
+    for case in ("normal", "nccl_init", "auto_two", "usr1", "usr1_mpirun", "term"):
         promise, ok, seen = check(runs, case)
         cases.append({"case": case, "promise": promise, "ok": ok, "seen": seen})
     print(json.dumps({

@@ -810,7 +810,8 @@ PY
       # The worker's start-up and ending on this host, each case's records and exit code checked
       # by bench/gpu/report_lifecycle.py: a run that ends normally; NCCL that cannot start (no
       # socket interface by the name NCCL_SOCKET_IFNAME gives); two ranks with --device auto on a
-      # host of one GPU (the second would compute on the CPU); SIGUSR1 and SIGTERM to a running rank.
+      # host of one GPU (the second would compute on the CPU); SIGUSR1 and SIGTERM to a running rank,
+      # and SIGUSR1 to its mpirun (as `sbatch --signal` sends it to a job step), which forwards it.
       lc_run() {  # lc_run CASE NP [VAR=VALUE...] -- WORKER-ARGS...: mpirun's exit code and ms in lc_CASE.rc
         local name=lc_$1 np=$2 t0 envs=() xs=(); shift 2
         while [ "$1" != -- ]; do envs+=("$1"); xs+=(-x "${1%%=*}"); shift; done; shift
@@ -820,14 +821,18 @@ PY
         echo "$? $(( ($(date +%s%N) - t0) / 1000000 ))" > "$RUNS/$name.rc"
         log "$name: $(cat "$RUNS/$name.rc") (mpirun's exit code, ms)"
       }
-      lc_signal() {  # lc_signal CASE SIGNAL: a one-rank gpt2 run sent SIGNAL after 5 steps
-        local name=lc_$1 sig=$2 t0 pid mp; t0=$(date +%s%N)
+      lc_signal() {  # lc_signal CASE SIGNAL [mpirun]: a one-rank gpt2 run sent SIGNAL after 5 steps (to mpirun: forwarded)
+        local name=lc_$1 sig=$2 to=${3:-worker} t0 pid mp; t0=$(date +%s%N)
         timeout 180 mpirun -np 1 -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE --bind-to none "$W" --device cuda --model gpt2 \
           --stage 0 --micro-batch 4 --steps 100000 --log-dir "$RUNS/$name" --run-id "$name" > "$RUNS/$name.out" 2>&1 &
         mp=$!
         for _ in $(seq 1 900); do [ "$(grep -c '"event":"step"' "$RUNS/$name/rank0.jsonl" 2>/dev/null)" -ge 5 ] 2>/dev/null && break; sleep 0.1; done
-        pid=$(grep -o '"pid":[0-9]*' "$RUNS/$name/rank0.jsonl" | head -1 | cut -d: -f2)
-        kill "-$sig" "$pid"
+        local rank; rank=$(grep -o '"pid":[0-9]*' "$RUNS/$name/rank0.jsonl" | head -1 | cut -d: -f2)
+        pid=$rank; [ "$to" = mpirun ] && pid=$(pgrep -P "$mp" | head -1)  # timeout's child
+        [ -n "$pid" ] && kill "-$sig" "$pid"
+        # A signal not passed on leaves the rank training: SIGTERM after 30 s (the case then fails).
+        for _ in $(seq 1 300); do kill -0 "$mp" 2>/dev/null || break; sleep 0.1; done
+        kill -0 "$mp" 2>/dev/null && [ -n "$rank" ] && kill -TERM "$rank"
         wait "$mp"; echo "$? $(( ($(date +%s%N) - t0) / 1000000 ))" > "$RUNS/$name.rc"
         log "$name: $(cat "$RUNS/$name.rc") (mpirun's exit code, ms); $(tail -n 2 "$RUNS/$name/rank0.jsonl" | cut -c1-200 | tr '\n' ' ')"
       }
@@ -835,6 +840,7 @@ PY
       lc_run nccl_init 1 NCCL_SOCKET_IFNAME=zerobench_no_such_interface -- --device cuda --model gpt2 --stage 0 --steps 4 --warmup 1
       lc_run auto_two 2 -- --device auto --model gpt2 --stage 0 --steps 4 --warmup 1
       lc_signal usr1 USR1
+      lc_signal usr1_mpirun USR1 mpirun
       lc_signal term TERM
       python3 bench/gpu/report_lifecycle.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" > "$OUTDIR/lifecycle.json"
       log "lifecycle: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["ok"], [(c["case"], c["ok"]) for c in d["cases"]])' "$OUTDIR/lifecycle.json")" ;;

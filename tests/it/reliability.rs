@@ -119,6 +119,33 @@ fn a_killed_rank_stops_the_others_with_a_logged_cause() {
     }
 }
 
+/// `sbatch --signal=USR1@T` sends SIGUSR1 to the job step's launcher ahead of the time limit;
+/// `mpirun` forwards it, and every rank stops with its records (the signal's default action
+/// ended them with none).
+#[test]
+fn sigusr1_to_mpirun_stops_every_rank_with_its_records() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut run = start_long_run(2, dir, &[]);
+    wait_for_steps(dir, 0, 3, Duration::from_secs(60));
+    wait_for_steps(dir, 1, 3, Duration::from_secs(60));
+    signal(run.id(), "-USR1");
+    let (status, took) = wait_exit(&mut run, Duration::from_secs(30), dir);
+    report("sigusr1_to_mpirun_exit", took);
+    assert!(!status.success());
+    for r in [0, 1] {
+        let recs = records(&dir.join(format!("rank{r}.jsonl")));
+        match last_two(&recs) {
+            (Record::Error(e), Record::End(end)) => {
+                assert_eq!(e.class, ErrorClass::Terminated, "rank {r}: {e:?}");
+                assert!(e.message.contains("SIGUSR1"), "rank {r}: {}", e.message);
+                assert_eq!(end.exit_code, 138, "rank {r}");
+            }
+            other => panic!("rank {r} ended with {other:?}"),
+        }
+    }
+}
+
 /// A rank that dies of SIGSEGV says so on stderr, with its rank and native frames, before the
 /// signal ends it (Rust's own SIGSEGV handler keeps Open MPI's crash report away).
 #[test]
