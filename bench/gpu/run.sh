@@ -823,16 +823,20 @@ PY
       }
       lc_signal() {  # lc_signal CASE SIGNAL [mpirun]: a one-rank gpt2 run sent SIGNAL after 5 steps (to mpirun: forwarded)
         local name=lc_$1 sig=$2 to=${3:-worker} t0 pid mp; t0=$(date +%s%N)
-        timeout 180 mpirun -np 1 -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE --bind-to none "$W" --device cuda --model gpt2 \
+        # mpirun itself in the background (no `timeout` between), so that $! is mpirun's pid.
+        mpirun -np 1 -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE --bind-to none "$W" --device cuda --model gpt2 \
           --stage 0 --micro-batch 4 --steps 100000 --log-dir "$RUNS/$name" --run-id "$name" > "$RUNS/$name.out" 2>&1 &
         mp=$!
         for _ in $(seq 1 900); do [ "$(grep -c '"event":"step"' "$RUNS/$name/rank0.jsonl" 2>/dev/null)" -ge 5 ] 2>/dev/null && break; sleep 0.1; done
         local rank; rank=$(grep -o '"pid":[0-9]*' "$RUNS/$name/rank0.jsonl" | head -1 | cut -d: -f2)
-        pid=$rank; [ "$to" = mpirun ] && pid=$(pgrep -P "$mp" | head -1)  # timeout's child
+        pid=$rank; [ "$to" = mpirun ] && pid=$mp
         [ -n "$pid" ] && kill "-$sig" "$pid"
-        # A signal not passed on leaves the rank training: SIGTERM after 30 s (the case then fails).
+        # A signal not passed on leaves the rank training: SIGTERM after 30 s (the case then
+        # fails), SIGKILL to what is left 10 s later.
         for _ in $(seq 1 300); do kill -0 "$mp" 2>/dev/null || break; sleep 0.1; done
         kill -0 "$mp" 2>/dev/null && [ -n "$rank" ] && kill -TERM "$rank"
+        for _ in $(seq 1 100); do kill -0 "$mp" 2>/dev/null || break; sleep 0.1; done
+        kill -0 "$mp" 2>/dev/null && kill -KILL "$mp" ${rank:+"$rank"}
         wait "$mp"; echo "$? $(( ($(date +%s%N) - t0) / 1000000 ))" > "$RUNS/$name.rc"
         log "$name: $(cat "$RUNS/$name.rc") (mpirun's exit code, ms); $(tail -n 2 "$RUNS/$name/rank0.jsonl" | cut -c1-200 | tr '\n' ' ')"
       }
