@@ -77,6 +77,8 @@ def main():
         "benchmark": "lifecycle",
         "host": open(host).read().splitlines() if os.path.exists(host) else None,
         "commit": commit,
+        # Open MPI's launcher: under `isolated` (some container hosts) mpirun forwards no signal.
+        "environment": {k: os.environ.get(k) for k in ("OMPI_MCA_plm",)},
         "ok": all(c["ok"] for c in cases),
         "cases": cases,
     }, indent=1))
