@@ -570,9 +570,16 @@ impl Spec {
         self.check()
     }
 
-    /// Relative paths in the spec are relative to the spec's folder.
+    /// Relative paths in the spec are relative to the spec's folder, made absolute: the runs start
+    /// in their own folders (`local`, `sbatch`), where a path relative to the folder the command
+    /// was given in leads nowhere, and `run.json` must not depend on that folder.
     fn anchor_paths(&mut self) {
-        let base = self.path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let base = match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        // `absolute` only joins the current folder (no file system access, links kept).
+        let base = std::path::absolute(&base).unwrap_or(base);
         let anchor = |p: &mut PathBuf| {
             if p.is_relative() {
                 *p = base.join(&*p);
@@ -1104,6 +1111,30 @@ mod tests {
         std::fs::create_dir(d.path().join("folder")).unwrap();
         let e = Spec::parse("worker:\n  data: folder\nsweep:\n  models: tiny\n", &spec).unwrap_err().to_string();
         assert!(e.contains("is not a regular file"), "{e}");
+    }
+
+    /// A spec named by a relative path (`zerobench local exp/spec.yaml`) gives the runs, which
+    /// start in their own folders, an absolute data path: `exp/text.txt` failed every run (exit
+    /// 5), and made `run.json` depend on the folder the command was given in.
+    #[test]
+    fn relative_paths_of_a_spec_named_relatively_become_absolute() {
+        let d = tempfile::tempdir_in(".").unwrap();
+        std::fs::write(d.path().join("text.txt"), "some text").unwrap();
+        std::fs::write(d.path().join("hosts"), "n1 slots=1\n").unwrap();
+        let name = d.path().file_name().unwrap();
+        let want = |f: &str| std::env::current_dir().unwrap().join(name).join(f);
+        for spec in [Path::new(name).join("s.yaml"), Path::new(".").join(name).join("s.yaml")] {
+            assert!(spec.is_relative());
+            let text = "cluster:\n  hostfile: hosts\nworker:\n  data: text.txt\nsweep:\n  models: tiny\n";
+            let s = Spec::parse(text, &spec).unwrap();
+            assert_eq!(s.worker.data.as_deref(), Some(want("text.txt").as_path()), "{spec:?}");
+            assert_eq!(s.cluster.hostfile.as_deref(), Some(want("hosts").as_path()), "{spec:?}");
+        }
+        // A spec in the current folder itself (its parent is the empty path).
+        let text = tempfile::NamedTempFile::new_in(".").unwrap();
+        let file = text.path().file_name().unwrap().to_str().unwrap();
+        let s = Spec::parse(&format!("worker:\n  data: {file}\nsweep:\n  models: tiny\n"), Path::new("s.yaml"));
+        assert_eq!(s.unwrap().worker.data.unwrap(), std::env::current_dir().unwrap().join(file));
     }
 
     fn parse(text: &str) -> Result<Spec, SpecError> {

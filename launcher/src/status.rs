@@ -277,6 +277,11 @@ fn from_run_folder(row: &mut RunState, rec: &RunRecord) {
         }
         _ => {}
     }
+    // Slurm and `local` know only that the job failed (the worker's exit 3); a rank's `end`
+    // record says it ran out of memory, as ingest reads it.
+    if row.state == State::Failed && logs.verdict(rec.run.world_size()) == Some(State::Oom) {
+        row.state = State::Oom;
+    }
     if row.detail.is_empty() {
         row.detail = logs.progress(rec.run.world_size());
     }
@@ -652,6 +657,44 @@ mod tests {
             // Asked about one job, sacct's line for it is taken and the other job's is not.
             let one = status(&dirs[2..3]).unwrap();
             assert_eq!((one[0].state, one[0].source), (State::Done, "sacct"));
+        }
+    }
+
+    // In a process of its own: it puts a stub `sacct` first on PATH.
+    rusty_fork_test! {
+        /// A run whose job failed (exit 3) by `local`'s record or by Slurm, and whose rank's `end`
+        /// says oom, is `oom`, as ingest shows it; it was `failed` until Slurm forgot the job.
+        #[test]
+        fn a_failed_job_whose_rank_ended_oom_is_oom() {
+            use zerobench_ingest::synth::{Fate, SynthRun};
+            use zerobench_schema::job::LocalRecord;
+            let tmp = tempfile::tempdir().unwrap();
+            let bin = tmp.path().join("bin");
+            std::fs::create_dir(&bin).unwrap();
+            stub(&bin, "squeue", "true");
+            stub(&bin, "sacct", "printf '201|FAILED\\n'");
+            first_on_path(&bin);
+            let (plan, dirs) =
+                render_sweep("sweep:\n  models: tiny\n  stages: [0, 3]\n", &tmp.path().join("out"));
+            for (i, r) in plan.runs.iter().enumerate() {
+                let oom = SynthRun { fate: Fate::Oom { rank: 0, step: 1 }, ..SynthRun::new(&r.id, r.config.clone(), r.world_size(), 5.0) };
+                write_logs(&dirs[i], &oom, None, &[]);
+            }
+            let rec: LocalRecord = serde_json::from_value(serde_json::json!({"exit_code": 3, "seconds": 2.0})).unwrap();
+            std::fs::write(dirs[0].join(LOCAL_RECORD), serde_json::to_string(&rec).unwrap()).unwrap();
+            let job = SlurmRecord {
+                job_id: "201".into(),
+                array_job_id: None,
+                array_task_id: None,
+                dependency: None,
+                submitted_at: 1,
+                script: dirs[1].join("job.sbatch"),
+            };
+            std::fs::write(dirs[1].join(SLURM_RECORD), serde_json::to_string(&job).unwrap()).unwrap();
+            let rows = status(&dirs).unwrap();
+            let got: Vec<(State, &str)> = rows.iter().map(|r| (r.state, r.source)).collect();
+            assert_eq!(got, [(State::Oom, "local"), (State::Oom, "sacct")]);
+            assert!(rows[1].detail.contains("oom"), "{}", rows[1].detail);
         }
     }
 
