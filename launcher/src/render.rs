@@ -554,6 +554,9 @@ pub enum Rendered {
     /// The folder held another rendering of this run id but nothing that ran (no logs, no
     /// submission or local record): rewritten.
     Refreshed,
+    /// The folder held this run under other scheduling only ([`SCHEDULING`]: a longer time limit
+    /// after a timeout, another account): its scripts and `run.json` rewritten, its results kept.
+    Rescheduled,
     /// The folder held another run's logs; they were moved to `old`.
     Replaced { old: PathBuf },
 }
@@ -564,6 +567,7 @@ impl Rendered {
             Rendered::New => "new".into(),
             Rendered::Unchanged => "unchanged".into(),
             Rendered::Refreshed => "re-rendered".into(),
+            Rendered::Rescheduled => "re-rendered with the spec's scheduling; results kept".into(),
             Rendered::Replaced { old } => format!("replaced; the old run is in {}", old.display()),
         }
     }
@@ -613,6 +617,11 @@ pub fn render_with(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(
     Ok(done)
 }
 
+/// The `cluster` keys of a run that only schedule it: a folder whose run differs in these alone
+/// holds the same run (raising the time limit after a timeout, then `--retry-failed`, must not
+/// need `--overwrite`, which would move finished results aside).
+const SCHEDULING: [&str; 3] = ["time", "account", "qos"];
+
 /// What an existing folder holds against the run about to be rendered there: `Ok(None)` nothing,
 /// `Ok(Some(Unchanged | Refreshed))` this run or a rendering that never ran, `Err(what)` another
 /// run that did (what differs).
@@ -643,8 +652,19 @@ fn compare(dir: &Path, new: &RunRecord) -> Result<Result<Option<Rendered>, Strin
         }
         v
     };
+    // Nor does how the scheduler treats it.
+    let what_computes = |v: &serde_json::Value| {
+        let mut v = what_runs(v);
+        if let Some(c) = v.get_mut("cluster").and_then(serde_json::Value::as_object_mut) {
+            for key in SCHEDULING {
+                c.remove(key);
+            }
+        }
+        v
+    };
     let differs = match &old {
         Some(old) if what_runs(old) == what_runs(&new) => return Ok(Ok(Some(Rendered::Unchanged))),
+        Some(old) if what_computes(old) == what_computes(&new) => return Ok(Ok(Some(Rendered::Rescheduled))),
         Some(old) => {
             let (old, new) = (what_runs(old), what_runs(&new));
             let (path, o, n) = first_difference(&old, &new, String::new());
@@ -1024,6 +1044,7 @@ mod tests {
         assert_eq!(Rendered::New.describe(), "new");
         assert_eq!(Rendered::Unchanged.describe(), "unchanged");
         assert_eq!(Rendered::Refreshed.describe(), "re-rendered");
+        assert_eq!(Rendered::Rescheduled.describe(), "re-rendered with the spec's scheduling; results kept");
         assert_eq!(
             Rendered::Replaced { old: "/o/.replaced/x-1".into() }.describe(),
             "replaced; the old run is in /o/.replaced/x-1"
@@ -1048,6 +1069,42 @@ mod tests {
         std::fs::create_dir(dir.join("run.json")).unwrap();
         let e = render_with(&plan, out.path(), OnChange::Refuse).unwrap_err().to_string();
         assert!(e.contains("run.json") && !e.contains("no readable"), "{e}");
+    }
+
+    /// A run that ran, rendered again with another time limit, account or qos only, is the same
+    /// run: its scripts take the new limit and its results stay (a timeout, the limit raised,
+    /// then `--retry-failed` was refused as "a different run"); anything else that differs is
+    /// still refused.
+    #[test]
+    fn a_run_rescheduled_keeps_its_results_and_takes_the_new_limit() {
+        let out = tempfile::tempdir().unwrap();
+        let plan_of = |cluster: &str| {
+            let text = format!("cluster: {{{cluster}}}\nsweep: {{models: tiny, stages: 1}}\n");
+            Plan::build(Spec::parse(&text, Path::new("s.yaml")).unwrap()).unwrap()
+        };
+        let first = plan_of("time: \"0:02\"");
+        let dir = render(&first, out.path()).unwrap().remove(0);
+        std::fs::write(dir.join("local.json"), "{}").unwrap();
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        std::fs::write(dir.join("logs/rank0.jsonl"), "{}\n").unwrap();
+        let longer = plan_of("time: \"00:30:00\", account: proj, qos: long");
+        let done = render_with(&longer, out.path(), OnChange::Refuse).unwrap();
+        assert_eq!(done[0].1, Rendered::Rescheduled);
+        let script = std::fs::read_to_string(dir.join("job.sbatch")).unwrap();
+        assert!(script.contains("--time=00:30:00") && script.contains("--account=proj"), "{script}");
+        assert_eq!(std::fs::read_to_string(dir.join("logs/rank0.jsonl")).unwrap(), "{}\n");
+        assert!(dir.join("local.json").exists());
+        // Again: the folder now holds this very run.
+        assert_eq!(render_with(&longer, out.path(), OnChange::Refuse).unwrap()[0].1, Rendered::Unchanged);
+        // What the run computes on is another run.
+        let e = render_with(
+            &plan_of("time: \"00:30:00\", account: proj, qos: long, partition: other"),
+            out.path(),
+            OnChange::Refuse,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("cluster.partition"), "{e}");
     }
 
     /// What changed is shown whole up to 80 characters, and cut to 77 and "..." beyond.

@@ -870,10 +870,40 @@ impl Spec {
                             ),
                         ));
                     }
+                    self.check_slots_honoured(&res.hosts[..n as usize], r)?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// Only pdsh starts each rank on the GPU its slot names (node.sh exports the node's selected
+    /// slots); mpirun, srun and torchrun start a host's R ranks on its GPUs 0..R-1, each rank by
+    /// its local rank. A selection of other slots (`exclude: worker-0:0` to avoid a bad GPU) would
+    /// be silently ignored there, so it is refused.
+    fn check_slots_honoured(&self, hosts: &[crate::select::HostSlots], ranks: u32) -> Result<(), SpecError> {
+        if self.launch.method == Method::Pdsh || self.cluster.gpus_per_node == 0 {
+            return Ok(());
+        }
+        let first: Vec<u32> = (0..ranks).collect();
+        match hosts.iter().find(|h| h.slots.iter().take(ranks as usize).copied().ne(first.iter().copied())) {
+            None => Ok(()),
+            Some(h) => {
+                let key = if self.cluster.include.is_some() { "cluster.include" } else { "cluster.exclude" };
+                let taken: Vec<String> = h.slots.iter().take(ranks as usize).map(u32::to_string).collect();
+                Err(self.error_at(
+                    key,
+                    format!(
+                        "selects GPUs {} of host '{}' for its {ranks} ranks, but launch.method {} starts them on \
+                         GPUs 0-{}; only pdsh starts ranks on the selected GPUs: use it, or select whole hosts",
+                        taken.join(","),
+                        h.host,
+                        self.launch.method,
+                        ranks - 1
+                    ),
+                ))
+            }
+        }
     }
 
     /// The ranks-per-node axis of a block with its default: every GPU of a node, or one rank on
@@ -1111,6 +1141,33 @@ mod tests {
         std::fs::create_dir(d.path().join("folder")).unwrap();
         let e = Spec::parse("worker:\n  data: folder\nsweep:\n  models: tiny\n", &spec).unwrap_err().to_string();
         assert!(e.contains("is not a regular file"), "{e}");
+    }
+
+    /// mpirun, srun and torchrun start a host's ranks on its GPUs 0..R-1 whatever include or
+    /// exclude select: a selection of other GPUs is refused there (it was silently ignored: a
+    /// bad GPU excluded was used), and taken by pdsh, whose node.sh starts ranks on them.
+    #[test]
+    fn slots_only_pdsh_can_honour_are_refused_for_the_other_methods() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("hosts"), "worker-0 slots=4\nworker-1 slots=4\n").unwrap();
+        let spec = d.path().join("s.yaml");
+        let text = |method: &str, filter: &str| {
+            format!(
+                "cluster:\n  gpus_per_node: 4\n  hostfile: hosts\n  {filter}\nlaunch:\n  method: {method}\n\
+                 sweep:\n  models: tiny\n  nodes: 2\n  gpus_per_node: 2\n"
+            )
+        };
+        for method in ["mpirun", "srun", "torchrun"] {
+            let e = Spec::parse(&text(method, "include: worker-0:2,3@worker-1:2,3"), &spec).unwrap_err().to_string();
+            assert!(e.contains("cluster.include: selects GPUs 2,3 of host 'worker-0' for its 2 ranks"), "{e}");
+            assert!(e.contains(&format!("launch.method {method} starts them on GPUs 0-1")), "{e}");
+            let e = Spec::parse(&text(method, "exclude: worker-1:0"), &spec).unwrap_err().to_string();
+            assert!(e.contains("cluster.exclude: selects GPUs 1,2 of host 'worker-1'"), "{e}");
+            // The first GPUs of every host, or whole hosts: what the method does anyway.
+            Spec::parse(&text(method, "exclude: worker-0:3@worker-1:3"), &spec).unwrap();
+            Spec::parse(&text(method, "include: worker-0@worker-1"), &spec).unwrap();
+        }
+        Spec::parse(&text("pdsh", "include: worker-0:2,3@worker-1:2,3"), &spec).unwrap();
     }
 
     /// A spec named by a relative path (`zerobench local exp/spec.yaml`) gives the runs, which

@@ -224,6 +224,17 @@ exec sleep 120"#,
     spec
 }
 
+/// `--timeout 0` stopped every run the moment it started (where `cluster.time: 0` means no
+/// limit): refused before anything is read or written.
+#[test]
+fn local_refuses_a_timeout_of_zero() {
+    let out = tempfile::tempdir().unwrap();
+    let o = zerobench(&["local", "no-such-spec.yaml", "--out", out.path().to_str().unwrap(), "--timeout", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(stderr(&o).contains("--timeout") && stderr(&o).contains("0"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
+}
+
 /// `zerobench local --timeout`: a run past its limit is stopped with every rank (one ignores
 /// SIGTERM), recorded as a timeout, and the sweep goes on with the next run.
 #[test]
