@@ -66,6 +66,35 @@ pub fn alive(pid: i32, start: u64) -> bool {
     read(pid).is_some_and(|p| p.start == start)
 }
 
+/// Whether `pid` on this host is a live process that started no later than `unix_ts` (seconds
+/// since the epoch), with a second's slack for the clocks' rounding: the process that wrote a
+/// record at `unix_ts`, not one that took its pid after it ended. A zombie is not alive.
+pub fn alive_since(pid: u32, unix_ts: f64) -> bool {
+    let Ok(pid) = i32::try_from(pid) else { return false };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    if stat.rfind(')').is_some_and(|i| stat[i + 1..].trim_start().starts_with(['Z', 'X'])) {
+        return false;
+    }
+    let (Some(p), Some(boot)) = (read(pid), boot_time()) else { return false };
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks <= 0 {
+        return false;
+    }
+    boot + p.start as f64 / ticks as f64 <= unix_ts + 1.0
+}
+
+/// This host's name as the worker logs it in `start.host` (gethostname: the kernel's node name).
+pub fn this_host() -> Option<String> {
+    Some(std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?.trim().to_string())
+}
+
+/// When this host booted, seconds since the epoch (`btime` in `/proc/stat`).
+fn boot_time() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    stat.lines().find_map(|l| l.strip_prefix("btime "))?.trim().parse().ok()
+}
+
 /// Sends SIGTERM to `root` and everything below it, waits until `done` says the root has been
 /// reaped or `grace` has passed, then SIGKILLs whatever of that tree (and of what it started
 /// meanwhile) is still there.
@@ -95,6 +124,22 @@ pub fn stop(root: i32, grace: Duration, mut done: impl FnMut() -> bool) {
 mod tests {
     use super::*;
     use std::os::unix::process::CommandExt as _;
+
+    /// This process started before now and is alive; a pid that started after a record's time
+    /// (a reused pid) is not the record's process; a pid that exists nowhere is not alive.
+    #[test]
+    fn a_process_is_alive_since_a_time_only_if_it_started_by_then() {
+        let me = std::process::id();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        assert!(alive_since(me, now));
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        assert!(!alive_since(child.id(), now - 60.0), "a process started a minute after the record");
+        assert!(alive_since(child.id(), now + 5.0));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!alive_since(child.id(), now + 5.0), "reaped");
+        assert!(!alive_since(u32::MAX, now));
+    }
 
     /// A grandchild in a session of its own that ignores SIGTERM is found and, after the grace
     /// period, killed with its parent.

@@ -617,6 +617,20 @@ pub fn render_with(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(
     Ok(done)
 }
 
+/// The folders of `out` that rendering `plan` with [`OnChange::MoveAside`] would move aside: each
+/// holds another run that ran. Nothing is written.
+pub fn folders_to_replace(plan: &Plan, out: &Path) -> Result<Vec<PathBuf>, Error> {
+    let Ok(out) = std::fs::canonicalize(out) else { return Ok(Vec::new()) };
+    let mut moving = Vec::new();
+    for run in &plan.runs {
+        let dir = out.join(&run.id);
+        if compare(&dir, &render_run(plan, run, &dir)?.record)?.is_err() {
+            moving.push(dir);
+        }
+    }
+    Ok(moving)
+}
+
 /// The `cluster` keys of a run that only schedule it: a folder whose run differs in these alone
 /// holds the same run (raising the time limit after a timeout, then `--retry-failed`, must not
 /// need `--overwrite`, which would move finished results aside).

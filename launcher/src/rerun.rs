@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 
 use crate::error::Error;
 use crate::local::{LOCAL_OUTPUT, LOCAL_RECORD};
-use crate::render::{has_results, move_aside, LOG_DIR};
-use crate::status::{RunState, State};
+use crate::plan::Plan;
+use crate::render::{
+    folders_to_replace, has_results, move_aside, read_record, render_with, OnChange, Rendered, LOG_DIR,
+};
+use crate::status::{status, RunState, State};
 use crate::submit::SLURM_RECORD;
 
 /// Where a run folder keeps the logs and records of earlier attempts (hidden: `status` and
@@ -38,6 +41,30 @@ pub fn set_aside_attempt(dir: &Path) -> Result<PathBuf, Error> {
     move_aside(&stage, &keep, "attempt")
 }
 
+/// Renders `plan` into `out` as [`render_with`] does; with [`OnChange::MoveAside`] (`--overwrite`)
+/// it first refuses, moving nothing, if a folder it would move aside holds a run under way:
+/// pending or running in Slurm, or with ranks alive on this host. Moved, such a run went on
+/// writing into the new folder (the job's output and logs go to the run folder's path).
+pub fn render_over(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(PathBuf, Rendered)>, Error> {
+    if on_change == OnChange::MoveAside {
+        // A folder whose run.json cannot be read says nothing of a job; it is moved as before.
+        let moving: Vec<PathBuf> =
+            folders_to_replace(plan, out)?.into_iter().filter(|d| read_record(d).is_ok()).collect();
+        if let Some(r) = status(&moving)?.into_iter().find(|r| matches!(r.state, State::Pending | State::Running)) {
+            let how = match &r.job_id {
+                Some(job) => format!("job {job} is {} in Slurm: cancel it (scancel {job}) or let it end", r.state),
+                None => format!("its ranks are {}: stop them or let them end", r.detail),
+            };
+            return Err(Error::Usage(format!(
+                "{}: run {} is under way ({how}); --overwrite would move its folder while it still writes there",
+                r.dir.display(),
+                r.id
+            )));
+        }
+    }
+    render_with(plan, out, on_change)
+}
+
 /// What to do with a run folder before running or submitting it again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rerun {
@@ -45,8 +72,9 @@ pub enum Rerun {
     Run,
     /// It finished earlier: kept as it is.
     Finished,
-    /// Slurm has it pending or running.
-    WithSlurm { job_id: Option<String> },
+    /// Under way: Slurm has it pending or running (its job), or its ranks are alive on this host
+    /// (no job: a `local` running it, or killed and leaving them).
+    UnderWay { job_id: Option<String> },
     /// It ended failed, out of memory, cancelled or timed out, and was not asked to run again.
     Ended(State),
 }
@@ -57,9 +85,8 @@ impl std::fmt::Display for Rerun {
         match self {
             Rerun::Run => Ok(()),
             Rerun::Finished => f.write_str("finished earlier; kept as it is"),
-            Rerun::WithSlurm { job_id } => {
-                write!(f, "submitted to Slurm (job {}); left to it", job_id.as_deref().unwrap_or("?"))
-            }
+            Rerun::UnderWay { job_id: Some(job) } => write!(f, "submitted to Slurm (job {job}); left to it"),
+            Rerun::UnderWay { job_id: None } => f.write_str("its ranks are running on this host; left to them"),
             Rerun::Ended(st) => write!(f, "ended {st} earlier; --retry-failed runs it again"),
         }
     }
@@ -71,7 +98,7 @@ pub fn rerun_decision(dir: &Path, prior: &RunState, retry_failed: bool) -> Resul
     Ok(match prior.state {
         State::Unsubmitted if !has_results(dir) => Rerun::Run,
         State::Done => Rerun::Finished,
-        State::Pending | State::Running => Rerun::WithSlurm { job_id: prior.job_id.clone() },
+        State::Pending | State::Running => Rerun::UnderWay { job_id: prior.job_id.clone() },
         _ if retry_failed => {
             let kept = set_aside_attempt(dir)?;
             tracing::info!(run = %prior.id, "running again; the earlier attempt is in {}", kept.display());
@@ -84,6 +111,7 @@ pub fn rerun_decision(dir: &Path, prior: &RunState, retry_failed: bool) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusty_fork::rusty_fork_test;
 
     /// An attempt's logs, records and job output move into `.attempts/attempt-*/`, contents
     /// intact; the rendered files and anything else stay.
@@ -126,8 +154,8 @@ mod tests {
         let decide = |st: State, retry: bool| rerun_decision(dir, &state(dir, st), retry).unwrap();
         assert_eq!(decide(State::Unsubmitted, false), Rerun::Run);
         assert_eq!(decide(State::Done, true), Rerun::Finished);
-        assert_eq!(decide(State::Pending, true), Rerun::WithSlurm { job_id: Some("42".into()) });
-        assert_eq!(decide(State::Running, true), Rerun::WithSlurm { job_id: Some("42".into()) });
+        assert_eq!(decide(State::Pending, true), Rerun::UnderWay { job_id: Some("42".into()) });
+        assert_eq!(decide(State::Running, true), Rerun::UnderWay { job_id: Some("42".into()) });
         for st in [State::Failed, State::Oom, State::Cancelled, State::Timeout, State::Unknown] {
             assert_eq!(decide(st, false), Rerun::Ended(st));
         }
@@ -138,11 +166,82 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.join(ATTEMPTS_DIR)).unwrap().count(), 1);
     }
 
+    /// A run whose rank is alive on this host with no `end` (a `local` running it, or killed and
+    /// leaving its ranks behind) is under way: `status` says running (it said `unsubmitted`), it
+    /// is not started again even with `--retry-failed` (a second copy ran beside it), and
+    /// `--overwrite` refuses to move its folder; once the rank is gone, both go ahead.
+    #[test]
+    fn a_run_whose_ranks_are_alive_here_is_left_to_them() {
+        use zerobench_schema::log::Record;
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let spec = |steps: u32| format!("worker:\n  steps: {steps}\nsweep:\n  models: tiny\n");
+        let (plan, dirs) = crate::testkit::render_sweep(&spec(5), &out);
+        let mut rank = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let run = &plan.runs[0];
+        let synth = zerobench_ingest::synth::SynthRun::new(&run.id, run.config.clone(), 1, 5.0);
+        let Record::Start(mut start) = synth.records(0).remove(0) else { panic!("no start") };
+        (start.host, start.pid) = (crate::proctree::this_host().unwrap(), rank.id());
+        start.ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        std::fs::create_dir_all(dirs[0].join(LOG_DIR)).unwrap();
+        let line = serde_json::to_string(&Record::Start(start)).unwrap() + "\n";
+        std::fs::write(dirs[0].join(LOG_DIR).join("rank0.jsonl"), line).unwrap();
+
+        let row = status(&dirs).unwrap().remove(0);
+        assert_eq!((row.state, row.source), (State::Running, "pids"), "{row:?}");
+        assert!(row.detail.contains(&format!("rank 0 pid {}", rank.id())), "{}", row.detail);
+        assert_eq!(rerun_decision(&dirs[0], &row, true).unwrap(), Rerun::UnderWay { job_id: None });
+        assert!(dirs[0].join(LOG_DIR).join("rank0.jsonl").exists(), "the live attempt was set aside");
+        let other = Plan::build(crate::spec::Spec::parse(&spec(6), Path::new("s.yaml")).unwrap()).unwrap();
+        let e = render_over(&other, &out, OnChange::MoveAside).unwrap_err().to_string();
+        assert!(e.contains("is under way (its ranks are alive on this host: rank 0 pid"), "{e}");
+        assert!(dirs[0].join(LOG_DIR).exists() && !out.join(".replaced").exists(), "moved");
+
+        rank.kill().unwrap();
+        rank.wait().unwrap();
+        let row = status(&dirs).unwrap().remove(0);
+        assert_ne!(row.state, State::Running, "{row:?}");
+        let done = render_over(&other, &out, OnChange::MoveAside).unwrap();
+        assert!(matches!(done[0].1, Rendered::Replaced { .. }), "{:?}", done[0].1);
+    }
+
+    // In a process of its own: it puts a stub `squeue` first on PATH.
+    rusty_fork_test! {
+        /// `--overwrite` of a folder whose job Slurm still has pending refuses, naming the job
+        /// and `scancel`: moved aside, the job ran later and wrote into the new folder.
+        #[test]
+        fn overwrite_refuses_a_folder_whose_job_is_pending() {
+            let tmp = tempfile::tempdir().unwrap();
+            let bin = tmp.path().join("bin");
+            std::fs::create_dir(&bin).unwrap();
+            crate::testkit::stub(&bin, "squeue", "echo '301|PENDING'");
+            crate::testkit::first_on_path(&bin);
+            let out = tmp.path().join("out");
+            let (_, dirs) = crate::testkit::render_sweep("worker:\n  steps: 5\nsweep:\n  models: tiny\n", &out);
+            let job = crate::submit::SlurmRecord {
+                job_id: "301".into(),
+                array_job_id: None,
+                array_task_id: None,
+                dependency: None,
+                submitted_at: 1,
+                script: dirs[0].join("job.sbatch"),
+            };
+            std::fs::write(dirs[0].join(SLURM_RECORD), serde_json::to_string(&job).unwrap()).unwrap();
+            let other =
+                Plan::build(crate::spec::Spec::parse("worker:\n  steps: 6\nsweep:\n  models: tiny\n", Path::new("s.yaml")).unwrap())
+                    .unwrap();
+            let e = render_over(&other, &out, OnChange::MoveAside).unwrap_err().to_string();
+            assert!(e.contains("is under way (job 301 is pending in Slurm: cancel it (scancel 301) or let it end)"), "{e}");
+            assert!(dirs[0].join(SLURM_RECORD).exists() && !out.join(".replaced").exists());
+        }
+    }
+
     #[test]
     fn why_a_run_is_left_alone_is_said() {
         assert_eq!(Rerun::Run.to_string(), "");
         assert_eq!(Rerun::Finished.to_string(), "finished earlier; kept as it is");
-        assert_eq!(Rerun::WithSlurm { job_id: None }.to_string(), "submitted to Slurm (job ?); left to it");
+        assert_eq!(Rerun::UnderWay { job_id: Some("7".into()) }.to_string(), "submitted to Slurm (job 7); left to it");
+        assert_eq!(Rerun::UnderWay { job_id: None }.to_string(), "its ranks are running on this host; left to them");
         assert_eq!(
             Rerun::Ended(State::Oom).to_string(),
             format!("ended {} earlier; --retry-failed runs it again", State::Oom)

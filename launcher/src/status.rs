@@ -98,7 +98,8 @@ pub struct RunState {
     pub dir: PathBuf,
     pub state: State,
     pub job_id: Option<String>,
-    /// `squeue`, `sacct`, `scontrol`, `output`, `logs`, `local` or `none`.
+    /// `squeue`, `sacct`, `scontrol`, `output`, `logs`, `local`, `pids` (ranks alive on this
+    /// host) or `none`.
     pub source: &'static str,
     /// Why it failed, or how far it got.
     pub detail: String,
@@ -277,6 +278,14 @@ fn from_run_folder(row: &mut RunState, rec: &RunRecord) {
         }
         _ => {}
     }
+    // Ranks still running here are a run under way, whatever else says it ended or never began
+    // (`local` running it, or killed and leaving its ranks behind): nothing may start it again.
+    if !logs.alive.is_empty() && !matches!(row.state, State::Pending | State::Running) {
+        row.state = State::Running;
+        row.source = "pids";
+        let pids: Vec<String> = logs.alive.iter().map(|(r, p)| format!("rank {r} pid {p}")).collect();
+        row.detail = format!("alive on this host: {}; {}", pids.join(", "), logs.progress(rec.run.world_size()));
+    }
     // Slurm and `local` know only that the job failed (the worker's exit 3); a rank's `end`
     // record says it ran out of memory, as ingest reads it.
     if row.state == State::Failed && logs.verdict(rec.run.world_size()) == Some(State::Oom) {
@@ -312,6 +321,8 @@ struct Logs {
     last_step: Option<u32>,
     /// Rank 0's `end` summary, for finished runs.
     summary: Option<String>,
+    /// Ranks without an `end` whose process is alive on this host: (rank, pid).
+    alive: Vec<(u32, u32)>,
 }
 
 impl Logs {
@@ -384,6 +395,9 @@ fn read_logs(dir: &Path) -> Logs {
     // A rank's error says why; a failed `end` only that it ended so (the ranks a failure stopped
     // end failed too, and a lower rank's log is read first), so it is the detail only without one.
     let mut bad_end = None;
+    // The ranks started on this host, (rank, pid, the `start` record's time): those without an
+    // `end` may still be running.
+    let (host, mut spawned) = (crate::proctree::this_host(), Vec::new());
     for f in files {
         let Some(text) = head_and_tail(&f) else { continue };
         logs.ranks_seen += 1;
@@ -393,6 +407,9 @@ fn read_logs(dir: &Path) -> Logs {
             match rec {
                 Record::Start(s) => {
                     logs.started.entry(s.rank).or_insert(None);
+                    if Some(&s.host) == host.as_ref() {
+                        spawned.push((s.rank, s.pid, s.ts));
+                    }
                 }
                 Record::Step(s) => {
                     logs.last_step = logs.last_step.max(Some(s.step));
@@ -419,6 +436,11 @@ fn read_logs(dir: &Path) -> Logs {
         }
     }
     logs.failure = logs.failure.or(bad_end);
+    logs.alive = spawned
+        .into_iter()
+        .filter(|&(rank, pid, ts)| !logs.ends.contains_key(&rank) && crate::proctree::alive_since(pid, ts))
+        .map(|(rank, pid, _)| (rank, pid))
+        .collect();
     // A rank that stopped without an `end` while others ended is the one that died (killed,
     // crashed or lost with its node): the others' errors only say they were stopped.
     let dead: Vec<String> = logs

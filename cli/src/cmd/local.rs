@@ -15,10 +15,10 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use zerobench_launcher::local::{run_local, LocalOptions, SweepProgress};
 use zerobench_launcher::render::Rendered;
-use zerobench_launcher::rerun::{rerun_decision, Rerun};
+use zerobench_launcher::rerun::{render_over, rerun_decision, Rerun};
 use zerobench_launcher::spec::Method;
 use zerobench_launcher::status::{status, State};
-use zerobench_launcher::{render, Plan, Spec};
+use zerobench_launcher::{Plan, Spec};
 
 use crate::Outcome;
 use zerobench_table::{write_text, Table};
@@ -61,7 +61,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let unfit = super::leave_out_unfit(&mut plan, a.render.include_unfit);
     let _lock = crate::lock::lock(&a.out, "local")?;
     let on_change = a.render.on_change();
-    let rendered = render::render_with(&plan, &a.out, on_change)?;
+    let rendered = render_over(&plan, &a.out, on_change)?;
     let dirs: Vec<PathBuf> = rendered.iter().map(|(d, _)| d.clone()).collect();
     let before = status(&dirs)?;
     let mut t = Table::new("local", ["run", "state", "seconds", "detail"]);

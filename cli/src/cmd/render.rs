@@ -4,7 +4,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use zerobench_launcher::{render, Plan, Spec};
+use zerobench_launcher::rerun::render_over;
+use zerobench_launcher::{Plan, Spec};
 
 use crate::Outcome;
 use zerobench_table::{write_text, Table};
@@ -26,7 +27,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let unfit = super::leave_out_unfit(&mut plan, a.render.include_unfit);
     let _lock = crate::lock::lock(&a.out, "render")?;
     let on_change = a.render.on_change();
-    let dirs = render::render_with(&plan, &a.out, on_change)?;
+    let dirs = render_over(&plan, &a.out, on_change)?;
     let mut t = Table::new("render", ["run", "method", "ranks", "folder", "done"]);
     for (r, (d, what)) in plan.runs.iter().zip(&dirs) {
         t.row([

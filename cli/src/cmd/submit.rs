@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
-use zerobench_launcher::rerun::{rerun_decision, Rerun};
+use zerobench_launcher::rerun::{render_over, rerun_decision, Rerun};
 use zerobench_launcher::status::status;
 use zerobench_launcher::submit::{check, submit, SubmitOptions};
 use zerobench_launcher::{render, Plan, Spec};
@@ -62,7 +62,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         let lock = crate::lock::lock(out, "submit")?;
         // Only this spec's runs: older run folders in `out` are not submitted again.
         let on_change = a.render.on_change();
-        let dirs = render::render_with(&plan, out, on_change)?.into_iter().map(|(d, _)| d).collect();
+        let dirs = render_over(&plan, out, on_change)?.into_iter().map(|(d, _)| d).collect();
         (std::fs::canonicalize(out)?, dirs, lock)
     } else {
         let root = std::fs::canonicalize(&a.target)?;
