@@ -460,21 +460,22 @@ fn read_logs(dir: &Path) -> Logs {
 }
 
 /// What slurmstepd wrote into the job's output file (`*** JOB 12 ON n1 CANCELLED AT … DUE TO
-/// TIME LIMIT ***`, an oom_kill event), read as ingest reads it.
+/// TIME LIMIT ***`, an oom_kill event), read as ingest reads it: in the run folder `dir`, then in
+/// the output folder above it, where an array task's own output goes (`#SBATCH --output` of the
+/// array script; the run folder gets only its script's output, which has slurmstepd's line only
+/// where an `srun` step was cancelled).
 fn output_verdict(dir: &Path, job_id: &str) -> Option<State> {
-    let entries = std::fs::read_dir(dir).ok()?;
     // `%x-%j.out` for a job, and the array script's `<name>-%A_%a.out`, which is the task's id.
     let suffix = format!("-{job_id}.out");
-    for e in entries.filter_map(Result::ok) {
-        let name = e.file_name();
-        if !name.to_string_lossy().ends_with(&suffix) {
-            continue;
-        }
-        if let Some(s) = zerobench_schema::job::output_verdict(&e.path()).ok().flatten() {
-            return Some(State::from(s));
-        }
-    }
-    None
+    let found = |folder: &Path| {
+        let entries = std::fs::read_dir(folder).ok()?;
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(&suffix))
+            .find_map(|e| zerobench_schema::job::output_verdict(&e.path()).ok().flatten())
+            .map(State::from)
+    };
+    found(dir).or_else(|| dir.parent().and_then(found))
 }
 
 #[cfg(test)]
@@ -803,5 +804,17 @@ mod tests {
         assert_eq!(output_verdict(d.path(), "13"), Some(State::Cancelled));
         assert_eq!(output_verdict(d.path(), "14_1"), None);
         assert_eq!(output_verdict(d.path(), "99"), None);
+        // An array task of the mpirun or pdsh method: slurmstepd's line is in the task's own
+        // output, in the output folder above the run folder (it was `unknown` once Slurm forgot).
+        let run = d.path().join("run-a");
+        std::fs::create_dir(&run).unwrap();
+        std::fs::write(run.join("zerobench-array-0-8_0.out"), "the script's output\n").unwrap();
+        std::fs::write(
+            d.path().join("zerobench-array-0-8_0.out"),
+            "slurmstepd: error: *** JOB 9 ON vm CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***\n",
+        )
+        .unwrap();
+        assert_eq!(output_verdict(&run, "8_0"), Some(State::Timeout));
+        assert_eq!(output_verdict(&run, "8_1"), None);
     }
 }
