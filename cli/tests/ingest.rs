@@ -53,6 +53,27 @@ fn an_output_folder_inside_the_input_is_not_read() {
     assert!(out.join("latency.csv").is_file());
 }
 
+/// An output folder that is the folder to read, or holds it, is refused (exit 2), naming both,
+/// and nothing is written: its tables would be read back as a foreign run next time, and leaving
+/// it out would leave the runs out.
+#[test]
+fn an_output_folder_that_is_or_holds_the_input_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    logs(&input);
+    for out in [input.clone(), tmp.path().to_path_buf()] {
+        let o = zerobench(&["ingest", input.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+        let err = text(&o.stderr);
+        assert!(
+            err.contains(&format!("the output folder {}", out.display()))
+                && err.contains(&format!("the folder to read {}", input.display())),
+            "{err}"
+        );
+        assert!(!out.join("latency.csv").exists() && !out.join("summary.json").exists());
+    }
+}
+
 #[test]
 fn a_bad_line_exits_1_and_is_named_on_stderr() {
     let tmp = tempfile::tempdir().unwrap();

@@ -18,7 +18,7 @@ use serde::Serialize;
 use zerobench_schema::{Offload, Precision, ZeroStage};
 
 use crate::aggregate::usable_for_scaling;
-use crate::run::{BuildNames, RunReport, Source};
+use crate::run::{BuildNames, RunReport, RunRow, Source};
 use crate::stats::median;
 
 /// One row of the scaling table.
@@ -51,6 +51,10 @@ pub struct ScalingRow {
     pub ideal_speedup: f64,
     pub efficiency: f64,
     pub comm_frac: Option<f64>,
+    /// The group the row is a point of (not a column: the columns above say it), so that the
+    /// plots draw a group's rows as one line.
+    #[serde(skip)]
+    pub group: ScalingGroup,
 }
 
 impl ScalingRow {
@@ -70,23 +74,46 @@ impl ScalingRow {
     }
 }
 
-/// Every axis of a run's identity but its GPU and node counts (the device too: runs on two kinds
-/// of GPU are two lines).
-type GroupKey = (
-    String,
-    String,
-    String,
-    Source,
-    Option<String>,
-    Option<ZeroStage>,
-    Option<Offload>,
-    Option<Precision>,
-    Option<u32>,
-    Option<u32>,
-    Option<u32>,
-);
+/// A scaling group: every axis of a run's identity but its GPU and node counts (the device too:
+/// runs on two kinds of GPU are two lines). Its runs are one line of the scaling table's speedups
+/// and one line of each plot.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ScalingGroup {
+    pub model: String,
+    pub variant: String,
+    /// [`BuildNames::name`]: empty unless the runs read are of more than one build.
+    pub build: String,
+    pub source: Source,
+    pub gpu: Option<String>,
+    pub stage: Option<ZeroStage>,
+    pub offload: Option<Offload>,
+    pub precision: Option<Precision>,
+    pub seq_len: Option<u32>,
+    pub micro_batch: Option<u32>,
+    pub grad_accum: Option<u32>,
+}
+
+impl ScalingGroup {
+    /// The group of `row`, with its build named as `builds` (those of every run read) names it.
+    pub fn of(row: &RunRow, builds: &BuildNames) -> ScalingGroup {
+        ScalingGroup {
+            model: row.model.clone(),
+            variant: row.variant.clone(),
+            build: builds.name(row),
+            source: row.source,
+            gpu: row.gpu.clone(),
+            stage: row.stage,
+            offload: row.offload,
+            precision: row.precision,
+            seq_len: row.seq_len,
+            micro_batch: row.micro_batch,
+            grad_accum: row.grad_accum,
+        }
+    }
+}
+
 /// Runs of one group by (GPUs, nodes).
-type Groups<'a> = BTreeMap<GroupKey, BTreeMap<(u32, Option<u32>), Vec<&'a RunReport>>>;
+type Groups<'a> = BTreeMap<ScalingGroup, BTreeMap<(u32, Option<u32>), Vec<&'a RunReport>>>;
 
 /// The runs of one group at one (GPUs, nodes), combined.
 struct Point {
@@ -108,25 +135,10 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
         if !usable_for_scaling(row.status) || gpus == 0 {
             continue;
         }
-        let key = (
-            row.model.clone(),
-            row.variant.clone(),
-            builds.name(row),
-            row.source,
-            row.gpu.clone(),
-            row.stage,
-            row.offload,
-            row.precision,
-            row.seq_len,
-            row.micro_batch,
-            row.grad_accum,
-        );
-        groups.entry(key).or_default().entry((gpus, row.nodes)).or_default().push(r);
+        groups.entry(ScalingGroup::of(row, &builds)).or_default().entry((gpus, row.nodes)).or_default().push(r);
     }
     let mut out = Vec::new();
-    for ((model, variant, build, source, gpu, stage, offload, precision, seq_len, micro_batch, grad_accum), points) in
-        groups
-    {
+    for (group, points) in groups {
         let combined: Vec<Point> = points
             .into_iter()
             .map(|((gpus, nodes), rs)| Point {
@@ -144,21 +156,22 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
         for Point { gpus, nodes, runs: n, samples_per_s: sps, tokens_per_s: tps, comm_frac: comm } in combined {
             let speedup = if base_sps > 0.0 { sps / base_sps } else { 0.0 };
             let ideal = f64::from(gpus) / f64::from(base_gpus);
+            let g = &group;
             out.push(ScalingRow {
-                model: model.clone(),
-                variant: variant.clone(),
-                build: build.clone(),
-                source: match source {
+                model: g.model.clone(),
+                variant: g.variant.clone(),
+                build: g.build.clone(),
+                source: match g.source {
                     Source::Zerobench => "zerobench".into(),
                     Source::Foreign => "foreign".into(),
                 },
-                gpu: gpu.clone(),
-                stage,
-                offload,
-                precision,
-                seq_len,
-                micro_batch,
-                grad_accum,
+                gpu: g.gpu.clone(),
+                stage: g.stage,
+                offload: g.offload,
+                precision: g.precision,
+                seq_len: g.seq_len,
+                micro_batch: g.micro_batch,
+                grad_accum: g.grad_accum,
                 gpus,
                 nodes,
                 runs: n,
@@ -170,6 +183,7 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
                 ideal_speedup: ideal,
                 efficiency: speedup / ideal,
                 comm_frac: comm,
+                group: group.clone(),
             });
             if let Some(last) = out.last_mut() {
                 last.round();

@@ -1,9 +1,13 @@
 //! DeepSpeed's console lines:
 //! * `see_memory_usage`: `MA 0.77 GB  Max_MA 1.25 GB  CA 1.51 GB  Max_CA 2 GB` (allocated, peak
 //!   allocated, reserved ("cached"), peak reserved, in GiB: DeepSpeed divides by 1024³);
-//! * the wall-clock breakdown, one line per micro-step: `time (ms) | fwd_microstep: 5.54 |
-//!   bwd_microstep: 22.35 | bwd_inner_microstep: 7.10 | bwd_allreduce_microstep: 15.16 |
-//!   step_microstep: 0.06` (older versions: `forward`, `backward`, `backward_allreduce`, `step`);
+//! * the wall-clock breakdown (`wall_clock_breakdown`), of two kinds: one line per micro-step,
+//!   `time (ms) | fwd_microstep: 5.54 | bwd_microstep: 22.35 | bwd_inner_microstep: 7.10 |
+//!   bwd_allreduce_microstep: 15.16 | step_microstep: 0.06` (older versions: `forward_microstep`,
+//!   `backward_microstep`, ...), and, at each gradient accumulation boundary, one line per
+//!   optimizer step of the global timers, `time (ms) | fwd: .. | bwd: .. | bwd_inner: .. |
+//!   bwd_allreduce: .. | step: ..` (older versions: `forward`, `backward`, `backward_allreduce`,
+//!   `step`), which sum the micro-steps since the last boundary ([`DeepSpeed::optimizer_steps`]);
 //! * the throughput timer: `RunningAvgSamplesPerSec=502.17, CurrSamplesPerSec=519.41,
 //!   MemAllocated=0.14GB, MaxMemAllocated=0.23GB` (global samples per second), on one line or, as
 //!   quoted in write-ups, spread over several;
@@ -45,13 +49,37 @@ static OFFLOAD_DEVICE: LazyLock<Regex> =
 static ERROR_LINE: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^\s*([A-Za-z_][A-Za-z0-9_.]*(?:Error|Exception)): (.*)$").expect("valid regex"));
 
-/// One wall-clock breakdown line, in ms.
+/// One wall-clock breakdown line (or a sum of micro-step lines), in ms.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Breakdown {
     pub forward: f64,
     pub backward: f64,
     pub optimizer: f64,
     pub allreduce: Option<f64>,
+}
+
+impl Breakdown {
+    /// The sum of consecutive micro-steps: what DeepSpeed's global timers add up to one
+    /// optimizer step.
+    fn sum(parts: &[Breakdown]) -> Breakdown {
+        let allreduce = parts.iter().filter_map(|b| b.allreduce).reduce(|a, b| a + b);
+        Breakdown {
+            forward: parts.iter().map(|b| b.forward).sum(),
+            backward: parts.iter().map(|b| b.backward).sum(),
+            optimizer: parts.iter().map(|b| b.optimizer).sum(),
+            allreduce,
+        }
+    }
+}
+
+/// Which of DeepSpeed's timers a breakdown line prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timers {
+    /// The micro timers (`fwd_microstep`, ...), reset at every micro-step.
+    Micro,
+    /// The global timers (`fwd`, ...), summed over the micro-steps of an optimizer step and
+    /// printed at its gradient accumulation boundary.
+    Global,
 }
 
 /// The FLOPs profiler's summary.
@@ -107,7 +135,11 @@ pub struct DeepSpeed {
     pub lines: u64,
     pub allocated_gib: Option<f64>,
     pub reserved_gib: Option<f64>,
-    pub steps: Vec<Breakdown>,
+    /// The global timers' lines: one per optimizer step.
+    pub global_steps: Vec<Breakdown>,
+    /// The micro timers' lines, one list per file (an optimizer step's micro-steps are in one
+    /// file, so they are grouped within it).
+    pub micro_steps: Vec<Vec<Breakdown>>,
     pub running_avg_samples_per_s: Option<f64>,
     pub profile: Option<Profile>,
     in_profile: Option<Profile>,
@@ -214,8 +246,14 @@ impl DeepSpeed {
             }
         }
         if let Some((_, rest)) = line.split_once("time (ms) |") {
-            if let Some(b) = breakdown(rest) {
-                self.steps.push(b);
+            if let Some((b, timers)) = breakdown(rest) {
+                match timers {
+                    Timers::Global => self.global_steps.push(b),
+                    Timers::Micro => match self.micro_steps.last_mut() {
+                        Some(file) => file.push(b),
+                        None => self.micro_steps.push(vec![b]),
+                    },
+                }
                 self.lines += 1;
                 return true;
             }
@@ -263,7 +301,8 @@ impl DeepSpeed {
                 max_into(mine, v);
             }
         }
-        self.steps.extend_from_slice(&o.steps);
+        self.global_steps.extend_from_slice(&o.global_steps);
+        self.micro_steps.extend(o.micro_steps.iter().cloned());
         self.running_avg_samples_per_s = self.running_avg_samples_per_s.or(o.running_avg_samples_per_s);
         if self.profile.is_none() {
             self.profile.clone_from(&o.profile);
@@ -288,6 +327,22 @@ impl DeepSpeed {
         self.memory_phases.extend(o.memory_phases.iter().take(room).cloned());
         self.first_ts = self.first_ts.into_iter().chain(o.first_ts).reduce(f64::min);
         self.last_ts = self.last_ts.into_iter().chain(o.last_ts).reduce(f64::max);
+    }
+
+    /// The run's optimizer steps, in order. With `wall_clock_breakdown` DeepSpeed prints both a
+    /// line per micro-step and, at each accumulation boundary, a line of the global timers, which
+    /// sum that step's micro-steps: taking both would count every step twice (and, with
+    /// accumulation, add micro-steps as steps of a fraction of the step time). So the global
+    /// lines are the steps wherever there are any; a log of micro-step lines alone (an excerpt,
+    /// a grep) has them summed by `grad_accum` consecutive lines of a file, a trailing partial
+    /// group left out (it is no whole step), or each line taken as a step when the accumulation
+    /// is unknown.
+    pub fn optimizer_steps(&self, grad_accum: Option<u32>) -> Vec<Breakdown> {
+        if !self.global_steps.is_empty() {
+            return self.global_steps.clone();
+        }
+        let n = grad_accum.filter(|n| *n > 0).unwrap_or(1) as usize;
+        self.micro_steps.iter().flat_map(|file| file.chunks_exact(n).map(Breakdown::sum)).collect()
     }
 
     /// Ends reading: a profile block at the very end of a file is complete too.
@@ -335,27 +390,35 @@ fn stamp(line: &str) -> Option<f64> {
     super::nvidia_smi::timestamp(&format!("{}{frac}", &c[1]))
 }
 
-fn breakdown(rest: &str) -> Option<Breakdown> {
+/// A breakdown line's times after `time (ms) |`, and which timers they are (the forward timer's
+/// name says: DeepSpeed prints the micro timers and the global ones on lines of their own).
+fn breakdown(rest: &str) -> Option<(Breakdown, Timers)> {
     let mut b = Breakdown::default();
-    let (mut fwd, mut bwd) = (false, false);
+    let (mut fwd, mut bwd) = (None, false);
     for part in rest.split('|') {
         let Some((k, v)) = part.split_once(':') else { continue };
         let Ok(v) = v.trim().parse::<f64>() else { continue };
         match k.trim() {
-            "fwd_microstep" | "forward" | "fwd" => {
+            "fwd_microstep" | "forward_microstep" => {
                 b.forward = v;
-                fwd = true;
+                fwd = Some(Timers::Micro);
             }
-            "bwd_microstep" | "backward" | "bwd" => {
+            "fwd" | "forward" => {
+                b.forward = v;
+                fwd = Some(Timers::Global);
+            }
+            "bwd_microstep" | "backward_microstep" | "bwd" | "backward" => {
                 b.backward = v;
                 bwd = true;
             }
             "step_microstep" | "step" | "optimizer_step" => b.optimizer = v,
-            "bwd_allreduce_microstep" | "backward_allreduce" | "bwd_allreduce" => b.allreduce = Some(v),
+            "bwd_allreduce_microstep" | "backward_allreduce_microstep" | "bwd_allreduce" | "backward_allreduce" => {
+                b.allreduce = Some(v)
+            }
             _ => {}
         }
     }
-    (fwd && bwd).then_some(b)
+    fwd.filter(|_| bwd).map(|t| (b, t))
 }
 
 /// `60 ms`, `1.2 s`, `850 us` → ms.
@@ -497,9 +560,44 @@ mod tests {
     /// A wall-clock breakdown needs both a forward and a backward time; either alone is no step.
     #[test]
     fn breakdowns_need_forward_and_backward() {
-        assert!(breakdown(" fwd_microstep: 10.5 | bwd_microstep: 20.0 | step_microstep: 3.0").is_some());
+        assert_eq!(
+            breakdown(" fwd_microstep: 10.5 | bwd_microstep: 20.0 | step_microstep: 3.0").map(|(_, t)| t),
+            Some(Timers::Micro)
+        );
+        assert_eq!(breakdown(" fwd: 10.5 | bwd: 20.0 | step: 3.0").map(|(_, t)| t), Some(Timers::Global));
+        assert_eq!(breakdown(" forward: 10.5 | backward: 20.0 | step: 3.0").map(|(_, t)| t), Some(Timers::Global));
         assert!(breakdown(" fwd_microstep: 10.5 | step_microstep: 3.0").is_none());
         assert!(breakdown(" bwd_microstep: 20.0 | step_microstep: 3.0").is_none());
+    }
+
+    /// The global timers' lines are the optimizer steps, whatever micro-step lines surround them;
+    /// without them, micro-step lines are summed per accumulation within each file, a partial
+    /// group at a file's end left out; with the accumulation unknown, each is a step.
+    #[test]
+    fn optimizer_steps_from_either_kind_of_line() {
+        let micro = |fwd: f64| format!("time (ms) | fwd_microstep: {fwd} | bwd_microstep: 2 | step_microstep: 1");
+        let mut d = DeepSpeed::default();
+        for line in [micro(1.0), micro(2.0), micro(3.0)] {
+            assert!(d.line(&line));
+        }
+        let forward = |d: &DeepSpeed, accum| d.optimizer_steps(accum).iter().map(|b| b.forward).collect::<Vec<_>>();
+        assert_eq!(forward(&d, Some(2)), [3.0]);
+        assert_eq!(forward(&d, None), [1.0, 2.0, 3.0]);
+        assert_eq!(forward(&d, Some(0)), [1.0, 2.0, 3.0]);
+        // A second file's micro-steps do not complete the first file's partial group.
+        let mut other = DeepSpeed::default();
+        assert!(other.line(&micro(4.0)) && other.line(&micro(5.0)));
+        d.merge(&other);
+        assert_eq!(forward(&d, Some(2)), [3.0, 9.0]);
+        assert_eq!(
+            d.optimizer_steps(Some(2))[0],
+            Breakdown { forward: 3.0, backward: 4.0, optimizer: 2.0, allreduce: None }
+        );
+        assert!(d.line("time (ms) | fwd: 7 | bwd: 8 | bwd_allreduce: 3 | step: 9"));
+        assert_eq!(
+            d.optimizer_steps(Some(2)),
+            [Breakdown { forward: 7.0, backward: 8.0, optimizer: 9.0, allreduce: Some(3.0) }]
+        );
     }
 
     /// Precision from the optimizer's creation line and from the newer precision-config objects.

@@ -5,11 +5,15 @@
 //!    `model`, `stage` (or `zero_stage`), `offload`, `precision`, `micro_batch` (or
 //!    `train_micro_batch_size_per_gpu`), `grad_accum` (or `gradient_accumulation_steps`),
 //!    `seq_len`, `target_len`, `world_size` (or `gpus`), `nodes`, `run_id` (or `id`, `name`);
-//! 2. the logs themselves (the FLOPs profiler prints world size and batch size per GPU);
+//! 2. the logs themselves (DeepSpeed's printed configuration: stage, offload, precision,
+//!    micro-batch, accumulation, world size; the FLOPs profiler's world size and batch size per
+//!    GPU);
 //! 3. the names of the folders below the ingest root (the folder given to `zerobench ingest`),
 //!    down to the run's: `z1`/`zero1`/`stage1`, `mbs8`/`bs8`/`tmbspg8` (DeepSpeed autotuner),
 //!    `gas2`, `offload`, `bf16`/`fp16`/`fp32`, `8gpus`/`gpus8`, and a model preset name
 //!    (`t5-large`, `gpt2-xl`, also without the dash).
+//!
+//! Key by key: what a `run.json` lacks comes from the logs, then from the names.
 
 use std::path::Path;
 use std::sync::LazyLock;

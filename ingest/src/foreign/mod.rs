@@ -19,9 +19,11 @@
 //!   or spans overlap it is reported as ambiguous and attributed to none.
 //!
 //! From the lines to the row (docs/ingest.md has the details):
-//! * step time: DeepSpeed's wall-clock breakdown lines, forward + backward + optimizer per line,
-//!   after dropping the first `warmup` lines when more than that many are there; else the FLOPs profiler's iter latency; else 1 / the
-//!   Trainer's steps per second;
+//! * step time: DeepSpeed's wall-clock breakdown, forward + backward + optimizer per optimizer
+//!   step (the global timers' lines, else the micro-step lines summed per `grad_accum`:
+//!   [`DeepSpeed::optimizer_steps`]), after dropping the first `warmup` steps when more than that
+//!   many are there; else the FLOPs profiler's iter latency; else 1 / the Trainer's steps per
+//!   second;
 //! * samples/s: DeepSpeed's last `RunningAvgSamplesPerSec`, else the median of the Trainer's
 //!   `train_samples_per_second`, else the profiler's samples/second; tokens/s = samples/s ×
 //!   sequence length when that is known;
@@ -186,7 +188,10 @@ fn group(dir: &Path, files: Vec<(PathBuf, ForeignLogs)>, one_run: bool, problems
             all.merge(l);
         }
         let name = dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        return vec![Group { name, own: Hints::default(), logs: all }];
+        // What the joined logs print (stage, offload, precision, ...) is the run's identity below
+        // `run.json`: a run.json of a few keys (`{"seq_len": 1024}`) leaves the rest to the logs.
+        let own = identity::from_deepspeed(&all.deepspeed.config);
+        return vec![Group { name, own, logs: all }];
     }
     let own = |p: &Path, l: &ForeignLogs| identity::from_deepspeed(&l.deepspeed.config).or(identity::from_file_name(p));
     let named = run_logs.iter().any(|(p, l)| own(p, l) != Hints::default());
@@ -272,6 +277,8 @@ fn attribute_smi(path: &Path, smi: &NvidiaSmi, groups: &mut [Group], problems: &
 pub fn scan(path: &Path, logs: &mut ForeignLogs) -> std::io::Result<(u64, u64)> {
     let file = File::open(path)?;
     let bytes = file.metadata()?.len();
+    // nvidia-smi's GPU indices are unique within one file (one node) only.
+    logs.smi.file = path.to_path_buf();
     let lines = for_each_line(file, 0, u64::MAX, MAX_LINE, BLOCK, |_, line| {
         if let Line::Full(b) | Line::Unterminated(b) = line {
             logs.line(&String::from_utf8_lossy(b));
@@ -391,10 +398,13 @@ const FOREIGN_WARMUP: u32 = 2;
 
 fn steps(row: &mut RunRow, logs: &ForeignLogs, warmup: u32) {
     let ds = &logs.deepspeed;
+    // Warmup and medians count optimizer steps, whichever of DeepSpeed's lines they come from;
+    // the accumulation is the row's (run.json, then the printed configuration, then names).
+    let steps = ds.optimizer_steps(row.grad_accum);
     // DeepSpeed prints the breakdown every `steps_per_print` steps, so a log may hold only a few
-    // lines, all past warmup: the first `warmup` lines are dropped only if some are left.
-    let drop = if ds.steps.len() > warmup as usize { warmup as usize } else { 0 };
-    let measured: Vec<&deepspeed::Breakdown> = ds.steps.iter().skip(drop).collect();
+    // lines, all past warmup: the first `warmup` steps are dropped only if some are left.
+    let drop = if steps.len() > warmup as usize { warmup as usize } else { 0 };
+    let measured: Vec<&deepspeed::Breakdown> = steps.iter().skip(drop).collect();
     if !measured.is_empty() {
         row.warmup_steps = drop as u32;
         row.steps_measured = measured.len() as u32;

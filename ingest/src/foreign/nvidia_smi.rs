@@ -2,10 +2,25 @@
 //! fields (`timestamp, index, name, memory.used [MiB], memory.total [MiB], power.draw [W],
 //! utilization.gpu [%]`), then one row per GPU and sample. Values may carry their unit
 //! (`1234 MiB`, `62.07 W`, `97 %`) or not (`nounits`); `[N/A]` is no value. The header may repeat
-//! (one per `nvidia-smi` call). Fields ingest uses: `index` (or `pci.bus_id`), `name`,
+//! (one per `nvidia-smi` call). Fields ingest uses: `uuid`, `index` (or `pci.bus_id`), `name`,
 //! `memory.used`, `memory.total`, `power.draw`, `timestamp` (`2024/03/20 16:22:18.301`).
+//!
+//! A GPU is its `uuid` where the log has one, else its file and `index` ([`GpuKey`]): the nodes
+//! of a run each number their GPUs from 0, so the files of two nodes (`smi-node0.csv`,
+//! `smi-node1.csv`) hold two GPUs 0, which must not be merged into one.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Which GPU a row is of.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum GpuKey {
+    /// The GPU's `uuid`: the same GPU in every file, on every node.
+    Uuid(String),
+    /// Its `index` (or `pci.bus_id`, or `0` without either) in the file it was read from: unique
+    /// within one node only.
+    InFile { file: PathBuf, index: String },
+}
 
 /// Samples of one GPU.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -33,13 +48,16 @@ fn push_sample(v: &mut Vec<(Option<f64>, f64)>, sample: (Option<f64>, f64)) {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NvidiaSmi {
     pub lines: u64,
+    /// The file being read: with the index, a GPU's key where the log has no `uuid`.
+    pub file: PathBuf,
     columns: Option<Columns>,
-    pub gpus: BTreeMap<String, GpuSamples>,
+    pub gpus: BTreeMap<GpuKey, GpuSamples>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Columns {
     n: usize,
+    uuid: Option<usize>,
     index: Option<usize>,
     name: Option<usize>,
     used: Option<usize>,
@@ -65,7 +83,13 @@ impl NvidiaSmi {
             self.columns = None;
             return false;
         }
-        let key = cols.index.map_or_else(|| "0".to_string(), |i| cells[i].to_string());
+        let key = match cols.uuid {
+            Some(u) => GpuKey::Uuid(cells[u].to_string()),
+            None => GpuKey::InFile {
+                file: self.file.clone(),
+                index: cols.index.map_or_else(|| "0".to_string(), |i| cells[i].to_string()),
+            },
+        };
         let g = self.gpus.entry(key).or_default();
         if let Some(i) = cols.name {
             g.name.get_or_insert_with(|| cells[i].to_string());
@@ -97,7 +121,8 @@ fn header(cells: &[&str]) -> Option<Columns> {
     let find = |name: &str| cells.iter().position(|c| field(c) == name);
     Some(Columns {
         n: cells.len(),
-        index: find("index").or_else(|| find("pci.bus_id")).or_else(|| find("uuid")),
+        uuid: find("uuid"),
+        index: find("index").or_else(|| find("pci.bus_id")),
         name: find("name"),
         used: find("memory.used"),
         total: find("memory.total"),
@@ -161,10 +186,11 @@ impl NvidiaSmi {
             })
             .filter(|(_, g)| !g.used.is_empty() || !g.power.is_empty())
             .collect();
-        Some(NvidiaSmi { lines: self.lines, columns: None, gpus })
+        Some(NvidiaSmi { lines: self.lines, file: self.file.clone(), columns: None, gpus })
     }
 
-    /// Adds another log's samples (two CSV files of one run).
+    /// Adds another log's samples (two CSV files of one run): a GPU of both is one only by its
+    /// `uuid` ([`GpuKey`]).
     pub fn merge(&mut self, o: &NvidiaSmi) {
         self.lines += o.lines;
         for (k, g) in &o.gpus {
@@ -214,6 +240,35 @@ impl GpuSamples {
 mod tests {
     use super::*;
 
+    /// The key of GPU `i` of a log read without a file name (as these tests read lines).
+    fn index(i: &str) -> GpuKey {
+        GpuKey::InFile { file: PathBuf::new(), index: i.to_string() }
+    }
+
+    /// Two nodes' logs each number their GPUs 0-7: merged, they are 16 GPUs, each its node's;
+    /// logs that name GPUs by `uuid` are merged by it (the same GPU in two files is one).
+    #[test]
+    fn gpus_of_two_files_are_told_apart_by_file_or_uuid() {
+        let node = |file: &str, uuid: bool| {
+            let mut smi = NvidiaSmi { file: PathBuf::from(file), ..NvidiaSmi::default() };
+            let head = if uuid { "index, uuid, memory.used [MiB]" } else { "index, memory.used [MiB]" };
+            assert!(smi.line(head));
+            for i in 0..8 {
+                let id = if uuid { format!(", GPU-{i}") } else { String::new() };
+                assert!(smi.line(&format!("{i}{id}, 1000 MiB")));
+            }
+            smi
+        };
+        let mut both = node("node0.csv", false);
+        both.merge(&node("node1.csv", false));
+        assert_eq!(both.gpus.len(), 16);
+        assert!(both.gpus.contains_key(&GpuKey::InFile { file: "node1.csv".into(), index: "7".into() }));
+        let mut same = node("part0.csv", true);
+        same.merge(&node("part1.csv", true));
+        assert_eq!(same.gpus.len(), 8);
+        assert!(same.gpus.contains_key(&GpuKey::Uuid("GPU-3".into())));
+    }
+
     /// A header is a CSV line of at least two lower-case fields of which one is `memory.used`.
     #[test]
     fn headers() {
@@ -236,15 +291,15 @@ mod tests {
             ..Default::default()
         };
         let mut smi = NvidiaSmi::default();
-        smi.gpus.insert("0".into(), gpu(vec![(Some(10.0), 1.0), (Some(20.0), 2.0)], vec![]));
-        smi.gpus.insert("1".into(), gpu(vec![(Some(30.0), 3.0)], vec![(Some(30.0), 300.0)]));
+        smi.gpus.insert(index("0"), gpu(vec![(Some(10.0), 1.0), (Some(20.0), 2.0)], vec![]));
+        smi.gpus.insert(index("1"), gpu(vec![(Some(30.0), 3.0)], vec![(Some(30.0), 300.0)]));
         let part = smi.within(5.0, 15.0).unwrap();
-        assert_eq!(part.gpus.keys().collect::<Vec<_>>(), ["0"]);
-        assert_eq!(part.gpus["0"].used, [(Some(10.0), 1.0)]);
-        assert_eq!(smi.within(25.0, 35.0).unwrap().gpus.keys().collect::<Vec<_>>(), ["1"]);
+        assert_eq!(part.gpus.keys().collect::<Vec<_>>(), [&index("0")]);
+        assert_eq!(part.gpus[&index("0")].used, [(Some(10.0), 1.0)]);
+        assert_eq!(smi.within(25.0, 35.0).unwrap().gpus.keys().collect::<Vec<_>>(), [&index("1")]);
         assert_eq!(smi.span(), Some((10.0, 30.0)));
         // A sample without a time stamp: no span, and no share can be cut.
-        smi.gpus.get_mut("1").unwrap().power.push((None, 250.0));
+        smi.gpus.get_mut(&index("1")).unwrap().power.push((None, 250.0));
         assert_eq!((smi.span(), smi.within(0.0, 100.0)), (None, None));
     }
 
@@ -264,8 +319,8 @@ mod tests {
             assert!(smi.line(line), "{line}");
         }
         assert_eq!(smi.lines, 3);
-        assert_eq!(smi.gpus["0"].mean_power_w(), Some(150.0));
-        assert_eq!(smi.gpus["0"].max_used_mib, Some(1200.0));
+        assert_eq!(smi.gpus[&index("0")].mean_power_w(), Some(150.0));
+        assert_eq!(smi.gpus[&index("0")].max_used_mib, Some(1200.0));
     }
 
     /// Samples that all share one time stamp span no time: their mean power, not a division by

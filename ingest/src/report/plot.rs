@@ -1,9 +1,10 @@
 //! SVG plots (plotters, SVG backend, no system fonts needed):
-//! * `throughput-<model>.svg`: samples/s against GPUs, one line per ZeRO stage and offload setting
-//!   (from the scaling table);
-//! * `memory-<model>-mbs<N>.svg`: peak memory per GPU against GPUs, one line per ZeRO stage and
-//!   offload setting, for one model and micro-batch size (from the runs that finished `ok`): how
-//!   much each stage saves as GPUs are added;
+//! * `throughput-<model>.svg`: samples/s against GPUs, one line per scaling group (the scaling
+//!   table's: [`ScalingGroup`], so runs of another stage, offload, precision, sequence length,
+//!   accumulation, source, device, variant or build are never one line);
+//! * `memory-<model>-mbs<N>.svg`: peak memory per GPU against GPUs, one line per scaling group,
+//!   for one model and micro-batch size (from the runs that finished `ok`): how much each stage
+//!   saves as GPUs are added;
 //! * `step-breakdown.svg`: per run, its median step split into disjoint parts (forward and
 //!   backward computation, exposed communication, optimizer, the rest) by their shares of the
 //!   measured time, stacked: each bar is the median step;
@@ -16,7 +17,8 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 
 use super::ReportError;
-use crate::run::{RunRow, Status};
+use crate::run::{BuildNames, RunRow, Source, Status};
+use crate::scaling::ScalingGroup;
 use crate::tables::Tables;
 
 const SIZE: (u32, u32) = (900, 540);
@@ -106,8 +108,8 @@ fn err(path: &Path) -> impl Fn(String) -> ReportError + '_ {
 }
 
 type Series = Vec<(String, Vec<(f64, f64)>)>;
-/// Lines of points by chart, then by series name.
-type Charts<K> = BTreeMap<K, BTreeMap<String, Vec<(f64, f64)>>>;
+/// Points of a chart by scaling group: (GPUs, nodes) and the value.
+type Lines = BTreeMap<ScalingGroup, Vec<((u32, Option<u32>), f64)>>;
 
 fn line_chart(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Series) -> Result<(), String> {
     let (x_max, y_max) = (x_end(series), y_top(series));
@@ -162,23 +164,71 @@ fn config_label(stage: Option<zerobench_schema::ZeroStage>, offload: Option<zero
     s
 }
 
-fn throughput(tables: &Tables, out: &Path, failed: &mut Vec<ReportError>) -> Vec<PathBuf> {
-    let mut by_model: Charts<&str> = Charts::new();
-    for r in &tables.scaling {
-        let mut name = config_label(r.stage, r.offload);
-        if let Some(m) = r.micro_batch {
-            name.push_str(&format!(" mbs={m}"));
-        }
-        if !r.variant.is_empty() {
-            name.push_str(&format!(" {}", r.variant));
-        }
-        name.push_str(&crate::run::BuildNames::suffix(&r.build));
-        by_model.entry(&r.model).or_default().entry(name).or_default().push((f64::from(r.gpus), r.samples_per_s));
+/// A line's name in a chart's legend: its stage and offload, its micro-batch (`with_mbs`: the
+/// memory charts are one per micro-batch), variant and build, and those of its precision,
+/// sequence length, accumulation, source and device that are not the same for every line of the
+/// chart (`chart`), so that no two lines share a name.
+fn line_name(g: &ScalingGroup, chart: &Lines, with_mbs: bool) -> String {
+    let mut s = config_label(g.stage, g.offload);
+    if let Some(m) = g.micro_batch.filter(|_| with_mbs) {
+        s.push_str(&format!(" mbs={m}"));
     }
+    if !g.variant.is_empty() {
+        s.push_str(&format!(" {}", g.variant));
+    }
+    s.push_str(&BuildNames::suffix(&g.build));
+    let varies = |f: &dyn Fn(&ScalingGroup) -> String| chart.keys().any(|o| f(o) != f(g));
+    let opt = |v: Option<u32>| v.map_or("?".to_string(), |v| v.to_string());
+    let axes: [&dyn Fn(&ScalingGroup) -> String; 5] = [
+        &|o| o.precision.map_or("precision=?".to_string(), |p| p.to_string()),
+        &|o| format!("seq={}", opt(o.seq_len)),
+        &|o| format!("grad_accum={}", opt(o.grad_accum)),
+        &|o| match o.source {
+            Source::Zerobench => "(zerobench)".to_string(),
+            Source::Foreign => "(foreign)".to_string(),
+        },
+        &|o| format!("on {}", o.gpu.as_deref().unwrap_or("?")),
+    ];
+    for axis in axes {
+        if varies(axis) {
+            s.push_str(&format!(" {}", axis(g)));
+        }
+    }
+    s
+}
+
+/// A chart's lines, named, each in order of GPUs (then nodes: the same GPU count on one node and
+/// on two are two points).
+fn series(lines: Lines, with_mbs: bool) -> Series {
+    let names: Vec<String> = lines.keys().map(|g| line_name(g, &lines, with_mbs)).collect();
+    names
+        .into_iter()
+        .zip(lines.into_values())
+        .map(|(name, mut points)| {
+            points.sort_by_key(|p| p.0);
+            (name, points.into_iter().map(|((gpus, _), v)| (f64::from(gpus), v)).collect())
+        })
+        .collect()
+}
+
+/// The throughput plots' lines: by model, one per scaling group, samples/s against GPUs.
+fn throughput_charts(tables: &Tables) -> BTreeMap<&str, Series> {
+    let mut by_model: BTreeMap<&str, Lines> = BTreeMap::new();
+    for r in &tables.scaling {
+        by_model
+            .entry(&r.model)
+            .or_default()
+            .entry(r.group.clone())
+            .or_default()
+            .push(((r.gpus, r.nodes), r.samples_per_s));
+    }
+    by_model.into_iter().map(|(model, lines)| (model, series(lines, true))).collect()
+}
+
+fn throughput(tables: &Tables, out: &Path, failed: &mut Vec<ReportError>) -> Vec<PathBuf> {
     let mut written = Vec::new();
-    for (model, series) in by_model {
+    for (model, series) in throughput_charts(tables) {
         let path = out.join(format!("throughput-{}.svg", slug(model)));
-        let series: Series = series.into_iter().collect();
         match line_chart(&path, &format!("{model}: throughput against GPUs"), "GPUs", "samples/s", &series) {
             Ok(()) => written.push(path),
             Err(e) => failed.push(err(&path)(e)),
@@ -200,32 +250,21 @@ fn memory(tables: &Tables, out: &Path, failed: &mut Vec<ReportError>) -> Vec<Pat
     written
 }
 
-/// The memory plots' lines: by model and micro-batch, then by stage and offload, each run's peak
-/// memory per GPU in GiB against its GPUs, in order of GPUs.
+/// The memory plots' lines: by model and micro-batch, then one per scaling group, each run's
+/// peak memory per GPU in GiB against its GPUs, in order of GPUs.
 fn memory_charts(tables: &Tables) -> BTreeMap<(&str, u32), Series> {
-    let mut charts: Charts<(&str, u32)> = Charts::new();
+    let builds = BuildNames::of(&tables.runs);
+    let mut charts: BTreeMap<(&str, u32), Lines> = BTreeMap::new();
     for r in tables.runs.iter().filter(|r| r.status == Status::Ok) {
         let (Some(m), Some(g), Some(bytes)) =
             (r.micro_batch, r.gpus, r.peak_allocated_bytes.or(r.peak_nvml_used_bytes).or(r.peak_rss_bytes))
         else {
             continue;
         };
-        let point = (f64::from(g), bytes as f64 / (1u64 << 30) as f64);
-        charts.entry((&r.model, m)).or_default().entry(config_label(r.stage, r.offload)).or_default().push(point);
+        let point = ((g, r.nodes), bytes as f64 / (1u64 << 30) as f64);
+        charts.entry((&r.model, m)).or_default().entry(ScalingGroup::of(r, &builds)).or_default().push(point);
     }
-    charts
-        .into_iter()
-        .map(|(key, series)| {
-            let series = series
-                .into_iter()
-                .map(|(n, mut p)| {
-                    p.sort_by(|a, b| a.0.total_cmp(&b.0));
-                    (n, p)
-                })
-                .collect();
-            (key, series)
-        })
-        .collect()
+    charts.into_iter().map(|(key, lines)| (key, series(lines, false))).collect()
 }
 
 /// Runs drawn in the breakdown at most, so that the bars stay readable.
@@ -450,6 +489,41 @@ mod tests {
         let charts = memory_charts(&tables);
         assert_eq!(charts.len(), 1);
         assert_eq!(charts[&("gpt2", 4)], [("zero2".to_string(), vec![(2.0, 6.0), (4.0, 3.0)])]);
+    }
+
+    /// Runs of two sequence lengths (or any other axis of the scaling table's groups) are two
+    /// lines of the throughput and memory plots, each in order of GPUs, named by what tells them
+    /// apart; a second GPU kind in the chart names the device too.
+    #[test]
+    fn plots_draw_one_line_per_scaling_group() {
+        use zerobench_schema::{Offload, ZeroStage};
+        let report = |seq: u32, gpus: u32, gpu: &str| {
+            let mut row =
+                RunRow::new(format!("s{seq}g{gpus}{gpu}"), Source::Foreign, "d".into(), "gpt2".into(), Status::Ok);
+            (row.gpus, row.micro_batch, row.stage, row.offload, row.seq_len) =
+                (Some(gpus), Some(4), Some(ZeroStage::Z2), Some(Offload::None), Some(seq));
+            row.gpu = Some(gpu.to_string());
+            row.samples_per_s = Some(f64::from(10 * gpus + seq / 512));
+            row.peak_allocated_bytes = Some(u64::from(gpus + seq / 512) << 30);
+            RunReport { row, collectives: Vec::new(), memory_phases: Vec::new() }
+        };
+        let runs = [report(1024, 2, "H100"), report(512, 2, "H100"), report(1024, 1, "H100"), report(512, 1, "H100")];
+        let tables = Tables::build(&runs);
+        let line = |name: &str, points: [(f64, f64); 2]| (name.to_string(), points.to_vec());
+        assert_eq!(
+            throughput_charts(&tables)["gpt2"],
+            [
+                line("zero2 mbs=4 seq=512", [(1.0, 11.0), (2.0, 21.0)]),
+                line("zero2 mbs=4 seq=1024", [(1.0, 12.0), (2.0, 22.0)])
+            ]
+        );
+        assert_eq!(
+            memory_charts(&tables)[&("gpt2", 4)],
+            [line("zero2 seq=512", [(1.0, 2.0), (2.0, 3.0)]), line("zero2 seq=1024", [(1.0, 3.0), (2.0, 4.0)])]
+        );
+        let runs = [report(512, 2, "H100"), report(512, 1, "A100"), report(512, 1, "H100")];
+        let names: Vec<String> = throughput_charts(&Tables::build(&runs))["gpt2"].iter().map(|l| l.0.clone()).collect();
+        assert_eq!(names, ["zero2 mbs=4 on A100", "zero2 mbs=4 on H100"]);
     }
 
     /// The breakdown is 300 pixels high for a few bars and grows by 28 per bar past them.

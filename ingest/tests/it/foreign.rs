@@ -274,3 +274,112 @@ fn no_throughput_gives_no_energy_per_token() {
     let row = &got.runs[0].row;
     assert_eq!((row.tokens_per_s, row.avg_power_w_per_gpu, row.energy_j_per_token), (Some(0.0), Some(300.0), None));
 }
+
+/// A DeepSpeed log of `wall_clock_breakdown`: per optimizer step, `accum` micro-step lines
+/// (`fwd_microstep`, ...) and then the global timers' line (`fwd`, ...), which sums them. Step `i`
+/// (0-based) has micro-steps of forward `10 + i`, backward 20, optimizer 1 (the boundary's) or 0.
+/// With `global` false the global lines are left out (an excerpt of micro-step lines).
+fn wall_clock_log(steps: u32, accum: u32, global: bool) -> String {
+    let stamp = "[2024-01-01 10:00:00,000] [INFO]";
+    let mut log = format!("{stamp} [config.py:1000:print]   gradient_accumulation_steps .. {accum}\n");
+    for i in 0..steps {
+        let fwd = 10.0 + f64::from(i);
+        for m in 0..accum {
+            let opt = if m + 1 == accum { 1.0 } else { 0.0 };
+            log.push_str(&format!(
+                "{stamp} [logging.py:128:log_dist] [Rank 0] time (ms) | fwd_microstep: {fwd:.2} | bwd_microstep: 20.00 \
+                 | bwd_inner_microstep: 15.00 | bwd_allreduce_microstep: 5.00 | step_microstep: {opt:.2}\n"
+            ));
+        }
+        if global {
+            let n = f64::from(accum);
+            log.push_str(&format!(
+                "{stamp} [logging.py:128:log_dist] [Rank 0] time (ms) | fwd: {:.2} | bwd: {:.2} | bwd_inner: {:.2} \
+                 | bwd_allreduce: {:.2} | step: 1.00\n",
+                fwd * n,
+                20.0 * n,
+                15.0 * n,
+                5.0 * n
+            ));
+        }
+    }
+    log
+}
+
+/// DeepSpeed prints a breakdown line per micro-step and one per optimizer step: each optimizer
+/// step is one step, at its whole time, with accumulation 1 and 4, and warmup drops optimizer
+/// steps. Micro-step lines alone are summed per accumulation.
+#[test]
+fn deepspeed_micro_and_global_breakdowns_are_one_step() {
+    for (accum, global) in [(1, true), (4, true), (4, false), (1, false)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("ds-run");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("train.log"), wall_clock_log(10, accum, global)).unwrap();
+        let got = read(tmp.path());
+        assert_eq!(got.runs.len(), 1, "{:#?}", got.problems);
+        let r = &got.runs[0].row;
+        let n = f64::from(accum);
+        // Steps 2..10 are measured (forward 12..19 per micro-step): the median's forward is 15.5.
+        let what = format!("accumulation {accum}, global lines {global}");
+        assert_eq!((r.grad_accum, r.warmup_steps, r.steps_measured), (Some(accum), 2, 8), "{what}");
+        assert_eq!(r.forward_ms_median, Some(15.5 * n), "{what}");
+        assert_eq!(r.backward_ms_median, Some(20.0 * n), "{what}");
+        assert_eq!(r.optimizer_ms_median, Some(1.0), "{what}");
+        assert_eq!(r.comm_ms_median, Some(5.0 * n), "{what}");
+        assert_eq!(r.step_ms_median, Some(15.5 * n + 20.0 * n + 1.0), "{what}");
+    }
+}
+
+/// A `run.json` of some keys only (`{"seq_len": 1024}`, as the docs suggest) gives those; the
+/// stage, offload and precision DeepSpeed printed in the log still come from the log.
+#[test]
+fn a_partial_run_json_leaves_the_rest_to_the_logs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = foreign_fixtures().join("004-mlp-zero2-offload-bf16/deepspeed.log");
+    std::fs::copy(log, dir.join("deepspeed.log")).unwrap();
+    std::fs::write(dir.join("run.json"), r#"{"seq_len": 1024}"#).unwrap();
+    let got = read(tmp.path());
+    assert_eq!(got.runs.len(), 1, "{:#?}", got.problems);
+    let r = &got.runs[0].row;
+    assert_eq!(
+        (r.seq_len, r.stage, r.offload, r.precision),
+        (Some(1024), Some(ZeroStage::Z2), Some(Offload::Optimizer), Some(Precision::Bf16))
+    );
+    // run.json comes first: a key it has overrides the log.
+    std::fs::write(dir.join("run.json"), r#"{"seq_len": 1024, "precision": "fp32"}"#).unwrap();
+    let got = read(tmp.path());
+    assert_eq!((got.runs[0].row.stage, got.runs[0].row.precision), (Some(ZeroStage::Z2), Some(Precision::Fp32)));
+}
+
+/// nvidia-smi logs of two nodes in one run folder, each of GPUs 0-7: 16 GPUs, each drawing its
+/// own power, so the energy per token is that of all 16, not of 8.
+#[test]
+fn nvidia_smi_logs_of_two_nodes_are_sixteen_gpus() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("hf-run");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("run.json"), r#"{"model": "gpt2", "seq_len": 1000, "world_size": 16, "nodes": 2}"#)
+        .unwrap();
+    std::fs::write(
+        dir.join("train.log"),
+        "{'train_runtime': 10.0, 'train_samples_per_second': 16.0, 'train_steps_per_second': 1.0, 'epoch': 1.0}\n",
+    )
+    .unwrap();
+    for (node, watts) in [(0, 100.0), (1, 300.0)] {
+        let mut csv = "index, memory.used [MiB], power.draw [W]\n".to_string();
+        for gpu in 0..8 {
+            csv.push_str(&format!("{gpu}, {} MiB, {watts:.1} W\n", 1000 * (node + 1)));
+        }
+        std::fs::write(dir.join(format!("smi-node{node}.csv")), csv).unwrap();
+    }
+    let got = read(tmp.path());
+    assert_eq!(got.runs.len(), 1, "{:#?}", got.problems);
+    let r = &got.runs[0].row;
+    // 16 000 tokens/s; 8 × 100 W + 8 × 300 W = 3200 W.
+    assert_eq!((r.tokens_per_s, r.avg_power_w_per_gpu), (Some(16_000.0), Some(200.0)));
+    assert_eq!(r.energy_j_per_token, Some(0.2));
+    assert_eq!(r.peak_nvml_used_bytes, Some(2000 << 20));
+}
