@@ -193,9 +193,49 @@ fn a_link_planted_in_the_output_folder_is_replaced_not_followed() {
     let left: Vec<_> = std::fs::read_dir(&out)
         .unwrap()
         .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with('.') && e.file_name() != ".zerobench.lock")
+        .filter(|e| {
+            let name = e.file_name();
+            name.to_string_lossy().starts_with('.')
+                && name != ".zerobench.lock"
+                && name != zerobench_ingest::report::MANIFEST
+        })
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// Ingest into a folder an earlier ingest wrote: the files it writes again are replaced, those of
+/// the earlier ingest it does not write (the plots of a model no longer read) are removed, and
+/// nothing else there is touched. The earlier plots stayed beside the new tables.
+#[test]
+fn a_second_ingest_into_a_folder_leaves_no_stale_files_of_the_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (first, second) = (tmp.path().join("first"), tmp.path().join("second"));
+    logs(&first);
+    let mut cfg = RunConfig::new(ModelPreset::Gpt2Medium, ZeroStage::Z1);
+    cfg.steps = 5;
+    SynthRun::new("other-run", cfg, 2, 80.0).write(&second.join("other-run/logs")).unwrap();
+    let out = tmp.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("notes.md"), "mine\n").unwrap();
+    let ingest = |input: &Path| zerobench(&["ingest", input.to_str().unwrap(), "--out", out.to_str().unwrap(), "-q"]);
+    assert_eq!(ingest(&first).status.code(), Some(0));
+    assert!(out.join("throughput-gpt2.svg").is_file());
+    // The list names the file, and a hand-edited one naming a path outside is not followed.
+    let listed = std::fs::read_to_string(out.join(zerobench_ingest::report::MANIFEST)).unwrap();
+    assert!(listed.lines().any(|l| l == "throughput-gpt2.svg"), "{listed}");
+    let outside = tmp.path().join("outside.txt");
+    std::fs::write(&outside, "keep\n").unwrap();
+    std::fs::write(out.join(zerobench_ingest::report::MANIFEST), format!("{listed}../outside.txt\nnotes.md.link\n")).unwrap();
+    std::os::unix::fs::symlink(&outside, out.join("notes.md.link")).unwrap();
+    let o = ingest(&second);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(!out.join("throughput-gpt2.svg").exists(), "the first ingest's plot is left");
+    assert!(out.join("throughput-gpt2-medium.svg").is_file());
+    let runs = std::fs::read_to_string(out.join("runs.csv")).unwrap();
+    assert!(runs.contains("other-run") && !runs.contains("cli-run"), "{runs}");
+    assert_eq!(std::fs::read_to_string(out.join("notes.md")).unwrap(), "mine\n");
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep\n");
+    assert!(std::fs::symlink_metadata(out.join("notes.md.link")).is_ok(), "a link under a listed name was removed");
 }
 
 /// A foreign run whose model name is 300 characters long: its plots get a shortened file name

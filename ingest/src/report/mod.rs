@@ -58,9 +58,16 @@ impl ReportError {
     }
 }
 
+/// The list of the files the last ingest wrote into its output folder, one name a line. The next
+/// ingest into that folder removes those it does not write again (the plots of a model no longer
+/// read, `predicted.*` of an earlier `--cost-model`), so the folder never holds two ingests'
+/// outputs side by side; nothing else in the folder is ever removed.
+pub const MANIFEST: &str = ".zerobench-ingest-files";
+
 /// Writes every table in every format asked for into `out`, which is created if needed.
 /// Returns the files written and the plots that could not be drawn (the rest is written; the
-/// caller reports them and the result as incomplete).
+/// caller reports them and the result as incomplete). The files of the last ingest into `out`
+/// that this one does not write are removed ([`MANIFEST`]).
 ///
 /// The files are written into a private folder created inside `out` (exclusively: a folder or a
 /// link already there under that name is an error) and then renamed into place. A rename
@@ -92,7 +99,35 @@ pub fn write_all(
     });
     // Empty when every file was moved; what is left of a failed write goes with it.
     let _ = std::fs::remove_dir_all(&staging);
-    moved.map(|files| (files, failed))
+    let files = moved?;
+    replace_manifest(out, &files)?;
+    Ok((files, failed))
+}
+
+/// Removes the files the last ingest into `out` wrote ([`MANIFEST`]) that `written` does not
+/// hold, then records `written` as the folder's files. Only plain files directly in `out` under
+/// the names listed are removed: a name with a path in it, a hidden one, or a link or folder
+/// under a listed name is left alone (the list is a file anyone can edit).
+fn replace_manifest(out: &Path, written: &[PathBuf]) -> Result<(), ReportError> {
+    let names: std::collections::BTreeSet<String> =
+        written.iter().filter_map(|f| f.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
+    let list = out.join(MANIFEST);
+    if let Ok(old) = std::fs::read_to_string(&list) {
+        for name in old.lines() {
+            if name.is_empty() || name.starts_with('.') || name.contains('/') || names.contains(name) {
+                continue;
+            }
+            let stale = out.join(name);
+            if std::fs::symlink_metadata(&stale).is_ok_and(|m| m.file_type().is_file()) {
+                std::fs::remove_file(&stale).map_err(|e| ReportError::io(&stale, e))?;
+                tracing::info!("removed {}: the last ingest's, not written this time", stale.display());
+            }
+        }
+    }
+    let text: String = names.iter().map(|n| format!("{n}\n")).collect();
+    let tmp = out.join(format!("{MANIFEST}.{}", std::process::id()));
+    std::fs::write(&tmp, text).map_err(|e| ReportError::io(&tmp, e))?;
+    std::fs::rename(&tmp, &list).map_err(|e| ReportError::io(&list, e))
 }
 
 fn write_formats(
