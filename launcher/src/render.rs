@@ -513,7 +513,12 @@ fn pdsh(
         n.push_str("# As DeepSpeed's launch.py: every rank of the node sees the node's slots; LOCAL_RANK picks one.\n");
         n.push_str("CUDA_VISIBLE_DEVICES=$(IFS=,; echo \"${slots[*]}\")\nexport CUDA_VISIBLE_DEVICES\n");
     }
-    n.push_str("\npids=()\nfor local_rank in \"${!slots[@]}\"; do\n");
+    n.push_str("\npids=()\n");
+    n.push_str("# Stopped (the job cancelled or out of time, the launcher's line dropped), the node's ranks stop\n");
+    n.push_str("# with it, writing their last records, instead of running on without a job.\n");
+    n.push_str("stop() { kill -TERM \"${pids[@]}\" 2>/dev/null; wait; exit \"$1\"; }\n");
+    n.push_str("trap 'stop 143' TERM; trap 'stop 129' HUP; trap 'stop 130' INT\n");
+    n.push_str("for local_rank in \"${!slots[@]}\"; do\n");
     let _ = writeln!(n, "  {RANK}=$((node_rank * {} + local_rank)) {LOCAL_RANK}=$local_rank \\", run.ranks_per_node);
     let mut wline = String::new();
     command(&mut wline, worker);

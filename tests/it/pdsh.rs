@@ -72,6 +72,45 @@ fn a_failing_rank_fails_the_job_and_stops_its_node() {
     );
 }
 
+/// A node's script that is told to stop (SIGTERM: the job cancelled or out of time, where the
+/// node's ranks are out of Slurm's reach, as over ssh) stops its ranks with it; they ran on.
+#[test]
+fn a_node_told_to_stop_stops_its_ranks() {
+    if !have_pdsh() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Each rank records its pid, then sleeps; one that got SIGTERM writes a mark.
+    let run = setup(
+        dir.path(),
+        r#"trap 'touch "$ZB_OUT/stopped$RANK"; exit 143' TERM; echo $$ > "$ZB_OUT/pid$RANK.tmp"; mv "$ZB_OUT/pid$RANK.tmp" "$ZB_OUT/pid$RANK"; sleep 60 & wait"#,
+    );
+    let mut job = Command::new("bash").arg(run.join("job.sbatch")).env("ZB_OUT", dir.path()).spawn().unwrap();
+    let t = Instant::now();
+    while !(0..4).all(|r| dir.path().join(format!("pid{r}")).exists()) {
+        assert!(t.elapsed() < Duration::from_secs(30), "the ranks did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SIGTERM to the node scripts only (not their ranks): what reaches a remote node when its job ends.
+    let nodes = Command::new("pgrep").args(["-f", &format!("{}/node.sh", run.display())]).output().unwrap();
+    let pids: Vec<String> = String::from_utf8_lossy(&nodes.stdout).split_whitespace().map(String::from).collect();
+    assert!(!pids.is_empty(), "no node.sh running");
+    assert!(Command::new("kill").arg("-TERM").args(&pids).status().unwrap().success());
+    let t = Instant::now();
+    while !(0..4).all(|r| dir.path().join(format!("stopped{r}")).exists()) {
+        if t.elapsed() > Duration::from_secs(20) {
+            for r in 0..4 {
+                let pid = std::fs::read_to_string(dir.path().join(format!("pid{r}"))).unwrap();
+                let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+            }
+            let _ = job.kill();
+            panic!("the ranks ran on after their node's script was stopped");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = job.wait();
+}
+
 #[test]
 fn hosts_outside_the_allocation_are_refused() {
     if !have_pdsh() {
