@@ -225,7 +225,8 @@ fn a_second_ingest_into_a_folder_leaves_no_stale_files_of_the_first() {
     assert!(listed.lines().any(|l| l == "throughput-gpt2.svg"), "{listed}");
     let outside = tmp.path().join("outside.txt");
     std::fs::write(&outside, "keep\n").unwrap();
-    std::fs::write(out.join(zerobench_ingest::report::MANIFEST), format!("{listed}../outside.txt\nnotes.md.link\n")).unwrap();
+    std::fs::write(out.join(zerobench_ingest::report::MANIFEST), format!("{listed}../outside.txt\nnotes.md.link\n"))
+        .unwrap();
     std::os::unix::fs::symlink(&outside, out.join("notes.md.link")).unwrap();
     let o = ingest(&second);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));

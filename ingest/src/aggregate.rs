@@ -56,6 +56,7 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     row.nodes = Some(start.nodes);
     row.gpu = Some(start.device.name.clone());
     row.host_cpu = start.machine.as_ref().map(|m| m.cpu_model.clone());
+    row.threads = Some(start.device.threads);
     row.status_detail = detail;
     row.log_version = Some(start.v);
     row.commit = start.versions.commit.clone();

@@ -85,6 +85,10 @@ pub struct RunRow {
     pub gpu: Option<String>,
     /// The host's CPU model (rank 0's; zerobench runs whose logs record it).
     pub host_cpu: Option<String>,
+    /// Intra-op threads libtorch used on each rank (rank 0's `start.device.threads`; zerobench
+    /// runs only): part of a run's identity, since it sets a CPU run's speed (and that of
+    /// offload's optimizer step on the host).
+    pub threads: Option<u32>,
     pub status: Status,
     pub status_detail: Option<String>,
     /// The schema version of a zerobench run's logs (`None` for foreign runs). Version 1's

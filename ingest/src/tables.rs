@@ -3,7 +3,7 @@
 //!   (docs/README.md): one block per ZeRO stage and offload setting (and GPU count, nodes,
 //!   precision, sequence length, accumulation and device, so that unlike runs never share a
 //!   cell), rows = model and variant (and build, where the runs are of more than one:
-//!   [`BuildNames`]), columns = micro-batch size; a configuration that ran out of memory shows
+//!   [`BuildNames`]; and threads per rank, where runs differ in them alone), columns = micro-batch size; a configuration that ran out of memory shows
 //!   `OOM`;
 //! * `scaling`: see [`crate::scaling`]; `scaling-pivot`: the same, GPUs as rows and a column group
 //!   (samples/s, speedup, efficiency) per ZeRO configuration;
@@ -187,25 +187,33 @@ impl Pivot {
         let builds = BuildNames::of(runs.iter().map(|r| &r.row));
         // Rows in order of model size (t5-large before t5-3b), then by label.
         let mut sizes: BTreeMap<String, u64> = BTreeMap::new();
+        // Runs of one configuration but their threads are no repeats of each other: where the
+        // table holds such runs, every zerobench row names its threads.
+        let name_threads = {
+            let mut seen: BTreeMap<(BlockKey, u32, &str, &str, String), Option<u32>> = BTreeMap::new();
+            runs.iter().map(|r| &r.row).filter(|r| r.source == Source::Zerobench).any(|row| {
+                block_of(row).is_some_and(|(key, mbs)| {
+                    let cell = (key, mbs, row.model.as_str(), row.variant.as_str(), builds.name(row));
+                    *seen.entry(cell).or_insert(row.threads) != row.threads
+                })
+            })
+        };
         for r in runs {
             let row = &r.row;
-            let (Some(stage), Some(mbs)) = (row.stage, row.micro_batch) else { continue };
-            let key = BlockKey {
-                stage,
-                offload: row.offload,
-                gpus: row.gpus,
-                nodes: row.nodes,
-                precision: row.precision,
-                seq_len: row.seq_len,
-                grad_accum: row.grad_accum,
-                device: row.gpu.clone(),
-            };
+            let Some((key, mbs)) = block_of(row) else { continue };
             let mut label = match row.source {
                 Source::Zerobench => row.model.clone(),
                 Source::Foreign => format!("{} ({})", row.model, row.formats),
             };
+            let mut settings: Vec<String> = Vec::new();
             if !row.variant.is_empty() {
-                label.push_str(&format!(" [{}]", row.variant));
+                settings.push(row.variant.clone());
+            }
+            if let Some(t) = row.threads.filter(|_| name_threads && row.source == Source::Zerobench) {
+                settings.push(format!("threads={t}"));
+            }
+            if !settings.is_empty() {
+                label.push_str(&format!(" [{}]", settings.join(",")));
             }
             label.push_str(&BuildNames::suffix(&builds.name(row)));
             sizes.entry(label.clone()).or_insert_with(|| model_size(&row.model));
@@ -256,6 +264,23 @@ impl Pivot {
         let header = if rows.is_empty() { Vec::new() } else { rows.remove(0) };
         Table { name: self.name, header, rows }
     }
+}
+
+/// The block a run's cell is in, and its column (the micro-batch); `None` for a run of unknown
+/// stage or micro-batch, which is in no pivot.
+fn block_of(row: &RunRow) -> Option<(BlockKey, u32)> {
+    let (Some(stage), Some(mbs)) = (row.stage, row.micro_batch) else { return None };
+    let key = BlockKey {
+        stage,
+        offload: row.offload,
+        gpus: row.gpus,
+        nodes: row.nodes,
+        precision: row.precision,
+        seq_len: row.seq_len,
+        grad_accum: row.grad_accum,
+        device: row.gpu.clone(),
+    };
+    Some((key, mbs))
 }
 
 const GIB: f64 = (1u64 << 30) as f64;

@@ -196,8 +196,10 @@ fn fill_from_name(h: &mut Hints, name: &str) {
     }
     h.micro_batch = h.micro_batch.or_else(|| cap(&MBS));
     h.grad_accum = h.grad_accum.or_else(|| cap(&GAS));
-    h.world_size = h.world_size.or_else(|| cap(&GPUS));
-    h.nodes = h.nodes.or_else(|| cap(&NODES));
+    // No run has 0 GPUs or 0 nodes: `gpu0` is a GPU's index (`z2_mbs8_gpu0`), not a count, and
+    // figures per GPU would divide by it. Such a count stays unknown.
+    h.world_size = h.world_size.or_else(|| cap(&GPUS).filter(|n| *n > 0));
+    h.nodes = h.nodes.or_else(|| cap(&NODES).filter(|n| *n > 0));
     if h.offload.is_none() && c.contains("offload") {
         h.offload = Some(Offload::Optimizer);
     }
@@ -246,6 +248,20 @@ mod tests {
         // Dashes and underscores alike are left out when names are compared.
         assert_eq!(from_path(none, Path::new("gpt2_xl_run")).model.as_deref(), Some("gpt2-xl"));
         assert_eq!(from_path(none, Path::new("plain")), Hints::default());
+    }
+
+    /// A count of 0 GPUs or nodes in a name is no count (`gpu0` is a GPU's index): it stays
+    /// unknown, and the rest of the name is still read.
+    #[test]
+    fn no_count_of_zero_gpus_or_nodes() {
+        let none = Path::new("");
+        let h = from_path(none, Path::new("z2_mbs8_gpu0"));
+        assert_eq!((h.stage, h.micro_batch, h.world_size), (Some(ZeroStage::Z2), Some(8), None));
+        assert_eq!(from_path(none, Path::new("0gpus_nodes0")).world_size, None);
+        assert_eq!(from_path(none, Path::new("0gpus_nodes0")).nodes, None);
+        // A folder nearer the run that says 0 leaves the count to the next one.
+        assert_eq!(from_path(none, Path::new("4gpus/z2_gpu0")).world_size, Some(4));
+        assert_eq!(from_file_name(Path::new("ds_gpu0.log")).world_size, None);
     }
 
     /// The folders above the root, the root's own name included, say nothing about the run.

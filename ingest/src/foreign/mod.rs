@@ -7,6 +7,8 @@
 //! Which files make one run (`group`): one run per log file unless proven otherwise, because
 //! people keep one log per configuration in one folder (`ds_z2.log`, `ds_z3.log`).
 //! * A `run.json` in the folder says the folder is one run: every file is joined.
+//! * Files of one name but the extension (`X.out`, `X.err`: Slurm's streams of one job) are one
+//!   run's output and are joined first, before any identity is read (`join_stems`).
 //! * Otherwise each DeepSpeed or Trainer log's identity is read from its content (DeepSpeed's
 //!   printed configuration) and its file name ([`identity`]'s grammar). Files of equal identity
 //!   are joined (per-rank logs of one run); files of different identities never are.
@@ -170,9 +172,9 @@ struct Group {
 
 /// Splits a folder's recognised files into runs (the rules are in the module doc).
 fn group(dir: &Path, files: Vec<(PathBuf, ForeignLogs)>, one_run: bool, problems: &mut Vec<Problem>) -> Vec<Group> {
-    let (run_logs, smi_logs): (Vec<_>, Vec<_>) =
-        files.into_iter().partition(|(_, l)| l.deepspeed.lines + l.hf.lines > 0);
     let stem = |p: &Path| p.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let (run_logs, smi_logs): (Vec<_>, Vec<_>) =
+        join_stems(files, &stem).into_iter().partition(|(_, l)| l.deepspeed.lines + l.hf.lines > 0);
     let mut groups: Vec<Group> = Vec::new();
     let join =
         |groups: &mut Vec<Group>, key: &dyn Fn(&Group) -> bool, name: String, own: Hints, l: &ForeignLogs| match groups
@@ -220,6 +222,28 @@ fn group(dir: &Path, files: Vec<(PathBuf, ForeignLogs)>, one_run: bool, problems
         attribute_smi(path, &smi.smi, &mut groups, problems);
     }
     groups
+}
+
+/// Joins the files of one name but the extension (`X.out` and `X.err`: Slurm's `--output` and
+/// `--error` of one job; `X.log`): they are one run's output, split by stream, so they are one
+/// file to [`group`] before it reads an identity from any of them. The `.out` of a DeepSpeed run
+/// holds its printed configuration and the `.err` its traceback: taken apart, the one would be a
+/// run that went well and the other a run of no configuration that ran out of memory. Kept in the
+/// order of the files, each under the first one's path (the names agree but for the extension).
+fn join_stems(files: Vec<(PathBuf, ForeignLogs)>, stem: &dyn Fn(&Path) -> String) -> Vec<(PathBuf, ForeignLogs)> {
+    let mut joined: Vec<(PathBuf, ForeignLogs)> = Vec::new();
+    // Stem → its place in `joined`: a folder may hold thousands of logs.
+    let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (path, logs) in files {
+        match at.entry(stem(&path)) {
+            std::collections::hash_map::Entry::Occupied(i) => joined[*i.get()].1.merge(&logs),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(joined.len());
+                joined.push((path, logs));
+            }
+        }
+    }
+    joined
 }
 
 /// Gives an nvidia-smi log's samples to the runs they were taken during: all of them to a

@@ -432,3 +432,126 @@ fn runs_whose_spans_touch_share_no_gpu_samples() {
     let got = read(&tmp.path().join("logs"));
     assert!(got.problems.iter().all(|p| !matches!(p.kind, ProblemKind::Ambiguous { .. })), "{:#?}", got.problems);
 }
+
+/// Slurm's `--output X.out --error X.err` of one DeepSpeed run: the `.out` holds the printed
+/// configuration and the breakdown lines, the `.err` the traceback of the out-of-memory error.
+/// They are one run (one row, under one id, `oom`), with the configuration the `.out` printed; an
+/// `oom` run's steps before the error are no latency: its cell is `OOM`, as a zerobench run's is.
+/// Another run's log beside them stays a run of its own.
+#[test]
+fn a_slurm_out_and_err_of_one_stem_are_one_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("split");
+    let dir = root.join("sweep");
+    std::fs::create_dir_all(&dir).unwrap();
+    let stamp = "[2026-11-20 10:00:00,000] [INFO]";
+    let mut out = String::new();
+    for (k, v) in [
+        ("bfloat16_enabled", "True"),
+        ("fp16_enabled", "False"),
+        ("gradient_accumulation_steps", "1"),
+        ("train_micro_batch_size_per_gpu", "16"),
+        ("world_size", "2"),
+        ("zero_config", "stage=2 offload_param=None offload_optimizer=None"),
+        ("zero_optimization_stage", "2"),
+    ] {
+        out.push_str(&format!("{stamp} [config.py:1007:print]   {k} .......... {v}\n"));
+    }
+    let breakdown = format!(
+        "{stamp} [logging.py:128:log_dist] [Rank 0] time (ms) | fwd_microstep: 50.00 | bwd_microstep: 110.00 \
+         | bwd_allreduce_microstep: 30.00 | step_microstep: 10.00\n"
+    );
+    out.push_str(&breakdown.repeat(5));
+    std::fs::write(dir.join("gpt2_z2_mbs16.out"), &out).unwrap();
+    std::fs::write(
+        dir.join("gpt2_z2_mbs16.err"),
+        "Traceback (most recent call last):\n  File \"train.py\", line 88, in <module>\n    loss.backward()\n\
+         torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 6.14 GiB. GPU 0 has a total capacity of \
+         79.19 GiB of which 2.10 GiB is free.\n",
+    )
+    .unwrap();
+    let got = read(&root);
+    assert!(got.problems.is_empty(), "{:#?}", got.problems);
+    let tables = Tables::build(&got.runs);
+    let ids: Vec<&str> = tables.runs.iter().map(|r| r.run_id.as_str()).collect();
+    assert_eq!(ids, ["sweep"], "one run, named by its folder");
+    let r = &tables.runs[0];
+    assert_eq!(r.status, zerobench_ingest::Status::Oom);
+    assert!(r.status_detail.as_deref().unwrap_or("").contains("CUDA out of memory"), "{:?}", r.status_detail);
+    assert_eq!(
+        (r.model.as_str(), r.stage, r.offload, r.micro_batch, r.gpus, r.precision),
+        ("gpt2", Some(ZeroStage::Z2), Some(Offload::None), Some(16), Some(2), Some(Precision::Bf16))
+    );
+    // One block, the printed configuration's, whose one cell says the run ran out of memory.
+    let cells: Vec<(String, Vec<String>)> = tables
+        .latency
+        .blocks
+        .iter()
+        .flat_map(|b| b.rows.iter().map(|r| (b.label.clone(), r.cells.iter().map(Cell::text).collect())))
+        .collect();
+    assert_eq!(cells, [("zero2 gpus=2 bf16".to_string(), vec!["OOM".to_string()])]);
+    assert!(tables.scaling.is_empty(), "{:?}", tables.scaling);
+
+    // A second run's log in the folder: two runs, each named by its file's stem.
+    std::fs::write(
+        dir.join("gpt2_z3_mbs16.log"),
+        out.replace("stage=2", "stage=3").replace("stage .......... 2", "stage .......... 3"),
+    )
+    .unwrap();
+    let rows = Tables::build(&read(&root).runs).runs;
+    let runs: Vec<(&str, zerobench_ingest::Status)> = rows.iter().map(|r| (r.run_id.as_str(), r.status)).collect();
+    assert_eq!(
+        runs,
+        [("sweep/gpt2_z2_mbs16", zerobench_ingest::Status::Oom), ("sweep/gpt2_z3_mbs16", zerobench_ingest::Status::Ok)]
+    );
+}
+
+/// Writes a synthetic run whose ranks ran on the CPU with `threads` intra-op threads each.
+fn cpu_run(root: &Path, id: &str, threads: u32, step_ms: f64) {
+    let dir = root.join(id);
+    run(id, ModelPreset::Gpt2, ZeroStage::Z1, 4, 1, step_ms).write(&dir).unwrap();
+    let mut changed = 0;
+    for e in walkdir::WalkDir::new(&dir).into_iter().map(Result::unwrap) {
+        if e.path().extension().is_some_and(|x| x == "jsonl") {
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            let cpu = text.replacen("\"kind\":\"cuda\"", "\"kind\":\"cpu\"", 1);
+            let new = cpu.replacen("\"threads\":4}", &format!("\"threads\":{threads}}}"), 1);
+            changed += usize::from(new != cpu);
+            std::fs::write(e.path(), new).unwrap();
+        }
+    }
+    assert_eq!(changed, 1, "the start record of {id}");
+}
+
+/// CPU runs on 1 and on 2 threads per rank are no repeats of each other: two rows of the latency
+/// table, each naming its threads, and runs on as many threads pool. The runs table says each
+/// run's threads.
+#[test]
+fn runs_differing_in_threads_are_never_pooled() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("logs");
+    cpu_run(&root, "t1", 1, 2.83);
+    cpu_run(&root, "t1-again", 1, 2.79);
+    cpu_run(&root, "t2", 2, 1.92);
+    let got = read(&root);
+    assert!(got.problems.is_empty(), "{:?}", got.problems);
+    let tables = Tables::build(&got.runs);
+    let threads: Vec<(&str, Option<u32>)> = tables.runs.iter().map(|r| (r.run_id.as_str(), r.threads)).collect();
+    assert_eq!(threads, [("t1", Some(1)), ("t1-again", Some(1)), ("t2", Some(2))]);
+    let block = &tables.latency.blocks[..];
+    assert_eq!(block.len(), 1, "{block:#?}");
+    let rows: Vec<(&str, u32)> = block[0]
+        .rows
+        .iter()
+        .map(|r| match &r.cells[..] {
+            [Cell::Value { runs, .. }] => (r.model.as_str(), *runs),
+            other => panic!("{}: {other:?}", r.model),
+        })
+        .collect();
+    assert_eq!(rows, [("gpt2 [threads=1]", 2), ("gpt2 [threads=2]", 1)]);
+    // Without the 2-thread run nothing needs telling apart: the row is the model's.
+    std::fs::remove_dir_all(root.join("t2")).unwrap();
+    let tables = Tables::build(&read(&root).runs);
+    assert_eq!(tables.latency.blocks[0].rows[0].model, "gpt2");
+    assert!(tables.latency.blocks[0].rows[0].cells[0].text().contains("(n=2 "));
+}
