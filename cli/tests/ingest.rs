@@ -57,21 +57,21 @@ fn an_output_folder_inside_the_input_is_not_read() {
 /// and nothing is written: its tables would be read back as a foreign run next time, and leaving
 /// it out would leave the runs out.
 #[test]
-fn an_output_folder_that_is_or_holds_the_input_is_refused() {
+fn an_output_folder_that_is_the_input_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("in");
     logs(&input);
-    for out in [input.clone(), tmp.path().to_path_buf()] {
-        let o = zerobench(&["ingest", input.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-        assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
-        let err = text(&o.stderr);
-        assert!(
-            err.contains(&format!("the output folder {}", out.display()))
-                && err.contains(&format!("the folder to read {}", input.display())),
-            "{err}"
-        );
-        assert!(!out.join("latency.csv").exists() && !out.join("summary.json").exists());
-    }
+    let o = zerobench(&["ingest", input.to_str().unwrap(), "--out", input.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains(&format!("the output folder {} is the folder to read {}", input.display(), input.display())),
+        "{err}"
+    );
+    assert!(!input.join("latency.csv").exists() && !input.join("summary.json").exists());
+    // The folder above the input (`ingest runs --out .`): this ingest does not read it.
+    let o = zerobench(&["ingest", input.to_str().unwrap(), "--out", tmp.path().to_str().unwrap(), "-q"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
 }
 
 #[test]

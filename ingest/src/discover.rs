@@ -47,35 +47,31 @@ pub struct Discovered {
     pub problems: Vec<Problem>,
 }
 
-/// An output folder that is one of the folders to read, or holds one.
+/// An output folder that is one of the folders to read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the output folder {} {} the folder to read {}: its tables would be read back as logs by the next \
-     ingest, and leaving the output folder out would leave those logs out; write the tables outside \
-     the folders to read, or into a folder inside one (it is then not read)",
+    "the output folder {} is the folder to read {}: its tables would be read back as logs by the \
+     next ingest, and leaving the output folder out would leave those logs out; write the tables \
+     beside it, or into a folder inside it (that one is not read)",
     out.display(),
-    if *is_input { "is" } else { "holds" },
     input.display()
 )]
-pub struct OutputOverlapsInput {
+pub struct OutputIsInput {
     pub out: PathBuf,
     pub input: PathBuf,
-    /// Whether the output folder is the input folder itself (else it holds it).
-    pub is_input: bool,
 }
 
-/// Refuses an output folder that is a folder to read or holds one (paths compared canonical, so
-/// `.`, `a/..` and links name their folder). An output folder inside a folder to read is fine: the
-/// walk leaves it out (`discover`'s `skip`). Here leaving it out would leave the input's own logs
-/// out, and reading it would read the tables (`.csv` is a foreign log's extension) as a run of
-/// their own; so ingest refuses before anything is written. An output folder that does not exist
-/// yet holds nothing.
-pub fn check_output(out: &Path, roots: &[PathBuf]) -> Result<(), OutputOverlapsInput> {
+/// Refuses an output folder that is a folder to read (paths compared canonical, so `.`, `a/..`
+/// and links name their folder): leaving it out of the walk would leave the input's own logs out,
+/// and reading it would read the tables (`.csv` is a foreign log's extension) as a run of their
+/// own; so ingest refuses before anything is written. An output folder inside a folder to read is
+/// fine (the walk leaves it out: `discover`'s `skip`), and so is one above it (`ingest runs --out
+/// .`: this ingest does not read it). An output folder that does not exist yet is none of these.
+pub fn check_output(out: &Path, roots: &[PathBuf]) -> Result<(), OutputIsInput> {
     let Ok(out_c) = std::fs::canonicalize(out) else { return Ok(()) };
     for root in roots {
-        let Ok(root_c) = std::fs::canonicalize(root) else { continue };
-        if root_c.starts_with(&out_c) {
-            return Err(OutputOverlapsInput { out: out.to_path_buf(), input: root.clone(), is_input: root_c == out_c });
+        if std::fs::canonicalize(root).is_ok_and(|r| r == out_c) {
+            return Err(OutputIsInput { out: out.to_path_buf(), input: root.clone() });
         }
     }
     Ok(())
@@ -219,10 +215,10 @@ fn io_message(e: &walkdir::Error) -> String {
 mod tests {
     use super::*;
 
-    /// An output folder that is a folder to read (however it is spelt) or holds one is refused,
-    /// naming both; one inside a folder to read, beside it, or not yet made is not.
+    /// An output folder that is a folder to read (however it is spelt) is refused, naming both;
+    /// one inside a folder to read, above it, beside it, or not yet made is not.
     #[test]
-    fn an_output_folder_that_is_or_holds_an_input_is_refused() {
+    fn an_output_folder_that_is_an_input_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let runs = tmp.path().join("runs");
         std::fs::create_dir_all(runs.join("a/tables")).unwrap();
@@ -231,15 +227,13 @@ mod tests {
         let refused = |out: PathBuf| check_output(&out, &inputs).err();
         let same = runs.join("a/../a/.");
         let e = refused(same.clone()).expect("the input itself");
-        assert_eq!((e.out, e.input.clone(), e.is_input), (same, inputs[0].clone(), true));
-        let e = refused(runs.clone()).expect("the input's parent");
-        assert!(!e.is_input);
+        assert_eq!((e.out.clone(), e.input.clone()), (same.clone(), inputs[0].clone()));
         let message = e.to_string();
         assert!(
-            message.contains(&runs.display().to_string()) && message.contains(&inputs[0].display().to_string()),
+            message.contains(&same.display().to_string()) && message.contains(&inputs[0].display().to_string()),
             "{message}"
         );
-        for fine in [runs.join("a/tables"), tmp.path().join("other"), tmp.path().join("new")] {
+        for fine in [runs.join("a/tables"), runs.clone(), tmp.path().join("other"), tmp.path().join("new")] {
             assert_eq!(refused(fine.clone()), None, "{}", fine.display());
         }
     }

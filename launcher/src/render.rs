@@ -514,8 +514,8 @@ fn pdsh(
         n.push_str("CUDA_VISIBLE_DEVICES=$(IFS=,; echo \"${slots[*]}\")\nexport CUDA_VISIBLE_DEVICES\n");
     }
     n.push_str("\npids=()\n");
-    n.push_str("# Stopped (the job cancelled or out of time, the launcher's line dropped), the node's ranks stop\n");
-    n.push_str("# with it, writing their last records, instead of running on without a job.\n");
+    n.push_str("# Stopped (by Slurm where it signals this node's processes, or by hand), the node's ranks stop\n");
+    n.push_str("# with it, writing their last records, instead of running on without it.\n");
     n.push_str("stop() { kill -TERM \"${pids[@]}\" 2>/dev/null; wait; exit \"$1\"; }\n");
     n.push_str("trap 'stop 143' TERM; trap 'stop 129' HUP; trap 'stop 130' INT\n");
     n.push_str("for local_rank in \"${!slots[@]}\"; do\n");
@@ -559,8 +559,10 @@ pub enum Rendered {
     /// The folder held another rendering of this run id but nothing that ran (no logs, no
     /// submission or local record): rewritten.
     Refreshed,
-    /// The folder held this run under other scheduling only ([`SCHEDULING`]: a longer time limit
-    /// after a timeout, another account): its scripts and `run.json` rewritten, its results kept.
+    /// The folder held this run, rendered with other scheduling ([`SCHEDULING`]: a longer time
+    /// limit after a timeout, another account) or with its paths relative to the folder the
+    /// command was given in (before they were made absolute): its scripts and `run.json`
+    /// rewritten, its results kept.
     Rescheduled,
     /// The folder held another run's logs; they were moved to `old`.
     Replaced { old: PathBuf },
@@ -572,7 +574,7 @@ impl Rendered {
             Rendered::New => "new".into(),
             Rendered::Unchanged => "unchanged".into(),
             Rendered::Refreshed => "re-rendered".into(),
-            Rendered::Rescheduled => "re-rendered with the spec's scheduling; results kept".into(),
+            Rendered::Rescheduled => "re-rendered; results kept".into(),
             Rendered::Replaced { old } => format!("replaced; the old run is in {}", old.display()),
         }
     }
@@ -642,8 +644,8 @@ pub fn folders_to_replace(plan: &Plan, out: &Path) -> Result<Vec<PathBuf>, Error
 const SCHEDULING: [&str; 3] = ["time", "account", "qos"];
 
 /// What an existing folder holds against the run about to be rendered there: `Ok(None)` nothing,
-/// `Ok(Some(Unchanged | Refreshed))` this run or a rendering that never ran, `Err(what)` another
-/// run that did (what differs).
+/// `Ok(Some(Unchanged | Refreshed | Rescheduled))` this run, a rendering that never ran, or this
+/// run that ran under other scheduling, `Err(what)` another run that did (what differs).
 fn compare(dir: &Path, new: &RunRecord) -> Result<Result<Option<Rendered>, String>, Error> {
     match std::fs::symlink_metadata(dir) {
         Err(_) => return Ok(Ok(None)),
@@ -671,9 +673,10 @@ fn compare(dir: &Path, new: &RunRecord) -> Result<Result<Option<Rendered>, Strin
         }
         v
     };
-    // Nor does how the scheduler treats it.
+    // Nor does how the scheduler treats it, or where a relative path was given from.
     let what_computes = |v: &serde_json::Value| {
         let mut v = what_runs(v);
+        absolute_paths(&mut v);
         if let Some(c) = v.get_mut("cluster").and_then(serde_json::Value::as_object_mut) {
             for key in SCHEDULING {
                 c.remove(key);
@@ -683,7 +686,10 @@ fn compare(dir: &Path, new: &RunRecord) -> Result<Result<Option<Rendered>, Strin
     };
     let differs = match &old {
         Some(old) if what_runs(old) == what_runs(&new) => return Ok(Ok(Some(Rendered::Unchanged))),
-        Some(old) if what_computes(old) == what_computes(&new) => return Ok(Ok(Some(Rendered::Rescheduled))),
+        Some(old) if what_computes(old) == what_computes(&new) => {
+            let r = if has_results(dir) { Rendered::Rescheduled } else { Rendered::Refreshed };
+            return Ok(Ok(Some(r)));
+        }
         Some(old) => {
             let (old, new) = (what_runs(old), what_runs(&new));
             let (path, o, n) = first_difference(&old, &new, String::new());
@@ -700,6 +706,21 @@ fn compare(dir: &Path, new: &RunRecord) -> Result<Result<Option<Rendered>, Strin
         None => "it has no readable run.json".to_string(),
     };
     Ok(if has_results(dir) { Err(differs) } else { Ok(Some(Rendered::Refreshed)) })
+}
+
+/// Makes a `run.json`'s relative paths absolute, as a spec's are now ([`Spec`]'s anchoring):
+/// folders rendered before kept `worker.data` and `cluster.hostfile` relative to the folder the
+/// command was given in, and must still read as the same run when given from there again.
+fn absolute_paths(run: &mut serde_json::Value) {
+    for pointer in ["/config/data", "/cluster/hostfile"] {
+        if let Some(v) = run.pointer_mut(pointer) {
+            if let Some(p) = v.as_str().map(Path::new).filter(|p| p.is_relative()) {
+                if let Ok(abs) = std::path::absolute(p) {
+                    *v = serde_json::Value::String(abs.to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
 }
 
 /// The first place two JSON values differ: its dotted path and both sides there.
@@ -1063,7 +1084,7 @@ mod tests {
         assert_eq!(Rendered::New.describe(), "new");
         assert_eq!(Rendered::Unchanged.describe(), "unchanged");
         assert_eq!(Rendered::Refreshed.describe(), "re-rendered");
-        assert_eq!(Rendered::Rescheduled.describe(), "re-rendered with the spec's scheduling; results kept");
+        assert_eq!(Rendered::Rescheduled.describe(), "re-rendered; results kept");
         assert_eq!(
             Rendered::Replaced { old: "/o/.replaced/x-1".into() }.describe(),
             "replaced; the old run is in /o/.replaced/x-1"
@@ -1124,6 +1145,44 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("cluster.partition"), "{e}");
+        // A folder where nothing ran is re-rendered, with no results to keep.
+        let fresh = tempfile::tempdir().unwrap();
+        render(&first, fresh.path()).unwrap();
+        assert_eq!(render_with(&longer, fresh.path(), OnChange::Refuse).unwrap()[0].1, Rendered::Refreshed);
+    }
+
+    /// A folder rendered before spec paths were made absolute holds `worker.data` and
+    /// `cluster.hostfile` relative to where the command was given: given from there again, the
+    /// same run (it read as "a different run", and only `--overwrite` went on).
+    #[test]
+    fn a_run_json_with_the_old_relative_paths_is_the_same_run() {
+        let d = tempfile::tempdir_in(".").unwrap();
+        let name = d.path().file_name().unwrap().to_str().unwrap().to_string();
+        std::fs::write(d.path().join("text.txt"), "some text").unwrap();
+        let spec = Path::new(&name).join("s.yaml");
+        let plan =
+            Plan::build(Spec::parse("worker: {data: text.txt}\nsweep: {models: tiny}\n", &spec).unwrap()).unwrap();
+        let out = d.path().join("out");
+        let dir = render(&plan, &out).unwrap().remove(0);
+        std::fs::write(dir.join("local.json"), "{}").unwrap();
+        let mut old: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).unwrap()).unwrap();
+        let relative = format!("{name}/text.txt");
+        *old.pointer_mut("/config/data").unwrap() = relative.clone().into();
+        std::fs::write(dir.join("run.json"), old.to_string()).unwrap();
+        assert_eq!(render_with(&plan, &out, OnChange::Refuse).unwrap()[0].1, Rendered::Rescheduled);
+        let data = |f: &str| serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(dir.join(f)).unwrap());
+        let now = data("run.json").unwrap()["config"]["data"].as_str().unwrap().to_string();
+        assert!(Path::new(&now).is_absolute() && now.ends_with(&relative), "{now}");
+        assert!(
+            std::fs::read_to_string(dir.join("job.sbatch")).unwrap().contains(&now),
+            "the script keeps the old path"
+        );
+        assert!(dir.join("local.json").exists());
+        // Another relative path is another run.
+        *old.pointer_mut("/config/data").unwrap() = format!("{name}/other.txt").into();
+        std::fs::write(dir.join("run.json"), old.to_string()).unwrap();
+        assert!(render_with(&plan, &out, OnChange::Refuse).unwrap_err().to_string().contains("config.data"));
     }
 
     /// What changed is shown whole up to 80 characters, and cut to 77 and "..." beyond.

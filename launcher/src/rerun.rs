@@ -10,7 +10,7 @@ use crate::plan::Plan;
 use crate::render::{
     folders_to_replace, has_results, move_aside, read_record, render_with, OnChange, Rendered, LOG_DIR,
 };
-use crate::status::{status, RunState, State};
+use crate::status::{status, RunState, State, FROM_PIDS};
 use crate::submit::SLURM_RECORD;
 
 /// Where a run folder keeps the logs and records of earlier attempts (hidden: `status` and
@@ -52,8 +52,10 @@ pub fn render_over(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(
             folders_to_replace(plan, out)?.into_iter().filter(|d| read_record(d).is_ok()).collect();
         if let Some(r) = status(&moving)?.into_iter().find(|r| matches!(r.state, State::Pending | State::Running)) {
             let how = match &r.job_id {
-                Some(job) => format!("job {job} is {} in Slurm: cancel it (scancel {job}) or let it end", r.state),
-                None => format!("its ranks are {}: stop them or let them end", r.detail),
+                Some(job) if r.source != FROM_PIDS => {
+                    format!("job {job} is {} in Slurm: cancel it (scancel {job}) or let it end", r.state)
+                }
+                _ => format!("its ranks are {}: stop them or let them end", r.detail),
             };
             return Err(Error::Usage(format!(
                 "{}: run {} is under way ({how}); --overwrite would move its folder while it still writes there",
@@ -98,6 +100,8 @@ pub fn rerun_decision(dir: &Path, prior: &RunState, retry_failed: bool) -> Resul
     Ok(match prior.state {
         State::Unsubmitted if !has_results(dir) => Rerun::Run,
         State::Done => Rerun::Finished,
+        // Ranks alive here, whatever Slurm says of the job (it may have ended and left them).
+        State::Pending | State::Running if prior.source == FROM_PIDS => Rerun::UnderWay { job_id: None },
         State::Pending | State::Running => Rerun::UnderWay { job_id: prior.job_id.clone() },
         _ if retry_failed => {
             let kept = set_aside_attempt(dir)?;
@@ -166,29 +170,36 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.join(ATTEMPTS_DIR)).unwrap().count(), 1);
     }
 
+    /// A process standing in for rank 0 of `plan`'s first run, alive, whose `start` record (on this
+    /// host, after the process started) is the only line of the run's log in `dir`.
+    fn live_rank(plan: &Plan, dir: &Path) -> std::process::Child {
+        use zerobench_schema::log::Record;
+        let rank = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let run = &plan.runs[0];
+        let synth = zerobench_ingest::synth::SynthRun::new(&run.id, run.config.clone(), 1, 5.0);
+        let Record::Start(mut start) = synth.records(0).remove(0) else { panic!("no start") };
+        (start.host, start.pid) = (crate::proctree::this_host().unwrap(), rank.id());
+        start.ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        std::fs::create_dir_all(dir.join(LOG_DIR)).unwrap();
+        let line = serde_json::to_string(&Record::Start(start)).unwrap() + "\n";
+        std::fs::write(dir.join(LOG_DIR).join("rank0.jsonl"), line).unwrap();
+        rank
+    }
+
     /// A run whose rank is alive on this host with no `end` (a `local` running it, or killed and
     /// leaving its ranks behind) is under way: `status` says running (it said `unsubmitted`), it
     /// is not started again even with `--retry-failed` (a second copy ran beside it), and
     /// `--overwrite` refuses to move its folder; once the rank is gone, both go ahead.
     #[test]
     fn a_run_whose_ranks_are_alive_here_is_left_to_them() {
-        use zerobench_schema::log::Record;
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("out");
         let spec = |steps: u32| format!("worker:\n  steps: {steps}\nsweep:\n  models: tiny\n");
         let (plan, dirs) = crate::testkit::render_sweep(&spec(5), &out);
-        let mut rank = std::process::Command::new("sleep").arg("60").spawn().unwrap();
-        let run = &plan.runs[0];
-        let synth = zerobench_ingest::synth::SynthRun::new(&run.id, run.config.clone(), 1, 5.0);
-        let Record::Start(mut start) = synth.records(0).remove(0) else { panic!("no start") };
-        (start.host, start.pid) = (crate::proctree::this_host().unwrap(), rank.id());
-        start.ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
-        std::fs::create_dir_all(dirs[0].join(LOG_DIR)).unwrap();
-        let line = serde_json::to_string(&Record::Start(start)).unwrap() + "\n";
-        std::fs::write(dirs[0].join(LOG_DIR).join("rank0.jsonl"), line).unwrap();
+        let mut rank = live_rank(&plan, &dirs[0]);
 
         let row = status(&dirs).unwrap().remove(0);
-        assert_eq!((row.state, row.source), (State::Running, "pids"), "{row:?}");
+        assert_eq!((row.state, row.source), (State::Running, FROM_PIDS), "{row:?}");
         assert!(row.detail.contains(&format!("rank 0 pid {}", rank.id())), "{}", row.detail);
         assert_eq!(rerun_decision(&dirs[0], &row, true).unwrap(), Rerun::UnderWay { job_id: None });
         assert!(dirs[0].join(LOG_DIR).join("rank0.jsonl").exists(), "the live attempt was set aside");
@@ -233,6 +244,19 @@ mod tests {
             let e = render_over(&other, &out, OnChange::MoveAside).unwrap_err().to_string();
             assert!(e.contains("is under way (job 301 is pending in Slurm: cancel it (scancel 301) or let it end)"), "{e}");
             assert!(dirs[0].join(SLURM_RECORD).exists() && !out.join(".replaced").exists());
+            // Cancelled in Slurm, its ranks left alive here (out of the job's reach): the ranks are
+            // what is under way, and no message sends the user to `scancel` a job that ended.
+            crate::testkit::stub(&bin, "squeue", "true");
+            crate::testkit::stub(&bin, "sacct", "echo '301|CANCELLED'");
+            let plan = Plan::build(crate::spec::Spec::parse("worker:\n  steps: 5\nsweep:\n  models: tiny\n", Path::new("s.yaml")).unwrap()).unwrap();
+            let mut rank = live_rank(&plan, &dirs[0]);
+            let row = status(&dirs).unwrap().remove(0);
+            assert_eq!((row.state, row.source), (State::Running, FROM_PIDS), "{row:?}");
+            assert_eq!(rerun_decision(&dirs[0], &row, true).unwrap(), Rerun::UnderWay { job_id: None });
+            let e = render_over(&other, &out, OnChange::MoveAside).unwrap_err().to_string();
+            assert!(e.contains("(its ranks are alive on this host: rank 0 pid") && !e.contains("scancel"), "{e}");
+            rank.kill().unwrap();
+            rank.wait().unwrap();
         }
     }
 

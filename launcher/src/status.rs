@@ -105,6 +105,9 @@ pub struct RunState {
     pub detail: String,
 }
 
+/// The source of a state read from ranks alive on this host (whatever Slurm says of the job).
+pub const FROM_PIDS: &str = "pids";
+
 /// The states of run folders. Slurm commands that fail or are missing are skipped with a
 /// diagnostic; the run folders still answer.
 pub fn status(dirs: &[PathBuf]) -> Result<Vec<RunState>, Error> {
@@ -144,8 +147,9 @@ pub fn status(dirs: &[PathBuf]) -> Result<Vec<RunState>, Error> {
             rows[*row].source = source;
         }
     }
+    let mut outputs = Outputs::default();
     for (row, rec) in rows.iter_mut().zip(&records) {
-        from_run_folder(row, rec);
+        from_run_folder(row, rec, &mut outputs);
     }
     Ok(rows)
 }
@@ -246,14 +250,14 @@ fn scontrol(ids: &[String]) -> HashMap<String, State> {
 }
 
 /// Fills in what the run folder says: final states Slurm no longer remembers, and details.
-fn from_run_folder(row: &mut RunState, rec: &RunRecord) {
+fn from_run_folder(row: &mut RunState, rec: &RunRecord, outputs: &mut Outputs) {
     let logs = read_logs(&row.dir.join(LOG_DIR));
     if let Some(detail) = logs.failure.clone() {
         row.detail = detail;
     }
     match row.state {
         State::Unknown => {
-            if let Some(st) = row.job_id.as_deref().and_then(|j| output_verdict(&row.dir, j)) {
+            if let Some(st) = row.job_id.as_deref().and_then(|j| output_verdict(&row.dir, j, outputs)) {
                 row.state = st;
                 row.source = "output";
             } else if let Some(st) = logs.verdict(rec.run.world_size()) {
@@ -282,7 +286,7 @@ fn from_run_folder(row: &mut RunState, rec: &RunRecord) {
     // (`local` running it, or killed and leaving its ranks behind): nothing may start it again.
     if !logs.alive.is_empty() && !matches!(row.state, State::Pending | State::Running) {
         row.state = State::Running;
-        row.source = "pids";
+        row.source = FROM_PIDS;
         let pids: Vec<String> = logs.alive.iter().map(|(r, p)| format!("rank {r} pid {p}")).collect();
         row.detail = format!("alive on this host: {}; {}", pids.join(", "), logs.progress(rec.run.world_size()));
     }
@@ -464,18 +468,39 @@ fn read_logs(dir: &Path) -> Logs {
 /// the output folder above it, where an array task's own output goes (`#SBATCH --output` of the
 /// array script; the run folder gets only its script's output, which has slurmstepd's line only
 /// where an `srun` step was cancelled).
-fn output_verdict(dir: &Path, job_id: &str) -> Option<State> {
+fn output_verdict(dir: &Path, job_id: &str, outputs: &mut Outputs) -> Option<State> {
     // `%x-%j.out` for a job, and the array script's `<name>-%A_%a.out`, which is the task's id.
     let suffix = format!("-{job_id}.out");
-    let found = |folder: &Path| {
-        let entries = std::fs::read_dir(folder).ok()?;
-        entries
-            .filter_map(Result::ok)
-            .filter(|e| e.file_name().to_string_lossy().ends_with(&suffix))
-            .find_map(|e| zerobench_schema::job::output_verdict(&e.path()).ok().flatten())
+    let mut found = |folder: &Path| {
+        outputs
+            .of(folder)
+            .iter()
+            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().ends_with(&suffix)))
+            .find_map(|p| zerobench_schema::job::output_verdict(p).ok().flatten())
             .map(State::from)
     };
     found(dir).or_else(|| dir.parent().and_then(found))
+}
+
+/// The `.out` files of the folders `status` has looked in, each folder listed once: the output
+/// folder above thousands of run folders is where every array task's output is looked for.
+#[derive(Default)]
+struct Outputs(HashMap<PathBuf, Vec<PathBuf>>);
+
+impl Outputs {
+    fn of(&mut self, folder: &Path) -> &[PathBuf] {
+        self.0.entry(folder.to_path_buf()).or_insert_with(|| {
+            std::fs::read_dir(folder)
+                .map(|entries| {
+                    entries
+                        .filter_map(Result::ok)
+                        .map(|e| e.path())
+                        .filter(|p| p.extension().is_some_and(|x| x == "out"))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+    }
 }
 
 #[cfg(test)]
@@ -800,10 +825,10 @@ mod tests {
         )
         .unwrap();
         std::fs::write(d.path().join("a-14_1.out"), "fine\n").unwrap();
-        assert_eq!(output_verdict(d.path(), "12"), Some(State::Timeout));
-        assert_eq!(output_verdict(d.path(), "13"), Some(State::Cancelled));
-        assert_eq!(output_verdict(d.path(), "14_1"), None);
-        assert_eq!(output_verdict(d.path(), "99"), None);
+        assert_eq!(output_verdict(d.path(), "12", &mut Outputs::default()), Some(State::Timeout));
+        assert_eq!(output_verdict(d.path(), "13", &mut Outputs::default()), Some(State::Cancelled));
+        assert_eq!(output_verdict(d.path(), "14_1", &mut Outputs::default()), None);
+        assert_eq!(output_verdict(d.path(), "99", &mut Outputs::default()), None);
         // An array task of the mpirun or pdsh method: slurmstepd's line is in the task's own
         // output, in the output folder above the run folder (it was `unknown` once Slurm forgot).
         let run = d.path().join("run-a");
@@ -814,7 +839,7 @@ mod tests {
             "slurmstepd: error: *** JOB 9 ON vm CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***\n",
         )
         .unwrap();
-        assert_eq!(output_verdict(&run, "8_0"), Some(State::Timeout));
-        assert_eq!(output_verdict(&run, "8_1"), None);
+        assert_eq!(output_verdict(&run, "8_0", &mut Outputs::default()), Some(State::Timeout));
+        assert_eq!(output_verdict(&run, "8_1", &mut Outputs::default()), None);
     }
 }

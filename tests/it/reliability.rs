@@ -242,7 +242,7 @@ fn sigterm_leaves_an_error_and_an_end() {
     a_signal_leaves_an_error_and_an_end("TERM", 15);
 }
 
-/// `sbatch --signal` warns of the time limit with SIGUSR1 by default (and `mpirun` forwards
+/// `sbatch --signal=USR1@60` warns of the time limit with SIGUSR1 (and `mpirun` forwards
 /// it); SIGQUIT's default would dump core. Neither may end a rank without its records.
 #[test]
 fn sigusr1_and_sigquit_leave_an_error_and_an_end() {

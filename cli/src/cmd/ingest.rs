@@ -108,8 +108,8 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     }
     // A model file that cannot be read is refused before the logs are read and `--out` is made.
     let model = args.cost_model.as_ref().map(|p| crate::cmd::predict::load(Some(p))).transpose()?;
-    // An output folder that is a folder to read, or holds one, is refused before it is made or
-    // locked: nothing is written.
+    // An output folder that is a folder to read is refused before it is locked: nothing is
+    // written.
     zerobench_ingest::discover::check_output(&args.out, &args.dirs)?;
     let _lock = crate::lock::lock(&args.out, "ingest")?;
     let formats: Vec<Format> = if args.format.is_empty() { Format::ALL.to_vec() } else { args.format.clone() };

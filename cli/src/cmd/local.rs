@@ -30,8 +30,8 @@ pub struct Args {
     /// Where the run folders go.
     #[arg(long, short)]
     out: PathBuf,
-    /// Stop a run after this many seconds, at least 1 (default: the spec's cluster.time, else no
-    /// limit). 0 stopped every run at once, where cluster.time 0 means no limit: refused.
+    /// Stop a run after this many seconds, at least 1; 0 is refused (cluster.time 0 means no
+    /// limit) (default: the spec's cluster.time, else no limit).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     timeout: Option<u64>,
     #[command(flatten)]
