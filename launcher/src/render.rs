@@ -559,8 +559,8 @@ pub enum Rendered {
     /// The folder held another rendering of this run id but nothing that ran (no logs, no
     /// submission or local record): rewritten.
     Refreshed,
-    /// The folder held this run, rendered with other scheduling ([`SCHEDULING`]: a longer time
-    /// limit after a timeout, another account) or with its paths relative to the folder the
+    /// The folder held this run, rendered with other scheduling (`cluster.time`, `account` or
+    /// `qos`: a longer time limit after a timeout) or with its paths relative to the folder the
     /// command was given in (before they were made absolute): its scripts and `run.json`
     /// rewritten, its results kept.
     Rescheduled,
