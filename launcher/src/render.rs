@@ -480,6 +480,19 @@ fn pdsh(
         .into_iter()
         .map(Word::lit)
         .collect();
+    // Cancelled or out of time, Slurm stops this script and pdsh; over ssh nothing reaches the
+    // nodes' node.sh (it runs under sshd, outside the job, and sshd signals no command without a
+    // terminal), so each node's is told to stop its ranks, as DeepSpeed's runner does with pkill.
+    s.push_str("# Stopped (the job cancelled or out of time), each node's node.sh is told to stop its ranks:\n");
+    s.push_str("# over ssh, Slurm's signal does not reach them.\nstop_nodes() {\n  ");
+    let stop: Vec<Word> = ["pdsh", "-R", rcmd, "-f", "1024", "-w", &wlist, "bash", &node_sh, "%n", "stop"]
+        .into_iter()
+        .map(Word::lit)
+        .collect();
+    command(s, &stop);
+    s.push_str(
+        "}\ntrap 'stop_nodes; exit 143' TERM; trap 'stop_nodes; exit 129' HUP; trap 'stop_nodes; exit 130' INT\n",
+    );
 
     let mut n = String::with_capacity(2048);
     n.push_str("#!/bin/bash\n");
@@ -490,6 +503,12 @@ fn pdsh(
     n.push_str("node_rank=$1\n");
     let _ = writeln!(n, "run_dir={}", sh(dir));
     n.push_str("cd \"$run_dir\"\n");
+    n.push_str("pid_file=\"$run_dir/.node$node_rank.pid\"\n");
+    n.push_str("if [ \"${2:-}\" = stop ]; then\n");
+    n.push_str("  # From job.sbatch, stopped: this node's node.sh, if it still runs, stops its ranks.\n");
+    n.push_str("  pid=$(cat \"$pid_file\" 2>/dev/null) && grep -qs node.sh \"/proc/$pid/cmdline\" && kill -TERM \"$pid\" || true\n");
+    n.push_str("  exit 0\nfi\n");
+    n.push_str("echo $$ > \"$pid_file\"\ntrap 'rm -f \"$pid_file\"' EXIT\n");
     let _ = writeln!(n, "mkdir -p \"$run_dir/{LOG_DIR}\"");
     environment(&mut n, &spec.cluster);
     let _ = writeln!(

@@ -72,43 +72,81 @@ fn a_failing_rank_fails_the_job_and_stops_its_node() {
     );
 }
 
-/// A node's script that is told to stop (SIGTERM: the job cancelled or out of time, where the
-/// node's ranks are out of Slurm's reach, as over ssh) stops its ranks with it; they ran on.
+/// Starts the job of a run whose ranks record their pids, sleep, and mark that they got SIGTERM;
+/// returns once all four run.
+fn start_sleeping_ranks(dir: &Path) -> (std::path::PathBuf, std::process::Child) {
+    let run = setup(
+        dir,
+        r#"trap 'kill $!; touch "$ZB_OUT/stopped$RANK"; exit 143' TERM; echo $$ > "$ZB_OUT/pid$RANK.tmp"; mv "$ZB_OUT/pid$RANK.tmp" "$ZB_OUT/pid$RANK"; sleep 60 & wait"#,
+    );
+    let job = Command::new("bash").arg(run.join("job.sbatch")).env("ZB_OUT", dir).spawn().unwrap();
+    let t = Instant::now();
+    while !(0..4).all(|r| dir.join(format!("pid{r}")).exists()) {
+        assert!(t.elapsed() < Duration::from_secs(30), "the ranks did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (run, job)
+}
+
+/// Waits for all four ranks' marks; past 20 s kills them (and the job) and fails with `why`.
+fn wait_until_stopped(dir: &Path, job: &mut std::process::Child, why: &str) {
+    let t = Instant::now();
+    while !(0..4).all(|r| dir.join(format!("stopped{r}")).exists()) {
+        if t.elapsed() > Duration::from_secs(20) {
+            for r in 0..4 {
+                let pid = std::fs::read_to_string(dir.join(format!("pid{r}"))).unwrap();
+                let _ = Command::new("pkill").args(["-9", "-P", pid.trim()]).status();
+                let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+            }
+            let _ = job.kill();
+            panic!("{why}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = job.wait();
+}
+
+/// A node's script that is told to stop (SIGTERM, by Slurm on its node or by hand) stops its
+/// ranks with it; they ran on.
 #[test]
 fn a_node_told_to_stop_stops_its_ranks() {
     if !have_pdsh() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    // Each rank records its pid, then sleeps; one that got SIGTERM writes a mark.
-    let run = setup(
-        dir.path(),
-        r#"trap 'touch "$ZB_OUT/stopped$RANK"; exit 143' TERM; echo $$ > "$ZB_OUT/pid$RANK.tmp"; mv "$ZB_OUT/pid$RANK.tmp" "$ZB_OUT/pid$RANK"; sleep 60 & wait"#,
-    );
-    let mut job = Command::new("bash").arg(run.join("job.sbatch")).env("ZB_OUT", dir.path()).spawn().unwrap();
-    let t = Instant::now();
-    while !(0..4).all(|r| dir.path().join(format!("pid{r}")).exists()) {
-        assert!(t.elapsed() < Duration::from_secs(30), "the ranks did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // SIGTERM to the node scripts only (not their ranks): what reaches a remote node when its job ends.
+    let (run, mut job) = start_sleeping_ranks(dir.path());
+    // SIGTERM to the node scripts only, not their ranks.
     let nodes = Command::new("pgrep").args(["-f", &format!("{}/node.sh", run.display())]).output().unwrap();
     let pids: Vec<String> = String::from_utf8_lossy(&nodes.stdout).split_whitespace().map(String::from).collect();
     assert!(!pids.is_empty(), "no node.sh running");
     assert!(Command::new("kill").arg("-TERM").args(&pids).status().unwrap().success());
-    let t = Instant::now();
-    while !(0..4).all(|r| dir.path().join(format!("stopped{r}")).exists()) {
-        if t.elapsed() > Duration::from_secs(20) {
-            for r in 0..4 {
-                let pid = std::fs::read_to_string(dir.path().join(format!("pid{r}"))).unwrap();
-                let _ = Command::new("kill").args(["-9", pid.trim()]).status();
-            }
-            let _ = job.kill();
-            panic!("the ranks ran on after their node's script was stopped");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    wait_until_stopped(dir.path(), &mut job, "the ranks ran on after their node's script was stopped");
+}
+
+/// A job cancelled or out of time: Slurm stops the job's script and pdsh, and over ssh nothing
+/// reaches the nodes' node.sh. The job's script tells each node's to stop its ranks (they trained
+/// on). Here `-R exec` stands in for ssh; only the job's script and pdsh get the signal.
+#[test]
+fn a_stopped_job_stops_the_ranks_of_every_node() {
+    if !have_pdsh() {
+        return;
     }
-    let _ = job.wait();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, mut job) = start_sleeping_ranks(dir.path());
+    let script = job.id().to_string();
+    // The script's one child is pdsh (its binary may be named pdsh.bin).
+    let pdsh = Command::new("pgrep").args(["-P", &script]).output().unwrap();
+    let pdsh: Vec<String> = String::from_utf8_lossy(&pdsh.stdout).split_whitespace().map(String::from).collect();
+    assert_eq!(pdsh.len(), 1, "the job's script has no single child: {pdsh:?}");
+    assert!(Command::new("kill").args(["-TERM", &script, &pdsh[0]]).status().unwrap().success());
+    wait_until_stopped(dir.path(), &mut job, "the nodes' ranks ran on after their job was stopped");
+    assert_eq!(job.wait().unwrap().code(), Some(143));
+    assert!(
+        !std::fs::read_dir(dir.path().join("runs")).unwrap().flatten().any(|e| {
+            std::fs::read_dir(e.path()).unwrap().flatten().any(|f| f.file_name().to_string_lossy().ends_with(".pid"))
+        }),
+        "a node's pid file was left"
+    );
 }
 
 #[test]
