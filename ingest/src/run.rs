@@ -61,6 +61,16 @@ pub enum Source {
     Foreign,
 }
 
+impl std::fmt::Display for Source {
+    /// The name the tables give it (its serde name).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Source::Zerobench => "zerobench",
+            Source::Foreign => "foreign",
+        })
+    }
+}
+
 /// One run, every field. `None` is an empty cell: not measured, or not applicable.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RunRow {
@@ -444,6 +454,14 @@ pub fn step_figures(row: &mut RunRow, steps: &[StepTimes]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A source reads the same in a table's text as in its serialised rows.
+    #[test]
+    fn a_source_is_named_as_serde_names_it() {
+        for s in [Source::Zerobench, Source::Foreign] {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.to_string());
+        }
+    }
 
     /// Shares are sums over the measured steps divided by their total; steps that took no time
     /// have no shares (not NaN), whether or not the log has their communication.

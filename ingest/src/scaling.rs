@@ -30,7 +30,7 @@ pub struct ScalingRow {
     /// The runs' build where the set holds more than one (a commit's first 7 digits, `?` for logs
     /// that name none: [`BuildNames`]); empty otherwise.
     pub build: String,
-    pub source: String,
+    pub source: Source,
     /// The device the runs found (a GPU's name).
     pub gpu: Option<String>,
     pub stage: Option<ZeroStage>,
@@ -161,10 +161,7 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
                 model: g.model.clone(),
                 variant: g.variant.clone(),
                 build: g.build.clone(),
-                source: match g.source {
-                    Source::Zerobench => "zerobench".into(),
-                    Source::Foreign => "foreign".into(),
-                },
+                source: g.source,
                 gpu: g.gpu.clone(),
                 stage: g.stage,
                 offload: g.offload,
@@ -221,7 +218,7 @@ pub fn scaling_pivot(rows: &[ScalingRow]) -> zerobench_table::Table {
             Some(o) => s.push_str(&format!("+{o}")),
             None => s.push_str("+offload?"),
         }
-        if r.source != "zerobench" {
+        if r.source != Source::Zerobench {
             s.push_str(&format!(" ({})", r.source));
         }
         s

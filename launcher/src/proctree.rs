@@ -84,9 +84,11 @@ pub fn alive_since(pid: u32, unix_ts: f64) -> bool {
     boot + p.start as f64 / ticks as f64 <= unix_ts + 1.0
 }
 
-/// This host's name as the worker logs it in `start.host` (gethostname: the kernel's node name).
-pub fn this_host() -> Option<String> {
-    Some(std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?.trim().to_string())
+/// This host's name as the worker logs it in `start.host` (gethostname: the kernel's node name),
+/// read once: `status` asks for every run folder.
+pub fn this_host() -> Option<&'static str> {
+    static HOST: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| Some(std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?.trim().to_string())).as_deref()
 }
 
 /// When this host booted, seconds since the epoch (`btime` in `/proc/stat`).

@@ -178,7 +178,7 @@ mod tests {
         let run = &plan.runs[0];
         let synth = zerobench_ingest::synth::SynthRun::new(&run.id, run.config.clone(), 1, 5.0);
         let Record::Start(mut start) = synth.records(0).remove(0) else { panic!("no start") };
-        (start.host, start.pid) = (crate::proctree::this_host().unwrap(), rank.id());
+        (start.host, start.pid) = (crate::proctree::this_host().unwrap().to_string(), rank.id());
         start.ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
         std::fs::create_dir_all(dir.join(LOG_DIR)).unwrap();
         let line = serde_json::to_string(&Record::Start(start)).unwrap() + "\n";
@@ -229,15 +229,7 @@ mod tests {
             crate::testkit::first_on_path(&bin);
             let out = tmp.path().join("out");
             let (_, dirs) = crate::testkit::render_sweep("worker:\n  steps: 5\nsweep:\n  models: tiny\n", &out);
-            let job = crate::submit::SlurmRecord {
-                job_id: "301".into(),
-                array_job_id: None,
-                array_task_id: None,
-                dependency: None,
-                submitted_at: 1,
-                script: dirs[0].join("job.sbatch"),
-            };
-            std::fs::write(dirs[0].join(SLURM_RECORD), serde_json::to_string(&job).unwrap()).unwrap();
+            crate::testkit::submitted(&dirs[0], "301");
             let other =
                 Plan::build(crate::spec::Spec::parse("worker:\n  steps: 6\nsweep:\n  models: tiny\n", Path::new("s.yaml")).unwrap())
                     .unwrap();

@@ -411,7 +411,7 @@ fn read_logs(dir: &Path) -> Logs {
             match rec {
                 Record::Start(s) => {
                     logs.started.entry(s.rank).or_insert(None);
-                    if Some(&s.host) == host.as_ref() {
+                    if Some(s.host.as_str()) == host {
                         spawned.push((s.rank, s.pid, s.ts));
                     }
                 }
@@ -506,7 +506,7 @@ impl Outputs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::{first_on_path, render_sweep, stub};
+    use crate::testkit::{first_on_path, render_sweep, stub, submitted};
     use rusty_fork::rusty_fork_test;
     use zerobench_schema::log::Summary;
 
@@ -626,17 +626,7 @@ mod tests {
                 SynthRun { fate, ..SynthRun::new(&r.id, r.config.clone(), r.world_size(), 12.5) }
             };
             let steps = plan.runs[0].config.steps;
-            let job = |i: usize, id: &str| {
-                let rec = SlurmRecord {
-                    job_id: id.into(),
-                    array_job_id: None,
-                    array_task_id: None,
-                    dependency: None,
-                    submitted_at: 1,
-                    script: dirs[i].join("job.sbatch"),
-                };
-                std::fs::write(dirs[i].join(SLURM_RECORD), serde_json::to_string(&rec).unwrap()).unwrap();
-            };
+            let job = |i: usize, id: &str| submitted(&dirs[i], id);
             let summary =
                 Summary { steps, step_ms_median: 12.5, tokens_per_s: 4096.0, final_loss: 2.25, peak_allocated_bytes: None };
             let said = "median step 12.5 ms, 4096 tokens/s, final loss 2.2500";
@@ -730,15 +720,7 @@ mod tests {
             }
             let rec: LocalRecord = serde_json::from_value(serde_json::json!({"exit_code": 3, "seconds": 2.0})).unwrap();
             std::fs::write(dirs[0].join(LOCAL_RECORD), serde_json::to_string(&rec).unwrap()).unwrap();
-            let job = SlurmRecord {
-                job_id: "201".into(),
-                array_job_id: None,
-                array_task_id: None,
-                dependency: None,
-                submitted_at: 1,
-                script: dirs[1].join("job.sbatch"),
-            };
-            std::fs::write(dirs[1].join(SLURM_RECORD), serde_json::to_string(&job).unwrap()).unwrap();
+            submitted(&dirs[1], "201");
             let rows = status(&dirs).unwrap();
             let got: Vec<(State, &str)> = rows.iter().map(|r| (r.state, r.source)).collect();
             assert_eq!(got, [(State::Oom, "local"), (State::Oom, "sacct")]);

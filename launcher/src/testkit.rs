@@ -14,6 +14,19 @@ pub fn render_sweep(yaml: &str, out: &Path) -> (Plan, Vec<PathBuf>) {
     (plan, dirs)
 }
 
+/// Records job `job_id` as submitted for the run folder `dir` (its `slurm.json`), as `submit` does.
+pub fn submitted(dir: &Path, job_id: &str) {
+    let rec = crate::submit::SlurmRecord {
+        job_id: job_id.into(),
+        array_job_id: None,
+        array_task_id: None,
+        dependency: None,
+        submitted_at: 1,
+        script: dir.join("job.sbatch"),
+    };
+    std::fs::write(dir.join(crate::submit::SLURM_RECORD), serde_json::to_string(&rec).unwrap()).unwrap();
+}
+
 /// Writes an executable `sh` script `name` into `dir` running `body`.
 pub fn stub(dir: &Path, name: &str, body: &str) {
     let p = dir.join(name);

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 
 use super::ReportError;
-use crate::run::{BuildNames, RunRow, Source, Status};
+use crate::run::{BuildNames, RunRow, Status};
 use crate::scaling::ScalingGroup;
 use crate::tables::Tables;
 
@@ -183,10 +183,7 @@ fn line_name(g: &ScalingGroup, chart: &Lines, with_mbs: bool) -> String {
         &|o| o.precision.map_or("precision=?".to_string(), |p| p.to_string()),
         &|o| format!("seq={}", opt(o.seq_len)),
         &|o| format!("grad_accum={}", opt(o.grad_accum)),
-        &|o| match o.source {
-            Source::Zerobench => "(zerobench)".to_string(),
-            Source::Foreign => "(foreign)".to_string(),
-        },
+        &|o| format!("({})", o.source),
         &|o| format!("on {}", o.gpu.as_deref().unwrap_or("?")),
     ];
     for axis in axes {
