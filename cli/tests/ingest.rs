@@ -169,8 +169,9 @@ fn a_folder_that_is_not_there_exits_2_and_writes_nothing() {
     assert!(!out.exists(), "nothing is written");
 }
 
-/// A symbolic link planted in the output folder under a table's name is replaced, not written
-/// through: its target keeps its bytes.
+/// A symbolic link planted in the output folder under a table's name is no table of an earlier
+/// ingest: kept (exit 2, nothing written, its target untouched) unless `--overwrite` is given; then
+/// it is replaced, not written through.
 #[test]
 fn a_link_planted_in_the_output_folder_is_replaced_not_followed() {
     let tmp = tempfile::tempdir().unwrap();
@@ -179,13 +180,23 @@ fn a_link_planted_in_the_output_folder_is_replaced_not_followed() {
     std::fs::create_dir_all(&out).unwrap();
     let victim = tmp.path().join("someone-elses-file");
     std::fs::write(&victim, "precious\n").unwrap();
-    for name in ["latency.csv", "runs.json", "mem.md", "step-breakdown.svg"] {
+    let planted = ["latency.csv", "runs.json", "mem.md", "step-breakdown.svg"];
+    for name in planted {
         std::os::unix::fs::symlink(&victim, out.join(name)).unwrap();
     }
-    let o = zerobench(&["ingest", tmp.path().join("in").to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let input = tmp.path().join("in");
+    let o = zerobench(&["ingest", input.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains("latency.csv") && err.contains("--overwrite"), "{err}");
+    for name in planted {
+        assert!(std::fs::symlink_metadata(out.join(name)).unwrap().file_type().is_symlink(), "{name} was replaced");
+    }
+    assert!(!out.join("summary.json").exists(), "a table was written beside the refusal");
+    let o = zerobench(&["ingest", input.to_str().unwrap(), "--out", out.to_str().unwrap(), "--overwrite"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
-    for name in ["latency.csv", "runs.json", "mem.md", "step-breakdown.svg"] {
+    for name in planted {
         let meta = std::fs::symlink_metadata(out.join(name)).unwrap();
         assert!(meta.file_type().is_file(), "{name} is now a file of ingest's");
     }
@@ -201,6 +212,38 @@ fn a_link_planted_in_the_output_folder_is_replaced_not_followed() {
         })
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// A file of the user's under a table's name (`runs.csv` of their own) is never replaced without
+/// `--overwrite`: nothing is written, the error names it, exit 2. An ingest's own tables are
+/// replaced by the next ingest without asking; the user's file beside them under another name
+/// stays.
+#[test]
+fn a_file_no_ingest_wrote_is_not_replaced_without_overwrite() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    logs(&input);
+    let out = tmp.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("runs.csv"), "my own notes\n").unwrap();
+    let ingest = |extra: &[&str]| {
+        let mut args = vec!["ingest", input.to_str().unwrap(), "--out", out.to_str().unwrap(), "-q"];
+        args.extend_from_slice(extra);
+        zerobench(&args)
+    };
+    let o = ingest(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains(&format!("{} already holds runs.csv", out.display())) && err.contains("--overwrite"), "{err}");
+    assert_eq!(std::fs::read_to_string(out.join("runs.csv")).unwrap(), "my own notes\n");
+    assert!(!out.join("latency.csv").exists() && !out.join(zerobench_ingest::report::MANIFEST).exists());
+    // Asked, it replaces the file; the next ingest replaces its own tables without asking.
+    assert_eq!(ingest(&["--overwrite"]).status.code(), Some(0));
+    assert!(std::fs::read_to_string(out.join("runs.csv")).unwrap().contains("cli-run"));
+    std::fs::write(out.join("notes.md"), "mine\n").unwrap();
+    let o = ingest(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(std::fs::read_to_string(out.join("notes.md")).unwrap(), "mine\n");
 }
 
 /// Ingest into a folder an earlier ingest wrote: the files it writes again are replaced, those of

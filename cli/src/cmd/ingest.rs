@@ -25,9 +25,16 @@ pub struct Args {
     /// these folders).
     #[arg(required = true)]
     dirs: Vec<PathBuf>,
-    /// Folder to write the tables and plots into (created if needed).
+    /// Folder to write the tables and plots into (created if needed). A file there under the
+    /// name of one of the tables that no earlier ingest wrote is kept: nothing is written (exit 2)
+    /// unless `--overwrite` is given.
     #[arg(long, short)]
     out: PathBuf,
+    /// Replace files in the output folder under the tables' names that an earlier ingest did not
+    /// write there (someone's own `latency.csv`, the tables of an ingest older than the list of
+    /// files ingest keeps).
+    #[arg(long)]
+    overwrite: bool,
     /// Steps with an index below this are warmup and left out of every figure [default: each
     /// zerobench run's own `--warmup`, as its records flag them; 2 for foreign logs].
     #[arg(long)]
@@ -171,7 +178,8 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         }
         host_problems = bad_hosts.len();
     }
-    let (written, failed) = report::write_all(&ingested, &tables, &args.out, &formats)
+    let replace = if args.overwrite { report::Replace::Any } else { report::Replace::IngestOwn };
+    let (written, failed) = report::write_all(&ingested, &tables, &args.out, &formats, replace)
         .with_context(|| format!("writing the tables into {}", args.out.display()))?;
     // A plot that cannot be drawn is one problem: the other files are written.
     for e in &failed {

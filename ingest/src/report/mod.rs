@@ -6,6 +6,7 @@ pub mod markdown;
 pub mod plot;
 pub mod terminal;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -50,6 +51,37 @@ pub enum ReportError {
     Json { path: PathBuf, source: serde_json::Error },
     #[error("cannot draw {path}: {message}")]
     Plot { path: PathBuf, message: String },
+    /// Files in the output folder under names this ingest writes that no earlier ingest wrote
+    /// there (its [`MANIFEST`] does not list them): someone else's, kept unless replacing them is
+    /// asked for ([`Replace::Any`]). Nothing was written.
+    #[error(
+        "{} already holds {} that no earlier ingest wrote there; nothing was written: pass \
+         --overwrite to replace {}, or write elsewhere",
+        out.display(),
+        names_list(names),
+        if names.len() == 1 { "it" } else { "them" }
+    )]
+    NotWrittenByIngest { out: PathBuf, names: Vec<String> },
+}
+
+/// Up to five names, then how many more.
+fn names_list(names: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut s = names.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > SHOWN {
+        s.push_str(&format!(" and {} more", names.len() - SHOWN));
+    }
+    s
+}
+
+/// Which files already in the output folder an ingest may replace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replace {
+    /// Only those the last ingest into the folder wrote ([`MANIFEST`]); a file of the same name
+    /// as one of this ingest's that it did not write makes the ingest write nothing.
+    IngestOwn,
+    /// Any file under a name this ingest writes (`zerobench ingest --overwrite`).
+    Any,
 }
 
 impl ReportError {
@@ -67,7 +99,9 @@ pub const MANIFEST: &str = ".zerobench-ingest-files";
 /// Writes every table in every format asked for into `out`, which is created if needed.
 /// Returns the files written and the plots that could not be drawn (the rest is written; the
 /// caller reports them and the result as incomplete). The files of the last ingest into `out`
-/// that this one does not write are removed ([`MANIFEST`]).
+/// that this one does not write are removed ([`MANIFEST`]). A file under one of this ingest's
+/// names that the last ingest did not write is replaced only with [`Replace::Any`]; otherwise
+/// nothing is written ([`ReportError::NotWrittenByIngest`]).
 ///
 /// The files are written into a private folder created inside `out` (exclusively: a folder or a
 /// link already there under that name is an error) and then renamed into place. A rename
@@ -80,12 +114,14 @@ pub fn write_all(
     tables: &Tables,
     out: &Path,
     formats: &[Format],
+    replace: Replace,
 ) -> Result<(Vec<PathBuf>, Vec<ReportError>), ReportError> {
     std::fs::create_dir_all(out).map_err(|e| ReportError::io(out, e))?;
     let staging = out.join(format!(".zerobench-ingest-{}", std::process::id()));
     std::fs::create_dir(&staging).map_err(|e| ReportError::io(&staging, e))?;
     let mut failed = Vec::new();
-    let staged = write_formats(ingested, tables, &staging, formats, &mut failed);
+    let staged = write_formats(ingested, tables, &staging, formats, &mut failed)
+        .and_then(|files| check_replaced(out, &files, replace).map(|()| files));
     let moved = staged.and_then(|files| {
         files
             .into_iter()
@@ -104,24 +140,51 @@ pub fn write_all(
     Ok((files, failed))
 }
 
+/// The names the last ingest into `out` wrote there ([`MANIFEST`]); a name with a path in it or
+/// a hidden one is no name of ingest's (the list is a file anyone can edit).
+fn last_written(out: &Path) -> BTreeSet<String> {
+    std::fs::read_to_string(out.join(MANIFEST))
+        .map(|old| {
+            old.lines()
+                .filter(|name| !name.is_empty() && !name.starts_with('.') && !name.contains('/'))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Refuses, under [`Replace::IngestOwn`], to replace anything in `out` (a file, a link, a
+/// folder) under the name of a file of `staged` that the last ingest did not write there.
+fn check_replaced(out: &Path, staged: &[PathBuf], replace: Replace) -> Result<(), ReportError> {
+    if replace == Replace::Any {
+        return Ok(());
+    }
+    let ours = last_written(out);
+    let names: Vec<String> = staged
+        .iter()
+        .filter_map(|f| f.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .filter(|n| !ours.contains(n) && std::fs::symlink_metadata(out.join(n)).is_ok())
+        .collect();
+    if names.is_empty() {
+        Ok(())
+    } else {
+        Err(ReportError::NotWrittenByIngest { out: out.to_path_buf(), names })
+    }
+}
+
 /// Removes the files the last ingest into `out` wrote ([`MANIFEST`]) that `written` does not
 /// hold, then records `written` as the folder's files. Only plain files directly in `out` under
-/// the names listed are removed: a name with a path in it, a hidden one, or a link or folder
-/// under a listed name is left alone (the list is a file anyone can edit).
+/// the names listed are removed: a link or folder under a listed name is left alone.
 fn replace_manifest(out: &Path, written: &[PathBuf]) -> Result<(), ReportError> {
-    let names: std::collections::BTreeSet<String> =
+    let names: BTreeSet<String> =
         written.iter().filter_map(|f| f.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
     let list = out.join(MANIFEST);
-    if let Ok(old) = std::fs::read_to_string(&list) {
-        for name in old.lines() {
-            if name.is_empty() || name.starts_with('.') || name.contains('/') || names.contains(name) {
-                continue;
-            }
-            let stale = out.join(name);
-            if std::fs::symlink_metadata(&stale).is_ok_and(|m| m.file_type().is_file()) {
-                std::fs::remove_file(&stale).map_err(|e| ReportError::io(&stale, e))?;
-                tracing::info!("removed {}: the last ingest's, not written this time", stale.display());
-            }
+    for name in last_written(out).difference(&names) {
+        let stale = out.join(name);
+        if std::fs::symlink_metadata(&stale).is_ok_and(|m| m.file_type().is_file()) {
+            std::fs::remove_file(&stale).map_err(|e| ReportError::io(&stale, e))?;
+            tracing::info!("removed {}: the last ingest's, not written this time", stale.display());
         }
     }
     let text: String = names.iter().map(|n| format!("{n}\n")).collect();

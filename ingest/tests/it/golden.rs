@@ -26,7 +26,8 @@ fn every_table_of_the_fixture_set() {
 
     // The files: every format is written, CSV and Markdown carry the same cells, JSON parses.
     let out = tmp.path().join("out");
-    let (written, failed) = report::write_all(&ingested, &tables, &out, &Format::ALL).unwrap();
+    let (written, failed) =
+        report::write_all(&ingested, &tables, &out, &Format::ALL, report::Replace::IngestOwn).unwrap();
     assert!(failed.is_empty(), "{failed:?}");
     for name in ["latency", "mem", "scaling", "comm", "runs"] {
         for ext in ["csv", "md", "json"] {
