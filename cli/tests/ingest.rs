@@ -308,3 +308,29 @@ fn a_run_with_a_very_long_model_name_is_plotted_like_the_others() {
     assert_eq!(plots.len(), 1, "{plots:?}");
     assert!(plots[0].len() < 120, "{}", plots[0]);
 }
+
+/// A hand-written `run.json` that says 0 GPUs: the GPUs stay unknown (no per-GPU figure divided
+/// by 0, no `inf` in the tables), the file and key are named, and the result is incomplete (exit 1).
+#[test]
+fn a_run_json_counting_zero_gpus_is_named_and_not_divided_by() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("in/zero");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::write(
+        run.join("run.json"),
+        r#"{"model": "gpt2", "stage": 2, "micro_batch": 4, "world_size": 0, "seq_len": 128}"#,
+    )
+    .unwrap();
+    std::fs::write(run.join("ds.log"), "RunningAvgSamplesPerSec=10.0, CurrSamplesPerSec=11.0, MemAllocated=1.0GB\n")
+        .unwrap();
+    let out = tmp.path().join("out");
+    let o = zerobench(&["ingest", tmp.path().join("in").to_str().unwrap(), "--out", out.to_str().unwrap(), "-q"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains(&run.join("run.json").display().to_string()) && err.contains("`world_size` is 0"), "{err}");
+    let runs = std::fs::read_to_string(out.join("runs.csv")).unwrap();
+    assert!(runs.contains("zero") && !runs.contains("inf") && !runs.contains("NaN"), "{runs}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("runs.json")).unwrap()).unwrap();
+    assert!(json.to_string().contains("\"samples_per_s\":10.0"), "{json}");
+}

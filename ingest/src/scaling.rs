@@ -11,6 +11,12 @@
 //! printed in every row. Runs that are not `ok` are left out; repeated runs of one configuration
 //! and GPU count are combined by their median throughput. Nodes are part of the row, so the same
 //! GPU count on one node and on two shows as two rows (intra- against inter-node).
+//!
+//! Runs that differ in their threads per rank alone are no repeats of each other. Where a group's
+//! runs at one GPU count differ in them, the group is split into a line per thread count, each
+//! with its own baseline; otherwise (the usual CPU study, whose ranks divide the host's cores, so
+//! the threads per rank fall as the ranks grow) the group stays one line and each row names its
+//! runs' threads.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +47,8 @@ pub struct ScalingRow {
     pub grad_accum: Option<u32>,
     pub gpus: u32,
     pub nodes: Option<u32>,
+    /// Intra-op threads per rank of the runs combined (they all have it; none for foreign runs).
+    pub threads: Option<u32>,
     /// Runs combined into this row.
     pub runs: u32,
     pub samples_per_s: f64,
@@ -91,6 +99,9 @@ pub struct ScalingGroup {
     pub seq_len: Option<u32>,
     pub micro_batch: Option<u32>,
     pub grad_accum: Option<u32>,
+    /// The threads per rank of the group's runs, where runs of the group at one GPU count differ
+    /// in them (a line per thread count); `None` otherwise, and always from [`ScalingGroup::of`].
+    pub threads: Option<u32>,
 }
 
 impl ScalingGroup {
@@ -108,6 +119,7 @@ impl ScalingGroup {
             seq_len: row.seq_len,
             micro_batch: row.micro_batch,
             grad_accum: row.grad_accum,
+            threads: None,
         }
     }
 }
@@ -119,6 +131,7 @@ type Groups<'a> = BTreeMap<ScalingGroup, BTreeMap<(u32, Option<u32>), Vec<&'a Ru
 struct Point {
     gpus: u32,
     nodes: Option<u32>,
+    threads: Option<u32>,
     runs: u32,
     samples_per_s: f64,
     tokens_per_s: Option<f64>,
@@ -138,12 +151,14 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
         groups.entry(ScalingGroup::of(row, &builds)).or_default().entry((gpus, row.nodes)).or_default().push(r);
     }
     let mut out = Vec::new();
-    for (group, points) in groups {
+    for (group, points) in split_by_threads(groups) {
         let combined: Vec<Point> = points
             .into_iter()
             .map(|((gpus, nodes), rs)| Point {
                 gpus,
                 nodes,
+                // One value: the points of a group whose runs differ in threads were split.
+                threads: rs.first().and_then(|r| r.row.threads),
                 runs: rs.len() as u32,
                 samples_per_s: median(&rs.iter().filter_map(|r| r.row.samples_per_s).collect::<Vec<_>>())
                     .unwrap_or(0.0),
@@ -153,7 +168,8 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
             .collect();
         // The baseline is the smallest GPU count, on the fewest nodes (the map is sorted so).
         let Some((base_gpus, base_sps)) = combined.first().map(|p| (p.gpus, p.samples_per_s)) else { continue };
-        for Point { gpus, nodes, runs: n, samples_per_s: sps, tokens_per_s: tps, comm_frac: comm } in combined {
+        for Point { gpus, nodes, threads, runs: n, samples_per_s: sps, tokens_per_s: tps, comm_frac: comm } in combined
+        {
             let speedup = if base_sps > 0.0 { sps / base_sps } else { 0.0 };
             let ideal = f64::from(gpus) / f64::from(base_gpus);
             let g = &group;
@@ -171,6 +187,7 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
                 grad_accum: g.grad_accum,
                 gpus,
                 nodes,
+                threads,
                 runs: n,
                 samples_per_s: sps,
                 tokens_per_s: tps,
@@ -184,6 +201,26 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
             });
             if let Some(last) = out.last_mut() {
                 last.round();
+            }
+        }
+    }
+    out
+}
+
+/// Splits each group whose runs at one GPU count (and node count) differ in their threads into a
+/// group per thread count; the others are left whole.
+fn split_by_threads(groups: Groups<'_>) -> Groups<'_> {
+    let mut out = Groups::new();
+    for (group, points) in groups {
+        let mixed = points.values().any(|rs| rs.iter().any(|r| r.row.threads != rs[0].row.threads));
+        if !mixed {
+            out.insert(group, points);
+            continue;
+        }
+        for (place, rs) in points {
+            for r in rs {
+                let line = ScalingGroup { threads: r.row.threads, ..group.clone() };
+                out.entry(line).or_default().entry(place).or_default().push(r);
             }
         }
     }
@@ -217,6 +254,9 @@ pub fn scaling_pivot(rows: &[ScalingRow]) -> zerobench_table::Table {
             Some(Offload::None) => {}
             Some(o) => s.push_str(&format!("+{o}")),
             None => s.push_str("+offload?"),
+        }
+        if let Some(t) = r.group.threads {
+            s.push_str(&format!(" threads={t}"));
         }
         if r.source != Source::Zerobench {
             s.push_str(&format!(" ({})", r.source));
@@ -290,5 +330,33 @@ mod tests {
         };
         assert_eq!(speedups(0.0), [0.0, 0.0]);
         assert_eq!(speedups(20.0), [1.0, 1.5]);
+    }
+
+    /// Runs that differ in their threads per rank alone are not pooled: a GPU count with runs of
+    /// 4 and of 8 threads splits the group into a line per thread count, each its own baseline.
+    /// Where each GPU count has one thread count (ranks dividing a host's cores), the group stays
+    /// one line and each row names its threads.
+    #[test]
+    fn runs_of_other_threads_are_no_repeats() {
+        let report = |gpus: u32, threads: u32, sps: f64| {
+            let mut row =
+                RunRow::new(format!("g{gpus}t{threads}"), Source::Zerobench, "d".into(), "gpt2".into(), Status::Ok);
+            (row.gpus, row.threads, row.samples_per_s) = (Some(gpus), Some(threads), Some(sps));
+            RunReport { row, collectives: Vec::new(), memory_phases: Vec::new() }
+        };
+        // (GPUs, the row's threads, the line's threads, samples/s, speedup)
+        type Row = (u32, Option<u32>, Option<u32>, f64, f64);
+        let rows = |runs: &[RunReport]| -> Vec<Row> {
+            scaling(runs).iter().map(|r| (r.gpus, r.threads, r.group.threads, r.samples_per_s, r.speedup)).collect()
+        };
+        let mixed = [report(1, 4, 10.0), report(1, 8, 16.0), report(2, 4, 18.0)];
+        assert_eq!(
+            rows(&mixed),
+            [(1, Some(4), Some(4), 10.0, 1.0), (2, Some(4), Some(4), 18.0, 1.8), (1, Some(8), Some(8), 16.0, 1.0)]
+        );
+        let divided = [report(1, 8, 10.0), report(2, 4, 18.0), report(2, 4, 20.0)];
+        assert_eq!(rows(&divided), [(1, Some(8), None, 10.0, 1.0), (2, Some(4), None, 19.0, 1.9)]);
+        let pivot = scaling_pivot(&scaling(&mixed));
+        assert!(pivot.header.iter().any(|h| h == "zero?+offload? threads=8 samples/s"), "{:?}", pivot.header);
     }
 }

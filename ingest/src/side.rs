@@ -110,11 +110,11 @@ fn read_small(path: &Path) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-/// The launcher's `run.json` next to a run's logs, as JSON, if present and readable.
-pub fn run_json(log_dir: &Path, problems: &mut Vec<Problem>) -> Option<serde_json::Value> {
+/// The launcher's `run.json` next to a run's logs, as its path and JSON, if present and readable.
+pub fn run_json(log_dir: &Path, problems: &mut Vec<Problem>) -> Option<(PathBuf, serde_json::Value)> {
     for dir in side_dirs(log_dir) {
         match side_json(&dir, "run.json", problems) {
-            Some(v) if v.is_object() => return Some(v),
+            Some(v) if v.is_object() => return Some((dir.join("run.json"), v)),
             Some(_) => problems.push(Problem::file(
                 dir.join("run.json"),
                 ProblemKind::SideFile { message: "run.json is not a JSON object".into() },

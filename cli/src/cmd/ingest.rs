@@ -338,6 +338,10 @@ fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: 
     }
     let scaling = tables.text_tables().into_iter().find(|t| t.name == "scaling");
     if let Some(t) = scaling.filter(|t| !t.rows.is_empty()) {
+        // Threads per rank where rows differ in them (lines split by threads would look repeated).
+        let column = |name: &str| t.header.iter().position(|h| h == name);
+        let threads_vary = column("threads")
+            .is_some_and(|i| t.rows.iter().map(|r| &r[i]).collect::<std::collections::BTreeSet<_>>().len() > 1);
         let keep = [
             "model",
             "variant",
@@ -346,11 +350,12 @@ fn print_tables(out: &mut dyn Write, runs: &[zerobench_ingest::RunRow], tables: 
             "micro_batch",
             "gpus",
             "nodes",
+            if threads_vary { "threads" } else { "" },
             "samples_per_s",
             "speedup",
             "efficiency",
         ];
-        let idx: Vec<usize> = keep.iter().filter_map(|k| t.header.iter().position(|h| h == k)).collect();
+        let idx: Vec<usize> = keep.iter().filter_map(|k| column(k)).collect();
         let pick = |r: &Vec<String>| idx.iter().map(|i| r[*i].clone()).collect::<Vec<_>>();
         let small = zerobench_table::Table {
             name: "scaling",

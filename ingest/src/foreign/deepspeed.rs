@@ -361,9 +361,10 @@ fn config_line(c: &mut Config, key: &str, value: &str) {
     };
     match key {
         "zero_optimization_stage" => c.stage = value.parse().ok().filter(|s| *s <= 3),
-        "train_micro_batch_size_per_gpu" => c.micro_batch = value.parse().ok(),
-        "gradient_accumulation_steps" => c.grad_accum = value.parse().ok(),
-        "world_size" => c.world_size = value.parse().ok(),
+        // A count of 0 counts nothing (per-GPU figures would divide by it): no value.
+        "train_micro_batch_size_per_gpu" => c.micro_batch = value.parse().ok().filter(|n| *n > 0),
+        "gradient_accumulation_steps" => c.grad_accum = value.parse().ok().filter(|n| *n > 0),
+        "world_size" => c.world_size = value.parse().ok().filter(|n| *n > 0),
         "bfloat16_enabled" | "bf16_enabled" => c.bf16 = flag(value),
         "fp16_enabled" => c.fp16 = flag(value),
         // Newer versions print the precision configs as objects: `enabled=True ...`.
@@ -457,8 +458,8 @@ fn profile_line(p: &mut Profile, line: &str) {
     let Some((key, value)) = line.rsplit_once(':') else { return };
     let key = key.trim().to_ascii_lowercase();
     match key.as_str() {
-        "world size" => p.world_size = value.trim().parse().ok(),
-        "batch size per gpu" => p.batch_per_gpu = value.trim().parse().ok(),
+        "world size" => p.world_size = value.trim().parse().ok().filter(|n| *n > 0),
+        "batch size per gpu" => p.batch_per_gpu = value.trim().parse().ok().filter(|n| *n > 0),
         "params per gpu" => p.params_per_gpu = scaled(value),
         "fwd latency" => p.fwd_ms = ms(value),
         "bwd latency" => p.bwd_ms = ms(value),
@@ -501,7 +502,8 @@ mod tests {
         assert_eq!(d.config.offload_optimizer, Some(true));
     }
 
-    /// The configuration block's keys, each to its field; a stage above 3 is no stage.
+    /// The configuration block's keys, each to its field; a stage above 3 is no stage, a count of 0
+    /// no count.
     #[test]
     fn configuration_lines() {
         let mut c = Config::default();
@@ -521,6 +523,15 @@ mod tests {
         );
         config_line(&mut c, "zero_optimization_stage", "4");
         assert_eq!(c.stage, None);
+        // A count of 0 counts nothing: per-GPU figures would divide by it.
+        for key in ["world_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"] {
+            config_line(&mut c, key, "0");
+        }
+        assert_eq!((c.world_size, c.micro_batch, c.grad_accum), (None, None, None));
+        let mut p = Profile::default();
+        profile_line(&mut p, "world size:                                                   0");
+        profile_line(&mut p, "batch size per GPU:                                           0");
+        assert_eq!((p.world_size, p.batch_per_gpu), (None, None));
     }
 
     #[test]

@@ -59,23 +59,59 @@ impl Hints {
     }
 }
 
+/// The keys of a `run.json` (top-level or in `config`) that count something: GPUs, nodes,
+/// sequences, steps, tokens. A 0 there counts nothing (per-GPU figures would divide by it): it is
+/// taken as unknown, and [`zero_counts`] names it for the problem list.
+const COUNT_KEYS: &[&str] = &[
+    "world_size",
+    "gpus",
+    "nodes",
+    "micro_batch",
+    "train_micro_batch_size_per_gpu",
+    "grad_accum",
+    "gradient_accumulation_steps",
+    "seq_len",
+    "target_len",
+];
+
+/// The counting keys of a `run.json` value that hold 0 (`config.micro_batch` for one in
+/// `config`), which [`from_run_json`] leaves unknown.
+pub fn zero_counts(v: &serde_json::Value) -> Vec<String> {
+    let mut keys = Vec::new();
+    for (prefix, obj) in [("", Some(v)), ("config.", v.get("config"))] {
+        let Some(obj) = obj.and_then(serde_json::Value::as_object) else { continue };
+        for key in COUNT_KEYS {
+            if obj.get(*key).and_then(serde_json::Value::as_u64) == Some(0) {
+                keys.push(format!("{prefix}{key}"));
+            }
+        }
+    }
+    keys
+}
+
+/// A count, or nothing where it is 0.
+fn count(n: u32) -> Option<u32> {
+    Some(n).filter(|n| *n > 0)
+}
+
 /// Hints from a `run.json` value: the launcher's own record whole, else whatever keys a hand-written
-/// one has.
+/// one has. A count of 0 ([`zero_counts`]) stays unknown.
 pub fn from_run_json(v: &serde_json::Value) -> Hints {
     if let Some(r) = PlannedRun::from_json(v) {
         let placement =
-            Hints { run_id: Some(r.id), world_size: Some(r.world_size), nodes: Some(r.nodes), ..Hints::default() };
+            Hints { run_id: Some(r.id), world_size: count(r.world_size), nodes: count(r.nodes), ..Hints::default() };
         return of_config(&r.config, placement);
     }
     let cfg = v.get("config").filter(|c| c.is_object()).unwrap_or(v);
     let get = |keys: &[&str]| keys.iter().find_map(|k| cfg.get(*k).or_else(|| v.get(*k)));
     let num = |keys: &[&str]| get(keys).and_then(serde_json::Value::as_u64).and_then(|n| u32::try_from(n).ok());
+    let counted = |keys: &[&str]| num(keys).and_then(count);
     let text = |keys: &[&str]| get(keys).and_then(serde_json::Value::as_str).map(str::to_string);
     // Where the run is and what it is called are not part of a RunConfig.
     let placement = Hints {
         run_id: text(&["run_id", "id", "name"]),
-        world_size: num(&["world_size", "gpus"]),
-        nodes: num(&["nodes"]),
+        world_size: counted(&["world_size", "gpus"]),
+        nodes: counted(&["nodes"]),
         ..Hints::default()
     };
     // The launcher's `config` is read as the configuration the worker runs, with its defaults, so
@@ -90,10 +126,10 @@ pub fn from_run_json(v: &serde_json::Value) -> Hints {
                 .and_then(|s| ZeroStage::try_from(s).ok()),
             offload: text(&["offload"]).and_then(|s| s.parse().ok()),
             precision: text(&["precision"]).and_then(|s| s.parse().ok()),
-            micro_batch: num(&["micro_batch", "train_micro_batch_size_per_gpu"]),
-            grad_accum: num(&["grad_accum", "gradient_accumulation_steps"]),
-            seq_len: num(&["seq_len"]),
-            target_len: num(&["target_len"]),
+            micro_batch: counted(&["micro_batch", "train_micro_batch_size_per_gpu"]),
+            grad_accum: counted(&["grad_accum", "gradient_accumulation_steps"]),
+            seq_len: counted(&["seq_len"]),
+            target_len: counted(&["target_len"]),
             ..placement
         },
     }
@@ -106,10 +142,10 @@ fn of_config(c: &RunConfig, placement: Hints) -> Hints {
         stage: Some(c.stage),
         offload: Some(c.offload),
         precision: Some(c.precision),
-        micro_batch: Some(c.micro_batch),
-        grad_accum: Some(c.grad_accum),
-        seq_len: Some(c.seq_len),
-        target_len: c.target_len,
+        micro_batch: count(c.micro_batch),
+        grad_accum: count(c.grad_accum),
+        seq_len: count(c.seq_len),
+        target_len: c.target_len.and_then(count),
         ..placement
     }
 }
@@ -121,18 +157,21 @@ static MBS: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?:^|[^a-z])(?:tmbspg|mbs|bs|micro_batch|microbatch)[_-]?([0-9]+)").expect("valid regex")
 });
 static GAS: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?:^|[^a-z])gas[_-]?([0-9]+)").expect("valid regex"));
+// A count before the word may be singular (`1gpu`, `2node`); one after it must be plural
+// (`gpus4`, `nodes2`): `gpu3` and `node1` name a GPU or a node (`ds_gpu3.log`, a rank's log), not
+// how many there are.
 static NODES: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?:^|[^a-z0-9])(?:([0-9]+)[_-]?nodes?|nodes?[_-]?([0-9]+))(?:$|[^0-9])").expect("valid regex")
+    Regex::new(r"(?:^|[^a-z0-9])(?:([0-9]+)[_-]?nodes?|nodes[_-]?([0-9]+))(?:$|[^0-9])").expect("valid regex")
 });
 static GPUS: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?:^|[^a-z0-9])(?:([0-9]+)[_-]?gpus?|gpus?[_-]?([0-9]+))(?:$|[^0-9])").expect("valid regex")
+    Regex::new(r"(?:^|[^a-z0-9])(?:([0-9]+)[_-]?gpus?|gpus[_-]?([0-9]+))(?:$|[^0-9])").expect("valid regex")
 });
 
 /// Hints from the names of the folders from `root` (exclusive) down to `dir` (inclusive).
 /// The grammar (case-insensitive, tokens anywhere in a name): `z2`/`zero2`/`stage2`/`zero_stage2`
 /// (ZeRO stage), `mbs8`/`bs8`/`micro_batch8`/`tmbspg8` (micro-batch), `gas2` (accumulation),
-/// `offload` (optimizer offload), `bf16`/`fp16`/`fp32`, `4gpus`/`gpus4`, `2nodes`/`nodes2`, and
-/// a model preset name (`t5-large`, `gpt2-xl`, also without the dash).
+/// `offload` (optimizer offload), `bf16`/`fp16`/`fp32`, `4gpus`/`gpus4`, `2nodes`/`nodes2` (not
+/// `gpu3` or `node1`: a GPU's or a node's index), and a model preset name (`t5-large`, `gpt2-xl`, also without the dash).
 ///
 /// Only the path below the root counts: the folders above it (and the root's own name) are where
 /// the user keeps the logs, not what the run was, and any name can be there: a temporary folder
@@ -262,6 +301,39 @@ mod tests {
         // A folder nearer the run that says 0 leaves the count to the next one.
         assert_eq!(from_path(none, Path::new("4gpus/z2_gpu0")).world_size, Some(4));
         assert_eq!(from_file_name(Path::new("ds_gpu0.log")).world_size, None);
+    }
+
+    /// A hand-written `run.json` that counts 0 GPUs, nodes or sequences: those stay unknown (no
+    /// division by 0 downstream), the rest is read, and `zero_counts` names each such key, in
+    /// `config` too; a stage of 0 is a stage.
+    #[test]
+    fn a_count_of_zero_in_run_json_is_unknown_and_named() {
+        let v = serde_json::json!({"world_size": 0, "nodes": 1, "stage": 0,
+            "config": {"micro_batch": 0, "seq_len": 128, "model": "gpt2"}});
+        let h = from_run_json(&v);
+        assert_eq!(
+            (h.world_size, h.nodes, h.stage, h.micro_batch, h.seq_len),
+            (None, Some(1), Some(ZeroStage::Z0), None, Some(128))
+        );
+        assert_eq!(zero_counts(&v), ["world_size", "config.micro_batch"]);
+        assert!(zero_counts(&serde_json::json!({"gpus": 2, "stage": 0})).is_empty());
+    }
+
+    /// `gpu3` and `node1` after the word, singular, name a GPU or a node (one rank's log), not a
+    /// count; a count comes before the word (`1gpu`, `2node`, `8gpus`) or after a plural (`gpus4`).
+    #[test]
+    fn an_index_after_gpu_or_node_is_no_count() {
+        let none = Path::new("");
+        let h = from_path(none, Path::new("z2_mbs8_gpu3"));
+        assert_eq!((h.stage, h.micro_batch, h.world_size), (Some(ZeroStage::Z2), Some(8), None));
+        assert_eq!(from_file_name(Path::new("ds_node1_gpu7.log")), Hints::default());
+        let counts = |name: &str| {
+            let h = from_path(none, Path::new(name));
+            (h.world_size, h.nodes)
+        };
+        assert_eq!(counts("1gpu_2node"), (Some(1), Some(2)));
+        assert_eq!(counts("gpus4-nodes2"), (Some(4), Some(2)));
+        assert_eq!(counts("8gpus/node1_gpu3"), (Some(8), None));
     }
 
     /// The folders above the root, the root's own name included, say nothing about the run.

@@ -137,7 +137,13 @@ fn read_dir(dir: &ForeignDir, settings: &Settings) -> (Vec<RunReport>, Vec<Probl
         tracing::debug!(dir = %dir.dir.display(), "no recognised log lines; not a run");
         return (Vec::new(), problems, stats);
     }
-    let json = run_json(&dir.dir, &mut problems).map(|v| identity::from_run_json(&v));
+    let json = run_json(&dir.dir, &mut problems).map(|(path, v)| {
+        for key in identity::zero_counts(&v) {
+            let message = format!("`{key}` is 0, which counts nothing: taken as unknown");
+            problems.push(Problem::file(&path, ProblemKind::SideFile { message }));
+        }
+        identity::from_run_json(&v)
+    });
     let folder = identity::from_path(&dir.root, &dir.dir);
     let groups = group(&dir.dir, files, json.is_some(), &mut problems);
     let single = groups.len() == 1;

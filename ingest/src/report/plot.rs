@@ -176,6 +176,9 @@ fn line_name(g: &ScalingGroup, chart: &Lines, with_mbs: bool) -> String {
     if !g.variant.is_empty() {
         s.push_str(&format!(" {}", g.variant));
     }
+    if let Some(t) = g.threads {
+        s.push_str(&format!(" threads={t}"));
+    }
     s.push_str(&BuildNames::suffix(&g.build));
     let varies = |f: &dyn Fn(&ScalingGroup) -> String| chart.keys().any(|o| f(o) != f(g));
     let opt = |v: Option<u32>| v.map_or("?".to_string(), |v| v.to_string());
