@@ -121,13 +121,23 @@ fn step_figures(row: &mut RunRow, measured: &[&StepSlot]) {
 }
 
 fn throughput(row: &mut RunRow, measured: &[&StepSlot], acc: &RunAcc, start: &Start, settings: &Settings) {
-    // Wall time: the longest sum of one rank's own step times (steps end with a synchronisation,
-    // so each rank's sum is the elapsed time). Adding up the slowest rank of every step instead
+    // Wall time: from each rank's own step times (steps end with a synchronisation, so a rank's
+    // sum over its steps is the elapsed time). Adding up the slowest rank of every step instead
     // would count every rank's hiccups and overstate the time.
+    // The tokens are those of the steps every rank reported (`measured`), so the time is of as
+    // many steps: a rank's mean step times their number, the longest over the ranks. Where every
+    // rank has every measured step, that is the longest sum; where a rank lacks some (a line lost,
+    // a rank that ended early) or holds some twice (a log appended to itself), its sum would be
+    // the time of more or fewer steps than the tokens count.
     // Every measured step adds its time to its rank's sum, so there is no other source to fall
     // back on: a run whose measured steps took no time has no throughput.
-    let wall_ns = acc.ranks.values().map(|r| r.measured_ns).max().unwrap_or(0);
-    let secs = wall_ns as f64 / 1e9;
+    let steps = measured.len() as f64;
+    let secs = acc
+        .ranks
+        .values()
+        .filter(|r| r.measured > 0)
+        .map(|r| r.measured_ns as f64 / r.measured as f64 * steps / 1e9)
+        .fold(0.0, f64::max);
     if measured.is_empty() || secs <= 0.0 {
         return;
     }
@@ -186,13 +196,18 @@ fn energy(row: &mut RunRow, acc: &RunAcc) {
             return;
         }
         let Some(window) = acc.slots.slots.get(s0 as usize + 1..=s1 as usize) else { return };
-        let tokens: u128 = window.iter().filter(|s| s.ranks > 0).map(|s| u128::from(s.tokens)).sum();
-        let secs = fsum(window.iter().filter(|s| s.ranks > 0).map(|s| s.step_ms)) / 1e3;
+        let read: Vec<&StepSlot> = window.iter().filter(|s| s.ranks > 0).collect();
+        let tokens: u128 = read.iter().map(|s| u128::from(s.tokens)).sum();
+        let secs = fsum(read.iter().map(|s| s.step_ms)) / 1e3;
         if tokens == 0 || secs <= 0.0 {
             return;
         }
-        per_token += (e1 - e0) / tokens as f64;
-        power += (e1 - e0) / secs;
+        // The counter ran through every step of the window, the records of some of which may be
+        // lost (a line that could not be read): those are taken at the mean of the others, or
+        // the energy of the whole window would be put on part of its time and tokens.
+        let whole = window.len() as f64 / read.len() as f64;
+        per_token += (e1 - e0) / (tokens as f64 * whole);
+        power += (e1 - e0) / (secs * whole);
     }
     row.energy_j_per_token = Some(per_token);
     row.avg_power_w_per_gpu = Some(power / acc.ranks.len() as f64);

@@ -634,3 +634,50 @@ fn files_and_lines_read_are_counted() {
     // start, setup, 6 steps and end, on each of 2 ranks.
     assert_eq!((stats.files, stats.lines, stats.bad_lines), (2, 18, 0));
 }
+
+/// Throughput and power are over the steps they count. A measured step's line lost on one rank, a
+/// rank that stopped writing early, or a log appended to itself leaves tokens/s, and a step's line
+/// lost inside the energy counter's window leaves the power and energy per token, where the whole
+/// log puts them (every step of one length here), instead of dividing fewer steps' tokens, or more
+/// steps' energy, by the time of others. The lost lines are still partial steps.
+#[test]
+fn throughput_and_power_are_over_the_steps_they_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let figures = |name: &str, gpus: u32, edit: &dyn Fn(&Path)| {
+        let mut r = run("r", ModelPreset::Gpt2, ZeroStage::Z1, 4, gpus, 50.0);
+        r.jitter = 0.0;
+        let dir = tmp.path().join(name).join("r");
+        r.write(&dir).unwrap();
+        edit(&dir);
+        let got = read(&tmp.path().join(name));
+        let row = got.runs[0].row.clone();
+        (row.tokens_per_s.unwrap(), row.avg_power_w_per_gpu, row.energy_j_per_token, row.partial_steps)
+    };
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs();
+    let drop_step = |dir: &Path, rank: u32, from: u64| {
+        edit_lines(&dir.join(format!("rank{rank}.jsonl")), |v| {
+            (v["event"] != "step" || v["step"].as_u64().is_some_and(|s| s < from || s > from)).then_some(v)
+        });
+    };
+
+    let (whole, _, _, _) = figures("pair", 2, &|_| {});
+    let (gap, _, _, partial) = figures("gap", 2, &|d| drop_step(d, 1, 3));
+    assert!(close(gap, whole) && partial == 1, "{gap} against {whole}");
+    let (cut, _, _, partial) = figures("cut", 2, &|d| {
+        edit_lines(&d.join("rank1.jsonl"), |v| (v["event"] != "step" || v["step"].as_u64() < Some(4)).then_some(v));
+    });
+    assert!(close(cut, whole) && partial == 2, "{cut} against {whole}");
+
+    let (whole, power, per_token, _) = figures("solo", 1, &|_| {});
+    let (power, per_token) = (power.unwrap(), per_token.unwrap());
+    let (lost, lost_power, lost_per_token, _) = figures("lost", 1, &|d| drop_step(d, 0, 4));
+    assert!(close(lost, whole), "{lost} against {whole}");
+    assert!(close(lost_power.unwrap(), power), "{lost_power:?} W against {power} W");
+    assert!(close(lost_per_token.unwrap(), per_token), "{lost_per_token:?} J/token against {per_token}");
+    let (twice, _, _, _) = figures("twice", 1, &|d| {
+        let log = d.join("rank0.jsonl");
+        let text = fs::read_to_string(&log).unwrap();
+        fs::write(&log, format!("{text}{text}")).unwrap();
+    });
+    assert!(close(twice, whole), "{twice} against {whole}");
+}
