@@ -60,21 +60,36 @@ impl JobState {
     pub fn from_job_output(text: &str) -> Option<JobState> {
         let mut state = None;
         for line in text.lines() {
-            if line.contains("oom_kill event") || line.contains("OUT_OF_MEMORY") {
-                return Some(JobState::OutOfMemory);
-            }
-            let Some((_, rest)) = line.split_once("*** JOB ").or_else(|| line.split_once("*** STEP ")) else {
-                continue;
-            };
-            if rest.contains("DUE TO TIME LIMIT") {
-                state = Some(JobState::Timeout);
-            } else if rest.contains("NODE FAIL") || rest.contains("NODE_FAIL") || rest.contains("DUE TO NODE FAILURE") {
-                state = Some(JobState::Failed);
-            } else if rest.contains("CANCELLED") && state.is_none() {
-                state = Some(JobState::Cancelled);
+            state = JobState::then_output_line(state, line);
+            if state == Some(JobState::OutOfMemory) {
+                break;
             }
         }
         state
+    }
+
+    /// The verdict after one more line of a job's output, `state` the verdict of the lines before
+    /// it ([`JobState::from_job_output`]'s rule: an OOM kill wins, a later timeout or node failure
+    /// replaces an earlier verdict, a cancellation counts only where nothing else was said).
+    pub fn then_output_line(state: Option<JobState>, line: &str) -> Option<JobState> {
+        if state == Some(JobState::OutOfMemory) {
+            return state;
+        }
+        if line.contains("oom_kill event") || line.contains("OUT_OF_MEMORY") {
+            return Some(JobState::OutOfMemory);
+        }
+        let Some((_, rest)) = line.split_once("*** JOB ").or_else(|| line.split_once("*** STEP ")) else {
+            return state;
+        };
+        if rest.contains("DUE TO TIME LIMIT") {
+            Some(JobState::Timeout)
+        } else if rest.contains("NODE FAIL") || rest.contains("NODE_FAIL") || rest.contains("DUE TO NODE FAILURE") {
+            Some(JobState::Failed)
+        } else if rest.contains("CANCELLED") && state.is_none() {
+            Some(JobState::Cancelled)
+        } else {
+            state
+        }
     }
 }
 

@@ -34,8 +34,9 @@
 //!   profiler's `FLOPS per GPU`;
 //! * memory: DeepSpeed's peaks (allocated, reserved), nvidia-smi's peak `memory.used`;
 //! * energy per token: the sum over GPUs of nvidia-smi's mean `power.draw` over tokens/s;
-//! * status: `oom` on a CUDA out-of-memory line, `failed` on a Python error without a Trainer
-//!   result, else `ok`.
+//! * status: `oom` on a CUDA out-of-memory line; else Slurm's verdict in the job's output where it
+//!   wrote one (`oom` for an OOM kill, `timeout`, `cancelled`, `failed` for a node failure); else
+//!   `failed` on a Python error without a Trainer result, else `ok`.
 
 pub mod deepspeed;
 pub mod hf_trainer;
@@ -47,6 +48,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
+use zerobench_schema::job::JobState;
 
 use crate::aggregate::Settings;
 use crate::discover::ForeignDir;
@@ -69,12 +71,20 @@ pub struct ForeignLogs {
     pub deepspeed: DeepSpeed,
     pub hf: HfTrainer,
     pub smi: NvidiaSmi,
+    /// How Slurm ended the job whose output this is, as slurmstepd (or the kernel's OOM killer)
+    /// wrote it into the output: a run that trained well until killed at its time limit did not
+    /// end well.
+    pub job_end: Option<JobState>,
 }
 
 impl ForeignLogs {
-    /// Feeds one line to every recognizer (a line is one format's at most).
+    /// Feeds one line to every recognizer (a line is one format's at most), and to the reader of
+    /// Slurm's verdict.
     pub fn line(&mut self, line: &str) {
         let _ = self.deepspeed.line(line) || self.hf.line(line) || self.smi.line(line);
+        if line.contains("***") || line.contains("OUT_OF_MEMORY") || line.contains("oom_kill") {
+            self.job_end = JobState::then_output_line(self.job_end, line);
+        }
     }
 
     fn formats(&self) -> String {
@@ -100,6 +110,17 @@ impl ForeignLogs {
         self.deepspeed.merge(&o.deepspeed);
         self.hf.merge(&o.hf);
         self.smi.merge(&o.smi);
+        // Files of one run read in any order: the worse verdict.
+        let badness = |s: Option<JobState>| match s {
+            Some(JobState::OutOfMemory) => 4,
+            Some(JobState::Timeout) => 3,
+            Some(JobState::Failed) => 2,
+            Some(JobState::Cancelled) => 1,
+            _ => 0,
+        };
+        if badness(o.job_end) > badness(self.job_end) {
+            self.job_end = o.job_end;
+        }
     }
 }
 
@@ -325,12 +346,14 @@ const MIB: f64 = (1u64 << 20) as f64;
 pub fn to_report(dir: &Path, hints: &Hints, logs: &ForeignLogs, settings: &Settings) -> RunReport {
     let ds = &logs.deepspeed;
     let hf = &logs.hf;
-    let status = if ds.oom.is_some() {
-        Status::Oom
-    } else if ds.error.is_some() && hf.results.is_empty() {
-        Status::Failed
-    } else {
-        Status::Ok
+    let status = match logs.job_end {
+        _ if ds.oom.is_some() => Status::Oom,
+        Some(JobState::OutOfMemory) => Status::Oom,
+        Some(JobState::Timeout) => Status::Timeout,
+        Some(JobState::Cancelled) => Status::Cancelled,
+        Some(JobState::Failed) => Status::Failed,
+        _ if ds.error.is_some() && hf.results.is_empty() => Status::Failed,
+        _ => Status::Ok,
     };
     let run_id = hints.run_id.clone().unwrap_or_else(|| {
         dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
@@ -343,7 +366,14 @@ pub fn to_report(dir: &Path, hints: &Hints, logs: &ForeignLogs, settings: &Setti
         status,
     );
     row.formats = logs.formats();
-    row.status_detail = ds.oom.clone().or_else(|| ds.error.clone()).filter(|_| status != Status::Ok);
+    let verdict = logs.job_end.and_then(|j| match j {
+        JobState::OutOfMemory => Some("the job was killed for its memory (oom_kill)".to_string()),
+        JobState::Timeout => Some("Slurm ended the job at its time limit".to_string()),
+        JobState::Cancelled => Some("Slurm cancelled the job".to_string()),
+        JobState::Failed => Some("Slurm ended the job: node failure".to_string()),
+        _ => None,
+    });
+    row.status_detail = ds.oom.clone().or(verdict).or_else(|| ds.error.clone()).filter(|_| status != Status::Ok);
     row.stage = hints.stage;
     row.offload = hints.offload;
     row.precision = hints.precision;

@@ -383,3 +383,35 @@ fn nvidia_smi_logs_of_two_nodes_are_sixteen_gpus() {
     assert_eq!(r.energy_j_per_token, Some(0.2));
     assert_eq!(r.peak_nvml_used_bytes, Some(2000 << 20));
 }
+
+/// A DeepSpeed run whose Slurm output ends with slurmstepd's verdict ended as Slurm says, as a
+/// zerobench run would: a job killed at its time limit is `timeout`, not `ok` (and leaves the
+/// scaling table), one killed for its memory `oom`, a cancelled one `cancelled`; the verdict is
+/// the row's detail. The same log without the verdict is `ok`.
+#[test]
+fn slurms_verdict_in_a_foreign_runs_output_is_its_end() {
+    let log = std::fs::read_to_string(foreign_fixtures().join("004-mlp-zero2-offload-bf16/deepspeed.log")).unwrap();
+    let status = |tail: &str| {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("run.json"), r#"{"world_size": 2}"#).unwrap();
+        let rate = "[2026-11-20 09:59:00,000] [INFO] [timer.py:260:stop] epoch=0/micro_step=10/global_step=10, RunningAvgSamplesPerSec=120.5, CurrSamplesPerSec=121.0\n";
+        std::fs::write(dir.join("slurm-42.out"), format!("{log}{rate}{tail}")).unwrap();
+        let got = read(tmp.path());
+        assert_eq!(got.runs.len(), 1, "{:#?}", got.problems);
+        let r = &got.runs[0].row;
+        (r.status, r.status_detail.clone().unwrap_or_default(), Tables::build(&got.runs).scaling.len())
+    };
+    let ok = status("");
+    assert_eq!((ok.0, ok.2), (Status::Ok, 1));
+    let (st, detail, scaling) =
+        status("slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT 2026-11-20T10:00:00 DUE TO TIME LIMIT ***\n");
+    assert_eq!((st, scaling), (Status::Timeout, 0));
+    assert!(detail.contains("time limit"), "{detail}");
+    assert_eq!(status("slurmstepd: error: Detected 1 oom_kill event in StepId=42.0.\n").0, Status::Oom);
+    assert_eq!(
+        status("slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT 2026-11-20T10:00:00 ***\n").0,
+        Status::Cancelled
+    );
+}
