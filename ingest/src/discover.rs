@@ -182,9 +182,10 @@ pub fn discover(roots: &[PathBuf], skip: &[PathBuf]) -> Discovered {
     // and are read as side files there, never as a separate foreign run.
     let side: BTreeSet<PathBuf> = out.run_dirs.iter().flat_map(|r| side_dirs(&r.dir)).collect();
     // So does a console capture named after a run folder beside it (`runs/X.out` next to
-    // `runs/X/`, as scripts that start one run after another keep them): it quotes the run's
-    // errors (an OOM's message), which would otherwise make a phantom foreign run of its own.
-    let runs: BTreeSet<&Path> = out.run_dirs.iter().map(|r| r.dir.as_path()).collect();
+    // `runs/X/`, as scripts that start one run after another keep them, or next to the
+    // launcher's `runs/X/` above `runs/X/logs/`): it quotes the run's errors (an OOM's message),
+    // which would otherwise make a phantom foreign run of its own.
+    let runs: BTreeSet<PathBuf> = out.run_dirs.iter().flat_map(|r| side_dirs(&r.dir)).collect();
     let names_a_run = |file: &Path| match (file.parent(), file.file_stem()) {
         (Some(dir), Some(stem)) => runs.contains(dir.join(stem).as_path()),
         _ => false,

@@ -264,6 +264,13 @@ fn console_captures_beside_run_folders_are_not_runs() {
     std::fs::write(root.join("ds_z2.log"), oom_text).unwrap();
     let rows = Tables::build(&read(&root).runs).runs;
     assert_eq!(rows.len(), 3, "{:?}", rows.iter().map(|r| &r.run_id).collect::<Vec<_>>());
+    // The launcher's layout (`runs/X/logs/rank0.jsonl`): `runs/X.out` names the run folder
+    // above the logs.
+    let launcher = tmp.path().join("launcher");
+    oom.write(&launcher.join("gpt2-xl_z0_mb64/logs")).unwrap();
+    std::fs::write(launcher.join("gpt2-xl_z0_mb64.out"), oom_text).unwrap();
+    let rows = Tables::build(&read(&launcher).runs).runs;
+    assert_eq!(rows.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(), ["gpt2-xl_z0_mb64"]);
 }
 
 /// One run id in two input folders: both runs are kept, named with their folders, and the clash
