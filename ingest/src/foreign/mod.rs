@@ -145,7 +145,7 @@ fn read_dir(dir: &ForeignDir, settings: &Settings) -> (Vec<RunReport>, Vec<Probl
     let mut files: Vec<(PathBuf, ForeignLogs)> = Vec::new();
     for path in &dir.files {
         let mut logs = ForeignLogs::default();
-        match scan(path, &mut logs) {
+        match scan(path, &mut logs, &mut problems) {
             Ok((lines, bytes)) => stats.add(&ReadStats { files: 1, bytes, lines, bad_lines: 0 }),
             Err(e) => problems.push(Problem::file(path, ProblemKind::Io { message: e.to_string() })),
         }
@@ -323,20 +323,50 @@ fn attribute_smi(path: &Path, smi: &NvidiaSmi, groups: &mut [Group], problems: &
     }
 }
 
-/// Scans one file into `logs`; returns its lines and bytes. Over-long lines (progress bars
-/// redrawn with `\r`) are skipped.
-pub fn scan(path: &Path, logs: &mut ForeignLogs) -> std::io::Result<(u64, u64)> {
+/// Scans one file into `logs`; returns its lines and bytes. A carriage return ends a line as a
+/// newline does ([`CrEndsLines`]); a line over the limit is skipped and reported in `problems`.
+pub fn scan(path: &Path, logs: &mut ForeignLogs, problems: &mut Vec<Problem>) -> std::io::Result<(u64, u64)> {
     let file = File::open(path)?;
     let bytes = file.metadata()?.len();
     // nvidia-smi's GPU indices are unique within one file (one node) only.
     logs.smi.file = path.to_path_buf();
-    let lines = for_each_line(file, 0, u64::MAX, MAX_LINE, BLOCK, |_, line| {
-        if let Line::Full(b) | Line::Unterminated(b) = line {
-            logs.line(&String::from_utf8_lossy(b));
+    let lines = for_each_line(CrEndsLines(file), 0, u64::MAX, MAX_LINE, BLOCK, |n, line| {
+        match line {
+            Line::Full(b) | Line::Unterminated(b) => logs.line(&String::from_utf8_lossy(b)),
+            Line::TooLong(len) => problems.push(Problem::at_line(
+                path,
+                n,
+                ProblemKind::LineTooLong { bytes: len, limit: MAX_LINE as u64 },
+            )),
         }
         ControlFlow::Continue(())
     })?;
     Ok((lines, bytes))
+}
+
+/// A file read with every carriage return as a newline. Progress bars (tqdm's, a Trainer's)
+/// redraw their line with `\r` and no `\n`, so a job's output can hold megabytes between two
+/// newlines with the Trainer's result at their end: split on `\n` alone, all of it is one line
+/// over the limit, and the run is lost. A `\r\n` becomes an empty line, which no reader takes.
+struct CrEndsLines<R>(R);
+
+impl<R: std::io::Read> std::io::Read for CrEndsLines<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.0.read(buf)?;
+        let read = &mut buf[..n];
+        let mut at = 0;
+        while let Some(i) = memchr::memchr(b'\r', &read[at..]) {
+            read[at + i] = b'\n';
+            at += i + 1;
+        }
+        Ok(n)
+    }
+}
+
+impl<R: std::io::Seek> std::io::Seek for CrEndsLines<R> {
+    fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
+        self.0.seek(pos)
+    }
 }
 
 const GIB: f64 = (1u64 << 30) as f64;

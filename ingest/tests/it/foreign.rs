@@ -2,7 +2,7 @@
 //! recognised and its numbers reported.
 
 use zerobench_ingest::tables::Tables;
-use zerobench_ingest::{RunRow, Source, Status};
+use zerobench_ingest::{ProblemKind, RunRow, Source, Status};
 use zerobench_schema::{Offload, Precision, ZeroStage};
 
 use crate::common::{foreign_fixtures, read, trainer_summary};
@@ -414,4 +414,31 @@ fn slurms_verdict_in_a_foreign_runs_output_is_its_end() {
         status("slurmstepd: error: *** JOB 42 ON n1 CANCELLED AT 2026-11-20T10:00:00 ***\n").0,
         Status::Cancelled
     );
+}
+
+/// A Slurm output whose progress bar redraws one line 20,000 times with `\r` (over a MiB without
+/// a newline), the Trainer's result at its end: the result is read (a carriage return ends a line),
+/// and CRLF line ends change nothing. A line over the limit without any is skipped and reported
+/// with its file and line, not dropped in silence.
+#[test]
+fn progress_bars_redrawn_with_carriage_returns_do_not_hide_the_result() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("gpt2_z2_mbs8_2gpus");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bar: String =
+        (0..20_000).map(|i| format!("\r {:3}%|#####     | {i}/20000 [01:00<00:00, 7.8it/s]", i / 200)).collect();
+    assert!(bar.len() > 1 << 20);
+    let result = "{'train_runtime': 512.25, 'train_samples_per_second': 62.47, 'train_steps_per_second': 7.809, 'train_loss': 3.6325, 'epoch': 1.0}";
+    std::fs::write(dir.join("slurm-42.out"), format!("starting\r\n{bar}{result}\r\n")).unwrap();
+    let got = read(tmp.path());
+    assert!(got.problems.is_empty(), "{:#?}", got.problems);
+    assert_eq!(got.runs.len(), 1);
+    assert_eq!(got.runs[0].row.samples_per_s, Some(62.47));
+
+    std::fs::write(dir.join("slurm-42.out"), format!("{}\n{result}\n", "x".repeat(2 << 20))).unwrap();
+    let got = read(tmp.path());
+    assert_eq!(got.runs.len(), 1);
+    let long: Vec<_> = got.problems.iter().filter(|p| matches!(p.kind, ProblemKind::LineTooLong { .. })).collect();
+    assert_eq!(long.len(), 1, "{:#?}", got.problems);
+    assert_eq!((long[0].path.clone(), long[0].line), (dir.join("slurm-42.out"), Some(1)));
 }
