@@ -224,20 +224,20 @@ fn group(dir: &Path, files: Vec<(PathBuf, ForeignLogs)>, one_run: bool, problems
     }
     let own = |p: &Path, l: &ForeignLogs| identity::from_deepspeed(&l.deepspeed.config).or(identity::from_file_name(p));
     let named = run_logs.iter().any(|(p, l)| own(p, l) != Hints::default());
+    let skeleton = |name: &str| name.chars().filter(|c| !c.is_ascii_digit()).collect::<String>();
     for (path, logs) in &run_logs {
         let hints = own(path, logs);
+        let name = stem(path);
+        // Files that cannot be one run's are never joined, whatever else they share.
+        let can_join = |g: &Group| !apart((&g.name, &g.logs), (&name, logs));
         if hints != Hints::default() {
             let h = hints.clone();
-            join(&mut groups, &|g: &Group| g.own == h, stem(path), hints, logs);
+            join(&mut groups, &|g: &Group| g.own == h && can_join(g), name.clone(), hints, logs);
         } else if !named {
-            join(&mut groups, &|_: &Group| true, stem(path), hints, logs);
+            join(&mut groups, &can_join, name.clone(), hints, logs);
         } else {
-            let skeleton: String = stem(path).chars().filter(|c| !c.is_ascii_digit()).collect();
-            let key = |g: &Group| {
-                g.own == Hints::default()
-                    && g.name.chars().filter(|c| !c.is_ascii_digit()).collect::<String>() == skeleton
-            };
-            join(&mut groups, &key, stem(path), hints, logs);
+            let key = |g: &Group| g.own == Hints::default() && skeleton(&g.name) == skeleton(&name) && can_join(g);
+            join(&mut groups, &key, name.clone(), hints, logs);
         }
     }
     if groups.len() == 1 {
@@ -249,6 +249,20 @@ fn group(dir: &Path, files: Vec<(PathBuf, ForeignLogs)>, one_run: bool, problems
         attribute_smi(path, &smi.smi, &mut groups, problems);
     }
     groups
+}
+
+/// Whether two files (or a file and the files joined so far), each by its name and what it holds,
+/// cannot be one run's: both print time stamps and their spans do not meet (a run's ranks log at
+/// once; a sweep's logs one after another), or both hold a Trainer result and their names differ
+/// in more than digits (the Trainer prints its result once, from the main process of a node:
+/// `node0.log` and `node1.log` may each hold one, `bert-base.log` and `bert-large.log` are two
+/// runs).
+fn apart(a: (&str, &ForeignLogs), b: (&str, &ForeignLogs)) -> bool {
+    let span = |l: &ForeignLogs| l.deepspeed.first_ts.zip(l.deepspeed.last_ts);
+    let disjoint = matches!((span(a.1), span(b.1)), (Some((a0, a1)), Some((b0, b1))) if a1 < b0 || b1 < a0);
+    let skeleton = |name: &str| name.chars().filter(|c| !c.is_ascii_digit()).collect::<String>();
+    let two_results = !a.1.hf.results.is_empty() && !b.1.hf.results.is_empty() && skeleton(a.0) != skeleton(b.0);
+    disjoint || two_results
 }
 
 /// Joins the files of one name but the extension (`X.out` and `X.err`: Slurm's `--output` and

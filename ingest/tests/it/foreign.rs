@@ -442,3 +442,43 @@ fn progress_bars_redrawn_with_carriage_returns_do_not_hide_the_result() {
     assert_eq!(long.len(), 1, "{:#?}", got.problems);
     assert_eq!((long[0].path.clone(), long[0].line), (dir.join("slurm-42.out"), Some(1)));
 }
+
+/// Files that cannot be one run's are not joined, whatever they share: two DeepSpeed logs of one
+/// printed configuration run half an hour apart (a sweep over what the configuration does not
+/// print) are two runs, while the same logs at one time (two ranks) are one; Trainer results in
+/// files named apart (`bert-base.log`, `bert-large.log`) are a run each, in files named alike but
+/// for digits (`node0.log`, `node1.log`) one.
+#[test]
+fn logs_that_cannot_be_one_runs_are_not_joined() {
+    let log = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/mixed/gpt2-medium-flat/ds_engine_z2_mbs8.log"),
+    )
+    .unwrap();
+    let later = log.replace("2026-11-20 10:0", "2026-11-20 10:3");
+    let runs = |files: &[(&str, &str)]| {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("sweep");
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        let mut ids: Vec<String> = read(tmp.path()).runs.into_iter().map(|r| r.row.run_id).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(
+        runs(&[("gpt2-medium_seq512.log", &log), ("gpt2-medium_seq2048.log", &later)]),
+        ["sweep/gpt2-medium_seq2048", "sweep/gpt2-medium_seq512"]
+    );
+    assert_eq!(runs(&[("rank0.log", &log), ("rank1.log", &log)]), ["sweep"]);
+    let result = |samples: f64| {
+        format!("{{'train_runtime': 100.0, 'train_samples_per_second': {samples}, 'train_steps_per_second': 5.0, 'train_loss': 1.0, 'epoch': 1.0}}\n")
+    };
+    let (a, b, c) = (result(500.0), result(100.0), result(90.0));
+    assert_eq!(
+        runs(&[("bert-base.log", &a), ("bert-large.log", &b), ("roberta-large.log", &c)]),
+        ["sweep/bert-base", "sweep/bert-large", "sweep/roberta-large"]
+    );
+    assert_eq!(runs(&[("node0.log", &a), ("node1.log", &b)]), ["sweep"]);
+}
