@@ -22,10 +22,16 @@
 //!   run, to attribute a shared nvidia-smi log by time;
 //! * failures: `CUDA out of memory` / `OutOfMemoryError` (an OOM), a Python traceback's final
 //!   `SomethingError: ...` line (a failure).
+//!
+//! A line's ANSI colour escapes (`\x1b[32m ... \x1b[0m`, as coloured loggers print) are taken
+//! out before it is read ([`strip_ansi`]); figures that measure nothing (`nan`, `inf`, negative)
+//! are no figures ([`quantity`]).
 
 use std::sync::LazyLock;
 
 use regex::Regex;
+
+use super::text::{checked, quantity, strip_ansi};
 
 static MEMORY: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"\bMA ([0-9.]+) GB\s+Max_MA ([0-9.]+) GB\s+CA ([0-9.]+) GB\s+Max_CA ([0-9.]+) GB").expect("valid regex")
@@ -163,6 +169,8 @@ fn max_into(slot: &mut Option<f64>, v: f64) {
 impl DeepSpeed {
     /// Reads one line; returns whether it was a DeepSpeed line.
     pub fn line(&mut self, line: &str) -> bool {
+        let line = strip_ansi(line);
+        let line: &str = &line;
         let known = self.read_line(line);
         if known {
             if let Some(t) = stamp(line) {
@@ -190,7 +198,7 @@ impl DeepSpeed {
             return true;
         }
         if let Some(c) = MEMORY.captures(line) {
-            let v = |i: usize| c.get(i).and_then(|m| m.as_str().parse::<f64>().ok());
+            let v = |i: usize| c.get(i).and_then(|m| quantity(m.as_str()));
             if let (Some(ma), Some(max_ma), Some(ca), Some(max_ca)) = (v(1), v(2), v(3), v(4)) {
                 max_into(&mut self.allocated_gib, ma.max(max_ma));
                 max_into(&mut self.reserved_gib, ca.max(max_ca));
@@ -260,7 +268,7 @@ impl DeepSpeed {
         }
         let mut found = false;
         for c in KEY_VALUE.captures_iter(line) {
-            let Some(v) = c.get(2).and_then(|m| m.as_str().parse::<f64>().ok()) else { continue };
+            let Some(v) = c.get(2).and_then(|m| quantity(m.as_str())) else { continue };
             match &c[1] {
                 "RunningAvgSamplesPerSec" => self.running_avg_samples_per_s = Some(v),
                 "MemAllocated" | "MaxMemAllocated" => max_into(&mut self.allocated_gib, v),
@@ -398,7 +406,7 @@ fn breakdown(rest: &str) -> Option<(Breakdown, Timers)> {
     let (mut fwd, mut bwd) = (None, false);
     for part in rest.split('|') {
         let Some((k, v)) = part.split_once(':') else { continue };
-        let Ok(v) = v.trim().parse::<f64>() else { continue };
+        let Some(v) = quantity(v) else { continue };
         match k.trim() {
             "fwd_microstep" | "forward_microstep" => {
                 b.forward = v;
@@ -425,7 +433,7 @@ fn breakdown(rest: &str) -> Option<(Breakdown, Timers)> {
 /// `60 ms`, `1.2 s`, `850 us` → ms.
 fn ms(v: &str) -> Option<f64> {
     let (num, unit) = split_unit(v)?;
-    Some(match unit {
+    checked(match unit {
         "ms" => num,
         "s" => num * 1e3,
         "us" => num / 1e3,
@@ -445,13 +453,13 @@ fn scaled(v: &str) -> Option<f64> {
         Some('P') => 1e15,
         Some(_) => 1.0,
     };
-    Some(num * mult)
+    checked(num * mult)
 }
 
 fn split_unit(v: &str) -> Option<(f64, &str)> {
     let v = v.trim();
     let (num, unit) = v.split_once(char::is_whitespace).unwrap_or((v, ""));
-    Some((num.parse().ok()?, unit.trim()))
+    Some((quantity(num)?, unit.trim()))
 }
 
 fn profile_line(p: &mut Profile, line: &str) {
@@ -465,7 +473,7 @@ fn profile_line(p: &mut Profile, line: &str) {
         "bwd latency" => p.bwd_ms = ms(value),
         "step latency" => p.step_ms = ms(value),
         "iter latency" => p.iter_ms = ms(value),
-        "samples/second" => p.samples_per_s = value.trim().parse().ok(),
+        "samples/second" => p.samples_per_s = quantity(value),
         "fwd flops per gpu" => p.fwd_flops_per_gpu = scaled(value),
         k if k.starts_with("flops per gpu") => p.tflops_per_gpu = scaled(value).map(|f| f / 1e12),
         _ => {}
@@ -691,6 +699,55 @@ mod tests {
         }
         assert_eq!(d.memory_phases.len(), MAX_MEMORY_PHASES);
         assert_eq!(d.allocated_gib, Some((MAX_MEMORY_PHASES + 5) as f64));
+    }
+
+    /// Colour escapes around a DeepSpeed line (a coloured logger's) are no part of it: its
+    /// figures and its time stamp are read as without them.
+    #[test]
+    fn ansi_colours_around_lines() {
+        let mut d = DeepSpeed::default();
+        assert!(d.line(
+            "\x1b[32m[2026-11-20 10:00:05,000] [INFO] [logging.py:96:log_dist] [Rank 0] time (ms) | \
+             fwd_microstep: 10.00 | bwd_microstep: 20.00 | step_microstep: 70.00\x1b[0m"
+        ));
+        assert!(d.line(
+            "[2026-11-20 10:00:09,000] [INFO] [timer.py:260:stop] \x1b[1;33mRunningAvgSamplesPerSec=120.5\x1b[m"
+        ));
+        assert_eq!(
+            d.optimizer_steps(None),
+            [Breakdown { forward: 10.0, backward: 20.0, optimizer: 70.0, allreduce: None }]
+        );
+        assert_eq!(d.running_avg_samples_per_s, Some(120.5));
+        assert_eq!((d.first_ts.map(|t| t % 60.0), d.last_ts.map(|t| t % 60.0)), (Some(5.0), Some(9.0)));
+        assert!(matches!(strip_ansi("plain | fwd: 1"), std::borrow::Cow::Borrowed("plain | fwd: 1")));
+        assert_eq!(strip_ansi("\x1b[1;31mRuntimeError\x1b[0m: x \x1b[38;5;208mred\x1b[K"), "RuntimeError: x red");
+        // A sequence cut short by the line's end; an escape that is no CSI is left.
+        assert_eq!(strip_ansi("a\x1b[0"), "a");
+        assert_eq!(strip_ansi("a\x1bb"), "a\x1bb");
+    }
+
+    /// `nan`, infinite, overflowing and negative figures measure nothing: each is read as if its
+    /// field were absent (a breakdown without its forward time is no step).
+    #[test]
+    fn figures_that_measure_nothing_are_no_figures() {
+        let mut d = DeepSpeed::default();
+        assert!(!d.line("time (ms) | fwd_microstep: nan | bwd_microstep: 20.00 | step_microstep: 70.00"));
+        assert!(!d.line("time (ms) | fwd_microstep: inf | bwd_microstep: 20.00 | step_microstep: 70.00"));
+        assert!(d.line("time (ms) | fwd: 1 | bwd: 2 | bwd_allreduce: -3 | step: -4"));
+        assert_eq!(
+            d.optimizer_steps(None),
+            [Breakdown { forward: 1.0, backward: 2.0, optimizer: 0.0, allreduce: None }]
+        );
+        assert!(!d.line("[INFO] [timer.py:260:stop] RunningAvgSamplesPerSec=-50"));
+        assert!(!d.line("[INFO] [timer.py:260:stop] MemAllocated=1e400GB, MaxMemAllocated=nan"));
+        assert!(d.line("[INFO] [timer.py:260:stop] RunningAvgSamplesPerSec=NaN, MaxMemAllocated=0.5GB"));
+        assert_eq!((d.running_avg_samples_per_s, d.allocated_gib), (None, Some(0.5)));
+        assert_eq!((ms("-5 ms"), ms("1e308 s"), ms("nan ms")), (None, None, None));
+        assert_eq!((scaled("1e300 P"), scaled("-2.35 TFLOPS"), scaled("inf")), (None, None, None));
+        let mut p = Profile::default();
+        profile_line(&mut p, "samples/second:                                                         -196.88");
+        profile_line(&mut p, "iter latency:                                                           nan ms");
+        assert_eq!((p.samples_per_s, p.iter_ms), (None, None));
     }
 
     /// Offload from the stage-1/2 optimizer's line (either answer) and from the ZeRO config

@@ -10,8 +10,9 @@
 //!    GPU);
 //! 3. the names of the folders below the ingest root (the folder given to `zerobench ingest`),
 //!    down to the run's: `z1`/`zero1`/`stage1`, `mbs8`/`bs8`/`tmbspg8` (DeepSpeed autotuner),
-//!    `gas2`, `offload`, `bf16`/`fp16`/`fp32`, `8gpus`/`gpus8`, and a model preset name
-//!    (`t5-large`, `gpt2-xl`, also without the dash).
+//!    `gas2`, `offload` (`no-offload`, `offload-none`: none), `bf16`/`fp16`/`fp32`,
+//!    `8gpus`/`gpus8`, and a model preset name as a whole token (`t5-large`, `gpt2-xl`, also
+//!    without the dash; `mlperf` is no `mlp`).
 //!
 //! Key by key: what a `run.json` lacks comes from the logs, then from the names.
 
@@ -170,7 +171,7 @@ static GPUS: LazyLock<Regex> = LazyLock::new(|| {
 /// Hints from the names of the folders from `root` (exclusive) down to `dir` (inclusive).
 /// The grammar (case-insensitive, tokens anywhere in a name): `z2`/`zero2`/`stage2`/`zero_stage2`
 /// (ZeRO stage), `mbs8`/`bs8`/`micro_batch8`/`tmbspg8` (micro-batch), `gas2` (accumulation),
-/// `offload` (optimizer offload), `bf16`/`fp16`/`fp32`, `4gpus`/`gpus4`, `2nodes`/`nodes2` (not
+/// `offload` (optimizer offload; `no-offload`, `offload-none` and the like: none), `bf16`/`fp16`/`fp32`, `4gpus`/`gpus4`, `2nodes`/`nodes2` (not
 /// `gpu3` or `node1`: a GPU's or a node's index), and a model preset name (`t5-large`, `gpt2-xl`, also without the dash).
 ///
 /// Only the path below the root counts: the folders above it (and the root's own name) are where
@@ -240,7 +241,8 @@ fn fill_from_name(h: &mut Hints, name: &str) {
     h.world_size = h.world_size.or_else(|| cap(&GPUS).filter(|n| *n > 0));
     h.nodes = h.nodes.or_else(|| cap(&NODES).filter(|n| *n > 0));
     if h.offload.is_none() && c.contains("offload") {
-        h.offload = Some(Offload::Optimizer);
+        // `no-offload`, `offload_none` and the like say there is none.
+        h.offload = Some(if NO_OFFLOAD.is_match(&c) { Offload::None } else { Offload::Optimizer });
     }
     if h.precision.is_none() {
         h.precision = ["bf16", "fp16", "fp32"].iter().find(|p| c.contains(*p)).and_then(|p| p.parse().ok());
@@ -250,16 +252,38 @@ fn fill_from_name(h: &mut Hints, name: &str) {
     }
 }
 
-/// The longest model preset name in a folder name, dashes optional.
-fn model_in(component: &str) -> Option<String> {
-    let squashed: String = component.chars().filter(|c| *c != '-' && *c != '_').collect();
+/// `offload` negated: a `no`, `non`, `wo` or `without` token before it (`no-offload`,
+/// `nooffload`, `without_offload`), or a `none`, `no`, `off`, `false` or `disabled` one after it
+/// (`offload-none`, `offload_off`).
+static NO_OFFLOAD: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?:^|[^\pL\pN])(?:no|non|wo|without)[-_. ]?offload|offload[-_. ]?(?:none|no|off|false|disabled?)(?:$|[^\pL\pN])",
+    )
+    .expect("valid regex")
+});
+
+/// Each model preset's name as a token of a (lower-case) name: the characters before and after
+/// it, if any, are neither letters nor digits (so `mlperf` is no `mlp`, `distilgpt2` no `gpt2`,
+/// `tinybert` no `tiny`), and the dashes within it may be written `-`, `_` or not at all
+/// (`gpt2_xl`, `gpt2xl`, `t5large`).
+static PRESETS: LazyLock<Vec<(&'static str, Regex)>> = LazyLock::new(|| {
     ModelPreset::ALL
         .iter()
-        .map(|p| p.as_str())
-        .filter(|name| {
-            let n: String = name.chars().filter(|c| *c != '-').collect();
-            component.contains(name) || squashed.contains(&n)
+        .map(|p| {
+            let name = p.as_str();
+            let parts: Vec<String> = name.split('-').map(regex::escape).collect();
+            let re = format!(r"(?:^|[^\pL\pN]){}(?:$|[^\pL\pN])", parts.join("[-_]?"));
+            (name, Regex::new(&re).expect("valid regex"))
         })
+        .collect()
+});
+
+/// The longest model preset name in a folder name, as a token of it, dashes optional.
+fn model_in(component: &str) -> Option<String> {
+    PRESETS
+        .iter()
+        .filter(|(_, re)| re.is_match(component))
+        .map(|(name, _)| *name)
         .max_by_key(|name| name.len())
         .map(str::to_string)
 }
@@ -287,6 +311,66 @@ mod tests {
         // Dashes and underscores alike are left out when names are compared.
         assert_eq!(from_path(none, Path::new("gpt2_xl_run")).model.as_deref(), Some("gpt2-xl"));
         assert_eq!(from_path(none, Path::new("plain")), Hints::default());
+    }
+
+    /// A model preset is a whole token of a name: a longer word that begins or ends with one
+    /// (`mlperf`, `distilgpt2`, `tinybert`) is another model; a preset's dashes may still be
+    /// `_` or left out, and `.` and `/` separate tokens too.
+    #[test]
+    fn model_presets_are_whole_tokens() {
+        for other in [
+            "mlperf_bert_z2_mbs8_8gpus",
+            "distilgpt2_z2_mbs8_8gpus",
+            "tinybert_z2_mbs8_8gpus",
+            "gpt2x",
+            "xgpt2",
+            "mt5-small",
+            "t5-smaller",
+            "gpt2xl2",
+            "bert-base",
+        ] {
+            assert_eq!(model_in(other), None, "{other}");
+        }
+        for (name, want) in [
+            ("gpt2", "gpt2"),
+            ("gpt2xl", "gpt2-xl"),
+            ("gpt2_xl_run", "gpt2-xl"),
+            ("x.gpt2-medium.y", "gpt2-medium"),
+            ("runs/t5large/z2", "t5-large"),
+            ("ds-zero3-offload-t5large-bs32", "t5-large"),
+            ("z2_mbs8_mlp_1gpus", "mlp"),
+            ("tiny_t5_z1", "tiny-t5"),
+            ("tiny-llama", "tiny-llama"),
+            ("tiny", "tiny"),
+            ("mistral7b-bf16", "mistral-7b"),
+        ] {
+            assert_eq!(model_in(name).as_deref(), Some(want), "{name}");
+        }
+        assert_eq!(from_path(Path::new(""), Path::new("mlperf_bert_z2_mbs8")).model, None);
+    }
+
+    /// `offload` negated (`no-offload`, `offload_none`, ...) is no offload, not optimizer offload;
+    /// `offload` alone, or next to another word, is the optimizer's.
+    #[test]
+    fn offload_negated_in_names_is_none() {
+        let offload = |name: &str| from_path(Path::new(""), Path::new(name)).offload;
+        for none in [
+            "gpt2_z2_mbs8_2gpus_no-offload",
+            "no_offload",
+            "nooffload",
+            "z2-offload-none",
+            "offload_none_z2",
+            "without-offload",
+            "wo_offload",
+            "offload-off",
+            "offload_false",
+        ] {
+            assert_eq!(offload(none), Some(Offload::None), "{none}");
+        }
+        for on in ["z2_offload", "cpu-offload", "cpuoffload", "offload-nodes2", "nano-offload", "two_offload"] {
+            assert_eq!(offload(on), Some(Offload::Optimizer), "{on}");
+        }
+        assert_eq!(offload("z2_mbs8"), None);
     }
 
     /// A count of 0 GPUs or nodes in a name is no count (`gpu0` is a GPU's index): it stays

@@ -42,6 +42,7 @@ pub mod deepspeed;
 pub mod hf_trainer;
 pub mod identity;
 pub mod nvidia_smi;
+pub mod text;
 
 use std::fs::File;
 use std::ops::ControlFlow;

@@ -12,6 +12,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use super::text::quantity;
+
 /// Which GPU a row is of.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum GpuKey {
@@ -72,6 +74,8 @@ const MAX_SAMPLES: usize = 1 << 16;
 impl NvidiaSmi {
     /// Reads one line; returns whether it was part of an nvidia-smi CSV log.
     pub fn line(&mut self, line: &str) -> bool {
+        // A file saved with a byte order mark has it before the header's first field.
+        let line = line.strip_prefix('\u{feff}').unwrap_or(line);
         let cells: Vec<&str> = line.split(',').map(str::trim).collect();
         if let Some(c) = header(&cells) {
             self.columns = Some(c);
@@ -79,8 +83,10 @@ impl NvidiaSmi {
             return true;
         }
         let Some(cols) = &self.columns else { return false };
-        if cells.len() != cols.n {
-            self.columns = None;
+        // Another program's line in the same file (a training script's output in one Slurm
+        // `.out`, a blank line) is no sample: it is skipped, and the header still holds for the
+        // rows after it.
+        if !cols.is_sample(&cells) {
             return false;
         }
         let key = match cols.uuid {
@@ -110,6 +116,18 @@ impl NvidiaSmi {
     }
 }
 
+impl Columns {
+    /// Whether a line's cells are a sample row under this header: as many cells as it has
+    /// fields, and a number (its unit after it, or none) or a bracketed `[N/A]`-like word in
+    /// each column of memory or power.
+    fn is_sample(&self, cells: &[&str]) -> bool {
+        let numeric = |cell: &str| {
+            cell.starts_with('[') || cell.split_whitespace().next().is_some_and(|t| t.parse::<f64>().is_ok())
+        };
+        cells.len() == self.n && [self.used, self.total, self.power].into_iter().flatten().all(|i| numeric(cells[i]))
+    }
+}
+
 fn header(cells: &[&str]) -> Option<Columns> {
     if cells.len() < 2 || !cells.iter().any(|c| c.starts_with("memory.used")) {
         return None;
@@ -133,7 +151,7 @@ fn header(cells: &[&str]) -> Option<Columns> {
 
 /// `1234 MiB`, `62.07 W`, `97 %`, `1234` → the number; `[N/A]` → none.
 fn number(cell: &str) -> Option<f64> {
-    cell.split_whitespace().next()?.parse().ok().filter(|v: &f64| v.is_finite())
+    quantity(cell.split_whitespace().next()?)
 }
 
 /// `2024/03/20 16:22:18.301` → seconds since 1970 (UTC is assumed; only differences are used).
@@ -142,7 +160,7 @@ pub fn timestamp(cell: &str) -> Option<f64> {
     let mut d = date.split(['/', '-']).map(|x| x.parse::<i64>().ok());
     let (y, m, day) = (d.next()??, d.next()??, d.next()??);
     let mut t = time.split(':');
-    let (h, mi, s) = (t.next()?.parse::<f64>().ok()?, t.next()?.parse::<f64>().ok()?, t.next()?.parse::<f64>().ok()?);
+    let (h, mi, s) = (quantity(t.next()?)?, quantity(t.next()?)?, quantity(t.next()?)?);
     // Days from civil (Howard Hinnant's algorithm).
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
@@ -239,6 +257,7 @@ impl GpuSamples {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::foreign::text::checked;
 
     /// The key of GPU `i` of a log read without a file name (as these tests read lines).
     fn index(i: &str) -> GpuKey {
@@ -321,6 +340,51 @@ mod tests {
         assert_eq!(smi.lines, 3);
         assert_eq!(smi.gpus[&index("0")].mean_power_w(), Some(150.0));
         assert_eq!(smi.gpus[&index("0")].max_used_mib, Some(1200.0));
+    }
+
+    /// A line of another program between the rows (a training script writing to the same Slurm
+    /// `.out`, a blank line, a line of as many commas but no figures) is no sample and leaves the
+    /// header in force: the rows after it are read.
+    #[test]
+    fn a_stray_line_keeps_the_header() {
+        let mut smi = NvidiaSmi::default();
+        assert!(smi.line("timestamp, index, name, memory.used [MiB], power.draw [W]"));
+        assert!(smi.line("2026/11/20 10:00:00.000, 0, NVIDIA H100 80GB HBM3, 20000 MiB, 300.00 W"));
+        for stray in ["Epoch 0: loss=3.21", "", "Epoch 0, step 3, gpu 0, loss 3.21, lr 1e-4"] {
+            assert!(!smi.line(stray), "{stray:?}");
+        }
+        assert!(smi.line("2026/11/20 10:00:01.000, 0, NVIDIA H100 80GB HBM3, 60000 MiB, 500.00 W"));
+        assert!(smi.line("2026/11/20 10:00:02.000, 0, NVIDIA H100 80GB HBM3, [N/A], [N/A]"));
+        assert_eq!(smi.lines, 4);
+        let g = &smi.gpus[&index("0")];
+        assert_eq!((smi.gpus.len(), g.used.len(), g.max_used_mib), (1, 2, Some(60000.0)));
+    }
+
+    /// A CSV saved with a UTF-8 byte order mark has it before the header: the header is read.
+    #[test]
+    fn a_byte_order_mark_before_the_header() {
+        let mut smi = NvidiaSmi::default();
+        assert!(smi.line("\u{feff}index, memory.used [MiB], power.draw [W]"));
+        assert!(smi.line("0, 1000 MiB, 100.0 W"));
+        assert_eq!(smi.gpus[&index("0")].max_used_mib, Some(1000.0));
+    }
+
+    /// `nan`, infinite, overflowing and negative figures measure nothing: no value, as `[N/A]`.
+    #[test]
+    fn impossible_figures_are_no_values() {
+        for bad in ["nan", "NaN", "inf", "-inf", "1e400", "-5", "-0.5", "x", ""] {
+            assert_eq!(quantity(bad), None, "{bad}");
+        }
+        assert_eq!((quantity(" 12.5 "), quantity("0"), quantity("1e3")), (Some(12.5), Some(0.0), Some(1000.0)));
+        assert!(quantity("-0").is_some_and(|v| v.is_sign_positive()));
+        assert_eq!((checked(f64::MAX * 2.0), checked(-1.0), checked(3.0)), (None, None, Some(3.0)));
+        let mut smi = NvidiaSmi::default();
+        assert!(smi.line("index, memory.used [MiB], memory.total [MiB], power.draw [W]"));
+        assert!(smi.line("0, nan MiB, 1e400 MiB, -50.00 W"));
+        assert!(smi.line("0, 1000 MiB, 81559 MiB, 300.00 W"));
+        let g = &smi.gpus[&index("0")];
+        assert_eq!((g.max_used_mib, g.total_mib, g.mean_power_w()), (Some(1000.0), Some(81559.0), Some(300.0)));
+        assert_eq!(timestamp("2024/03/20 nan:22:18"), None);
     }
 
     /// Samples that all share one time stamp span no time: their mean power, not a division by
