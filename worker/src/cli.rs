@@ -54,8 +54,8 @@ pub struct Args {
     /// Sequences per rank per micro-step.
     #[arg(long, default_value_t = 1)]
     pub micro_batch: u32,
-    /// Tokens per sequence; T5: input tokens; MLP: vectors per sample [default: the preset's,
-    /// 1024 for GPT-2, 512 for T5].
+    /// Tokens per sequence; T5: input tokens; MLP: vectors per sample [default: the preset's:
+    /// GPT-2 its positions up to 1024 (tiny 256), Llama 1024, T5 512, MLP 1].
     #[arg(long)]
     pub seq_len: Option<u32>,
     /// T5: target (decoder) tokens per sequence [default: a quarter of --seq-len, at least 1].
