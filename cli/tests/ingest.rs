@@ -144,7 +144,7 @@ fn a_log_claiming_four_billion_ranks_costs_what_it_holds() {
     // 1: the result is incomplete (ranks are missing), not a crash.
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
     assert!(
-        text(&o.stderr).contains("4294967294 of 4294967295 rank logs missing (ranks 1-4294967294)"),
+        text(&o.stderr).contains("4294967294 of 4294967295 rank logs of run hostile missing (ranks 1-4294967294)"),
         "{}",
         text(&o.stderr)
     );

@@ -115,8 +115,13 @@ fn plan_dir(dir: &Path, files: Vec<(&RankFile, StartRead)>, problems: &mut Vec<P
             no_start(problems);
         }
         if rank >= reference.world_size {
-            let what = format!("rank {rank} is not below world size {}", reference.world_size);
-            problems.push(Problem::file(&rf.path, ProblemKind::Inconsistent { reference_rank: reference.rank, what }));
+            // A file without a start record was reported as such above: its name's rank is no
+            // record's to disagree with.
+            if matches!(read, StartRead::Found(_)) {
+                let what = format!("rank {rank} is not below world size {}", reference.world_size);
+                problems
+                    .push(Problem::file(&rf.path, ProblemKind::Inconsistent { reference_rank: reference.rank, what }));
+            }
             continue;
         }
         let ranks = members.entry(run_id).or_default();
@@ -139,6 +144,7 @@ fn plan_dir(dir: &Path, files: Vec<(&RankFile, StartRead)>, problems: &mut Vec<P
             problems.push(Problem::file(
                 dir,
                 ProblemKind::MissingRanks {
+                    run_id: run_id.clone(),
                     count: range_count(&missing_ranks),
                     world_size: start.world_size,
                     ranks: describe_ranges(&missing_ranks),

@@ -87,8 +87,8 @@ pub enum ProblemKind {
     #[error("step {step} is beyond the {steps} steps the run was configured for; skipped")]
     StepOutOfRange { step: u32, steps: u32 },
     /// Rank files that the run's world size says should exist are absent.
-    #[error("{count} of {world_size} rank logs missing (ranks {ranks})")]
-    MissingRanks { count: u64, world_size: u32, ranks: String },
+    #[error("{count} of {world_size} rank logs of run {run_id} missing (ranks {ranks})")]
+    MissingRanks { run_id: String, count: u64, world_size: u32, ranks: String },
     /// A file's own `run.json`, `job.json` or similar side file is unreadable.
     #[error("side file ignored: {message}")]
     SideFile { message: String },

@@ -361,10 +361,8 @@ fn oom_failed_cancelled_timeout_and_missing_ranks() {
     assert_eq!(status("slurm-out").0, Status::Cancelled);
     let (s, why) = status("missing");
     assert_eq!((s, why.as_deref()), (Status::Incomplete, Some("no log for ranks 1,3")));
-    assert!(got
-        .problems
-        .iter()
-        .any(|p| p.kind == ProblemKind::MissingRanks { count: 2, world_size: 4, ranks: "1,3".into() }));
+    assert!(got.problems.iter().any(|p| p.kind
+        == ProblemKind::MissingRanks { run_id: "missing".into(), count: 2, world_size: 4, ranks: "1,3".into() }));
     // The OOM run's memory includes the allocator state at the failure.
     let oom_row = &got.runs.iter().find(|r| r.row.run_id == "oom").unwrap().row;
     assert_eq!(oom_row.peak_allocated_bytes, Some(79 << 30));
@@ -680,4 +678,38 @@ fn throughput_and_power_are_over_the_steps_they_count() {
         fs::write(&log, format!("{text}{text}")).unwrap();
     });
     assert!(close(twice, whole), "{twice} against {whole}");
+}
+
+/// A garbage `rank1.jsonl` beside a one-rank run is one problem, that it has no start record: no
+/// second one saying its start record disagrees (it has none). Two runs in one folder, each short
+/// of a rank: each missing-ranks problem names its run.
+#[test]
+fn a_file_without_a_start_is_one_problem_and_missing_ranks_name_their_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("solo");
+    run("solo", ModelPreset::Gpt2, ZeroStage::Z1, 4, 1, 50.0).write(&dir).unwrap();
+    fs::write(dir.join("rank1.jsonl"), "garbage\n").unwrap();
+    let got = read(tmp.path());
+    let about: Vec<String> =
+        got.problems.iter().filter(|p| p.path.ends_with("rank1.jsonl")).map(|p| p.kind.to_string()).collect();
+    assert_eq!(about, ["no start record found; the file's rank and run are unknown"]);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let mix = tmp.path().join("mix");
+    run("a", ModelPreset::Gpt2, ZeroStage::Z1, 4, 2, 50.0).write_ranks(&mix, [0]).unwrap();
+    let b = run("b", ModelPreset::Gpt2, ZeroStage::Z2, 4, 2, 50.0);
+    let sub = tmp.path().join("b");
+    b.write_ranks(&sub, [1]).unwrap();
+    fs::rename(sub.join("rank1.jsonl"), mix.join("rank1.jsonl")).unwrap();
+    let missing: Vec<String> = read(tmp.path())
+        .problems
+        .iter()
+        .filter(|p| matches!(p.kind, ProblemKind::MissingRanks { .. }))
+        .map(|p| p.kind.to_string())
+        .collect();
+    assert_eq!(
+        missing,
+        ["1 of 2 rank logs of run a missing (ranks 1)", "1 of 2 rank logs of run b missing (ranks 0)"],
+        "{missing:#?}"
+    );
 }
