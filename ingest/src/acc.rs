@@ -371,19 +371,59 @@ fn keep_latest(slot: &mut Option<(u32, f64)>, at: (u32, f64)) {
     }
 }
 
-/// Per-step slots of one run, dense from step 0.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Per-step slots of one run: a vector indexed by step for the steps a run makes one after
+/// another, and a map for a step far beyond them. A step number is the log's to choose: a hostile
+/// one (4,194,303 where the run made ten) would otherwise make every run's vector millions of
+/// slots long, and the readers hold a run each at once (4 GB at 16 threads).
+#[derive(Debug, Clone, Default)]
 pub struct StepSlots {
-    pub slots: Vec<StepSlot>,
+    dense: Vec<StepSlot>,
+    /// Steps beyond the vector's reach when they came; moved into it when it grows over them.
+    sparse: BTreeMap<u32, StepSlot>,
 }
+
+/// How far beyond the vector's length a step may lie and still grow it (to twice its length and
+/// this many more): a run's steps come in order, a little out of it where ranges meet.
+const DENSE_REACH: usize = 4096;
 
 impl StepSlots {
     pub fn merge_at(&mut self, step: u32, slot: &StepSlot) {
         let i = step as usize;
-        if self.slots.len() <= i {
-            self.slots.resize(i + 1, StepSlot::default());
+        if i >= self.dense.len() {
+            if i > 2 * self.dense.len() + DENSE_REACH {
+                self.sparse.entry(step).or_default().merge(slot);
+                return;
+            }
+            self.dense.resize(i + 1, StepSlot::default());
+            // The map's steps the vector now reaches move into it.
+            let beyond = self.sparse.split_off(&u32::try_from(self.dense.len()).unwrap_or(u32::MAX));
+            for (s, moved) in std::mem::replace(&mut self.sparse, beyond) {
+                self.dense[s as usize].merge(&moved);
+            }
         }
-        self.slots[i].merge(slot);
+        self.dense[i].merge(slot);
+    }
+
+    /// The steps some rank reported, in order of step.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &StepSlot)> {
+        let dense = self.dense.iter().enumerate().map(|(i, s)| (i as u32, s));
+        dense.chain(self.sparse.iter().map(|(i, s)| (*i, s))).filter(|(_, s)| s.ranks > 0)
+    }
+
+    /// The steps some rank reported of `steps`, in order.
+    pub fn range(&self, steps: std::ops::RangeInclusive<u32>) -> impl Iterator<Item = (u32, &StepSlot)> {
+        let (lo, hi) = (*steps.start() as usize, *steps.end() as usize);
+        let end = hi.saturating_add(1).min(self.dense.len());
+        let dense = self.dense.get(lo.min(end)..end).unwrap_or_default();
+        let dense = dense.iter().enumerate().map(move |(k, s)| ((lo + k) as u32, s));
+        dense.chain(self.sparse.range(steps).map(|(i, s)| (*i, s))).filter(|(_, s)| s.ranks > 0)
+    }
+}
+
+/// Equal where the same steps hold the same slots, however they are kept.
+impl PartialEq for StepSlots {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
     }
 }
 
@@ -460,5 +500,36 @@ mod tests {
             m.merge(&b);
             assert_eq!((m.ranks, m.slowest_rank, m.forward_ms), (2, 0, 3.0), "{a:?} with {b:?}");
         }
+    }
+
+    /// A step far beyond the others is kept apart, not in a vector millions of slots long; the
+    /// vector takes it once it grows over it; equal slots however they are kept.
+    #[test]
+    fn a_far_step_is_kept_apart_until_the_vector_reaches_it() {
+        let one = StepSlot { ranks: 1, step_ms: 1.0, slowest_rank: 0, ..StepSlot::default() };
+        let mut a = StepSlots::default();
+        for step in [0, 1, 4_194_303, 2] {
+            a.merge_at(step, &one);
+        }
+        assert!(a.dense.len() < 10 && a.sparse.len() == 1);
+        assert_eq!(a.iter().map(|(i, _)| i).collect::<Vec<_>>(), [0, 1, 2, 4_194_303]);
+        assert_eq!(a.range(1..=3).map(|(i, _)| i).collect::<Vec<_>>(), [1, 2]);
+        let mut b = StepSlots::default();
+        b.merge_at(5000, &one);
+        b.merge_at(100, &one);
+        assert_eq!((b.dense.len(), b.sparse.len()), (101, 1));
+        b.merge_at(4200, &one);
+        assert_eq!((b.dense.len(), b.sparse.len()), (4201, 1));
+        b.merge_at(5001, &one);
+        assert_eq!((b.dense.len(), b.sparse.len()), (5002, 0));
+        assert_eq!(
+            b.iter().map(|(i, s)| (i, s.ranks)).collect::<Vec<_>>(),
+            [(100, 1), (4200, 1), (5000, 1), (5001, 1)]
+        );
+        let mut c = StepSlots::default();
+        for step in [5001, 5000, 4200, 100] {
+            c.merge_at(step, &one);
+        }
+        assert_eq!(b, c);
     }
 }

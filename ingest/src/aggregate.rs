@@ -66,8 +66,7 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
 
     let warmup = settings.warmup.unwrap_or(start.config.warmup);
     let present = acc.ranks.len() as u32;
-    let used: Vec<(u32, &StepSlot)> =
-        acc.slots.slots.iter().enumerate().filter(|(_, s)| s.ranks > 0).map(|(i, s)| (i as u32, s)).collect();
+    let used: Vec<(u32, &StepSlot)> = acc.slots.iter().collect();
     row.warmup_steps = used.iter().filter(|(i, _)| *i < warmup).count() as u32;
     let measured: Vec<&StepSlot> =
         used.iter().filter(|(i, s)| *i >= warmup && s.ranks >= present).map(|(_, s)| *s).collect();
@@ -195,8 +194,7 @@ fn energy(row: &mut RunRow, acc: &RunAcc) {
         if s1 <= s0 || e1 <= e0 {
             return;
         }
-        let Some(window) = acc.slots.slots.get(s0 as usize + 1..=s1 as usize) else { return };
-        let read: Vec<&StepSlot> = window.iter().filter(|s| s.ranks > 0).collect();
+        let read: Vec<&StepSlot> = acc.slots.range(s0 + 1..=s1).map(|(_, s)| s).collect();
         let tokens: u128 = read.iter().map(|s| u128::from(s.tokens)).sum();
         let secs = fsum(read.iter().map(|s| s.step_ms)) / 1e3;
         if tokens == 0 || secs <= 0.0 {
@@ -205,7 +203,7 @@ fn energy(row: &mut RunRow, acc: &RunAcc) {
         // The counter ran through every step of the window, the records of some of which may be
         // lost (a line that could not be read): those are taken at the mean of the others, or
         // the energy of the whole window would be put on part of its time and tokens.
-        let whole = window.len() as f64 / read.len() as f64;
+        let whole = f64::from(s1 - s0) / read.len() as f64;
         per_token += (e1 - e0) / (tokens as f64 * whole);
         power += (e1 - e0) / (secs * whole);
     }
