@@ -205,6 +205,9 @@ const MAX_MESSAGE: usize = 300;
 pub struct RankAcc {
     /// Measured (post-warmup) step records.
     pub measured: u64,
+    /// The lowest and highest measured step: more records than steps between them is steps
+    /// logged twice.
+    pub measured_span: Option<(u32, u32)>,
     /// The rank's own step times over its measured steps, in whole nanoseconds so that sums do not
     /// depend on the order lines are read in. Steps end with a synchronisation of all ranks, so a
     /// rank's sum is the wall time of its measured steps.
@@ -269,6 +272,7 @@ impl RankAcc {
         }
         self.measured += 1;
         self.measured_ns += (s.step_ms * 1e6).round() as u128;
+        self.measured_span = widen(self.measured_span, (s.step, s.step));
         if let Some(u) = s.gpu_util_pct {
             self.util.get_or_insert_with(|| Box::new([0; 101]))[u.min(100) as usize] += 1;
         }
@@ -323,6 +327,9 @@ impl RankAcc {
     pub fn merge(&mut self, o: &RankAcc) {
         self.measured += o.measured;
         self.measured_ns += o.measured_ns;
+        if let Some(span) = o.measured_span {
+            self.measured_span = widen(self.measured_span, span);
+        }
         self.skipped += o.skipped;
         if let Some(at) = o.last_loss {
             keep_latest(&mut self.last_loss, at);
@@ -356,6 +363,11 @@ impl RankAcc {
         self.errors.extend(o.errors.iter().cloned());
         self.trim_errors();
     }
+}
+
+/// The span that holds both.
+fn widen(span: Option<(u32, u32)>, (lo, hi): (u32, u32)) -> Option<(u32, u32)> {
+    Some(span.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))))
 }
 
 /// A total order on (step, value) pairs, so ties between equal steps are broken the same way

@@ -19,6 +19,7 @@ use zerobench_schema::log::Start;
 use crate::acc::{KindAcc, StepSlot};
 use crate::peak::PeakTable;
 use crate::plan::{describe_ranges, RunPlan};
+use crate::problem::{Problem, ProblemKind};
 use crate::read::RunAcc;
 use crate::run::{self, CollectiveRow, RunReport, RunRow, Source, Status, StepTimes};
 use crate::stats::fsum;
@@ -29,6 +30,23 @@ use crate::status::decide;
 pub struct Settings {
     pub warmup: Option<u32>,
     pub peaks: PeakTable,
+}
+
+/// The problems a run's records show only once all of them are read: a rank log with more
+/// measured step records than steps between its first and last ([`ProblemKind::RepeatedSteps`]).
+/// The figures hold up (a step's slot keeps its slowest record, throughput takes each rank's
+/// mean step), but such a log is not what the run wrote once.
+pub fn run_problems(plan: &RunPlan, acc: &RunAcc) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (rank, a) in &acc.ranks {
+        let Some((first, last)) = a.measured_span else { continue };
+        let steps = u64::from(last - first) + 1;
+        if a.measured > steps {
+            let path = plan.files.iter().find(|f| f.rank == *rank).map_or_else(|| plan.dir.clone(), |f| f.path.clone());
+            problems.push(Problem::file(path, ProblemKind::RepeatedSteps { records: a.measured, steps, first, last }));
+        }
+    }
+    problems
 }
 
 /// The report of one zerobench run.

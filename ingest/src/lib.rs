@@ -114,9 +114,12 @@ pub fn ingest(roots: &[PathBuf], opts: &Options, progress: &dyn Progress) -> Ing
     progress.start(log_bytes + foreign_bytes);
     let read_opts = read::ReadOptions { warmup: opts.warmup, chunk_bytes: opts.chunk_bytes };
     let settings = Settings { warmup: opts.warmup, peaks: opts.peaks.clone() };
-    let (mut runs, read_problems, mut stats) =
-        read::read_runs(&plans, read_opts, &|b| progress.advance(b), &|p, a| aggregate::finish(p, &a, &settings));
+    let (finished, read_problems, mut stats) = read::read_runs(&plans, read_opts, &|b| progress.advance(b), &|p, a| {
+        (aggregate::finish(p, &a, &settings), aggregate::run_problems(p, &a))
+    });
     problems.extend(read_problems);
+    let (mut runs, run_problems): (Vec<RunReport>, Vec<Vec<Problem>>) = finished.into_iter().unzip();
+    problems.extend(run_problems.into_iter().flatten());
     let (foreign_runs, foreign_problems, foreign_stats) = foreign::read_dirs(&found.foreign_dirs, &settings);
     progress.advance(foreign_bytes);
     runs.extend(foreign_runs);

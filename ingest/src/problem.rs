@@ -86,6 +86,13 @@ pub enum ProblemKind {
     /// A step number beyond the run's configured number of steps.
     #[error("step {step} is beyond the {steps} steps the run was configured for; skipped")]
     StepOutOfRange { step: u32, steps: u32 },
+    /// A rank log holds more measured step records than there are steps between its first and
+    /// last: steps logged twice (a log appended to itself, a run restarted into its old log).
+    #[error(
+        "{records} measured step records for the {steps} steps {first}-{last}: steps logged more than once \
+         (a log appended to itself, or a run restarted into its old log)"
+    )]
+    RepeatedSteps { records: u64, steps: u64, first: u32, last: u32 },
     /// Rank files that the run's world size says should exist are absent.
     #[error("{count} of {world_size} rank logs of run {run_id} missing (ranks {ranks})")]
     MissingRanks { run_id: String, count: u64, world_size: u32, ranks: String },

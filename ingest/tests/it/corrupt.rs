@@ -713,3 +713,25 @@ fn a_file_without_a_start_is_one_problem_and_missing_ranks_name_their_run() {
         "{missing:#?}"
     );
 }
+
+/// A rank log appended to itself (or a run restarted into its old log) holds each measured step
+/// twice: reported with its file, the records and the steps, and the run's figures stay those of
+/// the log read once.
+#[test]
+fn steps_logged_twice_are_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    let once = read(tmp.path()).runs[0].row.clone();
+    let log = dir.join("rank1.jsonl");
+    let text = fs::read_to_string(&log).unwrap();
+    fs::write(&log, format!("{text}{text}")).unwrap();
+    let got = read(tmp.path());
+    let repeated: Vec<&Problem> =
+        got.problems.iter().filter(|p| matches!(p.kind, ProblemKind::RepeatedSteps { .. })).collect();
+    assert_eq!(repeated.len(), 1, "{:#?}", got.problems);
+    assert_eq!(repeated[0].path, log);
+    assert_eq!(repeated[0].kind, ProblemKind::RepeatedSteps { records: 8, steps: 4, first: 2, last: 5 });
+    let twice = &got.runs[0].row;
+    assert_eq!((twice.steps_measured, twice.step_ms_median), (once.steps_measured, once.step_ms_median));
+    assert!((twice.tokens_per_s.unwrap() / once.tokens_per_s.unwrap() - 1.0).abs() < 0.1);
+}
