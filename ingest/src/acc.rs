@@ -213,9 +213,10 @@ pub struct RankAcc {
     /// rank's sum is the wall time of its measured steps.
     pub measured_ns: u128,
     pub skipped: u64,
-    /// (step, loss) of the highest step.
+    /// (step, loss) of the highest step; the loss NaN where the record's was `null` (not a
+    /// finite number), which no figure reports.
     pub last_loss: Option<(u32, f64)>,
-    /// (step, loss) of the evaluation after the highest step (`--eval-every`).
+    /// (step, loss) of the evaluation after the highest step (`--eval-every`), likewise.
     pub last_eval: Option<(u32, f64)>,
     /// (step, cumulative energy in J) at the lowest and highest measured step that has it.
     pub energy_first: Option<(u32, f64)>,
@@ -265,7 +266,7 @@ impl RankAcc {
         if s.skipped {
             self.skipped += 1;
         }
-        keep_latest(&mut self.last_loss, (s.step, s.loss));
+        keep_latest(&mut self.last_loss, (s.step, s.loss.unwrap_or(f64::NAN)));
         self.mem.add(&s.memory);
         if s.step < warmup {
             return;

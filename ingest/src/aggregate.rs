@@ -103,9 +103,11 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
             .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)))
             .map(|(_, _, l)| l)
     };
-    row.final_loss = latest(|a| a.last_loss);
-    row.eval_loss = latest(|a| a.last_eval);
-    row.perplexity = row.eval_loss.map(f64::exp);
+    // A last loss that was not finite (a diverged run) is none, not the last finite one; a
+    // perplexity beyond what a number holds (e^710 and up) neither.
+    row.final_loss = latest(|a| a.last_loss).filter(|l| l.is_finite());
+    row.eval_loss = latest(|a| a.last_eval).filter(|l| l.is_finite());
+    row.perplexity = row.eval_loss.map(f64::exp).filter(|p| p.is_finite());
     row.skipped_steps = acc.ranks.values().map(|a| a.skipped).max().unwrap_or(0);
     if world > 1 && !measured.is_empty() {
         let mut counts = std::collections::BTreeMap::<u32, u32>::new();
@@ -209,7 +211,8 @@ fn energy(row: &mut RunRow, acc: &RunAcc) {
     let mut power = 0.0;
     for a in acc.ranks.values() {
         let (Some((s0, e0)), Some((s1, e1))) = (a.energy_first, a.energy_last) else { return };
-        if s1 <= s0 || e1 <= e0 {
+        // A counter beyond what a number holds (or a difference that overflows) is no reading.
+        if s1 <= s0 || e1 <= e0 || !(e1 - e0).is_finite() {
             return;
         }
         let read: Vec<&StepSlot> = acc.slots.range(s0 + 1..=s1).map(|(_, s)| s).collect();

@@ -47,7 +47,7 @@ pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
         rank: 0,
         step: 0,
         skipped: false,
-        loss: 0.0,
+        loss: None,
         tokens: 0,
         samples: 0,
         step_ms: 0.0,
@@ -80,7 +80,8 @@ pub fn parse_step(line: &[u8]) -> Option<StepLine<'_>> {
             b"rank" => c.u32().map(|v| s.rank = v).map(|_| 1)?,
             b"step" => c.u32().map(|v| s.step = v).map(|_| 2)?,
             b"warmup" => c.boolean().map(|_| 3)?,
-            b"loss" => c.f64().map(|v| s.loss = v).map(|_| 4)?,
+            // Required, and `null` where the loss was not finite.
+            b"loss" => c.opt(Cur::f64).map(|v| s.loss = v).map(|_| 4)?,
             b"skipped" => c.boolean().map(|v| s.skipped = v).map(|_| 5)?,
             b"loss_scale" => c.opt(Cur::skip_f64).map(|_| 6)?,
             b"tokens" => c.u64().map(|v| s.tokens = v).map(|_| 7)?,
@@ -638,10 +639,13 @@ mod tests {
         assert!(parse_step(huge.as_bytes()).is_none());
         // A negative figure that is read: the loss.
         let negative_loss = text.replacen("\"loss\":8.333333333333334", "\"loss\":-2.5", 1);
-        assert_eq!(parse_step(negative_loss.as_bytes()).map(|s| s.loss), Some(-2.5));
+        assert_eq!(parse_step(negative_loss.as_bytes()).map(|s| s.loss), Some(Some(-2.5)));
         // An exponent, as serde_json writes small figures.
         let small = text.replacen("\"loss\":8.333333333333334", "\"loss\":1.5e-7", 1);
-        assert_eq!(parse_step(small.as_bytes()).map(|s| s.loss), Some(1.5e-7));
+        assert_eq!(parse_step(small.as_bytes()).map(|s| s.loss), Some(Some(1.5e-7)));
+        // A loss that was not finite is written `null`: read, as none.
+        let null_loss = text.replacen("\"loss\":8.333333333333334", "\"loss\":null", 1);
+        assert_eq!(parse_step(null_loss.as_bytes()).map(|s| s.loss), Some(None));
         // Twenty significant digits, more than a u64 holds: still the correctly rounded value.
         let long = text.replacen("\"step_ms\":49.34823223709721", "\"step_ms\":9999999999999999.9999", 1);
         assert_eq!(parse_step(long.as_bytes()).map(|s| s.step_ms), Some(1e16));

@@ -19,7 +19,8 @@ pub struct StepLine<'a> {
     pub rank: u32,
     pub step: u32,
     pub skipped: bool,
-    pub loss: f64,
+    /// `None` where the record's loss was `null` (not a finite number).
+    pub loss: Option<f64>,
     pub tokens: u64,
     pub samples: u64,
     pub step_ms: f64,

@@ -321,7 +321,7 @@ impl SynthRun {
             rank,
             step,
             warmup: step < cfg.warmup,
-            loss: 10.0 / (1.0 + f64::from(step) * 0.1),
+            loss: Some(10.0 / (1.0 + f64::from(step) * 0.1)),
             skipped: false,
             loss_scale: None,
             tokens: cfg.tokens_per_step(n),

@@ -424,8 +424,10 @@ fn read_logs(dir: &Path) -> Logs {
                     logs.ends.insert(e.rank, e.status);
                     if let (0, Some(s)) = (e.rank, e.summary) {
                         logs.summary = Some(format!(
-                            "median step {:.1} ms, {:.0} tokens/s, final loss {:.4}",
-                            s.step_ms_median, s.tokens_per_s, s.final_loss
+                            "median step {:.1} ms, {:.0} tokens/s, final loss {}",
+                            s.step_ms_median,
+                            s.tokens_per_s,
+                            s.final_loss_text()
                         ));
                     }
                     if e.status != RunStatus::Ok && bad_end.is_none() {
@@ -628,7 +630,7 @@ mod tests {
             let steps = plan.runs[0].config.steps;
             let job = |i: usize, id: &str| submitted(&dirs[i], id);
             let summary =
-                Summary { steps, step_ms_median: 12.5, tokens_per_s: 4096.0, final_loss: 2.25, peak_allocated_bytes: None };
+                Summary { steps, step_ms_median: 12.5, tokens_per_s: 4096.0, final_loss: Some(2.25), peak_allocated_bytes: None };
             let said = "median step 12.5 ms, 4096 tokens/s, final loss 2.2500";
             let local = |i: usize, code: i32| {
                 let rec: LocalRecord =

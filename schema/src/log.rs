@@ -257,6 +257,27 @@ pub struct Setup {
     pub setup_ms: f64,
 }
 
+/// A field that is always written and may be `null` (a loss that is not a finite number: JSON
+/// has none): required, unlike serde's default for an `Option`, which takes a missing field as
+/// `None`.
+fn nullable<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    Option::<f64>::deserialize(d)
+}
+
+/// A loss as the records hold it: `None` where it is not a finite number.
+pub fn finite_loss(loss: f64) -> Option<f64> {
+    Some(loss).filter(|l| l.is_finite())
+}
+
+/// The JSON Schema of a [`nullable`] field: its type, or `null`.
+fn or_null(schema: &mut schemars::Schema) {
+    if let Some(t) = schema.get_mut("type") {
+        if let serde_json::Value::String(name) = t {
+            *t = serde_json::json!([name.clone(), "null"]);
+        }
+    }
+}
+
 /// One optimizer step on one rank.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Step {
@@ -267,8 +288,12 @@ pub struct Step {
     pub step: u32,
     /// Among the first `config.warmup` steps, which summaries leave out.
     pub warmup: bool,
-    /// Mean loss over the global batch of this step (all ranks, all micro-steps).
-    pub loss: f64,
+    /// Mean loss over the global batch of this step (all ranks, all micro-steps); `null` where it
+    /// is not a finite number (an fp16 overflow the loss scale skips, a diverged run): the field
+    /// is always written.
+    #[serde(deserialize_with = "nullable")]
+    #[schemars(required, transform = or_null)]
+    pub loss: Option<f64>,
     /// fp16: the step was skipped because a gradient overflowed.
     pub skipped: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -378,8 +403,11 @@ pub struct Eval {
     pub rank: u32,
     /// The 0-based optimizer step after which the model was evaluated.
     pub step: u32,
-    /// Mean loss over the held-out samples of all ranks (forward only, no update).
-    pub loss: f64,
+    /// Mean loss over the held-out samples of all ranks (forward only, no update); `null` where
+    /// it is not a finite number.
+    #[serde(deserialize_with = "nullable")]
+    #[schemars(required, transform = or_null)]
+    pub loss: Option<f64>,
     /// Held-out sequences (samples for the MLP) over all ranks: one global batch.
     pub samples: u64,
     /// Wall time of the evaluation on this rank, from its first forward to the mean over ranks.
@@ -438,9 +466,20 @@ pub struct Summary {
     pub step_ms_median: f64,
     /// Global tokens per second (all ranks).
     pub tokens_per_s: f64,
-    pub final_loss: f64,
+    /// The last step's loss; `null` where it is not a finite number.
+    #[serde(deserialize_with = "nullable")]
+    #[schemars(required, transform = or_null)]
+    pub final_loss: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_allocated_bytes: Option<u64>,
+}
+
+impl Summary {
+    /// The final loss as the worker and `zerobench status` print it: four decimals, or
+    /// `not finite`.
+    pub fn final_loss_text(&self) -> String {
+        self.final_loss.map_or_else(|| "not finite".to_string(), |l| format!("{l:.4}"))
+    }
 }
 
 /// What kind of failure an `error` record reports.
@@ -600,7 +639,7 @@ mod tests {
             rank: 1,
             step: 3,
             warmup: false,
-            loss: 2.5,
+            loss: Some(2.5),
             skipped: false,
             loss_scale: None,
             tokens: 4096,
@@ -769,7 +808,7 @@ mod tests {
             setup_ms: 1.0,
         };
         let profile = Profile { v: SCHEMA_VERSION, ts: 2.0, rank: 3, step: 3, modules: vec![] };
-        let eval = Eval { v: SCHEMA_VERSION, ts: 3.0, rank: 4, step: 3, loss: 2.4, samples: 4, eval_ms: 5.0 };
+        let eval = Eval { v: SCHEMA_VERSION, ts: 3.0, rank: 4, step: 3, loss: Some(2.4), samples: 4, eval_ms: 5.0 };
         let end = End {
             v: SCHEMA_VERSION,
             ts: 4.0,

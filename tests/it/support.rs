@@ -143,9 +143,9 @@ pub fn steps(recs: &[Record]) -> Vec<&Step> {
     recs.iter().filter_map(|r| if let Record::Step(s) = r { Some(s) } else { None }).collect()
 }
 
-/// The losses of the `step` records, in order.
+/// The losses of the `step` records, in order (every one finite).
 pub fn losses(recs: &[Record]) -> Vec<f64> {
-    steps(recs).iter().map(|s| s.loss).collect()
+    steps(recs).iter().map(|s| s.loss.expect("a finite loss")).collect()
 }
 
 /// Tiny GPT-2 in fp32 for 20 steps: with [`on_text`] the loss falls fast enough to show learning,

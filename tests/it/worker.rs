@@ -229,7 +229,31 @@ fn fp16_overflowing_steps_are_skipped_and_logged() {
     assert_eq!(steps[1].loss_scale, Some(2f64.powi(39)));
     let applied = steps.iter().position(|s| !s.skipped).expect("the scale comes down until a step applies");
     assert!(steps[applied..].iter().all(|s| !s.skipped));
-    assert!(steps.iter().all(|s| s.loss.is_finite()));
+    assert!(steps.iter().all(|s| s.loss.is_some_and(f64::is_finite)));
+}
+
+/// A run whose loss stops being a finite number (fp16 at a learning rate that diverges) ends
+/// `ok` and writes its losses as `null`, which the schema allows and ingest reads: the run is
+/// `ok` with every step measured and no final loss, not `incomplete` with its steps refused.
+#[test]
+fn a_diverged_run_logs_null_losses_that_ingest_reads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("div");
+    let flags = ["--model", "tiny", "--stage", "2", "--precision", "fp16", "--lr", "1e4", "--steps", "12"];
+    let ranks = train(2, &dir, &[&flags[..], &["--seq-len", "32", "--threads", "1"]].concat());
+    let steps = steps(&ranks[0]);
+    assert!(steps.iter().any(|s| s.loss.is_none()), "no step lost its loss: {:?}", losses_or_none(&steps));
+    let ingested =
+        zerobench_ingest::ingest(std::slice::from_ref(&dir), &Default::default(), &zerobench_ingest::NoProgress);
+    assert!(ingested.problems.is_empty(), "{:#?}", ingested.problems);
+    let row = &ingested.runs[0].row;
+    assert_eq!((row.status, row.steps_measured, row.partial_steps), (zerobench_ingest::Status::Ok, 10, 0));
+    let last_finite = steps.last().and_then(|s| s.loss);
+    assert_eq!(row.final_loss, last_finite, "the last step's loss, or none");
+}
+
+fn losses_or_none(steps: &[&zerobench_schema::log::Step]) -> Vec<Option<f64>> {
+    steps.iter().map(|s| s.loss).collect()
 }
 
 #[test]
@@ -523,7 +547,9 @@ fn hpz_keeps_backward_gathers_in_the_group_and_trains_the_same_model() {
 fn evaluation_holds_out_text_and_every_split_agrees_on_its_loss() {
     let tmp = tempfile::tempdir().unwrap();
     let evals = |recs: &[Record]| -> Vec<(u32, f64)> {
-        recs.iter().filter_map(|r| if let Record::Eval(e) = r { Some((e.step, e.loss)) } else { None }).collect()
+        recs.iter()
+            .filter_map(|r| if let Record::Eval(e) = r { Some((e.step, e.loss.expect("a finite loss"))) } else { None })
+            .collect()
     };
     let flags = |extra: &[&str]| on_text(&[TINY_FP32, &["--eval-every", "5"], extra].concat());
     let reference = train(1, &tmp.path().join("ref"), &flags(&["--stage", "0", "--micro-batch", "4"]));

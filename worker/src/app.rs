@@ -159,8 +159,13 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     if ident.rank == 0 {
         if let Some(s) = progress.summary {
             eprintln!(
-                "zerobench-worker: {} stage {} on {} rank(s): {:.1} ms/step, {:.0} tokens/s, final loss {:.4}",
-                cfg.model, cfg.stage, ident.world_size, s.step_ms_median, s.tokens_per_s, s.final_loss
+                "zerobench-worker: {} stage {} on {} rank(s): {:.1} ms/step, {:.0} tokens/s, final loss {}",
+                cfg.model,
+                cfg.stage,
+                ident.world_size,
+                s.step_ms_median,
+                s.tokens_per_s,
+                s.final_loss_text()
             );
         }
     }

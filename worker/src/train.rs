@@ -179,7 +179,7 @@ impl Trainer<'_> {
                 rank: self.rank,
                 step,
                 warmup,
-                loss: outcome.loss,
+                loss: zerobench_schema::log::finite_loss(outcome.loss),
                 skipped: outcome.skipped,
                 loss_scale: outcome.loss_scale,
                 tokens,
@@ -265,7 +265,7 @@ impl Trainer<'_> {
             ts: now_ts(),
             rank: self.rank,
             step,
-            loss,
+            loss: zerobench_schema::log::finite_loss(loss),
             samples,
             eval_ms: ms_between(start, Instant::now()),
         })
@@ -534,7 +534,7 @@ fn summarize(
         steps: u32::try_from(step_ms.len()).unwrap_or(u32::MAX),
         step_ms_median: median,
         tokens_per_s: tokens_per_step as f64 * step_ms.len() as f64 / total_s,
-        final_loss,
+        final_loss: zerobench_schema::log::finite_loss(final_loss),
         peak_allocated_bytes,
     })
 }

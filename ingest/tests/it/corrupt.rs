@@ -735,3 +735,27 @@ fn steps_logged_twice_are_reported() {
     assert_eq!((twice.steps_measured, twice.step_ms_median), (once.steps_measured, once.step_ms_median));
     assert!((twice.tokens_per_s.unwrap() / once.tokens_per_s.unwrap() - 1.0).abs() < 0.1);
 }
+
+/// A last loss that was not finite (`null` in the log) is no final loss, not the last finite one,
+/// and no problem; an energy counter beyond what a number holds gives no energy figures, not
+/// `inf` in the tables.
+#[test]
+fn losses_and_counters_that_are_not_finite_give_no_figures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    edit_ranks(&dir, |mut v| {
+        if is_step(&v, 5) {
+            v["loss"] = serde_json::Value::Null;
+            v["energy_j"] = serde_json::json!(1e308);
+        }
+        if is_step(&v, 2) {
+            v["energy_j"] = serde_json::json!(-1e308);
+        }
+        Some(v)
+    });
+    let got = read(tmp.path());
+    assert!(got.problems.is_empty(), "{:#?}", got.problems);
+    let row = &got.runs[0].row;
+    assert_eq!((row.status, row.steps_measured), (Status::Ok, 4));
+    assert_eq!((row.final_loss, row.energy_j_per_token, row.avg_power_w_per_gpu), (None, None, None));
+}
