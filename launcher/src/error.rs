@@ -27,6 +27,12 @@ pub enum Error {
     Slurm { command: String, code: i32, stderr: String },
     #[error("{0}")]
     Usage(String),
+    /// `submit` got a signal: it stopped between two submissions, every job sent recorded.
+    #[error(
+        "interrupted by {signal} after {submitted} of {total} runs were submitted (each recorded in \
+         its run folder's slurm.json); zerobench submit again sends the rest"
+    )]
+    Interrupted { signal: String, submitted: usize, total: usize },
     /// A run folder holds the results of a different run than the one about to be rendered there.
     #[error(
         "run {run}: {} holds the results of a different run ({what}); nothing was written. Use \

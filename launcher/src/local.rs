@@ -114,7 +114,8 @@ pub fn run_local(
     Ok(LocalRun { results, interrupted_by })
 }
 
-fn signal_name(sig: usize) -> String {
+/// A signal's name as records and messages give it.
+pub(crate) fn signal_name(sig: usize) -> String {
     match sig as libc::c_int {
         SIGINT => "SIGINT".into(),
         SIGTERM => "SIGTERM".into(),

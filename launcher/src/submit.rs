@@ -3,8 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -103,6 +106,10 @@ fn sbatch(script: &Path, deps: &[String], opts: &SubmitOptions) -> Result<String
         cmd.current_dir(parent);
     }
     cmd.arg(script);
+    // A process group of its own: a Ctrl-C at the terminal goes to zerobench's group, and must
+    // not kill sbatch after the controller has taken the job but before its id is read back
+    // (a job then runs that no slurm.json records, and the next submit sends it again).
+    cmd.process_group(0);
     let timeout = if opts.timeout.is_zero() { slurm::COMMAND_TIMEOUT } else { opts.timeout };
     let out = slurm::run_ok(&mut cmd, timeout)?;
     if opts.test_only {
@@ -152,15 +159,56 @@ pub fn check(dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec<(PathBuf, Run
     Ok(records)
 }
 
+/// SIGINT, SIGTERM and SIGHUP held off while a sweep is submitted: one that comes while an
+/// `sbatch` is in flight is acted on once its job is recorded, so that every job Slurm took has
+/// its `slurm.json` and the next submit sends only what was not sent. Released when dropped.
+struct HeldInterrupts {
+    signal: Arc<AtomicUsize>,
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl HeldInterrupts {
+    fn hold() -> Result<Self, Error> {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let signal = Arc::new(AtomicUsize::new(0));
+        let mut ids = Vec::new();
+        for sig in [SIGINT, SIGTERM, SIGHUP] {
+            let id = signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)
+                .map_err(|e| Error::io(Path::new("signal handler"), e))?;
+            ids.push(id);
+        }
+        Ok(HeldInterrupts { signal, ids })
+    }
+
+    /// An error naming the signal, if one came: nothing more is submitted.
+    fn check(&self, submitted: usize, total: usize) -> Result<(), Error> {
+        match self.signal.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            sig => Err(Error::Interrupted { signal: crate::local::signal_name(sig), submitted, total }),
+        }
+    }
+}
+
+impl Drop for HeldInterrupts {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
 /// Submits run folders (sorted by id). `root` holds the array scripts when `opts.array`.
+/// SIGINT, SIGTERM and SIGHUP stop it between two submissions ([`HeldInterrupts`]).
 pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec<Submitted>, Error> {
     let records = check(dirs, opts)?;
+    let held = HeldInterrupts::hold()?;
     if opts.array {
-        return submit_arrays(root, &records, opts);
+        return submit_arrays(root, &records, opts, &held);
     }
     let mut out = Vec::new();
     let mut previous: Option<String> = None;
     for (dir, rec) in &records {
+        held.check(out.len(), records.len())?;
         let script = dir.join("job.sbatch");
         let deps = dependencies(opts, previous.as_deref());
         let job = sbatch(&script, &deps, opts)?;
@@ -217,7 +265,12 @@ pub fn array_script(root: &Path, name: &str, group: &[&(PathBuf, RunRecord)]) ->
     Ok(s)
 }
 
-fn submit_arrays(root: &Path, records: &[(PathBuf, RunRecord)], opts: &SubmitOptions) -> Result<Vec<Submitted>, Error> {
+fn submit_arrays(
+    root: &Path,
+    records: &[(PathBuf, RunRecord)],
+    opts: &SubmitOptions,
+    held: &HeldInterrupts,
+) -> Result<Vec<Submitted>, Error> {
     let mut groups: BTreeMap<String, Vec<&(PathBuf, RunRecord)>> = BTreeMap::new();
     for r in records {
         groups.entry(resource_key(&r.1)?).or_default().push(r);
@@ -225,6 +278,7 @@ fn submit_arrays(root: &Path, records: &[(PathBuf, RunRecord)], opts: &SubmitOpt
     let mut out = Vec::new();
     let mut previous: Option<String> = None;
     for (k, group) in groups.values().enumerate() {
+        held.check(out.len(), records.len())?;
         let name = format!("zerobench-array-{k}");
         let script = root.join(format!("{name}.sbatch"));
         crate::files::write(&script, array_script(root, &name, group)?.as_bytes())?;

@@ -297,3 +297,77 @@ fn a_run_past_its_time_limit_is_a_timeout() {
     let output = job_output(&out.join("tiny_z2_offnone_mb1_1x1"));
     assert!(output.contains("DUE TO TIME LIMIT"), "{output}");
 }
+
+/// A signal to `zerobench submit` half-way through a sweep, to it alone (SIGTERM, as a workflow
+/// manager sends it) or to its process group (SIGINT, as Ctrl-C at the terminal), stops it
+/// between two submissions: every job sbatch created has its `slurm.json`, none was left
+/// unrecorded by killing an sbatch in flight, and submitting again sends only the rest. sbatch
+/// is slowed here (0.4 s a call) so that the signal comes while one is in flight.
+#[test]
+fn an_interrupted_submit_records_every_job_and_sends_none_twice() {
+    use std::os::unix::process::CommandExt as _;
+    let Some(conf) = slurm_conf() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let spec = stub_spec(
+        dir.path(),
+        "  time: '1'\n",
+        "  models: tiny\n  stages: [0]\n  micro_batches: [1, 2, 3, 4, 5, 6, 7, 8]\n",
+    );
+    let real = String::from_utf8(
+        std::process::Command::new("bash").args(["-c", "command -v sbatch"]).output().unwrap().stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_string();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let calls = dir.path().join("calls.log");
+    write_script(
+        &bin.join("sbatch"),
+        &format!("sleep 0.4\nid=$({real:?} \"$@\") || exit $?\necho \"$id ${{@: -1}}\" >> {calls:?}\necho \"$id\""),
+    );
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    for (round, (signal, group)) in [(libc::SIGTERM, false), (libc::SIGINT, true)].into_iter().enumerate() {
+        let out = dir.path().join(format!("runs{round}"));
+        let o = zb(&conf, &["render", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let child = zerobench_cmd()
+            .args(["submit", out.to_str().unwrap()])
+            .env("SLURM_CONF", &conf)
+            .env("PATH", &path)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let target = if group { -(child.id() as i32) } else { child.id() as i32 };
+        // SAFETY: kill(2) on the process (group) this test started; no memory is involved.
+        assert_eq!(unsafe { libc::kill(target, signal) }, 0);
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+        assert!(stderr(&o).contains("interrupted by SIG") && stderr(&o).contains("submit again"), "{}", stderr(&o));
+        let scripts = |o: &Path| -> Vec<String> {
+            let log = std::fs::read_to_string(&calls).unwrap_or_default();
+            let mut s: Vec<String> =
+                log.lines().filter_map(|l| l.split_once(' ')).map(|(_, script)| script.to_string()).collect();
+            s.retain(|script| script.starts_with(o.to_str().unwrap()));
+            s.sort();
+            s
+        };
+        let recorded = std::fs::read_dir(&out)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().join("slurm.json").is_file())
+            .count();
+        let sent = scripts(&out);
+        assert!((1..8).contains(&sent.len()), "{sent:?}");
+        assert_eq!(recorded, sent.len(), "jobs sbatch created without a slurm.json: {sent:?}");
+        let o =
+            run(zerobench_cmd().args(["submit", out.to_str().unwrap()]).env("SLURM_CONF", &conf).env("PATH", &path));
+        assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+        let mut all = scripts(&out);
+        let n = all.len();
+        all.dedup();
+        assert_eq!((n, all.len()), (8, 8), "a run submitted twice: {all:?}");
+    }
+}
