@@ -153,6 +153,7 @@ pub fn render_run(plan: &Plan, run: &Run, run_dir: &Path) -> Result<RunFiles, Di
     );
     s.push_str("set -euo pipefail\n\n");
     let _ = writeln!(s, "run_dir={}", sh(&dir));
+    restart_guard(&mut s);
     let _ = writeln!(s, "mkdir -p \"$run_dir/{LOG_DIR}\"");
     environment(&mut s, cluster);
     s.push('\n');
@@ -798,6 +799,22 @@ pub fn move_aside(from: &Path, keep: &Path, name: &str) -> Result<PathBuf, Error
         return Ok(to);
     }
     Err(Error::io(from, std::io::Error::new(std::io::ErrorKind::AlreadyExists, "no free name to move it aside")))
+}
+
+/// A job Slurm requeued (after a node failure, a preemption, `scontrol requeue`) runs its script
+/// again with `SLURM_RESTART_COUNT` set: the worker would find the first attempt's logs and refuse
+/// to write over them (exit 5), so every requeued job failed. The script sets them aside first,
+/// into `.attempts/restart<N>-<time>/`, as `--retry-failed` does, and the run starts fresh.
+fn restart_guard(s: &mut String) {
+    let attempts = crate::rerun::ATTEMPTS_DIR;
+    let _ = writeln!(
+        s,
+        "# A requeued job (SLURM_RESTART_COUNT > 0) sets the earlier attempt's logs aside.\n\
+         if [ \"${{SLURM_RESTART_COUNT:-0}}\" -gt 0 ] && [ -d \"$run_dir/{LOG_DIR}\" ]; then\n\
+         \x20 attempt=\"$run_dir/{attempts}/restart${{SLURM_RESTART_COUNT}}-$(date +%s)\"\n\
+         \x20 mkdir -p \"$attempt\" && mv \"$run_dir/{LOG_DIR}\" \"$attempt/\"\n\
+         fi"
+    );
 }
 
 /// Writes one run folder's rendered files.

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{repo, stderr, stdout, write_script, zerobench};
+use crate::support::{repo, run, stderr, stdout, worker, write_script, zerobench};
 
 fn ok(args: &[&str]) -> String {
     let o = zerobench(args);
@@ -572,4 +572,52 @@ fn status_reads_runs_started_by_hand_from_their_logs() {
     let row = |r: &str| table.lines().find(|l| l.starts_with(r)).unwrap_or_else(|| panic!("{r}: {table}")).to_string();
     assert!(row(runs[0]).contains("done") && row(runs[0]).contains("logs"), "{table}");
     assert!(row(runs[1]).contains("failed") && row(runs[1]).contains("logs"), "{table}");
+}
+
+/// A job Slurm requeues (a node failure, a preemption, `scontrol requeue`) runs its `job.sbatch`
+/// again with `SLURM_RESTART_COUNT` set. The real worker then found the first attempt's logs and
+/// refused to write over them (exit 5), so every requeued job failed. The script sets them aside
+/// first: run once, then again as a restart, the second attempt ends well, its logs fresh, the
+/// first attempt's kept under `.attempts/restart1-*`; run again without the variable (not a
+/// restart), the worker still refuses to write over a finished run's logs.
+#[test]
+fn a_requeued_job_sets_the_first_attempts_logs_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("s.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "launch:\n  method: local\n  worker: {:?}\nworker: {{device: cpu, steps: 3, warmup: 1, seq_len: 32}}\nsweep:\n  models: tiny\n  stages: [1]\n",
+            worker().to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("runs");
+    let o = zerobench(&["render", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run_dir = out.join("tiny_z1_offnone_mb1_1x1");
+    let attempt = |restart: Option<&str>| {
+        let mut c = std::process::Command::new("bash");
+        c.arg(run_dir.join("job.sbatch")).env_remove("SLURM_RESTART_COUNT");
+        if let Some(n) = restart {
+            c.env("SLURM_RESTART_COUNT", n);
+        }
+        run(&mut c)
+    };
+    let first = attempt(None);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let second = attempt(Some("1"));
+    assert!(second.status.success(), "a requeued attempt failed: {}", stderr(&second));
+    let kept: Vec<std::path::PathBuf> = std::fs::read_dir(run_dir.join(".attempts"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("restart1-"))
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(kept[0].join("logs/rank0.jsonl").is_file());
+    assert!(run_dir.join("logs/rank0.jsonl").is_file());
+    let st = zerobench(&["status", "--json", out.to_str().unwrap()]);
+    assert!(stdout(&st).contains("\"done\""), "{}", stdout(&st));
+    let third = attempt(None);
+    assert_eq!(third.status.code(), Some(5), "not a restart: the finished run's logs are not set aside");
 }
