@@ -278,6 +278,14 @@ fn from_run_folder(row: &mut RunState, rec: &RunRecord, outputs: &mut Outputs) {
                 // before it wrote its record): the ranks' logs say how it ended.
                 row.state = st;
                 row.source = "logs";
+            } else if logs.ranks_seen > 0 {
+                // Its ranks started and did not all end, and nothing recorded how: killed with
+                // its launcher (SIGKILL), or a `local` that could not write its record (a full
+                // disk). Not a run that never began, which `local` would skip as such; ranks
+                // still alive here make it running below.
+                row.state = State::Unknown;
+                row.source = "logs";
+                row.detail = format!("started, and no record of how it ended: {}", logs.progress(rec.run.world_size()));
             }
         }
         _ => {}

@@ -545,13 +545,13 @@ fn status_reads_runs_started_by_hand_from_their_logs() {
     let spec = dir.path().join("by-hand.yaml");
     std::fs::write(
         &spec,
-        "cluster:\n  time: '1'\nworker: {device: cpu, steps: 2, warmup: 0}\nsweep:\n  models: tiny\n  stages: [0, 3]\n  ranks_per_node: 2\n",
+        "cluster:\n  time: '1'\nworker: {device: cpu, steps: 2, warmup: 0}\nsweep:\n  models: tiny\n  stages: [0, 2, 3]\n  ranks_per_node: 2\n",
     )
     .unwrap();
     let out = dir.path().join("runs");
     ok(&["render", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-    let runs = ["tiny_z0_offnone_mb1_1x2", "tiny_z3_offnone_mb1_1x2"];
-    for (r, stage) in runs.iter().zip(["0", "3"]) {
+    let runs = ["tiny_z0_offnone_mb1_1x2", "tiny_z3_offnone_mb1_1x2", "tiny_z2_offnone_mb1_1x2"];
+    for (r, stage) in runs.iter().zip(["0", "3", "2"]) {
         let logs = out.join(r).join("logs");
         let o = run(mpirun(2)
             .arg(worker())
@@ -564,6 +564,14 @@ fn status_reads_runs_started_by_hand_from_their_logs() {
     let text = std::fs::read_to_string(&rank1).unwrap();
     let kept: Vec<&str> = text.lines().filter(|l| !l.starts_with("{\"event\":\"end\"")).collect();
     std::fs::write(&rank1, kept.join("\n") + "\n").unwrap();
+    // The third run's ranks all stop before their end records, and nothing else recorded how it
+    // ended (killed with its launcher): not `unsubmitted`, which `local` would skip as never run.
+    for rank in 0..2 {
+        let log = out.join(runs[2]).join(format!("logs/rank{rank}.jsonl"));
+        let text = std::fs::read_to_string(&log).unwrap();
+        let kept: Vec<&str> = text.lines().filter(|l| !l.starts_with("{\"event\":\"end\"")).collect();
+        std::fs::write(&log, kept.join("\n") + "\n").unwrap();
+    }
 
     let st = zerobench(&["status", out.to_str().unwrap()]);
     let table = stdout(&st);
@@ -572,6 +580,7 @@ fn status_reads_runs_started_by_hand_from_their_logs() {
     let row = |r: &str| table.lines().find(|l| l.starts_with(r)).unwrap_or_else(|| panic!("{r}: {table}")).to_string();
     assert!(row(runs[0]).contains("done") && row(runs[0]).contains("logs"), "{table}");
     assert!(row(runs[1]).contains("failed") && row(runs[1]).contains("logs"), "{table}");
+    assert!(row(runs[2]).contains("unknown") && row(runs[2]).contains("no record of how it ended"), "{table}");
 }
 
 /// A job Slurm requeues (a node failure, a preemption, `scontrol requeue`) runs its `job.sbatch`
