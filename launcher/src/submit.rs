@@ -30,6 +30,10 @@ pub struct SubmitOptions {
     pub dependency: Option<String>,
     /// Each job waits for the one before (`afterany`), so the runs go one at a time.
     pub chain: bool,
+    /// With `chain`, the job the first of these waits for: the last of the sweep's jobs an
+    /// earlier submit sent that Slurm still has pending or running, so that a submit continuing
+    /// an interrupted one extends its chain rather than starting a second beside it.
+    pub chain_after: Option<String>,
     /// `sbatch --test-only`: ask Slurm whether and when each job would start; record nothing.
     pub test_only: bool,
     /// Limit for each sbatch call; [`slurm::COMMAND_TIMEOUT`] when zero.
@@ -147,6 +151,14 @@ fn write_record(dir: &Path, rec: &SlurmRecord) -> Result<(), Error> {
 pub fn check(dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec<(PathBuf, RunRecord)>, Error> {
     if let Some(d) = &opts.dependency {
         check_dependency(d)?;
+        if opts.chain && d.contains('?') {
+            // Slurm takes all of a `,` list or any of a `?` list, never both: the chain's
+            // `afterany` joined to an OR would let a job start beside the one before.
+            return Err(Error::Usage(format!(
+                "--dependency '{d}' is an OR ('?'), which --chain cannot extend: Slurm takes all of a ',' \
+                 list or any of a '?' list, never both, so a job would start beside the one before it"
+            )));
+        }
     }
     let records: Vec<(PathBuf, RunRecord)> =
         dirs.iter().map(|d| read_record(d).map(|r| (d.clone(), r))).collect::<Result<_, _>>()?;
@@ -206,7 +218,7 @@ pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec
         return submit_arrays(root, &records, opts, &held);
     }
     let mut out = Vec::new();
-    let mut previous: Option<String> = None;
+    let mut previous: Option<String> = opts.chain_after.clone();
     for (dir, rec) in &records {
         held.check(out.len(), records.len())?;
         let script = dir.join("job.sbatch");
@@ -276,7 +288,7 @@ fn submit_arrays(
         groups.entry(resource_key(&r.1)?).or_default().push(r);
     }
     let mut out = Vec::new();
-    let mut previous: Option<String> = None;
+    let mut previous: Option<String> = opts.chain_after.clone();
     for (k, group) in groups.values().enumerate() {
         held.check(out.len(), records.len())?;
         let name = format!("zerobench-array-{k}");

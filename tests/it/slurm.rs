@@ -371,3 +371,37 @@ fn an_interrupted_submit_records_every_job_and_sends_none_twice() {
         assert_eq!((n, all.len()), (8, 8), "a run submitted twice: {all:?}");
     }
 }
+
+/// `submit --chain` continuing a sweep whose first run an earlier submit sent (an interrupted
+/// one, or one run submitted first): the rest wait for that job, so there is one chain, not a
+/// second beside it. An OR dependency (`?`) cannot be chained (Slurm takes all of `,` or any of
+/// `?`, never both) and is refused before anything is submitted.
+#[test]
+fn a_chain_continued_waits_for_the_jobs_already_sent() {
+    let Some(conf) = slurm_conf() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // Stage 2 sleeps in the stand-in worker: the first job stays running while the rest queue.
+    let spec = stub_spec(dir.path(), "  time: '2'\n", "  models: tiny\n  stages: [2]\n  micro_batches: [1, 2, 3]\n");
+    let out = dir.path().join("runs");
+    let o = zb(&conf, &["render", spec.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let record = |run: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(out.join(run).join("slurm.json")).unwrap()).unwrap()
+    };
+    let o = zb(&conf, &["submit", out.join("tiny_z2_offnone_mb1_1x1").to_str().unwrap(), "--chain"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let first = record("tiny_z2_offnone_mb1_1x1")["job_id"].as_str().unwrap().to_string();
+    let o = zb(&conf, &["submit", out.to_str().unwrap(), "--chain", "--dependency", "afterany:1?afterany:2"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is an OR ('?'), which --chain cannot extend"), "{}", stderr(&o));
+    let o = zb(&conf, &["submit", out.to_str().unwrap(), "--chain"]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let second = record("tiny_z2_offnone_mb2_1x1");
+    assert_eq!(second["dependency"].as_str(), Some(format!("afterany:{first}").as_str()), "{second}");
+    let second = second["job_id"].as_str().unwrap().to_string();
+    let third = record("tiny_z2_offnone_mb3_1x1");
+    assert_eq!(third["dependency"].as_str(), Some(format!("afterany:{second}").as_str()), "{third}");
+    let jobs = [first, second, third["job_id"].as_str().unwrap().to_string()];
+    let c = std::process::Command::new("scancel").args(&jobs).env("SLURM_CONF", &conf).output().unwrap();
+    assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
+}

@@ -71,7 +71,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         let lock = crate::lock::lock(&root, "submit")?;
         (root, dirs, lock)
     };
-    let opts = SubmitOptions {
+    let mut opts = SubmitOptions {
         array: a.array,
         dependency: a.dependency,
         chain: a.chain,
@@ -83,11 +83,22 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let mut t = Table::new("submit", ["run", if a.test_only { "sbatch --test-only" } else { "job" }]);
     check(&dirs, &opts)?;
     let mut to_submit = Vec::with_capacity(dirs.len());
+    let mut under_way: Vec<u64> = Vec::new();
     for (dir, prior) in dirs.iter().zip(status(&dirs)?) {
         match rerun_decision(dir, &prior, a.rerun.retry_failed && !a.test_only)? {
             Rerun::Run => to_submit.push(dir.clone()),
-            why => t.row([prior.id.clone(), format!("not submitted: {why}")]),
+            why => {
+                if let Rerun::UnderWay { job_id: Some(job) } = &why {
+                    // An array task `123_4` is part of array job 123, which a chain waits for.
+                    under_way.extend(job.split('_').next().and_then(|j| j.parse::<u64>().ok()));
+                }
+                t.row([prior.id.clone(), format!("not submitted: {why}")]);
+            }
         }
+    }
+    // Slurm numbers jobs in the order it takes them: the latest under way ends the chain so far.
+    if a.chain {
+        opts.chain_after = under_way.into_iter().max().map(|j| j.to_string());
     }
     let skipped = t.rows.len();
     let done = submit(&root, &to_submit, &opts)?;
