@@ -2,11 +2,13 @@
 //! a run, not with the number of ranks or lines.
 //!
 //! Every merge here is associative and commutative, and exact: maxima, integer sums, and choices
-//! by a total order (the lowest step, the highest step, the lowest rank on ties). Durations are
+//! by a total order (the lowest step, the highest step, the lowest rank on ties, then the values
+//! themselves, so that two records alike in all but those still give one result). Durations are
 //! summed as integer nanoseconds for that reason; floating-point sums, whose result depends on
 //! their order, are only formed at the end, in step or rank order. So the result is the same
 //! whatever order files and byte ranges are read in, and however the files are cut.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use zerobench_schema::collective::CommKey;
@@ -71,10 +73,25 @@ impl StepSlot {
         }
     }
 
+    /// The order in which a record takes a step: the longer step, the lower rank on ties, and then
+    /// (one rank's step logged twice with one time, as in a log appended to itself with other
+    /// phases) the phase times by `f64::total_cmp`, so that the step and its phases come from one
+    /// record whatever the order records are merged in. `total_cmp` also tells −0 from +0.
+    fn precedence(&self, o: &StepSlot) -> Ordering {
+        self.step_ms
+            .total_cmp(&o.step_ms)
+            .then(o.slowest_rank.cmp(&self.slowest_rank))
+            .then(self.forward_ms.total_cmp(&o.forward_ms))
+            .then(self.backward_ms.total_cmp(&o.backward_ms))
+            .then(self.optimizer_ms.total_cmp(&o.optimizer_ms))
+            .then(self.comm_ms.total_cmp(&o.comm_ms))
+            .then(self.exposed_comm_ms.total_cmp(&o.exposed_comm_ms))
+    }
+
     pub fn merge(&mut self, o: &StepSlot) {
         // The step is the slowest rank's, and so are its phases: taken from one rank, they add up
         // to its step time (maxima taken field by field from different ranks would not).
-        if o.step_ms > self.step_ms || (o.step_ms == self.step_ms && o.slowest_rank < self.slowest_rank) {
+        if o.precedence(self) == Ordering::Greater {
             self.step_ms = o.step_ms;
             self.slowest_rank = o.slowest_rank;
             self.forward_ms = o.forward_ms;
@@ -250,7 +267,7 @@ impl StateBytes {
     pub fn key(&self) -> (u64, u64, u64, u64, u64, u64, zerobench_schema::memory::ParamPath) {
         let d = &self.device;
         (
-            d.total() + self.host_bytes,
+            d.total().saturating_add(self.host_bytes),
             d.params_bytes,
             d.grads_bytes,
             d.optimizer_bytes,
@@ -482,6 +499,13 @@ mod tests {
             x.merge(&RankAcc { states: Some(b), ..RankAcc::default() });
             assert_eq!(x.states, Some(large), "{a:?} with {b:?}");
         }
+        // Counts as large as they go (a hostile log) are the largest, not wrapped to small ones.
+        let (huge, large) = (states(u64::MAX, 2), states(10, 5));
+        for (a, b) in [(huge, large), (large, huge)] {
+            let mut x = RankAcc { states: Some(a), ..RankAcc::default() };
+            x.merge(&RankAcc { states: Some(b), ..RankAcc::default() });
+            assert_eq!(x.states, Some(huge), "{a:?} with {b:?}");
+        }
     }
 
     /// Messages longer than [`MAX_MESSAGE`] characters are cut there (and marked); shorter ones
@@ -512,6 +536,58 @@ mod tests {
             let mut m = a;
             m.merge(&b);
             assert_eq!((m.ranks, m.slowest_rank, m.forward_ms), (2, 0, 3.0), "{a:?} with {b:?}");
+        }
+    }
+
+    /// One rank's step logged twice with one step time and other phases (a duplicated step): the
+    /// step keeps one record's phases, the same whichever is merged into the other, and however
+    /// several are grouped; a step time of −0 and one of +0 likewise.
+    #[test]
+    fn a_step_logged_twice_with_one_time_merges_the_same_in_either_order() {
+        let slot = |step_ms: f64, phases: [f64; 5]| StepSlot {
+            ranks: 1,
+            step_ms,
+            slowest_rank: 3,
+            forward_ms: phases[0],
+            backward_ms: phases[1],
+            optimizer_ms: phases[2],
+            comm_ms: phases[3],
+            exposed_comm_ms: phases[4],
+            tokens: 8,
+            samples: 2,
+        };
+        let bits = |s: &StepSlot| {
+            [s.step_ms, s.forward_ms, s.backward_ms, s.optimizer_ms, s.comm_ms, s.exposed_comm_ms].map(f64::to_bits)
+        };
+        let cases = [
+            [slot(10.0, [3.0, 6.0, 1.0, 0.5, 0.0]), slot(10.0, [4.0, 5.0, 1.0, 0.5, 0.0])],
+            // Equal up to the last phase, and up to its sign.
+            [slot(10.0, [3.0, 6.0, 1.0, 0.5, 0.25]), slot(10.0, [3.0, 6.0, 1.0, 0.5, 0.0])],
+            [slot(10.0, [3.0, 6.0, 1.0, 0.5, 0.0]), slot(10.0, [3.0, 6.0, 1.0, 0.5, -0.0])],
+            [slot(0.0, [0.0; 5]), slot(-0.0, [0.0; 5])],
+        ];
+        for [a, b] in cases {
+            let mut ab = a;
+            ab.merge(&b);
+            let mut ba = b;
+            ba.merge(&a);
+            assert_eq!(bits(&ab), bits(&ba), "{a:?} with {b:?}");
+            assert_eq!((ab.ranks, ab.tokens, ab.samples), (2, 8, 2));
+            assert_eq!((ba.ranks, ba.tokens, ba.samples), (2, 8, 2));
+            // One record's phases, not a mixture of the two.
+            assert!(bits(&ab) == bits(&a) || bits(&ab) == bits(&b), "{ab:?}");
+            // Three copies, merged in every grouping and order into an empty slot.
+            let c = a;
+            let orders = [[a, b, c], [b, a, c], [c, b, a], [b, c, a]];
+            let merged: Vec<_> = orders
+                .iter()
+                .map(|order| {
+                    let mut m = StepSlot::default();
+                    order.iter().for_each(|s| m.merge(s));
+                    (bits(&m), m.ranks)
+                })
+                .collect();
+            assert!(merged.iter().all(|m| *m == (bits(&ab), 3)), "{merged:?}");
         }
     }
 

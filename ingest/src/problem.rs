@@ -93,6 +93,18 @@ pub enum ProblemKind {
          (a log appended to itself, or a run restarted into its old log)"
     )]
     RepeatedSteps { records: u64, steps: u64, first: u32, last: u32 },
+    /// A `start` record after the first of a rank log: a run restarted into its old log, or
+    /// another run's log appended (`other_run` names that run where its id differs). The records
+    /// after it are read as the first start's run.
+    #[error(
+        "another start record{}: a run restarted into this log, or another run's log appended; \
+         its records are read as this run's",
+        other_run.as_ref().map(|id| format!(" (run {id})")).unwrap_or_default()
+    )]
+    AnotherStart {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        other_run: Option<String>,
+    },
     /// Rank files that the run's world size says should exist are absent.
     #[error("{count} of {world_size} rank logs of run {run_id} missing (ranks {ranks})")]
     MissingRanks { run_id: String, count: u64, world_size: u32, ranks: String },

@@ -10,6 +10,11 @@
 //!
 //! Line numbers in problems are counted per range while reading and made absolute at the end,
 //! from the number of lines each earlier range of the same file had.
+//!
+//! A log's `start` records are noted by every range with their line: the file's first is its
+//! own (read in phase one), and every later one (a run restarted into its old log, another
+//! run's log appended) is reported once the ranges of the file are put in order, so which
+//! start is the first does not depend on where the file was cut.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -83,8 +88,14 @@ struct RangeReport {
     lines: u64,
     problems: Vec<(u64, ProblemKind)>,
     problems_total: u64,
+    starts: Vec<StartSeen>,
+    starts_total: u64,
     io_error: Option<String>,
 }
+
+/// A `start` record seen in a range: its line (from the range's start) and its run id where
+/// that differs from the run's.
+type StartSeen = (u64, Option<String>);
 
 #[derive(Default)]
 struct ChunkOut {
@@ -92,6 +103,10 @@ struct ChunkOut {
     slots: Vec<(u32, StepSlot)>,
     problems: Vec<(u64, ProblemKind)>,
     problems_total: u64,
+    /// The range's first start records (one more than the problems listed per file: the file's
+    /// own start may be among them), and how many there were.
+    starts: Vec<StartSeen>,
+    starts_total: u64,
     lines: u64,
     io_error: Option<String>,
 }
@@ -135,7 +150,8 @@ pub fn read_runs<R: Send>(
             let file = &plan.files[c.file];
             let max_steps = plan.start.config.steps.min(MAX_STEPS);
             let warmup = opts.warmup.unwrap_or(plan.start.config.warmup);
-            let out = read_chunk(&file.path, file.rank, (c.start, c.end.min(file.len)), warmup, max_steps);
+            let ctx = RangeCtx { rank: file.rank, run_id: &plan.start.run_id, warmup, max_steps };
+            let out = read_chunk(&file.path, (c.start, c.end.min(file.len)), ctx);
             {
                 let mut run = runs[c.run].lock().unwrap_or_else(|p| p.into_inner());
                 run.ranks.entry(file.rank).or_default().merge(&out.rank);
@@ -153,6 +169,8 @@ pub fn read_runs<R: Send>(
                 lines: out.lines,
                 problems: out.problems,
                 problems_total: out.problems_total,
+                starts: out.starts,
+                starts_total: out.starts_total,
                 io_error: out.io_error,
             }
         })
@@ -168,12 +186,21 @@ pub fn read_runs<R: Send>(
         let mut offset = 0u64;
         let mut listed: Vec<Problem> = Vec::new();
         let mut total = 0u64;
+        // Start records after the file's first: problems, but not bad lines (their records are read).
+        let mut starts_total = 0u64;
         while i < chunks.len() && chunks[i].run == run && chunks[i].file == file {
             let out = &outs[i];
             for (line, kind) in &out.problems {
                 listed.push(Problem::at_line(path, offset + line, kind.clone()));
             }
             total += out.problems_total;
+            // The file's own start is the first of its first range that saw one.
+            let own = usize::from(starts_total == 0 && out.starts_total > 0);
+            starts_total += out.starts_total;
+            for (line, other_run) in out.starts.iter().skip(own) {
+                let kind = ProblemKind::AnotherStart { other_run: other_run.clone() };
+                listed.push(Problem::at_line(path, offset + line, kind));
+            }
             if let Some(message) = &out.io_error {
                 listed.push(Problem::file(path, ProblemKind::Io { message: message.clone() }));
                 total += 1;
@@ -185,6 +212,7 @@ pub fn read_runs<R: Send>(
         stats.lines += offset;
         stats.bytes += plans[run].files[file].len;
         stats.bad_lines += total;
+        total += starts_total.saturating_sub(1);
         listed.sort();
         listed.truncate(MAX_PROBLEMS_PER_FILE);
         let more = total.saturating_sub(listed.len() as u64);
@@ -202,7 +230,15 @@ pub fn read_runs<R: Send>(
     (reports, problems, stats)
 }
 
-fn read_chunk(path: &Path, rank: u32, (start, end): (u64, u64), warmup: u32, max_steps: u32) -> ChunkOut {
+/// What a range's reader knows of its file and run.
+struct RangeCtx<'p> {
+    rank: u32,
+    run_id: &'p str,
+    warmup: u32,
+    max_steps: u32,
+}
+
+fn read_chunk(path: &Path, (start, end): (u64, u64), range: RangeCtx<'_>) -> ChunkOut {
     let mut out = ChunkOut::default();
     // Step records are 500-1000 bytes: sized once instead of grown by copying.
     out.slots.reserve(usize::try_from(end.saturating_sub(start) / 450).unwrap_or(0));
@@ -217,7 +253,8 @@ fn read_chunk(path: &Path, rank: u32, (start, end): (u64, u64), warmup: u32, max
         // One read buffer per worker thread, reused by every range it reads.
         static WINDOW: RefCell<Window> = RefCell::new(Window::new(2 * BLOCK));
     }
-    let mut ctx = LineCtx { rank, warmup, max_steps, out: &mut out };
+    let RangeCtx { rank, run_id, warmup, max_steps } = range;
+    let mut ctx = LineCtx { rank, run_id, warmup, max_steps, out: &mut out };
     let res = WINDOW.with_borrow_mut(|win| {
         for_each_line_in(win, file, start, end, MAX_LINE, BLOCK, |n, line| {
             ctx.line(n, line);
@@ -233,6 +270,7 @@ fn read_chunk(path: &Path, rank: u32, (start, end): (u64, u64), warmup: u32, max
 
 struct LineCtx<'o> {
     rank: u32,
+    run_id: &'o str,
     warmup: u32,
     max_steps: u32,
     out: &'o mut ChunkOut,
@@ -285,12 +323,12 @@ impl LineCtx<'_> {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return;
         }
-        if let Err(why) = self.record(bytes) {
+        if let Err(why) = self.record(n, bytes) {
             self.refused(n, why, bytes, unterminated);
         }
     }
 
-    fn record(&mut self, bytes: &[u8]) -> Result<(), Refused> {
+    fn record(&mut self, n: u64, bytes: &[u8]) -> Result<(), Refused> {
         if bytes.starts_with(STEP_PREFIX) {
             // A step line the scanner does not take is judged by the schema's parser below, like
             // every other line: one rule decides what is valid.
@@ -298,10 +336,18 @@ impl LineCtx<'_> {
                 return Ok(self.step(&s)?);
             }
         } else if bytes.starts_with(b"{\"event\":\"start\",") {
-            // Read in phase one.
+            // Read in phase one, which reports the first if it cannot be read; here only noted
+            // (one line a log, or a few where runs were restarted into it).
+            if let Ok(Record::Start(s)) = parse_line(bytes) {
+                self.start(n, &s.run_id);
+            }
             return Ok(());
         }
         let rec = parse_line(bytes).map_err(Refused::Unparsed)?;
+        if let Record::Start(s) = &rec {
+            self.start(n, &s.run_id);
+            return Ok(());
+        }
         if rec.rank() != self.rank {
             return Err(ProblemKind::WrongRank { expected: self.rank, found: rec.rank() }.into());
         }
@@ -337,6 +383,16 @@ impl LineCtx<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Notes a start record on line `n`; whether it is the file's own is decided once every range
+    /// of the file is read.
+    fn start(&mut self, n: u64, run_id: &str) {
+        self.out.starts_total += 1;
+        if self.out.starts.len() <= MAX_PROBLEMS_PER_FILE {
+            let other_run = (run_id != self.run_id).then(|| run_id.to_string());
+            self.out.starts.push((n, other_run));
+        }
     }
 
     fn step(&mut self, s: &StepLine<'_>) -> Result<(), ProblemKind> {

@@ -247,10 +247,16 @@ impl RunRow {
         RunRow { run_id, source, dir, model, status, ..RunRow::default() }
     }
 
-    /// Model states per rank (the largest rank's), device and host together.
+    /// Model states per rank (the largest rank's), device and host together; saturating at
+    /// `u64::MAX`, as the counts are a log's.
     pub fn state_bytes(&self) -> Option<u64> {
-        let device = [self.state_params_bytes?, self.state_grads_bytes?, self.state_optimizer_bytes?];
-        Some(device.iter().sum::<u64>() + self.host_state_bytes.unwrap_or(0))
+        let parts = [
+            self.state_params_bytes?,
+            self.state_grads_bytes?,
+            self.state_optimizer_bytes?,
+            self.host_state_bytes.unwrap_or(0),
+        ];
+        Some(parts.into_iter().fold(0u64, u64::saturating_add))
     }
 
     /// The median step split into disjoint phases by their shares of the measured time. Medians
@@ -518,5 +524,19 @@ mod tests {
         assert_eq!(r.state_bytes(), Some(15));
         r.state_grads_bytes = None;
         assert_eq!(r.state_bytes(), None);
+    }
+
+    /// Byte counts a hostile log makes as large as they go: the sum stops at `u64::MAX`, not
+    /// wrapped round to a small number.
+    #[test]
+    fn state_bytes_saturate() {
+        let mut r = RunRow::new("r".into(), Source::Zerobench, "d".into(), "gpt2".into(), Status::Ok);
+        (r.state_params_bytes, r.state_grads_bytes, r.state_optimizer_bytes) = (Some(u64::MAX), Some(2), Some(2));
+        assert_eq!(r.state_bytes(), Some(u64::MAX));
+        (r.state_params_bytes, r.state_grads_bytes, r.state_optimizer_bytes) = (Some(1), Some(2), Some(4));
+        r.host_state_bytes = Some(u64::MAX - 6);
+        assert_eq!(r.state_bytes(), Some(u64::MAX));
+        r.host_state_bytes = Some(u64::MAX - 8);
+        assert_eq!(r.state_bytes(), Some(u64::MAX - 1));
     }
 }

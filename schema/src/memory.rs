@@ -48,8 +48,10 @@ pub struct ModelStateBytes {
 }
 
 impl ModelStateBytes {
+    /// All three, saturating at `u64::MAX`: the counts may be a log's, and a hostile log's must not
+    /// wrap the sum (release builds do not check) into a small one.
     pub fn total(&self) -> u64 {
-        self.params_bytes + self.grads_bytes + self.optimizer_bytes
+        self.params_bytes.saturating_add(self.grads_bytes).saturating_add(self.optimizer_bytes)
     }
 }
 
@@ -289,6 +291,20 @@ mod tests {
         let psi = padded_params(&spec, 2);
         assert_eq!(model_state_for(&spec, ZeroStage::Z0, Precision::Bf16, 2).total(), 16 * psi);
         assert_eq!(model_state_for(&spec, ZeroStage::Z3, Precision::Bf16, 2).total(), 8 * psi);
+    }
+
+    /// The total of counts a hostile log makes as large as they go stops at `u64::MAX`, not
+    /// wrapped round to a small number (release builds do not check).
+    #[test]
+    fn total_saturates() {
+        let b =
+            |params_bytes, grads_bytes, optimizer_bytes| ModelStateBytes { params_bytes, grads_bytes, optimizer_bytes };
+        assert_eq!(b(1, 2, 4).total(), 7);
+        assert_eq!(b(u64::MAX, 2, 2).total(), u64::MAX);
+        assert_eq!(b(2, u64::MAX, 2).total(), u64::MAX);
+        assert_eq!(b(2, 2, u64::MAX).total(), u64::MAX);
+        assert_eq!(b(u64::MAX, u64::MAX, u64::MAX).total(), u64::MAX);
+        assert_eq!(b(u64::MAX - 7, 3, 3).total(), u64::MAX - 1);
     }
 
     /// Padding rounds a unit up to a multiple of world size × 128 elements, never down.

@@ -759,3 +759,148 @@ fn losses_and_counters_that_are_not_finite_give_no_figures() {
     assert_eq!((row.status, row.steps_measured), (Status::Ok, 4));
     assert_eq!((row.final_loss, row.energy_j_per_token, row.avg_power_w_per_gpu), (None, None, None));
 }
+
+/// A second `start` record in a rank log (a run restarted into its old log, or another run's log
+/// appended to it) is reported at its line, naming the other run where its id differs; the file's
+/// own start is not, even below a broken first line. The same however the files are cut into
+/// ranges, and the line is no bad line: the records after it are read.
+#[test]
+fn a_second_start_record_is_reported_at_its_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    let (log0, log1) = (dir.join("rank0.jsonl"), dir.join("rank1.jsonl"));
+    let text0 = fs::read_to_string(&log0).unwrap();
+    let text1 = fs::read_to_string(&log1).unwrap();
+    // start, setup, 6 steps and end.
+    assert_eq!(text0.lines().count(), 9);
+    // Rank 0 restarted into its own log, below a broken first line: its second start is line 11.
+    fs::write(&log0, format!("garbage\n{text0}{text0}")).unwrap();
+    // Another run's rank 1 log appended to rank 1's: its start is line 10.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let mut other = run("q", ModelPreset::Gpt2, ZeroStage::Z1, 4, 2, 50.0);
+    other.seed = 9;
+    other.write_ranks(elsewhere.path(), [1]).unwrap();
+    let text_q = fs::read_to_string(elsewhere.path().join("rank1.jsonl")).unwrap();
+    fs::write(&log1, format!("{text1}{text_q}")).unwrap();
+
+    let got = read(tmp.path());
+    let starts: Vec<(String, Option<u64>, ProblemKind)> = got
+        .problems
+        .iter()
+        .filter(|p| matches!(p.kind, ProblemKind::AnotherStart { .. }))
+        .map(|p| (p.path.file_name().unwrap().to_string_lossy().into_owned(), p.line, p.kind.clone()))
+        .collect();
+    assert_eq!(
+        starts,
+        [
+            ("rank0.jsonl".into(), Some(11), ProblemKind::AnotherStart { other_run: None }),
+            ("rank1.jsonl".into(), Some(10), ProblemKind::AnotherStart { other_run: Some("q".into()) }),
+        ],
+        "{:#?}",
+        got.problems
+    );
+    let text = |name: &str| {
+        got.problems.iter().find(|p| p.path.ends_with(name) && p.line.is_some_and(|l| l > 1)).unwrap().to_string()
+    };
+    assert!(
+        text("rank1.jsonl").ends_with(
+            "rank1.jsonl:10: another start record (run q): a run restarted into this log, or another run's log \
+             appended; its records are read as this run's"
+        ),
+        "{}",
+        text("rank1.jsonl")
+    );
+    assert!(
+        text("rank0.jsonl").ends_with(
+            "rank0.jsonl:11: another start record: a run restarted into this log, or another run's log appended; \
+             its records are read as this run's"
+        ),
+        "{}",
+        text("rank0.jsonl")
+    );
+    // The broken first line is the only bad line; the records after the starts are read.
+    assert!(got.problems.iter().any(|p| p.path == log0 && p.line == Some(1)), "{:#?}", got.problems);
+    assert_eq!(got.stats.bad_lines, 1);
+    assert_eq!(got.runs.len(), 1);
+    assert_eq!(got.runs[0].row.status, Status::Ok);
+    assert_eq!(got.problems.iter().filter(|p| matches!(p.kind, ProblemKind::RepeatedSteps { .. })).count(), 2);
+    // Cut into ranges of every size, down to a byte: the same problems.
+    for chunk_bytes in [1, 7, 100, 1000, 5000] {
+        let cut = read_with(tmp.path(), &Options { chunk_bytes, ..Options::default() });
+        assert_eq!(cut.problems, got.problems, "ranges of {chunk_bytes} bytes");
+        assert_eq!(cut.stats, got.stats, "ranges of {chunk_bytes} bytes");
+    }
+}
+
+/// A log restarted into many times lists its first start records after its own like any other
+/// problems, and counts the rest, however the file is cut.
+#[test]
+fn many_start_records_are_listed_then_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    let log = dir.join("rank1.jsonl");
+    let text = fs::read_to_string(&log).unwrap();
+    fs::write(&log, text.repeat(25)).unwrap();
+    for chunk_bytes in [1, 1000, 32 << 20] {
+        let got = read_with(tmp.path(), &Options { chunk_bytes, ..Options::default() });
+        let listed: Vec<(Option<u64>, ProblemKind)> = got
+            .problems
+            .iter()
+            .filter(|p| p.path == log && !matches!(p.kind, ProblemKind::RepeatedSteps { .. }))
+            .map(|p| (p.line, p.kind.clone()))
+            .collect();
+        let mut want: Vec<(Option<u64>, ProblemKind)> =
+            (1..=20).map(|i| (Some(9 * i + 1), ProblemKind::AnotherStart { other_run: None })).collect();
+        want.push((None, ProblemKind::More { count: 4 }));
+        assert_eq!(listed, want, "ranges of {chunk_bytes} bytes");
+        assert_eq!(got.stats.bad_lines, 0, "ranges of {chunk_bytes} bytes");
+    }
+}
+
+/// A step one rank logged twice with one step time but other phases (a duplicated step): the
+/// step's phases are one record's, the same whichever copy comes first in the log.
+#[test]
+fn a_step_logged_twice_with_one_time_reads_the_same_in_either_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    let log = dir.join("rank1.jsonl");
+    let text = fs::read_to_string(&log).unwrap();
+    let mut lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let at = lines.iter().position(|v| is_step(v, 3)).unwrap();
+    // Rank 1 the slowest at step 3, with one step time twice and the time moved between phases.
+    lines[at]["step_ms"] = serde_json::json!(1000.0);
+    let mut copy = lines[at].clone();
+    copy["forward_ms"] = serde_json::json!(copy["forward_ms"].as_f64().unwrap() + 100.0);
+    copy["backward_ms"] = serde_json::json!(copy["backward_ms"].as_f64().unwrap() + 200.0);
+    let rows: Vec<_> = [at, at + 1]
+        .into_iter()
+        .map(|i| {
+            let mut l = lines.clone();
+            l.insert(i, copy.clone());
+            let out: String = l.iter().map(|v| format!("{}\n", serde_json::to_string(v).unwrap())).collect();
+            fs::write(&log, out).unwrap();
+            let got = read(tmp.path());
+            assert_eq!(got.runs.len(), 1);
+            got.runs[0].row.clone()
+        })
+        .collect();
+    assert_eq!(rows[0], rows[1]);
+}
+
+/// Model-state byte counts as large as they go (a hostile setup record) add up to `u64::MAX`,
+/// not wrapped round to a few bytes.
+#[test]
+fn model_states_beyond_what_a_count_holds_saturate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    edit_ranks(&dir, |mut v| {
+        if v["event"] == "setup" {
+            v["model_state"] = serde_json::json!({"params_bytes": u64::MAX, "grads_bytes": 2, "optimizer_bytes": 2});
+        }
+        Some(v)
+    });
+    let got = read(tmp.path());
+    let row = &got.runs[0].row;
+    assert_eq!(row.state_params_bytes, Some(u64::MAX));
+    assert_eq!(row.state_bytes(), Some(u64::MAX));
+}
