@@ -88,8 +88,9 @@ pub struct Run {
 }
 
 impl Run {
+    /// Nodes × ranks per node; a planned run's product fits a u32 (checked when it was planned).
     pub fn world_size(&self) -> u32 {
-        self.nodes * self.ranks_per_node
+        self.nodes.saturating_mul(self.ranks_per_node)
     }
 
     /// Seconds a step's collectives take if none overlaps computation and each reaches the given
@@ -303,7 +304,13 @@ fn make_run(
         id.push('_');
         id.push_str(k.id_part());
     }
-    let world = nodes * ranks_per_node;
+    // Both are the spec's to choose: a product past u32 wrapped (4294967295 × 4294967295 ranks
+    // planned as 1), so it is refused at the block's nodes.
+    let Some(world) = nodes.checked_mul(ranks_per_node) else {
+        let why =
+            format!("run {id}: {nodes} nodes × {ranks_per_node} ranks per node is more ranks than a run can have");
+        return Err(spec.error_at(&spec.sweep_key(b, "nodes"), why));
+    };
     let mut warnings = Vec::new();
     let fail = |e: &ConfigError| spec.error_at(&key_of_flag(spec, b, e, knobs), format!("run {id}: {e}"));
     config.validate(Some(world)).map_err(|e| fail(&e))?;
@@ -1030,5 +1037,17 @@ mod tests {
         let e = plan("worker: {profile_step: soon}\nsweep: {models: tiny}\n").unwrap_err().to_string();
         assert!(e.starts_with("s.yaml:1:24: worker.profile_step: must be a whole number"), "{e}");
         assert!(plan("worker: {steps: 3}\nsweep: {models: tiny}\n").unwrap().spec.worker.observe_args().is_empty());
+    }
+
+    /// Nodes × ranks per node past what a run can have was a wrapping product (4294967295 ×
+    /// 4294967295 planned as 1 rank): refused at the block's nodes, naming both.
+    #[test]
+    fn a_world_size_past_u32_is_refused() {
+        let e = plan("sweep:\n  models: tiny\n  nodes: 4294967295\n  ranks_per_node: 4294967295\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sweep.nodes") && e.contains("4294967295 nodes × 4294967295 ranks per node"), "{e}");
+        let e = plan("sweep:\n  models: tiny\n  nodes: 65536\n  ranks_per_node: 65536\n").unwrap_err().to_string();
+        assert!(e.contains("more ranks than a run can have"), "{e}");
     }
 }

@@ -630,3 +630,14 @@ fn a_requeued_job_sets_the_first_attempts_logs_aside() {
     let third = attempt(None);
     assert_eq!(third.status.code(), Some(5), "not a restart: the finished run's logs are not set aside");
 }
+
+/// A mistyped spec or folder given to `submit` is named in the error (it said only "No such file
+/// or directory"), exit 2, before any Slurm command runs.
+#[test]
+fn submit_names_a_target_that_is_not_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-spec.yaml");
+    let o = zerobench(&["submit", missing.to_str().unwrap(), "--out", dir.path().join("x").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("{}: neither a spec file nor a folder", missing.display())), "{}", stderr(&o));
+}

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use zerobench_launcher::rerun::{render_over, rerun_decision, Rerun};
 use zerobench_launcher::status::status;
 use zerobench_launcher::submit::{check, submit, SubmitOptions};
@@ -65,7 +65,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         let dirs = render_over(&plan, out, on_change)?.into_iter().map(|(d, _)| d).collect();
         (std::fs::canonicalize(out)?, dirs, lock)
     } else {
-        let root = std::fs::canonicalize(&a.target)?;
+        // Neither a spec file nor a folder that exists: a mistyped path, named.
+        let root = std::fs::canonicalize(&a.target)
+            .with_context(|| format!("{}: neither a spec file nor a folder of run folders", a.target.display()))?;
         let dirs = run_dirs(&root)?;
         let root = if dirs.len() == 1 && dirs[0] == root { root.parent().unwrap_or(&root).to_path_buf() } else { root };
         let lock = crate::lock::lock(&root, "submit")?;
