@@ -255,6 +255,23 @@ fn resource_key(rec: &RunRecord) -> Result<String, Error> {
         .join("\n"))
 }
 
+/// The name of the job arrays' scripts in the output folder, before their number.
+const ARRAY_PREFIX: &str = "zerobench-array-";
+
+/// One past the highest number of an array script already in `root` (0 where there is none).
+fn next_array_index(root: &Path) -> Result<usize, Error> {
+    let entries = std::fs::read_dir(root).map_err(|e| Error::io(root, e))?;
+    Ok(entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let k = name.to_str()?.strip_prefix(ARRAY_PREFIX)?.strip_suffix(".sbatch")?.parse::<usize>().ok()?;
+            Some(k + 1)
+        })
+        .max()
+        .unwrap_or(0))
+}
+
 /// The script of one job array: task `i` runs the `i`-th run folder's `job.sbatch` with bash (its
 /// `#SBATCH` lines are comments there), its output going into that run folder.
 pub fn array_script(root: &Path, name: &str, group: &[&(PathBuf, RunRecord)]) -> Result<String, Error> {
@@ -289,13 +306,21 @@ fn submit_arrays(
     }
     let mut out = Vec::new();
     let mut previous: Option<String> = opts.chain_after.clone();
+    // Numbered after the arrays submitted before into this folder, whose scripts the runs'
+    // slurm.json name: rewritten, a record would no longer say what its task ran.
+    let first = next_array_index(root)?;
     for (k, group) in groups.values().enumerate() {
         held.check(out.len(), records.len())?;
-        let name = format!("zerobench-array-{k}");
+        let name = format!("{ARRAY_PREFIX}{}", first + k);
         let script = root.join(format!("{name}.sbatch"));
         crate::files::write(&script, array_script(root, &name, group)?.as_bytes())?;
         let deps = dependencies(opts, previous.as_deref());
-        let job = sbatch(&script, &deps, opts)?;
+        let answer = sbatch(&script, &deps, opts);
+        if opts.test_only {
+            // Asked, not submitted: no script of a job that never was stays behind.
+            let _ = std::fs::remove_file(&script);
+        }
+        let job = answer?;
         tracing::info!(array = %name, runs = group.len(), job = %job, "submitted");
         for (task, (dir, rec)) in group.iter().enumerate() {
             if !opts.test_only {
@@ -417,6 +442,26 @@ mod tests {
         /// `--array`: one job array per group of runs asking for the same resources (here, by
         /// node count), its script running each run folder's job; each run records its task. A
         /// chain makes the second array wait for the first; the first has no dependency.
+        /// A second `--array` submission into the folder (`--retry-failed` of some runs) numbers
+        /// its arrays after the first's, whose scripts the first runs' slurm.json name: they stay
+        /// as they ran. `--test-only` leaves no script of a job that never was.
+        #[test]
+        fn later_arrays_keep_the_scripts_of_earlier_ones() {
+            let tmp = tempfile::tempdir().unwrap();
+            let (dirs, _) = sweep_and_stub(tmp.path());
+            let root = tmp.path();
+            let opts = SubmitOptions { array: true, ..SubmitOptions::default() };
+            submit(root, &dirs, &opts).unwrap();
+            let first = std::fs::read_to_string(root.join("zerobench-array-0.sbatch")).unwrap();
+            let test = SubmitOptions { array: true, test_only: true, ..SubmitOptions::default() };
+            submit(root, &dirs[..1], &test).unwrap();
+            assert!(!root.join("zerobench-array-2.sbatch").exists(), "a test left its script");
+            submit(root, &dirs[..1], &opts).unwrap();
+            assert_eq!(std::fs::read_to_string(root.join("zerobench-array-0.sbatch")).unwrap(), first);
+            assert_eq!(record(&dirs[0]).unwrap().script, root.join("zerobench-array-2.sbatch"));
+            assert!(root.join("zerobench-array-2.sbatch").is_file());
+        }
+
         #[test]
         fn runs_with_the_same_resources_share_a_job_array() {
             let tmp = tempfile::tempdir().unwrap();
