@@ -49,12 +49,30 @@ pub fn run_problems(plan: &RunPlan, acc: &RunAcc) -> Vec<Problem> {
     problems
 }
 
+/// Why a run whose every rank ended `ok` is still short of its steps, if it is: a rank whose
+/// `end` counts fewer steps than the run was configured for (the worker ends `ok` only after
+/// the last), or steps no rank's record was read for (lines lost from every log). Its figures
+/// are of fewer steps than it made.
+fn short_of_steps(acc: &RunAcc, steps: u32) -> Option<String> {
+    let short = acc.ranks.iter().find_map(|(r, a)| a.end.filter(|e| e.steps_completed < steps).map(|e| (*r, e)));
+    if let Some((rank, end)) = short {
+        return Some(format!("rank {rank} ended ok after {} of {steps} steps", end.steps_completed));
+    }
+    let reported = acc.slots.iter().filter(|(i, _)| *i < steps).count() as u32;
+    (reported < steps).then(|| format!("{} of {steps} steps have no record on any rank", steps - reported))
+}
+
 /// The report of one zerobench run.
 pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     let start = &plan.start;
     let cfg = &start.config;
     let world = start.world_size;
-    let (status, detail) = decide(&acc.ranks, world, plan.job_state);
+    let (status, detail) = match decide(&acc.ranks, world, plan.job_state) {
+        (Status::Ok, _) => {
+            short_of_steps(acc, cfg.steps).map_or((Status::Ok, None), |why| (Status::Incomplete, Some(why)))
+        }
+        decided => decided,
+    };
     let mut row = RunRow::new(
         start.run_id.clone(),
         Source::Zerobench,

@@ -904,3 +904,29 @@ fn model_states_beyond_what_a_count_holds_saturate() {
     assert_eq!(row.state_params_bytes, Some(u64::MAX));
     assert_eq!(row.state_bytes(), Some(u64::MAX));
 }
+
+/// Every rank ended `ok`, yet the run is short of its steps: an `end` counting fewer steps than
+/// configured (the worker ends `ok` only after the last), or steps no rank's record was read for
+/// (lines lost from every log). Incomplete, saying why, not a complete run of fewer steps.
+#[test]
+fn an_ok_end_short_of_the_steps_is_incomplete() {
+    let status = |edit: &dyn Fn(serde_json::Value) -> Option<serde_json::Value>| {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = one_run(tmp.path(), "r");
+        edit_ranks(&dir, edit);
+        let got = read(tmp.path());
+        (got.runs[0].row.status, got.runs[0].row.status_detail.clone().unwrap_or_default())
+    };
+    assert_eq!(status(&Some).0, Status::Ok);
+    let (st, why) = status(&|mut v| {
+        if v["event"] == "end" {
+            v["steps_completed"] = serde_json::json!(4);
+        }
+        Some(v)
+    });
+    assert_eq!(st, Status::Incomplete);
+    assert!(why.contains("ended ok after 4 of 6 steps"), "{why}");
+    let (st, why) = status(&|v| (!(is_step(&v, 4) || is_step(&v, 5))).then_some(v));
+    assert_eq!(st, Status::Incomplete);
+    assert_eq!(why, "2 of 6 steps have no record on any rank");
+}
