@@ -537,6 +537,10 @@ impl Spec {
             sweep_is_list: index.contains("sweep[0]"),
             index,
         };
+        if spec.sweep.is_empty() {
+            // `sweep: []` planned no run and exited 0, as if a sweep had been run.
+            return Err(spec.error_at("sweep", "the sweep is an empty list: give at least one block"));
+        }
         spec.anchor_paths();
         spec.check()?;
         Ok(spec)
@@ -1051,6 +1055,7 @@ mod tests {
         assert!(parse(&cpus(2)).is_ok(), "8 CPUs for 2 ranks of 4");
         assert!(err(&cpus(3)).contains("3 ranks × cluster.cpus_per_task 4 = 12 CPUs, but cluster.cpus_per_node is 8"));
         assert!(err("sweep: {models: ~}\n").contains("expected a value or a list of values"));
+        assert!(err("sweep: []\n").contains("sweep: the sweep is an empty list"));
     }
 
     /// Flow nesting is counted outside quotes and comments (a comment ends with its line), and
