@@ -10,6 +10,7 @@ pub mod error;
 pub mod files;
 pub mod hostfile;
 pub mod hostlist;
+pub mod interrupts;
 pub mod local;
 pub mod locate;
 pub mod plan;

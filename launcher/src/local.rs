@@ -16,11 +16,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 use crate::error::Error;
+use crate::interrupts::Held;
 use crate::status::{local_state, State};
 use crate::time::unix_now;
 
@@ -78,19 +76,14 @@ pub fn run_local(
     opts: &LocalOptions,
     progress: &mut dyn SweepProgress,
 ) -> Result<LocalRun, Error> {
-    let signal = Arc::new(AtomicUsize::new(0));
-    let mut registered = Vec::new();
-    for sig in [SIGINT, SIGTERM, SIGHUP] {
-        let id = signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)
-            .map_err(|e| Error::io(Path::new("signal handler"), e))?;
-        registered.push(id);
-    }
+    let held = Held::hold()?;
+    let signal = &held.signal;
     let started = Instant::now();
     let mut results = Vec::with_capacity(runs.len());
     let mut interrupted_by = None;
     for (i, (id, dir)) in runs.iter().enumerate() {
         progress.started(i, runs.len(), id);
-        let record = run_one(dir, opts.timeout, &signal)?;
+        let record = run_one(dir, opts.timeout, signal)?;
         let p = dir.join(LOCAL_RECORD);
         crate::files::write(&p, (serde_json::to_string_pretty(&record).unwrap_or_default() + "\n").as_bytes())?;
         let mut failure = None;
@@ -108,20 +101,8 @@ pub fn run_local(
             break;
         }
     }
-    for id in registered {
-        signal_hook::low_level::unregister(id);
-    }
+    drop(held);
     Ok(LocalRun { results, interrupted_by })
-}
-
-/// A signal's name as records and messages give it.
-pub(crate) fn signal_name(sig: usize) -> String {
-    match sig as libc::c_int {
-        SIGINT => "SIGINT".into(),
-        SIGTERM => "SIGTERM".into(),
-        SIGHUP => "SIGHUP".into(),
-        other => format!("signal {other}"),
-    }
 }
 
 fn run_one(dir: &Path, timeout: Option<Duration>, signal: &AtomicUsize) -> Result<LocalRecord, Error> {
@@ -147,7 +128,7 @@ fn run_one(dir: &Path, timeout: Option<Duration>, signal: &AtomicUsize) -> Resul
         signal: status.signal(),
         timed_out: ending == Ending::TimedOut,
         interrupted_by: match ending {
-            Ending::Interrupted(sig) => Some(signal_name(sig)),
+            Ending::Interrupted(sig) => Some(crate::interrupts::name(sig)),
             _ => None,
         },
         seconds: started.elapsed().as_secs_f64(),
@@ -204,6 +185,7 @@ fn wait(child: &mut Child, timeout: Option<Duration>, signal: &AtomicUsize) -> s
 #[cfg(test)]
 mod tests {
     use super::*;
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
     #[test]
     fn states_from_records() {
@@ -225,7 +207,7 @@ mod tests {
     #[test]
     fn signals_are_named() {
         for (sig, name) in [(SIGINT, "SIGINT"), (SIGTERM, "SIGTERM"), (SIGHUP, "SIGHUP"), (9, "signal 9")] {
-            assert_eq!(signal_name(sig as usize), name);
+            assert_eq!(crate::interrupts::name(sig as usize), name);
         }
     }
 

@@ -6,13 +6,12 @@ use std::fmt::Write as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
+use crate::interrupts::Held;
 use crate::quote::{sh, slurm_pattern_literal};
 use crate::render::{directives, read_record, RunRecord};
 use crate::slurm;
@@ -171,56 +170,28 @@ pub fn check(dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec<(PathBuf, Run
     Ok(records)
 }
 
-/// SIGINT, SIGTERM and SIGHUP held off while a sweep is submitted: one that comes while an
-/// `sbatch` is in flight is acted on once its job is recorded, so that every job Slurm took has
-/// its `slurm.json` and the next submit sends only what was not sent. Released when dropped.
-struct HeldInterrupts {
-    signal: Arc<AtomicUsize>,
-    ids: Vec<signal_hook::SigId>,
-}
-
-impl HeldInterrupts {
-    fn hold() -> Result<Self, Error> {
-        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-        let signal = Arc::new(AtomicUsize::new(0));
-        let mut ids = Vec::new();
-        for sig in [SIGINT, SIGTERM, SIGHUP] {
-            let id = signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)
-                .map_err(|e| Error::io(Path::new("signal handler"), e))?;
-            ids.push(id);
-        }
-        Ok(HeldInterrupts { signal, ids })
-    }
-
-    /// An error naming the signal, if one came: nothing more is submitted.
-    fn check(&self, submitted: usize, total: usize) -> Result<(), Error> {
-        match self.signal.load(Ordering::SeqCst) {
-            0 => Ok(()),
-            sig => Err(Error::Interrupted { signal: crate::local::signal_name(sig), submitted, total }),
-        }
-    }
-}
-
-impl Drop for HeldInterrupts {
-    fn drop(&mut self) {
-        for id in self.ids.drain(..) {
-            signal_hook::low_level::unregister(id);
-        }
+/// Stops the submission between two jobs if a signal came ([`crate::interrupts`]): a signal
+/// that comes while an `sbatch` is in flight is acted on once its job is recorded, so that every
+/// job Slurm took has its `slurm.json` and the next submit sends only what was not sent.
+fn stop_if_signalled(held: &Held, submitted: usize, total: usize) -> Result<(), Error> {
+    match held.received() {
+        None => Ok(()),
+        Some(signal) => Err(Error::Interrupted { signal, submitted, total }),
     }
 }
 
 /// Submits run folders (sorted by id). `root` holds the array scripts when `opts.array`.
-/// SIGINT, SIGTERM and SIGHUP stop it between two submissions ([`HeldInterrupts`]).
+/// SIGINT, SIGTERM and SIGHUP stop it between two submissions ([`stop_if_signalled`]).
 pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec<Submitted>, Error> {
     let records = check(dirs, opts)?;
-    let held = HeldInterrupts::hold()?;
+    let held = Held::hold()?;
     if opts.array {
         return submit_arrays(root, &records, opts, &held);
     }
     let mut out = Vec::new();
     let mut previous: Option<String> = opts.chain_after.clone();
     for (dir, rec) in &records {
-        held.check(out.len(), records.len())?;
+        stop_if_signalled(&held, out.len(), records.len())?;
         let script = dir.join("job.sbatch");
         let deps = dependencies(opts, previous.as_deref());
         let job = sbatch(&script, &deps, opts)?;
@@ -298,7 +269,7 @@ fn submit_arrays(
     root: &Path,
     records: &[(PathBuf, RunRecord)],
     opts: &SubmitOptions,
-    held: &HeldInterrupts,
+    held: &Held,
 ) -> Result<Vec<Submitted>, Error> {
     let mut groups: BTreeMap<String, Vec<&(PathBuf, RunRecord)>> = BTreeMap::new();
     for r in records {
@@ -310,7 +281,7 @@ fn submit_arrays(
     // slurm.json name: rewritten, a record would no longer say what its task ran.
     let first = next_array_index(root)?;
     for (k, group) in groups.values().enumerate() {
-        held.check(out.len(), records.len())?;
+        stop_if_signalled(held, out.len(), records.len())?;
         let name = format!("{ARRAY_PREFIX}{}", first + k);
         let script = root.join(format!("{name}.sbatch"));
         crate::files::write(&script, array_script(root, &name, group)?.as_bytes())?;
