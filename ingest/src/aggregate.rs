@@ -33,11 +33,17 @@ pub struct Settings {
 }
 
 /// The problems a run's records show only once all of them are read: a rank log with more
-/// measured step records than steps between its first and last ([`ProblemKind::RepeatedSteps`]).
+/// measured step records than steps between its first and last ([`ProblemKind::RepeatedSteps`]),
+/// and a `--warmup` that leaves the run no measured step ([`ProblemKind::NothingMeasured`]).
 /// The figures hold up (a step's slot keeps its slowest record, throughput takes each rank's
 /// mean step), but such a log is not what the run wrote once.
-pub fn run_problems(plan: &RunPlan, acc: &RunAcc) -> Vec<Problem> {
+pub fn run_problems(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> Vec<Problem> {
     let mut problems = Vec::new();
+    // `--warmup` at or past the run's last step leaves it no measured step: no time figure.
+    let steps = plan.start.config.steps;
+    if let Some(warmup) = settings.warmup.filter(|w| *w >= steps) {
+        problems.push(Problem::file(&plan.dir, ProblemKind::NothingMeasured { warmup, steps }));
+    }
     for (rank, a) in &acc.ranks {
         let Some((first, last)) = a.measured_span else { continue };
         let steps = u64::from(last - first) + 1;

@@ -115,7 +115,7 @@ pub fn ingest(roots: &[PathBuf], opts: &Options, progress: &dyn Progress) -> Ing
     let read_opts = read::ReadOptions { warmup: opts.warmup, chunk_bytes: opts.chunk_bytes };
     let settings = Settings { warmup: opts.warmup, peaks: opts.peaks.clone() };
     let (finished, read_problems, mut stats) = read::read_runs(&plans, read_opts, &|b| progress.advance(b), &|p, a| {
-        (aggregate::finish(p, &a, &settings), aggregate::run_problems(p, &a))
+        (aggregate::finish(p, &a, &settings), aggregate::run_problems(p, &a, &settings))
     });
     problems.extend(read_problems);
     let (mut runs, run_problems): (Vec<RunReport>, Vec<Vec<Problem>>) = finished.into_iter().unzip();

@@ -105,6 +105,10 @@ pub enum ProblemKind {
         #[serde(skip_serializing_if = "Option::is_none")]
         other_run: Option<String>,
     },
+    /// `--warmup` at or past the run's configured steps: none is measured, so the run has no
+    /// time, throughput or communication figure.
+    #[error("--warmup {warmup} leaves none of the run's {steps} steps measured: no time figure")]
+    NothingMeasured { warmup: u32, steps: u32 },
     /// Rank files that the run's world size says should exist are absent.
     #[error("{count} of {world_size} rank logs of run {run_id} missing (ranks {ranks})")]
     MissingRanks { run_id: String, count: u64, world_size: u32, ranks: String },

@@ -35,8 +35,9 @@ pub struct Args {
     /// files ingest keeps).
     #[arg(long)]
     overwrite: bool,
-    /// Steps with an index below this are warmup and left out of every figure [default: each
-    /// zerobench run's own `--warmup`, as its records flag them; 2 for foreign logs].
+    /// Steps with an index below this are warmup and left out of every time figure (memory peaks
+    /// keep them) [default: each zerobench run's own `--warmup`, from its start record; 2 for
+    /// foreign logs].
     #[arg(long)]
     warmup: Option<u32>,
     /// Formats to write, comma-separated: csv, md, json, svg.

@@ -930,3 +930,17 @@ fn an_ok_end_short_of_the_steps_is_incomplete() {
     assert_eq!(st, Status::Incomplete);
     assert_eq!(why, "2 of 6 steps have no record on any rank");
 }
+
+/// `--warmup` at or past a run's configured steps leaves it no measured step: said, not a
+/// complete result without a time figure.
+#[test]
+fn a_warmup_past_the_steps_is_a_problem() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    let got = read_with(tmp.path(), &Options { warmup: Some(6), ..Options::default() });
+    assert_eq!(got.runs[0].row.steps_measured, 0);
+    let kinds: Vec<&ProblemKind> = got.problems.iter().map(|p| &p.kind).collect();
+    assert_eq!(kinds, [&ProblemKind::NothingMeasured { warmup: 6, steps: 6 }]);
+    assert_eq!(got.problems[0].path, dir);
+    assert!(read_with(tmp.path(), &Options { warmup: Some(5), ..Options::default() }).problems.is_empty());
+}
