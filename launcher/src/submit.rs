@@ -181,7 +181,8 @@ fn stop_if_signalled(held: &Held, submitted: usize, total: usize) -> Result<(), 
 }
 
 /// Submits run folders (sorted by id). `root` holds the array scripts when `opts.array`.
-/// SIGINT, SIGTERM and SIGHUP stop it between two submissions ([`stop_if_signalled`]).
+/// SIGINT, SIGTERM and SIGHUP stop it between two submissions, every job sent recorded
+/// ([`crate::interrupts`]).
 pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec<Submitted>, Error> {
     let records = check(dirs, opts)?;
     let held = Held::hold()?;

@@ -339,7 +339,8 @@ fn attribute_smi(path: &Path, smi: &NvidiaSmi, groups: &mut [Group], problems: &
 }
 
 /// Scans one file into `logs`; returns its lines and bytes. A carriage return ends a line as a
-/// newline does ([`CrEndsLines`]); a line over the limit is skipped and reported in `problems`.
+/// newline does (progress bars redraw their line with `\r`); a line over the limit is skipped
+/// and reported in `problems`.
 pub fn scan(path: &Path, logs: &mut ForeignLogs, problems: &mut Vec<Problem>) -> std::io::Result<(u64, u64)> {
     let file = File::open(path)?;
     let bytes = file.metadata()?.len();
