@@ -65,6 +65,10 @@ impl RunFiles {
 /// What the ranks' log folder is called inside a run folder.
 pub const LOG_DIR: &str = "logs";
 
+/// Where a run folder keeps the logs and records of earlier attempts (hidden: `status` and
+/// `ingest` read the current attempt): `--retry-failed`'s, and a requeued job's.
+pub const ATTEMPTS_DIR: &str = ".attempts";
+
 /// One word of a rendered command: a literal (quoted for bash), a path in the run folder
 /// (written from `$run_dir`), or the root guard's expansion. Keeping them apart gives both the
 /// shell text and the real argv (`run.json`'s `launch_argv`) from one list.
@@ -806,7 +810,7 @@ pub fn move_aside(from: &Path, keep: &Path, name: &str) -> Result<PathBuf, Error
 /// to write over them (exit 5), so every requeued job failed. The script sets them aside first,
 /// into `.attempts/restart<N>-<time>/`, as `--retry-failed` does, and the run starts fresh.
 fn restart_guard(s: &mut String) {
-    let attempts = crate::rerun::ATTEMPTS_DIR;
+    let attempts = ATTEMPTS_DIR;
     let _ = writeln!(
         s,
         "# A requeued job (SLURM_RESTART_COUNT > 0) sets the earlier attempt's logs aside.\n\

@@ -8,14 +8,10 @@ use crate::error::Error;
 use crate::local::{LOCAL_OUTPUT, LOCAL_RECORD};
 use crate::plan::Plan;
 use crate::render::{
-    folders_to_replace, has_results, move_aside, read_record, render_with, OnChange, Rendered, LOG_DIR,
+    folders_to_replace, has_results, move_aside, read_record, render_with, OnChange, Rendered, ATTEMPTS_DIR, LOG_DIR,
 };
 use crate::status::{status, RunState, State, FROM_PIDS};
 use crate::submit::SLURM_RECORD;
-
-/// Where a run folder keeps the logs and records of earlier attempts (hidden: `status` and
-/// `ingest` read the current attempt).
-pub const ATTEMPTS_DIR: &str = ".attempts";
 
 /// Moves what a run's earlier attempt left (its logs, `local.json`, `local.out`, `slurm.json` and
 /// the job's `.out`/`.err` files) into `.attempts/attempt-<unix time>/` in its folder, so that it
