@@ -22,11 +22,15 @@ pub struct Pos {
 #[derive(Debug, Default)]
 pub struct KeyIndex {
     positions: HashMap<String, Pos>,
+    /// The first key written twice in one mapping: its path, where it was first, where again.
+    /// serde keeps the last of a flattened map's (`worker:`, `cluster.env`) without a word.
+    duplicate: Option<(String, Pos, Pos)>,
 }
 
 enum Frame {
-    /// In a mapping: the path of the mapping, and the key whose value comes next (if any).
-    Map { path: String, key: Option<String> },
+    /// In a mapping: the path of the mapping, the key whose value comes next (if any), and the
+    /// keys it has had, with their positions.
+    Map { path: String, key: Option<String>, seen: HashMap<String, Pos> },
     /// In a sequence: the path of the sequence and the next index.
     Seq { path: String, next: usize },
 }
@@ -45,7 +49,7 @@ impl KeyIndex {
                 match stack.last_mut() {
                     None => Some(String::new()),
                     Some(Frame::Map { key: Some(_), .. }) => {
-                        let Some(Frame::Map { path, key }) = stack.last_mut() else { return None };
+                        let Some(Frame::Map { path, key, .. }) = stack.last_mut() else { return None };
                         let k = key.take()?;
                         Some(join(path, &k))
                     }
@@ -60,9 +64,12 @@ impl KeyIndex {
             };
             match event {
                 Event::Scalar(value, ..) => {
-                    if let Some(Frame::Map { path, key: key @ None }) = stack.last_mut() {
+                    if let Some(Frame::Map { path, key: key @ None, seen }) = stack.last_mut() {
                         // A key: remember where it is; its value comes next.
                         let p = join(path, &value);
+                        if let Some(first) = seen.insert(value.to_string(), pos) {
+                            idx.duplicate.get_or_insert((p.clone(), first, pos));
+                        }
                         idx.positions.entry(p).or_insert(pos);
                         *key = Some(value.into_owned());
                     } else {
@@ -71,7 +78,7 @@ impl KeyIndex {
                 }
                 Event::MappingStart(..) => {
                     let path = node_path(&mut stack, &mut idx).unwrap_or_default();
-                    stack.push(Frame::Map { path, key: None });
+                    stack.push(Frame::Map { path, key: None, seen: HashMap::new() });
                 }
                 Event::SequenceStart(..) => {
                     let path = node_path(&mut stack, &mut idx).unwrap_or_default();
@@ -87,6 +94,11 @@ impl KeyIndex {
             }
         }
         idx
+    }
+
+    /// The first key written twice in one mapping: its path, where it was first, and where again.
+    pub fn duplicate(&self) -> Option<(&str, Pos, Pos)> {
+        self.duplicate.as_ref().map(|(p, a, b)| (p.as_str(), *a, *b))
     }
 
     /// Whether the document spells out exactly `path`.
@@ -151,6 +163,18 @@ mod tests {
         assert_eq!(idx.find("y"), Some(Pos { line: 3, column: 1 }));
         assert_eq!(idx.find("list[1]"), Some(Pos { line: 4, column: 12 }));
         assert!(idx.contains("list[0]") && !idx.contains("list[2]"));
+    }
+
+    /// A key written twice in one mapping is found, at its second place; the same key in two
+    /// mappings, and a merge key's keys, are not duplicates.
+    #[test]
+    fn a_key_written_twice_in_one_mapping() {
+        let idx = KeyIndex::build("worker:\n  steps: 3\n  seed: 1\n  steps: 500\n");
+        assert_eq!(idx.duplicate(), Some(("worker.steps", Pos { line: 2, column: 3 }, Pos { line: 4, column: 3 })));
+        let idx = KeyIndex::build("cluster: {env: {A: x, A: y}}\n");
+        assert_eq!(idx.duplicate().map(|d| d.0), Some("cluster.env.A"));
+        assert_eq!(KeyIndex::build("a: {x: 1}\nb: {x: 2}\nlist: [{x: 1}, {x: 2}]\n").duplicate(), None);
+        assert_eq!(KeyIndex::build("base: &b {x: 1}\nc:\n  <<: *b\n  x: 2\n").duplicate(), None);
     }
 
     #[test]

@@ -526,6 +526,16 @@ impl Spec {
     pub fn parse(text: &str, path: &Path) -> Result<Spec, SpecError> {
         flow_depth(text, path)?;
         let index = KeyIndex::build(text);
+        if let Some((key, first, again)) = index.duplicate() {
+            // serde keeps the last of a flattened map's keys (`worker:`, `cluster.env`) in silence.
+            return Err(SpecError {
+                file: path.to_path_buf(),
+                line: again.line,
+                column: again.column,
+                key: key.to_string(),
+                message: format!("given twice (first at line {}); a key may appear once", first.line),
+            });
+        }
         let file: SpecFile = serde_yaml::from_str(text).map_err(|e| yaml_error(path, &index, &e))?;
         let mut spec = Spec {
             path: path.to_path_buf(),
@@ -1056,6 +1066,8 @@ mod tests {
         assert!(err(&cpus(3)).contains("3 ranks × cluster.cpus_per_task 4 = 12 CPUs, but cluster.cpus_per_node is 8"));
         assert!(err("sweep: {models: ~}\n").contains("expected a value or a list of values"));
         assert!(err("sweep: []\n").contains("sweep: the sweep is an empty list"));
+        let e = err("worker:\n  steps: 3\n  steps: 500\nsweep:\n  models: tiny\n");
+        assert!(e.contains(":3:3: worker.steps: given twice (first at line 2)"), "{e}");
     }
 
     /// Flow nesting is counted outside quotes and comments (a comment ends with its line), and
