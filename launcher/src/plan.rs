@@ -291,6 +291,10 @@ fn key_of_flag(spec: &Spec, b: usize, e: &ConfigError, knobs: &[Knob]) -> String
     }
 }
 
+/// The longest run id: a folder name with room for what is put beside it (`-<job>.out`, the
+/// `.attempts` names) under the usual 255-byte limit of a file name.
+pub const MAX_RUN_ID: usize = 200;
+
 fn make_run(
     spec: &Spec,
     b: usize,
@@ -303,6 +307,14 @@ fn make_run(
     for k in knobs {
         id.push('_');
         id.push_str(k.id_part());
+    }
+    // The id names the run's folder, its Slurm job and its output file: a name past what a file
+    // system takes (a `bucket_mb: [1e-300]` spelled out in full) failed at render with "File name
+    // too long" and no place in the spec.
+    if id.len() > MAX_RUN_ID {
+        let block = if spec.sweep.len() > 1 { spec.sweep_key(b, "") } else { "sweep".to_string() };
+        let why = format!("run {}…: its id is {} characters, more than {MAX_RUN_ID}", &id[..40], id.len());
+        return Err(spec.error_at(block.trim_end_matches('.'), why));
     }
     // Both are the spec's to choose: a product past u32 wrapped (4294967295 × 4294967295 ranks
     // planned as 1), so it is refused at the block's nodes.
@@ -1049,5 +1061,14 @@ mod tests {
         assert!(e.contains("sweep.nodes") && e.contains("4294967295 nodes × 4294967295 ranks per node"), "{e}");
         let e = plan("sweep:\n  models: tiny\n  nodes: 65536\n  ranks_per_node: 65536\n").unwrap_err().to_string();
         assert!(e.contains("more ranks than a run can have"), "{e}");
+    }
+
+    /// A run id past what a file name takes (a knob value spelled out in full) is refused at the
+    /// sweep, naming its length, instead of failing at render without a place.
+    #[test]
+    fn a_run_id_too_long_for_a_file_name_is_refused() {
+        let e = plan("sweep:\n  models: tiny\n  bucket_mb: [1e-300]\n").unwrap_err().to_string();
+        assert!(e.contains(": sweep: run tiny_z") && e.contains("characters, more than 200"), "{e}");
+        assert!(plan("sweep:\n  models: tiny\n  bucket_mb: [0.5]\n").is_ok());
     }
 }
