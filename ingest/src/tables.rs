@@ -108,6 +108,12 @@ pub enum MemoryKind {
     ModelStates,
 }
 
+/// A figure as the JSON files give it: at the precision every reported figure carries (a DeepSpeed
+/// `18.9GB` read as bytes and back is 18.899999999441206 otherwise, where the text shows 18.90).
+fn significant<S: serde::Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(crate::stats::round_sig(*x, crate::stats::SIGNIFICANT))
+}
+
 /// One cell of a pivot.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
@@ -117,9 +123,12 @@ pub enum Cell {
     /// The median over the `ok` runs of this configuration (repeats of one configuration: the
     /// block, row and column hold every axis of a run's identity), with their range.
     Value {
+        #[serde(serialize_with = "significant")]
         value: f64,
         runs: u32,
+        #[serde(serialize_with = "significant")]
         min: f64,
+        #[serde(serialize_with = "significant")]
         max: f64,
         #[serde(skip_serializing_if = "Option::is_none")]
         memory: Option<MemoryKind>,
