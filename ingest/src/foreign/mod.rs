@@ -225,7 +225,6 @@ fn group(dir: &Path, files: Vec<(PathBuf, ForeignLogs)>, one_run: bool, problems
     }
     let own = |p: &Path, l: &ForeignLogs| identity::from_deepspeed(&l.deepspeed.config).or(identity::from_file_name(p));
     let named = run_logs.iter().any(|(p, l)| own(p, l) != Hints::default());
-    let skeleton = |name: &str| name.chars().filter(|c| !c.is_ascii_digit()).collect::<String>();
     for (path, logs) in &run_logs {
         let hints = own(path, logs);
         let name = stem(path);
@@ -252,6 +251,12 @@ fn group(dir: &Path, files: Vec<(PathBuf, ForeignLogs)>, one_run: bool, problems
     groups
 }
 
+/// A file name without its digits: names that differ in digits alone (`rank0`, `rank1`) are one
+/// run's files as far as names tell.
+fn skeleton(name: &str) -> String {
+    name.chars().filter(|c| !c.is_ascii_digit()).collect()
+}
+
 /// Whether two files (or a file and the files joined so far), each by its name and what it holds,
 /// cannot be one run's: both print time stamps and their spans do not meet (a run's ranks log at
 /// once; a sweep's logs one after another), or both hold a Trainer result and their names differ
@@ -261,7 +266,6 @@ fn group(dir: &Path, files: Vec<(PathBuf, ForeignLogs)>, one_run: bool, problems
 fn apart(a: (&str, &ForeignLogs), b: (&str, &ForeignLogs)) -> bool {
     let span = |l: &ForeignLogs| l.deepspeed.first_ts.zip(l.deepspeed.last_ts);
     let disjoint = matches!((span(a.1), span(b.1)), (Some((a0, a1)), Some((b0, b1))) if a1 < b0 || b1 < a0);
-    let skeleton = |name: &str| name.chars().filter(|c| !c.is_ascii_digit()).collect::<String>();
     let two_results = !a.1.hf.results.is_empty() && !b.1.hf.results.is_empty() && skeleton(a.0) != skeleton(b.0);
     disjoint || two_results
 }
