@@ -436,8 +436,7 @@ impl StepSlots {
 
     /// The steps some rank reported, in order of step.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &StepSlot)> {
-        let dense = self.dense.iter().enumerate().map(|(i, s)| (i as u32, s));
-        dense.chain(self.sparse.iter().map(|(i, s)| (*i, s))).filter(|(_, s)| s.ranks > 0)
+        self.range(0..=u32::MAX)
     }
 
     /// The steps some rank reported of `steps`, in order.

@@ -59,12 +59,12 @@ pub fn run_problems(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> Vec<Pr
 /// `end` counts fewer steps than the run was configured for (the worker ends `ok` only after
 /// the last), or steps no rank's record was read for (lines lost from every log). Its figures
 /// are of fewer steps than it made.
-fn short_of_steps(acc: &RunAcc, steps: u32) -> Option<String> {
+fn short_of_steps(acc: &RunAcc, used: &[(u32, &StepSlot)], steps: u32) -> Option<String> {
     let short = acc.ranks.iter().find_map(|(r, a)| a.end.filter(|e| e.steps_completed < steps).map(|e| (*r, e)));
     if let Some((rank, end)) = short {
         return Some(format!("rank {rank} ended ok after {} of {steps} steps", end.steps_completed));
     }
-    let reported = acc.slots.iter().filter(|(i, _)| *i < steps).count() as u32;
+    let reported = used.iter().filter(|(i, _)| *i < steps).count() as u32;
     (reported < steps).then(|| format!("{} of {steps} steps have no record on any rank", steps - reported))
 }
 
@@ -73,9 +73,11 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     let start = &plan.start;
     let cfg = &start.config;
     let world = start.world_size;
+    // The steps some rank reported, in order: read once for the status and the figures.
+    let used: Vec<(u32, &StepSlot)> = acc.slots.iter().collect();
     let (status, detail) = match decide(&acc.ranks, world, plan.job_state) {
         (Status::Ok, _) => {
-            short_of_steps(acc, cfg.steps).map_or((Status::Ok, None), |why| (Status::Incomplete, Some(why)))
+            short_of_steps(acc, &used, cfg.steps).map_or((Status::Ok, None), |why| (Status::Incomplete, Some(why)))
         }
         decided => decided,
     };
@@ -108,7 +110,6 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
 
     let warmup = settings.warmup.unwrap_or(start.config.warmup);
     let present = acc.ranks.len() as u32;
-    let used: Vec<(u32, &StepSlot)> = acc.slots.iter().collect();
     row.warmup_steps = used.iter().filter(|(i, _)| *i < warmup).count() as u32;
     let measured: Vec<&StepSlot> =
         used.iter().filter(|(i, s)| *i >= warmup && s.ranks >= present).map(|(_, s)| *s).collect();

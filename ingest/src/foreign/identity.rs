@@ -63,17 +63,13 @@ impl Hints {
 /// The keys of a `run.json` (top-level or in `config`) that count something: GPUs, nodes,
 /// sequences, steps, tokens. A 0 there counts nothing (per-GPU figures would divide by it): it is
 /// taken as unknown, and [`zero_counts`] names it for the problem list.
-const COUNT_KEYS: &[&str] = &[
-    "world_size",
-    "gpus",
-    "nodes",
-    "micro_batch",
-    "train_micro_batch_size_per_gpu",
-    "grad_accum",
-    "gradient_accumulation_steps",
-    "seq_len",
-    "target_len",
-];
+const COUNT_KEYS: [&[&str]; 6] = [WORLD_KEYS, NODE_KEYS, MICRO_BATCH_KEYS, GRAD_ACCUM_KEYS, SEQ_KEYS, TARGET_KEYS];
+const WORLD_KEYS: &[&str] = &["world_size", "gpus"];
+const NODE_KEYS: &[&str] = &["nodes"];
+const MICRO_BATCH_KEYS: &[&str] = &["micro_batch", "train_micro_batch_size_per_gpu"];
+const GRAD_ACCUM_KEYS: &[&str] = &["grad_accum", "gradient_accumulation_steps"];
+const SEQ_KEYS: &[&str] = &["seq_len"];
+const TARGET_KEYS: &[&str] = &["target_len"];
 
 /// The counting keys of a `run.json` value that hold 0 (`config.micro_batch` for one in
 /// `config`), which [`from_run_json`] leaves unknown.
@@ -81,7 +77,7 @@ pub fn zero_counts(v: &serde_json::Value) -> Vec<String> {
     let mut keys = Vec::new();
     for (prefix, obj) in [("", Some(v)), ("config.", v.get("config"))] {
         let Some(obj) = obj.and_then(serde_json::Value::as_object) else { continue };
-        for key in COUNT_KEYS {
+        for key in COUNT_KEYS.iter().flat_map(|keys| keys.iter()) {
             if obj.get(*key).and_then(serde_json::Value::as_u64) == Some(0) {
                 keys.push(format!("{prefix}{key}"));
             }
@@ -111,8 +107,8 @@ pub fn from_run_json(v: &serde_json::Value) -> Hints {
     // Where the run is and what it is called are not part of a RunConfig.
     let placement = Hints {
         run_id: text(&["run_id", "id", "name"]),
-        world_size: counted(&["world_size", "gpus"]),
-        nodes: counted(&["nodes"]),
+        world_size: counted(WORLD_KEYS),
+        nodes: counted(NODE_KEYS),
         ..Hints::default()
     };
     // The launcher's `config` is read as the configuration the worker runs, with its defaults, so
@@ -127,10 +123,10 @@ pub fn from_run_json(v: &serde_json::Value) -> Hints {
                 .and_then(|s| ZeroStage::try_from(s).ok()),
             offload: text(&["offload"]).and_then(|s| s.parse().ok()),
             precision: text(&["precision"]).and_then(|s| s.parse().ok()),
-            micro_batch: counted(&["micro_batch", "train_micro_batch_size_per_gpu"]),
-            grad_accum: counted(&["grad_accum", "gradient_accumulation_steps"]),
-            seq_len: counted(&["seq_len"]),
-            target_len: counted(&["target_len"]),
+            micro_batch: counted(MICRO_BATCH_KEYS),
+            grad_accum: counted(GRAD_ACCUM_KEYS),
+            seq_len: counted(SEQ_KEYS),
+            target_len: counted(TARGET_KEYS),
             ..placement
         },
     }

@@ -117,11 +117,13 @@ pub fn write_all(
     replace: Replace,
 ) -> Result<(Vec<PathBuf>, Vec<ReportError>), ReportError> {
     std::fs::create_dir_all(out).map_err(|e| ReportError::io(out, e))?;
+    // What the last ingest here wrote: the files this one may replace, and those it removes.
+    let ours = last_written(out);
     let staging = out.join(format!(".zerobench-ingest-{}", std::process::id()));
     std::fs::create_dir(&staging).map_err(|e| ReportError::io(&staging, e))?;
     let mut failed = Vec::new();
     let staged = write_formats(ingested, tables, &staging, formats, &mut failed)
-        .and_then(|files| check_replaced(out, &files, replace).map(|()| files));
+        .and_then(|files| check_replaced(out, &ours, &files, replace).map(|()| files));
     let moved = staged.and_then(|files| {
         files
             .into_iter()
@@ -136,7 +138,7 @@ pub fn write_all(
     // Empty when every file was moved; what is left of a failed write goes with it.
     let _ = std::fs::remove_dir_all(&staging);
     let files = moved?;
-    replace_manifest(out, &files)?;
+    replace_manifest(out, &ours, &files)?;
     Ok((files, failed))
 }
 
@@ -154,12 +156,16 @@ fn last_written(out: &Path) -> BTreeSet<String> {
 }
 
 /// Refuses, under [`Replace::IngestOwn`], to replace anything in `out` (a file, a link, a
-/// folder) under the name of a file of `staged` that the last ingest did not write there.
-fn check_replaced(out: &Path, staged: &[PathBuf], replace: Replace) -> Result<(), ReportError> {
+/// folder) under the name of a file of `staged` that the last ingest did not write there (`ours`).
+fn check_replaced(
+    out: &Path,
+    ours: &BTreeSet<String>,
+    staged: &[PathBuf],
+    replace: Replace,
+) -> Result<(), ReportError> {
     if replace == Replace::Any {
         return Ok(());
     }
-    let ours = last_written(out);
     let names: Vec<String> = staged
         .iter()
         .filter_map(|f| f.file_name())
@@ -173,14 +179,15 @@ fn check_replaced(out: &Path, staged: &[PathBuf], replace: Replace) -> Result<()
     }
 }
 
-/// Removes the files the last ingest into `out` wrote ([`MANIFEST`]) that `written` does not
-/// hold, then records `written` as the folder's files. Only plain files directly in `out` under
-/// the names listed are removed: a link or folder under a listed name is left alone.
-fn replace_manifest(out: &Path, written: &[PathBuf]) -> Result<(), ReportError> {
+/// Removes the files the last ingest into `out` wrote (`last`, from its [`MANIFEST`]) that
+/// `written` does not hold, then records `written` as the folder's files. Only plain files
+/// directly in `out` under the names listed are removed: a link or folder under a listed name is
+/// left alone.
+fn replace_manifest(out: &Path, last: &BTreeSet<String>, written: &[PathBuf]) -> Result<(), ReportError> {
     let names: BTreeSet<String> =
         written.iter().filter_map(|f| f.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
     let list = out.join(MANIFEST);
-    for name in last_written(out).difference(&names) {
+    for name in last.difference(&names) {
         let stale = out.join(name);
         if std::fs::symlink_metadata(&stale).is_ok_and(|m| m.file_type().is_file()) {
             std::fs::remove_file(&stale).map_err(|e| ReportError::io(&stale, e))?;
