@@ -160,6 +160,9 @@ pub fn discover(roots: &[PathBuf], skip: &[PathBuf]) -> Discovered {
             if let Some(rank) = rank_from_name(&name) {
                 let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
                 ranks.entry(dir).or_default().push(RankFile { path, name_rank: rank, len });
+            } else if let Some(inner) = compressed_log_name(&name) {
+                // Read as it is, it would be binary noise; left out in silence, a lost run.
+                out.problems.push(Problem::file(path, ProblemKind::Compressed { inner: inner.to_string() }));
             } else if has_foreign_extension(&name) {
                 foreign
                     .entry(dir.clone())
@@ -199,6 +202,16 @@ pub fn discover(roots: &[PathBuf], skip: &[PathBuf]) -> Discovered {
         })
         .collect();
     out
+}
+
+/// Suffixes of compressed files (gzip, zstd, xz, bzip2, lz4).
+const COMPRESSED_EXTENSIONS: &[&str] = &["gz", "zst", "xz", "bz2", "lz4"];
+
+/// The name a compressed log would have decompressed, where that is a log ingest reads.
+fn compressed_log_name(name: &str) -> Option<&str> {
+    let (inner, ext) = name.rsplit_once('.')?;
+    let compressed = COMPRESSED_EXTENSIONS.iter().any(|e| ext.eq_ignore_ascii_case(e));
+    (compressed && (rank_from_name(inner).is_some() || has_foreign_extension(inner))).then_some(inner)
 }
 
 fn has_foreign_extension(name: &str) -> bool {

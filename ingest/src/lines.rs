@@ -8,7 +8,8 @@
 //! Byte ranges follow the usual split rule: a range `[start, end)` owns every line whose first byte
 //! lies in it. A reader that starts in the middle of a line skips to the next one (the previous
 //! range owns it), and a reader reads past `end` to finish its last line. Ranges that tile a file
-//! therefore see every line exactly once, whatever the cut points.
+//! therefore see every line exactly once, whatever the cut points. A UTF-8 byte-order mark at the
+//! start of the file is left out of its first line.
 
 use std::io::{self, Read, Seek, SeekFrom};
 use std::ops::ControlFlow;
@@ -16,6 +17,9 @@ use std::ops::ControlFlow;
 /// The longest line kept. Worker records are well under 4 KiB; a start record with a long
 /// configuration is still far below this.
 pub const MAX_LINE: usize = 1 << 20;
+
+/// UTF-8's byte-order mark, which some tools write at the start of a text file.
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// Block size of each read for bulk reading.
 pub const BLOCK: usize = 1 << 20;
@@ -83,6 +87,12 @@ where
         }
     } else {
         src.seek(SeekFrom::Start(0))?;
+        // A byte-order mark (an editor's or a Windows tool's) is not part of the first line.
+        while win.data().len() < UTF8_BOM.len() && win.fill(&mut src, block)? > 0 {}
+        if win.data().starts_with(UTF8_BOM) {
+            win.consume(UTF8_BOM.len());
+            pos = UTF8_BOM.len() as u64;
+        }
     }
 
     let mut lines = 0u64;
@@ -220,6 +230,27 @@ mod tests {
         assert_eq!(collect(b"a\nbb\r\n\nc", 0, u64::MAX, 10), ["1:a", "2:bb", "3:", "4:partial:c"]);
         assert_eq!(collect(b"", 0, u64::MAX, 10), Vec::<String>::new());
         assert_eq!(collect(b"a\n", 0, u64::MAX, 10), ["1:a"]);
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_not_part_of_the_first_line() {
+        assert_eq!(collect(b"\xEF\xBB\xBFa\nb\n", 0, u64::MAX, 10), ["1:a", "2:b"]);
+        for block in [1, 2] {
+            let mut lines = Vec::new();
+            for_each_line(Cursor::new(b"\xEF\xBB\xBFa\n"), 0, u64::MAX, 10, block, |_, l| {
+                lines.push(format!("{l:?}"));
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+            assert_eq!(lines, ["Full([97])"], "reads of {block} bytes");
+        }
+        // Only at the start of the file.
+        assert_eq!(collect(b"a\n\xEF\xBB\xBFb\n", 0, u64::MAX, 10), ["1:a", "2:\u{feff}b"]);
+        assert_eq!(collect(b"\xEF\xBB\xBF", 0, u64::MAX, 10), Vec::<String>::new());
+        // A range after the first does not see the mark's bytes as a line start.
+        assert_eq!(collect(b"\xEF\xBB\xBFaa\nb\n", 2, u64::MAX, 10), ["1:b"]);
+        let halves = [collect(b"\xEF\xBB\xBFaa\nb\n", 0, 4, 10), collect(b"\xEF\xBB\xBFaa\nb\n", 4, u64::MAX, 10)];
+        assert_eq!(halves.concat(), ["1:aa", "1:b"]);
     }
 
     #[test]

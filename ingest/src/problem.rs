@@ -42,6 +42,10 @@ impl fmt::Display for Problem {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, thiserror::Error)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ProblemKind {
+    /// A compressed log (`rank0.jsonl.gz`, `slurm-1.out.zst`): ingest reads logs as written.
+    #[error("compressed log, not read: decompress it to {inner} and ingest again")]
+    Compressed { inner: String },
+
     /// Opening, reading or listing failed (permissions, vanished file, I/O error).
     #[error("cannot read: {message}")]
     Io { message: String },

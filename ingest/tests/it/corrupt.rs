@@ -944,3 +944,45 @@ fn a_warmup_past_the_steps_is_a_problem() {
     assert_eq!(got.problems[0].path, dir);
     assert!(read_with(tmp.path(), &Options { warmup: Some(5), ..Options::default() }).problems.is_empty());
 }
+
+/// A log saved with a UTF-8 byte-order mark is read as written without one; a compressed log is
+/// named, not passed over in silence (its run would be lost with no word).
+#[test]
+fn byte_order_marks_are_read_and_compressed_logs_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let marked = one_run(tmp.path(), "marked");
+    let before = read(tmp.path());
+    for rank in ["rank0.jsonl", "rank1.jsonl"] {
+        let text = fs::read(marked.join(rank)).unwrap();
+        fs::write(marked.join(rank), [b"\xEF\xBB\xBF".as_slice(), &text].concat()).unwrap();
+    }
+    let after = read(tmp.path());
+    assert!(after.complete(), "{:?}", after.problems);
+    assert_eq!(after.runs[0].row, before.runs[0].row);
+    assert_eq!(after.runs[0].row.status, Status::Ok);
+
+    let zipped = one_run(tmp.path(), "zipped");
+    for rank in ["rank0.jsonl", "rank1.jsonl"] {
+        fs::rename(zipped.join(rank), zipped.join(format!("{rank}.gz"))).unwrap();
+    }
+    fs::write(zipped.join("slurm-7.out.zst"), b"\x28\xb5\x2f\xfd").unwrap();
+    fs::write(zipped.join("notes.txt.gz.bak"), b"").unwrap();
+    let got = read(tmp.path());
+    let ids: Vec<&str> = got.runs.iter().map(|r| r.row.run_id.as_str()).collect();
+    assert_eq!(ids, ["marked"]);
+    let named: Vec<(String, String)> = got
+        .problems
+        .iter()
+        .map(|p| (p.path.file_name().unwrap().to_string_lossy().into_owned(), p.kind.to_string()))
+        .collect();
+    let says = |inner: &str| format!("compressed log, not read: decompress it to {inner} and ingest again");
+    assert_eq!(
+        named,
+        [
+            ("rank0.jsonl.gz".to_string(), says("rank0.jsonl")),
+            ("rank1.jsonl.gz".to_string(), says("rank1.jsonl")),
+            ("slurm-7.out.zst".to_string(), says("slurm-7.out")),
+        ]
+    );
+    assert!(!got.complete());
+}
