@@ -350,7 +350,7 @@ pub fn scan(path: &Path, logs: &mut ForeignLogs, problems: &mut Vec<Problem>) ->
     let bytes = file.metadata()?.len();
     // nvidia-smi's GPU indices are unique within one file (one node) only.
     logs.smi.file = path.to_path_buf();
-    let lines = for_each_line(CrEndsLines(file), 0, u64::MAX, MAX_LINE, BLOCK, |n, line| {
+    let lines = for_each_line(CrEndsLines::new(file), 0, u64::MAX, MAX_LINE, BLOCK, |n, line| {
         match line {
             Line::Full(b) | Line::Unterminated(b) => logs.line(&String::from_utf8_lossy(b)),
             Line::TooLong(len) => problems.push(Problem::at_line(
@@ -364,28 +364,57 @@ pub fn scan(path: &Path, logs: &mut ForeignLogs, problems: &mut Vec<Problem>) ->
     Ok((lines, bytes))
 }
 
-/// A file read with every carriage return as a newline. Progress bars (tqdm's, a Trainer's)
-/// redraw their line with `\r` and no `\n`, so a job's output can hold megabytes between two
-/// newlines with the Trainer's result at their end: split on `\n` alone, all of it is one line
-/// over the limit, and the run is lost. A `\r\n` becomes an empty line, which no reader takes.
-struct CrEndsLines<R>(R);
+/// A file read with every carriage return that ends no `\r\n` as a newline. Progress bars
+/// (tqdm's, a Trainer's) redraw their line with `\r` and no `\n`, so a job's output can hold
+/// megabytes between two newlines with the Trainer's result at their end: split on `\n` alone,
+/// all of it is one line over the limit, and the run is lost. A `\r\n` stays one line end, so
+/// the lines of a file written on Windows are counted, and numbered in problems, as written.
+struct CrEndsLines<R> {
+    inner: R,
+    /// The last read ended with a `\r` made a newline: a `\n` first in the next read is its pair.
+    ended_with_cr: bool,
+}
+
+impl<R> CrEndsLines<R> {
+    fn new(inner: R) -> Self {
+        CrEndsLines { inner, ended_with_cr: false }
+    }
+}
 
 impl<R: std::io::Read> std::io::Read for CrEndsLines<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.0.read(buf)?;
-        let read = &mut buf[..n];
-        let mut at = 0;
-        while let Some(i) = memchr::memchr(b'\r', &read[at..]) {
-            read[at + i] = b'\n';
-            at += i + 1;
+        loop {
+            let mut n = self.inner.read(buf)?;
+            if n > 0 && std::mem::take(&mut self.ended_with_cr) && buf[0] == b'\n' {
+                buf.copy_within(1..n, 0);
+                n -= 1;
+                if n == 0 {
+                    continue;
+                }
+            }
+            let read = &mut buf[..n];
+            let mut at = 0;
+            while let Some(i) = memchr::memchr(b'\r', &read[at..]) {
+                let cr = at + i;
+                match read.get(cr + 1) {
+                    Some(b'\n') => {}
+                    Some(_) => read[cr] = b'\n',
+                    None => {
+                        read[cr] = b'\n';
+                        self.ended_with_cr = true;
+                    }
+                }
+                at = cr + 1;
+            }
+            return Ok(n);
         }
-        Ok(n)
     }
 }
 
 impl<R: std::io::Seek> std::io::Seek for CrEndsLines<R> {
     fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
-        self.0.seek(pos)
+        self.ended_with_cr = false;
+        self.inner.seek(pos)
     }
 }
 
@@ -547,6 +576,53 @@ fn steps(row: &mut RunRow, logs: &ForeignLogs, warmup: u32) {
         if sps > 0.0 {
             row.step_ms_median = Some(1e3 / sps);
             row.step_ms_mean = row.step_ms_median;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Cursor, Read, Seek, SeekFrom};
+
+    /// Hands out at most `step` bytes a read, so a `\r\n` falls across two reads.
+    struct Dribble(Cursor<Vec<u8>>, usize);
+
+    impl Read for Dribble {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.1);
+            self.0.read(&mut buf[..n])
+        }
+    }
+
+    impl Seek for Dribble {
+        fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+            self.0.seek(pos)
+        }
+    }
+
+    fn lines(text: &[u8], step: usize) -> Vec<(u64, String)> {
+        let mut out = Vec::new();
+        let src = CrEndsLines::new(Dribble(Cursor::new(text.to_vec()), step));
+        for_each_line(src, 0, u64::MAX, 64, 4, |n, line| {
+            if let Line::Full(b) | Line::Unterminated(b) = line {
+                out.push((n, String::from_utf8_lossy(b).into_owned()));
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        out
+    }
+
+    /// A `\r\n` ends one line, a lone `\r` (a progress bar's redraw) ends one too, however the
+    /// reads cut the file: the lines of a Windows file are numbered as an editor numbers them.
+    #[test]
+    fn carriage_returns_end_lines_once() {
+        let want = |v: &[(u64, &str)]| v.iter().map(|(n, s)| (*n, s.to_string())).collect::<Vec<_>>();
+        for step in 1..=9 {
+            assert_eq!(lines(b"a\r\nbb\r\nc", step), want(&[(1, "a"), (2, "bb"), (3, "c")]), "reads of {step}");
+            assert_eq!(lines(b"10%\r50%\r100%\nok\r\n", step), want(&[(1, "10%"), (2, "50%"), (3, "100%"), (4, "ok")]));
+            assert_eq!(lines(b"a\r\r\nb\n\r", step), want(&[(1, "a"), (2, ""), (3, "b"), (4, "")]), "reads of {step}");
         }
     }
 }
