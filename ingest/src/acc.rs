@@ -230,11 +230,11 @@ pub struct RankAcc {
     /// rank's sum is the wall time of its measured steps.
     pub measured_ns: u128,
     pub skipped: u64,
-    /// (step, loss) of the highest step; the loss NaN where the record's was `null` (not a
-    /// finite number), which no figure reports.
-    pub last_loss: Option<(u32, f64)>,
+    /// (step, loss) of the highest step; no loss where the record's was `null` (not a finite
+    /// number), which is then the run's last loss: none.
+    pub last_loss: Option<(u32, Option<f64>)>,
     /// (step, loss) of the evaluation after the highest step (`--eval-every`), likewise.
-    pub last_eval: Option<(u32, f64)>,
+    pub last_eval: Option<(u32, Option<f64>)>,
     /// (step, cumulative energy in J) at the lowest and highest measured step that has it.
     pub energy_first: Option<(u32, f64)>,
     pub energy_last: Option<(u32, f64)>,
@@ -283,7 +283,7 @@ impl RankAcc {
         if s.skipped {
             self.skipped += 1;
         }
-        keep_latest(&mut self.last_loss, (s.step, s.loss.unwrap_or(f64::NAN)));
+        keep_latest(&mut self.last_loss, (s.step, s.loss));
         self.mem.add(&s.memory);
         if s.step < warmup {
             return;
@@ -318,7 +318,7 @@ impl RankAcc {
     }
 
     /// An evaluation's loss after `step`.
-    pub fn add_eval(&mut self, step: u32, loss: f64) {
+    pub fn add_eval(&mut self, step: u32, loss: Option<f64>) {
         keep_latest(&mut self.last_eval, (step, loss));
     }
 
@@ -394,9 +394,14 @@ fn key((step, v): (u32, f64)) -> (u32, u64) {
     (step, v.to_bits())
 }
 
-/// Keeps in `slot` whichever of it and `at` is later by [`key`].
-fn keep_latest(slot: &mut Option<(u32, f64)>, at: (u32, f64)) {
-    if slot.is_none_or(|old| key(at) > key(old)) {
+/// [`key`] for a value that may be absent (an absent one first among equal steps).
+fn loss_key((step, v): (u32, Option<f64>)) -> (u32, Option<u64>) {
+    (step, v.map(f64::to_bits))
+}
+
+/// Keeps in `slot` whichever of it and `at` is later by [`loss_key`].
+fn keep_latest(slot: &mut Option<(u32, Option<f64>)>, at: (u32, Option<f64>)) {
+    if slot.is_none_or(|old| loss_key(at) > loss_key(old)) {
         *slot = Some(at);
     }
 }

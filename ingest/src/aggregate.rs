@@ -121,12 +121,12 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     energy(&mut row, acc);
     utilisation(&mut row, acc);
     // The latest value of any rank; the lowest rank's among equally late ones.
-    let latest = |f: fn(&crate::acc::RankAcc) -> Option<(u32, f64)>| {
+    let latest = |f: fn(&crate::acc::RankAcc) -> Option<(u32, Option<f64>)>| {
         acc.ranks
             .iter()
             .filter_map(|(r, a)| f(a).map(|(s, l)| (s, std::cmp::Reverse(*r), l)))
             .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)))
-            .map(|(_, _, l)| l)
+            .and_then(|(_, _, l)| l)
     };
     // A last loss that was not finite (a diverged run) is none, not the last finite one; a
     // perplexity beyond what a number holds (e^710 and up) neither.

@@ -364,7 +364,7 @@ impl LineCtx<'_> {
                 });
             }
             Record::Step(s) => self.step(&StepLine::from(&s))?,
-            Record::Eval(e) => self.out.rank.add_eval(e.step, e.loss.unwrap_or(f64::NAN)),
+            Record::Eval(e) => self.out.rank.add_eval(e.step, e.loss),
             Record::End(e) => self.out.rank.add_end(EndInfo {
                 status: e.status,
                 steps_completed: e.steps_completed,
