@@ -57,6 +57,11 @@ pub enum Outcome {
 }
 
 fn main() -> ExitCode {
+    // A file-size limit (`ulimit -f`) kills a process writing past it with SIGXFSZ, with no
+    // message and nothing cleaned up; ignored, such a write fails with EFBIG and is reported and
+    // undone as any failed write is. Programs started from here inherit it.
+    // SAFETY: setting a signal's disposition to ignored, before any thread starts.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     let cli = Cli::parse();
     init_tracing(cli.verbose);
     let result = match cli.command {

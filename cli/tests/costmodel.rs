@@ -206,6 +206,30 @@ fn a_fit_from_logs_is_written_once_and_read_back() {
     assert_eq!(std::fs::read(&model).unwrap(), before);
     let o = zerobench(&["fit", logs.to_str().unwrap(), "--out", &m, "--overwrite"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    // A model that cannot be written whole (a file-size limit, as a full disk) leaves no file,
+    // not half of one that a rerun would refuse to replace and predict could not read; a model
+    // already there keeps its bytes; no temporary file stays.
+    let limited = |out: &str, extra: &[&str]| {
+        Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -f 1 && exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_zerobench"))
+            .args([&["fit", logs.to_str().unwrap(), "--out", out][..], extra].concat())
+            .output()
+            .unwrap()
+    };
+    let fresh = tmp.path().join("fresh.json");
+    let o = limited(fresh.to_str().unwrap(), &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("fresh.json: File too large"), "{}", text(&o.stderr));
+    assert!(!fresh.exists());
+    let before = std::fs::read(&model).unwrap();
+    assert_eq!(limited(&m, &["--overwrite"]).status.code(), Some(2));
+    assert_eq!(std::fs::read(&model).unwrap(), before);
+    let o = zerobench(&["fit", logs.to_str().unwrap(), "--out", fresh.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 3, "logs, model.json, fresh.json: {left:?}");
 }
 
 #[test]

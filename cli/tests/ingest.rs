@@ -334,3 +334,72 @@ fn a_run_json_counting_zero_gpus_is_named_and_not_divided_by() {
         serde_json::from_str(&std::fs::read_to_string(out.join("runs.json")).unwrap()).unwrap();
     assert!(json.to_string().contains("\"samples_per_s\":10.0"), "{json}");
 }
+
+/// `zerobench` with a file-size limit of `kib` KiB (`ulimit -f`): a write past it fails as any
+/// failed write does (the signal the kernel sends then is ignored), never killing the process
+/// before it says so.
+fn zerobench_limited(kib: u32, args: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -f {kib} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_zerobench"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Plots that cannot be written (over a file-size limit, as on a full disk) leave the tables
+/// written, exit 1, and `summary.json` says the result is not complete and names them.
+#[test]
+fn plots_that_cannot_be_written_make_the_summary_incomplete() {
+    let tmp = tempfile::tempdir().unwrap();
+    logs(&tmp.path().join("in"));
+    let out = tmp.path().join("out");
+    // The plots are tens of KiB; every table of one run is under 8 KiB.
+    let o = zerobench_limited(8, &["ingest", tmp.path().join("in").to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("File too large"), "{}", text(&o.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["complete"], false, "{summary}");
+    let unwritten = summary["unwritten"].as_array().unwrap();
+    assert!(!unwritten.is_empty() && unwritten.iter().all(|u| u.as_str().unwrap().contains(".svg")), "{summary}");
+    assert!(out.join("runs.csv").is_file() && !out.join("throughput-gpt2.svg").exists());
+}
+
+/// An ingest stopped while writing (killed, or a write of its file list failing) leaves its
+/// private folder and, maybe, some of its tables moved in: the next ingest removes the folder,
+/// knows the tables as its own (the list names them before they move), and finishes.
+#[test]
+fn an_ingest_stopped_while_writing_leaves_nothing_the_next_one_refuses() {
+    let tmp = tempfile::tempdir().unwrap();
+    logs(&tmp.path().join("in"));
+    let (input, out) = (tmp.path().join("in"), tmp.path().join("out"));
+    let ingest = |extra: &[&str]| {
+        let mut args = vec!["ingest", input.to_str().unwrap(), "--out", out.to_str().unwrap(), "-q"];
+        args.extend(extra);
+        zerobench(&args)
+    };
+    // The first writes JSON only: the tables the later ones write in other formats are new names.
+    assert_eq!(ingest(&["--format", "json"]).status.code(), Some(0));
+    // What a killed ingest leaves: its private folder with a partial table in it.
+    let stale = out.join(".zerobench-ingest-4194000");
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::write(stale.join("latency.csv"), "model,").unwrap();
+    // A rename that fails midway (a folder under a table's name, replaced only with --overwrite):
+    // the plots, CSV and Markdown tables, renamed before it, are in place, the rest are not.
+    std::fs::remove_file(out.join("runs.json")).unwrap();
+    std::fs::create_dir_all(out.join("runs.json/x")).unwrap();
+    let o = ingest(&["--overwrite"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(!stale.exists(), "the killed ingest's folder is left");
+    std::fs::remove_dir_all(out.join("runs.json")).unwrap();
+    // The list still names every table, those moved and those not: the next ingest is not refused.
+    let o = ingest(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".zerobench-ingest"))
+        .collect();
+    assert_eq!(names, [".zerobench-ingest-files"]);
+}

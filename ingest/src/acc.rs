@@ -232,9 +232,9 @@ pub struct RankAcc {
     pub skipped: u64,
     /// (step, loss) of the highest step; no loss where the record's was `null` (not a finite
     /// number), which is then the run's last loss: none.
-    pub last_loss: Option<(u32, Option<f64>)>,
+    pub last_loss: Option<StepLoss>,
     /// (step, loss) of the evaluation after the highest step (`--eval-every`), likewise.
-    pub last_eval: Option<(u32, Option<f64>)>,
+    pub last_eval: Option<StepLoss>,
     /// (step, cumulative energy in J) at the lowest and highest measured step that has it.
     pub energy_first: Option<(u32, f64)>,
     pub energy_last: Option<(u32, f64)>,
@@ -249,6 +249,9 @@ pub struct RankAcc {
     /// The first errors, in (step, class, message) order; more are dropped.
     pub errors: Vec<ErrorInfo>,
 }
+
+/// A step and its loss, if the record held a finite one.
+pub type StepLoss = (u32, Option<f64>);
 
 /// A rank's model states as its setup record gives them, and the engine's persistent buffers
 /// beside them.
@@ -395,12 +398,12 @@ fn key((step, v): (u32, f64)) -> (u32, u64) {
 }
 
 /// [`key`] for a value that may be absent (an absent one first among equal steps).
-fn loss_key((step, v): (u32, Option<f64>)) -> (u32, Option<u64>) {
+fn loss_key((step, v): StepLoss) -> (u32, Option<u64>) {
     (step, v.map(f64::to_bits))
 }
 
 /// Keeps in `slot` whichever of it and `at` is later by [`loss_key`].
-fn keep_latest(slot: &mut Option<(u32, Option<f64>)>, at: (u32, Option<f64>)) {
+fn keep_latest(slot: &mut Option<StepLoss>, at: StepLoss) {
     if slot.is_none_or(|old| loss_key(at) > loss_key(old)) {
         *slot = Some(at);
     }

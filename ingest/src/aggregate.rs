@@ -121,7 +121,7 @@ pub fn finish(plan: &RunPlan, acc: &RunAcc, settings: &Settings) -> RunReport {
     energy(&mut row, acc);
     utilisation(&mut row, acc);
     // The latest value of any rank; the lowest rank's among equally late ones.
-    let latest = |f: fn(&crate::acc::RankAcc) -> Option<(u32, Option<f64>)>| {
+    let latest = |f: fn(&crate::acc::RankAcc) -> Option<crate::acc::StepLoss>| {
         acc.ranks
             .iter()
             .filter_map(|(r, a)| f(a).map(|(s, l)| (s, std::cmp::Reverse(*r), l)))

@@ -7,7 +7,6 @@
 //! commands. Only `slurm`, `submit`, `status` and `local` start processes.
 
 pub mod error;
-pub mod files;
 pub mod hostfile;
 pub mod hostlist;
 pub mod interrupts;

@@ -85,7 +85,7 @@ pub fn run_local(
         progress.started(i, runs.len(), id);
         let record = run_one(dir, opts.timeout, signal)?;
         let p = dir.join(LOCAL_RECORD);
-        crate::files::write(&p, (serde_json::to_string_pretty(&record).unwrap_or_default() + "\n").as_bytes())?;
+        zerobench_files::replace(&p, (serde_json::to_string_pretty(&record).unwrap_or_default() + "\n").as_bytes())?;
         let mut failure = None;
         if local_state(&record) == State::Done {
             tracing::info!(run = %id, "{}", record.describe());
@@ -107,7 +107,7 @@ pub fn run_local(
 
 fn run_one(dir: &Path, timeout: Option<Duration>, signal: &AtomicUsize) -> Result<LocalRecord, Error> {
     let out_path = dir.join(LOCAL_OUTPUT);
-    let out = crate::files::create(&out_path)?;
+    let out = zerobench_files::create(&out_path)?;
     let err = out.try_clone().map_err(|e| Error::io(&out_path, e))?;
     let started = Instant::now();
     let mut child = Command::new("bash")

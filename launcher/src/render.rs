@@ -821,10 +821,18 @@ fn restart_guard(s: &mut String) {
     );
 }
 
-/// Writes one run folder's rendered files.
+/// Writes one run folder's rendered files, `run.json` last. A folder's earlier `run.json` goes
+/// first: a rewrite cut short (a full disk) would otherwise leave it describing the run before
+/// beside the new script, and the next render, trusting it, would call the folder unchanged.
+/// Without it the folder reads as a rendering that never finished ([`run_dirs`] names it).
 pub fn write_run(dir: &Path, files: &RunFiles) -> Result<(), Error> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let write = |name: &str, text: &str| crate::files::write(&dir.join(name), text.as_bytes());
+    let record = dir.join("run.json");
+    match std::fs::remove_file(&record) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(&record, e)),
+        _ => {}
+    }
+    let write = |name: &str, text: &str| zerobench_files::replace(&dir.join(name), text.as_bytes());
     write("job.sbatch", &files.script)?;
     if let Some(node) = &files.node_script {
         write("node.sh", node)?;
@@ -832,7 +840,7 @@ pub fn write_run(dir: &Path, files: &RunFiles) -> Result<(), Error> {
     if let Some((format, text)) = &files.hostfile {
         write(&format.file_name(), text)?;
     }
-    write("run.json", &files.run_json())
+    Ok(write("run.json", &files.run_json())?)
 }
 
 /// Reads a run folder's `run.json`; one of another format is refused with both versions named.
@@ -858,7 +866,9 @@ pub fn read_record(dir: &Path) -> Result<RunRecord, Error> {
     serde_json::from_str(&text).map_err(json_error)
 }
 
-/// The run folders under `out` (those with a `run.json`), sorted by id.
+/// The run folders under `out` (those with a `run.json`), sorted by id. A folder holding a
+/// rendered script but no `run.json` is a rendering cut short (a full disk): an error naming it,
+/// not a run passed over in silence.
 pub fn run_dirs(out: &Path) -> Result<Vec<PathBuf>, Error> {
     let mut dirs = Vec::new();
     for entry in std::fs::read_dir(out).map_err(|e| Error::io(out, e))? {
@@ -866,6 +876,8 @@ pub fn run_dirs(out: &Path) -> Result<Vec<PathBuf>, Error> {
         let p = entry.path();
         if p.join("run.json").is_file() {
             dirs.push(p);
+        } else if p.join("job.sbatch").is_file() {
+            return Err(Error::Unfinished { dir: p });
         }
     }
     dirs.sort();
@@ -1282,6 +1294,42 @@ mod tests {
         std::fs::write(out.path().join("a/run.json"), "{}").unwrap();
         std::fs::write(out.path().join("note.txt"), "").unwrap();
         assert_eq!(run_dirs(out.path()).unwrap(), [out.path().join("a"), out.path().join("b")]);
+    }
+
+    /// A rewrite of a run folder cut short before its `run.json` (a full disk; here every
+    /// temporary name of `run.json` taken) leaves no `run.json` describing the run before beside
+    /// the new script: the next render of either spec rewrites the folder instead of calling it
+    /// unchanged, and `run_dirs` (submit, status) names the folder instead of passing it over.
+    #[test]
+    fn a_rewrite_cut_short_is_rendered_again_not_trusted() {
+        let out = tempfile::tempdir().unwrap();
+        let (plan, dir) = rendered(out.path());
+        let other = Plan::build(
+            Spec::parse(
+                "cluster: {gpus_per_node: 2, gpu_memory: 16GiB}\nworker: {steps: 7}\nsweep:\n  models: tiny\n  stages: 3\n  offload: optimizer+params\n",
+                Path::new("s.yaml"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(other.runs[0].id, plan.runs[0].id, "the same folder");
+        let taken: Vec<PathBuf> =
+            (0..100).map(|n| dir.join(format!(".run.json.{}.{n}.tmp", std::process::id()))).collect();
+        for t in &taken {
+            std::fs::write(t, "").unwrap();
+        }
+        assert!(render(&other, out.path()).is_err());
+        assert!(std::fs::read_to_string(dir.join("job.sbatch")).unwrap().contains("--steps 7"));
+        assert!(!dir.join("run.json").exists(), "the run before's record beside the new script");
+        let e = run_dirs(out.path()).unwrap_err().to_string();
+        assert!(e.contains("without its run.json") && e.contains(&plan.runs[0].id), "{e}");
+        for t in &taken {
+            std::fs::remove_file(t).unwrap();
+        }
+        assert_eq!(render_with(&plan, out.path(), OnChange::Refuse).unwrap()[0].1, Rendered::Refreshed);
+        assert!(!std::fs::read_to_string(dir.join("job.sbatch")).unwrap().contains("--steps 7"));
+        assert_eq!(read_record(&dir).unwrap().run.config.steps, plan.runs[0].config.steps);
+        assert_eq!(run_dirs(out.path()).unwrap(), [dir]);
     }
 
     #[test]

@@ -20,6 +20,12 @@ use crate::time::unix_now;
 /// The file in a run folder that records its latest submission.
 pub const SLURM_RECORD: &str = "slurm.json";
 
+/// The mark a run folder holds while its job is submitted: made before `sbatch` runs, removed
+/// once [`SLURM_RECORD`] records the job, and holding the job's id if Slurm took it but the
+/// record could not be written (a full disk). Found with no record, it says a job may be in
+/// Slurm that nothing records: that run is not sent again until someone has looked.
+pub const SUBMITTING: &str = ".submitting";
+
 /// How to submit.
 #[derive(Debug, Clone, Default)]
 pub struct SubmitOptions {
@@ -138,10 +144,60 @@ fn dependencies(opts: &SubmitOptions, previous: Option<&str>) -> Vec<String> {
     deps
 }
 
-fn write_record(dir: &Path, rec: &SlurmRecord) -> Result<(), Error> {
+/// Marks run folders as being submitted ([`SUBMITTING`]), before their job goes to Slurm: a
+/// folder that cannot be marked (a full disk) stops the submission before the job is sent.
+fn mark(dirs: &[&Path]) -> Result<(), Error> {
+    for dir in dirs {
+        zerobench_files::replace(&dir.join(SUBMITTING), b"")?;
+    }
+    Ok(())
+}
+
+/// Takes the marks away from folders whose job `sbatch` refused: no job was made.
+fn unmark(dirs: &[&Path]) {
+    for dir in dirs {
+        let _ = std::fs::remove_file(dir.join(SUBMITTING));
+    }
+}
+
+/// Records a job Slurm took for `run` in its folder and takes the folder's mark away. Where the
+/// record cannot be written the mark keeps the job's id (if it can) and the error names the job.
+fn write_record(dir: &Path, run: &str, rec: &SlurmRecord) -> Result<(), Error> {
     let p = dir.join(SLURM_RECORD);
+    let marker = dir.join(SUBMITTING);
     let text = serde_json::to_string_pretty(rec).unwrap_or_default() + "\n";
-    crate::files::write(&p, text.as_bytes())
+    if let Err(e) = zerobench_files::replace(&p, text.as_bytes()) {
+        let _ = zerobench_files::replace(&marker, format!("{}\n", rec.job_id).as_bytes());
+        return Err(Error::Unrecorded {
+            run: run.to_string(),
+            job: rec.job_id.clone(),
+            record: e.path,
+            cause: e.cause,
+            marker,
+        });
+    }
+    match std::fs::remove_file(&marker) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(&marker, e)),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses folders whose mark ([`SUBMITTING`]) has no record beside it: a job may be in Slurm
+/// that nothing records. A mark beside a record (stopped between the two) is taken away.
+fn check_marks(records: &[(PathBuf, RunRecord)]) -> Result<(), Error> {
+    for (dir, rec) in records {
+        let marker = dir.join(SUBMITTING);
+        if std::fs::symlink_metadata(&marker).is_err() {
+            continue;
+        }
+        if dir.join(SLURM_RECORD).is_file() {
+            std::fs::remove_file(&marker).map_err(|e| Error::io(&marker, e))?;
+            continue;
+        }
+        let job = std::fs::read_to_string(&marker).unwrap_or_default().trim().to_string();
+        return Err(Error::Unsettled { marker, run: rec.run.id.clone(), job: (!job.is_empty()).then_some(job) });
+    }
+    Ok(())
 }
 
 /// Whether run folders can be submitted with these options at all (the dependency's syntax; no
@@ -161,6 +217,9 @@ pub fn check(dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec<(PathBuf, Run
     }
     let records: Vec<(PathBuf, RunRecord)> =
         dirs.iter().map(|d| read_record(d).map(|r| (d.clone(), r))).collect::<Result<_, _>>()?;
+    if !opts.test_only {
+        check_marks(&records)?;
+    }
     if let Some((_, r)) = records.iter().find(|(_, r)| r.cluster.allocation.is_some()) {
         return Err(Error::Usage(format!(
             "run {} is a step of an existing allocation (cluster.allocation), not a job to submit: run the sweep with zerobench local",
@@ -195,11 +254,15 @@ pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec
         stop_if_signalled(&held, out.len(), records.len())?;
         let script = dir.join("job.sbatch");
         let deps = dependencies(opts, previous.as_deref());
-        let job = sbatch(&script, &deps, opts)?;
+        if !opts.test_only {
+            mark(&[dir])?;
+        }
+        let job = sbatch(&script, &deps, opts).inspect_err(|_| unmark(&[dir]))?;
         tracing::info!(run = %rec.run.id, job = %job, "submitted");
         if !opts.test_only {
             write_record(
                 dir,
+                &rec.run.id,
                 &SlurmRecord {
                     job_id: job.clone(),
                     array_job_id: None,
@@ -285,19 +348,26 @@ fn submit_arrays(
         stop_if_signalled(held, out.len(), records.len())?;
         let name = format!("{ARRAY_PREFIX}{}", first + k);
         let script = root.join(format!("{name}.sbatch"));
-        crate::files::write(&script, array_script(root, &name, group)?.as_bytes())?;
+        zerobench_files::replace(&script, array_script(root, &name, group)?.as_bytes())?;
         let deps = dependencies(opts, previous.as_deref());
+        let dirs: Vec<&Path> = group.iter().map(|(d, _)| d.as_path()).collect();
+        if !opts.test_only {
+            mark(&dirs)?;
+        }
         let answer = sbatch(&script, &deps, opts);
         if opts.test_only {
             // Asked, not submitted: no script of a job that never was stays behind.
             let _ = std::fs::remove_file(&script);
         }
-        let job = answer?;
+        let job = answer.inspect_err(|_| unmark(&dirs))?;
         tracing::info!(array = %name, runs = group.len(), job = %job, "submitted");
+        // Every task's record that can be written is, before the first that could not stops it.
+        let mut unrecorded = None;
         for (task, (dir, rec)) in group.iter().enumerate() {
             if !opts.test_only {
-                write_record(
+                let written = write_record(
                     dir,
+                    &rec.run.id,
                     &SlurmRecord {
                         job_id: format!("{job}_{task}"),
                         array_job_id: Some(job.clone()),
@@ -306,10 +376,17 @@ fn submit_arrays(
                         submitted_at: unix_now(),
                         script: script.clone(),
                     },
-                )?;
+                );
+                if let Err(e) = written {
+                    unrecorded.get_or_insert(e);
+                    continue;
+                }
             }
             let shown = if opts.test_only { job.clone() } else { format!("{job}_{task}") };
             out.push(Submitted { id: rec.run.id.clone(), dir: dir.clone(), job: shown });
+        }
+        if let Some(e) = unrecorded {
+            return Err(e);
         }
         if !opts.test_only {
             previous = Some(job);
@@ -391,6 +468,51 @@ mod tests {
             assert!(dirs.iter().all(|d| record(d).is_none()));
             let last = std::fs::read_to_string(&calls).unwrap().lines().last().unwrap().to_string();
             assert_eq!(last, format!("{} --test-only {}", dirs[3].display(), dirs[3].join("job.sbatch").display()));
+        }
+    }
+
+    rusty_fork_test! {
+        /// A job Slurm took whose record cannot be written (a full disk; here every temporary
+        /// name of the run's `slurm.json` taken) stops the submission naming the job, and the
+        /// run is not sent again (two jobs would write its logs) until its mark is removed; a
+        /// job sbatch refused leaves no mark. The same with job arrays.
+        #[test]
+        fn a_job_whose_record_cannot_be_written_is_named_and_not_sent_again() {
+            for array in [false, true] {
+                let tmp = tempfile::tempdir().unwrap();
+                let (dirs, calls) = sweep_and_stub(tmp.path());
+                let taken: Vec<PathBuf> =
+                    (0..100).map(|n| dirs[1].join(format!(".slurm.json.{}.{n}.tmp", std::process::id()))).collect();
+                for t in &taken {
+                    std::fs::write(t, "").unwrap();
+                }
+                let opts = SubmitOptions { array, ..SubmitOptions::default() };
+                let e = submit(tmp.path(), &dirs, &opts).unwrap_err();
+                let job = if array { "102_0" } else { "102" };
+                assert!(matches!(&e, Error::Unrecorded { job: j, .. } if j == job), "{e}");
+                assert!(e.to_string().contains(&format!("scancel {job}")), "{e}");
+                assert_eq!(std::fs::read_to_string(dirs[1].join(SUBMITTING)).unwrap(), format!("{job}\n"));
+                let sent = std::fs::read_to_string(&calls).unwrap().lines().count();
+                for t in &taken {
+                    std::fs::remove_file(t).unwrap();
+                }
+                // Not sent again, and nothing else either, while the mark is there.
+                let e = submit(tmp.path(), &dirs, &opts).unwrap_err().to_string();
+                assert!(e.contains(SUBMITTING) && e.contains(&format!("as job {job}")), "{e}");
+                assert_eq!(std::fs::read_to_string(&calls).unwrap().lines().count(), sent);
+                std::fs::remove_file(dirs[1].join(SUBMITTING)).unwrap();
+                let again = submit(tmp.path(), &dirs[1..2], &opts).unwrap();
+                assert_eq!(again.len(), 1);
+                assert!(record(&dirs[1]).is_some() && !dirs[1].join(SUBMITTING).exists());
+                // The array's other task is recorded; one job a run stopped before the next.
+                assert_eq!(record(&dirs[3]).is_some(), array);
+                assert!(!dirs[3].join(SUBMITTING).exists());
+                // A job sbatch refuses leaves no mark.
+                std::fs::remove_file(dirs[3].join(SLURM_RECORD)).ok();
+                stub(&tmp.path().join("bin"), "sbatch", "echo 'sbatch: error: invalid partition' >&2; exit 1");
+                assert!(submit(tmp.path(), &dirs[3..], &opts).is_err());
+                assert!(!dirs[3].join(SUBMITTING).exists());
+            }
         }
     }
 

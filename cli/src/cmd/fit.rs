@@ -170,7 +170,7 @@ fn variant_value<T: std::str::FromStr>(variant: &str, key: &str) -> Result<Optio
 }
 
 pub fn run(args: Args) -> anyhow::Result<Outcome> {
-    if args.out.exists() && !args.overwrite {
+    if std::fs::symlink_metadata(&args.out).is_ok() && !args.overwrite {
         bail!("{} exists; --overwrite replaces it", args.out.display());
     }
     let Read { observations: obs, left_out: skipped, unread } = observations(&args.dirs)?;

@@ -74,23 +74,21 @@ pub struct RerunFlags {
     pub retry_failed: bool,
 }
 
-/// Writes `bytes` to `path`: a new file only (an existing one is an error), unless `replace`, when
-/// a whole new file takes its place (written beside it, then renamed) so a reader never sees half.
+/// Writes `bytes` to `path`: a new file only (a name in use is an error), unless `replace`. Either
+/// way the file is written beside its name and then put in place ([`zerobench_files`]): a reader
+/// never sees half of it, a write that fails (a full disk) leaves no file, and a link planted at
+/// the name or at the temporary one is never written through.
 pub fn write_new(path: &std::path::Path, bytes: &[u8], replace: bool) -> anyhow::Result<()> {
-    use anyhow::Context as _;
-    use std::io::Write as _;
-    if !replace {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .with_context(|| format!("cannot create {} (it must not exist yet)", path.display()))?;
-        return f.write_all(bytes).with_context(|| format!("writing {}", path.display()));
+    if replace {
+        return Ok(zerobench_files::replace(path, bytes)?);
     }
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))
+    zerobench_files::create_new(path, bytes).map_err(|e| {
+        if e.cause.kind() == std::io::ErrorKind::AlreadyExists && e.path == path {
+            anyhow::anyhow!("cannot create {} (it must not exist yet)", path.display())
+        } else {
+            e.into()
+        }
+    })
 }
 
 /// A command-line number that must be finite and above 0, `what` naming what it is in the error.

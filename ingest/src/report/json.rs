@@ -25,13 +25,22 @@ struct Envelope<'a, T: Serialize> {
 #[derive(Serialize)]
 struct Summary<'a> {
     schema_version: u32,
+    /// Every log read without a problem and every output written.
     complete: bool,
     runs: usize,
     read: &'a ReadStats,
     problems: &'a [Problem],
+    /// The outputs that could not be written (a plot on a full disk), each with why.
+    unwritten: Vec<String>,
 }
 
-pub fn write(ingested: &Ingested, tables: &Tables, out: &Path) -> Result<Vec<PathBuf>, ReportError> {
+/// Writes the tables and `summary.json`; `unwritten` are the outputs already known to be missing.
+pub fn write(
+    ingested: &Ingested,
+    tables: &Tables,
+    out: &Path,
+    unwritten: &[ReportError],
+) -> Result<Vec<PathBuf>, ReportError> {
     let mut written = vec![
         one(out, "latency", &tables.latency)?,
         one(out, "mem", &tables.mem)?,
@@ -49,10 +58,11 @@ pub fn write(ingested: &Ingested, tables: &Tables, out: &Path) -> Result<Vec<Pat
     }
     let summary = Summary {
         schema_version: OUTPUT_SCHEMA_VERSION,
-        complete: ingested.complete(),
+        complete: ingested.complete() && unwritten.is_empty(),
         runs: ingested.runs.len(),
         read: &ingested.stats,
         problems: &ingested.problems,
+        unwritten: unwritten.iter().map(ToString::to_string).collect(),
     };
     written.push(save(out, "summary", &summary)?);
     Ok(written)

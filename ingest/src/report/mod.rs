@@ -108,7 +108,12 @@ pub const MANIFEST: &str = ".zerobench-ingest-files";
 /// replaces whatever has the file's name, a symbolic link included, instead of writing through
 /// it, so a link planted in `out` cannot make ingest overwrite its target; and each file appears
 /// whole or not at all. If any file cannot be written, none is moved and the private folder is
-/// removed.
+/// removed. The list of files ([`MANIFEST`]) names the last ingest's files and this one's before
+/// the first is moved, and this one's alone after the last: an ingest stopped between the two
+/// (killed, a full disk) leaves a folder the next ingest still knows as its own.
+///
+/// The caller holds `out`'s lock (one writer a folder): a private folder of an earlier ingest
+/// found there is what one that was killed left, and is removed.
 pub fn write_all(
     ingested: &Ingested,
     tables: &Tables,
@@ -119,11 +124,17 @@ pub fn write_all(
     std::fs::create_dir_all(out).map_err(|e| ReportError::io(out, e))?;
     // What the last ingest here wrote: the files this one may replace, and those it removes.
     let ours = last_written(out);
-    let staging = out.join(format!(".zerobench-ingest-{}", std::process::id()));
+    remove_stale_staging(out);
+    let staging = out.join(format!("{STAGING_PREFIX}{}", std::process::id()));
     std::fs::create_dir(&staging).map_err(|e| ReportError::io(&staging, e))?;
     let mut failed = Vec::new();
     let staged = write_formats(ingested, tables, &staging, formats, &mut failed)
-        .and_then(|files| check_replaced(out, &ours, &files, replace).map(|()| files));
+        .and_then(|files| check_replaced(out, &ours, &files, replace).map(|()| files))
+        .and_then(|files| {
+            // Both ingests' names while the files move.
+            let both: BTreeSet<String> = ours.iter().cloned().chain(names(&files)).collect();
+            write_manifest(out, &both).map(|()| files)
+        });
     let moved = staged.and_then(|files| {
         files
             .into_iter()
@@ -184,9 +195,7 @@ fn check_replaced(
 /// directly in `out` under the names listed are removed: a link or folder under a listed name is
 /// left alone.
 fn replace_manifest(out: &Path, last: &BTreeSet<String>, written: &[PathBuf]) -> Result<(), ReportError> {
-    let names: BTreeSet<String> =
-        written.iter().filter_map(|f| f.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
-    let list = out.join(MANIFEST);
+    let names: BTreeSet<String> = names(written).collect();
     for name in last.difference(&names) {
         let stale = out.join(name);
         if std::fs::symlink_metadata(&stale).is_ok_and(|m| m.file_type().is_file()) {
@@ -194,10 +203,42 @@ fn replace_manifest(out: &Path, last: &BTreeSet<String>, written: &[PathBuf]) ->
             tracing::info!("removed {}: the last ingest's, not written this time", stale.display());
         }
     }
+    write_manifest(out, &names)
+}
+
+/// The file names of `files`.
+fn names(files: &[PathBuf]) -> impl Iterator<Item = String> + '_ {
+    files.iter().filter_map(|f| f.file_name()).map(|n| n.to_string_lossy().into_owned())
+}
+
+/// Records `names` as the files of `out` that ingest wrote ([`MANIFEST`]).
+fn write_manifest(out: &Path, names: &BTreeSet<String>) -> Result<(), ReportError> {
     let text: String = names.iter().map(|n| format!("{n}\n")).collect();
-    let tmp = out.join(format!("{MANIFEST}.{}", std::process::id()));
-    std::fs::write(&tmp, text).map_err(|e| ReportError::io(&tmp, e))?;
-    std::fs::rename(&tmp, &list).map_err(|e| ReportError::io(&list, e))
+    let list = out.join(MANIFEST);
+    zerobench_files::replace(&list, text.as_bytes()).map_err(|e| ReportError::io(&e.path, e.cause))
+}
+
+/// The name of an ingest's private folder in its output folder, before its process id.
+const STAGING_PREFIX: &str = ".zerobench-ingest-";
+
+/// Removes the private folders that ingests killed while writing left in `out` (only folders, not
+/// links, named as [`STAGING_PREFIX`] and a number); the caller holds `out`'s lock, so none is
+/// in use.
+fn remove_stale_staging(out: &Path) {
+    let Ok(entries) = std::fs::read_dir(out) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let is_staging = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(STAGING_PREFIX))
+            .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
+        if is_staging && e.file_type().is_ok_and(|t| t.is_dir()) {
+            match std::fs::remove_dir_all(e.path()) {
+                Ok(()) => tracing::info!("removed {}: an earlier ingest's, stopped while writing", e.path().display()),
+                Err(err) => tracing::warn!("cannot remove {}: {err}", e.path().display()),
+            }
+        }
+    }
 }
 
 fn write_formats(
@@ -209,16 +250,18 @@ fn write_formats(
 ) -> Result<Vec<PathBuf>, ReportError> {
     let mut written = Vec::new();
     let text = tables.text_tables();
+    // Plots first: `summary.json` names those that could not be drawn.
+    if formats.contains(&Format::Svg) {
+        let (plots, bad) = plot::write(tables, dir);
+        written.extend(plots);
+        failed.extend(bad);
+    }
     for f in formats {
         match f {
             Format::Csv => written.extend(csv::write(&text, dir)?),
             Format::Markdown => written.extend(markdown::write(&text, dir)?),
-            Format::Json => written.extend(json::write(ingested, tables, dir)?),
-            Format::Svg => {
-                let (plots, bad) = plot::write(tables, dir);
-                written.extend(plots);
-                failed.extend(bad);
-            }
+            Format::Json => written.extend(json::write(ingested, tables, dir, failed)?),
+            Format::Svg => {}
         }
     }
     Ok(written)
