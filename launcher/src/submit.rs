@@ -153,10 +153,14 @@ fn mark(dirs: &[&Path]) -> Result<(), Error> {
     Ok(())
 }
 
-/// Takes the marks away from folders whose job `sbatch` refused: no job was made.
-fn unmark(dirs: &[&Path]) {
-    for dir in dirs {
-        let _ = std::fs::remove_file(dir.join(SUBMITTING));
+/// Takes the marks away from folders whose job `sbatch` refused (it exited with an error): no
+/// job was made. Any other failure (no answer in time, an answer that is not a job id) leaves
+/// them: Slurm may have the job.
+fn unmark_if_refused(e: &Error, dirs: &[&Path]) {
+    if matches!(e, Error::Slurm { code, .. } if *code > 0) {
+        for dir in dirs {
+            let _ = std::fs::remove_file(dir.join(SUBMITTING));
+        }
     }
 }
 
@@ -257,7 +261,7 @@ pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec
         if !opts.test_only {
             mark(&[dir])?;
         }
-        let job = sbatch(&script, &deps, opts).inspect_err(|_| unmark(&[dir]))?;
+        let job = sbatch(&script, &deps, opts).inspect_err(|e| unmark_if_refused(e, &[dir]))?;
         tracing::info!(run = %rec.run.id, job = %job, "submitted");
         if !opts.test_only {
             write_record(
@@ -359,7 +363,7 @@ fn submit_arrays(
             // Asked, not submitted: no script of a job that never was stays behind.
             let _ = std::fs::remove_file(&script);
         }
-        let job = answer.inspect_err(|_| unmark(&dirs))?;
+        let job = answer.inspect_err(|e| unmark_if_refused(e, &dirs))?;
         tracing::info!(array = %name, runs = group.len(), job = %job, "submitted");
         // Every task's record that can be written is, before the first that could not stops it.
         let mut unrecorded = None;
@@ -528,6 +532,11 @@ mod tests {
                 let e = submit(tmp.path(), &dirs[..1], &SubmitOptions::default()).unwrap_err().to_string();
                 assert!(e.contains("sbatch --parsable") && e.contains("unexpected answer"), "{e}");
                 assert!(record(&dirs[0]).is_none());
+                // sbatch did not refuse: Slurm may have the job (the first answer says it has), so
+                // the run stays marked and is not sent again until someone has looked.
+                let e = submit(tmp.path(), &dirs[..1], &SubmitOptions::default()).unwrap_err().to_string();
+                assert!(e.contains("may have reached Slurm"), "{e}");
+                std::fs::remove_file(dirs[0].join(SUBMITTING)).unwrap();
             }
         }
     }

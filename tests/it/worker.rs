@@ -691,3 +691,41 @@ fn torch_profile_traces_the_profiled_step() {
     assert!(stderr.contains("--profile-step 3 is past the run's last step, 2"), "{stderr}");
     assert!(!dir.join("torch-profile-rank0.json").exists());
 }
+
+/// Standard error that cannot be written (a Slurm output file on a full disk) loses the worker's
+/// messages, not its exit code (it aborted, 134, after an `end` saying 0); a log past a file-size
+/// limit (`ulimit -f`) ends the rank with exit 5 naming the log (it was killed by SIGXFSZ, 153,
+/// with no word).
+#[test]
+fn a_full_stderr_or_a_file_size_limit_ends_the_rank_as_its_log_says() {
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("full-stderr");
+    let args = ["--model", "tiny", "--stage", "0", "--device", "cpu", "--seq-len", "16"];
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let status = Command::new(worker())
+        .args(args)
+        .args(["--steps", "3", "--log-dir", logs.to_str().unwrap()])
+        .stderr(full)
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let end = std::fs::read_to_string(logs.join("rank0.jsonl")).unwrap();
+    assert!(end.lines().last().unwrap().contains("\"status\":\"ok\""), "{end}");
+    // One rank met through the environment (a singleton MPI start hangs under the limit).
+    let logs = tmp.path().join("limited");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -f 3 && exec \"$0\" \"$@\"")
+        .arg(worker())
+        .args(args)
+        .args(["--steps", "200", "--rendezvous", "env", "--log-dir", logs.to_str().unwrap()])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "1")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", crate::support::free_port().to_string())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(err.contains("rank0.jsonl") && err.contains("File too large"), "{err}");
+}

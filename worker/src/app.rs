@@ -142,7 +142,7 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     if args.trace && !progress.trace.is_empty() {
         let path = args.log_dir.join(format!("trace-rank{}.json", ident.rank));
         if let Err(e) = write_chrome_trace(&path, ident.rank, &progress.trace) {
-            eprintln!("zerobench-worker: cannot write {}: {e}", path.display());
+            crate::say!("zerobench-worker: cannot write {}: {e}", path.display());
         }
     }
     let end = End {
@@ -158,7 +158,7 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     guard.ended();
     if ident.rank == 0 {
         if let Some(s) = progress.summary {
-            eprintln!(
+            crate::say!(
                 "zerobench-worker: {} stage {} on {} rank(s): {:.1} ms/step, {:.0} tokens/s, final loss {}",
                 cfg.model,
                 cfg.stage,

@@ -15,6 +15,18 @@
 //! | [`logfile`] | the rank's JSON-lines log |
 //! | [`failure`] | failure classes and exit codes |
 
+/// A line to standard error, best-effort. `eprintln!` panics where stderr cannot be written (a
+/// Slurm output file on a full disk, a closed pipe), and the panic hook's own message panicked
+/// again: a run whose log ended `ok` exited with SIGABRT (134). The log is the record; a message
+/// lost on the way to stderr is not a failure.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod agree;
 pub mod app;
 pub mod cli;

@@ -253,7 +253,7 @@ fn stop(i: &Inner, class: ErrorClass, message: String, exit_code: i32) {
     let status = RunStatus::Failed;
     let end = End { v: SCHEMA_VERSION, ts, rank: i.rank, status, steps_completed: steps, exit_code, summary: None };
     i.log.write_last(&[Record::Error(error), Record::End(end)], Duration::from_secs(2));
-    eprintln!("zerobench-worker: rank {}: {message}", i.rank);
+    crate::say!("zerobench-worker: rank {}: {message}", i.rank);
     // No unwinding and no destructors: other threads may be blocked inside MPI or CUDA.
     // SAFETY: _exit only ends the process.
     unsafe { libc::_exit(exit_code) }
