@@ -252,10 +252,19 @@ pub fn engine_buffer_bytes(
     staging + gathering
 }
 
-/// The [`GATHER_SLOTS_BUFFER`] of sharded parameters: `prefetch + 1` slots of the largest padded
-/// unit, in the compute precision.
+/// The [`GATHER_SLOTS_BUFFER`] of sharded parameters: [`gather_slots`] slots of the largest
+/// padded unit, in the compute precision.
 pub fn gather_slot_bytes(spec: &ModelSpec, precision: Precision, engine: &EngineConfig, world: u64) -> u64 {
-    u64::from(engine.prefetch + 1) * largest_padded_unit(spec, world) * precision.param_bytes()
+    gather_slots(spec.units().len(), engine.prefetch) as u64
+        * largest_padded_unit(spec, world)
+        * precision.param_bytes()
+}
+
+/// The gather slots of sharded parameters: the unit computed and the `prefetch` after it, of
+/// which a model of `units` has at most `units - 1` (a `--prefetch` past them, 4294967295 say,
+/// would otherwise allocate a slot for each).
+pub fn gather_slots(units: usize, prefetch: u32) -> usize {
+    (prefetch as usize).min(units.saturating_sub(1)) + 1
 }
 
 fn largest_padded_unit(spec: &ModelSpec, world: u64) -> u64 {
@@ -272,6 +281,24 @@ mod tests {
     use super::*;
     use crate::models::ModelPreset;
     use proptest::prelude::*;
+
+    /// A prefetch past the model's units gathers into one slot a unit, not one per prefetch step.
+    #[test]
+    fn gather_slots_are_bounded_by_the_units() {
+        assert_eq!(gather_slots(12, 2), 3);
+        assert_eq!(gather_slots(12, u32::MAX), 12);
+        assert_eq!(gather_slots(1, 5), 1);
+        let spec = ModelPreset::Tiny.spec();
+        let one_slot =
+            gather_slot_bytes(&spec, Precision::Bf16, &EngineConfig { prefetch: 0, ..EngineConfig::default() }, 2);
+        let most = gather_slot_bytes(
+            &spec,
+            Precision::Bf16,
+            &EngineConfig { prefetch: u32::MAX, ..EngineConfig::default() },
+            2,
+        );
+        assert_eq!(most, one_slot * spec.units().len() as u64);
+    }
 
     #[test]
     fn paper_example_7_5b_on_64_ranks() {

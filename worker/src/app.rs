@@ -32,7 +32,7 @@ use crate::metrics::timeline::{write_chrome_trace, Timeline};
 use crate::model::Model;
 use crate::runtime::cpus::{CpuError, LaunchCpu};
 use crate::runtime::cuda::{ComputeStream, Gpu};
-use crate::runtime::guard::Guard;
+use crate::runtime::guard::{Guard, StopSignals};
 use crate::runtime::identity::{self, Identity};
 use crate::runtime::rendezvous;
 use crate::train::{Observe, Progress, TorchProfile, Trainer};
@@ -89,10 +89,11 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
     agree::same_placement(&mut host, placed.gpu.as_ref().map(|_| placed.uuid.as_deref().unwrap_or_default()))?;
     // Held to the end of `run`, so that a failed rank 0 can leave without waiting for the others.
     let store = host.run_store();
+    let signals = StopSignals::catch().map_err(|e| Failure::Internal(format!("cannot catch the stop signals: {e}")))?;
     let opened = RankLog::create(&args.log_dir, ident.rank, args.overwrite);
     let log = agree::logs_opened(&mut host, opened, &args.log_dir, args.overwrite)?;
     let stall = (args.stall_timeout_s > 0).then(|| Duration::from_secs(args.stall_timeout_s));
-    let guard = Guard::start(log.clone(), ident.rank, stall)
+    let guard = Guard::start(signals, log.clone(), ident.rank, stall)
         .map_err(|e| Failure::Internal(format!("cannot start the guard threads: {e}")))?;
 
     let mut progress = Progress { steps_completed: 0, summary: None, trace: Vec::new(), cuda_device: None };
@@ -113,6 +114,30 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
             std::thread::park();
         }
     }
+    // A log whose folder was removed during the run holds nothing anyone can read: not a success.
+    let result = result.and_then(|()| {
+        if log.is_removed() {
+            let path = log.path().display();
+            Err(Failure::Io(format!("the log {path} was removed during the run: its records are lost")))
+        } else {
+            Ok(())
+        }
+    });
+    // The trace asked for is part of the result: one that cannot be written fails the run.
+    let result = result.and_then(|()| {
+        if !args.trace || progress.trace.is_empty() {
+            return Ok(());
+        }
+        let path = args.log_dir.join(format!("trace-rank{}.json", ident.rank));
+        write_chrome_trace(&path, ident.rank, &progress.trace, args.overwrite).map_err(|e| {
+            let why = if e.cause.kind() == std::io::ErrorKind::AlreadyExists {
+                "it exists (--overwrite replaces it)".to_string()
+            } else {
+                e.cause.to_string()
+            };
+            Failure::Io(format!("cannot write the trace {}: {why}", path.display()))
+        })
+    });
     if let (Err(_), Some(s)) = (&result, &store) {
         s.abandon();
     }
@@ -138,12 +163,6 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
         };
         // Best effort: the failure itself may be the log's.
         let _ = log.write(&Record::Error(err));
-    }
-    if args.trace && !progress.trace.is_empty() {
-        let path = args.log_dir.join(format!("trace-rank{}.json", ident.rank));
-        if let Err(e) = write_chrome_trace(&path, ident.rank, &progress.trace) {
-            crate::say!("zerobench-worker: cannot write {}: {e}", path.display());
-        }
     }
     let end = End {
         v: SCHEMA_VERSION,
@@ -234,11 +253,22 @@ fn run_logged(
     let backend = Backend::of(&host, gpu.is_some(), cfg.cuda_graph);
     let start = start_record(&rank, gpu.as_ref(), cuda_index, visible, threads, launch_cpu, backend);
     log.write(&Record::Start(start)).map_err(|e| Failure::Io(e.to_string()))?;
+    guard.start_logged();
     let (comm, group) = communicators(cfg, backend, host, gpu.as_ref())?;
     let data = training_data(cfg, ident, device)?;
     let expected = expected_states(cfg, ident);
     // Before any state is allocated: host-resident states that cannot fit are a result (oom).
     let per_rank = runtime::host_memory::host_resident(&expected, cuda_index.is_none());
+    // On a CPU a step's micro-batches are all held at once (a huge --grad-accum grew memory step
+    // by step until the allocator failed).
+    let step_batches = match cuda_index {
+        Some(_) => 0,
+        None => crate::data::Task::of(cfg)
+            .sample_bytes()
+            .saturating_mul(u64::from(cfg.micro_batch))
+            .saturating_mul(u64::from(cfg.grad_accum)),
+    };
+    let per_rank = per_rank.saturating_add(step_batches);
     runtime::host_memory::check(per_rank, ident.local_size, runtime::host_memory::available_bytes())?;
     let mut engine = zero::Engine::new(model, cfg, comm, group, device, gpu.clone())?;
     let probe = MemoryProbe::new(cuda_index);

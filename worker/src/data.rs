@@ -23,6 +23,8 @@
 //! their own; a text's are drawn from its end (its last tenth, or one sample's bytes if that is
 //! more: [`held_out_bytes`]), which training then never reads.
 
+use std::io::Read as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use tch::{Device, Kind, Tensor};
@@ -50,6 +52,15 @@ impl Task {
             ModelSpec::Gpt2(_) | ModelSpec::Llama(_) => Task::NextToken { seq_len },
             ModelSpec::T5(_) => Task::Seq2Seq { seq_len, target_len: cfg.target_len_or_default() as usize },
             ModelSpec::Mlp(d) => Task::Regression { seq_len, width: d.d_model as usize },
+        }
+    }
+
+    /// Bytes of host memory one sample's input and target take: tokens as `i64`, the MLP's
+    /// vectors as `f32`.
+    pub fn sample_bytes(&self) -> u64 {
+        match *self {
+            Task::Regression { seq_len, width } => (seq_len as u64).saturating_mul(width as u64).saturating_mul(2 * 4),
+            _ => (self.tokens() as u64).saturating_mul(8),
         }
     }
 
@@ -103,7 +114,9 @@ pub enum DataError {
     SmallVocab(u64),
     #[error("--data {path} is not a regular file (a FIFO, device or folder cannot be read as a text)")]
     NotAFile { path: PathBuf },
-    #[error("--data {path} has {len} bytes; every rank holds the whole text, so at most {MAX_DATA_BYTES} are read")]
+    #[error(
+        "--data {path} has at least {len} bytes; every rank holds the whole text, so at most {MAX_DATA_BYTES} are read"
+    )]
     TooLarge { path: PathBuf, len: u64 },
 }
 
@@ -165,7 +178,19 @@ impl Source {
         if meta.len() > MAX_DATA_BYTES {
             return Err(DataError::TooLarge { path: path.into(), len: meta.len() });
         }
-        let bytes = std::fs::read(path).map_err(|source| DataError::Read { path: path.into(), source })?;
+        // Read through the file opened, never past the limit: a file whose size says 0 and reads
+        // on (`/proc/self/pagemap`), or one swapped for another after the check, stops there.
+        // O_NONBLOCK: a FIFO put in its place does not block the open.
+        let read = |source| DataError::Read { path: path.into(), source };
+        let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(read)?;
+        if !file.metadata().map_err(read)?.is_file() {
+            return Err(DataError::NotAFile { path: path.into() });
+        }
+        let mut bytes = Vec::new();
+        file.take(MAX_DATA_BYTES + 1).read_to_end(&mut bytes).map_err(read)?;
+        if bytes.len() as u64 > MAX_DATA_BYTES {
+            return Err(DataError::TooLarge { path: path.into(), len: bytes.len() as u64 });
+        }
         let need = task.tokens();
         let len = bytes.len();
         if len <= need {

@@ -123,6 +123,8 @@ impl Failure {
         if lower.contains("out of memory")
             || lower.contains("can't allocate memory")
             || lower.contains("not enough memory")
+            // The C++ allocator's exception (a host tensor past what the process may map).
+            || lower.contains("std::bad_alloc")
         {
             Failure::Oom { message: first_line(msg), requested_bytes: requested_bytes(msg) }
         } else {
@@ -246,6 +248,8 @@ mod tests {
             f => panic!("{f:?}"),
         }
         assert!(matches!(Failure::from_torch_message("shape mismatch"), Failure::Internal(_)));
+        let bad_alloc = "called `Result::unwrap()` on an `Err` value: Torch(\"std::bad_alloc\")";
+        assert!(matches!(Failure::from_torch_message(bad_alloc), Failure::Oom { .. }));
         assert_eq!(Failure::Oom { message: String::new(), requested_bytes: None }.exit_code(), 3);
     }
 }

@@ -10,7 +10,7 @@
 //! for microseconds; a rank killed outright (SIGKILL) in that window loses it.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -36,6 +36,9 @@ pub struct RankLog {
 pub enum LogError {
     #[error("cannot create the log folder {path}: {source}")]
     Dir { path: PathBuf, source: io::Error },
+    /// `--log-dir` names a file, or a link to nothing (create_dir_all's "File exists" said neither).
+    #[error("--log-dir {path} is {what}, not a folder")]
+    NotADir { path: PathBuf, what: &'static str },
     #[error("{path} exists; use a fresh --log-dir (or --overwrite) so earlier results are not lost")]
     Exists { path: PathBuf },
     #[error("{path} is a symbolic link; a log is never written through one (remove it, or use a fresh --log-dir)")]
@@ -53,7 +56,13 @@ fn line(rec: &Record) -> Vec<u8> {
 impl RankLog {
     /// Creates the log of `rank` in `dir`, refusing to replace an earlier run's log unless told.
     pub fn create(dir: &Path, rank: u32, overwrite: bool) -> Result<Self, LogError> {
-        fs::create_dir_all(dir).map_err(|source| LogError::Dir { path: dir.into(), source })?;
+        fs::create_dir_all(dir).map_err(|source| match fs::symlink_metadata(dir) {
+            Ok(m) if m.file_type().is_symlink() && !dir.exists() => {
+                LogError::NotADir { path: dir.into(), what: "a symbolic link to nothing" }
+            }
+            Ok(m) if !dir.is_dir() && !m.is_dir() => LogError::NotADir { path: dir.into(), what: "a file" },
+            _ => LogError::Dir { path: dir.into(), source },
+        })?;
         let path = dir.join(format!("rank{rank}.jsonl"));
         let mut opts = OpenOptions::new();
         opts.write(true);
@@ -137,9 +146,29 @@ impl RankLog {
         BackgroundWriter::start(self.clone(), complete)
     }
 
+    /// Writes one whole line, or nothing: a line cut short (a full disk, a file-size limit) is
+    /// taken back, so the log stays whole records that ingest reads (it saw a truncated line).
     fn put(f: &mut MutexGuard<'_, File>, bytes: &[u8]) -> io::Result<()> {
-        f.write_all(bytes)?;
-        f.flush()
+        let at = f.stream_position()?;
+        let written = f.write_all(bytes).and_then(|()| f.flush());
+        if written.is_err() {
+            let _ = f.set_len(at);
+            let _ = f.seek(SeekFrom::Start(at));
+        }
+        written
+    }
+
+    /// Whether the log's file has no name left: its folder was removed (or the file) while the run
+    /// went on, and every record written went with it.
+    pub fn is_removed(&self) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        let f = self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f.metadata().is_ok_and(|m| m.nlink() == 0)
+    }
+
+    /// Where the log is.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 

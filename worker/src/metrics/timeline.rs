@@ -6,7 +6,6 @@
 //! Nothing is recorded unless a step is being traced or profiled: the hot path then costs one
 //! branch per span.
 
-use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -181,7 +180,12 @@ impl Timeline {
 
 /// Writes spans as a Chrome trace-event JSON file (chrome://tracing, ui.perfetto.dev): one process
 /// per rank, one thread per track.
-pub fn write_chrome_trace(path: &Path, rank: u32, spans: &[Resolved]) -> std::io::Result<()> {
+pub fn write_chrome_trace(
+    path: &Path,
+    rank: u32,
+    spans: &[Resolved],
+    overwrite: bool,
+) -> Result<(), zerobench_files::Error> {
     let mut events = Vec::with_capacity(spans.len() + 8);
     let mut tracks: Vec<Track> = spans.iter().map(|s| s.track).collect();
     tracks.sort();
@@ -203,7 +207,12 @@ pub fn write_chrome_trace(path: &Path, rank: u32, spans: &[Resolved]) -> std::io
         }));
     }
     let doc = serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"});
-    let mut f = std::fs::File::create(path)?;
-    serde_json::to_writer(&mut f, &doc)?;
-    f.flush()
+    let bytes = doc.to_string().into_bytes();
+    // As the rank's log: an earlier trace is replaced only with `--overwrite`, and a link planted
+    // under the name is never written through.
+    if overwrite {
+        zerobench_files::replace(path, &bytes)
+    } else {
+        zerobench_files::create_new(path, &bytes)
+    }
 }

@@ -20,7 +20,7 @@
 //! of them writes `end`; a signal that comes while the main thread writes them waits (up to
 //! [`MAIN_END_WAIT`]) for its `end` before it exits the process.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -54,6 +54,21 @@ const STOP_SIGNALS: [(i32, &str); 6] = [
 /// How long a signal that comes while the main thread writes its last records waits for them.
 pub const MAIN_END_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a signal that comes before the rank's `start` record waits for it (the main thread
+/// writes it moments after the guard starts), so that the log still begins with `start`.
+const START_WAIT: Duration = Duration::from_secs(2);
+
+/// The stop signals, caught (their default action would end the rank with no record) from
+/// before the rank's log is created: one that comes before [`Guard::start`] waits for it, so a
+/// rank signalled just after its log opened does not leave an empty log.
+pub struct StopSignals(Signals);
+
+impl StopSignals {
+    pub fn catch() -> std::io::Result<StopSignals> {
+        Ok(StopSignals(Signals::new(STOP_SIGNALS.map(|(sig, _)| sig))?))
+    }
+}
+
 /// How often the watchdog looks.
 const POLL: Duration = Duration::from_millis(500);
 
@@ -86,6 +101,8 @@ struct Inner {
     /// RUNNING, MAIN_ENDING (the main thread writes the last records), MAIN_ENDED (it has
     /// written them) or GUARD_STOPPING.
     state: AtomicU8,
+    /// The main thread has written the `start` record ([`Guard::start_logged`]).
+    start_logged: AtomicBool,
     cuda_device: Mutex<Option<usize>>,
 }
 
@@ -95,8 +112,14 @@ struct Inner {
 pub struct Guard(Arc<Inner>);
 
 impl Guard {
-    /// Starts the signal thread and the watchdog. `stall_timeout` `None` disables the stall check.
-    pub fn start(log: RankLog, rank: u32, stall_timeout: Option<Duration>) -> std::io::Result<Guard> {
+    /// Starts the signal thread (for `signals`, caught before) and the watchdog. `stall_timeout`
+    /// `None` disables the stall check.
+    pub fn start(
+        StopSignals(mut signals): StopSignals,
+        log: RankLog,
+        rank: u32,
+        stall_timeout: Option<Duration>,
+    ) -> std::io::Result<Guard> {
         let inner = Arc::new(Inner {
             log,
             rank,
@@ -106,9 +129,9 @@ impl Guard {
             steps: AtomicU32::new(0),
             stall_timeout,
             state: AtomicU8::new(RUNNING),
+            start_logged: AtomicBool::new(false),
             cuda_device: Mutex::new(None),
         });
-        let mut signals = Signals::new(STOP_SIGNALS.map(|(sig, _)| sig))?;
         let on_signal = Arc::clone(&inner);
         thread::Builder::new().name("zb-signals".into()).spawn(move || {
             if let Some(sig) = signals.forever().next() {
@@ -126,6 +149,7 @@ impl Guard {
                     "the job was cancelled or reached its time limit, or the launcher stopped the ranks after another \
                      rank failed"
                 };
+                wait_for_start(&on_signal, START_WAIT);
                 stop(&on_signal, ErrorClass::Terminated, format!("terminated by {name}: {why}"), 128 + sig);
             }
         })?;
@@ -153,6 +177,11 @@ impl Guard {
         self.0.state.compare_exchange(RUNNING, MAIN_ENDING, Ordering::SeqCst, Ordering::SeqCst).is_ok()
     }
 
+    /// The main thread has written the rank's `start` record.
+    pub fn start_logged(&self) {
+        self.0.start_logged.store(true, Ordering::SeqCst);
+    }
+
     /// The main thread has written its last records (after [`Guard::claim_end`]).
     pub fn ended(&self) {
         let _ = self.0.state.compare_exchange(MAIN_ENDING, MAIN_ENDED, Ordering::SeqCst, Ordering::SeqCst);
@@ -171,6 +200,14 @@ fn wait_for_main_end(i: &Inner, limit: Duration) -> bool {
             _ if t.elapsed() >= limit => return true,
             _ => thread::sleep(Duration::from_millis(5)),
         }
+    }
+}
+
+/// Waits up to `limit` for the main thread to write the `start` record.
+fn wait_for_start(i: &Inner, limit: Duration) {
+    let t = Instant::now();
+    while !i.start_logged.load(Ordering::SeqCst) && t.elapsed() < limit {
+        thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -282,6 +319,7 @@ mod tests {
             steps: AtomicU32::new(0),
             stall_timeout: None,
             state: AtomicU8::new(state),
+            start_logged: AtomicBool::new(true),
             cuda_device: Mutex::new(None),
         })
     }

@@ -55,7 +55,7 @@ pub fn check(per_rank: u64, ranks_on_node: u32, available: Option<u64>) -> Resul
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
     Err(Failure::Oom {
         message: format!(
-            "host memory: the model states kept in host memory need {:.1} GiB on this node ({:.1} GiB per rank x {} rank(s)), but only {:.1} GiB is \
+            "host memory: the model states kept in host memory (on a CPU with a step's micro-batches) need {:.1} GiB on this node ({:.1} GiB per rank x {} rank(s)), but only {:.1} GiB is \
              available (MemAvailable, or the cgroup's memory.max less its usage)",
             gib(need),
             gib(per_rank),

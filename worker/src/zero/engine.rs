@@ -179,7 +179,8 @@ impl Engine {
         let largest = units.iter().map(|u| u.layout.padded).max().unwrap_or(0);
         let elem = kind.elt_size_in_bytes();
         let bucket_elems = ((cfg.engine.bucket_mb * 1024.0 * 1024.0) as usize / elem).max(1);
-        let prefetch = cfg.engine.prefetch as usize;
+        // Units prefetched beyond the unit computed: no more than the model has.
+        let prefetch = zerobench_schema::memory::gather_slots(units.len(), cfg.engine.prefetch) - 1;
 
         let reduction = match path {
             GradientPath::Buckets => Reduction::Buckets(Buckets::default()),
