@@ -15,15 +15,17 @@
 //! | [`logfile`] | the rank's JSON-lines log |
 //! | [`failure`] | failure classes and exit codes |
 
-/// A line to standard error, best-effort. `eprintln!` panics where stderr cannot be written (a
-/// Slurm output file on a full disk, a closed pipe), and the panic hook's own message panicked
-/// again: a run whose log ended `ok` exited with SIGABRT (134). The log is the record; a message
-/// lost on the way to stderr is not a failure.
+/// A line to standard error, best-effort and in one write. `eprintln!` panics where stderr
+/// cannot be written (a Slurm output file on a full disk, a closed pipe), and the panic hook's own
+/// message panicked again: a run whose log ended `ok` exited with SIGABRT (134). The log is the
+/// record; a message lost on the way to stderr is not a failure. One write per line keeps the
+/// lines of ranks sharing one output whole (written piece by piece they interleaved).
 #[macro_export]
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        let line = format!("{}\n", format_args!($($arg)*));
+        let _ = std::io::stderr().write_all(line.as_bytes());
     }};
 }
 
