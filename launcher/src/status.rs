@@ -27,7 +27,7 @@ use zerobench_schema::log::{parse_line, rank_from_name, Record, RunStatus};
 use crate::error::Error;
 use crate::render::{read_record, RunRecord, LOG_DIR};
 use crate::slurm;
-use crate::submit::{SlurmRecord, SLURM_RECORD};
+use crate::submit::{mark_of, SlurmRecord, SLURM_RECORD, SUBMITTING};
 use zerobench_schema::job::{LocalRecord, LOCAL_RECORD};
 
 /// Where a run stands.
@@ -116,18 +116,21 @@ pub fn status(dirs: &[PathBuf]) -> Result<Vec<RunState>, Error> {
     let mut jobs: Vec<(usize, String)> = Vec::new();
     for (dir, rec) in dirs.iter().zip(&records) {
         let slurm = read_json::<SlurmRecord>(&dir.join(SLURM_RECORD));
-        let job_id = slurm.as_ref().map(|s| s.job_id.clone());
+        // A submission whose record could not be written: its mark may name the job.
+        let mark = if slurm.is_none() { mark_of(dir) } else { None };
+        let job_id = slurm.as_ref().map(|s| s.job_id.clone()).or_else(|| mark.clone().flatten());
         if let Some(j) = &job_id {
             jobs.push((rows.len(), j.clone()));
         }
-        rows.push(RunState {
-            id: rec.run.id.clone(),
-            dir: dir.clone(),
-            state: State::Unsubmitted,
-            job_id,
-            source: "none",
-            detail: String::new(),
-        });
+        let (state, source, detail) = match mark {
+            Some(None) => (
+                State::Unknown,
+                "submit",
+                format!("{SUBMITTING} without {SLURM_RECORD}: a submission may have reached Slurm (look in squeue)"),
+            ),
+            _ => (State::Unsubmitted, "none", String::new()),
+        };
+        rows.push(RunState { id: rec.run.id.clone(), dir: dir.clone(), state, job_id, source, detail });
     }
     if !jobs.is_empty() {
         let ids: Vec<&str> = jobs.iter().map(|(_, j)| j.as_str()).collect();
@@ -705,6 +708,15 @@ mod tests {
             // Asked about one job, sacct's line for it is taken and the other job's is not.
             let one = status(&dirs[2..3]).unwrap();
             assert_eq!((one[0].state, one[0].source), (State::Done, "sacct"));
+            // A submission whose slurm.json could not be written: its mark's job is asked about,
+            // and a mark with no job is a run that may be in Slurm, not one never submitted.
+            std::fs::write(dirs[11].join(crate::submit::SUBMITTING), "555\n").unwrap();
+            let marked = status(&dirs[11..]).unwrap();
+            assert_eq!((marked[0].state, marked[0].source, marked[0].job_id.as_deref()), (State::Running, "squeue", Some("555")));
+            std::fs::write(dirs[11].join(crate::submit::SUBMITTING), "").unwrap();
+            let marked = status(&dirs[11..]).unwrap();
+            assert_eq!((marked[0].state, marked[0].source), (State::Unknown, "submit"));
+            assert!(marked[0].detail.contains("may have reached Slurm"), "{}", marked[0].detail);
         }
     }
 

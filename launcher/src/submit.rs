@@ -186,20 +186,26 @@ fn write_record(dir: &Path, run: &str, rec: &SlurmRecord) -> Result<(), Error> {
     }
 }
 
+/// What a run folder's mark ([`SUBMITTING`]) says: `None` no mark; `Some(None)` a submission
+/// that may have reached Slurm; `Some(Some(job))` a job Slurm took whose record is missing.
+pub fn mark_of(dir: &Path) -> Option<Option<String>> {
+    let marker = dir.join(SUBMITTING);
+    std::fs::symlink_metadata(&marker).ok()?;
+    let job = std::fs::read_to_string(&marker).unwrap_or_default().trim().to_string();
+    Some((!job.is_empty()).then_some(job))
+}
+
 /// Refuses folders whose mark ([`SUBMITTING`]) has no record beside it: a job may be in Slurm
 /// that nothing records. A mark beside a record (stopped between the two) is taken away.
 fn check_marks(records: &[(PathBuf, RunRecord)]) -> Result<(), Error> {
     for (dir, rec) in records {
+        let Some(job) = mark_of(dir) else { continue };
         let marker = dir.join(SUBMITTING);
-        if std::fs::symlink_metadata(&marker).is_err() {
-            continue;
-        }
         if dir.join(SLURM_RECORD).is_file() {
             std::fs::remove_file(&marker).map_err(|e| Error::io(&marker, e))?;
             continue;
         }
-        let job = std::fs::read_to_string(&marker).unwrap_or_default().trim().to_string();
-        return Err(Error::Unsettled { marker, run: rec.run.id.clone(), job: (!job.is_empty()).then_some(job) });
+        return Err(Error::Unsettled { marker, run: rec.run.id.clone(), job });
     }
     Ok(())
 }
