@@ -402,6 +402,9 @@ enum Placement {
     ThisHost,
 }
 
+/// Seconds Open MPI's `mpirun` gives a signalled rank before it kills it.
+const SIGKILL_AFTER_S: u32 = 10;
+
 fn openmpi(s: &mut String, c: &Cluster, run: &Run, worker: &[Word], placement: Placement) -> Vec<Word> {
     s.push_str(match placement {
         Placement::PerNode(None) => "# Open MPI takes hosts and slots from the Slurm allocation.\n",
@@ -419,6 +422,10 @@ fn openmpi(s: &mut String, c: &Cluster, run: &Run, worker: &[Word], placement: P
     if placement == Placement::ThisHost {
         w.extend([Word::lit("--oversubscribe"), Word::lit("--bind-to"), Word::lit("none")]);
     }
+    // A job cancelled or out of time signals mpirun, which passes SIGTERM to the ranks and kills
+    // them 1 s later by default: a rank writing its last records on a loaded node (the worker
+    // allows itself up to a few seconds) lost them. Slurm waits 30 s (KillWait) before its own kill.
+    w.extend([Word::lit("--mca"), Word::lit("odls_base_sigkill_timeout"), Word::lit(SIGKILL_AFTER_S.to_string())]);
     w.extend([Word::lit("-np"), Word::lit(run.world_size().to_string())]);
     if let Placement::PerNode(hostfile) = placement {
         // PE=N binds each rank to N cores of its own, as srun --cpus-per-task does (Open MPI's
@@ -1335,7 +1342,7 @@ mod tests {
     #[test]
     fn open_mpi_ranks_get_the_cores_they_are_given() {
         let local = job_of("launch: {method: local}\nsweep: {models: tiny, ranks_per_node: 2}\n");
-        assert!(local.contains("--oversubscribe --bind-to none -np 2"), "{local}");
+        assert!(local.contains("--oversubscribe --bind-to none --mca odls_base_sigkill_timeout 10 -np 2"), "{local}");
         let own =
             job_of("cluster: {cpus_per_task: 8}\nlaunch: {method: mpirun}\nsweep: {models: tiny, ranks_per_node: 4}\n");
         assert!(own.contains("--map-by 'ppr:4:node:PE=8'"), "{own}");

@@ -641,3 +641,48 @@ fn submit_names_a_target_that_is_not_there() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains(&format!("{}: neither a spec file nor a folder", missing.display())), "{}", stderr(&o));
 }
+
+/// Ranks that take seconds to write their last records when stopped (a loaded node) still write
+/// them when `zerobench local` is interrupted: the rendered `mpirun` gives a signalled rank 10 s
+/// before it kills it (Open MPI's default is 1 s, which cut them off).
+#[test]
+fn ranks_slow_to_stop_finish_their_records_when_local_is_interrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = dir.path().join("worker");
+    write_script(
+        &worker,
+        r#"for a in "$@"; do [ "$prev" = --log-dir ] && logs=$a; prev=$a; done
+trap 'sleep 3; echo stopped > "$logs/records.$OMPI_COMM_WORLD_RANK"; exit 143' TERM
+echo $$ > "$logs/pid.$OMPI_COMM_WORLD_RANK.tmp" && mv "$logs/pid.$OMPI_COMM_WORLD_RANK.tmp" "$logs/pid.$OMPI_COMM_WORLD_RANK"
+sleep 120 & wait"#,
+    );
+    let spec = dir.path().join("local.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "launch:\n  method: local\n  worker: {:?}\nworker: {{device: cpu, steps: 2, warmup: 0}}\nsweep:\n  models: tiny\n  ranks_per_node: 2\n",
+            worker.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("runs");
+    let child = crate::support::zerobench_cmd()
+        .args(["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let logs = out.join("tiny_z0_offnone_mb1_1x2/logs");
+    let t = std::time::Instant::now();
+    while !(logs.join("pid.0").is_file() && logs.join("pid.1").is_file()) {
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "the ranks never started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on the child we spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    for rank in 0..2 {
+        assert!(logs.join(format!("records.{rank}")).is_file(), "rank {rank} was killed before its records");
+    }
+}
