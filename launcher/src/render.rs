@@ -798,6 +798,13 @@ fn aside(dir: &Path) -> Result<PathBuf, Error> {
 /// Moves `from` into the folder `keep` (created if needed) as `<name>-<unix time>[-n]`, never
 /// over anything; returns the new path.
 pub fn move_aside(from: &Path, keep: &Path, name: &str) -> Result<PathBuf, Error> {
+    // A link there would carry the results out of the output folder, to wherever it points.
+    if std::fs::symlink_metadata(keep).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(Error::Usage(format!(
+            "{} is a symbolic link; runs are moved aside only into a folder of the output folder itself",
+            keep.display()
+        )));
+    }
     std::fs::create_dir_all(keep).map_err(|e| Error::io(keep, e))?;
     let stamp = crate::time::unix_now();
     for n in 0..1000 {
@@ -1301,6 +1308,21 @@ mod tests {
         std::fs::write(out.path().join("a/run.json"), "{}").unwrap();
         std::fs::write(out.path().join("note.txt"), "").unwrap();
         assert_eq!(run_dirs(out.path()).unwrap(), [out.path().join("a"), out.path().join("b")]);
+    }
+
+    /// A link planted where replaced runs are kept (`.replaced`, `.attempts`) is refused, not
+    /// followed: the results moved aside would have left the output folder.
+    #[test]
+    fn runs_are_never_moved_aside_through_a_link() {
+        let tmp = tempfile::tempdir().unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let run = tmp.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, tmp.path().join(REPLACED_DIR)).unwrap();
+        let e = move_aside(&run, &tmp.path().join(REPLACED_DIR), "run").unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert!(run.is_dir() && std::fs::read_dir(&elsewhere).unwrap().next().is_none());
     }
 
     /// A rewrite of a run folder cut short before its `run.json` (a full disk; here every
