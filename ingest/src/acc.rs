@@ -9,7 +9,7 @@
 //! whatever order files and byte ranges are read in, and however the files are cut.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use zerobench_schema::collective::CommKey;
 use zerobench_schema::log::{ErrorClass, RunStatus};
@@ -409,6 +409,36 @@ fn keep_latest(slot: &mut Option<StepLoss>, at: StepLoss) {
     }
 }
 
+/// The steps one rank logged, so that a step logged twice by a rank (a log appended to itself)
+/// counts that rank once in the step's slot: a bit per step in a vector for the steps a run makes
+/// one after another, a set for a step far beyond them (the rule of [`StepSlots`]).
+#[derive(Debug, Clone, Default)]
+pub struct StepSet {
+    dense: Vec<u64>,
+    sparse: BTreeSet<u32>,
+}
+
+impl StepSet {
+    /// Adds `step`; whether it was not there before.
+    pub fn insert(&mut self, step: u32) -> bool {
+        let (word, bit) = (step as usize / 64, 1u64 << (step % 64));
+        if word >= self.dense.len() {
+            if word > 2 * self.dense.len() + DENSE_REACH / 64 {
+                return self.sparse.insert(step);
+            }
+            self.dense.resize(word + 1, 0);
+        }
+        // A step first met beyond the vector's reach is in the set.
+        if self.sparse.remove(&step) {
+            self.dense[word] |= bit;
+            return false;
+        }
+        let new = self.dense[word] & bit == 0;
+        self.dense[word] |= bit;
+        new
+    }
+}
+
 /// Per-step slots of one run: a vector indexed by step for the steps a run makes one after
 /// another, and a map for a step far beyond them. A step number is the log's to choose: a hostile
 /// one (4,194,303 where the run made ten) would otherwise make every run's vector millions of
@@ -467,6 +497,25 @@ impl PartialEq for StepSlots {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each step is new once, whether it lies in the vector's reach, beyond it, or beyond it
+    /// first and inside it later; a hostile step does not grow the vector.
+    #[test]
+    fn a_step_set_says_new_once_per_step() {
+        let mut set = StepSet::default();
+        assert!(set.insert(3) && !set.insert(3));
+        assert!(set.insert(4_000_000) && !set.insert(4_000_000));
+        assert!(set.dense.len() < 1000, "{}", set.dense.len());
+        for step in (0..20_000).step_by(7) {
+            assert!(set.insert(step) || step == 3, "{step}");
+        }
+        let far = 70_000;
+        assert!(set.insert(far));
+        for step in 20_000..far {
+            set.insert(step);
+        }
+        assert!(!set.insert(far) && !set.insert(3) && !set.insert(4_000_000));
+    }
     use zerobench_schema::memory::ModelStateBytes;
 
     /// A log with several `end` records (a rank that ended, was restarted into the same file

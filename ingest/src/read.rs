@@ -27,7 +27,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 use zerobench_schema::log::{parse_line, LineError, Record};
 
-use crate::acc::{EndInfo, ErrorInfo, RankAcc, StepSlot, StepSlots};
+use crate::acc::{EndInfo, ErrorInfo, RankAcc, StepSet, StepSlot, StepSlots};
 use crate::fastpath;
 use crate::lines::{for_each_line_in, Line, Window, BLOCK, MAX_LINE};
 use crate::plan::RunPlan;
@@ -55,6 +55,8 @@ pub struct ReadOptions {
 pub struct RunAcc {
     pub slots: StepSlots,
     pub ranks: BTreeMap<u32, RankAcc>,
+    /// The steps each rank logged: a step's slot counts a rank once, however often it logged it.
+    pub seen: BTreeMap<u32, StepSet>,
 }
 
 /// Counts over all logs read.
@@ -155,8 +157,12 @@ pub fn read_runs<R: Send>(
             {
                 let mut run = runs[c.run].lock().unwrap_or_else(|p| p.into_inner());
                 run.ranks.entry(file.rank).or_default().merge(&out.rank);
+                let run = &mut *run;
+                let seen = run.seen.entry(file.rank).or_default();
                 for (step, slot) in &out.slots {
-                    run.slots.merge_at(*step, slot);
+                    // A record of a step this rank already logged adds its times, not a rank.
+                    let ranks = u32::from(seen.insert(*step));
+                    run.slots.merge_at(*step, &StepSlot { ranks, ..*slot });
                 }
             }
             // The last range of a run finishes it; every other range merged before counting down.

@@ -442,6 +442,26 @@ fn a_step_no_rank_wrote_is_neither_partial_nor_measured() {
     assert_eq!((row.warmup_steps, row.steps_measured, row.partial_steps), (2, 3, 0));
 }
 
+/// A step one rank logged twice and the other not at all is a partial step, not a complete one:
+/// a step's ranks are counted once each, not by their records. The same with the lines cut into
+/// several ranges.
+#[test]
+fn a_step_logged_twice_by_one_rank_and_not_by_another_is_partial() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = one_run(tmp.path(), "r");
+    let path = dir.join("rank0.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let step4 = text.lines().find(|l| l.contains("\"event\":\"step\"") && l.contains("\"step\":4,")).unwrap();
+    std::fs::write(&path, format!("{text}{step4}\n")).unwrap();
+    edit_lines(&dir.join("rank1.jsonl"), |v| (!is_step(&v, 4)).then_some(v));
+    for chunk_bytes in [32 << 20, 300] {
+        let got = read_with(tmp.path(), &Options { chunk_bytes, ..Options::default() });
+        let row = &got.runs[0].row;
+        // 6 steps, 2 of them warm-up; step 4 only rank 0's (twice).
+        assert_eq!((row.steps_measured, row.partial_steps), (3, 1), "ranges of {chunk_bytes} bytes");
+    }
+}
+
 /// An energy counter that went back (a reset GPU, a wrapped counter) or stood still (a GPU that
 /// does not count) gives no energy figures rather than a negative or a zero one.
 #[test]
