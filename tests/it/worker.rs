@@ -853,3 +853,33 @@ fn counts_past_what_a_run_can_hold_are_results_at_once() {
         .arg(tmp.path().join("prefetch")));
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A rank whose log's disk fills mid-run (a 64 KiB tmpfs, mounted in a mount namespace of the
+/// test's own) stops while the room it keeps beyond the log is left, and its log ends with its
+/// `error` (io, naming the log) and `end` (exit 5): the last step record was cut off and nothing
+/// came after it, so ingest read a killed rank, not a failed one.
+#[test]
+fn a_full_disk_leaves_room_for_the_last_records() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mnt = tmp.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c"])
+        .arg("m=$1 w=$2; shift 2; mount -t tmpfs -o size=64k tmpfs \"$m\" || exit 99; \"$w\" \"$@\"; rc=$?; cp -r \"$m/logs\" \"$m.copy\"; exit $rc")
+        .arg("sh")
+        .arg(&mnt)
+        .arg(worker())
+        .args(["--model", "tiny", "--stage", "0", "--device", "cpu", "--seq-len", "16", "--steps", "400"])
+        .arg("--log-dir")
+        .arg(mnt.join("logs"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(err.contains("no room left for the log's last records"), "{err}");
+    let copy = tmp.path().join("small.copy");
+    let recs = records(&copy.join("rank0.jsonl"));
+    let last: Vec<&str> = recs.iter().rev().take(2).map(Record::event).collect();
+    assert_eq!(last, ["end", "error"]);
+    assert!(recs.iter().filter(|r| r.event() == "step").count() > 10);
+}

@@ -13,6 +13,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
@@ -30,7 +31,19 @@ pub fn now_ts() -> f64 {
 pub struct RankLog {
     file: Arc<Mutex<File>>,
     path: Arc<PathBuf>,
+    /// Where the room kept beyond the log's end ends ([`ROOM`]); [`NO_ROOM_KEPT`] where the file
+    /// system keeps none.
+    room_to: Arc<AtomicU64>,
 }
+
+/// Room kept allocated beyond the log's end (`fallocate`, the size unchanged), renewed as the log
+/// grows into it: a disk that fills (or a file-size limit) stops the run while half of it is left,
+/// so its `error` and `end` records still fit (the last step record was cut off, and nothing came
+/// after it). A file system that cannot keep room (NFS, some parallel ones) writes as before.
+const ROOM: u64 = 16 << 10;
+
+/// [`RankLog::room_to`] of a file system that keeps no room.
+const NO_ROOM_KEPT: u64 = u64::MAX;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
@@ -80,7 +93,13 @@ impl RankLog {
             io::ErrorKind::AlreadyExists => LogError::Exists { path: path.clone() },
             _ => LogError::Write { path: path.clone(), source },
         })?;
-        Ok(Self { file: Arc::new(Mutex::new(file)), path: Arc::new(path) })
+        let log = Self { file: Arc::new(Mutex::new(file)), path: Arc::new(path), room_to: Arc::new(AtomicU64::new(0)) };
+        // Room for the last records from the start: a disk already full stops the rank here.
+        {
+            let f = log.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            log.keep_room(&f, 0).map_err(|source| LogError::Write { path: log.path.to_path_buf(), source })?;
+        }
+        Ok(log)
     }
 
     /// Removes this log's file: the run stopped before writing to it (`crate::agree`).
@@ -107,7 +126,7 @@ impl RankLog {
     pub fn write(&self, rec: &Record) -> Result<(), LogError> {
         let l = line(rec);
         let mut f = self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        Self::put(&mut f, &l).map_err(|source| LogError::Write { path: self.path.to_path_buf(), source })
+        self.put(&mut f, &l).map_err(|source| LogError::Write { path: self.path.to_path_buf(), source })
     }
 
     /// Writes the last records of a rank that is being stopped from another thread: waits at
@@ -134,7 +153,7 @@ impl RankLog {
                     return;
                 }
             };
-            let _ = Self::put(&mut f, &bytes);
+            let _ = self.put(&mut f, &bytes);
             std::mem::forget(f);
             return;
         }
@@ -148,14 +167,41 @@ impl RankLog {
 
     /// Writes one whole line, or nothing: a line cut short (a full disk, a file-size limit) is
     /// taken back, so the log stays whole records that ingest reads (it saw a truncated line).
-    fn put(f: &mut MutexGuard<'_, File>, bytes: &[u8]) -> io::Result<()> {
+    /// A line written whose room beyond ([`ROOM`]) cannot be renewed is an error too, so that the
+    /// run stops while its last records still fit.
+    fn put(&self, f: &mut MutexGuard<'_, File>, bytes: &[u8]) -> io::Result<()> {
         let at = f.stream_position()?;
         let written = f.write_all(bytes).and_then(|()| f.flush());
         if written.is_err() {
             let _ = f.set_len(at);
             let _ = f.seek(SeekFrom::Start(at));
+            return written;
         }
-        written
+        self.keep_room(f, at + bytes.len() as u64)
+    }
+
+    /// Renews the room beyond the log's `end` once less than half of it is left.
+    fn keep_room(&self, f: &File, end: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd as _;
+        let to = self.room_to.load(Ordering::Relaxed);
+        if to == NO_ROOM_KEPT || end + ROOM / 2 <= to {
+            return Ok(());
+        }
+        let from = to.max(end);
+        let (offset, len) = (i64::try_from(from).unwrap_or(i64::MAX), ROOM as i64);
+        // SAFETY: fallocate on this file's descriptor; KEEP_SIZE leaves its size as it is.
+        if unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, offset, len) } == 0 {
+            self.room_to.store(from + ROOM, Ordering::Relaxed);
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) => {
+                self.room_to.store(NO_ROOM_KEPT, Ordering::Relaxed);
+                Ok(())
+            }
+            _ => Err(io::Error::new(e.kind(), format!("no room left for the log's last records ({e})"))),
+        }
     }
 
     /// Whether the log's file has no name left: its folder was removed (or the file) while the run
