@@ -204,24 +204,48 @@ printf '%s\n' "$@" > "$logs/argv.$OMPI_COMM_WORLD_RANK""#,
 /// A local sweep of two 2-rank runs whose stand-in worker writes each rank's pid to
 /// `logs/pid.<rank>` and sleeps; rank 1 ignores SIGTERM. Returns the spec's path.
 fn stubborn_sweep(dir: &Path) -> PathBuf {
-    let worker = dir.join("worker");
-    write_script(
-        &worker,
+    stub_sweep(
+        dir,
         r#"for a in "$@"; do [ "$prev" = --log-dir ] && logs=$a; prev=$a; done
 echo $$ > "$logs/pid.$OMPI_COMM_WORLD_RANK.tmp" && mv "$logs/pid.$OMPI_COMM_WORLD_RANK.tmp" "$logs/pid.$OMPI_COMM_WORLD_RANK"
 [ "$OMPI_COMM_WORLD_RANK" = 1 ] && trap '' TERM
 exec sleep 120"#,
-    );
+        "  models: tiny\n  stages: [0, 1]\n  ranks_per_node: 2\n",
+    )
+}
+
+/// A spec of the local method whose worker is the shell script `script` (in `dir`), and whose
+/// `sweep:` is `sweep` (its indented lines).
+fn stub_sweep(dir: &Path, script: &str, sweep: &str) -> PathBuf {
+    let worker = dir.join("worker");
+    write_script(&worker, script);
     let spec = dir.join("local.yaml");
     std::fs::write(
         &spec,
         format!(
-            "launch:\n  method: local\n  worker: {:?}\nworker: {{device: cpu, steps: 2, warmup: 0}}\nsweep:\n  models: tiny\n  stages: [0, 1]\n  ranks_per_node: 2\n",
+            "launch:\n  method: local\n  worker: {:?}\nworker: {{device: cpu, steps: 2, warmup: 0}}\nsweep:\n{sweep}",
             worker.to_str().unwrap()
         ),
     )
     .unwrap();
     spec
+}
+
+/// `zerobench local SPEC --out OUT` started, once the ranks of its first run (2, in `first_logs`)
+/// have written their `pid.<rank>` files.
+fn local_with_ranks_started(spec: &Path, out: &Path, first_logs: &Path) -> std::process::Child {
+    let child = crate::support::zerobench_cmd()
+        .args(["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !(first_logs.join("pid.0").is_file() && first_logs.join("pid.1").is_file()) {
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "the ranks never started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child
 }
 
 /// `--timeout 0` stopped every run the moment it started (where `cluster.time: 0` means no
@@ -293,18 +317,8 @@ fn local_stops_every_rank_when_interrupted() {
     let dir = tempfile::tempdir().unwrap();
     let spec = stubborn_sweep(dir.path());
     let out = dir.path().join("runs");
-    let child = crate::support::zerobench_cmd()
-        .args(["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
     let first = out.join("tiny_z0_offnone_mb1_1x2/logs");
-    let t = std::time::Instant::now();
-    while !(first.join("pid.0").is_file() && first.join("pid.1").is_file()) {
-        assert!(t.elapsed() < std::time::Duration::from_secs(30), "the ranks never started");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let child = local_with_ranks_started(&spec, &out, &first);
     let pids: Vec<i32> = (0..2)
         .map(|r| std::fs::read_to_string(first.join(format!("pid.{r}"))).unwrap().trim().parse().unwrap())
         .collect();
@@ -337,21 +351,12 @@ fn local_stops_every_rank_when_interrupted() {
 #[test]
 fn one_writer_per_output_folder() {
     let dir = tempfile::tempdir().unwrap();
-    let worker = dir.path().join("worker");
-    write_script(
-        &worker,
+    let spec = stub_sweep(
+        dir.path(),
         r#"for a in "$@"; do [ "$prev" = --log-dir ] && logs=$a; prev=$a; done
 touch "$logs/started.$OMPI_COMM_WORLD_RANK"; sleep 3"#,
+        "  models: tiny\n  stages: 0\n  ranks_per_node: 1\n",
     );
-    let spec = dir.path().join("local.yaml");
-    std::fs::write(
-        &spec,
-        format!(
-            "launch:\n  method: local\n  worker: {:?}\nworker: {{device: cpu, steps: 2, warmup: 0}}\nsweep:\n  models: tiny\n  stages: 0\n  ranks_per_node: 1\n",
-            worker.to_str().unwrap()
-        ),
-    )
-    .unwrap();
     let out = dir.path().join("runs");
     let first = crate::support::zerobench_cmd()
         .args(["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()])
@@ -648,36 +653,17 @@ fn submit_names_a_target_that_is_not_there() {
 #[test]
 fn ranks_slow_to_stop_finish_their_records_when_local_is_interrupted() {
     let dir = tempfile::tempdir().unwrap();
-    let worker = dir.path().join("worker");
-    write_script(
-        &worker,
+    let spec = stub_sweep(
+        dir.path(),
         r#"for a in "$@"; do [ "$prev" = --log-dir ] && logs=$a; prev=$a; done
 trap 'sleep 3; echo stopped > "$logs/records.$OMPI_COMM_WORLD_RANK"; exit 143' TERM
 echo $$ > "$logs/pid.$OMPI_COMM_WORLD_RANK.tmp" && mv "$logs/pid.$OMPI_COMM_WORLD_RANK.tmp" "$logs/pid.$OMPI_COMM_WORLD_RANK"
 sleep 120 & wait"#,
+        "  models: tiny\n  ranks_per_node: 2\n",
     );
-    let spec = dir.path().join("local.yaml");
-    std::fs::write(
-        &spec,
-        format!(
-            "launch:\n  method: local\n  worker: {:?}\nworker: {{device: cpu, steps: 2, warmup: 0}}\nsweep:\n  models: tiny\n  ranks_per_node: 2\n",
-            worker.to_str().unwrap()
-        ),
-    )
-    .unwrap();
     let out = dir.path().join("runs");
-    let child = crate::support::zerobench_cmd()
-        .args(["local", spec.to_str().unwrap(), "--out", out.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
     let logs = out.join("tiny_z0_offnone_mb1_1x2/logs");
-    let t = std::time::Instant::now();
-    while !(logs.join("pid.0").is_file() && logs.join("pid.1").is_file()) {
-        assert!(t.elapsed() < std::time::Duration::from_secs(30), "the ranks never started");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let child = local_with_ranks_started(&spec, &out, &logs);
     // SAFETY: kill(2) on the child we spawned.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let o = child.wait_with_output().unwrap();
