@@ -94,10 +94,15 @@ impl RankLog {
             _ => LogError::Write { path: path.clone(), source },
         })?;
         let log = Self { file: Arc::new(Mutex::new(file)), path: Arc::new(path), room_to: Arc::new(AtomicU64::new(0)) };
-        // Room for the last records from the start: a disk already full stops the rank here.
-        {
+        // Room for the last records from the start: a disk already full stops the rank here, and
+        // the empty log it made goes (a later run into the folder would find it in its way).
+        let room = {
             let f = log.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            log.keep_room(&f, 0).map_err(|source| LogError::Write { path: log.path.to_path_buf(), source })?;
+            log.keep_room(&f, 0)
+        };
+        if let Err(source) = room {
+            let _ = fs::remove_file(log.path.as_path());
+            return Err(LogError::Write { path: log.path.to_path_buf(), source });
         }
         Ok(log)
     }
