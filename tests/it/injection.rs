@@ -39,7 +39,7 @@ fn stub(dir: &Path, name: &str, body: &str) {
 
 fn stubs(dir: &Path) {
     // srun/mpirun/mpiexec: skip their own options, run the program once as rank 0.
-    let launcher = "while [ $# -gt 0 ]; do case $1 in -x|-np|-n|-ppn|--map-by|--bind-to|--hostfile|-f|-genvlist) shift 2;; -*) shift;; *) break;; esac; done\nexec \"$@\"";
+    let launcher = "while [ $# -gt 0 ]; do case $1 in -x|-np|-n|-ppn|--map-by|--bind-to|--hostfile|-f|-genvlist) shift 2;; --mca) shift 3;; -*) shift;; *) break;; esac; done\nexec \"$@\"";
     stub(dir, "srun", launcher);
     stub(dir, "mpirun", launcher);
     stub(dir, "mpiexec", launcher);
