@@ -28,11 +28,17 @@ impl Error {
     }
 }
 
-/// A new file beside `path`, created exclusively (never an existing file or link).
-pub fn fresh(path: &Path) -> Result<(File, PathBuf), Error> {
+/// The names, in order, that a write of `path` by this process tries for its temporary file,
+/// beside `path`: hidden, and named after it and the process.
+pub fn temporary_names(path: &Path) -> impl Iterator<Item = PathBuf> + '_ {
     let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    for n in 0..100 {
-        let tmp = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    (0..100).map(move |n| path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id())))
+}
+
+/// A new file beside `path`, created exclusively (never an existing file or link), under the
+/// first of its [`temporary_names`] free.
+fn fresh(path: &Path) -> Result<(File, PathBuf), Error> {
+    for tmp in temporary_names(path) {
         match OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).mode(0o644).open(&tmp) {
             Ok(f) => return Ok((f, tmp)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -137,15 +143,16 @@ mod tests {
         let victim = d.path().join("victim");
         std::fs::write(&victim, "precious").unwrap();
         let p = d.path().join("run.json");
-        let tmp = |n: usize| d.path().join(format!(".run.json.{}.{n}.tmp", std::process::id()));
-        std::os::unix::fs::symlink(&victim, tmp(0)).unwrap();
-        std::fs::write(tmp(1), "someone's").unwrap();
+        let names: Vec<PathBuf> = temporary_names(&p).collect();
+        assert_eq!(names[0], d.path().join(format!(".run.json.{}.0.tmp", std::process::id())));
+        std::os::unix::fs::symlink(&victim, &names[0]).unwrap();
+        std::fs::write(&names[1], "someone's").unwrap();
         replace(&p, b"{}").unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "{}");
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
-        assert_eq!(std::fs::read_to_string(tmp(1)).unwrap(), "someone's");
-        for n in 2..100 {
-            std::fs::write(tmp(n), "").unwrap();
+        assert_eq!(std::fs::read_to_string(&names[1]).unwrap(), "someone's");
+        for t in &names[2..] {
+            std::fs::write(t, "").unwrap();
         }
         let e = replace(&p, b"[]").unwrap_err().to_string();
         assert!(e.contains("no free temporary name"), "{e}");

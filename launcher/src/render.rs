@@ -423,8 +423,8 @@ fn openmpi(s: &mut String, c: &Cluster, run: &Run, worker: &[Word], placement: P
         w.extend([Word::lit("--oversubscribe"), Word::lit("--bind-to"), Word::lit("none")]);
     }
     // A job cancelled or out of time signals mpirun, which passes SIGTERM to the ranks and kills
-    // them 1 s later by default: a rank writing its last records on a loaded node (the worker
-    // allows itself up to a few seconds) lost them. Slurm waits 30 s (KillWait) before its own kill.
+    // them 1 s later by default: a rank still writing its last records then (the worker allows
+    // itself up to a few seconds, as on a loaded node) loses them. Slurm waits 30 s (KillWait).
     w.extend([Word::lit("--mca"), Word::lit("odls_base_sigkill_timeout"), Word::lit(SIGKILL_AFTER_S.to_string())]);
     w.extend([Word::lit("-np"), Word::lit(run.world_size().to_string())]);
     if let Placement::PerNode(hostfile) = placement {
@@ -1342,8 +1342,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(other.runs[0].id, plan.runs[0].id, "the same folder");
-        let taken: Vec<PathBuf> =
-            (0..100).map(|n| dir.join(format!(".run.json.{}.{n}.tmp", std::process::id()))).collect();
+        let record = dir.join("run.json");
+        let taken: Vec<PathBuf> = zerobench_files::temporary_names(&record).collect();
         for t in &taken {
             std::fs::write(t, "").unwrap();
         }

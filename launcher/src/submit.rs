@@ -491,8 +491,7 @@ mod tests {
             for array in [false, true] {
                 let tmp = tempfile::tempdir().unwrap();
                 let (dirs, calls) = sweep_and_stub(tmp.path());
-                let taken: Vec<PathBuf> =
-                    (0..100).map(|n| dirs[1].join(format!(".slurm.json.{}.{n}.tmp", std::process::id()))).collect();
+                let taken: Vec<PathBuf> = zerobench_files::temporary_names(&dirs[1].join(SLURM_RECORD)).collect();
                 for t in &taken {
                     std::fs::write(t, "").unwrap();
                 }

@@ -649,7 +649,7 @@ fn submit_names_a_target_that_is_not_there() {
 
 /// Ranks that take seconds to write their last records when stopped (a loaded node) still write
 /// them when `zerobench local` is interrupted: the rendered `mpirun` gives a signalled rank 10 s
-/// before it kills it (Open MPI's default is 1 s, which cut them off).
+/// before it kills it (under Open MPI's default, 1 s, they were killed first).
 #[test]
 fn ranks_slow_to_stop_finish_their_records_when_local_is_interrupted() {
     let dir = tempfile::tempdir().unwrap();

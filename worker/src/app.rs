@@ -258,17 +258,8 @@ fn run_logged(
     let data = training_data(cfg, ident, device)?;
     let expected = expected_states(cfg, ident);
     // Before any state is allocated: host-resident states that cannot fit are a result (oom).
-    let per_rank = runtime::host_memory::host_resident(&expected, cuda_index.is_none());
-    // On a CPU a step's micro-batches are all held at once (a huge --grad-accum grew memory step
-    // by step until the allocator failed).
-    let step_batches = match cuda_index {
-        Some(_) => 0,
-        None => crate::data::Task::of(cfg)
-            .sample_bytes()
-            .saturating_mul(u64::from(cfg.micro_batch))
-            .saturating_mul(u64::from(cfg.grad_accum)),
-    };
-    let per_rank = per_rank.saturating_add(step_batches);
+    let step_batches = crate::data::Task::of(cfg).step_bytes(cfg.micro_batch, cfg.grad_accum);
+    let per_rank = runtime::host_memory::host_resident(&expected, step_batches, cuda_index.is_none());
     runtime::host_memory::check(per_rank, ident.local_size, runtime::host_memory::available_bytes())?;
     let mut engine = zero::Engine::new(model, cfg, comm, group, device, gpu.clone())?;
     let probe = MemoryProbe::new(cuda_index);

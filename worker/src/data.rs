@@ -55,13 +55,14 @@ impl Task {
         }
     }
 
-    /// Bytes of host memory one sample's input and target take: tokens as `i64`, the MLP's
-    /// vectors as `f32`.
-    pub fn sample_bytes(&self) -> u64 {
-        match *self {
+    /// Bytes of host memory one optimizer step's micro-batches take (inputs and targets: tokens as
+    /// `i64`, the MLP's vectors as `f32`).
+    pub fn step_bytes(&self, micro_batch: u32, grad_accum: u32) -> u64 {
+        let sample = match *self {
             Task::Regression { seq_len, width } => (seq_len as u64).saturating_mul(width as u64).saturating_mul(2 * 4),
             _ => (self.tokens() as u64).saturating_mul(8),
-        }
+        };
+        sample.saturating_mul(u64::from(micro_batch)).saturating_mul(u64::from(grad_accum))
     }
 
     /// Tokens one sample holds (inputs and targets).

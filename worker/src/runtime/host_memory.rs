@@ -37,10 +37,12 @@ fn cgroup_headroom(dir: &Path) -> Option<u64> {
     Some(max.saturating_sub(current))
 }
 
-/// The model states one rank keeps in host memory: the offloaded part, plus everything when the
-/// device is the CPU.
-pub fn host_resident(split: &StateSplit, on_cpu: bool) -> u64 {
-    split.host_bytes + if on_cpu { split.device.total() } else { 0 }
+/// What one rank keeps in host memory: the offloaded model states, plus, when the device is the
+/// CPU, every state and a step's micro-batches (`step_batches` bytes, all held at once; a huge
+/// `--grad-accum` grew memory step by step until the allocator failed).
+pub fn host_resident(split: &StateSplit, step_batches: u64, on_cpu: bool) -> u64 {
+    let on_device = if on_cpu { split.device.total().saturating_add(step_batches) } else { 0 };
+    split.host_bytes.saturating_add(on_device)
 }
 
 /// Refuses, as an `oom` result, a configuration whose host model states on this node (`per_rank`
@@ -87,11 +89,13 @@ mod tests {
         use zerobench_schema::ModelPreset;
         let psi = padded_params(&ModelPreset::T5_11b.spec(), 1);
         let split = model_state_split(ZeroStage::Z2, Precision::Bf16, Offload::Optimizer, 1, psi, psi, 1);
-        let need = host_resident(&split, false);
+        let need = host_resident(&split, 1 << 40, false);
         // fp32 master, moments (12 B) + bf16 gradient and parameter copies (4 B).
         assert_eq!(need, 16 * psi);
         // On a CPU run the device's share (the bf16 parameters) is in host memory too.
-        assert_eq!(host_resident(&split, true), 18 * psi);
+        assert_eq!(host_resident(&split, 0, true), 18 * psi);
+        assert_eq!(host_resident(&split, 5, true), 18 * psi + 5);
+        assert_eq!(host_resident(&split, u64::MAX, true), u64::MAX);
         let err = check(need, 1, Some(128 << 30)).expect_err("does not fit");
         assert_eq!(err.exit_code(), 3);
         assert!(err.to_string().contains("168.5 GiB"), "{err}");
