@@ -7,6 +7,7 @@
 mod cmd;
 mod host_rate;
 mod lock;
+mod stdout;
 
 use std::process::ExitCode;
 

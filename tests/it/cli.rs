@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{repo, run, stderr, stdout, worker, write_script, zerobench};
+use crate::support::{repo, run, stderr, stdout, worker, write_script, zerobench, zerobench_cmd};
 
 fn ok(args: &[&str]) -> String {
     let o = zerobench(args);
@@ -671,4 +671,27 @@ sleep 120 & wait"#,
     for rank in 0..2 {
         assert!(logs.join(format!("records.{rank}")).is_file(), "rank {rank} was killed before its records");
     }
+}
+
+/// What a command prints that cannot be written (standard output a file on a full disk) fails it
+/// with exit 2, the error naming standard output; `| head` closing it early is no error.
+#[test]
+fn an_unwritable_standard_output_is_named() {
+    let demo = repo("slurm/examples/demo.yaml");
+    let demo = demo.to_str().unwrap();
+    let commands: [&[&str]; 4] = [
+        &["plan", demo],
+        &["predict", "--gpu", "h200", "--model", "gpt2", "--stage", "0", "--micro-batch", "4"],
+        &["hostlist", "expand", "n[1-3]"],
+        &["schema"],
+    ];
+    for args in commands {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let o = run(zerobench_cmd().args(args).stdout(full));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("writing standard output: No space left on device"), "{args:?}: {}", stderr(&o));
+    }
+    let mut head = zerobench_cmd().args(["plan", demo]).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    drop(head.stdout.take()); // the reader goes away before anything is written
+    assert_eq!(head.wait().unwrap().code(), Some(0));
 }

@@ -206,7 +206,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     }
     let text = serde_json::to_string_pretty(&model)? + "\n";
     crate::cmd::write_new(&args.out, text.as_bytes(), args.overwrite)?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::stdout::stdout();
     report(&mut out, &model, args.validate)?;
     if unread > 0 {
         writeln!(out, "wrote {} from what could be read: {unread} problem(s) above", args.out.display())?;

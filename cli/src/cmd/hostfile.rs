@@ -45,7 +45,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     for r in res.ranks() {
         t.row([r.rank.to_string(), r.host, r.node_rank.to_string(), r.local_rank.to_string(), r.slot.to_string()]);
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::stdout::stdout();
     write_text(&mut out, &t)?;
     writeln!(out, "{} ranks on {} hosts ({} format)", res.total_slots(), res.hosts.len(), c.format)?;
     Ok(Outcome::Complete)

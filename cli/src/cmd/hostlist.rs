@@ -29,7 +29,7 @@ enum Action {
 }
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::stdout::stdout();
     match a.action {
         Action::Expand { expr } => {
             for h in hostlist::expand(&expr.join(","))? {

@@ -188,7 +188,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     }
 
     if !args.quiet {
-        let mut out = std::io::stdout().lock();
+        let mut out = crate::stdout::stdout();
         print_tables(&mut out, &ingested.runs.iter().map(|r| r.row.clone()).collect::<Vec<_>>(), &tables)?;
         out.flush()?;
     }

@@ -107,7 +107,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     for (id, _) in &runs[results.len()..] {
         t.row([id.clone(), "not started".into(), "-".into(), "the sweep was interrupted".into()]);
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::stdout::stdout();
     write_text(&mut out, &t)?;
     writeln!(
         out,

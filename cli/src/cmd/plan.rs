@@ -170,7 +170,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         }
         None => None,
     };
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::stdout::stdout();
     if a.json {
         let runs: Vec<serde_json::Value> = plan
             .runs

@@ -125,7 +125,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let mut query = Query::new(config, a.gpus, a.nodes);
     query.host_adamw_gparams_per_s = a.host_adamw_rate;
     let p = fit.predict(&query);
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::stdout::stdout();
     if a.json {
         writeln!(out, "{}", serde_json::to_string(&p)?)?;
     } else {

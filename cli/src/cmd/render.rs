@@ -41,7 +41,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     for (id, why) in &unfit {
         t.row([id.clone(), "-".into(), "-".into(), "-".into(), why.clone()]);
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::stdout::stdout();
     write_text(&mut out, &t)?;
     writeln!(out, "{} runs rendered, {} left out as unfit", dirs.len(), unfit.len())?;
     Ok(Outcome::Complete)

@@ -11,6 +11,6 @@ pub struct Args {}
 pub fn run(_: Args) -> anyhow::Result<Outcome> {
     let schema = schemars::schema_for!(zerobench_schema::Record);
     let text = serde_json::to_string_pretty(&schema)?;
-    writeln!(std::io::stdout().lock(), "{text}")?;
+    writeln!(crate::stdout::stdout(), "{text}")?;
     Ok(Outcome::Complete)
 }

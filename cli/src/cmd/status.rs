@@ -22,7 +22,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let dirs = super::submit::run_dirs(&a.dir)?;
     let rows = status(&dirs)?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::stdout::stdout();
     if a.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
     } else {

@@ -107,7 +107,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     for s in &done {
         t.row([s.id.clone(), s.job.clone()]);
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::stdout::stdout();
     write_text(&mut out, &t)?;
     if a.test_only {
         writeln!(out, "{} runs accepted by sbatch --test-only; nothing submitted", done.len())?;
