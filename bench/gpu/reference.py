@@ -24,7 +24,12 @@ the completion of all of its device work (`torch.cuda.synchronize()`).
 
 eager and ddp keep fp32 parameters and run the model under bf16 autocast (nanoGPT's recipe);
 fsdp2 shards fp32 parameters and computes in bf16 (MixedPrecisionPolicy(param_dtype=bf16,
-reduce_dtype=fp32)). Data are seeded random tokens. Prints one JSON line on rank 0.
+reduce_dtype=fp32)). `--master-weights` (eager and the compiled modes) keeps the parameters as
+zerobench keeps them instead: bf16 parameters the model computes with, no autocast (so no cast of
+a weight or a gradient inside forward and backward), and fp32 master copies that fused AdamW
+updates, the gradients copied into the masters' before the update and the masters back into the
+parameters after it; the loss is taken over fp32 logits either way. Data are seeded random
+tokens. Prints one JSON line on rank 0, with every measured step's time.
 
     python3 reference.py --mode eager --model gpt2 --micro-batch 16
     torchrun --standalone --nproc_per_node=2 reference.py --mode ddp --model gpt2 --micro-batch 16
@@ -101,6 +106,26 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.reshape(-1, VOCAB).float(), targets.reshape(-1))
 
 
+class MasterAdamW:
+    """`--master-weights`' optimizer: fused AdamW over fp32 masters of bf16 parameters. A step
+    copies the parameters' bf16 gradients into the masters' fp32 ones, updates the masters and
+    copies them back into the parameters (three foreach passes and the fused update)."""
+
+    def __init__(self, weights, masters):
+        self.weights, self.masters = weights, masters
+        self.adamw = torch.optim.AdamW(masters, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+
+    def step(self):
+        torch._foreach_copy_([m.grad for m in self.masters], [w.grad for w in self.weights])
+        self.adamw.step()
+        with torch.no_grad():
+            torch._foreach_copy_(self.weights, self.masters)
+
+    def zero_grad(self, set_to_none=True):
+        for w in self.weights:
+            w.grad = None
+
+
 def update_beside(model, a, dev):
     """`--mode eager-update-beside`: the step function, and None for the loop's optimizer. One fused
     AdamW per unit zerobench updates apart (each block; the embeddings, whose tied weight's
@@ -158,6 +183,8 @@ def main():
     ap.add_argument("--mode", choices=SINGLE_PROCESS_MODES + DISTRIBUTED_MODES, required=True)
     ap.add_argument("--stage", type=int, choices=[0, 1, 2, 3], default=2, help="ZeRO stage of --mode deepspeed")
     ap.add_argument("--no-pad-head", dest="pad_head", action="store_false")
+    ap.add_argument("--master-weights", action="store_true",
+                    help="bf16 parameters with fp32 master copies, no autocast (eager and compiled modes)")
     ap.add_argument("--model", choices=list(PRESETS), default="gpt2")
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=1024)
@@ -170,6 +197,8 @@ def main():
     a = ap.parse_args()
 
     distributed = a.mode in DISTRIBUTED_MODES
+    if a.master_weights and (distributed or a.mode == "eager-update-beside"):
+        sys.exit(f"--master-weights is for eager and the compiled modes, not {a.mode}")
     # The compiled modes that replay CUDA graphs (max-autotune does too).
     graphs = a.mode in ("compile-reduce-overhead", "compile-max-autotune")
     if distributed:
@@ -246,6 +275,15 @@ def main():
         opt = None
     elif a.mode == "eager-update-beside":
         step_fn, opt = update_beside(model, a, dev)
+    elif a.master_weights:
+        # The masters start from the fp32 initialisation, then the model computes in bf16.
+        weights = list(model.parameters())
+        masters = [p.detach().clone() for p in weights]
+        for m in masters:
+            m.grad = torch.empty_like(m)
+        model.to(torch.bfloat16)
+        autocast = False
+        opt = MasterAdamW(weights, masters)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     if a.mode == "compile":
@@ -308,9 +346,12 @@ def main():
         prof.export_chrome_trace(a.torch_profile)
     if rank == 0:
         print(json.dumps({
-            "impl": f"deepspeed-z{a.stage}" if a.mode == "deepspeed" else f"pytorch-{a.mode}", "model": a.model, "micro_batch": a.micro_batch, "seq_len": a.seq_len,
+            "impl": f"deepspeed-z{a.stage}" if a.mode == "deepspeed" else f"pytorch-{a.mode}" + ("-master" if a.master_weights else ""), "model": a.model, "micro_batch": a.micro_batch, "seq_len": a.seq_len,
             "gpus": world, "params": params, "vocab": VOCAB, "head_rows": head_rows, "steps": len(times), "step_ms_median": med * 1e3,
             "tokens_per_s_per_gpu": tokens / med, "final_loss": float(loss), "measured_unix": measured_unix,
+            "step_ms": [round(t * 1e3, 4) for t in times], "parameters": "bf16, fp32 masters" if a.master_weights
+            else "fp32 under bf16 autocast" if autocast else "fp32, bf16 compute (FSDP2's policy)" if a.mode == "fsdp2"
+            else "DeepSpeed's bf16",
             "peak_allocated_bytes": peaks[0],
             "peak_reserved_bytes": peaks[1],
             "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),

@@ -6,12 +6,16 @@ docs/results/one-gpu.md and two-gpus.md. Each zerobench run is compared with eve
 its GPU count, and with DeepSpeed at its own stage (throughput and peak allocated memory); the
 JSON's `targets` holds the one-GPU targets, each side at its best mode (`targets`).
 
-    python3 bench/gpu/report_step.py ARCHIVE.tar.gz --json OUT.json --md OUT.md
+    python3 bench/gpu/report_step.py ARCHIVE.tar.gz --json OUT.json --md OUT.md [--logged-step]
 
 Step time is the run's (per step the slowest rank, then the median over measured steps:
-common.read_archive), by the definition of schema version 2: from the start of a step's work to
-the completion of all of it, the device synchronised. The references time the same: a step from
-its start to `torch.cuda.synchronize()` after `loss.item()`.
+common.read_archive): the interval between the ends of two steps, that is the logged step (schema
+version 2: from the start of a step's work to the completion of all of it, the device
+synchronised) and the loop's own cost before it (`overhead_ms`: reading the last step's timers
+and handing its record to the log thread). The references time the same interval: from the
+synchronisation ending one step to the one after `loss.item()` ending the next, their loop's own
+cost (microseconds) inside it. `--logged-step` takes the logged step alone, as the files written
+before 2026-12-04 did (0.1-0.5% shorter on one GPU; up to 1.5% in the call at 41cf013).
 
 Checks per zerobench run, over consecutive measured steps:
 * interval: the time between two of rank 0's step records over the later one's own
@@ -39,10 +43,11 @@ def flops_per_token(layers, d, params, seq, positions=1024):
 SHAPES = {"gpt2": (12, 768), "gpt2-xl": (48, 1600)}
 
 
-def zerobench_row(name, recs):
+def zerobench_row(name, recs, logged_step=False):
     start, setup, steps = run_parts(recs)
     cfg = start["config"]
-    step_ms = median(steps, "step_ms")
+    logged_ms = median(steps, "step_ms")
+    step_ms = logged_ms if logged_step else median(steps, lambda s: s["step_ms"] + s["overhead_ms"])
     # The checks compare rank 0's records with rank 0's own step time (the run's step time is the
     # slowest rank's: common.read_archive keeps rank 0's as `rank_step_ms`).
     own = lambda s: s.get("rank_step_ms", s["step_ms"])
@@ -57,7 +62,8 @@ def zerobench_row(name, recs):
         "impl": "zerobench", "cuda_graph": bool(cfg.get("cuda_graph", False)), "run": name, "model": cfg["model"],
         "stage": cfg["stage"], "gpus": start["world_size"],
         "micro_batch": cfg["micro_batch"], "seq_len": cfg["seq_len"], "steps": len(steps),
-        "step_ms_median": round(step_ms, 3), "overhead_ms_median": round(median(steps, "overhead_ms"), 4),
+        "step_ms_median": round(step_ms, 3), "logged_step_ms_median": round(logged_ms, 3),
+        "overhead_ms_median": round(median(steps, "overhead_ms"), 4),
         "tokens_per_s_per_gpu": round(tps), "mfu": round(tps * start["model"]["train_flops_per_token"] / (PEAK_TFLOPS * 1e12), 4),
         **{p.replace("_ms", "_ms_median"): round(median(steps, p), 3) for p in parts},
         "interval_over_step_plus_overhead": {"median": round(statistics.median(ratios), 5),
@@ -81,7 +87,7 @@ def reference_row(name, r):
         "mfu": round(r["tokens_per_s_per_gpu"] * fpt / (PEAK_TFLOPS * 1e12), 4),
         "peak_allocated_bytes": r["peak_allocated_bytes"], "peak_reserved_bytes": r["peak_reserved_bytes"],
         "torch": r["torch"], "gpu": r["gpu"],
-        **{k: r[k] for k in ("deepspeed", "optimizer", "zero_optimization") if k in r},
+        **{k: r[k] for k in ("deepspeed", "optimizer", "zero_optimization", "parameters", "step_ms") if k in r},
     }
 
 
@@ -89,8 +95,9 @@ def reference_row(name, r):
 # memory against DeepSpeed at the same stage.
 TARGETS = {"gpt2": (1.0, 0.95), "gpt2-xl": (1.25, 1.15)}
 
-# torch.compile's modes: the targets compare with the fastest of those a call ran.
-COMPILED = ("pytorch-compile", "pytorch-compile-reduce-overhead", "pytorch-compile-max-autotune")
+# torch.compile's modes, with fp32 parameters under autocast and (`-master`) with bf16 parameters
+# and fp32 masters as zerobench keeps them: the targets compare with the fastest a call ran.
+COMPILED = tuple(f"pytorch-compile{m}{p}" for m in ("", "-reduce-overhead", "-max-autotune") for p in ("", "-master"))
 
 
 def targets(rows, refs, call):
@@ -101,39 +108,50 @@ def targets(rows, refs, call):
     out = []
     for model, (stage0, every) in TARGETS.items():
         one = [r for r in rows if r["model"] == model and r["gpus"] == 1]
-        compiled = [r["tokens_per_s_per_gpu"] for r in refs if r["model"] == model and r["gpus"] == 1
+        compiled = [(r["tokens_per_s_per_gpu"], r["impl"]) for r in refs if r["model"] == model and r["gpus"] == 1
                     and r["impl"] in COMPILED]
         stages = sorted({r["stage"] for r in one})
         best = {s: max(r["tokens_per_s_per_gpu"] for r in one if r["stage"] == s) for s in stages}
         if compiled:
-            c = max(compiled)
-            ratio = {s: round(best[s] / c, 3) for s in stages}
+            c, against = max(compiled)
+            # The verdicts on the ratios as measured; the values shown rounded.
+            ratio = {s: best[s] / c for s in stages}
+            ran = sorted(r["impl"] for r in refs if r["model"] == model and r["gpus"] == 1 and r["impl"] in COMPILED)
+            side = {"against": against, "compiled_modes_run": ran}
             out.append({"call": call, "model": model, "target": f"stage 0 >= {stage0}x torch.compile",
-                        "value": ratio.get(0), "met": ratio.get(0, 0) >= stage0})
+                        "value": round(ratio[0], 3) if 0 in ratio else None,
+                        "met": ratio[0] >= stage0 if 0 in ratio else None, **side})
+            # Decided only where the call ran all four stages.
             out.append({"call": call, "model": model, "target": f"every stage >= {every}x torch.compile",
-                        "value": min(ratio.values()), "met": len(ratio) == 4 and min(ratio.values()) >= every})
+                        "value": round(min(ratio.values()), 3),
+                        "met": min(ratio.values()) >= every if len(ratio) == 4 else None, "stages": stages, **side})
         ds = {}
         for s in stages:
             ref = next((r for r in refs if r["model"] == model and r["gpus"] == 1 and r["impl"] == f"deepspeed-z{s}"), None)
             if ref:
-                ds[s] = round(max(r["peak_allocated_bytes"] for r in one if r["stage"] == s) / ref["peak_allocated_bytes"], 3)
+                ds[s] = max(r["peak_allocated_bytes"] for r in one if r["stage"] == s) / ref["peak_allocated_bytes"]
         if ds:
             # Decided only where the call ran DeepSpeed at all four stages (a call cut short may not).
             met = max(ds.values()) <= 1.0 if len(ds) == 4 else None
             out.append({"call": call, "model": model, "target": "peak allocated <= DeepSpeed's at every stage",
-                        "value": max(ds.values()), "met": met, "stages": sorted(ds)})
+                        "value": round(max(ds.values()), 3), "met": met, "stages": sorted(ds)})
     return out
 
 
-def one_call(path):
+def one_call(path, logged_step=False):
     """The rows, references and ratios of one archive: every ratio is between runs of one call."""
     host, logs, files = read_archive(path)
-    rows = [zerobench_row(n, r) for n, r in sorted(logs.items()) if re.match(r"gpt2(-xl)?_z\d_mb\d+_\d+gpu(_graph)?$", n)]
+    rows = [zerobench_row(n, r, logged_step) for n, r in sorted(logs.items())
+            if re.match(r"gpt2(-xl)?_z\d_mb\d+_\d+gpu(_graph)?$", n)]
     refs = []
+    # A reference that printed nothing (it failed: its .err says why) is named, not left out unseen.
+    failed_refs = []
     for name, text in files.items():
         if m := re.search(r"runs/(ref_[^/]+)\.json$", name):
             if text.strip():
                 refs.append(reference_row(m.group(1), json.loads(text.strip().splitlines()[-1])))
+            else:
+                failed_refs.append(m.group(1))
     refs.sort(key=lambda r: (r["model"], r["impl"]))
     by_ref = {(r["model"], r["impl"], r["gpus"]): r for r in refs}
     ratios = []
@@ -157,6 +175,7 @@ def one_call(path):
     }
     call = os.path.basename(path)
     return {"archive": call, "date": host_date(host), "host": host.strip().splitlines(), "checks": checks,
+            "failed_references": sorted(failed_refs),
             "targets": targets(rows, refs, call), "zerobench": rows, "references": refs, "ratios": ratios, "scaling": scaling}
 
 
@@ -190,13 +209,14 @@ def markdown(c):
         md.write("\n| model | target | value | met |\n|---|---|---|---|\n")
         for t in c["targets"]:
             verdict = {True: "yes", False: "**no**"}.get(t["met"], f"not decided (stages {t.get('stages')} only)")
-            md.write(f"| {t['model']} | {t['target']} | {t['value']} | {verdict} |\n")
-    md.write("\n| zerobench run | step ms | overhead ms (share) | record interval / (step + overhead): median [min, max] | "
+            against = f" (against {t['against'].removeprefix('pytorch-')})" if "against" in t else ""
+            md.write(f"| {t['model']} | {t['target']} | {t['value']}{against} | {verdict} |\n")
+    md.write("\n| zerobench run | logged step ms | overhead ms (share) | record interval / (step + overhead): median [min, max] | "
              "phases vs step, largest deviation | forward | backward | exposed comm | optimizer | other |\n")
     md.write("|---|---|---|---|---|---|---|---|---|---|\n")
     for r in rows:
         iv = r["interval_over_step_plus_overhead"]
-        md.write(f"| {r['run']} | {r['step_ms_median']:.2f} | {r['overhead_ms_median']:.3f} ({r['overhead_share']['median']:.2%}) | "
+        md.write(f"| {r['run']} | {r.get('logged_step_ms_median', r['step_ms_median']):.2f} | {r['overhead_ms_median']:.3f} ({r['overhead_share']['median']:.2%}) | "
                  f"{iv['median']:.4f} [{iv['min']:.4f}, {iv['max']:.4f}] | {r['phases_vs_step_max_deviation']:.2%} | "
                  f"{r['forward_ms_median']:.2f} | {r['backward_ms_median']:.2f} | {r['exposed_comm_ms_median']:.2f} | "
                  f"{r['optimizer_ms_median']:.2f} | {r['other_ms_median']:.2f} |\n")
@@ -214,17 +234,23 @@ def main():
     ap.add_argument("archive", nargs="+", help="one archive per call; ratios are taken within a call only")
     ap.add_argument("--json", required=True)
     ap.add_argument("--md", required=True)
+    ap.add_argument("--logged-step", action="store_true",
+                    help="zerobench's logged step alone, without the loop's own cost (the files before 2026-12-04)")
     a = ap.parse_args()
 
-    calls = [one_call(p) for p in a.archive]
+    calls = [one_call(p, a.logged_step) for p in a.archive]
     # A target is met only where every call that measures it meets it.
     verdicts = {}
     for t in (t for c in calls for t in c["targets"]):
         verdicts.setdefault((t["model"], t["target"]), []).append(t)
     out = {"benchmark": "bench/gpu/run.sh step-time",
-           "step_time_definition": "schema version 2: start of the step's work to completion of all of it (device synchronised); per step the slowest rank, median over measured steps",
+           "step_time_definition": ("schema version 2: start of the step's work to completion of all of it (device synchronised); per step the slowest rank, median over measured steps"
+                                    if a.logged_step else
+                                    "the interval between step ends: schema version 2's step (start of its work to completion of all of it, device synchronised) and the loop's own cost before it (overhead_ms); per step the slowest rank, median over measured steps"),
            "targets": [{"model": m, "target": t, "met": decided(ts), "values": [x["value"] for x in ts],
-                        "calls": [x["call"] for x in ts]} for (m, t), ts in verdicts.items()],
+                        "calls": [x["call"] for x in ts],
+                        **({"against": [x["against"] for x in ts]} if all("against" in x for x in ts) else {})}
+                       for (m, t), ts in verdicts.items()],
            "calls": calls}
     if len(calls) == 1:
         # One call: its fields at the top, as the results of a single call have always been laid out.

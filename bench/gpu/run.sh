@@ -13,7 +13,8 @@
 #   step-time    one GPU: zerobench gpt2 (micro-batch 16) and gpt2-xl (micro-batch 4) at stages 0-3,
 #                and the references (PyTorch eager and torch.compile, DeepSpeed at stages 0-3; head
 #                padded as zerobench pads it) on the same shapes, in one call (STEP_MODELS and
-#                STEP_REFS pick, STEP_REFS=compile-reduce-overhead adds torch.compile's CUDA graphs;
+#                STEP_REFS pick, STEP_REFS=compile-reduce-overhead adds torch.compile's CUDA graphs,
+#                MODE+master a mode with bf16 parameters and fp32 masters as zerobench keeps them;
 #                STEP_GRAPH=1 adds zerobench's --cuda-graph at every stage; bench/gpu/report_step.py
 #                reads it)
 #   cuda-graph   one GPU, --cuda-graph against eager: t5-large micro-batch 1 (sequence 512) and gpt2
@@ -176,7 +177,10 @@ if [ -d "$BIN/ds" ] && ! python3 -c 'import deepspeed' 2>/dev/null; then
 fi
 
 {
-  echo "date: $(date -u +%FT%TZ)"; echo "host: $(hostname)"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  echo "date: $(date -u +%FT%TZ)"; echo "host: $(hostname)"
+  # Host names of the GPU machines say nothing ("vm" on every one): the GPUs' UUIDs tell calls on
+  # one machine from calls on another.
+  nvidia-smi --query-gpu=name,driver_version,memory.total,uuid --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", ".".join(map(str, torch.cuda.nccl.version())))'
   python3 -c 'import deepspeed; print("deepspeed", deepspeed.__version__)' 2>/dev/null || echo "deepspeed: not installed"
   nproc; mpirun --version | head -1
@@ -421,7 +425,8 @@ PY
       log "cuda-graph: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print([(s["case"], s["graph_over_base"]) for s in d["speed"]])' "$OUTDIR/cuda-graph.json")" ;;
     step-ab)
       : "${BASE_BIN:?step-ab compares with the worker in BASE_BIN}"
-      # One GPU, this build and BASE_BIN alternating (AB_REPS rounds, default 2): the step-time
+      # One GPU, this build and BASE_BIN alternating (AB_REPS rounds, default 2, the order turned
+      # each round): the step-time
       # targets' configurations, eager and replaying graphs; AB_PROFILE=1 adds one profiled step
       # of gpt2 and gpt2-xl at stage 0 with each (--torch-profile). AB_ARGS adds worker arguments
       # (--data FILE: losses on text), AB_STEPS sets the steps (default 20), AB_GPUS the ranks (default
@@ -431,7 +436,7 @@ PY
         for c in ${AB_CASES:-gpt2:16:0:eager gpt2:16:0:graph gpt2:16:3:eager gpt2-xl:4:0:graph gpt2-xl:4:3:eager}; do
           IFS=: read -r m mb s mode <<< "$c"
           flag=(); [ "$mode" = graph ] && flag=(--cuda-graph)
-          for which in new base; do
+          for which in $(turned "$rep" new base); do
             # shellcheck disable=SC2086
             W=$(build_worker "$which") worker "ab_${m}-mb${mb}-z${s}-${mode}${abn}_${which}_${rep}" "$abg" --model "$m" --stage "$s" \
               --micro-batch "$mb" --seq-len 1024 --steps "${AB_STEPS:-20}" --warmup 4 "${flag[@]}" ${AB_ARGS:-}
@@ -949,6 +954,9 @@ PY
                 reference "ref_${m}_deepspeed-z${s}_1gpu" 1 --mode deepspeed --stage "$s" --model "$m" --micro-batch "$mb" \
                   --steps 20 --warmup 4
               done ;;
+            # MODE+master: the mode with bf16 parameters and fp32 masters, as zerobench keeps them.
+            *+master) reference "ref_${m}_${ref%+master}-master_1gpu" 1 --mode "${ref%+master}" --master-weights \
+              --model "$m" --micro-batch "$mb" --steps 20 --warmup 4 ;;
             *) reference "ref_${m}_${ref}_1gpu" 1 --mode "$ref" --model "$m" --micro-batch "$mb" --steps 20 --warmup 4 ;;
           esac
         done
