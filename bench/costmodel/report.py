@@ -8,9 +8,11 @@ import csv
 import datetime
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import tarfile
 
 from results import DEVICE_BOUND_UTIL_PCT, mean_abs
 
@@ -77,12 +79,29 @@ for r in csv.DictReader(open(runs_csv)):
     })
 
 
+def measured_on(source):
+    """The date lines of a source archive's host.txt files (bench/gpu/run.sh writes one a call),
+    or of the host.txt files under a source folder."""
+    dates = set()
+    if os.path.isdir(source):
+        for root, _, names in os.walk(source):
+            if "host.txt" in names:
+                dates.update(re.findall(r"^date: (\S+)", open(os.path.join(root, "host.txt")).read(), re.M))
+    elif tarfile.is_tarfile(source):
+        with tarfile.open(source) as t:
+            for m in t:
+                if m.isfile() and os.path.basename(m.name) == "host.txt":
+                    dates.update(re.findall(r"^date: (\S+)", t.extractfile(m).read().decode(), re.M))
+    return sorted(dates)
+
+
 def mape(key, sel):
     return mean_abs(x[key] for x in sel)
 
 
 def by_configuration(rows):
-    """Each configuration's median over its runs (on several hosts) against its prediction, and the
+    """Each configuration's median over its runs (on several hosts) against the median of their
+    predictions (each run priced at its host's AdamW rate), and the
     runs' own spread: the mean over runs of |run - its configuration's median| / run, the per-run
     error left to a prediction of every median exactly. The same definitions as
     `zerobench fit --validate` applies to its k-fold predictions (costmodel/src/validate.rs,
@@ -93,7 +112,9 @@ def by_configuration(rows):
     errors, spread = [], []
     for xs in groups.values():
         med = statistics.median(x["step_ms"] for x in xs)
-        errors.append(abs(xs[0]["predicted_step_ms"] / med - 1) * 100)
+        # Runs on hosts of different AdamW rates are priced apart: the median of their predictions.
+        predicted = statistics.median(x["predicted_step_ms"] for x in xs)
+        errors.append(abs(predicted / med - 1) * 100)
         spread += [abs(x["step_ms"] - med) / x["step_ms"] * 100 for x in xs]
     return {"configurations": len(groups), "repeated": sum(len(xs) > 1 for xs in groups.values()),
             "step_mape_pct": round(statistics.mean(errors), 1) if errors else None,
@@ -105,9 +126,11 @@ launch = [x for x in rows if not x["gpu_util_pct"] >= DEVICE_BOUND_UTIL_PCT]
 v = fit["validation"]
 print(json.dumps({
     "benchmark": "cost model: k-fold validation on the fitted runs, and held-out runs predicted by `zerobench predict`",
+    # The day this report was made; when its runs were measured is `measured`, per source.
     "date": datetime.date.today().isoformat(),
     "gpu": fit["gpu"],
     "sources": sources,
+    "measured": {src: measured_on(src) for src in sources},
     "validation": {k: v[k] for k in ("folds", "configurations", "runs", "step_mape_pct", "memory_mape_pct",
                                      "device_bound", "launch_bound", "by_configuration", "stage_choice",
                                      "groups")},

@@ -381,17 +381,21 @@ pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
 }
 
 fn by_configuration(held: &[Held]) -> ConfigurationError {
-    // Per configuration: its runs' measured steps, and the prediction (one per configuration).
-    let mut by: BTreeMap<String, (Vec<f64>, f64)> = BTreeMap::new();
+    // Per configuration: its runs' measured steps and their predictions. Runs of one configuration
+    // on hosts of different AdamW rates are priced apart (offload): the median of the predictions
+    // against the median of the measurements, not the first run's host against all of them.
+    let mut by: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     for h in held {
-        by.entry(h.run.config_key()).or_insert_with(|| (Vec::new(), h.step)).0.push(h.run.step_ms);
+        let (measured, predicted) = by.entry(h.run.config_key()).or_default();
+        measured.push(h.run.step_ms);
+        predicted.push(h.step);
     }
     if by.is_empty() {
         return ConfigurationError::default();
     }
     let (mut config_ape, mut floor) = (0.0, 0.0);
     for (m, p) in by.values() {
-        let med = median(m);
+        let (med, p) = (median(m), median(p));
         config_ape += ((p - med) / med).abs();
         floor += m.iter().map(|&x| ((x - med) / x).abs()).sum::<f64>();
     }
@@ -507,6 +511,28 @@ mod tests {
             groups.iter().map(|g| (g.stages.iter().map(|s| s.stage).collect(), g.chosen, g.fastest)).collect();
         assert_eq!(seen, [(vec![0, 1], 0, 0), (vec![0, 3], 3, 3)], "{groups:?}");
         assert!(groups[0].key.ends_with("build a") && groups[1].key.ends_with("build b"), "{groups:?}");
+    }
+
+    /// Per configuration, the median of its runs' predictions (each run priced at its own host's
+    /// AdamW rate) against the median of their steps; the runs' spread around that median apart.
+    #[test]
+    fn a_configuration_is_judged_by_its_predictions_median() {
+        let runs = [
+            run_of(ZeroStage::Z0, None, 100.0),
+            run_of(ZeroStage::Z0, None, 110.0),
+            run_of(ZeroStage::Z0, None, 120.0),
+        ];
+        let held: Vec<Held> = runs
+            .iter()
+            .zip([130.0, 100.0, 115.0])
+            .map(|(run, step)| Held { run, step, bound: Bound::Launch, mem: 0.0 })
+            .collect();
+        let e = by_configuration(&held);
+        assert_eq!((e.configurations, e.repeated), (1, 1));
+        // Predictions' median 115 against the steps' 110 (the first run's 130 alone: 18.2%).
+        assert!((e.step_mape_pct - 500.0 / 110.0).abs() < 1e-9, "{e:?}");
+        let floor = (10.0 / 100.0 + 0.0 + 10.0 / 120.0) / 3.0 * 100.0;
+        assert!((e.repeat_floor_pct - floor).abs() < 1e-9, "{e:?}");
     }
 
     /// A group is decided when each stage has three runs or more and the fastest stage's runs
