@@ -9,9 +9,12 @@ and the first losses, new over base.
 Each pair is one call; ratios are never taken across pairs.
 
 Step time as every report reads it (common.read_archive: per step the slowest rank, the median
-over measured steps). Both archives must come from one call: their host lines name the GPU and the
-dates, which the output keeps. A run in one archive and not the other is listed, not compared."""
+over measured steps). Both archives must come from one call: their host lines must name the same
+GPUs (and, where they list them, the same GPU UUIDs) and dates at most an hour apart, or the pair is
+refused; the output keeps both. A run in one archive and not the other is listed, not compared."""
 import argparse
+import datetime
+import sys
 import json
 
 from common import build_summary, host_date, read_archive
@@ -31,8 +34,26 @@ def compare(new, base):
     }
 
 
+# The longest time between the two archives' host lines that still reads as one call.
+ONE_CALL_SECONDS = 3600
+
+
+def not_one_call(new_path, new_host, base_path, base_host):
+    """Why two archives cannot be of one call (None if they can): other GPUs, or dates apart."""
+    gpus = lambda host: [line for line in host.splitlines() if line.startswith("NVIDIA")]
+    if gpus(new_host) != gpus(base_host):
+        return f"{new_path} ran on {gpus(new_host)}, {base_path} on {gpus(base_host)}"
+    when = lambda host: datetime.datetime.fromisoformat(host_date(host).replace("Z", "+00:00"))
+    apart = abs((when(new_host) - when(base_host)).total_seconds())
+    if apart > ONE_CALL_SECONDS:
+        return f"{new_path} and {base_path} were measured {apart / 3600:.1f} hours apart"
+    return None
+
+
 def one_call(new_path, base_path, new_build, base_build):
     (new_host, new_logs, _), (base_host, base_logs, _) = read_archive(new_path), read_archive(base_path)
+    if why := not_one_call(new_path, new_host, base_path, base_host):
+        sys.exit(f"compare_builds.py: not one call: {why}")
     rows, unmatched = [], sorted(set(new_logs) ^ set(base_logs))
     for run in sorted(set(new_logs) & set(base_logs)):
         n, b = build_summary(new_logs[run]), build_summary(base_logs[run])

@@ -29,7 +29,8 @@ zerobench keeps them instead: bf16 parameters the model computes with, no autoca
 a weight or a gradient inside forward and backward), and fp32 master copies that fused AdamW
 updates, the gradients copied into the masters' before the update and the masters back into the
 parameters after it; the loss is taken over fp32 logits either way. Data are seeded random
-tokens. Prints one JSON line on rank 0, with every measured step's time.
+tokens. Prints one JSON line on rank 0, with every measured step's time (under torchrun, each
+step the slowest rank's: before 2026-12-04 rank 0's own, up to 0.12% shorter on 2 GPUs).
 
     python3 reference.py --mode eager --model gpt2 --micro-batch 16
     torchrun --standalone --nproc_per_node=2 reference.py --mode ddp --model gpt2 --micro-batch 16
@@ -329,6 +330,12 @@ def main():
             if measured_unix[0] is None:
                 measured_unix[0] = time.time() - times[-1]
             measured_unix[1] = time.time()
+    if distributed:
+        # Each step the slowest rank's time, as bench/gpu/common.py takes zerobench's (one
+        # collective after the timed steps).
+        slowest = torch.tensor(times, dtype=torch.float64, device=dev)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        times = slowest.tolist()
     # The same median as bench/gpu/report.py takes of zerobench's steps (the mean of the two middle
     # times for an even count). The references of 2026-11-22 took the upper of the two instead.
     med = statistics.median(times)

@@ -13,12 +13,17 @@ import re
 import statistics
 import sys
 
-from common import build_summary, json_lines
+from common import build_summary, json_lines, slowest_rank_steps
 
 
 def summary(run_dir):
-    f = os.path.join(run_dir, "rank0.jsonl")
-    return build_summary(json_lines(open(f).read())) if os.path.exists(f) else None
+    """The run's summary, each step's time the slowest rank's (common.read_archive's rule; with
+    `AB_GPUS` above 1 a run has several rank logs)."""
+    by_rank = {}
+    for f in glob.glob(os.path.join(run_dir, "rank*.jsonl")):
+        if m := re.fullmatch(r"rank(\d+)\.jsonl", os.path.basename(f)):
+            by_rank[int(m.group(1))] = json_lines(open(f).read())
+    return build_summary(slowest_rank_steps(by_rank)) if 0 in by_rank else None
 
 
 def largest_difference(runs_a, runs_b):
