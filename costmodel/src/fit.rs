@@ -405,6 +405,56 @@ mod tests {
         assert!(p.extrapolated.iter().any(|e| e.contains(says)), "{:?}", p.extrapolated);
     }
 
+    /// Offload's terms from runs whose host update the GPU's window hides in part or whole, none
+    /// of them waiting for more than its window: the fit takes the runs whose update outlasts the
+    /// hidden share of their window, not the whole of it.
+    #[test]
+    fn offload_is_fitted_on_runs_that_wait_for_part_of_their_window() {
+        let mut runs: Vec<Observation> =
+            sweep().into_iter().filter(|o| o.query.config.offload == Offload::None).collect();
+        let (mut partly, mut hidden) = (0, 0);
+        for r in 1..=20 {
+            for delayed in [false, true] {
+                let o = observe_ratio(f64::from(r) / 20.0, delayed);
+                let p = step_parts(&truth(), None, &Work::of(&o.query, None), &mut Vec::new());
+                // Waiting for e = h - 0.6 w > 0, and h < w: 0 < e < 0.4 h.
+                if p.offload_ms > 0.0 && p.offload_ms < 0.4 * p.host_update_ms {
+                    partly += 1;
+                    runs.push(o);
+                } else if p.offload_ms == 0.0 && hidden < 2 {
+                    hidden += 1;
+                    runs.push(o);
+                }
+            }
+        }
+        assert!(partly >= 2 && hidden == 2, "{partly} partly hidden, {hidden} hidden");
+        let f = &fit(&runs).unwrap().model.fits[0];
+        for name in ["offload.ms_per_gparam", OFFLOAD_HIDDEN] {
+            let (got, want) = (f.step[name], truth()[name]);
+            assert!((got - want).abs() <= 1e-6 * want, "{name}: {got} vs {want}");
+        }
+    }
+
+    /// The sharing exponent is the grid's value whose prices lie closest to the steps, relative to
+    /// each step: on a small model too, whose steps move by about a millisecond from one grid
+    /// value to the next.
+    #[test]
+    fn a_small_models_runs_on_a_shared_host_give_its_exponent() {
+        let mut shared_truth = truth();
+        shared_truth.insert(OFFLOAD_SHARING.to_string(), 0.35);
+        let mut runs = sweep();
+        for ratio in [0.5, 1.0] {
+            let mut c = RunConfig::new(ModelPreset::Gpt2, ZeroStage::Z2);
+            (c.micro_batch, c.offload, c.offload_ratio) = (4, Offload::Optimizer, Some(ratio));
+            let mut o = observe_config(c, 2);
+            o.run_id = format!("{}-r{ratio}", o.run_id);
+            o.step_ms = step_parts(&shared_truth, None, &Work::of(&o.query, None), &mut Vec::new()).step_ms;
+            runs.push(o);
+        }
+        let f = &fit(&runs).unwrap().model.fits[0];
+        assert_eq!(f.step.get(OFFLOAD_SHARING), Some(&0.35));
+    }
+
     /// Offloaded runs of 4 GPUs widen what offload has seen (ranks per host), not what
     /// communication has: its terms are fitted on the runs without offload, so a 4-GPU query
     /// without offload, and one with, is still flagged past the 2 GPUs they had.
@@ -732,6 +782,32 @@ mod tests {
         let p = old.predict(&runs[0].query);
         assert_eq!(p.step_ms_interval_of, crate::IntervalOf::All);
         assert!((p.step_ms_interval[0] / p.step_ms - 1.0 - f.step_interval[0]).abs() < 1e-9, "{p:?}");
+        // Every prediction's throughput is its tokens over its step, and its memory interval the
+        // memory's relative errors around its peak.
+        let [mlo, mhi] = f.memory_interval;
+        for o in runs.iter().filter(|o| o.query.config.model.spec().family() == "gpt2") {
+            let (p, c) = (f.predict(&o.query), &o.query.config);
+            let tokens = f64::from(c.micro_batch * c.seq_len * c.grad_accum);
+            assert!((p.tokens_per_s_per_gpu * p.step_ms / 1e3 / tokens - 1.0).abs() < 1e-9, "{}: {p:?}", o.run_id);
+            let alloc = p.peak_allocated_bytes as f64;
+            for (bound, e) in p.peak_allocated_interval.iter().zip([mlo, mhi]) {
+                assert!((*bound as f64 / alloc - 1.0 - e).abs() < 1e-6, "{}: {p:?}", o.run_id);
+            }
+        }
+    }
+
+    /// A byte across nodes is priced at the buses' ratio (within a node over across) times a byte
+    /// within one: no fit has seen a second node.
+    #[test]
+    fn bytes_across_nodes_are_priced_at_the_buses_ratio() {
+        let f = &fit(&sweep()).unwrap().model.fits[0];
+        let within = observe(ModelPreset::Gpt2Xl, ZeroStage::Z3, 4, 1024, 2, Offload::None).query;
+        let across = Query { nodes: 2, ..within.clone() };
+        let fixed = f.step["comm.ms"];
+        let (a, b) = (f.predict(&within).comm_ms - fixed, f.predict(&across).comm_ms - fixed);
+        assert!(a > 1.0, "{a}");
+        let ratio = crate::work::INTRA_NODE_BUS_GBPS / crate::work::INTER_NODE_BUS_GBPS;
+        assert!((b / a / ratio - 1.0).abs() < 1e-9, "{b} / {a}");
     }
 
     #[test]

@@ -290,6 +290,28 @@ mod tests {
         Query::new(c, gpus, 1)
     }
 
+    /// A micro-step's activations, FLOPs and vocabulary work grow in proportion to its samples,
+    /// for a decoder and an encoder-decoder alike.
+    #[test]
+    fn a_micro_steps_work_grows_with_its_samples() {
+        for model in [ModelPreset::Gpt2, ModelPreset::T5Small] {
+            let of = |mb: u32| {
+                let mut c = RunConfig::new(model, ZeroStage::Z0);
+                (c.micro_batch, c.seq_len) = (mb, 512);
+                Work::of(&Query::new(c, 1, 1), None)
+            };
+            let (one, four) = (of(1), of(4));
+            for (what, a, b) in [
+                ("gact", one.gact, four.gact),
+                ("gact_mem", one.gact_mem, four.gact_mem),
+                ("gflop", one.gflop, four.gflop),
+                ("gvocab", one.gvocab, four.gvocab),
+            ] {
+                assert!(a > 0.0 && (b / a - 4.0).abs() < 1e-9, "{model}: {what} {a} -> {b}");
+            }
+        }
+    }
+
     #[test]
     fn flops_and_states_follow_the_schema() {
         let w = Work::of(&q(ZeroStage::Z0, 1), None);
