@@ -28,7 +28,9 @@ reduce_dtype=fp32)). `--master-weights` (eager and the compiled modes) keeps the
 zerobench keeps them instead: bf16 parameters the model computes with, no autocast (so no cast of
 a weight or a gradient inside forward and backward), and fp32 master copies that fused AdamW
 updates, the gradients copied into the masters' before the update and the masters back into the
-parameters after it; the loss is taken over fp32 logits either way. Data are seeded random
+parameters after it; the loss is taken over fp32 logits either way. `--fused-update` gives that
+update zerobench's single pass: flat masters and moments, the gradients gathered into one flat bf16
+buffer, and one compiled AdamW over all of it that writes the bf16 weights. Data are seeded random
 tokens. Prints one JSON line on rank 0, with every measured step's time (under torchrun, each
 step the slowest rank's: before 2026-12-04 rank 0's own, up to 0.12% shorter on 2 GPUs).
 
@@ -110,7 +112,8 @@ class GPT(nn.Module):
 class MasterAdamW:
     """`--master-weights`' optimizer: fused AdamW over fp32 masters of bf16 parameters. A step
     copies the parameters' bf16 gradients into the masters' fp32 ones, updates the masters and
-    copies them back into the parameters (three foreach passes and the fused update)."""
+    copies them back into the parameters: the fused update between two foreach copies, about 14
+    bytes a parameter more than one pass (`FlatMasterAdamW`)."""
 
     def __init__(self, weights, masters):
         self.weights, self.masters = weights, masters
@@ -121,6 +124,54 @@ class MasterAdamW:
         self.adamw.step()
         with torch.no_grad():
             torch._foreach_copy_(self.weights, self.masters)
+
+    def zero_grad(self, set_to_none=True):
+        for w in self.weights:
+            w.grad = None
+
+
+def adamw_flat(w, g, m, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay):
+    """AdamW (torch.optim.AdamW's arithmetic) over flat fp32 masters `m` from bf16 gradients `g`,
+    writing the bf16 weights `w`: compiled, one pass reads g, m and the moments and writes m, the
+    moments and w (28 bytes a parameter, as zerobench's update)."""
+    step += 1
+    g = g.float()
+    m.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(g, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    step_size = lr / (1 - beta1 ** step)
+    denom = exp_avg_sq.sqrt() / (1 - beta2 ** step).sqrt() + eps
+    m.sub_(step_size * exp_avg / denom)
+    w.copy_(m)
+
+
+class FlatMasterAdamW:
+    """`--master-weights --fused-update`' optimizer: the parameters become views of one flat bf16
+    buffer, their fp32 masters and moments flat tensors, and a step gathers the gradients into one
+    flat bf16 buffer (a copy: 4 bytes a parameter) and updates all of it in one compiled pass
+    (`adamw_flat`)."""
+
+    def __init__(self, weights, flat_masters):
+        dev = weights[0].device
+        n = flat_masters.numel()
+        self.w = torch.empty(n, dtype=torch.bfloat16, device=dev)
+        self.g = torch.empty(n, dtype=torch.bfloat16, device=dev)
+        self.m = flat_masters
+        self.exp_avg, self.exp_avg_sq = torch.zeros_like(self.m), torch.zeros_like(self.m)
+        self.step_t = torch.zeros((), dtype=torch.float32, device=dev)
+        at = 0
+        for p in weights:
+            view = self.w[at:at + p.numel()].view_as(p)
+            view.copy_(p.detach())
+            p.data = view
+            at += p.numel()
+        self.weights = weights
+        self.update = torch.compile(adamw_flat, fullgraph=True)
+
+    def step(self):
+        torch.cat([p.grad.reshape(-1) for p in self.weights], out=self.g)
+        self.update(self.w, self.g, self.m, self.exp_avg, self.exp_avg_sq, self.step_t,
+                    3e-4, 0.9, 0.95, 1e-8, 0.1)
 
     def zero_grad(self, set_to_none=True):
         for w in self.weights:
@@ -186,6 +237,8 @@ def main():
     ap.add_argument("--no-pad-head", dest="pad_head", action="store_false")
     ap.add_argument("--master-weights", action="store_true",
                     help="bf16 parameters with fp32 master copies, no autocast (eager and compiled modes)")
+    ap.add_argument("--fused-update", action="store_true",
+                    help="with --master-weights: one compiled pass over flat states updates every parameter")
     ap.add_argument("--model", choices=list(PRESETS), default="gpt2")
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=1024)
@@ -200,6 +253,8 @@ def main():
     distributed = a.mode in DISTRIBUTED_MODES
     if a.master_weights and (distributed or a.mode == "eager-update-beside"):
         sys.exit(f"--master-weights is for eager and the compiled modes, not {a.mode}")
+    if a.fused_update and not a.master_weights:
+        sys.exit("--fused-update goes with --master-weights")
     # The compiled modes that replay CUDA graphs (max-autotune does too).
     graphs = a.mode in ("compile-reduce-overhead", "compile-max-autotune")
     if distributed:
@@ -279,12 +334,17 @@ def main():
     elif a.master_weights:
         # The masters start from the fp32 initialisation, then the model computes in bf16.
         weights = list(model.parameters())
-        masters = [p.detach().clone() for p in weights]
-        for m in masters:
-            m.grad = torch.empty_like(m)
-        model.to(torch.bfloat16)
         autocast = False
-        opt = MasterAdamW(weights, masters)
+        if a.fused_update:
+            flat_masters = torch.cat([p.detach().reshape(-1) for p in weights])
+            model.to(torch.bfloat16)
+            opt = FlatMasterAdamW(weights, flat_masters)
+        else:
+            masters = [p.detach().clone() for p in weights]
+            for m in masters:
+                m.grad = torch.empty_like(m)
+            model.to(torch.bfloat16)
+            opt = MasterAdamW(weights, masters)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     if a.mode == "compile":
@@ -353,12 +413,12 @@ def main():
         prof.export_chrome_trace(a.torch_profile)
     if rank == 0:
         print(json.dumps({
-            "impl": f"deepspeed-z{a.stage}" if a.mode == "deepspeed" else f"pytorch-{a.mode}" + ("-master" if a.master_weights else ""), "model": a.model, "micro_batch": a.micro_batch, "seq_len": a.seq_len,
+            "impl": f"deepspeed-z{a.stage}" if a.mode == "deepspeed" else f"pytorch-{a.mode}" + ("-master" if a.master_weights else "") + ("-fused" if a.fused_update else ""), "model": a.model, "micro_batch": a.micro_batch, "seq_len": a.seq_len,
             "gpus": world, "params": params, "vocab": VOCAB, "head_rows": head_rows, "steps": len(times), "step_ms_median": med * 1e3,
             "tokens_per_s_per_gpu": tokens / med, "final_loss": float(loss), "measured_unix": measured_unix,
-            "step_ms": [round(t * 1e3, 4) for t in times], "parameters": "bf16, fp32 masters" if a.master_weights
-            else "fp32 under bf16 autocast" if autocast else "fp32, bf16 compute (FSDP2's policy)" if a.mode == "fsdp2"
-            else "DeepSpeed's bf16",
+            "step_ms": [round(t * 1e3, 4) for t in times], "parameters": "DeepSpeed's bf16" if a.mode in ("deepspeed", "deepspeed-offload")
+            else "bf16, fp32 masters, one fused update" if a.fused_update else "bf16, fp32 masters" if a.master_weights
+            else "fp32, bf16 compute (FSDP2's policy)" if a.mode == "fsdp2" else "fp32 under bf16 autocast",
             "peak_allocated_bytes": peaks[0],
             "peak_reserved_bytes": peaks[1],
             "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())),

@@ -14,7 +14,8 @@
 #                and the references (PyTorch eager and torch.compile, DeepSpeed at stages 0-3; head
 #                padded as zerobench pads it) on the same shapes, in one call (STEP_MODELS and
 #                STEP_REFS pick, STEP_REFS=compile-reduce-overhead adds torch.compile's CUDA graphs,
-#                MODE+master a mode with bf16 parameters and fp32 masters as zerobench keeps them;
+#                MODE+master a mode with bf16 parameters and fp32 masters as zerobench keeps them,
+#                MODE+fused the same with one compiled update pass; STEP_EAGER=0 skips eager runs;
 #                STEP_GRAPH=1 adds zerobench's --cuda-graph at every stage; bench/gpu/report_step.py
 #                reads it)
 #   cuda-graph   one GPU, --cuda-graph against eager: t5-large micro-batch 1 (sequence 512) and gpt2
@@ -937,9 +938,12 @@ PY
       # torch.compile, DeepSpeed at stages 0-3), so that one model's rows fit one call.
       for m in ${STEP_MODELS:-gpt2 gpt2-xl}; do
         case $m in gpt2) mb=16 ;; gpt2-xl) mb=4 ;; *) log "step-time: no micro-batch for $m"; continue ;; esac
-        for s in 0 1 2 3; do
-          worker "${m}_z${s}_mb${mb}_1gpu" 1 --model "$m" --stage "$s" --micro-batch "$mb" --seq-len 1024 --steps 20 --warmup 4
-        done
+        # STEP_EAGER=0 leaves out the eager runs (with STEP_GRAPH=1, to fit a call).
+        if [ "${STEP_EAGER:-1}" = 1 ]; then
+          for s in 0 1 2 3; do
+            worker "${m}_z${s}_mb${mb}_1gpu" 1 --model "$m" --stage "$s" --micro-batch "$mb" --seq-len 1024 --steps 20 --warmup 4
+          done
+        fi
         # STEP_GRAPH=1: every stage again with --cuda-graph (on one GPU stage 3 gathers nothing).
         if [ "${STEP_GRAPH:-0}" = 1 ]; then
           for s in 0 1 2 3; do
@@ -954,9 +958,12 @@ PY
                 reference "ref_${m}_deepspeed-z${s}_1gpu" 1 --mode deepspeed --stage "$s" --model "$m" --micro-batch "$mb" \
                   --steps 20 --warmup 4
               done ;;
-            # MODE+master: the mode with bf16 parameters and fp32 masters, as zerobench keeps them.
+            # MODE+master: the mode with bf16 parameters and fp32 masters, as zerobench keeps them;
+            # MODE+fused: the same with their update in one compiled pass, as zerobench's.
             *+master) reference "ref_${m}_${ref%+master}-master_1gpu" 1 --mode "${ref%+master}" --master-weights \
               --model "$m" --micro-batch "$mb" --steps 20 --warmup 4 ;;
+            *+fused) reference "ref_${m}_${ref%+fused}-master-fused_1gpu" 1 --mode "${ref%+fused}" --master-weights \
+              --fused-update --model "$m" --micro-batch "$mb" --steps 20 --warmup 4 ;;
             *) reference "ref_${m}_${ref}_1gpu" 1 --mode "$ref" --model "$m" --micro-batch "$mb" --steps 20 --warmup 4 ;;
           esac
         done
