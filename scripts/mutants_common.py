@@ -9,14 +9,26 @@ import socket
 ACCEPTED = "bench/mutants-accepted.txt"
 
 
+class Accepted(dict):
+    """Accepted survivors, by their names without the line (`placeless`): a survivor is accepted
+    wherever lines added above it have moved it."""
+
+    def reason(self, name):
+        """Why the survivor `name` is accepted, or None."""
+        return self.get(placeless(name))
+
+    def __contains__(self, name):
+        return dict.__contains__(self, placeless(name))
+
+
 def accepted():
-    """Accepted survivors: mutant name -> the reason given for it."""
-    out = {}
+    """Accepted survivors: mutant name (placeless) -> the reason given for it."""
+    out = Accepted()
     for line in open(ACCEPTED):
         line = line.strip()
         if line and not line.startswith("#"):
             name, _, why = line.partition(" # ")
-            out[name.strip()] = why.strip()
+            out[placeless(name.strip())] = why.strip()
     return out
 
 
@@ -67,7 +79,7 @@ def result(outcomes_path, package, shard, benchmark="scripts/mutants.sh", keys=N
         ran.append(name)
         counts[s] = counts.get(s, 0) + 1
         if s == "MissedMutant":
-            missed.append({"mutant": name, "accepted": acc.get(name)})
+            missed.append({"mutant": name, "accepted": acc.reason(name)})
     caught = counts.get("CaughtMutant", 0)
     viable = caught + counts.get("MissedMutant", 0) + counts.get("Timeout", 0)
     unaccepted = sum(1 for m in missed if m["accepted"] is None)

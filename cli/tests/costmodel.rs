@@ -370,7 +370,7 @@ fn a_model_file_with_impossible_values_is_refused_naming_the_field() {
         ("/fits/0/step/micro.unhidden_share", 5.0.into(), "a share is at most 1"),
         ("/fits/0/peak_tflops", 0.0.into(), "fits[0].peak_tflops is 0"),
         ("/fits/0/step_interval", serde_json::json!([0.2, -0.1]), "fits[0].step_interval[0] is 0.2"),
-        // A relative error of -1 would price a run at no time at all.
+        // A relative error of -1 would put a run's memory at nothing at all.
         ("/fits/0/memory_interval", serde_json::json!([-1.0, 0.1]), "fits[0].memory_interval[0] is -1"),
     ];
     let file = tmp.path().join("edited.json");
