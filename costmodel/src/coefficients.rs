@@ -523,3 +523,46 @@ pub(crate) fn predict_with(c: &Coefficients, q: &Query) -> (f64, Bound, f64) {
     let s = step_parts(&c.step, c.device_donor.as_ref(), &w, &mut flags);
     (s.step_ms, s.bound, peak_allocated(&c.memory, &w, &mut flags))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerobench_schema::config::{RunConfig, ZeroStage};
+    use zerobench_schema::models::ModelPreset;
+
+    fn run(model: ModelPreset, mb: u32, step_ms: f64) -> Observation {
+        let mut c = RunConfig::new(model, ZeroStage::Z0);
+        (c.micro_batch, c.seq_len) = (mb, 1024);
+        Observation {
+            run_id: format!("{model}-mb{mb}-{step_ms}"),
+            gpu: "GPU".into(),
+            query: Query::new(c, 1, 1),
+            step_ms,
+            peak_allocated_bytes: 1 << 30,
+            peak_reserved_bytes: None,
+            device_memory_bytes: None,
+            peak_tflops: None,
+            optimizer_ms: None,
+            gpu_util_pct: None,
+            build: None,
+        }
+    }
+
+    /// A run starts launch-bound when its time per micro-step is within 10% of the fastest run of
+    /// its model, stage, offload and GPU count, and that group holds runs of different sizes.
+    #[test]
+    fn runs_start_launch_bound_within_a_tenth_of_their_groups_fastest() {
+        let runs = [
+            run(ModelPreset::Gpt2, 1, 10.0),
+            run(ModelPreset::Gpt2, 2, 10.9),
+            run(ModelPreset::Gpt2, 4, 11.5),
+            run(ModelPreset::Gpt2, 16, 40.0),
+            // One size only: nothing tells the host's time from the device's.
+            run(ModelPreset::Gpt2Medium, 4, 30.0),
+            run(ModelPreset::Gpt2Medium, 4, 30.5),
+        ];
+        let refs: Vec<&Observation> = runs.iter().collect();
+        let works: Vec<Work> = runs.iter().map(|o| Work::of(&o.query, None)).collect();
+        assert_eq!(initial_bounds(&refs, &works), [true, true, false, false, false, false]);
+    }
+}

@@ -759,10 +759,12 @@ mod tests {
         // device-bound ones exact.
         let mut runs = sweep();
         for o in &mut runs {
+            let u = (zerobench_schema::fnv::fnv1a(o.run_id.as_bytes()) % 1001) as f64 / 1000.0;
             if step_parts(&truth(), None, &Work::of(&o.query, None), &mut Vec::new()).bound == crate::Bound::Launch {
-                let u = (zerobench_schema::fnv::fnv1a(o.run_id.as_bytes()) % 1001) as f64 / 1000.0;
                 o.step_ms *= 0.85 + 0.3 * u;
             }
+            // Memory 4% off either way, so that its interval is not [0, 0].
+            o.peak_allocated_bytes = (o.peak_allocated_bytes as f64 * (0.96 + 0.08 * u)) as u64;
         }
         let f = &fit(&runs).unwrap().model.fits[0];
         let by = f.step_interval_by_bound.as_ref().unwrap();
@@ -782,13 +784,18 @@ mod tests {
         let p = old.predict(&runs[0].query);
         assert_eq!(p.step_ms_interval_of, crate::IntervalOf::All);
         assert!((p.step_ms_interval[0] / p.step_ms - 1.0 - f.step_interval[0]).abs() < 1e-9, "{p:?}");
-        // Every prediction's throughput is its tokens over its step, and its memory interval the
-        // memory's relative errors around its peak.
+        // Every prediction's throughput is its tokens over its step, its MFU their FLOPs over the
+        // step and the peak rate, and its memory interval the memory's relative errors around its
+        // peak.
         let [mlo, mhi] = f.memory_interval;
+        assert!(mlo < -0.01 && mhi > 0.01, "{:?}", f.memory_interval);
         for o in runs.iter().filter(|o| o.query.config.model.spec().family() == "gpt2") {
             let (p, c) = (f.predict(&o.query), &o.query.config);
             let tokens = f64::from(c.micro_batch * c.seq_len * c.grad_accum);
             assert!((p.tokens_per_s_per_gpu * p.step_ms / 1e3 / tokens - 1.0).abs() < 1e-9, "{}: {p:?}", o.run_id);
+            let flop_rate = c.train_flops_per_token() * tokens / (p.step_ms / 1e3);
+            let mfu = p.mfu.expect("the sweep records the peak rate");
+            assert!((mfu * 989.0e12 / flop_rate - 1.0).abs() < 1e-9, "{}: {p:?}", o.run_id);
             let alloc = p.peak_allocated_bytes as f64;
             for (bound, e) in p.peak_allocated_interval.iter().zip([mlo, mhi]) {
                 assert!((*bound as f64 / alloc - 1.0 - e).abs() < 1e-6, "{}: {p:?}", o.run_id);
@@ -808,6 +815,26 @@ mod tests {
         assert!(a > 1.0, "{a}");
         let ratio = crate::work::INTRA_NODE_BUS_GBPS / crate::work::INTER_NODE_BUS_GBPS;
         assert!((b / a / ratio - 1.0).abs() < 1e-9, "{b} / {a}");
+        // Fitted on one node, a second is flagged, and one is not.
+        let says = "communication: 2 nodes, fitted up to 1";
+        assert!(f.predict(&across).extrapolated.iter().any(|e| e.starts_with(says)), "{:?}", f.predict(&across));
+        assert!(!f.predict(&within).extrapolated.iter().any(|e| e.contains("nodes")));
+    }
+
+    /// A preset of more (or fewer) parameters than its family's fitted presets is flagged; one
+    /// between them is not.
+    #[test]
+    fn a_preset_outside_its_familys_fitted_sizes_is_flagged() {
+        let f = &fit(&sweep()).unwrap().model.fits[0];
+        let compute_flags = |m: ModelPreset| {
+            let q = observe(m, ZeroStage::Z0, 4, 512, 1, Offload::None).query;
+            let flags = f.predict(&q).extrapolated;
+            flags.into_iter().filter(|e| e.starts_with("compute: ") && e.contains("B parameters, fitted")).count()
+        };
+        // t5-small and t5-large were fitted: t5-base lies between them, t5-3b above, tiny-t5 below.
+        assert_eq!(compute_flags(ModelPreset::T5Base), 0);
+        assert_eq!(compute_flags(ModelPreset::T5_3b), 1);
+        assert_eq!(compute_flags(ModelPreset::TinyT5), 1);
     }
 
     #[test]
