@@ -312,6 +312,27 @@ mod tests {
         }
     }
 
+    /// The activation elements and the logits, as their fields define them: tokens × layers ×
+    /// d_model and tokens × vocabulary; T5's activations the input and target tokens over each
+    /// stack's layers, its logits the target tokens'.
+    #[test]
+    fn activations_and_logits_count_as_documented() {
+        let of = |model: ModelPreset| {
+            let mut c = RunConfig::new(model, ZeroStage::Z0);
+            (c.micro_batch, c.seq_len) = (4, 512);
+            let target = f64::from(c.target_len_or_default());
+            (Work::of(&Query::new(c, 1, 1), None), model.spec(), target)
+        };
+        let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-12;
+        let (w, spec, _) = of(ModelPreset::Gpt2);
+        let (tokens, layers, d, vocab) = (2048.0, spec.layers() as f64, spec.d_model() as f64, spec.vocab() as f64);
+        assert!(close(w.gact, tokens * layers * d / 1e9) && close(w.gvocab, tokens * vocab / 1e9), "{w:?}");
+        let (w, spec, target) = of(ModelPreset::T5Small);
+        let (layers, d, vocab) = (spec.layers() as f64, spec.d_model() as f64, spec.vocab() as f64);
+        assert!(close(w.gact, 4.0 * (512.0 + target) * layers / 2.0 * d / 1e9), "{w:?}");
+        assert!(close(w.gvocab, 4.0 * target * vocab / 1e9), "{w:?}");
+    }
+
     #[test]
     fn flops_and_states_follow_the_schema() {
         let w = Work::of(&q(ZeroStage::Z0, 1), None);
