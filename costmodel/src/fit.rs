@@ -821,6 +821,26 @@ mod tests {
         assert!(!f.predict(&within).extrapolated.iter().any(|e| e.contains("nodes")));
     }
 
+    /// More tokens per micro-step than any fitted run of the family held is flagged; a model
+    /// fitted on no offload ratio below 1 flags one, and not a whole host's.
+    #[test]
+    fn tokens_past_the_fitted_and_an_unfitted_ratio_are_flagged() {
+        let f = &fit(&sweep()).unwrap().model.fits[0];
+        let tokens_flags = |mb: u32| {
+            let q = observe(ModelPreset::Gpt2, ZeroStage::Z0, mb, 1024, 1, Offload::None).query;
+            f.predict(&q).extrapolated.into_iter().filter(|e| e.contains("tokens per micro-step")).count()
+        };
+        // Fitted at 256-16384 tokens (micro-batches 1-16, sequences 256 and 1024).
+        assert_eq!((tokens_flags(4), tokens_flags(64)), (0, 1));
+        let whole: Vec<Observation> = sweep().into_iter().filter(|o| o.query.config.offload_ratio.is_none()).collect();
+        let f = &fit(&whole).unwrap().model.fits[0];
+        let ratio_flags = |ratio: f64| {
+            let flags = f.predict(&observe_ratio(ratio, false).query).extrapolated;
+            flags.into_iter().filter(|e| e.starts_with("offload: a ratio below 1 not fitted")).count()
+        };
+        assert_eq!((ratio_flags(0.5), ratio_flags(1.0)), (1, 0));
+    }
+
     /// A preset of more (or fewer) parameters than its family's fitted presets is flagged; one
     /// between them is not.
     #[test]
