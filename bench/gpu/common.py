@@ -212,8 +212,11 @@ def runs_of_a_setting(medians, runs):
 
 
 def host_date(host):
-    """The date line of an archive's host.txt."""
-    return re.search(r"date: (\S+)", host).group(1)
+    """The date of an archive's host.txt: its `date:` line, or a first line that is a bare ISO
+    time (as some hand-made calls wrote it); None where it has neither."""
+    if m := re.search(r"^date: (\S+)", host, re.M) or re.match(r"\s*(\d{4}-\d\d-\d\dT\S+)", host):
+        return m.group(1)
+    return None
 
 
 def gib(b):

@@ -15,7 +15,6 @@ refused; the output keeps both. A run in one archive and not the other is listed
 import argparse
 import datetime
 import json
-import re
 import sys
 
 from common import build_summary, host_date, read_archive
@@ -44,11 +43,11 @@ def not_one_call(new_path, new_host, base_path, base_host):
     gpus = lambda host: [line for line in host.splitlines() if line.startswith("NVIDIA")]
     if gpus(new_host) != gpus(base_host):
         return f"{new_path} ran on {gpus(new_host)}, {base_path} on {gpus(base_host)}"
-    dated = [re.search(r"^date: (\S+)", host, re.M) for host in (new_host, base_host)]
+    dated = [host_date(host) for host in (new_host, base_host)]
     for path, d in zip((new_path, base_path), dated):
         if d is None:
-            return f"{path} has no date line in its host.txt"
-    when = lambda d: datetime.datetime.fromisoformat(d.group(1).replace("Z", "+00:00"))
+            return f"{path} has no date in its host.txt"
+    when = lambda d: datetime.datetime.fromisoformat(d.replace("Z", "+00:00"))
     apart = abs((when(dated[0]) - when(dated[1])).total_seconds())
     if apart > ONE_CALL_SECONDS:
         return f"{new_path} and {base_path} were measured {apart / 3600:.1f} hours apart"

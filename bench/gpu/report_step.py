@@ -152,8 +152,12 @@ def one_call(path, logged_step=False):
     host, logs, files = read_archive(path)
     named = [(n, r) for n, r in sorted(logs.items()) if re.match(r"gpt2(-xl)?_z\d_mb\d+_\d+gpu(_graph)?$", n)]
     # A run that measured no step (it failed or was cut short) is named, not read.
-    measured = lambda r: any(x.get("event") == "step" and not x.get("warmup") for x in r) and \
-        any(x.get("event") == "setup" for x in r)
+    def measured(recs):
+        try:
+            return bool(run_parts(recs)[2])
+        except StopIteration:  # no start or setup record
+            return False
+
     rows = [zerobench_row(n, r, logged_step) for n, r in named if measured(r)]
     failed_runs = [n for n, r in named if not measured(r)]
     refs = []

@@ -533,19 +533,7 @@ mod tests {
     fn run(model: ModelPreset, mb: u32, step_ms: f64) -> Observation {
         let mut c = RunConfig::new(model, ZeroStage::Z0);
         (c.micro_batch, c.seq_len) = (mb, 1024);
-        Observation {
-            run_id: format!("{model}-mb{mb}-{step_ms}"),
-            gpu: "GPU".into(),
-            query: Query::new(c, 1, 1),
-            step_ms,
-            peak_allocated_bytes: 1 << 30,
-            peak_reserved_bytes: None,
-            device_memory_bytes: None,
-            peak_tflops: None,
-            optimizer_ms: None,
-            gpu_util_pct: None,
-            build: None,
-        }
+        Observation::measured(format!("{model}-mb{mb}-{step_ms}"), Query::new(c, 1, 1), step_ms)
     }
 
     /// A run starts launch-bound when its time per micro-step is within 10% of the fastest run of

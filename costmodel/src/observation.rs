@@ -67,3 +67,24 @@ impl Observation {
         )
     }
 }
+
+#[cfg(test)]
+impl Observation {
+    /// A run `run_id` of `query` on a GPU named "GPU", measured at `step_ms` with a 1 GiB peak
+    /// and nothing else logged: the tests' run.
+    pub(crate) fn measured(run_id: String, query: Query, step_ms: f64) -> Observation {
+        Observation {
+            run_id,
+            gpu: "GPU".into(),
+            query,
+            step_ms,
+            peak_allocated_bytes: 1 << 30,
+            peak_reserved_bytes: None,
+            device_memory_bytes: None,
+            peak_tflops: None,
+            optimizer_ms: None,
+            gpu_util_pct: None,
+            build: None,
+        }
+    }
+}

@@ -477,19 +477,9 @@ mod tests {
 
     /// A run of gpt2 at `stage` by worker `build`, measured at `step` ms.
     fn run_of(stage: ZeroStage, build: Option<&str>, step: f64) -> Observation {
-        Observation {
-            run_id: format!("z{}-{build:?}-{step}", stage.index()),
-            gpu: "GPU".into(),
-            query: crate::work::Query::new(RunConfig::new(ModelPreset::Gpt2, stage), 1, 1),
-            step_ms: step,
-            peak_allocated_bytes: 1 << 30,
-            peak_reserved_bytes: None,
-            device_memory_bytes: None,
-            peak_tflops: None,
-            optimizer_ms: None,
-            gpu_util_pct: None,
-            build: build.map(String::from),
-        }
+        let query = crate::work::Query::new(RunConfig::new(ModelPreset::Gpt2, stage), 1, 1);
+        let run = Observation::measured(format!("z{}-{build:?}-{step}", stage.index()), query, step);
+        Observation { build: build.map(String::from), ..run }
     }
 
     /// Runs of one configuration by two builds, and by a build the logs do not name, are three

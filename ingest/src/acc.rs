@@ -9,7 +9,7 @@
 //! whatever order files and byte ranges are read in, and however the files are cut.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use zerobench_schema::collective::CommKey;
 use zerobench_schema::log::{ErrorClass, RunStatus};
@@ -410,66 +410,58 @@ fn keep_latest(slot: &mut Option<StepLoss>, at: StepLoss) {
 }
 
 /// The steps one rank logged, so that a step logged twice by a rank (a log appended to itself)
-/// counts that rank once in the step's slot: a bit per step in a vector for the steps a run makes
-/// one after another, a set for a step far beyond them (the rule of [`StepSlots`]).
+/// counts that rank once in the step's slot.
 #[derive(Debug, Clone, Default)]
-pub struct StepSet {
-    dense: Vec<u64>,
-    sparse: BTreeSet<u32>,
-}
+pub struct StepSet(StepMap<bool>);
 
 impl StepSet {
     /// Adds `step`; whether it was not there before.
     pub fn insert(&mut self, step: u32) -> bool {
-        let (word, bit) = (step as usize / 64, 1u64 << (step % 64));
-        if word >= self.dense.len() {
-            if word > 2 * self.dense.len() + DENSE_REACH / 64 {
-                return self.sparse.insert(step);
-            }
-            self.dense.resize(word + 1, 0);
-        }
-        // A step first met beyond the vector's reach is in the set.
-        if self.sparse.remove(&step) {
-            self.dense[word] |= bit;
-            return false;
-        }
-        let new = self.dense[word] & bit == 0;
-        self.dense[word] |= bit;
-        new
+        !std::mem::replace(self.0.entry(step), true)
     }
 }
 
-/// Per-step slots of one run: a vector indexed by step for the steps a run makes one after
-/// another, and a map for a step far beyond them. A step number is the log's to choose: a hostile
-/// one (4,194,303 where the run made ten) would otherwise make every run's vector millions of
-/// slots long, and the readers hold a run each at once (4 GB at 16 threads).
+/// Values by step: a vector indexed by step for the steps a run makes one after another, and a
+/// map for a step far beyond them. A step number is the log's to choose: a hostile one (4,194,303
+/// where the run made ten) would otherwise make every run's vector millions of slots long, and
+/// the readers hold a run each at once (4 GB at 16 threads).
 #[derive(Debug, Clone, Default)]
-pub struct StepSlots {
-    dense: Vec<StepSlot>,
+struct StepMap<T> {
+    dense: Vec<T>,
     /// Steps beyond the vector's reach when they came; moved into it when it grows over them.
-    sparse: BTreeMap<u32, StepSlot>,
+    sparse: BTreeMap<u32, T>,
 }
 
 /// How far beyond the vector's length a step may lie and still grow it (to twice its length and
 /// this many more): a run's steps come in order, a little out of it where ranges meet.
 const DENSE_REACH: usize = 4096;
 
-impl StepSlots {
-    pub fn merge_at(&mut self, step: u32, slot: &StepSlot) {
+impl<T: Default + Clone> StepMap<T> {
+    /// The value of `step`, a default one where the step had none.
+    fn entry(&mut self, step: u32) -> &mut T {
         let i = step as usize;
         if i >= self.dense.len() {
             if i > 2 * self.dense.len() + DENSE_REACH {
-                self.sparse.entry(step).or_default().merge(slot);
-                return;
+                return self.sparse.entry(step).or_default();
             }
-            self.dense.resize(i + 1, StepSlot::default());
-            // The map's steps the vector now reaches move into it.
+            self.dense.resize(i + 1, T::default());
+            // The map's steps the vector now reaches move into it (their slots there are new).
             let beyond = self.sparse.split_off(&u32::try_from(self.dense.len()).unwrap_or(u32::MAX));
             for (s, moved) in std::mem::replace(&mut self.sparse, beyond) {
-                self.dense[s as usize].merge(&moved);
+                self.dense[s as usize] = moved;
             }
         }
-        self.dense[i].merge(slot);
+        &mut self.dense[i]
+    }
+}
+
+/// Per-step slots of one run ([`StepMap`]): what the ranks reported of each step.
+#[derive(Debug, Clone, Default)]
+pub struct StepSlots(StepMap<StepSlot>);
+
+impl StepSlots {
+    pub fn merge_at(&mut self, step: u32, slot: &StepSlot) {
+        self.0.entry(step).merge(slot);
     }
 
     /// The steps some rank reported, in order of step.
@@ -480,10 +472,11 @@ impl StepSlots {
     /// The steps some rank reported of `steps`, in order.
     pub fn range(&self, steps: std::ops::RangeInclusive<u32>) -> impl Iterator<Item = (u32, &StepSlot)> {
         let (lo, hi) = (*steps.start() as usize, *steps.end() as usize);
-        let end = hi.saturating_add(1).min(self.dense.len());
-        let dense = self.dense.get(lo.min(end)..end).unwrap_or_default();
+        let StepMap { dense, sparse } = &self.0;
+        let end = hi.saturating_add(1).min(dense.len());
+        let dense = dense.get(lo.min(end)..end).unwrap_or_default();
         let dense = dense.iter().enumerate().map(move |(k, s)| ((lo + k) as u32, s));
-        dense.chain(self.sparse.range(steps).map(|(i, s)| (*i, s))).filter(|(_, s)| s.ranks > 0)
+        dense.chain(sparse.range(steps).map(|(i, s)| (*i, s))).filter(|(_, s)| s.ranks > 0)
     }
 }
 
@@ -505,7 +498,7 @@ mod tests {
         let mut set = StepSet::default();
         assert!(set.insert(3) && !set.insert(3));
         assert!(set.insert(4_000_000) && !set.insert(4_000_000));
-        assert!(set.dense.len() < 1000, "{}", set.dense.len());
+        assert!(set.0.dense.len() < 1000, "{}", set.0.dense.len());
         for step in (0..20_000).step_by(7) {
             assert!(set.insert(step) || step == 3, "{step}");
         }
@@ -656,17 +649,17 @@ mod tests {
         for step in [0, 1, 4_194_303, 2] {
             a.merge_at(step, &one);
         }
-        assert!(a.dense.len() < 10 && a.sparse.len() == 1);
+        assert!(a.0.dense.len() < 10 && a.0.sparse.len() == 1);
         assert_eq!(a.iter().map(|(i, _)| i).collect::<Vec<_>>(), [0, 1, 2, 4_194_303]);
         assert_eq!(a.range(1..=3).map(|(i, _)| i).collect::<Vec<_>>(), [1, 2]);
         let mut b = StepSlots::default();
         b.merge_at(5000, &one);
         b.merge_at(100, &one);
-        assert_eq!((b.dense.len(), b.sparse.len()), (101, 1));
+        assert_eq!((b.0.dense.len(), b.0.sparse.len()), (101, 1));
         b.merge_at(4200, &one);
-        assert_eq!((b.dense.len(), b.sparse.len()), (4201, 1));
+        assert_eq!((b.0.dense.len(), b.0.sparse.len()), (4201, 1));
         b.merge_at(5001, &one);
-        assert_eq!((b.dense.len(), b.sparse.len()), (5002, 0));
+        assert_eq!((b.0.dense.len(), b.0.sparse.len()), (5002, 0));
         assert_eq!(
             b.iter().map(|(i, s)| (i, s.ranks)).collect::<Vec<_>>(),
             [(100, 1), (4200, 1), (5000, 1), (5001, 1)]

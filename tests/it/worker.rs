@@ -695,6 +695,10 @@ fn torch_profile_traces_the_profiled_step() {
     assert!(!dir.join("torch-profile-rank0.json").exists());
 }
 
+/// The smallest model on the CPU, short sequences: a rank whose steps take milliseconds, for the
+/// tests of what happens around its log.
+const TINY_CPU: [&str; 8] = ["--model", "tiny", "--stage", "0", "--device", "cpu", "--seq-len", "16"];
+
 /// Standard error that cannot be written (a Slurm output file on a full disk) loses the worker's
 /// messages, not its exit code (it aborted, 134, after an `end` saying 0); a log past a file-size
 /// limit (`ulimit -f`) ends the rank with exit 5 naming the log (it was killed by SIGXFSZ, 153,
@@ -703,10 +707,9 @@ fn torch_profile_traces_the_profiled_step() {
 fn a_full_stderr_or_a_file_size_limit_ends_the_rank_as_its_log_says() {
     let tmp = tempfile::tempdir().unwrap();
     let logs = tmp.path().join("full-stderr");
-    let args = ["--model", "tiny", "--stage", "0", "--device", "cpu", "--seq-len", "16"];
     let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
     let status = Command::new(worker())
-        .args(args)
+        .args(TINY_CPU)
         .args(["--steps", "3", "--log-dir", logs.to_str().unwrap()])
         .stderr(full)
         .status()
@@ -720,7 +723,7 @@ fn a_full_stderr_or_a_file_size_limit_ends_the_rank_as_its_log_says() {
         .arg("-c")
         .arg("ulimit -f 3 && exec \"$0\" \"$@\"")
         .arg(worker())
-        .args(args)
+        .args(TINY_CPU)
         .args(["--steps", "200", "--rendezvous", "env", "--log-dir", logs.to_str().unwrap()])
         .env("RANK", "0")
         .env("WORLD_SIZE", "1")
@@ -744,8 +747,8 @@ fn a_log_removed_during_the_run_is_a_failure() {
     let tmp = tempfile::tempdir().unwrap();
     let logs = tmp.path().join("gone");
     let child = Command::new(worker())
-        .args(["--model", "tiny", "--stage", "0", "--device", "cpu", "--seq-len", "16", "--steps", "3000"])
-        .args(["--log-dir", logs.to_str().unwrap()])
+        .args(TINY_CPU)
+        .args(["--steps", "3000", "--log-dir", logs.to_str().unwrap()])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -773,8 +776,8 @@ fn a_rank_signalled_as_its_log_opens_still_logs_its_start() {
         let logs = tmp.path().join(format!("try{i}"));
         let log = logs.join("rank0.jsonl");
         let mut child = Command::new(worker())
-            .args(["--model", "tiny", "--stage", "0", "--device", "cpu", "--seq-len", "16", "--steps", "100000"])
-            .args(["--log-dir", logs.to_str().unwrap()])
+            .args(TINY_CPU)
+            .args(["--steps", "100000", "--log-dir", logs.to_str().unwrap()])
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
@@ -804,7 +807,7 @@ fn a_trace_is_never_written_through_a_link_nor_over_an_earlier_one() {
     let tmp = tempfile::tempdir().unwrap();
     let trace = |dir: &Path, extra: &[&str]| {
         let mut c = Command::new(worker());
-        c.args(["--model", "tiny", "--stage", "0", "--device", "cpu", "--seq-len", "16", "--steps", "3", "--trace"]);
+        c.args(TINY_CPU).args(["--steps", "3", "--trace"]);
         run(c.args(extra).arg("--log-dir").arg(dir))
     };
     let victim = tmp.path().join("victim");
@@ -838,9 +841,14 @@ fn a_trace_is_never_written_through_a_link_nor_over_an_earlier_one() {
 fn counts_past_what_a_run_can_hold_are_results_at_once() {
     let tmp = tempfile::tempdir().unwrap();
     let logs = tmp.path().join("accum");
-    let out = run(Command::new(worker())
-        .args(["--model", "tiny", "--stage", "0", "--device", "cpu", "--seq-len", "16", "--steps", "3"])
-        .args(["--grad-accum", "4294967295", "--log-dir", logs.to_str().unwrap()]));
+    let out = run(Command::new(worker()).args(TINY_CPU).args([
+        "--steps",
+        "3",
+        "--grad-accum",
+        "4294967295",
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("micro-batches"), "{err}");
@@ -869,7 +877,8 @@ fn a_full_disk_leaves_room_for_the_last_records() {
         .arg("sh")
         .arg(&mnt)
         .arg(worker())
-        .args(["--model", "tiny", "--stage", "0", "--device", "cpu", "--seq-len", "16", "--steps", "400"])
+        .args(TINY_CPU)
+        .args(["--steps", "400"])
         .arg("--log-dir")
         .arg(mnt.join("logs"))
         .output()
