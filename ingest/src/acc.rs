@@ -455,7 +455,7 @@ impl<T: Default + Clone> StepMap<T> {
     }
 }
 
-/// Per-step slots of one run ([`StepMap`]): what the ranks reported of each step.
+/// Per-step slots of one run, in a `StepMap`: what the ranks reported of each step.
 #[derive(Debug, Clone, Default)]
 pub struct StepSlots(StepMap<StepSlot>);
 
