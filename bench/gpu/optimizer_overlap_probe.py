@@ -76,6 +76,8 @@ class Shard:
         self.out = torch.empty(n, device="cuda", dtype=torch.bfloat16)
 
     def update(self, persistent, sms):
+        """`persistent`: a grid-stride loop over the shard in at most 16 blocks a multiprocessor of
+        `sms`; otherwise one short block per 4096 elements."""
         if persistent:
             # The worker's launch: 256 threads (here 1024 elements) a block, at most 16 blocks a
             # multiprocessor, a grid-stride loop.
@@ -142,9 +144,14 @@ def main():
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--warm-s", type=float, default=5.0)
+    ap.add_argument("--carveouts", default="8,16,24,32",
+                    help="multiprocessors the products leave to the update, comma-separated ('' for none)")
+    ap.add_argument("--lt", action="store_true", help="torch's products through cuBLASLt (as the worker's)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+    if a.lt:
+        torch.backends.cuda.preferred_blas_library("cublaslt")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     d = 1600
     per_block = 12 * d * d + 13 * d  # weights and biases of a gpt2-xl block
@@ -157,26 +164,40 @@ def main():
         for i in range(a.layers):
             blocks[i % 2].backward()
 
-    def update(persistent):
+    def update(persistent, grid_sms=sms):
         for s in shards:
-            s.update(persistent, sms)
-        embedding.update(persistent, sms)
+            s.update(persistent, grid_sms)
+        embedding.update(persistent, grid_sms)
 
     def serial():
         backward()
         update(True)
 
-    def overlap(persistent, main_s, side):
+    def overlap(persistent, main_s, side, grid_sms=sms):
         def run():
             for i in range(a.layers):
                 blocks[i % 2].backward()
                 side.wait_stream(main_s)
                 with torch.cuda.stream(side):
-                    shards[i].update(persistent, sms)
+                    shards[i].update(persistent, grid_sms)
             side.wait_stream(main_s)
             with torch.cuda.stream(side):
-                embedding.update(persistent, sms)
+                embedding.update(persistent, grid_sms)
             main_s.wait_stream(side)
+
+        return run
+
+    def carved(c, fn):
+        """`fn` with every matrix product asked to leave `c` multiprocessors free (cuBLAS's SM
+        count target, through torch's carveout), so that the update's blocks have them to
+        themselves while a product runs."""
+
+        def run():
+            torch._C._set_sm_carveout_experimental(c)
+            try:
+                fn()
+            finally:
+                torch._C._set_sm_carveout_experimental(None)
 
         return run
 
@@ -219,6 +240,19 @@ def main():
     for kernel, persistent in (("grid_stride", True), ("short_blocks", False)):
         fns[f"overlap/{kernel}/same_priority"] = overlap(persistent, torch.cuda.current_stream(), side)
         fns[f"overlap/{kernel}/backward_high"] = on(high, overlap(persistent, high, side))
+    carveouts = [int(c) for c in a.carveouts.split(",") if c]
+    if carveouts and not hasattr(torch._C, "_set_sm_carveout_experimental"):
+        raise SystemExit("this torch has no SM carveout (torch._C._set_sm_carveout_experimental)")
+    for c in carveouts:
+        # Warm each carveout's products up (the heuristic's choice may differ by target).
+        carved(c, backward)()
+        fns[f"backward/carve{c}"] = carved(c, backward)
+        fns[f"update/grid_stride_on{c}"] = lambda c=c: update(True, grid_sms=c)
+        fns[f"overlap/short_blocks/backward_high/carve{c}"] = on(high, carved(c, overlap(False, high, side)))
+        # The update's loop in as many blocks as the carved-out multiprocessors hold.
+        fns[f"overlap/grid_stride_on_carved/backward_high/carve{c}"] = on(
+            high, carved(c, overlap(True, high, side, grid_sms=c)))
+    torch.cuda.synchronize()
     rows = timed_round_robin(fns, a.reps)
     for k, r in rows.items():
         print(f"{k:40s} {r['median_ms']:8.2f} ms [{r['min_ms']:.2f}, {r['max_ms']:.2f}]", flush=True)
@@ -233,6 +267,7 @@ def main():
     }
     print(json.dumps(summary), flush=True)
     out = {**probe_header("bench/gpu/optimizer_overlap_probe.py"), "layers": a.layers, "warm_s": a.warm_s, "params_per_block": per_block,
+           "sms": sms, "carveouts": carveouts, "blas": "cublaslt" if a.lt else "default",
            "rows": rows, "summary": summary}
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
