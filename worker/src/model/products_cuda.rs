@@ -790,8 +790,10 @@ impl Lt<'_> {
         if plan.chosen.is_none() {
             let runners: Vec<Runner<L>> =
                 (0..plan.candidates.len()).map(Runner::Lt).chain(offered.map(Runner::Libtorch)).collect();
-            if runners.len() == 1 {
-                // Nothing to time: the heuristic's one algorithm.
+            if runners.len() == 1 || self.shape.sm_target > 0 {
+                // Nothing to time: the heuristic's one algorithm, or its first for the SM count
+                // target. Timed alone, the fastest is an algorithm that takes every multiprocessor
+                // whatever the target, which leaves the kernels beside nothing.
                 plan.chosen = Some(Runner::Lt(0));
             } else if !capturing(self.gpu)? {
                 let mut times = Vec::with_capacity(runners.len());
