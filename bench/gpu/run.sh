@@ -78,12 +78,6 @@
 #   step-ab      one GPU (AB_GPUS: more): the step-time targets' configurations (AB_CASES, MODEL:MICRO_BATCH:STAGE:eager|graph)
 #                with this build and the one in BASE_BIN alternating (AB_REPS rounds); AB_PROFILE=1
 #                adds a profiled gpt2 and gpt2-xl step of each; writes step-ab.json (bench/gpu/report_ab.py)
-#   update-sms   one GPU replaying its steps: how many multiprocessors the backward's products
-#                should leave to AdamW's update beside them: each case of US_CASES
-#                (MODEL:MICRO_BATCH:STAGE, default gpt2-xl:4:0 gpt2:16:0) with each --update-sms of
-#                US_VALUES (default "0 8 16"; 0 is the worker without the carve-out) in US_REPS
-#                rounds (default 3, the order turned each round); writes update-sms.json
-#                (bench/gpu/report_update_sms.py)
 #   same-speed   a refactor's check of speed: device-bound runs (gpt2-xl micro-batch 4 at stages 1-3
 #                on 2 GPUs, stage 2 with optimizer offload on 1), the worker in --bin and the one in
 #                BASE_BIN alternating, twice each; writes same-speed.json
@@ -461,19 +455,6 @@ PY
       python3 bench/gpu/report_ab.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" \
         "$(commit_of "$BASE_BIN")" > "$OUTDIR/step-ab.json"
       log "step-ab: $(python3 -c 'import json,sys; print([(c["case"], c["new_over_base"]) for c in json.load(open(sys.argv[1]))["cases"]])' "$OUTDIR/step-ab.json")" ;;
-    update-sms)
-      for rep in $(seq "${US_REPS:-3}"); do
-        for c in ${US_CASES:-gpt2-xl:4:0 gpt2:16:0}; do
-          IFS=: read -r m mb s <<< "$c"
-          # shellcheck disable=SC2086
-          for v in $(turned "$rep" ${US_VALUES:-0 8 16}); do
-            worker "us_${m}-mb${mb}-z${s}_sms${v}_${rep}" 1 --model "$m" --stage "$s" --micro-batch "$mb" \
-              --seq-len 1024 --steps "${US_STEPS:-20}" --warmup 4 --cuda-graph --update-sms "$v"
-          done
-        done
-      done
-      python3 bench/gpu/report_update_sms.py "$RUNS" "$OUTDIR/host.txt" "$(commit_of "$BIN")" > "$OUTDIR/update-sms.json"
-      log "update-sms: $(python3 -c 'import json,sys; print([(c["case"], c["over_none"]) for c in json.load(open(sys.argv[1]))["cases"]])' "$OUTDIR/update-sms.json")" ;;
     same-speed)
       : "${BASE_BIN:?same-speed compares with the worker in BASE_BIN}"
       np=$(( GPUS < 2 ? GPUS : 2 ))

@@ -938,7 +938,6 @@ mod tests {
                 hpz: Some(1),
                 comm_ctas: Some(8),
                 copy_engines: None,
-                update_sms: Some(4),
             },
             ..base.clone()
         };

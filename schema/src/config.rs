@@ -233,12 +233,6 @@ pub struct EngineConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "cli", arg(long))]
     pub copy_engines: Option<CopyEngines>,
-    /// One GPU replaying its steps (`--cuda-graph`), AdamW's update beside the backward: how many
-    /// of the GPU's multiprocessors the backward's matrix products leave to the update while it
-    /// runs (cuBLASLt's SM count target). Absent is the worker's default; 0 leaves none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub update_sms: Option<u32>,
 }
 
 fn default_loss_scale_power() -> u32 {
@@ -254,7 +248,6 @@ impl EngineConfig {
         hpz: None,
         comm_ctas: None,
         copy_engines: None,
-        update_sms: None,
     };
 }
 

@@ -140,7 +140,7 @@ fn pointers(p: &Product, o: &Operands) -> Pointers {
 /// The product's shape as the worker keys its plans; the alignments are those cuBLASLt assumes
 /// when none is given (libtorch's allocations are aligned further).
 fn shape(p: &Product) -> Shape {
-    Shape { epilogue: p.epi, bf16: true, m: p.m, n: p.n, k: p.k, ta: p.ta, tb: p.tb, align: [256; 4], sm_target: 0 }
+    Shape { epilogue: p.epi, bf16: true, m: p.m, n: p.n, k: p.k, ta: p.ta, tb: p.tb, align: [256; 4] }
 }
 
 fn run(lt: &Lt, p: &Product, dd: &Descriptors, algo: &sys::cublasLtMatmulAlgo_t, o: &Operands) {

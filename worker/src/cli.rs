@@ -222,7 +222,6 @@ mod tests {
                 hpz: Some(2),
                 comm_ctas: Some(8),
                 copy_engines: Some(CopyEngines::All),
-                update_sms: Some(4),
             },
             ..base.clone()
         };

@@ -67,8 +67,6 @@ pub enum Refused {
     CopyEnginesWithoutGpu,
     #[error("--cuda-graph replays GPU work, and this run found no GPU")]
     CudaGraphWithoutGpu,
-    #[error("--update-sms {asked} leaves the matrix products none of this GPU's {sms} multiprocessors")]
-    UpdateSms { asked: u32, sms: u32 },
     #[error("--profile-step {step} is past the run's last step, {} (--steps {steps} counts from 0)", steps.saturating_sub(1))]
     ProfileStepPastRun { step: u32, steps: u32 },
     /// Ranks started with other flags than rank 0's (`crate::agree`); `field` is named on the

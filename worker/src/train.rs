@@ -359,21 +359,11 @@ impl Trainer<'_> {
     }
 
     fn backward_segments(&mut self, schedule: &Schedule, activations: Activations) -> Result<(), Failure> {
-        let done = self.backward_segments_leaving(schedule, activations);
-        // The forward's products take every multiprocessor again, whatever ended the backward.
-        crate::model::recompute_cuda::products_leave(0);
-        done
-    }
-
-    /// [`Self::backward_segments`], each segment's products leaving the multiprocessors the engine
-    /// asks of them for the updates beside ([`Engine::products_leave`]).
-    fn backward_segments_leaving(&mut self, schedule: &Schedule, activations: Activations) -> Result<(), Failure> {
         let Activations { mut inputs, mut outputs } = activations;
         let n = outputs.len();
         for s in (0..n).rev() {
             let i = schedule.backward_index(s);
             self.engine.before(i)?;
-            crate::model::recompute_cuda::products_leave(self.engine.products_leave());
             let start = self.mark()?;
             if s == n - 1 {
                 let scaled = outputs[s][0].f_mul_scalar(self.engine.loss_multiplier())?;

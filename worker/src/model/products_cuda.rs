@@ -67,7 +67,6 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::ffi::c_void;
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublaslt::{result, sys};
@@ -103,8 +102,7 @@ pub enum Epilogue {
 
 /// One product in cuBLASLt's column-major terms, `D[m × n] = op(A)·op(B)` then the epilogue, with
 /// `op(A)` `m × k` and `op(B)` `k × n`: what picks a plan. `align` is the alignment in bytes of A,
-/// B, C and D, by which cuBLASLt chooses its kernels; `sm_target` the multiprocessors the product
-/// may occupy (cuBLASLt's SM count target), 0 for all of them.
+/// B, C and D, by which cuBLASLt chooses its kernels.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Shape {
     pub epilogue: Epilogue,
@@ -116,7 +114,6 @@ pub struct Shape {
     pub ta: bool,
     pub tb: bool,
     pub align: [u32; 4],
-    pub sm_target: u32,
 }
 
 /// The device addresses of one product's matrices in cuBLASLt's terms, each holding what its
@@ -267,10 +264,6 @@ impl Descriptors {
             set_desc(made.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
             if shape.epilogue == Epilogue::GeluAux {
                 set_desc(made.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &(m as i64))?;
-            }
-            // An int32; the heuristic then offers (and the kernels launch) for that many.
-            if shape.sm_target > 0 {
-                set_desc(made.desc, D::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &(shape.sm_target as i32))?;
             }
         }
         Ok(made)
@@ -463,10 +456,6 @@ struct State {
 /// GPT-2's 16-bit matrix products on the compute stream of one GPU.
 pub struct LtProducts {
     gpu: Arc<Gpu>,
-    /// The GPU's multiprocessors.
-    sms: u32,
-    /// How many of them the products leave free now ([`Self::leave`]).
-    left: AtomicU32,
     state: Mutex<State>,
 }
 
@@ -603,28 +592,12 @@ impl Side<Matrix, Matrix> {
 }
 
 impl LtProducts {
-    /// A cuBLASLt handle for `gpu` (of `sms` multiprocessors), whose compute stream the products
-    /// run on; `None` where libcublasLt cannot be loaded.
-    pub fn new(gpu: Arc<Gpu>, sms: u32) -> Result<Option<Self>, ProductError> {
+    /// A cuBLASLt handle for `gpu`, whose compute stream the products run on; `None` where
+    /// libcublasLt cannot be loaded.
+    pub fn new(gpu: Arc<Gpu>) -> Result<Option<Self>, ProductError> {
         let Some(handle) = Handle::new()? else { return Ok(None) };
         let state = State { plain: HashMap::new(), fused: HashMap::new(), workspace: None, handle };
-        Ok(Some(Self { gpu, sms, left: AtomicU32::new(0), state: Mutex::new(state) }))
-    }
-
-    /// From now on the products leave `n` of the GPU's multiprocessors free (all of them for 0;
-    /// at least one is kept), for kernels another stream runs beside them. Each count has plans
-    /// of its own, timed at their first product (the fastest algorithm differs by count), and
-    /// libtorch's call is no candidate there (it would take every multiprocessor).
-    pub fn leave(&self, n: u32) {
-        self.left.store(n.min(self.sms.saturating_sub(1)), Ordering::Relaxed);
-    }
-
-    /// The SM count target of a product now: 0 (all) unless some are left free.
-    fn sm_target(&self) -> u32 {
-        match self.left.load(Ordering::Relaxed) {
-            0 => 0,
-            left => self.sms - left,
-        }
+        Ok(Some(Self { gpu, state: Mutex::new(state) }))
     }
 
     /// `h = x·w1ᵀ + b1` and `a = gelu_tanh(h)` in one product: `x` is `[T × d]`, `w1` `[f × d]`,
@@ -699,7 +672,6 @@ impl LtProducts {
             ta: lb == Lies::Transposed,
             tb: la == Lies::Transposed,
             align: [mb.alignment(), ma.alignment(), residual.unwrap_or(mo).alignment(), mo.alignment()],
-            sm_target: self.sm_target(),
         };
         let pointers = Pointers { a: mb.ptr(), b: ma.ptr(), d: mo.ptr(), side: side.pointers() };
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -713,7 +685,7 @@ impl LtProducts {
         };
         let lt = Lt { gpu: &self.gpu, handle: &state.handle, workspace, shape, pointers };
         match torch {
-            Some(torch) => lt.run(&mut state.plain, (shape.sm_target == 0).then_some(()), |()| torch.run()),
+            Some(torch) => lt.run(&mut state.plain, Some(()), |()| torch.run()),
             None => lt.run(&mut state.fused, None, |never: Infallible| match never {}),
         }
     }
@@ -790,10 +762,8 @@ impl Lt<'_> {
         if plan.chosen.is_none() {
             let runners: Vec<Runner<L>> =
                 (0..plan.candidates.len()).map(Runner::Lt).chain(offered.map(Runner::Libtorch)).collect();
-            if runners.len() == 1 || self.shape.sm_target > 0 {
-                // Nothing to time: the heuristic's one algorithm, or its first for the SM count
-                // target. Timed alone, the fastest is an algorithm that takes every multiprocessor
-                // whatever the target, which leaves the kernels beside nothing.
+            if runners.len() == 1 {
+                // Nothing to time: the heuristic's one algorithm.
                 plan.chosen = Some(Runner::Lt(0));
             } else if !capturing(self.gpu)? {
                 let mut times = Vec::with_capacity(runners.len());
@@ -856,17 +826,7 @@ mod tests {
     use super::*;
 
     fn shape() -> Shape {
-        Shape {
-            epilogue: Epilogue::None,
-            bf16: true,
-            m: 8,
-            n: 8,
-            k: 8,
-            ta: false,
-            tb: false,
-            align: [256; 4],
-            sm_target: 0,
-        }
+        Shape { epilogue: Epilogue::None, bf16: true, m: 8, n: 8, k: 8, ta: false, tb: false, align: [256; 4] }
     }
 
     /// Descriptors whose making failed before the first one hold only nulls, and dropping them

@@ -633,7 +633,7 @@ impl NodeKernels {
             _module: module,
             sms,
             ln: Mutex::new(HashMap::new()),
-            products: LtProducts::new(Arc::clone(&gpu), sms)?,
+            products: LtProducts::new(Arc::clone(&gpu))?,
             gpu,
         })
     }
@@ -990,14 +990,6 @@ pub(crate) fn matmul_into(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<bool, 
         return Ok(false);
     }
     Ok(matches!(k.with_products(&PLAIN_PRODUCTS, |e| e.matmul(a, b, None, out))?, Outcome::Done))
-}
-
-/// From now on the nodes' matrix products leave `n` of the GPU's multiprocessors to what runs beside
-/// them (0: none), where the kernels are installed ([`LtProducts::leave`]).
-pub fn products_leave(n: u32) {
-    if let Some(p) = KERNELS.get().and_then(|k| k.products.as_ref()) {
-        p.leave(n);
-    }
 }
 
 /// Whether the products with epilogues are available (libcublasLt loaded).

@@ -26,14 +26,6 @@ use zerobench_schema::memory::GradientPath;
 
 use crate::runtime::cuda::{Event, Gpu};
 
-/// How many multiprocessors the backward's matrix products leave to the updates beside them
-/// (`--update-sms`). The products fill every multiprocessor otherwise, and the update, whose
-/// blocks go last, gets only the tails of their waves. On a stand-in of gpt2-xl's backward on one
-/// H200 (132 multiprocessors; `bench/gpu/optimizer_overlap_probe.py`), leaving 8 hid all but
-/// 0.9 ms of the 11.3 ms update at the cost of 3.9 ms more backward; 16, 24 and 32 hid less
-/// (docs/results/one-gpu.md).
-pub const UPDATE_SMS: u32 = 8;
-
 /// Whether updates run beside the backward, and what they wait for.
 pub(super) enum Beside {
     /// Every update runs on the compute stream after the backward.
@@ -44,10 +36,6 @@ pub(super) enum Beside {
 /// The events a backward's graph records at each unit's harvest.
 pub(super) struct Marks {
     gpu: Arc<Gpu>,
-    /// Multiprocessors the backward's products leave to the updates once the first is due.
-    leave: u32,
-    /// Units harvested in this micro-step's backward so far, captured or not.
-    harvested: usize,
     /// `events[u]`: recorded once unit `u` is harvested, by every replay of the captured backward.
     /// Never returned to the GPU's pool: a graph that records them may outlive the engine.
     events: Vec<Event>,
@@ -87,14 +75,7 @@ impl Beside {
         match gpu {
             Some(gpu) if applies(cfg, world, path, fused) => {
                 let events = (0..units).map(|_| gpu.event()).collect::<Result<Vec<_>, _>>()?;
-                Ok(Self::On(Marks {
-                    gpu: Arc::clone(gpu),
-                    leave: cfg.engine.update_sms.unwrap_or(UPDATE_SMS),
-                    harvested: 0,
-                    events,
-                    order: Vec::new(),
-                    replayed: false,
-                }))
+                Ok(Self::On(Marks { gpu: Arc::clone(gpu), events, order: Vec::new(), replayed: false }))
             }
             _ => Ok(Self::Off),
         }
@@ -104,7 +85,6 @@ impl Beside {
     /// the graph records the unit's event here.
     pub(super) fn harvested(&mut self, u: usize) -> Result<(), DriverError> {
         let Self::On(m) = self else { return Ok(()) };
-        m.harvested += 1;
         if !m.gpu.is_capturing(&m.gpu.compute)? {
             return Ok(());
         }
@@ -113,24 +93,6 @@ impl Beside {
         m.gpu.record_in_capture(m.events[u], &m.gpu.compute)?;
         m.order.push(u);
         Ok(())
-    }
-
-    /// A micro-step begins: nothing of its backward harvested yet.
-    pub(super) fn begin_micro(&mut self) {
-        if let Self::On(m) = self {
-            m.harvested = 0;
-        }
-    }
-
-    /// How many multiprocessors the backward's products leave free now: the updates' share from
-    /// the first unit harvested on (before it no update is due, and the products take all).
-    /// Eager steps leave them too, so that the products' algorithms are timed at their warm-up
-    /// for the count the replayed steps run with.
-    pub(super) fn products_leave(&self) -> u32 {
-        match self {
-            Self::On(m) if m.harvested > 0 => m.leave,
-            _ => 0,
-        }
     }
 
     /// Whether a replayed backward goes on the urgent stream: its graph records the events.

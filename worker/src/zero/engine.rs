@@ -380,13 +380,6 @@ impl Engine {
     /// Starts micro-step `micro` of the current optimizer step.
     pub fn begin_micro(&mut self, micro: usize) {
         self.micro = micro;
-        self.beside.begin_micro();
-    }
-
-    /// How many of the GPU's multiprocessors the backward's matrix products should leave free now,
-    /// for the updates running beside them (`zero/beside.rs`); 0 for all.
-    pub fn products_leave(&self) -> u32 {
-        self.beside.products_leave()
     }
 
     fn last_micro(&self) -> bool {
