@@ -22,6 +22,12 @@ gradient and parameter copy: 28 bytes a parameter, as the worker's kernel), and 
   elements (so a product waiting for multiprocessors gets them as soon as a block ends), and with
   the backward's stream at high priority or both at the default.
 
+- `backward/carveC`, `overlap/short_blocks/backward_high/carveC`: the stand-in with its products
+  leaving C multiprocessors free (cuBLAS's SM count target, through torch's carveout), alone and
+  with the updates beside in short blocks; `overlap/grid_stride_on_carved/...` with each update's
+  loop in as many blocks as C multiprocessors hold, `update/grid_stride_onC` that update alone
+  (`--carveouts`, default 8,16,24,32; `--lt` sends torch's products through cuBLASLt).
+
 After `--warm-s` seconds of the serial variant (the card at its power limit, as in training),
 `--reps` rounds of every variant in turn, each between events after a synchronisation; the median
 and range of each.
