@@ -553,4 +553,71 @@ mod tests {
         let works: Vec<Work> = runs.iter().map(|o| Work::of(&o.query, None)).collect();
         assert_eq!(initial_bounds(&refs, &works), [true, true, false, false, false, false]);
     }
+
+    /// The weighted least-squares line `y ≈ c + g·x` with weights `w`, from its normal equations.
+    fn weighted_line(x: &[f64], y: &[f64], w: &[f64]) -> (f64, f64) {
+        let sum = |f: &dyn Fn(usize) -> f64| (0..x.len()).map(f).sum::<f64>();
+        let (s, sx, sxx) = (sum(&|i| w[i]), sum(&|i| w[i] * x[i]), sum(&|i| w[i] * x[i] * x[i]));
+        let (sy, sxy) = (sum(&|i| w[i] * y[i]), sum(&|i| w[i] * x[i] * y[i]));
+        let g = (s * sxy - sx * sy) / (s * sxx - sx * sx);
+        ((sy - g * sx) / s, g)
+    }
+
+    /// `b` GiB in bytes.
+    fn gib(b: f64) -> u64 {
+        (b * GIB) as u64
+    }
+
+    /// Peak allocated memory is fitted by each run's error relative to its peak: on runs of one
+    /// model that no line through the activations fits, the fitted peaks are those of the line of
+    /// least squared relative error, not of least squared error.
+    #[test]
+    fn memory_is_fitted_by_its_error_relative_to_the_peak() {
+        let mut runs: Vec<Observation> = [1, 4, 16].iter().map(|&mb| run(ModelPreset::Gpt2, mb, 30.0)).collect();
+        let works: Vec<Work> = runs.iter().map(|o| Work::of(&o.query, None)).collect();
+        // What each run holds beyond its model states: 1 GiB and 0.5 GiB a unit of activations,
+        // off the line by a different amount each.
+        let beyond: Vec<f64> = works.iter().zip([0.3, -0.4, 0.2]).map(|(w, d)| 1.0 + 0.5 * w.gact_mem + d).collect();
+        for ((o, w), b) in runs.iter_mut().zip(&works).zip(&beyond) {
+            o.peak_allocated_bytes = w.device_state_bytes + gib(*b);
+        }
+        let refs: Vec<&Observation> = runs.iter().collect();
+        let coef = fit_memory(&refs, &works);
+        let x: Vec<f64> = works.iter().map(|w| w.gact_mem).collect();
+        let peak: Vec<f64> = runs.iter().map(|o| o.peak_allocated_bytes as f64 / GIB).collect();
+        let relative = weighted_line(&x, &beyond, &peak.iter().map(|p| 1.0 / (p * p)).collect::<Vec<_>>());
+        let absolute = weighted_line(&x, &beyond, &[1.0; 3]);
+        assert!(relative.0 > 0.0 && relative.1 > 0.0, "the line is the constrained fit's too: {relative:?}");
+        assert!((relative.1 - absolute.1).abs() > 1e-3, "the data tell the two fits apart: {relative:?} {absolute:?}");
+        for (w, xi) in works.iter().zip(&x) {
+            let fitted: f64 = memory_terms(w).iter().map(|t| coef.get(&t.name).copied().unwrap_or(0.0) * t.x).sum();
+            let want = relative.0 + relative.1 * xi;
+            assert!((fitted - want).abs() < 1e-6 * want, "{fitted} against {want}: {coef:?}");
+        }
+    }
+
+    /// What the caching allocator reserves beyond the allocated peak is fitted as a line in the
+    /// allocated GiB by each run's error relative to its reserved peak.
+    #[test]
+    fn reserved_memory_is_fitted_by_its_error_relative_to_the_reserved_peak() {
+        let (allocated, reserved) = ([2.0, 10.0, 40.0], [3.0, 13.0, 46.0]);
+        let runs: Vec<Observation> = allocated
+            .iter()
+            .zip(reserved)
+            .map(|(&a, r)| Observation {
+                peak_allocated_bytes: gib(a),
+                peak_reserved_bytes: Some(gib(r)),
+                ..run(ModelPreset::Gpt2, 4, 30.0)
+            })
+            .collect();
+        let refs: Vec<&Observation> = runs.iter().collect();
+        let coef = fit_reserved(&refs);
+        let beyond: Vec<f64> = allocated.iter().zip(reserved).map(|(a, r)| r - a).collect();
+        let relative = weighted_line(&allocated, &beyond, &reserved.map(|r| 1.0 / (r * r)));
+        let absolute = weighted_line(&allocated, &beyond, &[1.0; 3]);
+        assert!(relative.0 > 0.0 && relative.1 > 0.0, "{relative:?}");
+        assert!((relative.1 - absolute.1).abs() > 1e-3, "{relative:?} {absolute:?}");
+        let got = (coef["reserved.gib"], coef["reserved.per_allocated"]);
+        assert!((got.0 - relative.0).abs() < 1e-6 && (got.1 - relative.1).abs() < 1e-6, "{got:?} against {relative:?}");
+    }
 }

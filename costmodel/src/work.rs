@@ -422,6 +422,9 @@ mod tests {
         one.host_adamw_gparams_per_s = Some(4.0);
         assert_eq!(host_slowness(&one, Some(5.0)), 1.25);
         assert_eq!(host_slowness(&one, None), 1.0);
+        // A fitted rate of 0 is no rate to price by.
+        assert_eq!((priced_host_rate(&one, Some(0.0)), host_slowness(&one, Some(0.0))), (None, 1.0));
+        assert_eq!(priced_host_rate(&one, Some(5.0)), Some(4.0), "its own rate");
         let mut eight = q(ZeroStage::Z2, 8);
         eight.host_adamw_gparams_per_s = Some(4.0);
         assert_eq!((eight.ranks_per_host(), host_slowness(&eight, Some(5.0))), (8, 1.0));
