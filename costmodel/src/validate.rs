@@ -523,6 +523,12 @@ mod tests {
         assert!((e.step_mape_pct - 500.0 / 110.0).abs() < 1e-9, "{e:?}");
         let floor = (10.0 / 100.0 + 0.0 + 10.0 / 120.0) / 3.0 * 100.0;
         assert!((e.repeat_floor_pct - floor).abs() < 1e-9, "{e:?}");
+        // A configuration run once is counted, not as repeated.
+        let once = run_of(ZeroStage::Z1, None, 100.0);
+        let mut both = held;
+        both.push(Held { run: &once, step: 100.0, bound: Bound::Launch, mem: 0.0 });
+        let e = by_configuration(&both);
+        assert_eq!((e.configurations, e.repeated), (2, 1));
     }
 
     /// A group is decided when each stage has three runs or more and the fastest stage's runs
