@@ -590,9 +590,10 @@ mod tests {
         assert!(relative.0 > 0.0 && relative.1 > 0.0, "the line is the constrained fit's too: {relative:?}");
         assert!((relative.1 - absolute.1).abs() > 1e-3, "the data tell the two fits apart: {relative:?} {absolute:?}");
         for (w, xi) in works.iter().zip(&x) {
-            let fitted: f64 = memory_terms(w).iter().map(|t| coef.get(&t.name).copied().unwrap_or(0.0) * t.x).sum();
-            let want = relative.0 + relative.1 * xi;
-            assert!((fitted - want).abs() < 1e-6 * want, "{fitted} against {want}: {coef:?}");
+            let (mut flags, want) = (Vec::new(), relative.0 + relative.1 * xi);
+            let beyond_states = (peak_allocated(&coef, w, &mut flags) - w.device_state_bytes as f64) / GIB;
+            assert!((beyond_states - want).abs() < 1e-6 * want, "{beyond_states} against {want}: {coef:?}");
+            assert!(flags.is_empty(), "{flags:?}");
         }
     }
 
