@@ -91,6 +91,12 @@
 //! * `graph_memsets`: a captured graph's memsets of up to `FILL_MAX_BYTES` (32-, 16- and 8-bit, one
 //!   of them over part of each row) replayed as kernel nodes write what the memsets wrote, before a
 //!   kernel captured after them reads it; a larger memset stays a memset node.
+//! * `scratch_memsets`: memsets into a capture's scratch (`graph::capture_scratch`) leave their
+//!   places for one kernel at the graph's start, and every replay still clears the scratch before
+//!   the copies after them read it (though overwritten between replays); a memset elsewhere stays a
+//!   kernel in its place; outside a capture no scratch is handed out.
+//! * `lt_products_replayed`: three of gpt2-xl's products captured (each in workspace of its own)
+//!   and replayed on new operands give the bits of the same products run eagerly.
 //! * `cuda_graph`: a forward and backward through autograd (its device thread included) captured
 //!   with `runtime::graph` on a stream of the rank's own, replayed on three new inputs written
 //!   where the graph reads: loss and gradient bit-identical to the same operations run eagerly,
@@ -1214,7 +1220,140 @@ fn cuda_graph(r: &mut Report) {
                "kept_memsets": graph.kept_memsets}),
     );
     graph_memsets(r, &gpu);
+    scratch_memsets(r, &gpu);
+    lt_products_replayed(r, &gpu);
     update_beside(r, &gpu);
+}
+
+/// A capture's scratch (`graph::capture_scratch`): memsets into it of up to `FILL_MAX_BYTES` leave
+/// their places for one kernel at the graph's start, and each replay still clears them before the
+/// copies captured after them read them, though the scratch was overwritten between replays; a
+/// memset elsewhere stays in its place as a kernel; outside a capture there is no scratch.
+/// Runs after `cuda_graph`, on its stream.
+fn scratch_memsets(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    use cudarc::driver::sys;
+    use zerobench_worker::failure::Failure;
+    use zerobench_worker::runtime::graph::{capture_scratch, GraphPool};
+    let cuda = Device::Cuda(0);
+    let outside = capture_scratch(4096);
+    let (a, b, c) = (
+        Tensor::full([4], 7, (Kind::Int, cuda)),
+        Tensor::full([64], 7, (Kind::Int16, cuda)),
+        Tensor::full([16], 7, (Kind::Int, cuda)),
+    );
+    gpu.synchronize().expect("sync");
+    let stream = gpu.compute.cu_stream();
+    let ptr = |t: &Tensor| t.data_ptr() as u64;
+    let mut pool = GraphPool::new(Arc::clone(gpu));
+    let mut scratch = Vec::new();
+    let captured = pool.capture(|| {
+        let one = capture_scratch(16).expect("a capture's scratch") as u64;
+        let two = capture_scratch(1 << 12).expect("a capture's scratch") as u64;
+        scratch = vec![(one, 16usize), (two, 1 << 12)];
+        // SAFETY: device memory of these sizes, alive with the graph; the stream captures.
+        unsafe {
+            sys::cuMemsetD32Async(one, 0x0a0b_0c0d, 4, stream).result().expect("memset 32");
+            sys::cuMemcpyDtoDAsync_v2(ptr(&a), one, 16, stream).result().expect("copy");
+            // 2-D: 64 16-bit elements of 4 rows 1 KiB apart, the rows' other bytes left alone.
+            sys::cuMemsetD2D16Async(two + 8, 1024, 0x7e57, 16, 4, stream).result().expect("memset 2D");
+            for row in 0..4 {
+                sys::cuMemcpyDtoDAsync_v2(ptr(&b) + 32 * row, two + 8 + 1024 * row, 32, stream).result().expect("copy");
+            }
+            sys::cuMemsetD32Async(ptr(&c), 9, 16, stream).result().expect("memset elsewhere");
+        }
+        Ok::<_, Failure>(())
+    });
+    let Ok((graph, ())) = captured else {
+        r.check("scratch_memsets", false, json!({"capture": captured.err().map(|e| e.to_string())}));
+        return;
+    };
+    let mut replays_right = Vec::new();
+    for round in 0..3u32 {
+        for t in [&a, &b, &c] {
+            let _ = t.shallow_clone().fill_(7);
+        }
+        for &(at, bytes) in &scratch {
+            // SAFETY: the scratch handed out above, which no replay is using now.
+            unsafe { sys::cuMemsetD8_v2(at, 0xee - round as u8, bytes) }.result().expect("overwrite");
+        }
+        gpu.synchronize().expect("sync");
+        pool.replay(&graph).expect("replay");
+        gpu.synchronize().expect("sync");
+        let all = |t: &Tensor, v: i64| t.eq(v).all().int64_value(&[]) == 1;
+        replays_right.push(all(&a, 0x0a0b_0c0d) && all(&b, 0x7e57) && all(&c, 9));
+    }
+    let ok = outside.is_none()
+        && replays_right.iter().all(|&x| x)
+        && graph.memsets_hoisted == 2
+        && graph.memsets_as_kernels == 1
+        && graph.scratch_bytes == 16 + (1 << 12);
+    r.check(
+        "scratch_memsets",
+        ok,
+        json!({"scratch_outside_a_capture": outside.is_some(), "replays_right": replays_right,
+               "memsets_hoisted": graph.memsets_hoisted, "hoisted_expected": 2,
+               "memsets_as_kernels": graph.memsets_as_kernels, "as_kernels_expected": 1,
+               "scratch_bytes": graph.scratch_bytes, "kept_memsets": graph.kept_memsets}),
+    );
+}
+
+/// gpt2-xl's shapes through `LtProducts` captured in a graph (each product in workspace of its
+/// own, its small memsets hoisted): three replays on new operands give the bits of the same
+/// products run outside the capture (the plans chose at the first, outside); the memsets hoisted
+/// are reported. Runs after `cuda_graph`, on its stream.
+fn lt_products_replayed(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
+    use zerobench_worker::failure::Failure;
+    use zerobench_worker::model::products_cuda::LtProducts;
+    use zerobench_worker::runtime::graph::GraphPool;
+    let e = LtProducts::new(Arc::clone(gpu)).expect("cuBLASLt").expect("libcublasLt loads");
+    let cuda = Device::Cuda(0);
+    tch::manual_seed(17);
+    let randn = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, cuda)).to_kind(Kind::BFloat16);
+    // (tokens, in, out, weight as a `.t()` view): the qkv and MLP products and a weight gradient.
+    let shapes = [(4096i64, 1600i64, 4800i64, true), (4096, 1600, 6400, true), (6400, 4096, 1600, false)];
+    let ops: Vec<(Tensor, Tensor, Tensor)> = shapes
+        .iter()
+        .map(|&(m, k, n, t)| {
+            let b = if t { randn(&[n, k]).tr() } else { randn(&[k, n]) } / (k as f64).sqrt();
+            (randn(&[m, k]), b, Tensor::empty([m, n], (Kind::BFloat16, cuda)))
+        })
+        .collect();
+    let run_all = || -> Result<(), Failure> {
+        for (a, b, out) in &ops {
+            if !e.matmul(a, b, None, out).map_err(|e| Failure::Internal(e.to_string()))? {
+                return Err(Failure::Internal("a product was declined".into()));
+            }
+        }
+        Ok(())
+    };
+    run_all().expect("the plans choose outside the capture");
+    gpu.synchronize().expect("sync");
+    let mut pool = GraphPool::new(Arc::clone(gpu));
+    let captured = pool.capture(run_all);
+    let Ok((graph, ())) = captured else {
+        r.check("lt_products_replayed", false, json!({"capture": captured.err().map(|e| e.to_string())}));
+        return;
+    };
+    let mut same = Vec::new();
+    for _ in 0..3 {
+        for (a, b, _) in &ops {
+            a.shallow_clone().copy_(&randn(&a.size()));
+            b.shallow_clone().copy_(&(randn(&b.size()) * 0.03));
+        }
+        pool.replay(&graph).expect("replay");
+        gpu.synchronize().expect("sync");
+        let replayed: Vec<Tensor> = ops.iter().map(|(_, _, o)| o.copy()).collect();
+        run_all().expect("eager products");
+        gpu.synchronize().expect("sync");
+        same.push(ops.iter().zip(&replayed).all(|((_, _, o), rep)| o.equal(rep)));
+    }
+    r.check(
+        "lt_products_replayed",
+        same.iter().all(|&x| x) && graph.kept_memsets.is_none(),
+        json!({"products": shapes.len(), "replays_same_bits": same, "memsets_hoisted": graph.memsets_hoisted,
+               "memsets_as_kernels": graph.memsets_as_kernels, "scratch_bytes": graph.scratch_bytes,
+               "kept_memsets": graph.kept_memsets}),
+    );
 }
 
 /// AdamW beside a replayed backward (`zero::beside`): the urgent stream outranks the update
