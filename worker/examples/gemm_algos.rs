@@ -146,8 +146,7 @@ fn shape(p: &Product) -> Shape {
 fn run(lt: &Lt, p: &Product, dd: &Descriptors, algo: &sys::cublasLtMatmulAlgo_t, o: &Operands) {
     // SAFETY: the operands hold the matrices `shape(p)` describes, on device 0 with the
     // workspace; the legacy default stream is libtorch's here.
-    unsafe { dd.run(&lt.handle, algo, pointers(p, o), lt.workspace.data_ptr(), WORKSPACE_BYTES, std::ptr::null_mut()) }
-        .expect("matmul");
+    unsafe { dd.run(&lt.handle, algo, pointers(p, o), lt.workspace.data_ptr(), std::ptr::null_mut()) }.expect("matmul");
 }
 
 struct Lt {

@@ -413,14 +413,9 @@ impl Trainer<'_> {
             Some(d) => shim::cuda_stats(d).ok().and_then(|s| u64::try_from(s.peak_allocated).ok()),
             None => None,
         };
-        let graphs = || micro.iter().flat_map(|(f, b)| [f, b]);
-        let memsets_as_kernels: usize = graphs().map(|g| g.memsets_as_kernels).sum();
-        let memsets_hoisted: usize = graphs().map(|g| g.memsets_hoisted).sum();
-        let scratch_bytes: usize = graphs().map(|g| g.scratch_bytes).sum();
+        let memsets_as_kernels: usize = micro.iter().map(|(f, b)| f.memsets_as_kernels + b.memsets_as_kernels).sum();
         tracing::info!(
             graphs = 2 * micro.len(),
-            memsets_hoisted,
-            scratch_bytes,
             memsets_as_kernels,
             ms = ms_between(started, Instant::now()),
             "captured the step"

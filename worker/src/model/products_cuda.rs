@@ -73,7 +73,6 @@ use cudarc::cublaslt::{result, sys};
 use tch::{Device, Kind, Tensor};
 
 use crate::runtime::cuda::Gpu;
-use crate::runtime::graph::capture_scratch;
 
 /// The workspace cuBLASLt may use: 32 MiB, NVIDIA's recommendation for Hopper.
 pub const WORKSPACE_BYTES: usize = 32 << 20;
@@ -329,19 +328,18 @@ impl Descriptors {
         Ok(found)
     }
 
-    /// One product with `algo` on `stream`, with `workspace_bytes` of workspace at `workspace`.
+    /// One product with `algo` on `stream`.
     ///
     /// # Safety
     /// The pointers hold the matrices the [`Shape`] describes, with the shape's epilogue, on the
-    /// device `workspace` is on, and stay alive until the product has run on `stream`; `algo` is
-    /// one of [`Self::algorithms`]', and `workspace_bytes` at least the workspace it asks for.
+    /// device `workspace` (of [`WORKSPACE_BYTES`]) is on, and stay alive until the product has
+    /// run on `stream`; `algo` is one of [`Self::algorithms`]'.
     pub unsafe fn run(
         &self,
         handle: &Handle,
         algo: &sys::cublasLtMatmulAlgo_t,
         p: Pointers,
         workspace: *mut c_void,
-        workspace_bytes: usize,
         stream: sys::cudaStream_t,
     ) -> Result<(), result::CublasError> {
         use sys::cublasLtMatmulDescAttributes_t as D;
@@ -377,7 +375,7 @@ impl Descriptors {
                 self.d,
                 algo,
                 workspace,
-                workspace_bytes,
+                WORKSPACE_BYTES,
                 stream,
             )
         }
@@ -415,25 +413,15 @@ enum Runner<L> {
 struct Plan<L> {
     descriptors: Descriptors,
     /// The heuristic's algorithms, its first choice first; never empty.
-    candidates: Vec<Candidate>,
+    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
     chosen: Option<Runner<L>>,
-}
-
-/// One of the heuristic's algorithms and the workspace it asks for (at most [`WORKSPACE_BYTES`]).
-struct Candidate {
-    algo: sys::cublasLtMatmulAlgo_t,
-    workspace_bytes: usize,
 }
 
 impl<L: Copy> Plan<L> {
     /// The plan of `shape`; `None` where cuBLASLt has no algorithm for it.
     fn new(handle: &Handle, shape: Shape) -> Result<Option<Self>, result::CublasError> {
         let descriptors = Descriptors::new(shape)?;
-        let candidates: Vec<_> = descriptors
-            .algorithms(handle, CANDIDATES)?
-            .into_iter()
-            .map(|h| Candidate { algo: h.algo, workspace_bytes: h.workspaceSize })
-            .collect();
+        let candidates: Vec<_> = descriptors.algorithms(handle, CANDIDATES)?.into_iter().map(|h| h.algo).collect();
         Ok((!candidates.is_empty()).then_some(Plan { descriptors, candidates, chosen: None }))
     }
 
@@ -755,30 +743,18 @@ impl Lt<'_> {
         };
         let Some(plan) = plan.as_mut() else { return Ok(false) };
         let run_as = |plan: &Plan<L>, runner: Runner<L>| match runner {
-            Runner::Lt(i) => {
-                let candidate = &plan.candidates[i];
-                // Inside a capture the product gets workspace of its own, whose small memsets the
-                // graph clears at its start instead of before the product (`runtime::graph`);
-                // otherwise, and where the capture has none to give, the shared one.
-                let (workspace, bytes) = match capture_scratch(candidate.workspace_bytes) {
-                    Some(own) => (own, candidate.workspace_bytes),
-                    None => (self.workspace, WORKSPACE_BYTES),
-                };
-                // SAFETY: the pointers were checked to hold the matrices the shape describes and
-                // their tensors are alive for the call; the product runs on the compute stream, in
-                // its order, as libtorch's would; the workspace is on the same device, of at least
-                // what the algorithm asks for.
-                Ok(unsafe {
-                    plan.descriptors.run(
-                        self.handle,
-                        &candidate.algo,
-                        self.pointers,
-                        workspace,
-                        bytes,
-                        self.gpu.compute.cu_stream().cast(),
-                    )
-                }?)
-            }
+            // SAFETY: the pointers were checked to hold the matrices the shape describes and
+            // their tensors are alive for the call; the product runs on the compute stream, in
+            // its order, as libtorch's would; the workspace is `WORKSPACE_BYTES` on the same device.
+            Runner::Lt(i) => Ok(unsafe {
+                plan.descriptors.run(
+                    self.handle,
+                    &plan.candidates[i],
+                    self.pointers,
+                    self.workspace,
+                    self.gpu.compute.cu_stream().cast(),
+                )
+            }?),
             Runner::Libtorch(l) => libtorch(l),
         };
         // Until the plan has chosen (a product is then one call), time every candidate at the
