@@ -620,9 +620,22 @@ pub fn render(plan: &Plan, out: &Path) -> Result<Vec<PathBuf>, Error> {
 /// Renders every run of a plan into `out/<run id>/`: each folder with what was done to it. Every
 /// folder is checked before any is written, so a refusal leaves the whole output as it was.
 pub fn render_with(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(PathBuf, Rendered)>, Error> {
+    check(plan, out, on_change)?.write()
+}
+
+/// A plan rendered in memory and compared with what its folders hold, nothing written yet
+/// ([`check`]).
+pub struct Checked {
+    runs: Vec<(PathBuf, RunFiles, Result<Option<Rendered>, String>)>,
+}
+
+/// Renders every run of a plan in memory and compares each with its folder `out/<run id>/`,
+/// writing nothing but `out` itself: with [`OnChange::Refuse`], a folder holding another run that
+/// ran is an error.
+pub fn check(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Checked, Error> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let out = std::fs::canonicalize(out).map_err(|e| Error::io(out, e))?;
-    let mut todo = Vec::with_capacity(plan.runs.len());
+    let mut runs = Vec::with_capacity(plan.runs.len());
     for run in &plan.runs {
         let dir = out.join(&run.id);
         let files = render_run(plan, run, &dir)?;
@@ -630,43 +643,41 @@ pub fn render_with(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(
         if let Some(what) = action.as_ref().err().filter(|_| on_change == OnChange::Refuse) {
             return Err(Error::RunChanged { run: run.id.clone(), dir: dir.clone(), what: what.clone() });
         }
-        todo.push((dir, files, action));
+        runs.push((dir, files, action));
     }
-    let mut done = Vec::with_capacity(todo.len());
-    for (dir, files, action) in todo {
-        let rendered = match action {
-            Ok(Some(Rendered::Unchanged)) => Rendered::Unchanged,
-            Ok(Some(r)) => {
-                write_run(&dir, &files)?;
-                r
-            }
-            Ok(None) => {
-                write_run(&dir, &files)?;
-                Rendered::New
-            }
-            Err(_) => {
-                let old = aside(&dir)?;
-                write_run(&dir, &files)?;
-                Rendered::Replaced { old }
-            }
-        };
-        done.push((dir, rendered));
-    }
-    Ok(done)
+    Ok(Checked { runs })
 }
 
-/// The folders of `out` that rendering `plan` with [`OnChange::MoveAside`] would move aside: each
-/// holds another run that ran. Nothing is written.
-pub fn folders_to_replace(plan: &Plan, out: &Path) -> Result<Vec<PathBuf>, Error> {
-    let Ok(out) = std::fs::canonicalize(out) else { return Ok(Vec::new()) };
-    let mut moving = Vec::new();
-    for run in &plan.runs {
-        let dir = out.join(&run.id);
-        if compare(&dir, &render_run(plan, run, &dir)?.record)?.is_err() {
-            moving.push(dir);
-        }
+impl Checked {
+    /// The folders writing would move aside: each holds another run that ran.
+    pub fn to_replace(&self) -> impl Iterator<Item = &Path> {
+        self.runs.iter().filter(|(_, _, action)| action.is_err()).map(|(dir, _, _)| dir.as_path())
     }
-    Ok(moving)
+
+    /// Writes every folder that needs it, moving aside those [`Self::to_replace`] names.
+    pub fn write(self) -> Result<Vec<(PathBuf, Rendered)>, Error> {
+        let mut done = Vec::with_capacity(self.runs.len());
+        for (dir, files, action) in self.runs {
+            let rendered = match action {
+                Ok(Some(Rendered::Unchanged)) => Rendered::Unchanged,
+                Ok(Some(r)) => {
+                    write_run(&dir, &files)?;
+                    r
+                }
+                Ok(None) => {
+                    write_run(&dir, &files)?;
+                    Rendered::New
+                }
+                Err(_) => {
+                    let old = aside(&dir)?;
+                    write_run(&dir, &files)?;
+                    Rendered::Replaced { old }
+                }
+            };
+            done.push((dir, rendered));
+        }
+        Ok(done)
+    }
 }
 
 /// The `cluster` keys of a run that only schedule it: a folder whose run differs in these alone

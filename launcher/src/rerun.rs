@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::error::Error;
 use crate::local::{LOCAL_OUTPUT, LOCAL_RECORD};
 use crate::plan::Plan;
-use crate::render::{
-    folders_to_replace, has_results, move_aside, read_record, render_with, OnChange, Rendered, ATTEMPTS_DIR, LOG_DIR,
-};
+use crate::render::{check, has_results, move_aside, read_record, OnChange, Rendered, ATTEMPTS_DIR, LOG_DIR};
 use crate::status::{status, RunState, State, FROM_PIDS};
 use crate::submit::SLURM_RECORD;
 
@@ -37,15 +35,16 @@ pub fn set_aside_attempt(dir: &Path) -> Result<PathBuf, Error> {
     move_aside(&stage, &keep, "attempt")
 }
 
-/// Renders `plan` into `out` as [`render_with`] does; with [`OnChange::MoveAside`] (`--overwrite`)
+/// Renders `plan` into `out` as [`crate::render::render_with`] does; with [`OnChange::MoveAside`] (`--overwrite`)
 /// it first refuses, moving nothing, if a folder it would move aside holds a run under way:
 /// pending or running in Slurm, or with ranks alive on this host. Moved, such a run went on
 /// writing into the new folder (the job's output and logs go to the run folder's path).
 pub fn render_over(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(PathBuf, Rendered)>, Error> {
+    let checked = check(plan, out, on_change)?;
     if on_change == OnChange::MoveAside {
         // A folder whose run.json cannot be read says nothing of a job; it is moved as before.
         let moving: Vec<PathBuf> =
-            folders_to_replace(plan, out)?.into_iter().filter(|d| read_record(d).is_ok()).collect();
+            checked.to_replace().filter(|d| read_record(d).is_ok()).map(Path::to_path_buf).collect();
         if let Some(r) = status(&moving)?.into_iter().find(|r| matches!(r.state, State::Pending | State::Running)) {
             let how = match &r.job_id {
                 Some(job) if r.source != FROM_PIDS => {
@@ -60,7 +59,7 @@ pub fn render_over(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(
             )));
         }
     }
-    render_with(plan, out, on_change)
+    checked.write()
 }
 
 /// What to do with a run folder before running or submitting it again.
