@@ -253,14 +253,23 @@ fn stop_if_signalled(held: &Held, submitted: usize, total: usize) -> Result<(), 
 /// SIGINT, SIGTERM and SIGHUP stop it between two submissions, every job sent recorded
 /// ([`crate::interrupts`]).
 pub fn submit(root: &Path, dirs: &[PathBuf], opts: &SubmitOptions) -> Result<Vec<Submitted>, Error> {
-    let records = check(dirs, opts)?;
+    submit_checked(root, &check(dirs, opts)?, opts)
+}
+
+/// [`submit`] for run folders [`check`] has passed with the same options, with the records it
+/// returned: each folder's `run.json` is read once.
+pub fn submit_checked(
+    root: &Path,
+    records: &[(PathBuf, RunRecord)],
+    opts: &SubmitOptions,
+) -> Result<Vec<Submitted>, Error> {
     let held = Held::hold()?;
     if opts.array {
-        return submit_arrays(root, &records, opts, &held);
+        return submit_arrays(root, records, opts, &held);
     }
     let mut out = Vec::new();
     let mut previous: Option<String> = opts.chain_after.clone();
-    for (dir, rec) in &records {
+    for (dir, rec) in records {
         stop_if_signalled(&held, out.len(), records.len())?;
         let script = dir.join("job.sbatch");
         let deps = dependencies(opts, previous.as_deref());

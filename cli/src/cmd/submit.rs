@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use zerobench_launcher::rerun::{render_over, rerun_decision, Rerun};
 use zerobench_launcher::status::status;
-use zerobench_launcher::submit::{check, submit, SubmitOptions};
+use zerobench_launcher::submit::{check, submit_checked, SubmitOptions};
 use zerobench_launcher::{render, Plan, Spec};
 
 use crate::Outcome;
@@ -83,12 +83,12 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     // A run folder that ran or was submitted before is not submitted again, unless it failed
     // and --retry-failed says so (a test submits nothing, so it sets nothing aside).
     let mut t = Table::new("submit", ["run", if a.test_only { "sbatch --test-only" } else { "job" }]);
-    check(&dirs, &opts)?;
+    let records = check(&dirs, &opts)?;
     let mut to_submit = Vec::with_capacity(dirs.len());
     let mut under_way: Vec<u64> = Vec::new();
-    for (dir, prior) in dirs.iter().zip(status(&dirs)?) {
-        match rerun_decision(dir, &prior, a.rerun.retry_failed && !a.test_only)? {
-            Rerun::Run => to_submit.push(dir.clone()),
+    for (record, prior) in records.into_iter().zip(status(&dirs)?) {
+        match rerun_decision(&record.0, &prior, a.rerun.retry_failed && !a.test_only)? {
+            Rerun::Run => to_submit.push(record),
             why => {
                 if let Rerun::UnderWay { job_id: Some(job) } = &why {
                     // An array task `123_4` is part of array job 123, which a chain waits for.
@@ -103,7 +103,7 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         opts.chain_after = under_way.into_iter().max().map(|j| j.to_string());
     }
     let skipped = t.rows.len();
-    let done = submit(&root, &to_submit, &opts)?;
+    let done = submit_checked(&root, &to_submit, &opts)?;
     for s in &done {
         t.row([s.id.clone(), s.job.clone()]);
     }
