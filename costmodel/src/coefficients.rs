@@ -554,6 +554,20 @@ mod tests {
         assert_eq!(initial_bounds(&refs, &works), [true, true, false, false, false, false]);
     }
 
+    /// A FLOP rate's floor is the time a GFLOP takes at the stated peak; a peak of zero (or less,
+    /// or none) states nothing, and floors nothing.
+    #[test]
+    fn rate_floors_come_from_a_positive_peak_only() {
+        let term = |name: &str| Term { name: name.into(), part: Part::Device, x: 1.0 };
+        let terms = vec![vec![term("gpt2.ms_per_gflop"), term("gpt2.ms_per_gflop_attn"), term("gpt2.ms_fixed")]];
+        let floors = rate_floors(&terms, Some(1000.0));
+        assert_eq!(floors.keys().collect::<Vec<_>>(), ["gpt2.ms_per_gflop", "gpt2.ms_per_gflop_attn"]);
+        assert!(floors.values().all(|&f| f == 1e-3), "{floors:?}");
+        for peak in [Some(0.0), Some(-5.0), None] {
+            assert!(rate_floors(&terms, peak).is_empty(), "{peak:?}");
+        }
+    }
+
     /// The weighted least-squares line `y ≈ c + g·x` with weights `w`, from its normal equations.
     fn weighted_line(x: &[f64], y: &[f64], w: &[f64]) -> (f64, f64) {
         let sum = |f: &dyn Fn(usize) -> f64| (0..x.len()).map(f).sum::<f64>();

@@ -326,6 +326,11 @@ mod tests {
         let p = f.predict(&slow.query);
         assert!(off(&p, &slow) < 0.01 && p.host_adamw_gparams_per_s == Some(3.0), "{p:?}");
         assert!(p.extrapolated.iter().any(|e| e.contains("host AdamW at 3.00G")), "{:?}", p.extrapolated);
+        // The fitted rates widened by 0.1% are inside, their edges included.
+        for edge in [4.0 * 0.999, 6.25 * 1.001] {
+            let p = f.predict(&on_host(&large, edge).query);
+            assert!(!p.extrapolated.iter().any(|e| e.contains("host AdamW at")), "{edge}: {:?}", p.extrapolated);
+        }
         // Two ranks on one host: each priced as a fitted host's rank, the host's rate not used.
         let two = on_host(&observe(ModelPreset::Gpt2Large, ZeroStage::Z2, 4, 1024, 2, Offload::Optimizer), 3.0);
         assert_eq!(Work::of(&two.query, Some(REFERENCE_RATE)).host_slowness, 1.0);
@@ -855,6 +860,39 @@ mod tests {
         assert_eq!(compute_flags(ModelPreset::T5Base), 0);
         assert_eq!(compute_flags(ModelPreset::T5_3b), 1);
         assert_eq!(compute_flags(ModelPreset::TinyT5), 1);
+    }
+
+    /// A family's fitted sizes widened by 0.1% are inside, their edges included: a preset whose
+    /// size is exactly the widened least or largest is not flagged, one a hair beyond is.
+    #[test]
+    fn a_preset_at_the_edge_of_its_familys_widened_sizes_is_inside() {
+        let f = fit(&sweep()).unwrap().model.fits[0].clone();
+        let q = observe(ModelPreset::T5Base, ZeroStage::Z0, 4, 512, 1, Offload::None).query;
+        let params = q.config.model.spec().param_count() as f64;
+        let family = Work::of(&q, None).family;
+        // The size whose product with `scale` is exactly `params`.
+        let edge_of = |scale: f64| {
+            let mut m = params / scale;
+            while m * scale > params {
+                m = m.next_down();
+            }
+            while m * scale < params {
+                m = m.next_up();
+            }
+            assert_eq!(m * scale, params, "no size gives the edge exactly");
+            m
+        };
+        let flagged = |min: f64, max: f64| {
+            let mut g = f.clone();
+            let r = g.range.families.get_mut(family).unwrap();
+            (r.min_params, r.max_params) = (min, max);
+            g.predict(&q).extrapolated.iter().any(|e| e.contains("B parameters, fitted"))
+        };
+        let (low, high) = (edge_of(0.999), edge_of(1.001));
+        assert!(!flagged(low, 2.0 * params), "at the lower edge");
+        assert!(!flagged(0.5 * params, high), "at the upper edge");
+        assert!(flagged(low.next_up().next_up(), 2.0 * params), "just above the lower edge");
+        assert!(flagged(0.5 * params, high.next_down().next_down()), "just below the upper edge");
     }
 
     #[test]
