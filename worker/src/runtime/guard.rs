@@ -192,21 +192,29 @@ impl Guard {
 /// guard is stopping the rank itself (a second signal: the first one's records are being
 /// written). Past `limit` it gives up, `true`: the main thread is stuck, and the process goes.
 fn wait_for_main_end(i: &Inner, limit: Duration) -> bool {
-    let t = Instant::now();
-    loop {
-        match i.state.load(Ordering::SeqCst) {
-            MAIN_ENDED => return true,
-            GUARD_STOPPING => return false,
-            _ if t.elapsed() >= limit => return true,
-            _ => thread::sleep(Duration::from_millis(5)),
-        }
-    }
+    let ended = || match i.state.load(Ordering::SeqCst) {
+        MAIN_ENDED => Some(true),
+        GUARD_STOPPING => Some(false),
+        _ => None,
+    };
+    poll(limit, ended).unwrap_or(true)
 }
 
 /// Waits up to `limit` for the main thread to write the `start` record.
 fn wait_for_start(i: &Inner, limit: Duration) {
+    let _ = poll(limit, || i.start_logged.load(Ordering::SeqCst).then_some(()));
+}
+
+/// Asks `ready` every 5 ms until it answers or `limit` has passed (`None`).
+fn poll<T>(limit: Duration, ready: impl Fn() -> Option<T>) -> Option<T> {
     let t = Instant::now();
-    while !i.start_logged.load(Ordering::SeqCst) && t.elapsed() < limit {
+    loop {
+        if let Some(v) = ready() {
+            return Some(v);
+        }
+        if t.elapsed() >= limit {
+            return None;
+        }
         thread::sleep(Duration::from_millis(5));
     }
 }
@@ -299,6 +307,24 @@ fn stop(i: &Inner, class: ErrorClass, message: String, exit_code: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn poll_answers_at_once_or_gives_up_past_its_limit() {
+        assert_eq!(poll(Duration::ZERO, || Some(3)), Some(3), "asked once, even with no time");
+        let calls = std::cell::Cell::new(0);
+        let count = || {
+            calls.set(calls.get() + 1);
+            (calls.get() == 3).then_some("third")
+        };
+        assert_eq!(poll(Duration::from_secs(60), count), Some("third"));
+        calls.set(0);
+        let never = || {
+            calls.set(calls.get() + 1);
+            None::<()>
+        };
+        assert_eq!(poll(Duration::from_millis(20), never), None);
+        assert!(calls.get() >= 2, "asked again before the limit: {}", calls.get());
+    }
 
     #[test]
     fn stall_limit_grows_with_the_longest_step() {
