@@ -128,7 +128,6 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
     // exposed host update (offload's terms are fitted already): on those without offload where
     // there are any, since an offloaded run's host update on a shared host is priced by a term
     // fitted after.
-    let several: Vec<usize> = all.iter().copied().filter(|&i| works[i].gpus > 1).collect();
     let fitted = coef.clone();
     // Only where every run of several GPUs is offloaded does this price a host update, its window
     // then without the communication being fitted.
@@ -150,11 +149,8 @@ fn fit_step(runs: &[&Observation], works: &[Work]) -> (BTreeMap<String, f64>, Op
     // 5. How much ranks sharing a host slow each other's updates (`OFFLOAD_SHARING`), on the
     // offloaded runs of several ranks per host: not linear, so the exponent on a grid with the
     // smallest summed relative error of their steps.
-    let shared: Vec<usize> = several
-        .iter()
-        .copied()
-        .filter(|&i| works[i].offload != Offload::None && works[i].ranks_per_host > 1.0)
-        .collect();
+    let shared: Vec<usize> =
+        all.iter().copied().filter(|&i| works[i].offload != Offload::None && works[i].ranks_per_host > 1.0).collect();
     if !shared.is_empty() {
         let error = |e: f64| {
             let mut c = coef.clone();
@@ -531,9 +527,13 @@ mod tests {
     use zerobench_schema::models::ModelPreset;
 
     fn run(model: ModelPreset, mb: u32, step_ms: f64) -> Observation {
+        accumulated(model, mb, 1, step_ms)
+    }
+
+    fn accumulated(model: ModelPreset, mb: u32, micro_steps: u32, step_ms: f64) -> Observation {
         let mut c = RunConfig::new(model, ZeroStage::Z0);
-        (c.micro_batch, c.seq_len) = (mb, 1024);
-        Observation::measured(format!("{model}-mb{mb}-{step_ms}"), Query::new(c, 1, 1), step_ms)
+        (c.micro_batch, c.seq_len, c.grad_accum) = (mb, 1024, micro_steps);
+        Observation::measured(format!("{model}-mb{mb}x{micro_steps}-{step_ms}"), Query::new(c, 1, 1), step_ms)
     }
 
     /// A run starts launch-bound when its time per micro-step is within 10% of the fastest run of
@@ -548,10 +548,14 @@ mod tests {
             // One size only: nothing tells the host's time from the device's.
             run(ModelPreset::Gpt2Medium, 4, 30.0),
             run(ModelPreset::Gpt2Medium, 4, 30.5),
+            // Time per micro-step: two micro-steps of 9 ms are the fastest of their group, and a
+            // step of one in 10 ms is not within a tenth of them.
+            accumulated(ModelPreset::Gpt2Large, 4, 2, 18.0),
+            run(ModelPreset::Gpt2Large, 1, 10.0),
         ];
         let refs: Vec<&Observation> = runs.iter().collect();
         let works: Vec<Work> = runs.iter().map(|o| Work::of(&o.query, None)).collect();
-        assert_eq!(initial_bounds(&refs, &works), [true, true, false, false, false, false]);
+        assert_eq!(initial_bounds(&refs, &works), [true, true, false, false, false, false, true, false]);
     }
 
     /// A FLOP rate's floor is the time a GFLOP takes at the stated peak; a peak of zero (or less,

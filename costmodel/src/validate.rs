@@ -503,6 +503,25 @@ mod tests {
         assert!(groups[0].key.ends_with("build a") && groups[1].key.ends_with("build b"), "{groups:?}");
     }
 
+    /// A group is device-bound only where every one of its runs kept the GPU busy: one run below
+    /// the bar, or one that does not say, makes it not.
+    #[test]
+    fn a_group_is_device_bound_only_where_all_its_runs_were() {
+        let busy = |stage: ZeroStage, util: Option<f64>| Observation {
+            gpu_util_pct: util,
+            ..run_of(stage, Some("a"), 10.0 + f64::from(stage.index()))
+        };
+        let bound = |runs: &[Observation]| {
+            let priced: Vec<(&Observation, f64)> = runs.iter().map(|o| (o, o.step_ms)).collect();
+            stage_choices(&priced)[0].device_bound
+        };
+        let high = Some(crate::observation::DEVICE_BOUND_UTIL_PCT);
+        assert!(bound(&[busy(ZeroStage::Z0, high), busy(ZeroStage::Z1, high), busy(ZeroStage::Z1, Some(99.0))]));
+        let low = Some(crate::observation::DEVICE_BOUND_UTIL_PCT - 1.0);
+        assert!(!bound(&[busy(ZeroStage::Z0, high), busy(ZeroStage::Z1, low), busy(ZeroStage::Z1, high)]));
+        assert!(!bound(&[busy(ZeroStage::Z0, None), busy(ZeroStage::Z1, high)]), "a run that does not say");
+    }
+
     /// Per configuration, the median of its runs' predictions (each run priced at its own host's
     /// AdamW rate) against the median of their steps; the runs' spread around that median apart.
     #[test]
