@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::local::{LOCAL_OUTPUT, LOCAL_RECORD};
 use crate::plan::Plan;
 use crate::render::{check, has_results, move_aside, read_record, OnChange, Rendered, ATTEMPTS_DIR, LOG_DIR};
-use crate::status::{status, RunState, State, FROM_PIDS};
+use crate::status::{status_of, RunState, State, FROM_PIDS};
 use crate::submit::SLURM_RECORD;
 
 /// Moves what a run's earlier attempt left (its logs, `local.json`, `local.out`, `slurm.json` and
@@ -43,9 +43,9 @@ pub fn render_over(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(
     let checked = check(plan, out, on_change)?;
     if on_change == OnChange::MoveAside {
         // A folder whose run.json cannot be read says nothing of a job; it is moved as before.
-        let moving: Vec<PathBuf> =
-            checked.to_replace().filter(|d| read_record(d).is_ok()).map(Path::to_path_buf).collect();
-        if let Some(r) = status(&moving)?.into_iter().find(|r| matches!(r.state, State::Pending | State::Running)) {
+        let moving: Vec<_> =
+            checked.to_replace().filter_map(|d| read_record(d).ok().map(|r| (d.to_path_buf(), r))).collect();
+        if let Some(r) = status_of(&moving).into_iter().find(|r| matches!(r.state, State::Pending | State::Running)) {
             let how = match &r.job_id {
                 Some(job) if r.source != FROM_PIDS => {
                     format!("job {job} is {} in Slurm: cancel it (scancel {job}) or let it end", r.state)
@@ -110,6 +110,7 @@ pub fn rerun_decision(dir: &Path, prior: &RunState, retry_failed: bool) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::status::status;
     use rusty_fork::rusty_fork_test;
 
     /// An attempt's logs, records and job output move into `.attempts/attempt-*/`, contents

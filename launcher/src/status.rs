@@ -111,10 +111,16 @@ pub const FROM_PIDS: &str = "pids";
 /// The states of run folders. Slurm commands that fail or are missing are skipped with a
 /// diagnostic; the run folders still answer.
 pub fn status(dirs: &[PathBuf]) -> Result<Vec<RunState>, Error> {
-    let records: Vec<RunRecord> = dirs.iter().map(|d| read_record(d)).collect::<Result<_, _>>()?;
-    let mut rows = Vec::with_capacity(dirs.len());
+    let runs: Vec<(PathBuf, RunRecord)> =
+        dirs.iter().map(|d| read_record(d).map(|r| (d.clone(), r))).collect::<Result<_, _>>()?;
+    Ok(status_of(&runs))
+}
+
+/// [`status`] of run folders whose records were read already (each folder with its `run.json`).
+pub fn status_of(runs: &[(PathBuf, RunRecord)]) -> Vec<RunState> {
+    let mut rows = Vec::with_capacity(runs.len());
     let mut jobs: Vec<(usize, String)> = Vec::new();
-    for (dir, rec) in dirs.iter().zip(&records) {
+    for (dir, rec) in runs {
         let slurm = read_json::<SlurmRecord>(&dir.join(SLURM_RECORD));
         // A submission whose record could not be written: its mark may name the job.
         let mark = if slurm.is_none() { mark_of(dir) } else { None };
@@ -151,10 +157,10 @@ pub fn status(dirs: &[PathBuf]) -> Result<Vec<RunState>, Error> {
         }
     }
     let mut outputs = Outputs::default();
-    for (row, rec) in rows.iter_mut().zip(&records) {
+    for (row, (_, rec)) in rows.iter_mut().zip(runs) {
         from_run_folder(row, rec, &mut outputs);
     }
-    Ok(rows)
+    rows
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(p: &Path) -> Option<T> {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use zerobench_launcher::rerun::{render_over, rerun_decision, Rerun};
-use zerobench_launcher::status::status;
+use zerobench_launcher::status::status_of;
 use zerobench_launcher::submit::{check, submit_checked, SubmitOptions};
 use zerobench_launcher::{render, Plan, Spec};
 
@@ -84,9 +84,10 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     // and --retry-failed says so (a test submits nothing, so it sets nothing aside).
     let mut t = Table::new("submit", ["run", if a.test_only { "sbatch --test-only" } else { "job" }]);
     let records = check(&dirs, &opts)?;
+    let priors = status_of(&records);
     let mut to_submit = Vec::with_capacity(dirs.len());
     let mut under_way: Vec<u64> = Vec::new();
-    for (record, prior) in records.into_iter().zip(status(&dirs)?) {
+    for (record, prior) in records.into_iter().zip(priors) {
         match rerun_decision(&record.0, &prior, a.rerun.retry_failed && !a.test_only)? {
             Rerun::Run => to_submit.push(record),
             why => {

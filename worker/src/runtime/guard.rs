@@ -322,7 +322,11 @@ mod tests {
             calls.set(calls.get() + 1);
             None::<()>
         };
-        assert_eq!(poll(Duration::from_millis(20), never), None);
+        // Past its limit only, and having asked again meanwhile (a limit of 300 ms leaves room
+        // for more than one 5 ms wait however slowly a loaded host schedules the test).
+        let (limit, t) = (Duration::from_millis(300), Instant::now());
+        assert_eq!(poll(limit, never), None);
+        assert!(t.elapsed() >= limit, "gave up after {:?}", t.elapsed());
         assert!(calls.get() >= 2, "asked again before the limit: {}", calls.get());
     }
 
