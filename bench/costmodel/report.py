@@ -8,13 +8,13 @@ import csv
 import datetime
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
-import tarfile
 
-from results import DEVICE_BOUND_UTIL_PCT, mean_abs
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu"))
+from common import archive_files, host_date  # noqa: E402
+from results import DEVICE_BOUND_UTIL_PCT, mean_abs  # noqa: E402
 
 # The columns of ingest's runs table that name a configuration, as `zerobench predict` is given it:
 # runs that agree on all of them are repeats of one configuration.
@@ -80,19 +80,13 @@ for r in csv.DictReader(open(runs_csv)):
 
 
 def measured_on(source):
-    """The date lines of a source archive's host.txt files (bench/gpu/run.sh writes one a call),
-    or of the host.txt files under a source folder."""
-    dates = set()
+    """The dates of a source archive's host.txt files (bench/gpu/run.sh writes one a call), or of
+    the host.txt files under a source folder, as bench/gpu's reports read them."""
     if os.path.isdir(source):
-        for root, _, names in os.walk(source):
-            if "host.txt" in names:
-                dates.update(re.findall(r"^date: (\S+)", open(os.path.join(root, "host.txt")).read(), re.M))
-    elif tarfile.is_tarfile(source):
-        with tarfile.open(source) as t:
-            for m in t:
-                if m.isfile() and os.path.basename(m.name) == "host.txt":
-                    dates.update(re.findall(r"^date: (\S+)", t.extractfile(m).read().decode(), re.M))
-    return sorted(dates)
+        texts = (open(os.path.join(root, "host.txt")).read() for root, _, names in os.walk(source) if "host.txt" in names)
+    else:
+        texts = (text for name, text in archive_files(source) if os.path.basename(name) == "host.txt")
+    return sorted({d for d in map(host_date, texts) if d})
 
 
 def mape(key, sel):

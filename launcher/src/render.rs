@@ -626,7 +626,16 @@ pub fn render_with(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(
 /// A plan rendered in memory and compared with what its folders hold, nothing written yet
 /// ([`check`]).
 pub struct Checked {
-    runs: Vec<(PathBuf, RunFiles, Result<Option<Rendered>, String>)>,
+    runs: Vec<(PathBuf, RunFiles, Found)>,
+}
+
+/// What a run folder holds against the run about to be rendered there ([`compare`]).
+enum Found {
+    /// Nothing (`None`), or this run: unchanged, a rendering that never ran, or this run that ran
+    /// under other scheduling; what writing makes of it.
+    Same(Option<Rendered>),
+    /// Another run that ran: what differs, and its record where it reads as one.
+    Other { what: String, record: Option<Box<RunRecord>> },
 }
 
 /// Renders every run of a plan in memory and compares each with its folder `out/<run id>/`,
@@ -639,36 +648,40 @@ pub fn check(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Checked, Er
     for run in &plan.runs {
         let dir = out.join(&run.id);
         let files = render_run(plan, run, &dir)?;
-        let action = compare(&dir, &files.record)?;
-        if let Some(what) = action.as_ref().err().filter(|_| on_change == OnChange::Refuse) {
+        let found = compare(&dir, &files.record)?;
+        if let (Found::Other { what, .. }, OnChange::Refuse) = (&found, on_change) {
             return Err(Error::RunChanged { run: run.id.clone(), dir: dir.clone(), what: what.clone() });
         }
-        runs.push((dir, files, action));
+        runs.push((dir, files, found));
     }
     Ok(Checked { runs })
 }
 
 impl Checked {
-    /// The folders writing would move aside: each holds another run that ran.
-    pub fn to_replace(&self) -> impl Iterator<Item = &Path> {
-        self.runs.iter().filter(|(_, _, action)| action.is_err()).map(|(dir, _, _)| dir.as_path())
+    /// The folders writing would move aside, each holding another run that ran, with that run's
+    /// record where its `run.json` reads as one ([`read_record`]'s rules).
+    pub fn to_replace(&self) -> impl Iterator<Item = (&Path, Option<&RunRecord>)> {
+        self.runs.iter().filter_map(|(dir, _, found)| match found {
+            Found::Other { record, .. } => Some((dir.as_path(), record.as_deref())),
+            Found::Same(_) => None,
+        })
     }
 
     /// Writes every folder that needs it, moving aside those [`Self::to_replace`] names.
     pub fn write(self) -> Result<Vec<(PathBuf, Rendered)>, Error> {
         let mut done = Vec::with_capacity(self.runs.len());
-        for (dir, files, action) in self.runs {
-            let rendered = match action {
-                Ok(Some(Rendered::Unchanged)) => Rendered::Unchanged,
-                Ok(Some(r)) => {
+        for (dir, files, found) in self.runs {
+            let rendered = match found {
+                Found::Same(Some(Rendered::Unchanged)) => Rendered::Unchanged,
+                Found::Same(Some(r)) => {
                     write_run(&dir, &files)?;
                     r
                 }
-                Ok(None) => {
+                Found::Same(None) => {
                     write_run(&dir, &files)?;
                     Rendered::New
                 }
-                Err(_) => {
+                Found::Other { .. } => {
                     let old = aside(&dir)?;
                     write_run(&dir, &files)?;
                     Rendered::Replaced { old }
@@ -685,12 +698,11 @@ impl Checked {
 /// need `--overwrite`, which would move finished results aside).
 const SCHEDULING: [&str; 3] = ["time", "account", "qos"];
 
-/// What an existing folder holds against the run about to be rendered there: `Ok(None)` nothing,
-/// `Ok(Some(Unchanged | Refreshed | Rescheduled))` this run, a rendering that never ran, or this
-/// run that ran under other scheduling, `Err(what)` another run that did (what differs).
-fn compare(dir: &Path, new: &RunRecord) -> Result<Result<Option<Rendered>, String>, Error> {
+/// What an existing folder holds against the run about to be rendered there. Its `run.json` is
+/// read once: as JSON for the comparison, and as a record for the run it names.
+fn compare(dir: &Path, new: &RunRecord) -> Result<Found, Error> {
     match std::fs::symlink_metadata(dir) {
-        Err(_) => return Ok(Ok(None)),
+        Err(_) => return Ok(Found::Same(None)),
         // A run folder linked elsewhere would put the run's files there: refused, not followed.
         Ok(m) if m.file_type().is_symlink() => {
             return Err(Error::Usage(format!(
@@ -700,11 +712,13 @@ fn compare(dir: &Path, new: &RunRecord) -> Result<Result<Option<Rendered>, Strin
         }
         Ok(_) => {}
     }
-    let old = match std::fs::read_to_string(dir.join("run.json")) {
-        Ok(text) => serde_json::from_str::<serde_json::Value>(&text).ok(),
+    let path = dir.join("run.json");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(Error::io(&dir.join("run.json"), e)),
+        Err(e) => return Err(Error::io(&path, e)),
     };
+    let old = text.as_deref().and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok());
     let new = serde_json::to_value(new).unwrap_or_default();
     // Where the spec lives and which build rendered it do not change what runs.
     let what_runs = |v: &serde_json::Value| {
@@ -727,10 +741,10 @@ fn compare(dir: &Path, new: &RunRecord) -> Result<Result<Option<Rendered>, Strin
         v
     };
     let differs = match &old {
-        Some(old) if what_runs(old) == what_runs(&new) => return Ok(Ok(Some(Rendered::Unchanged))),
+        Some(old) if what_runs(old) == what_runs(&new) => return Ok(Found::Same(Some(Rendered::Unchanged))),
         Some(old) if what_computes(old) == what_computes(&new) => {
             let r = if has_results(dir) { Rendered::Rescheduled } else { Rendered::Refreshed };
-            return Ok(Ok(Some(r)));
+            return Ok(Found::Same(Some(r)));
         }
         Some(old) => {
             let (old, new) = (what_runs(old), what_runs(&new));
@@ -747,7 +761,11 @@ fn compare(dir: &Path, new: &RunRecord) -> Result<Result<Option<Rendered>, Strin
         }
         None => "it has no readable run.json".to_string(),
     };
-    Ok(if has_results(dir) { Err(differs) } else { Ok(Some(Rendered::Refreshed)) })
+    Ok(if has_results(dir) {
+        Found::Other { what: differs, record: text.and_then(|t| parse_record(&path, &t).ok()).map(Box::new) }
+    } else {
+        Found::Same(Some(Rendered::Refreshed))
+    })
 }
 
 /// Makes a `run.json`'s relative paths absolute, as a spec's are now ([`Spec`]'s anchoring):
@@ -870,25 +888,30 @@ pub fn write_run(dir: &Path, files: &RunFiles) -> Result<(), Error> {
 
 /// Reads a run folder's `run.json`; one of another format is refused with both versions named.
 pub fn read_record(dir: &Path) -> Result<RunRecord, Error> {
+    let p = dir.join("run.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+    parse_record(&p, &text)
+}
+
+/// A `run.json`'s text (read from `p`) as a record, as [`read_record`] takes it.
+fn parse_record(p: &Path, text: &str) -> Result<RunRecord, Error> {
     /// The version alone, read first: a record of another format would otherwise fail on the
     /// first field that differs, with a message that does not say why.
     #[derive(Deserialize)]
     struct Format {
         format: u32,
     }
-    let p = dir.join("run.json");
-    let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
     let json_error = |e: serde_json::Error| Error::Json {
-        path: p.clone(),
+        path: p.to_path_buf(),
         line: e.line(),
         column: e.column(),
         message: e.to_string(),
     };
-    let Format { format } = serde_json::from_str(&text).map_err(json_error)?;
+    let Format { format } = serde_json::from_str(text).map_err(json_error)?;
     if format != RUN_RECORD_VERSION {
-        return Err(Error::RecordFormat { path: p.clone(), found: format, expected: RUN_RECORD_VERSION });
+        return Err(Error::RecordFormat { path: p.to_path_buf(), found: format, expected: RUN_RECORD_VERSION });
     }
-    serde_json::from_str(&text).map_err(json_error)
+    serde_json::from_str(text).map_err(json_error)
 }
 
 /// The run folders under `out` (those with a `run.json`), sorted by id. A folder holding a
@@ -985,6 +1008,22 @@ mod tests {
         let e = render_with(&a, out.path(), OnChange::Refuse).unwrap_err().to_string();
         assert!(e.contains("config.steps = 4, the spec now gives 3"), "{e}");
         assert!(read_record(&dir).unwrap().worker_argv.windows(2).any(|w| w == ["--steps", "4"]), "refused, unchanged");
+        // The folder to move aside comes with the record of the run it holds (what `--overwrite`
+        // asks the run's state of); one of another format comes with none.
+        let checked = check(&a, out.path(), OnChange::MoveAside).unwrap();
+        let replaced: Vec<_> =
+            checked.to_replace().map(|(d, r)| (d.to_path_buf(), r.map(|r| r.run.config.steps))).collect();
+        assert_eq!(replaced, [(dir.clone(), Some(4))]);
+        assert_eq!(check(&b, out.path(), OnChange::MoveAside).unwrap().to_replace().count(), 0, "the same run");
+        let text = std::fs::read_to_string(dir.join("run.json")).unwrap();
+        let format = format!("\"format\": {RUN_RECORD_VERSION}");
+        assert!(text.contains(&format), "{text}");
+        std::fs::write(dir.join("run.json"), text.replace(&format, "\"format\": 99")).unwrap();
+        let checked = check(&a, out.path(), OnChange::MoveAside).unwrap();
+        assert_eq!(
+            checked.to_replace().map(|(d, r)| (d.to_path_buf(), r.is_some())).collect::<Vec<_>>(),
+            [(dir.clone(), false)]
+        );
         let (_, what) = render_with(&a, out.path(), OnChange::MoveAside).unwrap().remove(0);
         let Rendered::Replaced { old } = what else { panic!("{what:?}") };
         assert!(old.starts_with(out.path().canonicalize().unwrap().join(REPLACED_DIR)), "{}", old.display());

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::error::Error;
 use crate::local::{LOCAL_OUTPUT, LOCAL_RECORD};
 use crate::plan::Plan;
-use crate::render::{check, has_results, move_aside, read_record, OnChange, Rendered, ATTEMPTS_DIR, LOG_DIR};
+use crate::render::{check, has_results, move_aside, OnChange, Rendered, ATTEMPTS_DIR, LOG_DIR};
 use crate::status::{status_of, RunState, State, FROM_PIDS};
 use crate::submit::SLURM_RECORD;
 
@@ -44,7 +44,7 @@ pub fn render_over(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(
     if on_change == OnChange::MoveAside {
         // A folder whose run.json cannot be read says nothing of a job; it is moved as before.
         let moving: Vec<_> =
-            checked.to_replace().filter_map(|d| read_record(d).ok().map(|r| (d.to_path_buf(), r))).collect();
+            checked.to_replace().filter_map(|(d, r)| r.map(|r| (d.to_path_buf(), r.clone()))).collect();
         if let Some(r) = status_of(&moving).into_iter().find(|r| matches!(r.state, State::Pending | State::Running)) {
             let how = match &r.job_id {
                 Some(job) if r.source != FROM_PIDS => {
