@@ -558,6 +558,22 @@ mod tests {
         assert_eq!(initial_bounds(&refs, &works), [true, true, false, false, false, false, true, false]);
     }
 
+    /// Communication is fitted on the runs of several GPUs without offload, or, where there are
+    /// none, on those of several GPUs with it; a run of one GPU is never among them.
+    #[test]
+    fn communication_is_fitted_on_runs_of_several_gpus() {
+        let work = |gpus: u32, offload: Offload| {
+            let mut c = RunConfig::new(ModelPreset::Gpt2, ZeroStage::Z2);
+            c.offload = offload;
+            Work::of(&Query::new(c, gpus, 1), None)
+        };
+        let (none, offloaded) = (Offload::None, Offload::Optimizer);
+        let works = [work(1, none), work(2, none), work(2, offloaded), work(4, none), work(1, offloaded)];
+        assert_eq!(communication_runs(&works), [1, 3]);
+        assert_eq!(communication_runs(&[work(1, none), work(2, offloaded), work(1, offloaded)]), [1]);
+        assert!(communication_runs(&[work(1, none), work(1, offloaded)]).is_empty());
+    }
+
     /// A FLOP rate's floor is the time a GFLOP takes at the stated peak; a peak of zero (or less,
     /// or none) states nothing, and floors nothing.
     #[test]

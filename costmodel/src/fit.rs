@@ -863,23 +863,25 @@ mod tests {
     }
 
     /// A family's fitted sizes widened by 0.1% are inside, their edges included: a preset whose
-    /// size is exactly the widened least or largest is not flagged, one a hair beyond is.
+    /// size is exactly the widened least or largest is not flagged, one a hair beyond is. The
+    /// same for its layers' width, widened by 1%.
     #[test]
     fn a_preset_at_the_edge_of_its_familys_widened_sizes_is_inside() {
         let f = fit(&sweep()).unwrap().model.fits[0].clone();
         let q = observe(ModelPreset::T5Base, ZeroStage::Z0, 4, 512, 1, Offload::None).query;
         let params = q.config.model.spec().param_count() as f64;
-        let family = Work::of(&q, None).family;
-        // The size whose product with `scale` is exactly `params`.
-        let edge_of = |scale: f64| {
-            let mut m = params / scale;
-            while m * scale > params {
+        let work = Work::of(&q, None);
+        let (family, width) = (work.family, work.layer_width);
+        // The bound whose product with `scale` is exactly `value`.
+        let edge_of = |value: f64, scale: f64| {
+            let mut m = value / scale;
+            while m * scale > value {
                 m = m.next_down();
             }
-            while m * scale < params {
+            while m * scale < value {
                 m = m.next_up();
             }
-            assert_eq!(m * scale, params, "no size gives the edge exactly");
+            assert_eq!(m * scale, value, "no bound gives the edge exactly");
             m
         };
         let flagged = |min: f64, max: f64| {
@@ -888,11 +890,22 @@ mod tests {
             (r.min_params, r.max_params) = (min, max);
             g.predict(&q).extrapolated.iter().any(|e| e.contains("B parameters, fitted"))
         };
-        let (low, high) = (edge_of(0.999), edge_of(1.001));
+        let (low, high) = (edge_of(params, 0.999), edge_of(params, 1.001));
         assert!(!flagged(low, 2.0 * params), "at the lower edge");
         assert!(!flagged(0.5 * params, high), "at the upper edge");
         assert!(flagged(low.next_up().next_up(), 2.0 * params), "just above the lower edge");
         assert!(flagged(0.5 * params, high.next_down().next_down()), "just below the upper edge");
+        let width_flagged = |lo: f64, hi: f64| {
+            let mut g = f.clone();
+            g.range.families.get_mut(family).unwrap().layer_width = Some([lo, hi]);
+            g.predict(&q).extrapolated.iter().any(|e| e.starts_with("activations: layers of"))
+        };
+        let slack = crate::model::LAYER_WIDTH_SLACK;
+        let (low, high) = (edge_of(width, 1.0 - slack), edge_of(width, 1.0 + slack));
+        assert!(!width_flagged(low, 2.0 * width), "at the lower edge of the widths");
+        assert!(!width_flagged(0.5 * width, high), "at the upper edge of the widths");
+        assert!(width_flagged(low.next_up().next_up(), 2.0 * width), "just above the lower edge of the widths");
+        assert!(width_flagged(0.5 * width, high.next_down().next_down()), "just below the upper edge of the widths");
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub const OLDEST_READ: u32 = 3;
 /// How far a preset's layer width ([`crate::work::layer_width`]) may lie outside its family's
 /// fitted range, relative, before it is flagged: GPT-2's biases and T5's position buckets move
 /// the width of one family's presets by less than 0.2%.
-const LAYER_WIDTH_SLACK: f64 = 0.01;
+pub(crate) const LAYER_WIDTH_SLACK: f64 = 0.01;
 
 /// The model file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
