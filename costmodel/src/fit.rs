@@ -326,10 +326,16 @@ mod tests {
         let p = f.predict(&slow.query);
         assert!(off(&p, &slow) < 0.01 && p.host_adamw_gparams_per_s == Some(3.0), "{p:?}");
         assert!(p.extrapolated.iter().any(|e| e.contains("host AdamW at 3.00G")), "{:?}", p.extrapolated);
-        // The fitted rates widened by 0.1% are inside, their edges included.
+        // The fitted rates widened by 0.1% are inside, their edges included; a hair beyond is not.
+        let flagged = |rate: f64| {
+            let p = f.predict(&on_host(&large, rate).query);
+            p.extrapolated.iter().any(|e| e.contains("host AdamW at"))
+        };
         for edge in [4.0 * 0.999, 6.25 * 1.001] {
-            let p = f.predict(&on_host(&large, edge).query);
-            assert!(!p.extrapolated.iter().any(|e| e.contains("host AdamW at")), "{edge}: {:?}", p.extrapolated);
+            assert!(!flagged(edge), "{edge}");
+        }
+        for beyond in [(4.0 * 0.999_f64).next_down(), (6.25 * 1.001_f64).next_up()] {
+            assert!(flagged(beyond), "{beyond}");
         }
         // Two ranks on one host: each priced as a fitted host's rank, the host's rate not used.
         let two = on_host(&observe(ModelPreset::Gpt2Large, ZeroStage::Z2, 4, 1024, 2, Offload::Optimizer), 3.0);

@@ -347,6 +347,40 @@ mod tests {
         assert_eq!(offload_balance(&cheap, None, &all(Offload::Optimizer)), Some(1.0));
     }
 
+    /// A term a family lacks is borrowed, with the flag that says from where: a family no run
+    /// fitted takes the fitted families' mean; a fitted family's device term the donor's (the
+    /// others' mean without one), and its other terms the others' mean.
+    #[test]
+    fn a_missing_term_is_borrowed_and_said_where_from() {
+        let coef: BTreeMap<String, f64> = [
+            ("gpt2.device_ms", 10.0),
+            ("gpt2.host_ms", 1.0),
+            ("t5.device_ms", 30.0),
+            ("t5.host_ms", 3.0),
+            // llama fitted without a device bound (none of its runs kept the GPU busy).
+            ("llama.host_ms", 5.0),
+            // No family's: never in a mean, and no sign that mlp was fitted.
+            ("optimizer.ms_per_gparam", 7.0),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .into();
+        let donor = DeviceDonor { family: "t5".into(), busy_configurations: 4 };
+        assert_eq!(
+            borrowed(&coef, Some(&donor), "mlp", ".device_ms", Part::Device),
+            (20.0, "mlp: no run of this family was fitted; its terms are the mean of the others'".to_string())
+        );
+        assert_eq!(borrowed(&coef, Some(&donor), "mlp", ".host_ms", Part::Host).0, 3.0);
+        let (c, why) = borrowed(&coef, Some(&donor), "llama", ".device_ms", Part::Device);
+        assert_eq!((c, why.ends_with("t5's, the family with the most busy configurations")), (30.0, true), "{why}");
+        let (c, why) = borrowed(&coef, None, "llama", ".device_ms", Part::Device);
+        assert_eq!((c, why.ends_with("the other families' mean")), (20.0, true), "{why}");
+        let (c, why) = borrowed(&coef, Some(&donor), "llama", ".ms_per_gflop", Part::Step);
+        assert_eq!(
+            (c, why.as_str()),
+            (0.0, "llama.ms_per_gflop: not fitted for this family; the other families' mean")
+        );
+    }
+
     /// Ranks sharing a host slow its AdamW by ranks^e, not the parameters' copies; a model without
     /// the exponent prices each rank as one alone.
     #[test]

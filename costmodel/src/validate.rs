@@ -423,17 +423,10 @@ fn stage_choice(held: &[Held]) -> StageChoice {
     out
 }
 
+/// The median of `v` as every part of zerobench takes it ([`zerobench_schema::stats::median`]);
+/// NaN for none.
 fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    zerobench_schema::stats::median(v).unwrap_or(f64::NAN)
 }
 
 /// 5th and 95th percentiles (nearest rank); [0, 0] when empty.
