@@ -2,14 +2,16 @@
 //!
 //! Every file is first written to a new file created exclusively beside it (`O_EXCL` and
 //! `O_NOFOLLOW`: never an existing file or link), then put in place: renamed over the name
-//! ([`replace`]), or linked to it only if nothing has the name ([`create_new`]). A rename or a
+//! ([`replace`]), or linked to it only if nothing has the name ([`create_new`]; on a file system
+//! without hard links, renamed to it by a rename that refuses to replace). A rename or a
 //! link replaces or refuses a link at the name instead of writing through it, so a link in a
 //! shared folder cannot make zerobench overwrite another user's file; a reader never sees half a
 //! file; and a write that fails (a full disk, a file-size limit) removes what it wrote and leaves
 //! the name as it was.
 
+use std::ffi::CString;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -71,11 +73,58 @@ pub fn replace(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 /// Writes `bytes` to `path` only if nothing has that name (a file, a folder, a link, even a
 /// dangling one): `AlreadyExists` otherwise, and nothing is changed.
 pub fn create_new(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    write_then(path, bytes, |tmp| {
-        // A hard link fails where the name is taken, and never follows a link there.
-        std::fs::hard_link(tmp, path).map_err(|e| Error::at(path, e))?;
-        std::fs::remove_file(tmp).map_err(|e| Error::at(tmp, e))
-    })
+    write_then(path, bytes, |tmp| place_new(tmp, path, |from, to| std::fs::hard_link(from, to), rename_no_replace))
+}
+
+/// Puts the written file `tmp` at `path` only if nothing has that name, with `link` (a hard
+/// link: it fails where the name is taken, and never follows a link there). A file system that
+/// has no hard links (vfat, exFAT, many FUSE mounts) fails it with EPERM or EOPNOTSUPP; there
+/// `rename` (one that refuses to replace: [`rename_no_replace`]) does the same.
+fn place_new(
+    tmp: &Path,
+    path: &Path,
+    link: impl FnOnce(&Path, &Path) -> io::Result<()>,
+    rename: impl FnOnce(&Path, &Path) -> io::Result<()>,
+) -> Result<(), Error> {
+    match link(tmp, path) {
+        Ok(()) => std::fs::remove_file(tmp).map_err(|e| Error::at(tmp, e)),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EOPNOTSUPP)) => {
+            rename(tmp, path).map_err(|r| match r.raw_os_error() {
+                // The rename's flag unsupported too: say what both steps found.
+                Some(libc::EINVAL) => Error::at(
+                    path,
+                    io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        format!(
+                            "this file system has no hard links ({e}) nor renames that refuse to replace ({r}), \
+                             which a new file needs here so that nothing under its name is overwritten"
+                        ),
+                    ),
+                ),
+                _ => Error::at(path, r),
+            })
+        }
+        Err(e) => Err(Error::at(path, e)),
+    }
+}
+
+/// Renames `from` to `to` only if nothing has the name `to` (`AlreadyExists` otherwise, a link
+/// there included): `renameat2`'s `RENAME_NOREPLACE`, EINVAL where the file system lacks it.
+fn rename_no_replace(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))
+    };
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: two NUL-terminated paths that outlive the call, relative to the working folder.
+    let rc =
+        unsafe { libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_NOREPLACE) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// A new, empty file at `path` to write into (a run's output): created fresh and renamed into
@@ -157,6 +206,54 @@ mod tests {
         let e = replace(&p, b"[]").unwrap_err().to_string();
         assert!(e.contains("no free temporary name"), "{e}");
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "{}", "the file keeps its bytes");
+    }
+
+    /// Where the file system has no hard links (the link fails with EPERM or EOPNOTSUPP), a new
+    /// file is renamed into place by a rename that refuses to replace: it never takes a name in
+    /// use (a file, a dangling link), and no temporary file stays. Another failure of the link is
+    /// reported as it is.
+    #[test]
+    fn without_hard_links_a_new_file_is_renamed_into_place_never_over_a_name() {
+        let d = tempfile::tempdir().unwrap();
+        let no_links =
+            |code: i32| move |_: &Path, _: &Path| -> io::Result<()> { Err(io::Error::from_raw_os_error(code)) };
+        for code in [libc::EPERM, libc::EOPNOTSUPP] {
+            let p = d.path().join(format!("model-{code}.json"));
+            write_then(&p, b"{}", |tmp| place_new(tmp, &p, no_links(code), rename_no_replace)).unwrap();
+            assert_eq!(std::fs::read_to_string(&p).unwrap(), "{}");
+            let e = write_then(&p, b"[]", |tmp| place_new(tmp, &p, no_links(code), rename_no_replace)).unwrap_err();
+            assert_eq!((e.path.as_path(), e.cause.kind()), (p.as_path(), io::ErrorKind::AlreadyExists));
+            assert_eq!(std::fs::read_to_string(&p).unwrap(), "{}");
+        }
+        let dangling = d.path().join("dangling");
+        std::os::unix::fs::symlink(d.path().join("nothing"), &dangling).unwrap();
+        let e = write_then(&dangling, b"x", |tmp| place_new(tmp, &dangling, no_links(libc::EPERM), rename_no_replace))
+            .unwrap_err();
+        assert_eq!(e.cause.kind(), io::ErrorKind::AlreadyExists);
+        assert!(!d.path().join("nothing").exists(), "the link was not followed");
+        let other = d.path().join("other.json");
+        let e = write_then(&other, b"x", |tmp| place_new(tmp, &other, no_links(libc::EACCES), rename_no_replace))
+            .unwrap_err();
+        assert_eq!((e.path.as_path(), e.cause.raw_os_error()), (other.as_path(), Some(libc::EACCES)));
+        assert!(!other.exists(), "no rename after another failure");
+        // Neither hard links nor the rename's flag (EINVAL): an error that says both, nothing placed.
+        let e = write_then(&other, b"x", |tmp| place_new(tmp, &other, no_links(libc::EPERM), no_links(libc::EINVAL)))
+            .unwrap_err();
+        assert_eq!((e.path.as_path(), e.cause.kind()), (other.as_path(), io::ErrorKind::Unsupported));
+        assert!(
+            e.to_string().contains("no hard links (Operation not permitted") && e.to_string().contains("nor renames"),
+            "{e}"
+        );
+        assert!(!other.exists());
+        let mut names: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let mut want = vec!["dangling".to_string()];
+        want.extend([libc::EPERM, libc::EOPNOTSUPP].map(|c| format!("model-{c}.json")));
+        want.sort();
+        assert_eq!(names, want, "no temporary file left");
     }
 
     /// Any other failure to create the temporary file is reported as it is, naming the file,
