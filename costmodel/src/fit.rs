@@ -914,6 +914,21 @@ mod tests {
         assert!(width_flagged(0.5 * width, high.next_down().next_down()), "just below the upper edge of the widths");
     }
 
+    /// k-fold validation holds each run out exactly once: the held-out list is the runs fitted,
+    /// each predicted by the fold that left its group out.
+    #[test]
+    fn each_run_is_held_out_once() {
+        let runs = sweep();
+        let fitted = fit(&runs).unwrap();
+        let v = &fitted.model.fits[0].validation;
+        let mut held: Vec<&str> = v.held_out.iter().map(|h| h.run_id.as_str()).collect();
+        let mut want: Vec<&str> = runs.iter().map(|o| o.run_id.as_str()).collect();
+        held.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(held, want);
+        assert_eq!(v.runs as usize, runs.len());
+    }
+
     #[test]
     fn too_few_configurations_and_no_runs_are_errors() {
         assert!(matches!(fit(&[]), Err(FitError::NoRuns)));
@@ -930,6 +945,11 @@ mod tests {
             .collect();
         let err = fit(&stages).unwrap_err();
         assert!(matches!(err, FitError::OneGroup { groups: 1, .. }), "{err}");
+        // A second group (another micro-batch) is enough: one is held out while the other fits.
+        let mut two_groups = stages.clone();
+        two_groups.push(observe(ModelPreset::Gpt2, ZeroStage::Z0, 8, 1024, 1, Offload::None));
+        let fitted = fit(&two_groups).unwrap();
+        assert_eq!((fitted.model.fits.len(), fitted.skipped.len()), (1, 0));
         // A stray run of another precision beside a sweep is left out with its reason.
         let mut runs = sweep();
         let mut stray = runs[0].clone();

@@ -163,6 +163,32 @@ mod tests {
         }
     }
 
+    /// Each column enters the solution in an outer step of its own: a problem whose solution needs
+    /// all of its 14 columns (more than the cost model's terms of one family) is solved whole.
+    #[test]
+    fn every_column_a_solution_needs_enters_it() {
+        let cols = 14;
+        let a: Vec<Vec<f64>> = (0..20)
+            .map(|i| (0..cols).map(|j| ((i * 7 + j * 13) % 11) as f64 + if i == j { 20.0 } else { 0.0 }).collect())
+            .collect();
+        let x0: Vec<f64> = (1..=cols).map(|j| j as f64).collect();
+        let b: Vec<f64> = a.iter().map(|r| r.iter().zip(&x0).map(|(p, q)| p * q).sum()).collect();
+        let x = nnls(&a, &b);
+        for (got, want) in x.iter().zip(&x0) {
+            assert!((got - want).abs() < 1e-6 * want, "{x:?}");
+        }
+    }
+
+    /// A column enters only where its gradient is above the noise floor, 1e-12 per column of the
+    /// (unit-norm) problem: with two columns a right side of 1e-12 is noise, one of 3e-12 is not.
+    #[test]
+    fn a_gradient_below_the_noise_floor_enters_nothing() {
+        let a = vec![vec![1.0, 0.0], vec![0.0, 1.0]];
+        assert_eq!(nnls(&a, &[1e-12, 0.0]), [0.0, 0.0]);
+        let x = nnls(&a, &[3e-12, 0.0]);
+        assert!((x[0] - 3e-12).abs() < 1e-18 && x[1] == 0.0, "{x:?}");
+    }
+
     #[test]
     fn a_coefficient_that_would_be_negative_is_held_at_zero() {
         // b = 2·col0 − 1·col1: unconstrained least squares gives −1; NNLS must give x1 = 0 and
