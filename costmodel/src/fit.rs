@@ -448,7 +448,7 @@ mod tests {
 
     /// The sharing exponent is the grid's value whose prices lie closest to the steps, relative to
     /// each step: on a small model too, whose steps move by about a millisecond from one grid
-    /// value to the next.
+    /// value to the next. Without such runs the fit has none.
     #[test]
     fn a_small_models_runs_on_a_shared_host_give_its_exponent() {
         let mut shared_truth = truth();
@@ -464,6 +464,9 @@ mod tests {
         }
         let f = &fit(&runs).unwrap().model.fits[0];
         assert_eq!(f.step.get(OFFLOAD_SHARING), Some(&0.35));
+        // Without offloaded runs of several ranks per host there is no exponent to fit: the
+        // sweep's offloaded runs have a GPU each, and its runs of two GPUs offload nothing.
+        assert_eq!(fit(&sweep()).unwrap().model.fits[0].step.get(OFFLOAD_SHARING), None);
     }
 
     /// Offloaded runs of 4 GPUs widen what offload has seen (ranks per host), not what
@@ -945,11 +948,13 @@ mod tests {
             .collect();
         let err = fit(&stages).unwrap_err();
         assert!(matches!(err, FitError::OneGroup { groups: 1, .. }), "{err}");
-        // A second group (another micro-batch) is enough: one is held out while the other fits.
+        // A second group (another micro-batch) is enough: one is held out while the other fits
+        // (these two groups' hashes agree modulo 2, so folds by the hash alone held out neither).
         let mut two_groups = stages.clone();
         two_groups.push(observe(ModelPreset::Gpt2, ZeroStage::Z0, 8, 1024, 1, Offload::None));
         let fitted = fit(&two_groups).unwrap();
         assert_eq!((fitted.model.fits.len(), fitted.skipped.len()), (1, 0));
+        assert_eq!(fitted.model.fits[0].validation.runs, 4, "every run held out once");
         // A stray run of another precision beside a sweep is left out with its reason.
         let mut runs = sweep();
         let mut stray = runs[0].clone();

@@ -298,8 +298,17 @@ pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
     let configs: BTreeSet<String> = runs.iter().map(|o| o.config_key()).collect();
     let groups: BTreeSet<String> = runs.iter().map(|o| o.stage_group_key()).collect();
     let k = FOLDS.min(groups.len()).max(1);
-    // Folds by a hash of the configuration, so they do not follow the sweep's order.
-    let fold_of = |o: &Observation| (fnv1a(o.stage_group_key().as_bytes()) % k as u64) as usize;
+    // Folds by a hash of the group's key, so that they do not follow the sweep's order. Where
+    // that leaves a fold without a group (two groups whose hashes agree modulo 2: nothing was held
+    // out, and the validation reported no error over no runs), the groups are dealt to the folds
+    // one after another in the order of their hashes instead, so each fold holds one at least.
+    let hashed = |g: &str| (fnv1a(g.as_bytes()) % k as u64) as usize;
+    let mut dealt: Vec<(u64, &str)> = groups.iter().map(|g| (fnv1a(g.as_bytes()), g.as_str())).collect();
+    dealt.sort_unstable();
+    let every_fold_held = (0..k).all(|f| dealt.iter().any(|&(_, g)| hashed(g) == f));
+    let folds: BTreeMap<&str, usize> =
+        dealt.iter().enumerate().map(|(i, &(_, g))| (g, if every_fold_held { hashed(g) } else { i % k })).collect();
+    let fold_of = |o: &Observation| folds[o.stage_group_key().as_str()];
     let mut held = Vec::new();
     for fold in 0..k {
         let train: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(o) != fold).collect();
