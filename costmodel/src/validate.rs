@@ -302,17 +302,20 @@ pub fn validate(runs: &[&Observation]) -> (Validation, Intervals) {
     // that leaves a fold without a group (two groups whose hashes agree modulo 2: nothing was held
     // out, and the validation reported no error over no runs), the groups are dealt to the folds
     // one after another in the order of their hashes instead, so each fold holds one at least.
-    let hashed = |g: &str| (fnv1a(g.as_bytes()) % k as u64) as usize;
     let mut dealt: Vec<(u64, &str)> = groups.iter().map(|g| (fnv1a(g.as_bytes()), g.as_str())).collect();
     dealt.sort_unstable();
-    let every_fold_held = (0..k).all(|f| dealt.iter().any(|&(_, g)| hashed(g) == f));
+    let hashed = |h: u64| (h % k as u64) as usize;
+    let every_fold_held = (0..k).all(|f| dealt.iter().any(|&(h, _)| hashed(h) == f));
     let folds: BTreeMap<&str, usize> =
-        dealt.iter().enumerate().map(|(i, &(_, g))| (g, if every_fold_held { hashed(g) } else { i % k })).collect();
-    let fold_of = |o: &Observation| folds[o.stage_group_key().as_str()];
+        dealt.iter().enumerate().map(|(i, &(h, g))| (g, if every_fold_held { hashed(h) } else { i % k })).collect();
+    // Each run's fold, once (its key is built from its configuration).
+    let fold_of: Vec<usize> = runs.iter().map(|o| folds[o.stage_group_key().as_str()]).collect();
+    let in_fold = |fold: usize, held_out: bool| -> Vec<&Observation> {
+        runs.iter().zip(&fold_of).filter(|&(_, &f)| (f == fold) == held_out).map(|(&o, _)| o).collect()
+    };
     let mut held = Vec::new();
     for fold in 0..k {
-        let train: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(o) != fold).collect();
-        let test: Vec<&Observation> = runs.iter().copied().filter(|o| fold_of(o) == fold).collect();
+        let (train, test) = (in_fold(fold, false), in_fold(fold, true));
         if train.is_empty() || test.is_empty() {
             continue;
         }

@@ -215,30 +215,32 @@ mod tests {
     #[test]
     fn without_hard_links_a_new_file_is_renamed_into_place_never_over_a_name() {
         let d = tempfile::tempdir().unwrap();
-        let no_links =
+        let fails_with =
             |code: i32| move |_: &Path, _: &Path| -> io::Result<()> { Err(io::Error::from_raw_os_error(code)) };
         for code in [libc::EPERM, libc::EOPNOTSUPP] {
             let p = d.path().join(format!("model-{code}.json"));
-            write_then(&p, b"{}", |tmp| place_new(tmp, &p, no_links(code), rename_no_replace)).unwrap();
+            write_then(&p, b"{}", |tmp| place_new(tmp, &p, fails_with(code), rename_no_replace)).unwrap();
             assert_eq!(std::fs::read_to_string(&p).unwrap(), "{}");
-            let e = write_then(&p, b"[]", |tmp| place_new(tmp, &p, no_links(code), rename_no_replace)).unwrap_err();
+            let e = write_then(&p, b"[]", |tmp| place_new(tmp, &p, fails_with(code), rename_no_replace)).unwrap_err();
             assert_eq!((e.path.as_path(), e.cause.kind()), (p.as_path(), io::ErrorKind::AlreadyExists));
             assert_eq!(std::fs::read_to_string(&p).unwrap(), "{}");
         }
         let dangling = d.path().join("dangling");
         std::os::unix::fs::symlink(d.path().join("nothing"), &dangling).unwrap();
-        let e = write_then(&dangling, b"x", |tmp| place_new(tmp, &dangling, no_links(libc::EPERM), rename_no_replace))
-            .unwrap_err();
+        let e =
+            write_then(&dangling, b"x", |tmp| place_new(tmp, &dangling, fails_with(libc::EPERM), rename_no_replace))
+                .unwrap_err();
         assert_eq!(e.cause.kind(), io::ErrorKind::AlreadyExists);
         assert!(!d.path().join("nothing").exists(), "the link was not followed");
         let other = d.path().join("other.json");
-        let e = write_then(&other, b"x", |tmp| place_new(tmp, &other, no_links(libc::EACCES), rename_no_replace))
+        let e = write_then(&other, b"x", |tmp| place_new(tmp, &other, fails_with(libc::EACCES), rename_no_replace))
             .unwrap_err();
         assert_eq!((e.path.as_path(), e.cause.raw_os_error()), (other.as_path(), Some(libc::EACCES)));
         assert!(!other.exists(), "no rename after another failure");
         // Neither hard links nor the rename's flag (EINVAL): an error that says both, nothing placed.
-        let e = write_then(&other, b"x", |tmp| place_new(tmp, &other, no_links(libc::EPERM), no_links(libc::EINVAL)))
-            .unwrap_err();
+        let e =
+            write_then(&other, b"x", |tmp| place_new(tmp, &other, fails_with(libc::EPERM), fails_with(libc::EINVAL)))
+                .unwrap_err();
         assert_eq!((e.path.as_path(), e.cause.kind()), (other.as_path(), io::ErrorKind::Unsupported));
         assert!(
             e.to_string().contains("no hard links (Operation not permitted") && e.to_string().contains("nor renames"),
