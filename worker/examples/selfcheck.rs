@@ -102,11 +102,6 @@
 //!   inside a graph (between two runs of products) reads what each of four replays on the urgent
 //!   stream wrote before it; three updates beside give the in-order updates' bits (master, moments,
 //!   bf16 copy). Runs after `cuda_graph`, on its stream.
-//! * `tied_rows`: a tied embedding's update in parts (`zero::beside`): the rows 4096 ids (with
-//!   repeats, and two outside the rows) look up are marked; the other rows updated alone leave the
-//!   marked ones untouched and give the whole update's bits in theirs; then the marked rows and the
-//!   unit's elements before and after the embedding give, over three steps, the whole update's bits
-//!   everywhere. On the update stream, after `update_beside`.
 //!
 //! `mpirun -np 1 target/release/examples/selfcheck`
 
@@ -1220,75 +1215,6 @@ fn cuda_graph(r: &mut Report) {
     );
     graph_memsets(r, &gpu);
     update_beside(r, &gpu);
-    tied_rows(r, &gpu);
-}
-
-/// A tied embedding's update in parts (`zero::beside`) against the whole update in order: rows of
-/// gpt2-xl's width between a few elements before (an offset the vectors are aligned at) and an odd
-/// tail after, as in GPT-2's embedding unit.
-fn tied_rows(r: &mut Report, gpu: &Arc<cuda::Gpu>) {
-    use zerobench_worker::zero::adamw_cuda::Side;
-    let cuda = Device::Cuda(0);
-    let (before, rows, row_len, after) = (8_i64, 3000_i64, 1600_i64, 1003_i64);
-    let (emb, n) = (rows * row_len, before + rows * row_len + after);
-    let opt = AdamW::new(OptimConfig { weight_decay: 0.1, ..OptimConfig::default() }, Some(Arc::clone(gpu)));
-    tch::manual_seed(29);
-    let f = |scale: f64| Tensor::randn([n], (Kind::Float, cuda)) * scale;
-    let start =
-        [f(0.02), f(1e-3), f(1e-6).abs(), f(1e-2).to_kind(Kind::BFloat16), Tensor::zeros([n], (Kind::BFloat16, cuda))];
-    let copy = || start.iter().map(Tensor::copy).collect::<Vec<_>>();
-    fn shard(t: &[Tensor]) -> Shard<'_> {
-        Shard { master: &t[0], exp_avg: &t[1], exp_avg_sq: &t[2], grad: &t[3], param_out: Some(&t[4]) }
-    }
-    let part = |t: &[Tensor], s: i64, len: i64| t.iter().map(|x| x.narrow(0, s, len)).collect::<Vec<_>>();
-    // Repeated ids (a lookup's tokens), and two the marking must leave out.
-    let mut ids = Tensor::randint(rows / 3, [4094], (Kind::Int64, cuda)) * 2;
-    ids = Tensor::cat(&[ids, Tensor::from_slice(&[-1_i64, rows]).to_device(cuda)], 0);
-    let marks = Tensor::full([rows], 7, (Kind::Uint8, cuda));
-    let want_marks = Tensor::zeros([rows], (Kind::Uint8, cuda)).index_fill(0, &ids.narrow(0, 0, 4094), 1);
-    let (whole, split, alone) = (copy(), copy(), copy());
-    let ready = gpu.mark(&gpu.compute).expect("mark");
-    gpu.wait(&gpu.update, ready).expect("wait");
-    gpu.recycle(ready);
-    // One step of the unmarked rows alone, against one whole step.
-    opt.step(1, 1.0, &shard(&whole)).expect("whole update");
-    opt.mark_rows(&ids, &marks).expect("mark rows");
-    opt.step_rows_beside(1, 1.0, &shard(&part(&alone, before, emb)), (&marks, row_len as usize), Side::Unmarked)
-        .expect("unmarked rows");
-    gpu.synchronize().expect("sync");
-    let marked_right = marks.equal(&want_marks);
-    let rowwise = |t: &Tensor| t.narrow(0, before, emb).view([rows, row_len]);
-    let (picked, others) = (marks.to_kind(Kind::Bool), marks.eq(0));
-    let (mut unmarked_as_whole, mut marked_untouched) = (true, true);
-    for k in 0..5 {
-        let rows_of = |t: &Tensor, m: &Tensor| rowwise(t).index(&[Some(m)]);
-        unmarked_as_whole &= rows_of(&alone[k], &others).equal(&rows_of(&whole[k], &others));
-        marked_untouched &= rows_of(&alone[k], &picked).equal(&rows_of(&start[k], &picked));
-    }
-    // Three steps in parts (as the engine: unmarked rows, then marked rows and the rest) from the start.
-    let whole = copy();
-    for t in 1..=3u64 {
-        opt.step(t, 1.0, &shard(&whole)).expect("whole update");
-        opt.mark_rows(&ids, &marks).expect("mark rows");
-        let rows_part = part(&split, before, emb);
-        opt.step_rows_beside(t, 1.0, &shard(&rows_part), (&marks, row_len as usize), Side::Unmarked).expect("unmarked");
-        opt.step_rows_beside(t, 1.0, &shard(&rows_part), (&marks, row_len as usize), Side::Marked).expect("marked");
-        opt.step_beside(t, 1.0, &shard(&part(&split, 0, before))).expect("before");
-        opt.step_beside(t, 1.0, &shard(&part(&split, before + emb, after))).expect("after");
-    }
-    gpu.synchronize().expect("sync");
-    let bits_equal = whole.iter().zip(&split).all(|(a, b)| a.equal(b));
-    let changed = !whole[0].equal(&start[0]);
-    let refused =
-        opt.step_rows_beside(1, 1.0, &shard(&part(&split, 2, emb)), (&marks, row_len as usize), Side::Marked).is_err();
-    let ok = marked_right && unmarked_as_whole && marked_untouched && bits_equal && changed && refused;
-    r.check(
-        "tied_rows",
-        ok,
-        json!({"marked_rows": picked.sum(Kind::Int64).int64_value(&[]), "marks_as_ids": marked_right,
-               "unmarked_rows_as_whole": unmarked_as_whole, "marked_rows_untouched": marked_untouched,
-               "three_steps_bits_equal": bits_equal, "parameters_changed": changed, "unaligned_refused": refused}),
-    );
 }
 
 /// AdamW beside a replayed backward (`zero::beside`): the urgent stream outranks the update

@@ -402,10 +402,6 @@ impl Trainer<'_> {
         let started = Instant::now();
         let mut pool = GraphPool::new(gpu.clone());
         let mut micro = Vec::with_capacity(batches.len());
-        // The rows of the tied embedding the last micro-step looks up, read where the graphs read.
-        if let Some(last) = batches.last() {
-            self.engine.lookups(&last.input);
-        }
         for (m, batch) in batches.iter().enumerate() {
             self.engine.begin_micro(m);
             let (forward, activations) = pool.capture(|| self.forward(batch))?;

@@ -14,7 +14,7 @@ use zerobench_schema::models::Gpt2Dims;
 use super::lm_head::lm_loss;
 use super::ops::{dim, merge_heads, split_heads};
 use super::recompute::{ln_linear, residual_linear, residual_ln_gelu_mlp, LnLinear};
-use super::{Batch, Init, Model, ParamDef, Segment, Shape, TiedRows, UnitDef, WeightGrads};
+use super::{Batch, Init, Model, ParamDef, Segment, Shape, UnitDef, WeightGrads};
 use crate::runtime::shim;
 
 pub struct Gpt2 {
@@ -102,11 +102,6 @@ impl Model for Gpt2 {
     /// The blocks' nodes write their matrices' gradients where the engine places them.
     fn weight_grads(&self) -> WeightGrads {
         WeightGrads::InPlace
-    }
-
-    /// `wte`, the LM head's weight, whose head segment is the last.
-    fn tied_rows(&self) -> Option<TiedRows> {
-        Some(TiedRows { unit: 0, param: 0, head: self.segments.len() - 1 })
     }
 
     fn segments(&self) -> &[Segment] {

@@ -158,19 +158,6 @@ pub enum WeightGrads {
     InPlace,
 }
 
-/// An embedding tied to the LM head: a `[rows, row_len]` parameter whose gradient is final once
-/// backward is done with the head's segment, except for the rows the batch's input ids look up,
-/// which the embedding's own segment (the last of backward) adds to. On one GPU the other rows are
-/// updated while backward goes on (`zero::beside`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TiedRows {
-    pub unit: usize,
-    /// Its index among the unit's parameters.
-    pub param: usize,
-    /// The head's segment.
-    pub head: usize,
-}
-
 /// A model the ZeRO engine can train.
 pub trait Model {
     fn units(&self) -> &[UnitDef];
@@ -188,10 +175,6 @@ pub trait Model {
     /// layers take a place.
     fn weight_grads(&self) -> WeightGrads {
         WeightGrads::Returned
-    }
-    /// Its embedding tied to the LM head, where the rows outside a batch can be updated early.
-    fn tied_rows(&self) -> Option<TiedRows> {
-        None
     }
 }
 

@@ -22,7 +22,7 @@ use rayon::prelude::*;
 use tch::{Device, Kind, TchError, Tensor};
 use zerobench_schema::config::OptimConfig;
 
-use super::adamw_cuda::{Coeffs, FusedAdamW, Lane, Side};
+use super::adamw_cuda::{Coeffs, FusedAdamW, Lane};
 use crate::runtime::cuda::Gpu;
 
 /// The tensors of one shard. `master`, `exp_avg` and `exp_avg_sq` are fp32; `grad` is in the
@@ -111,34 +111,11 @@ impl AdamW {
         self.step_fused(t, grad_scale, s, Lane::Beside)
     }
 
-    /// [`Self::step_beside`] of the rows on `side` of `marks` of a GPU shard of rows of `row_len`
-    /// elements (an embedding whose rows a lookup read are marked, [`Self::mark_rows`]).
-    pub fn step_rows_beside(
-        &self,
-        t: u64,
-        grad_scale: f64,
-        s: &Shard<'_>,
-        (marks, row_len): (&Tensor, usize),
-        side: Side,
-    ) -> Result<(), TchError> {
-        let f = self.fused()?;
-        let states = [s.master, s.exp_avg, s.exp_avg_sq];
-        f.step_rows(&self.coeffs(t, grad_scale), states, s.grad, s.param_out, marks, row_len, side)
-            .map_err(|e| TchError::Torch(e.to_string()))
-    }
-
-    /// Marks, on the GPU's update stream, the rows of `marks` that the int64 `ids` name.
-    pub fn mark_rows(&self, ids: &Tensor, marks: &Tensor) -> Result<(), TchError> {
-        self.fused()?.mark_rows(ids, marks).map_err(|e| TchError::Torch(e.to_string()))
-    }
-
-    fn fused(&self) -> Result<&FusedAdamW, TchError> {
-        self.fused.as_ref().ok_or_else(|| TchError::Torch("AdamW's fused kernel is not there (NVRTC)".into()))
-    }
-
     /// The fused kernel's update of a GPU shard, launched as `lane` says.
     fn step_fused(&self, t: u64, grad_scale: f64, s: &Shard<'_>, lane: Lane) -> Result<(), TchError> {
-        let f = self.fused()?;
+        let Some(f) = &self.fused else {
+            return Err(TchError::Torch("AdamW's fused kernel is not there (NVRTC)".into()));
+        };
         let k = self.coeffs(t, grad_scale);
         f.step(&k, s.master, s.exp_avg, s.exp_avg_sq, s.grad, s.param_out, lane)
             .map_err(|e| TchError::Torch(e.to_string()))

@@ -48,9 +48,15 @@ extern "C" __global__ void NAME(ADAMW_ARGS) {                                   
     ADAMW_ELEMENT(i, LOAD, STORE)                                                                   \
 }
 
-/* Elements 4j..4j+3: 16 bytes of each fp32 state, 8 (or 16) of the gradient and copy. */
-#define ADAMW_VEC4(j, GV, LOAD4, STORE4)                                                            \
-  {                                                                                                 \
+/* Four elements per thread and load (16 bytes of each fp32 state): elements 4j..4j+3 by thread j,
+   the last n % 4 by the first threads. Every pointer must be aligned for its vector type (the
+   launcher checks). */
+#define ADAMW_VEC(NAME, GV, LOAD, LOAD4, STORE, STORE4)                                             \
+extern "C" __global__ void NAME(ADAMW_ARGS) {                                                       \
+  const long long nv = n / 4;                                                                       \
+  const long long stride = (long long)gridDim.x * blockDim.x;                                       \
+  const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;                         \
+  for (long long j = first; j < nv; j += stride) {                                                  \
     float4 P = reinterpret_cast<float4*>(p)[j];                                                     \
     float4 M = reinterpret_cast<float4*>(m)[j];                                                     \
     float4 V = reinterpret_cast<float4*>(v)[j];                                                     \
@@ -65,43 +71,9 @@ extern "C" __global__ void NAME(ADAMW_ARGS) {                                   
     reinterpret_cast<float4*>(m)[j] = M;                                                            \
     reinterpret_cast<float4*>(v)[j] = V;                                                            \
     STORE4;                                                                                         \
-  }
-
-/* Four elements per thread and load: elements 4j..4j+3 by thread j, the last n % 4 by the first
-   threads. Every pointer must be aligned for its vector type (the launcher checks). */
-#define ADAMW_VEC(NAME, GV, LOAD, LOAD4, STORE, STORE4)                                             \
-extern "C" __global__ void NAME(ADAMW_ARGS) {                                                       \
-  const long long nv = n / 4;                                                                       \
-  const long long stride = (long long)gridDim.x * blockDim.x;                                       \
-  const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;                         \
-  for (long long j = first; j < nv; j += stride) ADAMW_VEC4(j, GV, LOAD4, STORE4)                   \
+  }                                                                                                 \
   const long long i = 4 * nv + first;                                                               \
   if (i < n) ADAMW_ELEMENT(i, LOAD, STORE)                                                          \
-}
-
-/* The rows of a [n / row_len, row_len] tensor whose byte in `marks` is `side` (an embedding's rows
-   a lookup read, 1, or the others, 0): a block per row, which ends at once where the row is on
-   the other side. Four elements per load, as ADAMW_VEC: row_len % 4 == 0 and every pointer
-   aligned (the launcher checks). The same arithmetic per element, so the two sides' updates give
-   the whole update's bits. */
-#define ADAMW_ROWS(NAME, GV, LOAD4, STORE4)                                                         \
-extern "C" __global__ void NAME(ADAMW_ARGS, const unsigned char* __restrict__ marks,               \
-                                long long row_len, int side) {                                      \
-  const long long row = blockIdx.x;                                                                 \
-  if (marks[row] != side) return;                                                                   \
-  const long long end = (row + 1) * (row_len / 4);                                                  \
-  for (long long j = row * (row_len / 4) + threadIdx.x; j < end; j += blockDim.x)                   \
-    ADAMW_VEC4(j, GV, LOAD4, STORE4)                                                                \
-}
-
-/* marks[ids[i]] = 1 for each of the n ids in [0, rows): the rows a lookup read. */
-extern "C" __global__ void mark_rows(const long long* __restrict__ ids, long long n,
-                                     unsigned char* __restrict__ marks, long long rows) {
-  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (i < n) {
-    const long long r = ids[i];
-    if (r >= 0 && r < rows) marks[r] = 1;
-  }
 }
 
 /* Four 16-bit values in one 8-byte word, the first in the low half. */
@@ -120,15 +92,12 @@ ADAMW(adamw_bf16, bf2f, out[i] = f2bf(pi))
 ADAMW(adamw_f16, h2f, out[i] = f2h(pi))
 ADAMW_VEC(adamw_vec_bf16, uint2, bf2f, BF_LOAD4, out[i] = f2bf(pi), STORE4_16(f2bf))
 ADAMW_VEC(adamw_vec_f16, uint2, h2f, H_LOAD4, out[i] = f2h(pi), STORE4_16(f2h))
-ADAMW_ROWS(adamw_rows_bf16, uint2, BF_LOAD4, STORE4_16(f2bf))
-ADAMW_ROWS(adamw_rows_f16, uint2, H_LOAD4, STORE4_16(f2h))
 #undef GT
 #undef OT
 #define GT float
 #define OT float
 ADAMW(adamw_f32, f2f, (void)out)
 ADAMW_VEC(adamw_vec_f32, float4, f2f, F_LOAD4, (void)out, (void)out)
-ADAMW_ROWS(adamw_rows_f32, float4, F_LOAD4, (void)out)
 "#;
 
 /// The per-step scalars of the update, as the kernel takes them (the CPU loop of `adamw` takes
@@ -158,23 +127,12 @@ pub enum Lane {
     Beside,
 }
 
-/// Which rows of an embedding [`FusedAdamW::step_rows`] updates: those its marks name (the rows a
-/// lookup read) or the others.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    Unmarked = 0,
-    Marked = 1,
-}
-
 pub struct FusedAdamW {
     gpu: Arc<Gpu>,
     _module: Arc<CudaModule>,
     /// One element per load, and four ([`VECTOR`]).
     adamw: Instances,
     adamw_vec: Instances,
-    /// Four elements per load, a block per row of one side of the marks.
-    adamw_rows: Instances,
-    mark_rows: cudarc::driver::CudaFunction,
     max_blocks: u32,
 }
 
@@ -190,8 +148,6 @@ pub enum FusedError {
     Kernel(#[from] kernels::KernelError),
     #[error("CUDA: {0}")]
     Cuda(#[from] cudarc::driver::DriverError),
-    #[error("an update by rows needs rows of a multiple of {VECTOR} elements and aligned tensors: {0}")]
-    Rows(String),
 }
 
 impl FusedAdamW {
@@ -201,8 +157,6 @@ impl FusedAdamW {
         Ok(Self {
             adamw: Instances::load(&module, "adamw")?,
             adamw_vec: Instances::load(&module, "adamw_vec")?,
-            adamw_rows: Instances::load(&module, "adamw_rows")?,
-            mark_rows: module.load_function("mark_rows")?,
             _module: module,
             max_blocks: kernels::multiprocessors(&gpu)? * 16,
             gpu,
@@ -250,81 +204,6 @@ impl FusedAdamW {
         Ok(())
     }
 
-    /// Whether [`Self::step_rows`] takes a shard at these addresses with rows of `row_len`
-    /// elements: each row whole in vectors of [`VECTOR`], every tensor aligned for them.
-    fn rows_fit(row_len: usize, states: [&Tensor; 3], grad: &Tensor, out: Option<&Tensor>) -> bool {
-        let vector = |t: &Tensor| (t.data_ptr() as usize) % (VECTOR * t.kind().elt_size_in_bytes()) == 0;
-        row_len > 0 && row_len % VECTOR == 0 && states.into_iter().all(vector) && vector(grad) && out.is_none_or(vector)
-    }
-
-    /// The update of the rows on `side` of `marks` (one byte a row, 1 for marked) of a shard of
-    /// `marks.numel()` rows of `row_len` elements, on the update stream: the embedding's rows a
-    /// lookup did not read while the backward still runs, the others after it
-    /// ([`super::beside`]). Each element gets [`Self::step`]'s arithmetic.
-    #[allow(clippy::too_many_arguments)]
-    pub fn step_rows(
-        &self,
-        k: &Coeffs,
-        [master, m, v]: [&Tensor; 3],
-        grad: &Tensor,
-        out: Option<&Tensor>,
-        marks: &Tensor,
-        row_len: usize,
-        side: Side,
-    ) -> Result<(), FusedError> {
-        let rows = marks.numel();
-        let n = master.numel();
-        let shape = || format!("{n} elements in rows of {row_len}, {rows} marks");
-        if !Self::rows_fit(row_len, [master, m, v], grad, out)
-            || rows * row_len != n
-            || marks.kind() != tch::Kind::Uint8
-        {
-            return Err(FusedError::Rows(shape()));
-        }
-        let Ok(blocks) = u32::try_from(rows) else { return Err(FusedError::Rows(shape())) };
-        if blocks == 0 {
-            return Ok(());
-        }
-        let precision = Precision::of(grad.kind()).unwrap_or(Precision::F32);
-        let ptr = |t: &Tensor| t.data_ptr() as u64;
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        let mut launch = self.gpu.update.launch_builder(self.adamw_rows.get(precision));
-        let (p, mp, vp, gp, op) = (ptr(master), ptr(m), ptr(v), ptr(grad), out.map_or(0, ptr));
-        let (n, marks_ptr, row_len, side) = (n as i64, ptr(marks), row_len as i64, side as i32);
-        launch.arg(&p).arg(&mp).arg(&vp).arg(&gp).arg(&op).arg(&n);
-        Self::coeff_args(&mut launch, k);
-        launch.arg(&marks_ptr).arg(&row_len).arg(&side);
-        // SAFETY: contiguous tensors of `n` elements of the kernel's types (and `rows` marks), aligned
-        // for its loads (checked above), alive until it has run: the engine's persistent buffers.
-        unsafe { launch.launch(cfg) }?;
-        Ok(())
-    }
-
-    /// Marks, on the update stream, the rows of `marks` (one byte a row) that the int64 `ids`
-    /// name: every byte cleared, then 1 at each id (ids outside the rows are left out).
-    pub fn mark_rows(&self, ids: &Tensor, marks: &Tensor) -> Result<(), FusedError> {
-        if ids.kind() != tch::Kind::Int64 || marks.kind() != tch::Kind::Uint8 || !ids.is_contiguous() {
-            return Err(FusedError::Rows(format!("ids of {:?}, marks of {:?}", ids.kind(), marks.kind())));
-        }
-        let stream = &self.gpu.update;
-        let (rows, n) = (marks.numel(), ids.numel());
-        // SAFETY: `marks` holds `rows` bytes on this device, alive until the memset has run (the
-        // engine's persistent buffer).
-        unsafe { cudarc::driver::result::memset_d8_async(marks.data_ptr() as u64, 0, rows, stream.cu_stream()) }?;
-        if n == 0 {
-            return Ok(());
-        }
-        let blocks = u32::try_from(n.div_ceil(THREADS as usize)).unwrap_or(u32::MAX);
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        let (ids_ptr, n, marks_ptr, rows) = (ids.data_ptr() as u64, n as i64, marks.data_ptr() as u64, rows as i64);
-        let mut launch = stream.launch_builder(&self.mark_rows);
-        launch.arg(&ids_ptr).arg(&n).arg(&marks_ptr).arg(&rows);
-        // SAFETY: `n` int64 ids and `rows` bytes on this device (checked kinds, contiguous ids),
-        // alive until the kernel has run (the graphs' fixed batch, the engine's buffer).
-        unsafe { launch.launch(cfg) }?;
-        Ok(())
-    }
-
     /// Launches `func`, a kernel of [`SOURCE`]'s argument list (`examples/adamw_bw` times other
     /// forms of the update with it), on the compute stream: `blocks` blocks of [`THREADS`] over
     /// `n` elements at the device addresses `[master, m, v, grad, out]` (`out` 0 for none).
@@ -359,16 +238,13 @@ impl FusedAdamW {
     ) -> Result<(), FusedError> {
         let cfg = LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         let mut launch = stream.launch_builder(func);
-        launch.arg(&p).arg(&mp).arg(&vp).arg(&gp).arg(&op).arg(&n);
-        Self::coeff_args(&mut launch, k);
-        // SAFETY: as the caller promises; the argument list is the kernels'.
-        unsafe { launch.launch(cfg) }?;
-        Ok(())
-    }
-
-    /// The per-step scalars, in the order of [`SOURCE`]'s argument list after `n`.
-    fn coeff_args<'a>(launch: &mut cudarc::driver::LaunchArgs<'a>, k: &'a Coeffs) {
         launch
+            .arg(&p)
+            .arg(&mp)
+            .arg(&vp)
+            .arg(&gp)
+            .arg(&op)
+            .arg(&n)
             .arg(&k.decay)
             .arg(&k.one_minus_b1)
             .arg(&k.b2)
@@ -377,5 +253,8 @@ impl FusedAdamW {
             .arg(&k.inv_bc2_sqrt)
             .arg(&k.eps)
             .arg(&k.grad_scale);
+        // SAFETY: as the caller promises; the argument list is the kernels'.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
     }
 }

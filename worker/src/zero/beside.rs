@@ -16,29 +16,15 @@
 //! hides nothing. The kernel and its arithmetic are the in-order update's ([`Lane::Beside`]
 //! changes only its grid), so the bits are the same.
 //!
-//! A tied embedding (GPT-2's `wte`, [`TiedRows`]) is harvested last, at the lookup's segment, but
-//! its gradient is final once backward is done with the LM head, the first segment of backward,
-//! except for the rows the batch's ids look up. There the graph records one more event, and the
-//! update stream marks the rows the last micro-step's ids name and updates the others, while the
-//! whole backward is still to run; the marked rows and the unit's other parameters are updated at
-//! the unit's harvest. Without it that unit's whole update (gpt2-xl: 82 M parameters, about 0.55
-//! ms) ran after the backward's last kernel. It applies only where the head's gradient of the
-//! embedding is in its place after the head's segment (one micro-step; at later micro-steps of
-//! accumulation it goes through `.grad`, added at the harvest), which the engine checks at the
-//! capture. Each element gets the same arithmetic, so the bits are the same.
-//!
 //! [`Lane::Beside`]: super::adamw_cuda::Lane::Beside
 
 use std::sync::Arc;
 
 use cudarc::driver::DriverError;
-use tch::Tensor;
 use zerobench_schema::config::{Offload, Precision, RunConfig};
 use zerobench_schema::memory::GradientPath;
 
 use crate::runtime::cuda::{Event, Gpu};
-
-pub(crate) use crate::model::TiedRows;
 
 /// Whether updates run beside the backward, and what they wait for.
 pub(super) enum Beside {
@@ -57,51 +43,6 @@ pub(super) struct Marks {
     order: Vec<usize>,
     /// Whether this step's backward was replayed, so that its graph recorded the events.
     replayed: bool,
-    /// The tied embedding's rows updated early, where the model has one that fits.
-    rows: Option<EarlyRows>,
-}
-
-/// Where a unit's tied embedding lies, and the backward position after which its rows outside the
-/// batch are final.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct RowsPlan {
-    pub unit: usize,
-    /// Its elements in the unit's shard (one rank: the whole unit).
-    pub offset: usize,
-    pub len: usize,
-    pub row_len: usize,
-    /// The head segment's backward position.
-    pub position: usize,
-}
-
-impl RowsPlan {
-    /// The plan for `tied` in a unit whose parameters lie at `slots` (offset, numel, shape), with
-    /// the head's backward at `position`: none unless the parameter is a matrix whose rows the
-    /// update's vectors of 4 take whole, from an offset those vectors are aligned at.
-    pub fn new(tied: TiedRows, slots: &[(usize, usize, &[i64])], position: usize) -> Option<Self> {
-        let &(offset, len, shape) = slots.get(tied.param)?;
-        let &[rows, row_len] = shape else { return None };
-        let (rows, row_len) = (usize::try_from(rows).ok()?, usize::try_from(row_len).ok()?);
-        let fits = rows > 0 && row_len > 0 && row_len % 4 == 0 && offset % 4 == 0 && rows * row_len == len;
-        fits.then_some(Self { unit: tied.unit, offset, len, row_len, position })
-    }
-
-    pub fn rows(&self) -> usize {
-        self.len / self.row_len
-    }
-}
-
-/// The early update's state: its plan, its event and marks, and what the capture recorded.
-struct EarlyRows {
-    plan: RowsPlan,
-    /// Recorded once the head's backward is done at the last micro-step, by every replay.
-    event: Event,
-    /// One byte a row, set for the rows the ids look up.
-    marks: Tensor,
-    /// The last micro-step's input ids, where the graphs read them.
-    ids: Option<Tensor>,
-    /// Whether the capture recorded the event (the head's gradient was in place).
-    recorded: bool,
 }
 
 /// This step's updates to launch beside the backward.
@@ -109,16 +50,6 @@ pub(super) struct Launch {
     pub gpu: Arc<Gpu>,
     /// Units in backward's order, each with the event to wait for.
     pub units: Vec<(usize, Event)>,
-    /// The tied embedding's rows outside the batch, updated first.
-    pub rows: Option<RowsLaunch>,
-}
-
-/// The early rows of this step: after `event`, mark the rows `ids` look up, update the others.
-pub(super) struct RowsLaunch {
-    pub plan: RowsPlan,
-    pub event: Event,
-    pub ids: Tensor,
-    pub marks: Tensor,
 }
 
 /// Whether a run's updates can go beside its backward: its steps are replayed (the events live in
@@ -133,56 +64,21 @@ fn applies(cfg: &RunConfig, world: usize, path: GradientPath, fused: bool) -> bo
 impl Beside {
     /// On where the run replays its steps on one GPU and its gradients need nothing but backward
     /// (`fused`: the update's kernel is there to launch on another stream).
-    /// `rows`: the tied embedding's plan and a byte a row on the GPU for its marks.
     pub(super) fn new(
         gpu: Option<&Arc<Gpu>>,
         cfg: &RunConfig,
-        (world, path): (usize, GradientPath),
+        world: usize,
+        path: GradientPath,
         units: usize,
         fused: bool,
-        rows: Option<(RowsPlan, Tensor)>,
     ) -> Result<Self, DriverError> {
         match gpu {
             Some(gpu) if applies(cfg, world, path, fused) => {
                 let events = (0..units).map(|_| gpu.event()).collect::<Result<Vec<_>, _>>()?;
-                let rows = match rows {
-                    Some((plan, marks)) => {
-                        Some(EarlyRows { plan, event: gpu.event()?, marks, ids: None, recorded: false })
-                    }
-                    None => None,
-                };
-                Ok(Self::On(Marks { gpu: Arc::clone(gpu), events, order: Vec::new(), replayed: false, rows }))
+                Ok(Self::On(Marks { gpu: Arc::clone(gpu), events, order: Vec::new(), replayed: false }))
             }
             _ => Ok(Self::Off),
         }
-    }
-
-    /// The backward position after which the tied embedding's rows outside the batch are final.
-    pub(super) fn rows_position(&self) -> Option<usize> {
-        match self {
-            Self::On(Marks { rows: Some(r), .. }) => Some(r.plan.position),
-            _ => None,
-        }
-    }
-
-    /// The last micro-step's input ids, where the graphs read them (at the capture).
-    pub(super) fn lookups(&mut self, ids: &Tensor) {
-        if let Self::On(Marks { rows: Some(r), .. }) = self {
-            r.ids = Some(ids.shallow_clone());
-        }
-    }
-
-    /// Backward is done with the head's segment at the step's last micro-step; `in_place`: the
-    /// head's gradient of the embedding is in its place (not in `.grad`, added only at the
-    /// harvest). While the graph is captured it records the rows' event here.
-    pub(super) fn rows_final(&mut self, in_place: bool) -> Result<(), DriverError> {
-        let Self::On(Marks { gpu, rows: Some(r), .. }) = self else { return Ok(()) };
-        if !in_place || !gpu.is_capturing(&gpu.compute)? {
-            return Ok(());
-        }
-        gpu.record_in_capture(r.event, &gpu.compute)?;
-        r.recorded = true;
-        Ok(())
     }
 
     /// Backward harvested unit `u` at the step's last micro-step: while its graph is captured,
@@ -218,11 +114,7 @@ impl Beside {
         if !std::mem::take(&mut m.replayed) || m.order.is_empty() {
             return None;
         }
-        let rows = m.rows.as_ref().filter(|r| r.recorded).and_then(|r| {
-            let ids = r.ids.as_ref()?;
-            Some(RowsLaunch { plan: r.plan, event: r.event, ids: ids.shallow_clone(), marks: r.marks.shallow_clone() })
-        });
-        Some(Launch { gpu: Arc::clone(&m.gpu), units: m.order.iter().map(|&u| (u, m.events[u])).collect(), rows })
+        Some(Launch { gpu: Arc::clone(&m.gpu), units: m.order.iter().map(|&u| (u, m.events[u])).collect() })
     }
 }
 
@@ -252,31 +144,5 @@ mod tests {
             assert!(!applies(&offload, 1, staged, true), "offload");
             assert!(!applies(&cfg, 1, GradientPath::Staged, true), "staged gradients");
         }
-    }
-
-    /// The early rows go where the embedding is a matrix whose rows the update's vectors of four
-    /// take whole, from an offset they are aligned at; anything else is updated at the harvest.
-    #[test]
-    fn a_tied_embeddings_rows_are_planned_only_where_vectors_take_them_whole() {
-        let tied = TiedRows { unit: 0, param: 1, head: 5 };
-        let (rows, bias) = ([10_i64, 8], [8_i64]);
-        let plan = RowsPlan::new(tied, &[(0, 8, &bias), (8, 80, &rows)], 7).expect("fits");
-        assert_eq!(plan, RowsPlan { unit: 0, offset: 8, len: 80, row_len: 8, position: 7 });
-        assert_eq!(plan.rows(), 10);
-        assert_eq!(RowsPlan::new(tied, &[(0, 6, &[6]), (6, 80, &rows)], 7), None, "offset 6");
-        assert_eq!(RowsPlan::new(tied, &[(0, 8, &bias), (8, 60, &[10, 6])], 7), None, "rows of 6");
-        assert_eq!(RowsPlan::new(tied, &[(0, 8, &bias), (8, 80, &[80])], 7), None, "a vector");
-        assert_eq!(RowsPlan::new(tied, &[(0, 8, &bias)], 7), None, "no such parameter");
-        assert_eq!(RowsPlan::new(tied, &[(0, 8, &bias), (8, 0, &[0, 8])], 7), None, "no rows");
-    }
-
-    /// GPT-2's tied embedding is `wte` of the embedding unit, whose head is the last segment.
-    #[test]
-    fn gpt2_ties_wte_to_its_last_segment() {
-        let model = crate::model::build(&ModelPreset::Gpt2.spec()).unwrap();
-        let tied = model.tied_rows().expect("tied");
-        assert_eq!(model.units()[tied.unit].params[tied.param].name, "wte");
-        assert_eq!(tied.head, model.segments().len() - 1);
-        assert_eq!(model.segments()[tied.head].unit, tied.unit);
     }
 }

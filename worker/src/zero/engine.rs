@@ -11,8 +11,7 @@ use zerobench_schema::config::{Offload, Precision, RunConfig, ZeroStage};
 use zerobench_schema::memory::{first_host_unit, GradientPath, ModelStateBytes, ParamPath, GATHER_SLOTS_BUFFER};
 
 use super::adamw::{AdamW, Shard};
-use super::adamw_cuda::Side;
-use super::beside::{Beside, RowsLaunch, RowsPlan};
+use super::beside::Beside;
 pub use super::error::EngineError;
 use super::layout::UnitLayout;
 use super::loss_scale::LossScaler;
@@ -123,8 +122,6 @@ pub struct Engine {
     placed: Vec<(usize, usize)>,
     /// Whether the updates run beside the backward (one GPU, replayed steps), and their events.
     beside: Beside,
-    /// The model's embedding tied to its head, whose rows outside the batch `beside` updates early.
-    tied: Option<crate::model::TiedRows>,
 }
 
 impl Engine {
@@ -202,18 +199,7 @@ impl Engine {
             }
         };
         let optim = AdamW::new(cfg.optim, gpu.clone());
-        let rows = match (model.tied_rows(), &gpu) {
-            (Some(tied), Some(_)) if tied.unit < units.len() => {
-                let slots: Vec<_> =
-                    units[tied.unit].layout.params.iter().map(|p| (p.offset, p.numel, p.shape.as_slice())).collect();
-                match RowsPlan::new(tied, &slots, schedule.backward_index(tied.head)) {
-                    Some(plan) => Some((plan, Tensor::f_zeros([len64(plan.rows())], (Kind::Uint8, device))?)),
-                    None => None,
-                }
-            }
-            _ => None,
-        };
-        let beside = Beside::new(gpu.as_ref(), cfg, (world, path), units.len(), optim.runs_beside(), rows)?;
+        let beside = Beside::new(gpu.as_ref(), cfg, world, path, units.len(), optim.runs_beside())?;
         let (slots, slot_owner) = if params == ParamPath::Sharded {
             let n = prefetch + 1;
             let slots =
@@ -261,7 +247,6 @@ impl Engine {
             weight_grads: model.weight_grads(),
             placed: Vec::new(),
             beside,
-            tied: model.tied_rows(),
         })
     }
 
@@ -490,9 +475,6 @@ impl Engine {
         if pos.phase == Phase::Backward && self.schedule.final_backward[pos.unit] == i {
             self.harvest(pos.unit)?;
         }
-        if self.beside.rows_position() == Some(i) && self.last_micro() {
-            self.tied_rows_final()?;
-        }
         if self.params == ParamPath::Sharded {
             // Only the gathered units (one per slot) can be released.
             let keep = self.schedule.upcoming_units(i, self.prefetch + 1);
@@ -653,31 +635,6 @@ impl Engine {
             self.beside.harvested(u)?;
         }
         Ok(())
-    }
-
-    /// Backward is done with the head of the model's tied embedding at the last micro-step: its
-    /// rows outside the batch are final where the head's gradient went to the unit's place and
-    /// none waits in `.grad` for the harvest to add.
-    fn tied_rows_final(&mut self) -> Result<(), EngineError> {
-        let in_place = self.tied_rows_in_place();
-        self.beside.rows_final(in_place)?;
-        Ok(())
-    }
-
-    /// Whether the tied embedding's gradient from the head is in its unit's place now (not in
-    /// `.grad`, which only the harvest adds).
-    fn tied_rows_in_place(&self) -> bool {
-        let Some(tied) = self.tied else { return false };
-        let placed = self.placed.iter().any(|&(v, _)| v == tied.unit);
-        placed && !self.params(tied.unit)[tied.param].grad().defined()
-    }
-
-    /// `--cuda-graph`: the last micro-step's input ids where the graphs read them, whose rows
-    /// of the tied embedding are updated after the backward (the others beside it).
-    pub fn lookups(&mut self, ids: &Tensor) {
-        if ids.device() == self.device && ids.kind() == Kind::Int64 && ids.is_contiguous() {
-            self.beside.lookups(ids);
-        }
     }
 
     /// Starts reducing what waits in the bucket (stages 0/1) or the current staging buffer (stages
@@ -971,70 +928,20 @@ impl Engine {
     fn update_beside(&mut self, grad_scale: f64) -> Result<Vec<bool>, EngineError> {
         let mut done = vec![false; self.units.len()];
         let Some(launch) = self.beside.take_step() else { return Ok(done) };
-        let t = self.updates;
-        if let Some(rows) = &launch.rows {
-            launch.gpu.wait(&launch.gpu.update, rows.event)?;
-            self.optim.mark_rows(&rows.ids, &rows.marks)?;
-            if let Some(s) = self.shard_part(rows.plan.unit, rows.plan.offset, rows.plan.len)? {
-                self.optim.step_rows_beside(
-                    t,
-                    grad_scale,
-                    &s.shard(),
-                    (&rows.marks, rows.plan.row_len),
-                    Side::Unmarked,
-                )?;
-            }
-        }
         for (u, event) in launch.units {
-            let Some(whole) = self.shard_part(u, 0, usize::MAX)? else { continue };
+            let unit = &self.units[u];
+            let OptimState::Device { master, exp_avg, exp_avg_sq, .. } = &unit.optim else { continue };
+            let Some(grad) = unit.grads.device_shard() else { continue };
+            let param_out = self.param_out(u)?;
             launch.gpu.wait(&launch.gpu.update, event)?;
-            match &launch.rows {
-                Some(rows) if rows.plan.unit == u => self.update_rest(whole, rows, t, grad_scale)?,
-                _ => self.optim.step_beside(t, grad_scale, &whole.shard())?,
-            }
+            let shard = Shard { master, exp_avg, exp_avg_sq, grad, param_out: param_out.as_ref() };
+            self.optim.step_beside(self.updates, grad_scale, &shard)?;
             done[u] = true;
         }
         let last = launch.gpu.mark(&launch.gpu.update)?;
         launch.gpu.wait(&launch.gpu.compute, last)?;
         launch.gpu.recycle(last);
         Ok(done)
-    }
-
-    /// The tied embedding's unit at its harvest: the rows the batch looked up, then the unit's
-    /// elements before and after the embedding (the other rows were updated after the head).
-    fn update_rest(&self, whole: ShardPart, rows: &RowsLaunch, t: u64, grad_scale: f64) -> Result<(), EngineError> {
-        let RowsPlan { unit, offset, len, row_len, .. } = rows.plan;
-        if let Some(s) = self.shard_part(unit, offset, len)? {
-            self.optim.step_rows_beside(t, grad_scale, &s.shard(), (&rows.marks, row_len), Side::Marked)?;
-        }
-        let n = whole.master.numel();
-        for (start, end) in [(0, offset), (offset + len, n)] {
-            if start < end {
-                let part = whole.narrow(start, end - start)?;
-                self.optim.step_beside(t, grad_scale, &part.shard())?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Elements `[start, start + len)` (clipped to the shard) of device unit `u`'s shard, its
-    /// tensors for an update; `None` where the host updates the unit.
-    fn shard_part(&self, u: usize, start: usize, len: usize) -> Result<Option<ShardPart>, EngineError> {
-        let unit = &self.units[u];
-        let OptimState::Device { master, exp_avg, exp_avg_sq, .. } = &unit.optim else { return Ok(None) };
-        let Some(grad) = unit.grads.device_shard() else { return Ok(None) };
-        let whole = ShardPart {
-            master: master.shallow_clone(),
-            exp_avg: exp_avg.shallow_clone(),
-            exp_avg_sq: exp_avg_sq.shallow_clone(),
-            grad: grad.shallow_clone(),
-            param_out: self.param_out(u)?,
-        };
-        let n = whole.master.numel();
-        if start == 0 && len >= n {
-            return Ok(Some(whole));
-        }
-        Ok(Some(whole.narrow(start, len.min(n.saturating_sub(start)))?))
     }
 
     /// Offload: the host updates (already running when pipelined) go on in the background, the
@@ -1187,34 +1094,6 @@ impl Engine {
     }
 }
 
-/// A shard's tensors (or a range of their elements), owned, for an update of that range.
-struct ShardPart {
-    master: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
-    grad: Tensor,
-    param_out: Option<Tensor>,
-}
-
-impl ShardPart {
-    fn shard(&self) -> Shard<'_> {
-        let (master, exp_avg, exp_avg_sq, grad) = (&self.master, &self.exp_avg, &self.exp_avg_sq, &self.grad);
-        Shard { master, exp_avg, exp_avg_sq, grad, param_out: self.param_out.as_ref() }
-    }
-
-    /// Elements `[start, start + len)` of each tensor (views).
-    fn narrow(&self, start: usize, len: usize) -> Result<Self, tch::TchError> {
-        let n = |t: &Tensor| t.f_narrow(0, len64(start), len64(len));
-        Ok(Self {
-            master: n(&self.master)?,
-            exp_avg: n(&self.exp_avg)?,
-            exp_avg_sq: n(&self.exp_avg_sq)?,
-            grad: n(&self.grad)?,
-            param_out: self.param_out.as_ref().map(n).transpose()?,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1239,15 +1118,6 @@ mod tests {
         let mut e = Engine::new(model.as_ref(), cfg, Box::new(SoloCollectives), None, Device::Cpu, None).unwrap();
         let schedule = e.schedule().clone();
         let n = model.segments().len();
-        // The tied embedding's gradient in its place once the head's backward of the last
-        // micro-step is done (`zero::beside` updates its rows outside the batch from there on).
-        let tied = model.tied_rows().expect("GPT-2 ties its embedding");
-        let slot = e.units[tied.unit].layout.params[tied.param].clone();
-        let tied_grad = |e: &Engine| match &e.units[tied.unit].grads {
-            UnitGrads::Full { full, .. } => full.narrow(0, len64(slot.offset), len64(slot.numel)).view(&slot.shape[..]),
-            _ => unreachable!("one rank without offload keeps full buffers"),
-        };
-        let mut after_head = None;
         for (m, batch) in batches.iter().enumerate() {
             e.begin_micro(m);
             let (mut inputs, mut outputs): (Vec<Vec<Tensor>>, Vec<Vec<Tensor>>) = (Vec::new(), Vec::new());
@@ -1291,29 +1161,8 @@ mod tests {
                     }
                 }
                 e.after(i).unwrap();
-                if s == tied.head && m + 1 == batches.len() {
-                    // One micro-step: the head's gradient went to the place. Later ones: to .grad.
-                    assert_eq!(e.tied_rows_in_place(), batches.len() == 1, "{} micro-steps", batches.len());
-                    after_head = e.tied_rows_in_place().then(|| tied_grad(&e).copy());
-                }
             }
             e.end_micro(&loss).unwrap();
-        }
-        if let Some(early) = after_head {
-            // Final there, but for the rows the lookup read: those the lookup's backward added to.
-            let read = Tensor::zeros([slot.shape[0]], (Kind::Bool, Device::Cpu));
-            let ids = batches[batches.len() - 1].input.flatten(0, -1);
-            let read = read.index_fill(0, &ids, 1);
-            let (rest, looked_up) = (read.logical_not(), read);
-            let final_grad = tied_grad(&e);
-            assert!(
-                early.index(&[Some(&rest)]).equal(&final_grad.index(&[Some(&rest)])),
-                "a row outside the batch changed"
-            );
-            assert!(
-                !early.index(&[Some(&looked_up)]).equal(&final_grad.index(&[Some(&looked_up)])),
-                "lookups added nothing"
-            );
         }
         e.units
             .iter()

@@ -18,8 +18,7 @@
 //! the same time. With the delayed update a step's host updates overlap the next step.
 //!
 //! On one GPU replaying its steps from CUDA graphs, each unit's update runs beside the rest of the
-//! backward as soon as backward is done with the unit (`beside.rs`), and a tied embedding's rows
-//! outside the batch as soon as backward is done with the LM head.
+//! backward as soon as backward is done with the unit (`beside.rs`).
 //!
 //! Every unit is padded to a multiple of world size × [`SHARD_ALIGN_ELEMS`] elements and every
 //! rank owns the same contiguous slice of every unit, so the per-rank model states equal the ZeRO
