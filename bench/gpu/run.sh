@@ -63,7 +63,8 @@
 #                worker in --bin and the one in BASE_BIN, every step's loss compared; writes
 #                same-losses.json (a second run of BASE_BIN on two of them gives the run-to-run
 #                spread); SL_MATCH (a grep pattern) keeps the cases whose names match
-#   gemm-algos   one GPU: every cuBLASLt algorithm for the products of one gpt2-xl and one gpt2 step
+#   gemm-algos   one GPU: every cuBLASLt algorithm for the products of one gpt2-xl and one gpt2 step;
+#                GEMM_HOT=MS adds gpt2-xl's cold choices against the fastest at the power limit
 #   clocks       one GPU: the SM clock, power and throttle reasons (nvidia-smi, call after call) while
 #                zerobench's gpt2-xl (micro-batch 4, stage 0) runs replayed and eager (CLOCK_STEPS steps,
 #                default 80) and the reference through torch.compile's CUDA graphs (CLOCK_REFS,
@@ -976,7 +977,12 @@ PY
         set -- $m
         "$BIN/examples/gemm_algos" "$1" "$2" > "$RUNS/gemm_algos_$1.jsonl" 2> "$RUNS/gemm_algos_$1.err"
         log "gemm_algos $1: rc=$? $(tail -n 1 "$RUNS/gemm_algos_$1.jsonl")"
-      done ;;
+      done
+      # GEMM_HOT=MS: also gpt2-xl's cold choices against the fastest at the power limit (--hot).
+      if [ -n "${GEMM_HOT:-}" ]; then
+        "$BIN/examples/gemm_algos" gpt2-xl 4096 --hot "$GEMM_HOT" > "$RUNS/gemm_algos_hot.jsonl" 2> "$RUNS/gemm_algos_hot.err"
+        log "gemm_algos --hot $GEMM_HOT: rc=$? $(tail -n 1 "$RUNS/gemm_algos_hot.jsonl")"
+      fi ;;
     clocks)
       # Whether a step's kernels run at the clock they were profiled at: the GPU sampled beside
       # each run, each run's samples taken over its measured steps.

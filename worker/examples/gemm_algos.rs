@@ -10,6 +10,14 @@
 //! (`model::products_cuda`); only the timing is the probe's.
 //!
 //! `gemm_algos MODEL TOKENS`, e.g. `gemm_algos gpt2-xl 4096` (micro-batch 4 × sequence 1024).
+//!
+//! `gemm_algos MODEL TOKENS --hot MS`: whether the worker's choice, timed at a shape's first
+//! product on a card that has just started, is the fastest on a card at its power limit, where a
+//! step runs. For each product, after a second idle: the heuristic's first 8 algorithms timed as
+//! the worker times them (the least of 3 rounds of 3 calls) and chosen as it chooses (2% margin);
+//! then, after a second of the first algorithm back to back, each timed over about MS
+//! milliseconds of back-to-back calls, twice, alternating. Prints one JSON object per product and
+//! a summary of the step's product time at the cold choice against the hot fastest.
 //! Prints one JSON object per product and one summary. Each algorithm's result is compared with
 //! the first one's (normwise, 2e-2: bf16 sums in another order); one that differs more is
 //! reported and never counted as the fastest. Times are medians of 3 rounds of 30 calls, each
@@ -177,9 +185,88 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Seconds per call of `calls` back-to-back calls over the operand sets (after one of each).
+fn time_calls(sets: &[Operands], calls: usize, mut f: impl FnMut(&Operands)) -> f64 {
+    let t0 = Instant::now();
+    for i in 0..calls {
+        f(&sets[i % sets.len()]);
+    }
+    Cuda::synchronize(0);
+    t0.elapsed().as_secs_f64() / calls as f64
+}
+
+/// `--hot MS`: the cold choice against the fastest at the power limit (see the module's doc).
+fn hot(lt: &Lt, spec: &ModelSpec, model: &str, tokens: u64, hot_ms: f64) {
+    const CANDIDATES: usize = 8;
+    const MARGIN: f64 = 0.02;
+    let (mut first_ms, mut cold_choice_ms, mut hot_best_ms) = (0.0, 0.0, 0.0);
+    for p in products(spec, tokens) {
+        let sets: Vec<Operands> = (0..SETS).map(|_| Operands::new(&p)).collect();
+        let dd = Descriptors::new(shape(&p)).expect("descriptors");
+        let algos: Vec<_> =
+            dd.algorithms(&lt.handle, CANDIDATES).expect("the heuristic").into_iter().map(|h| h.algo).collect();
+        if algos.is_empty() {
+            continue;
+        }
+        let (p, dd, algos) = (&p, &dd, &algos);
+        let go = |i: usize| move |o: &Operands| run(lt, p, dd, &algos[i], o);
+        for (i, _) in algos.iter().enumerate() {
+            go(i)(&sets[0]);
+        }
+        Cuda::synchronize(0);
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        // Out of idle (its clock far below the step's) into a clock as at a run's start.
+        time_calls(&sets, 50, go(0));
+        // As the worker: the least of 3 rounds of 3 calls each, one candidate after another.
+        let cold: Vec<f64> = (0..algos.len())
+            .map(|i| (0..3).map(|_| time_calls(&sets, 3, go(i)) * 1e6).fold(f64::INFINITY, f64::min))
+            .collect();
+        let fastest = (0..cold.len()).min_by(|&a, &b| cold[a].total_cmp(&cold[b])).unwrap_or(0);
+        let chosen = if cold[fastest] < cold[0] * (1.0 - MARGIN) { fastest } else { 0 };
+        // The card at its limit: a second of back-to-back products, then each candidate over about
+        // `hot_ms`, twice, alternating.
+        let heat = (1.0 / (cold[0] * 1e-6)).ceil() as usize;
+        time_calls(&sets, heat, go(0));
+        let mut rounds = vec![Vec::new(); algos.len()];
+        for _ in 0..2 {
+            for (i, r) in rounds.iter_mut().enumerate() {
+                let calls = ((hot_ms * 1e3 / cold[i]).ceil() as usize).max(10);
+                r.push(time_calls(&sets, calls, go(i)) * 1e6);
+            }
+        }
+        let hot_us: Vec<f64> = rounds.iter().map(|r| r.iter().copied().fold(f64::INFINITY, f64::min)).collect();
+        let hot_best = (0..hot_us.len()).min_by(|&a, &b| hot_us[a].total_cmp(&hot_us[b])).unwrap_or(0);
+        let c = p.per_step as f64;
+        first_ms += c * hot_us[0] / 1e3;
+        cold_choice_ms += c * hot_us[chosen] / 1e3;
+        hot_best_ms += c * hot_us[hot_best] / 1e3;
+        println!(
+            "{}",
+            json!({
+                "product": p.name, "per_step": p.per_step, "m": p.m, "n": p.n, "k": p.k,
+                "epilogue": format!("{:?}", p.epi), "cold_us": cold, "cold_choice": chosen,
+                "hot_us": hot_us, "hot_rounds_us": rounds, "hot_best": hot_best,
+                "hot_best_over_cold_choice": hot_us[hot_best] / hot_us[chosen],
+            })
+        );
+    }
+    println!(
+        "{}",
+        json!({
+            "summary": true, "mode": "hot", "hot_ms": hot_ms, "model": model, "tokens": tokens,
+            "hot_first_ms": first_ms, "hot_cold_choice_ms": cold_choice_ms, "hot_best_ms": hot_best_ms,
+            "hot_best_over_cold_choice": hot_best_ms / cold_choice_ms,
+        })
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [model, tokens] = &args[..] else { panic!("usage: gemm_algos MODEL TOKENS") };
+    let (model, tokens, hot_ms) = match &args[..] {
+        [model, tokens] => (model, tokens, None),
+        [model, tokens, flag, ms] if flag == "--hot" => (model, tokens, Some(ms.parse::<f64>().expect("--hot MS"))),
+        _ => panic!("usage: gemm_algos MODEL TOKENS [--hot MS]"),
+    };
     let preset: ModelPreset = model.parse().expect("a model preset");
     let tokens: u64 = tokens.parse().expect("tokens");
     let spec = preset.spec();
@@ -190,6 +277,10 @@ fn main() {
         handle: Handle::new().expect("cuBLASLt").expect("libcublasLt loads"),
         workspace: Tensor::empty([WORKSPACE_BYTES as i64], (Kind::Uint8, Device::Cuda(0))),
     };
+    if let Some(ms) = hot_ms {
+        hot(&lt, &spec, model, tokens, ms);
+        return;
+    }
     let (mut today_ms, mut first_ms, mut best_ms, mut torch_ms) = (0.0, 0.0, 0.0, 0.0);
     let mut flops = 0.0;
     for p in products(&spec, tokens) {
