@@ -10,20 +10,20 @@
 //! (`model::products_cuda`); only the timing is the probe's.
 //!
 //! `gemm_algos MODEL TOKENS`, e.g. `gemm_algos gpt2-xl 4096` (micro-batch 4 × sequence 1024).
-//!
-//! `gemm_algos MODEL TOKENS --hot MS`: whether the worker's choice, timed at a shape's first
-//! product on a card that has just started, is the fastest on a card at its power limit, where a
-//! step runs. For each product, after a second idle: the heuristic's first 8 algorithms timed as
-//! the worker times them (the least of 3 rounds of 3 calls) and chosen as it chooses (2% margin);
-//! then, after a second of the first algorithm back to back, each timed over about MS
-//! milliseconds of back-to-back calls, twice, alternating. Prints one JSON object per product and
-//! a summary of the step's product time at the cold choice against the hot fastest.
 //! Prints one JSON object per product and one summary. Each algorithm's result is compared with
 //! the first one's (normwise, 2e-2: bf16 sums in another order); one that differs more is
 //! reported and never counted as the fastest. Times are medians of 3 rounds of 30 calls, each
 //! round rotating over 3 sets of operands so that the L2 cache does not hold them between calls;
 //! the first choice and the fastest are then timed again in 5 alternating rounds, and those
 //! medians are what the summary adds up.
+//!
+//! `gemm_algos MODEL TOKENS --hot MS`: whether the worker's choice, timed at a shape's first
+//! product on a card that has just started, is the fastest on a card at its power limit, where a
+//! step runs. For each product, after a second idle: the algorithms the worker's plans time,
+//! timed and chosen as they do (`products_cuda::{CANDIDATES, TIMING_ROUNDS, TIMED_CALLS,
+//! choose}`); then, after a second of the first algorithm back to back, each timed over about MS
+//! milliseconds of back-to-back calls, twice, alternating. Prints one JSON object per product and
+//! a summary of the step's product time at the cold choice against the hot fastest.
 
 use std::time::Instant;
 
@@ -33,7 +33,8 @@ use tch::{Cuda, Device, Kind, Tensor};
 use zerobench_schema::models::{ModelPreset, ModelSpec};
 use zerobench_worker::model::lm_head;
 use zerobench_worker::model::products_cuda::{
-    Descriptors, Epilogue, Handle, Pointers, Shape, SidePointers, WORKSPACE_BYTES,
+    choose, Descriptors, Epilogue, Handle, Pointers, Shape, SidePointers, CANDIDATES, TIMED_CALLS, TIMING_ROUNDS,
+    WORKSPACE_BYTES,
 };
 
 const SETS: usize = 3;
@@ -197,8 +198,6 @@ fn time_calls(sets: &[Operands], calls: usize, mut f: impl FnMut(&Operands)) -> 
 
 /// `--hot MS`: the cold choice against the fastest at the power limit (see the module's doc).
 fn hot(lt: &Lt, spec: &ModelSpec, model: &str, tokens: u64, hot_ms: f64) {
-    const CANDIDATES: usize = 8;
-    const MARGIN: f64 = 0.02;
     let (mut first_ms, mut cold_choice_ms, mut hot_best_ms) = (0.0, 0.0, 0.0);
     for p in products(spec, tokens) {
         let sets: Vec<Operands> = (0..SETS).map(|_| Operands::new(&p)).collect();
@@ -217,12 +216,13 @@ fn hot(lt: &Lt, spec: &ModelSpec, model: &str, tokens: u64, hot_ms: f64) {
         std::thread::sleep(std::time::Duration::from_secs(1));
         // Out of idle (its clock far below the step's) into a clock as at a run's start.
         time_calls(&sets, 50, go(0));
-        // As the worker: the least of 3 rounds of 3 calls each, one candidate after another.
+        // As the worker: the least of its rounds of its calls, one candidate after another.
         let cold: Vec<f64> = (0..algos.len())
-            .map(|i| (0..3).map(|_| time_calls(&sets, 3, go(i)) * 1e6).fold(f64::INFINITY, f64::min))
+            .map(|i| {
+                (0..TIMING_ROUNDS).map(|_| time_calls(&sets, TIMED_CALLS, go(i)) * 1e6).fold(f64::INFINITY, f64::min)
+            })
             .collect();
-        let fastest = (0..cold.len()).min_by(|&a, &b| cold[a].total_cmp(&cold[b])).unwrap_or(0);
-        let chosen = if cold[fastest] < cold[0] * (1.0 - MARGIN) { fastest } else { 0 };
+        let chosen = choose(&cold);
         // The card at its limit: a second of back-to-back products, then each candidate over about
         // `hot_ms`, twice, alternating.
         let heat = (1.0 / (cold[0] * 1e-6)).ceil() as usize;

@@ -385,11 +385,11 @@ impl Descriptors {
 /// How many algorithms of cuBLASLt's heuristic a plan times at its first product: asked for up to
 /// 32, the heuristic offered 5-8 for each of gpt2-xl's and gpt2's products on an H100
 /// (`examples/gemm_algos`), so 8 leaves none of them out there.
-const CANDIDATES: usize = 8;
+pub const CANDIDATES: usize = 8;
 
 /// Each candidate's time is the least of this many rounds of [`TIMED_CALLS`] products.
-const TIMING_ROUNDS: usize = 3;
-const TIMED_CALLS: usize = 3;
+pub const TIMING_ROUNDS: usize = 3;
+pub const TIMED_CALLS: usize = 3;
 
 /// A candidate replaces the heuristic's first choice only when it is faster by this share, so that
 /// near-ties stay with the heuristic's choice instead of following the timings' noise. The share
@@ -433,7 +433,7 @@ impl<L: Copy> Plan<L> {
 /// The index of the candidate to keep, given each one's time (the heuristic's first at 0; a
 /// candidate refused at run time infinite): the fastest where it beats the first by [`MARGIN`],
 /// otherwise the first.
-fn choose(times: &[f64]) -> usize {
+pub fn choose(times: &[f64]) -> usize {
     let fastest = (0..times.len()).min_by(|&i, &j| times[i].total_cmp(&times[j])).unwrap_or(0);
     match times.first() {
         Some(&first) if times[fastest] < first * (1.0 - MARGIN) => fastest,
