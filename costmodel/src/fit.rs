@@ -684,6 +684,39 @@ mod tests {
         let f = &fit(&runs).unwrap().model.fits[0];
         assert!(device_terms.iter().any(|n| f.step.contains_key(*n)), "{:?}", f.step);
         assert!(f.predict(q).extrapolated.is_empty());
+        // Every family has its own device terms: none is borrowed, so no donor is named.
+        assert_eq!(f.device_donor, None);
+    }
+
+    /// Runs of several micro-steps are fitted per micro-step: half of the one-GPU runs accumulate
+    /// over 2 or 4, and every run of the sweep is priced as the truth prices it, the truth's device
+    /// rates recovered.
+    #[test]
+    fn accumulated_runs_are_fitted_per_micro_step() {
+        let runs: Vec<Observation> = sweep()
+            .into_iter()
+            .enumerate()
+            .map(|(i, o)| {
+                if o.query.gpus != 1 || o.query.config.offload != Offload::None || i % 2 == 0 {
+                    return o;
+                }
+                let mut q = o.query.clone();
+                q.config.grad_accum = if i % 4 == 1 { 2 } else { 4 };
+                let mut a = observe_query(q);
+                a.run_id = format!("{}-x{}", o.run_id, a.query.config.grad_accum);
+                a
+            })
+            .collect();
+        assert!(runs.iter().filter(|o| o.query.config.grad_accum > 1).count() >= 20);
+        let f = &fit(&runs).unwrap().model.fits[0];
+        for o in &runs {
+            let p = f.predict(&o.query);
+            assert!((p.step_ms / o.step_ms - 1.0).abs() < 0.01, "{}: {} vs {}", o.run_id, p.step_ms, o.step_ms);
+        }
+        for name in ["gpt2.ms_per_gflop", "t5.ms_per_gflop"] {
+            let (got, want) = (f.step[name], truth()[name]);
+            assert!((got / want - 1.0).abs() < 0.01, "{name}: {got} vs {want}");
+        }
     }
 
     /// A family without device terms of its own borrows those of the family with the most busy
