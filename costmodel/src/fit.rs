@@ -690,7 +690,7 @@ mod tests {
 
     /// Runs of several micro-steps are fitted per micro-step: half of the one-GPU runs accumulate
     /// over 2 or 4, and every run of the sweep is priced as the truth prices it, the truth's device
-    /// rates recovered.
+    /// rates recovered, its throughput counting every micro-step's tokens.
     #[test]
     fn accumulated_runs_are_fitted_per_micro_step() {
         let runs: Vec<Observation> = sweep()
@@ -712,6 +712,11 @@ mod tests {
         for o in &runs {
             let p = f.predict(&o.query);
             assert!((p.step_ms / o.step_ms - 1.0).abs() < 0.01, "{}: {} vs {}", o.run_id, p.step_ms, o.step_ms);
+            // A step's tokens are every micro-step's.
+            let c = &o.query.config;
+            let per_gpu = f64::from(c.micro_batch * c.seq_len * c.grad_accum) / (p.step_ms / 1e3);
+            let got = p.tokens_per_s_per_gpu;
+            assert!((got / per_gpu - 1.0).abs() < 1e-9, "{}: {got} vs {per_gpu}", o.run_id);
         }
         for name in ["gpt2.ms_per_gflop", "t5.ms_per_gflop"] {
             let (got, want) = (f.step[name], truth()[name]);

@@ -283,7 +283,7 @@ mod tests {
             (seed >> 11) as f64 / (1u64 << 53) as f64
         };
         let mut held = 0;
-        for case in 0..1000 {
+        for case in 0..2000 {
             // 2 to 8 columns, more rows than columns (one answer).
             let cols = 2 + case % 7;
             let rows = cols + 2 + case % 6;
@@ -301,7 +301,7 @@ mod tests {
             held += usize::from(want.contains(&0.0) && want.iter().any(|&w| w > 0.0));
         }
         // Most problems hold some coefficient at 0 and fit with others: the case this is about.
-        assert!(held >= 600, "{held} of 1000 problems hold a coefficient at 0");
+        assert!(held >= 1200, "{held} of 2000 problems hold a coefficient at 0");
     }
 
     proptest! {
