@@ -350,6 +350,28 @@ mod tests {
     /// A term a family lacks is borrowed, with the flag that says from where: a family no run
     /// fitted takes the fitted families' mean; a fitted family's device term the donor's (the
     /// others' mean without one), and its other terms the others' mean.
+    /// A part with no terms, or only terms of 0, prices +0.0: an empty float sum is -0.0, which a
+    /// prediction would print as "-0".
+    #[test]
+    fn nothing_prices_positive_zero() {
+        let coef: BTreeMap<String, f64> = [("gpt2.device_ms".to_string(), 2.0)].into_iter().collect();
+        // None; one of another part; one whose count is -0.0.
+        let term = |part, x| Term { name: "gpt2.device_ms".into(), part, x };
+        for terms in [vec![], vec![term(Part::Device, 1.0)], vec![term(Part::Step, -0.0)]] {
+            let v = eval(&coef, None, &terms, Part::Step, &mut Vec::new());
+            assert!(v == 0.0 && v.is_sign_positive(), "{v:?} for {terms:?}");
+        }
+    }
+
+    /// Reserved memory is the allocated peak plus the fitted rest: a constant and a share of it.
+    #[test]
+    fn reserved_is_allocated_plus_the_rest() {
+        let coef: BTreeMap<String, f64> =
+            [("reserved.gib".to_string(), 0.25), ("reserved.per_allocated".to_string(), 0.1)].into_iter().collect();
+        let got = peak_reserved(&coef, 8.0 * GIB, &mut Vec::new());
+        assert!((got / GIB - (8.0 + 0.25 + 0.8)).abs() < 1e-9, "{}", got / GIB);
+    }
+
     #[test]
     fn a_missing_term_is_borrowed_and_said_where_from() {
         let coef: BTreeMap<String, f64> = [
