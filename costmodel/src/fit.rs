@@ -688,6 +688,18 @@ mod tests {
         assert_eq!(f.device_donor, None);
     }
 
+    /// Validation over the runs of one stage group holds nothing out: its one fold would leave no
+    /// run to fit on.
+    #[test]
+    fn one_stage_group_is_validated_over_no_runs() {
+        let runs: Vec<Observation> =
+            ZeroStage::ALL.into_iter().map(|z| observe(ModelPreset::Gpt2, z, 4, 1024, 1, Offload::None)).collect();
+        let refs: Vec<&Observation> = runs.iter().collect();
+        assert_eq!(refs.iter().map(|o| o.stage_group_key()).collect::<BTreeSet<_>>().len(), 1);
+        let (v, _) = crate::validate::validate(&refs);
+        assert_eq!((v.folds, v.held_out.len()), (1, 0), "{v:?}");
+    }
+
     /// Runs of several micro-steps are fitted per micro-step: half of the one-GPU runs accumulate
     /// over 2 or 4, and every run of the sweep is priced as the truth prices it, the truth's device
     /// rates recovered, its throughput counting every micro-step's tokens.
