@@ -347,11 +347,8 @@ mod tests {
         assert_eq!(offload_balance(&cheap, None, &all(Offload::Optimizer)), Some(1.0));
     }
 
-    /// A term a family lacks is borrowed, with the flag that says from where: a family no run
-    /// fitted takes the fitted families' mean; a fitted family's device term the donor's (the
-    /// others' mean without one), and its other terms the others' mean.
-    /// A part with no terms, or only terms of 0, prices +0.0: an empty float sum is -0.0, which a
-    /// prediction would print as "-0".
+    /// A part with no terms of its own (none, or only another part's), or only terms of 0 (here
+    /// -0.0), prices +0.0: an empty float sum is -0.0, which a prediction would print as "-0".
     #[test]
     fn nothing_prices_positive_zero() {
         let coef: BTreeMap<String, f64> = [("gpt2.device_ms".to_string(), 2.0)].into_iter().collect();
@@ -372,6 +369,9 @@ mod tests {
         assert!((got / GIB - (8.0 + 0.25 + 0.8)).abs() < 1e-9, "{}", got / GIB);
     }
 
+    /// A term a family lacks is borrowed, with the flag that says from where: a family no run
+    /// fitted takes the fitted families' mean; a fitted family's device term the donor's (the
+    /// others' mean without one), and its other terms the others' mean.
     #[test]
     fn a_missing_term_is_borrowed_and_said_where_from() {
         let coef: BTreeMap<String, f64> = [
