@@ -394,7 +394,7 @@ pub const TIMED_CALLS: usize = 3;
 /// A candidate replaces the heuristic's first choice only when it is faster by this share, so that
 /// near-ties stay with the heuristic's choice instead of following the timings' noise. The share
 /// is a judgement, not a measured optimum.
-const MARGIN: f64 = 0.02;
+pub const MARGIN: f64 = 0.02;
 
 /// What computes a plan's products: one of its algorithms, or libtorch's own call (`mm`, or
 /// `addmm` with the bias). `L` is `()` for the plans of plain products, where libtorch's call is a
