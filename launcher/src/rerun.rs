@@ -43,8 +43,7 @@ pub fn render_over(plan: &Plan, out: &Path, on_change: OnChange) -> Result<Vec<(
     let checked = check(plan, out, on_change)?;
     if on_change == OnChange::MoveAside {
         // A folder whose run.json cannot be read says nothing of a job; it is moved as before.
-        let moving: Vec<_> =
-            checked.to_replace().filter_map(|(d, r)| r.map(|r| (d.to_path_buf(), r.clone()))).collect();
+        let moving: Vec<_> = checked.to_replace().filter_map(|(d, r)| r.map(|r| (d, r))).collect();
         if let Some(r) = status_of(&moving).into_iter().find(|r| matches!(r.state, State::Pending | State::Running)) {
             let how = match &r.job_id {
                 Some(job) if r.source != FROM_PIDS => {

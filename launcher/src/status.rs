@@ -14,6 +14,7 @@
 //!
 //! Log records add detail (which rank failed, and why) whatever source gave the state.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -116,11 +117,13 @@ pub fn status(dirs: &[PathBuf]) -> Result<Vec<RunState>, Error> {
     Ok(status_of(&runs))
 }
 
-/// [`status`] of run folders whose records were read already (each folder with its `run.json`).
-pub fn status_of(runs: &[(PathBuf, RunRecord)]) -> Vec<RunState> {
+/// [`status`] of run folders whose records were read already (each folder with its `run.json`),
+/// owned or borrowed.
+pub fn status_of<D: AsRef<Path>, R: Borrow<RunRecord>>(runs: &[(D, R)]) -> Vec<RunState> {
     let mut rows = Vec::with_capacity(runs.len());
     let mut jobs: Vec<(usize, String)> = Vec::new();
     for (dir, rec) in runs {
+        let (dir, rec) = (dir.as_ref(), rec.borrow());
         let slurm = read_json::<SlurmRecord>(&dir.join(SLURM_RECORD));
         // A submission whose record could not be written: its mark may name the job.
         let mark = if slurm.is_none() { mark_of(dir) } else { None };
@@ -136,7 +139,7 @@ pub fn status_of(runs: &[(PathBuf, RunRecord)]) -> Vec<RunState> {
             ),
             _ => (State::Unsubmitted, "none", String::new()),
         };
-        rows.push(RunState { id: rec.run.id.clone(), dir: dir.clone(), state, job_id, source, detail });
+        rows.push(RunState { id: rec.run.id.clone(), dir: dir.to_path_buf(), state, job_id, source, detail });
     }
     if !jobs.is_empty() {
         let ids: Vec<&str> = jobs.iter().map(|(_, j)| j.as_str()).collect();
@@ -158,7 +161,7 @@ pub fn status_of(runs: &[(PathBuf, RunRecord)]) -> Vec<RunState> {
     }
     let mut outputs = Outputs::default();
     for (row, (_, rec)) in rows.iter_mut().zip(runs) {
-        from_run_folder(row, rec, &mut outputs);
+        from_run_folder(row, rec.borrow(), &mut outputs);
     }
     rows
 }

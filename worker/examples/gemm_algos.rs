@@ -169,16 +169,7 @@ fn time_us(sets: &[Operands], rounds: usize, mut f: impl FnMut(&Operands)) -> Ve
         f(s);
     }
     Cuda::synchronize(0);
-    (0..rounds)
-        .map(|_| {
-            let t0 = Instant::now();
-            for i in 0..CALLS {
-                f(&sets[i % sets.len()]);
-            }
-            Cuda::synchronize(0);
-            t0.elapsed().as_secs_f64() * 1e6 / CALLS as f64
-        })
-        .collect()
+    (0..rounds).map(|_| time_calls(sets, CALLS, &mut f) * 1e6).collect()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -186,7 +177,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Seconds per call of `calls` back-to-back calls over the operand sets (after one of each).
+/// Seconds per call of `calls` back-to-back calls over the operand sets, until the device has run them.
 fn time_calls(sets: &[Operands], calls: usize, mut f: impl FnMut(&Operands)) -> f64 {
     let t0 = Instant::now();
     for i in 0..calls {
@@ -209,7 +200,7 @@ fn hot(lt: &Lt, spec: &ModelSpec, model: &str, tokens: u64, hot_ms: f64) {
         }
         let (p, dd, algos) = (&p, &dd, &algos);
         let go = |i: usize| move |o: &Operands| run(lt, p, dd, &algos[i], o);
-        for (i, _) in algos.iter().enumerate() {
+        for i in 0..algos.len() {
             go(i)(&sets[0]);
         }
         Cuda::synchronize(0);
