@@ -27,24 +27,13 @@ use crate::aggregate::usable_for_scaling;
 use crate::run::{BuildNames, RunReport, RunRow, Source};
 use crate::stats::median;
 
-/// One row of the scaling table.
+/// One row of the scaling table: a point (GPUs and nodes) of a group's line.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ScalingRow {
-    pub model: String,
-    /// Non-default optimizer and engine settings (`RunConfig::variant`).
-    pub variant: String,
-    /// The runs' build where the set holds more than one (a commit's first 7 digits, `?` for logs
-    /// that name none: [`BuildNames`]); empty otherwise.
-    pub build: String,
-    pub source: Source,
-    /// The device the runs found (a GPU's name).
-    pub gpu: Option<String>,
-    pub stage: Option<ZeroStage>,
-    pub offload: Option<Offload>,
-    pub precision: Option<Precision>,
-    pub seq_len: Option<u32>,
-    pub micro_batch: Option<u32>,
-    pub grad_accum: Option<u32>,
+    /// The group the row is a point of, its first columns; the plots draw a group's rows as one
+    /// line.
+    #[serde(flatten)]
+    pub group: ScalingGroup,
     pub gpus: u32,
     pub nodes: Option<u32>,
     /// Intra-op threads per rank of the runs combined (they all have it; none for foreign runs).
@@ -59,10 +48,6 @@ pub struct ScalingRow {
     pub ideal_speedup: f64,
     pub efficiency: f64,
     pub comm_frac: Option<f64>,
-    /// The group the row is a point of (not a column: the columns above say it), so that the
-    /// plots draw a group's rows as one line.
-    #[serde(skip)]
-    pub group: ScalingGroup,
 }
 
 impl ScalingRow {
@@ -85,13 +70,16 @@ impl ScalingRow {
 /// A scaling group: every axis of a run's identity but its GPU and node counts (the device too:
 /// runs on two kinds of GPU are two lines). Its runs are one line of the scaling table's speedups
 /// and one line of each plot.
-#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct ScalingGroup {
     pub model: String,
+    /// Non-default optimizer and engine settings (`RunConfig::variant`).
     pub variant: String,
-    /// [`BuildNames::name`]: empty unless the runs read are of more than one build.
+    /// The runs' build where the set holds more than one (a commit's first 7 digits, `?` for logs
+    /// that name none: [`BuildNames::name`]); empty otherwise.
     pub build: String,
     pub source: Source,
+    /// The device the runs found (a GPU's name).
     pub gpu: Option<String>,
     pub stage: Option<ZeroStage>,
     pub offload: Option<Offload>,
@@ -101,6 +89,8 @@ pub struct ScalingGroup {
     pub grad_accum: Option<u32>,
     /// The threads per rank of the group's runs, where runs of the group at one GPU count differ
     /// in them (a line per thread count); `None` otherwise, and always from [`ScalingGroup::of`].
+    /// No column: the row's own `threads` says it.
+    #[serde(skip)]
     pub threads: Option<u32>,
 }
 
@@ -172,19 +162,8 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
         {
             let speedup = if base_sps > 0.0 { sps / base_sps } else { 0.0 };
             let ideal = f64::from(gpus) / f64::from(base_gpus);
-            let g = &group;
             out.push(ScalingRow {
-                model: g.model.clone(),
-                variant: g.variant.clone(),
-                build: g.build.clone(),
-                source: g.source,
-                gpu: g.gpu.clone(),
-                stage: g.stage,
-                offload: g.offload,
-                precision: g.precision,
-                seq_len: g.seq_len,
-                micro_batch: g.micro_batch,
-                grad_accum: g.grad_accum,
+                group: group.clone(),
                 gpus,
                 nodes,
                 threads,
@@ -197,7 +176,6 @@ pub fn scaling(runs: &[RunReport]) -> Vec<ScalingRow> {
                 ideal_speedup: ideal,
                 efficiency: speedup / ideal,
                 comm_frac: comm,
-                group: group.clone(),
             });
             if let Some(last) = out.last_mut() {
                 last.round();
@@ -236,30 +214,32 @@ pub fn scaling_pivot(rows: &[ScalingRow]) -> zerobench_table::Table {
     type Block = (String, Option<u32>, Option<u32>, Option<Precision>, Option<u32>, Option<String>, String, String);
     let mut blocks: BTreeMap<Block, Vec<&ScalingRow>> = BTreeMap::new();
     for r in rows {
+        let g = &r.group;
         let key = (
-            r.model.clone(),
-            r.micro_batch,
-            r.seq_len,
-            r.precision,
-            r.grad_accum,
-            r.gpu.clone(),
-            r.variant.clone(),
-            r.build.clone(),
+            g.model.clone(),
+            g.micro_batch,
+            g.seq_len,
+            g.precision,
+            g.grad_accum,
+            g.gpu.clone(),
+            g.variant.clone(),
+            g.build.clone(),
         );
         blocks.entry(key).or_default().push(r);
     }
     let config = |r: &ScalingRow| {
-        let mut s = r.stage.map_or("zero?".to_string(), |s| format!("zero{s}"));
-        match r.offload {
+        let g = &r.group;
+        let mut s = g.stage.map_or("zero?".to_string(), |s| format!("zero{s}"));
+        match g.offload {
             Some(Offload::None) => {}
             Some(o) => s.push_str(&format!("+{o}")),
             None => s.push_str("+offload?"),
         }
-        if let Some(t) = r.group.threads {
+        if let Some(t) = g.threads {
             s.push_str(&format!(" threads={t}"));
         }
-        if r.source != Source::Zerobench {
-            s.push_str(&format!(" ({})", r.source));
+        if g.source != Source::Zerobench {
+            s.push_str(&format!(" ({})", g.source));
         }
         s
     };

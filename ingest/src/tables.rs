@@ -413,7 +413,7 @@ mod tests {
     /// the CSV file's (the CSV writer and the text tables agree on every column).
     #[test]
     fn every_table_row_type_makes_cells() {
-        fn check<T: Serialize + Default>(name: &'static str) {
+        fn check<T: Serialize + Default>(name: &'static str) -> Vec<String> {
             let t = Table::from_rows(name, &[T::default(), T::default()], &T::default())
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             let mut w = csv::WriterBuilder::new().has_headers(true).from_writer(Vec::new());
@@ -422,8 +422,30 @@ mod tests {
             let header = text.lines().next().unwrap();
             assert_eq!(t.header.join(","), header, "{name}");
             assert!(t.rows.iter().all(|r| r.len() == t.header.len()), "{name}");
+            t.header
         }
-        check::<ScalingRow>("scaling");
+        // A scaling row holds its group flattened (serde's flatten, which the CSV writer refuses):
+        // the group's columns as the CSV writer writes them, then the point's, none twice.
+        let group = check::<crate::scaling::ScalingGroup>("scaling group");
+        assert!(!group.iter().any(|c| c == "threads"), "{group:?}");
+        let scaling = Table::from_rows("scaling", &[ScalingRow::default()], &ScalingRow::default()).unwrap();
+        assert_eq!(scaling.header[..group.len()], group);
+        let point = [
+            "gpus",
+            "nodes",
+            "threads",
+            "runs",
+            "samples_per_s",
+            "tokens_per_s",
+            "samples_per_s_per_gpu",
+            "baseline_gpus",
+            "speedup",
+            "ideal_speedup",
+            "efficiency",
+            "comm_frac",
+        ];
+        assert_eq!(scaling.header[group.len()..], point);
+        assert_eq!(scaling.rows[0].len(), scaling.header.len());
         check::<CollectiveRow>("comm");
         check::<RunRow>("runs");
         check::<MemoryPhaseRow>("memory-phases");
@@ -480,7 +502,7 @@ mod tests {
             pivot.blocks[0].rows.iter().map(|r| (r.model.as_str(), r.cells[0].text())).collect();
         assert_eq!(one_gpu, [("gpt2 @aaaaaaa", "100.00".to_string()), ("gpt2 @bbbbbbb", "80.00".to_string())]);
         let lines: Vec<(String, u32, f64)> =
-            scaling(&runs).iter().map(|r| (r.build.clone(), r.gpus, r.speedup)).collect();
+            scaling(&runs).iter().map(|r| (r.group.build.clone(), r.gpus, r.speedup)).collect();
         assert_eq!(lines.len(), 4, "{lines:?}");
         assert_eq!(lines.iter().filter(|l| l.0 == "aaaaaaa").count(), 2, "{lines:?}");
         // Each build's 2-GPU point against its own 1-GPU baseline: 2·100/110 and 2·80/84.
@@ -493,7 +515,7 @@ mod tests {
         let pivot = Pivot::build("latency", PivotMetric::StepMsMedian, &one);
         assert_eq!(pivot.blocks[0].rows[0].model, "gpt2");
         assert_eq!(pivot.blocks[0].rows[0].cells[0].text(), "90.00 (n=2 80.00..100.00)");
-        assert!(scaling(&one).iter().all(|r| r.build.is_empty()));
+        assert!(scaling(&one).iter().all(|r| r.group.build.is_empty()));
         // A log's commit is text: a multi-byte one is cut by characters, and one missing is `?`.
         let mut odd = [report("ççççççççç", 1, 100.0), report(a, 1, 80.0)];
         odd[1].row.commit = None;

@@ -35,7 +35,7 @@ impl Table {
     pub fn from_rows<T: serde::Serialize>(name: &'static str, rows: &[T], sample: &T) -> Result<Self, RowError> {
         let (names, _) = row_cells(sample)?;
         let rows = rows.iter().map(|r| row_cells(r).map(|(_, cells)| cells)).collect::<Result<_, _>>()?;
-        Ok(Table { name, header: names.into_iter().map(str::to_string).collect(), rows })
+        Ok(Table { name, header: names, rows })
     }
 }
 

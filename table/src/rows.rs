@@ -6,7 +6,10 @@
 //! A serde serializer of its own rather than a round trip through the CSV writer and reader: the
 //! cells come out directly, and the one shape a row can take (a struct of scalars and options of
 //! scalars) is all it accepts. A nested container is an error, which the tests of every table's
-//! row type would show.
+//! row type would show. One thing it takes that the CSV writer refuses: a struct flattened into
+//! the row (`#[serde(flatten)]`, which serde writes as a map), whose fields become the row's
+//! columns in place, so that a row can hold the key it is a row of without declaring its fields
+//! twice.
 
 use serde::ser::{self, Impossible, Serialize};
 
@@ -25,8 +28,9 @@ fn nested(what: &str) -> RowError {
     RowError(format!("a table cell cannot hold a {what}"))
 }
 
-/// The field names and cells of one row (a struct whose fields are scalars or options of them).
-pub fn row_cells<T: Serialize>(row: &T) -> Result<(Vec<&'static str>, Vec<String>), RowError> {
+/// The field names and cells of one row (a struct whose fields are scalars or options of them, or
+/// structs of such fields flattened into it).
+pub fn row_cells<T: Serialize>(row: &T) -> Result<(Vec<String>, Vec<String>), RowError> {
     let mut fields = Fields::default();
     row.serialize(&mut fields)?;
     Ok((fields.names, fields.cells))
@@ -43,7 +47,7 @@ macro_rules! not_a_row {
 
 #[derive(Default)]
 struct Fields {
-    names: Vec<&'static str>,
+    names: Vec<String>,
     cells: Vec<String>,
 }
 
@@ -51,7 +55,25 @@ impl ser::SerializeStruct for &mut Fields {
     type Ok = ();
     type Error = RowError;
     fn serialize_field<V: ?Sized + Serialize>(&mut self, key: &'static str, value: &V) -> Result<(), RowError> {
-        self.names.push(key);
+        self.names.push(key.to_string());
+        self.cells.push(value.serialize(Cell)?);
+        Ok(())
+    }
+    fn end(self) -> Result<(), RowError> {
+        Ok(())
+    }
+}
+
+/// A struct with a flattened field, which serde writes as a map of its fields and the inner
+/// struct's: each entry is a column, its key the name.
+impl ser::SerializeMap for &mut Fields {
+    type Ok = ();
+    type Error = RowError;
+    fn serialize_key<K: ?Sized + Serialize>(&mut self, key: &K) -> Result<(), RowError> {
+        self.names.push(key.serialize(Cell)?);
+        Ok(())
+    }
+    fn serialize_value<V: ?Sized + Serialize>(&mut self, value: &V) -> Result<(), RowError> {
         self.cells.push(value.serialize(Cell)?);
         Ok(())
     }
@@ -68,7 +90,7 @@ impl<'a> ser::Serializer for &'a mut Fields {
     type SerializeTuple = Impossible<(), RowError>;
     type SerializeTupleStruct = Impossible<(), RowError>;
     type SerializeTupleVariant = Impossible<(), RowError>;
-    type SerializeMap = Impossible<(), RowError>;
+    type SerializeMap = &'a mut Fields;
     type SerializeStruct = &'a mut Fields;
     type SerializeStructVariant = Impossible<(), RowError>;
 
@@ -121,7 +143,7 @@ impl<'a> ser::Serializer for &'a mut Fields {
         Err(nested("row that is not a struct"))
     }
     fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, RowError> {
-        Err(nested("row that is not a struct"))
+        Ok(self)
     }
     fn serialize_struct_variant(
         self,
@@ -353,14 +375,64 @@ mod tests {
         }
     }
 
-    /// A field that is a container is refused, not flattened into something a CSV cannot hold.
+    /// A field that is a container is refused, not flattened into something a CSV cannot hold;
+    /// so is one inside a struct flattened into the row.
     #[test]
     fn nested_fields_are_errors() {
         #[derive(serde::Serialize)]
         struct Bad {
             list: Vec<u32>,
         }
+        #[derive(serde::Serialize)]
+        struct HoldsBad {
+            n: u32,
+            #[serde(flatten)]
+            bad: Bad,
+        }
         assert!(row_cells(&Bad { list: vec![1] }).unwrap_err().to_string().contains("sequence"));
+        assert!(row_cells(&HoldsBad { n: 1, bad: Bad { list: vec![1] } })
+            .unwrap_err()
+            .to_string()
+            .contains("sequence"));
         assert!(row_cells(&5u32).is_err());
+    }
+
+    /// A struct flattened into a row gives its fields as columns in place, the same names and
+    /// cells as the row that declares them itself; a field it skips is no column.
+    #[test]
+    fn a_flattened_struct_is_its_fields_in_place() {
+        #[derive(serde::Serialize)]
+        struct Key {
+            model: String,
+            stage: Option<u32>,
+            kind: Kind,
+            #[serde(skip)]
+            _line: u32,
+        }
+        #[derive(serde::Serialize)]
+        struct Nested {
+            first: f64,
+            #[serde(flatten)]
+            key: Key,
+            last: Option<u64>,
+        }
+        #[derive(serde::Serialize)]
+        struct Flat {
+            first: f64,
+            model: String,
+            stage: Option<u32>,
+            kind: Kind,
+            last: Option<u64>,
+        }
+        let nested = Nested {
+            first: 0.5,
+            key: Key { model: "gpt2".into(), stage: None, kind: Kind::Both, _line: 3 },
+            last: Some(7),
+        };
+        let flat = Flat { first: 0.5, model: "gpt2".into(), stage: None, kind: Kind::Both, last: Some(7) };
+        let (names, cells) = row_cells(&nested).unwrap();
+        assert_eq!(names, ["first", "model", "stage", "kind", "last"]);
+        assert_eq!(cells, ["0.5", "gpt2", "", "optimizer+params", "7"]);
+        assert_eq!(row_cells(&flat).unwrap(), (names, cells));
     }
 }

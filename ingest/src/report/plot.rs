@@ -216,7 +216,7 @@ fn throughput_charts(tables: &Tables) -> BTreeMap<&str, Series> {
     let mut by_model: BTreeMap<&str, Lines> = BTreeMap::new();
     for r in &tables.scaling {
         by_model
-            .entry(&r.model)
+            .entry(&r.group.model)
             .or_default()
             .entry(r.group.clone())
             .or_default()

@@ -235,7 +235,7 @@ fn runs_differing_in_grad_accum_or_hpz_are_never_pooled() {
     assert!(cells[0].2.text().contains("(n=2 "), "{}", cells[0].2.text());
     // The scaling table keeps them apart too.
     let scaling: Vec<(Option<u32>, String)> =
-        tables.scaling.iter().map(|s| (s.grad_accum, s.variant.clone())).collect();
+        tables.scaling.iter().map(|s| (s.group.grad_accum, s.group.variant.clone())).collect();
     assert_eq!(
         scaling,
         [(Some(1), String::new()), (Some(2), String::new()), (Some(1), String::new()), (Some(1), "hpz=2".into())]
