@@ -173,7 +173,7 @@ pub fn run(args: &cli::Args) -> Result<(), Failure> {
         exit_code,
         summary: progress.summary,
     };
-    let _ = log.write(&Record::End(end));
+    let _ = log.write_end(&Record::End(end));
     guard.ended();
     if ident.rank == 0 {
         if let Some(s) = progress.summary {

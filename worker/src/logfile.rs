@@ -158,7 +158,9 @@ impl RankLog {
                     return;
                 }
             };
-            let _ = self.put(&mut f, &bytes);
+            if self.put(&mut f, &bytes).is_ok() {
+                self.release_room(&f);
+            }
             std::mem::forget(f);
             return;
         }
@@ -207,6 +209,34 @@ impl RankLog {
             }
             _ => Err(io::Error::new(e.kind(), format!("no room left for the log's last records ({e})"))),
         }
+    }
+
+    /// Writes the run's last record (`end`) and gives back the room kept beyond the log ([`ROOM`]),
+    /// which a finished log no longer needs: the file's blocks are its records'.
+    pub fn write_end(&self, rec: &Record) -> Result<(), LogError> {
+        let l = line(rec);
+        let mut f = self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.put(&mut f, &l).map_err(|source| LogError::Write { path: self.path.to_path_buf(), source })?;
+        self.release_room(&f);
+        Ok(())
+    }
+
+    /// Frees the room beyond the log's end and keeps none from then on. Best effort: a truncation
+    /// to the size it has (ext4 and XFS free the blocks past it so; ext4 punches no hole past
+    /// the size), then a hole punched there (tmpfs, which truncates nothing to the same size).
+    fn release_room(&self, f: &File) {
+        use std::os::fd::AsRawFd as _;
+        let to = self.room_to.swap(NO_ROOM_KEPT, Ordering::Relaxed);
+        let Ok(end) = f.metadata().map(|m| m.len()) else { return };
+        if to == NO_ROOM_KEPT || to <= end {
+            return;
+        }
+        let _ = f.set_len(end);
+        let (offset, len) = (i64::try_from(end).unwrap_or(i64::MAX), i64::try_from(to - end).unwrap_or(0));
+        // SAFETY: fallocate on this file's descriptor; a hole past the size, which KEEP_SIZE keeps.
+        let _ = unsafe {
+            libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len)
+        };
     }
 
     /// Whether the log's file has no name left: its folder was removed (or the file) while the run
@@ -346,6 +376,40 @@ mod tests {
         assert!(log.file.try_lock().is_err(), "the file stays locked");
         // The writer thread is blocked for good: leave it (and the test process ends it).
         std::mem::forget(w);
+    }
+
+    /// The bytes the file system holds for a file.
+    fn allocated(path: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(path).unwrap().blocks() * 512
+    }
+
+    /// A log keeps room beyond its end while the run goes on and gives it back with its last
+    /// record, whether the run ends (`write_end`) or is stopped (`write_last`); a record written
+    /// after that still lands, without room.
+    #[test]
+    fn the_room_beyond_the_log_goes_with_its_last_record() {
+        for last in ["end", "stopped"] {
+            let dir = tempfile::tempdir().unwrap();
+            let log = RankLog::create(dir.path(), 0, false).unwrap();
+            let path = dir.path().join("rank0.jsonl");
+            log.write(&end(1)).unwrap();
+            let len = std::fs::metadata(&path).unwrap().len();
+            assert_ne!(log.room_to.load(Ordering::Relaxed), NO_ROOM_KEPT, "the test's folder keeps no room");
+            assert!(allocated(&path) >= ROOM, "{last}: {} bytes held for {len}", allocated(&path));
+            match last {
+                "end" => log.write_end(&end(2)).unwrap(),
+                _ => log.write_last(&[end(2)], Duration::from_secs(2)),
+            }
+            assert_eq!(log.room_to.load(Ordering::Relaxed), NO_ROOM_KEPT, "{last}");
+            assert!(allocated(&path) < ROOM / 2, "{last}: {} bytes held", allocated(&path));
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert_eq!(text.lines().count(), 2, "{last}: {text}");
+            if last == "end" {
+                log.write(&end(3)).unwrap();
+                assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 3);
+            }
+        }
     }
 
     #[test]
