@@ -5,7 +5,7 @@
 #   bench/costmodel/fit-shipped.sh [KIND...]     (after `make build`; default: h200 h100)
 #
 # The sweeps are bench/gpu/run.sh's `costmodel` phase (bench/gpu/costmodel-runs.txt), 30 steps of
-# which 10 warm-up. H200: one sweep on a 2×H200 host at 41cf013, the engine as it ships, one run at
+# which 10 warm-up. H200: one sweep on a 2×H200 host at 41cf013, the engine as it shipped then, one run at
 # a time, with the host's examples/cpu_adamw in runs/cpu_adamw.json. The sweep at 5a3944b (one-GPU
 # runs two at a time; its device-bound steps 1.05× as long, its offloaded steps waiting for all of
 # the host's updates) and the three before it (gpu-2026-11-24-costmodel-short, -11-24-costmodel,
@@ -23,6 +23,10 @@
 # So are the list's 28 runs that kept the GPU busy in the fitted sweep, at e9fd36e (`busy`: the
 # engine as it ships where the GPU sets the step; twice each on a 1×H200 host;
 # bench/gpu/costmodel-runs-busy-h200.txt).
+# A sweep marked `superseded` lends only the runs that no fitted sweep listed before it ran (by set
+# and name; bench/costmodel/keep_runs.py): listed after a one-GPU sweep of a later build's GPT-2
+# runs, 41cf013's sweep would lend its other families' and its 2-GPU runs
+# (docs/cost-model.md, "Refitting from a one-GPU host").
 # H100: sweeps after the trainer's segment loop moved onto libtorch's autograd thread (launch-bound
 # steps 0.87-0.93×), one run at a time. Without offload, the whole list (one GPU and two, held out
 # too) at eed3e13 on a 2×H100 host: the engine as it ships, whose device-bound steps take 0.95× and
@@ -74,7 +78,7 @@ kinds=("$@")
 for kind in "${kinds[@]}"; do
   list=$(sweeps "$kind")
   work=$(mktemp -d)
-  fits=() holdouts=() sources=() unseen=()
+  fits=() holdouts=() sources=() unseen=() fitted_roots=()
   for s in $list; do
     IFS=: read -r name archive mark <<< "$s"
     mkdir -p "$work/$name"
@@ -86,10 +90,11 @@ for kind in "${kinds[@]}"; do
       for d in "$(dirname "$f")"/cm-fit "$(dirname "$f")"/cm-holdout; do [ -d "$d" ] && cp "$f" "$d/"; done
     done < <(find "$work/$name" -name cpu_adamw.json)
     # `launch-only`: a sweep of an earlier build lends its launch-bound one-GPU runs without
-    # offload, and nothing else (bench/costmodel/launch_only.py).
-    if [ "$mark" = launch-only ]; then
+    # offload, and nothing else; `superseded`: the runs that none of the fitted sweeps listed
+    # before it ran (bench/costmodel/keep_runs.py).
+    if [ "$mark" = launch-only ] || [ "$mark" = superseded ]; then
       (cd "$work" && "$ZB" ingest "$name" --out "$name.ingest" --format csv -q 2>/dev/null) || [ $? -eq 1 ]
-      python3 bench/costmodel/launch_only.py "$work/$name.ingest/runs.csv" "$work"
+      python3 bench/costmodel/keep_runs.py "$mark" "$work/$name.ingest/runs.csv" "$work" "${fitted_roots[@]}"
       rm -rf "$work/$name.ingest"
     fi
     # An archive holds one sweep (runs/) or, where a host ran the list again, its repeats too
@@ -118,6 +123,7 @@ for kind in "${kinds[@]}"; do
       continue
     fi
     [ "$mark" = check-only ] && continue
+    fitted_roots+=("$work/$name")
     while read -r d; do fits+=("$d"); done < <(cd "$work" && find "$name" -type d -name cm-fit | sort)
     while read -r d; do holdouts+=("$d"); done < <(cd "$work" && find "$name" -type d -name cm-holdout | sort)
     sources+=("bench/results/raw/$archive.tar.gz")
