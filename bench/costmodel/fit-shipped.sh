@@ -147,7 +147,13 @@ for kind in "${kinds[@]}"; do
     rm -rf "$work"
     continue
   fi
-  (cd "$work" && "$ZB" fit "${fits[@]}" --out model.json --validate) > "$work/fit.md"
+  # The fitted sweeps' builds, from their archives' names, for the logs of workers before the
+  # build stamp: the model says which engine it measured.
+  builds=()
+  for src in "${sources[@]}"; do
+    if [[ $src =~ -([0-9a-f]{7})\.tar\.gz$ ]]; then builds+=(--build "${BASH_REMATCH[1]}"); fi
+  done
+  (cd "$work" && "$ZB" fit "${fits[@]}" --out model.json --validate "${builds[@]}") > "$work/fit.md"
   cp "$work/model.json" "costmodel/models/$kind.json"
   # Exit 1: runs that failed (a preset that does not fit the GPU) or sweeps sharing run ids (each
   # is then named with its folder, relative to $work).

@@ -232,6 +232,38 @@ fn a_fit_from_logs_is_written_once_and_read_back() {
     assert_eq!(left.len(), 3, "logs, model.json, fresh.json: {left:?}");
 }
 
+/// A model says which engine it measured: a fit records the build its logs name (the synthetic
+/// runs name one) and those `--build` gives for logs that name none; `predict` prints them, and
+/// this zerobench's own build where it is not one of them; `--json` lists them. The shipped
+/// H200 model names the build of its sweep.
+#[test]
+fn a_model_names_the_builds_it_measured() {
+    let tmp = tempfile::tempdir().unwrap();
+    let logs = tmp.path().join("logs");
+    sweep(&logs, "NVIDIA H200");
+    let model = tmp.path().join("m.json");
+    let m = model.to_str().unwrap();
+    let o = zerobench(&["fit", logs.to_str().unwrap(), "--out", m, "--build", "0e1fab4aaaa", "--build", "0e1fab4"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let fitted: serde_json::Value = serde_json::from_slice(&std::fs::read(&model).unwrap()).unwrap();
+    assert_eq!(fitted["fits"][0]["builds"], serde_json::json!(["0e1fab4", "5e1f0c0"]));
+    let o = predict_gpt2(m, "h200");
+    let line = text(&o.stdout).lines().last().unwrap_or_default().to_string();
+    let head = "model: NVIDIA H200 bf16, fitted on runs of builds 0e1fab4, 5e1f0c0";
+    match zerobench_build_info::COMMIT {
+        Some(c) => assert_eq!(
+            line,
+            format!("{head}; this zerobench is {}, an engine the model has not measured (docs/cost-model.md)", &c[..7])
+        ),
+        None => assert_eq!(line, head),
+    }
+    let o = zerobench(&[&["predict", "--cost-model", m, "--gpu", "h200", "--json"], &GPT2_Z0[..]].concat());
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(p["fitted_builds"], serde_json::json!(["0e1fab4", "5e1f0c0"]), "{p}");
+    let o = zerobench(&[&["predict", "--gpu", "h200"], &GPT2_Z0[..]].concat());
+    assert!(text(&o.stdout).contains("fitted on runs of build 41cf013;"), "{}", text(&o.stdout));
+}
+
 #[test]
 fn bad_inputs_to_fit_are_clear_errors() {
     let tmp = tempfile::tempdir().unwrap();
@@ -460,6 +492,8 @@ fn plan_adds_predictions_and_marks_the_fastest_run_that_fits() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let stdout = text(&o.stdout);
     assert!(stdout.contains("pred step ms") && stdout.contains("best (*)"), "{stdout}");
+    // Which engine the predictions describe: the shipped model's build, once (one precision).
+    assert_eq!(stdout.matches("model: NVIDIA H200 bf16, fitted on runs of build 41cf013").count(), 1, "{stdout}");
     let o = zerobench(&["plan", spec, "--gpu", "h200", "--json"]);
     let runs: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
     // One best run per model (gpt2 and gpt2-xl), each the fitting run with the most tokens/s per GPU.
@@ -473,6 +507,7 @@ fn plan_adds_predictions_and_marks_the_fastest_run_that_fits() {
     }
     // The spec's 80GB is what a prediction must fit, not the H200's 141 GB.
     assert!(runs.iter().all(|r| r["prediction"]["device_memory_bytes"] == 80_000_000_000u64), "{runs:?}");
+    assert!(runs.iter().all(|r| r["prediction"]["fitted_builds"] == serde_json::json!(["41cf013"])), "{runs:?}");
     // A cost model needs a GPU to pick its fit.
     let o = zerobench(&["plan", spec, "--cost-model", "costmodel/models/h200.json"]);
     assert_eq!(o.status.code(), Some(2));

@@ -96,6 +96,13 @@ pub fn fit(obs: &[Observation]) -> Result<Fitted, FitError> {
             step_interval_by_bound: Some(intervals.step_by_bound),
             memory_interval: intervals.memory,
             validation,
+            builds: runs
+                .iter()
+                .filter_map(|o| o.build.as_deref())
+                .map(|b| b.chars().take(7).collect())
+                .collect::<std::collections::BTreeSet<String>>()
+                .into_iter()
+                .collect(),
             runs: runs
                 .iter()
                 .map(|o| FittedRun {
@@ -534,6 +541,23 @@ mod tests {
         assert!(f.validation.memory_mape_pct < 0.5, "{}", f.validation.memory_mape_pct);
         let c = &f.validation.stage_choice.all;
         assert_eq!((c.right_within_tie, c.shown_slower, c.groups > 10), (c.groups, 0, true), "{c:?}");
+    }
+
+    /// The fit records the builds its runs' logs name, by a commit's first 7 digits and each
+    /// once (runs naming none add nothing); runs naming none at all leave the list empty.
+    #[test]
+    fn the_fit_records_the_builds_its_runs_name() {
+        let unnamed = sweep();
+        assert!(fit(&unnamed).unwrap().model.fits[0].builds.is_empty());
+        let named: Vec<Observation> = unnamed
+            .into_iter()
+            .enumerate()
+            .map(|(i, o)| {
+                let build = ["41cf013aaaa", "41cf013bbbb", "0e1fab4cccc"].get(i % 4).map(|b| b.to_string());
+                Observation { build, ..o }
+            })
+            .collect();
+        assert_eq!(fit(&named).unwrap().model.fits[0].builds, ["0e1fab4", "41cf013"]);
     }
 
     /// A 2-GPU run measured just under what its compute and optimizer are priced at (a remainder

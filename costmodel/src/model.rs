@@ -73,6 +73,10 @@ pub struct Fit {
     pub step_interval_by_bound: Option<BoundIntervals>,
     pub memory_interval: [f64; 2],
     pub validation: Validation,
+    /// The builds of the engine the fitted runs measured (a commit's first 7 digits), where their
+    /// logs name one: what the predictions describe (files written before it: not recorded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub builds: Vec<String>,
     /// The runs fitted on.
     pub runs: Vec<FittedRun>,
 }

@@ -39,6 +39,11 @@ pub struct Args {
     /// every held-out run.
     #[arg(long)]
     validate: bool,
+    /// A build (git commit) of the worker that ran runs whose logs name none (workers before the
+    /// build stamp): recorded with the builds the logs name, as what the model's predictions
+    /// describe (`predict` says so). Repeat it for several.
+    #[arg(long = "build", value_name = "COMMIT")]
+    builds: Vec<String>,
 }
 
 /// The runs of the folders the cost model can be fitted on, each one left out (run id, why), and
@@ -199,8 +204,13 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
             keep
         }
     };
-    let zerobench_costmodel::Fitted { model, skipped: kinds_left } =
+    let zerobench_costmodel::Fitted { mut model, skipped: kinds_left } =
         zerobench_costmodel::fit(&obs).context("fitting the cost model")?;
+    for f in &mut model.fits {
+        let named = std::mem::take(&mut f.builds).into_iter();
+        let given = args.builds.iter().map(|b| b.chars().take(7).collect::<String>());
+        f.builds = named.chain(given).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    }
     for why in &kinds_left {
         eprintln!("zerobench: no fit: {why}");
     }

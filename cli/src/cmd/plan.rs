@@ -70,6 +70,8 @@ enum Predicted {
         prediction: Box<Prediction>,
         /// An offloaded run's Twin-Flow ratio by the cost model ([`model_offload_ratio`]).
         offload_ratio: Option<f64>,
+        /// The builds the prediction's fit measured (`Fit::builds`).
+        fitted_builds: Vec<String>,
     },
     No(String),
 }
@@ -131,6 +133,7 @@ fn predict_all(plan: &Plan, model: &CostModel, gpu: &str, host_rate: Option<f64>
                 offload_ratio: (r.config.offload != Offload::None)
                     .then(|| model_offload_ratio(f, r, host_rate, declared))
                     .flatten(),
+                fitted_builds: f.builds.clone(),
             },
             Err(e) => Predicted::No(e.to_string()),
         })
@@ -159,17 +162,23 @@ fn positive_gbps(s: &str) -> Result<f64, String> {
 
 pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let plan = Plan::build(Spec::load(&a.spec)?)?;
-    let predicted = match &a.gpu {
+    let model = match &a.gpu {
         Some(gpu) => {
             let model = crate::cmd::predict::load(a.cost_model.as_ref())?;
             // Refuse a GPU the model has no fit for in any precision before printing anything.
             if !model.fits.iter().any(|f| f.gpu.to_lowercase().contains(&gpu.to_lowercase())) {
                 model.fit_for(gpu, zerobench_schema::config::Precision::Bf16)?;
             }
-            Some(predict_all(&plan, &model, gpu, a.host_adamw_rate))
+            Some((model, gpu))
         }
         None => None,
     };
+    let predicted = model.as_ref().map(|(model, gpu)| predict_all(&plan, model, gpu, a.host_adamw_rate));
+    // The fits the predictions came from, one per precision the runs ask for.
+    let fits: Vec<&zerobench_costmodel::Fit> = model.as_ref().map_or_else(Vec::new, |(model, gpu)| {
+        let precisions: std::collections::BTreeSet<_> = plan.runs.iter().map(|r| r.config.precision).collect();
+        precisions.into_iter().filter_map(|p| model.fit_for(gpu, p).ok()).collect()
+    });
     let mut out = crate::stdout::stdout();
     if a.json {
         let runs: Vec<serde_json::Value> = plan
@@ -180,8 +189,8 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
                 let mut v = serde_json::to_value(r)?;
                 if let (Some((preds, mark)), Some(obj)) = (&predicted, v.as_object_mut()) {
                     let (p, ratio) = match &preds[i] {
-                        Predicted::Yes { prediction, offload_ratio } => {
-                            (serde_json::to_value(prediction)?, *offload_ratio)
+                        Predicted::Yes { prediction, offload_ratio, fitted_builds } => {
+                            (crate::cmd::predict::with_builds(prediction, fitted_builds)?, *offload_ratio)
                         }
                         Predicted::No(why) => (serde_json::json!({ "error": why }), None),
                     };
@@ -296,6 +305,9 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     }
     if predicted.is_some() {
         writeln!(out, "{PREDICT_FOOTER}")?;
+        for fit in &fits {
+            writeln!(out, "{}", crate::cmd::predict::builds_line(fit, zerobench_build_info::COMMIT))?;
+        }
     }
     Ok(Outcome::Complete)
 }

@@ -1,12 +1,13 @@
 //! `zerobench predict --gpu KIND --model M --stage S --micro-batch B --seq-len T --gpus N ...`:
 //! the predicted step time, throughput and memory of a configuration, from a fitted cost model
-//! (`--cost-model MODEL.json`) or the model shipped for the GPU kind.
+//! (`--cost-model MODEL.json`) or the model shipped for the GPU kind, and the builds of the engine
+//! that model measured.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use zerobench_costmodel::{CostModel, Prediction, Query};
+use zerobench_costmodel::{CostModel, Fit, Prediction, Query};
 use zerobench_schema::config::{Offload, Precision, RunConfig, ZeroStage};
 use zerobench_schema::models::ModelPreset;
 
@@ -127,11 +128,44 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
     let p = fit.predict(&query);
     let mut out = crate::stdout::stdout();
     if a.json {
-        writeln!(out, "{}", serde_json::to_string(&p)?)?;
+        writeln!(out, "{}", serde_json::to_string(&with_builds(&p, &fit.builds)?)?)?;
     } else {
         print(&mut out, &p)?;
+        writeln!(out, "{}", builds_line(fit, zerobench_build_info::COMMIT))?;
     }
     Ok(Outcome::Complete)
+}
+
+/// A prediction as JSON, with its fit's builds (`Fit::builds`) as `fitted_builds` beside its
+/// fields.
+pub fn with_builds(p: &Prediction, builds: &[String]) -> serde_json::Result<serde_json::Value> {
+    let mut v = serde_json::to_value(p)?;
+    if let Some(o) = v.as_object_mut() {
+        o.insert("fitted_builds".into(), builds.into());
+    }
+    Ok(v)
+}
+
+/// Which engine a fit's predictions describe: the builds its runs measured, and whether `this`
+/// build (zerobench's own commit, where known) is one of them. A later build's engine may be
+/// faster or slower than the one measured (docs/cost-model.md says by how much for the shipped
+/// models).
+pub fn builds_line(fit: &Fit, this: Option<&str>) -> String {
+    let builds = &fit.builds;
+    let head = format!("model: {} {}", fit.gpu, fit.precision);
+    if builds.is_empty() {
+        return format!("{head}, fitted on runs whose logs name no build");
+    }
+    let plural = if builds.len() > 1 { "s" } else { "" };
+    let mut s = format!("{head}, fitted on runs of build{plural} {}", builds.join(", "));
+    if let Some(this) = this.map(|c| c.chars().take(7).collect::<String>()) {
+        if !builds.contains(&this) {
+            s.push_str(&format!(
+                "; this zerobench is {this}, an engine the model has not measured (docs/cost-model.md)"
+            ));
+        }
+    }
+    s
 }
 
 fn print(out: &mut dyn Write, p: &Prediction) -> anyhow::Result<()> {
@@ -183,4 +217,34 @@ fn print(out: &mut dyn Write, p: &Prediction) -> anyhow::Result<()> {
         writeln!(out, "extrapolated: {e}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The line names the fit's builds and says when zerobench's own build is none of them; a
+    /// fit whose runs name no build says so.
+    #[test]
+    fn the_builds_line_names_the_fits_builds_and_this_one_outside_them() {
+        let model = zerobench_costmodel::shipped().unwrap();
+        let mut fit = model.fits.into_iter().next().unwrap();
+        let gpu = fit.gpu.clone();
+        fit.builds = vec!["0e1fab4".into(), "41cf013".into()];
+        let line = |this| builds_line(&fit, this);
+        let head = format!("model: {gpu} bf16, fitted on runs of builds 0e1fab4, 41cf013");
+        assert_eq!(line(None), head);
+        assert_eq!(line(Some("41cf0130000000000000")), head);
+        assert_eq!(
+            line(Some("797bb0e1234")),
+            format!("{head}; this zerobench is 797bb0e, an engine the model has not measured (docs/cost-model.md)")
+        );
+        fit.builds.truncate(1);
+        assert!(builds_line(&fit, None).ends_with("fitted on runs of build 0e1fab4"), "{}", builds_line(&fit, None));
+        fit.builds.clear();
+        assert_eq!(
+            builds_line(&fit, Some("797bb0e")),
+            format!("model: {gpu} bf16, fitted on runs whose logs name no build")
+        );
+    }
 }
