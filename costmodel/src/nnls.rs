@@ -218,6 +218,16 @@ mod tests {
         assert!(sad(&x) <= sad(&ls));
     }
 
+    /// A column is scaled by its Euclidean norm, whatever its signs: one of negative entries, or
+    /// of entries that sum to zero, is solved as any other (a norm taken from the entries' sum
+    /// would be undefined or zero there and drop the column).
+    #[test]
+    fn columns_of_negative_entries_are_solved() {
+        let a = vec![vec![-1.0, 1.0], vec![-2.0, -1.0], vec![0.0, 0.0]];
+        let x = nnls(&a, &[1.0, -7.0, 0.0]);
+        assert!((x[0] - 2.0).abs() < 1e-9 && (x[1] - 3.0).abs() < 1e-9, "{x:?}");
+    }
+
     #[test]
     fn zero_columns_get_zero() {
         let a = vec![vec![1.0, 0.0], vec![2.0, 0.0]];
