@@ -211,7 +211,7 @@ impl RankLog {
         }
     }
 
-    /// Writes the run's last record (`end`) and gives back the room kept beyond the log ([`ROOM`]),
+    /// Writes the run's last record (`end`) and gives back the room kept beyond the log (16 KiB),
     /// which a finished log no longer needs: the file's blocks are its records'.
     pub fn write_end(&self, rec: &Record) -> Result<(), LogError> {
         let l = line(rec);
