@@ -99,7 +99,7 @@ pub fn fit(obs: &[Observation]) -> Result<Fitted, FitError> {
             builds: runs
                 .iter()
                 .filter_map(|o| o.build.as_deref())
-                .map(|b| b.chars().take(7).collect())
+                .map(zerobench_schema::log::short_commit)
                 .collect::<std::collections::BTreeSet<String>>()
                 .into_iter()
                 .collect(),

@@ -227,8 +227,7 @@ impl BuildNames {
         if !self.several || row.source != Source::Zerobench {
             return String::new();
         }
-        // By characters: a log's commit is whatever text it holds.
-        row.commit.as_deref().map_or_else(|| "?".into(), |c| c.chars().take(7).collect())
+        row.commit.as_deref().map_or_else(|| "?".into(), zerobench_schema::log::short_commit)
     }
 
     /// What a label gets for `build` (a [`Self::name`]): ` @` and the name, or nothing.

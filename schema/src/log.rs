@@ -189,6 +189,12 @@ pub struct DeviceInfo {
     pub launch_cpu: Option<u32>,
 }
 
+/// A build's short name, as the tables, cost models and `predict` name builds: its commit's first
+/// 7 characters (by characters: a log's commit is whatever text it holds).
+pub fn short_commit(commit: &str) -> String {
+    commit.chars().take(7).collect()
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 pub struct Versions {
     pub zerobench: String,

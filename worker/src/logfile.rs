@@ -129,9 +129,18 @@ impl RankLog {
 
     /// Appends one record as one line.
     pub fn write(&self, rec: &Record) -> Result<(), LogError> {
+        self.append(rec, false)
+    }
+
+    /// Appends `rec`, then (`last`) gives back the room beyond the log.
+    fn append(&self, rec: &Record, last: bool) -> Result<(), LogError> {
         let l = line(rec);
         let mut f = self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.put(&mut f, &l).map_err(|source| LogError::Write { path: self.path.to_path_buf(), source })
+        self.put(&mut f, &l).map_err(|source| LogError::Write { path: self.path.to_path_buf(), source })?;
+        if last {
+            self.release_room(&f);
+        }
+        Ok(())
     }
 
     /// Writes the last records of a rank that is being stopped from another thread: waits at
@@ -214,11 +223,7 @@ impl RankLog {
     /// Writes the run's last record (`end`) and gives back the room kept beyond the log (16 KiB),
     /// which a finished log no longer needs: the file's blocks are its records'.
     pub fn write_end(&self, rec: &Record) -> Result<(), LogError> {
-        let l = line(rec);
-        let mut f = self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.put(&mut f, &l).map_err(|source| LogError::Write { path: self.path.to_path_buf(), source })?;
-        self.release_room(&f);
-        Ok(())
+        self.append(rec, true)
     }
 
     /// Frees the room beyond the log's end and keeps none from then on. Best effort: a truncation

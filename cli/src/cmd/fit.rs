@@ -208,7 +208,7 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
         zerobench_costmodel::fit(&obs).context("fitting the cost model")?;
     for f in &mut model.fits {
         let named = std::mem::take(&mut f.builds).into_iter();
-        let given = args.builds.iter().map(|b| b.chars().take(7).collect::<String>());
+        let given = args.builds.iter().map(|b| zerobench_schema::log::short_commit(b));
         f.builds = named.chain(given).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
     }
     for why in &kinds_left {

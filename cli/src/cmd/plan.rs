@@ -65,13 +65,13 @@ pub struct Args {
 }
 
 /// One run's prediction, or why there is none.
-enum Predicted {
+enum Predicted<'m> {
     Yes {
         prediction: Box<Prediction>,
         /// An offloaded run's Twin-Flow ratio by the cost model ([`model_offload_ratio`]).
         offload_ratio: Option<f64>,
-        /// The builds the prediction's fit measured (`Fit::builds`).
-        fitted_builds: Vec<String>,
+        /// The fit that priced it (its builds are what the prediction describes).
+        fit: &'m zerobench_costmodel::Fit,
     },
     No(String),
 }
@@ -122,7 +122,12 @@ fn model_offload_ratio(
 }
 
 /// Predicts every run; marks per model the fitting run with the most tokens/s per GPU.
-fn predict_all(plan: &Plan, model: &CostModel, gpu: &str, host_rate: Option<f64>) -> (Vec<Predicted>, Vec<bool>) {
+fn predict_all<'m>(
+    plan: &Plan,
+    model: &'m CostModel,
+    gpu: &str,
+    host_rate: Option<f64>,
+) -> (Vec<Predicted<'m>>, Vec<bool>) {
     let declared = plan.spec.cluster.gpu_memory.map(|m| m.0);
     let preds: Vec<Predicted> = plan
         .runs
@@ -133,7 +138,7 @@ fn predict_all(plan: &Plan, model: &CostModel, gpu: &str, host_rate: Option<f64>
                 offload_ratio: (r.config.offload != Offload::None)
                     .then(|| model_offload_ratio(f, r, host_rate, declared))
                     .flatten(),
-                fitted_builds: f.builds.clone(),
+                fit: f,
             },
             Err(e) => Predicted::No(e.to_string()),
         })
@@ -174,11 +179,15 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
         None => None,
     };
     let predicted = model.as_ref().map(|(model, gpu)| predict_all(&plan, model, gpu, a.host_adamw_rate));
-    // The fits the predictions came from, one per precision the runs ask for.
-    let fits: Vec<&zerobench_costmodel::Fit> = model.as_ref().map_or_else(Vec::new, |(model, gpu)| {
-        let precisions: std::collections::BTreeSet<_> = plan.runs.iter().map(|r| r.config.precision).collect();
-        precisions.into_iter().filter_map(|p| model.fit_for(gpu, p).ok()).collect()
-    });
+    // The fits the predictions came from, each once.
+    let mut fits: Vec<&zerobench_costmodel::Fit> = Vec::new();
+    for p in predicted.iter().flat_map(|(preds, _)| preds) {
+        if let Predicted::Yes { fit, .. } = p {
+            if !fits.iter().any(|f| std::ptr::eq(*f, *fit)) {
+                fits.push(fit);
+            }
+        }
+    }
     let mut out = crate::stdout::stdout();
     if a.json {
         let runs: Vec<serde_json::Value> = plan
@@ -189,8 +198,8 @@ pub fn run(a: Args) -> anyhow::Result<Outcome> {
                 let mut v = serde_json::to_value(r)?;
                 if let (Some((preds, mark)), Some(obj)) = (&predicted, v.as_object_mut()) {
                     let (p, ratio) = match &preds[i] {
-                        Predicted::Yes { prediction, offload_ratio, fitted_builds } => {
-                            (crate::cmd::predict::with_builds(prediction, fitted_builds)?, *offload_ratio)
+                        Predicted::Yes { prediction, offload_ratio, fit } => {
+                            (crate::cmd::predict::with_builds(prediction, &fit.builds)?, *offload_ratio)
                         }
                         Predicted::No(why) => (serde_json::json!({ "error": why }), None),
                     };

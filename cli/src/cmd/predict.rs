@@ -158,7 +158,7 @@ pub fn builds_line(fit: &Fit, this: Option<&str>) -> String {
     }
     let plural = if builds.len() > 1 { "s" } else { "" };
     let mut s = format!("{head}, fitted on runs of build{plural} {}", builds.join(", "));
-    if let Some(this) = this.map(|c| c.chars().take(7).collect::<String>()) {
+    if let Some(this) = this.map(zerobench_schema::log::short_commit) {
         if !builds.contains(&this) {
             s.push_str(&format!(
                 "; this zerobench is {this}, an engine the model has not measured (docs/cost-model.md)"
