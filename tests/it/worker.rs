@@ -717,27 +717,32 @@ fn a_full_stderr_or_a_file_size_limit_ends_the_rank_as_its_log_says() {
     assert_eq!(status.code(), Some(0));
     let end = std::fs::read_to_string(logs.join("rank0.jsonl")).unwrap();
     assert!(end.lines().last().unwrap().contains("\"status\":\"ok\""), "{end}");
-    // One rank met through the environment (a singleton MPI start hangs under the limit).
-    let logs = tmp.path().join("limited");
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -f 3 && exec \"$0\" \"$@\"")
-        .arg(worker())
-        .args(TINY_CPU)
-        .args(["--steps", "200", "--rendezvous", "env", "--log-dir", logs.to_str().unwrap()])
-        .env("RANK", "0")
-        .env("WORLD_SIZE", "1")
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", crate::support::free_port().to_string())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(5), "{err}");
-    assert!(err.contains("rank0.jsonl") && err.contains("File too large"), "{err}");
-    // The line the limit cut is taken back: whole records only (it ended mid-record).
-    let log = std::fs::read_to_string(logs.join("rank0.jsonl")).unwrap();
-    assert!(log.ends_with('\n'), "{log}");
-    assert!(log.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()), "{log}");
+    // The rank alone (an MPI singleton, whose start failed inside Open MPI under the limit) and
+    // one met through the environment.
+    for rendezvous in ["mpi", "env"] {
+        let logs = tmp.path().join(format!("limited-{rendezvous}"));
+        let mut rank = Command::new("sh");
+        rank.arg("-c")
+            .arg("ulimit -f 3 && exec \"$0\" \"$@\"")
+            .arg(worker())
+            .args(TINY_CPU)
+            .args(["--steps", "200", "--rendezvous", rendezvous, "--log-dir", logs.to_str().unwrap()])
+            .env_remove("PMIX_MCA_gds");
+        if rendezvous == "env" {
+            rank.env("RANK", "0")
+                .env("WORLD_SIZE", "1")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", crate::support::free_port().to_string());
+        }
+        let out = rank.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(5), "{rendezvous}: {err}");
+        assert!(err.contains("rank0.jsonl") && err.contains("File too large"), "{rendezvous}: {err}");
+        // The line the limit cut is taken back: whole records only (it ended mid-record).
+        let log = std::fs::read_to_string(logs.join("rank0.jsonl")).unwrap();
+        assert!(log.ends_with('\n'), "{log}");
+        assert!(log.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()), "{log}");
+    }
 }
 
 /// A log folder removed while the run goes on takes every record with it: the rank says so and

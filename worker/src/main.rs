@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use zerobench_worker::runtime::launch_env;
 use zerobench_worker::{app, cli};
 
 fn main() -> ExitCode {
@@ -11,6 +12,10 @@ fn main() -> ExitCode {
     // full disk (exit 5, naming the log).
     // SAFETY: setting a signal's disposition to ignored, before any thread starts.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    // Before any thread starts: setting the environment races with threads reading it.
+    if let Some((name, value)) = launch_env::singleton_store(&launch_env::process_env) {
+        std::env::set_var(name, value);
+    }
     // First, so that a crash anywhere (MPI's start among it) says where it happened.
     if let Err(e) = zerobench_worker::runtime::fatal::install() {
         zerobench_worker::say!("zerobench-worker: no crash report: {e}");

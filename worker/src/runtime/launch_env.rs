@@ -73,6 +73,23 @@ pub fn process_env(name: &'static str) -> Option<String> {
 /// (MPICH's Hydra, `srun --mpi=pmi2`), PMIx (`srun --mpi=pmix`, `prterun`), MPICH's local ranks.
 pub const MPI_LAUNCHED: [&str; 4] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"];
 
+/// PMIx's choice of data store for the keys its processes exchange.
+pub const PMIX_GDS: &str = "PMIX_MCA_gds";
+
+/// The setting a process that no MPI launcher started takes before any thread starts, should it
+/// start MPI as a singleton: PMIx's store kept in memory (`hash`).
+///
+/// Open MPI's singleton start spawns a daemon whose default store (`ds12`/`ds21`) is a file of
+/// several MiB in shared memory; under a file-size limit below that (`ulimit -f`, about 8 MiB
+/// with Debian's Open MPI 4.1) the start fails inside Open MPI, with messages that do not name
+/// the limit. One process shares its keys with nobody, so the file buys nothing; in memory, the
+/// rank starts and a limit meets its log, which says so. A store the user chose is kept, and
+/// ranks an MPI launcher started use the launcher's.
+pub fn singleton_store(vars: Vars<'_>) -> Option<(&'static str, &'static str)> {
+    let launched = MPI_LAUNCHED.iter().any(|k| vars(k).is_some());
+    (!launched && vars(PMIX_GDS).is_none()).then_some((PMIX_GDS, "hash"))
+}
+
 /// Chooses the transport for `requested`, before MPI starts (it must not start for env ranks).
 pub fn choose(requested: Rendezvous, vars: Vars<'_>) -> Result<Transport, RendezvousError> {
     let world = env_u32(vars, WORLD_SIZE)?;
@@ -135,6 +152,16 @@ mod tests {
     }
 
     const FULL: &[(&str, &str)] = &[(RANK, "1"), (WORLD_SIZE, "3"), (MASTER_ADDR, "node-a"), (MASTER_PORT, "29511")];
+
+    #[test]
+    fn a_process_no_launcher_started_keeps_pmix_keys_in_memory() {
+        assert_eq!(singleton_store(&with(&[])), Some((PMIX_GDS, "hash")));
+        assert_eq!(singleton_store(&with(FULL)), Some((PMIX_GDS, "hash")));
+        for marker in MPI_LAUNCHED {
+            assert_eq!(singleton_store(&with(&[(marker, "2")])), None, "{marker}");
+        }
+        assert_eq!(singleton_store(&with(&[(PMIX_GDS, "ds21")])), None);
+    }
 
     #[test]
     fn auto_prefers_mpi_then_the_environment_then_one_process() {
