@@ -9,15 +9,27 @@ use crate::local::{LOCAL_OUTPUT, LOCAL_RECORD};
 use crate::plan::Plan;
 use crate::render::{check, has_results, move_aside, OnChange, Rendered, ATTEMPTS_DIR, LOG_DIR};
 use crate::status::{status_of, RunState, State, FROM_PIDS};
-use crate::submit::SLURM_RECORD;
+use crate::submit::{SlurmRecord, SLURM_RECORD};
 
-/// Moves what a run's earlier attempt left (its logs, `local.json`, `local.out`, `slurm.json` and
-/// the job's `.out`/`.err` files) into `.attempts/attempt-<unix time>/` in its folder, so that it
-/// can run again without a byte of the earlier attempt lost; returns that folder.
+/// Moves what a run's earlier attempt left (its logs, `local.json`, `local.out`, `slurm.json`,
+/// the job's `.out`/`.err` files and an array task's own output from the folder above) into
+/// `.attempts/attempt-<unix time>/` in its folder, so that it can run again without a byte of the
+/// earlier attempt lost; returns that folder.
 pub fn set_aside_attempt(dir: &Path) -> Result<PathBuf, Error> {
     let keep = dir.join(ATTEMPTS_DIR);
     let stage = dir.join(".attempt-in-progress");
     std::fs::create_dir_all(&stage).map_err(|e| Error::io(&stage, e))?;
+    // Slurm's word on why the task stopped (`*** ... CANCELLED ... ***`) is in the output folder,
+    // under the task's id: it goes with the attempt it explains. Taken first, while the record
+    // naming it is still in place.
+    let task_output = std::fs::read_to_string(dir.join(SLURM_RECORD))
+        .ok()
+        .and_then(|text| serde_json::from_str::<SlurmRecord>(&text).ok())
+        .and_then(|rec| rec.array_task_output())
+        .and_then(|name| Some((dir.parent()?.join(&name), name)));
+    if let Some((from, name)) = task_output.filter(|(from, _)| from.is_file()) {
+        std::fs::rename(&from, stage.join(name)).map_err(|e| Error::io(&from, e))?;
+    }
     let mut names: Vec<std::ffi::OsString> = [LOG_DIR, LOCAL_RECORD, LOCAL_OUTPUT, SLURM_RECORD].map(Into::into).into();
     for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?.flatten() {
         let n = e.file_name();
@@ -136,6 +148,43 @@ mod tests {
             assert_eq!(std::fs::read_to_string(dir.join(name)).unwrap(), name, "{name} moved");
         }
         assert!(!dir.join(LOG_DIR).exists() && !dir.join(".attempt-in-progress").exists());
+    }
+
+    /// An array task's own output, in the output folder under the task's id, goes with the attempt
+    /// it explains; other tasks' outputs stay, and a job of its own takes nothing from above.
+    #[test]
+    fn an_array_tasks_own_output_goes_with_its_attempt() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let record = |array: Option<&str>, job_id: &str| SlurmRecord {
+            job_id: job_id.into(),
+            array_job_id: array.map(Into::into),
+            array_task_id: array.map(|_| 1),
+            dependency: None,
+            submitted_at: 0,
+            script: root.join("zerobench-array-0.sbatch"),
+        };
+        let others = ["zerobench-array-0-8_0.out", "zerobench-array-1-8_1.out", "zerobench-array-0-9_1.out"];
+        for name in others.iter().chain(&["zerobench-array-0-8_1.out"]) {
+            std::fs::write(root.join(name), name).unwrap();
+        }
+        let dir = root.join("r");
+        std::fs::create_dir(&dir).unwrap();
+        let write = |rec: &SlurmRecord| std::fs::write(dir.join(SLURM_RECORD), serde_json::to_string(rec).unwrap());
+        write(&record(Some("8"), "8_1")).unwrap();
+        let attempt = set_aside_attempt(&dir).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(attempt.join("zerobench-array-0-8_1.out")).unwrap(),
+            "zerobench-array-0-8_1.out"
+        );
+        assert!(!root.join("zerobench-array-0-8_1.out").exists());
+        // A job of its own whose id reads like that of another task.
+        write(&record(None, "9_1")).unwrap();
+        let attempt = set_aside_attempt(&dir).unwrap();
+        assert!(attempt.join(SLURM_RECORD).is_file());
+        for name in others {
+            assert_eq!(std::fs::read_to_string(root.join(name)).unwrap(), name, "{name} moved");
+        }
     }
 
     fn state(dir: &Path, state: State) -> RunState {

@@ -62,6 +62,17 @@ pub struct SlurmRecord {
     pub script: PathBuf,
 }
 
+impl SlurmRecord {
+    /// The name of an array task's own output file in the output folder (the array script's
+    /// `#SBATCH --output`, `<script name>-%A_%a.out`, in [`array_script`]), where slurmstepd
+    /// writes why the task was stopped; none for a job of its own (its output is in its folder).
+    pub fn array_task_output(&self) -> Option<String> {
+        self.array_job_id.as_ref()?;
+        let name = self.script.file_stem()?.to_str()?;
+        Some(format!("{name}-{}.out", self.job_id))
+    }
+}
+
 /// One submitted (or tested) run.
 #[derive(Debug, Clone)]
 pub struct Submitted {

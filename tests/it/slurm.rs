@@ -228,6 +228,10 @@ fn arrays_failures_and_cancellation() {
         assert_eq!(attempts.len(), 1, "{run}");
         assert_eq!(&std::fs::read_to_string(attempts[0].join("slurm.json")).unwrap(), old);
         assert!(attempts[0].join("logs/rank0.env").is_file(), "{run}");
+        // The task's own output (from the output folder, where Slurm wrote it) goes with it.
+        let old_job: serde_json::Value = serde_json::from_str(old).unwrap();
+        let task_output = format!("zerobench-array-0-{}.out", old_job["job_id"].as_str().unwrap());
+        assert!(attempts[0].join(&task_output).is_file() && !out.join(&task_output).exists(), "{run}: {task_output}");
         let new = std::fs::read_to_string(out.join(run).join("slurm.json")).unwrap();
         assert_ne!(&new, old, "{run} was not submitted again");
         let id: serde_json::Value = serde_json::from_str(&new).unwrap();
