@@ -40,8 +40,8 @@ pub struct Args {
     #[arg(long)]
     validate: bool,
     /// A build (git commit) of the worker that ran runs whose logs name none (workers before the
-    /// build stamp): recorded with the builds the logs name, as what the model's predictions
-    /// describe (`predict` says so). Repeat it for several.
+    /// build stamp): recorded with the builds the logs name in each fit that has such runs, as
+    /// what the model's predictions describe (`predict` says so). Repeat it for several.
     #[arg(long = "build", value_name = "COMMIT")]
     builds: Vec<String>,
 }
@@ -206,7 +206,11 @@ pub fn run(args: Args) -> anyhow::Result<Outcome> {
     };
     let zerobench_costmodel::Fitted { mut model, skipped: kinds_left } =
         zerobench_costmodel::fit(&obs).context("fitting the cost model")?;
-    for f in &mut model.fits {
+    // `--build` names the builds of runs whose logs name none: a fit of runs that all name theirs
+    // (another GPU kind's, newer logs) did not measure it.
+    let unnamed: std::collections::BTreeSet<(&str, _)> =
+        obs.iter().filter(|o| o.build.is_none()).map(|o| (o.gpu.as_str(), o.query.config.precision)).collect();
+    for f in model.fits.iter_mut().filter(|f| unnamed.contains(&(f.gpu.as_str(), f.precision))) {
         let named = std::mem::take(&mut f.builds).into_iter();
         let given = args.builds.iter().map(|b| zerobench_schema::log::short_commit(b));
         f.builds = named.chain(given).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
