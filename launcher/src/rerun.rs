@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::local::{LOCAL_OUTPUT, LOCAL_RECORD};
 use crate::plan::Plan;
 use crate::render::{check, has_results, move_aside, OnChange, Rendered, ATTEMPTS_DIR, LOG_DIR};
-use crate::status::{status_of, RunState, State, FROM_PIDS};
+use crate::status::{read_json, status_of, RunState, State, FROM_PIDS};
 use crate::submit::{SlurmRecord, SLURM_RECORD};
 
 /// Moves what a run's earlier attempt left (its logs, `local.json`, `local.out`, `slurm.json`,
@@ -22,9 +22,7 @@ pub fn set_aside_attempt(dir: &Path) -> Result<PathBuf, Error> {
     // Slurm's word on why the task stopped (`*** ... CANCELLED ... ***`) is in the output folder,
     // under the task's id: it goes with the attempt it explains. Taken first, while the record
     // naming it is still in place.
-    let task_output = std::fs::read_to_string(dir.join(SLURM_RECORD))
-        .ok()
-        .and_then(|text| serde_json::from_str::<SlurmRecord>(&text).ok())
+    let task_output = read_json::<SlurmRecord>(&dir.join(SLURM_RECORD))
         .and_then(|rec| rec.array_task_output())
         .and_then(|name| Some((dir.parent()?.join(&name), name)));
     if let Some((from, name)) = task_output.filter(|(from, _)| from.is_file()) {

@@ -166,7 +166,9 @@ pub fn status_of<D: AsRef<Path>, R: Borrow<RunRecord>>(runs: &[(D, R)]) -> Vec<R
     rows
 }
 
-fn read_json<T: serde::de::DeserializeOwned>(p: &Path) -> Option<T> {
+/// The record in the JSON file `p`; none where it is missing or unreadable (a malformed one is
+/// named in a warning).
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(p: &Path) -> Option<T> {
     let text = std::fs::read_to_string(p).ok()?;
     match serde_json::from_str(&text) {
         Ok(v) => Some(v),

@@ -68,9 +68,14 @@ impl SlurmRecord {
     /// writes why the task was stopped; none for a job of its own (its output is in its folder).
     pub fn array_task_output(&self) -> Option<String> {
         self.array_job_id.as_ref()?;
-        let name = self.script.file_stem()?.to_str()?;
-        Some(format!("{name}-{}.out", self.job_id))
+        Some(array_output(self.script.file_stem()?.to_str()?, &self.job_id))
     }
+}
+
+/// The output file of an array script named `name` for `task`: Slurm's `%A_%a` in the script's
+/// `#SBATCH --output`, a task's `<array job>_<task>` id once it ran.
+fn array_output(name: &str, task: &str) -> String {
+    format!("{name}-{task}.out")
 }
 
 /// One submitted (or tested) run.
@@ -342,7 +347,11 @@ fn next_array_index(root: &Path) -> Result<usize, Error> {
 pub fn array_script(root: &Path, name: &str, group: &[&(PathBuf, RunRecord)]) -> Result<String, Error> {
     let first = &group[0].1;
     let mut s = String::from("#!/bin/bash\n");
-    let output = format!("{}/{name}-%A_%a.out", slurm_pattern_literal("the output folder", &root.to_string_lossy())?);
+    let output = format!(
+        "{}/{}",
+        slurm_pattern_literal("the output folder", &root.to_string_lossy())?,
+        array_output(name, "%A_%a")
+    );
     directives(&mut s, &first.run, &first.cluster, name, &output)?;
     let _ = writeln!(s, "#SBATCH --array=0-{}", group.len() - 1);
     let _ = writeln!(

@@ -86,8 +86,12 @@ pub const PMIX_GDS: &str = "PMIX_MCA_gds";
 /// rank starts and a limit meets its log, which says so. A store the user chose is kept, and
 /// ranks an MPI launcher started use the launcher's.
 pub fn singleton_store(vars: Vars<'_>) -> Option<(&'static str, &'static str)> {
-    let launched = MPI_LAUNCHED.iter().any(|k| vars(k).is_some());
-    (!launched && vars(PMIX_GDS).is_none()).then_some((PMIX_GDS, "hash"))
+    (!mpi_launched(vars) && vars(PMIX_GDS).is_none()).then_some((PMIX_GDS, "hash"))
+}
+
+/// Whether an MPI launcher started this process (one of [`MPI_LAUNCHED`] is set).
+fn mpi_launched(vars: Vars<'_>) -> bool {
+    MPI_LAUNCHED.iter().any(|k| vars(k).is_some())
 }
 
 /// Chooses the transport for `requested`, before MPI starts (it must not start for env ranks).
@@ -96,7 +100,7 @@ pub fn choose(requested: Rendezvous, vars: Vars<'_>) -> Result<Transport, Rendez
     match requested {
         Rendezvous::Mpi => Ok(Transport::Mpi),
         Rendezvous::Env => env_launch(vars).map(Transport::Env),
-        Rendezvous::Auto if MPI_LAUNCHED.iter().any(|k| vars(k).is_some()) => Ok(Transport::Mpi),
+        Rendezvous::Auto if mpi_launched(vars) => Ok(Transport::Mpi),
         // One rank needs no rendezvous: it is a single process, whatever else is set.
         Rendezvous::Auto if world == Some(1) => Ok(Transport::Mpi),
         Rendezvous::Auto if world.is_some() || vars(MASTER_ADDR).is_some() => env_launch(vars).map(Transport::Env),
